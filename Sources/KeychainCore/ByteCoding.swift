@@ -1,0 +1,47 @@
+/// Little-endian fixed-width fields for the binary records the keychain keeps
+/// (keybag, lockout, associated data), written and read in one place.
+struct ByteWriter {
+    private(set) var bytes: [UInt8] = []
+
+    mutating func append(_ value: UInt8) { bytes.append(value) }
+
+    mutating func append(_ value: UInt64) {
+        for shift in stride(from: 0, to: 64, by: 8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+    }
+
+    mutating func append(_ value: Int64) { append(UInt64(bitPattern: value)) }
+
+    mutating func append(_ raw: [UInt8]) { bytes += raw }
+
+    /// A length-prefixed (u16) string, so that ("ab", "c") and ("a", "bc") differ.
+    mutating func appendPrefixed(_ string: String) {
+        let utf8 = Array(string.utf8)
+        precondition(utf8.count <= Int(UInt16.max))
+        bytes.append(UInt8(utf8.count & 0xff))
+        bytes.append(UInt8(utf8.count >> 8))
+        bytes += utf8
+    }
+}
+
+struct ByteReader {
+    private let bytes: [UInt8]
+    private var offset = 0
+
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
+
+    var isAtEnd: Bool { offset == bytes.count }
+
+    mutating func read(_ count: Int) throws(KeychainError) -> [UInt8] {
+        guard count >= 0, bytes.count - offset >= count else { throw .decode }
+        defer { offset += count }
+        return Array(bytes[offset..<offset + count])
+    }
+
+    mutating func readByte() throws(KeychainError) -> UInt8 { try read(1)[0] }
+
+    mutating func readUInt64() throws(KeychainError) -> UInt64 {
+        try read(8).reversed().reduce(0) { $0 << 8 | UInt64($1) }
+    }
+
+    mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
+}

@@ -1,0 +1,129 @@
+internal import CSodium
+
+/// The few primitives the keychain uses, each written once: XChaCha20-Poly1305
+/// (items and wrapped keys), Argon2id (passcodes), BLAKE2b (key derivation, MACs).
+enum Crypto {
+    static let keySize = 32
+    static let nonceSize = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
+    static let tagSize = Int(crypto_aead_xchacha20poly1305_ietf_ABYTES)
+    static let saltSize = Int(crypto_pwhash_SALTBYTES)
+    static let macSize = 32
+
+    static func randomBytes(_ count: Int) -> [UInt8] {
+        Sodium.ensureInitialized()
+        var bytes = [UInt8](repeating: 0, count: count)
+        randombytes_buf(&bytes, count)
+        return bytes
+    }
+
+    /// Encrypts `plaintext` under `key`; returns ciphertext followed by the 16-byte tag.
+    static func seal(_ plaintext: UnsafeRawBufferPointer, key: UnsafePointer<UInt8>,
+                     nonce: [UInt8], associatedData: [UInt8]) -> [UInt8] {
+        precondition(nonce.count == nonceSize)
+        var sealed = [UInt8](repeating: 0, count: plaintext.count + tagSize)
+        var sealedCount: UInt64 = 0
+        let status = crypto_aead_xchacha20poly1305_ietf_encrypt(
+            &sealed, &sealedCount,
+            plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
+            associatedData, UInt64(associatedData.count), nil, nonce, key)
+        precondition(status == 0 && Int(sealedCount) == sealed.count, "XChaCha20-Poly1305 encryption cannot fail")
+        return sealed
+    }
+
+    /// Decrypts and authenticates into secret memory; ``KeychainError/decode``
+    /// if the bytes, nonce, associated data or key are not the ones sealed.
+    static func open(_ sealed: [UInt8], key: UnsafePointer<UInt8>,
+                     nonce: [UInt8], associatedData: [UInt8]) throws(KeychainError) -> SecureBytes {
+        guard sealed.count >= tagSize, nonce.count == nonceSize else { throw .decode }
+        let plaintext = try SecureBytes(count: sealed.count - tagSize)
+        var plaintextCount: UInt64 = 0
+        let status = crypto_aead_xchacha20poly1305_ietf_decrypt(
+            plaintext.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), &plaintextCount, nil,
+            sealed, UInt64(sealed.count), associatedData, UInt64(associatedData.count), nonce, key)
+        guard status == 0 else { throw .decode }
+        return plaintext
+    }
+
+    /// Argon2id of a passcode (libsodium's crypto_pwhash, algorithm ARGON2ID13).
+    static func stretch(passcode: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(KeychainError) -> SecureBytes {
+        precondition(salt.count == saltSize)
+        let output = try SecureBytes(count: keySize)
+        let status = passcode.withUnsafeBytes { secret in
+            crypto_pwhash(output.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(keySize),
+                          secret.baseAddress!.assumingMemoryBound(to: CChar.self), UInt64(secret.count),
+                          salt, parameters.opsLimit, Int(parameters.memLimit), crypto_pwhash_ALG_ARGON2ID13)
+        }
+        // crypto_pwhash fails only when it cannot allocate memLimit bytes.
+        guard status == 0 else { throw .io }
+        return output
+    }
+
+    /// Keyed BLAKE2b-256 of the concatenated parts: MACs and key combination.
+    static func mac(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer]) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: macSize)
+        out.withUnsafeMutableBytes { blake2b(key: key, parts, into: $0) }
+        return out
+    }
+
+    /// Keyed BLAKE2b-256 into secret memory (for derived keys).
+    static func deriveKey(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer]) -> SecureBytes {
+        let out = try! SecureBytes(count: keySize)
+        blake2b(key: key, parts, into: out.mutableBytes)
+        return out
+    }
+
+    private static func blake2b(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer],
+                                into output: UnsafeMutableRawBufferPointer) {
+        // The state is a 64-byte-aligned struct Swift imports as opaque: own
+        // its memory, and wipe it, since it holds the key.
+        let stateSize = crypto_generichash_statebytes()
+        let state = UnsafeMutableRawPointer.allocate(byteCount: stateSize, alignment: 64)
+        defer {
+            sodium_memzero(state, stateSize)
+            state.deallocate()
+        }
+        let handle = OpaquePointer(state)
+        crypto_generichash_init(handle, key, keySize, output.count)
+        for part in parts {
+            crypto_generichash_update(handle, part.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
+        }
+        crypto_generichash_final(handle, output.baseAddress!.assumingMemoryBound(to: UInt8.self), output.count)
+    }
+
+    /// Subkey `id` of a master key under an 8-character context (crypto_kdf, BLAKE2b).
+    static func subkey(of master: UnsafePointer<UInt8>, id: UInt64, context: StaticString) -> SecureBytes {
+        precondition(context.utf8CodeUnitCount == 8)
+        let out = try! SecureBytes(count: keySize)
+        let status = context.withUTF8Buffer { ctx in
+            ctx.withMemoryRebound(to: CChar.self) { ctx in
+                crypto_kdf_derive_from_key(out.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keySize,
+                                           id, ctx.baseAddress!, master)
+            }
+        }
+        precondition(status == 0)
+        return out
+    }
+
+    static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+        a.count == b.count && sodium_memcmp(a, b, a.count) == 0
+    }
+}
+
+/// Argon2id cost parameters, stored with the keychain.
+public struct KDFParameters: Sendable, Equatable {
+    /// Passes over memory (libsodium opslimit).
+    public var opsLimit: UInt64
+    /// Memory in bytes (libsodium memlimit).
+    public var memLimit: UInt64
+
+    public init(opsLimit: UInt64, memLimit: UInt64) {
+        self.opsLimit = opsLimit
+        self.memLimit = memLimit
+    }
+
+    /// libsodium's INTERACTIVE level: 2 passes over 64 MiB, 75-97 ms on the
+    /// reference machine (docs/BENCHMARKS.md), the "about 100 ms" the design asks.
+    public static let interactive = KDFParameters(opsLimit: 2, memLimit: 64 << 20)
+    /// The cheapest parameters libsodium accepts: for tests only.
+    public static let insecureFastForTests = KDFParameters(opsLimit: 1, memLimit: 8192)
+}

@@ -1,0 +1,251 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What the device reports about itself (the `.control` status).
+public struct DeviceStatus: Sendable, Equatable {
+    /// Whether the `whenUnlocked` class keys are absent.
+    public var isLocked: Bool
+    /// Whether the device has been unlocked since it booted (`afterFirstUnlock` keys present).
+    public var hasUnlockedSinceBoot: Bool
+    /// Seconds until the next unlock attempt is allowed; 0 when none is pending.
+    public var retryAfter: Int64
+    /// Consecutive wrong passcodes.
+    public var failedAttempts: UInt64
+    /// Whether unlocking needs a passcode.
+    public var hasPasscode: Bool
+}
+
+/// A change of the device's lock state, for observers (cache purge, open files).
+public enum DeviceEvent: Sendable, Equatable {
+    case locked
+    case unlocked
+}
+
+/// The simulated device of one keychain: the lock state machine and the class
+/// keys. It boots locked and before first unlock; only the `always` keys are
+/// in memory until a passcode unwraps the others. Locking drops the
+/// `whenUnlocked` keys, so availability is the presence of a key, not a flag.
+///
+/// One Device per keychain at a time, across processes: it holds an exclusive
+/// `flock` on the keychain's lock file until it is deinitialised.
+public final class Device: Sendable {
+    /// The keychain's files.
+    public let directory: KeychainDirectory
+    let store: ItemStore
+    private let secret: DeviceSecret
+    private let lockFile: Int32
+    private let policy: LockoutPolicy
+    private let clock: @Sendable () -> Int64
+    private let keybag: Keybag
+
+    private struct State {
+        var keys: [ProtectionClass: GuardedKey] = [:]
+        var isLocked = true
+        var hasUnlockedSinceBoot = false
+        /// Bumped on every lock, so that work begun before a lock can tell.
+        var epoch: UInt64 = 0
+        var observers: [Int: @Sendable (DeviceEvent) -> Void] = [:]
+        var nextObserver = 0
+    }
+    private let state = Mutex(State())
+
+    /// Creates a new keychain at `directory`: device secret, class keys, empty store.
+    /// `passcode` nil creates one whose `unlock` needs no passcode.
+    public static func createKeychain(at directory: KeychainDirectory, passcode: SecureBytes?,
+                                      kdf: KDFParameters = .interactive) throws(KeychainError) {
+        Sodium.ensureInitialized()
+        if let passcode, passcode.count == 0 { throw .param }
+        try directory.prepareForCreation()
+        let secretBytes = SecureBytes.random(count: Crypto.keySize)
+        let secret = DeviceSecret(secret: secretBytes)
+        let bag = try Keybag.create(secret: secret, passcode: passcode, kdf: kdf)
+        // The database is the marker of a finished keychain (`exists`), so it
+        // is created last: a failure before leaves no half keychain behind.
+        try directory.writeDeviceSecret(secretBytes)
+        let temporary = directory.databasePath + ".new"
+        unlink(temporary)
+        do {
+            let store = try ItemStore(path: temporary, create: true)
+            try store.setMetadata(Keybag.recordKey, bag.encoded(secret: secret))
+            try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+            try store.sync()
+        }
+        unlink(temporary + "-wal")
+        unlink(temporary + "-shm")
+        // sqlite creates files with the umask's mode; the SPEC wants them private
+        // (sqlite gives the -wal and -shm files the database file's mode).
+        guard chmod(temporary, 0o600) == 0, rename(temporary, directory.databasePath) == 0 else { throw .io }
+    }
+
+    /// Boots the device of an existing keychain: locked, before first unlock.
+    /// - Parameters:
+    ///   - policy: lockout delays after wrong passcodes.
+    ///   - clock: wall-clock seconds; the lockout deadline is persisted in it,
+    ///     so that restarting the process does not reset it.
+    public init(directory: KeychainDirectory, policy: LockoutPolicy = .iOS,
+                clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) }) throws(KeychainError) {
+        Sodium.ensureInitialized()
+        guard directory.exists else { throw .noSuchKeychain }
+        let fd = open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw .io }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            close(fd)
+            throw .keychainInUse
+        }
+        do throws(KeychainError) {
+            let store = try ItemStore(path: directory.databasePath, create: false)
+            let secret = DeviceSecret(secret: try directory.readDeviceSecret())
+            guard let record = try store.metadata(Keybag.recordKey) else { throw .decode }
+            let bag = try Keybag(decoding: record, secret: secret)
+            var keys: [ProtectionClass: GuardedKey] = [:]
+            for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
+                keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: nil)
+            }
+            self.store = store
+            self.secret = secret
+            self.keybag = bag
+            self.directory = directory
+            self.lockFile = fd
+            self.policy = policy
+            self.clock = clock
+            state.withLock { $0.keys = keys }
+            // Reading it now reports a tampered lockout record at boot.
+            _ = try lockoutRecord()
+        } catch {
+            close(fd)
+            throw error
+        }
+    }
+
+    deinit {
+        // Closing the descriptor releases the flock: the keychain is free.
+        close(lockFile)
+    }
+
+    // MARK: Status
+
+    /// The current lock state and lockout.
+    public var status: DeviceStatus {
+        let record = (try? lockoutRecord()) ?? LockoutRecord()
+        return state.withLock { state in
+            DeviceStatus(isLocked: state.isLocked, hasUnlockedSinceBoot: state.hasUnlockedSinceBoot,
+                         retryAfter: max(0, record.deadline - clock()), failedAttempts: record.failures,
+                         hasPasscode: keybag.hasPasscode)
+        }
+    }
+
+    /// Whether the `whenUnlocked` keys are absent.
+    public var isLocked: Bool { state.withLock { $0.isLocked } }
+
+    // MARK: Lock and unlock
+
+    /// Unlocks with `passcode` (nil for a keychain without one).
+    /// Throws ``KeychainError/authFailed`` for a wrong passcode and, without
+    /// trying the passcode, while a lockout from earlier failures lasts.
+    public func unlock(passcode: SecureBytes?) throws(KeychainError) {
+        let now = clock()
+        if try lockoutRecord().deadline > now { throw .authFailed }
+        let bag = keybag
+        let unwrapped: [ProtectionClass: GuardedKey]
+        do throws(KeychainError) {
+            let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
+            var keys: [ProtectionClass: GuardedKey] = [:]
+            for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
+                keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: passcodeKey)
+            }
+            unwrapped = keys
+        } catch .decode, .authFailed {
+            // The keybag record is authenticated at boot, so a key that does
+            // not unwrap means the passcode was wrong.
+            try recordFailure(now: now)
+            throw .authFailed
+        }
+        try resetFailures()
+        state.withLock { state in
+            state.keys.merge(unwrapped) { _, new in new }
+            state.isLocked = false
+            state.hasUnlockedSinceBoot = true
+        }
+        notify(.unlocked)
+    }
+
+    /// Locks: drops the `whenUnlocked` class keys (the `afterFirstUnlock`
+    /// keys stay until the process ends, as on iOS).
+    public func lock() {
+        state.withLock { state in
+            for protectionClass in ProtectionClass.allCases where protectionClass.mode == .whenUnlocked {
+                state.keys[protectionClass] = nil
+            }
+            state.isLocked = true
+            state.epoch &+= 1
+        }
+        notify(.locked)
+    }
+
+    // MARK: Observers
+
+    /// Calls `handler` after every lock and unlock; returns a token for ``removeObserver(_:)``.
+    @discardableResult
+    public func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int {
+        state.withLock { state in
+            state.nextObserver += 1
+            state.observers[state.nextObserver] = handler
+            return state.nextObserver
+        }
+    }
+
+    /// Stops calling an observer.
+    public func removeObserver(_ token: Int) {
+        _ = state.withLock { $0.observers.removeValue(forKey: token) }
+    }
+
+    private func notify(_ event: DeviceEvent) {
+        let observers = state.withLock { Array($0.observers.values) }
+        for observer in observers { observer(event) }
+    }
+
+    // MARK: Keys for the item layer
+
+    /// The class key, or ``KeychainError/interactionNotAllowed`` when the
+    /// device state has not made it available.
+    func classKey(_ protectionClass: ProtectionClass) throws(KeychainError) -> GuardedKey {
+        guard let key = state.withLock({ $0.keys[protectionClass] }) else { throw .interactionNotAllowed }
+        return key
+    }
+
+    /// A counter bumped by every lock: work that read it before may keep
+    /// plaintext only if it is unchanged after.
+    var lockEpoch: UInt64 { state.withLock { $0.epoch } }
+
+    // MARK: Lockout persistence
+
+    private func lockoutRecord() throws(KeychainError) -> LockoutRecord {
+        guard let raw = try store.metadata(LockoutRecord.recordKey) else { return LockoutRecord() }
+        do throws(KeychainError) {
+            return try LockoutRecord(decoding: raw, secret: secret)
+        } catch {
+            Diagnostics.log("the lockout record failed authentication")
+            throw error
+        }
+    }
+
+    private func recordFailure(now: Int64) throws(KeychainError) {
+        var record = try lockoutRecord()
+        record.failures += 1
+        record.deadline = now + policy.delay(afterFailures: record.failures)
+        try store.setMetadata(LockoutRecord.recordKey, record.encoded(secret: secret))
+    }
+
+    private func resetFailures() throws(KeychainError) {
+        guard try lockoutRecord() != LockoutRecord() else { return }
+        try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+    }
+
+    /// Makes every acknowledged write durable against power loss.
+    public func sync() throws(KeychainError) {
+        try store.sync()
+    }
+}
+

@@ -1,0 +1,12 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Operational messages to standard error. Callers pass only non-secret facts
+/// (names of operations, error codes): never a key, value or passcode.
+enum Diagnostics {
+    static func log(_ message: String) {
+        var line = "keychainfs: " + message + "\n"
+        line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+    }
+}

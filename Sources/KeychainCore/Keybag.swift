@@ -1,0 +1,148 @@
+internal import CSodium
+
+/// The per-device secret: 32 random bytes in the keychain directory that never
+/// leave this machine (backups exclude it). Every class key is wrapped under a
+/// key derived from it, so a copy of the database without it opens nothing.
+struct DeviceSecret: Sendable {
+    /// Wraps the `always` class keys; combined with the passcode for the others.
+    let wrapKey: GuardedKey
+    /// Authenticates the keybag and lockout records.
+    let metadataKey: GuardedKey
+
+    init(secret: SecureBytes) {
+        precondition(secret.count == Crypto.keySize)
+        let master = GuardedKey(copying: secret)
+        wrapKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 1, context: "kcfsdev1") })
+        metadataKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 2, context: "kcfsdev1") })
+    }
+
+    func mac(_ domain: String, _ record: [UInt8]) -> [UInt8] {
+        metadataKey.withKey { key in
+            Array(domain.utf8).withUnsafeBytes { d in record.withUnsafeBytes { r in Crypto.mac(key: key, [d, r]) } }
+        }
+    }
+}
+
+/// The class keys of one keychain and how they are wrapped on disk.
+///
+/// Record (meta key `keybag`), little-endian:
+/// `version u8 = 1 | hasPasscode u8 | opsLimit u64 | memLimit u64 | salt[16] |`
+/// six times (class 1...6) `nonce[24] | wrapped key[48]` `| mac[32]`,
+/// the MAC (keyed BLAKE2b under the device metadata key) over all before it.
+struct Keybag {
+    static let version: UInt8 = 1
+    static let recordKey = "keybag"
+    private static let macDomain = "kcfs-keybag-v1"
+
+    var hasPasscode: Bool
+    var kdf: KDFParameters
+    var salt: [UInt8]
+    var wrapped: [ProtectionClass: (nonce: [UInt8], sealed: [UInt8])] = [:]
+
+    private init(hasPasscode: Bool, kdf: KDFParameters, salt: [UInt8]) {
+        self.hasPasscode = hasPasscode
+        self.kdf = kdf
+        self.salt = salt
+    }
+
+    /// New random class keys, wrapped for `passcode` (nil: a keychain without one).
+    static func create(secret: DeviceSecret, passcode: SecureBytes?, kdf: KDFParameters) throws(KeychainError) -> Keybag {
+        var bag = Keybag(hasPasscode: passcode != nil, kdf: kdf, salt: Crypto.randomBytes(Crypto.saltSize))
+        let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
+        for protectionClass in ProtectionClass.allCases {
+            let classKey = SecureBytes.random(count: Crypto.keySize)
+            let nonce = Crypto.randomBytes(Crypto.nonceSize)
+            let sealed = try bag.withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) { key in
+                classKey.withUnsafeBytes { plain in
+                    Crypto.seal(plain, key: key, nonce: nonce, associatedData: Self.associatedData(protectionClass))
+                }
+            }
+            bag.wrapped[protectionClass] = (nonce, sealed)
+        }
+        return bag
+    }
+
+    /// The key that wraps the passcode-protected classes: BLAKE2b keyed with
+    /// the device wrap key over Argon2id(passcode). Tied to this device, so
+    /// the passcode cannot be brute-forced from the database alone.
+    func passcodeKey(secret: DeviceSecret, passcode: SecureBytes?) throws(KeychainError) -> GuardedKey {
+        let stretched: SecureBytes
+        let domain: String
+        if hasPasscode {
+            guard let passcode else { throw .authFailed }
+            stretched = try Crypto.stretch(passcode: passcode, salt: salt, parameters: kdf)
+            domain = "kcfs-passcode-kek-v1"
+        } else {
+            // A keychain without a passcode: unlocking needs none, but
+            // `whenUnlocked` items still become unreadable on lock.
+            stretched = try SecureBytes(count: 0)
+            domain = "kcfs-no-passcode-kek-v1"
+        }
+        let derived = secret.wrapKey.withKey { key in
+            Array(domain.utf8).withUnsafeBytes { d in
+                stretched.withUnsafeBytes { s in Crypto.deriveKey(key: key, [d, s]) }
+            }
+        }
+        return GuardedKey(copying: derived)
+    }
+
+    private func withWrappingKey<R>(for protectionClass: ProtectionClass, secret: DeviceSecret, passcodeKey: GuardedKey?,
+                                    _ body: (UnsafePointer<UInt8>) throws(KeychainError) -> R) throws(KeychainError) -> R {
+        if protectionClass.mode == .always {
+            return try secret.wrapKey.withKey(body)
+        }
+        guard let passcodeKey else { throw .interactionNotAllowed }
+        return try passcodeKey.withKey(body)
+    }
+
+    /// Unwraps one class key; ``KeychainError/decode`` if the wrapping key is wrong.
+    func unwrap(_ protectionClass: ProtectionClass, secret: DeviceSecret, passcodeKey: GuardedKey?) throws(KeychainError) -> GuardedKey {
+        guard let entry = wrapped[protectionClass] else { throw .decode }
+        let plain = try withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) { key throws(KeychainError) in
+            try Crypto.open(entry.sealed, key: key, nonce: entry.nonce, associatedData: Self.associatedData(protectionClass))
+        }
+        guard plain.count == Crypto.keySize else { throw .decode }
+        return GuardedKey(copying: plain)
+    }
+
+    private static func associatedData(_ protectionClass: ProtectionClass) -> [UInt8] {
+        Array("kcfs-classkey-v1".utf8) + [UInt8(protectionClass.rawValue)]
+    }
+
+    // MARK: Record
+
+    func encoded(secret: DeviceSecret) -> [UInt8] {
+        var writer = ByteWriter()
+        writer.append(Self.version)
+        writer.append(UInt8(hasPasscode ? 1 : 0))
+        writer.append(kdf.opsLimit)
+        writer.append(kdf.memLimit)
+        writer.append(salt)
+        for protectionClass in ProtectionClass.allCases {
+            writer.append(wrapped[protectionClass]!.nonce)
+            writer.append(wrapped[protectionClass]!.sealed)
+        }
+        return writer.bytes + secret.mac(Self.macDomain, writer.bytes)
+    }
+
+    /// Parses and authenticates the record: ``KeychainError/decode`` when it
+    /// was altered or belongs to another device secret.
+    init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
+        guard record.count > Crypto.macSize else { throw .decode }
+        let body = Array(record.dropLast(Crypto.macSize))
+        guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, body), Array(record.suffix(Crypto.macSize))) else {
+            throw .decode
+        }
+        var reader = ByteReader(body)
+        guard try reader.readByte() == Self.version else { throw .decode }
+        hasPasscode = try reader.readByte() == 1
+        kdf = KDFParameters(opsLimit: try reader.readUInt64(), memLimit: try reader.readUInt64())
+        salt = try reader.read(Crypto.saltSize)
+        wrapped = [:]
+        for protectionClass in ProtectionClass.allCases {
+            let nonce = try reader.read(Crypto.nonceSize)
+            wrapped[protectionClass] = (nonce, try reader.read(Crypto.keySize + Crypto.tagSize))
+        }
+        guard reader.isAtEnd else { throw .decode }
+    }
+}

@@ -1,0 +1,68 @@
+/// An error of the keychain core, carrying the OSStatus that Security.framework
+/// uses for the same situation, so callers can tell "locked" from "absent".
+public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    /// The OSStatus value.
+    public let rawValue: Int32
+
+    /// Creates the error with an OSStatus value.
+    public init(rawValue: Int32) { self.rawValue = rawValue }
+
+    /// No item with that identifier in that group (errSecItemNotFound).
+    public static let itemNotFound = KeychainError(rawValue: -25300)
+    /// The item already exists (errSecDuplicateItem).
+    public static let duplicateItem = KeychainError(rawValue: -25299)
+    /// The class key is unavailable: locked, or before the first unlock (errSecInteractionNotAllowed).
+    public static let interactionNotAllowed = KeychainError(rawValue: -25308)
+    /// Wrong passcode, or an unlock attempt during a lockout (errSecAuthFailed).
+    public static let authFailed = KeychainError(rawValue: -25293)
+    /// Stored bytes failed authentication: tampering or corruption (errSecDecode).
+    public static let decode = KeychainError(rawValue: -26275)
+    /// An invalid name, group, class or value (errSecParam).
+    public static let param = KeychainError(rawValue: -50)
+    /// A name longer than 255 bytes (errSecParam; kept apart so it maps to ENAMETOOLONG).
+    public static let nameTooLong = KeychainError(rawValue: -50_001)
+    /// A value larger than ``ItemLimits/maximumValueSize`` (errSecParam; maps to EFBIG).
+    public static let valueTooLarge = KeychainError(rawValue: -50_002)
+    /// The operation is not valid in this state, e.g. removing a non-empty group (errSecBadReq).
+    public static let badRequest = KeychainError(rawValue: -909)
+    /// Reading or writing the store failed (errSecIO).
+    public static let io = KeychainError(rawValue: -36)
+    /// No keychain exists at that place (errSecNoSuchKeychain).
+    public static let noSuchKeychain = KeychainError(rawValue: -25294)
+    /// A keychain already exists at that place (errSecDuplicateKeychain).
+    public static let duplicateKeychain = KeychainError(rawValue: -25296)
+
+    /// The OSStatus family the error belongs to: the refinements of errSecParam
+    /// report -50, as Security.framework would.
+    public var osStatus: Int32 {
+        switch self {
+        case .nameTooLong, .valueTooLarge: return KeychainError.param.rawValue
+        case .keychainInUse: return KeychainError.badRequest.rawValue
+        default: return rawValue
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .itemNotFound: return "the item does not exist"
+        case .duplicateItem: return "the item already exists"
+        case .interactionNotAllowed: return "the keychain is locked for this item's protection class"
+        case .authFailed: return "wrong passcode, or unlocking is locked out"
+        case .decode: return "stored data failed authentication (tampered or corrupt)"
+        case .param: return "invalid parameter"
+        case .nameTooLong: return "name longer than 255 bytes"
+        case .valueTooLarge: return "value larger than 1 MiB"
+        case .badRequest: return "operation not valid in this state"
+        case .io: return "the keychain store could not be read or written"
+        case .noSuchKeychain: return "no keychain exists there"
+        case .duplicateKeychain: return "a keychain already exists there"
+        case .keychainInUse: return "another process holds this keychain's keys"
+        default: return "keychain error \(rawValue)"
+        }
+    }
+}
+
+extension KeychainError {
+    /// Another process (or Device) holds this keychain's keys (errSecBadReq family).
+    public static let keychainInUse = KeychainError(rawValue: -909_001)
+}

@@ -1,0 +1,298 @@
+import Synchronization
+
+/// The keychain as UYLPasswordManager offered it, in Swift form: register,
+/// read, validate and delete keys by identifier and access group, with the
+/// `accessMode` and `migrate` settings applied to items written afterwards
+/// and a cache of the last access that ``purge()`` wipes.
+///
+/// Every operation throws, so that "locked" (``KeychainError/interactionNotAllowed``)
+/// is never mistaken for "absent" (``KeychainError/itemNotFound``). Any number
+/// of threads may use one instance.
+public final class PasswordManager: Sendable {
+    /// The device whose keys this manager uses.
+    public let device: Device
+
+    private struct Settings {
+        var accessMode: AccessMode = .whenUnlocked
+        var migrate = true
+    }
+    private let settings = Mutex(Settings())
+
+    /// The last key read or written: UYLPasswordManager's cache of the last access.
+    private struct CacheEntry: Sendable {
+        var group: String
+        var identifier: String
+        var value: SecureBytes
+        var protectionClass: ProtectionClass
+        var epoch: UInt64
+    }
+    private let cache = Mutex<CacheEntry?>(nil)
+    private let observer = Mutex<Int?>(nil)
+
+    /// A manager over `device`. The cache is purged whenever the device locks.
+    public init(device: Device) {
+        self.device = device
+        let token = device.addObserver { [weak self] event in
+            if event == .locked { self?.purge() }
+        }
+        observer.withLock { $0 = token }
+    }
+
+    deinit {
+        if let token = observer.withLock({ $0 }) { device.removeObserver(token) }
+    }
+
+    // MARK: Shared instance
+
+    private static let sharedInstance = Mutex<PasswordManager?>(nil)
+
+    /// The process-wide manager over the default keychain
+    /// (`$XDG_DATA_HOME/keychainfs`), booted on first use.
+    public static func shared() throws(KeychainError) -> PasswordManager {
+        try sharedInstance.withLock { (instance: inout PasswordManager?) throws(KeychainError) -> PasswordManager in
+            if let instance { return instance }
+            let made = PasswordManager(device: try Device(directory: .defaultLocation()))
+            instance = made
+            return made
+        }
+    }
+
+    /// Drops the shared instance (its keys are wiped once no one holds it).
+    public static func dropShared() {
+        sharedInstance.withLock { $0 = nil }
+    }
+
+    // MARK: Settings
+
+    /// When items written from now on are readable (UYLPasswordManager's `accessMode`).
+    /// Starts as `whenUnlocked` each time the manager is created.
+    public var accessMode: AccessMode {
+        get { settings.withLock { $0.accessMode } }
+        set { settings.withLock { $0.accessMode = newValue } }
+    }
+
+    /// Whether items written from now on may leave the device in a backup;
+    /// `false` gives them the `ThisDeviceOnly` form of ``accessMode``.
+    public var migrate: Bool {
+        get { settings.withLock { $0.migrate } }
+        set { settings.withLock { $0.migrate = newValue } }
+    }
+
+    /// The class that an item written now receives.
+    public var classForNewWrites: ProtectionClass {
+        settings.withLock { ProtectionClass(mode: $0.accessMode, migratable: $0.migrate) }
+    }
+
+    // MARK: Keys
+
+    /// Adds or replaces the key of `identifier` (UYLPasswordManager's
+    /// `registerKey:forIdentifier:inGroup:`). The item gets the class of the
+    /// current ``accessMode`` and ``migrate``. Needs the key of the item's
+    /// current class and of the new one; on any failure the old value stays.
+    public func register(_ key: SecureBytes, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+        try write(key, identifier: identifier, group: group ?? ItemLimits.defaultGroup, protectionClass: classForNewWrites)
+    }
+
+    /// Adds or replaces a key given as a string (stored as its UTF-8 bytes).
+    public func register(_ key: String, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+        try register(try SecureBytes(key), forIdentifier: identifier, inGroup: group)
+    }
+
+    /// Writes a value under an explicit class (the filesystem's commit path).
+    public func write(_ value: SecureBytes, identifier: String, group: String,
+                      protectionClass: ProtectionClass) throws(KeychainError) {
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
+        let key = try device.classKey(protectionClass)
+        try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
+            // Replacing an item needs its current class key too: a locked
+            // device must not let its `whenUnlocked` secrets be overwritten.
+            if let existing { _ = try device.classKey(existing.protectionClass) }
+            return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
+                                   generation: generation, key: key)
+        }
+        forget(group: group, identifier: identifier)
+    }
+
+    /// The key of `identifier` (UYLPasswordManager's `keyForIdentifier:`).
+    /// Throws ``KeychainError/itemNotFound`` when there is none and
+    /// ``KeychainError/interactionNotAllowed`` when its class is locked.
+    public func key(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> SecureBytes {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        let epoch = device.lockEpoch
+        if let hit = cache.withLock({ entry -> SecureBytes? in
+            guard let entry, entry.epoch == epoch, entry.group == group, entry.identifier == identifier else { return nil }
+            return entry.value
+        }) {
+            return hit
+        }
+        guard let item = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
+        let value = try ItemCipher.open(item, key: try device.classKey(item.protectionClass))
+        remember(value, group: group, identifier: identifier, protectionClass: item.protectionClass, epoch: epoch)
+        return value
+    }
+
+    /// The key as a string; ``KeychainError/decode`` if it is not UTF-8.
+    public func string(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> String {
+        guard let string = try key(forIdentifier: identifier, inGroup: group).string() else { throw .decode }
+        return string
+    }
+
+    /// Whether the stored key equals `key`, compared in constant time; with a
+    /// nil `key`, whether an item exists at all (UYLPasswordManager's `validKey:`).
+    /// A locked item throws rather than answering false.
+    public func validKey(_ key: SecureBytes?, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> Bool {
+        guard let key else {
+            return try info(forIdentifier: identifier, inGroup: group) != nil
+        }
+        let stored: SecureBytes
+        do {
+            stored = try self.key(forIdentifier: identifier, inGroup: group)
+        } catch .itemNotFound {
+            return false
+        }
+        return stored == key
+    }
+
+    /// As ``validKey(_:forIdentifier:inGroup:)`` with a string.
+    public func validKey(_ key: String?, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> Bool {
+        try validKey(try key.map { (key: String) throws(KeychainError) in try SecureBytes(key) },
+                     forIdentifier: identifier, inGroup: group)
+    }
+
+    /// Deletes the key of `identifier`. Works while locked, as on iOS.
+    public func deleteKey(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        forget(group: group, identifier: identifier)
+        guard try device.store.delete(group: group, identifier: identifier) else { throw .itemNotFound }
+    }
+
+    /// The class and exact size of an item, or nil; needs no key.
+    public func info(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> ItemInfo? {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        return try device.store.info(group: group, identifier: identifier)
+    }
+
+    /// Re-encrypts an item under another class. Needs both class keys.
+    public func setProtectionClass(_ protectionClass: ProtectionClass, forIdentifier identifier: String,
+                                   inGroup group: String? = nil) throws(KeychainError) {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        let newKey = try device.classKey(protectionClass)
+        try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
+            // Opened inside the transaction, so no concurrent write slips between.
+            guard let current = existing else { throw .itemNotFound }
+            let value = try ItemCipher.open(current, key: try device.classKey(current.protectionClass))
+            return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
+                                   generation: generation, key: newKey)
+        }
+        forget(group: group, identifier: identifier)
+    }
+
+    /// Renames an item within its group. Needs its class key (the identifier
+    /// is bound into the ciphertext). Replaces an existing target only when
+    /// `replacing` is true (as rename(2)); otherwise ``KeychainError/duplicateItem``.
+    public func renameKey(forIdentifier identifier: String, to newIdentifier: String, inGroup group: String? = nil,
+                          replacing: Bool = false) throws(KeychainError) {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(name: newIdentifier)
+        try device.store.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing) {
+            old, generation throws(KeychainError) in
+            let key = try device.classKey(old.protectionClass)
+            let value = try ItemCipher.open(old, key: key)
+            return ItemCipher.seal(value, group: group, identifier: newIdentifier, protectionClass: old.protectionClass,
+                                   generation: generation, key: key)
+        }
+        forget(group: group, identifier: identifier)
+        forget(group: group, identifier: newIdentifier)
+    }
+
+    // MARK: Groups and listing (no key needed)
+
+    /// The access groups, sorted; `default` always among them.
+    public func groups() throws(KeychainError) -> [String] {
+        try device.store.groups()
+    }
+
+    /// The identifiers in a group, sorted. Works while locked.
+    public func identifiers(inGroup group: String? = nil) throws(KeychainError) -> [String] {
+        try items(inGroup: group).map(\.identifier)
+    }
+
+    /// The identifiers of a group with their class and size. Works while locked.
+    public func items(inGroup group: String? = nil) throws(KeychainError) -> [(identifier: String, info: ItemInfo)] {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        return try device.store.list(group: group)
+    }
+
+    /// Whether a group exists.
+    public func groupExists(_ group: String) throws(KeychainError) -> Bool {
+        try ItemLimits.validate(name: group)
+        return try device.store.groupExists(group)
+    }
+
+    /// Creates an empty group; ``KeychainError/duplicateItem`` if it exists.
+    public func createGroup(_ group: String) throws(KeychainError) {
+        try ItemLimits.validate(name: group)
+        try device.store.createGroup(group)
+    }
+
+    /// Removes an empty group: ``KeychainError/badRequest`` if it holds items,
+    /// ``KeychainError/param`` for `default`, which always exists.
+    public func removeGroup(_ group: String) throws(KeychainError) {
+        try ItemLimits.validate(name: group)
+        guard group != ItemLimits.defaultGroup else { throw .param }
+        try device.store.removeGroup(group)
+    }
+
+    // MARK: Cache
+
+    /// Wipes the cache of the last access (UYLPasswordManager's `purge`).
+    public func purge() {
+        let dropped = cache.withLock { entry -> CacheEntry? in
+            defer { entry = nil }
+            return entry
+        }
+        _ = dropped // released (and wiped) here, outside the lock
+    }
+
+    /// What iOS does when the app goes to the background: purge the cache.
+    public func background() {
+        purge()
+    }
+
+    /// Whether the cache holds a value (for tests and the status report).
+    public var isCacheEmpty: Bool { cache.withLock { $0 == nil } }
+
+    private func remember(_ value: SecureBytes, group: String, identifier: String,
+                          protectionClass: ProtectionClass, epoch: UInt64) {
+        cache.withLock { entry in
+            // A lock that happened while we decrypted must not be outlived by the plaintext.
+            guard device.lockEpoch == epoch else { entry = nil; return }
+            entry = CacheEntry(group: group, identifier: identifier, value: value,
+                               protectionClass: protectionClass, epoch: epoch)
+        }
+    }
+
+    private func forget(group: String, identifier: String) {
+        cache.withLock { entry in
+            if entry?.group == group && entry?.identifier == identifier { entry = nil }
+        }
+    }
+
+    /// Makes every acknowledged write durable against power loss (the filesystem's fsync).
+    public func sync() throws(KeychainError) {
+        try device.sync()
+    }
+}

@@ -1,0 +1,82 @@
+/// When an item may be read or written, as iOS's kSecAttrAccessible values.
+public enum ProtectionClass: Int64, CaseIterable, Sendable, CustomStringConvertible {
+    case whenUnlocked = 1
+    case afterFirstUnlock = 2
+    case always = 3
+    case whenUnlockedThisDeviceOnly = 4
+    case afterFirstUnlockThisDeviceOnly = 5
+    case alwaysThisDeviceOnly = 6
+
+    /// The class for an access mode, in its `ThisDeviceOnly` form when not migratable.
+    public init(mode: AccessMode, migratable: Bool) {
+        switch (mode, migratable) {
+        case (.whenUnlocked, true): self = .whenUnlocked
+        case (.afterFirstUnlock, true): self = .afterFirstUnlock
+        case (.always, true): self = .always
+        case (.whenUnlocked, false): self = .whenUnlockedThisDeviceOnly
+        case (.afterFirstUnlock, false): self = .afterFirstUnlockThisDeviceOnly
+        case (.always, false): self = .alwaysThisDeviceOnly
+        }
+    }
+
+    /// Parses the full class name (`alwaysThisDeviceOnly`); nil for anything else.
+    public init?(name: String) {
+        guard let match = Self.allCases.first(where: { $0.name == name }) else { return nil }
+        self = match
+    }
+
+    /// When the class key is available, regardless of migration.
+    public var mode: AccessMode {
+        switch self {
+        case .whenUnlocked, .whenUnlockedThisDeviceOnly: return .whenUnlocked
+        case .afterFirstUnlock, .afterFirstUnlockThisDeviceOnly: return .afterFirstUnlock
+        case .always, .alwaysThisDeviceOnly: return .always
+        }
+    }
+
+    /// Whether the item may leave this device in a backup.
+    public var isMigratable: Bool { rawValue <= 3 }
+
+    /// The full name, as in `user.keychain.accessible`.
+    public var name: String {
+        switch self {
+        case .whenUnlocked: return "whenUnlocked"
+        case .afterFirstUnlock: return "afterFirstUnlock"
+        case .always: return "always"
+        case .whenUnlockedThisDeviceOnly: return "whenUnlockedThisDeviceOnly"
+        case .afterFirstUnlockThisDeviceOnly: return "afterFirstUnlockThisDeviceOnly"
+        case .alwaysThisDeviceOnly: return "alwaysThisDeviceOnly"
+        }
+    }
+
+    public var description: String { name }
+}
+
+/// The availability part of a protection class (UYLPasswordManager's accessMode).
+public enum AccessMode: String, CaseIterable, Sendable {
+    case whenUnlocked
+    case afterFirstUnlock
+    case always
+}
+
+/// Rules for group names, identifiers and values.
+public enum ItemLimits {
+    /// The largest value: 1 MiB.
+    public static let maximumValueSize = 1 << 20
+    /// The longest name in bytes of UTF-8 (NAME_MAX).
+    public static let maximumNameLength = 255
+    /// The group of items written with no group.
+    public static let defaultGroup = "default"
+    /// Names the filesystem reserves at the root of a mount.
+    public static let reservedNames: Set<String> = [".", "..", ".control"]
+
+    /// Throws ``KeychainError/param`` or ``KeychainError/nameTooLong`` unless
+    /// `name` can be a group or an identifier: non-empty UTF-8 without `/` or
+    /// NUL, at most 255 bytes, not `.`, `..` or `.control`.
+    public static func validate(name: String) throws(KeychainError) {
+        let utf8 = name.utf8
+        guard !utf8.isEmpty, !reservedNames.contains(name),
+              !utf8.contains(UInt8(ascii: "/")), !utf8.contains(0) else { throw .param }
+        guard utf8.count <= maximumNameLength else { throw .nameTooLong }
+    }
+}

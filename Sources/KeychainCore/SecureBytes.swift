@@ -1,0 +1,89 @@
+internal import CSodium
+
+/// Secret bytes (a key or a plaintext value) held in the locked secret arena,
+/// wiped when the last reference goes away.
+///
+/// It is deliberately not a `[UInt8]` or `String`, which Swift may copy into
+/// ordinary heap memory at any time; convert only at the edge where a caller
+/// asks for one (``string()``, ``withUnsafeBytes(_:)``).
+public final class SecureBytes: @unchecked Sendable, Equatable {
+    // Immutable after init: safe to share between threads.
+    let pointer: UnsafeMutableRawPointer
+    private let sizeClass: Int
+    /// Number of bytes.
+    public let count: Int
+
+    /// Copies bytes into secret memory. Throws ``KeychainError/valueTooLarge`` past 1 MiB.
+    public convenience init(copying bytes: UnsafeRawBufferPointer) throws(KeychainError) {
+        try self.init(count: bytes.count)
+        if bytes.count > 0 { mutableBytes.copyMemory(from: bytes) }
+    }
+
+    /// Copies the UTF-8 bytes of a string (the caller's copy stays theirs to manage).
+    public convenience init(_ string: String) throws(KeychainError) {
+        var string = string
+        try self.init(count: string.utf8.count)
+        string.withUTF8 { mutableBytes.copyMemory(from: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Copies a byte array.
+    public convenience init(_ bytes: [UInt8]) throws(KeychainError) {
+        try self.init(count: bytes.count)
+        bytes.withUnsafeBytes { mutableBytes.copyMemory(from: $0) }
+    }
+
+    /// `count` zero bytes, for the core to fill at once through ``mutableBytes``.
+    init(count: Int) throws(KeychainError) {
+        guard let slot = SecretArena.shared.allocate(capacity: count) else {
+            throw .valueTooLarge
+        }
+        pointer = slot.pointer
+        sizeClass = slot.sizeClass
+        self.count = count
+    }
+
+    /// Writable view for filling a buffer right after ``init(count:)``, before
+    /// it is shared; afterwards the bytes never change.
+    var mutableBytes: UnsafeMutableRawBufferPointer {
+        UnsafeMutableRawBufferPointer(start: pointer, count: count)
+    }
+
+    /// `count` random bytes from the system's CSPRNG.
+    static func random(count: Int) -> SecureBytes {
+        let bytes = try! SecureBytes(count: count)
+        randombytes_buf(bytes.pointer, count)
+        return bytes
+    }
+
+    deinit {
+        SecretArena.shared.release(pointer, sizeClass: sizeClass, used: count)
+    }
+
+    /// Lends the bytes; do not let the pointer escape.
+    public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
+        try body(UnsafeRawBufferPointer(start: pointer, count: count))
+    }
+
+    /// The bytes as a `String` (the edge where a caller asks for one); nil if not UTF-8.
+    public func string() -> String? {
+        let bytes = UnsafeRawBufferPointer(start: pointer, count: count)
+        return String(validating: bytes.bindMemory(to: UInt8.self), as: UTF8.self)
+    }
+
+    /// The bytes as an array (the edge where a caller asks for one).
+    public func bytes() -> [UInt8] {
+        Array(UnsafeRawBufferPointer(start: pointer, count: count))
+    }
+
+    /// Compares in constant time for equal lengths (sodium_memcmp), so that
+    /// timing does not reveal how much of a guessed key is right.
+    public func constantTimeEquals(_ other: UnsafeRawBufferPointer) -> Bool {
+        guard other.count == count else { return false }
+        if count == 0 { return true }
+        return sodium_memcmp(pointer, other.baseAddress!, count) == 0
+    }
+
+    public static func == (lhs: SecureBytes, rhs: SecureBytes) -> Bool {
+        rhs.withUnsafeBytes { lhs.constantTimeEquals($0) }
+    }
+}

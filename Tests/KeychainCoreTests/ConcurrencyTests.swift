@@ -1,0 +1,66 @@
+import Dispatch
+import Synchronization
+import Testing
+@testable import KeychainCore
+
+@Suite struct ConcurrencyTests {
+    @Test func manyThreadsReadAndWriteOneManagerWithoutLosingOrMixingValues() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try keychain.manager()
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        manager.accessMode = .always
+        let threads = 8
+        let rounds = 200
+        let failures = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: threads) { thread in
+            do {
+                for round in 0..<rounds {
+                    let own = "t\(thread)"
+                    try manager.register("\(own)-\(round)", forIdentifier: own)
+                    let read = try manager.string(forIdentifier: own)
+                    if read != "\(own)-\(round)" { failures.withLock { $0.append("\(own) read \(read)") } }
+                    // A shared item: whatever is read must be a whole value someone wrote.
+                    try manager.register("shared-\(thread)-\(round)", forIdentifier: "shared")
+                    let shared = try manager.string(forIdentifier: "shared")
+                    if !shared.hasPrefix("shared-") { failures.withLock { $0.append("shared read \(shared)") } }
+                    if round % 50 == 0 { manager.purge() }
+                }
+            } catch {
+                failures.withLock { $0.append("thread \(thread): \(error)") }
+            }
+        }
+        #expect(failures.withLock { $0 } == [])
+        #expect(try manager.identifiers().count == threads + 1)
+    }
+
+    @Test func lockingWhileOthersReadNeverLeaksAWhenUnlockedValue() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try keychain.manager()
+        let passcode = try secure(TemporaryKeychain.passcode)
+        try manager.device.unlock(passcode: passcode)
+        try manager.register("guarded", forIdentifier: "item")
+        let unexpected = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: 4) { worker in
+            for _ in 0..<300 {
+                if worker == 0 {
+                    manager.device.lock()
+                    // Right after the lock returns, nothing may read the item.
+                    do throws(KeychainError) {
+                        let value = try manager.string(forIdentifier: "item")
+                        unexpected.withLock { $0.append("read \(value) right after lock") }
+                    } catch {
+                        if error != .interactionNotAllowed { unexpected.withLock { $0.append("\(error)") } }
+                    }
+                    try? manager.device.unlock(passcode: passcode)
+                } else {
+                    do throws(KeychainError) {
+                        _ = try manager.string(forIdentifier: "item")
+                    } catch {
+                        if error != .interactionNotAllowed { unexpected.withLock { $0.append("\(error)") } }
+                    }
+                }
+            }
+        }
+        #expect(unexpected.withLock { $0 } == [])
+    }
+}

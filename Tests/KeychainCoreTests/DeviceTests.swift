@@ -1,0 +1,158 @@
+import Synchronization
+import Glibc
+import Testing
+@testable import KeychainCore
+
+@Suite struct DeviceTests {
+    @Test func deviceBootsLockedBeforeFirstUnlock() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device()
+        #expect(device.status.isLocked)
+        #expect(!device.status.hasUnlockedSinceBoot)
+        #expect(device.status.hasPasscode)
+    }
+
+    @Test func rightPasscodeUnlocksAndLockLocksAgain() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device()
+        try device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        #expect(!device.status.isLocked)
+        device.lock()
+        #expect(device.status.isLocked)
+        #expect(device.status.hasUnlockedSinceBoot)
+    }
+
+    @Test func wrongPasscodeIsRefusedAndLeavesTheDeviceLocked() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device()
+        expectError(.authFailed) { try device.unlock(passcode: secure("wrong")) }
+        expectError(.authFailed) { try device.unlock(passcode: nil) }
+        #expect(device.status.isLocked)
+        #expect(device.status.failedAttempts == 2)
+    }
+
+    @Test func lockoutsEscalateAndRefuseEvenTheRightPasscodeUntilTheDeadline() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device(policy: LockoutPolicy(delays: [0, 0, 60, 300]))
+        let right = try secure(TemporaryKeychain.passcode)
+        expectError(.authFailed) { try device.unlock(passcode: secure("a")) }
+        expectError(.authFailed) { try device.unlock(passcode: secure("b")) }
+        #expect(device.status.retryAfter == 0)
+        expectError(.authFailed) { try device.unlock(passcode: secure("c")) }
+        #expect(device.status.retryAfter == 60)
+        // During the lockout the passcode is not even tried.
+        expectError(.authFailed) { try device.unlock(passcode: right) }
+        #expect(device.status.failedAttempts == 3)
+        keychain.clock.advance(59)
+        expectError(.authFailed) { try device.unlock(passcode: right) }
+        keychain.clock.advance(1)
+        expectError(.authFailed) { try device.unlock(passcode: secure("d")) }
+        #expect(device.status.retryAfter == 300)
+        keychain.clock.advance(300)
+        try device.unlock(passcode: right)
+        #expect(!device.status.isLocked)
+        #expect(device.status.failedAttempts == 0)
+        #expect(device.status.retryAfter == 0)
+    }
+
+    @Test func lockoutDeadlineSurvivesARestartOfTheDeviceProcess() throws {
+        let keychain = try TemporaryKeychain()
+        let policy = LockoutPolicy(delays: [60])
+        do {
+            let device = try keychain.device(policy: policy)
+            expectError(.authFailed) { try device.unlock(passcode: secure("wrong")) }
+        }
+        let rebooted = try keychain.device(policy: policy)
+        #expect(rebooted.status.retryAfter == 60)
+        expectError(.authFailed) { try rebooted.unlock(passcode: secure(TemporaryKeychain.passcode)) }
+        keychain.clock.advance(60)
+        try rebooted.unlock(passcode: secure(TemporaryKeychain.passcode))
+    }
+
+    @Test func iOSLockoutTableIsNoneForFourAttemptsThenOneMinuteFiveFifteenAndAnHour() {
+        let delays = (1...10).map { LockoutPolicy.iOS.delay(afterFailures: UInt64($0)) }
+        #expect(delays == [0, 0, 0, 0, 60, 300, 900, 3600, 3600, 3600])
+    }
+
+    @Test func tamperedLockoutRecordIsReportedAsDecodeNotReset() throws {
+        let keychain = try TemporaryKeychain()
+        do {
+            let device = try keychain.device(policy: LockoutPolicy(delays: [3600]))
+            expectError(.authFailed) { try device.unlock(passcode: secure("wrong")) }
+        }
+        try keychain.withRawDatabase { db in
+            // An attacker zeroes the deadline bytes but cannot redo the MAC.
+            try db.execute("UPDATE meta SET value = zeroblob(8) || substr(value, 9) WHERE key = 'lockout'")
+        }
+        expectError(.decode) { try keychain.device() }
+    }
+
+    @Test func keychainWithoutPasscodeUnlocksWithoutOneButStillBootsLocked() throws {
+        let keychain = try TemporaryKeychain(passcode: nil)
+        let manager = try keychain.manager()
+        #expect(!manager.device.status.hasPasscode)
+        expectError(.interactionNotAllowed) { try manager.register("v", forIdentifier: "item") }
+        try manager.device.unlock(passcode: nil)
+        try manager.register("v", forIdentifier: "item")
+        manager.device.lock()
+        expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "item") }
+    }
+
+    @Test func observersSeeLockAndUnlock() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device()
+        let events = Mutex<[DeviceEvent]>([])
+        let token = device.addObserver { event in events.withLock { $0.append(event) } }
+        try device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        device.lock()
+        device.removeObserver(token)
+        try device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        #expect(events.withLock { $0 } == [.unlocked, .locked])
+    }
+
+    @Test func onlyOneDeviceHoldsAKeychainAtATime() throws {
+        let keychain = try TemporaryKeychain()
+        var first: Device? = try keychain.device()
+        expectError(.keychainInUse) { try keychain.device() }
+        _ = first
+        first = nil
+        _ = try keychain.device()
+    }
+
+    @Test func creatingOverAnExistingKeychainIsRefusedAndOpeningAMissingOneSaysSo() throws {
+        let keychain = try TemporaryKeychain()
+        expectError(.duplicateKeychain) {
+            try Device.createKeychain(at: keychain.directory, passcode: secure("x"), kdf: .insecureFastForTests)
+        }
+        expectError(.noSuchKeychain) { try Device(directory: KeychainDirectory(path: keychain.root + "/missing")) }
+        expectError(.param) {
+            try Device.createKeychain(at: KeychainDirectory(path: keychain.root + "/empty"), passcode: secure(""))
+        }
+    }
+
+    @Test func keychainDirectoryIsPrivateToItsOwner() throws {
+        let keychain = try TemporaryKeychain()
+        var info = stat()
+        #expect(stat(keychain.directory.path, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o700)
+        #expect(stat(keychain.directory.deviceSecretPath, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o600)
+    }
+
+    @Test func aWrongDeviceSecretOpensNothing() throws {
+        let keychain = try TemporaryKeychain()
+        let other = try TemporaryKeychain()
+        unlink(keychain.directory.deviceSecretPath)
+        #expect(link(other.directory.deviceSecretPath, keychain.directory.deviceSecretPath) == 0)
+        expectError(.decode) { try keychain.device() }
+    }
+}
+
+extension DeviceTests {
+    @Test func databaseFileIsPrivateToItsOwner() throws {
+        let keychain = try TemporaryKeychain()
+        var info = stat()
+        #expect(stat(keychain.directory.databasePath, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o600)
+    }
+}

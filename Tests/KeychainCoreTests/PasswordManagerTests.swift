@@ -1,0 +1,234 @@
+import Glibc
+import Testing
+@testable import KeychainCore
+
+@Suite struct PasswordManagerTests {
+    func unlockedManager(_ keychain: TemporaryKeychain) throws -> PasswordManager {
+        let manager = try keychain.manager()
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        return manager
+    }
+
+    /// The seed scenario: a default item is unreadable while locked, and
+    /// registering it again with access mode `always` makes it readable.
+    @Test func seedScenarioLockedReadFailsUntilRegisteredAsAlways() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("secret", forIdentifier: "manager")
+        manager.device.lock()
+        expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "manager") }
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        manager.accessMode = .always
+        try manager.register("secret", forIdentifier: "manager")
+        manager.device.lock()
+        #expect(try manager.string(forIdentifier: "manager") == "secret")
+        #expect(try manager.info(forIdentifier: "manager")?.protectionClass == .always)
+    }
+
+    @Test func lockedIsNeverReportedAsAbsentAndAbsentIsNeverReportedAsLocked() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("x", forIdentifier: "present")
+        manager.device.lock()
+        expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "present") }
+        expectError(.interactionNotAllowed) { try manager.validKey("x", forIdentifier: "present") }
+        expectError(.itemNotFound) { try manager.key(forIdentifier: "absent") }
+        #expect(try manager.validKey(nil as String?, forIdentifier: "present"))
+        #expect(try !manager.validKey(nil as String?, forIdentifier: "absent"))
+    }
+
+    /// SSKeychain's bug: an update while locked must not lose the old value.
+    @Test func writeWhileLockedFailsAndKeepsTheOldValue() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("old", forIdentifier: "item")
+        manager.device.lock()
+        expectError(.interactionNotAllowed) { try manager.register("new", forIdentifier: "item") }
+        // Even a class whose key is available cannot overwrite a locked item.
+        manager.accessMode = .always
+        expectError(.interactionNotAllowed) { try manager.register("new", forIdentifier: "item") }
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        #expect(try manager.string(forIdentifier: "item") == "old")
+        #expect(try manager.info(forIdentifier: "item")?.protectionClass == .whenUnlocked)
+    }
+
+    @Test func registerReplacesTheValueAndAppliesTheCurrentSettings() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("one", forIdentifier: "item", inGroup: "TEAMID.com.example.shared")
+        manager.accessMode = .afterFirstUnlock
+        manager.migrate = false
+        try manager.register("two", forIdentifier: "item", inGroup: "TEAMID.com.example.shared")
+        #expect(try manager.string(forIdentifier: "item", inGroup: "TEAMID.com.example.shared") == "two")
+        #expect(try manager.info(forIdentifier: "item", inGroup: "TEAMID.com.example.shared")?.protectionClass
+                == .afterFirstUnlockThisDeviceOnly)
+        #expect(try manager.groups() == ["TEAMID.com.example.shared", "default"])
+    }
+
+    @Test func settingsStartAsWhenUnlockedAndMigratable() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try keychain.manager()
+        #expect(manager.accessMode == .whenUnlocked)
+        #expect(manager.migrate)
+        #expect(manager.classForNewWrites == .whenUnlocked)
+    }
+
+    @Test func valuesAreByteExactIncludingEmptyAndBinary() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        let binary = (0...255).map { UInt8($0) } + [0, 0, 10]
+        try manager.register(SecureBytes(binary), forIdentifier: "binary")
+        try manager.register(SecureBytes([]), forIdentifier: "empty")
+        try manager.register("with newline\n", forIdentifier: "text")
+        manager.purge()
+        #expect(try manager.key(forIdentifier: "binary").bytes() == binary)
+        #expect(try manager.key(forIdentifier: "empty").count == 0)
+        #expect(try manager.string(forIdentifier: "text") == "with newline\n")
+        #expect(try manager.info(forIdentifier: "binary")?.size == binary.count)
+    }
+
+    @Test func aValueOfOneMebibyteFitsAndOneByteMoreIsRefusedKeepingTheOldValue() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        let limit = ItemLimits.maximumValueSize
+        try manager.register(SecureBytes([UInt8](repeating: 7, count: limit)), forIdentifier: "big")
+        #expect(try manager.info(forIdentifier: "big")?.size == limit)
+        try manager.register("small", forIdentifier: "item")
+        expectError(.valueTooLarge) {
+            try manager.register(SecureBytes([UInt8](repeating: 1, count: limit + 1)), forIdentifier: "item")
+        }
+        #expect(try manager.string(forIdentifier: "item") == "small")
+    }
+
+    @Test(arguments: ["", ".", "..", ".control", "a/b", "nul\0byte"])
+    func badNamesAreRefusedWithParam(_ name: String) throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        expectError(.param) { try manager.register("v", forIdentifier: name) }
+        expectError(.param) { try manager.register("v", forIdentifier: "ok", inGroup: name) }
+        #expect(try manager.identifiers() == [])
+    }
+
+    @Test func namesLongerThan255BytesAreRefusedAsTooLong() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("v", forIdentifier: String(repeating: "a", count: 255))
+        expectError(.nameTooLong) { try manager.register("v", forIdentifier: String(repeating: "é", count: 128)) }
+        #expect(try manager.identifiers().count == 1)
+    }
+
+    @Test func validKeyComparesTheWholeValue() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("hunter2", forIdentifier: "item")
+        #expect(try manager.validKey("hunter2", forIdentifier: "item"))
+        #expect(try !manager.validKey("hunter", forIdentifier: "item"))
+        #expect(try !manager.validKey("hunter3", forIdentifier: "item"))
+        #expect(try !manager.validKey("hunter2", forIdentifier: "absent"))
+    }
+
+    @Test func deleteWorksWhileLockedAndReportsAbsentItems() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("v", forIdentifier: "item")
+        manager.device.lock()
+        try manager.deleteKey(forIdentifier: "item")
+        expectError(.itemNotFound) { try manager.deleteKey(forIdentifier: "item") }
+        expectError(.itemNotFound) { try manager.key(forIdentifier: "item") }
+    }
+
+    @Test func changingTheClassReEncryptsAndNeedsBothKeys() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("v", forIdentifier: "item")
+        try manager.setProtectionClass(.alwaysThisDeviceOnly, forIdentifier: "item")
+        manager.device.lock()
+        #expect(try manager.string(forIdentifier: "item") == "v")
+        expectError(.interactionNotAllowed) { try manager.setProtectionClass(.whenUnlocked, forIdentifier: "item") }
+        #expect(try manager.info(forIdentifier: "item")?.protectionClass == .alwaysThisDeviceOnly)
+        expectError(.itemNotFound) { try manager.setProtectionClass(.always, forIdentifier: "absent") }
+    }
+
+    @Test func renameMovesTheValueNeedsTheClassKeyAndRespectsExistingTargets() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("a", forIdentifier: "a")
+        try manager.register("b", forIdentifier: "b")
+        expectError(.duplicateItem) { try manager.renameKey(forIdentifier: "a", to: "b") }
+        try manager.renameKey(forIdentifier: "a", to: "c")
+        #expect(try manager.string(forIdentifier: "c") == "a")
+        expectError(.itemNotFound) { try manager.key(forIdentifier: "a") }
+        try manager.renameKey(forIdentifier: "c", to: "b", replacing: true)
+        #expect(try manager.identifiers() == ["b"])
+        #expect(try manager.string(forIdentifier: "b") == "a")
+        manager.device.lock()
+        expectError(.interactionNotAllowed) { try manager.renameKey(forIdentifier: "b", to: "d") }
+        #expect(try manager.identifiers() == ["b"])
+    }
+
+    @Test func groupsAreCreatedListedAndRemovedOnlyWhenEmpty() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.createGroup("empty")
+        expectError(.duplicateItem) { try manager.createGroup("empty") }
+        try manager.register("v", forIdentifier: "item", inGroup: "full")
+        #expect(try manager.groups() == ["default", "empty", "full"])
+        expectError(.badRequest) { try manager.removeGroup("full") }
+        expectError(.param) { try manager.removeGroup("default") }
+        try manager.removeGroup("empty")
+        expectError(.itemNotFound) { try manager.removeGroup("empty") }
+        expectError(.itemNotFound) { try manager.identifiers(inGroup: "empty") }
+        manager.device.lock()
+        #expect(try manager.identifiers(inGroup: "full") == ["item"])
+    }
+
+    @Test func cacheHoldsTheLastAccessUntilPurgeLockOrBackground() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        manager.accessMode = .always
+        try manager.register("v", forIdentifier: "item")
+        #expect(manager.isCacheEmpty)
+        _ = try manager.key(forIdentifier: "item")
+        #expect(!manager.isCacheEmpty)
+        manager.purge()
+        #expect(manager.isCacheEmpty)
+        _ = try manager.key(forIdentifier: "item")
+        manager.background()
+        #expect(manager.isCacheEmpty)
+        _ = try manager.key(forIdentifier: "item")
+        manager.device.lock()
+        #expect(manager.isCacheEmpty)
+        // A write replaces what the cache would answer.
+        _ = try manager.key(forIdentifier: "item")
+        try manager.register("w", forIdentifier: "item")
+        #expect(try manager.string(forIdentifier: "item") == "w")
+    }
+
+    @Test func cachedValueOfALockedClassIsNotServedAfterLock() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("v", forIdentifier: "item")
+        _ = try manager.key(forIdentifier: "item")
+        manager.device.lock()
+        expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "item") }
+    }
+
+    @Test func sharedInstanceIsOneManagerUntilDropped() throws {
+        let keychain = try TemporaryKeychain()
+        setenv("XDG_DATA_HOME", keychain.root, 1)
+        defer { unsetenv("XDG_DATA_HOME") }
+        unlink(keychain.root + "/keychainfs")
+        #expect(symlink(keychain.directory.path, keychain.root + "/keychainfs") == 0)
+        let first = try PasswordManager.shared()
+        #expect(try PasswordManager.shared() === first)
+        PasswordManager.dropShared()
+    }
+
+    @Test func syncMakesWritesDurableWithoutChangingThem() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("v", forIdentifier: "item")
+        try manager.sync()
+        #expect(try manager.string(forIdentifier: "item") == "v")
+    }
+}

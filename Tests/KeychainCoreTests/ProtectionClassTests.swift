@@ -1,0 +1,61 @@
+import Testing
+@testable import KeychainCore
+
+/// Each class across lock, first unlock and restart (iOS data protection).
+@Suite struct ProtectionClassTests {
+    enum Phase: CaseIterable { case unlocked, lockedAfterUnlock, rebootedBeforeUnlock }
+
+    static func readable(_ protectionClass: ProtectionClass, in phase: Phase) -> Bool {
+        switch (protectionClass.mode, phase) {
+        case (_, .unlocked): return true
+        case (.whenUnlocked, _): return false
+        case (.afterFirstUnlock, .lockedAfterUnlock): return true
+        case (.afterFirstUnlock, .rebootedBeforeUnlock): return false
+        case (.always, _): return true
+        }
+    }
+
+    @Test(arguments: ProtectionClass.allCases)
+    func eachClassIsReadableExactlyWhenItsKeyIsAvailable(_ protectionClass: ProtectionClass) throws {
+        let keychain = try TemporaryKeychain()
+        let value = "value of \(protectionClass.name)"
+        do {
+            let manager = try keychain.manager()
+            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.write(secure(value), identifier: "item", group: "g", protectionClass: protectionClass)
+            #expect(try manager.string(forIdentifier: "item", inGroup: "g") == value)
+            manager.device.lock()
+            try check(manager, protectionClass, .lockedAfterUnlock, value)
+        }
+        let rebooted = try keychain.manager()
+        try check(rebooted, protectionClass, .rebootedBeforeUnlock, value)
+        try rebooted.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try check(rebooted, protectionClass, .unlocked, value)
+    }
+
+    private func check(_ manager: PasswordManager, _ protectionClass: ProtectionClass, _ phase: Phase,
+                       _ value: String) throws {
+        // Listing and size work whatever the lock state.
+        #expect(try manager.info(forIdentifier: "item", inGroup: "g")
+                == ItemInfo(protectionClass: protectionClass, size: value.utf8.count))
+        #expect(try manager.identifiers(inGroup: "g") == ["item"])
+        if Self.readable(protectionClass, in: phase) {
+            #expect(try manager.string(forIdentifier: "item", inGroup: "g") == value)
+            try manager.write(secure(value), identifier: "item", group: "g", protectionClass: protectionClass)
+        } else {
+            expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "item", inGroup: "g") }
+            expectError(.interactionNotAllowed) {
+                try manager.write(secure("new"), identifier: "item", group: "g", protectionClass: protectionClass)
+            }
+        }
+    }
+
+    @Test func classNamesRoundTripAndMigrationFollowsThisDeviceOnly() {
+        for protectionClass in ProtectionClass.allCases {
+            #expect(ProtectionClass(name: protectionClass.name) == protectionClass)
+            #expect(protectionClass.isMigratable == !protectionClass.name.hasSuffix("ThisDeviceOnly"))
+            #expect(ProtectionClass(mode: protectionClass.mode, migratable: protectionClass.isMigratable) == protectionClass)
+        }
+        #expect(ProtectionClass(name: "sometimes") == nil)
+    }
+}

@@ -1,0 +1,65 @@
+import Foundation
+import Glibc
+import Testing
+@testable import KeychainCore
+
+@Suite struct SecretMemoryTests {
+    @Test func releasedSlotsAreWipedBeforeReuse() throws {
+        let arena = SecretArena()  // private to this test, so no one reuses the slot meanwhile
+        let slot = try #require(arena.allocate(capacity: 40))
+        slot.pointer.initializeMemory(as: UInt8.self, repeating: 0xA5, count: 40)
+        arena.release(slot.pointer, sizeClass: slot.sizeClass, used: 40)
+        // The slot is back in the arena (still mapped): its bytes must be zero.
+        #expect(UnsafeRawBufferPointer(start: slot.pointer, count: 40).allSatisfy { $0 == 0 })
+        #expect(arena.allocate(capacity: 40)?.pointer == slot.pointer)
+    }
+
+    @Test func sizeClassesCoverEveryValueUpToTheLimit() {
+        #expect(SecretArena.sizeClass(for: 1) == 0)
+        #expect(SecretArena.sizeClass(for: 65) == 1)
+        #expect(SecretArena.sizeClass(for: ItemLimits.maximumValueSize) != nil)
+        #expect(SecretArena.sizeClass(for: ItemLimits.maximumValueSize + 1) == nil)
+        #expect(throws: KeychainError.valueTooLarge) { try SecureBytes(count: ItemLimits.maximumValueSize + 1) }
+    }
+
+    @Test func arenaMemoryIsLockedAgainstSwapWhenTheLimitAllows() throws {
+        let secret = try SecureBytes("x")
+        var limit = rlimit()
+        getrlimit(__rlimit_resource_t(__RLIMIT_MEMLOCK.rawValue), &limit)
+        if limit.rlim_cur == rlim_t.max || limit.rlim_cur >= 1 << 20 {
+            #expect(SecretArena.shared.residency.locked > 0)
+        }
+        #expect(secret.count == 1)
+    }
+
+    @Test func constantTimeComparisonNeedsEqualLengthAndBytes() throws {
+        #expect(try SecureBytes("abc") == SecureBytes("abc"))
+        #expect(try SecureBytes("abc") != SecureBytes("abd"))
+        #expect(try SecureBytes("abc") != SecureBytes("abcd"))
+        #expect(try SecureBytes("") == SecureBytes([]))
+    }
+
+    @Test func guardedKeysAreReadableOnlyInsideWithKey() throws {
+        let key = GuardedKey.random()
+        // Touching a PROT_NONE page would crash the test, so read the
+        // protection the kernel reports for the key's page instead.
+        #expect(try protection(of: key.pointer) == "---p")
+        let inside = try key.withKey { pointer in try protection(of: UnsafeRawPointer(pointer)) }
+        #expect(inside == "r--p")
+        #expect(try protection(of: key.pointer) == "---p")
+    }
+
+    /// The permissions column of /proc/self/maps for the mapping holding `address`.
+    private func protection(of address: UnsafeRawPointer) throws -> String {
+        // /proc files report size 0, so read them as a stream.
+        let handle = try #require(FileHandle(forReadingAtPath: "/proc/self/maps"))
+        let maps = String(decoding: handle.readDataToEndOfFile(), as: UTF8.self)
+        let target = UInt(bitPattern: address)
+        for line in maps.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            let range = fields[0].split(separator: "-").compactMap { UInt($0, radix: 16) }
+            if range.count == 2, range[0] <= target, target < range[1] { return String(fields[1]) }
+        }
+        throw KeychainError.itemNotFound
+    }
+}

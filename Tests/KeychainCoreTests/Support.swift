@@ -1,0 +1,86 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import KeychainCore
+
+/// A keychain in a fresh temporary directory, removed when the test ends.
+final class TemporaryKeychain: @unchecked Sendable {
+    static let passcode = "correct horse battery staple"
+
+    let root: String
+    let directory: KeychainDirectory
+    let clock = ManualClock()
+
+    init(passcode: String? = TemporaryKeychain.passcode) throws {
+        root = try makeTemporaryDirectory()
+        directory = KeychainDirectory(path: root + "/keychain")
+        try Device.createKeychain(at: directory, passcode: passcode.map { try SecureBytes($0) },
+                                  kdf: .insecureFastForTests)
+    }
+
+    /// Copies a keychain fixture into a fresh temporary directory.
+    init(copying fixture: String) throws {
+        root = try makeTemporaryDirectory()
+        directory = KeychainDirectory(path: root + "/keychain")
+        try FileManager.default.copyItem(atPath: fixture, toPath: directory.path)
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: root) }
+
+    func device(policy: LockoutPolicy = .iOS) throws -> Device {
+        let clock = self.clock
+        return try Device(directory: directory, policy: policy, clock: { clock.now })
+    }
+
+    func manager(policy: LockoutPolicy = .iOS) throws -> PasswordManager {
+        PasswordManager(device: try device(policy: policy))
+    }
+
+    /// A raw connection to the database, to play the attacker who edits the file.
+    func withRawDatabase(_ body: (SQLiteConnection) throws -> Void) throws {
+        let db = try SQLiteConnection(path: directory.databasePath, create: false)
+        try body(db)
+    }
+}
+
+/// Wall-clock seconds that a test moves by hand.
+final class ManualClock: Sendable {
+    private let seconds = Mutex<Int64>(1_800_000_000)
+    var now: Int64 { seconds.withLock { $0 } }
+    func advance(_ delta: Int64) { seconds.withLock { $0 += delta } }
+}
+
+func secure(_ string: String) throws -> SecureBytes { try SecureBytes(string) }
+
+/// Expects `body` to throw exactly `expected`.
+func expectError<R>(_ expected: KeychainError, sourceLocation: SourceLocation = #_sourceLocation,
+                    _ body: () throws -> R) {
+    do {
+        let result = try body()
+        Issue.record("expected \(expected), got a result: \(result)", sourceLocation: sourceLocation)
+    } catch let error as KeychainError {
+        #expect(error == expected, sourceLocation: sourceLocation)
+    } catch {
+        Issue.record("expected \(expected), got \(error)", sourceLocation: sourceLocation)
+    }
+}
+
+extension Data {
+    init(hex: String) {
+        var bytes: [UInt8] = []
+        var index = hex.startIndex
+        while index < hex.endIndex {
+            let next = hex.index(index, offsetBy: 2)
+            bytes.append(UInt8(hex[index..<next], radix: 16)!)
+            index = next
+        }
+        self.init(bytes)
+    }
+}
+
+/// A new private directory under the system's temporary directory.
+func makeTemporaryDirectory() throws -> String {
+    var template = Array((NSTemporaryDirectory() + "kcfs-test-XXXXXX").utf8CString)
+    guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
+    return String(validatingCString: made)!
+}
