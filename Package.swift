@@ -6,16 +6,30 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "KeychainCore", targets: ["KeychainCore"]),
+        .executable(name: "keychainfs", targets: ["keychainfs"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
     ],
     targets: [
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
         .target(name: "KeychainCore", dependencies: ["CSodium", "CSQLite"]),
+        .target(name: "KeychainFS", dependencies: ["KeychainCore", "CFuse"]),
+        .executableTarget(
+            name: "keychainfs",
+            dependencies: [
+                "KeychainCore", "KeychainFS",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         .testTarget(
             name: "KeychainCoreTests",
             dependencies: ["KeychainCore"],
             resources: [.copy("Fixtures")]
         ),
+        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -2,4 +2,29 @@
 #define CFUSE_SHIM_H
 #define FUSE_USE_VERSION 35
 #include <fuse3/fuse_lowlevel.h>
+#include <sys/mount.h>
+#include <sys/signalfd.h>
+#include <sys/eventfd.h>
+
+// fuse_session_loop_mt is a macro at API 35 and takes a config object that
+// only has constructor functions: wrap the three calls in one.
+static inline int CFuse_session_loop_mt(struct fuse_session *se, unsigned int max_idle_threads) {
+    struct fuse_loop_config *config = fuse_loop_cfg_create();
+    if (config == NULL) return -1;
+    fuse_loop_cfg_set_idle_threads(config, max_idle_threads);
+    int result = fuse_session_loop_mt(se, config);
+    fuse_loop_cfg_destroy(config);
+    return result;
+}
+
+// The capability flags are macros Swift imports, but as Int32; keep the
+// wanted set in C where the types match conn->want.
+static inline void CFuse_configure_connection(struct fuse_conn_info *conn) {
+    // open(O_TRUNC) arrives as one open, not open + truncate.
+    if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+    // Never let plaintext sit in the page cache through write-back.
+    conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+    // Values are whole secrets, never spliced through pipes.
+    conn->want &= ~(unsigned)(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
+}
 #endif

@@ -215,6 +215,11 @@ public final class Device: Sendable {
         return key
     }
 
+    /// Whether the key of `protectionClass` is in memory now (reads and writes of its items can work).
+    public func isAvailable(_ protectionClass: ProtectionClass) -> Bool {
+        state.withLock { $0.keys[protectionClass] != nil }
+    }
+
     /// A counter bumped by every lock: work that read it before may keep
     /// plaintext only if it is unchanged after.
     var lockEpoch: UInt64 { state.withLock { $0.epoch } }

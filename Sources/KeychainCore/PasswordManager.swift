@@ -99,8 +99,10 @@ public final class PasswordManager: Sendable {
     }
 
     /// Writes a value under an explicit class (the filesystem's commit path).
+    /// With `onlyIfAbsent`, an existing item is left alone and
+    /// ``KeychainError/duplicateItem`` thrown (create-only, as `O_EXCL`).
     public func write(_ value: SecureBytes, identifier: String, group: String,
-                      protectionClass: ProtectionClass) throws(KeychainError) {
+                      protectionClass: ProtectionClass, onlyIfAbsent: Bool = false) throws(KeychainError) {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
@@ -108,7 +110,10 @@ public final class PasswordManager: Sendable {
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             // Replacing an item needs its current class key too: a locked
             // device must not let its `whenUnlocked` secrets be overwritten.
-            if let existing { _ = try device.classKey(existing.protectionClass) }
+            if let existing {
+                if onlyIfAbsent { throw .duplicateItem }
+                _ = try device.classKey(existing.protectionClass)
+            }
             return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
                                    generation: generation, key: key)
         }

@@ -87,3 +87,16 @@ public final class SecureBytes: @unchecked Sendable, Equatable {
         rhs.withUnsafeBytes { lhs.constantTimeEquals($0) }
     }
 }
+
+/// Zeroes memory that held a secret (sodium_memzero: not optimised away).
+public func wipeMemory(_ buffer: UnsafeMutableRawBufferPointer) {
+    guard let base = buffer.baseAddress, buffer.count > 0 else { return }
+    sodium_memzero(base, buffer.count)
+}
+
+/// Stops this process from ever writing a core dump (RLIMIT_CORE 0 and
+/// PR_SET_DUMPABLE 0, which also keeps other processes of the same user
+/// from attaching to it with ptrace).
+public func disableCoreDumps() -> Bool {
+    CSodium_disableCoreDumps() == 0
+}

@@ -232,3 +232,34 @@ import Testing
         #expect(try manager.string(forIdentifier: "item") == "v")
     }
 }
+
+extension PasswordManagerTests {
+    @Test func createOnlyWriteLeavesAnExistingItemAlone() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.write(secure("first"), identifier: "item", group: "default", protectionClass: .always, onlyIfAbsent: true)
+        expectError(.duplicateItem) {
+            try manager.write(secure("second"), identifier: "item", group: "default", protectionClass: .always, onlyIfAbsent: true)
+        }
+        #expect(try manager.string(forIdentifier: "item") == "first")
+    }
+
+    @Test func secureBufferGrowsWritesAtOffsetsAndRefusesToPassTheLimit() throws {
+        let buffer = SecureBuffer()
+        try Array("hello".utf8).withUnsafeBytes { try buffer.append($0) }
+        try Array("J".utf8).withUnsafeBytes { try buffer.write($0, at: 0) }
+        try Array("!".utf8).withUnsafeBytes { try buffer.write($0, at: 7) }
+        #expect(try buffer.snapshot().bytes() == Array("Jello".utf8) + [0, 0] + Array("!".utf8))
+        let big = [UInt8](repeating: 1, count: 5000)
+        try big.withUnsafeBytes { try buffer.append($0) }
+        #expect(buffer.count == 5008)
+        #expect(throws: KeychainError.valueTooLarge) {
+            try big.withUnsafeBytes { try buffer.write($0, at: ItemLimits.maximumValueSize - 10) }
+        }
+        #expect(buffer.count == 5008)
+        try buffer.resize(to: 2)
+        #expect(try buffer.snapshot().string() == "Je")
+        buffer.wipe()
+        #expect(buffer.count == 0)
+    }
+}

@@ -1,0 +1,223 @@
+internal import CFuse
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The one process that holds a keychain's keys and serves every FUSE
+/// session of it (SPEC, "The device process"). Later `mount`s join it over
+/// a UNIX socket; it exits when its last mount goes away, or on SIGTERM,
+/// SIGINT or SIGHUP after unmounting everything.
+public final class DeviceProcess: Sendable {
+    /// The manager every mount of this keychain shares: one lock state.
+    public let manager: PasswordManager
+    /// Where later mounts reach this process.
+    public let socketPath: String
+    private let mounts = Mutex<[String: FuseMount]>([:])
+    /// Signalled whenever a mount's session ends.
+    private let mountEnded: Int32
+
+    /// Boots the device of `keychain`: locked, before first unlock.
+    public init(keychain: KeychainDirectory) throws(MountError) {
+        do {
+            manager = PasswordManager(device: try Device(directory: keychain))
+        } catch {
+            throw MountError(Self.describe(error, keychain: keychain))
+        }
+        socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        mountEnded = eventfd(0, Int32(EFD_CLOEXEC))
+    }
+
+    /// A sentence for a core error met while starting.
+    public static func describe(_ error: KeychainError, keychain: KeychainDirectory) -> String {
+        switch error {
+        case .noSuchKeychain:
+            return "no keychain at \(keychain.path); create one with `keychainfs init --keychain \(keychain.path)`"
+        case .keychainInUse:
+            return "another process holds the keychain at \(keychain.path)"
+        case .decode:
+            return "the keychain at \(keychain.path) is damaged, or its device secret does not belong to it"
+        default:
+            return "cannot open the keychain at \(keychain.path): \(error)"
+        }
+    }
+
+    // MARK: Mounts
+
+    /// Mounts the keychain (or one of its groups) at `mountpoint`, an absolute path.
+    public func mount(_ mountpoint: String, group: String?) throws(MountError) {
+        if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
+        guard access("/dev/fuse", R_OK | W_OK) == 0 else {
+            throw MountError("/dev/fuse is missing or not usable: load the fuse module (modprobe fuse)")
+        }
+        let fileSystem: FileSystem
+        do {
+            fileSystem = try FileSystem(manager: manager, group: group)
+        } catch .itemNotFound {
+            throw MountError("no access group \(group ?? "") in this keychain; create it with mkdir in a whole-keychain mount")
+        } catch {
+            throw MountError("cannot mount group \(group ?? ""): \(error)")
+        }
+        let ended = mountEnded
+        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint) { [weak self] finished in
+            _ = self?.mounts.withLock { $0.removeValue(forKey: finished.mountpoint) }
+            var one: UInt64 = 1
+            _ = write(ended, &one, 8)
+        }
+        mounts.withLock { $0[mountpoint] = mount }
+    }
+
+    /// Unmounts one of our mounts and waits until its session has ended.
+    /// Returns whether it was the last one.
+    func unmount(_ mountpoint: String) throws(FSError) -> Bool {
+        guard let mount = mounts.withLock({ $0[mountpoint] }) else { throw FSError(ENOENT) }
+        let result = mount.unmount(lazy: false)
+        guard result == 0 else { throw FSError(result) }
+        mount.join()
+        return mounts.withLock { $0.isEmpty }
+    }
+
+    // MARK: Running
+
+    /// Runs the device: mounts `mountpoint`, reports through `ready`, then
+    /// serves until the last mount is gone or a signal asks it to stop.
+    /// Returns the process exit status.
+    public func run(mountpoint: String, group: String?, ready: (MountError?) -> Void) -> Int32 {
+        if !disableCoreDumps() { Diagnostics.log("could not disable core dumps") }
+        // Every thread started from here on inherits this mask; the signals
+        // arrive through the signalfd instead. Reset first: a process started
+        // with `&` by a shell inherits SIGINT as ignored (FIELD-NOTES).
+        var stopping = sigset_t()
+        sigemptyset(&stopping)
+        for signal in [SIGTERM, SIGINT, SIGHUP] {
+            Glibc.signal(signal, SIG_DFL)
+            sigaddset(&stopping, signal)
+        }
+        Glibc.signal(SIGPIPE, SIG_IGN)
+        pthread_sigmask(SIG_BLOCK, &stopping, nil)
+        let signals = signalfd(-1, &stopping, Int32(SFD_CLOEXEC))
+
+        // We hold the keychain's flock, so a socket file left there is stale.
+        guard let listener = UnixSocket.listen(at: socketPath) else {
+            ready(MountError("cannot listen on \(socketPath)"))
+            return 1
+        }
+        defer {
+            close(listener)
+            unlink(socketPath)
+        }
+        do {
+            try mount(mountpoint, group: group)
+        } catch {
+            ready(error)
+            return 1
+        }
+        startServing(listener)
+        ready(nil)
+
+        var fds = [pollfd(fd: signals, events: Int16(POLLIN), revents: 0),
+                   pollfd(fd: mountEnded, events: Int16(POLLIN), revents: 0)]
+        while true {
+            if poll(&fds, 2, -1) < 0 {
+                if errno == EINTR { continue }
+                break
+            }
+            if fds[0].revents != 0 {
+                var info = signalfd_siginfo()
+                _ = read(signals, &info, MemoryLayout<signalfd_siginfo>.size)
+                stopAll()
+                return 0
+            }
+            if fds[1].revents != 0 {
+                var count: UInt64 = 0
+                _ = read(mountEnded, &count, 8)
+                if mounts.withLock({ $0.isEmpty }) { return 0 }
+            }
+        }
+        stopAll()
+        return 1
+    }
+
+    /// Unmounts everything, lazily (open files must not keep the device
+    /// alive after SIGTERM), and waits for every session to end.
+    private func stopAll() {
+        let all = mounts.withLock { Array($0.values) }
+        for mount in all {
+            let result = mount.unmount(lazy: true)
+            if result != 0 { Diagnostics.log("could not unmount \(mount.mountpoint): errno \(result)") }
+        }
+        for mount in all { mount.join() }
+    }
+
+    private func startServing(_ listener: Int32) {
+        let context = Unmanaged.passRetained(ServerContext(device: self, listener: listener))
+        var thread = pthread_t()
+        pthread_create(&thread, nil, { raw in
+            let context = Unmanaged<ServerContext>.fromOpaque(raw!).takeRetainedValue()
+            context.device.acceptLoop(context.listener)
+            return nil
+        }, context.toOpaque())
+        pthread_detach(thread)
+    }
+
+    private func acceptLoop(_ listener: Int32) {
+        while true {
+            let client = accept(listener, nil, nil)
+            if client < 0 {
+                if errno == EINTR || errno == ECONNABORTED { continue }
+                return
+            }
+            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            let reply = answer(client)
+            _ = UnixSocket.writeAll(client, Array((reply + "\n").utf8))
+            close(client)
+        }
+    }
+
+    private func answer(_ client: Int32) -> String {
+        var credentials = PeerCredentials()
+        var length = socklen_t(MemoryLayout<PeerCredentials>.size)
+        guard getsockopt(client, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0,
+              credentials.uid == getuid() else { return "error \(EPERM) not the owner of this keychain" }
+        let fields = UnixSocket.readAll(client).split(separator: 0, omittingEmptySubsequences: false)
+            .map { String(decoding: $0, as: UTF8.self) }
+        switch (fields.first, fields.count) {
+        case ("ping", 1):
+            return "ok"
+        case ("mount", 3):
+            do {
+                try mount(fields[2], group: fields[1].isEmpty ? nil : fields[1])
+                return "ok"
+            } catch {
+                return "error \(EINVAL) \(error.description)"
+            }
+        case ("unmount", 2):
+            do {
+                return try unmount(fields[1]) ? "ok last" : "ok"
+            } catch {
+                let reason = error.errno == EBUSY ? "mount point is busy (files are open in it)"
+                    : error.errno == ENOENT ? "not mounted by this device" : String(cString: strerror(error.errno))
+                return "error \(error.errno) \(reason)"
+            }
+        default:
+            return "error \(EINVAL) unknown request"
+        }
+    }
+}
+
+private final class ServerContext {
+    let device: DeviceProcess
+    let listener: Int32
+    init(device: DeviceProcess, listener: Int32) {
+        self.device = device
+        self.listener = listener
+    }
+}
+
+/// Linux's `struct ucred` (socket(7)), which glibc declares only with _GNU_SOURCE.
+private struct PeerCredentials {
+    var pid: pid_t = 0
+    var uid: uid_t = 0
+    var gid: gid_t = 0
+}

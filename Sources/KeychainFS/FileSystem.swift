@@ -1,0 +1,149 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The filesystem view of one keychain (or of one access group of it): maps
+/// paths to core calls and core errors to errno. No crypto and no storage
+/// here; every FUSE session of a keychain shares one ``PasswordManager``, so
+/// the lock is device-wide.
+public final class FileSystem: Sendable {
+    /// What a mount shows at its root.
+    public enum Scope: Sendable, Equatable {
+        /// Every access group, as directories.
+        case keychain
+        /// One group's items, at the root.
+        case group(String)
+    }
+
+    let manager: PasswordManager
+    let scope: Scope
+    let nodes = NodeTable()
+    let openFiles = OpenFiles()
+    let owner: (uid: uid_t, gid: gid_t)
+    let startTime = time(nil)
+
+    /// How long the kernel may cache names and directory attributes. Item
+    /// attributes are never cached (their size must be exact after a commit
+    /// through any mount), and content never is (direct I/O).
+    static let entryTimeout = 1.0
+    static let directoryAttributeTimeout = 1.0
+
+    /// A view of `manager`'s keychain; `group` limits it to that access group.
+    public init(manager: PasswordManager, group: String? = nil) throws(KeychainError) {
+        self.manager = manager
+        if let group {
+            try ItemLimits.validate(name: group)
+            guard try manager.groupExists(group) else { throw .itemNotFound }
+            scope = .group(group)
+        } else {
+            scope = .keychain
+        }
+        owner = (getuid(), getgid())
+        manager.device.addObserver { [openFiles, manager] event in
+            if event == .locked { openFiles.revokeUnavailable(manager.device) }
+        }
+    }
+
+    // MARK: Names
+
+    /// The node `name` stands for inside `parent`, if it exists.
+    func child(of parent: Node, named name: String) throws(FSError) -> Node {
+        if name == ".control" {
+            guard parent == .root else { throw FSError(ENOENT) }
+            return .control
+        }
+        try validate(name)
+        switch (parent, scope) {
+        case (.root, .keychain):
+            guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw FSError(ENOENT) }
+            return .group(name)
+        case (.root, .group(let group)), (.group(let group), .keychain):
+            return .item(group: group, identifier: name)
+        default:
+            throw FSError(ENOTDIR)
+        }
+    }
+
+    /// The group whose items are the children of `node`, if it is such a directory.
+    func itemGroup(of node: Node) -> String? {
+        switch (node, scope) {
+        case (.root, .group(let group)): return group
+        case (.group(let group), .keychain): return group
+        default: return nil
+        }
+    }
+
+    func validate(_ name: String) throws(FSError) {
+        do {
+            try ItemLimits.validate(name: name)
+        } catch {
+            throw FSError(error)
+        }
+    }
+
+    func node(_ inode: UInt64) throws(FSError) -> Node {
+        guard let node = nodes.node(for: inode) else { throw FSError(ENOENT) }
+        return node
+    }
+
+    // MARK: Attributes
+
+    /// `stat` of a node; works while locked (SPEC: listing and stat).
+    func attributes(of node: Node) throws(FSError) -> stat {
+        var info = stat()
+        info.st_ino = ino_t(nodes.inode(for: node))
+        info.st_uid = owner.uid
+        info.st_gid = owner.gid
+        info.st_blksize = 4096
+        // Items keep no timestamps (docs/FILESYSTEM.md): show the mount's start.
+        info.st_mtim = timespec(tv_sec: startTime, tv_nsec: 0)
+        info.st_ctim = info.st_mtim
+        info.st_atim = info.st_mtim
+        switch node {
+        case .root, .group:
+            if case .group(let name) = node {
+                guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw FSError(ENOENT) }
+            }
+            info.st_mode = S_IFDIR | 0o700
+            info.st_nlink = 2
+        case .control:
+            info.st_mode = S_IFREG | 0o600
+            info.st_nlink = 1
+        case .item(let group, let identifier):
+            guard let item = try core({ () throws(KeychainError) in
+                try manager.info(forIdentifier: identifier, inGroup: group)
+            }) else { throw FSError(ENOENT) }
+            info.st_mode = S_IFREG | 0o600
+            info.st_nlink = 1
+            info.st_size = off_t(item.size)
+            info.st_blocks = blkcnt_t((item.size + 511) / 512)
+        }
+        return info
+    }
+
+    static func attributeTimeout(for node: Node) -> Double {
+        if case .item = node { return 0 }
+        return directoryAttributeTimeout
+    }
+
+    // MARK: Listing
+
+    /// The entries of a directory, `.` and `..` first.
+    func listing(of node: Node) throws(FSError) -> [(name: String, node: Node, mode: mode_t)] {
+        var entries: [(String, Node, mode_t)] = [(".", node, S_IFDIR), ("..", .root, S_IFDIR)]
+        if node == .root { entries.append((".control", .control, S_IFREG)) }
+        if node == .root, scope == .keychain {
+            for group in try core({ () throws(KeychainError) in try manager.groups() }) {
+                entries.append((group, .group(group), S_IFDIR))
+            }
+        } else if let group = itemGroup(of: node) {
+            for identifier in try core({ () throws(KeychainError) in try manager.identifiers(inGroup: group) }) {
+                entries.append((identifier, .item(group: group, identifier: identifier), S_IFREG))
+            }
+        } else {
+            throw FSError(ENOTDIR)
+        }
+        return entries
+    }
+}

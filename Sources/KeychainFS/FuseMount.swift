@@ -1,0 +1,130 @@
+internal import CFuse
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One FUSE session of a ``FileSystem`` at a mount point, served by libfuse's
+/// multi-threaded loop on threads of its own. Ends when the mount goes away
+/// (``unmount(lazy:)``, `fusermount3 -u`, `umount`).
+public final class FuseMount: Sendable {
+    /// The absolute mount point.
+    public let mountpoint: String
+    /// What is mounted.
+    public let fileSystem: FileSystem
+    private let session: SessionBox
+    private let finished = Mutex(false)
+    private let loopThread = Mutex<pthread_t?>(nil)
+
+    /// Mounts `fileSystem` at `mountpoint` and starts serving it; `onFinish`
+    /// runs on the loop's thread once the session has ended and been torn down.
+    public init(fileSystem: FileSystem, mountpoint: String,
+                onFinish: @escaping @Sendable (FuseMount) -> Void) throws(MountError) {
+        self.fileSystem = fileSystem
+        self.mountpoint = mountpoint
+        var ops = FuseOperations.table()
+        let options = "fsname=keychainfs,subtype=keychainfs"
+        let strings: [String] = ["keychainfs", "-o", options]
+        let arguments = strings.map { strdup($0) }
+        defer { arguments.forEach { free($0) } }
+        var argv = arguments + [nil]
+        let userdata = Unmanaged.passRetained(fileSystem)
+        let made = argv.withUnsafeMutableBufferPointer { argv in
+            var args = fuse_args(argc: 3, argv: argv.baseAddress, allocated: 0)
+            let session = fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata.toOpaque())
+            fuse_opt_free_args(&args)
+            return session
+        }
+        guard let made else {
+            userdata.release()
+            throw MountError("could not create a FUSE session")
+        }
+        guard fuse_session_mount(made, mountpoint) == 0 else {
+            fuse_session_destroy(made)
+            userdata.release()
+            throw MountError("could not mount at \(mountpoint) (is /dev/fuse usable and fusermount3 installed?)")
+        }
+        session = SessionBox(made, userdata: userdata)
+        let context = Unmanaged.passRetained(LoopContext(mount: self, onFinish: onFinish))
+        var thread = pthread_t()
+        let started = pthread_create(&thread, nil, { raw in
+            let context = Unmanaged<LoopContext>.fromOpaque(raw!).takeRetainedValue()
+            context.mount.serve()
+            context.onFinish(context.mount)
+            return nil
+        }, context.toOpaque())
+        guard started == 0 else {
+            context.release()
+            session.tearDown()
+            throw MountError("could not start the FUSE loop thread")
+        }
+        loopThread.withLock { $0 = thread }
+    }
+
+    private func serve() {
+        // Idle worker threads kept: enough for concurrent readers on 2 cores.
+        _ = CFuse_session_loop_mt(session.raw, 4)
+        session.tearDown()
+        finished.withLock { $0 = true }
+    }
+
+    /// Whether the session has ended.
+    public var isFinished: Bool { finished.withLock { $0 } }
+
+    /// Waits for the loop thread to end.
+    public func join() {
+        guard let thread = loopThread.withLock({ value -> pthread_t? in
+            defer { value = nil }
+            return value
+        }) else { return }
+        pthread_join(thread, nil)
+    }
+
+    /// Detaches the mount; the loop then ends by itself. A busy mount (open
+    /// files) refuses a plain unmount with EBUSY; `lazy` detaches it anyway.
+    public func unmount(lazy: Bool) -> Int32 {
+        MountTable.unmount(mountpoint, lazy: lazy)
+    }
+}
+
+/// What could not be mounted, in a sentence for the user.
+public struct MountError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+private final class LoopContext {
+    let mount: FuseMount
+    let onFinish: @Sendable (FuseMount) -> Void
+    init(mount: FuseMount, onFinish: @escaping @Sendable (FuseMount) -> Void) {
+        self.mount = mount
+        self.onFinish = onFinish
+    }
+}
+
+/// The libfuse session pointer and the retained filesystem it calls back into.
+private final class SessionBox: @unchecked Sendable {
+    // Used only by the loop thread after init, and torn down once.
+    let raw: OpaquePointer
+    private let userdata: Unmanaged<FileSystem>
+    private let tornDown = Mutex(false)
+
+    init(_ raw: OpaquePointer, userdata: Unmanaged<FileSystem>) {
+        self.raw = raw
+        self.userdata = userdata
+    }
+
+    func tearDown() {
+        let first = tornDown.withLock { done in
+            defer { done = true }
+            return !done
+        }
+        guard first else { return }
+        // After the kernel ended the connection this only closes /dev/fuse
+        // (fuse_kern_unmount sees POLLERR and returns).
+        fuse_session_unmount(raw)
+        fuse_session_destroy(raw)
+        userdata.release()
+    }
+}

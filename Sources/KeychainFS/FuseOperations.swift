@@ -1,0 +1,285 @@
+internal import CFuse
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The low-level FUSE callbacks: each finds its ``FileSystem`` through the
+/// session's userdata, calls it, and replies. Built as a local table (Swift 6
+/// rejects a global one holding C function pointers as shared mutable state).
+/// The low-level API lets us wipe the request buffers that carried plaintext,
+/// which libfuse's high-level API keeps (FIELD-NOTES).
+enum FuseOperations {
+    static func table() -> fuse_lowlevel_ops {
+        var ops = fuse_lowlevel_ops()
+        ops.`init` = { _, conn in
+            if let conn { CFuse_configure_connection(conn) }
+        }
+        ops.lookup = { req, parent, name in
+            serve(req) { fs throws(FSError) in
+                let node = try fs.child(of: try fs.node(parent), named: try cString(name))
+                var entry = try fs.entry(for: node)
+                fuse_reply_entry(req, &entry)
+            }
+        }
+        ops.forget = { req, _, _ in fuse_reply_none(req) }
+        ops.getattr = { req, inode, _ in
+            serve(req) { fs throws(FSError) in
+                let node = try fs.node(inode)
+                var info = try fs.attributes(of: node)
+                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: node))
+            }
+        }
+        ops.setattr = { req, inode, attr, toSet, fi in
+            serve(req) { fs throws(FSError) in
+                let node = try fs.node(inode)
+                if toSet & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 { throw FSError(EPERM) }
+                if toSet & FUSE_SET_ATTR_SIZE != 0 {
+                    guard case .item(let group, let identifier) = node, let attr else { throw FSError(EISDIR) }
+                    let size = Int(attr.pointee.st_size)
+                    if let fi, let file = OpenFiles.file(fi.pointee.fh) {
+                        try fs.truncate(file, to: size)
+                    } else {
+                        try fs.truncate(group: group, identifier: identifier, to: size)
+                    }
+                }
+                // Times are accepted and not kept: items have no timestamps
+                // (docs/FILESYSTEM.md), and `touch` must not fail.
+                var info = try fs.attributes(of: node)
+                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: node))
+            }
+        }
+        ops.readlink = { req, _ in fuse_reply_err(req, EINVAL) }
+        ops.mknod = { req, _, _, _, _ in fuse_reply_err(req, EPERM) }
+        ops.symlink = { req, _, _, _ in fuse_reply_err(req, EPERM) }
+        ops.link = { req, _, _, _ in fuse_reply_err(req, EPERM) }
+        ops.mkdir = { req, parent, name, _ in
+            serve(req) { fs throws(FSError) in
+                let node = try fs.makeDirectory(parent: try fs.node(parent), name: try cString(name))
+                var entry = try fs.entry(for: node)
+                fuse_reply_entry(req, &entry)
+            }
+        }
+        ops.unlink = { req, parent, name in
+            serve(req) { fs throws(FSError) in
+                try fs.unlink(parent: try fs.node(parent), name: try cString(name))
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.rmdir = { req, parent, name in
+            serve(req) { fs throws(FSError) in
+                try fs.removeDirectory(parent: try fs.node(parent), name: try cString(name))
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.rename = { req, parent, name, newParent, newName, flags in
+            serve(req) { fs throws(FSError) in
+                try fs.rename(parent: try fs.node(parent), name: try cString(name),
+                              newParent: try fs.node(newParent), newName: try cString(newName), flags: UInt32(flags))
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.open = { req, inode, fi in
+            serve(req) { fs throws(FSError) in
+                guard let fi else { throw FSError(EINVAL) }
+                let node = try fs.node(inode)
+                fi.pointee.direct_io = 1
+                fi.pointee.keep_cache = 0
+                switch node {
+                case .control:
+                    let control = ControlFile(status: fs.statusText())
+                    fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(control).toOpaque()))
+                case .item(let group, let identifier):
+                    let file = try fs.openItem(group: group, identifier: identifier, flags: fi.pointee.flags)
+                    // Read-only descriptors have nothing to commit: no FLUSH round trip on close.
+                    fi.pointee.noflush = file.writable ? 0 : 1
+                    fi.pointee.fh = fs.openFiles.add(file)
+                default:
+                    throw FSError(EISDIR)
+                }
+                fuse_reply_open(req, fi)
+            }
+        }
+        ops.create = { req, parent, name, mode, fi in
+            serve(req) { fs throws(FSError) in
+                guard let fi else { throw FSError(EINVAL) }
+                guard mode & S_IFMT == S_IFREG || mode & S_IFMT == 0 else { throw FSError(EPERM) }
+                let name = try cString(name)
+                let parentNode = try fs.node(parent)
+                if parentNode == .root && name == ".control" { throw FSError(EEXIST) }
+                guard let group = fs.itemGroup(of: parentNode) else { throw FSError(EPERM) }
+                let file = try fs.createItem(group: group, identifier: name, flags: fi.pointee.flags)
+                fi.pointee.direct_io = 1
+                fi.pointee.fh = fs.openFiles.add(file)
+                var entry = try fs.entry(for: .item(group: group, identifier: name))
+                fuse_reply_create(req, &entry, fi)
+            }
+        }
+        ops.read = { req, inode, size, offset, fi in
+            serve(req) { fs throws(FSError) in
+                guard let fi else { throw FSError(EBADF) }
+                if inode == NodeTable.controlInode {
+                    let control = Unmanaged<ControlFile>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!)
+                        .takeUnretainedValue()
+                    control.status.withUnsafeBytes { all in
+                        let start = min(Int(offset), all.count)
+                        let end = min(all.count, start + size)
+                        fuse_reply_buf(req, all.baseAddress.map { $0 + start }, end - start)
+                    }
+                    return
+                }
+                guard let file = OpenFiles.file(fi.pointee.fh) else { throw FSError(EBADF) }
+                try fs.read(file, offset: Int(offset), size: size) { bytes in
+                    fuse_reply_buf(req, bytes.baseAddress, bytes.count)
+                }
+            }
+        }
+        ops.write = { req, inode, buf, size, offset, fi in
+            // The request buffer held plaintext (or a passcode): wipe it
+            // whatever happens, once copied.
+            let request = UnsafeMutableRawBufferPointer(start: UnsafeMutableRawPointer(mutating: buf), count: size)
+            defer { wipeMemory(request) }
+            serve(req) { fs throws(FSError) in
+                guard let fi else { throw FSError(EBADF) }
+                if inode == NodeTable.controlInode {
+                    try fs.control(request)
+                } else {
+                    guard let file = OpenFiles.file(fi.pointee.fh) else { throw FSError(EBADF) }
+                    try fs.write(file, bytes: UnsafeRawBufferPointer(request), offset: Int(offset))
+                }
+                fuse_reply_write(req, size)
+            }
+        }
+        ops.flush = { req, inode, fi in
+            serve(req) { fs throws(FSError) in
+                if inode != NodeTable.controlInode, let fi, let file = OpenFiles.file(fi.pointee.fh) {
+                    try fs.commit(file, final: false)
+                }
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.fsync = { req, inode, _, fi in
+            serve(req) { fs throws(FSError) in
+                if inode != NodeTable.controlInode, let fi, let file = OpenFiles.file(fi.pointee.fh) {
+                    try fs.commit(file, final: false)
+                }
+                try core { () throws(KeychainError) in try fs.manager.sync() }
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.release = { req, inode, fi in
+            serve(req) { fs throws(FSError) in
+                guard let fi else { throw FSError(EBADF) }
+                if inode == NodeTable.controlInode {
+                    Unmanaged<ControlFile>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!).release()
+                } else if let file = OpenFiles.file(fi.pointee.fh) {
+                    // A commit failing here has no one to report to: the
+                    // flush before it already did (close returns its result).
+                    do throws(FSError) { try fs.commit(file, final: true) } catch {
+                        Diagnostics.log("release of \(file.group)/\(file.identifier) could not commit: errno \(error.errno)")
+                    }
+                    fs.openFiles.remove(fi.pointee.fh)
+                }
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.readdir = { req, inode, size, offset, _ in
+            serve(req) { fs throws(FSError) in
+                let entries = try fs.listing(of: try fs.node(inode))
+                let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
+                defer { buffer.deallocate() }
+                var used = 0
+                var index = Int(offset)
+                while index < entries.count {
+                    let entry = entries[index]
+                    var info = stat()
+                    info.st_ino = ino_t(fs.nodes.inode(for: entry.node))
+                    info.st_mode = entry.mode
+                    let needed = fuse_add_direntry(req, buffer + used, size - used, entry.name, &info, off_t(index + 1))
+                    if needed > size - used { break }
+                    used += needed
+                    index += 1
+                }
+                fuse_reply_buf(req, buffer, used)
+            }
+        }
+        ops.statfs = { req, _ in
+            serve(req) { fs throws(FSError) in
+                var info = try fs.statistics()
+                fuse_reply_statfs(req, &info)
+            }
+        }
+        ops.setxattr = { req, inode, name, value, size, _ in
+            serve(req) { fs throws(FSError) in
+                let bytes = UnsafeRawBufferPointer(start: value, count: size)
+                guard let text = String(validating: bytes, as: UTF8.self) else { throw FSError(EINVAL) }
+                try fs.setExtendedAttribute(try cString(name), value: text, of: try fs.node(inode))
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.getxattr = { req, inode, name, size in
+            serve(req) { fs throws(FSError) in
+                let value = Array(try fs.extendedAttribute(try cString(name), of: try fs.node(inode)).utf8)
+                try replyXattr(req, value, size: size)
+            }
+        }
+        ops.listxattr = { req, inode, size in
+            serve(req) { fs throws(FSError) in
+                let names = fs.extendedAttributeNames(of: try fs.node(inode)).flatMap { Array($0.utf8) + [UInt8(0)] }
+                try replyXattr(req, names, size: size)
+            }
+        }
+        ops.removexattr = { req, inode, name in
+            serve(req) { fs throws(FSError) in
+                let node = try fs.node(inode)
+                // The class attributes are derived, not removable; others do not exist.
+                throw FSError(fs.extendedAttributeNames(of: node).contains(try cString(name)) ? EPERM : ENODATA)
+            }
+        }
+        ops.fallocate = { req, _, _, _, _, _ in fuse_reply_err(req, EOPNOTSUPP) }
+        return ops
+    }
+
+}
+
+/// Runs `body` with the request's filesystem; a thrown errno becomes the reply.
+/// (Free functions: a C callback may not capture even the enum's metatype.)
+private func serve(_ req: fuse_req_t?, _ body: (FileSystem) throws(FSError) -> Void) {
+    guard let req, let userdata = fuse_req_userdata(req) else { return }
+    let fs = Unmanaged<FileSystem>.fromOpaque(userdata).takeUnretainedValue()
+    do {
+        try body(fs)
+    } catch {
+        fuse_reply_err(req, error.errno)
+    }
+}
+
+/// A name from the kernel; names that are not UTF-8 cannot be items.
+private func cString(_ name: UnsafePointer<CChar>?) throws(FSError) -> String {
+    guard let name, let string = String(validatingCString: name) else { throw FSError(EINVAL) }
+    return string
+}
+
+/// getxattr/listxattr: size 0 asks for the length; too small a buffer is ERANGE.
+private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], size: Int) throws(FSError) {
+    if size == 0 {
+        fuse_reply_xattr(req, value.count)
+    } else if size < value.count {
+        throw FSError(ERANGE)
+    } else {
+        value.withUnsafeBytes { _ = fuse_reply_buf(req, $0.baseAddress, $0.count) }
+    }
+}
+
+extension FileSystem {
+    /// A lookup reply: names cached for a second, item attributes never.
+    func entry(for node: Node) throws(FSError) -> fuse_entry_param {
+        var entry = fuse_entry_param()
+        entry.attr = try attributes(of: node)
+        entry.ino = fuse_ino_t(entry.attr.st_ino)
+        entry.generation = 1
+        entry.entry_timeout = FileSystem.entryTimeout
+        entry.attr_timeout = FileSystem.attributeTimeout(for: node)
+        return entry
+    }
+}

@@ -1,0 +1,112 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// renameat2(2) flags (linux/fs.h; glibc exposes them only with _GNU_SOURCE).
+private let renameNoReplace: UInt32 = 1 << 0
+private let renameExchange: UInt32 = 1 << 1
+
+extension FileSystem {
+    /// `rm`: works while locked, as deleting a keychain item does on iOS.
+    func unlink(parent: Node, name: String) throws(FSError) {
+        guard name != ".control" || parent != .root else { throw FSError(EPERM) }
+        guard let group = itemGroup(of: parent) else {
+            throw FSError(parent == .root ? EISDIR : ENOTDIR)
+        }
+        try validate(name)
+        try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: name, inGroup: group) }
+    }
+
+    /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
+    func makeDirectory(parent: Node, name: String) throws(FSError) -> Node {
+        guard parent == .root, scope == .keychain else { throw FSError(EPERM) }
+        if name == ".control" { throw FSError(EEXIST) }
+        try validate(name)
+        try core { () throws(KeychainError) in try manager.createGroup(name) }
+        return .group(name)
+    }
+
+    /// `rmdir` removes an empty access group; `default` always exists.
+    func removeDirectory(parent: Node, name: String) throws(FSError) {
+        guard parent == .root, scope == .keychain else {
+            throw FSError(itemGroup(of: parent) != nil ? ENOTDIR : EPERM)
+        }
+        if name == ".control" { throw FSError(ENOTDIR) }
+        try validate(name)
+        if name == ItemLimits.defaultGroup { throw FSError(EBUSY) }
+        try core { () throws(KeychainError) in try manager.removeGroup(name) }
+    }
+
+    /// `mv` within a group. Across groups EXDEV (the group is bound into the
+    /// ciphertext; `mv` then copies and deletes, which works through our
+    /// read and write). Needs the item's class key (EACCES without it).
+    func rename(parent: Node, name: String, newParent: Node, newName: String, flags: UInt32) throws(FSError) {
+        if name == ".control" || newName == ".control" { throw FSError(EPERM) }
+        guard flags & renameExchange == 0 else { throw FSError(EINVAL) }
+        try validate(name)
+        try validate(newName)
+        guard let group = itemGroup(of: parent) else {
+            // Renaming a group would re-encrypt every item in it: not offered.
+            throw FSError(EXDEV)
+        }
+        guard itemGroup(of: newParent) == group else { throw FSError(EXDEV) }
+        let replacing = flags & renameNoReplace == 0
+        try core { () throws(KeychainError) in
+            try manager.renameKey(forIdentifier: name, to: newName, inGroup: group, replacing: replacing)
+        }
+    }
+
+    func statistics() throws(FSError) -> statvfs {
+        var info = statvfs()
+        info.f_bsize = 4096
+        info.f_frsize = 4096
+        info.f_namemax = UInt(ItemLimits.maximumNameLength)
+        return info
+    }
+}
+
+// MARK: Extended attributes
+
+extension FileSystem {
+    static let accessibleAttribute = "user.keychain.accessible"
+    static let migratableAttribute = "user.keychain.migratable"
+
+    /// `user.keychain.accessible` and `user.keychain.migratable` of an item;
+    /// readable while locked. ENODATA for anything else.
+    func extendedAttribute(_ name: String, of node: Node) throws(FSError) -> String {
+        guard case .item(let group, let identifier) = node,
+              name == Self.accessibleAttribute || name == Self.migratableAttribute else { throw FSError(ENODATA) }
+        guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
+        else { throw FSError(ENOENT) }
+        if name == Self.accessibleAttribute { return info.protectionClass.name }
+        return info.protectionClass.isMigratable ? "yes" : "no"
+    }
+
+    func extendedAttributeNames(of node: Node) -> [String] {
+        if case .item = node { return [Self.accessibleAttribute, Self.migratableAttribute] }
+        return []
+    }
+
+    /// Setting the class re-encrypts the item under it (needs both keys).
+    /// `migratable` switches between a class and its ThisDeviceOnly form.
+    func setExtendedAttribute(_ name: String, value: String, of node: Node) throws(FSError) {
+        guard case .item(let group, let identifier) = node else { throw FSError(ENOTSUP) }
+        let newClass: ProtectionClass
+        switch name {
+        case Self.accessibleAttribute:
+            guard let parsed = ProtectionClass(name: value) else { throw FSError(EINVAL) }
+            newClass = parsed
+        case Self.migratableAttribute:
+            guard value == "yes" || value == "no" else { throw FSError(EINVAL) }
+            guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
+            else { throw FSError(ENOENT) }
+            newClass = ProtectionClass(mode: info.protectionClass.mode, migratable: value == "yes")
+        default:
+            throw FSError(ENOTSUP)
+        }
+        try core { () throws(KeychainError) in
+            try manager.setProtectionClass(newClass, forIdentifier: identifier, inGroup: group)
+        }
+    }
+}

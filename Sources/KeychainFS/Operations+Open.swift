@@ -1,0 +1,134 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension FileSystem {
+    /// Opens an item. Needs the key of the item's class; a writer also needs
+    /// the key of the class its commit will give (SPEC: writing needs both).
+    /// Without them: EACCES, and nothing changes.
+    func openItem(group: String, identifier: String, flags: Int32) throws(FSError) -> OpenFile {
+        guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
+        else { throw FSError(ENOENT) }
+        let device = manager.device
+        guard device.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
+        let writes = flags & O_ACCMODE != O_RDONLY
+        if !writes {
+            let value = try core { () throws(KeychainError) in try manager.key(forIdentifier: identifier, inGroup: group) }
+            return OpenFile(group: group, identifier: identifier, value: value, buffer: nil, appends: false,
+                            protectionClass: info.protectionClass, targetClass: nil)
+        }
+        let target = manager.classForNewWrites
+        guard device.isAvailable(target) else { throw FSError(EACCES) }
+        let buffer: SecureBuffer
+        let truncates = flags & O_TRUNC != 0
+        if truncates {
+            buffer = SecureBuffer()
+        } else {
+            let current = try core { () throws(KeychainError) in try manager.key(forIdentifier: identifier, inGroup: group) }
+            buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: current) }
+        }
+        let file = OpenFile(group: group, identifier: identifier, value: nil, buffer: buffer,
+                            appends: flags & O_APPEND != 0, protectionClass: info.protectionClass, targetClass: target)
+        file.truncatePending = truncates
+        return file
+    }
+
+    /// Creates an empty item at once (as creat(2) makes a file exist), with
+    /// the class of the current access mode. EEXIST if it appeared meanwhile
+    /// and `O_EXCL` was asked; otherwise that item is opened instead.
+    func createItem(group: String, identifier: String, flags: Int32) throws(FSError) -> OpenFile {
+        try validate(identifier)
+        let target = manager.classForNewWrites
+        do throws(KeychainError) {
+            try manager.write(try SecureBytes([]), identifier: identifier, group: group,
+                              protectionClass: target, onlyIfAbsent: true)
+        } catch .duplicateItem {
+            if flags & O_EXCL != 0 { throw FSError(EEXIST) }
+            return try openItem(group: group, identifier: identifier, flags: flags)
+        } catch {
+            throw FSError(error)
+        }
+        return OpenFile(group: group, identifier: identifier, value: nil, buffer: SecureBuffer(),
+                        appends: flags & O_APPEND != 0, protectionClass: target, targetClass: target)
+    }
+
+    // MARK: Read and write
+
+    /// Lends the bytes of `[offset, offset + size)` to `reply`.
+    func read(_ file: OpenFile, offset: Int, size: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
+        try file.lock.withLock { () throws(FSError) in
+            try file.checkAccess(manager.device)
+            if let value = file.value {
+                value.withUnsafeBytes { all in
+                    let start = min(max(offset, 0), all.count)
+                    let end = min(all.count, start + size)
+                    reply(UnsafeRawBufferPointer(rebasing: all[start..<end]))
+                }
+            } else if let buffer = file.buffer {
+                buffer.withBytes(from: offset, length: size, reply)
+            } else {
+                throw FSError(EBADF)
+            }
+        }
+    }
+
+    /// Buffers a write. A write that would take the value past 1 MiB fails
+    /// with EFBIG and poisons the descriptor, so that closing it stores
+    /// nothing and the old value stays (SPEC, commit rule).
+    func write(_ file: OpenFile, bytes: UnsafeRawBufferPointer, offset: Int) throws(FSError) {
+        try file.lock.withLock { () throws(FSError) in
+            try file.checkAccess(manager.device)
+            guard let buffer = file.buffer else { throw FSError(EBADF) }
+            guard !file.poisoned else { throw FSError(EFBIG) }
+            do throws(KeychainError) {
+                // O_APPEND: the end of our buffer, not the kernel's idea of the size.
+                try buffer.write(bytes, at: file.appends ? buffer.count : offset)
+            } catch {
+                if error == .valueTooLarge { file.poisoned = true }
+                throw FSError(error)
+            }
+            file.dirty = true
+        }
+    }
+
+    /// Commits what was written since the last commit (flush, fsync).
+    /// `final` is release: it also commits a pending O_TRUNC that wrote nothing.
+    func commit(_ file: OpenFile, final: Bool) throws(FSError) {
+        try file.lock.withLock { () throws(FSError) in
+            guard file.writable else { return }
+            if file.poisoned {
+                if final { return }
+                throw FSError(EFBIG)
+            }
+            guard file.dirty || (final && file.truncatePending) else { return }
+            try file.checkAccess(manager.device)
+            guard let buffer = file.buffer else { throw FSError(EBADF) }
+            let value = try core { () throws(KeychainError) in try buffer.snapshot() }
+            try core { () throws(KeychainError) in
+                try manager.write(value, identifier: file.identifier, group: file.group,
+                                  protectionClass: manager.classForNewWrites)
+            }
+            file.dirty = false
+            file.truncatePending = false
+        }
+    }
+
+    /// `ftruncate` through an open descriptor: resizes its buffer.
+    func truncate(_ file: OpenFile, to size: Int) throws(FSError) {
+        try file.lock.withLock { () throws(FSError) in
+            try file.checkAccess(manager.device)
+            guard let buffer = file.buffer else { throw FSError(EBADF) }
+            try core { () throws(KeychainError) in try buffer.resize(to: size) }
+            file.dirty = true
+        }
+    }
+
+    /// `truncate(path)`: rewrites the stored value at once, under the keys
+    /// that a write needs.
+    func truncate(group: String, identifier: String, to size: Int) throws(FSError) {
+        let file = try openItem(group: group, identifier: identifier, flags: size == 0 ? O_WRONLY | O_TRUNC : O_WRONLY)
+        try truncate(file, to: size)
+        try commit(file, final: true)
+    }
+}

@@ -1,0 +1,122 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The UNIX socket by which later `mount`s and `unmount`s reach the device
+/// process of a keychain, and its tiny request protocol: the client writes
+/// NUL-separated fields and shuts down its side; the server answers one line,
+/// `ok [last]` or `error ERRNO MESSAGE`, and closes.
+public enum UnixSocket {
+    /// The longest path a sockaddr_un holds (108 bytes with the NUL).
+    static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
+
+    private static func address(_ path: String) -> sockaddr_un? {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count <= maximumPathLength else { return nil }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        return address
+    }
+
+    /// A listening socket at `path` (mode 0600), replacing a stale file there.
+    static func listen(at path: String) -> Int32? {
+        guard var address = address(path) else { return nil }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return nil }
+        unlink(path)
+        let previous = umask(0o077)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        umask(previous)
+        guard bound == 0, Glibc.listen(fd, 16) == 0 else {
+            close(fd)
+            return nil
+        }
+        return fd
+    }
+
+    /// Sends a request and returns the reply line; nil if nobody listens.
+    public static func request(_ fields: [String], to path: String) -> String? {
+        guard var address = address(path) else { return nil }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard connected == 0 else { return nil }
+        let payload = Array(fields.joined(separator: "\0").utf8)
+        guard writeAll(fd, payload) else { return nil }
+        shutdown(fd, Int32(SHUT_WR))
+        let reply = readAll(fd)
+        return String(decoding: reply, as: UTF8.self).split(separator: "\n").first.map(String.init) ?? ""
+    }
+
+    static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                return false
+            }
+            offset += written
+        }
+        return true
+    }
+
+    static func readAll(_ fd: Int32, limit: Int = 65536) -> [UInt8] {
+        var result: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while result.count < limit {
+            let count = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 { break }
+            result += chunk[0..<count]
+        }
+        return result
+    }
+}
+
+/// Where a keychain's device process listens: `$XDG_RUNTIME_DIR/keychainfs/`,
+/// or `/tmp/keychainfs-UID/` without one, a directory of mode 0700 owned by us.
+public enum RuntimePaths {
+    public static func socketPath(for keychainPath: String) throws(MountError) -> String {
+        let directory = try runtimeDirectory()
+        // FNV-1a of the keychain's path: a short, stable name (not a secret).
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in keychainPath.utf8 {
+            hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3
+        }
+        let hex = String(hash, radix: 16)
+        let path = directory + "/" + String(repeating: "0", count: 16 - hex.count) + hex + ".sock"
+        guard path.utf8.count <= UnixSocket.maximumPathLength else {
+            throw MountError("the socket path \(path) is longer than 107 bytes; set XDG_RUNTIME_DIR to a shorter directory")
+        }
+        return path
+    }
+
+    private static func runtimeDirectory() throws(MountError) -> String {
+        let base: String
+        if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
+            base = runtime + "/keychainfs"
+        } else {
+            base = "/tmp/keychainfs-\(getuid())"
+        }
+        if mkdir(base, 0o700) != 0 && errno != EEXIST {
+            throw MountError("cannot create the runtime directory \(base): \(String(cString: strerror(errno)))")
+        }
+        // Refuse a directory someone else made for us (e.g. in /tmp).
+        var info = stat()
+        guard lstat(base, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
+              info.st_mode & 0o077 == 0 else {
+            throw MountError("the runtime directory \(base) is not a private directory of this user")
+        }
+        return base
+    }
+}

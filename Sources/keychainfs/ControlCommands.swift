@@ -1,0 +1,107 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `.control` file of a mount, read and written as a user would with cat and echo.
+enum DeviceStatusFile {
+    /// The `key: value` status lines; nil when there is no control file.
+    static func read(_ mountpoint: String) -> [String: String]? {
+        let fd = open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var status: [String: String] = [:]
+        for line in String(decoding: readToEnd(fd), as: UTF8.self).split(separator: "\n") {
+            let parts = line.split(separator: ":", maxSplits: 1)
+            if parts.count == 2 { status[String(parts[0])] = String(parts[1].dropFirst()) }
+        }
+        return status
+    }
+
+    /// Writes one command; returns 0 or the errno of the write.
+    static func send(_ mountpoint: String, _ command: UnsafeRawBufferPointer) -> Int32 {
+        let fd = open(mountpoint + "/.control", O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else { return errno }
+        defer { close(fd) }
+        return write(fd, command.baseAddress, command.count) == command.count ? 0 : errno
+    }
+}
+
+struct MountpointArgument: ParsableArguments {
+    @Argument(help: "The mount point.")
+    var mountpoint: String
+
+    var path: String { canonicalMountPoint(mountpoint) }
+
+    func requireControl() throws -> [String: String] {
+        guard let status = DeviceStatusFile.read(path) else {
+            throw fail("\(path) is not a keychainfs mount (no .control file)")
+        }
+        return status
+    }
+}
+
+struct LockCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "lock", abstract: "Lock the device (every mount of its keychain).")
+
+    @OptionGroup var mount: MountpointArgument
+
+    func run() throws {
+        _ = try mount.requireControl()
+        let result = Array("lock\n".utf8).withUnsafeBytes { DeviceStatusFile.send(mount.path, $0) }
+        guard result == 0 else { throw fail("cannot lock: \(String(cString: strerror(result)))") }
+    }
+}
+
+struct UnlockCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "unlock",
+        abstract: "Unlock the device; the passcode is read from the terminal or one line of standard input."
+    )
+
+    @OptionGroup var mount: MountpointArgument
+
+    func run() throws {
+        let status = try mount.requireControl()
+        let command = SecureBuffer()
+        do {
+            try Array("unlock".utf8).withUnsafeBytes { try command.append($0) }
+            if status["passcode"] != "no" {
+                guard let passcode = Passcode.read(prompt: "Passcode: ") else { throw fail("no passcode given") }
+                try Array(" ".utf8).withUnsafeBytes { try command.append($0) }
+                try passcode.withUnsafeBytes { try command.append($0) }
+            }
+            try Array("\n".utf8).withUnsafeBytes { try command.append($0) }
+        } catch let error as KeychainError {
+            throw fail("the passcode is too long: \(error)")
+        }
+        let result = command.withBytes(from: 0, length: command.count) { DeviceStatusFile.send(mount.path, $0) }
+        command.wipe()
+        guard result == 0 else {
+            if result == EACCES {
+                let after = DeviceStatusFile.read(mount.path)?["retry-after"]
+                if let after, after != "0" {
+                    throw fail("not unlocked: wrong passcode; unlocking is refused for \(after) more seconds after repeated failures")
+                }
+                throw fail("not unlocked: wrong passcode")
+            }
+            throw fail("cannot unlock: \(String(cString: strerror(result)))")
+        }
+    }
+}
+
+struct StatusCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "status", abstract: "Print the device status of a mount.")
+
+    @OptionGroup var mount: MountpointArgument
+
+    func run() throws {
+        let fd = open(mount.path + "/.control", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw fail("\(mount.path) is not a keychainfs mount (no .control file)") }
+        defer { close(fd) }
+        let text = readToEnd(fd)
+        text.withUnsafeBytes { _ = write(1, $0.baseAddress, $0.count) }
+    }
+}

@@ -1,0 +1,43 @@
+import ArgumentParser
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct InitCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "init",
+        abstract: "Create a keychain.",
+        discussion: "The passcode is read from the terminal (twice) or from one line of standard input."
+    )
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(name: .long, help: "Create a keychain that unlocks without a passcode.")
+    var noPasscode = false
+
+    func run() throws {
+        let directory = options.directory
+        if directory.exists {
+            throw fail("a keychain already exists at \(directory.path)")
+        }
+        var passcode: SecureBytes?
+        if !noPasscode {
+            guard let first = Passcode.read(prompt: "New passcode: "), first.count > 0 else {
+                throw fail("no passcode given; type one, or use --no-passcode for a keychain without one")
+            }
+            if isatty(0) == 1 {
+                guard let again = Passcode.read(prompt: "Repeat the passcode: "), again == first else {
+                    throw fail("the two passcodes differ; nothing was created")
+                }
+            }
+            passcode = first
+        }
+        do {
+            try Device.createKeychain(at: directory, passcode: passcode)
+        } catch {
+            throw fail("cannot create the keychain at \(directory.path): \(error)")
+        }
+        print("created a keychain at \(directory.path)")
+    }
+}

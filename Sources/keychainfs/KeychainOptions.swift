@@ -1,0 +1,50 @@
+import ArgumentParser
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `--keychain DIR`, shared by the commands that open a keychain.
+struct KeychainOptions: ParsableArguments {
+    @Option(name: .long, help: "Use the keychain in this directory (default: $XDG_DATA_HOME/keychainfs).")
+    var keychain: String?
+
+    /// The keychain directory, made absolute so a detached device finds it too.
+    var directory: KeychainDirectory {
+        guard let keychain else { return .defaultLocation() }
+        return KeychainDirectory(path: absolutePath(keychain))
+    }
+}
+
+/// `path` made absolute against the working directory, without resolving
+/// its last component (which may be a dead mount that cannot be entered).
+func absolutePath(_ path: String) -> String {
+    var components = path.hasPrefix("/") ? [] : currentDirectory().split(separator: "/").map(String.init)
+    for part in path.split(separator: "/").map(String.init) {
+        switch part {
+        case ".": continue
+        case "..": if !components.isEmpty { components.removeLast() }
+        default: components.append(part)
+        }
+    }
+    return "/" + components.joined(separator: "/")
+}
+
+private func currentDirectory() -> String {
+    var buffer = [CChar](repeating: 0, count: Int(PATH_MAX))
+    guard getcwd(&buffer, buffer.count) != nil else { return "/" }
+    return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// The canonical path of a mount point (symlinks resolved in its parent),
+/// as the kernel's mount table and the device process name it.
+func canonicalMountPoint(_ path: String) -> String {
+    let absolute = absolutePath(path)
+    let slash = absolute.lastIndex(of: "/")!
+    let parent = slash == absolute.startIndex ? "/" : String(absolute[..<slash])
+    let name = String(absolute[absolute.index(after: slash)...])
+    guard let resolved = realpath(parent, nil) else { return absolute }
+    defer { free(resolved) }
+    let base = String(cString: resolved)
+    return name.isEmpty ? base : (base == "/" ? "/" : base + "/") + name
+}

@@ -1,0 +1,167 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct MountCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mount",
+        abstract: "Mount the keychain, or one access group of it; returns once the mount is ready.",
+        discussion: """
+            The first mount of a keychain starts its device process (booted, locked); later mounts \
+            join it, so that all of them share one lock.
+            """
+    )
+
+    @Argument(help: "An empty directory to mount on.")
+    var mountpoint: String
+
+    @Option(name: .long, help: "Mount only this access group, its items at the root.")
+    var group: String?
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(name: .long, help: "Stay in the foreground as the device process (for systemd and tests).")
+    var foreground = false
+
+    @Option(name: .customLong("ready-fd"), help: .hidden)
+    var readyFD: Int32?
+
+    func validate() throws {
+        if let group, (try? ItemLimits.validate(name: group)) == nil {
+            throw ValidationError("'\(group)' is not a valid access group name.")
+        }
+    }
+
+    func run() throws {
+        let mountpoint = canonicalMountPoint(self.mountpoint)
+        let keychain = options.directory
+        // SPEC: a device killed with kill -9 leaves a dead mount that must not block the next one.
+        if MountTable.isDeadMount(mountpoint) { _ = MountTable.unmount(mountpoint, lazy: true) }
+        guard keychain.exists else {
+            throw report("no keychain at \(keychain.path); create one with `keychainfs init`")
+        }
+        let socketPath: String
+        do {
+            socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        } catch {
+            throw report(error.description)
+        }
+        if UnixSocket.request(["ping"], to: socketPath) == "ok" {
+            try join(socketPath, mountpoint: mountpoint)
+            return
+        }
+        if foreground {
+            throw ExitCode(runDevice(keychain, mountpoint: mountpoint))
+        }
+        try startDetachedDevice(keychain, mountpoint: mountpoint)
+    }
+
+    /// Asks the running device process to serve one more mount.
+    private func join(_ socketPath: String, mountpoint: String) throws {
+        let reply = UnixSocket.request(["mount", group ?? "", mountpoint], to: socketPath) ?? "error 0 the device process did not answer"
+        guard reply == "ok" else { throw report(errorMessage(reply)) }
+        report(ok: ())
+    }
+
+    /// Becomes the device process.
+    private func runDevice(_ keychain: KeychainDirectory, mountpoint: String) -> Int32 {
+        let device: DeviceProcess
+        do {
+            device = try DeviceProcess(keychain: keychain)
+        } catch {
+            _ = report(error.description)
+            return 1
+        }
+        return device.run(mountpoint: mountpoint, group: group) { error in
+            if let error { _ = report(error.description) } else { report(ok: ()) }
+        }
+    }
+
+    /// Starts the device process detached (own session, stdio on /dev/null)
+    /// and waits for its word on a pipe: mounted, or why not.
+    private func startDetachedDevice(_ keychain: KeychainDirectory, mountpoint: String) throws {
+        var pipeEnds: [Int32] = [0, 0]
+        guard pipe(&pipeEnds) == 0 else { throw fail("cannot create a pipe") }
+        // Only the child's dup2'd copy (fd 3) may stay open in it.
+        for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
+        var arguments = [selfExecutable(), "mount", mountpoint, "--foreground", "--keychain", keychain.path, "--ready-fd", "3"]
+        if let group { arguments += ["--group", group] }
+        var spawnOptions = Spawn.Options()
+        spawnOptions.descriptors = [(3, pipeEnds[1])]
+        spawnOptions.nullStandardStreams = true
+        spawnOptions.newSession = true
+        let child = Spawn.start(arguments, options: spawnOptions)
+        close(pipeEnds[1])
+        defer { close(pipeEnds[0]) }
+        guard child != nil else { throw fail("cannot start the device process") }
+        let answer = String(decoding: readLine(pipeEnds[0]), as: UTF8.self)
+        if answer.hasPrefix("ok") { return }
+        let message = answer.hasPrefix("error ") ? String(answer.dropFirst(6)).trimmingNewline
+            : "the device process exited before the mount was ready"
+        throw fail(message)
+    }
+
+    /// Success: to the parent's pipe when started detached, silence otherwise.
+    private func report(ok: ()) {
+        guard let readyFD else { return }
+        _ = writeLine(readyFD, "ok")
+        // The parent waits for this line: let it go at once.
+        close(readyFD)
+    }
+
+    @discardableResult
+    private func report(_ message: String) -> ExitCode {
+        if let readyFD {
+            _ = writeLine(readyFD, "error " + message)
+            return ExitStatus.failure
+        }
+        return fail(message)
+    }
+}
+
+func errorMessage(_ reply: String) -> String {
+    // "error ERRNO MESSAGE"
+    let parts = reply.split(separator: " ", maxSplits: 2)
+    return parts.count == 3 ? String(parts[2]) : reply
+}
+
+func writeLine(_ fd: Int32, _ line: String) -> Bool {
+    var text = line + "\n"
+    return text.withUTF8 { write(fd, $0.baseAddress, $0.count) } == text.utf8.count
+}
+
+func readToEnd(_ fd: Int32) -> [UInt8] {
+    var result: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if count < 0 && errno == EINTR { continue }
+        if count <= 0 { return result }
+        result += chunk[0..<count]
+    }
+}
+
+/// Bytes up to the first newline or the end of input.
+func readLine(_ fd: Int32) -> [UInt8] {
+    var result: [UInt8] = []
+    var byte: UInt8 = 0
+    while true {
+        let count = read(fd, &byte, 1)
+        if count < 0 && errno == EINTR { continue }
+        if count <= 0 || byte == UInt8(ascii: "\n") { return result }
+        result.append(byte)
+    }
+}
+
+func selfExecutable() -> String {
+    var buffer = [CChar](repeating: 0, count: Int(PATH_MAX))
+    let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+    return count > 0 ? String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) : CommandLine.arguments[0]
+}
+
+extension String {
+    var trimmingNewline: String { hasSuffix("\n") ? String(dropLast()) : self }
+}

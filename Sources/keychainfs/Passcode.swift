@@ -1,0 +1,49 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Reads passcodes from the terminal without echo, or one line of standard
+/// input when it is not a terminal; never from argv (SPEC). The bytes go
+/// straight into secret memory.
+enum Passcode {
+    static let maximumLength = 1024
+
+    /// Reads one passcode; nil at end of input with nothing read.
+    static func read(prompt: String) -> SecureBytes? {
+        let terminal = isatty(0) == 1
+        var saved = termios()
+        if terminal {
+            printError(prompt)
+            tcgetattr(0, &saved)
+            var quiet = saved
+            quiet.c_lflag &= ~tcflag_t(ECHO)
+            tcsetattr(0, TCSAFLUSH, &quiet)
+        }
+        defer {
+            if terminal {
+                tcsetattr(0, TCSAFLUSH, &saved)
+                printError("")
+            }
+        }
+        let buffer = SecureBuffer()
+        var byte: UInt8 = 0
+        var sawAnything = false
+        while buffer.count < maximumLength {
+            let count = Glibc.read(0, &byte, 1)
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 { break }
+            sawAnything = true
+            if byte == UInt8(ascii: "\n") { break }
+            try? withUnsafeBytes(of: &byte) { try buffer.append($0) }
+        }
+        byte = 0
+        guard sawAnything else { return nil }
+        if buffer.count > 0 {
+            // A line ending in CR LF (pasted from elsewhere): drop the CR.
+            let last = buffer.withBytes(from: buffer.count - 1, length: 1) { $0.first }
+            if last == UInt8(ascii: "\r") { try? buffer.resize(to: buffer.count - 1) }
+        }
+        return try? buffer.snapshot()
+    }
+}

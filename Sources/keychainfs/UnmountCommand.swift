@@ -1,0 +1,54 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct UnmountCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "unmount",
+        abstract: "Unmount; returns once done (after the last mount, once the device process has exited)."
+    )
+
+    @Argument(help: "The mount point.")
+    var mountpoint: String
+
+    func run() throws {
+        let mountpoint = canonicalMountPoint(self.mountpoint)
+        if MountTable.isDeadMount(mountpoint) {
+            // The device was killed: clear what it left (SPEC, kill -9).
+            guard MountTable.unmount(mountpoint, lazy: true) == 0 else {
+                throw fail("cannot clear the dead mount at \(mountpoint)")
+            }
+            return
+        }
+        guard MountTable.isMountPoint(mountpoint) else { throw fail("\(mountpoint) is not mounted") }
+        guard let status = DeviceStatusFile.read(mountpoint), let keychain = status["keychain"] else {
+            throw fail("\(mountpoint) is not a keychainfs mount")
+        }
+        let socketPath: String
+        do {
+            socketPath = try RuntimePaths.socketPath(for: keychain)
+        } catch {
+            throw fail(error.description)
+        }
+        guard let reply = UnixSocket.request(["unmount", mountpoint], to: socketPath) else {
+            // No device answers: unmount directly.
+            let result = MountTable.unmount(mountpoint, lazy: false)
+            guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
+            return
+        }
+        guard reply.hasPrefix("ok") else { throw fail("cannot unmount \(mountpoint): \(errorMessage(reply))") }
+        if reply == "ok last" { waitForDeviceExit(KeychainDirectory(path: keychain)) }
+    }
+
+    /// The device holds an flock on the keychain's lock file until it exits;
+    /// taking it ourselves waits exactly that long.
+    private func waitForDeviceExit(_ keychain: KeychainDirectory) {
+        let fd = open(keychain.path + "/device.lock", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
+        close(fd)
+    }
+}
