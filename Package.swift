@@ -29,7 +29,7 @@ let package = Package(
             dependencies: ["KeychainCore"],
             resources: [.copy("Fixtures")]
         ),
-        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore"]),
+        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
     ],
     swiftLanguageModes: [.v6]
 )

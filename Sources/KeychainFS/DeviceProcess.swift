@@ -15,8 +15,11 @@ public final class DeviceProcess: Sendable {
     /// Where later mounts reach this process.
     public let socketPath: String
     private let mounts = Mutex<[String: FuseMount]>([:])
-    /// Signalled whenever a mount's session ends.
+    /// Signalled whenever a mount's session ends or a request is answered.
     private let mountEnded: Int32
+    /// Requests being answered: the process must not exit under one (an
+    /// `unmount` of the last mount is answered after that mount has ended).
+    private let requestsInFlight = Mutex(0)
 
     /// Boots the device of `keychain`: locked, before first unlock.
     public init(keychain: KeychainDirectory) throws(MountError) {
@@ -132,7 +135,7 @@ public final class DeviceProcess: Sendable {
             if fds[1].revents != 0 {
                 var count: UInt64 = 0
                 _ = read(mountEnded, &count, 8)
-                if mounts.withLock({ $0.isEmpty }) { return 0 }
+                if mounts.withLock({ $0.isEmpty }) && requestsInFlight.withLock({ $0 == 0 }) { return 0 }
             }
         }
         stopAll()
@@ -169,9 +172,13 @@ public final class DeviceProcess: Sendable {
                 return
             }
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            requestsInFlight.withLock { $0 += 1 }
             let reply = answer(client)
             _ = UnixSocket.writeAll(client, Array((reply + "\n").utf8))
             close(client)
+            requestsInFlight.withLock { $0 -= 1 }
+            var one: UInt64 = 1
+            _ = write(mountEnded, &one, 8)
         }
     }
 

@@ -33,6 +33,18 @@ final class NodeTable: Sendable {
         }
     }
 
+    /// After a rename the kernel keeps the inode under its new name: the
+    /// number must now stand for the new node. A node that was at the target
+    /// is replaced (rename(2)); its number goes stale.
+    func move(_ old: Node, to new: Node) {
+        state.withLock { state in
+            if let replaced = state.byNode.removeValue(forKey: new) { state.byInode.removeValue(forKey: replaced) }
+            guard let inode = state.byNode.removeValue(forKey: old) else { return }
+            state.byNode[new] = inode
+            state.byInode[inode] = new
+        }
+    }
+
     func node(for inode: UInt64) -> Node? {
         state.withLock { $0.byInode[inode] }
     }

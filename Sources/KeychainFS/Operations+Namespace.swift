@@ -55,6 +55,7 @@ extension FileSystem {
         try core { () throws(KeychainError) in
             try manager.renameKey(forIdentifier: name, to: newName, inGroup: group, replacing: replacing)
         }
+        nodes.move(.item(group: group, identifier: name), to: .item(group: group, identifier: newName))
     }
 
     func statistics() throws(FSError) -> statvfs {

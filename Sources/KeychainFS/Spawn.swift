@@ -14,6 +14,8 @@ public enum Spawn {
         public var nullStandardStreams = false
         /// Start a new session (detach from the terminal).
         public var newSession = false
+        /// `NAME=value` entries replacing the inherited environment.
+        public var environment: [String]?
         public init() {}
     }
 
@@ -44,10 +46,17 @@ public enum Spawn {
         if options.newSession { flags |= posixSpawnSetsid }
         posix_spawnattr_setflags(&attributes, Int16(flags))
         let argv = arguments.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
+        let envp = options.environment.map { $0.map { strdup($0) } + [nil] }
+        defer {
+            argv.forEach { free($0) }
+            envp?.forEach { free($0) }
+        }
         var pid = pid_t()
         let status = argv.withUnsafeBufferPointer { argv in
-            posix_spawn(&pid, arguments[0], &actions, &attributes, argv.baseAddress!, environ)
+            if let envp {
+                return envp.withUnsafeBufferPointer { posix_spawn(&pid, arguments[0], &actions, &attributes, argv.baseAddress!, $0.baseAddress!) }
+            }
+            return posix_spawn(&pid, arguments[0], &actions, &attributes, argv.baseAddress!, environ)
         }
         return status == 0 ? pid : nil
     }

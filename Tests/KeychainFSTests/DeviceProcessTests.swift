@@ -1,0 +1,146 @@
+import Foundation
+import KeychainFS
+import Testing
+
+/// One device process per keychain, shared by every mount (SPEC, "The device process").
+@Suite struct DeviceProcessTests {
+    @Test func groupMountsShareOneDeviceAndOneLock() throws {
+        let harness = try MountHarness()
+        let whole = try harness.mount("whole")
+        try harness.unlock(whole)
+        #expect(harness.sh("mkdir \"$1/TEAMID.com.example.shared\" && printf pw > \"$1/TEAMID.com.example.shared/db\" && printf other > \"$1/default/x\"",
+                           arguments: [whole]).succeeded)
+        let shared = try harness.mount("shared", group: "TEAMID.com.example.shared")
+        #expect(MountHarness.devicePid(whole) == MountHarness.devicePid(shared))
+        // Only that group is reachable, its items at the root.
+        #expect(harness.sh("ls -A \"$1\"", arguments: [shared]).stdout == ".control\ndb\n")
+        #expect(harness.sh("cat \"$1/db\"", arguments: [shared]).stdout == "pw")
+        #expect(openErrno(shared + "/default", O_RDONLY) == ENOENT)
+        #expect(mkdir(shared + "/sub", 0o700) == -1 && errno == EPERM)
+        // Locking through one mount locks them all.
+        #expect(harness.sh("\"$K\" lock \"$1\"", arguments: [shared]).succeeded)
+        #expect(openErrno(whole + "/default/x", O_RDONLY) == EACCES)
+        #expect(harness.status(whole)["state"] == "locked")
+        try harness.unlock(whole)
+        #expect(harness.sh("cat \"$1/db\"", arguments: [shared]).stdout == "pw")
+    }
+
+    @Test func theDeviceExitsWithItsLastMountAndUnmountWaitsForIt() throws {
+        let harness = try MountHarness()
+        let first = try harness.mount("first")
+        let second = try harness.mount("second")
+        let pid = try #require(MountHarness.devicePid(first))
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [first]).succeeded)
+        #expect(!harness.isMounted(first))
+        #expect(isRunning(pid))
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [second]).succeeded)
+        #expect(!harness.isMounted(second))
+        // unmount returned only after the device exited: no process, no socket.
+        #expect(!isRunning(pid))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: harness.runtime + "/keychainfs").isEmpty)
+        // The next mount is a reboot: locked, before first unlock.
+        let again = try harness.mount("first")
+        #expect(MountHarness.devicePid(again) != pid)
+        #expect(harness.status(again)["first-unlock"] == "no")
+    }
+
+    /// SPEC: acknowledged writes survive kill -9, and the killed device leaves
+    /// nothing that blocks the next mount.
+    @Test func acknowledgedWritesSurviveKill9AndTheNextMountJustWorks() throws {
+        let harness = try MountHarness()
+        let pid = try harness.mountForeground()
+        let mnt = harness.root + "/mnt"
+        try harness.unlock(mnt)
+        for index in 0..<20 {
+            #expect(harness.sh("printf \"value-$2\" > \"$1/default/item-$2\"", arguments: [mnt, String(index)]).succeeded)
+        }
+        #expect(kill(pid, SIGKILL) == 0)
+        _ = Spawn.wait(pid)
+        #expect(MountTable.isDeadMount(mnt))
+        try harness.mount()
+        try harness.unlock(mnt)
+        for index in 0..<20 {
+            #expect(harness.sh("cat \"$1/default/item-$2\"", arguments: [mnt, String(index)]).stdout == "value-\(index)")
+        }
+    }
+
+    @Test func sigtermUnmountsAndEndsAForegroundDevice() throws {
+        let harness = try MountHarness()
+        let pid = try harness.mountForeground()
+        let mnt = harness.root + "/mnt"
+        #expect(harness.isMounted(mnt))
+        #expect(kill(pid, SIGTERM) == 0)
+        #expect(Spawn.wait(pid) == 0)
+        #expect(!harness.isMounted(mnt))
+    }
+
+    @Test func unmountClearsADeadMount() throws {
+        let harness = try MountHarness()
+        let pid = try harness.mountForeground()
+        let mnt = harness.root + "/mnt"
+        kill(pid, SIGKILL)
+        _ = Spawn.wait(pid)
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+        #expect(!harness.isMounted(mnt))
+    }
+
+    @Test func mountOutputCanBeCapturedWithoutHanging() throws {
+        let harness = try MountHarness()
+        let mountpoint = try harness.prepareMountpoint("mnt")
+        // The detached device must not hold the caller's stdout open.
+        let result = harness.sh("out=$(\"$K\" mount \"$1\" --keychain \"$KC\") && echo captured", arguments: [mountpoint])
+        #expect(result.stdout == "captured\n")
+    }
+}
+
+/// What the command line tells a user who got something wrong.
+@Suite struct CommandLineTests {
+    @Test func helpfulErrors() throws {
+        let harness = try MountHarness()
+        let mountpoint = try harness.prepareMountpoint("mnt")
+        let noKeychain = harness.sh("\"$K\" mount \"$1\" --keychain \"$R/missing\"", arguments: [mountpoint])
+        #expect(noKeychain.status == 1)
+        #expect(noKeychain.stderr.contains("keychainfs init"))
+        let notMounted = harness.sh("\"$K\" unmount \"$1\"", arguments: [mountpoint])
+        #expect(notMounted.status == 1)
+        #expect(notMounted.stderr.contains("not mounted"))
+        #expect(harness.sh("touch \"$1/file\"", arguments: [mountpoint]).succeeded)
+        let notEmpty = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint])
+        #expect(notEmpty.stderr.contains("not empty"))
+        let missingDirectory = harness.sh("\"$K\" mount \"$R/nowhere\" --keychain \"$KC\"")
+        #expect(missingDirectory.stderr.contains("does not exist"))
+        let again = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "x\n")
+        #expect(again.stderr.contains("already exists"))
+        let noGroup = harness.sh("mkdir \"$R/g\" && \"$K\" mount \"$R/g\" --group nope --keychain \"$KC\"")
+        #expect(noGroup.stderr.contains("no access group nope"))
+        #expect(harness.sh("\"$K\" mount \"$R/g\" --group a/b --keychain \"$KC\"").status == 64)
+    }
+
+    @Test func wrongPasscodeSaysSoAndStatusPrintsTheControlFile() throws {
+        let harness = try MountHarness()
+        let mnt = try harness.mount()
+        let wrong = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: "nope\n")
+        #expect(wrong.status == 1)
+        #expect(wrong.stderr.contains("wrong passcode"))
+        try harness.unlock(mnt)
+        let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
+        #expect(status.stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\n"))
+        #expect(harness.sh("\"$K\" lock \"$1\" && \"$K\" status \"$1\"", arguments: [mnt]).stdout.hasPrefix("state: locked\n"))
+    }
+
+    @Test func passcodesNeverAppearInArgv() throws {
+        // There is no option that takes one: argument parsing refuses it.
+        let harness = try MountHarness()
+        let mnt = try harness.mount()
+        #expect(harness.sh("\"$K\" unlock \"$1\" 1234", arguments: [mnt]).status == 64)
+        #expect(harness.status(mnt)["state"] == "locked")
+    }
+
+    @Test func everyCommandHasHelp() throws {
+        let harness = try MountHarness()
+        for command in ["init", "mount", "unmount", "lock", "unlock", "status"] {
+            let help = harness.sh("\"$K\" \"$1\" --help", arguments: [command])
+            #expect(help.succeeded && help.stdout.contains("USAGE"), "\(command)")
+        }
+    }
+}

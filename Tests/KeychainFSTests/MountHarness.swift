@@ -1,0 +1,197 @@
+import Foundation
+import KeychainFS
+import Testing
+
+/// What a shell command did.
+struct ShellResult: CustomStringConvertible {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+    var succeeded: Bool { status == 0 }
+    var description: String { "status \(status), stdout \(stdout.debugDescription), stderr \(stderr.debugDescription)" }
+}
+
+/// A keychain in a temporary directory with its own runtime directory, the
+/// `keychainfs` binary to drive it, and the mounts a test made, all of which
+/// are unmounted (lazily if need be) and whose device is killed if it is
+/// still alive when the test ends, passed or failed.
+final class MountHarness: @unchecked Sendable {
+    static let passcode = "1234"
+
+    let root: String
+    let keychain: String
+    let runtime: String
+    let binary: String
+    private(set) var mountpoints: [String] = []
+
+    init(passcode: String? = MountHarness.passcode) throws {
+        var template = Array((NSTemporaryDirectory() + "kcfs-fs-XXXXXX").utf8CString)
+        guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
+        root = String(validatingCString: made)!
+        keychain = root + "/keychain"
+        runtime = root + "/run"
+        binary = try Self.findBinary()
+        try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true,
+                                                attributes: [.posixPermissions: 0o700])
+        let created = passcode.map { sh("\"$K\" init --keychain \"$KC\"", stdin: $0 + "\n") }
+            ?? sh("\"$K\" init --keychain \"$KC\" --no-passcode")
+        guard created.succeeded else { throw HarnessError("init failed: \(created)") }
+    }
+
+    deinit {
+        for mountpoint in mountpoints.reversed() {
+            let pid = Self.devicePid(mountpoint)
+            _ = sh("\"$K\" unmount \"$1\"", arguments: [mountpoint])
+            if isMounted(mountpoint) { _ = sh("fusermount3 -u -z \"$1\"", arguments: [mountpoint]) }
+            if let pid, isRunning(pid) { kill(pid, SIGKILL) }
+        }
+        try? FileManager.default.removeItem(atPath: root)
+    }
+
+    /// The keychainfs binary built beside this test bundle.
+    private static func findBinary() throws -> String {
+        if let explicit = ProcessInfo.processInfo.environment["KEYCHAINFS_BINARY"] { return explicit }
+        let executable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        let candidate = (executable as NSString).deletingLastPathComponent + "/keychainfs"
+        guard FileManager.default.isExecutableFile(atPath: candidate) else {
+            throw HarnessError("keychainfs binary not found at \(candidate); run swift build first")
+        }
+        return candidate
+    }
+
+    /// Mounts (detached, as a user would) at `root/name`; returns the path.
+    @discardableResult
+    func mount(_ name: String = "mnt", group: String? = nil) throws -> String {
+        let mountpoint = try prepareMountpoint(name)
+        let result = sh("\"$K\" mount \"$1\" --keychain \"$KC\"" + (group.map { " --group '\($0)'" } ?? ""),
+                        arguments: [mountpoint])
+        guard result.succeeded else { throw HarnessError("mount failed: \(result)") }
+        return mountpoint
+    }
+
+    /// An empty directory for a mount, remembered for the teardown.
+    func prepareMountpoint(_ name: String) throws -> String {
+        let mountpoint = root + "/" + name
+        try? FileManager.default.createDirectory(atPath: mountpoint, withIntermediateDirectories: true)
+        if !mountpoints.contains(mountpoint) { mountpoints.append(mountpoint) }
+        return mountpoint
+    }
+
+    /// Starts `keychainfs mount --foreground` as a child process (the device);
+    /// returns its pid once the mount is ready.
+    func mountForeground(_ name: String = "mnt") throws -> pid_t {
+        let mountpoint = try prepareMountpoint(name)
+        var ends: [Int32] = [0, 0]
+        guard pipe(&ends) == 0 else { throw POSIXError(.EIO) }
+        var options = Spawn.Options()
+        options.environment = environment()
+        options.descriptors = [(3, ends[1])]
+        options.nullStandardStreams = true
+        let pid = Spawn.start([binary, "mount", mountpoint, "--foreground", "--keychain", keychain, "--ready-fd", "3"],
+                              options: options)
+        close(ends[1])
+        defer { close(ends[0]) }
+        guard let pid else { throw HarnessError("could not start the foreground device") }
+        var line: [UInt8] = []
+        var byte: UInt8 = 0
+        while read(ends[0], &byte, 1) == 1 && byte != UInt8(ascii: "\n") { line.append(byte) }
+        guard String(decoding: line, as: UTF8.self) == "ok" else {
+            kill(pid, SIGKILL)
+            _ = Spawn.wait(pid)
+            throw HarnessError("foreground mount failed: \(String(decoding: line, as: UTF8.self))")
+        }
+        return pid
+    }
+
+    func environment() -> [String] {
+        var environment = ProcessInfo.processInfo.environment
+        environment["XDG_RUNTIME_DIR"] = runtime
+        environment["K"] = binary
+        environment["KC"] = keychain
+        environment["R"] = root
+        environment["LC_ALL"] = "C"
+        return environment.map { "\($0.key)=\($0.value)" }
+    }
+
+    /// Runs a shell script (under `timeout`, so a hung filesystem fails the
+    /// test instead of hanging it) with `$K`, `$KC`, `$R` set and `$1...` = arguments.
+    func sh(_ script: String, arguments: [String] = [], stdin: String? = nil) -> ShellResult {
+        let id = UUID().uuidString
+        let input = root + "/.in-" + id, output = root + "/.out-" + id, errors = root + "/.err-" + id
+        _ = FileManager.default.createFile(atPath: input, contents: Data((stdin ?? "").utf8))
+        defer { for path: String in [input, output, errors] { unlink(path) } }
+        var options = Spawn.Options()
+        options.environment = environment()
+        let inFD = open(input, O_RDONLY), outFD = open(output, O_WRONLY | O_CREAT | O_TRUNC, 0o600),
+            errFD = open(errors, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        defer { [inFD, outFD, errFD].forEach { close($0) } }
+        options.descriptors = [(0, inFD), (1, outFD), (2, errFD)]
+        let status = Spawn.run(["/usr/bin/timeout", "-k", "5", "30", "/bin/sh", "-c", script, "sh"] + arguments, options: options)
+        return ShellResult(status: status,
+                           stdout: (try? String(contentsOfFile: output, encoding: .utf8)) ?? "",
+                           stderr: (try? String(contentsOfFile: errors, encoding: .utf8)) ?? "")
+    }
+
+    func unlock(_ mountpoint: String, passcode: String = MountHarness.passcode) throws {
+        let result = sh("\"$K\" unlock \"$1\"", arguments: [mountpoint], stdin: passcode + "\n")
+        guard result.succeeded else { throw HarnessError("unlock failed: \(result)") }
+    }
+
+    func control(_ mountpoint: String, _ command: String) -> ShellResult {
+        // coreutils printf, whose error names the errno (dash's builtin says "I/O error").
+        sh("/usr/bin/printf '%s\\n' \"$2\" > \"$1/.control\"", arguments: [mountpoint, command])
+    }
+
+    func status(_ mountpoint: String) -> [String: String] {
+        var status: [String: String] = [:]
+        let text = (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: ":", maxSplits: 1)
+            if parts.count == 2 { status[String(parts[0])] = String(parts[1].dropFirst()) }
+        }
+        return status
+    }
+
+    func isMounted(_ mountpoint: String) -> Bool {
+        let mounts = (try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? ""
+        return mounts.split(separator: "\n").contains { $0.split(separator: " ").dropFirst().first.map(String.init) == mountpoint }
+    }
+
+    static func devicePid(_ mountpoint: String) -> pid_t? {
+        let text = (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
+        for line in text.split(separator: "\n") where line.hasPrefix("pid: ") {
+            return pid_t(line.dropFirst(5))
+        }
+        return nil
+    }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// errno of one write(2) of `bytes` to `path` (0 when all were written).
+func writeErrno(_ path: String, _ bytes: String) -> Int32 {
+    let fd = open(path, O_WRONLY)
+    if fd < 0 { return errno }
+    defer { close(fd) }
+    let count = bytes.utf8.count
+    return bytes.withCString { write(fd, $0, count) } == count ? 0 : errno
+}
+
+/// errno of an open(2) of `path` with `flags` (0 when it succeeded).
+func openErrno(_ path: String, _ flags: Int32) -> Int32 {
+    let fd = open(path, flags, 0o600)
+    if fd < 0 { return errno }
+    close(fd)
+    return 0
+}
+
+/// Whether `pid` is a live process: a zombie (exited, not reaped yet by
+/// whoever inherited the detached device) counts as gone.
+func isRunning(_ pid: pid_t) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return false }
+    return stat[stat.index(close, offsetBy: 2)] != "Z"
+}
