@@ -124,20 +124,26 @@ public final class PasswordManager: Sendable {
     /// Throws ``KeychainError/itemNotFound`` when there is none and
     /// ``KeychainError/interactionNotAllowed`` when its class is locked.
     public func key(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> SecureBytes {
+        try item(forIdentifier: identifier, inGroup: group).value
+    }
+
+    /// The key and the class it is stored under, from one read of the store.
+    public func item(forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError) -> (value: SecureBytes, protectionClass: ProtectionClass) {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         let epoch = device.lockEpoch
-        if let hit = cache.withLock({ entry -> SecureBytes? in
+        if let hit = cache.withLock({ entry -> (SecureBytes, ProtectionClass)? in
             guard let entry, entry.epoch == epoch, entry.group == group, entry.identifier == identifier else { return nil }
-            return entry.value
+            return (entry.value, entry.protectionClass)
         }) {
             return hit
         }
         guard let item = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
         let value = try ItemCipher.open(item, key: try device.classKey(item.protectionClass))
         remember(value, group: group, identifier: identifier, protectionClass: item.protectionClass, epoch: epoch)
-        return value
+        return (value, item.protectionClass)
     }
 
     /// The key as a string; ``KeychainError/decode`` if it is not UTF-8.

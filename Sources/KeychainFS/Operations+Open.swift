@@ -8,16 +8,16 @@ extension FileSystem {
     /// the key of the class its commit will give (SPEC: writing needs both).
     /// Without them: EACCES, and nothing changes.
     func openItem(group: String, identifier: String, flags: Int32) throws(FSError) -> OpenFile {
+        let device = manager.device
+        if flags & O_ACCMODE == O_RDONLY {
+            // The read path: one read of the store, one decryption (or the cache).
+            let item = try core { () throws(KeychainError) in try manager.item(forIdentifier: identifier, inGroup: group) }
+            return OpenFile(group: group, identifier: identifier, value: item.value, buffer: nil, appends: false,
+                            protectionClass: item.protectionClass, targetClass: nil)
+        }
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
         else { throw FSError(ENOENT) }
-        let device = manager.device
         guard device.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
-        let writes = flags & O_ACCMODE != O_RDONLY
-        if !writes {
-            let value = try core { () throws(KeychainError) in try manager.key(forIdentifier: identifier, inGroup: group) }
-            return OpenFile(group: group, identifier: identifier, value: value, buffer: nil, appends: false,
-                            protectionClass: info.protectionClass, targetClass: nil)
-        }
         let target = manager.classForNewWrites
         guard device.isAvailable(target) else { throw FSError(EACCES) }
         let buffer: SecureBuffer
