@@ -6,9 +6,7 @@ import Testing
     /// The seed scenario: store "secret" for "manager", lock, read fails with
     /// EACCES; with access mode `always` the read succeeds while locked.
     @Test func seedScenarioThroughTheFilesystem() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf secret > \"$1/default/manager\"", arguments: [mnt]).succeeded)
         #expect(harness.sh("cat \"$1/default/manager\"", arguments: [mnt]).stdout == "secret")
         #expect(harness.sh("\"$K\" lock \"$1\"", arguments: [mnt]).succeeded)
@@ -26,9 +24,7 @@ import Testing
     }
 
     @Test func lockedIsEACCESAbsentIsENOENTAndListingAndStatStillWork() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf 12345 > \"$1/default/item\"", arguments: [mnt]).succeeded)
         #expect(harness.control(mnt, "lock").succeeded)
         #expect(openErrno(mnt + "/default/item", O_RDONLY) == EACCES)
@@ -40,9 +36,7 @@ import Testing
 
     /// SSKeychain's bug, through the filesystem: the failed write changes nothing.
     @Test func writeWhileLockedFailsWithEACCESAndKeepsTheOldValue() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf old > \"$1/default/item\"", arguments: [mnt]).succeeded)
         #expect(harness.control(mnt, "lock").succeeded)
         let write = harness.sh("printf new > \"$1/default/item\"", arguments: [mnt])
@@ -60,9 +54,7 @@ import Testing
     /// SPEC: a descriptor opened before the lock gets EACCES on its reads,
     /// its writes and its final commit.
     @Test func descriptorsOpenedBeforeTheLockAreRevoked() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf original > \"$1/default/item\"", arguments: [mnt]).succeeded)
         let reader = open(mnt + "/default/item", O_RDONLY)
         let writer = open(mnt + "/default/item", O_WRONLY | O_TRUNC)

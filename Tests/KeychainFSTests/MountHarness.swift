@@ -59,6 +59,14 @@ final class MountHarness: @unchecked Sendable {
         return candidate
     }
 
+    /// A new keychain mounted whole and unlocked, for tests that start there.
+    static func unlockedMount() throws -> (MountHarness, String) {
+        let harness = try MountHarness()
+        let mountpoint = try harness.mount()
+        try harness.unlock(mountpoint)
+        return (harness, mountpoint)
+    }
+
     /// Mounts (detached, as a user would) at `root/name`; returns the path.
     @discardableResult
     func mount(_ name: String = "mnt", group: String? = nil) throws -> String {

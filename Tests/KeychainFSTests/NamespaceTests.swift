@@ -3,15 +3,8 @@ import Testing
 
 /// rm, mv, mkdir, rmdir and the operations a keychain does not offer.
 @Suite struct NamespaceTests {
-    func unlockedMount() throws -> (MountHarness, String) {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
-        return (harness, mnt)
-    }
-
     @Test func rmWorksWhileLocked() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
         #expect(harness.control(mnt, "lock").succeeded)
         #expect(harness.sh("rm \"$1/default/item\"", arguments: [mnt]).succeeded)
@@ -20,7 +13,7 @@ import Testing
     }
 
     @Test func mvRenamesWithinAGroupAndNeedsTheKey() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf a > \"$1/default/a\" && printf b > \"$1/default/b\"", arguments: [mnt]).succeeded)
         #expect(harness.sh("mv \"$1/default/a\" \"$1/default/c\"", arguments: [mnt]).succeeded)
         #expect(harness.sh("ls \"$1/default\" && cat \"$1/default/c\"", arguments: [mnt]).stdout == "b\nc\na")
@@ -34,7 +27,7 @@ import Testing
     }
 
     @Test func crossGroupRenameIsEXDEVSoMvCopies() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("mkdir \"$1/other\" && printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
         #expect(rename(mnt + "/default/item", mnt + "/other/item") == -1 && errno == EXDEV)
         #expect(harness.sh("mv \"$1/default/item\" \"$1/other/item\" && cat \"$1/other/item\" && ls \"$1/default\"",
@@ -42,7 +35,7 @@ import Testing
     }
 
     @Test func mkdirAndRmdirManageGroups() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("mkdir \"$1/TEAMID.com.example.shared\" && ls \"$1\"", arguments: [mnt]).stdout
                 == "TEAMID.com.example.shared\ndefault\n")
         #expect(harness.sh("mkdir \"$1/TEAMID.com.example.shared\"", arguments: [mnt]).stderr.contains("File exists"))
@@ -55,7 +48,7 @@ import Testing
     }
 
     @Test func unsupportedOperationsFailWithAFittingErrno() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
         #expect(symlink("item", mnt + "/default/link") == -1 && errno == EPERM)
         #expect(link(mnt + "/default/item", mnt + "/default/hard") == -1 && errno == EPERM)
@@ -67,14 +60,14 @@ import Testing
 
     @Test(arguments: [("a", Int32(0)), (String(repeating: "n", count: 256), ENAMETOOLONG)])
     func namesAreCheckedWhenCreating(_ name: String, _ expected: Int32) throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         withExtendedLifetime(harness) {
             #expect(openErrno(mnt + "/default/" + name, O_WRONLY | O_CREAT) == expected)
         }
     }
 
     @Test func controlFileCannotBeRemovedOrReplaced() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(unlink(mnt + "/.control") == -1 && errno == EPERM)
         #expect(harness.sh("printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
         #expect(rename(mnt + "/default/item", mnt + "/.control") == -1)

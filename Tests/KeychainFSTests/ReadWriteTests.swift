@@ -3,15 +3,8 @@ import Testing
 
 /// cat, printf >, >>, truncate: byte-exact values, committed at close.
 @Suite struct ReadWriteTests {
-    func unlockedMount() throws -> (MountHarness, String) {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
-        return (harness, mnt)
-    }
-
     @Test func valuesAreByteExact() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("echo x > \"$1/default/echoed\"", arguments: [mnt]).succeeded)
         #expect(harness.sh("echo -n x > \"$1/default/bare\"", arguments: [mnt]).succeeded)
         #expect(harness.sh("stat -c %s \"$1/default/echoed\" \"$1/default/bare\"", arguments: [mnt]).stdout == "2\n1\n")
@@ -20,7 +13,7 @@ import Testing
     }
 
     @Test func appendTruncateAndEmptying() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         let item = mnt + "/default/item"
         #expect(harness.sh("printf abc > \"$1\" && printf def >> \"$1\" && printf g >> \"$1\"", arguments: [item]).succeeded)
         #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "abcdefg")
@@ -36,14 +29,14 @@ import Testing
     /// FIELD-NOTES: `sh -c 'echo x > f'` flushes a duplicate descriptor before
     /// any data; that flush must not commit an empty value.
     @Test func shellRedirectionThroughDuplicatedDescriptorsKeepsTheValue() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("sh -c 'echo first > \"$1\"' sh \"$1\" && sh -c 'exec 3> \"$1\"; echo second >&3; exec 3>&-' sh \"$1\"",
                            arguments: [mnt + "/default/item"]).succeeded)
         #expect(harness.sh("cat \"$1\"", arguments: [mnt + "/default/item"]).stdout == "second\n")
     }
 
     @Test func aReaderNeverSeesHalfAValue() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         let item = mnt + "/default/item"
         #expect(harness.sh("printf old > \"$1\"", arguments: [item]).succeeded)
         let writer = open(item, O_WRONLY | O_TRUNC)
@@ -55,7 +48,7 @@ import Testing
     }
 
     @Test func aValueOfOneMebibyteFitsAndALargerWriteFailsWithEFBIGKeepingTheOldValue() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         let item = mnt + "/default/item"
         #expect(harness.sh("head -c 1048576 /dev/zero > \"$1/default/big\"", arguments: [mnt]).succeeded)
         #expect(harness.sh("stat -c %s \"$1/default/big\"", arguments: [mnt]).stdout == "1048576\n")
@@ -67,7 +60,7 @@ import Testing
     }
 
     @Test func plaintextNeverEntersThePageCache() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf secret > \"$1/default/item\"", arguments: [mnt]).succeeded)
         // direct_io: the kernel cannot map the file, because it keeps no pages of it.
         let fd = open(mnt + "/default/item", O_RDONLY)
@@ -77,7 +70,7 @@ import Testing
     }
 
     @Test func fsyncCommitsAndSyncs() throws {
-        let (harness, mnt) = try unlockedMount()
+        let (harness, mnt) = try MountHarness.unlockedMount()
         let fd = open(mnt + "/default/item", O_WRONLY | O_CREAT | O_TRUNC, 0o600)
         #expect(write(fd, "durable", 7) == 7)
         #expect(fsync(fd) == 0)

@@ -3,9 +3,7 @@ import Testing
 
 @Suite struct XattrTests {
     @Test func classAttributesReadWhileLockedAndSettingReEncrypts() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
+        let (harness, mnt) = try MountHarness.unlockedMount()
         let item = mnt + "/default/item"
         #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
         #expect(harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout.contains("user.keychain.accessible=\"whenUnlocked\""))
@@ -24,9 +22,7 @@ import Testing
     }
 
     @Test func badAttributeNamesAndValuesChangeNothing() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
+        let (harness, mnt) = try MountHarness.unlockedMount()
         let item = mnt + "/default/item"
         #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
         #expect(harness.sh("setfattr -n user.keychain.accessible -v sometimes \"$1\"", arguments: [item]).stderr.contains("Invalid argument"))
@@ -65,9 +61,7 @@ import Testing
     @Test(arguments: ["bogus", "lock now", "accessmode sometimes", "accessmode", "migrate maybe",
                       "accessmode always\nbogus", "\n", "unlock"])
     func badCommandsFailWithEINVALAndChangeNothing(_ command: String) throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        try harness.unlock(mnt)
+        let (harness, mnt) = try MountHarness.unlockedMount()
         let before = harness.status(mnt)
         // "unlock" alone is malformed only for a keychain with a passcode: a wrong passcode, EACCES.
         #expect(writeErrno(mnt + "/.control", command) == (command == "unlock" ? EACCES : EINVAL))
