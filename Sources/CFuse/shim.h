@@ -5,6 +5,16 @@
 #include <sys/mount.h>
 #include <sys/signalfd.h>
 #include <sys/eventfd.h>
+#include <spawn.h>
+
+// glibc >= 2.34 exports this GNU extension, but declares it only with
+// _GNU_SOURCE, which the Glibc module was built without. A child must not
+// inherit our descriptors: an inherited FUSE descriptor would flush (commit)
+// the file when the child exits.
+extern int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *actions, int from);
+static inline int CFuse_spawn_close_from(posix_spawn_file_actions_t *actions, int from) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}
 
 // fuse_session_loop_mt is a macro at API 35 and takes a config object that
 // only has constructor functions: wrap the three calls in one.

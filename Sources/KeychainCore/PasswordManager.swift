@@ -98,11 +98,21 @@ public final class PasswordManager: Sendable {
         try register(try SecureBytes(key), forIdentifier: identifier, inGroup: group)
     }
 
+    /// When a write may happen, by whether the item exists.
+    public enum WriteCondition: Sendable {
+        /// Add or replace.
+        case always
+        /// Create only (as `O_EXCL`): ``KeychainError/duplicateItem`` if it exists.
+        case ifAbsent
+        /// Replace only: ``KeychainError/itemNotFound`` if it was deleted
+        /// meanwhile (a commit through a descriptor of a removed file must
+        /// not bring the secret back).
+        case ifPresent
+    }
+
     /// Writes a value under an explicit class (the filesystem's commit path).
-    /// With `onlyIfAbsent`, an existing item is left alone and
-    /// ``KeychainError/duplicateItem`` thrown (create-only, as `O_EXCL`).
     public func write(_ value: SecureBytes, identifier: String, group: String,
-                      protectionClass: ProtectionClass, onlyIfAbsent: Bool = false) throws(KeychainError) {
+                      protectionClass: ProtectionClass, condition: WriteCondition = .always) throws(KeychainError) {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
@@ -111,8 +121,10 @@ public final class PasswordManager: Sendable {
             // Replacing an item needs its current class key too: a locked
             // device must not let its `whenUnlocked` secrets be overwritten.
             if let existing {
-                if onlyIfAbsent { throw .duplicateItem }
+                if condition == .ifAbsent { throw .duplicateItem }
                 _ = try device.classKey(existing.protectionClass)
+            } else if condition == .ifPresent {
+                throw .itemNotFound
             }
             return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
                                    generation: generation, key: key)

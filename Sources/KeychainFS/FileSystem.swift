@@ -19,9 +19,10 @@ public final class FileSystem: Sendable {
     let manager: PasswordManager
     let scope: Scope
     let nodes = NodeTable()
-    let openFiles = OpenFiles()
+    let openFiles: OpenFiles
     let owner: (uid: uid_t, gid: gid_t)
     let startTime = time(nil)
+    private let lockObserver: Int
 
     /// How long the kernel may cache names and directory attributes. Item
     /// attributes are never cached (their size must be exact after a commit
@@ -40,9 +41,16 @@ public final class FileSystem: Sendable {
             scope = .keychain
         }
         owner = (getuid(), getgid())
-        manager.device.addObserver { [openFiles, manager] event in
-            if event == .locked { openFiles.revokeUnavailable(manager.device) }
+        let openFiles = OpenFiles()
+        self.openFiles = openFiles
+        // Weak: the device holds this closure; a strong capture would keep it alive forever.
+        lockObserver = manager.device.addObserver { [openFiles, weak device = manager.device] event in
+            if event == .locked, let device { openFiles.revokeUnavailable(device) }
         }
+    }
+
+    deinit {
+        manager.device.removeObserver(lockObserver)
     }
 
     // MARK: Names

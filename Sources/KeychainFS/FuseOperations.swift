@@ -176,7 +176,7 @@ enum FuseOperations {
                     // A commit failing here has no one to report to: the
                     // flush before it already did (close returns its result).
                     do throws(FSError) { try fs.commit(file, final: true) } catch {
-                        Diagnostics.log("release of \(file.group)/\(file.identifier) could not commit: errno \(error.errno)")
+                        Diagnostics.log("release of inode \(inode) could not commit: errno \(error.errno)")
                     }
                     fs.openFiles.remove(fi.pointee.fh)
                 }

@@ -9,8 +9,9 @@ import Glibc
 /// rule). When the device locks and the item's class key goes, the plaintext
 /// is wiped and every later read, write and commit fails with EACCES.
 final class OpenFile: @unchecked Sendable {
-    let group: String
-    let identifier: String
+    /// The item's inode: renames move it to the new name (``NodeTable/move(_:to:)``),
+    /// so a commit lands wherever the file is now.
+    let inode: UInt64
     let writable: Bool
     let appends: Bool
     /// The item's class when opened: its key must stay available.
@@ -31,10 +32,9 @@ final class OpenFile: @unchecked Sendable {
     /// The device locked away a key this descriptor needs.
     private(set) var revoked = false
 
-    init(group: String, identifier: String, value: SecureBytes?, buffer: SecureBuffer?, appends: Bool,
+    init(inode: UInt64, value: SecureBytes?, buffer: SecureBuffer?, appends: Bool,
          protectionClass: ProtectionClass?, targetClass: ProtectionClass?) {
-        self.group = group
-        self.identifier = identifier
+        self.inode = inode
         self.value = value
         self.buffer = buffer
         self.writable = buffer != nil

@@ -12,7 +12,8 @@ extension FileSystem {
         if flags & O_ACCMODE == O_RDONLY {
             // The read path: one read of the store, one decryption (or the cache).
             let item = try core { () throws(KeychainError) in try manager.item(forIdentifier: identifier, inGroup: group) }
-            return OpenFile(group: group, identifier: identifier, value: item.value, buffer: nil, appends: false,
+            return OpenFile(inode: nodes.inode(for: .item(group: group, identifier: identifier)),
+                            value: item.value, buffer: nil, appends: false,
                             protectionClass: item.protectionClass, targetClass: nil)
         }
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
@@ -28,7 +29,7 @@ extension FileSystem {
             let current = try core { () throws(KeychainError) in try manager.key(forIdentifier: identifier, inGroup: group) }
             buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: current) }
         }
-        let file = OpenFile(group: group, identifier: identifier, value: nil, buffer: buffer,
+        let file = OpenFile(inode: nodes.inode(for: .item(group: group, identifier: identifier)), value: nil, buffer: buffer,
                             appends: flags & O_APPEND != 0, protectionClass: info.protectionClass, targetClass: target)
         file.truncatePending = truncates
         return file
@@ -42,14 +43,14 @@ extension FileSystem {
         let target = manager.classForNewWrites
         do throws(KeychainError) {
             try manager.write(try SecureBytes([]), identifier: identifier, group: group,
-                              protectionClass: target, onlyIfAbsent: true)
+                              protectionClass: target, condition: .ifAbsent)
         } catch .duplicateItem {
             if flags & O_EXCL != 0 { throw FSError(EEXIST) }
             return try openItem(group: group, identifier: identifier, flags: flags)
         } catch {
             throw FSError(error)
         }
-        return OpenFile(group: group, identifier: identifier, value: nil, buffer: SecureBuffer(),
+        return OpenFile(inode: nodes.inode(for: .item(group: group, identifier: identifier)), value: nil, buffer: SecureBuffer(),
                         appends: flags & O_APPEND != 0, protectionClass: target, targetClass: target)
     }
 
@@ -104,10 +105,20 @@ extension FileSystem {
             guard file.dirty || (final && file.truncatePending) else { return }
             try file.checkAccess(manager.device)
             guard let buffer = file.buffer else { throw FSError(EBADF) }
-            let value = try core { () throws(KeychainError) in try buffer.snapshot() }
-            try core { () throws(KeychainError) in
-                try manager.write(value, identifier: file.identifier, group: file.group,
-                                  protectionClass: manager.classForNewWrites)
+            do throws(KeychainError) {
+                // A rename moved the inode to the item's current name.
+                if case .item(let group, let identifier)? = nodes.node(for: file.inode) {
+                    try manager.write(try buffer.snapshot(), identifier: identifier, group: group,
+                                      protectionClass: manager.classForNewWrites, condition: .ifPresent)
+                }
+            } catch .itemNotFound {
+                // POSIX: what is written to a removed file goes nowhere; it
+                // must not bring the secret back under its old name.
+            } catch {
+                // A failure reported at close is final: release must not
+                // store later what the writer was told was not stored.
+                file.poisoned = true
+                throw FSError(error)
             }
             file.dirty = false
             file.truncatePending = false

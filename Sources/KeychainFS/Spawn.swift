@@ -1,3 +1,4 @@
+internal import CFuse
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -20,7 +21,7 @@ public enum Spawn {
     }
 
     /// Starts `arguments[0]` (an absolute path); returns its pid.
-    public static func start(_ arguments: [String], options: Options = Options()) -> pid_t? {
+    public static func start(_ arguments: [String], options: Options = Options()) -> Int32? {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -32,6 +33,8 @@ public enum Spawn {
         for (child, parent) in options.descriptors {
             posix_spawn_file_actions_adddup2(&actions, parent, child)
         }
+        // Nothing else of ours leaks into the child (after the dup2s above).
+        _ = CFuse_spawn_close_from(&actions, max(3, (options.descriptors.map(\.child).max() ?? 2) + 1))
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
@@ -51,7 +54,7 @@ public enum Spawn {
             argv.forEach { free($0) }
             envp?.forEach { free($0) }
         }
-        var pid = pid_t()
+        var pid: Int32 = 0
         let status = argv.withUnsafeBufferPointer { argv in
             if let envp {
                 return envp.withUnsafeBufferPointer { posix_spawn(&pid, arguments[0], &actions, &attributes, argv.baseAddress!, $0.baseAddress!) }
@@ -71,7 +74,7 @@ public enum Spawn {
     }
 
     /// Waits for a child; its exit status, or -1 if a signal ended it.
-    public static func wait(_ pid: pid_t) -> Int32 {
+    public static func wait(_ pid: Int32) -> Int32 {
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 {
             if errno != EINTR { return -1 }

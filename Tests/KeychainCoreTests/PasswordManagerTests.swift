@@ -234,14 +234,19 @@ import Testing
 }
 
 extension PasswordManagerTests {
-    @Test func createOnlyWriteLeavesAnExistingItemAlone() throws {
+    @Test func conditionalWritesLeaveExistingOrDeletedItemsAlone() throws {
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
-        try manager.write(secure("first"), identifier: "item", group: "default", protectionClass: .always, onlyIfAbsent: true)
+        try manager.write(secure("first"), identifier: "item", group: "default", protectionClass: .always, condition: .ifAbsent)
         expectError(.duplicateItem) {
-            try manager.write(secure("second"), identifier: "item", group: "default", protectionClass: .always, onlyIfAbsent: true)
+            try manager.write(secure("second"), identifier: "item", group: "default", protectionClass: .always, condition: .ifAbsent)
         }
         #expect(try manager.string(forIdentifier: "item") == "first")
+        try manager.deleteKey(forIdentifier: "item")
+        expectError(.itemNotFound) {
+            try manager.write(secure("third"), identifier: "item", group: "default", protectionClass: .always, condition: .ifPresent)
+        }
+        expectError(.itemNotFound) { try manager.key(forIdentifier: "item") }
     }
 
     @Test func secureBufferGrowsWritesAtOffsetsAndRefusesToPassTheLimit() throws {

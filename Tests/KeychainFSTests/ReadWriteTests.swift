@@ -41,8 +41,9 @@ import Testing
         #expect(harness.sh("printf old > \"$1\"", arguments: [item]).succeeded)
         let writer = open(item, O_WRONLY | O_TRUNC)
         #expect(write(writer, "new-val", 7) == 7)
-        // Written but not closed: readers still get the committed value.
-        #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "old")
+        // Written but not closed: readers still get the committed value
+        // (read in this process: a child would inherit and flush the writer).
+        #expect(readFile(item) == "old")
         #expect(close(writer) == 0)
         #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "new-val")
     }
@@ -76,5 +77,30 @@ import Testing
         #expect(fsync(fd) == 0)
         #expect(harness.sh("cat \"$1/default/item\"", arguments: [mnt]).stdout == "durable")
         #expect(close(fd) == 0)
+    }
+}
+
+extension ReadWriteTests {
+    /// POSIX: writing through a descriptor of a removed file must not bring it back.
+    @Test func aCommitThroughADescriptorOfARemovedItemDoesNotResurrectIt() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.sh("printf old > \"$1/default/item\"", arguments: [mnt]).succeeded)
+        let writer = open(mnt + "/default/item", O_WRONLY | O_TRUNC)
+        #expect(write(writer, "new", 3) == 3)
+        #expect(unlink(mnt + "/default/item") == 0)
+        #expect(close(writer) == 0)
+        #expect(openErrno(mnt + "/default/item", O_RDONLY) == ENOENT)
+        #expect(harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout == "")
+    }
+
+    /// A descriptor follows its file through a rename, as on any POSIX filesystem.
+    @Test func aCommitAfterARenameLandsUnderTheNewName() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.sh("printf old > \"$1/default/a\"", arguments: [mnt]).succeeded)
+        let writer = open(mnt + "/default/a", O_WRONLY | O_TRUNC)
+        #expect(write(writer, "new", 3) == 3)
+        #expect(rename(mnt + "/default/a", mnt + "/default/b") == 0)
+        #expect(close(writer) == 0)
+        #expect(harness.sh("ls \"$1/default\" && cat \"$1/default/b\"", arguments: [mnt]).stdout == "b\nnew")
     }
 }
