@@ -144,3 +144,67 @@ import Testing
         }
     }
 }
+
+extension DeviceProcessTests {
+    /// SPEC: the mount is private to the user who mounted it.
+    @Test func otherUsersCannotEnterTheMount() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.sh("printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
+        // The temporary directory itself is private; let the other user reach the mount point.
+        #expect(chmod(harness.root, 0o711) == 0)
+        let other = harness.sh("setpriv --reuid=65534 --regid=65534 --clear-groups cat \"$1/default/item\"", arguments: [mnt])
+        #expect(!other.succeeded)
+        #expect(other.stderr.contains("Permission denied"))
+        #expect(harness.sh("setpriv --reuid=65534 --regid=65534 --clear-groups ls \"$1\"", arguments: [mnt]).stderr
+                .contains("Permission denied"))
+    }
+
+    /// With --foreground and a device already running, the mount joins it.
+    @Test func aForegroundMountJoinsARunningDevice() throws {
+        let harness = try MountHarness()
+        let pid = try harness.mountForeground("first")
+        let second = try harness.prepareMountpoint("second")
+        #expect(harness.sh("\"$K\" mount \"$1\" --foreground --keychain \"$KC\"", arguments: [second]).succeeded)
+        #expect(MountHarness.devicePid(second) == pid)
+        #expect(harness.sh("\"$K\" unmount \"$1\" && \"$K\" unmount \"$R/first\"", arguments: [second]).succeeded)
+        #expect(Spawn.wait(pid) == 0)
+    }
+}
+
+extension CommandLineTests {
+    /// At a terminal the passcode is asked for without echo (twice for init).
+    @Test func passcodesAtATerminalAreNotEchoedAndInitAsksTwice() throws {
+        let harness = try MountHarness()
+        // Python's pty module plays the terminal: it types at each prompt and
+        // collects what the terminal showed.
+        let driver = """
+            import os, pty, sys
+            def run(argv, answers):
+                pid, fd = pty.fork()
+                if pid == 0:
+                    os.execv(argv[0], argv)
+                shown, pending = b"", list(answers)
+                while True:
+                    try:
+                        chunk = os.read(fd, 1024)
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    shown += chunk
+                    if pending and shown.rstrip().endswith(b":"):
+                        os.write(fd, pending.pop(0) + b"\\n")
+                        shown += b"<typed>"
+                _, status = os.waitpid(pid, 0)
+                return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
+            code, shown = run([sys.argv[1], "init", "--keychain", sys.argv[2]], [b"tty-secret", b"tty-secret"])
+            print(code, "secret-echoed" if b"tty-secret" in shown.encode() else "not-echoed", shown.count("passcode"))
+            """
+        let result = harness.sh("python3 -c \"$1\" \"$K\" \"$R/tty-keychain\"", arguments: [driver])
+        #expect(result.stdout == "0 not-echoed 2\n", "\(result)")
+        let mismatch = harness.sh("python3 -c \"$(printf '%s' \"$1\" | sed 's/b\"tty-secret\", b\"tty-secret\"/b\"one\", b\"two\"/')\" \"$K\" \"$R/tty-keychain-2\"",
+                                  arguments: [driver])
+        #expect(mismatch.stdout.hasPrefix("1 "), "\(mismatch)")
+        #expect(!FileManager.default.fileExists(atPath: harness.root + "/tty-keychain-2/keychain.db"))
+    }
+}

@@ -45,6 +45,9 @@ import Testing
         #expect(harness.sh("printf new >> \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
         #expect(openErrno(mnt + "/default/created-while-locked", O_WRONLY | O_CREAT) == EACCES)
         #expect(harness.sh("truncate -s 0 \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
+        // Writing needs the key of the item's current class too, not only of the class it would get.
+        #expect(harness.control(mnt, "accessmode always").succeeded)
+        #expect(harness.sh("printf new > \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
         #expect(harness.sh("stat -c %s \"$1/default/item\"", arguments: [mnt]).stdout == "3\n")
         try harness.unlock(mnt)
         #expect(harness.sh("cat \"$1/default/item\"", arguments: [mnt]).stdout == "old")
