@@ -67,7 +67,7 @@ public final class Device: Sendable {
         let temporary = directory.databasePath + ".new"
         unlink(temporary)
         do {
-            let store = try ItemStore(path: temporary, create: true)
+            let store = try ItemStore(path: temporary, create: true, state: ItemSetState(secret: secret))
             try store.setMetadata(Keybag.recordKey, bag.encoded(secret: secret))
             try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
             try store.sync()
@@ -95,10 +95,11 @@ public final class Device: Sendable {
             throw .keychainInUse
         }
         do throws(KeychainError) {
-            let store = try ItemStore(path: directory.databasePath, create: false)
             let secret = DeviceSecret(secret: try directory.readDeviceSecret())
+            let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
             guard let record = try store.metadata(Keybag.recordKey) else { throw .decode }
             let bag = try Keybag(decoding: record, secret: secret)
+            try store.verifyItemSet()
             var keys: [ProtectionClass: GuardedKey] = [:]
             for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
                 keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: nil)

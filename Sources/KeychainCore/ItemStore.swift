@@ -27,8 +27,10 @@ final class ItemStore: Sendable {
     static let schemaVersion: Int64 = 1
 
     private let connection: Mutex<SQLiteConnection>
+    private let state: ItemSetState
 
-    init(path: String, create: Bool) throws(KeychainError) {
+    init(path: String, create: Bool, state: ItemSetState) throws(KeychainError) {
+        self.state = state
         let db = try SQLiteConnection(path: path, create: create)
         try db.execute("PRAGMA journal_mode=WAL")
         try db.execute("PRAGMA synchronous=NORMAL")
@@ -50,6 +52,8 @@ final class ItemStore: Sendable {
                     INSERT INTO meta(key, value) VALUES ('schema', \(ItemStore.schemaVersion));
                     INSERT INTO meta(key, value) VALUES ('generation', 0);
                     """)
+                try db.statement("INSERT INTO meta(key, value) VALUES (?, ?)")
+                    .bind(1, ItemSetState.recordKey).bind(2, state.sealed(ItemSetState.emptyDigest)).run()
             }
         }
         let schema = try db.statement("SELECT value FROM meta WHERE key = 'schema'")
@@ -116,6 +120,7 @@ final class ItemStore: Sendable {
             try db.transaction { () throws(KeychainError) in
                 let existing = try currentRow(db, group: group, identifier: identifier)
                 let row = try seal(existing, try nextGeneration(db))
+                try updateState(db, removing: [existing].compactMap { $0 }, adding: [row])
                 try db.statement("INSERT OR IGNORE INTO groups(name) VALUES (?)").bind(1, group).run()
                 try db.statement("""
                     INSERT INTO items(grp, ident, class, generation, nonce, sealed) VALUES (?, ?, ?, ?, ?, ?)
@@ -155,7 +160,9 @@ final class ItemStore: Sendable {
                 guard let old = try currentRow(db, group: group, identifier: source) else { throw .itemNotFound }
                 if source == target { return }
                 if !replacing, try currentRow(db, group: group, identifier: target) != nil { throw .duplicateItem }
+                let replaced = try currentRow(db, group: group, identifier: target)
                 let row = try reseal(old, try nextGeneration(db))
+                try updateState(db, removing: [old] + [replaced].compactMap { $0 }, adding: [row])
                 try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, target).run()
                 try db.statement("""
                     UPDATE items SET ident = ?, class = ?, generation = ?, nonce = ?, sealed = ?
@@ -170,8 +177,48 @@ final class ItemStore: Sendable {
     /// Deletes an item; false if there was none.
     func delete(group: String, identifier: String) throws(KeychainError) -> Bool {
         try withConnection { db throws(KeychainError) in
-            try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, identifier).run()
-            return db.changes > 0
+            try db.transaction { () throws(KeychainError) -> Bool in
+                guard let existing = try currentRow(db, group: group, identifier: identifier) else { return false }
+                try updateState(db, removing: [existing], adding: [])
+                try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, identifier).run()
+                return true
+            }
+        }
+    }
+
+    // MARK: Item-set state (rollback detection)
+
+    /// XORs rows out of and into the authenticated state, inside the caller's transaction.
+    private func updateState(_ db: SQLiteConnection, removing old: [SealedItem], adding new: [SealedItem]) throws(KeychainError) {
+        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
+        guard try query.step() else { throw .decode }
+        var digest = try state.digest(from: query.blob(0))
+        for row in old + new { ItemSetState.xor(&digest, state.rowDigest(row)) }
+        try db.statement("UPDATE meta SET value = ? WHERE key = ?")
+            .bind(1, state.sealed(digest)).bind(2, ItemSetState.recordKey).run()
+    }
+
+    /// Checks every row against the authenticated state: ``KeychainError/decode``
+    /// when a row was rolled back, removed or added outside keychainfs. A
+    /// keychain without a state record (written before it existed) gets one.
+    func verifyItemSet() throws(KeychainError) {
+        try withConnection { db throws(KeychainError) in
+            var digest = ItemSetState.emptyDigest
+            let rows = try db.statement("SELECT grp, ident, class, generation FROM items")
+            while try rows.step() {
+                ItemSetState.xor(&digest, state.rowDigest(group: rows.text(0), identifier: rows.text(1),
+                                                          protectionClass: rows.int64(2), generation: rows.int64(3)))
+            }
+            let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
+            guard try query.step() else {
+                try db.statement("INSERT INTO meta(key, value) VALUES (?, ?)")
+                    .bind(1, ItemSetState.recordKey).bind(2, state.sealed(digest)).run()
+                return
+            }
+            guard Crypto.constantTimeEqual(try state.digest(from: query.blob(0)), digest) else {
+                Diagnostics.log("the keychain's items do not match their authenticated state: a row was rolled back, removed or added outside keychainfs")
+                throw .decode
+            }
         }
     }
 

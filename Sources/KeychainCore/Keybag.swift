@@ -6,14 +6,17 @@ internal import CSodium
 struct DeviceSecret: Sendable {
     /// Wraps the `always` class keys; combined with the passcode for the others.
     let wrapKey: GuardedKey
-    /// Authenticates the keybag and lockout records.
+    /// Authenticates the keybag, lockout and item-set state records.
     let metadataKey: GuardedKey
+    /// Keys the per-row digests of the item-set state.
+    let rowDigestKey: GuardedKey
 
     init(secret: SecureBytes) {
         precondition(secret.count == Crypto.keySize)
         let master = GuardedKey(copying: secret)
         wrapKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 1, context: "kcfsdev1") })
         metadataKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 2, context: "kcfsdev1") })
+        rowDigestKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 3, context: "kcfsdev1") })
     }
 
     func mac(_ domain: String, _ record: [UInt8]) -> [UInt8] {

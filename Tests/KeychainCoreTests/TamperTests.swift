@@ -2,7 +2,10 @@ import Glibc
 import Testing
 @testable import KeychainCore
 
-/// Stored bytes that were altered give `decode`, never wrong data (gocryptfs doRead).
+/// Stored bytes that were altered give `decode`, never wrong data (gocryptfs
+/// doRead). Changes to a row's identity (group, identifier, class,
+/// generation), rolled-back, removed or resurrected rows are caught when the
+/// device boots (the item-set state); altered ciphertext when it is read.
 @Suite struct TamperTests {
     func prepared() throws -> TemporaryKeychain {
         let keychain = try TemporaryKeychain()
@@ -14,67 +17,110 @@ import Testing
         return keychain
     }
 
-    func readAfter(_ keychain: TemporaryKeychain, _ sql: String, identifier: String = "alpha",
-                   group: String = "default") throws -> Result<String, KeychainError> {
+    /// Edits the database as an attacker would, then boots and unlocks.
+    func boot(after sql: String, _ keychain: TemporaryKeychain) throws -> Result<PasswordManager, KeychainError> {
         try keychain.withRawDatabase { try $0.execute(sql) }
-        let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
-        return Result { () throws(KeychainError) in try manager.string(forIdentifier: identifier, inGroup: group) }
+        do {
+            let manager = PasswordManager(device: try keychain.device())
+            try manager.device.unlock(passcode: try SecureBytes(TemporaryKeychain.passcode))
+            return .success(manager)
+        } catch let error as KeychainError {
+            return .failure(error)
+        }
     }
 
-    @Test func flippedCiphertextByteIsDetected() throws {
+    @Test func flippedCiphertextByteFailsTheRead() throws {
         let keychain = try prepared()
-        let result = try readAfter(keychain, """
+        let manager = try boot(after: """
             UPDATE items SET sealed = (CASE WHEN substr(sealed, 1, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(sealed, 2)
             WHERE ident = 'alpha' AND grp = 'default'
-            """)
-        #expect(throws: KeychainError.decode) { try result.get() }
+            """, keychain).get()
+        expectError(.decode) { try manager.key(forIdentifier: "alpha") }
+        // The other rows still read.
+        #expect(try manager.string(forIdentifier: "beta") == "beta-secret")
     }
 
-    @Test func rowsSwappedBetweenIdentifiersAreDetected() throws {
+    @Test func ciphertextSwappedBetweenIdentifiersFailsTheRead() throws {
         let keychain = try prepared()
-        let result = try readAfter(keychain, """
+        let manager = try boot(after: """
             UPDATE items SET nonce = (SELECT nonce FROM items WHERE ident = 'beta'),
-                             sealed = (SELECT sealed FROM items WHERE ident = 'beta'),
-                             generation = (SELECT generation FROM items WHERE ident = 'beta')
+                             sealed = (SELECT sealed FROM items WHERE ident = 'beta')
             WHERE ident = 'alpha' AND grp = 'default'
-            """)
-        #expect(throws: KeychainError.decode) { try result.get() }
+            """, keychain).get()
+        expectError(.decode) { try manager.key(forIdentifier: "alpha") }
     }
 
-    @Test func rowMovedToAnotherGroupIsDetected() throws {
+    @Test(arguments: [
+        // A whole row copied over another (generation included).
+        """
+        UPDATE items SET nonce = (SELECT nonce FROM items WHERE ident = 'beta'),
+                         sealed = (SELECT sealed FROM items WHERE ident = 'beta'),
+                         generation = (SELECT generation FROM items WHERE ident = 'beta')
+        WHERE ident = 'alpha' AND grp = 'default'
+        """,
+        // A row moved to another group.
+        """
+        DELETE FROM items WHERE grp = 'default' AND ident = 'alpha';
+        UPDATE items SET grp = 'default' WHERE grp = 'other' AND ident = 'alpha';
+        """,
+        "UPDATE items SET generation = generation + 1 WHERE ident = 'alpha' AND grp = 'default'",
+        // Claiming `always` would make a row readable while locked if the class were not bound.
+        "UPDATE items SET class = 3 WHERE ident = 'alpha' AND grp = 'default'",
+        "UPDATE items SET class = 99 WHERE ident = 'alpha' AND grp = 'default'",
+        "DELETE FROM items WHERE ident = 'beta'",
+        "UPDATE meta SET value = substr(value, 1, 10) || x'00' || substr(value, 12) WHERE key = 'state'",
+    ])
+    func changedRowIdentityIsCaughtAtBoot(_ sql: String) throws {
         let keychain = try prepared()
-        let result = try readAfter(keychain, """
-            DELETE FROM items WHERE grp = 'default' AND ident = 'alpha';
-            UPDATE items SET grp = 'default' WHERE grp = 'other' AND ident = 'alpha';
-            """)
-        #expect(throws: KeychainError.decode) { try result.get() }
+        #expect(throws: KeychainError.decode) { try boot(after: sql, keychain).get() }
     }
 
-    @Test func changedGenerationIsDetected() throws {
+    @Test func aRowRolledBackToAnOlderCopyIsCaughtAtBoot() throws {
         let keychain = try prepared()
-        let result = try readAfter(keychain, "UPDATE items SET generation = generation + 1 WHERE ident = 'alpha' AND grp = 'default'")
-        #expect(throws: KeychainError.decode) { try result.get() }
+        try keychain.withRawDatabase { db in
+            try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'alpha' AND grp = 'default'")
+        }
+        do {
+            let manager = try keychain.manager()
+            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.register("changed-password", forIdentifier: "alpha")
+        }
+        #expect(throws: KeychainError.decode) {
+            try boot(after: """
+                UPDATE items SET class = (SELECT class FROM saved), generation = (SELECT generation FROM saved),
+                                 nonce = (SELECT nonce FROM saved), sealed = (SELECT sealed FROM saved)
+                WHERE ident = 'alpha' AND grp = 'default'
+                """, keychain).get()
+        }
     }
 
-    @Test func downgradedClassIsDetected() throws {
+    @Test func aDeletedRowBroughtBackIsCaughtAtBoot() throws {
         let keychain = try prepared()
-        // Claiming `always` would make the row readable while locked if the class were not bound.
-        let result = try readAfter(keychain, "UPDATE items SET class = 3 WHERE ident = 'alpha' AND grp = 'default'")
-        #expect(throws: KeychainError.decode) { try result.get() }
+        try keychain.withRawDatabase { db in
+            try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'beta'")
+        }
+        do {
+            let manager = try keychain.manager()
+            try manager.deleteKey(forIdentifier: "beta")  // works while locked
+        }
+        #expect(throws: KeychainError.decode) { try boot(after: "INSERT INTO items SELECT * FROM saved", keychain).get() }
     }
 
-    @Test func unknownClassIsDetected() throws {
+    @Test func everyMutationKeepsTheStateConsistent() throws {
         let keychain = try prepared()
-        let result = try readAfter(keychain, "UPDATE items SET class = 99 WHERE ident = 'alpha' AND grp = 'default'")
-        #expect(throws: KeychainError.decode) { try result.get() }
-    }
-
-    @Test func untouchedRowsStillReadAfterAnotherIsTampered() throws {
-        let keychain = try prepared()
-        let result = try readAfter(keychain, "UPDATE items SET generation = 0 WHERE ident = 'alpha' AND grp = 'default'",
-                                   identifier: "beta")
-        #expect(try result.get() == "beta-secret")
+        do {
+            let manager = try keychain.manager()
+            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.register("v2", forIdentifier: "alpha")
+            try manager.renameKey(forIdentifier: "alpha", to: "gamma")
+            try manager.renameKey(forIdentifier: "gamma", to: "beta", replacing: true)
+            try manager.setProtectionClass(.alwaysThisDeviceOnly, forIdentifier: "beta")
+            try manager.deleteKey(forIdentifier: "alpha", inGroup: "other")
+            try manager.write(secure("x"), identifier: "new", group: "g", protectionClass: .always, condition: .ifAbsent)
+        }
+        let manager = try boot(after: "SELECT 1", keychain).get()
+        #expect(try manager.string(forIdentifier: "beta") == "v2")
+        #expect(try manager.identifiers() == ["beta"])
     }
 
     @Test func tamperedKeybagIsDecodeNotAWrongPasscode() throws {
