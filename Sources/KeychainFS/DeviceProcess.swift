@@ -40,7 +40,9 @@ public final class DeviceProcess: Sendable {
         case .keychainInUse:
             return "another process holds the keychain at \(keychain.path)"
         case .decode:
-            return "the keychain at \(keychain.path) is damaged, or its device secret does not belong to it"
+            return "the keychain at \(keychain.path) failed its integrity check: it was damaged or altered outside "
+                + "keychainfs (a row rolled back, removed or edited), or its device secret does not belong to it; "
+                + "restore it from a backup"
         default:
             return "cannot open the keychain at \(keychain.path): \(error)"
         }

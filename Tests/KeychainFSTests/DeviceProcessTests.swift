@@ -208,3 +208,24 @@ extension CommandLineTests {
         #expect(!FileManager.default.fileExists(atPath: harness.root + "/tty-keychain-2/keychain.db"))
     }
 }
+
+extension CommandLineTests {
+    @Test func aTamperedKeychainIsRefusedWithAClearMessageAndLeftAsItWas() throws {
+        let harness = try MountHarness()
+        let mnt = try harness.mount()
+        try harness.unlock(mnt)
+        #expect(harness.sh("printf v > \"$1/default/item\" && \"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+        let tamper = """
+            import sqlite3, sys
+            db = sqlite3.connect(sys.argv[1])
+            db.execute("UPDATE items SET generation = generation - 1")
+            db.commit()
+            """
+        #expect(harness.sh("python3 -c \"$1\" \"$KC/keychain.db\" && sha256sum \"$KC/keychain.db\" > \"$R/before\"", arguments: [tamper]).succeeded)
+        let refused = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt])
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("integrity check"))
+        #expect(!harness.isMounted(mnt))
+        #expect(harness.sh("sha256sum -c \"$R/before\"").succeeded)
+    }
+}
