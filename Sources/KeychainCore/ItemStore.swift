@@ -280,18 +280,4 @@ final class ItemStore: Sendable {
     func sync() throws(KeychainError) {
         try withConnection { db throws(KeychainError) in try db.execute("PRAGMA wal_checkpoint(FULL)") }
     }
-
-    /// Every row, for integrity checks and (later) backups.
-    func allItems() throws(KeychainError) -> [SealedItem] {
-        try withConnection { db throws(KeychainError) in
-            let query = try db.statement("SELECT grp, ident, class, generation, nonce, sealed FROM items ORDER BY grp, ident")
-            var rows: [SealedItem] = []
-            while try query.step() {
-                guard let protectionClass = ProtectionClass(rawValue: query.int64(2)) else { throw .decode }
-                rows.append(SealedItem(group: query.text(0), identifier: query.text(1), protectionClass: protectionClass,
-                                       generation: query.int64(3), nonce: query.blob(4), sealed: query.blob(5)))
-            }
-            return rows
-        }
-    }
 }

@@ -38,12 +38,21 @@ public struct KeychainDirectory: Sendable, Equatable {
         guard chmod(path, 0o700) == 0 else { throw .io }
     }
 
+    /// Writes the device secret under a temporary name and renames it into
+    /// place, so that a secret left by an interrupted `init` (no database yet)
+    /// is simply replaced by the next one.
     func writeDeviceSecret(_ secret: SecureBytes) throws(KeychainError) {
-        let fd = open(deviceSecretPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw errno == EEXIST ? .duplicateKeychain : .io }
-        defer { close(fd) }
+        let temporary = deviceSecretPath + ".new"
+        unlink(temporary)
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw .io }
         let written = secret.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        guard written == secret.count, fsync(fd) == 0 else { throw .io }
+        let synced = fsync(fd) == 0
+        close(fd)
+        guard written == secret.count, synced, rename(temporary, deviceSecretPath) == 0 else {
+            unlink(temporary)
+            throw .io
+        }
     }
 
     func readDeviceSecret() throws(KeychainError) -> SecureBytes {

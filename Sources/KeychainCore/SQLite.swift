@@ -151,6 +151,4 @@ final class Statement {
         guard count > 0, let bytes = sqlite3_column_blob(raw, column) else { return [] }
         return Array(UnsafeRawBufferPointer(start: bytes, count: count))
     }
-
-    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_NULL }
 }

@@ -14,7 +14,6 @@ public final class FuseMount: Sendable {
     /// What is mounted.
     public let fileSystem: FileSystem
     private let session: SessionBox
-    private let finished = Mutex(false)
     private let loopThread = Mutex<pthread_t?>(nil)
 
     /// Mounts `fileSystem` at `mountpoint` and starts serving it; `onFinish`
@@ -66,11 +65,7 @@ public final class FuseMount: Sendable {
         // Idle worker threads kept: enough for concurrent readers on 2 cores.
         _ = CFuse_session_loop_mt(session.raw, 4)
         session.tearDown()
-        finished.withLock { $0 = true }
     }
-
-    /// Whether the session has ended.
-    public var isFinished: Bool { finished.withLock { $0 } }
 
     /// Waits for the loop thread to end.
     public func join() {

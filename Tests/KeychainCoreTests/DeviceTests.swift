@@ -1,4 +1,5 @@
 import Synchronization
+import Foundation
 import Glibc
 import Testing
 @testable import KeychainCore
@@ -154,5 +155,19 @@ extension DeviceTests {
         var info = stat()
         #expect(stat(keychain.directory.databasePath, &info) == 0)
         #expect(info.st_mode & 0o777 == 0o600)
+    }
+}
+
+extension DeviceTests {
+    /// A secret left by an init that died before writing the database does not block the next init.
+    @Test func anInterruptedInitLeavesNothingThatBlocksTheNext() throws {
+        let root = try makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let directory = KeychainDirectory(path: root + "/keychain")
+        #expect(mkdir(directory.path, 0o700) == 0)
+        #expect(FileManager.default.createFile(atPath: directory.deviceSecretPath, contents: Data(repeating: 7, count: 32)))
+        try Device.createKeychain(at: directory, passcode: secure("p"), kdf: .insecureFastForTests)
+        let device = try Device(directory: directory)
+        try device.unlock(passcode: secure("p"))
     }
 }

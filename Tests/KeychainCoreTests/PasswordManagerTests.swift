@@ -268,3 +268,13 @@ extension PasswordManagerTests {
         #expect(buffer.count == 0)
     }
 }
+
+extension PasswordManagerTests {
+    @Test func refinedParamErrorsReportTheParamOSStatus() {
+        #expect(KeychainError.nameTooLong.osStatus == -50)
+        #expect(KeychainError.valueTooLarge.osStatus == -50)
+        #expect(KeychainError.keychainInUse.osStatus == -909)
+        #expect(KeychainError.interactionNotAllowed.osStatus == -25308)
+        #expect(KeychainError.itemNotFound.osStatus == -25300)
+    }
+}
