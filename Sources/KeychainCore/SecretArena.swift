@@ -89,6 +89,10 @@ final class SecretArena: Sendable {
         if mlock(raw, bytes) == 0 {
             state.lockedBytes += bytes
         } else {
+            if state.unlockedBytes == 0 {
+                Diagnostics.log("cannot mlock secret memory past RLIMIT_MEMLOCK (\(state.lockedBytes) bytes locked): "
+                                + "further secrets may reach swap; raise the limit (ulimit -l)")
+            }
             state.unlockedBytes += bytes
         }
         return raw

@@ -90,6 +90,9 @@ public final class DeviceProcess: Sendable {
     /// Returns the process exit status.
     public func run(mountpoint: String, group: String?, ready: (MountError?) -> Void) -> Int32 {
         if !disableCoreDumps() { Diagnostics.log("could not disable core dumps") }
+        // A daemon must not pin the directory it was started from (it could
+        // not be unmounted); every path it uses is absolute.
+        _ = chdir("/")
         // Every thread started from here on inherits this mask; the signals
         // arrive through the signalfd instead. Reset first: a process started
         // with `&` by a shell inherits SIGINT as ignored (FIELD-NOTES).

@@ -229,3 +229,29 @@ extension CommandLineTests {
         #expect(harness.sh("sha256sum -c \"$R/before\"").succeeded)
     }
 }
+
+extension DeviceProcessTests {
+    @Test func unmountWhileAFileIsOpenSaysBusyAndChangesNothing() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.sh("printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
+        let holder = open(mnt + "/default/item", O_RDONLY | O_CLOEXEC)
+        #expect(holder >= 0)
+        let busy = harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt])
+        #expect(busy.status == 1)
+        #expect(busy.stderr.contains("busy"))
+        #expect(harness.isMounted(mnt))
+        #expect(harness.status(mnt)["state"] == "unlocked")
+        close(holder)
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+        #expect(!harness.isMounted(mnt))
+    }
+
+    @Test func theDetachedDeviceDoesNotPinItsStartingDirectory() throws {
+        let harness = try MountHarness()
+        let mountpoint = try harness.prepareMountpoint("mnt")
+        #expect(harness.sh("mkdir \"$R/start\" && cd \"$R/start\" && \"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint]).succeeded)
+        let pid = try #require(MountHarness.devicePid(mountpoint))
+        let cwd = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd")
+        #expect(cwd == "/")
+    }
+}
