@@ -34,7 +34,7 @@ enum FuseOperations {
             serve(req) { fs throws(FSError) in
                 let node = try fs.node(inode)
                 if toSet & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 { throw FSError(EPERM) }
-                if toSet & FUSE_SET_ATTR_SIZE != 0 {
+                if toSet & FUSE_SET_ATTR_SIZE != 0 && node != .control {  // `.control` has no content to cut
                     guard case .item(let group, let identifier) = node, let attr else { throw FSError(EISDIR) }
                     let size = Int(attr.pointee.st_size)
                     if let fi, let file = OpenFiles.file(fi.pointee.fh) {

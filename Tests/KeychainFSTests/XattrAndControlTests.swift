@@ -56,6 +56,9 @@ import Testing
                            arguments: [mnt]).stdout == "afterFirstUnlockThisDeviceOnly")
         #expect(harness.control(mnt, "purge").succeeded)
         #expect(harness.control(mnt, "background").succeeded)
+        // Shells that truncate before writing (no atomic O_TRUNC) still reach the commands.
+        #expect(harness.sh("truncate -s 0 \"$1/.control\" && echo lock > \"$1/.control\"", arguments: [mnt]).succeeded)
+        #expect(harness.status(mnt)["state"] == "locked")
     }
 
     @Test(arguments: ["bogus", "lock now", "accessmode sometimes", "accessmode", "migrate maybe",
