@@ -116,6 +116,17 @@ import Testing
         #expect(harness.sh("\"$K\" mount \"$R/g\" --group a/b --keychain \"$KC\"").status == 64)
     }
 
+    @Test func aMissingDevFuseIsReportedClearly() throws {
+        let harness = try MountHarness()
+        let mountpoint = try harness.prepareMountpoint("mnt")
+        // A private mount namespace whose /dev lacks fuse.
+        let result = harness.sh("unshare -m sh -c 'mount -t tmpfs none /dev && exec \"$K\" mount \"$1\" --foreground --keychain \"$KC\"' sh \"$1\"",
+                                arguments: [mountpoint])
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("/dev/fuse is missing"))
+        #expect(!harness.isMounted(mountpoint))
+    }
+
     @Test func wrongPasscodeSaysSoAndStatusPrintsTheControlFile() throws {
         let harness = try MountHarness()
         let mnt = try harness.mount()

@@ -54,6 +54,8 @@ import Testing
         #expect(link(mnt + "/default/item", mnt + "/default/hard") == -1 && errno == EPERM)
         #expect(mkfifo(mnt + "/default/fifo", 0o600) == -1 && errno == EPERM)
         #expect(chmod(mnt + "/default/item", 0o644) == -1 && errno == EPERM)
+        #expect(chown(mnt + "/default/item", 65534, 65534) == -1 && errno == EPERM)
+        #expect(open(mnt + "/newfile-at-root", O_WRONLY | O_CREAT | O_CLOEXEC, 0o600) == -1 && errno == EPERM)
         #expect(harness.sh("touch \"$1/default/item\"", arguments: [mnt]).succeeded)
         #expect(harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout == "item\n")
     }
