@@ -179,7 +179,7 @@ public final class DeviceProcess: Sendable {
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
             requestsInFlight.withLock { $0 += 1 }
             let reply = answer(client)
-            _ = UnixSocket.writeAll(client, Array((reply + "\n").utf8))
+            _ = Descriptor.writeAll(client, Array((reply + "\n").utf8))
             close(client)
             requestsInFlight.withLock { $0 -= 1 }
             var one: UInt64 = 1
@@ -192,7 +192,7 @@ public final class DeviceProcess: Sendable {
         var length = socklen_t(MemoryLayout<PeerCredentials>.size)
         guard getsockopt(client, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0,
               credentials.uid == getuid() else { return "error \(EPERM) not the owner of this keychain" }
-        let fields = UnixSocket.readAll(client).split(separator: 0, omittingEmptySubsequences: false)
+        let fields = Descriptor.readAll(client, limit: 65536).split(separator: 0, omittingEmptySubsequences: false)
             .map { String(decoding: $0, as: UTF8.self) }
         switch (fields.first, fields.count) {
         case ("ping", 1):

@@ -51,13 +51,17 @@ public enum UnixSocket {
         }
         guard connected == 0 else { return nil }
         let payload = Array(fields.joined(separator: "\0").utf8)
-        guard writeAll(fd, payload) else { return nil }
+        guard Descriptor.writeAll(fd, payload) else { return nil }
         shutdown(fd, Int32(SHUT_WR))
-        let reply = readAll(fd)
+        let reply = Descriptor.readAll(fd)
         return String(decoding: reply, as: UTF8.self).split(separator: "\n").first.map(String.init) ?? ""
     }
+}
 
-    static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+/// Whole reads and writes on a descriptor, retrying short counts and EINTR.
+public enum Descriptor {
+    /// Writes every byte; false on an error.
+    public static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
         var offset = 0
         while offset < bytes.count {
             let written = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
@@ -70,7 +74,8 @@ public enum UnixSocket {
         return true
     }
 
-    static func readAll(_ fd: Int32, limit: Int = 65536) -> [UInt8] {
+    /// Reads until the end of input (or `limit` bytes, or an error).
+    public static func readAll(_ fd: Int32, limit: Int = 1 << 20) -> [UInt8] {
         var result: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)
         while result.count < limit {

@@ -13,7 +13,7 @@ enum DeviceStatusFile {
         guard fd >= 0 else { return nil }
         defer { close(fd) }
         var status: [String: String] = [:]
-        for line in String(decoding: readToEnd(fd), as: UTF8.self).split(separator: "\n") {
+        for line in String(decoding: Descriptor.readAll(fd), as: UTF8.self).split(separator: "\n") {
             let parts = line.split(separator: ":", maxSplits: 1)
             if parts.count == 2 { status[String(parts[0])] = String(parts[1].dropFirst()) }
         }
@@ -101,7 +101,7 @@ struct StatusCommand: ParsableCommand {
         let fd = open(mount.path + "/.control", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw fail("\(mount.path) is not a keychainfs mount (no .control file)") }
         defer { close(fd) }
-        let text = readToEnd(fd)
+        let text = Descriptor.readAll(fd)
         text.withUnsafeBytes { _ = write(1, $0.baseAddress, $0.count) }
     }
 }

@@ -133,17 +133,6 @@ func writeLine(_ fd: Int32, _ line: String) -> Bool {
     return text.withUTF8 { write(fd, $0.baseAddress, $0.count) } == text.utf8.count
 }
 
-func readToEnd(_ fd: Int32) -> [UInt8] {
-    var result: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 4096)
-    while true {
-        let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if count < 0 && errno == EINTR { continue }
-        if count <= 0 { return result }
-        result += chunk[0..<count]
-    }
-}
-
 /// Bytes up to the first newline or the end of input.
 func readLine(_ fd: Int32) -> [UInt8] {
     var result: [UInt8] = []
