@@ -109,9 +109,10 @@ enum FuseOperations {
                 if parentNode == .root && name == ".control" { throw FSError(EEXIST) }
                 guard let group = fs.itemGroup(of: parentNode) else { throw FSError(EPERM) }
                 let file = try fs.createItem(group: group, identifier: name, flags: fi.pointee.flags)
+                // The entry first: once a handle is registered, the reply must not fail.
+                var entry = try fs.entry(for: .item(group: group, identifier: name))
                 fi.pointee.direct_io = 1
                 fi.pointee.fh = fs.openFiles.add(file)
-                var entry = try fs.entry(for: .item(group: group, identifier: name))
                 fuse_reply_create(req, &entry, fi)
             }
         }
