@@ -38,7 +38,8 @@ public final class DeviceProcess: Sendable {
         case .noSuchKeychain:
             return "no keychain at \(keychain.path); create one with `keychainfs init --keychain \(keychain.path)`"
         case .keychainInUse:
-            return "another process holds the keychain at \(keychain.path)"
+            return "another process holds the keychain at \(keychain.path), but does not answer on its socket "
+                + "(was XDG_RUNTIME_DIR different when it started?); unmount its mounts or stop that process"
         case .decode:
             return "the keychain at \(keychain.path) failed its integrity check: it was damaged or altered outside "
                 + "keychainfs (a row rolled back, removed or edited), or its device secret does not belong to it; "
