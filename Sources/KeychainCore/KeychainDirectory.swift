@@ -16,7 +16,8 @@ public struct KeychainDirectory: Sendable, Equatable {
 
     var databasePath: String { path + "/keychain.db" }
     var deviceSecretPath: String { path + "/device-secret" }
-    var lockFilePath: String { path + "/device.lock" }
+    /// The file the running device holds an exclusive flock on; released by the kernel when it dies.
+    public var lockFilePath: String { path + "/device.lock" }
 
     /// `$XDG_DATA_HOME/keychainfs`, or `~/.local/share/keychainfs` (XDG Base Directory spec).
     public static func defaultLocation() -> KeychainDirectory {

@@ -50,8 +50,9 @@ struct MountCommand: ParsableCommand {
             throw report(error.description)
         }
         if UnixSocket.request(["ping"], to: socketPath) == "ok" {
-            try join(socketPath, mountpoint: mountpoint)
-            return
+            if try join(socketPath, mountpoint: mountpoint) { return }
+            // The device was exiting (its last mount had just gone): start the next one.
+            waitForDeviceExit(keychain)
         }
         if foreground {
             throw ExitCode(runDevice(keychain, mountpoint: mountpoint))
@@ -59,11 +60,15 @@ struct MountCommand: ParsableCommand {
         try startDetachedDevice(keychain, mountpoint: mountpoint)
     }
 
-    /// Asks the running device process to serve one more mount.
-    private func join(_ socketPath: String, mountpoint: String) throws {
-        let reply = UnixSocket.request(["mount", group ?? "", mountpoint], to: socketPath) ?? "error 0 the device process did not answer"
+    /// Asks the running device process to serve one more mount; false if it
+    /// went away without answering.
+    private func join(_ socketPath: String, mountpoint: String) throws -> Bool {
+        guard let reply = UnixSocket.request(["mount", group ?? "", mountpoint], to: socketPath), !reply.isEmpty else {
+            return false
+        }
         guard reply == "ok" else { throw report(errorMessage(reply)) }
         report(ok: ())
+        return true
     }
 
     /// Becomes the device process.

@@ -42,13 +42,13 @@ struct UnmountCommand: ParsableCommand {
         guard reply.hasPrefix("ok") else { throw fail("cannot unmount \(mountpoint): \(errorMessage(reply))") }
         if reply == "ok last" { waitForDeviceExit(KeychainDirectory(path: keychain)) }
     }
+}
 
-    /// The device holds an flock on the keychain's lock file until it exits;
-    /// taking it ourselves waits exactly that long.
-    private func waitForDeviceExit(_ keychain: KeychainDirectory) {
-        let fd = open(keychain.path + "/device.lock", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return }
-        while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
-        close(fd)
-    }
+/// The device holds an flock on the keychain's lock file until it exits;
+/// taking it ourselves waits exactly that long.
+func waitForDeviceExit(_ keychain: KeychainDirectory) {
+    let fd = open(keychain.lockFilePath, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return }
+    while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
+    close(fd)
 }
