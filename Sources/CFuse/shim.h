@@ -17,11 +17,13 @@ static inline int CFuse_spawn_close_from(posix_spawn_file_actions_t *actions, in
 }
 
 // fuse_session_loop_mt is a macro at API 35 and takes a config object that
-// only has constructor functions: wrap the three calls in one.
-static inline int CFuse_session_loop_mt(struct fuse_session *se, unsigned int max_idle_threads) {
+// only has constructor functions: wrap the calls in one. The defaults are
+// kept on purpose: up to 10 workers, idle ones never destroyed (a limit on
+// idle threads makes libfuse create and destroy threads under ordinary load,
+// which callgrind showed in our read path).
+static inline int CFuse_session_loop_mt(struct fuse_session *se) {
     struct fuse_loop_config *config = fuse_loop_cfg_create();
     if (config == NULL) return -1;
-    fuse_loop_cfg_set_idle_threads(config, max_idle_threads);
     int result = fuse_session_loop_mt(se, config);
     fuse_loop_cfg_destroy(config);
     return result;

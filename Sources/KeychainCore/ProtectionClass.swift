@@ -74,9 +74,13 @@ public enum ItemLimits {
     /// `name` can be a group or an identifier: non-empty UTF-8 without `/` or
     /// NUL, at most 255 bytes, not `.`, `..` or `.control`.
     public static func validate(name: String) throws(KeychainError) {
-        let utf8 = name.utf8
-        guard !utf8.isEmpty, !reservedNames.contains(name),
-              !utf8.contains(UInt8(ascii: "/")), !utf8.contains(0) else { throw .param }
-        guard utf8.count <= maximumNameLength else { throw .nameTooLong }
+        // One pass over the bytes: this runs several times per filesystem request.
+        let count = name.utf8.count
+        guard count > 0 else { throw .param }
+        let clean = name.utf8.withContiguousStorageIfAvailable { bytes in
+            !bytes.contains { $0 == UInt8(ascii: "/") || $0 == 0 }
+        } ?? !name.utf8.contains { $0 == UInt8(ascii: "/") || $0 == 0 }
+        guard clean, !(count <= 8 && reservedNames.contains(name)) else { throw .param }
+        guard count <= maximumNameLength else { throw .nameTooLong }
     }
 }

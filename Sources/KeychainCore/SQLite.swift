@@ -50,7 +50,7 @@ final class SQLiteConnection {
     /// Resets every statement used since the last call: a statement left on a
     /// row keeps its read transaction open, which blocks checkpoints.
     func finishStatements() {
-        for statement in active { statement.reset() }
+        for statement in active { statement.finish() }
         active.removeAll(keepingCapacity: true)
     }
 
@@ -98,7 +98,14 @@ final class Statement {
 
     deinit { sqlite3_finalize(raw) }
 
+    /// Ready for a new use; every parameter is bound again by the caller.
     func reset() {
+        sqlite3_reset(raw)
+    }
+
+    /// Ends the current use: releases its read transaction and the copies of
+    /// bound values (which may be ciphertext; never plaintext).
+    func finish() {
         sqlite3_reset(raw)
         sqlite3_clear_bindings(raw)
     }

@@ -62,8 +62,7 @@ public final class FuseMount: Sendable {
     }
 
     private func serve() {
-        // Idle worker threads kept: enough for concurrent readers on 2 cores.
-        _ = CFuse_session_loop_mt(session.raw, 4)
+        _ = CFuse_session_loop_mt(session.raw)
         session.tearDown()
     }
 

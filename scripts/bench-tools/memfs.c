@@ -73,8 +73,7 @@ int main(int argc, char **argv) {
     struct fuse_args args = FUSE_ARGS_INIT(3, args_v);
     struct fuse_session *se = fuse_session_new(&args, &ops, sizeof ops, NULL);
     if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, argv[1]) != 0) return 1;
-    struct fuse_loop_config *config = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_idle_threads(config, 4);
+    struct fuse_loop_config *config = fuse_loop_cfg_create();  /* libfuse's defaults, as keychainfs */
     int rc = fuse_session_loop_mt(se, config);
     fuse_loop_cfg_destroy(config);
     fuse_session_unmount(se);
