@@ -116,6 +116,7 @@ public struct KDFParameters: Sendable, Equatable {
     /// Memory in bytes (libsodium memlimit).
     public var memLimit: UInt64
 
+    /// Parameters as libsodium names them.
     public init(opsLimit: UInt64, memLimit: UInt64) {
         self.opsLimit = opsLimit
         self.memLimit = memLimit

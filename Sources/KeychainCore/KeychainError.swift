@@ -42,6 +42,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         }
     }
 
+    /// A sentence for users; never includes a value or passcode.
     public var description: String {
         switch self {
         case .itemNotFound: return "the item does not exist"

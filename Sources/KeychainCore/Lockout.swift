@@ -4,6 +4,7 @@ public struct LockoutPolicy: Sendable, Equatable {
     /// the last entry repeats for every failure after it.
     public var delays: [Int64]
 
+    /// A policy with these delays (at least one).
     public init(delays: [Int64]) {
         precondition(!delays.isEmpty)
         self.delays = delays

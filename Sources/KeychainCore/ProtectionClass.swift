@@ -49,6 +49,7 @@ public enum ProtectionClass: Int64, CaseIterable, Sendable, CustomStringConverti
         }
     }
 
+    /// The full name.
     public var description: String { name }
 }
 

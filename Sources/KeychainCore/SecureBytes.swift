@@ -83,6 +83,7 @@ public final class SecureBytes: @unchecked Sendable, Equatable {
         return sodium_memcmp(pointer, other.baseAddress!, count) == 0
     }
 
+    /// Equal bytes, compared in constant time.
     public static func == (lhs: SecureBytes, rhs: SecureBytes) -> Bool {
         rhs.withUnsafeBytes { lhs.constantTimeEquals($0) }
     }

@@ -84,7 +84,9 @@ public final class FuseMount: Sendable {
 
 /// What could not be mounted, in a sentence for the user.
 public struct MountError: Error, CustomStringConvertible {
+    /// The sentence.
     public let description: String
+    /// An error saying `description`.
     public init(_ description: String) { self.description = description }
 }
 

@@ -17,6 +17,7 @@ public enum Spawn {
         public var newSession = false
         /// `NAME=value` entries replacing the inherited environment.
         public var environment: [String]?
+        /// Inherit the streams, no new session.
         public init() {}
     }
 

@@ -91,6 +91,7 @@ public enum Descriptor {
 /// Where a keychain's device process listens: `$XDG_RUNTIME_DIR/keychainfs/`,
 /// or `/tmp/keychainfs-UID/` without one, a directory of mode 0700 owned by us.
 public enum RuntimePaths {
+    /// The socket of the device of the keychain at `keychainPath` (creating the runtime directory).
     public static func socketPath(for keychainPath: String) throws(MountError) -> String {
         let directory = try runtimeDirectory()
         // FNV-1a of the keychain's path: a short, stable name (not a secret).
