@@ -36,10 +36,15 @@ struct MountpointArgument: ParsableArguments {
     var path: String { canonicalMountPoint(mountpoint) }
 
     func requireControl() throws -> [String: String] {
-        guard let status = DeviceStatusFile.read(path) else {
-            throw fail("\(path) is not a keychainfs mount (no .control file)")
-        }
+        guard let status = DeviceStatusFile.read(path) else { throw fail(missingControl) }
         return status
+    }
+
+    /// Why there is no control file to talk to, and what to do.
+    var missingControl: String {
+        MountTable.isDeadMount(path)
+            ? "the device process serving \(path) has died; run `keychainfs unmount \(path)`, then mount again"
+            : "\(path) is not a keychainfs mount (no .control file)"
     }
 }
 
@@ -99,7 +104,7 @@ struct StatusCommand: ParsableCommand {
 
     func run() throws {
         let fd = open(mount.path + "/.control", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw fail("\(mount.path) is not a keychainfs mount (no .control file)") }
+        guard fd >= 0 else { throw fail(mount.missingControl) }
         defer { close(fd) }
         let text = Descriptor.readAll(fd)
         text.withUnsafeBytes { _ = write(1, $0.baseAddress, $0.count) }

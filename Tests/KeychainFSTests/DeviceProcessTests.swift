@@ -80,6 +80,9 @@ import Testing
         let mnt = harness.root + "/mnt"
         kill(pid, SIGKILL)
         _ = Spawn.wait(pid)
+        let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
+        #expect(status.status == 1)
+        #expect(status.stderr.contains("has died"))
         #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
         #expect(!harness.isMounted(mnt))
     }
