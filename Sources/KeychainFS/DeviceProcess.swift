@@ -59,7 +59,9 @@ public final class DeviceProcess: Sendable {
         }
         let fileSystem: FileSystem
         do {
-            fileSystem = try FileSystem(manager: manager, group: group)
+            fileSystem = try FileSystem(manager: manager, group: group) { [weak self] candidate in
+                self?.mounts.withLock { $0.values.contains { $0.fileSystem.scope == .group(candidate) } } ?? false
+            }
         } catch .itemNotFound {
             throw MountError("no access group \(group ?? "") in this keychain; create it with mkdir in a whole-keychain mount")
         } catch {

@@ -23,6 +23,8 @@ public final class FileSystem: Sendable {
     let owner: (uid: uid_t, gid: gid_t)
     let startTime = time(nil)
     private let lockObserver: Int
+    /// Whether another mount serves this group at its root (it cannot be removed then).
+    let isGroupMounted: @Sendable (String) -> Bool
 
     /// How long the kernel may cache names and directory attributes. Item
     /// attributes are never cached (their size must be exact after a commit
@@ -31,8 +33,11 @@ public final class FileSystem: Sendable {
     static let directoryAttributeTimeout = 1.0
 
     /// A view of `manager`'s keychain; `group` limits it to that access group.
-    public init(manager: PasswordManager, group: String? = nil) throws(KeychainError) {
+    /// `isGroupMounted` tells whether a group is the root of some mount.
+    public init(manager: PasswordManager, group: String? = nil,
+                isGroupMounted: @escaping @Sendable (String) -> Bool = { _ in false }) throws(KeychainError) {
         self.manager = manager
+        self.isGroupMounted = isGroupMounted
         if let group {
             try ItemLimits.validate(name: group)
             guard try manager.groupExists(group) else { throw .itemNotFound }

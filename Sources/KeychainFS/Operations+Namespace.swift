@@ -34,7 +34,7 @@ extension FileSystem {
         }
         if name == ".control" { throw FSError(ENOTDIR) }
         try validate(name)
-        if name == ItemLimits.defaultGroup { throw FSError(EBUSY) }
+        if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw FSError(EBUSY) }
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
     }
 

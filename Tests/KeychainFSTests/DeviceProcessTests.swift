@@ -23,6 +23,10 @@ import Testing
         #expect(harness.status(whole)["state"] == "locked")
         try harness.unlock(whole)
         #expect(harness.sh("cat \"$1/db\"", arguments: [shared]).stdout == "pw")
+        // A group that is the root of a mount cannot be removed from under it.
+        #expect(harness.sh("rm \"$1/db\"", arguments: [shared]).succeeded)
+        #expect(rmdir(whole + "/TEAMID.com.example.shared") == -1 && errno == EBUSY)
+        #expect(harness.sh("\"$K\" unmount \"$1\" && rmdir \"$2/TEAMID.com.example.shared\"", arguments: [shared, whole]).succeeded)
     }
 
     @Test func theDeviceExitsWithItsLastMountAndUnmountWaitsForIt() throws {
