@@ -160,3 +160,10 @@ public final class FileSystem: Sendable {
         return entries
     }
 }
+
+/// The entries of one open directory, listed at opendir.
+final class DirectoryListing: @unchecked Sendable {
+    // Immutable after init.
+    let entries: [(name: String, node: Node, mode: mode_t)]
+    init(_ entries: [(name: String, node: Node, mode: mode_t)]) { self.entries = entries }
+}

@@ -184,9 +184,27 @@ enum FuseOperations {
                 fuse_reply_err(req, 0)
             }
         }
-        ops.readdir = { req, inode, size, offset, _ in
+        ops.opendir = { req, inode, fi in
             serve(req) { fs throws(FSError) in
-                let entries = try fs.listing(of: try fs.node(inode))
+                guard let fi else { throw FSError(EINVAL) }
+                // One listing per opendir: a directory read in several
+                // chunks neither re-queries the store nor skips or repeats
+                // entries when items change meanwhile.
+                let listing = DirectoryListing(try fs.listing(of: try fs.node(inode)))
+                fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(listing).toOpaque()))
+                fuse_reply_open(req, fi)
+            }
+        }
+        ops.releasedir = { req, _, fi in
+            if let fi, let raw = UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh)) {
+                Unmanaged<DirectoryListing>.fromOpaque(raw).release()
+            }
+            fuse_reply_err(req, 0)
+        }
+        ops.readdir = { req, inode, size, offset, fi in
+            serve(req) { fs throws(FSError) in
+                guard let fi, let raw = UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh)) else { throw FSError(EBADF) }
+                let entries = Unmanaged<DirectoryListing>.fromOpaque(raw).takeUnretainedValue().entries
                 let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
                 defer { buffer.deallocate() }
                 var used = 0

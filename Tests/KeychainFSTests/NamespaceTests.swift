@@ -76,3 +76,16 @@ import Testing
         #expect(harness.status(mnt)["state"] == "unlocked")
     }
 }
+
+extension NamespaceTests {
+    /// A listing longer than one readdir reply comes back whole, once each.
+    @Test func largeGroupsListEveryItemOnce() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let made = harness.sh("i=0; while [ $i -lt 600 ]; do printf v > \"$1/default/item-$i\" || exit 1; i=$((i+1)); done", arguments: [mnt])
+        #expect(made.succeeded)
+        let listing = harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout.split(separator: "\n")
+        #expect(listing.count == 600)
+        #expect(Set(listing).count == 600)
+        #expect(harness.sh("ls -a \"$1\"", arguments: [mnt]).stdout == ".\n..\n.control\ndefault\n")
+    }
+}
