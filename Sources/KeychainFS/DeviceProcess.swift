@@ -162,14 +162,7 @@ public final class DeviceProcess: Sendable {
     }
 
     private func startServing(_ listener: Int32) {
-        let context = Unmanaged.passRetained(ServerContext(device: self, listener: listener))
-        var thread = pthread_t()
-        pthread_create(&thread, nil, { raw in
-            let context = Unmanaged<ServerContext>.fromOpaque(raw!).takeRetainedValue()
-            context.device.acceptLoop(context.listener)
-            return nil
-        }, context.toOpaque())
-        pthread_detach(thread)
+        if let thread = startThread({ [self] in acceptLoop(listener) }) { pthread_detach(thread) }
     }
 
     private func acceptLoop(_ listener: Int32) {
@@ -218,15 +211,6 @@ public final class DeviceProcess: Sendable {
         default:
             return "error \(EINVAL) unknown request"
         }
-    }
-}
-
-private final class ServerContext {
-    let device: DeviceProcess
-    let listener: Int32
-    init(device: DeviceProcess, listener: Int32) {
-        self.device = device
-        self.listener = listener
     }
 }
 

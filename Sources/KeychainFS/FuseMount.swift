@@ -45,16 +45,10 @@ public final class FuseMount: Sendable {
             throw MountError("could not mount at \(mountpoint) (is /dev/fuse usable and fusermount3 installed?)")
         }
         session = SessionBox(made, userdata: userdata)
-        let context = Unmanaged.passRetained(LoopContext(mount: self, onFinish: onFinish))
-        var thread = pthread_t()
-        let started = pthread_create(&thread, nil, { raw in
-            let context = Unmanaged<LoopContext>.fromOpaque(raw!).takeRetainedValue()
-            context.mount.serve()
-            context.onFinish(context.mount)
-            return nil
-        }, context.toOpaque())
-        guard started == 0 else {
-            context.release()
+        guard let thread = startThread({ [self] in
+            serve()
+            onFinish(self)
+        }) else {
             session.tearDown()
             throw MountError("could not start the FUSE loop thread")
         }
@@ -88,15 +82,6 @@ public struct MountError: Error, CustomStringConvertible {
     public let description: String
     /// An error saying `description`.
     public init(_ description: String) { self.description = description }
-}
-
-private final class LoopContext {
-    let mount: FuseMount
-    let onFinish: @Sendable (FuseMount) -> Void
-    init(mount: FuseMount, onFinish: @escaping @Sendable (FuseMount) -> Void) {
-        self.mount = mount
-        self.onFinish = onFinish
-    }
 }
 
 /// The libfuse session pointer and the retained filesystem it calls back into.

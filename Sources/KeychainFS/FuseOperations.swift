@@ -88,7 +88,7 @@ enum FuseOperations {
                 switch node {
                 case .control:
                     let control = ControlFile(status: fs.statusText())
-                    fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(control).toOpaque()))
+                    fi.pointee.fh = FileHandle.make(control)
                 case .item(let group, let identifier):
                     let file = try fs.openItem(group: group, identifier: identifier, flags: fi.pointee.flags)
                     // Read-only descriptors have nothing to commit: no FLUSH round trip on close.
@@ -120,8 +120,7 @@ enum FuseOperations {
             serve(req) { fs throws(FSError) in
                 guard let fi else { throw FSError(EBADF) }
                 if inode == NodeTable.controlInode {
-                    let control = Unmanaged<ControlFile>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!)
-                        .takeUnretainedValue()
+                    guard let control = FileHandle.object(fi.pointee.fh, as: ControlFile.self) else { throw FSError(EBADF) }
                     control.status.withUnsafeBytes { all in
                         let start = min(Int(offset), all.count)
                         let end = min(all.count, start + size)
@@ -172,7 +171,7 @@ enum FuseOperations {
             serve(req) { fs throws(FSError) in
                 guard let fi else { throw FSError(EBADF) }
                 if inode == NodeTable.controlInode {
-                    Unmanaged<ControlFile>.fromOpaque(UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh))!).release()
+                    FileHandle.take(fi.pointee.fh, as: ControlFile.self)
                 } else if let file = OpenFiles.file(fi.pointee.fh) {
                     // A commit failing here has no one to report to: the
                     // flush before it already did (close returns its result).
@@ -191,20 +190,20 @@ enum FuseOperations {
                 // chunks neither re-queries the store nor skips or repeats
                 // entries when items change meanwhile.
                 let listing = DirectoryListing(try fs.listing(of: try fs.node(inode)))
-                fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(listing).toOpaque()))
+                fi.pointee.fh = FileHandle.make(listing)
                 fuse_reply_open(req, fi)
             }
         }
         ops.releasedir = { req, _, fi in
-            if let fi, let raw = UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh)) {
-                Unmanaged<DirectoryListing>.fromOpaque(raw).release()
-            }
+            if let fi { FileHandle.take(fi.pointee.fh, as: DirectoryListing.self) }
             fuse_reply_err(req, 0)
         }
         ops.readdir = { req, inode, size, offset, fi in
             serve(req) { fs throws(FSError) in
-                guard let fi, let raw = UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh)) else { throw FSError(EBADF) }
-                let entries = Unmanaged<DirectoryListing>.fromOpaque(raw).takeUnretainedValue().entries
+                guard let fi, let listing = FileHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
+                    throw FSError(EBADF)
+                }
+                let entries = listing.entries
                 let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
                 defer { buffer.deallocate() }
                 var used = 0

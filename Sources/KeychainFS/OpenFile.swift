@@ -64,18 +64,16 @@ final class OpenFiles: Sendable {
 
     func add(_ file: OpenFile) -> UInt64 {
         files.withLock { $0[ObjectIdentifier(file)] = file }
-        return UInt64(UInt(bitPattern: Unmanaged.passRetained(file).toOpaque()))
+        return FileHandle.make(file)
     }
 
     /// The descriptor behind a file handle (fuse_file_info.fh).
     static func file(_ handle: UInt64) -> OpenFile? {
-        guard handle != 0, let raw = UnsafeRawPointer(bitPattern: UInt(handle)) else { return nil }
-        return Unmanaged<OpenFile>.fromOpaque(raw).takeUnretainedValue()
+        FileHandle.object(handle, as: OpenFile.self)
     }
 
     func remove(_ handle: UInt64) {
-        guard let raw = UnsafeRawPointer(bitPattern: UInt(handle)) else { return }
-        let file = Unmanaged<OpenFile>.fromOpaque(raw).takeRetainedValue()
+        guard let file = FileHandle.take(handle, as: OpenFile.self) else { return }
         _ = files.withLock { $0.removeValue(forKey: ObjectIdentifier(file)) }
     }
 
