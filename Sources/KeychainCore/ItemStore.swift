@@ -159,8 +159,8 @@ final class ItemStore: Sendable {
             try db.transaction { () throws(KeychainError) in
                 guard let old = try currentRow(db, group: group, identifier: source) else { throw .itemNotFound }
                 if source == target { return }
-                if !replacing, try currentRow(db, group: group, identifier: target) != nil { throw .duplicateItem }
                 let replaced = try currentRow(db, group: group, identifier: target)
+                if !replacing, replaced != nil { throw .duplicateItem }
                 let row = try reseal(old, try nextGeneration(db))
                 try updateState(db, removing: [old] + [replaced].compactMap { $0 }, adding: [row])
                 try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, target).run()
