@@ -39,7 +39,6 @@ public final class FileSystem: Sendable {
         self.manager = manager
         self.isGroupMounted = isGroupMounted
         if let group {
-            try ItemLimits.validate(name: group)
             guard try manager.groupExists(group) else { throw .itemNotFound }
             scope = .group(group)
         } else {
@@ -66,7 +65,7 @@ public final class FileSystem: Sendable {
             guard parent == .root else { throw FSError(ENOENT) }
             return .control
         }
-        try validate(name)
+        // Names are checked by the core call that uses them (EINVAL, ENAMETOOLONG).
         switch (parent, scope) {
         case (.root, .keychain):
             guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw FSError(ENOENT) }
@@ -87,12 +86,10 @@ public final class FileSystem: Sendable {
         }
     }
 
+    /// For the few decisions taken before any core call sees the name
+    /// (rename's EXDEV); everywhere else the core call checks it.
     func validate(_ name: String) throws(FSError) {
-        do {
-            try ItemLimits.validate(name: name)
-        } catch {
-            throw FSError(error)
-        }
+        try core { () throws(KeychainError) in try ItemLimits.validate(name: name) }
     }
 
     func node(_ inode: UInt64) throws(FSError) -> Node {

@@ -14,7 +14,6 @@ extension FileSystem {
         guard let group = itemGroup(of: parent) else {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
-        try validate(name)
         try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: name, inGroup: group) }
     }
 
@@ -22,7 +21,6 @@ extension FileSystem {
     func makeDirectory(parent: Node, name: String) throws(FSError) -> Node {
         guard parent == .root, scope == .keychain else { throw FSError(EPERM) }
         if name == ".control" { throw FSError(EEXIST) }
-        try validate(name)
         try core { () throws(KeychainError) in try manager.createGroup(name) }
         return .group(name)
     }
@@ -33,7 +31,6 @@ extension FileSystem {
             throw FSError(itemGroup(of: parent) != nil ? ENOTDIR : EPERM)
         }
         if name == ".control" { throw FSError(ENOTDIR) }
-        try validate(name)
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw FSError(EBUSY) }
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
     }

@@ -39,7 +39,6 @@ extension FileSystem {
     /// the class of the current access mode. EEXIST if it appeared meanwhile
     /// and `O_EXCL` was asked; otherwise that item is opened instead.
     func createItem(group: String, identifier: String, flags: Int32) throws(FSError) -> OpenFile {
-        try validate(identifier)
         let target = manager.classForNewWrites
         do throws(KeychainError) {
             try manager.write(try SecureBytes([]), identifier: identifier, group: group,
