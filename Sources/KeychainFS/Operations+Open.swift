@@ -8,31 +8,34 @@ extension FileSystem {
     /// the key of the class its commit will give (SPEC: writing needs both).
     /// Without them: EACCES, and nothing changes.
     func openItem(group: String, identifier: String, flags: Int32) throws(FSError) -> OpenFile {
-        let device = manager.device
-        if flags & O_ACCMODE == O_RDONLY {
-            // The read path: one read of the store, one decryption (or the cache).
+        let inode = nodes.inode(for: .item(group: group, identifier: identifier))
+        let truncates = flags & O_TRUNC != 0
+        if flags & O_ACCMODE == O_RDONLY || !truncates {
+            // One read of the store and one decryption (or the cache): the
+            // value for readers, the starting content for writers that keep it.
             let item = try core { () throws(KeychainError) in try manager.item(forIdentifier: identifier, inGroup: group) }
-            return OpenFile(inode: nodes.inode(for: .item(group: group, identifier: identifier)),
-                            value: item.value, buffer: nil, appends: false,
-                            protectionClass: item.protectionClass, targetClass: nil)
+            if flags & O_ACCMODE == O_RDONLY {
+                return OpenFile(inode: inode, value: item.value, buffer: nil, appends: false,
+                                protectionClass: item.protectionClass, targetClass: nil)
+            }
+            let buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: item.value) }
+            return try writer(inode: inode, buffer: buffer, current: item.protectionClass, flags: flags)
         }
+        // O_TRUNC: the old value is not needed, only that its key is there.
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
         else { throw FSError(ENOENT) }
-        guard device.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
-        let target = manager.classForNewWrites
-        guard device.isAvailable(target) else { throw FSError(EACCES) }
-        let buffer: SecureBuffer
-        let truncates = flags & O_TRUNC != 0
-        if truncates {
-            buffer = SecureBuffer()
-        } else {
-            let current = try core { () throws(KeychainError) in try manager.key(forIdentifier: identifier, inGroup: group) }
-            buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: current) }
-        }
-        let file = OpenFile(inode: nodes.inode(for: .item(group: group, identifier: identifier)), value: nil, buffer: buffer,
-                            appends: flags & O_APPEND != 0, protectionClass: info.protectionClass, targetClass: target)
-        file.truncatePending = truncates
+        guard manager.device.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
+        let file = try writer(inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags)
+        file.truncatePending = true
         return file
+    }
+
+    /// A writing descriptor; EACCES unless the class its commit will give is available too.
+    private func writer(inode: UInt64, buffer: SecureBuffer, current: ProtectionClass, flags: Int32) throws(FSError) -> OpenFile {
+        let target = manager.classForNewWrites
+        guard manager.device.isAvailable(target) else { throw FSError(EACCES) }
+        return OpenFile(inode: inode, value: nil, buffer: buffer, appends: flags & O_APPEND != 0,
+                        protectionClass: current, targetClass: target)
     }
 
     /// Creates an empty item at once (as creat(2) makes a file exist), with
@@ -49,8 +52,8 @@ extension FileSystem {
         } catch {
             throw FSError(error)
         }
-        return OpenFile(inode: nodes.inode(for: .item(group: group, identifier: identifier)), value: nil, buffer: SecureBuffer(),
-                        appends: flags & O_APPEND != 0, protectionClass: target, targetClass: target)
+        return try writer(inode: nodes.inode(for: .item(group: group, identifier: identifier)), buffer: SecureBuffer(),
+                          current: target, flags: flags)
     }
 
     // MARK: Read and write
