@@ -7,13 +7,19 @@ import Glibc
 
 /// The `.control` file of a mount, read and written as a user would with cat and echo.
 enum DeviceStatusFile {
-    /// The `key: value` status lines; nil when there is no control file.
-    static func read(_ mountpoint: String) -> [String: String]? {
+    /// The status text as the device wrote it; nil when there is no control file.
+    static func text(_ mountpoint: String) -> [UInt8]? {
         let fd = open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
+        return Descriptor.readAll(fd)
+    }
+
+    /// The `key: value` status lines; nil when there is no control file.
+    static func read(_ mountpoint: String) -> [String: String]? {
+        guard let text = text(mountpoint) else { return nil }
         var status: [String: String] = [:]
-        for line in String(decoding: Descriptor.readAll(fd), as: UTF8.self).split(separator: "\n") {
+        for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
             let parts = line.split(separator: ":", maxSplits: 1)
             if parts.count == 2 { status[String(parts[0])] = String(parts[1].dropFirst()) }
         }
@@ -103,10 +109,7 @@ struct StatusCommand: ParsableCommand {
     @OptionGroup var mount: MountpointArgument
 
     func run() throws {
-        let fd = open(mount.path + "/.control", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw fail(mount.missingControl) }
-        defer { close(fd) }
-        let text = Descriptor.readAll(fd)
-        text.withUnsafeBytes { _ = write(1, $0.baseAddress, $0.count) }
+        guard let text = DeviceStatusFile.text(mount.path) else { throw fail(mount.missingControl) }
+        _ = Descriptor.writeAll(1, text)
     }
 }
