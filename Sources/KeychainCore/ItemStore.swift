@@ -114,21 +114,45 @@ final class ItemStore: Sendable {
     /// throws to abandon the write with nothing changed. The old row is
     /// replaced in place (INSERT ... ON CONFLICT DO UPDATE), never deleted
     /// first, so no failure can leave the item missing.
+    /// Returns the row replaced (nil if none) and the generation written.
+    @discardableResult
     func write(group: String, identifier: String,
-               seal: (_ existing: SealedItem?, _ generation: Int64) throws(KeychainError) -> SealedItem) throws(KeychainError) {
+               seal: (_ existing: SealedItem?, _ generation: Int64) throws(KeychainError) -> SealedItem)
+        throws(KeychainError) -> (replaced: SealedItem?, generation: Int64) {
         try withConnection { db throws(KeychainError) in
             try db.transaction { () throws(KeychainError) in
                 let existing = try currentRow(db, group: group, identifier: identifier)
                 let row = try seal(existing, try nextGeneration(db))
                 try updateState(db, removing: [existing].compactMap { $0 }, adding: [row])
                 try db.statement("INSERT OR IGNORE INTO groups(name) VALUES (?)").bind(1, group).run()
-                try db.statement("""
-                    INSERT INTO items(grp, ident, class, generation, nonce, sealed) VALUES (?, ?, ?, ?, ?, ?)
-                    ON CONFLICT(grp, ident) DO UPDATE SET class = excluded.class,
-                        generation = excluded.generation, nonce = excluded.nonce, sealed = excluded.sealed
-                    """)
-                    .bind(1, row.group).bind(2, row.identifier).bind(3, row.protectionClass.rawValue)
-                    .bind(4, row.generation).bind(5, row.nonce).bind(6, row.sealed).run()
+                try upsert(db, row)
+                return (existing, row.generation)
+            }
+        }
+    }
+
+    private func upsert(_ db: SQLiteConnection, _ row: SealedItem) throws(KeychainError) {
+        try db.statement("""
+            INSERT INTO items(grp, ident, class, generation, nonce, sealed) VALUES (?, ?, ?, ?, ?, ?)
+            ON CONFLICT(grp, ident) DO UPDATE SET class = excluded.class,
+                generation = excluded.generation, nonce = excluded.nonce, sealed = excluded.sealed
+            """)
+            .bind(1, row.group).bind(2, row.identifier).bind(3, row.protectionClass.rawValue)
+            .bind(4, row.generation).bind(5, row.nonce).bind(6, row.sealed).run()
+    }
+
+    /// Puts `previous` back in place of the row of generation `written`,
+    /// exactly as it was (no key needed: the row is not re-sealed). Does
+    /// nothing and returns false when the item changed since (another write,
+    /// a rename or a removal): a revert never undoes someone else's write.
+    func revert(group: String, identifier: String, written: Int64, previous: SealedItem) throws(KeychainError) -> Bool {
+        try withConnection { db throws(KeychainError) in
+            try db.transaction { () throws(KeychainError) -> Bool in
+                guard let current = try currentRow(db, group: group, identifier: identifier),
+                      current.generation == written else { return false }
+                try updateState(db, removing: [current], adding: [previous])
+                try upsert(db, previous)
+                return true
             }
         }
     }

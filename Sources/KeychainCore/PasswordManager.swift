@@ -110,14 +110,24 @@ public final class PasswordManager: Sendable {
         case ifPresent
     }
 
+    /// What a write replaced, so that the writer can take the write back
+    /// (``revert(_:)``) when what it belonged to fails later.
+    public struct WriteReceipt: Sendable {
+        let group: String
+        let identifier: String
+        let replaced: SealedItem?
+        let generation: Int64
+    }
+
     /// Writes a value under an explicit class (the filesystem's commit path).
+    @discardableResult
     public func write(_ value: SecureBytes, identifier: String, group: String,
-                      protectionClass: ProtectionClass, condition: WriteCondition = .always) throws(KeychainError) {
+                      protectionClass: ProtectionClass, condition: WriteCondition = .always) throws(KeychainError) -> WriteReceipt {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
         let key = try device.classKey(protectionClass)
-        try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
+        let written = try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             // Replacing an item needs its current class key too: a locked
             // device must not let its `whenUnlocked` secrets be overwritten.
             if let existing {
@@ -130,6 +140,19 @@ public final class PasswordManager: Sendable {
                                    generation: generation, key: key)
         }
         forget(group: group, identifier: identifier)
+        return WriteReceipt(group: group, identifier: identifier, replaced: written.replaced, generation: written.generation)
+    }
+
+    /// Takes a write back: the item gets the exact value (and class) it had
+    /// before, without needing any class key, so it also works after a lock.
+    /// Only while the item still holds that write; returns whether it did.
+    /// A write that created the item is not taken back (there is no old value to lose).
+    @discardableResult
+    public func revert(_ receipt: WriteReceipt) throws(KeychainError) -> Bool {
+        guard let previous = receipt.replaced else { return false }
+        defer { forget(group: receipt.group, identifier: receipt.identifier) }
+        return try device.store.revert(group: receipt.group, identifier: receipt.identifier,
+                                       written: receipt.generation, previous: previous)
     }
 
     /// The key of `identifier` (UYLPasswordManager's `keyForIdentifier:`).

@@ -15,6 +15,9 @@ public final class DeviceProcess: Sendable {
     /// Where later mounts reach this process.
     public let socketPath: String
     private let mounts = Mutex<[String: FuseMount]>([:])
+    /// One inode table for every mount: a removal through one mount detaches
+    /// the inode that a descriptor of another mount holds.
+    private let nodes = NodeTable()
     /// Signalled whenever a mount's session ends or a request is answered.
     private let mountEnded: Int32
     /// Requests being answered: the process must not exit under one (an
@@ -59,7 +62,7 @@ public final class DeviceProcess: Sendable {
         }
         let fileSystem: FileSystem
         do {
-            fileSystem = try FileSystem(manager: manager, group: group) { [weak self] candidate in
+            fileSystem = try FileSystem(manager: manager, group: group, nodes: nodes) { [weak self] candidate in
                 self?.mounts.withLock { $0.values.contains { $0.fileSystem.scope == .group(candidate) } } ?? false
             }
         } catch .itemNotFound {

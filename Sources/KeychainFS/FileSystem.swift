@@ -18,8 +18,8 @@ public final class FileSystem: Sendable {
 
     let manager: PasswordManager
     let scope: Scope
-    let nodes = NodeTable()
-    let openFiles: OpenFiles
+    /// The device's inodes and open descriptors, shared by all its mounts.
+    let nodes: NodeTable
     let owner: (uid: uid_t, gid: gid_t)
     let startTime = time(nil)
     private let lockObserver: Int
@@ -34,9 +34,11 @@ public final class FileSystem: Sendable {
 
     /// A view of `manager`'s keychain; `group` limits it to that access group.
     /// `isGroupMounted` tells whether a group is the root of some mount.
-    public init(manager: PasswordManager, group: String? = nil,
-                isGroupMounted: @escaping @Sendable (String) -> Bool = { _ in false }) throws(KeychainError) {
+    /// Every mount of one device shares `nodes`.
+    init(manager: PasswordManager, group: String? = nil, nodes: NodeTable,
+         isGroupMounted: @escaping @Sendable (String) -> Bool = { _ in false }) throws(KeychainError) {
         self.manager = manager
+        self.nodes = nodes
         self.isGroupMounted = isGroupMounted
         if let group {
             guard try manager.groupExists(group) else { throw .itemNotFound }
@@ -45,11 +47,13 @@ public final class FileSystem: Sendable {
             scope = .keychain
         }
         owner = (getuid(), getgid())
-        let openFiles = OpenFiles()
-        self.openFiles = openFiles
         // Weak: the device holds this closure; a strong capture would keep it alive forever.
-        lockObserver = manager.device.addObserver { [openFiles, weak device = manager.device] event in
-            if event == .locked, let device { openFiles.revokeUnavailable(device) }
+        lockObserver = manager.device.addObserver { [nodes, weak device = manager.device] event in
+            guard event == .locked, let device else { return }
+            // After a lock: wipe every descriptor whose keys are gone.
+            for file in nodes.allOpenFiles() {
+                file.lock.withLock { _ = try? file.checkAccess(device) }
+            }
         }
     }
 
@@ -92,8 +96,11 @@ public final class FileSystem: Sendable {
         try core { () throws(KeychainError) in try ItemLimits.validate(name: name) }
     }
 
+    /// The node an inode names. ESTALE for one that was removed or replaced
+    /// (its name may belong to a new inode): the kernel then looks the name
+    /// up again, which matters for the name caches of other mounts.
     func node(_ inode: UInt64) throws(FSError) -> Node {
-        guard let node = nodes.node(for: inode) else { throw FSError(ENOENT) }
+        guard let node = nodes.node(for: inode) else { throw FSError(ESTALE) }
         return node
     }
 
@@ -101,15 +108,7 @@ public final class FileSystem: Sendable {
 
     /// `stat` of a node; works while locked (SPEC: listing and stat).
     func attributes(of node: Node) throws(FSError) -> stat {
-        var info = stat()
-        info.st_ino = ino_t(nodes.inode(for: node))
-        info.st_uid = owner.uid
-        info.st_gid = owner.gid
-        info.st_blksize = 4096
-        // Items keep no timestamps (docs/FILESYSTEM.md): show the mount's start.
-        info.st_mtim = timespec(tv_sec: startTime, tv_nsec: 0)
-        info.st_ctim = info.st_mtim
-        info.st_atim = info.st_mtim
+        var info = fixedAttributes(inode: nodes.inode(for: node))
         switch node {
         case .root, .group:
             if case .group(let name) = node {
@@ -118,18 +117,68 @@ public final class FileSystem: Sendable {
             info.st_mode = S_IFDIR | 0o700
             info.st_nlink = 2
         case .control:
-            info.st_mode = S_IFREG | 0o600
-            info.st_nlink = 1
+            break
         case .item(let group, let identifier):
             guard let item = try core({ () throws(KeychainError) in
                 try manager.info(forIdentifier: identifier, inGroup: group)
             }) else { throw FSError(ENOENT) }
-            info.st_mode = S_IFREG | 0o600
-            info.st_nlink = 1
             info.st_size = off_t(item.size)
             info.st_blocks = blkcnt_t((item.size + 511) / 512)
         }
         return info
+    }
+
+    /// What every node shares: owner, times, block size, and a regular file's mode.
+    private func fixedAttributes(inode: UInt64) -> stat {
+        var info = stat()
+        info.st_ino = ino_t(inode)
+        info.st_uid = owner.uid
+        info.st_gid = owner.gid
+        info.st_blksize = 4096
+        info.st_mode = S_IFREG | 0o600
+        info.st_nlink = 1
+        // Items keep no timestamps (docs/FILESYSTEM.md): show the mount's start.
+        info.st_mtim = timespec(tv_sec: startTime, tv_nsec: 0)
+        info.st_ctim = info.st_mtim
+        info.st_atim = info.st_mtim
+        return info
+    }
+
+    /// `stat` of an inode as the caller should see it: a descriptor sees its
+    /// own unwritten length (`file`, when the kernel names it, as for
+    /// `lseek(SEEK_END)`; otherwise the caller's own writers, as for `fstat`);
+    /// everyone else sees the stored value. A removed item that descriptors
+    /// still hold answers with `st_nlink` 0 (POSIX).
+    func attributes(ofInode inode: UInt64, file: OpenFile?, caller: ProcessIdentity) throws(FSError) -> stat {
+        var info: stat
+        if let node = nodes.node(for: inode) {
+            info = try attributes(of: node)
+            guard case .item = node else { return info }
+        } else if let detached = nodes.detachedItem(inode) {
+            info = fixedAttributes(inode: inode)
+            info.st_nlink = 0
+            info.st_size = off_t(detached.info?.size ?? 0)
+        } else {
+            throw FSError(ESTALE)
+        }
+        if let length = ownLength(inode: inode, file: file, caller: caller) {
+            info.st_size = off_t(length)
+        }
+        info.st_blocks = blkcnt_t((Int(info.st_size) + 511) / 512)
+        return info
+    }
+
+    /// The length the caller's descriptor sees, when it differs from the store's.
+    private func ownLength(inode: UInt64, file: OpenFile?, caller: ProcessIdentity) -> Int? {
+        if let file { return file.lock.withLock { file.length } }
+        let detached = nodes.node(for: inode) == nil
+        // Readers of a live item see the store's size; of a removed one, what they read.
+        let open = nodes.openFiles(of: inode).filter { $0.writable || detached }
+        guard !open.isEmpty else { return nil }
+        let mine = open.filter { $0.opener.sameProcess(as: caller) }
+        let latest = mine.map { file in file.lock.withLock { (file.lastWrite, file.length) } }
+            .max { $0.0 < $1.0 }
+        return latest?.1
     }
 
     static func attributeTimeout(for node: Node) -> Double {

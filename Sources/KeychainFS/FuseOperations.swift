@@ -23,30 +23,46 @@ enum FuseOperations {
             }
         }
         ops.forget = { req, _, _ in fuse_reply_none(req) }
-        ops.getattr = { req, inode, _ in
+        ops.getattr = { req, inode, fi in
             serve(req) { fs throws(FSError) in
-                let node = try fs.node(inode)
-                var info = try fs.attributes(of: node)
-                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: node))
+                var info = try fs.attributes(ofInode: inode, file: fi.flatMap { NodeTable.file($0.pointee.fh) },
+                                             caller: caller(req))
+                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: fs.nodes.node(for: inode) ?? .control))
             }
         }
         ops.setattr = { req, inode, attr, toSet, fi in
             serve(req) { fs throws(FSError) in
-                let node = try fs.node(inode)
-                if toSet & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) != 0 { throw FSError(EPERM) }
+                guard let attr else { throw FSError(EINVAL) }
+                let file = fi.flatMap { NodeTable.file($0.pointee.fh) }
+                // A descriptor of a removed item may still be resized (its writes go nowhere).
+                let node = file == nil ? try fs.node(inode) : fs.nodes.node(for: inode)
+                let current = try fs.attributes(ofInode: inode, file: file, caller: caller(req))
+                try fs.checkOwnershipUnchanged(attr.pointee, toSet: toSet, current: current)
                 if toSet & FUSE_SET_ATTR_SIZE != 0 && node != .control {  // `.control` has no content to cut
-                    guard case .item(let group, let identifier) = node, let attr else { throw FSError(EISDIR) }
                     let size = Int(attr.pointee.st_size)
-                    if let fi, let file = OpenFiles.file(fi.pointee.fh) {
+                    if let file {
                         try fs.truncate(file, to: size)
+                    } else if case .item(let group, let identifier)? = node {
+                        try fs.truncate(group: group, identifier: identifier, to: size, caller: caller(req))
                     } else {
-                        try fs.truncate(group: group, identifier: identifier, to: size)
+                        throw FSError(EISDIR)
                     }
                 }
                 // Times are accepted and not kept: items have no timestamps
                 // (docs/FILESYSTEM.md), and `touch` must not fail.
-                var info = try fs.attributes(of: node)
-                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: node))
+                var info = try fs.attributes(ofInode: inode, file: file, caller: caller(req))
+                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: node ?? .control))
+            }
+        }
+        ops.access = { req, inode, mask in
+            serve(req) { fs throws(FSError) in
+                // Answered by the real modes (items 0600, directories 0700,
+                // all the owner's): nothing here is executable.
+                let node = try fs.node(inode)
+                if mask & X_OK != 0, node == .control || { if case .item = node { return true } else { return false } }() {
+                    throw FSError(EACCES)
+                }
+                fuse_reply_err(req, 0)
             }
         }
         ops.readlink = { req, _ in fuse_reply_err(req, EINVAL) }
@@ -90,10 +106,11 @@ enum FuseOperations {
                     let control = ControlFile(status: fs.statusText())
                     fi.pointee.fh = FileHandle.make(control)
                 case .item(let group, let identifier):
-                    let file = try fs.openItem(group: group, identifier: identifier, flags: fi.pointee.flags)
+                    let file = try fs.openItem(group: group, identifier: identifier, flags: fi.pointee.flags,
+                                               opener: caller(req))
                     // Read-only descriptors have nothing to commit: no FLUSH round trip on close.
                     fi.pointee.noflush = file.writable ? 0 : 1
-                    fi.pointee.fh = fs.openFiles.add(file)
+                    fi.pointee.fh = try fs.nodes.add(file)
                 default:
                     throw FSError(EISDIR)
                 }
@@ -108,11 +125,11 @@ enum FuseOperations {
                 let parentNode = try fs.node(parent)
                 if parentNode == .root && name == ".control" { throw FSError(EEXIST) }
                 guard let group = fs.itemGroup(of: parentNode) else { throw FSError(EPERM) }
-                let file = try fs.createItem(group: group, identifier: name, flags: fi.pointee.flags)
+                let file = try fs.createItem(group: group, identifier: name, flags: fi.pointee.flags, opener: caller(req))
                 // The entry first: once a handle is registered, the reply must not fail.
                 var entry = try fs.entry(for: .item(group: group, identifier: name))
                 fi.pointee.direct_io = 1
-                fi.pointee.fh = fs.openFiles.add(file)
+                fi.pointee.fh = try fs.nodes.add(file)
                 fuse_reply_create(req, &entry, fi)
             }
         }
@@ -128,7 +145,7 @@ enum FuseOperations {
                     }
                     return
                 }
-                guard let file = OpenFiles.file(fi.pointee.fh) else { throw FSError(EBADF) }
+                guard let file = NodeTable.file(fi.pointee.fh) else { throw FSError(EBADF) }
                 try fs.read(file, offset: Int(offset), size: size) { bytes in
                     fuse_reply_buf(req, bytes.baseAddress, bytes.count)
                 }
@@ -144,7 +161,7 @@ enum FuseOperations {
                 if inode == NodeTable.controlInode {
                     try fs.control(request)
                 } else {
-                    guard let file = OpenFiles.file(fi.pointee.fh) else { throw FSError(EBADF) }
+                    guard let file = NodeTable.file(fi.pointee.fh) else { throw FSError(EBADF) }
                     try fs.write(file, bytes: UnsafeRawBufferPointer(request), offset: Int(offset))
                 }
                 fuse_reply_write(req, size)
@@ -152,7 +169,7 @@ enum FuseOperations {
         }
         ops.flush = { req, inode, fi in
             serve(req) { fs throws(FSError) in
-                if inode != NodeTable.controlInode, let fi, let file = OpenFiles.file(fi.pointee.fh) {
+                if inode != NodeTable.controlInode, let fi, let file = NodeTable.file(fi.pointee.fh) {
                     try fs.commit(file, final: false)
                 }
                 fuse_reply_err(req, 0)
@@ -160,7 +177,7 @@ enum FuseOperations {
         }
         ops.fsync = { req, inode, _, fi in
             serve(req) { fs throws(FSError) in
-                if inode != NodeTable.controlInode, let fi, let file = OpenFiles.file(fi.pointee.fh) {
+                if inode != NodeTable.controlInode, let fi, let file = NodeTable.file(fi.pointee.fh) {
                     try fs.commit(file, final: false)
                 }
                 try core { () throws(KeychainError) in try fs.manager.sync() }
@@ -172,13 +189,13 @@ enum FuseOperations {
                 guard let fi else { throw FSError(EBADF) }
                 if inode == NodeTable.controlInode {
                     FileHandle.take(fi.pointee.fh, as: ControlFile.self)
-                } else if let file = OpenFiles.file(fi.pointee.fh) {
+                } else if let file = NodeTable.file(fi.pointee.fh) {
                     // A commit failing here has no one to report to: the
                     // flush before it already did (close returns its result).
                     do throws(FSError) { try fs.commit(file, final: true) } catch {
                         Diagnostics.log("release of inode \(inode) could not commit: errno \(error.errno)")
                     }
-                    fs.openFiles.remove(fi.pointee.fh)
+                    fs.nodes.remove(fi.pointee.fh)
                 }
                 fuse_reply_err(req, 0)
             }
@@ -270,6 +287,11 @@ private func serve(_ req: fuse_req_t?, _ body: (FileSystem) throws(FSError) -> V
     } catch {
         fuse_reply_err(req, error.errno)
     }
+}
+
+/// The thread that made the request (the kernel reports the thread, not its process).
+private func caller(_ req: fuse_req_t?) -> ProcessIdentity {
+    ProcessIdentity(thread: fuse_req_ctx(req).pointee.pid)
 }
 
 /// A name from the kernel; names that are not UTF-8 cannot be items.

@@ -1,3 +1,4 @@
+import KeychainCore
 import Synchronization
 
 /// What an inode number stands for. Groups are directories, identifiers files.
@@ -8,44 +9,157 @@ enum Node: Hashable, Sendable {
     case item(group: String, identifier: String)
 }
 
-/// Stable inode numbers for nodes, handed out on first sight. Numbers are
-/// never reused while the mount lives, so a stale kernel reference can only
-/// ever name the node it named (the store then answers whether it exists).
+/// The inodes of one device, shared by every mount of it, and the open
+/// descriptors of each.
+///
+/// A name is bound to one inode at a time. `unlink` and rename-over detach
+/// the inode from its name (POSIX: the file lives on, nameless, while
+/// descriptors are open), so that nothing written through an old descriptor
+/// can reach an item created later under the same name; a lookup of the
+/// name then gets a new number. Numbers are never reused while the device
+/// lives. Shared across mounts, so that a removal through one mount detaches
+/// the inode that another mount's writer holds.
 final class NodeTable: Sendable {
     static let rootInode: UInt64 = 1
     static let controlInode: UInt64 = 2
 
+    private struct Entry {
+        var node: Node
+        /// The name now belongs to another inode, or to none.
+        var detached = false
+        var files: [ObjectIdentifier: OpenFile] = [:]
+        /// What `stat` of a detached item shows: the item as it was removed.
+        var lastInfo: ItemInfo?
+    }
+
     private struct State {
-        var byInode: [UInt64: Node] = [NodeTable.rootInode: .root, NodeTable.controlInode: .control]
+        var entries: [UInt64: Entry] = [NodeTable.rootInode: Entry(node: .root),
+                                        NodeTable.controlInode: Entry(node: .control)]
         var byNode: [Node: UInt64] = [.root: NodeTable.rootInode, .control: NodeTable.controlInode]
         var next: UInt64 = 3
+
+        mutating func detach(_ inode: UInt64, info: ItemInfo?) {
+            guard let entry = entries[inode] else { return }
+            byNode.removeValue(forKey: entry.node)
+            if entry.files.isEmpty {
+                entries.removeValue(forKey: inode)
+            } else {
+                entries[inode]?.detached = true
+                entries[inode]?.lastInfo = info
+            }
+        }
     }
     private let state = Mutex(State())
 
+    /// Held across a change of names in the store together with the matching
+    /// change of bindings (create, unlink, rename), and across a commit's
+    /// resolution of its inode together with its write: no commit can land
+    /// between the removal of a name and the binding of a new item to it.
+    /// Order: a descriptor's lock, then this one.
+    let namespace = Lock()
+
+    /// The inode currently bound to `node`, numbered on first sight.
     func inode(for node: Node) -> UInt64 {
         state.withLock { state in
             if let inode = state.byNode[node] { return inode }
             let inode = state.next
             state.next += 1
             state.byNode[node] = inode
-            state.byInode[inode] = node
+            state.entries[inode] = Entry(node: node)
             return inode
         }
     }
 
-    /// After a rename the kernel keeps the inode under its new name: the
-    /// number must now stand for the new node. A node that was at the target
-    /// is replaced (rename(2)); its number goes stale.
-    func move(_ old: Node, to new: Node) {
+    /// The node an inode is bound to; nil once it was detached or never existed.
+    func node(for inode: UInt64) -> Node? {
         state.withLock { state in
-            if let replaced = state.byNode.removeValue(forKey: new) { state.byInode.removeValue(forKey: replaced) }
-            guard let inode = state.byNode.removeValue(forKey: old) else { return }
-            state.byNode[new] = inode
-            state.byInode[inode] = new
+            guard let entry = state.entries[inode], !entry.detached else { return nil }
+            return entry.node
         }
     }
 
-    func node(for inode: UInt64) -> Node? {
-        state.withLock { $0.byInode[inode] }
+    /// A detached inode that descriptors still hold: its old node and what it was.
+    func detachedItem(_ inode: UInt64) -> (node: Node, info: ItemInfo?)? {
+        state.withLock { state in
+            guard let entry = state.entries[inode], entry.detached else { return nil }
+            return (entry.node, entry.lastInfo)
+        }
+    }
+
+    /// Unbinds `node` from its inode (unlink). `info` is what `fstat` of a
+    /// descriptor still open on it reports.
+    func detach(_ node: Node, info: ItemInfo?) {
+        state.withLock { state in
+            guard let inode = state.byNode[node] else { return }
+            state.detach(inode, info: info)
+        }
+    }
+
+    /// Whether any descriptor is open on the inode bound to `node`.
+    func hasOpenFiles(_ node: Node) -> Bool {
+        state.withLock { state in
+            guard let inode = state.byNode[node] else { return false }
+            return !(state.entries[inode]?.files.isEmpty ?? true)
+        }
+    }
+
+    /// After a rename the kernel keeps the inode under its new name: the
+    /// number now stands for the new node. The inode that was at the target
+    /// is detached (rename(2) replaces it), with `replacedInfo` for `fstat`.
+    func move(_ old: Node, to new: Node, replacedInfo: ItemInfo?) {
+        state.withLock { state in
+            if let replaced = state.byNode[new] { state.detach(replaced, info: replacedInfo) }
+            guard let inode = state.byNode.removeValue(forKey: old) else { return }
+            state.byNode[new] = inode
+            state.entries[inode]?.node = new
+        }
+    }
+
+    // MARK: Open descriptors
+
+    /// Registers an open descriptor on its inode; returns the file handle for
+    /// the kernel. ESTALE if the inode was detached meanwhile (a removal raced
+    /// the open): the kernel then looks the name up again.
+    func add(_ file: OpenFile) throws(FSError) -> UInt64 {
+        try state.withLock { (state: inout State) throws(FSError) in
+            guard state.entries[file.inode] != nil, state.entries[file.inode]?.detached == false else {
+                throw FSError(ESTALE)
+            }
+            state.entries[file.inode]?.files[ObjectIdentifier(file)] = file
+        }
+        return FileHandle.make(file)
+    }
+
+    /// The descriptor behind a file handle (fuse_file_info.fh).
+    static func file(_ handle: UInt64) -> OpenFile? {
+        FileHandle.object(handle, as: OpenFile.self)
+    }
+
+    /// Ends a descriptor's handle; a detached inode goes with its last descriptor.
+    func remove(_ handle: UInt64) {
+        guard let file = FileHandle.take(handle, as: OpenFile.self) else { return }
+        state.withLock { state in
+            guard var entry = state.entries[file.inode] else { return }
+            entry.files.removeValue(forKey: ObjectIdentifier(file))
+            if entry.detached && entry.files.isEmpty {
+                state.entries.removeValue(forKey: file.inode)
+            } else {
+                state.entries[file.inode] = entry
+            }
+        }
+    }
+
+    /// The descriptors open on an inode.
+    func openFiles(of inode: UInt64) -> [OpenFile] {
+        state.withLock { state in state.entries[inode].map { Array($0.files.values) } ?? [] }
+    }
+
+    /// Every open descriptor of every mount (a lock revokes them).
+    func allOpenFiles() -> [OpenFile] {
+        state.withLock { state in state.entries.values.flatMap { $0.files.values } }
     }
 }
+
+#if canImport(Glibc)
+import Glibc
+#endif

@@ -9,8 +9,9 @@ import Glibc
 /// rule). When the device locks and the item's class key goes, the plaintext
 /// is wiped and every later read, write and commit fails with EACCES.
 final class OpenFile: @unchecked Sendable {
-    /// The item's inode: renames move it to the new name (``NodeTable/move(_:to:)``),
-    /// so a commit lands wherever the file is now.
+    /// The item's inode: renames move it to the new name (``NodeTable/move(_:to:replacedInfo:)``),
+    /// so a commit lands wherever the file is now; a removal detaches it, so a
+    /// commit then goes nowhere.
     let inode: UInt64
     let writable: Bool
     let appends: Bool
@@ -18,6 +19,9 @@ final class OpenFile: @unchecked Sendable {
     let protectionClass: ProtectionClass?
     /// The class a commit will give the item: its key must stay available too.
     let targetClass: ProtectionClass?
+    /// The process that opened it: `fstat` from there sees its unwritten
+    /// length (the kernel sends `fstat` without the file handle).
+    let opener: ProcessIdentity
 
     // Guarded by `lock`.
     let lock = Lock()
@@ -25,15 +29,23 @@ final class OpenFile: @unchecked Sendable {
     private(set) var buffer: SecureBuffer?
     /// Written since the last commit.
     var dirty = false
-    /// Opened with O_TRUNC and not committed yet: release empties the item.
+    /// Opened with O_TRUNC and not committed yet: the first flush empties the item.
     var truncatePending = false
-    /// A write failed (EFBIG): nothing of this descriptor may be committed.
-    var poisoned = false
+    /// Why nothing more of this descriptor may be committed (0: it may): a
+    /// write failed (EFBIG), or a commit or update failed and was reported.
+    /// Later writes and commits repeat it.
+    var failure: Int32 = 0
+    /// The emptying by O_TRUNC committed at a flush before any data: taken
+    /// back if a later write through this descriptor fails, so that a failed
+    /// update never loses the old value.
+    var pendingRevert: PasswordManager.WriteReceipt?
+    /// When this descriptor last wrote (orders several writers of one process).
+    var lastWrite: UInt64 = 0
     /// The device locked away a key this descriptor needs.
     private(set) var revoked = false
 
     init(inode: UInt64, value: SecureBytes?, buffer: SecureBuffer?, appends: Bool,
-         protectionClass: ProtectionClass?, targetClass: ProtectionClass?) {
+         protectionClass: ProtectionClass?, targetClass: ProtectionClass?, opener: ProcessIdentity) {
         self.inode = inode
         self.value = value
         self.buffer = buffer
@@ -41,6 +53,14 @@ final class OpenFile: @unchecked Sendable {
         self.appends = appends
         self.protectionClass = protectionClass
         self.targetClass = targetClass
+        self.opener = opener
+    }
+
+    /// The length this descriptor sees: its buffer, or the value it read.
+    /// Call with `lock` held.
+    var length: Int? {
+        if let buffer { return buffer.count }
+        return value?.count
     }
 
     /// Whether the keys this descriptor needs are still in memory; if not,
@@ -56,32 +76,38 @@ final class OpenFile: @unchecked Sendable {
         }
         throw FSError(EACCES)
     }
+
+    private static let writeClock = Atomic<UInt64>(0)
+
+    /// Marks a successful write. Call with `lock` held.
+    func noteWrite() {
+        dirty = true
+        lastWrite = Self.writeClock.add(1, ordering: .relaxed).newValue
+    }
 }
 
-/// The open descriptors of one mount, so that a lock can wipe them at once.
-final class OpenFiles: Sendable {
-    private let files = Mutex<[ObjectIdentifier: OpenFile]>([:])
+/// The process behind a FUSE request. The kernel names the calling thread;
+/// its process (thread group) is read from `/proc` only when needed.
+struct ProcessIdentity: Sendable, Equatable {
+    let thread: pid_t
 
-    func add(_ file: OpenFile) -> UInt64 {
-        files.withLock { $0[ObjectIdentifier(file)] = file }
-        return FileHandle.make(file)
-    }
-
-    /// The descriptor behind a file handle (fuse_file_info.fh).
-    static func file(_ handle: UInt64) -> OpenFile? {
-        FileHandle.object(handle, as: OpenFile.self)
-    }
-
-    func remove(_ handle: UInt64) {
-        guard let file = FileHandle.take(handle, as: OpenFile.self) else { return }
-        _ = files.withLock { $0.removeValue(forKey: ObjectIdentifier(file)) }
-    }
-
-    /// After a lock: wipes every descriptor whose keys are gone.
-    func revokeUnavailable(_ device: Device) {
-        let open = files.withLock { Array($0.values) }
-        for file in open {
-            file.lock.withLock { _ = try? file.checkAccess(device) }
+    /// The process a thread belongs to (itself if /proc cannot tell).
+    var process: pid_t {
+        let fd = open("/proc/\(thread)/status", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return thread }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 1024)
+        let count = read(fd, &bytes, bytes.count)
+        guard count > 0 else { return thread }
+        let text = String(decoding: bytes[0..<count], as: UTF8.self)
+        for line in text.split(separator: "\n") where line.hasPrefix("Tgid:") {
+            return pid_t(line.dropFirst(5).trimmingPrefix(while: { $0 == "\t" || $0 == " " })) ?? thread
         }
+        return thread
+    }
+
+    /// Whether two requests came from the same process.
+    func sameProcess(as other: ProcessIdentity) -> Bool {
+        thread == other.thread || process == other.process
     }
 }

@@ -1,3 +1,4 @@
+internal import CFuse
 import KeychainCore
 #if canImport(Glibc)
 import Glibc
@@ -9,12 +10,26 @@ private let renameExchange: UInt32 = 1 << 1
 
 extension FileSystem {
     /// `rm`: works while locked, as deleting a keychain item does on iOS.
+    /// The item's inode is detached from the name: descriptors still open on
+    /// it keep reading it, and what they write goes nowhere (POSIX).
     func unlink(parent: Node, name: String) throws(FSError) {
         guard name != ".control" || parent != .root else { throw FSError(EPERM) }
         guard let group = itemGroup(of: parent) else {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
-        try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: name, inGroup: group) }
+        let node = Node.item(group: group, identifier: name)
+        try nodes.namespace.withLock { () throws(FSError) in
+            let last = try removedItemInfo(node)
+            try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: name, inGroup: group) }
+            nodes.detach(node, info: last)
+        }
+    }
+
+    /// What `fstat` on a descriptor of an item about to be removed reports;
+    /// read only when such a descriptor exists.
+    private func removedItemInfo(_ node: Node) throws(FSError) -> ItemInfo? {
+        guard case .item(let group, let identifier) = node, nodes.hasOpenFiles(node) else { return nil }
+        return try core { () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) }
     }
 
     /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
@@ -40,7 +55,9 @@ extension FileSystem {
     /// read and write). Needs the item's class key (EACCES without it).
     func rename(parent: Node, name: String, newParent: Node, newName: String, flags: UInt32) throws(FSError) {
         if name == ".control" || newName == ".control" { throw FSError(EPERM) }
-        guard flags & renameExchange == 0 else { throw FSError(EINVAL) }
+        // RENAME_EXCHANGE is not offered, RENAME_WHITEOUT is for overlay
+        // filesystems, and an unknown flag must not be taken for a plain rename.
+        guard flags & ~renameNoReplace == 0 else { throw FSError(EINVAL) }
         try validate(name)
         try validate(newName)
         guard let group = itemGroup(of: parent) else {
@@ -49,10 +66,24 @@ extension FileSystem {
         }
         guard itemGroup(of: newParent) == group else { throw FSError(EXDEV) }
         let replacing = flags & renameNoReplace == 0
-        try core { () throws(KeychainError) in
-            try manager.renameKey(forIdentifier: name, to: newName, inGroup: group, replacing: replacing)
+        let target = Node.item(group: group, identifier: newName)
+        try nodes.namespace.withLock { () throws(FSError) in
+            let replaced = replacing && name != newName ? try removedItemInfo(target) : nil
+            try core { () throws(KeychainError) in
+                try manager.renameKey(forIdentifier: name, to: newName, inGroup: group, replacing: replacing)
+            }
+            guard name != newName else { return }
+            nodes.move(.item(group: group, identifier: name), to: target, replacedInfo: replaced)
         }
-        nodes.move(.item(group: group, identifier: name), to: .item(group: group, identifier: newName))
+    }
+
+    /// chmod, chown and fchmod that change nothing succeed, so that programs
+    /// that restore a file's mode and owner (rsync, cp -p, install, tar,
+    /// sed -i) work; a real change is EPERM (modes and owners are fixed).
+    func checkOwnershipUnchanged(_ wanted: stat, toSet: Int32, current: stat) throws(FSError) {
+        if toSet & FUSE_SET_ATTR_MODE != 0 && wanted.st_mode & 0o7777 != current.st_mode & 0o7777 { throw FSError(EPERM) }
+        if toSet & FUSE_SET_ATTR_UID != 0 && wanted.st_uid != current.st_uid { throw FSError(EPERM) }
+        if toSet & FUSE_SET_ATTR_GID != 0 && wanted.st_gid != current.st_gid { throw FSError(EPERM) }
     }
 
     func statistics() throws(FSError) -> statvfs {

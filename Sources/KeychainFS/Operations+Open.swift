@@ -7,7 +7,7 @@ extension FileSystem {
     /// Opens an item. Needs the key of the item's class; a writer also needs
     /// the key of the class its commit will give (SPEC: writing needs both).
     /// Without them: EACCES, and nothing changes.
-    func openItem(group: String, identifier: String, flags: Int32) throws(FSError) -> OpenFile {
+    func openItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
         let inode = nodes.inode(for: .item(group: group, identifier: identifier))
         let truncates = flags & O_TRUNC != 0
         if flags & O_ACCMODE == O_RDONLY || !truncates {
@@ -16,44 +16,48 @@ extension FileSystem {
             let item = try core { () throws(KeychainError) in try manager.item(forIdentifier: identifier, inGroup: group) }
             if flags & O_ACCMODE == O_RDONLY {
                 return OpenFile(inode: inode, value: item.value, buffer: nil, appends: false,
-                                protectionClass: item.protectionClass, targetClass: nil)
+                                protectionClass: item.protectionClass, targetClass: nil, opener: opener)
             }
             let buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: item.value) }
-            return try writer(inode: inode, buffer: buffer, current: item.protectionClass, flags: flags)
+            return try writer(inode: inode, buffer: buffer, current: item.protectionClass, flags: flags, opener: opener)
         }
         // O_TRUNC: the old value is not needed, only that its key is there.
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
         else { throw FSError(ENOENT) }
         guard manager.device.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
-        let file = try writer(inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags)
+        let file = try writer(inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags, opener: opener)
         file.truncatePending = true
         return file
     }
 
     /// A writing descriptor; EACCES unless the class its commit will give is available too.
-    private func writer(inode: UInt64, buffer: SecureBuffer, current: ProtectionClass, flags: Int32) throws(FSError) -> OpenFile {
+    private func writer(inode: UInt64, buffer: SecureBuffer, current: ProtectionClass, flags: Int32,
+                        opener: ProcessIdentity) throws(FSError) -> OpenFile {
         let target = manager.classForNewWrites
         guard manager.device.isAvailable(target) else { throw FSError(EACCES) }
         return OpenFile(inode: inode, value: nil, buffer: buffer, appends: flags & O_APPEND != 0,
-                        protectionClass: current, targetClass: target)
+                        protectionClass: current, targetClass: target, opener: opener)
     }
 
     /// Creates an empty item at once (as creat(2) makes a file exist), with
     /// the class of the current access mode. EEXIST if it appeared meanwhile
     /// and `O_EXCL` was asked; otherwise that item is opened instead.
-    func createItem(group: String, identifier: String, flags: Int32) throws(FSError) -> OpenFile {
+    func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
         let target = manager.classForNewWrites
+        let inode: UInt64
         do throws(KeychainError) {
-            try manager.write(try SecureBytes([]), identifier: identifier, group: group,
-                              protectionClass: target, condition: .ifAbsent)
+            inode = try nodes.namespace.withLock { () throws(KeychainError) in
+                try manager.write(try SecureBytes([]), identifier: identifier, group: group,
+                                  protectionClass: target, condition: .ifAbsent)
+                return nodes.inode(for: .item(group: group, identifier: identifier))
+            }
         } catch .duplicateItem {
             if flags & O_EXCL != 0 { throw FSError(EEXIST) }
-            return try openItem(group: group, identifier: identifier, flags: flags)
+            return try openItem(group: group, identifier: identifier, flags: flags, opener: opener)
         } catch {
             throw FSError(error)
         }
-        return try writer(inode: nodes.inode(for: .item(group: group, identifier: identifier)), buffer: SecureBuffer(),
-                          current: target, flags: flags)
+        return try writer(inode: inode, buffer: SecureBuffer(), current: target, flags: flags, opener: opener)
     }
 
     // MARK: Read and write
@@ -80,46 +84,87 @@ extension FileSystem {
     /// with EFBIG and poisons the descriptor, so that closing it stores
     /// nothing and the old value stays (SPEC, commit rule).
     func write(_ file: OpenFile, bytes: UnsafeRawBufferPointer, offset: Int) throws(FSError) {
-        try file.lock.withLock { () throws(FSError) in
-            try file.checkAccess(manager.device)
+        try changing(file) { () throws(FSError) in
             guard let buffer = file.buffer else { throw FSError(EBADF) }
-            guard !file.poisoned else { throw FSError(EFBIG) }
+            guard file.failure == 0 else { throw FSError(file.failure) }
             do throws(KeychainError) {
                 // O_APPEND: the end of our buffer, not the kernel's idea of the size.
                 try buffer.write(bytes, at: file.appends ? buffer.count : offset)
             } catch {
-                if error == .valueTooLarge { file.poisoned = true }
+                if error == .valueTooLarge { file.failure = EFBIG }
                 throw FSError(error)
             }
-            file.dirty = true
+            file.noteWrite()
         }
     }
 
-    /// Commits what was written since the last commit (flush, fsync).
-    /// `final` is release: it also commits a pending O_TRUNC that wrote nothing.
+    /// `ftruncate` through an open descriptor: resizes its buffer.
+    func truncate(_ file: OpenFile, to size: Int) throws(FSError) {
+        try changing(file) { () throws(FSError) in
+            guard let buffer = file.buffer else { throw FSError(EBADF) }
+            try core { () throws(KeychainError) in try buffer.resize(to: size) }
+            file.noteWrite()
+        }
+    }
+
+    /// Runs a change of a writing descriptor's buffer under its lock. If it
+    /// fails, an emptying by O_TRUNC that an earlier flush committed is taken
+    /// back: the update failed, and the old value must not be lost with it.
+    private func changing(_ file: OpenFile, _ body: () throws(FSError) -> Void) throws(FSError) {
+        try file.lock.withLock { () throws(FSError) in
+            do throws(FSError) {
+                try file.checkAccess(manager.device)
+                try body()
+            } catch {
+                revertTruncation(file, because: error.errno)
+                throw error
+            }
+        }
+    }
+
+    /// Commits what was written since the last commit (flush, fsync), or the
+    /// emptying of an O_TRUNC open that wrote nothing yet, so that it is
+    /// visible once `close` returns (POSIX empties at open; doing it at the
+    /// first flush keeps the old value when the open's checks fail).
+    /// `final` is release: it never reports (close has returned already).
     func commit(_ file: OpenFile, final: Bool) throws(FSError) {
         try file.lock.withLock { () throws(FSError) in
             guard file.writable else { return }
-            if file.poisoned {
+            if file.failure != 0 {
                 if final { return }
-                throw FSError(EFBIG)
+                throw FSError(file.failure)
             }
-            guard file.dirty || (final && file.truncatePending) else { return }
-            try file.checkAccess(manager.device)
+            guard file.dirty || file.truncatePending else {
+                // Done with the descriptor: its emptying is final.
+                if final { file.pendingRevert = nil }
+                return
+            }
+            do throws(FSError) {
+                try file.checkAccess(manager.device)
+            } catch {
+                revertTruncation(file, because: error.errno)
+                throw error
+            }
             guard let buffer = file.buffer else { throw FSError(EBADF) }
             do throws(KeychainError) {
-                // A rename moved the inode to the item's current name.
-                if case .item(let group, let identifier)? = nodes.node(for: file.inode) {
-                    try manager.write(try buffer.snapshot(), identifier: identifier, group: group,
-                                      protectionClass: manager.classForNewWrites, condition: .ifPresent)
+                // A rename moved the inode to the item's current name; a
+                // removal detached it (nil): the data goes nowhere (POSIX),
+                // and must never reach an item made later under the name.
+                let receipt = try nodes.namespace.withLock { () throws(KeychainError) -> PasswordManager.WriteReceipt? in
+                    guard case .item(let group, let identifier)? = nodes.node(for: file.inode) else { return nil }
+                    return try manager.write(try buffer.snapshot(), identifier: identifier, group: group,
+                                             protectionClass: manager.classForNewWrites, condition: .ifPresent)
                 }
+                // Only an emptying before any data can need taking back.
+                file.pendingRevert = file.dirty || final ? nil : receipt
             } catch .itemNotFound {
-                // POSIX: what is written to a removed file goes nowhere; it
-                // must not bring the secret back under its old name.
+                // Removed meanwhile (through the core, not a FUSE unlink).
+                file.pendingRevert = nil
             } catch {
                 // A failure reported at close is final: release must not
                 // store later what the writer was told was not stored.
-                file.poisoned = true
+                file.failure = error.errno
+                revertTruncation(file, because: error.errno)
                 throw FSError(error)
             }
             file.dirty = false
@@ -127,20 +172,24 @@ extension FileSystem {
         }
     }
 
-    /// `ftruncate` through an open descriptor: resizes its buffer.
-    func truncate(_ file: OpenFile, to size: Int) throws(FSError) {
-        try file.lock.withLock { () throws(FSError) in
-            try file.checkAccess(manager.device)
-            guard let buffer = file.buffer else { throw FSError(EBADF) }
-            try core { () throws(KeychainError) in try buffer.resize(to: size) }
-            file.dirty = true
+    /// Takes back an emptying that a flush committed for this descriptor,
+    /// if the item still holds it. Call with the descriptor's lock held.
+    private func revertTruncation(_ file: OpenFile, because errno: Int32) {
+        guard let receipt = file.pendingRevert else { return }
+        file.pendingRevert = nil
+        if file.failure == 0 { file.failure = errno }
+        do throws(KeychainError) {
+            try manager.revert(receipt)
+        } catch {
+            Diagnostics.log("could not restore the value an interrupted O_TRUNC write emptied: \(error)")
         }
     }
 
     /// `truncate(path)`: rewrites the stored value at once, under the keys
     /// that a write needs.
-    func truncate(group: String, identifier: String, to size: Int) throws(FSError) {
-        let file = try openItem(group: group, identifier: identifier, flags: size == 0 ? O_WRONLY | O_TRUNC : O_WRONLY)
+    func truncate(group: String, identifier: String, to size: Int, caller: ProcessIdentity) throws(FSError) {
+        let file = try openItem(group: group, identifier: identifier,
+                                flags: size == 0 ? O_WRONLY | O_TRUNC : O_WRONLY, opener: caller)
         try truncate(file, to: size)
         try commit(file, final: true)
     }
