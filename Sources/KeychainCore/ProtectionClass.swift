@@ -72,16 +72,27 @@ public enum ItemLimits {
     public static let reservedNames: Set<String> = [".", "..", ".control"]
 
     /// Throws ``KeychainError/param`` or ``KeychainError/nameTooLong`` unless
-    /// `name` can be a group or an identifier: non-empty UTF-8 without `/` or
-    /// NUL, at most 255 bytes, not `.`, `..` or `.control`.
+    /// `name` can be a group or an identifier: non-empty UTF-8 without `/`
+    /// or control characters (C0, DEL, C1: a name is printed in listings and
+    /// status lines, where a newline could forge a line), at most 255 bytes,
+    /// not `.`, `..` or `.control`.
     public static func validate(name: String) throws(KeychainError) {
         // One pass over the bytes: this runs several times per filesystem request.
         let count = name.utf8.count
         guard count > 0 else { throw .param }
-        let clean = name.utf8.withContiguousStorageIfAvailable { bytes in
-            !bytes.contains { $0 == UInt8(ascii: "/") || $0 == 0 }
-        } ?? !name.utf8.contains { $0 == UInt8(ascii: "/") || $0 == 0 }
+        let clean = name.utf8.withContiguousStorageIfAvailable(isCleanName) ?? isCleanName(Array(name.utf8))
         guard clean, !(count <= 8 && reservedNames.contains(name)) else { throw .param }
         guard count <= maximumNameLength else { throw .nameTooLong }
+    }
+
+    /// No `/`, no C0 control (NUL included), no DEL, no C1 control (U+0080...U+009F, UTF-8 `C2 80`...`C2 9F`).
+    private static func isCleanName<C: RandomAccessCollection>(_ bytes: C) -> Bool where C.Element == UInt8 {
+        var previous: UInt8 = 0
+        for byte in bytes {
+            if byte < 0x20 || byte == 0x7f || byte == UInt8(ascii: "/") { return false }
+            if previous == 0xc2 && (0x80...0x9f).contains(byte) { return false }
+            previous = byte
+        }
+        return true
     }
 }

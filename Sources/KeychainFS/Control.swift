@@ -72,8 +72,9 @@ extension FileSystem {
         ]
         if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
         lines.append("pid: \(getpid())")
-        lines.append("keychain: \(manager.device.directory.path)")
-        if case .group(let group) = scope { lines.append("group: \(group)") }
+        // Escaped: a path or name must never forge a status line.
+        lines.append("keychain: \(LineEscaping.escaped(manager.device.directory.path))")
+        if case .group(let group) = scope { lines.append("group: \(LineEscaping.escaped(group))") }
         return Array((lines.joined(separator: "\n") + "\n").utf8)
     }
 

@@ -244,11 +244,11 @@ enum FuseOperations {
                 fuse_reply_statfs(req, &info)
             }
         }
-        ops.setxattr = { req, inode, name, value, size, _ in
+        ops.setxattr = { req, inode, name, value, size, flags in
             serve(req) { fs throws(FSError) in
                 let bytes = UnsafeRawBufferPointer(start: value, count: size)
                 guard let text = String(validating: bytes, as: UTF8.self) else { throw FSError(EINVAL) }
-                try fs.setExtendedAttribute(try cString(name), value: text, of: try fs.node(inode))
+                try fs.setExtendedAttribute(try cString(name), value: text, flags: flags, of: try fs.node(inode))
                 fuse_reply_err(req, 0)
             }
         }

@@ -7,6 +7,9 @@ import Glibc
 /// renameat2(2) flags (linux/fs.h; glibc exposes them only with _GNU_SOURCE).
 private let renameNoReplace: UInt32 = 1 << 0
 private let renameExchange: UInt32 = 1 << 1
+/// setxattr(2) flags (linux/xattr.h).
+private let xattrCreate: Int32 = 1
+private let xattrReplace: Int32 = 2
 
 extension FileSystem {
     /// `rm`: works while locked, as deleting a keychain item does on iOS.
@@ -119,8 +122,13 @@ extension FileSystem {
 
     /// Setting the class re-encrypts the item under it (needs both keys).
     /// `migratable` switches between a class and its ThisDeviceOnly form.
-    func setExtendedAttribute(_ name: String, value: String, of node: Node) throws(FSError) {
+    func setExtendedAttribute(_ name: String, value: String, flags: Int32, of node: Node) throws(FSError) {
         guard case .item(let group, let identifier) = node else { throw FSError(ENOTSUP) }
+        // setxattr(2): XATTR_CREATE fails on an existing attribute, and both
+        // class attributes of an item always exist; XATTR_REPLACE needs one
+        // to exist, which they do. Anything else is not a flag.
+        guard flags & ~(xattrCreate | xattrReplace) == 0, flags != xattrCreate | xattrReplace else { throw FSError(EINVAL) }
+        if flags & xattrCreate != 0 && extendedAttributeNames(of: node).contains(name) { throw FSError(EEXIST) }
         let newClass: ProtectionClass
         switch name {
         case Self.accessibleAttribute:

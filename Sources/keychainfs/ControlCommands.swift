@@ -15,13 +15,16 @@ enum DeviceStatusFile {
         return Descriptor.readAll(fd)
     }
 
-    /// The `key: value` status lines; nil when there is no control file.
+    /// The `key: value` status lines, values unescaped; nil when there is
+    /// no control file. A key that appears twice is a forged line: the first wins.
     static func read(_ mountpoint: String) -> [String: String]? {
         guard let text = text(mountpoint) else { return nil }
         var status: [String: String] = [:]
         for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
             let parts = line.split(separator: ":", maxSplits: 1)
-            if parts.count == 2 { status[String(parts[0])] = String(parts[1].dropFirst()) }
+            guard parts.count == 2, status[String(parts[0])] == nil,
+                  let value = LineEscaping.unescaped(String(parts[1].dropFirst())) else { continue }
+            status[String(parts[0])] = value
         }
         return status
     }

@@ -100,13 +100,32 @@ import Testing
         #expect(try manager.string(forIdentifier: "item") == "small")
     }
 
-    @Test(arguments: ["", ".", "..", ".control", "a/b", "nul\0byte"])
+    @Test(arguments: ["", ".", "..", ".control", "a/b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
+                      "del\u{7F}", "c1\u{85}control", "x\nstate: unlocked\nkeychain: elsewhere"])
     func badNamesAreRefusedWithParam(_ name: String) throws {
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
         expectError(.param) { try manager.register("v", forIdentifier: name) }
         expectError(.param) { try manager.register("v", forIdentifier: "ok", inGroup: name) }
         #expect(try manager.identifiers() == [])
+    }
+
+    @Test(arguments: ["TEAMID.com.example.shared", "naïve", "日本語", "space in name", "¡exclamación!", "emoji 🔑"])
+    func printableUnicodeNamesAreAccepted(_ name: String) throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("v", forIdentifier: name, inGroup: name)
+        #expect(try manager.identifiers(inGroup: name) == [name])
+    }
+
+    @Test func statusEscapingKeepsAnyTextOnOneLineAndRoundTrips() {
+        for text in ["plain", "/home/a b/kc", "x\nstate: unlocked", "back\\slash\\n", "tab\t", "\u{01}\u{7F}\u{85}", "日本"] {
+            let escaped = LineEscaping.escaped(text)
+            #expect(!escaped.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) })
+            #expect(LineEscaping.unescaped(escaped) == text)
+        }
+        #expect(LineEscaping.unescaped("bad\\q") == nil)
+        #expect(LineEscaping.unescaped("short\\x4") == nil)
     }
 
     @Test func namesLongerThan255BytesAreRefusedAsTooLong() throws {

@@ -218,3 +218,15 @@ func isRunning(_ pid: pid_t) -> Bool {
           let close = stat.lastIndex(of: ")") else { return false }
     return stat[stat.index(close, offsetBy: 2)] != "Z"
 }
+
+/// A libc function that Swift's Glibc module does not import (declared
+/// only with _GNU_SOURCE, or in headers it leaves out), found at run time.
+func libcFunction<Function>(_ name: String, as type: Function.Type) -> Function {
+    guard let symbol = dlsym(nil, name) else { fatalError("libc has no \(name)") }
+    return unsafeBitCast(symbol, to: type)
+}
+
+/// renameat2(2) with its flags.
+let renameat2 = libcFunction("renameat2", as: (@convention(c) (Int32, UnsafePointer<CChar>, Int32, UnsafePointer<CChar>, UInt32) -> Int32).self)
+/// setxattr(2) with its flags (`XATTR_CREATE` 1, `XATTR_REPLACE` 2).
+let setxattr = libcFunction("setxattr", as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeRawPointer, Int, Int32) -> Int32).self)

@@ -1,0 +1,42 @@
+/// Status and report lines: text that may hold a user's path, escaped so
+/// that it always stays on one line (`\n`, `\t`, `\\`, other control
+/// characters as `\xHH`). ``unescaped(_:)`` reverses it.
+public enum LineEscaping {
+    /// `text` with backslashes and control characters escaped.
+    public static func escaped(_ text: String) -> String {
+        var out = ""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value):
+                let hex = String(scalar.value, radix: 16)
+                out += "\\x" + (hex.count < 2 ? "0" : "") + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
+    }
+
+    /// The text ``escaped(_:)`` was given; nil for a malformed escape.
+    public static func unescaped(_ text: String) -> String? {
+        var out = String.UnicodeScalarView()
+        var scalars = text.unicodeScalars.makeIterator()
+        while let scalar = scalars.next() {
+            guard scalar == "\\" else { out.append(scalar); continue }
+            switch scalars.next() {
+            case "\\": out.append("\\")
+            case "n": out.append("\n")
+            case "t": out.append("\t")
+            case "x":
+                guard let high = scalars.next(), let low = scalars.next(),
+                      let value = UInt32(String(high) + String(low), radix: 16),
+                      let decoded = Unicode.Scalar(value) else { return nil }
+                out.append(decoded)
+            default: return nil
+            }
+        }
+        return String(out)
+    }
+}
