@@ -50,6 +50,10 @@ public final class Device: Sendable {
         var nextObserver = 0
     }
     private let state = Mutex(State())
+    /// Held across one unlock attempt: the lockout check, the derivation and
+    /// the record of its outcome are one step, so concurrent attempts cannot
+    /// all pass the check before any failure is counted.
+    private let unlockAttempt = Mutex(())
 
     /// Creates a new keychain at `directory`: device secret, class keys, empty store.
     /// `passcode` nil creates one whose `unlock` needs no passcode.
@@ -60,7 +64,9 @@ public final class Device: Sendable {
         try directory.prepareForCreation()
         let secretBytes = SecureBytes.random(count: Crypto.keySize)
         let secret = DeviceSecret(secret: secretBytes)
-        let bag = try Keybag.create(secret: secret, passcode: passcode, kdf: kdf)
+        let bag = try SecretThread.run { () throws(KeychainError) in
+            try Keybag.create(secret: secret, passcode: passcode, kdf: kdf)
+        }
         // The database is the marker of a finished keychain (`exists`), so it
         // is created last: a failure before leaves no half keychain behind.
         try directory.writeDeviceSecret(secretBytes)
@@ -146,30 +152,40 @@ public final class Device: Sendable {
     /// Throws ``KeychainError/authFailed`` for a wrong passcode and, without
     /// trying the passcode, while a lockout from earlier failures lasts.
     public func unlock(passcode: SecureBytes?) throws(KeychainError) {
-        let now = clock()
-        if try lockoutRecord().deadline > now { throw .authFailed }
-        let bag = keybag
-        let unwrapped: [ProtectionClass: GuardedKey]
-        do throws(KeychainError) {
+        try unlockAttempt.withLock { _ throws(KeychainError) in
+            let now = clock()
+            if try lockoutRecord().deadline > now { throw .authFailed }
+            let unwrapped: [ProtectionClass: GuardedKey]
+            do throws(KeychainError) {
+                unwrapped = try unwrapPasscodeClasses(passcode)
+            } catch .decode, .authFailed {
+                // The keybag record is authenticated at boot, so a key that does
+                // not unwrap means the passcode was wrong.
+                try recordFailure(now: now)
+                throw .authFailed
+            }
+            try resetFailures()
+            state.withLock { state in
+                state.keys.merge(unwrapped) { _, new in new }
+                state.isLocked = false
+                state.hasUnlockedSinceBoot = true
+            }
+        }
+        notify(.unlocked)
+    }
+
+    /// The class keys a passcode unwraps. Derived on a ``SecretThread``: no
+    /// copy of the stretched passcode or of the keys stays on any stack.
+    private func unwrapPasscodeClasses(_ passcode: SecureBytes?) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
+        let bag = keybag, secret = secret
+        return try SecretThread.run { () throws(KeychainError) -> [ProtectionClass: GuardedKey] in
             let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
             var keys: [ProtectionClass: GuardedKey] = [:]
             for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
                 keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: passcodeKey)
             }
-            unwrapped = keys
-        } catch .decode, .authFailed {
-            // The keybag record is authenticated at boot, so a key that does
-            // not unwrap means the passcode was wrong.
-            try recordFailure(now: now)
-            throw .authFailed
+            return keys
         }
-        try resetFailures()
-        state.withLock { state in
-            state.keys.merge(unwrapped) { _, new in new }
-            state.isLocked = false
-            state.hasUnlockedSinceBoot = true
-        }
-        notify(.unlocked)
     }
 
     /// Locks: drops the `whenUnlocked` class keys (the `afterFirstUnlock`

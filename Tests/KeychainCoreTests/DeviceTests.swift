@@ -56,6 +56,40 @@ import Testing
         #expect(device.status.retryAfter == 0)
     }
 
+    /// Nine attempts at once after four failures (as nine mounts' `.control`
+    /// writes would be): only the first is tried and counted, its failure
+    /// starts the lockout, and the others, the right passcode among them,
+    /// are refused without being tried.
+    @Test func concurrentUnlockAttemptsCannotOutrunTheLockout() throws {
+        // A derivation slow enough (8 MiB) for the attempts to overlap.
+        let keychain = try TemporaryKeychain(kdf: KDFParameters(opsLimit: 1, memLimit: 8 << 20))
+        let device = try keychain.device()
+        for _ in 0..<4 { expectError(.authFailed) { try device.unlock(passcode: secure("wrong")) } }
+        // Nine threads of their own (Dispatch's pool would run them nearly
+        // one at a time on two cores), released together.
+        let attempts = 9
+        var barrier = pthread_barrier_t()
+        pthread_barrier_init(&barrier, nil, UInt32(attempts))
+        defer { pthread_barrier_destroy(&barrier) }
+        let finished = DispatchGroup()
+        withUnsafeMutablePointer(to: &barrier) { barrier in
+            for _ in 0..<attempts {
+                let sharedBarrier = UncheckedPointer(barrier)
+                finished.enter()
+                Thread {
+                    pthread_barrier_wait(sharedBarrier.pointer)
+                    _ = try? device.unlock(passcode: secure("wrong"))
+                    finished.leave()
+                }.start()
+            }
+            finished.wait()
+        }
+        #expect(device.status.failedAttempts == 5, "\(device.status)")
+        #expect(device.status.retryAfter == 60)
+        expectError(.authFailed) { try device.unlock(passcode: secure(TemporaryKeychain.passcode)) }
+        #expect(device.isLocked)
+    }
+
     @Test func lockoutDeadlineSurvivesARestartOfTheDeviceProcess() throws {
         let keychain = try TemporaryKeychain()
         let policy = LockoutPolicy(delays: [60])
@@ -170,4 +204,10 @@ extension DeviceTests {
         let device = try Device(directory: directory)
         try device.unlock(passcode: secure("p"))
     }
+}
+
+/// A pointer handed to threads that all use it under their own synchronisation.
+struct UncheckedPointer<T>: @unchecked Sendable {
+    let pointer: UnsafeMutablePointer<T>
+    init(_ pointer: UnsafeMutablePointer<T>) { self.pointer = pointer }
 }

@@ -11,11 +11,10 @@ final class TemporaryKeychain: @unchecked Sendable {
     let directory: KeychainDirectory
     let clock = ManualClock()
 
-    init(passcode: String? = TemporaryKeychain.passcode) throws {
+    init(passcode: String? = TemporaryKeychain.passcode, kdf: KDFParameters = .insecureFastForTests) throws {
         root = try makeTemporaryDirectory()
         directory = KeychainDirectory(path: root + "/keychain")
-        try Device.createKeychain(at: directory, passcode: passcode.map { try SecureBytes($0) },
-                                  kdf: .insecureFastForTests)
+        try Device.createKeychain(at: directory, passcode: passcode.map { try SecureBytes($0) }, kdf: kdf)
     }
 
     /// Copies a keychain fixture into a fresh temporary directory.
