@@ -105,7 +105,16 @@ public final class Device: Sendable {
             let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
             guard let record = try store.metadata(Keybag.recordKey) else { throw .decode }
             let bag = try Keybag(decoding: record, secret: secret)
-            try store.verifyItemSet()
+            let legacy = bag.formatVersion < Keybag.version
+            try store.verifyItemSet(legacy: legacy)
+            if legacy {
+                // Format 1: give it the records format 2 requires, then mark
+                // it format 2 (last, so an interrupted upgrade is redone).
+                if try store.metadata(LockoutRecord.recordKey) == nil {
+                    try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+                }
+                try store.setMetadata(Keybag.recordKey, bag.encoded(secret: secret))
+            }
             var keys: [ProtectionClass: GuardedKey] = [:]
             for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
                 keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: nil)
@@ -244,7 +253,11 @@ public final class Device: Sendable {
     // MARK: Lockout persistence
 
     private func lockoutRecord() throws(KeychainError) -> LockoutRecord {
-        guard let raw = try store.metadata(LockoutRecord.recordKey) else { return LockoutRecord() }
+        guard let raw = try store.metadata(LockoutRecord.recordKey) else {
+            // Deleting it would reset the count of wrong passcodes.
+            Diagnostics.log("the lockout record is missing")
+            throw .decode
+        }
         do throws(KeychainError) {
             return try LockoutRecord(decoding: raw, secret: secret)
         } catch {

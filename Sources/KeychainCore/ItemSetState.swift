@@ -3,13 +3,17 @@
 /// by an older copy of itself, removed, or brought back after deletion
 /// outside keychainfs is detected when the device boots.
 ///
-/// The record (meta key `state`) is `digest[32] | MAC[32]`: the digest is the
-/// XOR over all rows of a keyed BLAKE2b of (group, identifier, class,
-/// generation), so a write updates it in O(1) (XOR out the old row, XOR in
-/// the new); the MAC (device metadata key) stops anyone without the device
-/// secret from recomputing it. Generations are unique per write, so an older
-/// copy of a row always changes the digest. Restoring the whole database
-/// together with its matching record is not detected (docs/SECURITY.md).
+/// The record (meta key `state`, version 2) is
+/// `digest[32] | generation u64 LE | MAC[32]`: the digest is the XOR over all
+/// rows of a keyed BLAKE2b of (group, identifier, class, generation), so a
+/// write updates it in O(1) (XOR out the old row, XOR in the new); the
+/// generation is the last one handed out, so the counter cannot be set back
+/// to make a write reuse an old generation; the MAC (device metadata key)
+/// stops anyone without the device secret from recomputing either.
+/// Generations are unique per write, so an older copy of a row always changes
+/// the digest. Version 1 (`digest | MAC`, no generation) is read only to
+/// upgrade. Restoring the whole database together with its matching record
+/// is not detected (docs/SECURITY.md).
 struct ItemSetState: Sendable {
     static let recordKey = "state"
     private static let macDomain = "kcfs-state-v1"
@@ -39,18 +43,41 @@ struct ItemSetState: Sendable {
                   generation: row.generation)
     }
 
-    func sealed(_ digest: [UInt8]) -> [UInt8] {
-        digest + secret.mac(Self.macDomain, digest)
+    /// What the record holds.
+    struct Record: Equatable {
+        var digest: [UInt8]
+        /// The last generation handed out; nil in a version-1 record.
+        var generation: Int64?
     }
 
-    /// The digest of an authentic record; ``KeychainError/decode`` otherwise.
-    func digest(from record: [UInt8]) throws(KeychainError) -> [UInt8] {
-        guard record.count == 2 * Crypto.macSize else { throw .decode }
-        let digest = Array(record.prefix(Crypto.macSize))
-        guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, digest), Array(record.suffix(Crypto.macSize))) else {
+    private static let macDomainV2 = "kcfs-state-v2"
+
+    func sealed(_ record: Record) -> [UInt8] {
+        precondition(record.generation != nil, "only version 2 records are written")
+        var writer = ByteWriter()
+        writer.append(record.digest)
+        writer.append(record.generation!)
+        return writer.bytes + secret.mac(Self.macDomainV2, writer.bytes)
+    }
+
+    /// An authentic record of either version; ``KeychainError/decode`` otherwise.
+    func record(from bytes: [UInt8]) throws(KeychainError) -> Record {
+        let body = Array(bytes.dropLast(Crypto.macSize))
+        let mac = Array(bytes.suffix(Crypto.macSize))
+        switch bytes.count {
+        case 2 * Crypto.macSize + 8:
+            guard Crypto.constantTimeEqual(secret.mac(Self.macDomainV2, body), mac) else { throw .decode }
+            var reader = ByteReader(body)
+            let digest = try reader.read(Crypto.macSize)
+            let generation = try reader.readInt64()
+            guard generation >= 0 else { throw .decode }
+            return Record(digest: digest, generation: generation)
+        case 2 * Crypto.macSize:
+            guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, body), mac) else { throw .decode }
+            return Record(digest: body, generation: nil)
+        default:
             throw .decode
         }
-        return digest
     }
 
     static func xor(_ a: inout [UInt8], _ b: [UInt8]) {

@@ -28,6 +28,15 @@ final class ItemStore: Sendable {
 
     private let connection: Mutex<SQLiteConnection>
     private let state: ItemSetState
+    /// The generation of every row as this device last wrote it (or found it
+    /// at boot, verified): a row replaced behind the running device's back
+    /// (an older copy put back, a removed row restored) no longer matches.
+    private let expected = Mutex<[RowKey: Int64]>([:])
+
+    private struct RowKey: Hashable {
+        let group: String
+        let identifier: String
+    }
 
     init(path: String, create: Bool, state: ItemSetState) throws(KeychainError) {
         self.state = state
@@ -50,10 +59,10 @@ final class ItemStore: Sendable {
                         PRIMARY KEY (grp, ident)) WITHOUT ROWID;
                     INSERT INTO groups(name) VALUES ('\(ItemLimits.defaultGroup)');
                     INSERT INTO meta(key, value) VALUES ('schema', \(ItemStore.schemaVersion));
-                    INSERT INTO meta(key, value) VALUES ('generation', 0);
                     """)
                 try db.statement("INSERT INTO meta(key, value) VALUES (?, ?)")
-                    .bind(1, ItemSetState.recordKey).bind(2, state.sealed(ItemSetState.emptyDigest)).run()
+                    .bind(1, ItemSetState.recordKey)
+                    .bind(2, state.sealed(ItemSetState.Record(digest: ItemSetState.emptyDigest, generation: 0))).run()
             }
         }
         let schema = try db.statement("SELECT value FROM meta WHERE key = 'schema'")
@@ -92,7 +101,7 @@ final class ItemStore: Sendable {
     // MARK: Items
 
     func item(group: String, identifier: String) throws(KeychainError) -> SealedItem? {
-        try withConnection { db throws(KeychainError) in try currentRow(db, group: group, identifier: identifier) }
+        try withConnection { db throws(KeychainError) in try checkedRow(db, group: group, identifier: identifier) }
     }
 
     func info(group: String, identifier: String) throws(KeychainError) -> ItemInfo? {
@@ -120,14 +129,17 @@ final class ItemStore: Sendable {
                seal: (_ existing: SealedItem?, _ generation: Int64) throws(KeychainError) -> SealedItem)
         throws(KeychainError) -> (replaced: SealedItem?, generation: Int64) {
         try withConnection { db throws(KeychainError) in
-            try db.transaction { () throws(KeychainError) in
-                let existing = try currentRow(db, group: group, identifier: identifier)
-                let row = try seal(existing, try nextGeneration(db))
-                try updateState(db, removing: [existing].compactMap { $0 }, adding: [row])
+            let written = try db.transaction { () throws(KeychainError) in
+                let existing = try checkedRow(db, group: group, identifier: identifier)
+                var record = try loadState(db)
+                let row = try seal(existing, try advance(&record))
+                try saveState(db, &record, removing: [existing].compactMap { $0 }, adding: [row])
                 try db.statement("INSERT OR IGNORE INTO groups(name) VALUES (?)").bind(1, group).run()
                 try upsert(db, row)
-                return (existing, row.generation)
+                return (replaced: existing, generation: row.generation)
             }
+            expect(group, identifier, written.generation)
+            return written
         }
     }
 
@@ -147,13 +159,16 @@ final class ItemStore: Sendable {
     /// a rename or a removal): a revert never undoes someone else's write.
     func revert(group: String, identifier: String, written: Int64, previous: SealedItem) throws(KeychainError) -> Bool {
         try withConnection { db throws(KeychainError) in
-            try db.transaction { () throws(KeychainError) -> Bool in
-                guard let current = try currentRow(db, group: group, identifier: identifier),
+            let reverted = try db.transaction { () throws(KeychainError) -> Bool in
+                guard let current = try checkedRow(db, group: group, identifier: identifier),
                       current.generation == written else { return false }
-                try updateState(db, removing: [current], adding: [previous])
+                var record = try loadState(db)
+                try saveState(db, &record, removing: [current], adding: [previous])
                 try upsert(db, previous)
                 return true
             }
+            if reverted { expect(group, identifier, previous.generation) }
+            return reverted
         }
     }
 
@@ -166,12 +181,32 @@ final class ItemStore: Sendable {
                           generation: query.int64(1), nonce: query.blob(2), sealed: query.blob(3))
     }
 
-    private func nextGeneration(_ db: SQLiteConnection) throws(KeychainError) -> Int64 {
-        let query = try db.statement("UPDATE meta SET value = value + 1 WHERE key = 'generation' RETURNING value")
-        guard try query.step() else { throw .decode }
-        let generation = query.int64(0)
-        try query.run()
-        return generation
+    /// The row as stored, checked against the generation this device
+    /// expects there: ``KeychainError/decode`` for a row replaced, removed or
+    /// added outside keychainfs while the device runs.
+    private func checkedRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
+        let row = try currentRow(db, group: group, identifier: identifier)
+        let want = expected.withLock { $0[RowKey(group: group, identifier: identifier)] }
+        guard row?.generation == want else {
+            Diagnostics.log("an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
+            throw .decode
+        }
+        return row
+    }
+
+    /// Records the generation a committed change left in a row (nil: the row is gone).
+    private func expect(_ group: String, _ identifier: String, _ generation: Int64?) {
+        expected.withLock { $0[RowKey(group: group, identifier: identifier)] = generation }
+    }
+
+    /// Hands out the next generation from the authenticated record.
+    private func advance(_ record: inout ItemSetState.Record) throws(KeychainError) -> Int64 {
+        guard let last = record.generation, last < Int64.max else {
+            Diagnostics.log("the keychain's generation counter is exhausted; no more writes are possible")
+            throw .io
+        }
+        record.generation = last + 1
+        return last + 1
     }
 
     /// Moves an item to a new identifier in one transaction, re-sealed by
@@ -180,13 +215,14 @@ final class ItemStore: Sendable {
     func rename(group: String, from source: String, to target: String, replacing: Bool,
                 reseal: (SealedItem, Int64) throws(KeychainError) -> SealedItem) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
-            try db.transaction { () throws(KeychainError) in
-                guard let old = try currentRow(db, group: group, identifier: source) else { throw .itemNotFound }
-                if source == target { return }
-                let replaced = try currentRow(db, group: group, identifier: target)
+            let moved = try db.transaction { () throws(KeychainError) -> Int64? in
+                guard let old = try checkedRow(db, group: group, identifier: source) else { throw .itemNotFound }
+                if source == target { return nil }
+                let replaced = try checkedRow(db, group: group, identifier: target)
                 if !replacing, replaced != nil { throw .duplicateItem }
-                let row = try reseal(old, try nextGeneration(db))
-                try updateState(db, removing: [old] + [replaced].compactMap { $0 }, adding: [row])
+                var record = try loadState(db)
+                let row = try reseal(old, try advance(&record))
+                try saveState(db, &record, removing: [old] + [replaced].compactMap { $0 }, adding: [row])
                 try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, target).run()
                 try db.statement("""
                     UPDATE items SET ident = ?, class = ?, generation = ?, nonce = ?, sealed = ?
@@ -194,6 +230,11 @@ final class ItemStore: Sendable {
                     """)
                     .bind(1, row.identifier).bind(2, row.protectionClass.rawValue).bind(3, row.generation)
                     .bind(4, row.nonce).bind(5, row.sealed).bind(6, group).bind(7, source).run()
+                return row.generation
+            }
+            if let moved {
+                expect(group, source, nil)
+                expect(group, target, moved)
             }
         }
     }
@@ -201,49 +242,85 @@ final class ItemStore: Sendable {
     /// Deletes an item; false if there was none.
     func delete(group: String, identifier: String) throws(KeychainError) -> Bool {
         try withConnection { db throws(KeychainError) in
-            try db.transaction { () throws(KeychainError) -> Bool in
-                guard let existing = try currentRow(db, group: group, identifier: identifier) else { return false }
-                try updateState(db, removing: [existing], adding: [])
+            let deleted = try db.transaction { () throws(KeychainError) -> Bool in
+                guard let existing = try checkedRow(db, group: group, identifier: identifier) else { return false }
+                var record = try loadState(db)
+                try saveState(db, &record, removing: [existing], adding: [])
                 try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, identifier).run()
                 return true
             }
+            if deleted { expect(group, identifier, nil) }
+            return deleted
         }
     }
 
     // MARK: Item-set state (rollback detection)
 
-    /// XORs rows out of and into the authenticated state, inside the caller's transaction.
-    private func updateState(_ db: SQLiteConnection, removing old: [SealedItem], adding new: [SealedItem]) throws(KeychainError) {
+    /// The authenticated state record, inside the caller's transaction.
+    private func loadState(_ db: SQLiteConnection) throws(KeychainError) -> ItemSetState.Record {
         let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
         guard try query.step() else { throw .decode }
-        var digest = try state.digest(from: query.blob(0))
-        for row in old + new { ItemSetState.xor(&digest, state.rowDigest(row)) }
-        try db.statement("UPDATE meta SET value = ? WHERE key = ?")
-            .bind(1, state.sealed(digest)).bind(2, ItemSetState.recordKey).run()
+        let record = try state.record(from: query.blob(0))
+        // Version 1 records are upgraded at boot, before any write.
+        guard record.generation != nil else { throw .decode }
+        return record
     }
 
-    /// Checks every row against the authenticated state: ``KeychainError/decode``
-    /// when a row was rolled back, removed or added outside keychainfs. A
-    /// keychain without a state record (written before it existed) gets one.
-    func verifyItemSet() throws(KeychainError) {
+    /// XORs rows out of and into the state and stores it, inside the caller's transaction.
+    private func saveState(_ db: SQLiteConnection, _ record: inout ItemSetState.Record,
+                           removing old: [SealedItem], adding new: [SealedItem]) throws(KeychainError) {
+        for row in old + new { ItemSetState.xor(&record.digest, state.rowDigest(row)) }
+        try db.statement("UPDATE meta SET value = ? WHERE key = ?")
+            .bind(1, state.sealed(record)).bind(2, ItemSetState.recordKey).run()
+        guard db.changes == 1 else { throw .decode }
+    }
+
+    /// Checks every row against the authenticated state and remembers each
+    /// row's generation: ``KeychainError/decode`` when a row was rolled back,
+    /// removed or added outside keychainfs, a row claims a generation never
+    /// handed out, or the record is missing. Only a `legacy` keychain (one
+    /// whose keybag predates the record, format 1) may lack the record or
+    /// hold its version 1: it is upgraded here.
+    func verifyItemSet(legacy: Bool) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
             var digest = ItemSetState.emptyDigest
-            let rows = try db.statement("SELECT grp, ident, class, generation FROM items")
+            var newest: Int64 = 0
+            var generations: [RowKey: Int64] = [:]
+            let rows = try db.statement("""
+                SELECT grp, ident, class, generation, typeof(class) = 'integer' AND typeof(generation) = 'integer'
+                FROM items
+                """)
             while try rows.step() {
+                guard rows.int64(4) == 1 else { return try refuse("an item's row holds a non-integer class or generation") }
+                let generation = rows.int64(3)
                 ItemSetState.xor(&digest, state.rowDigest(group: rows.text(0), identifier: rows.text(1),
-                                                          protectionClass: rows.int64(2), generation: rows.int64(3)))
+                                                          protectionClass: rows.int64(2), generation: generation))
+                newest = max(newest, generation)
+                generations[RowKey(group: rows.text(0), identifier: rows.text(1))] = generation
             }
             let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
-            guard try query.step() else {
-                try db.statement("INSERT INTO meta(key, value) VALUES (?, ?)")
-                    .bind(1, ItemSetState.recordKey).bind(2, state.sealed(digest)).run()
-                return
+            let stored = try query.step() ? try state.record(from: query.blob(0)) : nil
+            if let stored, !Crypto.constantTimeEqual(stored.digest, digest) {
+                return try refuse("the keychain's items do not match their authenticated state: a row was rolled back, removed or added outside keychainfs")
             }
-            guard Crypto.constantTimeEqual(try state.digest(from: query.blob(0)), digest) else {
-                Diagnostics.log("the keychain's items do not match their authenticated state: a row was rolled back, removed or added outside keychainfs")
-                throw .decode
+            if let last = stored?.generation {
+                guard newest <= last else { return try refuse("an item's row claims a generation that was never handed out") }
+            } else {
+                guard legacy else { return try refuse("the keychain's authenticated state record is missing or outdated") }
+                // Format 1 kept the counter in the clear: the upgrade trusts it once.
+                let counter = try db.statement("SELECT value FROM meta WHERE key = 'generation'")
+                let last = max(newest, try counter.step() ? counter.int64(0) : 0)
+                try db.statement("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+                    .bind(1, ItemSetState.recordKey)
+                    .bind(2, state.sealed(ItemSetState.Record(digest: digest, generation: last))).run()
             }
+            expected.withLock { $0 = generations }
         }
+    }
+
+    private func refuse(_ reason: String) throws(KeychainError) {
+        Diagnostics.log(reason)
+        throw .decode
     }
 
     /// The identifiers of a group with their class and size, sorted by name.

@@ -29,14 +29,19 @@ struct DeviceSecret: Sendable {
 /// The class keys of one keychain and how they are wrapped on disk.
 ///
 /// Record (meta key `keybag`), little-endian:
-/// `version u8 = 1 | hasPasscode u8 | opsLimit u64 | memLimit u64 | salt[16] |`
+/// `version u8 | hasPasscode u8 | opsLimit u64 | memLimit u64 | salt[16] |`
 /// six times (class 1...6) `nonce[24] | wrapped key[48]` `| mac[32]`,
 /// the MAC (keyed BLAKE2b under the device metadata key) over all before it.
 struct Keybag {
-    static let version: UInt8 = 1
+    /// Version 2 means the keychain's authenticated `state` (version 2) and
+    /// `lockout` records must exist: a boot without them is tampering.
+    /// Version 1 keychains predate that rule and are upgraded at boot.
+    static let version: UInt8 = 2
     static let recordKey = "keybag"
     private static let macDomain = "kcfs-keybag-v1"
 
+    /// The format this record was written in (``version`` for new ones).
+    var formatVersion = Keybag.version
     var hasPasscode: Bool
     var kdf: KDFParameters
     var salt: [UInt8]
@@ -116,7 +121,7 @@ struct Keybag {
 
     func encoded(secret: DeviceSecret) -> [UInt8] {
         var writer = ByteWriter()
-        writer.append(Self.version)
+        writer.append(Self.version)  // re-encoding a version 1 record upgrades it
         writer.append(UInt8(hasPasscode ? 1 : 0))
         writer.append(kdf.opsLimit)
         writer.append(kdf.memLimit)
@@ -137,7 +142,8 @@ struct Keybag {
             throw .decode
         }
         var reader = ByteReader(body)
-        guard try reader.readByte() == Self.version else { throw .decode }
+        formatVersion = try reader.readByte()
+        guard (1...Self.version).contains(formatVersion) else { throw .decode }
         hasPasscode = try reader.readByte() == 1
         kdf = KDFParameters(opsLimit: try reader.readUInt64(), memLimit: try reader.readUInt64())
         salt = try reader.read(Crypto.saltSize)

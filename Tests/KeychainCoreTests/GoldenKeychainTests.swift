@@ -2,9 +2,9 @@ import Foundation
 import Testing
 @testable import KeychainCore
 
-/// A keychain written by format version 1, committed with its passcode: every
-/// later version must still open it and read every item (gocryptfs
-/// tests/example_filesystems).
+/// A keychain written by each on-disk format version, committed with its
+/// passcode: every later version must still open them and read every item
+/// (gocryptfs tests/example_filesystems). Format 1 is upgraded on its first boot.
 @Suite struct GoldenKeychainTests {
     static let passcode = "golden-passcode-1234"
     static let binary = (0...255).map { UInt8($0) }
@@ -18,12 +18,13 @@ import Testing
         ("TEAMID.com.example.shared", "empty", .whenUnlocked, []),
     ]
 
-    static var fixture: String {
-        Bundle.module.path(forResource: "golden-v1", ofType: nil, inDirectory: "Fixtures")!
+    static func fixture(_ name: String = "golden-v1") -> String {
+        Bundle.module.path(forResource: name, ofType: nil, inDirectory: "Fixtures")!
     }
 
-    @Test func formatVersion1KeychainStillOpensAndReadsEveryItem() throws {
-        let keychain = try TemporaryKeychain(copying: Self.fixture)
+    @Test(arguments: ["golden-v1", "golden-v2"])
+    func everyFormatVersionStillOpensAndReadsEveryItem(_ fixture: String) throws {
+        let keychain = try TemporaryKeychain(copying: Self.fixture(fixture))
         let manager = try keychain.manager()
         #expect(try manager.groups() == ["TEAMID.com.example.shared", "default", "empty-group"])
         // Before the first unlock only the `always` classes read.

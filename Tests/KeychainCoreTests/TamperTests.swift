@@ -136,4 +136,122 @@ import Testing
         #expect(truncate(keychain.directory.deviceSecretPath, 16) == 0)
         expectError(.decode) { try keychain.device() }
     }
+
+    // MARK: Records that switch the checks off
+
+    @Test(arguments: [
+        // With the record gone, the next boot would rebuild it from whatever rows are there.
+        "DELETE FROM meta WHERE key = 'state'",
+        "DELETE FROM meta WHERE key = 'state'; DELETE FROM items WHERE ident = 'beta'",
+        // A version-1 record (digest | MAC) in its place: no generation to check.
+        "UPDATE meta SET value = substr(value, 1, 32) || substr(value, 41) WHERE key = 'state'",
+        // With the lockout record gone, the count of wrong passcodes would start over.
+        "DELETE FROM meta WHERE key = 'lockout'",
+    ])
+    func aMissingAuthenticatedRecordIsTampering(_ sql: String) throws {
+        let keychain = try prepared()
+        #expect(throws: KeychainError.decode) { try boot(after: sql, keychain).get() }
+    }
+
+    @Test func anUpgradedFormatOneKeychainRequiresItsRecordsFromThenOn() throws {
+        let keychain = try TemporaryKeychain(copying: GoldenKeychainTests.fixture("golden-v1"))
+        _ = try keychain.device()  // boots once: upgraded
+        try keychain.withRawDatabase { try $0.execute("DELETE FROM meta WHERE key = 'state'") }
+        expectError(.decode) { try keychain.device() }
+    }
+
+    /// The counter once lived in the clear: setting it back let a later write
+    /// reuse an old generation, so that an old row could be put back unseen.
+    @Test(arguments: ["UPDATE meta SET value = 1 WHERE key = 'generation'",
+                      "UPDATE meta SET value = 9223372036854775807 WHERE key = 'generation'",
+                      "DELETE FROM meta WHERE key = 'generation'"])
+    func theGenerationCounterCannotBeSetBack(_ sql: String) throws {
+        let keychain = try prepared()
+        try keychain.withRawDatabase { db in
+            try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'alpha' AND grp = 'default'")
+            try db.execute(sql)
+        }
+        do {
+            let manager = try keychain.manager()
+            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.register("second", forIdentifier: "alpha")
+            try manager.register("third", forIdentifier: "alpha")
+            try manager.register("gamma", forIdentifier: "gamma")
+        }
+        var generations: [Int64] = []
+        try keychain.withRawDatabase { db in
+            let query = try db.statement("SELECT generation FROM items ORDER BY generation")
+            while try query.step() { generations.append(query.int64(0)) }
+            db.finishStatements()
+        }
+        #expect(Set(generations).count == generations.count, "generations reused: \(generations)")
+        #expect(throws: KeychainError.decode) {
+            try boot(after: """
+                UPDATE items SET generation = (SELECT generation FROM saved), nonce = (SELECT nonce FROM saved),
+                                 sealed = (SELECT sealed FROM saved)
+                WHERE ident = 'alpha' AND grp = 'default'
+                """, keychain).get()
+        }
+    }
+
+    @Test func anExhaustedGenerationCounterRefusesWritesAndKeepsValues() throws {
+        let keychain = try prepared()
+        // Only the device can write the record: play it, with its secret.
+        let secret = DeviceSecret(secret: try keychain.directory.readDeviceSecret())
+        let state = ItemSetState(secret: secret)
+        try keychain.withRawDatabase { db in
+            let query = try db.statement("SELECT value FROM meta WHERE key = 'state'")
+            #expect(try query.step())
+            var record = try state.record(from: query.blob(0))
+            db.finishStatements()
+            record.generation = Int64.max - 1
+            try db.statement("UPDATE meta SET value = ? WHERE key = 'state'").bind(1, state.sealed(record)).run()
+        }
+        let manager = try keychain.manager()
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.register("last", forIdentifier: "alpha")
+        expectError(.io) { try manager.register("one too many", forIdentifier: "alpha") }
+        expectError(.io) { try manager.register("new", forIdentifier: "delta") }
+        #expect(try manager.string(forIdentifier: "alpha") == "last")
+    }
+
+    // MARK: Rows changed under a running device
+
+    @Test(arguments: [
+        // An older copy of the row put back.
+        """
+        UPDATE items SET generation = (SELECT generation FROM saved), nonce = (SELECT nonce FROM saved),
+                         sealed = (SELECT sealed FROM saved)
+        WHERE ident = 'alpha' AND grp = 'default'
+        """,
+        // The row removed: "absent" would be a lie, it is tampering.
+        "DELETE FROM items WHERE ident = 'alpha' AND grp = 'default'",
+    ])
+    func aRowChangedWhileTheDeviceRunsIsNotServed(_ sql: String) throws {
+        let keychain = try prepared()
+        let manager = try keychain.manager()
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try keychain.withRawDatabase { db in
+            try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'alpha' AND grp = 'default'")
+        }
+        try manager.register("changed-password", forIdentifier: "alpha")
+        try keychain.withRawDatabase { try $0.execute(sql) }
+        manager.purge()
+        expectError(.decode) { try manager.key(forIdentifier: "alpha") }
+        expectError(.decode) { try manager.register("overwrite", forIdentifier: "alpha") }
+        // The other rows still serve.
+        #expect(try manager.string(forIdentifier: "beta") == "beta-secret")
+    }
+
+    @Test func aRemovedRowBroughtBackWhileTheDeviceRunsIsNotServed() throws {
+        let keychain = try prepared()
+        let manager = try keychain.manager()
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try keychain.withRawDatabase { db in
+            try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'beta'")
+        }
+        try manager.deleteKey(forIdentifier: "beta")
+        try keychain.withRawDatabase { try $0.execute("INSERT INTO items SELECT * FROM saved") }
+        expectError(.decode) { try manager.key(forIdentifier: "beta") }
+    }
 }
