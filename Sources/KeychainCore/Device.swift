@@ -94,6 +94,10 @@ public final class Device: Sendable {
                 clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) }) throws(KeychainError) {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
+        if let problem = directory.permissionProblem() {
+            Diagnostics.log(problem)
+            throw .insecurePermissions
+        }
         let fd = open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw .io }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
@@ -129,6 +133,7 @@ public final class Device: Sendable {
             state.withLock { $0.keys = keys }
             // Reading it now reports a tampered lockout record at boot.
             _ = try lockoutRecord()
+            try store.startWriteAheadLog()
         } catch {
             close(fd)
             throw error
@@ -281,6 +286,18 @@ public final class Device: Sendable {
     /// Makes every acknowledged write durable against power loss.
     public func sync() throws(KeychainError) {
         try store.sync()
+    }
+
+    /// For a process about to exit: moves every commit into the database
+    /// file and removes the write-ahead log, so that the keychain at rest is
+    /// one file that can be copied alone. The device stays usable (later
+    /// writes use a rollback journal).
+    public func shutDown() {
+        do throws(KeychainError) {
+            try store.closeLog()
+        } catch {
+            Diagnostics.log("could not fold the write-ahead log into the keychain: \(error)")
+        }
     }
 }
 

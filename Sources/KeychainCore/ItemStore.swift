@@ -41,7 +41,10 @@ final class ItemStore: Sendable {
     init(path: String, create: Bool, state: ItemSetState) throws(KeychainError) {
         self.state = state
         let db = try SQLiteConnection(path: path, create: create)
-        try db.execute("PRAGMA journal_mode=WAL")
+        // An existing keychain enters WAL mode only once it passed its checks
+        // (``startWriteAheadLog()``): switching modes rewrites the file's
+        // header, and a keychain refused at boot must be left as it was.
+        if create { try db.execute("PRAGMA journal_mode=WAL") }
         try db.execute("PRAGMA synchronous=NORMAL")
         try db.execute("PRAGMA secure_delete=ON")
         if create {
@@ -380,5 +383,20 @@ final class ItemStore: Sendable {
     /// checkpoint fsyncs the WAL and copies it into the database file, fsynced.
     func sync() throws(KeychainError) {
         try withConnection { db throws(KeychainError) in try db.execute("PRAGMA wal_checkpoint(FULL)") }
+    }
+
+    /// WAL mode: a commit is one append to the log (fast, and durable
+    /// against a crash of the process with synchronous=NORMAL).
+    func startWriteAheadLog() throws(KeychainError) {
+        try withConnection { db throws(KeychainError) in try db.execute("PRAGMA journal_mode=WAL") }
+    }
+
+    /// Checkpoints everything into the database file and leaves WAL mode,
+    /// which deletes the -wal file (SQLite: journal_mode=DELETE checkpoints first).
+    func closeLog() throws(KeychainError) {
+        try withConnection { db throws(KeychainError) in
+            try db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            try db.execute("PRAGMA journal_mode=DELETE")
+        }
     }
 }

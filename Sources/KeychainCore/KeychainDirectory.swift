@@ -31,6 +31,30 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// Whether a keychain has been created here.
     public var exists: Bool { access(databasePath, F_OK) == 0 }
 
+    /// Why the keychain's files cannot be trusted, with what to run to fix
+    /// it; nil when the directory and every file in it are ours and private.
+    /// As `ssh` refuses a private key that others can read: another user who
+    /// can write the directory can replace the database or the device secret,
+    /// and one who can read them can take both away for an offline attack.
+    public func permissionProblem() -> String? {
+        let me = geteuid()
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }  // missing: reported as such elsewhere
+        if info.st_uid != me { return "the keychain directory \(path) belongs to uid \(info.st_uid), not to you (uid \(me))" }
+        if info.st_mode & 0o077 != 0 {
+            return "the keychain directory \(path) is accessible to others (mode \(String(info.st_mode & 0o777, radix: 8))); run `chmod 700 \(path)`"
+        }
+        for file in [databasePath, databasePath + "-wal", databasePath + "-shm", deviceSecretPath, lockFilePath] {
+            guard lstat(file, &info) == 0 else { continue }
+            if info.st_mode & S_IFMT != S_IFREG { return "\(file) is not a regular file" }
+            if info.st_uid != me { return "\(file) belongs to uid \(info.st_uid), not to you (uid \(me))" }
+            if info.st_mode & 0o077 != 0 {
+                return "\(file) is accessible to others (mode \(String(info.st_mode & 0o777, radix: 8))); run `chmod 600 \(file)`"
+            }
+        }
+        return nil
+    }
+
     /// Creates the directory (0700) if needed, refusing to reuse a keychain.
     func prepareForCreation() throws(KeychainError) {
         if exists { throw .duplicateKeychain }

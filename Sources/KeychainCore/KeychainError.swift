@@ -38,6 +38,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         switch self {
         case .nameTooLong, .valueTooLarge: return KeychainError.param.rawValue
         case .keychainInUse: return KeychainError.badRequest.rawValue
+        case .insecurePermissions: return KeychainError.io.rawValue
         default: return rawValue
         }
     }
@@ -58,6 +59,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .noSuchKeychain: return "no keychain exists there"
         case .duplicateKeychain: return "a keychain already exists there"
         case .keychainInUse: return "another process holds this keychain's keys"
+        case .insecurePermissions: return "the keychain's files are owned or readable by someone else"
         default: return "keychain error \(rawValue)"
         }
     }
@@ -66,4 +68,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
 extension KeychainError {
     /// Another process (or Device) holds this keychain's keys (errSecBadReq family).
     public static let keychainInUse = KeychainError(rawValue: -909_001)
+    /// The keychain directory or a file in it is another user's, or others
+    /// may read or write it (reported as errSecIO); ``KeychainDirectory/permissionProblem()`` says what to fix.
+    public static let insecurePermissions = KeychainError(rawValue: -909_002)
 }

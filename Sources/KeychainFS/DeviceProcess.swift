@@ -38,6 +38,8 @@ public final class DeviceProcess: Sendable {
     /// A sentence for a core error met while starting.
     public static func describe(_ error: KeychainError, keychain: KeychainDirectory) -> String {
         switch error {
+        case .insecurePermissions:
+            return "refusing to use the keychain: " + (keychain.permissionProblem() ?? "its permissions changed; check them")
         case .noSuchKeychain:
             return "no keychain at \(keychain.path); create one with `keychainfs init --keychain \(keychain.path)`"
         case .keychainInUse:
@@ -95,6 +97,9 @@ public final class DeviceProcess: Sendable {
     /// serves until the last mount is gone or a signal asks it to stop.
     /// Returns the process exit status.
     public func run(mountpoint: String, group: String?, ready: (MountError?) -> Void) -> Int32 {
+        // Last, once every session has ended: a cleanly stopped device leaves
+        // the keychain as one file (no -wal beside it).
+        defer { manager.device.shutDown() }
         if !disableCoreDumps() { Diagnostics.log("could not disable core dumps") }
         // A daemon must not pin the directory it was started from (it could
         // not be unmounted); every path it uses is absolute.

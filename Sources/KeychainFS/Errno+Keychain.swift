@@ -18,6 +18,7 @@ extension KeychainError {
         // Only removing a group that still holds items is a bad request.
         case .badRequest: return ENOTEMPTY
         case .keychainInUse: return EBUSY
+        case .insecurePermissions: return EACCES
         default: return EIO
         }
     }

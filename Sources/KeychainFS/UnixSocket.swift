@@ -114,6 +114,15 @@ public enum RuntimePaths {
         } else {
             base = "/tmp/keychainfs-\(getuid())"
         }
+        if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
+            // XDG Base Directory spec: owned by the user, mode 0700. Another
+            // user's, or one others can write, could hold a socket of theirs.
+            var info = stat()
+            guard stat(runtime, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
+                  info.st_mode & 0o077 == 0 else {
+                throw MountError("XDG_RUNTIME_DIR (\(runtime)) is not a private directory of this user (it must be yours, mode 0700)")
+            }
+        }
         if mkdir(base, 0o700) != 0 && errno != EEXIST {
             throw MountError("cannot create the runtime directory \(base): \(String(cString: strerror(errno)))")
         }

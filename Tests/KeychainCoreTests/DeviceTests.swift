@@ -184,6 +184,18 @@ import Testing
 }
 
 extension DeviceTests {
+    @Test(arguments: ["", "/device-secret", "/keychain.db"])
+    func aKeychainOthersCanReadOrWriteIsRefused(_ file: String) throws {
+        let keychain = try TemporaryKeychain()
+        let path = keychain.directory.path + file
+        #expect(chmod(path, file.isEmpty ? 0o750 : 0o640) == 0)
+        expectError(.insecurePermissions) { try keychain.device() }
+        #expect(keychain.directory.permissionProblem()?.contains(file.isEmpty ? "chmod 700" : "chmod 600") == true)
+        #expect(chmod(path, file.isEmpty ? 0o700 : 0o600) == 0)
+        #expect(keychain.directory.permissionProblem() == nil)
+        _ = try keychain.device()
+    }
+
     @Test func databaseFileIsPrivateToItsOwner() throws {
         let keychain = try TemporaryKeychain()
         var info = stat()

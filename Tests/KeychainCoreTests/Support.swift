@@ -22,6 +22,11 @@ final class TemporaryKeychain: @unchecked Sendable {
         root = try makeTemporaryDirectory()
         directory = KeychainDirectory(path: root + "/keychain")
         try FileManager.default.copyItem(atPath: fixture, toPath: directory.path)
+        // git keeps no modes: make the copy as private as a real keychain.
+        chmod(directory.path, 0o700)
+        for file in try FileManager.default.contentsOfDirectory(atPath: directory.path) {
+            chmod(directory.path + "/" + file, 0o600)
+        }
     }
 
     deinit { try? FileManager.default.removeItem(atPath: root) }

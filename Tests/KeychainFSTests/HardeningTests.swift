@@ -39,4 +39,48 @@ import Testing
         #expect(harness.sh("getfattr --only-values -n \(name) \"$1\"", arguments: [item]).stdout == "always")
         #expect(setxattr(item, name, value, value.utf8.count, xattrCreate | xattrReplace) == -1 && errno == EINVAL)
     }
+
+    @Test func looseKeychainsAreRefusedWithWhatToFix() throws {
+        let harness = try MountHarness()
+        let mountpoint = try harness.prepareMountpoint("mnt")
+        let cases: [(path: String, mode: mode_t, fix: String)] = [
+            (harness.keychain, 0o755, "chmod 700 \(harness.keychain)"),
+            (harness.keychain + "/device-secret", 0o644, "chmod 600 \(harness.keychain)/device-secret"),
+            (harness.keychain + "/keychain.db", 0o666, "chmod 600 \(harness.keychain)/keychain.db"),
+        ]
+        for loose in cases {
+            #expect(chmod(loose.path, loose.mode) == 0)
+            let refused = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint])
+            #expect(!refused.succeeded && refused.stderr.contains(loose.fix), "\(refused)")
+            #expect(!harness.isMounted(mountpoint))
+            #expect(chmod(loose.path, loose.path == harness.keychain ? 0o700 : 0o600) == 0)
+        }
+        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint]).succeeded)
+    }
+
+    @Test func aRuntimeDirectoryOthersCanWriteIsRefused() throws {
+        let harness = try MountHarness()
+        let mountpoint = try harness.prepareMountpoint("mnt")
+        let open = harness.root + "/open-run"
+        #expect(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0)
+        let refused = harness.sh("XDG_RUNTIME_DIR=\"$2\" \"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint, open])
+        #expect(!refused.succeeded && refused.stderr.contains("XDG_RUNTIME_DIR"), "\(refused)")
+        #expect(!harness.isMounted(mountpoint))
+    }
+
+    /// After a clean unmount the keychain is one file: a copy of
+    /// `keychain.db` alone (with its device secret) holds every write.
+    @Test func aCleanlyUnmountedKeychainIsOneFile() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.sh("printf first > \"$1/default/a\" && printf latest > \"$1/default/a\"", arguments: [mnt]).succeeded)
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+        #expect(access(harness.keychain + "/keychain.db-wal", F_OK) == -1)
+        #expect(access(harness.keychain + "/keychain.db-shm", F_OK) == -1)
+        let copy = harness.root + "/copy"
+        #expect(harness.sh("mkdir -m 700 \"$1\" && cp \"$KC/keychain.db\" \"$KC/device-secret\" \"$1/\"", arguments: [copy]).succeeded)
+        let copied = try harness.prepareMountpoint("copied")
+        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$2\"", arguments: [copied, copy]).succeeded)
+        try harness.unlock(copied)
+        #expect(readFile(copied + "/default/a") == "latest")
+    }
 }
