@@ -181,14 +181,32 @@ public final class DeviceProcess: Sendable {
                 return
             }
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            // Each connection on a thread of its own, with a deadline: a peer
+            // that connects and sends nothing (or reads nothing) must not
+            // stall the mounts and unmounts of everyone else.
+            var deadline = timeval(tv_sec: Self.connectionDeadline, tv_usec: 0)
+            _ = setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
+            _ = setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
             requestsInFlight.withLock { $0 += 1 }
-            let reply = answer(client)
-            _ = Descriptor.writeAll(client, Array((reply + "\n").utf8))
-            close(client)
-            requestsInFlight.withLock { $0 -= 1 }
-            var one: UInt64 = 1
-            _ = write(mountEnded, &one, 8)
+            let served = startThread { [self] in serve(client) }
+            if let served {
+                pthread_detach(served)
+            } else {
+                serve(client)
+            }
         }
+    }
+
+    /// Seconds a peer may take to send its request or read the reply.
+    static let connectionDeadline = 5
+
+    private func serve(_ client: Int32) {
+        let reply = answer(client)
+        _ = Descriptor.writeAll(client, Array((reply + "\n").utf8))
+        close(client)
+        requestsInFlight.withLock { $0 -= 1 }
+        var one: UInt64 = 1
+        _ = write(mountEnded, &one, 8)
     }
 
     private func answer(_ client: Int32) -> String {

@@ -83,4 +83,25 @@ import Testing
         try harness.unlock(copied)
         #expect(readFile(copied + "/default/a") == "latest")
     }
+
+    /// A peer that connects to the device's socket and sends nothing must
+    /// not stall anyone else's mount (the old server read it to the end first).
+    @Test func aSilentClientDoesNotStallTheDevice() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let sockets = try FileManager.default.contentsOfDirectory(atPath: harness.runtime + "/keychainfs")
+        let path = harness.runtime + "/keychainfs/" + (sockets.first { $0.hasSuffix(".sock") } ?? "")
+        let silent = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(silent) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8) + [0]) }
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(silent, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        #expect(connected == 0)
+        // While it stays silent, another mount joins the device and works.
+        let second = try harness.mount("second")
+        #expect(harness.status(second)["pid"] == harness.status(mnt)["pid"])
+        #expect(harness.status(second)["state"] == "unlocked")
+    }
 }
