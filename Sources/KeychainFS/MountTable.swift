@@ -4,20 +4,52 @@ import Glibc
 
 /// Facts about mount points and how to remove one, as root or not.
 public enum MountTable {
-    /// Whether `path` is the root of a mount (its device differs from its parent's,
-    /// or it is a dead FUSE mount that stat cannot enter).
+    /// Whether `path` (canonical) is the root of a mount, as the kernel's
+    /// mount table says; a dead FUSE mount counts.
     public static func isMountPoint(_ path: String) -> Bool {
-        if isDeadMount(path) { return true }
-        var own = stat()
-        var parent = stat()
-        guard stat(path, &own) == 0, stat(path + "/..", &parent) == 0 else { return false }
-        return own.st_dev != parent.st_dev || own.st_ino == parent.st_ino
+        !fileSystemTypes(mountedAt: path).isEmpty
     }
 
-    /// A FUSE mount whose server died: "Transport endpoint is not connected".
+    /// A FUSE mount whose server died ("Transport endpoint is not
+    /// connected"). Decided from the mount table and a `statvfs`, which the
+    /// kernel always sends to the server: a `stat` of the root would be
+    /// answered from the attribute cache for a while after the death.
     public static func isDeadMount(_ path: String) -> Bool {
-        var info = stat()
-        return stat(path, &info) != 0 && errno == ENOTCONN
+        guard fileSystemTypes(mountedAt: path).last?.hasPrefix("fuse") == true else { return false }
+        var info = statvfs()  // statfs(2) underneath
+        return statvfs(path, &info) != 0 && errno == ENOTCONN
+    }
+
+    /// The types of the filesystems mounted at `path`, oldest first
+    /// (`/proc/self/mountinfo`, proc(5)).
+    static func fileSystemTypes(mountedAt path: String) -> [String] {
+        let fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return [] }
+        defer { close(fd) }
+        let table = String(decoding: Descriptor.readAll(fd, limit: 16 << 20), as: UTF8.self)
+        return table.split(separator: "\n").compactMap { line -> String? in
+            let fields = line.split(separator: " ", omittingEmptySubsequences: false)
+            // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
+            guard fields.count > 6, unescapeMountField(fields[4]) == path,
+                  let separator = fields.firstIndex(of: "-"), separator + 1 < fields.count else { return nil }
+            return String(fields[separator + 1])
+        }
+    }
+
+    /// Mount table fields escape space, tab, newline and backslash as `\ooo` octal.
+    private static func unescapeMountField(_ field: Substring) -> String {
+        var bytes: [UInt8] = []
+        var utf8 = Array(field.utf8)[...]
+        while let byte = utf8.popFirst() {
+            if byte == UInt8(ascii: "\\"), utf8.count >= 3,
+               let value = UInt8(String(decoding: utf8.prefix(3), as: UTF8.self), radix: 8) {
+                bytes.append(value)
+                utf8 = utf8.dropFirst(3)
+            } else {
+                bytes.append(byte)
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// Unmounts `path`: umount2 as root, `fusermount3 -u` otherwise. Returns 0 or an errno.

@@ -78,6 +78,25 @@ import Testing
         #expect(!harness.isMounted(mnt))
     }
 
+    /// Right after a `kill -9`, the kernel still answers `stat` of the mount
+    /// point from its attribute cache (1 s): `mount` and `unmount` must see
+    /// the dead mount at once anyway.
+    @Test(arguments: ["mount", "unmount"])
+    func aDeadMountIsClearedAtOnceAfterKill9(_ command: String) throws {
+        let harness = try MountHarness()
+        let pid = try harness.mountForeground()
+        let mnt = harness.root + "/mnt"
+        var info = stat()
+        #expect(stat(mnt, &info) == 0)  // caches the root's attributes
+        #expect(kill(pid, SIGKILL) == 0)
+        _ = Spawn.wait(pid)
+        let result = command == "mount"
+            ? harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\" && cat \"$1/.control\" >/dev/null", arguments: [mnt])
+            : harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt])
+        #expect(result.succeeded, "\(result)")
+        #expect(harness.isMounted(mnt) == (command == "mount"))
+    }
+
     @Test func unmountClearsADeadMount() throws {
         let harness = try MountHarness()
         let pid = try harness.mountForeground()
