@@ -24,12 +24,14 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // Helpers both test targets use (scanning a process's memory for secrets).
+        .target(name: "TestSupport", path: "Tests/Support"),
         .testTarget(
             name: "KeychainCoreTests",
-            dependencies: ["KeychainCore"],
+            dependencies: ["KeychainCore", "TestSupport"],
             resources: [.copy("Fixtures")]
         ),
-        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
+        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -18,43 +18,59 @@ enum ControlCommand {
     case accessMode(AccessMode)
     case migrate(Bool)
 
+    /// The largest write parsed: the kernel delivers a write(2) of up to
+    /// this size as one request (it splits only writes larger than a
+    /// request, at least 124 KiB), so "every line runs or none" holds for
+    /// the whole write. A larger one arrives in pieces that cannot be told
+    /// apart from separate writes: it is refused whole (EINVAL).
+    static let maximumWrite = 64 << 10
+    /// The longest line (a passcode line included).
+    static let maximumLine = 4096
+
     /// Parses every line of one write; any bad line rejects the whole write
-    /// (EINVAL) before anything runs. The passcode goes straight from the
-    /// request buffer into secret memory, never through a String.
+    /// (EINVAL) before anything runs. Lines are compared as bytes and never
+    /// become a String: a rejected line may hold a passcode (" unlock PW",
+    /// "UNLOCK PW"), which goes straight from the request buffer into secret
+    /// memory when the line is a valid unlock, and nowhere otherwise.
     static func parse(_ bytes: UnsafeRawBufferPointer) throws(FSError) -> [ControlCommand] {
+        guard bytes.count <= maximumWrite else { throw FSError(EINVAL) }
         var commands: [ControlCommand] = []
         for var line in bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true) {
             if line.last == UInt8(ascii: "\r") { line = line.dropLast() }
-            let unlockWord = Array("unlock".utf8)
-            if line.starts(with: unlockWord) {
-                let rest = line.dropFirst(unlockWord.count)
-                if rest.isEmpty {
-                    commands.append(.unlock(nil))
-                    continue
-                }
-                guard rest.first == UInt8(ascii: " "), rest.count > 1 else { throw FSError(EINVAL) }
-                let passcode = UnsafeRawBufferPointer(rebasing: rest.dropFirst())
-                commands.append(.unlock(try core { () throws(KeychainError) in try SecureBytes(copying: passcode) }))
-                continue
-            }
-            guard let text = String(validating: line, as: UTF8.self) else { throw FSError(EINVAL) }
-            let words = text.split(separator: " ", omittingEmptySubsequences: true).map(String.init)
-            switch (words.first, words.count) {
-            case ("lock", 1): commands.append(.lock)
-            case ("purge", 1): commands.append(.purge)
-            case ("background", 1): commands.append(.background)
-            case ("accessmode", 2):
-                guard let mode = AccessMode(rawValue: words[1]) else { throw FSError(EINVAL) }
-                commands.append(.accessMode(mode))
-            case ("migrate", 2):
-                guard words[1] == "yes" || words[1] == "no" else { throw FSError(EINVAL) }
-                commands.append(.migrate(words[1] == "yes"))
-            default:
-                throw FSError(EINVAL)
-            }
+            guard line.count <= maximumLine else { throw FSError(EINVAL) }
+            commands.append(try parseLine(line))
         }
         guard !commands.isEmpty else { throw FSError(EINVAL) }
         return commands
+    }
+
+    private static func parseLine(_ line: Slice<UnsafeRawBufferPointer>) throws(FSError) -> ControlCommand {
+        let space = line.firstIndex(of: UInt8(ascii: " ")) ?? line.endIndex
+        let word = line[line.startIndex..<space]
+        if word.elementsEqual("unlock".utf8) {
+            // The passcode is everything after the first space, spaces included.
+            guard space < line.endIndex else { return .unlock(nil) }
+            let passcode = UnsafeRawBufferPointer(rebasing: line[line.index(after: space)...])
+            guard !passcode.isEmpty else { throw FSError(EINVAL) }
+            return .unlock(try core { () throws(KeychainError) in try SecureBytes(copying: passcode) })
+        }
+        let arguments = line[space...].split(separator: UInt8(ascii: " "), omittingEmptySubsequences: true)
+        switch (arguments.count, word) {
+        case (0, _) where word.elementsEqual("lock".utf8): return .lock
+        case (0, _) where word.elementsEqual("purge".utf8): return .purge
+        case (0, _) where word.elementsEqual("background".utf8): return .background
+        case (1, _) where word.elementsEqual("accessmode".utf8):
+            guard let mode = AccessMode.allCases.first(where: { arguments[0].elementsEqual($0.rawValue.utf8) }) else {
+                throw FSError(EINVAL)
+            }
+            return .accessMode(mode)
+        case (1, _) where word.elementsEqual("migrate".utf8):
+            if arguments[0].elementsEqual("yes".utf8) { return .migrate(true) }
+            if arguments[0].elementsEqual("no".utf8) { return .migrate(false) }
+            throw FSError(EINVAL)
+        default:
+            throw FSError(EINVAL)
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import KeychainCore
 
 /// After `lock`, nothing derived from the passcode and no key of a locked
@@ -46,7 +47,8 @@ import Testing
         // A canary: a plain copy that the scan must find, so that it cannot pass by seeing nothing.
         let canary = SecureBytes.random(count: 32)
         let canaryCopy = canary.bytes()
-        let found = try MemoryScan.find(patterns + [("canary", canary)])
+        let all = patterns + [("canary", canary)]
+        let found = scan(all)
         withExtendedLifetime(canaryCopy) {}
         #expect(found.contains { $0.hasPrefix("canary") }, "the scan did not find a planted copy")
         let residue = found.filter { !$0.hasPrefix("canary") }
@@ -86,65 +88,9 @@ private final class ParkedWorker: @unchecked Sendable {
     }
 }
 
-/// Searches every readable mapping of this process for byte patterns, except
-/// where the patterns themselves live.
-enum MemoryScan {
-    static func find(_ patterns: [(name: String, bytes: SecureBytes)]) throws -> [String] {
-        let own = patterns.map { $0.bytes.withUnsafeBytes { UInt(bitPattern: $0.baseAddress) } }
-        let chunkSize = 1 << 19, overlap = 64
-        // The window lives in secret memory and is wiped after each chunk, so
-        // what it copies is neither left around nor found twice.
-        let window = try SecureBytes(count: chunkSize + overlap)
-        let windowStart = window.withUnsafeBytes { UInt(bitPattern: $0.baseAddress) }
-        let windowRange = windowStart..<(windowStart + UInt(window.count))
-        let mem = open("/proc/self/mem", O_RDONLY)
-        guard mem >= 0 else { throw POSIXError(.EACCES) }
-        defer { close(mem) }
-        var found: [String] = []
-        for region in readableRegions() {
-            var start = region.lowerBound
-            while start < region.upperBound {
-                let length = Int(min(UInt(chunkSize + overlap), region.upperBound - start))
-                let read = pread(mem, window.mutableBytes.baseAddress, length, off_t(Int64(bitPattern: UInt64(start))))
-                if read <= 0 { break }
-                for (index, pattern) in patterns.enumerated() {
-                    for offset in matches(of: pattern.bytes, in: UnsafeRawBufferPointer(start: window.mutableBytes.baseAddress, count: read)) {
-                        let address = start + UInt(offset)
-                        if address == own[index] || windowRange.contains(address) { continue }
-                        found.append("\(pattern.name) at 0x\(String(address, radix: 16))")
-                    }
-                }
-                wipeMemory(UnsafeMutableRawBufferPointer(start: window.mutableBytes.baseAddress, count: read))
-                start += UInt(chunkSize)
-            }
-        }
-        return found
-    }
-
-    private static func matches(of pattern: SecureBytes, in haystack: UnsafeRawBufferPointer) -> [Int] {
-        pattern.withUnsafeBytes { needle in
-            guard let base = haystack.baseAddress, haystack.count >= needle.count else { return [] }
-            var result: [Int] = []
-            var offset = 0
-            let first = Int32(needle[0])
-            while offset <= haystack.count - needle.count {
-                guard let hit = memchr(base + offset, first, haystack.count - needle.count + 1 - offset) else { break }
-                let position = base.distance(to: UnsafeRawPointer(hit))
-                if memcmp(base + position, needle.baseAddress!, needle.count) == 0 { result.append(position) }
-                offset = position + 1
-            }
-            return result
-        }
-    }
-
-    private static func readableRegions() -> [Range<UInt>] {
-        let maps = (try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? ""
-        return maps.split(separator: "\n").compactMap { line in
-            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
-            guard fields.count >= 2, fields[1].hasPrefix("r") else { return nil }
-            if let name = fields.last, name.hasPrefix("[v") { return nil }  // [vvar], [vsyscall]: not real memory
-            let bounds = fields[0].split(separator: "-").compactMap { UInt($0, radix: 16) }
-            return bounds.count == 2 ? bounds[0]..<bounds[1] : nil
-        }
-    }
+/// Scans this process for the patterns, where they live excluded.
+/// (SecureBytes do not move: their pointers stay valid while they live.)
+private func scan(_ patterns: [(String, SecureBytes)]) -> [String] {
+    let views = patterns.map { name, bytes in (name: name, bytes: bytes.withUnsafeBytes { $0 }) }
+    return MemoryScan.find(views, excluding: views.map { MemoryScan.range(of: $0.bytes) })
 }

@@ -68,7 +68,8 @@ import Testing
         "UPDATE items SET class = 3 WHERE ident = 'alpha' AND grp = 'default'",
         "UPDATE items SET class = 99 WHERE ident = 'alpha' AND grp = 'default'",
         "DELETE FROM items WHERE ident = 'beta'",
-        "UPDATE meta SET value = substr(value, 1, 10) || x'00' || substr(value, 12) WHERE key = 'state'",
+        // A digest byte (random: the edit must change it whatever it was).
+        "UPDATE meta SET value = substr(value, 1, 10) || (CASE WHEN substr(value, 11, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(value, 12) WHERE key = 'state'",
     ])
     func changedRowIdentityIsCaughtAtBoot(_ sql: String) throws {
         let keychain = try prepared()
@@ -126,7 +127,12 @@ import Testing
     @Test func tamperedKeybagIsDecodeNotAWrongPasscode() throws {
         let keychain = try prepared()
         try keychain.withRawDatabase { db in
-            try db.execute("UPDATE meta SET value = substr(value, 1, 40) || x'ff' || substr(value, 42) WHERE key = 'keybag'")
+            // Byte 41 is random (a nonce): make sure the edit changes it (it is 0xff one time in 256).
+            try db.execute("""
+                UPDATE meta SET value = substr(value, 1, 40)
+                    || (CASE WHEN substr(value, 41, 1) = x'ff' THEN x'fe' ELSE x'ff' END) || substr(value, 42)
+                WHERE key = 'keybag'
+                """)
         }
         expectError(.decode) { try keychain.device() }
     }

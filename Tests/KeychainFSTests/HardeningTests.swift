@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// The holes an attacker's review found, each tried again through a real mount.
 @Suite struct HardeningTests {
@@ -103,5 +104,45 @@ import Testing
         let second = try harness.mount("second")
         #expect(harness.status(second)["pid"] == harness.status(mnt)["pid"])
         #expect(harness.status(second)["state"] == "unlocked")
+    }
+
+    /// A write larger than one request reaches the device in pieces; the
+    /// first piece's lines used to run before the bad line of the last was seen.
+    @Test func aLargeControlWriteWithABadLineChangesNothing() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        // Page-aligned, so that the kernel cuts exactly after whole lines.
+        let size = 1 << 20, line = Array("migrate no     \n".utf8)
+        let buffer = UnsafeMutableRawBufferPointer(start: mmap(nil, size + 4096, PROT_READ | PROT_WRITE,
+                                                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), count: size + 4096)
+        defer { munmap(buffer.baseAddress, buffer.count) }
+        for offset in stride(from: 0, to: size, by: line.count) {
+            UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + line.count]).copyBytes(from: line)
+        }
+        UnsafeMutableRawBufferPointer(rebasing: buffer[size..<size + 6]).copyBytes(from: Array("bogus\n".utf8))
+        let fd = open(mnt + "/.control", O_WRONLY)
+        defer { close(fd) }
+        #expect(write(fd, buffer.baseAddress, size + 6) == -1 && errno == EINVAL)
+        #expect(harness.status(mnt)["migrate"] == "yes")
+        // A line longer than 4 KiB is refused too; short writes still work.
+        #expect(writeErrno(mnt + "/.control", "unlock " + String(repeating: "x", count: 5000) + "\n") == EINVAL)
+        #expect(harness.status(mnt)["failed-attempts"] == "0")
+        #expect(writeErrno(mnt + "/.control", "migrate no\naccessmode always\n") == 0)
+        #expect(harness.status(mnt)["migrate"] == "no" && harness.status(mnt)["accessmode"] == "always")
+    }
+
+    /// A rejected line that carried a passcode leaves no copy of it in the device.
+    @Test func rejectedControlLinesLeaveNoPasscodeInTheDevice() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let passcode = (0..<256).map { _ in "abcdefghijklmnopqrstuvwxyz0123456789".randomElement()! }.map(String.init).joined()
+        for line in [" unlock \(passcode)", "UNLOCK \(passcode)", "unlock\t\(passcode)", "lock \(passcode)",
+                     "unlock \(passcode)\nbogus"] {
+            #expect(writeErrno(mnt + "/.control", line + "\n") == EINVAL, "\(line.prefix(8))")
+        }
+        let pid = try #require(MountHarness.devicePid(mnt))
+        // The tail: the head of a freed heap block is overwritten by malloc's own bookkeeping.
+        let tail = Array(passcode.utf8.suffix(64))
+        let found = tail.withUnsafeBytes { MemoryScan.find([("passcode", $0)], in: pid) }
+        #expect(found.isEmpty, "\(found)")
+        withExtendedLifetime(harness) {}
     }
 }
