@@ -24,6 +24,10 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // Fuzz targets for the parsers of untrusted bytes: a libFuzzer
+        // harness when built by scripts/fuzz, a replayer of inputs otherwise.
+        // Debug builds only (it reaches internals through @testable).
+        .executableTarget(name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS"]),
         // Helpers both test targets use (scanning a process's memory for secrets).
         .target(name: "TestSupport", path: "Tests/Support"),
         .testTarget(

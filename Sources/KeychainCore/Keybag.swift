@@ -144,7 +144,10 @@ struct Keybag {
         var reader = ByteReader(body)
         formatVersion = try reader.readByte()
         guard (1...Self.version).contains(formatVersion) else { throw .decode }
-        hasPasscode = try reader.readByte() == 1
+        // Only the two canonical values: a record means one thing only.
+        let passcodeFlag = try reader.readByte()
+        guard passcodeFlag <= 1 else { throw .decode }
+        hasPasscode = passcodeFlag == 1
         kdf = KDFParameters(opsLimit: try reader.readUInt64(), memLimit: try reader.readUInt64())
         salt = try reader.read(Crypto.saltSize)
         wrapped = [:]

@@ -1,0 +1,98 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+@testable import KeychainCore
+@testable import KeychainFS
+
+/// The parsers that read bytes an attacker controls, each with the
+/// properties it must keep whatever the input. A broken property traps, so
+/// that libFuzzer (and the replay of committed inputs) reports it.
+enum FuzzTarget: String, CaseIterable {
+    /// `.control` writes.
+    case control
+    /// Group and identifier names, and the escaping of status lines.
+    case names
+    /// The keybag record, behind a valid MAC (the parser, not the MAC, is under test).
+    case keybag
+    /// The lockout record, behind a valid MAC.
+    case lockout
+    /// The item-set state record, behind a valid MAC.
+    case state
+
+    func run(_ input: UnsafeRawBufferPointer) {
+        switch self {
+        case .control: control(input)
+        case .names: names(input)
+        case .keybag: keybag(input)
+        case .lockout: lockout(input)
+        case .state: state(input)
+        }
+    }
+
+    private func control(_ input: UnsafeRawBufferPointer) {
+        let lines = input.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true)
+        do throws(FSError) {
+            let commands = try ControlCommand.parse(input)
+            check(input.count <= ControlCommand.maximumWrite, "accepted a write over the limit")
+            check(lines.allSatisfy { $0.count <= ControlCommand.maximumLine + 1 }, "accepted an over-long line")
+            check(commands.count <= lines.count, "more commands than lines")
+        } catch {
+            check(error.errno == EINVAL, "a parse error other than EINVAL")
+        }
+    }
+
+    private func names(_ input: UnsafeRawBufferPointer) {
+        let name = String(decoding: input, as: UTF8.self)
+        do throws(KeychainError) {
+            try ItemLimits.validate(name: name)
+            check(!name.isEmpty && name.utf8.count <= ItemLimits.maximumNameLength, "accepted a bad length")
+            check(!name.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) || $0 == "/" },
+                  "accepted a control character or a slash")
+            check(!ItemLimits.reservedNames.contains(name), "accepted a reserved name")
+        } catch {
+            check(error == .param || error == .nameTooLong, "a validation error other than param")
+        }
+        let escaped = LineEscaping.escaped(name)
+        check(!escaped.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }, "escaping left a control character")
+        check(LineEscaping.unescaped(escaped) == name, "escaping does not round-trip")
+        _ = LineEscaping.unescaped(name)  // arbitrary input must not trap
+    }
+
+    /// A fixed device secret: its MAC keys sign the fuzzed bodies.
+    private static let secret: DeviceSecret = {
+        Sodium.ensureInitialized()
+        return DeviceSecret(secret: try! SecureBytes([UInt8](repeating: 7, count: Crypto.keySize)))
+    }()
+
+    private func keybag(_ input: UnsafeRawBufferPointer) {
+        let record = Array(input) + Self.secret.mac("kcfs-keybag-v1", Array(input))
+        guard let bag = try? Keybag(decoding: record, secret: Self.secret) else { return }
+        check(bag.formatVersion >= 1 && bag.formatVersion <= Keybag.version, "accepted an unknown version")
+        if bag.formatVersion == Keybag.version {
+            check(bag.encoded(secret: Self.secret) == record, "an accepted keybag does not re-encode to itself")
+        }
+    }
+
+    private func lockout(_ input: UnsafeRawBufferPointer) {
+        let record = Array(input) + Self.secret.mac("kcfs-lockout-v1", Array(input))
+        guard let decoded = try? LockoutRecord(decoding: record, secret: Self.secret) else { return }
+        check(decoded.encoded(secret: Self.secret) == record, "an accepted lockout record does not re-encode to itself")
+    }
+
+    private func state(_ input: UnsafeRawBufferPointer) {
+        let state = ItemSetState(secret: Self.secret)
+        for domain in ["kcfs-state-v1", "kcfs-state-v2"] {
+            let record = Array(input) + Self.secret.mac(domain, Array(input))
+            guard let decoded = try? state.record(from: record) else { continue }
+            check(decoded.digest.count == Crypto.macSize, "a digest of the wrong size")
+            if let generation = decoded.generation {
+                check(generation >= 0, "a negative generation")
+                check(state.sealed(decoded) == record, "an accepted state record does not re-encode to itself")
+            }
+        }
+    }
+
+    private func check(_ condition: Bool, _ property: StaticString) {
+        if !condition { fatalError("\(rawValue): \(property)") }
+    }
+}
