@@ -70,8 +70,16 @@ import Testing
         "DELETE FROM items WHERE ident = 'beta'",
         // A digest byte (random: the edit must change it whatever it was).
         "UPDATE meta SET value = substr(value, 1, 10) || (CASE WHEN substr(value, 11, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(value, 12) WHERE key = 'state'",
+        // A missing record is tampering too. With the state gone, the next
+        // boot would rebuild it from whatever rows are there.
+        "DELETE FROM meta WHERE key = 'state'",
+        "DELETE FROM meta WHERE key = 'state'; DELETE FROM items WHERE ident = 'beta'",
+        // A version-1 record (digest | MAC) in its place: no generation to check.
+        "UPDATE meta SET value = substr(value, 1, 32) || substr(value, 41) WHERE key = 'state'",
+        // With the lockout record gone, the count of wrong passcodes would start over.
+        "DELETE FROM meta WHERE key = 'lockout'",
     ])
-    func changedRowIdentityIsCaughtAtBoot(_ sql: String) throws {
+    func tamperingIsCaughtAtBoot(_ sql: String) throws {
         let keychain = try prepared()
         #expect(throws: KeychainError.decode) { try boot(after: sql, keychain).get() }
     }
@@ -144,20 +152,6 @@ import Testing
     }
 
     // MARK: Records that switch the checks off
-
-    @Test(arguments: [
-        // With the record gone, the next boot would rebuild it from whatever rows are there.
-        "DELETE FROM meta WHERE key = 'state'",
-        "DELETE FROM meta WHERE key = 'state'; DELETE FROM items WHERE ident = 'beta'",
-        // A version-1 record (digest | MAC) in its place: no generation to check.
-        "UPDATE meta SET value = substr(value, 1, 32) || substr(value, 41) WHERE key = 'state'",
-        // With the lockout record gone, the count of wrong passcodes would start over.
-        "DELETE FROM meta WHERE key = 'lockout'",
-    ])
-    func aMissingAuthenticatedRecordIsTampering(_ sql: String) throws {
-        let keychain = try prepared()
-        #expect(throws: KeychainError.decode) { try boot(after: sql, keychain).get() }
-    }
 
     @Test func anUpgradedFormatOneKeychainRequiresItsRecordsFromThenOn() throws {
         let keychain = try TemporaryKeychain(copying: GoldenKeychainTests.fixture("golden-v1"))

@@ -1,5 +1,6 @@
 import Foundation
 import KeychainFS
+import TestSupport
 import Testing
 
 /// What a shell command did.
@@ -179,20 +180,6 @@ struct HarnessError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// The content of a file read in this process (nil if it cannot be read).
-func readFile(_ path: String) -> String? {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return nil }
-    defer { close(fd) }
-    var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 4096)
-    while true {
-        let count = read(fd, &chunk, chunk.count)
-        if count <= 0 { break }
-        bytes += chunk[0..<count]
-    }
-    return String(decoding: bytes, as: UTF8.self)
-}
 
 /// errno of one write(2) of `bytes` to `path` (0 when all were written).
 func writeErrno(_ path: String, _ bytes: String) -> Int32 {

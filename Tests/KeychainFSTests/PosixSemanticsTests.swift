@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// What programs expect of the operations KeychainFS supports (POSIX, and
 /// the pjdfstest cases that concern them). Descriptors are opened in this

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// cat, printf >, >>, truncate: byte-exact values, committed at close.
 @Suite struct ReadWriteTests {

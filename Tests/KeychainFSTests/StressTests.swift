@@ -2,6 +2,7 @@ import Foundation
 import KeychainFS
 import Synchronization
 import Testing
+import TestSupport
 @testable import KeychainCore
 
 /// Promises kept under load and at the worst moments. Sizes are bounded for

@@ -63,17 +63,7 @@ public enum MemoryScan {
     }
 
     private static func readableRegions(_ process: String) -> [Range<UInt>] {
-        let fd = open("/proc/\(process)/maps", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return [] }
-        defer { close(fd) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = read(fd, &chunk, chunk.count)
-            if count <= 0 { break }
-            bytes += chunk[0..<count]
-        }
-        return String(decoding: bytes, as: UTF8.self).split(separator: "\n").compactMap { line in
+        (readFile("/proc/\(process)/maps") ?? "").split(separator: "\n").compactMap { line in
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             guard fields.count >= 2, fields[1].hasPrefix("r") else { return nil }
             if let name = fields.last, name.hasPrefix("[v") { return nil }  // [vvar], [vsyscall]: not real memory
@@ -81,4 +71,20 @@ public enum MemoryScan {
             return bounds.count == 2 ? bounds[0]..<bounds[1] : nil
         }
     }
+}
+
+/// The content of a file read in this process, whole (nil if it cannot be
+/// read): in the test process itself, so that no child inherits a descriptor.
+public func readFile(_ path: String) -> String? {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let count = read(fd, &chunk, chunk.count)
+        if count <= 0 { break }
+        bytes += chunk[0..<count]
+    }
+    return String(decoding: bytes, as: UTF8.self)
 }
