@@ -82,7 +82,8 @@ public final class Device: Sendable {
         unlink(temporary + "-shm")
         // sqlite creates files with the umask's mode; the SPEC wants them private
         // (sqlite gives the -wal and -shm files the database file's mode).
-        guard chmod(temporary, 0o600) == 0, rename(temporary, directory.databasePath) == 0 else { throw .io }
+        guard chmod(temporary, 0o600) == 0 else { throw fileFailure("make private (chmod 600)", temporary) }
+        guard rename(temporary, directory.databasePath) == 0 else { throw fileFailure("rename into place", directory.databasePath) }
     }
 
     /// Boots the device of an existing keychain: locked, before first unlock.
@@ -99,7 +100,7 @@ public final class Device: Sendable {
             throw .insecurePermissions
         }
         let fd = open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw .io }
+        guard fd >= 0 else { throw fileFailure("open", directory.lockFilePath) }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             close(fd)
             throw .keychainInUse

@@ -11,3 +11,11 @@ public enum Diagnostics {
         line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
     }
 }
+
+/// A failed file operation: logs which operation on which path failed and
+/// why (errno's text), and returns ``KeychainError/io`` to throw. Read errno
+/// first thing: any later call may change it.
+func fileFailure(_ operation: String, _ path: String, errno code: Int32 = errno) -> KeychainError {
+    Diagnostics.log("cannot \(operation) \(path): \(String(cString: strerror(code)))")
+    return .io
+}

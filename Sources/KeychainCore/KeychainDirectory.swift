@@ -55,12 +55,18 @@ public struct KeychainDirectory: Sendable, Equatable {
         return nil
     }
 
-    /// Creates the directory (0700) if needed, refusing to reuse a keychain.
+    /// Creates the directory (0700) and any missing parent (0700 too: only
+    /// the ones created here; a fresh account has no ~/.local/share yet),
+    /// refusing to reuse a keychain.
     func prepareForCreation() throws(KeychainError) {
         if exists { throw .duplicateKeychain }
-        if mkdir(path, 0o700) != 0 && errno != EEXIST { throw .io }
+        var prefix = ""
+        for component in path.split(separator: "/") {
+            prefix += "/" + component
+            if mkdir(prefix, 0o700) != 0 && errno != EEXIST { throw fileFailure("create the directory", prefix) }
+        }
         // The directory may have existed with looser permissions.
-        guard chmod(path, 0o700) == 0 else { throw .io }
+        guard chmod(path, 0o700) == 0 else { throw fileFailure("make private (chmod 700)", path) }
     }
 
     /// Writes the device secret under a temporary name and renames it into
@@ -70,13 +76,19 @@ public struct KeychainDirectory: Sendable, Equatable {
         let temporary = deviceSecretPath + ".new"
         unlink(temporary)
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw .io }
+        guard fd >= 0 else { throw fileFailure("create", temporary) }
         let written = secret.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd) == 0
+        let synced = fsync(fd) == 0 ? 0 : errno
         close(fd)
-        guard written == secret.count, synced, rename(temporary, deviceSecretPath) == 0 else {
+        guard written == secret.count, synced == 0 else {
+            let failure = fileFailure("write", temporary, errno: written < 0 ? errno : synced == 0 ? EIO : synced)
             unlink(temporary)
-            throw .io
+            throw failure
+        }
+        guard rename(temporary, deviceSecretPath) == 0 else {
+            let failure = fileFailure("rename into place", deviceSecretPath)
+            unlink(temporary)
+            throw failure
         }
     }
 

@@ -15,6 +15,7 @@ final class SQLiteConnection {
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             if let db { sqlite3_close_v2(db) }
+            if rc != SQLITE_CANTOPEN { Diagnostics.log("sqlite: cannot open \(path) (\(rc))") }
             throw rc == SQLITE_CANTOPEN ? .noSuchKeychain : .io
         }
         handle = db

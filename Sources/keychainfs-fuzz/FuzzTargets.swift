@@ -1,6 +1,9 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+// @testable needs modules compiled for testing: debug builds only. A
+// release build of the whole package (the manual plugin does one) gets a stub.
+#if DEBUG
 @testable import KeychainCore
 @testable import KeychainFS
 
@@ -96,3 +99,4 @@ enum FuzzTarget: String, CaseIterable {
         if !condition { fatalError("\(rawValue): \(property)") }
     }
 }
+#endif

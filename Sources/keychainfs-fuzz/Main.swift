@@ -2,7 +2,17 @@
 import Glibc
 #endif
 
-#if FUZZING
+#if !DEBUG
+/// The harness reaches internals through @testable, which release builds do not allow.
+@main
+struct ReleaseStub {
+    static func main() {
+        let message = Array("keychainfs-fuzz: build it in debug (scripts/fuzz does)\n".utf8)
+        _ = message.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+        exit(64)
+    }
+}
+#elseif FUZZING
 /// Built by scripts/fuzz with -sanitize=fuzzer -DFUZZING: libFuzzer's own
 /// `main` drives this entry; the target comes from KEYCHAINFS_FUZZ_TARGET.
 @_cdecl("LLVMFuzzerTestOneInput")

@@ -35,6 +35,9 @@ struct InitCommand: ParsableCommand {
         }
         do {
             try Device.createKeychain(at: directory, passcode: passcode)
+        } catch .io {
+            // The core has just said which path failed, and why.
+            throw fail("no keychain was created at \(directory.path)")
         } catch {
             throw fail("cannot create the keychain at \(directory.path): \(error)")
         }

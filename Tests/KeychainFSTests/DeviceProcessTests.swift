@@ -121,6 +121,39 @@ import Testing
 
 /// What the command line tells a user who got something wrong.
 @Suite struct CommandLineTests {
+    @Test func shellCompletionsKnowEveryCommand() throws {
+        let harness = try MountHarness()
+        for shell in ["bash", "zsh", "fish"] {
+            let script = harness.sh("\"$K\" --generate-completion-script \(shell)")
+            #expect(script.succeeded)
+            for word in ["init", "mount", "unmount", "unlock", "status", "keychain", "foreground"] {
+                #expect(script.stdout.contains(word), "\(shell) completion lacks \(word)")
+            }
+        }
+    }
+
+    /// A fresh account has no ~/.local/share: init creates what is missing
+    /// (0700, only what it creates), and a failure names the path and the cause.
+    @Test func initOnAFreshAccountCreatesTheMissingDirectories() throws {
+        let harness = try MountHarness()
+        let home = harness.root + "/home"
+        #expect(mkdir(home, 0o755) == 0)
+        let created = harness.sh("env -u XDG_DATA_HOME HOME=\"$1\" \"$K\" init", arguments: [home], stdin: "1234\n")
+        #expect(created.succeeded, "\(created)")
+        var info = stat()
+        for (path, mode) in [(".local", 0o700), (".local/share", 0o700), (".local/share/keychainfs", 0o700)] {
+            #expect(stat(home + "/" + path, &info) == 0 && info.st_mode & 0o777 == mode, "\(path)")
+        }
+        #expect(stat(home, &info) == 0 && info.st_mode & 0o777 == 0o755)  // not ours to change
+        #expect(access(home + "/.local/share/keychainfs/keychain.db", F_OK) == 0)
+        // A file where a directory must go: the message says which and why.
+        #expect(harness.sh("printf x > \"$1/blocker\"", arguments: [home]).succeeded)
+        let blocked = harness.sh("\"$K\" init --keychain \"$1/blocker/kc\"", arguments: [home], stdin: "1234\n")
+        #expect(!blocked.succeeded)
+        #expect(blocked.stderr.contains("cannot create the directory \(home)/blocker/kc: Not a directory"), "\(blocked)")
+        #expect(!blocked.stderr.contains("could not be read or written"), "a generic sentence: \(blocked)")
+    }
+
     @Test func helpfulErrors() throws {
         let harness = try MountHarness()
         let mountpoint = try harness.prepareMountpoint("mnt")
