@@ -38,7 +38,9 @@ public final class Device: Sendable {
     private let lockFile: Int32
     private let policy: LockoutPolicy
     private let clock: @Sendable () -> Int64
-    private let keybag: Keybag
+    /// The wrapped class keys; a passcode change replaces it.
+    private let currentKeybag: Mutex<Keybag>
+    private var keybag: Keybag { currentKeybag.withLock { $0 } }
 
     private struct State {
         var keys: [ProtectionClass: GuardedKey] = [:]
@@ -126,7 +128,7 @@ public final class Device: Sendable {
             }
             self.store = store
             self.secret = secret
-            self.keybag = bag
+            self.currentKeybag = Mutex(bag)
             self.directory = directory
             self.lockFile = fd
             self.policy = policy
@@ -187,6 +189,34 @@ public final class Device: Sendable {
             }
         }
         notify(.unlocked)
+    }
+
+    /// Changes the passcode: `old` is the current one (nil for a keychain
+    /// without one), `new` the next (nil: none from now on). Needs no
+    /// unlock, only the current passcode; a wrong one is a failed attempt
+    /// like a wrong unlock (``KeychainError/authFailed``, counted, and
+    /// refused during a lockout). The class keys are wrapped again under the
+    /// new passcode and the keybag record replaced in one transaction: after
+    /// a crash at any point, either the old or the new passcode works.
+    public func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
+        if let new, new.count == 0 { throw .param }
+        try unlockAttempt.withLock { _ throws(KeychainError) in
+            let now = clock()
+            if try lockoutRecord().deadline > now { throw .authFailed }
+            let bag = keybag, secret = secret
+            let changed: Keybag
+            do throws(KeychainError) {
+                changed = try SecretThread.run { () throws(KeychainError) -> Keybag in
+                    try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new)
+                }
+            } catch .decode, .authFailed {
+                try recordFailure(now: now)
+                throw .authFailed
+            }
+            try resetFailures()
+            try store.setMetadata(Keybag.recordKey, changed.encoded(secret: secret))
+            currentKeybag.withLock { $0 = changed }
+        }
     }
 
     /// The class keys a passcode unwraps. Derived on a ``SecretThread``: no

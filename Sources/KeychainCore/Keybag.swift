@@ -58,16 +58,43 @@ struct Keybag {
         var bag = Keybag(hasPasscode: passcode != nil, kdf: kdf, salt: Crypto.randomBytes(Crypto.saltSize))
         let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
         for protectionClass in ProtectionClass.allCases {
-            let classKey = SecureBytes.random(count: Crypto.keySize)
-            let nonce = Crypto.randomBytes(Crypto.nonceSize)
-            let sealed = try bag.withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) { key in
-                classKey.withUnsafeBytes { plain in
-                    Crypto.seal(plain, key: key, nonce: nonce, associatedData: Self.associatedData(protectionClass))
-                }
-            }
-            bag.wrapped[protectionClass] = (nonce, sealed)
+            try bag.wrap(SecureBytes.random(count: Crypto.keySize), as: protectionClass, secret: secret, passcodeKey: passcodeKey)
         }
         return bag
+    }
+
+    /// The keybag for another passcode (nil: none): the keys of the
+    /// passcode-protected classes, unwrapped with `oldPasscode`, wrapped
+    /// again under `newPasscode` with a fresh salt. The class keys stay the
+    /// same (no item is re-encrypted) and the `always` classes are untouched.
+    /// ``KeychainError/decode`` when `oldPasscode` is wrong.
+    func rewrapped(secret: DeviceSecret, oldPasscode: SecureBytes?, newPasscode: SecureBytes?) throws(KeychainError) -> Keybag {
+        let oldKey = try passcodeKey(secret: secret, passcode: oldPasscode)
+        var bag = self
+        bag.formatVersion = Keybag.version
+        bag.hasPasscode = newPasscode != nil
+        bag.salt = Crypto.randomBytes(Crypto.saltSize)
+        let newKey = try bag.passcodeKey(secret: secret, passcode: newPasscode)
+        for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
+            let classKey = try unwrap(protectionClass, secret: secret, passcodeKey: oldKey)
+            let plain = try classKey.withKey { (key) throws(KeychainError) in
+                try SecureBytes(copying: UnsafeRawBufferPointer(start: key, count: Crypto.keySize))
+            }
+            try bag.wrap(plain, as: protectionClass, secret: secret, passcodeKey: newKey)
+        }
+        return bag
+    }
+
+    /// Seals one class key under its wrapping key, with a fresh nonce.
+    private mutating func wrap(_ classKey: SecureBytes, as protectionClass: ProtectionClass, secret: DeviceSecret,
+                               passcodeKey: GuardedKey?) throws(KeychainError) {
+        let nonce = Crypto.randomBytes(Crypto.nonceSize)
+        let sealed = try withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) { key in
+            classKey.withUnsafeBytes { plain in
+                Crypto.seal(plain, key: key, nonce: nonce, associatedData: Self.associatedData(protectionClass))
+            }
+        }
+        wrapped[protectionClass] = (nonce, sealed)
     }
 
     /// The key that wraps the passcode-protected classes: BLAKE2b keyed with

@@ -201,41 +201,54 @@ public final class DeviceProcess: Sendable {
     static let connectionDeadline = 5
 
     private func serve(_ client: Int32) {
-        let reply = answer(client)
-        _ = Descriptor.writeAll(client, Array((reply + "\n").utf8))
+        if let frame = try? answer(client).frame() { _ = DeviceProtocol.send(frame, to: client) }
         close(client)
         requestsInFlight.withLock { $0 -= 1 }
         var one: UInt64 = 1
         _ = write(mountEnded, &one, 8)
     }
 
-    private func answer(_ client: Int32) -> String {
+    /// Reads one request (its frame, which may hold passcodes, in secret
+    /// memory) and carries it out.
+    private func answer(_ client: Int32) -> DeviceReply {
         var credentials = PeerCredentials()
         var length = socklen_t(MemoryLayout<PeerCredentials>.size)
         guard getsockopt(client, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0,
-              credentials.uid == getuid() else { return "error \(EPERM) not the owner of this keychain" }
-        let fields = Descriptor.readAll(client, limit: 65536).split(separator: 0, omittingEmptySubsequences: false)
-            .map { String(decoding: $0, as: UTF8.self) }
-        switch (fields.first, fields.count) {
-        case ("ping", 1):
-            return "ok"
-        case ("mount", 3):
+              credentials.uid == getuid() else { return .systemError(EPERM, "not the owner of this keychain") }
+        guard let body = DeviceProtocol.receive(from: client) else {
+            return .systemError(EINVAL, "no whole request arrived within \(Self.connectionDeadline) s")
+        }
+        let request: DeviceRequest
+        do {
+            request = try body.withUnsafeBytes { (raw) throws(KeychainError) in try DeviceRequest(body: raw) }
+        } catch {
+            return .systemError(EINVAL, "malformed request (protocol version \(DeviceProtocol.version) expected)")
+        }
+        switch request {
+        case .ping:
+            return .ok([])
+        case .mount(let group, let mountpoint):
             do {
-                try mount(fields[2], group: fields[1].isEmpty ? nil : fields[1])
-                return "ok"
+                try mount(mountpoint, group: group)
+                return .ok([])
             } catch {
-                return "error \(EINVAL) \(error.description)"
+                return .systemError(EINVAL, error.description)
             }
-        case ("unmount", 2):
+        case .unmount(let mountpoint):
             do {
-                return try unmount(fields[1]) ? "ok last" : "ok"
+                return .ok(try unmount(mountpoint) ? ["last"] : [])
             } catch {
                 let reason = error.errno == EBUSY ? "mount point is busy (files are open in it)"
                     : error.errno == ENOENT ? "not mounted by this device" : String(cString: strerror(error.errno))
-                return "error \(error.errno) \(reason)"
+                return .systemError(error.errno, reason)
             }
-        default:
-            return "error \(EINVAL) unknown request"
+        case .changePasscode(let old, let new):
+            do throws(KeychainError) {
+                try manager.device.changePasscode(from: old, to: new)
+                return .ok([])
+            } catch {
+                return .keychainError(error, error.description)
+            }
         }
     }
 }

@@ -1,11 +1,11 @@
+import KeychainCore
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// The UNIX socket by which later `mount`s and `unmount`s reach the device
-/// process of a keychain, and its tiny request protocol: the client writes
-/// NUL-separated fields and shuts down its side; the server answers one line,
-/// `ok [last]` or `error ERRNO MESSAGE`, and closes.
+/// The UNIX socket by which clients (later `mount`s, `unmount`, `passcode`)
+/// reach the device process of a keychain; the requests and replies are
+/// ``DeviceProtocol`` frames.
 public enum UnixSocket {
     /// The longest path a sockaddr_un holds (108 bytes with the NUL).
     static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
@@ -40,21 +40,32 @@ public enum UnixSocket {
         return fd
     }
 
-    /// Sends a request and returns the reply line; nil if nobody listens.
-    public static func request(_ fields: [String], to path: String) -> String? {
+    /// A socket connected to `path`; nil if nobody listens there.
+    static func connect(to path: String) -> Int32? {
         guard var address = address(path) else { return nil }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return nil }
-        defer { close(fd) }
         let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
-        guard connected == 0 else { return nil }
-        let payload = Array(fields.joined(separator: "\0").utf8)
-        guard Descriptor.writeAll(fd, payload) else { return nil }
-        shutdown(fd, Int32(SHUT_WR))
-        let reply = Descriptor.readAll(fd)
-        return String(decoding: reply, as: UTF8.self).split(separator: "\n").first.map(String.init) ?? ""
+        guard connected == 0 else {
+            close(fd)
+            return nil
+        }
+        return fd
+    }
+}
+
+/// The client side of the device's protocol (``DeviceProtocol``).
+public enum DeviceClient {
+    /// Sends one request to the device listening at `socketPath` and waits
+    /// for its reply; nil when no device listens or it went away unanswered.
+    public static func send(_ request: DeviceRequest, to socketPath: String) -> DeviceReply? {
+        guard let fd = UnixSocket.connect(to: socketPath) else { return nil }
+        defer { close(fd) }
+        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd),
+              let body = DeviceProtocol.receive(from: fd) else { return nil }
+        return body.withUnsafeBytes { try? DeviceReply(body: $0) }
     }
 }
 

@@ -21,6 +21,8 @@ enum FuzzTarget: String, CaseIterable {
     case lockout
     /// The item-set state record, behind a valid MAC.
     case state
+    /// Request bodies on the device's socket.
+    case request
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -29,6 +31,7 @@ enum FuzzTarget: String, CaseIterable {
         case .keybag: keybag(input)
         case .lockout: lockout(input)
         case .state: state(input)
+        case .request: request(input)
         }
     }
 
@@ -92,6 +95,14 @@ enum FuzzTarget: String, CaseIterable {
                 check(generation >= 0, "a negative generation")
                 check(state.sealed(decoded) == record, "an accepted state record does not re-encode to itself")
             }
+        }
+    }
+
+    private func request(_ input: UnsafeRawBufferPointer) {
+        guard let request = try? DeviceRequest(body: input) else { return }
+        guard let frame = try? request.frame() else { return check(false, "an accepted request cannot be framed") }
+        frame.withUnsafeBytes { bytes in
+            check(bytes.count == input.count + 4 && bytes[4...].elementsEqual(input), "an accepted request does not re-frame to itself")
         }
     }
 

@@ -14,7 +14,7 @@ struct KeychainFSCommand: ParsableCommand {
             64 for a command line that does not parse.
             """,
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
-                      LockCommand.self, UnlockCommand.self, StatusCommand.self]
+                      LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self]
     )
 }
 

@@ -49,7 +49,7 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        if UnixSocket.request(["ping"], to: socketPath) == "ok" {
+        if DeviceClient.send(.ping, to: socketPath) == .ok([]) {
             if try join(socketPath, mountpoint: mountpoint) { return }
             // The device was exiting (its last mount had just gone): start the next one.
             waitForDeviceExit(keychain)
@@ -63,12 +63,15 @@ struct MountCommand: ParsableCommand {
     /// Asks the running device process to serve one more mount; false if it
     /// went away without answering.
     private func join(_ socketPath: String, mountpoint: String) throws -> Bool {
-        guard let reply = UnixSocket.request(["mount", group ?? "", mountpoint], to: socketPath), !reply.isEmpty else {
+        switch DeviceClient.send(.mount(group: group, mountpoint: mountpoint), to: socketPath) {
+        case nil:
             return false
+        case .ok?:
+            report(ok: ())
+            return true
+        case .keychainError(_, let message)?, .systemError(_, let message)?:
+            throw report(message)
         }
-        guard reply == "ok" else { throw report(errorMessage(reply)) }
-        report(ok: ())
-        return true
     }
 
     /// Becomes the device process.
@@ -127,12 +130,7 @@ struct MountCommand: ParsableCommand {
     }
 }
 
-func errorMessage(_ reply: String) -> String {
-    // "error ERRNO MESSAGE"
-    let parts = reply.split(separator: " ", maxSplits: 2)
-    return parts.count == 3 ? String(parts[2]) : reply
-}
-
+/// Writes one line to a descriptor (the ready pipe); false on an error.
 func writeLine(_ fd: Int32, _ line: String) -> Bool {
     var text = line + "\n"
     return text.withUTF8 { write(fd, $0.baseAddress, $0.count) } == text.utf8.count

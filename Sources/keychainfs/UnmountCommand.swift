@@ -33,14 +33,16 @@ struct UnmountCommand: ParsableCommand {
         } catch {
             throw fail(error.description)
         }
-        guard let reply = UnixSocket.request(["unmount", mountpoint], to: socketPath) else {
+        switch DeviceClient.send(.unmount(mountpoint: mountpoint), to: socketPath) {
+        case nil:
             // No device answers: unmount directly.
             let result = MountTable.unmount(mountpoint, lazy: false)
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
-            return
+        case .ok(let fields)?:
+            if fields == ["last"] { waitForDeviceExit(KeychainDirectory(path: keychain)) }
+        case .keychainError(_, let message)?, .systemError(_, let message)?:
+            throw fail("cannot unmount \(mountpoint): \(message)")
         }
-        guard reply.hasPrefix("ok") else { throw fail("cannot unmount \(mountpoint): \(errorMessage(reply))") }
-        if reply == "ok last" { waitForDeviceExit(KeychainDirectory(path: keychain)) }
     }
 }
 

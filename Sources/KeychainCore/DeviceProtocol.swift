@@ -1,0 +1,244 @@
+/// The device's request/reply protocol on its UNIX socket (docs/PROTOCOL.md):
+/// one request and one reply per connection, each a frame
+/// `length u32 LE | body`, the body `version u8 | kind u8 | code i32 LE |
+/// fields`, each field `length u32 LE | bytes`. Requests carry the operation
+/// in `kind` (code 0); replies carry the outcome (0 ok, 1 a core error whose
+/// OSStatus is `code`, 2 a system error whose errno is `code`) and, for
+/// errors, a sentence for the user as their first field.
+///
+/// Frames may carry passcodes: they are read into and built in secret memory
+/// (``SecureBytes``, wiped on release), and a passcode field is copied
+/// straight into its own ``SecureBytes``, never into a String.
+public enum DeviceProtocol {
+    /// The protocol version this build speaks.
+    public static let version: UInt8 = 1
+    /// The largest frame body accepted.
+    public static let maximumBody = 64 << 10
+}
+
+/// A request to the device.
+public enum DeviceRequest {
+    /// Is a device serving this socket?
+    case ping
+    /// Mount the keychain, or one group of it, at a mount point (absolute).
+    case mount(group: String?, mountpoint: String)
+    /// Unmount one of the device's mounts.
+    case unmount(mountpoint: String)
+    /// Change the passcode (nil: none), as ``Device/changePasscode(from:to:)``.
+    case changePasscode(old: SecureBytes?, new: SecureBytes?)
+
+    private enum Operation: UInt8 {
+        case ping = 1, mount = 2, unmount = 3, changePasscode = 4
+    }
+
+    /// The request as a frame, in secret memory.
+    public func frame() throws(KeychainError) -> SecureBytes {
+        var fields: [FrameField] = []
+        let operation: Operation
+        switch self {
+        case .ping:
+            operation = .ping
+        case .mount(let group, let mountpoint):
+            operation = .mount
+            fields = [.optionalText(group), .text(mountpoint)]
+        case .unmount(let mountpoint):
+            operation = .unmount
+            fields = [.text(mountpoint)]
+        case .changePasscode(let old, let new):
+            operation = .changePasscode
+            fields = [.optionalSecret(old), .optionalSecret(new)]
+        }
+        return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
+    }
+
+    /// Parses a request body (``DeviceProtocol/version`` only).
+    public init(body: UnsafeRawBufferPointer) throws(KeychainError) {
+        var reader = FrameReader(body)
+        guard try reader.byte() == DeviceProtocol.version, let operation = Operation(rawValue: try reader.byte()),
+              try reader.int32() == 0 else { throw .param }
+        switch operation {
+        case .ping:
+            self = .ping
+        case .mount:
+            self = .mount(group: try reader.optionalText(), mountpoint: try reader.text())
+        case .unmount:
+            self = .unmount(mountpoint: try reader.text())
+        case .changePasscode:
+            self = .changePasscode(old: try reader.optionalSecret(), new: try reader.optionalSecret())
+        }
+        guard reader.isAtEnd else { throw .param }
+    }
+}
+
+/// The device's answer.
+public enum DeviceReply: Equatable {
+    /// Done; `fields` are the operation's results.
+    case ok([String])
+    /// A core error, as the core threw it, with a sentence for the user.
+    case keychainError(KeychainError, String)
+    /// A system error (an errno), with a sentence for the user.
+    case systemError(Int32, String)
+
+    /// The reply as a frame.
+    public func frame() throws(KeychainError) -> SecureBytes {
+        switch self {
+        case .ok(let fields): return try FrameField.frame(kind: 0, code: 0, fields.map(FrameField.text))
+        case .keychainError(let error, let message): return try FrameField.frame(kind: 1, code: error.rawValue, [.text(message)])
+        case .systemError(let code, let message): return try FrameField.frame(kind: 2, code: code, [.text(message)])
+        }
+    }
+
+    /// Parses a reply body.
+    public init(body: UnsafeRawBufferPointer) throws(KeychainError) {
+        var reader = FrameReader(body)
+        guard try reader.byte() == DeviceProtocol.version else { throw .param }
+        let kind = try reader.byte(), code = try reader.int32()
+        var fields: [String] = []
+        while !reader.isAtEnd { fields.append(try reader.text()) }
+        switch kind {
+        case 0: self = .ok(fields)
+        case 1: self = .keychainError(KeychainError(rawValue: code), fields.first ?? "")
+        case 2: self = .systemError(code, fields.first ?? "")
+        default: throw .param
+        }
+    }
+}
+
+/// One field of a frame being built.
+private enum FrameField {
+    case text(String)
+    case optionalText(String?)
+    case optionalSecret(SecureBytes?)
+
+    /// `length | body` in secret memory.
+    static func frame(kind: UInt8, code: Int32, _ fields: [FrameField]) throws(KeychainError) -> SecureBytes {
+        let buffer = SecureBuffer()
+        // Array.withUnsafeBytes only rethrows untyped errors: carry ours out.
+        func append(_ bytes: [UInt8]) throws(KeychainError) {
+            var failure: KeychainError?
+            bytes.withUnsafeBytes { raw in
+                do throws(KeychainError) { try buffer.append(raw) } catch { failure = error }
+            }
+            if let failure { throw failure }
+        }
+        func appendLength(_ count: Int) throws(KeychainError) { try append(withUnsafeBytes(of: UInt32(count).littleEndian, Array.init)) }
+        try append([DeviceProtocol.version, kind])
+        try append(withUnsafeBytes(of: code.littleEndian, Array.init))
+        for field in fields {
+            switch field {
+            case .text(let text):
+                try appendLength(text.utf8.count)
+                try append(Array(text.utf8))
+            case .optionalText(let text):
+                try append([text == nil ? 0 : 1])
+                try appendLength(text?.utf8.count ?? 0)
+                try append(Array((text ?? "").utf8))
+            case .optionalSecret(let secret):
+                try append([secret == nil ? 0 : 1])
+                try appendLength(secret?.count ?? 0)
+                if let secret { try secret.withUnsafeBytes { (raw) throws(KeychainError) in try buffer.append(raw) } }
+            }
+        }
+        let body = buffer.count
+        guard body <= DeviceProtocol.maximumBody else { throw .param }
+        let frame = try SecureBytes(count: 4 + body)
+        frame.mutableBytes.storeBytes(of: UInt32(body).littleEndian, toByteOffset: 0, as: UInt32.self)
+        buffer.withBytes(from: 0, length: body) { UnsafeMutableRawBufferPointer(rebasing: frame.mutableBytes[4...]).copyMemory(from: $0) }
+        buffer.wipe()
+        return frame
+    }
+}
+
+/// Reads the fields of a frame body; ``KeychainError/param`` for anything malformed.
+private struct FrameReader {
+    private let bytes: UnsafeRawBufferPointer
+    private var offset = 0
+
+    init(_ bytes: UnsafeRawBufferPointer) { self.bytes = bytes }
+
+    var isAtEnd: Bool { offset == bytes.count }
+
+    mutating func byte() throws(KeychainError) -> UInt8 {
+        guard offset < bytes.count else { throw .param }
+        defer { offset += 1 }
+        return bytes[offset]
+    }
+
+    mutating func int32() throws(KeychainError) -> Int32 {
+        Int32(bitPattern: try uint32())
+    }
+
+    private mutating func uint32() throws(KeychainError) -> UInt32 {
+        guard bytes.count - offset >= 4 else { throw .param }
+        defer { offset += 4 }
+        return (0..<4).reduce(UInt32(0)) { $0 | UInt32(bytes[offset + $1]) << (8 * $1) }
+    }
+
+    private mutating func slice() throws(KeychainError) -> UnsafeRawBufferPointer {
+        let count = Int(try uint32())
+        guard bytes.count - offset >= count else { throw .param }
+        defer { offset += count }
+        return UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + count])
+    }
+
+    mutating func text() throws(KeychainError) -> String {
+        guard let text = String(validating: try slice(), as: UTF8.self) else { throw .param }
+        return text
+    }
+
+    mutating func optionalText() throws(KeychainError) -> String? {
+        let present = try byte()
+        let text = try text()
+        guard present <= 1, present == 1 || text.isEmpty else { throw .param }
+        return present == 1 ? text : nil
+    }
+
+    mutating func optionalSecret() throws(KeychainError) -> SecureBytes? {
+        let present = try byte()
+        let secret = try slice()
+        guard present <= 1, present == 1 || secret.isEmpty else { throw .param }
+        return present == 1 ? try SecureBytes(copying: secret) : nil
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension DeviceProtocol {
+    /// Reads one frame from `fd` and returns its body, in secret memory; nil
+    /// when the peer sent no whole frame (it closed, its deadline passed) or
+    /// announced a body over ``maximumBody``.
+    public static func receive(from fd: Int32) -> SecureBytes? {
+        var length = [UInt8](repeating: 0, count: 4)
+        guard length.withUnsafeMutableBytes({ readExactly(fd, into: $0) }) else { return nil }
+        let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
+        guard count <= maximumBody, let body = try? SecureBytes(count: count) else { return nil }
+        return readExactly(fd, into: body.mutableBytes) ? body : nil
+    }
+
+    /// Writes a whole frame; false on an error.
+    public static func send(_ frame: SecureBytes, to fd: Int32) -> Bool {
+        frame.withUnsafeBytes { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+                if written < 0 && errno == EINTR { continue }
+                if written <= 0 { return false }
+                offset += written
+            }
+            return true
+        }
+    }
+
+    private static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) -> Bool {
+        var offset = 0
+        while offset < buffer.count {
+            let count = read(fd, buffer.baseAddress! + offset, buffer.count - offset)
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 { return false }
+            offset += count
+        }
+        return true
+    }
+}

@@ -1,0 +1,81 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct PasscodeCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "passcode",
+        abstract: "Change, add or remove the keychain's passcode.",
+        discussion: """
+            Reads the current passcode (an empty line if the keychain has none), then the new one \
+            (twice on a terminal), from the terminal or one per line of standard input. A wrong \
+            current passcode counts as a failed unlock. Works through the running device, or on the \
+            keychain directly when no device holds it.
+            """
+    )
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(name: .long, help: "Remove the passcode: unlocking needs none from then on.")
+    var remove = false
+
+    func run() throws {
+        let keychain = options.directory
+        guard keychain.exists else { throw fail("no keychain at \(keychain.path); create one with `keychainfs init`") }
+        let socketPath: String
+        do {
+            socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        } catch {
+            throw fail(error.description)
+        }
+        guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
+            throw fail("no current passcode given (an empty line if the keychain has none)")
+        }
+        let old = current.count > 0 ? current : nil
+        var new: SecureBytes?
+        if !remove {
+            guard let first = Passcode.read(prompt: "New passcode: "), first.count > 0 else {
+                throw fail("no new passcode given; type one, or use --remove to remove the passcode")
+            }
+            if isatty(0) == 1 {
+                guard let again = Passcode.read(prompt: "Repeat the new passcode: "), again == first else {
+                    throw fail("the two new passcodes differ; nothing was changed")
+                }
+            }
+            new = first
+        }
+        switch DeviceClient.send(.changePasscode(old: old, new: new), to: socketPath) {
+        case .ok?:
+            break
+        case .keychainError(let error, _)?:
+            throw fail(Self.explain(error, retryAfter: nil))
+        case .systemError(_, let message)?:
+            throw fail(message)
+        case nil:
+            // No device holds the keychain: change it directly.
+            let device: Device
+            do {
+                device = try Device(directory: keychain)
+            } catch {
+                throw fail(DeviceProcess.describe(error, keychain: keychain))
+            }
+            do {
+                try device.changePasscode(from: old, to: new)
+            } catch {
+                throw fail(Self.explain(error, retryAfter: device.status.retryAfter))
+            }
+        }
+        print(remove ? "removed the passcode" : "changed the passcode")
+    }
+
+    private static func explain(_ error: KeychainError, retryAfter: Int64?) -> String {
+        guard error == .authFailed else { return "the passcode was not changed: \(error)" }
+        if let retryAfter, retryAfter > 0 {
+            return "the current passcode is wrong, or too many were; try again in \(retryAfter) more seconds"
+        }
+        return "the current passcode is wrong (or wrong passcodes have locked changes out for now); nothing was changed"
+    }
+}

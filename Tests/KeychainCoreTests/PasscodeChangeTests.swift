@@ -1,0 +1,74 @@
+import Foundation
+import Testing
+@testable import KeychainCore
+
+@Suite struct PasscodeChangeTests {
+    @Test func theNewPasscodeUnlocksTheOldOneNoLongerDoesAndItemsStay() throws {
+        let keychain = try TemporaryKeychain()
+        do {
+            let manager = try keychain.manager()
+            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.register("kept", forIdentifier: "item")
+            try manager.device.changePasscode(from: secure(TemporaryKeychain.passcode), to: secure("new passcode"))
+            // The running device keeps its keys; the next unlock needs the new passcode.
+            #expect(try manager.string(forIdentifier: "item") == "kept")
+            manager.device.lock()
+            expectError(.authFailed) { try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode)) }
+            try manager.device.unlock(passcode: secure("new passcode"))
+        }
+        // After a restart too.
+        let manager = try keychain.manager()
+        expectError(.authFailed) { try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode)) }
+        try manager.device.unlock(passcode: secure("new passcode"))
+        #expect(try manager.string(forIdentifier: "item") == "kept")
+    }
+
+    @Test func aWrongCurrentPasscodeIsAFailedAttemptAndTheLockoutApplies() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device()
+        for _ in 0..<5 {
+            expectError(.authFailed) { try device.changePasscode(from: secure("wrong"), to: secure("new")) }
+        }
+        #expect(device.status.failedAttempts == 5 && device.status.retryAfter > 0)
+        // Locked out: even the right passcode is refused, and nothing changed.
+        expectError(.authFailed) { try device.changePasscode(from: secure(TemporaryKeychain.passcode), to: secure("new")) }
+        keychain.clock.advance(3600)
+        try device.unlock(passcode: secure(TemporaryKeychain.passcode))
+    }
+
+    @Test func aPasscodeCanBeAddedAndRemoved() throws {
+        let keychain = try TemporaryKeychain(passcode: nil)
+        let device = try keychain.device()
+        try device.changePasscode(from: nil, to: secure("added"))
+        #expect(device.status.hasPasscode)
+        expectError(.authFailed) { try device.unlock(passcode: nil) }
+        try device.unlock(passcode: secure("added"))
+        try device.changePasscode(from: secure("added"), to: nil)
+        #expect(!device.status.hasPasscode)
+        device.lock()
+        try device.unlock(passcode: nil)
+        expectError(.param) { try device.changePasscode(from: nil, to: secure("")) }
+    }
+
+    @Test func requestsAndRepliesRoundTripAndMalformedFramesAreRefused() throws {
+        let requests: [DeviceRequest] = [
+            .ping, .mount(group: nil, mountpoint: "/m"), .mount(group: "TEAMID.g", mountpoint: "/m 2"),
+            .unmount(mountpoint: "/m"), .changePasscode(old: nil, new: try secure("n")),
+            .changePasscode(old: try secure("o"), new: nil),
+        ]
+        for request in requests {
+            let frame = try request.frame()
+            let decoded = try frame.withUnsafeBytes { try DeviceRequest(body: UnsafeRawBufferPointer(rebasing: $0[4...])) }
+            #expect(try decoded.frame() == frame)
+            #expect(frame.withUnsafeBytes { Int($0.load(as: UInt32.self)) } == frame.count - 4)
+        }
+        for reply in [DeviceReply.ok(["last"]), .keychainError(.authFailed, "wrong passcode"), .systemError(EBUSY, "busy")] {
+            let frame = try reply.frame()
+            #expect(try frame.withUnsafeBytes { try DeviceReply(body: UnsafeRawBufferPointer(rebasing: $0[4...])) } == reply)
+        }
+        for bad: [UInt8] in [[], [2, 1, 0, 0, 0, 0], [1, 99, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0, 9, 0, 0, 0, 65],
+                             [1, 1, 0, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0]] {
+            #expect(throws: KeychainError.param) { try bad.withUnsafeBytes { try DeviceRequest(body: $0) } }
+        }
+    }
+}
