@@ -21,18 +21,8 @@ struct InitCommand: ParsableCommand {
         if directory.exists {
             throw fail("a keychain already exists at \(directory.path)")
         }
-        var passcode: SecureBytes?
-        if !noPasscode {
-            guard let first = Passcode.read(prompt: "New passcode: "), first.count > 0 else {
-                throw fail("no passcode given; type one, or use --no-passcode for a keychain without one")
-            }
-            if isatty(0) == 1 {
-                guard let again = Passcode.read(prompt: "Repeat the passcode: "), again == first else {
-                    throw fail("the two passcodes differ; nothing was created")
-                }
-            }
-            passcode = first
-        }
+        let passcode = noPasscode ? nil : try Passcode.readNew(
+            prompt: "New passcode: ", missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
         do {
             try Device.createKeychain(at: directory, passcode: passcode)
         } catch .io {

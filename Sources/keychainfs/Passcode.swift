@@ -9,6 +9,18 @@ import Glibc
 enum Passcode {
     static let maximumLength = 1024
 
+    /// A new passcode: read once, and again to confirm on a terminal.
+    /// Throws with `missing` when none is given, and when the two differ.
+    static func readNew(prompt: String, missing: String) throws -> SecureBytes {
+        guard let first = read(prompt: prompt), first.count > 0 else { throw fail(missing) }
+        if isatty(0) == 1 {
+            guard let again = read(prompt: "Repeat the passcode: "), again == first else {
+                throw fail("the two passcodes differ; nothing was changed")
+            }
+        }
+        return first
+    }
+
     /// Reads one passcode; nil at end of input with nothing read.
     static func read(prompt: String) -> SecureBytes? {
         // This process now holds a passcode: no core dump may carry it away.

@@ -35,18 +35,8 @@ struct PasscodeCommand: ParsableCommand {
             throw fail("no current passcode given (an empty line if the keychain has none)")
         }
         let old = current.count > 0 ? current : nil
-        var new: SecureBytes?
-        if !remove {
-            guard let first = Passcode.read(prompt: "New passcode: "), first.count > 0 else {
-                throw fail("no new passcode given; type one, or use --remove to remove the passcode")
-            }
-            if isatty(0) == 1 {
-                guard let again = Passcode.read(prompt: "Repeat the new passcode: "), again == first else {
-                    throw fail("the two new passcodes differ; nothing was changed")
-                }
-            }
-            new = first
-        }
+        let new = remove ? nil : try Passcode.readNew(
+            prompt: "New passcode: ", missing: "no new passcode given; type one, or use --remove to remove the passcode")
         switch DeviceClient.send(.changePasscode(old: old, new: new), to: socketPath) {
         case .ok?:
             break
