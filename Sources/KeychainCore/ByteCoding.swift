@@ -11,6 +11,10 @@ struct ByteWriter {
 
     mutating func append(_ value: Int64) { append(UInt64(bitPattern: value)) }
 
+    mutating func append(_ value: UInt32) {
+        for shift in stride(from: 0, to: 32, by: 8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
+    }
+
     mutating func append(_ raw: [UInt8]) { bytes += raw }
 
     /// A length-prefixed (u16) string, so that ("ab", "c") and ("a", "bc") differ.
@@ -44,4 +48,17 @@ struct ByteReader {
     }
 
     mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
+
+    mutating func readUInt32() throws(KeychainError) -> UInt32 {
+        try read(4).reversed().reduce(0) { $0 << 8 | UInt32($1) }
+    }
+
+    /// A string written by ``ByteWriter/appendPrefixed(_:)``; ``KeychainError/decode`` unless UTF-8.
+    mutating func readPrefixed() throws(KeychainError) -> String {
+        let length = try read(2)
+        guard let string = String(validating: try read(Int(length[0]) | Int(length[1]) << 8), as: UTF8.self) else {
+            throw .decode
+        }
+        return string
+    }
 }

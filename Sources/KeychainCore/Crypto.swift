@@ -125,6 +125,9 @@ public struct KDFParameters: Sendable, Equatable {
     /// libsodium's INTERACTIVE level: 2 passes over 64 MiB, 75-97 ms on the
     /// reference machine (docs/BENCHMARKS.md), the "about 100 ms" the design asks.
     public static let interactive = KDFParameters(opsLimit: 2, memLimit: 64 << 20)
+    /// libsodium's MODERATE level: 3 passes over 256 MiB, ~0.65 s. For backups,
+    /// which leave the device and face offline guessing with no device secret.
+    public static let moderate = KDFParameters(opsLimit: 3, memLimit: 256 << 20)
     /// The cheapest parameters libsodium accepts: for tests only.
     public static let insecureFastForTests = KDFParameters(opsLimit: 1, memLimit: 8192)
 }

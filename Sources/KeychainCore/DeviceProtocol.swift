@@ -26,9 +26,13 @@ public enum DeviceRequest {
     case unmount(mountpoint: String)
     /// Change the passcode (nil: none), as ``Device/changePasscode(from:to:)``.
     case changePasscode(old: SecureBytes?, new: SecureBytes?)
+    /// Write a backup of the migratable items to a file (absolute path).
+    case backup(path: String, password: SecureBytes)
+    /// Restore a backup file (absolute path).
+    case restore(path: String, password: SecureBytes, policy: RestoreConflictPolicy)
 
     private enum Operation: UInt8 {
-        case ping = 1, mount = 2, unmount = 3, changePasscode = 4
+        case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
     }
 
     /// The request as a frame, in secret memory.
@@ -47,6 +51,12 @@ public enum DeviceRequest {
         case .changePasscode(let old, let new):
             operation = .changePasscode
             fields = [.optionalSecret(old), .optionalSecret(new)]
+        case .backup(let path, let password):
+            operation = .backup
+            fields = [.text(path), .optionalSecret(password)]
+        case .restore(let path, let password, let policy):
+            operation = .restore
+            fields = [.text(path), .optionalSecret(password), .text(String(policy.rawValue))]
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -65,6 +75,19 @@ public enum DeviceRequest {
             self = .unmount(mountpoint: try reader.text())
         case .changePasscode:
             self = .changePasscode(old: try reader.optionalSecret(), new: try reader.optionalSecret())
+        case .backup:
+            let path = try reader.text()
+            guard let password = try reader.optionalSecret() else { throw .param }
+            self = .backup(path: path, password: password)
+        case .restore:
+            let path = try reader.text()
+            let passwordField = try reader.optionalSecret(), policyText = try reader.text()
+            // Only the canonical spelling ("2", not "02"): a request means one thing only.
+            guard let password = passwordField,
+                  let policy = RestoreConflictPolicy.allCases.first(where: { String($0.rawValue) == policyText }) else {
+                throw .param
+            }
+            self = .restore(path: path, password: password, policy: policy)
         }
         guard reader.isAtEnd else { throw .param }
     }
@@ -181,8 +204,10 @@ private struct FrameReader {
         return UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + count])
     }
 
+    /// UTF-8 without NUL: texts are paths and names, and a C string ends at a NUL.
     mutating func text() throws(KeychainError) -> String {
-        guard let text = String(validating: try slice(), as: UTF8.self) else { throw .param }
+        let bytes = try slice()
+        guard !bytes.contains(0), let text = String(validating: bytes, as: UTF8.self) else { throw .param }
         return text
     }
 

@@ -249,6 +249,24 @@ public final class DeviceProcess: Sendable {
             } catch {
                 return .keychainError(error, error.description)
             }
+        case .backup(let path, let password):
+            do throws(KeychainError) {
+                let backup = try manager.backup(password: password)
+                try BackupFile.save(backup.bytes, to: path)
+                return .ok([String(backup.count)])
+            } catch {
+                return .keychainError(error, error.description)
+            }
+        case .restore(let path, let password, let policy):
+            do throws(KeychainError) {
+                let summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy)
+                guard summary.applied else {
+                    return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
+                }
+                return .ok([summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init))
+            } catch {
+                return .keychainError(error, error.description)
+            }
         }
     }
 }

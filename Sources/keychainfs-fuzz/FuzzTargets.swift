@@ -23,6 +23,8 @@ enum FuzzTarget: String, CaseIterable {
     case state
     /// Request bodies on the device's socket.
     case request
+    /// Backup files: the records after a valid header for a fixed password.
+    case backup
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -32,6 +34,7 @@ enum FuzzTarget: String, CaseIterable {
         case .lockout: lockout(input)
         case .state: state(input)
         case .request: request(input)
+        case .backup: backup(input)
         }
     }
 
@@ -103,6 +106,27 @@ enum FuzzTarget: String, CaseIterable {
         guard let frame = try? request.frame() else { return check(false, "an accepted request cannot be framed") }
         frame.withUnsafeBytes { bytes in
             check(bytes.count == input.count + 4 && bytes[4...].elementsEqual(input), "an accepted request does not re-frame to itself")
+        }
+    }
+
+    /// A backup of one item under "pw", whose header the fuzzed records follow.
+    private static let backupHeader: [UInt8] = {
+        let item = BackupItem(group: "g", identifier: "i", protectionClass: .always, value: try! SecureBytes("v"))
+        let bytes = try! BackupFile.encode([item], password: try! SecureBytes("pw"), kdf: .insecureFastForTests)
+        return Array(bytes.prefix(8 + 1 + 8 + 8 + Crypto.saltSize + Crypto.macSize))
+    }()
+    private static let backupPassword = try! SecureBytes("pw")
+
+    private func backup(_ input: UnsafeRawBufferPointer) {
+        var items = 0
+        do throws(KeychainError) {
+            try BackupFile.decode(Self.backupHeader + Array(input), password: Self.backupPassword) { item in
+                check(item.protectionClass.isMigratable, "a backup handed out a ThisDeviceOnly item")
+                items += 1
+            }
+        } catch {
+            check(error == .decode, "a damaged backup gave an error other than decode")
+            check(items == 0, "items were handed out before the whole backup was checked")
         }
     }
 

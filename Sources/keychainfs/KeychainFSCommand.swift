@@ -14,7 +14,8 @@ struct KeychainFSCommand: ParsableCommand {
             64 for a command line that does not parse.
             """,
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
-                      LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self]
+                      LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
+                      BackupCommand.self, RestoreCommand.self]
     )
 }
 

@@ -67,7 +67,10 @@ import Testing
             #expect(try frame.withUnsafeBytes { try DeviceReply(body: UnsafeRawBufferPointer(rebasing: $0[4...])) } == reply)
         }
         for bad: [UInt8] in [[], [2, 1, 0, 0, 0, 0], [1, 99, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0, 9, 0, 0, 0, 65],
-                             [1, 1, 0, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0]] {
+                             [1, 1, 0, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                             // A path with a NUL (a C string would end there), and a non-canonical policy.
+                             [1, 3, 0, 0, 0, 0, 3, 0, 0, 0, 97, 0, 98],
+                             [1, 6, 0, 0, 0, 0, 2, 0, 0, 0, 47, 102, 1, 1, 0, 0, 0, 112, 2, 0, 0, 0, 48, 50]] {
             #expect(throws: KeychainError.param) { try bad.withUnsafeBytes { try DeviceRequest(body: $0) } }
         }
     }

@@ -1,0 +1,168 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An item as it travels in a backup.
+public struct BackupItem: Sendable {
+    /// Its access group.
+    public var group: String
+    /// Its identifier.
+    public var identifier: String
+    /// Its class (always a migratable one).
+    public var protectionClass: ProtectionClass
+    /// Its value.
+    public var value: SecureBytes
+}
+
+/// The encrypted backup file (docs/FORMAT.md, "Backups"), as iOS encrypted
+/// backups: protected by a backup password of its own, holding only the
+/// migratable items, readable on any device.
+///
+/// `header | record* | end record`, header =
+/// `magic "KCFSBAK1" | version u8 = 1 | opsLimit u64 | memLimit u64 | salt[16] | check[32]`;
+/// record = `kind u8 | nonce[24] | length u32 | sealed` (kind 1: an item's
+/// group, identifier and class; 2: its value; 3: the end, holding the count).
+/// Each record is XChaCha20-Poly1305 under a key derived from
+/// Argon2id(password), with the header, the kind and the item's index as
+/// associated data, so records cannot be reordered, dropped, duplicated or
+/// spliced from another backup, and a cut file has no end record.
+public enum BackupFile {
+    static let magic = Array("KCFSBAK1".utf8)
+    static let version: UInt8 = 1
+    private static let headerSize = 8 + 1 + 8 + 8 + Crypto.saltSize + Crypto.macSize
+
+    private enum Kind: UInt8 { case item = 1, value = 2, end = 3 }
+
+    /// The keys of one backup password and salt: derived on a ``SecretThread``.
+    private struct Keys {
+        let sealing: GuardedKey
+        let check: [UInt8]
+
+        init(password: SecureBytes, salt: [UInt8], kdf: KDFParameters) throws(KeychainError) {
+            let (sealing, check) = try SecretThread.run { () throws(KeychainError) -> (GuardedKey, [UInt8]) in
+                let stretched = try Crypto.stretch(passcode: password, salt: salt, parameters: kdf)
+                return stretched.withUnsafeBytes { master in
+                    let key = master.baseAddress!.assumingMemoryBound(to: UInt8.self)
+                    let sealing = Array("kcfs-backup-seal".utf8).withUnsafeBytes { Crypto.deriveKey(key: key, [$0]) }
+                    let check = Array("kcfs-backup-check".utf8).withUnsafeBytes { Crypto.mac(key: key, [$0]) }
+                    return (GuardedKey(copying: sealing), check)
+                }
+            }
+            self.sealing = sealing
+            self.check = check
+        }
+    }
+
+    /// Writes `items` (migratable ones only: a caller's mistake otherwise)
+    /// as a backup under `password`.
+    public static func encode(_ items: [BackupItem], password: SecureBytes,
+                              kdf: KDFParameters = .moderate) throws(KeychainError) -> [UInt8] {
+        Sodium.ensureInitialized()
+        let salt = Crypto.randomBytes(Crypto.saltSize)
+        let keys = try Keys(password: password, salt: salt, kdf: kdf)
+        var writer = ByteWriter()
+        writer.append(magic)
+        writer.append(version)
+        writer.append(kdf.opsLimit)
+        writer.append(kdf.memLimit)
+        writer.append(salt)
+        writer.append(keys.check)
+        let header = writer.bytes
+        for (index, item) in items.enumerated() {
+            precondition(item.protectionClass.isMigratable, "ThisDeviceOnly items never leave the device")
+            var meta = ByteWriter()
+            meta.append(UInt8(item.protectionClass.rawValue))
+            meta.appendPrefixed(item.group)
+            meta.appendPrefixed(item.identifier)
+            let metaBytes = try SecureBytes(meta.bytes)
+            seal(metaBytes, kind: .item, index: index, header: header, keys: keys, into: &writer)
+            seal(item.value, kind: .value, index: index, header: header, keys: keys, into: &writer)
+        }
+        var end = ByteWriter()
+        end.append(UInt64(items.count))
+        seal(try SecureBytes(end.bytes), kind: .end, index: items.count, header: header, keys: keys, into: &writer)
+        return writer.bytes
+    }
+
+    private static func seal(_ plaintext: SecureBytes, kind: Kind, index: Int, header: [UInt8], keys: Keys,
+                             into writer: inout ByteWriter) {
+        let nonce = Crypto.randomBytes(Crypto.nonceSize)
+        let sealed = keys.sealing.withKey { key in
+            plaintext.withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: associatedData(header, kind, index)) }
+        }
+        writer.append(kind.rawValue)
+        writer.append(nonce)
+        writer.append(UInt32(sealed.count))
+        writer.append(sealed)
+    }
+
+    private static func associatedData(_ header: [UInt8], _ kind: Kind, _ index: Int) -> [UInt8] {
+        var writer = ByteWriter()
+        writer.append(header)
+        writer.append(kind.rawValue)
+        writer.append(UInt64(index))
+        return writer.bytes
+    }
+
+    /// Decrypts a whole backup and hands each item to `body`, in order.
+    /// ``KeychainError/param`` for a file that is not a backup (or of an
+    /// unknown version), ``KeychainError/authFailed`` for a wrong password,
+    /// ``KeychainError/decode`` for a damaged, cut or altered one. Nothing is
+    /// handed out before the whole file was checked.
+    public static func decode(_ bytes: [UInt8], password: SecureBytes,
+                              _ body: (BackupItem) throws(KeychainError) -> Void) throws(KeychainError) {
+        Sodium.ensureInitialized()
+        guard bytes.count >= headerSize, Array(bytes.prefix(8)) == magic else { throw .param }
+        var reader = ByteReader(Array(bytes.prefix(headerSize)))
+        _ = try reader.read(8)
+        guard try reader.readByte() == version else { throw .param }
+        let kdf = KDFParameters(opsLimit: try reader.readUInt64(), memLimit: try reader.readUInt64())
+        // Bounds an attacker's file could otherwise set (libsodium's own limits are far larger).
+        guard (1...16).contains(kdf.opsLimit), (8192...(4 << 30)).contains(kdf.memLimit) else { throw .decode }
+        let salt = try reader.read(Crypto.saltSize)
+        let check = try reader.read(Crypto.macSize)
+        let header = Array(bytes.prefix(headerSize))
+        let keys = try Keys(password: password, salt: salt, kdf: kdf)
+        guard Crypto.constantTimeEqual(keys.check, check) else { throw .authFailed }
+        // Two passes: every record authenticated first, then handed out.
+        for pass in 0..<2 {
+            var offset = headerSize, index = 0
+            while true {
+                let (kind, record) = try open(bytes, at: &offset, header: header, keys: keys, index: index)
+                if kind == .end {
+                    var end = ByteReader(record.bytes())
+                    guard try end.readUInt64() == UInt64(index), end.isAtEnd, offset == bytes.count else { throw .decode }
+                    break
+                }
+                guard kind == .item else { throw .decode }
+                var meta = ByteReader(record.bytes())
+                guard let protectionClass = ProtectionClass(rawValue: Int64(try meta.readByte())),
+                      protectionClass.isMigratable else { throw .decode }
+                let group = try meta.readPrefixed(), identifier = try meta.readPrefixed()
+                guard meta.isAtEnd else { throw .decode }
+                let (valueKind, value) = try open(bytes, at: &offset, header: header, keys: keys, index: index)
+                guard valueKind == .value else { throw .decode }
+                if pass == 1 {
+                    try body(BackupItem(group: group, identifier: identifier, protectionClass: protectionClass, value: value))
+                }
+                index += 1
+            }
+        }
+    }
+
+    private static func open(_ bytes: [UInt8], at offset: inout Int, header: [UInt8], keys: Keys,
+                             index: Int) throws(KeychainError) -> (Kind, SecureBytes) {
+        let fixed = 1 + Crypto.nonceSize + 4
+        guard bytes.count - offset >= fixed, let kind = Kind(rawValue: bytes[offset]) else { throw .decode }
+        let nonce = Array(bytes[(offset + 1)..<(offset + 1 + Crypto.nonceSize)])
+        var lengthReader = ByteReader(Array(bytes[(offset + 1 + Crypto.nonceSize)..<(offset + fixed)]))
+        let length = Int(try lengthReader.readUInt32())
+        guard length <= ItemLimits.maximumValueSize + Crypto.tagSize, bytes.count - offset - fixed >= length else { throw .decode }
+        let sealed = Array(bytes[(offset + fixed)..<(offset + fixed + length)])
+        offset += fixed + length
+        let plaintext = try keys.sealing.withKey { (key) throws(KeychainError) in
+            try Crypto.open(sealed, key: key, nonce: nonce, associatedData: associatedData(header, kind, index))
+        }
+        return (kind, plaintext)
+    }
+}

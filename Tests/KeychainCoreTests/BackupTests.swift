@@ -1,0 +1,134 @@
+import Foundation
+import Testing
+@testable import KeychainCore
+
+/// Encrypted backups, as iOS's: migratable items only, under a backup password.
+@Suite struct BackupTests {
+    static let password = "backup password"
+    static let items: [(group: String, identifier: String, protectionClass: ProtectionClass, value: [UInt8])] = [
+        ("default", "github.com", .whenUnlocked, Array("ghp_token".utf8)),
+        ("default", "afu", .afterFirstUnlock, Array("afu-value".utf8)),
+        ("TEAMID.com.example.shared", "binary", .always, (0...255).map { UInt8($0) }),
+        ("TEAMID.com.example.shared", "empty", .whenUnlocked, []),
+        ("default", "device-only", .whenUnlockedThisDeviceOnly, Array("stays".utf8)),
+        ("default", "always-device-only", .alwaysThisDeviceOnly, Array("stays too".utf8)),
+    ]
+
+    /// A keychain holding `items`, unlocked.
+    static func source() throws -> (TemporaryKeychain, PasswordManager) {
+        let keychain = try TemporaryKeychain()
+        let manager = try keychain.manager()
+        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        for item in items {
+            try manager.write(SecureBytes(item.value), identifier: item.identifier, group: item.group,
+                              protectionClass: item.protectionClass)
+        }
+        return (keychain, manager)
+    }
+
+    /// Another device: its own device secret and passcode.
+    static func target() throws -> (TemporaryKeychain, PasswordManager) {
+        let keychain = try TemporaryKeychain(passcode: "another device")
+        let manager = try keychain.manager()
+        try manager.device.unlock(passcode: secure("another device"))
+        return (keychain, manager)
+    }
+
+    static func backup(_ manager: PasswordManager) throws -> [UInt8] {
+        try manager.backup(password: secure(password), kdf: .insecureFastForTests).bytes
+    }
+
+    @Test func migratableItemsMoveToAnotherDeviceWithTheirClassesAndThisDeviceOnlyOnesNever() throws {
+        let (_, source) = try Self.source()
+        let bytes = try Self.backup(source)
+        var names: [String] = []
+        try BackupFile.decode(bytes, password: secure(Self.password)) { names.append($0.group + "/" + $0.identifier) }
+        #expect(names.sorted() == ["TEAMID.com.example.shared/binary", "TEAMID.com.example.shared/empty",
+                                   "default/afu", "default/github.com"])
+        let (_, target) = try Self.target()
+        let summary = try target.restore(bytes, password: secure(Self.password), policy: .refuse)
+        #expect(summary == RestoreSummary(added: 4))
+        for item in Self.items {
+            if item.protectionClass.isMigratable {
+                #expect(try target.info(forIdentifier: item.identifier, inGroup: item.group)?.protectionClass == item.protectionClass)
+                #expect(try target.key(forIdentifier: item.identifier, inGroup: item.group).bytes() == item.value)
+            } else {
+                #expect(try target.info(forIdentifier: item.identifier, inGroup: item.group) == nil)
+            }
+        }
+        // Again: nothing changes.
+        #expect(try target.restore(bytes, password: secure(Self.password), policy: .refuse) == RestoreSummary(unchanged: 4))
+    }
+
+    @Test func conflictsAreRefusedKeptOrOverwrittenAsAsked() throws {
+        let (_, source) = try Self.source()
+        let bytes = try Self.backup(source)
+        let (_, target) = try Self.target()
+        try target.register("local", forIdentifier: "github.com")
+        try target.write(secure("afu-value"), identifier: "afu", group: "default", protectionClass: .always)
+        let refused = try target.restore(bytes, password: secure(Self.password), policy: .refuse)
+        #expect(!refused.applied && refused.conflicts == ["default/afu", "default/github.com"])
+        #expect(try target.identifiers(inGroup: "default") == ["afu", "github.com"])  // nothing written
+        let kept = try target.restore(bytes, password: secure(Self.password), policy: .keep)
+        #expect(kept.kept == 2 && kept.added == 2)
+        #expect(try target.string(forIdentifier: "github.com") == "local")
+        let overwritten = try target.restore(bytes, password: secure(Self.password), policy: .overwrite)
+        #expect(overwritten.replaced == 2 && overwritten.unchanged == 2)
+        #expect(try target.string(forIdentifier: "github.com") == "ghp_token")
+        #expect(try target.info(forIdentifier: "afu")?.protectionClass == .afterFirstUnlock)
+    }
+
+    @Test func wrongPasswordsAndCutAlteredOrForeignFilesChangeNothing() throws {
+        let (sourceKeychain, source) = try Self.source()
+        let bytes = try Self.backup(source)
+        let (_, target) = try Self.target()
+        func restoring(_ candidate: [UInt8], password: String = Self.password) -> KeychainError? {
+            do {
+                _ = try target.restore(candidate, password: secure(password), policy: .overwrite)
+                return nil
+            } catch let error as KeychainError {
+                return error
+            } catch {
+                return .io
+            }
+        }
+        #expect(restoring(bytes, password: "wrong") == .authFailed)
+        for cut in [0, 7, 40, 99, bytes.count / 2, bytes.count - 1] {
+            #expect(restoring(Array(bytes.prefix(cut))) != nil, "cut at \(cut)")
+        }
+        for position in stride(from: 8, to: bytes.count, by: max(1, bytes.count / 40)) {
+            var altered = bytes
+            altered[position] ^= 0x01
+            let error = restoring(altered)
+            #expect(error == .decode || error == .authFailed || error == .param, "byte \(position): \(String(describing: error))")
+        }
+        #expect(restoring(bytes + [0]) == .decode)
+        #expect(restoring(Array("not a backup at all, just text".utf8)) == .param)
+        #expect(restoring(try BackupFile.load(from: sourceKeychain.directory.databasePath)) == .param)
+        #expect(try target.identifiers(inGroup: "default") == [])
+    }
+
+    @Test func aLockedKeychainMakesNoBackup() throws {
+        let (_, source) = try Self.source()
+        source.device.lock()
+        expectError(.interactionNotAllowed) { try Self.backup(source) }
+    }
+
+    /// Every later version must restore this file (docs/FORMAT.md, "Backups").
+    @Test func theGoldenVersion1BackupStillRestores() throws {
+        let path = Bundle.module.path(forResource: "golden-backup-v1", ofType: "kcbak", inDirectory: "Fixtures")!
+        let (_, target) = try Self.target()
+        let summary = try target.restore(try BackupFile.load(from: path), password: secure(Self.password), policy: .refuse)
+        #expect(summary.added == 4)
+        for item in Self.items where item.protectionClass.isMigratable {
+            #expect(try target.key(forIdentifier: item.identifier, inGroup: item.group).bytes() == item.value)
+        }
+    }
+
+    /// Writes the golden backup: `KEYCHAINFS_WRITE_GOLDEN_BACKUP=FILE swift test --filter writeGoldenBackup`.
+    @Test(.enabled(if: ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN_BACKUP"] != nil))
+    func writeGoldenBackup() throws {
+        let (_, source) = try Self.source()
+        try BackupFile.save(try Self.backup(source), to: ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN_BACKUP"]!)
+    }
+}
