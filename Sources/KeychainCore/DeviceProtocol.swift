@@ -12,8 +12,8 @@
 public enum DeviceProtocol {
     /// The protocol version this build speaks.
     public static let version: UInt8 = 1
-    /// The largest frame body accepted.
-    public static let maximumBody = 64 << 10
+    /// The largest frame body accepted: a whole value and its names.
+    public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }
 
 /// A request to the device.
@@ -30,9 +30,18 @@ public enum DeviceRequest {
     case backup(path: String, password: SecureBytes)
     /// Restore a backup file (absolute path).
     case restore(path: String, password: SecureBytes, policy: RestoreConflictPolicy)
+    /// An item's value (the reply is ``DeviceReply/value(_:)``).
+    case get(group: String, identifier: String)
+    /// Add or replace an item, with the device's current access mode and migrate setting.
+    case set(group: String, identifier: String, value: SecureBytes)
+    /// Delete an item (works while locked).
+    case remove(group: String, identifier: String)
+    /// The groups (nil), or a group's items as (identifier, class, size) triples.
+    case list(group: String?)
 
     private enum Operation: UInt8 {
         case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
+        case get = 7, set = 8, remove = 9, list = 10
     }
 
     /// The request as a frame, in secret memory.
@@ -57,6 +66,18 @@ public enum DeviceRequest {
         case .restore(let path, let password, let policy):
             operation = .restore
             fields = [.text(path), .optionalSecret(password), .text(String(policy.rawValue))]
+        case .get(let group, let identifier):
+            operation = .get
+            fields = [.text(group), .text(identifier)]
+        case .set(let group, let identifier, let value):
+            operation = .set
+            fields = [.text(group), .text(identifier), .optionalSecret(value)]
+        case .remove(let group, let identifier):
+            operation = .remove
+            fields = [.text(group), .text(identifier)]
+        case .list(let group):
+            operation = .list
+            fields = [.optionalText(group)]
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -88,6 +109,16 @@ public enum DeviceRequest {
                 throw .param
             }
             self = .restore(path: path, password: password, policy: policy)
+        case .get:
+            self = .get(group: try reader.text(), identifier: try reader.text())
+        case .set:
+            let group = try reader.text(), identifier = try reader.text()
+            guard let value = try reader.optionalSecret() else { throw .param }
+            self = .set(group: group, identifier: identifier, value: value)
+        case .remove:
+            self = .remove(group: try reader.text(), identifier: try reader.text())
+        case .list:
+            self = .list(group: try reader.optionalText())
         }
         guard reader.isAtEnd else { throw .param }
     }
@@ -101,10 +132,13 @@ public enum DeviceReply: Equatable {
     case keychainError(KeychainError, String)
     /// A system error (an errno), with a sentence for the user.
     case systemError(Int32, String)
+    /// An item's value, in secret memory.
+    case value(SecureBytes)
 
     /// The reply as a frame.
     public func frame() throws(KeychainError) -> SecureBytes {
         switch self {
+        case .value(let value): return try FrameField.frame(kind: 3, code: 0, [.optionalSecret(value)])
         case .ok(let fields): return try FrameField.frame(kind: 0, code: 0, fields.map(FrameField.text))
         case .keychainError(let error, let message): return try FrameField.frame(kind: 1, code: error.rawValue, [.text(message)])
         case .systemError(let code, let message): return try FrameField.frame(kind: 2, code: code, [.text(message)])
@@ -116,6 +150,11 @@ public enum DeviceReply: Equatable {
         var reader = FrameReader(body)
         guard try reader.byte() == DeviceProtocol.version else { throw .param }
         let kind = try reader.byte(), code = try reader.int32()
+        if kind == 3 {
+            guard let value = try reader.optionalSecret(), reader.isAtEnd else { throw .param }
+            self = .value(value)
+            return
+        }
         var fields: [String] = []
         while !reader.isAtEnd { fields.append(try reader.text()) }
         switch kind {
@@ -244,16 +283,7 @@ extension DeviceProtocol {
 
     /// Writes a whole frame; false on an error.
     public static func send(_ frame: SecureBytes, to fd: Int32) -> Bool {
-        frame.withUnsafeBytes { bytes in
-            var offset = 0
-            while offset < bytes.count {
-                let written = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-                if written < 0 && errno == EINTR { continue }
-                if written <= 0 { return false }
-                offset += written
-            }
-            return true
-        }
+        frame.withUnsafeBytes { Descriptor.writeAll(fd, $0) }
     }
 
     private static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) -> Bool {

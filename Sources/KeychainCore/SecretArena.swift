@@ -15,8 +15,9 @@ final class SecretArena: Sendable {
     /// The process-wide arena.
     static let shared = SecretArena()
 
-    /// Slot sizes: 64 B to 1 MiB in powers of four (1 MiB is the value limit).
-    static let classSizes: [Int] = [64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576]
+    /// Slot sizes: 64 B to 1 MiB in powers of four (1 MiB is the value
+    /// limit), and 2 MiB for a protocol frame carrying a whole value and its names.
+    static let classSizes: [Int] = [64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576, 2_097_152]
     /// A fresh mapping for the small classes is cut into slots of this many bytes.
     private static let slabSize = 65536
     /// Free large slots kept mapped for reuse; more are unmapped on release.

@@ -257,6 +257,36 @@ public final class DeviceProcess: Sendable {
             } catch {
                 return .keychainError(error, error.description)
             }
+        case .get(let group, let identifier):
+            do throws(KeychainError) {
+                return .value(try manager.key(forIdentifier: identifier, inGroup: group))
+            } catch {
+                return .keychainError(error, error.description)
+            }
+        case .set(let group, let identifier, let value):
+            do throws(KeychainError) {
+                // As a commit through a mount: under the namespace lock.
+                try nodes.namespace.withLock { () throws(KeychainError) in
+                    try manager.register(value, forIdentifier: identifier, inGroup: group)
+                }
+                return .ok([])
+            } catch {
+                return .keychainError(error, error.description)
+            }
+        case .remove(let group, let identifier):
+            do throws(FSError) {
+                try nodes.removeItem(group: group, identifier: identifier, manager: manager)
+                return .ok([])
+            } catch {
+                return .systemError(error.errno, String(cString: strerror(error.errno)))
+            }
+        case .list(let group):
+            do throws(KeychainError) {
+                guard let group else { return .ok(try manager.groups()) }
+                return .ok(try manager.items(inGroup: group).flatMap { [$0.identifier, $0.info.protectionClass.name, String($0.info.size)] })
+            } catch {
+                return .keychainError(error, error.description)
+            }
         case .restore(let path, let password, let policy):
             do throws(KeychainError) {
                 let summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy)

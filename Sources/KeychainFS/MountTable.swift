@@ -1,3 +1,4 @@
+import KeychainCore
 #if canImport(Glibc)
 import Glibc
 #endif

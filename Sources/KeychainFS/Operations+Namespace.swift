@@ -20,19 +20,7 @@ extension FileSystem {
         guard let group = itemGroup(of: parent) else {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
-        let node = Node.item(group: group, identifier: name)
-        try nodes.namespace.withLock { () throws(FSError) in
-            let last = try removedItemInfo(node)
-            try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: name, inGroup: group) }
-            nodes.detach(node, info: last)
-        }
-    }
-
-    /// What `fstat` on a descriptor of an item about to be removed reports;
-    /// read only when such a descriptor exists.
-    private func removedItemInfo(_ node: Node) throws(FSError) -> ItemInfo? {
-        guard case .item(let group, let identifier) = node, nodes.hasOpenFiles(node) else { return nil }
-        return try core { () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) }
+        try nodes.removeItem(group: group, identifier: name, manager: manager)
     }
 
     /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
@@ -71,7 +59,7 @@ extension FileSystem {
         let replacing = flags & renameNoReplace == 0
         let target = Node.item(group: group, identifier: newName)
         try nodes.namespace.withLock { () throws(FSError) in
-            let replaced = replacing && name != newName ? try removedItemInfo(target) : nil
+            let replaced = replacing && name != newName ? try nodes.lastInfo(of: target, manager: manager) : nil
             try core { () throws(KeychainError) in
                 try manager.renameKey(forIdentifier: name, to: newName, inGroup: group, replacing: replacing)
             }
@@ -145,5 +133,27 @@ extension FileSystem {
         try core { () throws(KeychainError) in
             try manager.setProtectionClass(newClass, forIdentifier: identifier, inGroup: group)
         }
+    }
+}
+
+extension NodeTable {
+    /// Deletes an item and detaches its inode in one step under the
+    /// namespace lock: `rm` in any mount, and removals through the device's
+    /// socket, so that no descriptor left open on it can reach a later item
+    /// of that name.
+    func removeItem(group: String, identifier: String, manager: PasswordManager) throws(FSError) {
+        let node = Node.item(group: group, identifier: identifier)
+        try namespace.withLock { () throws(FSError) in
+            let last = try lastInfo(of: node, manager: manager)
+            try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: identifier, inGroup: group) }
+            detach(node, info: last)
+        }
+    }
+
+    /// What `fstat` on a descriptor of an item about to be removed or
+    /// replaced reports; read only when such a descriptor exists.
+    func lastInfo(of node: Node, manager: PasswordManager) throws(FSError) -> ItemInfo? {
+        guard case .item(let group, let identifier) = node, hasOpenFiles(node) else { return nil }
+        return try core { () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) }
     }
 }

@@ -69,36 +69,6 @@ public enum DeviceClient {
     }
 }
 
-/// Whole reads and writes on a descriptor, retrying short counts and EINTR.
-public enum Descriptor {
-    /// Writes every byte; false on an error.
-    public static func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
-        var offset = 0
-        while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            if written < 0 {
-                if errno == EINTR { continue }
-                return false
-            }
-            offset += written
-        }
-        return true
-    }
-
-    /// Reads until the end of input (or `limit` bytes, or an error).
-    public static func readAll(_ fd: Int32, limit: Int = 1 << 20) -> [UInt8] {
-        var result: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while result.count < limit {
-            let count = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            if count <= 0 { break }
-            result += chunk[0..<count]
-        }
-        return result
-    }
-}
-
 /// Where a keychain's device process listens: `$XDG_RUNTIME_DIR/keychainfs/`,
 /// or `/tmp/keychainfs-UID/` without one, a directory of mode 0700 owned by us.
 public enum RuntimePaths {

@@ -74,6 +74,8 @@ struct BackupCommand: ParsableCommand {
             switch DeviceClient.send(.backup(path: path, password: password), to: socketPath) {
             case .ok(let fields)?: count = fields.first ?? "?"
             case .keychainError(let error, _)?: throw fail(explain(error, file: path))
+            case .value?:
+                throw fail("unexpected reply from the device (a device of another keychainfs build?)")
             case .systemError(_, let message)?: throw fail(message)
             case nil: throw fail("the device went away; nothing was written")
             }
@@ -132,6 +134,8 @@ struct RestoreCommand: ParsableCommand {
             case .ok(let fields)?: counts = fields
             case .keychainError(.duplicateItem, let message)?: throw fail(message)
             case .keychainError(let error, _)?: throw fail(explain(error, file: path))
+            case .value?:
+                throw fail("unexpected reply from the device (a device of another keychainfs build?)")
             case .systemError(_, let message)?: throw fail(message)
             case nil: throw fail("the device went away")
             }

@@ -10,24 +10,43 @@ struct KeychainFSCommand: ParsableCommand {
         commandName: "keychainfs",
         abstract: "An encrypted password store with iOS keychain semantics, mounted as a filesystem.",
         discussion: """
-            Exit status: 0 on success, 1 when the operation failed (the message says why), \
-            64 for a command line that does not parse.
+            Exit status: 0 on success; 1 when the operation failed (the message says why); \
+            2 the item or keychain does not exist; 3 locked (the item's class key is not \
+            available); 4 denied (wrong passcode, or a lockout); 5 no device is running for the \
+            keychain (get, set, rm, ls, exec need one); 64 a command line that does not parse; \
+            exec: 127 when the command cannot be run, otherwise the command's own status.
             """,
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
-                      BackupCommand.self, RestoreCommand.self]
+                      BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
+                      RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self]
     )
+
+    /// Run as `git-credential-keychainfs` (a link git finds on PATH), this
+    /// binary is git's credential helper; otherwise the keychainfs command.
+    static func main() {
+        let arguments = Array(CommandLine.arguments.dropFirst())
+        if CommandLine.arguments.first?.split(separator: "/").last == "git-credential-keychainfs" {
+            GitCredentialCommand.main(arguments)
+        } else {
+            main(arguments)
+        }
+    }
 }
 
 /// Exit statuses, documented once in the command's help.
 enum ExitStatus {
     static let failure = ExitCode(1)
+    static let absent = ExitCode(2)
+    static let locked = ExitCode(3)
+    static let denied = ExitCode(4)
+    static let noDevice = ExitCode(5)
 }
 
-/// Prints a message to standard error and fails with status 1.
-func fail(_ message: String) -> ExitCode {
+/// Prints a message to standard error and fails with `status` (1 unless said).
+func fail(_ message: String, status: ExitCode = ExitStatus.failure) -> ExitCode {
     printError("keychainfs: " + message)
-    return ExitStatus.failure
+    return status
 }
 
 func printError(_ message: String) {

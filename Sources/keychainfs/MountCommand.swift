@@ -69,6 +69,8 @@ struct MountCommand: ParsableCommand {
         case .ok?:
             report(ok: ())
             return true
+        case .value?:
+            throw report("unexpected reply from the device (a device of another keychainfs build?)")
         case .keychainError(_, let message)?, .systemError(_, let message)?:
             throw report(message)
         }

@@ -42,6 +42,8 @@ struct PasscodeCommand: ParsableCommand {
             break
         case .keychainError(let error, _)?:
             throw fail(Self.explain(error, retryAfter: nil))
+        case .value?:
+            throw fail("unexpected reply from the device (a device of another keychainfs build?)")
         case .systemError(_, let message)?:
             throw fail(message)
         case nil:

@@ -40,6 +40,8 @@ struct UnmountCommand: ParsableCommand {
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
         case .ok(let fields)?:
             if fields == ["last"] { waitForDeviceExit(KeychainDirectory(path: keychain)) }
+        case .value?:
+            throw fail("unexpected reply from the device (a device of another keychainfs build?)")
         case .keychainError(_, let message)?, .systemError(_, let message)?:
             throw fail("cannot unmount \(mountpoint): \(message)")
         }

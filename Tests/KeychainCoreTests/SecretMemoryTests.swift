@@ -14,12 +14,18 @@ import Testing
         #expect(arena.allocate(capacity: 40)?.pointer == slot.pointer)
     }
 
-    @Test func sizeClassesCoverEveryValueUpToTheLimit() {
+    /// Every value, and every protocol frame (a value with its names), has a slot; nothing larger.
+    @Test func sizeClassesCoverEveryValueAndFrameUpToTheLimit() {
         #expect(SecretArena.sizeClass(for: 1) == 0)
         #expect(SecretArena.sizeClass(for: 65) == 1)
         #expect(SecretArena.sizeClass(for: ItemLimits.maximumValueSize) != nil)
-        #expect(SecretArena.sizeClass(for: ItemLimits.maximumValueSize + 1) == nil)
-        #expect(throws: KeychainError.valueTooLarge) { try SecureBytes(count: ItemLimits.maximumValueSize + 1) }
+        #expect(SecretArena.sizeClass(for: 4 + DeviceProtocol.maximumBody) != nil)
+        #expect(SecretArena.sizeClass(for: SecretArena.maximumSize + 1) == nil)
+        #expect(throws: KeychainError.valueTooLarge) { try SecureBytes(count: SecretArena.maximumSize + 1) }
+        // The value limit itself is the writers' to enforce.
+        #expect(throws: KeychainError.valueTooLarge) {
+            try SecureBuffer().write(UnsafeRawBufferPointer(start: nil, count: 0), at: ItemLimits.maximumValueSize + 1)
+        }
     }
 
     @Test func arenaMemoryIsLockedAgainstSwapWhenTheLimitAllows() throws {

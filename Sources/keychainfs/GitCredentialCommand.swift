@@ -1,0 +1,106 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// git's credential helper (gitcredentials(7), "custom helpers"): git runs
+/// `git-credential-keychainfs [OPTIONS] get|store|erase` (a link to this
+/// binary, which `./scripts/setup` makes) with `key=value` lines on stdin.
+/// Credentials are items of the `git` group, one per protocol, host and
+/// path, holding `username=...` and `password=...` lines.
+struct GitCredentialCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "git-credential",
+        abstract: "git's credential helper: `git config credential.helper keychainfs`.",
+        discussion: """
+            Needs git-credential-keychainfs (a link to keychainfs) on PATH. While the keychain is \
+            locked, get answers nothing and erase erases nothing; both say so on standard error. \
+            Without a running device, the same.
+            """)
+
+    static let group = "git"
+
+    @Argument(help: "get, store or erase (from git).")
+    var action: String
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        guard ["get", "store", "erase"].contains(action) else { return }  // git may add actions: ignore them
+        let request = Self.readRequest()
+        guard let proto = request["protocol"], let host = request["host"] else { return }
+        let identifier = Self.identifier(protocol: proto, host: host, path: request["path"])
+        let socketPath: String
+        do {
+            socketPath = try RuntimePaths.socketPath(for: options.directory.path)
+        } catch {
+            return Self.say(error.description)
+        }
+        guard DeviceClient.send(.ping, to: socketPath) == .ok([]) else {
+            return Self.say("no device is running for the keychain; git credentials are not available")
+        }
+        switch action {
+        case "get":
+            switch DeviceClient.send(.get(group: Self.group, identifier: identifier), to: socketPath) {
+            case .value(let value)?:
+                if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
+                _ = value.withUnsafeBytes { Descriptor.writeAll(1, $0) }
+            case .keychainError(.interactionNotAllowed, _)?:
+                Self.say("the keychain is locked; unlock it to use the stored git credentials")
+            default:
+                return
+            }
+        case "store":
+            guard let username = request["username"], let password = request["password"] else { return }
+            guard let value = try? SecureBytes("username=\(username)\npassword=\(password)\n") else { return }
+            if case .keychainError(let error, _)? = DeviceClient.send(
+                .set(group: Self.group, identifier: identifier, value: value), to: socketPath) {
+                Self.say(error == .interactionNotAllowed ? "the keychain is locked; the credentials were not stored"
+                                                         : "the credentials were not stored: \(error)")
+            }
+        default:  // erase
+            // Only the credential git names: read it first (which needs the key).
+            switch DeviceClient.send(.get(group: Self.group, identifier: identifier), to: socketPath) {
+            case .value(let value)?:
+                if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
+                _ = DeviceClient.send(.remove(group: Self.group, identifier: identifier), to: socketPath)
+            case .keychainError(.interactionNotAllowed, _)?:
+                Self.say("the keychain is locked; nothing was erased")
+            default:
+                return
+            }
+        }
+    }
+
+    /// The request's `key=value` lines, up to a blank line or the end.
+    private static func readRequest() -> [String: String] {
+        var request: [String: String] = [:]
+        while let line = readLine(strippingNewline: true), !line.isEmpty {
+            let parts = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            if parts.count == 2 { request[String(parts[0])] = String(parts[1]) }
+        }
+        return request
+    }
+
+    /// `protocol:host[:path]`, with `%` and `/` (which names may not hold) percent-encoded.
+    static func identifier(protocol proto: String, host: String, path: String?) -> String {
+        let raw = proto + ":" + host + (path.map { ":" + $0 } ?? "")
+        return raw.replacingOccurrences(of: "%", with: "%25").replacingOccurrences(of: "/", with: "%2F")
+    }
+
+    private static func fields(_ value: SecureBytes) -> [String] {
+        (value.string() ?? "").split(separator: "\n").map(String.init)
+    }
+
+    private static func say(_ message: String) {
+        printError("keychainfs: " + message)
+    }
+}
+
+extension String {
+    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
+        split(separator: Substring(target), omittingEmptySubsequences: false).joined(separator: replacement)
+    }
+}

@@ -1,0 +1,257 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The running device of a keychain, for the commands that are its clients
+/// (no mount point needed; the device checks that the peer is its user).
+struct RunningDevice {
+    let socketPath: String
+
+    /// The keychain's running device; exits with ``ExitStatus/noDevice`` when none runs.
+    init(_ keychain: KeychainDirectory) throws {
+        do {
+            socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        } catch {
+            throw fail(error.description)
+        }
+        guard keychain.exists else { throw fail("no keychain at \(keychain.path)", status: ExitStatus.absent) }
+        guard DeviceClient.send(.ping, to: socketPath) == .ok([]) else {
+            throw fail("no device is running for the keychain at \(keychain.path); mount it first (keychainfs mount MOUNTPOINT)",
+                       status: ExitStatus.noDevice)
+        }
+    }
+
+    /// Sends a request; a failure becomes the message and exit status the user gets.
+    func send(_ request: DeviceRequest, item: String) throws -> DeviceReply {
+        switch DeviceClient.send(request, to: socketPath) {
+        case nil:
+            throw fail("the device went away", status: ExitStatus.noDevice)
+        case .keychainError(let error, let message)?:
+            switch error {
+            case .itemNotFound: throw fail("\(item) does not exist", status: ExitStatus.absent)
+            case .interactionNotAllowed: throw fail("the keychain is locked for \(item); unlock it first", status: ExitStatus.locked)
+            case .authFailed: throw fail(message, status: ExitStatus.denied)
+            default: throw fail("\(item): \(message)")
+            }
+        case .systemError(let code, let message)?:
+            throw fail("\(item): \(message)", status: code == ENOENT ? ExitStatus.absent : ExitStatus.failure)
+        case let reply?:
+            return reply
+        }
+    }
+}
+
+/// `GROUP/IDENTIFIER`, checked as the keychain checks names.
+struct ItemAddress: ExpressibleByArgument, CustomStringConvertible {
+    let group: String
+    let identifier: String
+
+    init?(argument: String) {
+        let parts = argument.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+        guard parts.count == 2, (try? ItemLimits.validate(name: parts[0])) != nil,
+              (try? ItemLimits.validate(name: parts[1])) != nil else { return nil }
+        group = parts[0]
+        identifier = parts[1]
+    }
+
+    var description: String { group + "/" + identifier }
+}
+
+/// JSON string syntax (RFC 8259) for a text.
+func jsonString(_ text: String) -> String {
+    var out = "\""
+    for scalar in text.unicodeScalars {
+        switch scalar {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\t": out += "\\t"
+        case "\r": out += "\\r"
+        case _ where scalar.value < 0x20: out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count) + String(scalar.value, radix: 16)
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    return out + "\""
+}
+
+struct GetCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "get", abstract: "Print an item's value, byte-exact, from the running device.")
+
+    @Argument(help: "The item, as GROUP/IDENTIFIER.")
+    var item: ItemAddress
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(help: "Print {\"group\", \"identifier\", \"value\"} (a value that is not UTF-8 as \"base64\").")
+    var json = false
+
+    func run() throws {
+        let device = try RunningDevice(options.directory)
+        guard case .value(let value) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
+            throw fail("unexpected reply from the device")
+        }
+        if json {
+            // The edge where a caller asked for text: the value becomes a String here only.
+            let field = value.string().map { "\"value\": " + jsonString($0) }
+                ?? "\"base64\": \"" + base64(value.bytes()) + "\""
+            print("{\"group\": \(jsonString(item.group)), \"identifier\": \(jsonString(item.identifier)), \(field)}")
+        } else {
+            guard value.withUnsafeBytes({ Descriptor.writeAll(1, $0) }) else { throw fail("cannot write the value to standard output") }
+        }
+    }
+}
+
+struct SetCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "set",
+        abstract: "Add or replace an item; its value is all of standard input (never an argument).",
+        discussion: "The item gets the device's current accessmode and migrate setting, as a write through a mount does.")
+
+    @Argument(help: "The item, as GROUP/IDENTIFIER.")
+    var item: ItemAddress
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let device = try RunningDevice(options.directory)
+        let buffer = SecureBuffer()
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
+        while true {
+            let count = read(0, &chunk, chunk.count)
+            if count < 0 && errno == EINTR { continue }
+            if count < 0 { throw fail("cannot read standard input: \(String(cString: strerror(errno)))") }
+            if count == 0 { break }
+            do {
+                try chunk[0..<count].withUnsafeBytes { try buffer.append($0) }
+            } catch {
+                throw fail("the value is larger than 1 MiB; nothing was written")
+            }
+        }
+        let value = try buffer.snapshot()
+        buffer.wipe()
+        _ = try device.send(.set(group: item.group, identifier: item.identifier, value: value), item: "\(item)")
+    }
+}
+
+struct RemoveCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm", abstract: "Delete an item (works while locked, as on iOS).")
+
+    @Argument(help: "The item, as GROUP/IDENTIFIER.")
+    var item: ItemAddress
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        _ = try RunningDevice(options.directory).send(.remove(group: item.group, identifier: item.identifier), item: "\(item)")
+    }
+}
+
+struct ListCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ls", abstract: "List the groups, or the items of a group (works while locked).")
+
+    @Argument(help: "A group; without one, the groups are listed.")
+    var group: String?
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(help: "Print JSON: the groups as strings, items as {\"identifier\", \"class\", \"size\"}.")
+    var json = false
+
+    func run() throws {
+        let device = try RunningDevice(options.directory)
+        guard case .ok(let fields) = try device.send(.list(group: group), item: group ?? "the keychain") else {
+            throw fail("unexpected reply from the device")
+        }
+        guard group != nil else {
+            print(json ? "[" + fields.map(jsonString).joined(separator: ", ") + "]" : fields.joined(separator: "\n"))
+            return
+        }
+        let items = stride(from: 0, to: fields.count - 2, by: 3).map { (fields[$0], fields[$0 + 1], fields[$0 + 2]) }
+        if json {
+            print("[" + items.map { "{\"identifier\": \(jsonString($0.0)), \"class\": \(jsonString($0.1)), \"size\": \($0.2)}" }
+                .joined(separator: ", ") + "]")
+        } else if !items.isEmpty {
+            print(items.map(\.0).joined(separator: "\n"))
+        }
+    }
+}
+
+struct ExecCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "exec",
+        abstract: "Run a command with items in its environment.",
+        discussion: """
+            keychainfs exec --env TOKEN=default/github.com -- COMMAND ARGS... Every item is read \
+            before the command runs: if one is locked or absent, the command does not run. The \
+            values reach the command's environment only (never an argument, never a log).
+            """)
+
+    @Option(name: .customLong("env"), help: "NAME=GROUP/IDENTIFIER: put that item's value in $NAME.")
+    var variables: [String] = []
+
+    @OptionGroup var options: KeychainOptions
+
+    @Argument(parsing: .captureForPassthrough, help: "The command and its arguments, after --.")
+    var command: [String] = []
+
+    func validate() throws {
+        let words = command.first == "--" ? Array(command.dropFirst()) : command
+        guard !words.isEmpty else { throw ValidationError("Give the command to run after --.") }
+        for variable in variables {
+            let parts = variable.split(separator: "=", maxSplits: 1).map(String.init)
+            guard parts.count == 2, !parts[0].isEmpty, !parts[0].contains("="), ItemAddress(argument: parts[1]) != nil else {
+                throw ValidationError("--env takes NAME=GROUP/IDENTIFIER, not '\(variable)'.")
+            }
+        }
+    }
+
+    func run() throws {
+        let words = command.first == "--" ? Array(command.dropFirst()) : command
+        let device = try RunningDevice(options.directory)
+        var values: [(String, SecureBytes)] = []
+        for variable in variables {
+            let parts = variable.split(separator: "=", maxSplits: 1).map(String.init)
+            let item = ItemAddress(argument: parts[1])!
+            guard case .value(let value) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
+                throw fail("unexpected reply from the device")
+            }
+            guard !value.withUnsafeBytes({ $0.contains(0) }) else {
+                throw fail("\(item) holds a NUL byte, which an environment variable cannot carry; nothing was run")
+            }
+            values.append((parts[0], value))
+        }
+        for (name, value) in values {
+            // NUL-terminated in a wiped buffer; setenv copies it into the
+            // environment that execvp hands over (and that exec then replaces).
+            var text = [CChar](repeating: 0, count: value.count + 1)
+            value.withUnsafeBytes { raw in text.withUnsafeMutableBytes { $0.copyMemory(from: raw) } }
+            setenv(name, text, 1)
+            text.withUnsafeMutableBytes { wipeMemory($0) }
+        }
+        let arguments = words.map { strdup($0) } + [nil]
+        execvp(words[0], arguments)
+        throw fail("cannot run \(words[0]): \(String(cString: strerror(errno)))", status: ExitCode(127))
+    }
+}
+
+/// RFC 4648 base64.
+func base64(_ bytes: [UInt8]) -> String {
+    let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+    var out: [UInt8] = []
+    for start in stride(from: 0, to: bytes.count, by: 3) {
+        let chunk = Array(bytes[start..<min(start + 3, bytes.count)]) + [0, 0]
+        let value = UInt32(chunk[0]) << 16 | UInt32(chunk[1]) << 8 | UInt32(chunk[2])
+        let count = min(3, bytes.count - start)
+        for index in 0..<4 {
+            out.append(index <= count ? alphabet[Int(value >> UInt32(18 - 6 * index)) & 63] : UInt8(ascii: "="))
+        }
+    }
+    return String(decoding: out, as: UTF8.self)
+}

@@ -1,0 +1,77 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// get, set, rm, ls, exec and git's credential helper: clients of the running
+/// device, through real processes.
+@Suite struct ClientCommandTests {
+    @Test func getSetRemoveAndListWithDistinctExitStatuses() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let kc = "--keychain \"$KC\""
+        #expect(harness.sh("printf 'line one\\nline two' | \"$K\" set default/token \(kc)").succeeded)
+        #expect(readFile(mnt + "/default/token") == "line one\nline two")  // the mount sees it at once
+        #expect(harness.sh("\"$K\" get default/token \(kc)").stdout == "line one\nline two")
+        #expect(harness.sh("\"$K\" get default/token --json \(kc)").stdout
+                == "{\"group\": \"default\", \"identifier\": \"token\", \"value\": \"line one\\nline two\"}\n")
+        // Not UTF-8: base64 in JSON.
+        #expect(harness.sh("printf '\\377\\376' | \"$K\" set default/zeros \(kc) && \"$K\" get default/zeros --json \(kc)").stdout
+                .contains("\"base64\": \"//4=\""))
+        #expect(harness.sh("\"$K\" ls \(kc)").stdout == "default\n")
+        #expect(harness.sh("\"$K\" ls default --json \(kc)").stdout.contains("{\"identifier\": \"token\", \"class\": \"whenUnlocked\", \"size\": 17}"))
+        // A value over 1 MiB on stdin: refused, the old value stays.
+        let big = harness.sh("head -c 1048577 /dev/zero | \"$K\" set default/token \(kc)")
+        #expect(big.status == 1 && big.stderr.contains("larger than 1 MiB"))
+        #expect(readFile(mnt + "/default/token") == "line one\nline two")
+        // Bad syntax, absent, locked, no device: each its own status.
+        #expect(harness.sh("\"$K\" get not-an-address \(kc)").status == 64)
+        #expect(harness.sh("\"$K\" get default/a/b \(kc)").status == 64)
+        let absent = harness.sh("\"$K\" get default/missing \(kc)")
+        #expect(absent.status == 2 && absent.stderr.contains("does not exist"))
+        #expect(harness.control(mnt, "lock").succeeded)
+        let locked = harness.sh("\"$K\" get default/token \(kc)")
+        #expect(locked.status == 3 && locked.stderr.contains("locked") && locked.stdout.isEmpty)
+        #expect(harness.sh("\"$K\" rm default/token \(kc)").succeeded)  // works while locked
+        #expect(harness.sh("\"$K\" rm default/token \(kc)").status == 2)
+        #expect(harness.sh("\"$K\" unmount \"$1\" && \"$K\" get default/zeros \(kc)", arguments: [mnt]).status == 5)
+    }
+
+    @Test func execPutsItemsInTheEnvironmentOrRunsNothing() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.sh("printf s3cret > \"$1/default/token\"", arguments: [mnt]).succeeded)
+        let ran = harness.sh("\"$K\" exec --keychain \"$KC\" --env TOKEN=default/token -- sh -c 'printf \"%s\" \"$TOKEN\"'")
+        #expect(ran.succeeded && ran.stdout == "s3cret", "\(ran)")
+        #expect(harness.sh("\"$K\" exec --keychain \"$KC\" --env T=default/token -- sh -c 'exit 7'").status == 7)
+        let absent = harness.sh("\"$K\" exec --keychain \"$KC\" --env T=default/missing -- touch \"$R/ran\"")
+        #expect(absent.status == 2 && access(harness.root + "/ran", F_OK) == -1)
+        #expect(harness.control(mnt, "lock").succeeded)
+        let locked = harness.sh("\"$K\" exec --keychain \"$KC\" --env T=default/token -- touch \"$R/ran\"")
+        #expect(locked.status == 3 && access(harness.root + "/ran", F_OK) == -1)
+    }
+
+    /// With the real `git credential fill`, `approve` and `reject` (no network).
+    @Test func gitFindsItsCredentialsThroughTheHelper() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let bin = harness.root + "/bin"
+        #expect(mkdir(bin, 0o700) == 0 && symlink(harness.binary, bin + "/git-credential-keychainfs") == 0)
+        let git = """
+            export PATH="$R/bin:$PATH" GIT_CONFIG_GLOBAL="$R/gitconfig" GIT_CONFIG_NOSYSTEM=1 GIT_TERMINAL_PROMPT=0
+            git config --global credential.helper "keychainfs --keychain $KC"
+            git config --global credential.useHttpPath true
+            """
+        let request = "printf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\n\\n'"
+        #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\npassword=s3cret\\n\\n' | git credential approve").succeeded)
+        #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "https:example.com:org%2Frepo.git\n")
+        let filled = harness.sh(git + "\n\(request) | git credential fill")
+        #expect(filled.succeeded && filled.stdout.contains("username=ada\npassword=s3cret\n"), "\(filled)")
+        // Locked: git gets nothing, the user is told why, and reject erases nothing.
+        #expect(harness.control(mnt, "lock").succeeded)
+        let locked = harness.sh(git + "\n\(request) | git credential fill")
+        #expect(!locked.succeeded && locked.stderr.contains("the keychain is locked"), "\(locked)")
+        #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject")
+                .stderr.contains("nothing was erased"))
+        try harness.unlock(mnt)
+        #expect(harness.sh(git + "\n\(request) | git credential fill").stdout.contains("password=s3cret"))
+        #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject").succeeded)
+        #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "")
+    }
+}
