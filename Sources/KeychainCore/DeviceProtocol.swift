@@ -32,16 +32,37 @@ public enum DeviceRequest {
     case restore(path: String, password: SecureBytes, policy: RestoreConflictPolicy)
     /// An item's value (the reply is ``DeviceReply/value(_:)``).
     case get(group: String, identifier: String)
-    /// Add or replace an item, with the device's current access mode and migrate setting.
-    case set(group: String, identifier: String, value: SecureBytes)
+    /// Add or replace an item under `protectionClass` (nil: the device's
+    /// current access mode and migrate setting), as `condition` allows.
+    case set(group: String, identifier: String, value: SecureBytes,
+             protectionClass: ProtectionClass? = nil, condition: PasswordManager.WriteCondition = .always)
     /// Delete an item (works while locked).
     case remove(group: String, identifier: String)
     /// The groups (nil), or a group's items as (identifier, class, size) triples.
     case list(group: String?)
+    /// An item's class and size, as two fields (needs no key).
+    case info(group: String, identifier: String)
+    /// Re-encrypt an item under another class.
+    case setClass(group: String, identifier: String, protectionClass: ProtectionClass)
+    /// Rename an item within its group.
+    case rename(group: String, from: String, to: String, replacing: Bool)
+    /// Create an empty access group.
+    case createGroup(String)
+    /// Remove an empty access group.
+    case removeGroup(String)
+    /// Lock the device.
+    case lock
+    /// Unlock the device (nil: a keychain without a passcode).
+    case unlock(passcode: SecureBytes?)
+    /// The device's state, as the fields of ``DeviceStatus`` (see ``DeviceStatus/init(fields:)``).
+    case status
+    /// Make every acknowledged write durable against power loss.
+    case sync
 
     private enum Operation: UInt8 {
         case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
-        case get = 7, set = 8, remove = 9, list = 10
+        case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
+        case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
     }
 
     /// The request as a frame, in secret memory.
@@ -69,15 +90,40 @@ public enum DeviceRequest {
         case .get(let group, let identifier):
             operation = .get
             fields = [.text(group), .text(identifier)]
-        case .set(let group, let identifier, let value):
+        case .set(let group, let identifier, let value, let protectionClass, let condition):
             operation = .set
-            fields = [.text(group), .text(identifier), .optionalSecret(value)]
+            fields = [.text(group), .text(identifier), .optionalSecret(value), .optionalText(protectionClass?.name),
+                      .text(condition.rawValue)]
         case .remove(let group, let identifier):
             operation = .remove
             fields = [.text(group), .text(identifier)]
         case .list(let group):
             operation = .list
             fields = [.optionalText(group)]
+        case .info(let group, let identifier):
+            operation = .info
+            fields = [.text(group), .text(identifier)]
+        case .setClass(let group, let identifier, let protectionClass):
+            operation = .setClass
+            fields = [.text(group), .text(identifier), .text(protectionClass.name)]
+        case .rename(let group, let from, let to, let replacing):
+            operation = .rename
+            fields = [.text(group), .text(from), .text(to), .text(replacing ? "1" : "0")]
+        case .createGroup(let group):
+            operation = .createGroup
+            fields = [.text(group)]
+        case .removeGroup(let group):
+            operation = .removeGroup
+            fields = [.text(group)]
+        case .lock:
+            operation = .lock
+        case .unlock(let passcode):
+            operation = .unlock
+            fields = [.optionalSecret(passcode)]
+        case .status:
+            operation = .status
+        case .sync:
+            operation = .sync
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -114,13 +160,46 @@ public enum DeviceRequest {
         case .set:
             let group = try reader.text(), identifier = try reader.text()
             guard let value = try reader.optionalSecret() else { throw .param }
-            self = .set(group: group, identifier: identifier, value: value)
+            let protectionClass = try reader.optionalText().map { (name) throws(KeychainError) in try Self.protectionClass(name) }
+            guard let condition = PasswordManager.WriteCondition(rawValue: try reader.text()) else { throw .param }
+            self = .set(group: group, identifier: identifier, value: value, protectionClass: protectionClass, condition: condition)
         case .remove:
             self = .remove(group: try reader.text(), identifier: try reader.text())
         case .list:
             self = .list(group: try reader.optionalText())
+        case .info:
+            self = .info(group: try reader.text(), identifier: try reader.text())
+        case .setClass:
+            self = .setClass(group: try reader.text(), identifier: try reader.text(),
+                             protectionClass: try Self.protectionClass(try reader.text()))
+        case .rename:
+            let group = try reader.text(), from = try reader.text(), to = try reader.text()
+            self = .rename(group: group, from: from, to: to, replacing: try Self.flag(try reader.text()))
+        case .createGroup:
+            self = .createGroup(try reader.text())
+        case .removeGroup:
+            self = .removeGroup(try reader.text())
+        case .lock:
+            self = .lock
+        case .unlock:
+            self = .unlock(passcode: try reader.optionalSecret())
+        case .status:
+            self = .status
+        case .sync:
+            self = .sync
         }
         guard reader.isAtEnd else { throw .param }
+    }
+
+    private static func protectionClass(_ name: String) throws(KeychainError) -> ProtectionClass {
+        guard let parsed = ProtectionClass(name: name) else { throw .param }
+        return parsed
+    }
+
+    /// `1` or `0`, nothing else: a request means one thing only.
+    private static func flag(_ text: String) throws(KeychainError) -> Bool {
+        guard text == "1" || text == "0" else { throw .param }
+        return text == "1"
     }
 }
 
@@ -132,13 +211,14 @@ public enum DeviceReply: Equatable {
     case keychainError(KeychainError, String)
     /// A system error (an errno), with a sentence for the user.
     case systemError(Int32, String)
-    /// An item's value, in secret memory.
-    case value(SecureBytes)
+    /// An item's value, in secret memory, with the class it is stored under.
+    case value(SecureBytes, ProtectionClass)
 
     /// The reply as a frame.
     public func frame() throws(KeychainError) -> SecureBytes {
         switch self {
-        case .value(let value): return try FrameField.frame(kind: 3, code: 0, [.optionalSecret(value)])
+        case .value(let value, let protectionClass):
+            return try FrameField.frame(kind: 3, code: 0, [.optionalSecret(value), .text(protectionClass.name)])
         case .ok(let fields): return try FrameField.frame(kind: 0, code: 0, fields.map(FrameField.text))
         case .keychainError(let error, let message): return try FrameField.frame(kind: 1, code: error.rawValue, [.text(message)])
         case .systemError(let code, let message): return try FrameField.frame(kind: 2, code: code, [.text(message)])
@@ -151,8 +231,9 @@ public enum DeviceReply: Equatable {
         guard try reader.byte() == DeviceProtocol.version else { throw .param }
         let kind = try reader.byte(), code = try reader.int32()
         if kind == 3 {
-            guard let value = try reader.optionalSecret(), reader.isAtEnd else { throw .param }
-            self = .value(value)
+            guard code == 0, let value = try reader.optionalSecret(), let protectionClass = ProtectionClass(name: try reader.text()),
+                  reader.isAtEnd else { throw .param }
+            self = .value(value, protectionClass)
             return
         }
         var fields: [String] = []

@@ -17,6 +17,11 @@ public struct ItemInfo: Sendable, Equatable {
     public var protectionClass: ProtectionClass
     /// The exact length of the value in bytes.
     public var size: Int
+
+    public init(protectionClass: ProtectionClass, size: Int) {
+        self.protectionClass = protectionClass
+        self.size = size
+    }
 }
 
 /// The SQLite file of one keychain: the items, the groups, and a few metadata

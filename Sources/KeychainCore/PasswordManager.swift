@@ -8,9 +8,18 @@ import Synchronization
 /// Every operation throws, so that "locked" (``KeychainError/interactionNotAllowed``)
 /// is never mistaken for "absent" (``KeychainError/itemNotFound``). Any number
 /// of threads may use one instance.
+///
+/// A manager either holds the keychain's device itself (``init(device:)``),
+/// or, as apps reach iOS's securityd, is a client of the device process that
+/// holds it (``open(_:)`` while a `keychainfs` device runs): the same
+/// operations with the same errors, carried over the device's socket
+/// (docs/PROTOCOL.md). A client keeps no cache: values stay in the device.
 public final class PasswordManager: Sendable {
-    /// The device whose keys this manager uses.
-    public let device: Device
+    private enum Backend: Sendable {
+        case local(Device)
+        case remote(DeviceConnection)
+    }
+    private let backend: Backend
 
     private struct Settings {
         var accessMode: AccessMode = .whenUnlocked
@@ -31,15 +40,82 @@ public final class PasswordManager: Sendable {
 
     /// A manager over `device`. The cache is purged whenever the device locks.
     public init(device: Device) {
-        self.device = device
+        backend = .local(device)
         let token = device.addObserver { [weak self] event in
             if event == .locked { self?.purge() }
         }
         observer.withLock { $0 = token }
     }
 
+    private init(connection: DeviceConnection) {
+        backend = .remote(connection)
+    }
+
     deinit {
-        if let token = observer.withLock({ $0 }) { device.removeObserver(token) }
+        if case .local(let device) = backend, let token = observer.withLock({ $0 }) { device.removeObserver(token) }
+    }
+
+    /// The keychain at `directory` (an absolute path, as the device was
+    /// given): through its running device when one holds it, otherwise by
+    /// booting its device in this process (locked, before first unlock).
+    public static func open(_ directory: KeychainDirectory = .defaultLocation()) throws(KeychainError) -> PasswordManager {
+        if let connection = DeviceConnection(keychain: directory) {
+            return PasswordManager(connection: connection)
+        }
+        return PasswordManager(device: try Device(directory: directory))
+    }
+
+    /// Whether the operations go to a device process rather than a device in this process.
+    public var isClientOfRunningDevice: Bool {
+        if case .remote = backend { return true }
+        return false
+    }
+
+    /// The device in this process whose keys this manager uses;
+    /// ``KeychainError/keychainInUse`` for a client of a running device
+    /// (another process holds the keys: use ``lock()``, ``unlock(passcode:)``
+    /// and ``status``, which work either way).
+    public var device: Device {
+        get throws(KeychainError) {
+            guard case .local(let device) = backend else { throw .keychainInUse }
+            return device
+        }
+    }
+
+    /// The device of a manager made with ``init(device:)`` (the filesystem's and the tests').
+    package var localDevice: Device {
+        guard case .local(let device) = backend else { preconditionFailure("a client of a running device has no local device") }
+        return device
+    }
+
+    // MARK: The device
+
+    /// Locks the device (its `whenUnlocked` keys are wiped).
+    public func lock() throws(KeychainError) {
+        switch backend {
+        case .local(let device): device.lock()
+        case .remote(let connection): try connection.perform(.lock)
+        }
+    }
+
+    /// Unlocks the device; ``KeychainError/authFailed`` for a wrong passcode or during a lockout.
+    public func unlock(passcode: SecureBytes?) throws(KeychainError) {
+        switch backend {
+        case .local(let device): try device.unlock(passcode: passcode)
+        case .remote(let connection): try connection.perform(.unlock(passcode: passcode))
+        }
+    }
+
+    /// The device's lock state and lockout.
+    public var status: DeviceStatus {
+        get throws(KeychainError) {
+            switch backend {
+            case .local(let device): return device.status
+            case .remote(let connection):
+                guard let status = DeviceStatus(fields: try connection.perform(.status)) else { throw .io }
+                return status
+            }
+        }
     }
 
     // MARK: Shared instance
@@ -47,11 +123,11 @@ public final class PasswordManager: Sendable {
     private static let sharedInstance = Mutex<PasswordManager?>(nil)
 
     /// The process-wide manager over the default keychain
-    /// (`$XDG_DATA_HOME/keychainfs`), booted on first use.
+    /// (`$XDG_DATA_HOME/keychainfs`), opened on first use (``open(_:)``).
     public static func shared() throws(KeychainError) -> PasswordManager {
         try sharedInstance.withLock { (instance: inout PasswordManager?) throws(KeychainError) -> PasswordManager in
             if let instance { return instance }
-            let made = PasswordManager(device: try Device(directory: .defaultLocation()))
+            let made = try open(.defaultLocation())
             instance = made
             return made
         }
@@ -99,7 +175,7 @@ public final class PasswordManager: Sendable {
     }
 
     /// When a write may happen, by whether the item exists.
-    public enum WriteCondition: Sendable {
+    public enum WriteCondition: String, Sendable {
         /// Add or replace.
         case always
         /// Create only (as `O_EXCL`): ``KeychainError/duplicateItem`` if it exists.
@@ -126,6 +202,11 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
+        guard case .local(let device) = backend else {
+            try remote.perform(.set(group: group, identifier: identifier, value: value,
+                                    protectionClass: protectionClass, condition: condition))
+            return WriteReceipt(group: group, identifier: identifier, replaced: nil, generation: 0)
+        }
         let key = try device.classKey(protectionClass)
         let written = try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             // Replacing an item needs its current class key too: a locked
@@ -149,7 +230,7 @@ public final class PasswordManager: Sendable {
     /// A write that created the item is not taken back (there is no old value to lose).
     @discardableResult
     public func revert(_ receipt: WriteReceipt) throws(KeychainError) -> Bool {
-        guard let previous = receipt.replaced else { return false }
+        guard let previous = receipt.replaced, case .local(let device) = backend else { return false }
         defer { forget(group: receipt.group, identifier: receipt.identifier) }
         return try device.store.revert(group: receipt.group, identifier: receipt.identifier,
                                        written: receipt.generation, previous: previous)
@@ -168,6 +249,11 @@ public final class PasswordManager: Sendable {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
+        guard case .local(let device) = backend else {
+            guard case .value(let value, let protectionClass) = try remote.send(.get(group: group, identifier: identifier))
+            else { throw .io }
+            return (value, protectionClass)
+        }
         let epoch = device.lockEpoch
         if let hit = cache.withLock({ entry -> (SecureBytes, ProtectionClass)? in
             guard let entry, entry.epoch == epoch, entry.group == group, entry.identifier == identifier else { return nil }
@@ -215,6 +301,10 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         forget(group: group, identifier: identifier)
+        guard case .local(let device) = backend else {
+            try remote.perform(.remove(group: group, identifier: identifier))
+            return
+        }
         guard try device.store.delete(group: group, identifier: identifier) else { throw .itemNotFound }
     }
 
@@ -223,6 +313,17 @@ public final class PasswordManager: Sendable {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
+        guard case .local(let device) = backend else {
+            let fields: [String]
+            do {
+                fields = try remote.perform(.info(group: group, identifier: identifier))
+            } catch .itemNotFound {
+                return nil
+            }
+            guard fields.count == 2, let protectionClass = ProtectionClass(name: fields[0]), let size = Int(fields[1])
+            else { throw .io }
+            return ItemInfo(protectionClass: protectionClass, size: size)
+        }
         return try device.store.info(group: group, identifier: identifier)
     }
 
@@ -232,6 +333,10 @@ public final class PasswordManager: Sendable {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
+        guard case .local(let device) = backend else {
+            try remote.perform(.setClass(group: group, identifier: identifier, protectionClass: protectionClass))
+            return
+        }
         let newKey = try device.classKey(protectionClass)
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             // Opened inside the transaction, so no concurrent write slips between.
@@ -252,6 +357,10 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         try ItemLimits.validate(name: newIdentifier)
+        guard case .local(let device) = backend else {
+            try remote.perform(.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing))
+            return
+        }
         try device.store.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing) {
             old, generation throws(KeychainError) in
             let key = try device.classKey(old.protectionClass)
@@ -267,7 +376,10 @@ public final class PasswordManager: Sendable {
 
     /// The access groups, sorted; `default` always among them.
     public func groups() throws(KeychainError) -> [String] {
-        try device.store.groups()
+        switch backend {
+        case .local(let device): return try device.store.groups()
+        case .remote(let connection): return try connection.perform(.list(group: nil))
+        }
     }
 
     /// The identifiers in a group, sorted. Works while locked.
@@ -279,19 +391,32 @@ public final class PasswordManager: Sendable {
     public func items(inGroup group: String? = nil) throws(KeychainError) -> [(identifier: String, info: ItemInfo)] {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
+        guard case .local(let device) = backend else {
+            let fields = try remote.perform(.list(group: group))
+            guard fields.count % 3 == 0 else { throw .io }
+            return try stride(from: 0, to: fields.count, by: 3).map { (index) throws(KeychainError) in
+                guard let protectionClass = ProtectionClass(name: fields[index + 1]), let size = Int(fields[index + 2])
+                else { throw .io }
+                return (fields[index], ItemInfo(protectionClass: protectionClass, size: size))
+            }
+        }
         return try device.store.list(group: group)
     }
 
     /// Whether a group exists.
     public func groupExists(_ group: String) throws(KeychainError) -> Bool {
         try ItemLimits.validate(name: group)
+        guard case .local(let device) = backend else { return try groups().contains(group) }
         return try device.store.groupExists(group)
     }
 
     /// Creates an empty group; ``KeychainError/duplicateItem`` if it exists.
     public func createGroup(_ group: String) throws(KeychainError) {
         try ItemLimits.validate(name: group)
-        try device.store.createGroup(group)
+        switch backend {
+        case .local(let device): try device.store.createGroup(group)
+        case .remote(let connection): try connection.perform(.createGroup(group))
+        }
     }
 
     /// Removes an empty group: ``KeychainError/badRequest`` if it holds items,
@@ -299,7 +424,10 @@ public final class PasswordManager: Sendable {
     public func removeGroup(_ group: String) throws(KeychainError) {
         try ItemLimits.validate(name: group)
         guard group != ItemLimits.defaultGroup else { throw .param }
-        try device.store.removeGroup(group)
+        switch backend {
+        case .local(let device): try device.store.removeGroup(group)
+        case .remote(let connection): try connection.perform(.removeGroup(group))
+        }
     }
 
     // MARK: Cache
@@ -323,6 +451,7 @@ public final class PasswordManager: Sendable {
 
     private func remember(_ value: SecureBytes, group: String, identifier: String,
                           protectionClass: ProtectionClass, epoch: UInt64) {
+        guard case .local(let device) = backend else { return }
         cache.withLock { entry in
             // A lock that happened while we decrypted must not be outlived by the plaintext.
             guard device.lockEpoch == epoch else { entry = nil; return }
@@ -339,6 +468,15 @@ public final class PasswordManager: Sendable {
 
     /// Makes every acknowledged write durable against power loss (the filesystem's fsync).
     public func sync() throws(KeychainError) {
-        try device.sync()
+        switch backend {
+        case .local(let device): try device.sync()
+        case .remote(let connection): try connection.perform(.sync)
+        }
+    }
+
+    /// The connection of a client manager; only reached after the backend was found remote.
+    private var remote: DeviceConnection {
+        guard case .remote(let connection) = backend else { preconditionFailure("not a client of a running device") }
+        return connection
     }
 }

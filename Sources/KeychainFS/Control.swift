@@ -77,7 +77,7 @@ enum ControlCommand {
 extension FileSystem {
     /// The device status as `key: value` lines.
     func statusText() -> [UInt8] {
-        let status = manager.device.status
+        let status = manager.localDevice.status
         var lines = [
             "state: \(status.isLocked ? "locked" : "unlocked")",
             "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
@@ -89,7 +89,7 @@ extension FileSystem {
         if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
         lines.append("pid: \(getpid())")
         // Escaped: a path or name must never forge a status line.
-        lines.append("keychain: \(LineEscaping.escaped(manager.device.directory.path))")
+        lines.append("keychain: \(LineEscaping.escaped(manager.localDevice.directory.path))")
         if case .group(let group) = scope { lines.append("group: \(LineEscaping.escaped(group))") }
         return Array((lines.joined(separator: "\n") + "\n").utf8)
     }
@@ -100,9 +100,9 @@ extension FileSystem {
         defer { wipeMemory(request) }
         for command in try ControlCommand.parse(UnsafeRawBufferPointer(request)) {
             switch command {
-            case .lock: manager.device.lock()
+            case .lock: manager.localDevice.lock()
             case .unlock(let passcode):
-                try core { () throws(KeychainError) in try manager.device.unlock(passcode: passcode) }
+                try core { () throws(KeychainError) in try manager.localDevice.unlock(passcode: passcode) }
             case .purge: manager.purge()
             case .background: manager.background()
             case .accessMode(let mode): manager.accessMode = mode

@@ -31,7 +31,11 @@ public final class DeviceProcess: Sendable {
         } catch {
             throw MountError(Self.describe(error, keychain: keychain))
         }
-        socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        do {
+            socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        } catch {
+            throw MountError(error.description)
+        }
         mountEnded = eventfd(0, Int32(EFD_CLOEXEC))
     }
 
@@ -56,6 +60,11 @@ public final class DeviceProcess: Sendable {
 
     // MARK: Mounts
 
+    /// Whether some mount serves `group` as its root (which then cannot be removed).
+    private func isGroupMounted(_ group: String) -> Bool {
+        mounts.withLock { $0.values.contains { $0.fileSystem.scope == .group(group) } }
+    }
+
     /// Mounts the keychain (or one of its groups) at `mountpoint`, an absolute path.
     public func mount(_ mountpoint: String, group: String?) throws(MountError) {
         if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
@@ -65,7 +74,7 @@ public final class DeviceProcess: Sendable {
         let fileSystem: FileSystem
         do {
             fileSystem = try FileSystem(manager: manager, group: group, nodes: nodes) { [weak self] candidate in
-                self?.mounts.withLock { $0.values.contains { $0.fileSystem.scope == .group(candidate) } } ?? false
+                self?.isGroupMounted(candidate) ?? false
             }
         } catch .itemNotFound {
             throw MountError("no access group \(group ?? "") in this keychain; create it with mkdir in a whole-keychain mount")
@@ -99,7 +108,7 @@ public final class DeviceProcess: Sendable {
     public func run(mountpoint: String, group: String?, ready: (MountError?) -> Void) -> Int32 {
         // Last, once every session has ended: a cleanly stopped device leaves
         // the keychain as one file (no -wal beside it).
-        defer { manager.device.shutDown() }
+        defer { manager.localDevice.shutDown() }
         if !disableCoreDumps() { Diagnostics.log("could not disable core dumps") }
         // A daemon must not pin the directory it was started from (it could
         // not be unmounted); every path it uses is absolute.
@@ -244,7 +253,7 @@ public final class DeviceProcess: Sendable {
             }
         case .changePasscode(let old, let new):
             do throws(KeychainError) {
-                try manager.device.changePasscode(from: old, to: new)
+                try manager.localDevice.changePasscode(from: old, to: new)
                 return .ok([])
             } catch {
                 return .keychainError(error, error.description)
@@ -257,33 +266,10 @@ public final class DeviceProcess: Sendable {
             } catch {
                 return .keychainError(error, error.description)
             }
-        case .get(let group, let identifier):
+        case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
+             .lock, .unlock, .status, .sync:
             do throws(KeychainError) {
-                return .value(try manager.key(forIdentifier: identifier, inGroup: group))
-            } catch {
-                return .keychainError(error, error.description)
-            }
-        case .set(let group, let identifier, let value):
-            do throws(KeychainError) {
-                // As a commit through a mount: under the namespace lock.
-                try nodes.namespace.withLock { () throws(KeychainError) in
-                    try manager.register(value, forIdentifier: identifier, inGroup: group)
-                }
-                return .ok([])
-            } catch {
-                return .keychainError(error, error.description)
-            }
-        case .remove(let group, let identifier):
-            do throws(FSError) {
-                try nodes.removeItem(group: group, identifier: identifier, manager: manager)
-                return .ok([])
-            } catch {
-                return .systemError(error.errno, String(cString: strerror(error.errno)))
-            }
-        case .list(let group):
-            do throws(KeychainError) {
-                guard let group else { return .ok(try manager.groups()) }
-                return .ok(try manager.items(inGroup: group).flatMap { [$0.identifier, $0.info.protectionClass.name, String($0.info.size)] })
+                return try answerItemRequest(request)
             } catch {
                 return .keychainError(error, error.description)
             }
@@ -306,4 +292,67 @@ private struct PeerCredentials {
     var pid: pid_t = 0
     var uid: uid_t = 0
     var gid: gid_t = 0
+}
+
+extension DeviceProcess {
+    /// The requests of a ``PasswordManager`` that is a client of this
+    /// device (and of `keychainfs get/set/rm/ls`): the manager's own
+    /// operations, with the filesystem's namespace rules (a removed or
+    /// replaced item's inode is detached, writes are serialised with commits).
+    fileprivate func answerItemRequest(_ request: DeviceRequest) throws(KeychainError) -> DeviceReply {
+        switch request {
+        case .get(let group, let identifier):
+            let item = try manager.item(forIdentifier: identifier, inGroup: group)
+            return .value(item.value, item.protectionClass)
+        case .set(let group, let identifier, let value, let protectionClass, let condition):
+            try nodes.namespace.withLock { () throws(KeychainError) in
+                _ = try manager.write(value, identifier: identifier, group: group,
+                                  protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition)
+            }
+        case .remove(let group, let identifier):
+            try nodes.removeItem(group: group, identifier: identifier, manager: manager)
+            forgetCachedNames([.item(group: group, identifier: identifier)])
+        case .list(let group):
+            guard let group else { return .ok(try manager.groups()) }
+            return .ok(try manager.items(inGroup: group).flatMap { [$0.identifier, $0.info.protectionClass.name, String($0.info.size)] })
+        case .info(let group, let identifier):
+            guard let info = try manager.info(forIdentifier: identifier, inGroup: group) else { throw .itemNotFound }
+            return .ok([info.protectionClass.name, String(info.size)])
+        case .setClass(let group, let identifier, let protectionClass):
+            try manager.setProtectionClass(protectionClass, forIdentifier: identifier, inGroup: group)
+        case .rename(let group, let from, let to, let replacing):
+            try nodes.renameItem(group: group, from: from, to: to, replacing: replacing, manager: manager)
+            forgetCachedNames([.item(group: group, identifier: from), .item(group: group, identifier: to)])
+        case .createGroup(let group):
+            try manager.createGroup(group)
+        case .removeGroup(let group):
+            // As rmdir: not a group that a mount serves as its root.
+            guard !isGroupMounted(group) else { throw .badRequest }
+            try manager.removeGroup(group)
+            forgetCachedNames([.group(group)])
+        case .lock:
+            try manager.lock()
+        case .unlock(let passcode):
+            try manager.unlock(passcode: passcode)
+        case .status:
+            return .ok(try manager.status.fields)
+        case .sync:
+            try manager.sync()
+        default:
+            throw .param
+        }
+        return .ok([])
+    }
+
+    /// Names change in every mount when they change through the socket: the
+    /// kernel of each mount forgets what it cached of them, so that a renamed
+    /// item is not still found under its old name (names are cached for a
+    /// second, docs/FILESYSTEM.md).
+    private func forgetCachedNames(_ changed: [Node]) {
+        for mount in mounts.withLock({ Array($0.values) }) {
+            for node in changed {
+                if let (parent, name) = mount.fileSystem.cachedName(of: node) { mount.forgetName(name, inDirectory: parent) }
+            }
+        }
+    }
 }

@@ -48,7 +48,7 @@ public final class FileSystem: Sendable {
         }
         owner = (getuid(), getgid())
         // Weak: the device holds this closure; a strong capture would keep it alive forever.
-        lockObserver = manager.device.addObserver { [nodes, weak device = manager.device] event in
+        lockObserver = manager.localDevice.addObserver { [nodes, weak device = manager.localDevice] event in
             guard event == .locked, let device else { return }
             // After a lock: wipe every descriptor whose keys are gone.
             for file in nodes.allOpenFiles() {
@@ -58,7 +58,7 @@ public final class FileSystem: Sendable {
     }
 
     deinit {
-        manager.device.removeObserver(lockObserver)
+        manager.localDevice.removeObserver(lockObserver)
     }
 
     // MARK: Names
@@ -78,6 +78,21 @@ public final class FileSystem: Sendable {
             return .item(group: group, identifier: name)
         default:
             throw FSError(ENOTDIR)
+        }
+    }
+
+    /// The directory inode and name under which this mount shows `node`,
+    /// if it shows it and the kernel may have looked it up.
+    func cachedName(of node: Node) -> (parent: UInt64, name: String)? {
+        switch (node, scope) {
+        case (.item(let group, let identifier), .group(let mounted)) where group == mounted:
+            return (NodeTable.rootInode, identifier)
+        case (.item(let group, let identifier), .keychain):
+            return nodes.existingInode(for: .group(group)).map { ($0, identifier) }
+        case (.group(let group), .keychain):
+            return (NodeTable.rootInode, group)
+        default:
+            return nil
         }
     }
 

@@ -69,6 +69,17 @@ public final class FuseMount: Sendable {
         pthread_join(thread, nil)
     }
 
+    /// Makes the kernel forget a name it may have cached in this mount
+    /// (for up to ``FileSystem/entryTimeout``), after a change that did not
+    /// come through this mount. Never from inside one of this mount's
+    /// requests on that directory (the kernel would wait for it).
+    func forgetName(_ name: String, inDirectory parent: UInt64) {
+        session.whileLive { raw in
+            // -ENOENT when nothing was cached: nothing to do.
+            _ = fuse_lowlevel_notify_inval_entry(raw, fuse_ino_t(parent), name, name.utf8.count)
+        }
+    }
+
     /// Detaches the mount; the loop then ends by itself. A busy mount (open
     /// files) refuses a plain unmount with EBUSY; `lazy` detaches it anyway.
     public func unmount(lazy: Bool) -> Int32 {
@@ -94,6 +105,13 @@ private final class SessionBox: @unchecked Sendable {
     init(_ raw: OpaquePointer, userdata: Unmanaged<FileSystem>) {
         self.raw = raw
         self.userdata = userdata
+    }
+
+    /// Runs `body` with the session unless it was torn down (and keeps it from being torn down meanwhile).
+    func whileLive(_ body: (OpaquePointer) -> Void) {
+        tornDown.withLock { done in
+            if !done { body(raw) }
+        }
     }
 
     func tearDown() {

@@ -70,6 +70,11 @@ final class NodeTable: Sendable {
         }
     }
 
+    /// The inode bound to `node`, if it has one (the kernel may know it).
+    func existingInode(for node: Node) -> UInt64? {
+        state.withLock { $0.byNode[node] }
+    }
+
     /// The node an inode is bound to; nil once it was detached or never existed.
     func node(for inode: UInt64) -> Node? {
         state.withLock { state in

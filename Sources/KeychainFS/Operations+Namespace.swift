@@ -20,7 +20,7 @@ extension FileSystem {
         guard let group = itemGroup(of: parent) else {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
-        try nodes.removeItem(group: group, identifier: name, manager: manager)
+        try core { () throws(KeychainError) in try nodes.removeItem(group: group, identifier: name, manager: manager) }
     }
 
     /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
@@ -56,15 +56,8 @@ extension FileSystem {
             throw FSError(EXDEV)
         }
         guard itemGroup(of: newParent) == group else { throw FSError(EXDEV) }
-        let replacing = flags & renameNoReplace == 0
-        let target = Node.item(group: group, identifier: newName)
-        try nodes.namespace.withLock { () throws(FSError) in
-            let replaced = replacing && name != newName ? try nodes.lastInfo(of: target, manager: manager) : nil
-            try core { () throws(KeychainError) in
-                try manager.renameKey(forIdentifier: name, to: newName, inGroup: group, replacing: replacing)
-            }
-            guard name != newName else { return }
-            nodes.move(.item(group: group, identifier: name), to: target, replacedInfo: replaced)
+        try core { () throws(KeychainError) in
+            try nodes.renameItem(group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0, manager: manager)
         }
     }
 
@@ -141,19 +134,32 @@ extension NodeTable {
     /// namespace lock: `rm` in any mount, and removals through the device's
     /// socket, so that no descriptor left open on it can reach a later item
     /// of that name.
-    func removeItem(group: String, identifier: String, manager: PasswordManager) throws(FSError) {
+    func removeItem(group: String, identifier: String, manager: PasswordManager) throws(KeychainError) {
         let node = Node.item(group: group, identifier: identifier)
-        try namespace.withLock { () throws(FSError) in
+        try namespace.withLock { () throws(KeychainError) in
             let last = try lastInfo(of: node, manager: manager)
-            try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: identifier, inGroup: group) }
+            try manager.deleteKey(forIdentifier: identifier, inGroup: group)
             detach(node, info: last)
+        }
+    }
+
+    /// Renames an item and moves its inode (detaching a replaced one) in one
+    /// step under the namespace lock: `mv` in any mount, and renames through
+    /// the device's socket.
+    func renameItem(group: String, from: String, to: String, replacing: Bool, manager: PasswordManager) throws(KeychainError) {
+        let target = Node.item(group: group, identifier: to)
+        try namespace.withLock { () throws(KeychainError) in
+            let replaced = replacing && from != to ? try lastInfo(of: target, manager: manager) : nil
+            try manager.renameKey(forIdentifier: from, to: to, inGroup: group, replacing: replacing)
+            guard from != to else { return }
+            move(.item(group: group, identifier: from), to: target, replacedInfo: replaced)
         }
     }
 
     /// What `fstat` on a descriptor of an item about to be removed or
     /// replaced reports; read only when such a descriptor exists.
-    func lastInfo(of node: Node, manager: PasswordManager) throws(FSError) -> ItemInfo? {
+    private func lastInfo(of node: Node, manager: PasswordManager) throws(KeychainError) -> ItemInfo? {
         guard case .item(let group, let identifier) = node, hasOpenFiles(node) else { return nil }
-        return try core { () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) }
+        return try manager.info(forIdentifier: identifier, inGroup: group)
     }
 }

@@ -24,7 +24,7 @@ extension FileSystem {
         // O_TRUNC: the old value is not needed, only that its key is there.
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
         else { throw FSError(ENOENT) }
-        guard manager.device.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
+        guard manager.localDevice.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
         let file = try writer(inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags, opener: opener)
         file.truncatePending = true
         return file
@@ -34,7 +34,7 @@ extension FileSystem {
     private func writer(inode: UInt64, buffer: SecureBuffer, current: ProtectionClass, flags: Int32,
                         opener: ProcessIdentity) throws(FSError) -> OpenFile {
         let target = manager.classForNewWrites
-        guard manager.device.isAvailable(target) else { throw FSError(EACCES) }
+        guard manager.localDevice.isAvailable(target) else { throw FSError(EACCES) }
         return OpenFile(inode: inode, value: nil, buffer: buffer, appends: flags & O_APPEND != 0,
                         protectionClass: current, targetClass: target, opener: opener)
     }
@@ -65,7 +65,7 @@ extension FileSystem {
     /// Lends the bytes of `[offset, offset + size)` to `reply`.
     func read(_ file: OpenFile, offset: Int, size: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
         try file.lock.withLock { () throws(FSError) in
-            try file.checkAccess(manager.device)
+            try file.checkAccess(manager.localDevice)
             if let value = file.value {
                 value.withUnsafeBytes { all in
                     let start = min(max(offset, 0), all.count)
@@ -113,7 +113,7 @@ extension FileSystem {
     private func changing(_ file: OpenFile, _ body: () throws(FSError) -> Void) throws(FSError) {
         try file.lock.withLock { () throws(FSError) in
             do throws(FSError) {
-                try file.checkAccess(manager.device)
+                try file.checkAccess(manager.localDevice)
                 try body()
             } catch {
                 revertTruncation(file, because: error.errno)
@@ -140,7 +140,7 @@ extension FileSystem {
                 return
             }
             do throws(FSError) {
-                try file.checkAccess(manager.device)
+                try file.checkAccess(manager.localDevice)
             } catch {
                 revertTruncation(file, because: error.errno)
                 throw error

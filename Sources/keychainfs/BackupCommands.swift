@@ -27,9 +27,9 @@ enum KeysHolder {
         } catch {
             throw fail(DeviceProcess.describe(error, keychain: keychain))
         }
-        let passcode = manager.device.status.hasPasscode ? Passcode.read(prompt: "Keychain passcode: ") : nil
+        let passcode = manager.localDevice.status.hasPasscode ? Passcode.read(prompt: "Keychain passcode: ") : nil
         do {
-            try manager.device.unlock(passcode: passcode)
+            try manager.localDevice.unlock(passcode: passcode)
         } catch {
             throw fail("the keychain's passcode is wrong, or wrong passcodes have locked unlocking out for now")
         }

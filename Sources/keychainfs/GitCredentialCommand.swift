@@ -44,7 +44,7 @@ struct GitCredentialCommand: ParsableCommand {
         switch action {
         case "get":
             switch DeviceClient.send(.get(group: Self.group, identifier: identifier), to: socketPath) {
-            case .value(let value)?:
+            case .value(let value, _)?:
                 if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
                 _ = value.withUnsafeBytes { Descriptor.writeAll(1, $0) }
             case .keychainError(.interactionNotAllowed, _)?:
@@ -63,7 +63,7 @@ struct GitCredentialCommand: ParsableCommand {
         default:  // erase
             // Only the credential git names: read it first (which needs the key).
             switch DeviceClient.send(.get(group: Self.group, identifier: identifier), to: socketPath) {
-            case .value(let value)?:
+            case .value(let value, _)?:
                 if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
                 _ = DeviceClient.send(.remove(group: Self.group, identifier: identifier), to: socketPath)
             case .keychainError(.interactionNotAllowed, _)?:
@@ -84,10 +84,9 @@ struct GitCredentialCommand: ParsableCommand {
         return request
     }
 
-    /// `protocol:host[:path]`, with `%` and `/` (which names may not hold) percent-encoded.
+    /// `protocol:host[:path]`, encoded as an item name (see ``ItemName``).
     static func identifier(protocol proto: String, host: String, path: String?) -> String {
-        let raw = proto + ":" + host + (path.map { ":" + $0 } ?? "")
-        return raw.replacingOccurrences(of: "%", with: "%25").replacingOccurrences(of: "/", with: "%2F")
+        ItemName.encoded(proto + ":" + host + (path.map { ":" + $0 } ?? ""))
     }
 
     private static func fields(_ value: SecureBytes) -> [String] {
@@ -96,11 +95,5 @@ struct GitCredentialCommand: ParsableCommand {
 
     private static func say(_ message: String) {
         printError("keychainfs: " + message)
-    }
-}
-
-extension String {
-    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
-        split(separator: Substring(target), omittingEmptySubsequences: false).joined(separator: replacement)
     }
 }

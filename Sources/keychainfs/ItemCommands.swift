@@ -91,7 +91,7 @@ struct GetCommand: ParsableCommand {
 
     func run() throws {
         let device = try RunningDevice(options.directory)
-        guard case .value(let value) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
+        guard case .value(let value, _) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
             throw fail("unexpected reply from the device")
         }
         if json {
@@ -219,7 +219,7 @@ struct ExecCommand: ParsableCommand {
         for variable in variables {
             let parts = variable.split(separator: "=", maxSplits: 1).map(String.init)
             let item = ItemAddress(argument: parts[1])!
-            guard case .value(let value) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
+            guard case .value(let value, _) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
                 throw fail("unexpected reply from the device")
             }
             guard !value.withUnsafeBytes({ $0.contains(0) }) else {

@@ -1,4 +1,5 @@
 import ArgumentParser
+import KeychainCore
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -19,17 +20,22 @@ struct KeychainFSCommand: ParsableCommand {
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
-                      RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self]
+                      RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self,
+                      DockerCredentialCommand.self]
     )
 
-    /// Run as `git-credential-keychainfs` (a link git finds on PATH), this
-    /// binary is git's credential helper; otherwise the keychainfs command.
+    /// Run as `git-credential-keychainfs` or `docker-credential-keychainfs`
+    /// (links git and docker find on PATH), this binary is their credential
+    /// helper; otherwise the keychainfs command.
     static func main() {
+        // Every command may hold a secret (a value, a passcode, a credential
+        // git or docker sent as text): none may end up in a core file.
+        _ = disableCoreDumps()
         let arguments = Array(CommandLine.arguments.dropFirst())
-        if CommandLine.arguments.first?.split(separator: "/").last == "git-credential-keychainfs" {
-            GitCredentialCommand.main(arguments)
-        } else {
-            main(arguments)
+        switch CommandLine.arguments.first?.split(separator: "/").last {
+        case "git-credential-keychainfs": GitCredentialCommand.main(arguments)
+        case "docker-credential-keychainfs": DockerCredentialCommand.main(arguments)
+        default: main(arguments)
         }
     }
 }

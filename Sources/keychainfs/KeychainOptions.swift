@@ -6,13 +6,17 @@ import Glibc
 
 /// `--keychain DIR`, shared by the commands that open a keychain.
 struct KeychainOptions: ParsableArguments {
-    @Option(name: .long, help: "Use the keychain in this directory (default: $XDG_DATA_HOME/keychainfs).")
+    @Option(name: .long, help: "Use the keychain in this directory (default: $KEYCHAINFS_KEYCHAIN, else $XDG_DATA_HOME/keychainfs).")
     var keychain: String?
 
-    /// The keychain directory, made absolute so a detached device finds it too.
+    /// The keychain directory, made absolute so a detached device finds it
+    /// too. `KEYCHAINFS_KEYCHAIN` is for the helpers git and docker run,
+    /// which cannot pass options (docker), and for services.
     var directory: KeychainDirectory {
-        guard let keychain else { return .defaultLocation() }
-        return KeychainDirectory(path: absolutePath(keychain))
+        guard let path = keychain ?? getenv("KEYCHAINFS_KEYCHAIN").map({ String(cString: $0) }), !path.isEmpty else {
+            return .defaultLocation()
+        }
+        return KeychainDirectory(path: absolutePath(path))
     }
 }
 

@@ -116,6 +116,7 @@ struct MountCommand: ParsableCommand {
 
     /// Success: to the parent's pipe when started detached, silence otherwise.
     private func report(ok: ()) {
+        SystemdNotify.send("READY=1")
         guard let readyFD else { return }
         _ = writeLine(readyFD, "ok")
         // The parent waits for this line: let it go at once.

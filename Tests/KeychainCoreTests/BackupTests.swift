@@ -18,7 +18,7 @@ import Testing
     static func source() throws -> (TemporaryKeychain, PasswordManager) {
         let keychain = try TemporaryKeychain()
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         for item in items {
             try manager.write(SecureBytes(item.value), identifier: item.identifier, group: item.group,
                               protectionClass: item.protectionClass)
@@ -30,7 +30,7 @@ import Testing
     static func target() throws -> (TemporaryKeychain, PasswordManager) {
         let keychain = try TemporaryKeychain(passcode: "another device")
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure("another device"))
+        try manager.localDevice.unlock(passcode: secure("another device"))
         return (keychain, manager)
     }
 
@@ -110,7 +110,7 @@ import Testing
 
     @Test func aLockedKeychainMakesNoBackup() throws {
         let (_, source) = try Self.source()
-        source.device.lock()
+        try source.lock()
         expectError(.interactionNotAllowed) { try Self.backup(source) }
     }
 

@@ -7,7 +7,7 @@ import Testing
     @Test func manyThreadsReadAndWriteOneManagerWithoutLosingOrMixingValues() throws {
         let keychain = try TemporaryKeychain()
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         manager.accessMode = .always
         let threads = 8
         let rounds = 200
@@ -37,13 +37,13 @@ import Testing
         let keychain = try TemporaryKeychain()
         let manager = try keychain.manager()
         let passcode = try secure(TemporaryKeychain.passcode)
-        try manager.device.unlock(passcode: passcode)
+        try manager.localDevice.unlock(passcode: passcode)
         try manager.register("guarded", forIdentifier: "item")
         let unexpected = Mutex<[String]>([])
         DispatchQueue.concurrentPerform(iterations: 4) { worker in
             for _ in 0..<300 {
                 if worker == 0 {
-                    manager.device.lock()
+                    manager.localDevice.lock()
                     // Right after the lock returns, nothing may read the item.
                     do throws(KeychainError) {
                         let value = try manager.string(forIdentifier: "item")
@@ -51,7 +51,7 @@ import Testing
                     } catch {
                         if error != .interactionNotAllowed { unexpected.withLock { $0.append("\(error)") } }
                     }
-                    try? manager.device.unlock(passcode: passcode)
+                    try? manager.localDevice.unlock(passcode: passcode)
                 } else {
                     do throws(KeychainError) {
                         _ = try manager.string(forIdentifier: "item")

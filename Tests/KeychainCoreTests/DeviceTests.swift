@@ -125,11 +125,11 @@ import Testing
     @Test func keychainWithoutPasscodeUnlocksWithoutOneButStillBootsLocked() throws {
         let keychain = try TemporaryKeychain(passcode: nil)
         let manager = try keychain.manager()
-        #expect(!manager.device.status.hasPasscode)
+        #expect(!manager.localDevice.status.hasPasscode)
         expectError(.interactionNotAllowed) { try manager.register("v", forIdentifier: "item") }
-        try manager.device.unlock(passcode: nil)
+        try manager.localDevice.unlock(passcode: nil)
         try manager.register("v", forIdentifier: "item")
-        manager.device.lock()
+        manager.localDevice.lock()
         expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "item") }
     }
 

@@ -30,8 +30,8 @@ import Testing
         // Before the first unlock only the `always` classes read.
         #expect(try manager.key(forIdentifier: "always").bytes() == Array("always-value".utf8))
         expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "afu") }
-        expectError(.authFailed) { try manager.device.unlock(passcode: secure("not the passcode")) }
-        try manager.device.unlock(passcode: secure(Self.passcode))
+        expectError(.authFailed) { try manager.localDevice.unlock(passcode: secure("not the passcode")) }
+        try manager.localDevice.unlock(passcode: secure(Self.passcode))
         for item in Self.items {
             #expect(try manager.info(forIdentifier: item.identifier, inGroup: item.group)
                     == ItemInfo(protectionClass: item.protectionClass, size: item.value.count))
@@ -48,7 +48,7 @@ import Testing
         try Device.createKeychain(at: target, passcode: secure(Self.passcode), kdf: .interactive)
         do {
             let manager = PasswordManager(device: try Device(directory: target))
-            try manager.device.unlock(passcode: secure(Self.passcode))
+            try manager.localDevice.unlock(passcode: secure(Self.passcode))
             for item in Self.items {
                 try manager.write(SecureBytes(item.value), identifier: item.identifier, group: item.group,
                                   protectionClass: item.protectionClass)

@@ -7,19 +7,19 @@ import Testing
         let keychain = try TemporaryKeychain()
         do {
             let manager = try keychain.manager()
-            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
             try manager.register("kept", forIdentifier: "item")
-            try manager.device.changePasscode(from: secure(TemporaryKeychain.passcode), to: secure("new passcode"))
+            try manager.localDevice.changePasscode(from: secure(TemporaryKeychain.passcode), to: secure("new passcode"))
             // The running device keeps its keys; the next unlock needs the new passcode.
             #expect(try manager.string(forIdentifier: "item") == "kept")
-            manager.device.lock()
-            expectError(.authFailed) { try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode)) }
-            try manager.device.unlock(passcode: secure("new passcode"))
+            manager.localDevice.lock()
+            expectError(.authFailed) { try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode)) }
+            try manager.localDevice.unlock(passcode: secure("new passcode"))
         }
         // After a restart too.
         let manager = try keychain.manager()
-        expectError(.authFailed) { try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode)) }
-        try manager.device.unlock(passcode: secure("new passcode"))
+        expectError(.authFailed) { try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode)) }
+        try manager.localDevice.unlock(passcode: secure("new passcode"))
         #expect(try manager.string(forIdentifier: "item") == "kept")
     }
 
@@ -55,6 +55,13 @@ import Testing
             .ping, .mount(group: nil, mountpoint: "/m"), .mount(group: "TEAMID.g", mountpoint: "/m 2"),
             .unmount(mountpoint: "/m"), .changePasscode(old: nil, new: try secure("n")),
             .changePasscode(old: try secure("o"), new: nil),
+            .get(group: "default", identifier: "t"), .set(group: "g", identifier: "t", value: try secure("v")),
+            .set(group: "g", identifier: "t", value: try secure(""), protectionClass: .alwaysThisDeviceOnly, condition: .ifAbsent),
+            .remove(group: "g", identifier: "t"), .list(group: nil), .list(group: "g"), .info(group: "g", identifier: "t"),
+            .setClass(group: "g", identifier: "t", protectionClass: .afterFirstUnlock),
+            .rename(group: "g", from: "a", to: "b", replacing: true), .rename(group: "g", from: "a", to: "b", replacing: false),
+            .createGroup("g"), .removeGroup("g"), .lock, .unlock(passcode: nil), .unlock(passcode: try secure("1234")),
+            .status, .sync,
         ]
         for request in requests {
             let frame = try request.frame()
@@ -62,7 +69,8 @@ import Testing
             #expect(try decoded.frame() == frame)
             #expect(frame.withUnsafeBytes { Int($0.load(as: UInt32.self)) } == frame.count - 4)
         }
-        for reply in [DeviceReply.ok(["last"]), .keychainError(.authFailed, "wrong passcode"), .systemError(EBUSY, "busy")] {
+        for reply in [DeviceReply.ok(["last"]), .keychainError(.authFailed, "wrong passcode"), .systemError(EBUSY, "busy"),
+                      .value(try secure("v"), .whenUnlockedThisDeviceOnly)] {
             let frame = try reply.frame()
             #expect(try frame.withUnsafeBytes { try DeviceReply(body: UnsafeRawBufferPointer(rebasing: $0[4...])) } == reply)
         }
@@ -70,7 +78,10 @@ import Testing
                              [1, 1, 0, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0],
                              // A path with a NUL (a C string would end there), and a non-canonical policy.
                              [1, 3, 0, 0, 0, 0, 3, 0, 0, 0, 97, 0, 98],
-                             [1, 6, 0, 0, 0, 0, 2, 0, 0, 0, 47, 102, 1, 1, 0, 0, 0, 112, 2, 0, 0, 0, 48, 50]] {
+                             [1, 6, 0, 0, 0, 0, 2, 0, 0, 0, 47, 102, 1, 1, 0, 0, 0, 112, 2, 0, 0, 0, 48, 50],
+                             // rename's flag must be exactly "0" or "1"; a class must be a class's name.
+                             [1, 13, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 98, 1, 0, 0, 0, 50],
+                             [1, 12, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 120]] {
             #expect(throws: KeychainError.param) { try bad.withUnsafeBytes { try DeviceRequest(body: $0) } }
         }
     }

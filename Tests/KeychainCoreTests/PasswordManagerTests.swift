@@ -5,7 +5,7 @@ import Testing
 @Suite struct PasswordManagerTests {
     func unlockedManager(_ keychain: TemporaryKeychain) throws -> PasswordManager {
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         return manager
     }
 
@@ -15,12 +15,12 @@ import Testing
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
         try manager.register("secret", forIdentifier: "manager")
-        manager.device.lock()
+        manager.localDevice.lock()
         expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "manager") }
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         manager.accessMode = .always
         try manager.register("secret", forIdentifier: "manager")
-        manager.device.lock()
+        manager.localDevice.lock()
         #expect(try manager.string(forIdentifier: "manager") == "secret")
         #expect(try manager.info(forIdentifier: "manager")?.protectionClass == .always)
     }
@@ -29,7 +29,7 @@ import Testing
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
         try manager.register("x", forIdentifier: "present")
-        manager.device.lock()
+        manager.localDevice.lock()
         expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "present") }
         expectError(.interactionNotAllowed) { try manager.validKey("x", forIdentifier: "present") }
         expectError(.itemNotFound) { try manager.key(forIdentifier: "absent") }
@@ -42,12 +42,12 @@ import Testing
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
         try manager.register("old", forIdentifier: "item")
-        manager.device.lock()
+        manager.localDevice.lock()
         expectError(.interactionNotAllowed) { try manager.register("new", forIdentifier: "item") }
         // Even a class whose key is available cannot overwrite a locked item.
         manager.accessMode = .always
         expectError(.interactionNotAllowed) { try manager.register("new", forIdentifier: "item") }
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         #expect(try manager.string(forIdentifier: "item") == "old")
         #expect(try manager.info(forIdentifier: "item")?.protectionClass == .whenUnlocked)
     }
@@ -150,7 +150,7 @@ import Testing
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
         try manager.register("v", forIdentifier: "item")
-        manager.device.lock()
+        manager.localDevice.lock()
         try manager.deleteKey(forIdentifier: "item")
         expectError(.itemNotFound) { try manager.deleteKey(forIdentifier: "item") }
         expectError(.itemNotFound) { try manager.key(forIdentifier: "item") }
@@ -161,7 +161,7 @@ import Testing
         let manager = try unlockedManager(keychain)
         try manager.register("v", forIdentifier: "item")
         try manager.setProtectionClass(.alwaysThisDeviceOnly, forIdentifier: "item")
-        manager.device.lock()
+        manager.localDevice.lock()
         #expect(try manager.string(forIdentifier: "item") == "v")
         expectError(.interactionNotAllowed) { try manager.setProtectionClass(.whenUnlocked, forIdentifier: "item") }
         #expect(try manager.info(forIdentifier: "item")?.protectionClass == .alwaysThisDeviceOnly)
@@ -180,7 +180,7 @@ import Testing
         try manager.renameKey(forIdentifier: "c", to: "b", replacing: true)
         #expect(try manager.identifiers() == ["b"])
         #expect(try manager.string(forIdentifier: "b") == "a")
-        manager.device.lock()
+        manager.localDevice.lock()
         expectError(.interactionNotAllowed) { try manager.renameKey(forIdentifier: "b", to: "d") }
         #expect(try manager.identifiers() == ["b"])
     }
@@ -197,7 +197,7 @@ import Testing
         try manager.removeGroup("empty")
         expectError(.itemNotFound) { try manager.removeGroup("empty") }
         expectError(.itemNotFound) { try manager.identifiers(inGroup: "empty") }
-        manager.device.lock()
+        manager.localDevice.lock()
         #expect(try manager.identifiers(inGroup: "full") == ["item"])
     }
 
@@ -215,7 +215,7 @@ import Testing
         manager.background()
         #expect(manager.isCacheEmpty)
         _ = try manager.key(forIdentifier: "item")
-        manager.device.lock()
+        manager.localDevice.lock()
         #expect(manager.isCacheEmpty)
         // A write replaces what the cache would answer.
         _ = try manager.key(forIdentifier: "item")
@@ -228,7 +228,7 @@ import Testing
         let manager = try unlockedManager(keychain)
         try manager.register("v", forIdentifier: "item")
         _ = try manager.key(forIdentifier: "item")
-        manager.device.lock()
+        manager.localDevice.lock()
         expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "item") }
     }
 

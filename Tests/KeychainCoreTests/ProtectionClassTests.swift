@@ -21,10 +21,10 @@ import Testing
         let value = "value of \(protectionClass.name)"
         do {
             let manager = try keychain.manager()
-            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
             try manager.write(secure(value), identifier: "item", group: "g", protectionClass: protectionClass)
             #expect(try manager.string(forIdentifier: "item", inGroup: "g") == value)
-            manager.device.lock()
+            manager.localDevice.lock()
             try check(manager, protectionClass, .lockedAfterUnlock, value)
         }
         let rebooted = try keychain.manager()

@@ -10,7 +10,7 @@ import Testing
     func prepared() throws -> TemporaryKeychain {
         let keychain = try TemporaryKeychain()
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         try manager.register("alpha-secret", forIdentifier: "alpha")
         try manager.register("beta-secret", forIdentifier: "beta")
         try manager.register("other-group", forIdentifier: "alpha", inGroup: "other")
@@ -22,7 +22,7 @@ import Testing
         try keychain.withRawDatabase { try $0.execute(sql) }
         do {
             let manager = PasswordManager(device: try keychain.device())
-            try manager.device.unlock(passcode: try SecureBytes(TemporaryKeychain.passcode))
+            try manager.localDevice.unlock(passcode: try SecureBytes(TemporaryKeychain.passcode))
             return .success(manager)
         } catch let error as KeychainError {
             return .failure(error)
@@ -91,7 +91,7 @@ import Testing
         }
         do {
             let manager = try keychain.manager()
-            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
             try manager.register("changed-password", forIdentifier: "alpha")
         }
         #expect(throws: KeychainError.decode) {
@@ -119,7 +119,7 @@ import Testing
         let keychain = try prepared()
         do {
             let manager = try keychain.manager()
-            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
             try manager.register("v2", forIdentifier: "alpha")
             try manager.renameKey(forIdentifier: "alpha", to: "gamma")
             try manager.renameKey(forIdentifier: "gamma", to: "beta", replacing: true)
@@ -173,7 +173,7 @@ import Testing
         }
         do {
             let manager = try keychain.manager()
-            try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
             try manager.register("second", forIdentifier: "alpha")
             try manager.register("third", forIdentifier: "alpha")
             try manager.register("gamma", forIdentifier: "gamma")
@@ -208,7 +208,7 @@ import Testing
             try db.statement("UPDATE meta SET value = ? WHERE key = 'state'").bind(1, state.sealed(record)).run()
         }
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         try manager.register("last", forIdentifier: "alpha")
         expectError(.io) { try manager.register("one too many", forIdentifier: "alpha") }
         expectError(.io) { try manager.register("new", forIdentifier: "delta") }
@@ -230,7 +230,7 @@ import Testing
     func aRowChangedWhileTheDeviceRunsIsNotServed(_ sql: String) throws {
         let keychain = try prepared()
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         try keychain.withRawDatabase { db in
             try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'alpha' AND grp = 'default'")
         }
@@ -246,7 +246,7 @@ import Testing
     @Test func aRemovedRowBroughtBackWhileTheDeviceRunsIsNotServed() throws {
         let keychain = try prepared()
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         try keychain.withRawDatabase { db in
             try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'beta'")
         }

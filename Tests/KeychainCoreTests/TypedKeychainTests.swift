@@ -11,7 +11,7 @@ import Testing
 
     func view(_ keychain: TemporaryKeychain, group: String = "TEAMID.com.example.app") throws -> TypedKeychain {
         let manager = try keychain.manager()
-        try manager.device.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         return try TypedKeychain(manager: manager, group: group)
     }
 
@@ -54,7 +54,7 @@ import Testing
         let chain = try view(keychain)
         try chain.set("a", forKey: "a")
         try chain.set("b", forKey: "b")
-        chain.manager.device.lock()
+        chain.manager.localDevice.lock()
         #expect(try chain.allKeys() == ["a", "b"])
         expectError(.interactionNotAllowed) { try chain.string(forKey: "a") }
         expectError(.interactionNotAllowed) { try chain.set("c", forKey: "c") }

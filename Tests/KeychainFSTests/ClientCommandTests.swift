@@ -74,4 +74,39 @@ import TestSupport
         #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject").succeeded)
         #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "")
     }
+
+    /// docker-credential-helpers' protocol, driven as docker drives it (no options, JSON on stdio).
+    @Test func dockerCredentialHelperSpeaksDockersProtocol() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let bin = harness.root + "/bin"
+        #expect(mkdir(bin, 0o700) == 0 && symlink(harness.binary, bin + "/docker-credential-keychainfs") == 0)
+        let helper = "KEYCHAINFS_KEYCHAIN=\"$KC\" \"$R/bin/docker-credential-keychainfs\""
+        let url = "https://registry.example.com/v2/"
+        let stored = harness.sh("printf '%s' '{\"ServerURL\":\"\(url)\",\"Username\":\"ada\",\"Secret\":\"s3\\\"cret\"}' | \(helper) store")
+        #expect(stored.succeeded && stored.stdout.isEmpty, "\(stored)")
+        #expect(harness.sh("ls \"$1/docker\"", arguments: [mnt]).stdout == "https:%2F%2Fregistry.example.com%2Fv2%2F\n")
+        let got = harness.sh("printf '%s\\n' '\(url)' | \(helper) get")
+        #expect(got.succeeded && got.stdout == "{\"ServerURL\":\"\(url)\",\"Username\":\"ada\",\"Secret\":\"s3\\\"cret\"}\n", "\(got)")
+        #expect(harness.sh("\(helper) list").stdout == "{\"\(url)\":\"ada\"}\n")
+        // docker's own "not found" reply, on stdout with status 1.
+        let missing = harness.sh("printf 'https://other.example.com' | \(helper) get")
+        #expect(missing.status == 1 && missing.stdout == "credentials not found in native keychain\n")
+        // Bad input changes nothing.
+        #expect(harness.sh("printf '{\"ServerURL\":\"x\"}' | \(helper) store").stdout == "no credentials username\n")
+        #expect(harness.sh("printf 'not json' | \(helper) store").status == 1)
+        #expect(harness.sh("\(helper) frobnicate").stdout == "Unknown credential action `frobnicate`\n")
+        // Locked: an error that says so, never "not found" (docker would then ask for a login).
+        #expect(harness.control(mnt, "lock").succeeded)
+        let locked = harness.sh("printf '%s' '\(url)' | \(helper) get")
+        #expect(locked.status == 1 && locked.stdout.contains("the keychain is locked"), "\(locked)")
+        #expect(harness.sh("\(helper) list").stdout.contains("the keychain is locked"))
+        try harness.unlock(mnt)
+        #expect(harness.sh("printf '%s' '\(url)' | \(helper) erase").succeeded)
+        #expect(harness.sh("\(helper) list").stdout == "{}\n")
+        let gone = harness.sh("printf '%s' '\(url)' | \(helper) erase")
+        #expect(gone.status == 1 && gone.stdout == "credentials not found in native keychain\n")
+        // No device: a message that says so.
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+        #expect(harness.sh("\(helper) list").stdout.contains("no keychainfs device is running"))
+    }
 }

@@ -88,12 +88,12 @@ final class MountHarness: @unchecked Sendable {
 
     /// Starts `keychainfs mount --foreground` as a child process (the device);
     /// returns its pid once the mount is ready.
-    func mountForeground(_ name: String = "mnt") throws -> pid_t {
+    func mountForeground(_ name: String = "mnt", environment extra: [String] = []) throws -> pid_t {
         let mountpoint = try prepareMountpoint(name)
         var ends: [Int32] = [0, 0]
         guard pipe(&ends) == 0 else { throw POSIXError(.EIO) }
         var options = Spawn.Options()
-        options.environment = environment()
+        options.environment = environment() + extra
         options.descriptors = [(3, ends[1])]
         options.nullStandardStreams = true
         let pid = Spawn.start([binary, "mount", mountpoint, "--foreground", "--keychain", keychain, "--ready-fd", "3"],

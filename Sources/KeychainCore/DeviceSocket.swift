@@ -1,4 +1,3 @@
-import KeychainCore
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -6,9 +5,9 @@ import Glibc
 /// The UNIX socket by which clients (later `mount`s, `unmount`, `passcode`)
 /// reach the device process of a keychain; the requests and replies are
 /// ``DeviceProtocol`` frames.
-public enum UnixSocket {
+package enum UnixSocket {
     /// The longest path a sockaddr_un holds (108 bytes with the NUL).
-    static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
+    package static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
 
     private static func address(_ path: String) -> sockaddr_un? {
         var address = sockaddr_un()
@@ -23,7 +22,7 @@ public enum UnixSocket {
     }
 
     /// A listening socket at `path` (mode 0600), replacing a stale file there.
-    static func listen(at path: String) -> Int32? {
+    package static func listen(at path: String) -> Int32? {
         guard var address = address(path) else { return nil }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return nil }
@@ -41,7 +40,7 @@ public enum UnixSocket {
     }
 
     /// A socket connected to `path`; nil if nobody listens there.
-    static func connect(to path: String) -> Int32? {
+    package static func connect(to path: String) -> Int32? {
         guard var address = address(path) else { return nil }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return nil }
@@ -69,11 +68,18 @@ public enum DeviceClient {
     }
 }
 
+/// Why the runtime directory cannot hold the device's socket.
+public struct RuntimePathError: Error, CustomStringConvertible {
+    public let description: String
+
+    init(_ description: String) { self.description = description }
+}
+
 /// Where a keychain's device process listens: `$XDG_RUNTIME_DIR/keychainfs/`,
 /// or `/tmp/keychainfs-UID/` without one, a directory of mode 0700 owned by us.
 public enum RuntimePaths {
     /// The socket of the device of the keychain at `keychainPath` (creating the runtime directory).
-    public static func socketPath(for keychainPath: String) throws(MountError) -> String {
+    public static func socketPath(for keychainPath: String) throws(RuntimePathError) -> String {
         let directory = try runtimeDirectory()
         // FNV-1a of the keychain's path: a short, stable name (not a secret).
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
@@ -83,12 +89,12 @@ public enum RuntimePaths {
         let hex = String(hash, radix: 16)
         let path = directory + "/" + String(repeating: "0", count: 16 - hex.count) + hex + ".sock"
         guard path.utf8.count <= UnixSocket.maximumPathLength else {
-            throw MountError("the socket path \(path) is longer than 107 bytes; set XDG_RUNTIME_DIR to a shorter directory")
+            throw RuntimePathError("the socket path \(path) is longer than 107 bytes; set XDG_RUNTIME_DIR to a shorter directory")
         }
         return path
     }
 
-    private static func runtimeDirectory() throws(MountError) -> String {
+    private static func runtimeDirectory() throws(RuntimePathError) -> String {
         let base: String
         if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
             base = runtime + "/keychainfs"
@@ -101,17 +107,17 @@ public enum RuntimePaths {
             var info = stat()
             guard stat(runtime, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
                   info.st_mode & 0o077 == 0 else {
-                throw MountError("XDG_RUNTIME_DIR (\(runtime)) is not a private directory of this user (it must be yours, mode 0700)")
+                throw RuntimePathError("XDG_RUNTIME_DIR (\(runtime)) is not a private directory of this user (it must be yours, mode 0700)")
             }
         }
         if mkdir(base, 0o700) != 0 && errno != EEXIST {
-            throw MountError("cannot create the runtime directory \(base): \(String(cString: strerror(errno)))")
+            throw RuntimePathError("cannot create the runtime directory \(base): \(String(cString: strerror(errno)))")
         }
         // Refuse a directory someone else made for us (e.g. in /tmp).
         var info = stat()
         guard lstat(base, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
               info.st_mode & 0o077 == 0 else {
-            throw MountError("the runtime directory \(base) is not a private directory of this user")
+            throw RuntimePathError("the runtime directory \(base) is not a private directory of this user")
         }
         return base
     }

@@ -1,0 +1,56 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The running device of a keychain, reached over its socket: the backend
+/// of a ``PasswordManager`` that is a client of a device process.
+final class DeviceConnection: Sendable {
+    let socketPath: String
+
+    /// The device holding the keychain at `keychain`, if one answers on its socket.
+    init?(keychain: KeychainDirectory) {
+        guard let socketPath = try? RuntimePaths.socketPath(for: keychain.path),
+              DeviceClient.send(.ping, to: socketPath) == .ok([]) else { return nil }
+        self.socketPath = socketPath
+    }
+
+    /// The device's reply; its core errors are thrown as they were thrown
+    /// there, so "locked" stays "locked" across the socket.
+    func send(_ request: DeviceRequest) throws(KeychainError) -> DeviceReply {
+        switch DeviceClient.send(request, to: socketPath) {
+        case nil:
+            // The device exited (its last mount went away) or stopped answering.
+            throw .io
+        case .keychainError(let error, _)?:
+            throw error
+        case .systemError(let code, _)?:
+            throw code == ENOENT ? .itemNotFound : .io
+        case let reply?:
+            return reply
+        }
+    }
+
+    /// The fields of the `ok` reply to `request`.
+    @discardableResult
+    func perform(_ request: DeviceRequest) throws(KeychainError) -> [String] {
+        guard case .ok(let fields) = try send(request) else { throw .io }
+        return fields
+    }
+}
+
+extension DeviceStatus {
+    /// The status as protocol fields: locked, unlocked since boot, retry
+    /// after, failed attempts, has passcode.
+    public var fields: [String] {
+        [isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts), hasPasscode ? "1" : "0"]
+    }
+
+    /// Parses ``fields``; nil for anything else.
+    public init?(fields: [String]) {
+        guard fields.count == 5, let retryAfter = Int64(fields[2]), let failedAttempts = UInt64(fields[3]) else { return nil }
+        let flags = [fields[0], fields[1], fields[4]]
+        guard flags.allSatisfy({ $0 == "0" || $0 == "1" }) else { return nil }
+        self.init(isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
+                  failedAttempts: failedAttempts, hasPasscode: flags[2] == "1")
+    }
+}

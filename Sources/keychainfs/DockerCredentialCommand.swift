@@ -1,0 +1,147 @@
+import ArgumentParser
+import Foundation
+import KeychainCore
+import KeychainFS
+
+/// docker's credential helper (docker-credential-helpers' protocol): docker
+/// runs `docker-credential-keychainfs store|get|erase|list|version` (a link
+/// to this binary, which `./scripts/setup` makes) with JSON or a server URL
+/// on stdin, and reads JSON, or an error message, from stdout (status 1 on
+/// an error). Credentials are items of the `docker` group, one per server
+/// URL, holding `{"Username": ..., "Secret": ...}`.
+struct DockerCredentialCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "docker-credential",
+        abstract: "docker's credential helper: \"credsStore\": \"keychainfs\" in ~/.docker/config.json.",
+        discussion: """
+            Needs docker-credential-keychainfs (a link to keychainfs) on PATH. docker passes no \
+            options: the keychain is $KEYCHAINFS_KEYCHAIN, or the default one. A locked keychain \
+            is an error that says so (never "credentials not found").
+            """)
+
+    static let group = "docker"
+    /// The message docker recognises as "no such credentials" (credentials/error.go).
+    static let notFound = "credentials not found in native keychain"
+
+    @Argument(help: "store, get, erase, list or version (from docker).")
+    var action: String
+
+    @OptionGroup var options: KeychainOptions
+
+    /// Failures go to stdout with status 1, where docker reads them.
+    struct Failure: Error {
+        let message: String
+    }
+
+    func run() throws {
+        do {
+            try perform()
+        } catch let failure as Failure {
+            print(failure.message)
+            throw ExitCode(1)
+        }
+    }
+
+    private func perform() throws {
+        switch action {
+        case "version":
+            print("docker-credential-keychainfs (keychainfs)")
+            return
+        case "store", "get", "erase", "list":
+            break
+        default:
+            throw Failure(message: "Unknown credential action `\(action)`")
+        }
+        let device = try Self.device(options.directory)
+        switch action {
+        case "store":
+            let credentials = try Self.readCredentials()
+            let value = try SecureBytes("{\"Username\": \(jsonString(credentials.username)), \"Secret\": \(jsonString(credentials.secret))}")
+            try Self.check(DeviceClient.send(.set(group: Self.group, identifier: ItemName.encoded(credentials.serverURL),
+                                                  value: value), to: device))
+        case "get":
+            let serverURL = try Self.readServerURL()
+            let stored = try Self.credentials(at: ItemName.encoded(serverURL), device: device)
+            print("{\"ServerURL\":\(jsonString(serverURL)),\"Username\":\(jsonString(stored.username)),\"Secret\":\(jsonString(stored.secret))}")
+        case "erase":
+            let identifier = ItemName.encoded(try Self.readServerURL())
+            try Self.check(DeviceClient.send(.remove(group: Self.group, identifier: identifier), to: device))
+        default:  // list: every server URL with its username (which needs the key)
+            let listing = try Self.check(DeviceClient.send(.list(group: Self.group), to: device), absentIsEmpty: true)
+            var entries: [String] = []
+            for index in stride(from: 0, to: listing.count - 2, by: 3) {
+                guard let serverURL = ItemName.decoded(listing[index]) else { continue }
+                let stored = try Self.credentials(at: listing[index], device: device)
+                entries.append("\(jsonString(serverURL)):\(jsonString(stored.username))")
+            }
+            print("{" + entries.joined(separator: ",") + "}")
+        }
+    }
+
+    /// The running device's socket, or a failure saying none runs.
+    private static func device(_ keychain: KeychainDirectory) throws -> String {
+        let socketPath: String
+        do {
+            socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        } catch {
+            throw Failure(message: error.description)
+        }
+        guard DeviceClient.send(.ping, to: socketPath) == .ok([]) else {
+            throw Failure(message: "no keychainfs device is running for \(keychain.path); mount the keychain first")
+        }
+        return socketPath
+    }
+
+    /// The fields of an `ok` reply; every other reply becomes the failure docker shows.
+    @discardableResult
+    private static func check(_ reply: DeviceReply?, absentIsEmpty: Bool = false) throws -> [String] {
+        switch reply {
+        case .ok(let fields)?:
+            return fields
+        case .keychainError(.itemNotFound, _)?, .systemError(ENOENT, _)?:
+            if absentIsEmpty { return [] }
+            throw Failure(message: notFound)
+        case .keychainError(.interactionNotAllowed, _)?:
+            throw Failure(message: "the keychain is locked; unlock it to use docker credentials")
+        case .keychainError(_, let message)?, .systemError(_, let message)?:
+            throw Failure(message: message)
+        case .value?, nil:
+            throw Failure(message: "the keychainfs device went away")
+        }
+    }
+
+    private static func credentials(at identifier: String, device: String) throws -> (username: String, secret: String) {
+        let reply = DeviceClient.send(.get(group: group, identifier: identifier), to: device)
+        guard case .value(let value, _)? = reply else {
+            try check(reply)
+            throw Failure(message: "the keychainfs device went away")
+        }
+        guard let object = value.withUnsafeBytes({ try? JSONSerialization.jsonObject(with: Data($0)) }) as? [String: Any],
+              let username = object["Username"] as? String, let secret = object["Secret"] as? String else {
+            throw Failure(message: "the item \(group)/\(identifier) does not hold docker credentials")
+        }
+        return (username, secret)
+    }
+
+    /// `{"ServerURL", "Username", "Secret"}` on stdin; the URL and username must not be empty.
+    private static func readCredentials() throws -> (serverURL: String, username: String, secret: String) {
+        let input = Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)
+        guard let object = try? JSONSerialization.jsonObject(with: Data(input)) as? [String: Any] else {
+            throw Failure(message: "the credentials on standard input are not a JSON object")
+        }
+        guard let serverURL = object["ServerURL"] as? String, !serverURL.isEmpty else {
+            throw Failure(message: "no credentials server URL")
+        }
+        guard let username = object["Username"] as? String, !username.isEmpty else {
+            throw Failure(message: "no credentials username")
+        }
+        return (serverURL, username, object["Secret"] as? String ?? "")
+    }
+
+    private static func readServerURL() throws -> String {
+        let input = String(decoding: Descriptor.readAll(0, limit: ItemLimits.maximumValueSize), as: UTF8.self)
+        let serverURL = input.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !serverURL.isEmpty else { throw Failure(message: "no credentials server URL") }
+        return serverURL
+    }
+}

@@ -1,0 +1,33 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// sd_notify(3) without libsystemd: under a `Type=notify` unit, systemd
+/// passes `$NOTIFY_SOCKET` (a path, or `@name` for an abstract socket) and
+/// waits for `READY=1`, so that units ordered after the device start only
+/// once the keychain is mounted.
+enum SystemdNotify {
+    static func send(_ state: String) {
+        guard let socketName = getenv("NOTIFY_SOCKET").map({ String(cString: $0) }), !socketName.isEmpty else { return }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        var path = Array(socketName.utf8)
+        let abstract = path.first == UInt8(ascii: "@")
+        if abstract { path[0] = 0 }
+        guard path.count < MemoryLayout.size(ofValue: address.sun_path) else { return }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: path) }
+        // An abstract name is exactly its bytes; a path ends at its NUL.
+        let length = MemoryLayout<sa_family_t>.size + path.count + (abstract ? 0 : 1)
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        var message = state
+        _ = message.withUTF8 { text in
+            withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    sendto(fd, text.baseAddress, text.count, Int32(MSG_NOSIGNAL), $0, socklen_t(length))
+                }
+            }
+        }
+    }
+}
