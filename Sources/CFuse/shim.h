@@ -1,6 +1,10 @@
 #ifndef CFUSE_SHIM_H
 #define CFUSE_SHIM_H
-#define FUSE_USE_VERSION 35
+// 3.12: below it, fuse_session_loop_mt is the 3.2 entry point, which reads
+// the config as the old two-field struct: our fuse_loop_cfg_create() object
+// then means clone_fd on and max_idle_threads 0, i.e. a new worker thread
+// for every request (thousands per `ls -l`).
+#define FUSE_USE_VERSION 312
 #include <fuse3/fuse_lowlevel.h>
 #include <sys/mount.h>
 #include <sys/signalfd.h>
@@ -16,11 +20,10 @@ static inline int CFuse_spawn_close_from(posix_spawn_file_actions_t *actions, in
     return posix_spawn_file_actions_addclosefrom_np(actions, from);
 }
 
-// fuse_session_loop_mt is a macro at API 35 and takes a config object that
-// only has constructor functions: wrap the calls in one. The defaults are
-// kept on purpose: up to 10 workers, idle ones never destroyed (a limit on
-// idle threads makes libfuse create and destroy threads under ordinary load,
-// which callgrind showed in our read path).
+// fuse_session_loop_mt takes a config object that only has constructor
+// functions: wrap the calls in one. The defaults are kept on purpose: up to
+// 10 workers, idle ones never destroyed (a limit on idle threads makes
+// libfuse create and destroy threads under ordinary load).
 static inline int CFuse_session_loop_mt(struct fuse_session *se) {
     struct fuse_loop_config *config = fuse_loop_cfg_create();
     if (config == NULL) return -1;

@@ -2,7 +2,7 @@
  * (low-level API, like keychainfs), 1000 files s000..s999 of 44 bytes at its
  * root, direct_io, no kernel caching of content; names and attributes are
  * cached for TIMEOUT seconds (default 0: no kernel caches at all). */
-#define FUSE_USE_VERSION 35
+#define FUSE_USE_VERSION 312  /* see Sources/CFuse/shim.h: below 3.12 the loop config is misread */
 #include <fuse3/fuse_lowlevel.h>
 #include <errno.h>
 #include <stdio.h>
