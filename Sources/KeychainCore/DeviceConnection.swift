@@ -10,7 +10,7 @@ final class DeviceConnection: Sendable {
     /// The device holding the keychain at `keychain`, if one answers on its socket.
     init?(keychain: KeychainDirectory) {
         guard let socketPath = try? RuntimePaths.socketPath(for: keychain.path),
-              DeviceClient.send(.ping, to: socketPath) == .ok([]) else { return nil }
+              DeviceClient.isServing(socketPath) else { return nil }
         self.socketPath = socketPath
     }
 

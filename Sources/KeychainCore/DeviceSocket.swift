@@ -57,6 +57,11 @@ package enum UnixSocket {
 
 /// The client side of the device's protocol (``DeviceProtocol``).
 public enum DeviceClient {
+    /// Whether a device answers at `socketPath`.
+    public static func isServing(_ socketPath: String) -> Bool {
+        send(.ping, to: socketPath) == .ok([])
+    }
+
     /// Sends one request to the device listening at `socketPath` and waits
     /// for its reply; nil when no device listens or it went away unanswered.
     public static func send(_ request: DeviceRequest, to socketPath: String) -> DeviceReply? {

@@ -13,14 +13,9 @@ enum KeysHolder {
     case local(PasswordManager)
 
     static func find(_ keychain: KeychainDirectory) throws -> KeysHolder {
-        guard keychain.exists else { throw fail("no keychain at \(keychain.path); create one with `keychainfs init`") }
-        let socketPath: String
-        do {
-            socketPath = try RuntimePaths.socketPath(for: keychain.path)
-        } catch {
-            throw fail(error.description)
-        }
-        if DeviceClient.send(.ping, to: socketPath) == .ok([]) { return .device(socketPath: socketPath) }
+        try keychain.requireExisting()
+        let socketPath = try keychain.deviceSocketPath()
+        if DeviceClient.isServing(socketPath) { return .device(socketPath: socketPath) }
         let manager: PasswordManager
         do {
             manager = PasswordManager(device: try Device(directory: keychain))

@@ -86,7 +86,7 @@ struct DockerCredentialCommand: ParsableCommand {
         } catch {
             throw Failure(message: error.description)
         }
-        guard DeviceClient.send(.ping, to: socketPath) == .ok([]) else {
+        guard DeviceClient.isServing(socketPath) else {
             throw Failure(message: "no keychainfs device is running for \(keychain.path); mount the keychain first")
         }
         return socketPath

@@ -38,7 +38,7 @@ struct GitCredentialCommand: ParsableCommand {
         } catch {
             return Self.say(error.description)
         }
-        guard DeviceClient.send(.ping, to: socketPath) == .ok([]) else {
+        guard DeviceClient.isServing(socketPath) else {
             return Self.say("no device is running for the keychain; git credentials are not available")
         }
         switch action {

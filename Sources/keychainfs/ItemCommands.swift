@@ -12,13 +12,9 @@ struct RunningDevice {
 
     /// The keychain's running device; exits with ``ExitStatus/noDevice`` when none runs.
     init(_ keychain: KeychainDirectory) throws {
-        do {
-            socketPath = try RuntimePaths.socketPath(for: keychain.path)
-        } catch {
-            throw fail(error.description)
-        }
+        socketPath = try keychain.deviceSocketPath()
         guard keychain.exists else { throw fail("no keychain at \(keychain.path)", status: ExitStatus.absent) }
-        guard DeviceClient.send(.ping, to: socketPath) == .ok([]) else {
+        guard DeviceClient.isServing(socketPath) else {
             throw fail("no device is running for the keychain at \(keychain.path); mount it first (keychainfs mount MOUNTPOINT)",
                        status: ExitStatus.noDevice)
         }

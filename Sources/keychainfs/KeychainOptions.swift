@@ -20,6 +20,30 @@ struct KeychainOptions: ParsableArguments {
     }
 }
 
+/// The command line's view of a keychain directory: failures become the
+/// command's message and exit status.
+extension KeychainDirectory {
+    /// Fails the command unless a keychain exists here.
+    func requireExisting() throws {
+        guard exists else { throw fail("no keychain at \(path); create one with `keychainfs init`") }
+    }
+
+    /// The socket of this keychain's device (``RuntimePaths``); fails the
+    /// command when the runtime directory cannot hold it.
+    func deviceSocketPath() throws -> String {
+        try keychainSocketPath(path)
+    }
+}
+
+/// The device socket of the keychain at `path`, or the command's failure.
+func keychainSocketPath(_ path: String) throws -> String {
+    do {
+        return try RuntimePaths.socketPath(for: path)
+    } catch {
+        throw fail(error.description)
+    }
+}
+
 /// `path` made absolute against the working directory, without resolving
 /// its last component (which may be a dead mount that cannot be entered).
 func absolutePath(_ path: String) -> String {

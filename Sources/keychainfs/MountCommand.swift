@@ -49,7 +49,7 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        if DeviceClient.send(.ping, to: socketPath) == .ok([]) {
+        if DeviceClient.isServing(socketPath) {
             if try join(socketPath, mountpoint: mountpoint) { return }
             // The device was exiting (its last mount had just gone): start the next one.
             waitForDeviceExit(keychain)

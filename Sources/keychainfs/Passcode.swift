@@ -23,8 +23,6 @@ enum Passcode {
 
     /// Reads one passcode; nil at end of input with nothing read.
     static func read(prompt: String) -> SecureBytes? {
-        // This process now holds a passcode: no core dump may carry it away.
-        _ = disableCoreDumps()
         let terminal = isatty(0) == 1
         var saved = termios()
         if terminal {

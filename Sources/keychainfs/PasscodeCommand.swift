@@ -24,13 +24,8 @@ struct PasscodeCommand: ParsableCommand {
 
     func run() throws {
         let keychain = options.directory
-        guard keychain.exists else { throw fail("no keychain at \(keychain.path); create one with `keychainfs init`") }
-        let socketPath: String
-        do {
-            socketPath = try RuntimePaths.socketPath(for: keychain.path)
-        } catch {
-            throw fail(error.description)
-        }
+        try keychain.requireExisting()
+        let socketPath = try keychain.deviceSocketPath()
         guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
             throw fail("no current passcode given (an empty line if the keychain has none)")
         }

@@ -27,12 +27,7 @@ struct UnmountCommand: ParsableCommand {
         guard let status = DeviceStatusFile.read(mountpoint), let keychain = status["keychain"] else {
             throw fail("\(mountpoint) is not a keychainfs mount")
         }
-        let socketPath: String
-        do {
-            socketPath = try RuntimePaths.socketPath(for: keychain)
-        } catch {
-            throw fail(error.description)
-        }
+        let socketPath = try keychainSocketPath(keychain)
         switch DeviceClient.send(.unmount(mountpoint: mountpoint), to: socketPath) {
         case nil:
             // No device answers: unmount directly.
