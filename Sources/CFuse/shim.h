@@ -10,6 +10,11 @@
 #include <sys/signalfd.h>
 #include <sys/eventfd.h>
 #include <spawn.h>
+#include <malloc.h>
+
+// glibc's malloc tuning (malloc.h is not part of Swift's Glibc module).
+static inline void CFuse_limit_malloc_arenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }
+static inline void CFuse_release_free_memory(void) { malloc_trim(0); }
 
 // glibc >= 2.34 exports this GNU extension, but declares it only with
 // _GNU_SOURCE, which the Glibc module was built without. A child must not
@@ -39,6 +44,11 @@ static inline void CFuse_configure_connection(struct fuse_conn_info *conn) {
     if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
     // Never let plaintext sit in the page cache through write-back.
     conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+    // Listings carry the attributes (one request per chunk of names instead
+    // of a LOOKUP per name), always: the kernel's "auto" heuristic would
+    // fall back to plain READDIR and a LOOKUP per name for `ls -l`.
+    if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+    conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
     // Values are whole secrets, never spliced through pipes.
     conn->want &= ~(unsigned)(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
 }

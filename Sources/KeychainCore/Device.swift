@@ -17,10 +17,24 @@ public struct DeviceStatus: Sendable, Equatable {
     public var hasPasscode: Bool
 }
 
-/// A change of the device's lock state, for observers (cache purge, open files).
+/// A change of the device's lock state or of its items, for observers
+/// (cache purge, open files, the kernel caches of the mounts).
 public enum DeviceEvent: Sendable, Equatable {
     case locked
     case unlocked
+    /// A committed change of the store (never a value).
+    case changed(ItemChange)
+}
+
+/// What a committed transaction changed in the store: names only.
+public enum ItemChange: Sendable, Equatable {
+    /// Created, rewritten, reverted or given another class.
+    case written(group: String, identifier: String)
+    case removed(group: String, identifier: String)
+    /// An item at `to` is replaced by it.
+    case renamed(group: String, from: String, to: String)
+    case groupCreated(String)
+    case groupRemoved(String)
 }
 
 /// The simulated device of one keychain: the lock state machine and the class
@@ -134,6 +148,7 @@ public final class Device: Sendable {
             self.policy = policy
             self.clock = clock
             state.withLock { $0.keys = keys }
+            store.onChange { [weak self] change in self?.notify(.changed(change)) }
             // Reading it now reports a tampered lockout record at boot.
             _ = try lockoutRecord()
             try store.startWriteAheadLog()
@@ -248,7 +263,10 @@ public final class Device: Sendable {
 
     // MARK: Observers
 
-    /// Calls `handler` after every lock and unlock; returns a token for ``removeObserver(_:)``.
+    /// Calls `handler` after every lock and unlock and after every committed
+    /// change of the store (on the thread that made it, which may hold the
+    /// caller's locks: a handler must not wait for other requests); returns
+    /// a token for ``removeObserver(_:)``.
     @discardableResult
     public func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int {
         state.withLock { state in

@@ -38,6 +38,24 @@ final class ItemStore: Sendable {
     /// (an older copy put back, a removed row restored) no longer matches.
     private let expected = Mutex<[RowKey: Int64]>([:])
 
+    /// Told of every committed change, after its transaction (``Device`` forwards it to its observers).
+    private let changeHandler = Mutex<ChangeHandler?>(nil)
+
+    /// A struct around the closure: a closure read out of a `Mutex` by
+    /// `withLock { $0 }` came back wrapped in one more reabstraction thunk at
+    /// every read (Swift 6.3), and 26,000 writes overflowed the stack.
+    private struct ChangeHandler {
+        let call: @Sendable (ItemChange) -> Void
+    }
+
+    func onChange(_ handler: @escaping @Sendable (ItemChange) -> Void) {
+        changeHandler.withLock { $0 = ChangeHandler(call: handler) }
+    }
+
+    private func announce(_ change: ItemChange) {
+        changeHandler.withLock { $0 }?.call(change)
+    }
+
     private struct RowKey: Hashable {
         let group: String
         let identifier: String
@@ -136,7 +154,7 @@ final class ItemStore: Sendable {
     func write(group: String, identifier: String,
                seal: (_ existing: SealedItem?, _ generation: Int64) throws(KeychainError) -> SealedItem)
         throws(KeychainError) -> (replaced: SealedItem?, generation: Int64) {
-        try withConnection { db throws(KeychainError) in
+        let written = try withConnection { db throws(KeychainError) in
             let written = try db.transaction { () throws(KeychainError) in
                 let existing = try checkedRow(db, group: group, identifier: identifier)
                 var record = try loadState(db)
@@ -149,6 +167,8 @@ final class ItemStore: Sendable {
             expect(group, identifier, written.generation)
             return written
         }
+        announce(.written(group: group, identifier: identifier))
+        return written
     }
 
     private func upsert(_ db: SQLiteConnection, _ row: SealedItem) throws(KeychainError) {
@@ -166,7 +186,7 @@ final class ItemStore: Sendable {
     /// nothing and returns false when the item changed since (another write,
     /// a rename or a removal): a revert never undoes someone else's write.
     func revert(group: String, identifier: String, written: Int64, previous: SealedItem) throws(KeychainError) -> Bool {
-        try withConnection { db throws(KeychainError) in
+        let reverted = try withConnection { db throws(KeychainError) in
             let reverted = try db.transaction { () throws(KeychainError) -> Bool in
                 guard let current = try checkedRow(db, group: group, identifier: identifier),
                       current.generation == written else { return false }
@@ -178,6 +198,8 @@ final class ItemStore: Sendable {
             if reverted { expect(group, identifier, previous.generation) }
             return reverted
         }
+        if reverted { announce(.written(group: group, identifier: identifier)) }
+        return reverted
     }
 
     private func currentRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
@@ -222,7 +244,7 @@ final class ItemStore: Sendable {
     /// existing target only when `replacing` is true.
     func rename(group: String, from source: String, to target: String, replacing: Bool,
                 reseal: (SealedItem, Int64) throws(KeychainError) -> SealedItem) throws(KeychainError) {
-        try withConnection { db throws(KeychainError) in
+        let renamed = try withConnection { db throws(KeychainError) -> Bool in
             let moved = try db.transaction { () throws(KeychainError) -> Int64? in
                 guard let old = try checkedRow(db, group: group, identifier: source) else { throw .itemNotFound }
                 if source == target { return nil }
@@ -244,12 +266,14 @@ final class ItemStore: Sendable {
                 expect(group, source, nil)
                 expect(group, target, moved)
             }
+            return moved != nil
         }
+        if renamed { announce(.renamed(group: group, from: source, to: target)) }
     }
 
     /// Deletes an item; false if there was none.
     func delete(group: String, identifier: String) throws(KeychainError) -> Bool {
-        try withConnection { db throws(KeychainError) in
+        let deleted = try withConnection { db throws(KeychainError) in
             let deleted = try db.transaction { () throws(KeychainError) -> Bool in
                 guard let existing = try checkedRow(db, group: group, identifier: identifier) else { return false }
                 var record = try loadState(db)
@@ -260,6 +284,8 @@ final class ItemStore: Sendable {
             if deleted { expect(group, identifier, nil) }
             return deleted
         }
+        if deleted { announce(.removed(group: group, identifier: identifier)) }
+        return deleted
     }
 
     // MARK: Item-set state (rollback detection)
@@ -369,6 +395,7 @@ final class ItemStore: Sendable {
             try db.statement("INSERT OR IGNORE INTO groups(name) VALUES (?)").bind(1, group).run()
             if db.changes == 0 { throw .duplicateItem }
         }
+        announce(.groupCreated(group))
     }
 
     /// Removes an empty group: ``KeychainError/badRequest`` if it holds items.
@@ -382,6 +409,7 @@ final class ItemStore: Sendable {
                 try db.statement("DELETE FROM groups WHERE name = ?").bind(1, group).run()
             }
         }
+        announce(.groupRemoved(group))
     }
 
     /// Makes every committed transaction durable against power loss: a FULL

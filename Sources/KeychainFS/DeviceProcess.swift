@@ -110,6 +110,11 @@ public final class DeviceProcess: Sendable {
         // the keychain as one file (no -wal beside it).
         defer { manager.localDevice.shutDown() }
         if !disableCoreDumps() { Diagnostics.log("could not disable core dumps") }
+        // glibc gives each of libfuse's worker threads a malloc arena of its
+        // own; memory freed in one is not reused by the others, and a large
+        // keychain's churn (100,000 creates, listings) left the device at
+        // three times its live data. Two arenas suffice for two CPUs.
+        CFuse_limit_malloc_arenas(2)
         // A daemon must not pin the directory it was started from (it could
         // not be unmounted); every path it uses is absolute.
         _ = chdir("/")
@@ -344,15 +349,9 @@ extension DeviceProcess {
         return .ok([])
     }
 
-    /// Names change in every mount when they change through the socket: the
-    /// kernel of each mount forgets what it cached of them, so that a renamed
-    /// item is not still found under its old name (names are cached for a
-    /// second, docs/FILESYSTEM.md).
+    /// Names change in every mount when they change through the socket:
+    /// each mount's kernel forgets them before the reply.
     private func forgetCachedNames(_ changed: [Node]) {
-        for mount in mounts.withLock({ Array($0.values) }) {
-            for node in changed {
-                if let (parent, name) = mount.fileSystem.cachedName(of: node) { mount.forgetName(name, inDirectory: parent) }
-            }
-        }
+        nodes.forgetNames(changed, except: nil)
     }
 }

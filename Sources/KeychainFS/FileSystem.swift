@@ -26,11 +26,25 @@ public final class FileSystem: Sendable {
     /// Whether another mount serves this group at its root (it cannot be removed then).
     let isGroupMounted: @Sendable (String) -> Bool
 
-    /// How long the kernel may cache names and directory attributes. Item
-    /// attributes are never cached (their size must be exact after a commit
-    /// through any mount), and content never is (direct I/O).
-    static let entryTimeout = 1.0
-    static let directoryAttributeTimeout = 1.0
+    /// How long the kernel may keep a name. Renames and removals make every
+    /// other mount forget the names at once (``NodeTable/forgetNames(_:except:)``);
+    /// the timeout bounds only a listing that raced such a change.
+    static let entryTimeout = 10.0
+    /// How long the kernel may keep attributes it asked for (GETATTR). Every
+    /// committed change makes every mount forget the item's attributes
+    /// (`fuse_lowlevel_notify_inval_inode`), and the kernel drops a reply
+    /// that such a notice overtook, so sizes stay exact. Content is never
+    /// cached (direct I/O).
+    static let attributeTimeout = 600.0
+    /// How long the kernel may keep the attributes of a reply that makes it
+    /// a new inode (lookup, readdirplus, create). A notice for an inode the
+    /// kernel does not have yet is lost: a commit in the instant between
+    /// such a reply and the kernel taking it in would leave the old size
+    /// shown for this long. Long enough for `ls -l` of a large directory to
+    /// stat every name it listed without asking again.
+    static let newInodeAttributeTimeout = 10.0
+    /// Handed to every mount's kernel by FuseMount: told of changes.
+    let kernelCache: KernelCache
 
     /// A view of `manager`'s keychain; `group` limits it to that access group.
     /// `isGroupMounted` tells whether a group is the root of some mount.
@@ -47,12 +61,24 @@ public final class FileSystem: Sendable {
             scope = .keychain
         }
         owner = (getuid(), getgid())
+        let kernelCache = KernelCache(scope: scope)
+        self.kernelCache = kernelCache
         // Weak: the device holds this closure; a strong capture would keep it alive forever.
         lockObserver = manager.localDevice.addObserver { [nodes, weak device = manager.localDevice] event in
-            guard event == .locked, let device else { return }
-            // After a lock: wipe every descriptor whose keys are gone.
-            for file in nodes.allOpenFiles() {
-                file.lock.withLock { _ = try? file.checkAccess(device) }
+            switch event {
+            case .locked:
+                guard let device else { return }
+                // After a lock: wipe every descriptor whose keys are gone.
+                for file in nodes.allOpenFiles() {
+                    file.lock.withLock { _ = try? file.checkAccess(device) }
+                }
+            case .changed(let change):
+                nodes.noteChange()
+                for node in change.itemNodes {
+                    if let inode = nodes.existingInode(for: node) { kernelCache.forgetAttributes(inode) }
+                }
+            case .unlocked:
+                break
             }
         }
     }
@@ -78,21 +104,6 @@ public final class FileSystem: Sendable {
             return .item(group: group, identifier: name)
         default:
             throw FSError(ENOTDIR)
-        }
-    }
-
-    /// The directory inode and name under which this mount shows `node`,
-    /// if it shows it and the kernel may have looked it up.
-    func cachedName(of node: Node) -> (parent: UInt64, name: String)? {
-        switch (node, scope) {
-        case (.item(let group, let identifier), .group(let mounted)) where group == mounted:
-            return (NodeTable.rootInode, identifier)
-        case (.item(let group, let identifier), .keychain):
-            return nodes.existingInode(for: .group(group)).map { ($0, identifier) }
-        case (.group(let group), .keychain):
-            return (NodeTable.rootInode, group)
-        default:
-            return nil
         }
     }
 
@@ -122,23 +133,35 @@ public final class FileSystem: Sendable {
     // MARK: Attributes
 
     /// `stat` of a node; works while locked (SPEC: listing and stat).
-    func attributes(of node: Node) throws(FSError) -> stat {
-        var info = fixedAttributes(inode: nodes.inode(for: node))
+    /// `inode` is its number when the caller already took it.
+    func attributes(of node: Node, inode: UInt64? = nil) throws(FSError) -> stat {
+        var size = 0
         switch node {
-        case .root, .group:
-            if case .group(let name) = node {
-                guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw FSError(ENOENT) }
-            }
-            info.st_mode = S_IFDIR | 0o700
-            info.st_nlink = 2
-        case .control:
-            break
+        case .group(let name):
+            guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw FSError(ENOENT) }
         case .item(let group, let identifier):
             guard let item = try core({ () throws(KeychainError) in
                 try manager.info(forIdentifier: identifier, inGroup: group)
             }) else { throw FSError(ENOENT) }
-            info.st_size = off_t(item.size)
-            info.st_blocks = blkcnt_t((item.size + 511) / 512)
+            size = item.size
+        case .root, .control:
+            break
+        }
+        return attributes(of: node, inode: inode ?? nodes.inode(for: node), size: size)
+    }
+
+    /// `stat` of a node known to exist, with its item's size.
+    func attributes(of node: Node, inode: UInt64, size: Int) -> stat {
+        var info = fixedAttributes(inode: inode)
+        switch node {
+        case .root, .group:
+            info.st_mode = S_IFDIR | 0o700
+            info.st_nlink = 2
+        case .control:
+            break
+        case .item:
+            info.st_size = off_t(size)
+            info.st_blocks = blkcnt_t((size + 511) / 512)
         }
         return info
     }
@@ -196,35 +219,75 @@ public final class FileSystem: Sendable {
         return latest?.1
     }
 
-    static func attributeTimeout(for node: Node) -> Double {
-        if case .item = node { return 0 }
-        return directoryAttributeTimeout
+    /// How long the kernel may keep the attributes of a GETATTR or SETATTR
+    /// reply: none while a writer is open (each caller sees its own length)
+    /// or once the item was removed.
+    func attributeTimeout(ofInode inode: UInt64) -> Double {
+        guard let node = nodes.node(for: inode) else { return 0 }
+        if case .item = node, nodes.hasWriters(inode) { return 0 }
+        return Self.attributeTimeout
     }
 
     // MARK: Listing
 
-    /// The entries of a directory, `.` and `..` first.
-    func listing(of node: Node) throws(FSError) -> [(name: String, node: Node, mode: mode_t)] {
-        var entries: [(String, Node, mode_t)] = [(".", node, S_IFDIR), ("..", .root, S_IFDIR)]
-        if node == .root { entries.append((".control", .control, S_IFREG)) }
+    /// The entries of a directory, `.` and `..` first, with the sizes of
+    /// items as listed (one query for the whole directory).
+    func listing(of node: Node) throws(FSError) -> [DirectoryListing.Entry] {
+        var entries: [DirectoryListing.Entry] = [.init(name: ".", node: node, mode: S_IFDIR),
+                                                 .init(name: "..", node: .root, mode: S_IFDIR)]
+        if node == .root { entries.append(.init(name: ".control", node: .control, mode: S_IFREG)) }
         if node == .root, scope == .keychain {
             for group in try core({ () throws(KeychainError) in try manager.groups() }) {
-                entries.append((group, .group(group), S_IFDIR))
+                entries.append(.init(name: group, node: .group(group), mode: S_IFDIR))
             }
         } else if let group = itemGroup(of: node) {
-            for identifier in try core({ () throws(KeychainError) in try manager.identifiers(inGroup: group) }) {
-                entries.append((identifier, .item(group: group, identifier: identifier), S_IFREG))
+            for item in try core({ () throws(KeychainError) in try manager.items(inGroup: group) }) {
+                entries.append(.init(name: item.identifier, node: .item(group: group, identifier: item.identifier),
+                                     mode: S_IFREG, size: item.info.size))
             }
         } else {
             throw FSError(ENOTDIR)
         }
         return entries
     }
+
+    /// The attribute timeout of a reply that may make the kernel a new
+    /// inode: none for an item being written (each caller sees its own length).
+    func newInodeAttributeTimeout(for node: Node, inode: UInt64) -> Double {
+        guard case .item = node else { return Self.attributeTimeout }
+        return nodes.hasWriters(inode) ? 0 : Self.newInodeAttributeTimeout
+    }
 }
 
-/// The entries of one open directory, listed at opendir.
+/// The entries of one open directory, listed at opendir, and the device's
+/// change count before the listing: while it stays the same, the listed sizes
+/// are current.
 final class DirectoryListing: @unchecked Sendable {
+    struct Entry {
+        let name: String
+        let node: Node
+        let mode: mode_t
+        var size = 0
+    }
     // Immutable after init.
-    let entries: [(name: String, node: Node, mode: mode_t)]
-    init(_ entries: [(name: String, node: Node, mode: mode_t)]) { self.entries = entries }
+    let entries: [Entry]
+    let changeCount: UInt64
+    init(_ entries: [Entry], changeCount: UInt64) {
+        self.entries = entries
+        self.changeCount = changeCount
+    }
+}
+
+extension ItemChange {
+    /// The items whose attributes the change made stale.
+    var itemNodes: [Node] {
+        switch self {
+        case .written(let group, let identifier), .removed(let group, let identifier):
+            return [.item(group: group, identifier: identifier)]
+        case .renamed(let group, let from, let to):
+            return [.item(group: group, identifier: from), .item(group: group, identifier: to)]
+        case .groupCreated, .groupRemoved:
+            return []
+        }
+    }
 }

@@ -45,10 +45,13 @@ public final class FuseMount: Sendable {
             throw MountError("could not mount at \(mountpoint) (is /dev/fuse usable and fusermount3 installed?)")
         }
         session = SessionBox(made, userdata: userdata)
+        fileSystem.kernelCache.attach(session)
+        fileSystem.nodes.register(fileSystem.kernelCache)
         guard let thread = startThread({ [self] in
             serve()
             onFinish(self)
         }) else {
+            fileSystem.nodes.unregister(fileSystem.kernelCache)
             session.tearDown()
             throw MountError("could not start the FUSE loop thread")
         }
@@ -57,6 +60,7 @@ public final class FuseMount: Sendable {
 
     private func serve() {
         _ = CFuse_session_loop_mt(session.raw)
+        fileSystem.nodes.unregister(fileSystem.kernelCache)
         session.tearDown()
     }
 
@@ -67,17 +71,6 @@ public final class FuseMount: Sendable {
             return value
         }) else { return }
         pthread_join(thread, nil)
-    }
-
-    /// Makes the kernel forget a name it may have cached in this mount
-    /// (for up to ``FileSystem/entryTimeout``), after a change that did not
-    /// come through this mount. Never from inside one of this mount's
-    /// requests on that directory (the kernel would wait for it).
-    func forgetName(_ name: String, inDirectory parent: UInt64) {
-        session.whileLive { raw in
-            // -ENOENT when nothing was cached: nothing to do.
-            _ = fuse_lowlevel_notify_inval_entry(raw, fuse_ino_t(parent), name, name.utf8.count)
-        }
     }
 
     /// Detaches the mount; the loop then ends by itself. A busy mount (open
@@ -93,6 +86,75 @@ public struct MountError: Error, CustomStringConvertible {
     public let description: String
     /// An error saying `description`.
     public init(_ description: String) { self.description = description }
+}
+
+/// What the kernel of one mount may have cached of the device's names and
+/// attributes, and the way to make it forget them. Changes through another
+/// mount or the socket, and commits through this one, call it.
+final class KernelCache: Sendable {
+    let scope: FileSystem.Scope
+    private let session = Mutex<SessionBox?>(nil)
+    /// The inodes this kernel holds, with its reference counts.
+    private let known = Mutex<[UInt64: UInt64]>([:])
+
+    init(scope: FileSystem.Scope) { self.scope = scope }
+
+    fileprivate func attach(_ box: SessionBox) { session.withLock { $0 = box } }
+
+    func took(_ inode: UInt64) { known.withLock { $0[inode, default: 0] += 1 } }
+
+    func dropped(_ inode: UInt64, count: UInt64) {
+        known.withLock { known in
+            guard let held = known[inode] else { return }
+            known[inode] = held > count ? held - count : nil
+        }
+    }
+
+    /// Forgets every reference; returns them.
+    func droppedAll() -> [UInt64: UInt64] {
+        known.withLock { known in
+            defer { known = [:] }
+            return known
+        }
+    }
+
+    /// Whether this kernel holds the inode (its attributes are then kept
+    /// exact by ``forgetAttributes(_:)``).
+    func knows(_ inode: UInt64) -> Bool { known.withLock { $0[inode] != nil } }
+
+    /// The kernel re-reads the inode's attributes at its next `stat`. Safe
+    /// from inside any request: the kernel takes no lock of the inode for it.
+    func forgetAttributes(_ inode: UInt64) {
+        session.withLock { $0 }?.whileLive { raw in
+            // -ENOENT when the kernel does not know the inode: nothing to do.
+            _ = fuse_lowlevel_notify_inval_inode(raw, fuse_ino_t(inode), -1, 0)
+        }
+    }
+
+    /// The kernel looks the name up again at its next use. The kernel takes
+    /// the directory's lock for it: never from a request of this mount (it
+    /// would wait for itself), and never while another mount's request can
+    /// be waiting for the caller (``NodeTable/forgetNames(_:except:)``).
+    func forgetName(_ name: String, inDirectory parent: UInt64) {
+        session.withLock { $0 }?.whileLive { raw in
+            _ = fuse_lowlevel_notify_inval_entry(raw, fuse_ino_t(parent), name, name.utf8.count)
+        }
+    }
+
+    /// The directory inode and name under which this mount shows `node`,
+    /// if it shows it and the kernel may have looked it up.
+    func cachedName(of node: Node, in nodes: NodeTable) -> (parent: UInt64, name: String)? {
+        switch (node, scope) {
+        case (.item(let group, let identifier), .group(let mounted)) where group == mounted:
+            return (NodeTable.rootInode, identifier)
+        case (.item(let group, let identifier), .keychain):
+            return nodes.existingInode(for: .group(group)).map { ($0, identifier) }
+        case (.group(let group), .keychain):
+            return (NodeTable.rootInode, group)
+        default:
+            return nil
+        }
+    }
 }
 
 /// The libfuse session pointer and the retained filesystem it calls back into.

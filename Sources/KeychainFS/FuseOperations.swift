@@ -22,12 +22,30 @@ enum FuseOperations {
                 fuse_reply_entry(req, &entry)
             }
         }
-        ops.forget = { req, _, _ in fuse_reply_none(req) }
+        ops.forget = { req, inode, count in
+            if let req, let userdata = fuse_req_userdata(req) {
+                let fs = Unmanaged<FileSystem>.fromOpaque(userdata).takeUnretainedValue()
+                fs.nodes.forget(inode, count: count, by: fs.kernelCache)
+            }
+            fuse_reply_none(req)
+        }
+        ops.forget_multi = { req, count, forgets in
+            if let req, let userdata = fuse_req_userdata(req), let forgets {
+                let fs = Unmanaged<FileSystem>.fromOpaque(userdata).takeUnretainedValue()
+                for one in UnsafeBufferPointer(start: forgets, count: count) {
+                    fs.nodes.forget(one.ino, count: one.nlookup, by: fs.kernelCache)
+                }
+                // The kernel dropped many inodes at once (memory pressure,
+                // drop_caches): give the freed table memory back.
+                if count >= 1024 { CFuse_release_free_memory() }
+            }
+            fuse_reply_none(req)
+        }
         ops.getattr = { req, inode, fi in
             serve(req) { fs throws(FSError) in
                 var info = try fs.attributes(ofInode: inode, file: fi.flatMap { NodeTable.file($0.pointee.fh) },
                                              caller: caller(req))
-                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: fs.nodes.node(for: inode) ?? .control))
+                fuse_reply_attr(req, &info, fs.attributeTimeout(ofInode: inode))
             }
         }
         ops.setattr = { req, inode, attr, toSet, fi in
@@ -51,7 +69,7 @@ enum FuseOperations {
                 // Times are accepted and not kept: items have no timestamps
                 // (docs/FILESYSTEM.md), and `touch` must not fail.
                 var info = try fs.attributes(ofInode: inode, file: file, caller: caller(req))
-                fuse_reply_attr(req, &info, FileSystem.attributeTimeout(for: node ?? .control))
+                fuse_reply_attr(req, &info, fs.attributeTimeout(ofInode: inode))
             }
         }
         ops.access = { req, inode, mask in
@@ -206,7 +224,8 @@ enum FuseOperations {
                 // One listing per opendir: a directory read in several
                 // chunks neither re-queries the store nor skips or repeats
                 // entries when items change meanwhile.
-                let listing = DirectoryListing(try fs.listing(of: try fs.node(inode)))
+                let changeCount = fs.nodes.changeCount  // before the listing's query
+                let listing = DirectoryListing(try fs.listing(of: try fs.node(inode)), changeCount: changeCount)
                 fi.pointee.fh = FileHandle.make(listing)
                 fuse_reply_open(req, fi)
             }
@@ -232,6 +251,43 @@ enum FuseOperations {
                     info.st_mode = entry.mode
                     let needed = fuse_add_direntry(req, buffer + used, size - used, entry.name, &info, off_t(index + 1))
                     if needed > size - used { break }
+                    used += needed
+                    index += 1
+                }
+                fuse_reply_buf(req, buffer, used)
+            }
+        }
+        ops.readdirplus = { req, inode, size, offset, fi in
+            serve(req) { fs throws(FSError) in
+                guard let fi, let listing = FileHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
+                    throw FSError(EBADF)
+                }
+                let entries = listing.entries
+                let current = fs.nodes.changeCount == listing.changeCount
+                let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
+                defer { buffer.deallocate() }
+                var used = 0
+                var index = Int(offset)
+                while index < entries.count {
+                    let listed = entries[index]
+                    // An entry without a number (ino 0) is a bare name: the
+                    // kernel takes no reference and keeps what it has. So are
+                    // `.` and `..`, and nodes this kernel already holds, whose
+                    // cached attributes are exact and would be replaced by the
+                    // listing's, valid for no time.
+                    var entry = fuse_entry_param()
+                    entry.attr.st_mode = listed.mode
+                    if let known = fs.nodes.existingInode(for: listed.node),
+                       listed.name == "." || listed.name == ".." || fs.kernelCache.knows(known) {
+                        entry.attr.st_ino = ino_t(known)
+                    } else {
+                        entry = fs.entry(listed: listed, current: current)
+                    }
+                    let needed = fuse_add_direntry_plus(req, buffer + used, size - used, listed.name, &entry, off_t(index + 1))
+                    if needed > size - used {
+                        if entry.ino != 0 { fs.nodes.forget(UInt64(entry.ino), count: 1, by: fs.kernelCache) }  // not sent
+                        break
+                    }
                     used += needed
                     index += 1
                 }
@@ -267,8 +323,10 @@ enum FuseOperations {
         ops.removexattr = { req, inode, name in
             serve(req) { fs throws(FSError) in
                 let node = try fs.node(inode)
+                let name = try cString(name)
+                guard name.hasPrefix(FileSystem.userNamespace) else { throw FSError(ENOTSUP) }
                 // The class attributes are derived, not removable; others do not exist.
-                throw FSError(fs.extendedAttributeNames(of: node).contains(try cString(name)) ? EPERM : ENODATA)
+                throw FSError(fs.extendedAttributeNames(of: node).contains(name) ? EPERM : ENODATA)
             }
         }
         ops.fallocate = { req, _, _, _, _, _ in fuse_reply_err(req, EOPNOTSUPP) }
@@ -312,14 +370,34 @@ private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], size: Int) throws(
 }
 
 extension FileSystem {
-    /// A lookup reply: names cached for a second, item attributes never.
+    /// A lookup, create or mkdir reply, handing the node's number to the kernel.
     func entry(for node: Node) throws(FSError) -> fuse_entry_param {
+        let inode = nodes.lookedUp(node, by: kernelCache)
+        do throws(FSError) {
+            return entry(node: node, attributes: try attributes(of: node, inode: inode),
+                         attributeTimeout: newInodeAttributeTimeout(for: node, inode: inode))
+        } catch {
+            nodes.forget(inode, count: 1, by: kernelCache)  // no reply carries it
+            throw error
+        }
+    }
+
+    /// A readdirplus entry, from the listing taken at opendir. Its sizes
+    /// are handed out for a while only if no change was committed since
+    /// (`current`); otherwise for no time, and the kernel asks again.
+    func entry(listed: DirectoryListing.Entry, current: Bool) -> fuse_entry_param {
+        let inode = nodes.lookedUp(listed.node, by: kernelCache)
+        return entry(node: listed.node, attributes: attributes(of: listed.node, inode: inode, size: listed.size),
+                     attributeTimeout: current || listed.mode == S_IFDIR ? newInodeAttributeTimeout(for: listed.node, inode: inode) : 0)
+    }
+
+    private func entry(node: Node, attributes: stat, attributeTimeout: Double) -> fuse_entry_param {
         var entry = fuse_entry_param()
-        entry.attr = try attributes(of: node)
-        entry.ino = fuse_ino_t(entry.attr.st_ino)
+        entry.attr = attributes
+        entry.ino = fuse_ino_t(attributes.st_ino)
         entry.generation = 1
         entry.entry_timeout = FileSystem.entryTimeout
-        entry.attr_timeout = FileSystem.attributeTimeout(for: node)
+        entry.attr_timeout = attributeTimeout
         return entry
     }
 }

@@ -30,6 +30,12 @@ final class NodeTable: Sendable {
         var files: [ObjectIdentifier: OpenFile] = [:]
         /// What `stat` of a detached item shows: the item as it was removed.
         var lastInfo: ItemInfo?
+        /// References the kernels of the mounts hold (replies that gave them
+        /// the number, minus FORGETs): the entry goes when none is left and
+        /// no descriptor is open.
+        var lookups: UInt64 = 0
+
+        var isUnused: Bool { lookups == 0 && files.isEmpty }
     }
 
     private struct State {
@@ -41,7 +47,7 @@ final class NodeTable: Sendable {
         mutating func detach(_ inode: UInt64, info: ItemInfo?) {
             guard let entry = entries[inode] else { return }
             byNode.removeValue(forKey: entry.node)
-            if entry.files.isEmpty {
+            if entry.isUnused {
                 entries.removeValue(forKey: inode)
             } else {
                 entries[inode]?.detached = true
@@ -50,6 +56,13 @@ final class NodeTable: Sendable {
         }
     }
     private let state = Mutex(State())
+    private let caches = Mutex<[ObjectIdentifier: KernelCache]>([:])
+    private let changes = Atomic<UInt64>(0)
+
+    /// Counts the device's committed changes (every mount's observer adds
+    /// one: only equality matters).
+    func noteChange() { changes.add(1, ordering: .sequentiallyConsistent) }
+    var changeCount: UInt64 { changes.load(ordering: .sequentiallyConsistent) }
 
     /// Held across a change of names in the store together with the matching
     /// change of bindings (create, unlink, rename), and across a commit's
@@ -60,14 +73,52 @@ final class NodeTable: Sendable {
 
     /// The inode currently bound to `node`, numbered on first sight.
     func inode(for node: Node) -> UInt64 {
-        state.withLock { state in
-            if let inode = state.byNode[node] { return inode }
-            let inode = state.next
-            state.next += 1
-            state.byNode[node] = inode
-            state.entries[inode] = Entry(node: node)
+        state.withLock { state in Self.bind(node, in: &state) }
+    }
+
+    /// ``inode(for:)`` for a reply that hands the number to the kernel of
+    /// `cache`'s mount (lookup, create, mkdir, readdirplus): it counts as a
+    /// reference until that kernel FORGETs it.
+    func lookedUp(_ node: Node, by cache: KernelCache) -> UInt64 {
+        let inode = state.withLock { state in
+            let inode = Self.bind(node, in: &state)
+            state.entries[inode]?.lookups += 1
             return inode
         }
+        cache.took(inode)
+        return inode
+    }
+
+    /// The kernel of `cache`'s mount dropped `count` references (FORGET).
+    func forget(_ inode: UInt64, count: UInt64, by cache: KernelCache) {
+        cache.dropped(inode, count: count)
+        release(inode, count: count)
+    }
+
+    /// An inode no kernel knows and no descriptor holds is forgotten here
+    /// too, so that the table stays as large as the kernels' caches, not as
+    /// the keychain; its name gets a new number at the next lookup.
+    private func release(_ inode: UInt64, count: UInt64) {
+        guard inode > Self.controlInode else { return }
+        state.withLock { state in
+            guard var entry = state.entries[inode] else { return }
+            entry.lookups -= min(count, entry.lookups)
+            guard entry.isUnused else {
+                state.entries[inode] = entry
+                return
+            }
+            state.entries.removeValue(forKey: inode)
+            if !entry.detached, state.byNode[entry.node] == inode { state.byNode.removeValue(forKey: entry.node) }
+        }
+    }
+
+    private static func bind(_ node: Node, in state: inout State) -> UInt64 {
+        if let inode = state.byNode[node] { return inode }
+        let inode = state.next
+        state.next += 1
+        state.byNode[node] = inode
+        state.entries[inode] = Entry(node: node)
+        return inode
     }
 
     /// The inode bound to `node`, if it has one (the kernel may know it).
@@ -146,12 +197,18 @@ final class NodeTable: Sendable {
         state.withLock { state in
             guard var entry = state.entries[file.inode] else { return }
             entry.files.removeValue(forKey: ObjectIdentifier(file))
-            if entry.detached && entry.files.isEmpty {
+            if entry.isUnused {
                 state.entries.removeValue(forKey: file.inode)
+                if !entry.detached { state.byNode.removeValue(forKey: entry.node) }
             } else {
                 state.entries[file.inode] = entry
             }
         }
+    }
+
+    /// Whether a writing descriptor is open on an inode.
+    func hasWriters(_ inode: UInt64) -> Bool {
+        state.withLock { state in state.entries[inode]?.files.values.contains { $0.writable } ?? false }
     }
 
     /// The descriptors open on an inode.
@@ -162,6 +219,50 @@ final class NodeTable: Sendable {
     /// Every open descriptor of every mount (a lock revokes them).
     func allOpenFiles() -> [OpenFile] {
         state.withLock { state in state.entries.values.flatMap { $0.files.values } }
+    }
+
+    // MARK: The mounts' kernel caches
+
+    func register(_ cache: KernelCache) {
+        caches.withLock { $0[ObjectIdentifier(cache)] = cache }
+    }
+
+    /// A mount ended: its kernel's references go with it (it sends no FORGET then).
+    func unregister(_ cache: KernelCache) {
+        _ = caches.withLock { $0.removeValue(forKey: ObjectIdentifier(cache)) }
+        for (inode, count) in cache.droppedAll() { release(inode, count: count) }
+    }
+
+    /// Makes every mount but `origin` forget the names of `changed` (renamed
+    /// or removed items, removed groups), so that none finds them under a
+    /// name they no longer have. Call it after the change, outside the
+    /// namespace lock (a request of another mount may be waiting for it
+    /// while the kernel holds that mount's directory lock).
+    ///
+    /// `origin` is the mount whose request made the change: its kernel keeps
+    /// its own names right, and while it waits for the reply it holds that
+    /// directory's lock. The other mounts are then told on a thread of their
+    /// own, which the reply does not wait for: a request of another mount,
+    /// holding its directory's lock, may at the same moment be telling
+    /// `origin` of a change of its own (each would wait for the other's lock).
+    /// Changes through the socket (`origin` nil) hold no kernel lock and are
+    /// told before the caller returns.
+    func forgetNames(_ changed: [Node], except origin: KernelCache?) {
+        let others = caches.withLock { Array($0.values) }.filter { $0 !== origin }
+        guard !others.isEmpty else { return }
+        let names = others.flatMap { cache in
+            changed.compactMap { node in cache.cachedName(of: node, in: self).map { (cache, $0.parent, $0.name) } }
+        }
+        let tell: @Sendable () -> Void = {
+            for (cache, parent, name) in names { cache.forgetName(name, inDirectory: parent) }
+        }
+        if origin == nil {
+            tell()
+        } else if let thread = startThread(tell) {
+            pthread_detach(thread)
+        } else {
+            Diagnostics.log("could not start a thread to refresh the other mounts' names; they expire on their own")
+        }
     }
 }
 

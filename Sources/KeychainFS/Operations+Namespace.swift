@@ -21,6 +21,7 @@ extension FileSystem {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
         try core { () throws(KeychainError) in try nodes.removeItem(group: group, identifier: name, manager: manager) }
+        nodes.forgetNames([.item(group: group, identifier: name)], except: kernelCache)
     }
 
     /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
@@ -39,6 +40,7 @@ extension FileSystem {
         if name == ".control" { throw FSError(ENOTDIR) }
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw FSError(EBUSY) }
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
+        nodes.forgetNames([.group(name)], except: kernelCache)
     }
 
     /// `mv` within a group. Across groups EXDEV (the group is bound into the
@@ -59,6 +61,7 @@ extension FileSystem {
         try core { () throws(KeychainError) in
             try nodes.renameItem(group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0, manager: manager)
         }
+        nodes.forgetNames([.item(group: group, identifier: name), .item(group: group, identifier: newName)], except: kernelCache)
     }
 
     /// chmod, chown and fchmod that change nothing succeed, so that programs
@@ -84,10 +87,15 @@ extension FileSystem {
 extension FileSystem {
     static let accessibleAttribute = "user.keychain.accessible"
     static let migratableAttribute = "user.keychain.migratable"
+    static let userNamespace = "user."
 
     /// `user.keychain.accessible` and `user.keychain.migratable` of an item;
-    /// readable while locked. ENODATA for anything else.
+    /// readable while locked. ENODATA for any other `user.` name; ENOTSUP
+    /// for the other namespaces (no SELinux labels, no ACLs, nothing
+    /// trusted), which tells `ls -l` and `cp -a` once for the whole mount
+    /// not to ask again for every file.
     func extendedAttribute(_ name: String, of node: Node) throws(FSError) -> String {
+        guard name.hasPrefix(Self.userNamespace) else { throw FSError(ENOTSUP) }
         guard case .item(let group, let identifier) = node,
               name == Self.accessibleAttribute || name == Self.migratableAttribute else { throw FSError(ENODATA) }
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })

@@ -145,6 +145,25 @@ import Testing
         #expect(events.withLock { $0 } == [.unlocked, .locked])
     }
 
+    @Test func observersSeeEveryCommittedChangeByNameWithoutItsValue() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try keychain.manager()
+        let events = Mutex<[DeviceEvent]>([])
+        let token = manager.localDevice.addObserver { event in events.withLock { $0.append(event) } }
+        defer { manager.localDevice.removeObserver(token) }
+        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
+        try manager.register("v1", forIdentifier: "a", inGroup: "g")
+        try manager.renameKey(forIdentifier: "a", to: "b", inGroup: "g")
+        try manager.deleteKey(forIdentifier: "b", inGroup: "g")
+        expectError(.itemNotFound) { try manager.deleteKey(forIdentifier: "b", inGroup: "g") }
+        try manager.removeGroup("g")
+        try manager.createGroup("h")
+        #expect(events.withLock { $0 } == [
+            .unlocked, .changed(.written(group: "g", identifier: "a")), .changed(.renamed(group: "g", from: "a", to: "b")),
+            .changed(.removed(group: "g", identifier: "b")), .changed(.groupRemoved("g")), .changed(.groupCreated("h")),
+        ])
+    }
+
     @Test func onlyOneDeviceHoldsAKeychainAtATime() throws {
         let keychain = try TemporaryKeychain()
         var first: Device? = try keychain.device()
