@@ -3,6 +3,11 @@
 struct ByteWriter {
     private(set) var bytes: [UInt8] = []
 
+    init() {}
+
+    /// A writer whose buffer holds `capacity` bytes before it grows.
+    init(capacity: Int) { bytes.reserveCapacity(capacity) }
+
     mutating func append(_ value: UInt8) { bytes.append(value) }
 
     mutating func append(_ value: UInt64) {
@@ -19,11 +24,11 @@ struct ByteWriter {
 
     /// A length-prefixed (u16) string, so that ("ab", "c") and ("a", "bc") differ.
     mutating func appendPrefixed(_ string: String) {
-        let utf8 = Array(string.utf8)
-        precondition(utf8.count <= Int(UInt16.max))
-        bytes.append(UInt8(utf8.count & 0xff))
-        bytes.append(UInt8(utf8.count >> 8))
-        bytes += utf8
+        let count = string.utf8.count
+        precondition(count <= Int(UInt16.max))
+        bytes.append(UInt8(count & 0xff))
+        bytes.append(UInt8(count >> 8))
+        bytes.append(contentsOf: string.utf8)
     }
 }
 

@@ -26,16 +26,25 @@ struct ItemSetState: Sendable {
         rowKey = secret.rowDigestKey
     }
 
+    private static let rowDomain = Array("kcfs-row-v1".utf8)
+
     static var emptyDigest: [UInt8] { [UInt8](repeating: 0, count: Crypto.macSize) }
 
     func rowDigest(group: String, identifier: String, protectionClass: Int64, generation: Int64) -> [UInt8] {
-        var writer = ByteWriter()
-        writer.append(Array("kcfs-row-v1".utf8))
+        var writer = ByteWriter(capacity: Self.rowDomain.count + 20 + group.utf8.count + identifier.utf8.count)
+        writer.append(Self.rowDomain)
         writer.append(protectionClass)
         writer.append(generation)
         writer.appendPrefixed(group)
         writer.appendPrefixed(identifier)
         return rowKey.withKey { key in writer.bytes.withUnsafeBytes { Crypto.mac(key: key, [$0]) } }
+    }
+
+    /// Runs `body` with the row key readable throughout: digesting every
+    /// row at boot then costs no `mprotect` pair per row (200,000 system
+    /// calls, each a TLB flush, for 100,000 items).
+    func digestingMany<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+        try rowKey.withKey { (_) throws(E) -> R in try body() }
     }
 
     func rowDigest(_ row: SealedItem) -> [UInt8] {

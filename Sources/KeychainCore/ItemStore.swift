@@ -320,17 +320,22 @@ final class ItemStore: Sendable {
             var digest = ItemSetState.emptyDigest
             var newest: Int64 = 0
             var generations: [RowKey: Int64] = [:]
+            let count = try db.statement("SELECT count(*) FROM items")
+            generations.reserveCapacity(try count.step() ? Int(count.int64(0)) : 0)
             let rows = try db.statement("""
                 SELECT grp, ident, class, generation, typeof(class) = 'integer' AND typeof(generation) = 'integer'
                 FROM items
                 """)
-            while try rows.step() {
-                guard rows.int64(4) == 1 else { return try refuse("an item's row holds a non-integer class or generation") }
-                let generation = rows.int64(3)
-                ItemSetState.xor(&digest, state.rowDigest(group: rows.text(0), identifier: rows.text(1),
-                                                          protectionClass: rows.int64(2), generation: generation))
-                newest = max(newest, generation)
-                generations[RowKey(group: rows.text(0), identifier: rows.text(1))] = generation
+            try state.digestingMany { () throws(KeychainError) in
+                while try rows.step() {
+                    guard rows.int64(4) == 1 else { return try refuse("an item's row holds a non-integer class or generation") }
+                    let generation = rows.int64(3)
+                    let key = RowKey(group: rows.text(0), identifier: rows.text(1))
+                    ItemSetState.xor(&digest, state.rowDigest(group: key.group, identifier: key.identifier,
+                                                              protectionClass: rows.int64(2), generation: generation))
+                    newest = max(newest, generation)
+                    generations[key] = generation
+                }
             }
             let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
             let stored = try query.step() ? try state.record(from: query.blob(0)) : nil
