@@ -234,64 +234,34 @@ enum FuseOperations {
             if let fi { FileHandle.take(fi.pointee.fh, as: DirectoryListing.self) }
             fuse_reply_err(req, 0)
         }
-        ops.readdir = { req, inode, size, offset, fi in
-            serve(req) { fs throws(FSError) in
-                guard let fi, let listing = FileHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
-                    throw FSError(EBADF)
-                }
-                let entries = listing.entries
-                let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
-                defer { buffer.deallocate() }
-                var used = 0
-                var index = Int(offset)
-                while index < entries.count {
-                    let entry = entries[index]
-                    var info = stat()
-                    info.st_ino = ino_t(fs.nodes.inode(for: entry.node))
-                    info.st_mode = entry.mode
-                    let needed = fuse_add_direntry(req, buffer + used, size - used, entry.name, &info, off_t(index + 1))
-                    if needed > size - used { break }
-                    used += needed
-                    index += 1
-                }
-                fuse_reply_buf(req, buffer, used)
+        ops.readdir = { req, _, size, offset, fi in
+            replyListing(req, fi, size: size, offset: offset) { fs, _, listed, room, roomSize, next in
+                var info = stat()
+                info.st_ino = ino_t(fs.nodes.inode(for: listed.node))
+                info.st_mode = listed.mode
+                return fuse_add_direntry(req, room, roomSize, listed.name, &info, next)
             }
         }
-        ops.readdirplus = { req, inode, size, offset, fi in
-            serve(req) { fs throws(FSError) in
-                guard let fi, let listing = FileHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
-                    throw FSError(EBADF)
+        ops.readdirplus = { req, _, size, offset, fi in
+            replyListing(req, fi, size: size, offset: offset) { fs, listing, listed, room, roomSize, next in
+                // An entry without a number (ino 0) is a bare name: the
+                // kernel takes no reference and keeps what it has. So are
+                // `.` and `..`, and nodes this kernel already holds, whose
+                // cached attributes are exact and would be replaced by the
+                // listing's, kept for less long.
+                var entry = fuse_entry_param()
+                entry.attr.st_mode = listed.mode
+                if let known = fs.nodes.existingInode(for: listed.node),
+                   listed.name == "." || listed.name == ".." || fs.kernelCache.knows(known) {
+                    entry.attr.st_ino = ino_t(known)
+                } else {
+                    entry = fs.entry(listed: listed, current: fs.nodes.changeCount == listing.changeCount)
                 }
-                let entries = listing.entries
-                let current = fs.nodes.changeCount == listing.changeCount
-                let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
-                defer { buffer.deallocate() }
-                var used = 0
-                var index = Int(offset)
-                while index < entries.count {
-                    let listed = entries[index]
-                    // An entry without a number (ino 0) is a bare name: the
-                    // kernel takes no reference and keeps what it has. So are
-                    // `.` and `..`, and nodes this kernel already holds, whose
-                    // cached attributes are exact and would be replaced by the
-                    // listing's, valid for no time.
-                    var entry = fuse_entry_param()
-                    entry.attr.st_mode = listed.mode
-                    if let known = fs.nodes.existingInode(for: listed.node),
-                       listed.name == "." || listed.name == ".." || fs.kernelCache.knows(known) {
-                        entry.attr.st_ino = ino_t(known)
-                    } else {
-                        entry = fs.entry(listed: listed, current: current)
-                    }
-                    let needed = fuse_add_direntry_plus(req, buffer + used, size - used, listed.name, &entry, off_t(index + 1))
-                    if needed > size - used {
-                        if entry.ino != 0 { fs.nodes.forget(UInt64(entry.ino), count: 1, by: fs.kernelCache) }  // not sent
-                        break
-                    }
-                    used += needed
-                    index += 1
+                let needed = fuse_add_direntry_plus(req, room, roomSize, listed.name, &entry, next)
+                if needed > roomSize && entry.ino != 0 {
+                    fs.nodes.forget(UInt64(entry.ino), count: 1, by: fs.kernelCache)  // not sent
                 }
-                fuse_reply_buf(req, buffer, used)
+                return needed
             }
         }
         ops.statfs = { req, _ in
@@ -350,6 +320,31 @@ private func serve(_ req: fuse_req_t?, _ body: (FileSystem) throws(FSError) -> V
 /// The thread that made the request (the kernel reports the thread, not its process).
 private func caller(_ req: fuse_req_t?) -> ProcessIdentity {
     ProcessIdentity(thread: fuse_req_ctx(req).pointee.pid)
+}
+
+/// Replies to READDIR or READDIRPLUS from the listing taken at opendir:
+/// the entries from `offset` on that fit in `size` bytes. `add` writes one
+/// entry (the filesystem, the listing, the entry, the room left and its
+/// size, the entry's next offset) and returns the bytes it needs; more than
+/// the room means it did not fit, and the reply ends before it.
+private func replyListing(_ req: fuse_req_t?, _ fi: UnsafeMutablePointer<fuse_file_info>?, size: Int, offset: off_t,
+                          add: (FileSystem, DirectoryListing, DirectoryListing.Entry, UnsafeMutablePointer<CChar>, Int, off_t) -> Int) {
+    serve(req) { fs throws(FSError) in
+        guard let fi, let listing = FileHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
+            throw FSError(EBADF)
+        }
+        let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
+        defer { buffer.deallocate() }
+        var used = 0
+        var index = Int(offset)
+        while index < listing.entries.count {
+            let needed = add(fs, listing, listing.entries[index], buffer + used, size - used, off_t(index + 1))
+            if needed > size - used { break }
+            used += needed
+            index += 1
+        }
+        fuse_reply_buf(req, buffer, used)
+    }
 }
 
 /// A name from the kernel; names that are not UTF-8 cannot be items.
