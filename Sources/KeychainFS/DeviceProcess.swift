@@ -316,7 +316,7 @@ extension DeviceProcess {
             }
         case .remove(let group, let identifier):
             try nodes.removeItem(group: group, identifier: identifier, manager: manager)
-            forgetCachedNames([.item(group: group, identifier: identifier)])
+            nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
         case .list(let group):
             guard let group else { return .ok(try manager.groups()) }
             return .ok(try manager.items(inGroup: group).flatMap { [$0.identifier, $0.info.protectionClass.name, String($0.info.size)] })
@@ -327,14 +327,14 @@ extension DeviceProcess {
             try manager.setProtectionClass(protectionClass, forIdentifier: identifier, inGroup: group)
         case .rename(let group, let from, let to, let replacing):
             try nodes.renameItem(group: group, from: from, to: to, replacing: replacing, manager: manager)
-            forgetCachedNames([.item(group: group, identifier: from), .item(group: group, identifier: to)])
+            nodes.forgetNames([.item(group: group, identifier: from), .item(group: group, identifier: to)], except: nil)
         case .createGroup(let group):
             try manager.createGroup(group)
         case .removeGroup(let group):
             // As rmdir: not a group that a mount serves as its root.
             guard !isGroupMounted(group) else { throw .badRequest }
             try manager.removeGroup(group)
-            forgetCachedNames([.group(group)])
+            nodes.forgetNames([.group(group)], except: nil)
         case .lock:
             try manager.lock()
         case .unlock(let passcode):
@@ -347,11 +347,5 @@ extension DeviceProcess {
             throw .param
         }
         return .ok([])
-    }
-
-    /// Names change in every mount when they change through the socket:
-    /// each mount's kernel forgets them before the reply.
-    private func forgetCachedNames(_ changed: [Node]) {
-        nodes.forgetNames(changed, except: nil)
     }
 }

@@ -133,8 +133,8 @@ public final class FileSystem: Sendable {
     // MARK: Attributes
 
     /// `stat` of a node; works while locked (SPEC: listing and stat).
-    /// `inode` is its number when the caller already took it.
-    func attributes(of node: Node, inode: UInt64? = nil) throws(FSError) -> stat {
+    /// `inode` is the number the caller took for it.
+    func attributes(of node: Node, inode: UInt64) throws(FSError) -> stat {
         var size = 0
         switch node {
         case .group(let name):
@@ -147,7 +147,7 @@ public final class FileSystem: Sendable {
         case .root, .control:
             break
         }
-        return attributes(of: node, inode: inode ?? nodes.inode(for: node), size: size)
+        return attributes(of: node, inode: inode, size: size)
     }
 
     /// `stat` of a node known to exist, with its item's size.
@@ -190,7 +190,7 @@ public final class FileSystem: Sendable {
     func attributes(ofInode inode: UInt64, file: OpenFile?, caller: ProcessIdentity) throws(FSError) -> stat {
         var info: stat
         if let node = nodes.node(for: inode) {
-            info = try attributes(of: node)
+            info = try attributes(of: node, inode: inode)
             guard case .item = node else { return info }
         } else if let detached = nodes.detachedItem(inode) {
             info = fixedAttributes(inode: inode)

@@ -292,11 +292,7 @@ enum FuseOperations {
         }
         ops.removexattr = { req, inode, name in
             serve(req) { fs throws(FSError) in
-                let node = try fs.node(inode)
-                let name = try cString(name)
-                guard name.hasPrefix(FileSystem.userNamespace) else { throw FSError(ENOTSUP) }
-                // The class attributes are derived, not removable; others do not exist.
-                throw FSError(fs.extendedAttributeNames(of: node).contains(name) ? EPERM : ENODATA)
+                try fs.removeExtendedAttribute(try cString(name), of: try fs.node(inode))
             }
         }
         ops.fallocate = { req, _, _, _, _, _ in fuse_reply_err(req, EOPNOTSUPP) }

@@ -45,14 +45,22 @@ final class NodeTable: Sendable {
         var next: UInt64 = 3
 
         mutating func detach(_ inode: UInt64, info: ItemInfo?) {
-            guard let entry = entries[inode] else { return }
+            guard var entry = entries[inode] else { return }
             byNode.removeValue(forKey: entry.node)
-            if entry.isUnused {
-                entries.removeValue(forKey: inode)
-            } else {
-                entries[inode]?.detached = true
-                entries[inode]?.lastInfo = info
+            entry.detached = true
+            entry.lastInfo = info
+            put(entry, at: inode)
+        }
+
+        /// Puts `entry` back at `inode`, or drops it once nothing holds it
+        /// (no kernel reference, no descriptor), with the name bound to it.
+        mutating func put(_ entry: Entry, at inode: UInt64) {
+            guard entry.isUnused else {
+                entries[inode] = entry
+                return
             }
+            entries.removeValue(forKey: inode)
+            if !entry.detached, byNode[entry.node] == inode { byNode.removeValue(forKey: entry.node) }
         }
     }
     private let state = Mutex(State())
@@ -103,12 +111,7 @@ final class NodeTable: Sendable {
         state.withLock { state in
             guard var entry = state.entries[inode] else { return }
             entry.lookups -= min(count, entry.lookups)
-            guard entry.isUnused else {
-                state.entries[inode] = entry
-                return
-            }
-            state.entries.removeValue(forKey: inode)
-            if !entry.detached, state.byNode[entry.node] == inode { state.byNode.removeValue(forKey: entry.node) }
+            state.put(entry, at: inode)
         }
     }
 
@@ -197,12 +200,7 @@ final class NodeTable: Sendable {
         state.withLock { state in
             guard var entry = state.entries[file.inode] else { return }
             entry.files.removeValue(forKey: ObjectIdentifier(file))
-            if entry.isUnused {
-                state.entries.removeValue(forKey: file.inode)
-                if !entry.detached { state.byNode.removeValue(forKey: entry.node) }
-            } else {
-                state.entries[file.inode] = entry
-            }
+            state.put(entry, at: file.inode)
         }
     }
 

@@ -87,7 +87,6 @@ extension FileSystem {
 extension FileSystem {
     static let accessibleAttribute = "user.keychain.accessible"
     static let migratableAttribute = "user.keychain.migratable"
-    static let userNamespace = "user."
 
     /// `user.keychain.accessible` and `user.keychain.migratable` of an item;
     /// readable while locked. ENODATA for any other `user.` name; ENOTSUP
@@ -95,13 +94,25 @@ extension FileSystem {
     /// trusted), which tells `ls -l` and `cp -a` once for the whole mount
     /// not to ask again for every file.
     func extendedAttribute(_ name: String, of node: Node) throws(FSError) -> String {
-        guard name.hasPrefix(Self.userNamespace) else { throw FSError(ENOTSUP) }
+        try checkNamespace(name)
         guard case .item(let group, let identifier) = node,
               name == Self.accessibleAttribute || name == Self.migratableAttribute else { throw FSError(ENODATA) }
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
         else { throw FSError(ENOENT) }
         if name == Self.accessibleAttribute { return info.protectionClass.name }
         return info.protectionClass.isMigratable ? "yes" : "no"
+    }
+
+    /// removexattr: the class attributes are derived, not removable; other
+    /// `user.` names do not exist.
+    func removeExtendedAttribute(_ name: String, of node: Node) throws(FSError) {
+        try checkNamespace(name)
+        throw FSError(extendedAttributeNames(of: node).contains(name) ? EPERM : ENODATA)
+    }
+
+    /// ENOTSUP outside `user.`: keychainfs keeps no other namespace.
+    private func checkNamespace(_ name: String) throws(FSError) {
+        guard name.hasPrefix("user.") else { throw FSError(ENOTSUP) }
     }
 
     func extendedAttributeNames(of node: Node) -> [String] {
