@@ -11,6 +11,15 @@
 #include <sys/eventfd.h>
 #include <spawn.h>
 #include <malloc.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// Whether the process a pidfd refers to still runs (pidfd_send_signal with
+// signal 0; glibc 2.36 has no wrapper declared without _GNU_SOURCE, and
+// syscall() is variadic).
+static inline int CFuse_pidfd_alive(int pidfd) {
+    return syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
+}
 
 // glibc's malloc tuning (malloc.h is not part of Swift's Glibc module).
 static inline void CFuse_limit_malloc_arenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }

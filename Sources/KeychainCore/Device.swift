@@ -24,6 +24,8 @@ public enum DeviceEvent: Sendable, Equatable {
     case unlocked
     /// A committed change of the store (never a value).
     case changed(ItemChange)
+    /// A group's entitlement policy was granted, changed or removed.
+    case entitlementsChanged(group: String)
 }
 
 /// What a committed transaction changed in the store: names only.
@@ -55,6 +57,8 @@ public final class Device: Sendable {
     /// The wrapped class keys; a passcode change replaces it.
     private let currentKeybag: Mutex<Keybag>
     private var keybag: Keybag { currentKeybag.withLock { $0 } }
+    /// The groups' entitlement policies, as last stored.
+    private let entitlements: Mutex<EntitlementPolicy>
 
     private struct State {
         var keys: [ProtectionClass: GuardedKey] = [:]
@@ -92,6 +96,7 @@ public final class Device: Sendable {
             let store = try ItemStore(path: temporary, create: true, state: ItemSetState(secret: secret))
             try store.setMetadata(Keybag.recordKey, bag.encoded(secret: secret))
             try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+            try store.setMetadata(EntitlementPolicy.recordKey, EntitlementPolicy().encoded(secret: secret))
             try store.sync()
         }
         unlink(temporary + "-wal")
@@ -126,15 +131,29 @@ public final class Device: Sendable {
             let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
             guard let record = try store.metadata(Keybag.recordKey) else { throw .decode }
             let bag = try Keybag(decoding: record, secret: secret)
-            let legacy = bag.formatVersion < Keybag.version
-            try store.verifyItemSet(legacy: legacy)
-            if legacy {
-                // Format 1: give it the records format 2 requires, then mark
-                // it format 2 (last, so an interrupted upgrade is redone).
+            try store.verifyItemSet(legacy: bag.formatVersion < Keybag.stateVersion)
+            if bag.formatVersion < Keybag.version {
+                // An older format: give it the records the current one
+                // requires, then mark it current (last, so an interrupted
+                // upgrade is redone).
                 if try store.metadata(LockoutRecord.recordKey) == nil {
                     try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
                 }
+                if try store.metadata(EntitlementPolicy.recordKey) == nil {
+                    try store.setMetadata(EntitlementPolicy.recordKey, EntitlementPolicy().encoded(secret: secret))
+                }
                 try store.setMetadata(Keybag.recordKey, bag.encoded(secret: secret))
+            }
+            guard let entitlementRecord = try store.metadata(EntitlementPolicy.recordKey) else {
+                // Deleting it would open every group to every program.
+                Diagnostics.log("the entitlement record is missing")
+                throw .decode
+            }
+            do throws(KeychainError) {
+                entitlements = Mutex(try EntitlementPolicy(decoding: entitlementRecord, secret: secret))
+            } catch {
+                Diagnostics.log("the entitlement record failed authentication")
+                throw error
             }
             var keys: [ProtectionClass: GuardedKey] = [:]
             for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
@@ -234,6 +253,24 @@ public final class Device: Sendable {
         }
     }
 
+    /// Runs `body` if `passcode` is the keychain's (nil for one without a
+    /// passcode): a wrong one is a failed attempt like a wrong unlock
+    /// (``KeychainError/authFailed``, counted, refused during a lockout).
+    private func withPasscode<R>(_ passcode: SecureBytes?, _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+        try unlockAttempt.withLock { _ throws(KeychainError) -> R in
+            let now = clock()
+            if try lockoutRecord().deadline > now { throw .authFailed }
+            do throws(KeychainError) {
+                _ = try unwrapPasscodeClasses(passcode)
+            } catch .decode, .authFailed {
+                try recordFailure(now: now)
+                throw .authFailed
+            }
+            try resetFailures()
+            return try body()
+        }
+    }
+
     /// The class keys a passcode unwraps. Derived on a ``SecretThread``: no
     /// copy of the stretched passcode or of the keys stays on any stack.
     private func unwrapPasscodeClasses(_ passcode: SecureBytes?) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
@@ -284,6 +321,83 @@ public final class Device: Sendable {
     private func notify(_ event: DeviceEvent) {
         let observers = state.withLock { Array($0.observers.values) }
         for observer in observers { observer(event) }
+    }
+
+    // MARK: Entitlements
+
+    /// The programs allowed to use `group`; nil when the group has no
+    /// policy (every program of the user may use it).
+    public func entitlementRules(forGroup group: String) -> [EntitlementRule]? {
+        entitlements.withLock { $0.groups[group] }
+    }
+
+    /// Whether `group` has a policy (its items are then checked per caller).
+    public func hasEntitlementPolicy(_ group: String) -> Bool {
+        entitlements.withLock { $0.groups[group] != nil }
+    }
+
+    /// Every group's rules.
+    public var entitlementPolicies: [String: [EntitlementRule]] { entitlements.withLock { $0.groups } }
+
+    /// ``KeychainError/missingEntitlement`` unless `program` may use
+    /// `group`: the group has no policy, or one of its rules admits the
+    /// program. `program` nil (it could not be identified) is admitted
+    /// only by a group without a policy.
+    public func checkEntitlement(_ group: String, program: () -> ProgramIdentity?) throws(KeychainError) {
+        guard let rules = entitlementRules(forGroup: group) else { return }
+        guard let program = program(), rules.contains(where: { $0.admits(program) }) else { throw .missingEntitlement }
+    }
+
+    /// Allows the program of `rule` to use `group` (giving the group a
+    /// policy if it had none). Needs the passcode, as changing a macOS
+    /// keychain's access control needs the keychain password: a program
+    /// running as the user cannot grant itself. Granting a rule the group
+    /// already has changes nothing.
+    public func grant(_ rule: EntitlementRule, toGroup group: String, passcode: SecureBytes?) throws(KeychainError) {
+        try ItemLimits.validate(name: group)
+        guard rule.digest.count == ExecutableDigest.size, rule.executable.hasPrefix("/") else { throw .param }
+        _ = try changeEntitlements(group, passcode: passcode) { policy in
+            var rules = policy.groups[group] ?? []
+            // A new grant of the same program (a rebuilt binary) replaces its digest.
+            rules.removeAll { $0.executable == rule.executable && $0.unit == rule.unit && $0.uid == rule.uid }
+            rules.append(rule)
+            policy.groups[group] = rules
+            return 1
+        }
+    }
+
+    /// Removes the rules of `group` that name `executable` (and `unit` and
+    /// `uid`, when given); `all` removes the group's policy itself, which
+    /// opens the group to every program again. Removing the last rule
+    /// leaves a policy that admits no program. Needs the passcode. Returns
+    /// how many rules were removed.
+    @discardableResult
+    public func revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool,
+                       passcode: SecureBytes?) throws(KeychainError) -> Int {
+        try changeEntitlements(group, passcode: passcode) { policy throws(KeychainError) -> Int in
+            guard let rules = policy.groups[group] else { throw .itemNotFound }
+            if all {
+                policy.groups[group] = nil
+                return rules.count
+            }
+            let kept = rules.filter { !$0.matches(executable: executable, unit: unit, uid: uid) }
+            guard kept.count < rules.count else { throw .itemNotFound }
+            policy.groups[group] = kept
+            return rules.count - kept.count
+        }
+    }
+
+    private func changeEntitlements(_ group: String, passcode: SecureBytes?,
+                                    _ change: (inout EntitlementPolicy) throws(KeychainError) -> Int) throws(KeychainError) -> Int {
+        let count = try withPasscode(passcode) { () throws(KeychainError) -> Int in
+            var policy = entitlements.withLock { $0 }
+            let count = try change(&policy)
+            try store.setMetadata(EntitlementPolicy.recordKey, policy.encoded(secret: secret))
+            entitlements.withLock { $0 = policy }
+            return count
+        }
+        notify(.entitlementsChanged(group: group))
+        return count
     }
 
     // MARK: Keys for the item layer

@@ -58,11 +58,22 @@ public enum DeviceRequest {
     case status
     /// Make every acknowledged write durable against power loss.
     case sync
+    /// Allow the executable at `executable` (absolute; the device resolves
+    /// and hashes it), optionally only in `unit` and as `uid`, to use `group`
+    /// (``Device/grant(_:toGroup:passcode:)``). The reply's field is the digest.
+    case grant(group: String, executable: String, unit: String?, uid: UInt32?, passcode: SecureBytes?)
+    /// Remove rules of `group`, or (`all`) its whole policy (``Device/revoke(group:executable:unit:uid:all:passcode:)``).
+    /// The reply's field is the number of rules removed.
+    case revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?)
+    /// The rules of one group (or of every group with a policy), five fields
+    /// each: group, executable, SHA-256 in hex, unit, uid (the last two empty when not set).
+    case policy(group: String?)
 
     private enum Operation: UInt8 {
         case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
+        case grant = 20, revoke = 21, policy = 22
     }
 
     /// The request as a frame, in secret memory.
@@ -124,6 +135,17 @@ public enum DeviceRequest {
             operation = .status
         case .sync:
             operation = .sync
+        case .grant(let group, let executable, let unit, let uid, let passcode):
+            operation = .grant
+            fields = [.text(group), .text(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
+                      .optionalSecret(passcode)]
+        case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
+            operation = .revoke
+            fields = [.text(group), .optionalText(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
+                      .text(all ? "1" : "0"), .optionalSecret(passcode)]
+        case .policy(let group):
+            operation = .policy
+            fields = [.optionalText(group)]
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -187,13 +209,44 @@ public enum DeviceRequest {
             self = .status
         case .sync:
             self = .sync
+        case .grant:
+            let group = try reader.text(), executable = try reader.text(), unit = try reader.optionalText()
+            let uid = try Self.uid(try reader.optionalText())
+            self = .grant(group: group, executable: executable, unit: unit, uid: uid, passcode: try reader.optionalSecret())
+        case .revoke:
+            let group = try reader.text(), executable = try reader.optionalText(), unit = try reader.optionalText()
+            let uid = try Self.uid(try reader.optionalText()), all = try Self.flag(try reader.text())
+            self = .revoke(group: group, executable: executable, unit: unit, uid: uid, all: all,
+                           passcode: try reader.optionalSecret())
+        case .policy:
+            self = .policy(group: try reader.optionalText())
         }
         guard reader.isAtEnd else { throw .param }
+    }
+
+    /// The access group an item request is about (nil: none, or all of them).
+    public var group: String? {
+        switch self {
+        case .get(let group, _), .set(let group, _, _, _, _), .remove(let group, _), .info(let group, _),
+             .setClass(let group, _, _), .rename(let group, _, _, _), .removeGroup(let group):
+            return group
+        case .list(let group):
+            return group
+        default:
+            return nil
+        }
     }
 
     private static func protectionClass(_ name: String) throws(KeychainError) -> ProtectionClass {
         guard let parsed = ProtectionClass(name: name) else { throw .param }
         return parsed
+    }
+
+    /// A uid in canonical decimal (no sign, no leading zero), or nil.
+    private static func uid(_ text: String?) throws(KeychainError) -> UInt32? {
+        guard let text else { return nil }
+        guard let uid = UInt32(text), String(uid) == text else { throw .param }
+        return uid
     }
 
     /// `1` or `0`, nothing else: a request means one thing only.

@@ -35,8 +35,12 @@ struct DeviceSecret: Sendable {
 struct Keybag {
     /// Version 2 means the keychain's authenticated `state` (version 2) and
     /// `lockout` records must exist: a boot without them is tampering.
-    /// Version 1 keychains predate that rule and are upgraded at boot.
-    static let version: UInt8 = 2
+    /// Version 3 adds the `entitlements` record to them (deleting it would
+    /// open every group to every program). Older keychains predate the
+    /// rules and are upgraded at boot.
+    static let version: UInt8 = 3
+    /// The first version that requires the `state` and `lockout` records.
+    static let stateVersion: UInt8 = 2
     static let recordKey = "keybag"
     private static let macDomain = "kcfs-keybag-v1"
 

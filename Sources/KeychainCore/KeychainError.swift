@@ -32,6 +32,11 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
     /// A keychain already exists at that place (errSecDuplicateKeychain).
     public static let duplicateKeychain = KeychainError(rawValue: -25296)
 
+    /// The calling program is not entitled to the item's access group
+    /// (errSecMissingEntitlement, as Security.framework reports an app
+    /// outside its `keychain-access-groups`).
+    public static let missingEntitlement = KeychainError(rawValue: -34018)
+
     /// The OSStatus family the error belongs to: the refinements of errSecParam
     /// report -50, as Security.framework would.
     public var osStatus: Int32 {
@@ -57,6 +62,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .badRequest: return "operation not valid in this state"
         case .io: return "the keychain store could not be read or written"
         case .noSuchKeychain: return "no keychain exists there"
+        case .missingEntitlement: return "this program is not entitled to the access group"
         case .duplicateKeychain: return "a keychain already exists there"
         case .keychainInUse: return "another process holds this keychain's keys"
         case .insecurePermissions: return "the keychain's files are owned or readable by someone else"

@@ -225,10 +225,9 @@ public final class DeviceProcess: Sendable {
     /// Reads one request (its frame, which may hold passcodes, in secret
     /// memory) and carries it out.
     private func answer(_ client: Int32) -> DeviceReply {
-        var credentials = PeerCredentials()
-        var length = socklen_t(MemoryLayout<PeerCredentials>.size)
-        guard getsockopt(client, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0,
-              credentials.uid == getuid() else { return .systemError(EPERM, "not the owner of this keychain") }
+        guard let credentials = ProgramIdentities.peerCredentials(client), credentials.uid == getuid() else {
+            return .systemError(EPERM, "not the owner of this keychain")
+        }
         guard let body = DeviceProtocol.receive(from: client) else {
             return .systemError(EINVAL, "no whole request arrived within \(Self.connectionDeadline) s")
         }
@@ -271,10 +270,20 @@ public final class DeviceProcess: Sendable {
             } catch {
                 return .keychainError(error, error.description)
             }
+        case .grant, .revoke, .policy:
+            return Self.answerPolicyRequest(request, device: manager.localDevice)
         case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
+            // Identified once, and only for a group with a policy.
+            var peer: ProgramIdentity??
+            let program = { () -> ProgramIdentity? in
+                if let peer { return peer }
+                let identity = ProgramIdentities.ofPeer(client)
+                peer = .some(identity)
+                return identity
+            }
             do throws(KeychainError) {
-                return try answerItemRequest(request)
+                return try answerItemRequest(request, program: program)
             } catch {
                 return .keychainError(error, error.description)
             }
@@ -292,19 +301,14 @@ public final class DeviceProcess: Sendable {
     }
 }
 
-/// Linux's `struct ucred` (socket(7)), which glibc declares only with _GNU_SOURCE.
-private struct PeerCredentials {
-    var pid: pid_t = 0
-    var uid: uid_t = 0
-    var gid: gid_t = 0
-}
-
 extension DeviceProcess {
     /// The requests of a ``PasswordManager`` that is a client of this
     /// device (and of `keychainfs get/set/rm/ls`): the manager's own
     /// operations, with the filesystem's namespace rules (a removed or
     /// replaced item's inode is detached, writes are serialised with commits).
-    fileprivate func answerItemRequest(_ request: DeviceRequest) throws(KeychainError) -> DeviceReply {
+    fileprivate func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?) throws(KeychainError) -> DeviceReply {
+        // As through a mount: a group's policy decides per program (the peer).
+        if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
         switch request {
         case .get(let group, let identifier):
             let item = try manager.item(forIdentifier: identifier, inGroup: group)
@@ -347,5 +351,52 @@ extension DeviceProcess {
             throw .param
         }
         return .ok([])
+    }
+}
+
+extension DeviceProcess {
+    /// `grant`, `revoke` and `policy`, for the device's socket and for a
+    /// keychain that no device holds (the command line then boots one).
+    public static func answerPolicyRequest(_ request: DeviceRequest, device: Device) -> DeviceReply {
+        do throws(KeychainError) {
+            switch request {
+            case .grant(let group, let executable, let unit, let uid, let passcode):
+                guard let program = ProgramIdentities.executable(at: executable) else {
+                    return .systemError(ENOENT, "cannot read the executable \(executable) (it must be a regular file the device can read)")
+                }
+                let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid)
+                try device.grant(rule, toGroup: group, passcode: passcode)
+                return .ok([rule.executable, rule.digestHex])
+            case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
+                // A binary removed since it was granted is named as it was.
+                let resolved = executable.map { path in realpath(path, nil).map { String(cString: $0, freeing: true) } ?? path }
+                let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all, passcode: passcode)
+                return .ok([String(count)])
+            case .policy(let group):
+                let policies = device.entitlementPolicies
+                if let group, policies[group] == nil { return .ok([]) }
+                let groups = group.map { [$0] } ?? policies.keys.sorted()
+                return .ok(groups.flatMap { group in
+                    let rules = policies[group] ?? []
+                    // A policy without rules admits no program: shown as a group with an empty rule.
+                    if rules.isEmpty { return [group, "", "", "", ""] }
+                    return rules.flatMap { rule in
+                        [group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? ""]
+                    }
+                })
+            default:
+                throw .param
+            }
+        } catch {
+            return .keychainError(error, error.description)
+        }
+    }
+}
+
+extension String {
+    /// A C string malloc'd by the callee (realpath), freed once copied.
+    init(cString pointer: UnsafeMutablePointer<CChar>, freeing: Bool) {
+        self.init(cString: pointer)
+        if freeing { free(pointer) }
     }
 }

@@ -11,6 +11,7 @@ extension KeychainError {
         case .itemNotFound, .noSuchKeychain: return ENOENT
         case .duplicateItem: return EEXIST
         case .interactionNotAllowed, .authFailed: return EACCES
+        case .missingEntitlement: return EPERM
         case .decode, .io: return EIO
         case .param: return EINVAL
         case .nameTooLong: return ENAMETOOLONG

@@ -77,6 +77,15 @@ public final class FileSystem: Sendable {
                 for node in change.itemNodes {
                     if let inode = nodes.existingInode(for: node) { kernelCache.forgetAttributes(inode) }
                 }
+            case .entitlementsChanged(let group):
+                // Names and attributes the kernel kept were decided without
+                // the new policy: every one of the group must be asked for again.
+                for (node, inode) in nodes.inodes(inGroup: group) {
+                    kernelCache.forgetAttributes(inode)
+                    if let name = kernelCache.cachedName(of: node, in: nodes) {
+                        kernelCache.forgetName(name.name, inDirectory: name.parent)
+                    }
+                }
             case .unlocked:
                 break
             }
@@ -223,7 +232,7 @@ public final class FileSystem: Sendable {
     /// reply: none while a writer is open (each caller sees its own length)
     /// or once the item was removed.
     func attributeTimeout(ofInode inode: UInt64) -> Double {
-        guard let node = nodes.node(for: inode) else { return 0 }
+        guard let node = nodes.node(for: inode), !isPoliced(node) else { return 0 }
         if case .item = node, nodes.hasWriters(inode) { return 0 }
         return Self.attributeTimeout
     }
@@ -255,7 +264,46 @@ public final class FileSystem: Sendable {
     /// inode: none for an item being written (each caller sees its own length).
     func newInodeAttributeTimeout(for node: Node, inode: UInt64) -> Double {
         guard case .item = node else { return Self.attributeTimeout }
-        return nodes.hasWriters(inode) ? 0 : Self.newInodeAttributeTimeout
+        return nodes.hasWriters(inode) || isPoliced(node) ? 0 : Self.newInodeAttributeTimeout
+    }
+
+    // MARK: Entitlements
+
+    /// EPERM unless the calling program may use `group` (it has no policy,
+    /// or a rule of it admits the program). The program is identified only
+    /// for a group with a policy.
+    func requireEntitlement(_ group: String, caller: ProcessIdentity) throws(FSError) {
+        try core { () throws(KeychainError) in
+            try manager.localDevice.checkEntitlement(group) { ProgramIdentities.of(thread: caller.thread, uid: caller.uid) }
+        }
+    }
+
+    /// For requests about one node (lookup, stat, open, access): only an
+    /// item is guarded; a group's directory and `.control` are not.
+    func requireEntitlement(toItem node: Node, caller: ProcessIdentity) throws(FSError) {
+        if case .item(let group, _) = node { try requireEntitlement(group, caller: caller) }
+    }
+
+    /// For requests about a directory's items (listing them).
+    func requireEntitlement(inDirectory node: Node, caller: ProcessIdentity) throws(FSError) {
+        if let group = itemGroup(of: node) { try requireEntitlement(group, caller: caller) }
+    }
+
+    /// The node of an inode whose extended attributes the caller asks for:
+    /// an item's, or its group's directory's, are guarded.
+    func entitledNode(_ inode: UInt64, caller: ProcessIdentity) throws(FSError) -> Node {
+        let node = try node(inode)
+        try requireEntitlement(toItem: node, caller: caller)
+        if case .group(let group) = node { try requireEntitlement(group, caller: caller) }
+        return node
+    }
+
+    /// Whether `node` is an item of a group with an entitlement policy: the
+    /// kernel must then keep neither its name nor its attributes, since
+    /// every request of every program needs its own decision.
+    func isPoliced(_ node: Node) -> Bool {
+        guard case .item(let group, _) = node else { return false }
+        return manager.localDevice.hasEntitlementPolicy(group)
     }
 }
 

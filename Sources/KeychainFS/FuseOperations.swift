@@ -18,6 +18,7 @@ enum FuseOperations {
         ops.lookup = { req, parent, name in
             serve(req) { fs throws(FSError) in
                 let node = try fs.child(of: try fs.node(parent), named: try cString(name))
+                try fs.requireEntitlement(toItem: node, caller: caller(req))
                 var entry = try fs.entry(for: node)
                 fuse_reply_entry(req, &entry)
             }
@@ -43,6 +44,7 @@ enum FuseOperations {
         }
         ops.getattr = { req, inode, fi in
             serve(req) { fs throws(FSError) in
+                if let node = fs.nodes.node(for: inode) { try fs.requireEntitlement(toItem: node, caller: caller(req)) }
                 var info = try fs.attributes(ofInode: inode, file: fi.flatMap { NodeTable.file($0.pointee.fh) },
                                              caller: caller(req))
                 fuse_reply_attr(req, &info, fs.attributeTimeout(ofInode: inode))
@@ -54,6 +56,7 @@ enum FuseOperations {
                 let file = fi.flatMap { NodeTable.file($0.pointee.fh) }
                 // A descriptor of a removed item may still be resized (its writes go nowhere).
                 let node = file == nil ? try fs.node(inode) : fs.nodes.node(for: inode)
+                if let node { try fs.requireEntitlement(toItem: node, caller: caller(req)) }
                 let current = try fs.attributes(ofInode: inode, file: file, caller: caller(req))
                 try fs.checkOwnershipUnchanged(attr.pointee, toSet: toSet, current: current)
                 if toSet & FUSE_SET_ATTR_SIZE != 0 && node != .control {  // `.control` has no content to cut
@@ -77,6 +80,7 @@ enum FuseOperations {
                 // Answered by the real modes (items 0600, directories 0700,
                 // all the owner's): nothing here is executable.
                 let node = try fs.node(inode)
+                try fs.requireEntitlement(toItem: node, caller: caller(req))
                 if mask & X_OK != 0, node == .control || { if case .item = node { return true } else { return false } }() {
                     throw FSError(EACCES)
                 }
@@ -96,20 +100,21 @@ enum FuseOperations {
         }
         ops.unlink = { req, parent, name in
             serve(req) { fs throws(FSError) in
-                try fs.unlink(parent: try fs.node(parent), name: try cString(name))
+                try fs.unlink(parent: try fs.node(parent), name: try cString(name), caller: caller(req))
                 fuse_reply_err(req, 0)
             }
         }
         ops.rmdir = { req, parent, name in
             serve(req) { fs throws(FSError) in
-                try fs.removeDirectory(parent: try fs.node(parent), name: try cString(name))
+                try fs.removeDirectory(parent: try fs.node(parent), name: try cString(name), caller: caller(req))
                 fuse_reply_err(req, 0)
             }
         }
         ops.rename = { req, parent, name, newParent, newName, flags in
             serve(req) { fs throws(FSError) in
                 try fs.rename(parent: try fs.node(parent), name: try cString(name),
-                              newParent: try fs.node(newParent), newName: try cString(newName), flags: UInt32(flags))
+                              newParent: try fs.node(newParent), newName: try cString(newName), flags: UInt32(flags),
+                              caller: caller(req))
                 fuse_reply_err(req, 0)
             }
         }
@@ -225,7 +230,9 @@ enum FuseOperations {
                 // chunks neither re-queries the store nor skips or repeats
                 // entries when items change meanwhile.
                 let changeCount = fs.nodes.changeCount  // before the listing's query
-                let listing = DirectoryListing(try fs.listing(of: try fs.node(inode)), changeCount: changeCount)
+                let node = try fs.node(inode)
+                try fs.requireEntitlement(inDirectory: node, caller: caller(req))
+                let listing = DirectoryListing(try fs.listing(of: node), changeCount: changeCount)
                 fi.pointee.fh = FileHandle.make(listing)
                 fuse_reply_open(req, fi)
             }
@@ -274,25 +281,26 @@ enum FuseOperations {
             serve(req) { fs throws(FSError) in
                 let bytes = UnsafeRawBufferPointer(start: value, count: size)
                 guard let text = String(validating: bytes, as: UTF8.self) else { throw FSError(EINVAL) }
-                try fs.setExtendedAttribute(try cString(name), value: text, flags: flags, of: try fs.node(inode))
+                try fs.setExtendedAttribute(try cString(name), value: text, flags: flags,
+                                            of: try fs.entitledNode(inode, caller: caller(req)))
                 fuse_reply_err(req, 0)
             }
         }
         ops.getxattr = { req, inode, name, size in
             serve(req) { fs throws(FSError) in
-                let value = Array(try fs.extendedAttribute(try cString(name), of: try fs.node(inode)).utf8)
+                let value = Array(try fs.extendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req))).utf8)
                 try replyXattr(req, value, size: size)
             }
         }
         ops.listxattr = { req, inode, size in
             serve(req) { fs throws(FSError) in
-                let names = fs.extendedAttributeNames(of: try fs.node(inode)).flatMap { Array($0.utf8) + [UInt8(0)] }
+                let names = fs.extendedAttributeNames(of: try fs.entitledNode(inode, caller: caller(req))).flatMap { Array($0.utf8) + [UInt8(0)] }
                 try replyXattr(req, names, size: size)
             }
         }
         ops.removexattr = { req, inode, name in
             serve(req) { fs throws(FSError) in
-                try fs.removeExtendedAttribute(try cString(name), of: try fs.node(inode))
+                try fs.removeExtendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req)))
             }
         }
         ops.fallocate = { req, _, _, _, _, _ in fuse_reply_err(req, EOPNOTSUPP) }
@@ -315,7 +323,8 @@ private func serve(_ req: fuse_req_t?, _ body: (FileSystem) throws(FSError) -> V
 
 /// The thread that made the request (the kernel reports the thread, not its process).
 private func caller(_ req: fuse_req_t?) -> ProcessIdentity {
-    ProcessIdentity(thread: fuse_req_ctx(req).pointee.pid)
+    let context = fuse_req_ctx(req).pointee
+    return ProcessIdentity(thread: context.pid, uid: context.uid)
 }
 
 /// Replies to READDIR or READDIRPLUS from the listing taken at opendir:
@@ -387,7 +396,7 @@ extension FileSystem {
         entry.attr = attributes
         entry.ino = fuse_ino_t(attributes.st_ino)
         entry.generation = 1
-        entry.entry_timeout = FileSystem.entryTimeout
+        entry.entry_timeout = isPoliced(node) ? 0 : FileSystem.entryTimeout
         entry.attr_timeout = attributeTimeout
         return entry
     }

@@ -129,6 +129,16 @@ final class NodeTable: Sendable {
         state.withLock { $0.byNode[node] }
     }
 
+    /// The items of `group` that have an inode, with it.
+    func inodes(inGroup group: String) -> [(Node, UInt64)] {
+        state.withLock { state in
+            state.byNode.compactMap { node, inode in
+                if case .item(group, _) = node { return (node, inode) }
+                return nil
+            }
+        }
+    }
+
     /// The node an inode is bound to; nil once it was detached or never existed.
     func node(for inode: UInt64) -> Node? {
         state.withLock { state in

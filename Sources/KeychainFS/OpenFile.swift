@@ -90,6 +90,8 @@ final class OpenFile: @unchecked Sendable {
 /// its process (thread group) is read from `/proc` only when needed.
 struct ProcessIdentity: Sendable, Equatable {
     let thread: pid_t
+    /// The uid the kernel ran the request as.
+    var uid: uid_t = getuid()
 
     /// The process a thread belongs to (itself if /proc cannot tell).
     var process: pid_t {

@@ -15,11 +15,12 @@ extension FileSystem {
     /// `rm`: works while locked, as deleting a keychain item does on iOS.
     /// The item's inode is detached from the name: descriptors still open on
     /// it keep reading it, and what they write goes nowhere (POSIX).
-    func unlink(parent: Node, name: String) throws(FSError) {
+    func unlink(parent: Node, name: String, caller: ProcessIdentity) throws(FSError) {
         guard name != ".control" || parent != .root else { throw FSError(EPERM) }
         guard let group = itemGroup(of: parent) else {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
+        try requireEntitlement(group, caller: caller)
         try core { () throws(KeychainError) in try nodes.removeItem(group: group, identifier: name, manager: manager) }
         nodes.forgetNames([.item(group: group, identifier: name)], except: kernelCache)
     }
@@ -33,12 +34,13 @@ extension FileSystem {
     }
 
     /// `rmdir` removes an empty access group; `default` always exists.
-    func removeDirectory(parent: Node, name: String) throws(FSError) {
+    func removeDirectory(parent: Node, name: String, caller: ProcessIdentity) throws(FSError) {
         guard parent == .root, scope == .keychain else {
             throw FSError(itemGroup(of: parent) != nil ? ENOTDIR : EPERM)
         }
         if name == ".control" { throw FSError(ENOTDIR) }
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw FSError(EBUSY) }
+        try requireEntitlement(name, caller: caller)
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
         nodes.forgetNames([.group(name)], except: kernelCache)
     }
@@ -46,7 +48,8 @@ extension FileSystem {
     /// `mv` within a group. Across groups EXDEV (the group is bound into the
     /// ciphertext; `mv` then copies and deletes, which works through our
     /// read and write). Needs the item's class key (EACCES without it).
-    func rename(parent: Node, name: String, newParent: Node, newName: String, flags: UInt32) throws(FSError) {
+    func rename(parent: Node, name: String, newParent: Node, newName: String, flags: UInt32,
+                caller: ProcessIdentity) throws(FSError) {
         if name == ".control" || newName == ".control" { throw FSError(EPERM) }
         // RENAME_EXCHANGE is not offered, RENAME_WHITEOUT is for overlay
         // filesystems, and an unknown flag must not be taken for a plain rename.
@@ -58,6 +61,7 @@ extension FileSystem {
             throw FSError(EXDEV)
         }
         guard itemGroup(of: newParent) == group else { throw FSError(EXDEV) }
+        try requireEntitlement(group, caller: caller)
         try core { () throws(KeychainError) in
             try nodes.renameItem(group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0, manager: manager)
         }

@@ -8,6 +8,7 @@ extension FileSystem {
     /// the key of the class its commit will give (SPEC: writing needs both).
     /// Without them: EACCES, and nothing changes.
     func openItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
+        try requireEntitlement(group, caller: opener)
         let inode = nodes.inode(for: .item(group: group, identifier: identifier))
         let truncates = flags & O_TRUNC != 0
         if flags & O_ACCMODE == O_RDONLY || !truncates {
@@ -43,6 +44,7 @@ extension FileSystem {
     /// the class of the current access mode. EEXIST if it appeared meanwhile
     /// and `O_EXCL` was asked; otherwise that item is opened instead.
     func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
+        try requireEntitlement(group, caller: opener)
         let target = manager.classForNewWrites
         let inode: UInt64
         do throws(KeychainError) {

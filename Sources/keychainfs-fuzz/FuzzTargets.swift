@@ -21,6 +21,8 @@ enum FuzzTarget: String, CaseIterable {
     case lockout
     /// The item-set state record, behind a valid MAC.
     case state
+    /// The entitlement policy record, behind a valid MAC.
+    case entitlements
     /// Request bodies on the device's socket.
     case request
     /// Backup files: the records after a valid header for a fixed password.
@@ -33,6 +35,7 @@ enum FuzzTarget: String, CaseIterable {
         case .keybag: keybag(input)
         case .lockout: lockout(input)
         case .state: state(input)
+        case .entitlements: entitlements(input)
         case .request: request(input)
         case .backup: backup(input)
         }
@@ -86,6 +89,13 @@ enum FuzzTarget: String, CaseIterable {
         let record = Array(input) + Self.secret.mac("kcfs-lockout-v1", Array(input))
         guard let decoded = try? LockoutRecord(decoding: record, secret: Self.secret) else { return }
         check(decoded.encoded(secret: Self.secret) == record, "an accepted lockout record does not re-encode to itself")
+    }
+
+    private func entitlements(_ input: UnsafeRawBufferPointer) {
+        let record = Array(input) + Self.secret.mac("kcfs-entitlements-v1", Array(input))
+        guard let decoded = try? EntitlementPolicy(decoding: record, secret: Self.secret) else { return }
+        check(decoded.groups.values.allSatisfy { $0.allSatisfy { $0.digest.count == ExecutableDigest.size } }, "a digest of the wrong size")
+        check(decoded.encoded(secret: Self.secret) == record, "an accepted record does not re-encode to itself")
     }
 
     private func state(_ input: UnsafeRawBufferPointer) {

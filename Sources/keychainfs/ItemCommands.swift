@@ -30,6 +30,9 @@ struct RunningDevice {
             case .itemNotFound: throw fail("\(item) does not exist", status: ExitStatus.absent)
             case .interactionNotAllowed: throw fail("the keychain is locked for \(item); unlock it first", status: ExitStatus.locked)
             case .authFailed: throw fail(message, status: ExitStatus.denied)
+            case .missingEntitlement:
+                throw fail("\(item): the program asking (\(CommandLine.arguments[0])) is not entitled to its access group",
+                           status: ExitStatus.denied)
             default: throw fail("\(item): \(message)")
             }
         case .systemError(let code, let message)?:

@@ -13,7 +13,8 @@ struct KeychainFSCommand: ParsableCommand {
         discussion: """
             Exit status: 0 on success; 1 when the operation failed (the message says why); \
             2 the item or keychain does not exist; 3 locked (the item's class key is not \
-            available); 4 denied (wrong passcode, or a lockout); 5 no device is running for the \
+            available); 4 denied (wrong passcode, a lockout, or a \
+            program not entitled to the access group); 5 no device is running for the \
             keychain (get, set, rm, ls, exec need one); 64 a command line that does not parse; \
             exec: 127 when the command cannot be run, otherwise the command's own status.
             """,
@@ -21,7 +22,7 @@ struct KeychainFSCommand: ParsableCommand {
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self,
-                      DockerCredentialCommand.self]
+                      DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self]
     )
 
     /// Run as `git-credential-keychainfs` or `docker-credential-keychainfs`

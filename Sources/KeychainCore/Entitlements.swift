@@ -1,0 +1,162 @@
+internal import CSodium
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What the kernel tells about a program making a request: its executable
+/// (the resolved `/proc/PID/exe` and the SHA-256 of that very file), its
+/// systemd unit and its uid. The entitlement check compares it with the
+/// rules of a group, as iOS compares an app's signed `keychain-access-groups`.
+public struct ProgramIdentity: Sendable, Equatable {
+    /// The process (thread group) id.
+    public var pid: Int32
+    /// The executable's path as the kernel resolved it.
+    public var executable: String
+    /// SHA-256 of the executable file the process runs.
+    public var digest: [UInt8]
+    /// The systemd unit of the process's cgroup (`foo.service`, `app-x.scope`), if any.
+    public var unit: String?
+    public var uid: UInt32
+
+    public init(pid: Int32, executable: String, digest: [UInt8], unit: String?, uid: UInt32) {
+        self.pid = pid
+        self.executable = executable
+        self.digest = digest
+        self.unit = unit
+        self.uid = uid
+    }
+}
+
+/// One program allowed to use an access group: the executable at `executable`
+/// whose content hashed to `digest` when the rule was granted (a binary
+/// replaced at that path no longer matches), optionally only in `unit` and
+/// as `uid`.
+public struct EntitlementRule: Sendable, Equatable {
+    public var executable: String
+    public var digest: [UInt8]
+    public var unit: String?
+    public var uid: UInt32?
+
+    public init(executable: String, digest: [UInt8], unit: String? = nil, uid: UInt32? = nil) {
+        self.executable = executable
+        self.digest = digest
+        self.unit = unit
+        self.uid = uid
+    }
+
+    /// Whether `program` is the program this rule names.
+    public func admits(_ program: ProgramIdentity) -> Bool {
+        program.executable == executable && Crypto.constantTimeEqual(program.digest, digest)
+            && (unit == nil || program.unit == unit) && (uid == nil || program.uid == uid)
+    }
+
+    /// Whether the rule names this executable (and this unit and uid, when given): what `revoke` removes.
+    func matches(executable: String?, unit: String?, uid: UInt32?) -> Bool {
+        (executable == nil || self.executable == executable) && (unit == nil || self.unit == unit)
+            && (uid == nil || self.uid == uid)
+    }
+
+    /// The digest in lowercase hexadecimal, as `sha256sum` prints it.
+    public var digestHex: String {
+        digest.map { byte in
+            let text = String(byte, radix: 16)
+            return byte < 16 ? "0" + text : text
+        }.joined()
+    }
+}
+
+/// The entitlement policies of a keychain: for each access group that has
+/// one, the programs allowed to use it (an empty list allows none). A group
+/// without a policy is open to every program of the user, as before.
+///
+/// Record (meta key `entitlements`), little-endian:
+/// `version u8 | groups u32 |` per group `name | rules u32 |` per rule
+/// `executable | digest[32] | unit? | uid?` `| mac[32]`, strings as
+/// `length u16 | UTF-8`, optional fields as a presence byte (0 or 1) then the value;
+/// the MAC (keyed BLAKE2b under the device metadata key) over all before it.
+struct EntitlementPolicy: Equatable, Sendable {
+    static let recordKey = "entitlements"
+    private static let version: UInt8 = 1
+    private static let macDomain = "kcfs-entitlements-v1"
+
+    var groups: [String: [EntitlementRule]] = [:]
+
+    init() {}
+
+    func encoded(secret: DeviceSecret) -> [UInt8] {
+        var writer = ByteWriter()
+        writer.append(Self.version)
+        writer.append(UInt32(groups.count))
+        for group in groups.keys.sorted() {
+            writer.appendPrefixed(group)
+            let rules = groups[group] ?? []
+            writer.append(UInt32(rules.count))
+            for rule in rules {
+                writer.appendPrefixed(rule.executable)
+                writer.append(rule.digest)
+                writer.append(rule.unit == nil ? UInt8(0) : 1)
+                if let unit = rule.unit { writer.appendPrefixed(unit) }
+                writer.append(rule.uid == nil ? UInt8(0) : 1)
+                if let uid = rule.uid { writer.append(uid) }
+            }
+        }
+        return writer.bytes + secret.mac(Self.macDomain, writer.bytes)
+    }
+
+    init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
+        guard record.count > Crypto.macSize else { throw .decode }
+        let body = Array(record.dropLast(Crypto.macSize))
+        guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, body), Array(record.suffix(Crypto.macSize))) else {
+            throw .decode
+        }
+        var reader = ByteReader(body)
+        guard try reader.readByte() == Self.version else { throw .decode }
+        var previous: String?
+        for _ in 0..<(try reader.readUInt32()) {
+            let group = try reader.readPrefixed()
+            // One canonical encoding: valid names, each once, in order.
+            guard (try? ItemLimits.validate(name: group)) != nil, previous.map({ $0 < group }) ?? true else { throw .decode }
+            previous = group
+            var rules: [EntitlementRule] = []
+            for _ in 0..<(try reader.readUInt32()) {
+                let executable = try reader.readPrefixed()
+                let digest = try reader.read(ExecutableDigest.size)
+                let unit = try Self.isPresent(try reader.readByte()) ? try reader.readPrefixed() : nil
+                let uid = try Self.isPresent(try reader.readByte()) ? try reader.readUInt32() : nil
+                guard executable.hasPrefix("/"), unit?.isEmpty != true else { throw .decode }
+                rules.append(EntitlementRule(executable: executable, digest: digest, unit: unit, uid: uid))
+            }
+            groups[group] = rules
+        }
+        guard reader.isAtEnd else { throw .decode }
+    }
+
+    private static func isPresent(_ flag: UInt8) throws(KeychainError) -> Bool {
+        guard flag <= 1 else { throw .decode }
+        return flag == 1
+    }
+}
+
+/// SHA-256 of an executable file, as `sha256sum` computes it.
+public enum ExecutableDigest {
+    public static let size = Int(crypto_hash_sha256_BYTES)
+
+    /// The digest of what `fd` reads from its start (pread: the offset is left alone).
+    public static func of(_ fd: Int32) -> [UInt8]? {
+        var state = crypto_hash_sha256_state()
+        crypto_hash_sha256_init(&state)
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        var offset: off_t = 0
+        while true {
+            let count = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
+            if count < 0 && errno == EINTR { continue }
+            guard count >= 0 else { return nil }
+            if count == 0 { break }
+            buffer.withUnsafeBytes { _ = crypto_hash_sha256_update(&state, $0.bindMemory(to: UInt8.self).baseAddress, UInt64(count)) }
+            offset += off_t(count)
+        }
+        var digest = [UInt8](repeating: 0, count: size)
+        crypto_hash_sha256_final(&state, &digest)
+        return digest
+    }
+}

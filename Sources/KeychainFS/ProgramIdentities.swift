@@ -1,0 +1,155 @@
+internal import CFuse
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Who makes a request, as the kernel tells it through `/proc`: the
+/// executable a thread runs (hashed, with the hash cached per file version),
+/// its systemd unit and its uid.
+///
+/// For a FUSE request the answer cannot go stale: once the daemon has read
+/// a request, the calling thread waits for the reply uninterruptibly (only
+/// a request not yet read can be abandoned, fs/fuse/dev.c
+/// `request_wait_answer`), so its id cannot be reused, and an `execve` by
+/// another thread of its process waits for it to exit (`de_thread`).
+enum ProgramIdentities {
+    /// The identity of `thread`, running as `uid`; nil when `/proc` does not
+    /// tell (the thread is gone or outside our pid namespace, or its
+    /// executable is unreadable or not the file its path names now).
+    static func of(thread: pid_t, uid: uid_t) -> ProgramIdentity? {
+        guard thread > 0 else { return nil }
+        let exe = "/proc/\(thread)/exe"
+        let fd = open(exe, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var opened = stat()
+        guard fstat(fd, &opened) == 0, let path = linkTarget(exe) else { return nil }
+        // The path must name the very file that was opened: a binary deleted
+        // or replaced since it started is not the one at its path.
+        var named = stat()
+        guard stat(path, &named) == 0, named.st_dev == opened.st_dev, named.st_ino == opened.st_ino,
+              let digest = digest(of: fd, info: opened) else { return nil }
+        return ProgramIdentity(pid: ProcessIdentity(thread: thread).process, executable: path, digest: digest,
+                               unit: unit(of: thread), uid: uid)
+    }
+
+    /// The identity of a socket peer; nil unless the process that connected
+    /// still runs once it was read (so its pid was not reused meanwhile).
+    static func ofPeer(_ socket: Int32) -> ProgramIdentity? {
+        guard let credentials = peerCredentials(socket) else { return nil }
+        var pidfd: Int32 = -1
+        var pidfdLength = socklen_t(MemoryLayout<Int32>.size)
+        guard getsockopt(socket, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0, pidfd >= 0 else { return nil }
+        defer { close(pidfd) }
+        guard let identity = of(thread: credentials.pid, uid: credentials.uid), CFuse_pidfd_alive(pidfd) != 0 else {
+            return nil
+        }
+        return identity
+    }
+
+    /// SO_PEERPIDFD (Linux 6.5, asm-generic/socket.h): a pidfd of the process that connected.
+    private static let soPeerPidfd: Int32 = 77
+
+    /// The credentials of a socket peer.
+    static func peerCredentials(_ socket: Int32) -> PeerCredentials? {
+        var credentials = PeerCredentials()
+        var length = socklen_t(MemoryLayout<PeerCredentials>.size)
+        guard getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else { return nil }
+        return credentials
+    }
+
+    /// The digest of an executable at `path` now, for a rule granted to it:
+    /// its resolved path and SHA-256. Nil when it is not a regular file we can read.
+    static func executable(at path: String) -> (path: String, digest: [UInt8])? {
+        guard let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        let fd = open(resolved, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG, let digest = digest(of: fd, info: info) else {
+            return nil
+        }
+        return (String(cString: resolved), digest)
+    }
+
+    // MARK: Digests
+
+    /// A version of a file: any write changes its size, mtime or ctime (and
+    /// ctime cannot be set back by its owner), a replacement its inode.
+    private struct FileVersion: Hashable {
+        let device: UInt64, inode: UInt64, size: Int64
+        let modified: Int64, modifiedNanoseconds: Int64, changed: Int64, changedNanoseconds: Int64
+
+        init(_ info: stat) {
+            device = UInt64(info.st_dev)
+            inode = UInt64(info.st_ino)
+            size = Int64(info.st_size)
+            modified = Int64(info.st_mtim.tv_sec)
+            modifiedNanoseconds = Int64(info.st_mtim.tv_nsec)
+            changed = Int64(info.st_ctim.tv_sec)
+            changedNanoseconds = Int64(info.st_ctim.tv_nsec)
+        }
+    }
+
+    private static let digests = Mutex<[FileVersion: [UInt8]]>([:])
+    /// Distinct executables are few; a full cache is simply emptied.
+    private static let digestCacheLimit = 256
+
+    private static func digest(of fd: Int32, info: stat) -> [UInt8]? {
+        let version = FileVersion(info)
+        if let known = digests.withLock({ $0[version] }) { return known }
+        guard let digest = ExecutableDigest.of(fd) else { return nil }
+        // A write while hashing would change the version: keep only a digest of a file that held still.
+        var after = stat()
+        guard fstat(fd, &after) == 0, FileVersion(after) == version else { return nil }
+        digests.withLock { cache in
+            if cache.count >= digestCacheLimit { cache.removeAll() }
+            cache[version] = digest
+        }
+        return digest
+    }
+
+    // MARK: /proc
+
+    private static func linkTarget(_ path: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let count = readlink(path, &buffer, buffer.count)
+        guard count > 0, count < buffer.count else { return nil }
+        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// The systemd unit of a thread: the innermost `.service` or `.scope`
+    /// of its cgroup path, e.g. `/user.slice/user-1000.slice/
+    /// user@1000.service/app.slice/backup.service` is `backup.service`.
+    /// The unified (v2) hierarchy first; on a hybrid host systemd keeps its
+    /// units in the `name=systemd` one.
+    static func unit(of thread: pid_t) -> String? {
+        let fd = open("/proc/\(thread)/cgroup", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        // cgroups(7): `hierarchy-ID:controller-list:cgroup-path`.
+        let entries = String(decoding: Descriptor.readAll(fd, limit: 64 << 10), as: UTF8.self).split(separator: "\n")
+            .map { $0.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false) }
+            .filter { $0.count == 3 }
+        for controllers in ["", "name=systemd"] {
+            for entry in entries where entry[1] == controllers {
+                if let unit = unit(ofCgroup: String(entry[2])) { return unit }
+            }
+        }
+        return nil
+    }
+
+    static func unit(ofCgroup path: String) -> String? {
+        path.split(separator: "/").last { $0.hasSuffix(".service") || $0.hasSuffix(".scope") }.map(String.init)
+    }
+}
+
+/// Linux's `struct ucred` (socket(7)), which glibc declares only with _GNU_SOURCE.
+struct PeerCredentials {
+    var pid: pid_t = 0
+    var uid: uid_t = 0
+    var gid: gid_t = 0
+}

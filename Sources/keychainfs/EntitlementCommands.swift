@@ -1,0 +1,162 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Sends a policy request to the keychain's running device, or, when none
+/// runs, carries it out on the keychain directly (as `passcode` does).
+private func policyReply(_ request: DeviceRequest, keychain: KeychainDirectory) throws -> [String] {
+    try keychain.requireExisting()
+    let reply: DeviceReply
+    if let answer = DeviceClient.send(request, to: try keychain.deviceSocketPath()) {
+        reply = answer
+    } else {
+        let device: Device
+        do {
+            device = try Device(directory: keychain)
+        } catch {
+            throw fail(DeviceProcess.describe(error, keychain: keychain))
+        }
+        reply = DeviceProcess.answerPolicyRequest(request, device: device)
+    }
+    switch reply {
+    case .ok(let fields):
+        return fields
+    case .keychainError(.authFailed, _):
+        throw fail("the passcode is wrong (or wrong passcodes have locked changes out for now); nothing was changed",
+                   status: ExitStatus.denied)
+    case .keychainError(.itemNotFound, _):
+        throw fail("no such rule: nothing was revoked", status: ExitStatus.absent)
+    case .keychainError(_, let message), .systemError(_, let message):
+        throw fail(message)
+    case .value:
+        throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+    }
+}
+
+/// The passcode that authorises a change of policy (an empty line for a keychain without one).
+private func policyPasscode() throws -> SecureBytes? {
+    guard let passcode = Passcode.read(prompt: "Passcode (empty if none): ") else {
+        throw fail("no passcode given (an empty line if the keychain has none); nothing was changed")
+    }
+    return passcode.count > 0 ? passcode : nil
+}
+
+/// Who a rule is for, as `grant` and `revoke` take it.
+struct ProgramOptions: ParsableArguments {
+    @Option(name: .customLong("exe"), help: "The program's executable (symlinks are resolved; its SHA-256 is pinned).")
+    var executable: String?
+
+    @Option(name: .long, help: "Only when the program runs in this systemd unit (e.g. backup.service).")
+    var unit: String?
+
+    @Option(name: .long, help: "Only when the program runs as this uid.")
+    var uid: UInt32?
+
+    var absoluteExecutable: String? { executable.map(absolutePath) }
+}
+
+struct GrantCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "grant",
+        abstract: "Allow a program to use an access group (entitlement); needs the passcode.",
+        discussion: """
+            Once a group has a rule, only the programs its rules name may list, read, write, rename \
+            or remove its items, through any mount or the device's socket; every other program gets \
+            EPERM. A program is its executable: the resolved path, pinned by the SHA-256 of the file \
+            now (a binary replaced at that path, e.g. by an upgrade, must be granted again), and \
+            optionally its systemd unit and uid. A script is run by its interpreter: grant the \
+            interpreter together with the unit the script runs in. The passcode is read from the \
+            terminal or one line of standard input (an empty line if the keychain has none).
+            """
+    )
+
+    @Argument(help: "The access group.")
+    var group: String
+
+    @OptionGroup var program: ProgramOptions
+    @OptionGroup var options: KeychainOptions
+
+    func validate() throws {
+        guard program.executable != nil else { throw ValidationError("--exe is required: the program to allow") }
+        guard (try? ItemLimits.validate(name: group)) != nil else { throw ValidationError("not a valid group name: \(group)") }
+    }
+
+    func run() throws {
+        let passcode = try policyPasscode()
+        let fields = try policyReply(.grant(group: group, executable: program.absoluteExecutable!, unit: program.unit,
+                                            uid: program.uid, passcode: passcode), keychain: options.directory)
+        guard fields.count == 2 else { throw fail("unexpected reply from the device") }
+        print("granted \(group) to \(fields[0]) (sha256 \(fields[1]))"
+              + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? ""))
+    }
+}
+
+struct RevokeCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "revoke",
+        abstract: "Remove a program's entitlement to an access group; needs the passcode.",
+        discussion: """
+            Removes the group's rules that name the executable (and the unit and uid, when given). \
+            A group whose last rule is removed admits no program at all; --all removes the group's \
+            policy instead, which opens the group to every program of the user again.
+            """
+    )
+
+    @Argument(help: "The access group.")
+    var group: String
+
+    @OptionGroup var program: ProgramOptions
+
+    @Flag(name: .long, help: "Remove the group's whole policy: every program may use it again.")
+    var all = false
+
+    @OptionGroup var options: KeychainOptions
+
+    func validate() throws {
+        let named = program.executable != nil || program.unit != nil || program.uid != nil
+        guard named != all else { throw ValidationError("name the rule (--exe, --unit, --uid) or give --all, not both") }
+    }
+
+    func run() throws {
+        let passcode = try policyPasscode()
+        let fields = try policyReply(.revoke(group: group, executable: program.absoluteExecutable, unit: program.unit,
+                                             uid: program.uid, all: all, passcode: passcode), keychain: options.directory)
+        let count = fields.first ?? "0"
+        print(all ? "removed the policy of \(group) (\(count) rules): every program may use it"
+                  : "revoked \(count) rule\(count == "1" ? "" : "s") of \(group)")
+    }
+}
+
+struct PolicyCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "policy",
+        abstract: "Show the programs allowed to use each access group that has a policy.",
+        discussion: """
+            One line per rule: GROUP, the executable, sha256=DIGEST, and unit= and uid= when the \
+            rule has them. A group whose policy admits no program is shown as GROUP (no program). \
+            Groups without a policy are open to every program of the user and are not shown.
+            """
+    )
+
+    @Argument(help: "Only this access group.")
+    var group: String?
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let fields = try policyReply(.policy(group: group), keychain: options.directory)
+        guard fields.count % 5 == 0 else { throw fail("unexpected reply from the device") }
+        for start in stride(from: 0, to: fields.count, by: 5) {
+            let rule = fields[start..<start + 5].map { LineEscaping.escaped($0) }
+            if rule[1].isEmpty {
+                print("\(rule[0]) (no program)")
+                continue
+            }
+            print([rule[0], rule[1], "sha256=" + rule[2]].joined(separator: " ")
+                  + (rule[3].isEmpty ? "" : " unit=" + rule[3]) + (rule[4].isEmpty ? "" : " uid=" + rule[4]))
+        }
+    }
+}
