@@ -57,6 +57,8 @@ public final class Device: Sendable {
     /// The wrapped class keys; a passcode change replaces it.
     private let currentKeybag: Mutex<Keybag>
     private var keybag: Keybag { currentKeybag.withLock { $0 } }
+    /// Every item access, denial, lock, unlock, grant and revoke.
+    public let audit: AuditLog
     /// The groups' entitlement policies, as last stored.
     private let entitlements: Mutex<EntitlementPolicy>
 
@@ -155,6 +157,16 @@ public final class Device: Sendable {
                 Diagnostics.log("the entitlement record failed authentication")
                 throw error
             }
+            let anchor: AuditLog.Anchor?
+            do throws(KeychainError) {
+                anchor = try store.metadata(AuditLog.anchorKey).map { (raw) throws(KeychainError) in
+                    try AuditLog.Anchor(decoding: raw, secret: secret)
+                }
+            } catch {
+                Diagnostics.log("the audit log's anchor record failed authentication")
+                throw error
+            }
+            audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: anchor)
             var keys: [ProtectionClass: GuardedKey] = [:]
             for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
                 keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: nil)
@@ -202,7 +214,13 @@ public final class Device: Sendable {
     /// Unlocks with `passcode` (nil for a keychain without one).
     /// Throws ``KeychainError/authFailed`` for a wrong passcode and, without
     /// trying the passcode, while a lockout from earlier failures lasts.
-    public func unlock(passcode: SecureBytes?) throws(KeychainError) {
+    /// `subject` is who asked, for the audit log.
+    public func unlock(passcode: SecureBytes?, by subject: AuditSubject? = nil) throws(KeychainError) {
+        try audited("unlock", by: subject) { () throws(KeychainError) in try unlockKeys(passcode: passcode) }
+        notify(.unlocked)
+    }
+
+    private func unlockKeys(passcode: SecureBytes?) throws(KeychainError) {
         try unlockAttempt.withLock { _ throws(KeychainError) in
             let now = clock()
             if try lockoutRecord().deadline > now { throw .authFailed }
@@ -222,7 +240,20 @@ public final class Device: Sendable {
                 state.hasUnlockedSinceBoot = true
             }
         }
-        notify(.unlocked)
+    }
+
+    /// Runs `body` and records its outcome in the audit log.
+    private func audited<R>(_ operation: String, group: String? = nil, detail: String? = nil, by subject: AuditSubject?,
+                            _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+        do throws(KeychainError) {
+            let result = try body()
+            audit.record(AuditEvent(operation: operation, result: "ok", group: group, subject: subject, detail: detail))
+            return result
+        } catch {
+            audit.record(AuditEvent(operation: operation, result: AuditEvent.result(of: error), group: group,
+                                    subject: subject, detail: detail))
+            throw error
+        }
     }
 
     /// Changes the passcode: `old` is the current one (nil for a keychain
@@ -287,7 +318,9 @@ public final class Device: Sendable {
 
     /// Locks: drops the `whenUnlocked` class keys (the `afterFirstUnlock`
     /// keys stay until the process ends, as on iOS).
-    public func lock() {
+    public func lock(by subject: AuditSubject? = nil) {
+        audit.record(AuditEvent(operation: "lock", result: "ok", subject: subject))
+        saveAuditAnchor()
         state.withLock { state in
             for protectionClass in ProtectionClass.allCases where protectionClass.mode == .whenUnlocked {
                 state.keys[protectionClass] = nil
@@ -353,16 +386,21 @@ public final class Device: Sendable {
     /// keychain's access control needs the keychain password: a program
     /// running as the user cannot grant itself. Granting a rule the group
     /// already has changes nothing.
-    public func grant(_ rule: EntitlementRule, toGroup group: String, passcode: SecureBytes?) throws(KeychainError) {
+    public func grant(_ rule: EntitlementRule, toGroup group: String, passcode: SecureBytes?,
+                      by subject: AuditSubject? = nil) throws(KeychainError) {
         try ItemLimits.validate(name: group)
         guard rule.digest.count == ExecutableDigest.size, rule.executable.hasPrefix("/") else { throw .param }
-        _ = try changeEntitlements(group, passcode: passcode) { policy in
+        let detail = rule.executable + " sha256=" + rule.digestHex + (rule.unit.map { " unit=" + $0 } ?? "")
+            + (rule.uid.map { " uid=\($0)" } ?? "")
+        _ = try audited("grant", group: group, detail: detail, by: subject) { () throws(KeychainError) in
+            try changeEntitlements(group, passcode: passcode) { policy in
             var rules = policy.groups[group] ?? []
             // A new grant of the same program (a rebuilt binary) replaces its digest.
             rules.removeAll { $0.executable == rule.executable && $0.unit == rule.unit && $0.uid == rule.uid }
             rules.append(rule)
             policy.groups[group] = rules
             return 1
+            }
         }
     }
 
@@ -373,8 +411,11 @@ public final class Device: Sendable {
     /// how many rules were removed.
     @discardableResult
     public func revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool,
-                       passcode: SecureBytes?) throws(KeychainError) -> Int {
-        try changeEntitlements(group, passcode: passcode) { policy throws(KeychainError) -> Int in
+                       passcode: SecureBytes?, by subject: AuditSubject? = nil) throws(KeychainError) -> Int {
+        let detail = all ? "all" : [executable, unit.map { "unit=" + $0 }, uid.map { "uid=\($0)" }].compactMap { $0 }
+            .joined(separator: " ")
+        return try audited("revoke", group: group, detail: detail, by: subject) { () throws(KeychainError) -> Int in
+            try changeEntitlements(group, passcode: passcode) { policy throws(KeychainError) -> Int in
             guard let rules = policy.groups[group] else { throw .itemNotFound }
             if all {
                 policy.groups[group] = nil
@@ -384,6 +425,7 @@ public final class Device: Sendable {
             guard kept.count < rules.count else { throw .itemNotFound }
             policy.groups[group] = kept
             return rules.count - kept.count
+            }
         }
     }
 
@@ -393,6 +435,7 @@ public final class Device: Sendable {
             var policy = entitlements.withLock { $0 }
             let count = try change(&policy)
             try store.setMetadata(EntitlementPolicy.recordKey, policy.encoded(secret: secret))
+            saveAuditAnchor()
             entitlements.withLock { $0 = policy }
             return count
         }
@@ -446,6 +489,16 @@ public final class Device: Sendable {
         try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
     }
 
+    /// Keeps the audit log's newest line in the keychain, so that a log cut
+    /// short of it is detected (``AuditLog/verify(directory:)``).
+    private func saveAuditAnchor() {
+        do throws(KeychainError) {
+            try store.setMetadata(AuditLog.anchorKey, audit.head.encoded(secret: secret))
+        } catch {
+            Diagnostics.log("could not record the audit log's newest line in the keychain: \(error)")
+        }
+    }
+
     /// Makes every acknowledged write durable against power loss.
     public func sync() throws(KeychainError) {
         try store.sync()
@@ -456,6 +509,7 @@ public final class Device: Sendable {
     /// one file that can be copied alone. The device stays usable (later
     /// writes use a rollback journal).
     public func shutDown() {
+        saveAuditAnchor()
         do throws(KeychainError) {
             try store.closeLog()
         } catch {

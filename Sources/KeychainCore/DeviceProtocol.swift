@@ -224,6 +224,22 @@ public enum DeviceRequest {
         guard reader.isAtEnd else { throw .param }
     }
 
+    /// The audit log's name of an item request (nil: not an item access).
+    public var auditOperation: String? {
+        switch self {
+        case .get: return "get"
+        case .set: return "set"
+        case .remove: return "remove"
+        case .info: return "info"
+        case .setClass: return "set-class"
+        case .rename: return "rename"
+        case .list(let group): return group == nil ? nil : "list"
+        case .createGroup: return "create-group"
+        case .removeGroup: return "remove-group"
+        default: return nil
+        }
+    }
+
     /// The access group an item request is about (nil: none, or all of them).
     public var group: String? {
         switch self {

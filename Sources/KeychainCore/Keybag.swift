@@ -10,6 +10,11 @@ struct DeviceSecret: Sendable {
     let metadataKey: GuardedKey
     /// Keys the per-row digests of the item-set state.
     let rowDigestKey: GuardedKey
+    /// Chains the lines of the audit log. In the locked arena but always
+    /// readable: it is used for every audited request, and a GuardedKey's two
+    /// mprotect calls per use flush every CPU's TLB. It authenticates a
+    /// record of names, not secrets; the passcode-wrapped keys stay guarded.
+    let auditKey: SecureBytes
 
     init(secret: SecureBytes) {
         precondition(secret.count == Crypto.keySize)
@@ -17,6 +22,7 @@ struct DeviceSecret: Sendable {
         wrapKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 1, context: "kcfsdev1") })
         metadataKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 2, context: "kcfsdev1") })
         rowDigestKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 3, context: "kcfsdev1") })
+        auditKey = master.withKey { Crypto.subkey(of: $0, id: 4, context: "kcfsdev1") }
     }
 
     func mac(_ domain: String, _ record: [UInt8]) -> [UInt8] {

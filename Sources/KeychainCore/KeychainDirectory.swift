@@ -44,7 +44,8 @@ public struct KeychainDirectory: Sendable, Equatable {
         if info.st_mode & 0o077 != 0 {
             return "the keychain directory \(path) is accessible to others (mode \(String(info.st_mode & 0o777, radix: 8))); run `chmod 700 \(path)`"
         }
-        for file in [databasePath, databasePath + "-wal", databasePath + "-shm", deviceSecretPath, lockFilePath] {
+        for file in [databasePath, databasePath + "-wal", databasePath + "-shm", deviceSecretPath, lockFilePath,
+                     path + "/" + AuditLog.fileName, path + "/" + AuditLog.rotatedName] {
             guard lstat(file, &info) == 0 else { continue }
             if info.st_mode & S_IFMT != S_IFREG { return "\(file) is not a regular file" }
             if info.st_uid != me { return "\(file) belongs to uid \(info.st_uid), not to you (uid \(me))" }

@@ -96,13 +96,16 @@ extension FileSystem {
 
     /// Runs the commands of one write to `.control`, then wipes the request
     /// bytes (they may hold a passcode). A wrong passcode or a lockout: EACCES.
-    func control(_ request: UnsafeMutableRawBufferPointer) throws(FSError) {
+    func control(_ request: UnsafeMutableRawBufferPointer, caller: ProcessIdentity) throws(FSError) {
         defer { wipeMemory(request) }
         for command in try ControlCommand.parse(UnsafeRawBufferPointer(request)) {
             switch command {
-            case .lock: manager.localDevice.lock()
+            case .lock: manager.localDevice.lock(by: ProgramIdentities.subject(thread: caller.thread, uid: caller.uid))
             case .unlock(let passcode):
-                try core { () throws(KeychainError) in try manager.localDevice.unlock(passcode: passcode) }
+                try core { () throws(KeychainError) in
+                    try manager.localDevice.unlock(passcode: passcode,
+                                                   by: ProgramIdentities.subject(thread: caller.thread, uid: caller.uid))
+                }
             case .purge: manager.purge()
             case .background: manager.background()
             case .accessMode(let mode): manager.accessMode = mode

@@ -271,7 +271,8 @@ public final class DeviceProcess: Sendable {
                 return .keychainError(error, error.description)
             }
         case .grant, .revoke, .policy:
-            return Self.answerPolicyRequest(request, device: manager.localDevice)
+            return Self.answerPolicyRequest(request, device: manager.localDevice,
+                                            subject: ProgramIdentities.subject(ofPeer: client))
         case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
             // Identified once, and only for a group with a policy.
@@ -283,8 +284,11 @@ public final class DeviceProcess: Sendable {
                 return identity
             }
             do throws(KeychainError) {
-                return try answerItemRequest(request, program: program)
+                let reply = try answerItemRequest(request, program: program, subject: { ProgramIdentities.subject(ofPeer: client) })
+                audit(request, result: "ok", client: client)
+                return reply
             } catch {
+                audit(request, result: AuditEvent.result(of: error), client: client)
                 return .keychainError(error, error.description)
             }
         case .restore(let path, let password, let policy):
@@ -306,7 +310,28 @@ extension DeviceProcess {
     /// device (and of `keychainfs get/set/rm/ls`): the manager's own
     /// operations, with the filesystem's namespace rules (a removed or
     /// replaced item's inode is detached, writes are serialised with commits).
-    fileprivate func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?) throws(KeychainError) -> DeviceReply {
+    /// Records an item request of a socket peer (lock, unlock and status are the device's own).
+    fileprivate func audit(_ request: DeviceRequest, result: String, client: Int32) {
+        guard let operation = request.auditOperation else { return }
+        var group = request.group, identifier: String?, detail: String?
+        switch request {
+        case .createGroup(let name):
+            group = name
+        case .get(_, let id), .set(_, let id, _, _, _), .remove(_, let id), .info(_, let id), .setClass(_, let id, _):
+            identifier = id
+        case .rename(_, let from, let to, _):
+            identifier = from
+            detail = to
+        default:
+            break
+        }
+        manager.localDevice.audit.record(AuditEvent(operation: operation, result: result, group: group,
+                                                    identifier: identifier, subject: ProgramIdentities.subject(ofPeer: client),
+                                                    detail: detail))
+    }
+
+    fileprivate func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?,
+                                       subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
         // As through a mount: a group's policy decides per program (the peer).
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
         switch request {
@@ -340,9 +365,9 @@ extension DeviceProcess {
             try manager.removeGroup(group)
             nodes.forgetNames([.group(group)], except: nil)
         case .lock:
-            try manager.lock()
+            manager.localDevice.lock(by: subject())
         case .unlock(let passcode):
-            try manager.unlock(passcode: passcode)
+            try manager.localDevice.unlock(passcode: passcode, by: subject())
         case .status:
             return .ok(try manager.status.fields)
         case .sync:
@@ -357,7 +382,7 @@ extension DeviceProcess {
 extension DeviceProcess {
     /// `grant`, `revoke` and `policy`, for the device's socket and for a
     /// keychain that no device holds (the command line then boots one).
-    public static func answerPolicyRequest(_ request: DeviceRequest, device: Device) -> DeviceReply {
+    public static func answerPolicyRequest(_ request: DeviceRequest, device: Device, subject: AuditSubject?) -> DeviceReply {
         do throws(KeychainError) {
             switch request {
             case .grant(let group, let executable, let unit, let uid, let passcode):
@@ -365,12 +390,13 @@ extension DeviceProcess {
                     return .systemError(ENOENT, "cannot read the executable \(executable) (it must be a regular file the device can read)")
                 }
                 let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid)
-                try device.grant(rule, toGroup: group, passcode: passcode)
+                try device.grant(rule, toGroup: group, passcode: passcode, by: subject)
                 return .ok([rule.executable, rule.digestHex])
             case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
                 // A binary removed since it was granted is named as it was.
                 let resolved = executable.map { path in realpath(path, nil).map { String(cString: $0, freeing: true) } ?? path }
-                let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all, passcode: passcode)
+                let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all,
+                                              passcode: passcode, by: subject)
                 return .ok([String(count)])
             case .policy(let group):
                 let policies = device.entitlementPolicies

@@ -29,6 +29,16 @@ extension KeychainError {
 struct FSError: Error {
     let errno: Int32
     init(_ errno: Int32) { self.errno = errno }
+
+    /// The audit log's word for it (``AuditEvent/result(of:)``).
+    var auditResult: String {
+        switch errno {
+        case EPERM: return "denied"
+        case EACCES: return "locked"
+        case ENOENT: return "absent"
+        default: return "error"
+        }
+    }
     init(_ error: KeychainError) { self.errno = error.errno }
 }
 

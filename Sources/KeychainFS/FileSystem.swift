@@ -272,30 +272,60 @@ public final class FileSystem: Sendable {
     /// EPERM unless the calling program may use `group` (it has no policy,
     /// or a rule of it admits the program). The program is identified only
     /// for a group with a policy.
-    func requireEntitlement(_ group: String, caller: ProcessIdentity) throws(FSError) {
-        try core { () throws(KeychainError) in
+    /// A denial is recorded in the audit log as `operation` on `identifier`.
+    func requireEntitlement(_ group: String, caller: ProcessIdentity, operation: String,
+                            identifier: String? = nil) throws(FSError) {
+        do throws(KeychainError) {
             try manager.localDevice.checkEntitlement(group) { ProgramIdentities.of(thread: caller.thread, uid: caller.uid) }
+        } catch {
+            audit(operation, group: group, identifier: identifier, caller: caller, result: AuditEvent.result(of: error))
+            throw FSError(error)
         }
     }
 
     /// For requests about one node (lookup, stat, open, access): only an
     /// item is guarded; a group's directory and `.control` are not.
-    func requireEntitlement(toItem node: Node, caller: ProcessIdentity) throws(FSError) {
-        if case .item(let group, _) = node { try requireEntitlement(group, caller: caller) }
+    func requireEntitlement(toItem node: Node, caller: ProcessIdentity, operation: String) throws(FSError) {
+        if case .item(let group, let identifier) = node {
+            try requireEntitlement(group, caller: caller, operation: operation, identifier: identifier)
+        }
     }
 
     /// For requests about a directory's items (listing them).
-    func requireEntitlement(inDirectory node: Node, caller: ProcessIdentity) throws(FSError) {
-        if let group = itemGroup(of: node) { try requireEntitlement(group, caller: caller) }
+    func requireEntitlement(inDirectory node: Node, caller: ProcessIdentity, operation: String) throws(FSError) {
+        if let group = itemGroup(of: node) { try requireEntitlement(group, caller: caller, operation: operation) }
     }
 
     /// The node of an inode whose extended attributes the caller asks for:
     /// an item's, or its group's directory's, are guarded.
-    func entitledNode(_ inode: UInt64, caller: ProcessIdentity) throws(FSError) -> Node {
+    func entitledNode(_ inode: UInt64, caller: ProcessIdentity, operation: String) throws(FSError) -> Node {
         let node = try node(inode)
-        try requireEntitlement(toItem: node, caller: caller)
-        if case .group(let group) = node { try requireEntitlement(group, caller: caller) }
+        try requireEntitlement(toItem: node, caller: caller, operation: operation)
+        if case .group(let group) = node { try requireEntitlement(group, caller: caller, operation: operation) }
         return node
+    }
+
+    // MARK: Audit
+
+    /// Records an access to an item (or its denial) with who asked.
+    func audit(_ operation: String, group: String, identifier: String?, detail: String? = nil, caller: ProcessIdentity,
+               result: String) {
+        manager.localDevice.audit.record(AuditEvent(
+            operation: operation, result: result, group: group, identifier: identifier,
+            subject: ProgramIdentities.subject(thread: caller.thread, uid: caller.uid), detail: detail))
+    }
+
+    /// Runs an item operation and records its outcome.
+    func audited<R>(_ operation: String, group: String, identifier: String, detail: String? = nil,
+                    caller: ProcessIdentity, _ body: () throws(FSError) -> R) throws(FSError) -> R {
+        do throws(FSError) {
+            let result = try body()
+            audit(operation, group: group, identifier: identifier, detail: detail, caller: caller, result: "ok")
+            return result
+        } catch {
+            audit(operation, group: group, identifier: identifier, detail: detail, caller: caller, result: error.auditResult)
+            throw error
+        }
     }
 
     /// Whether `node` is an item of a group with an entitlement policy: the

@@ -18,7 +18,7 @@ enum FuseOperations {
         ops.lookup = { req, parent, name in
             serve(req) { fs throws(FSError) in
                 let node = try fs.child(of: try fs.node(parent), named: try cString(name))
-                try fs.requireEntitlement(toItem: node, caller: caller(req))
+                try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "lookup")
                 var entry = try fs.entry(for: node)
                 fuse_reply_entry(req, &entry)
             }
@@ -44,7 +44,9 @@ enum FuseOperations {
         }
         ops.getattr = { req, inode, fi in
             serve(req) { fs throws(FSError) in
-                if let node = fs.nodes.node(for: inode) { try fs.requireEntitlement(toItem: node, caller: caller(req)) }
+                if let node = fs.nodes.node(for: inode) {
+                    try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "stat")
+                }
                 var info = try fs.attributes(ofInode: inode, file: fi.flatMap { NodeTable.file($0.pointee.fh) },
                                              caller: caller(req))
                 fuse_reply_attr(req, &info, fs.attributeTimeout(ofInode: inode))
@@ -56,7 +58,7 @@ enum FuseOperations {
                 let file = fi.flatMap { NodeTable.file($0.pointee.fh) }
                 // A descriptor of a removed item may still be resized (its writes go nowhere).
                 let node = file == nil ? try fs.node(inode) : fs.nodes.node(for: inode)
-                if let node { try fs.requireEntitlement(toItem: node, caller: caller(req)) }
+                if let node { try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "setattr") }
                 let current = try fs.attributes(ofInode: inode, file: file, caller: caller(req))
                 try fs.checkOwnershipUnchanged(attr.pointee, toSet: toSet, current: current)
                 if toSet & FUSE_SET_ATTR_SIZE != 0 && node != .control {  // `.control` has no content to cut
@@ -80,7 +82,7 @@ enum FuseOperations {
                 // Answered by the real modes (items 0600, directories 0700,
                 // all the owner's): nothing here is executable.
                 let node = try fs.node(inode)
-                try fs.requireEntitlement(toItem: node, caller: caller(req))
+                try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "access")
                 if mask & X_OK != 0, node == .control || { if case .item = node { return true } else { return false } }() {
                     throw FSError(EACCES)
                 }
@@ -182,7 +184,7 @@ enum FuseOperations {
             serve(req) { fs throws(FSError) in
                 guard let fi else { throw FSError(EBADF) }
                 if inode == NodeTable.controlInode {
-                    try fs.control(request)
+                    try fs.control(request, caller: caller(req))
                 } else {
                     guard let file = NodeTable.file(fi.pointee.fh) else { throw FSError(EBADF) }
                     try fs.write(file, bytes: UnsafeRawBufferPointer(request), offset: Int(offset))
@@ -231,7 +233,7 @@ enum FuseOperations {
                 // entries when items change meanwhile.
                 let changeCount = fs.nodes.changeCount  // before the listing's query
                 let node = try fs.node(inode)
-                try fs.requireEntitlement(inDirectory: node, caller: caller(req))
+                try fs.requireEntitlement(inDirectory: node, caller: caller(req), operation: "list")
                 let listing = DirectoryListing(try fs.listing(of: node), changeCount: changeCount)
                 fi.pointee.fh = FileHandle.make(listing)
                 fuse_reply_open(req, fi)
@@ -281,26 +283,34 @@ enum FuseOperations {
             serve(req) { fs throws(FSError) in
                 let bytes = UnsafeRawBufferPointer(start: value, count: size)
                 guard let text = String(validating: bytes, as: UTF8.self) else { throw FSError(EINVAL) }
-                try fs.setExtendedAttribute(try cString(name), value: text, flags: flags,
-                                            of: try fs.entitledNode(inode, caller: caller(req)))
+                let node = try fs.entitledNode(inode, caller: caller(req), operation: "xattr")
+                let name = try cString(name)
+                guard case .item(let group, let identifier) = node else {
+                    return try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
+                }
+                // Setting an attribute gives the item another class: a change worth recording.
+                try fs.audited("set-class", group: group, identifier: identifier, detail: name + "=" + text,
+                               caller: caller(req)) { () throws(FSError) in
+                    try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
+                }
                 fuse_reply_err(req, 0)
             }
         }
         ops.getxattr = { req, inode, name, size in
             serve(req) { fs throws(FSError) in
-                let value = Array(try fs.extendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req))).utf8)
+                let value = Array(try fs.extendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")).utf8)
                 try replyXattr(req, value, size: size)
             }
         }
         ops.listxattr = { req, inode, size in
             serve(req) { fs throws(FSError) in
-                let names = fs.extendedAttributeNames(of: try fs.entitledNode(inode, caller: caller(req))).flatMap { Array($0.utf8) + [UInt8(0)] }
+                let names = fs.extendedAttributeNames(of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")).flatMap { Array($0.utf8) + [UInt8(0)] }
                 try replyXattr(req, names, size: size)
             }
         }
         ops.removexattr = { req, inode, name in
             serve(req) { fs throws(FSError) in
-                try fs.removeExtendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req)))
+                try fs.removeExtendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr"))
             }
         }
         ops.fallocate = { req, _, _, _, _, _ in fuse_reply_err(req, EOPNOTSUPP) }

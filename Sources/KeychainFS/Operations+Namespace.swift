@@ -20,8 +20,10 @@ extension FileSystem {
         guard let group = itemGroup(of: parent) else {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
-        try requireEntitlement(group, caller: caller)
-        try core { () throws(KeychainError) in try nodes.removeItem(group: group, identifier: name, manager: manager) }
+        try requireEntitlement(group, caller: caller, operation: "remove", identifier: name)
+        try audited("remove", group: group, identifier: name, caller: caller) { () throws(FSError) in
+            try core { () throws(KeychainError) in try nodes.removeItem(group: group, identifier: name, manager: manager) }
+        }
         nodes.forgetNames([.item(group: group, identifier: name)], except: kernelCache)
     }
 
@@ -40,7 +42,7 @@ extension FileSystem {
         }
         if name == ".control" { throw FSError(ENOTDIR) }
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw FSError(EBUSY) }
-        try requireEntitlement(name, caller: caller)
+        try requireEntitlement(name, caller: caller, operation: "remove-group")
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
         nodes.forgetNames([.group(name)], except: kernelCache)
     }
@@ -61,9 +63,12 @@ extension FileSystem {
             throw FSError(EXDEV)
         }
         guard itemGroup(of: newParent) == group else { throw FSError(EXDEV) }
-        try requireEntitlement(group, caller: caller)
-        try core { () throws(KeychainError) in
-            try nodes.renameItem(group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0, manager: manager)
+        try requireEntitlement(group, caller: caller, operation: "rename", identifier: name)
+        try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(FSError) in
+            try core { () throws(KeychainError) in
+                try nodes.renameItem(group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0,
+                                     manager: manager)
+            }
         }
         nodes.forgetNames([.item(group: group, identifier: name), .item(group: group, identifier: newName)], except: kernelCache)
     }

@@ -7,8 +7,17 @@ extension FileSystem {
     /// Opens an item. Needs the key of the item's class; a writer also needs
     /// the key of the class its commit will give (SPEC: writing needs both).
     /// Without them: EACCES, and nothing changes.
+    /// Checked against the group's entitlements and recorded in the audit
+    /// log as a `read` or a `write`.
     func openItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
-        try requireEntitlement(group, caller: opener)
+        let operation = flags & O_ACCMODE == O_RDONLY ? "read" : "write"
+        try requireEntitlement(group, caller: opener, operation: operation, identifier: identifier)
+        return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(FSError) in
+            try opening(group: group, identifier: identifier, flags: flags, opener: opener)
+        }
+    }
+
+    private func opening(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
         let inode = nodes.inode(for: .item(group: group, identifier: identifier))
         let truncates = flags & O_TRUNC != 0
         if flags & O_ACCMODE == O_RDONLY || !truncates {
@@ -44,7 +53,7 @@ extension FileSystem {
     /// the class of the current access mode. EEXIST if it appeared meanwhile
     /// and `O_EXCL` was asked; otherwise that item is opened instead.
     func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
-        try requireEntitlement(group, caller: opener)
+        try requireEntitlement(group, caller: opener, operation: "create", identifier: identifier)
         let target = manager.classForNewWrites
         let inode: UInt64
         do throws(KeychainError) {
@@ -57,8 +66,10 @@ extension FileSystem {
             if flags & O_EXCL != 0 { throw FSError(EEXIST) }
             return try openItem(group: group, identifier: identifier, flags: flags, opener: opener)
         } catch {
+            audit("create", group: group, identifier: identifier, caller: opener, result: AuditEvent.result(of: error))
             throw FSError(error)
         }
+        audit("create", group: group, identifier: identifier, caller: opener, result: "ok")
         return try writer(inode: inode, buffer: SecureBuffer(), current: target, flags: flags, opener: opener)
     }
 

@@ -35,6 +35,47 @@ enum ProgramIdentities {
                                unit: unit(of: thread), uid: uid)
     }
 
+    /// Who `thread` is, for the audit log: its process, uid, executable
+    /// path and unit (no hash: that is for decisions, not for the record).
+    /// The executable is read every time (an `execve` changes it); the
+    /// process and unit of a thread are kept for a second (a thread never
+    /// changes process, and moving a process to another unit is rare),
+    /// since reading them from /proc costs more than the rest of a read.
+    static func subject(thread: pid_t, uid: uid_t) -> AuditSubject {
+        guard thread > 0 else { return AuditSubject(pid: thread, uid: uid, executable: nil, unit: nil) }
+        let now = monotonicSeconds()
+        let known = threads.withLock { cache -> ThreadFacts? in
+            guard let facts = cache[thread], now - facts.readAt < 1 else { return nil }
+            return facts
+        }
+        let facts = known ?? ThreadFacts(process: ProcessIdentity(thread: thread).process, unit: unit(of: thread), readAt: now)
+        if known == nil {
+            threads.withLock { cache in
+                if cache.count >= 4096 { cache.removeAll() }
+                cache[thread] = facts
+            }
+        }
+        return AuditSubject(pid: facts.process, uid: uid, executable: linkTarget("/proc/\(thread)/exe"), unit: facts.unit)
+    }
+
+    private struct ThreadFacts {
+        let process: pid_t
+        let unit: String?
+        let readAt: Double
+    }
+    private static let threads = Mutex<[pid_t: ThreadFacts]>([:])
+
+    private static func monotonicSeconds() -> Double {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+    }
+
+    /// Who the peer of a socket is, for the audit log.
+    static func subject(ofPeer socket: Int32) -> AuditSubject? {
+        peerCredentials(socket).map { subject(thread: $0.pid, uid: $0.uid) }
+    }
+
     /// The identity of a socket peer; nil unless the process that connected
     /// still runs once it was read (so its pid was not reused meanwhile).
     static func ofPeer(_ socket: Int32) -> ProgramIdentity? {

@@ -19,7 +19,7 @@ private func policyReply(_ request: DeviceRequest, keychain: KeychainDirectory) 
         } catch {
             throw fail(DeviceProcess.describe(error, keychain: keychain))
         }
-        reply = DeviceProcess.answerPolicyRequest(request, device: device)
+        reply = DeviceProcess.answerPolicyRequest(request, device: device, subject: nil)
     }
     switch reply {
     case .ok(let fields):

@@ -22,7 +22,8 @@ struct KeychainFSCommand: ParsableCommand {
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self,
-                      DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self]
+                      DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
+                      LogCommand.self]
     )
 
     /// Run as `git-credential-keychainfs` or `docker-credential-keychainfs`

@@ -1,0 +1,387 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Who did something, as the audit log records it (never a value).
+public struct AuditSubject: Sendable, Equatable {
+    public var pid: Int32
+    public var uid: UInt32
+    public var executable: String?
+    public var unit: String?
+
+    public init(pid: Int32, uid: UInt32, executable: String?, unit: String?) {
+        self.pid = pid
+        self.uid = uid
+        self.executable = executable
+        self.unit = unit
+    }
+}
+
+/// One event of the audit log: an item access or its denial, or a change
+/// of the device (lock, unlock, failed unlock, grant, revoke). Names only:
+/// never a value or a passcode.
+public struct AuditEvent: Sendable, Equatable {
+    /// What was asked: `read`, `write`, `create`, `remove`, `rename`,
+    /// `set-class`, `list`, `lookup`, `stat`, `xattr`, `lock`, `unlock`,
+    /// `grant`, `revoke`.
+    public var operation: String
+    /// `ok`, `denied` (no entitlement), `locked`, `absent`, `refused`
+    /// (wrong passcode or lockout) or `error`.
+    public var result: String
+    public var group: String?
+    public var identifier: String?
+    public var subject: AuditSubject?
+    /// More about it: a rename's target, a rule's executable.
+    public var detail: String?
+
+    public init(operation: String, result: String, group: String? = nil, identifier: String? = nil,
+                subject: AuditSubject? = nil, detail: String? = nil) {
+        self.operation = operation
+        self.result = result
+        self.group = group
+        self.identifier = identifier
+        self.subject = subject
+        self.detail = detail
+    }
+
+    /// The result word for a core error.
+    public static func result(of error: KeychainError?) -> String {
+        switch error {
+        case nil: return "ok"
+        case .missingEntitlement?: return "denied"
+        case .interactionNotAllowed?: return "locked"
+        case .itemNotFound?: return "absent"
+        case .authFailed?: return "refused"
+        default: return "error"
+        }
+    }
+}
+
+/// The audit log of a keychain: `audit.log` in its directory, one line per
+/// event, appended and never rewritten. Each line ends with a MAC under a
+/// device key over the previous line's MAC and this line, so editing,
+/// reordering or removing a line breaks the chain; the newest MAC the device
+/// wrote is also kept in the keychain (the `audit` record) when the device
+/// stops cleanly and at every grant or revocation, so cutting the end off is
+/// caught too. Past ``rotationSize`` bytes the file moves to `audit.log.1`
+/// (replacing the older one) and the new file's first line carries the MAC
+/// it continues from.
+///
+/// Line: tab-separated `key=value` fields, values escaped as status lines
+/// (``LineEscaping``): `seq`, `time` (UTC, ms), [`prev`], `op`, `result`,
+/// [`group`, `id`, `pid`, `uid`, `exe`, `unit`, `detail`], `mac` (hex).
+public final class AuditLog: Sendable {
+    public static let fileName = "audit.log"
+    public static let rotatedName = "audit.log.1"
+    static let anchorKey = "audit"
+    private static let macDomain = "kcfs-audit-v1"
+    private static let anchorDomain = "kcfs-audit-anchor-v1"
+    /// A file past this size is rotated (by default).
+    public static let rotationSize = 4 << 20
+    private let rotationSize: Int
+
+    private struct State {
+        var fd: Int32
+        var size: Int
+        var sequence: UInt64
+        var mac: [UInt8]
+    }
+    private let state: Mutex<State>
+    private let key: SecureBytes
+    private let directory: KeychainDirectory
+
+    /// Opens the log to append to it, continuing the chain from its last
+    /// line (or from `anchor` when the file is empty or missing).
+    init(directory: KeychainDirectory, key: SecureBytes, anchor: Anchor?,
+         rotationSize: Int = AuditLog.rotationSize) throws(KeychainError) {
+        self.directory = directory
+        self.rotationSize = rotationSize
+        self.key = key
+        let path = directory.path + "/" + Self.fileName
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw fileFailure("open", path) }
+        var info = stat()
+        fstat(fd, &info)
+        let last = Self.lastLine(path).flatMap(AuditLine.init(parsing:))
+        let sequence = last?.sequence ?? anchor?.sequence ?? 0
+        let mac = last?.mac ?? anchor?.mac ?? [UInt8](repeating: 0, count: Crypto.macSize)
+        state = Mutex(State(fd: fd, size: Int(info.st_size), sequence: sequence, mac: mac))
+    }
+
+    deinit {
+        _ = state.withLock { close($0.fd) }
+    }
+
+    /// The newest line's sequence number and MAC.
+    var head: Anchor { state.withLock { Anchor(sequence: $0.sequence, mac: $0.mac) } }
+
+    /// Appends one event. A failure to write is reported to the diagnostics
+    /// log, not to the request (the access itself happened or was denied).
+    public func record(_ event: AuditEvent) {
+        // Built as bytes, escaping only what needs it: this runs for every
+        // audited request, and String joins cost more than the rest of a read.
+        var body: [UInt8] = []
+        body.reserveCapacity(256)
+        func field(_ key: StaticString, _ value: String) {
+            if !body.isEmpty { body.append(UInt8(ascii: "\t")) }
+            body.append(contentsOf: UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+            body.append(UInt8(ascii: "="))
+            if value.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x7f && $0 != UInt8(ascii: "\\") && $0 != 0xc2 }) {
+                body.append(contentsOf: value.utf8)
+            } else {
+                body.append(contentsOf: LineEscaping.escaped(value).utf8)
+            }
+        }
+        let time = Self.timestamp()
+        state.withLock { state in
+            if state.size >= rotationSize { rotate(&state) }
+            field("seq", String(state.sequence + 1))
+            field("time", time)
+            if state.size == 0 { field("prev", Self.hex(state.mac)) }
+            field("op", event.operation)
+            field("result", event.result)
+            if let group = event.group { field("group", group) }
+            if let identifier = event.identifier { field("id", identifier) }
+            if let subject = event.subject {
+                field("pid", String(subject.pid))
+                field("uid", String(subject.uid))
+                if let executable = subject.executable { field("exe", executable) }
+                if let unit = subject.unit { field("unit", unit) }
+            }
+            if let detail = event.detail { field("detail", detail) }
+            let mac = Self.chain(key: key, previous: state.mac, body: body)
+            var line = body
+            line.append(contentsOf: "\tmac=".utf8)
+            line.append(contentsOf: Self.hex(mac).utf8)
+            line.append(UInt8(ascii: "\n"))
+            guard line.withUnsafeBytes({ Descriptor.writeAll(state.fd, $0) }) else {
+                Diagnostics.log("could not append to the audit log: \(String(cString: strerror(errno)))")
+                return
+            }
+            state.size += line.count
+            state.sequence += 1
+            state.mac = mac
+        }
+    }
+
+    private func rotate(_ state: inout State) {
+        let path = directory.path + "/" + Self.fileName
+        guard rename(path, directory.path + "/" + Self.rotatedName) == 0 else {
+            Diagnostics.log("could not rotate the audit log: \(String(cString: strerror(errno)))")
+            return
+        }
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            Diagnostics.log("could not start a new audit log: \(String(cString: strerror(errno)))")
+            return
+        }
+        close(state.fd)
+        state.fd = fd
+        state.size = 0
+    }
+
+    // MARK: The chain
+
+    static func chain(key: SecureBytes, previous: [UInt8], body: [UInt8]) -> [UInt8] {
+        let key = UnsafePointer(key.pointer.assumingMemoryBound(to: UInt8.self))
+        return macDomainBytes.withUnsafeBytes { domain in
+            previous.withUnsafeBytes { previous in
+                body.withUnsafeBytes { body in Crypto.mac(key: key, [domain, previous, body]) }
+            }
+        }
+    }
+    private static let macDomainBytes = Array(macDomain.utf8)
+
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 15)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.mmmZ`; the part up to the second is made once per second.
+    private static func timestamp() -> String {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let second = Int64(now.tv_sec)
+        let prefix = secondPrefix.withLock { cached -> String in
+            if cached.second == second { return cached.text }
+            var parts = tm()
+            var seconds = now.tv_sec
+            gmtime_r(&seconds, &parts)
+            func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
+            cached = (second, "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T"
+                + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)).")
+            return cached.text
+        }
+        let milliseconds = Int(now.tv_nsec / 1_000_000)
+        return prefix + (milliseconds < 10 ? "00" : milliseconds < 100 ? "0" : "") + String(milliseconds) + "Z"
+    }
+    private static let secondPrefix = Mutex<(second: Int64, text: String)>((-1, ""))
+
+    /// The last complete line of a file (reads only its end).
+    private static func lastLine(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_size > 0 else { return nil }
+        let window = min(Int(info.st_size), 64 << 10)
+        var bytes = [UInt8](repeating: 0, count: window)
+        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, window, off_t(Int(info.st_size) - window)) }
+        guard count == window, bytes.last == UInt8(ascii: "\n") else { return nil }
+        let lines = bytes.dropLast().split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
+        return lines.last.map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    // MARK: The anchor
+
+    /// The newest sequence number and MAC, kept in the keychain (authenticated).
+    struct Anchor: Equatable {
+        var sequence: UInt64
+        var mac: [UInt8]
+
+        func encoded(secret: DeviceSecret) -> [UInt8] {
+            var writer = ByteWriter()
+            writer.append(sequence)
+            writer.append(mac)
+            return writer.bytes + secret.mac(AuditLog.anchorDomain, writer.bytes)
+        }
+
+        init(sequence: UInt64, mac: [UInt8]) {
+            self.sequence = sequence
+            self.mac = mac
+        }
+
+        init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
+            guard record.count == 8 + 2 * Crypto.macSize else { throw .decode }
+            let body = Array(record.prefix(8 + Crypto.macSize))
+            guard Crypto.constantTimeEqual(secret.mac(AuditLog.anchorDomain, body), Array(record.suffix(Crypto.macSize))) else {
+                throw .decode
+            }
+            var reader = ByteReader(body)
+            sequence = try reader.readUInt64()
+            mac = try reader.read(Crypto.macSize)
+        }
+    }
+}
+
+/// One parsed line of the audit log.
+public struct AuditLine: Sendable, Equatable {
+    /// The fields in order, unescaped, without `mac`.
+    public var fields: [(key: String, value: String)]
+    public var sequence: UInt64
+    public var mac: [UInt8]
+    /// The line up to (not including) the tab before `mac=`: what the MAC covers.
+    var body: String
+
+    public static func == (a: AuditLine, b: AuditLine) -> Bool {
+        a.body == b.body && a.mac == b.mac
+    }
+
+    public func value(_ key: String) -> String? { fields.first { $0.key == key }?.value }
+
+    public init?(parsing line: String) {
+        // Values are escaped: the last tab starts the MAC field.
+        guard let tab = line.lastIndex(of: "\t"), line[line.index(after: tab)...].hasPrefix("mac=") else { return nil }
+        body = String(line[..<tab])
+        guard let mac = AuditLog.bytes(hex: String(line[line.index(tab, offsetBy: 5)...])) else { return nil }
+        self.mac = mac
+        var fields: [(key: String, value: String)] = []
+        for field in body.split(separator: "\t", omittingEmptySubsequences: false) {
+            guard let equals = field.firstIndex(of: "="),
+                  let value = LineEscaping.unescaped(String(field[field.index(after: equals)...])) else { return nil }
+            fields.append((String(field[..<equals]), value))
+        }
+        guard fields.first?.key == "seq", let sequence = UInt64(fields[0].value) else { return nil }
+        self.fields = fields
+        self.sequence = sequence
+    }
+}
+
+// MARK: Verification
+
+extension AuditLog {
+    /// Checks the chain of `directory`'s audit log (the rotated file first,
+    /// then the current one) and that it reaches the newest line the
+    /// keychain recorded. Returns the lines checked and the problems found
+    /// (none: intact). Needs the device secret, not the passcode.
+    public static func verify(directory: KeychainDirectory) throws(KeychainError) -> (lines: Int, problems: [String]) {
+        let secret = DeviceSecret(secret: try directory.readDeviceSecret())
+        let anchor = try storedAnchor(directory: directory, secret: secret)
+        var problems: [String] = []
+        var checked = 0
+        var previous: (sequence: UInt64, mac: [UInt8])?
+        for name in [rotatedName, fileName] {
+            let path = directory.path + "/" + name
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else {
+                if name == fileName { problems.append("\(name) is missing") }
+                continue
+            }
+            let bytes = Descriptor.readAll(fd, limit: 4 * rotationSize)
+            close(fd)
+            if !bytes.isEmpty && bytes.last != UInt8(ascii: "\n") { problems.append("\(name): the last line is incomplete") }
+            for (index, raw) in bytes.split(separator: UInt8(ascii: "\n")).enumerated() {
+                let where_ = "\(name) line \(index + 1)"
+                guard let line = AuditLine(parsing: String(decoding: raw, as: UTF8.self)) else {
+                    problems.append("\(where_): not a log line")
+                    previous = nil
+                    continue
+                }
+                checked += 1
+                var chainedFrom = previous
+                if index == 0 {
+                    guard let prev = line.value("prev").flatMap(Self.bytes(hex:)) else {
+                        problems.append("\(where_): the file's first line does not say what it continues (its start was cut)")
+                        previous = (line.sequence, line.mac)
+                        continue
+                    }
+                    if let before = previous, before.sequence + 1 != line.sequence || before.mac != prev {
+                        problems.append("\(where_): does not continue \(rotatedName)")
+                    }
+                    chainedFrom = (line.sequence - 1, prev)
+                }
+                if let from = chainedFrom {
+                    if from.sequence + 1 != line.sequence {
+                        problems.append("\(where_): sequence \(line.sequence) follows \(from.sequence) (lines removed or reordered)")
+                    } else if chain(key: secret.auditKey, previous: from.mac, body: Array(line.body.utf8)) != line.mac {
+                        problems.append("\(where_): its MAC does not match (the line was edited, or one before it)")
+                    }
+                }
+                if let anchor, line.sequence == anchor.sequence, line.mac != anchor.mac {
+                    problems.append("\(where_): differs from the line the keychain recorded as number \(anchor.sequence)")
+                }
+                previous = (line.sequence, line.mac)
+            }
+        }
+        if let anchor, anchor.sequence > (previous?.sequence ?? 0) {
+            problems.append("the log ends at line \(previous?.sequence ?? 0), but the keychain recorded line \(anchor.sequence): its end was cut")
+        }
+        return (checked, problems)
+    }
+
+    static func storedAnchor(directory: KeychainDirectory, secret: DeviceSecret) throws(KeychainError) -> Anchor? {
+        let db = try SQLiteConnection(path: directory.databasePath, create: false)
+        defer { db.finishStatements() }
+        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, anchorKey)
+        guard try query.step() else { return nil }
+        return try Anchor(decoding: query.blob(0), secret: secret)
+    }
+
+    static func bytes(hex: String) -> [UInt8]? {
+        let digits = Array(hex.utf8)
+        guard digits.count == 2 * Crypto.macSize else { return nil }
+        var bytes: [UInt8] = []
+        for index in stride(from: 0, to: digits.count, by: 2) {
+            guard let byte = UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16) else { return nil }
+            bytes.append(byte)
+        }
+        return bytes
+    }
+}

@@ -1,0 +1,142 @@
+import Glibc
+import Testing
+@testable import KeychainCore
+
+/// The audit log's chain: what is recorded, and that editing, removing,
+/// reordering or cutting lines is found, across rotations and restarts.
+@Suite struct AuditLogTests {
+    static let subject = AuditSubject(pid: 7, uid: 1000, executable: "/usr/bin/app\twith tab", unit: "a.service")
+
+    func lines(_ keychain: TemporaryKeychain, _ name: String = AuditLog.fileName) throws -> [String] {
+        let text = try #require(readFileText(keychain.directory.path + "/" + name))
+        return text.split(separator: "\n").map(String.init)
+    }
+
+    func write(_ keychain: TemporaryKeychain, _ lines: [String], _ name: String = AuditLog.fileName) {
+        let text = lines.map { $0 + "\n" }.joined()
+        let fd = open(keychain.directory.path + "/" + name, O_WRONLY | O_TRUNC)
+        _ = Array(text.utf8).withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+    }
+
+    @Test func eventsAreRecordedWithWhoAskedAndNeverAValueOrPasscode() throws {
+        let keychain = try TemporaryKeychain()
+        do {
+            let device = try keychain.device()
+            expectError(.authFailed) { try device.unlock(passcode: secure("wrong-passcode"), by: Self.subject) }
+            try device.unlock(passcode: secure(TemporaryKeychain.passcode), by: Self.subject)
+            device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "line\nbreak",
+                                           subject: Self.subject))
+            device.lock(by: nil)
+        }
+        let all = try lines(keychain)
+        #expect(all.count == 4)
+        let parsed = all.compactMap(AuditLine.init(parsing:))
+        #expect(parsed.map { $0.value("op") } == ["unlock", "unlock", "read", "lock"])
+        #expect(parsed.map { $0.value("result") } == ["refused", "ok", "ok", "ok"])
+        #expect(parsed[2].value("id") == "line\nbreak" && parsed[2].value("exe") == "/usr/bin/app\twith tab")
+        #expect(parsed[2].value("unit") == "a.service" && parsed[2].value("pid") == "7")
+        #expect(parsed[0].value("prev") == String(repeating: "0", count: 64))
+        let text = all.joined(separator: "\n")
+        #expect(!text.contains("wrong-passcode") && !text.contains(TemporaryKeychain.passcode))
+        #expect(try AuditLog.verify(directory: keychain.directory).problems == [])
+    }
+
+    /// Several boots append to one chain.
+    @Test func aRestartContinuesTheChain() throws {
+        let keychain = try TemporaryKeychain()
+        for _ in 0..<3 {
+            let device = try keychain.device()
+            device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "i"))
+            device.shutDown()
+        }
+        let report = try AuditLog.verify(directory: keychain.directory)
+        #expect(report.lines == 3 && report.problems == [])
+        #expect(try lines(keychain).compactMap(AuditLine.init(parsing:)).map(\.sequence) == [1, 2, 3])
+    }
+
+    @Test func anEditedRemovedOrSwappedLineBreaksTheChain() throws {
+        let keychain = try TemporaryKeychain()
+        do {
+            let device = try keychain.device()
+            for index in 0..<5 {
+                device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "item\(index)"))
+            }
+            device.shutDown()
+        }
+        let original = try lines(keychain)
+        write(keychain, original.enumerated().map { $0.offset == 2 ? $0.element.replacingFirst("result=ok", "result=denied") : $0.element })
+        #expect(try AuditLog.verify(directory: keychain.directory).problems
+                == ["audit.log line 3: its MAC does not match (the line was edited, or one before it)"])
+        write(keychain, original.enumerated().filter { $0.offset != 1 }.map(\.element))
+        #expect(try AuditLog.verify(directory: keychain.directory).problems
+                == ["audit.log line 2: sequence 3 follows 1 (lines removed or reordered)"])
+        write(keychain, [original[0], original[2], original[1], original[3], original[4]])
+        #expect(try !AuditLog.verify(directory: keychain.directory).problems.isEmpty)
+        write(keychain, original)
+        #expect(try AuditLog.verify(directory: keychain.directory).problems == [])
+    }
+
+    /// The keychain keeps the newest line's MAC (at a clean stop, a lock,
+    /// a grant): a log cut short of it is found, also after a restart.
+    @Test func cuttingTheEndIsFoundAgainstTheKeychainsAnchor() throws {
+        let keychain = try TemporaryKeychain()
+        do {
+            let device = try keychain.device()
+            for index in 0..<4 { device.audit.record(AuditEvent(operation: "read", result: "ok", identifier: "i\(index)")) }
+            device.shutDown()
+        }
+        write(keychain, Array(try lines(keychain).prefix(2)))
+        #expect(try AuditLog.verify(directory: keychain.directory).problems
+                == ["the log ends at line 2, but the keychain recorded line 4: its end was cut"])
+        // A device booted on the cut log continues from its last line, which
+        // differs from the keychain's record of line 4 once the log gets there.
+        do {
+            let device = try keychain.device()
+            for _ in 0..<3 { device.audit.record(AuditEvent(operation: "read", result: "ok")) }
+        }
+        #expect(try AuditLog.verify(directory: keychain.directory).problems
+                == ["audit.log line 4: differs from the line the keychain recorded as number 4"])
+    }
+
+    @Test func rotationKeepsTheChainVerifiableAcrossBothFiles() throws {
+        let keychain = try TemporaryKeychain()
+        let secret = DeviceSecret(secret: try keychain.directory.readDeviceSecret())
+        let small = try AuditLog(directory: keychain.directory, key: secret.auditKey, anchor: nil, rotationSize: 1000)
+        for index in 0..<40 { small.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "item-\(index)")) }
+        let current = try lines(keychain), rotated = try lines(keychain, AuditLog.rotatedName)
+        #expect(current.count + rotated.count < 40)  // older rotations are gone: the log is bounded
+        #expect(AuditLine(parsing: current[0])?.value("prev") != nil)
+        #expect(try AuditLog.verify(directory: keychain.directory).problems == [])
+        // The rotated file's last line removed: the current file no longer continues it.
+        write(keychain, Array(rotated.dropLast()), AuditLog.rotatedName)
+        #expect(try AuditLog.verify(directory: keychain.directory).problems == ["audit.log line 1: does not continue audit.log.1"])
+    }
+
+    @Test func aTamperedAnchorStopsTheBoot() throws {
+        let keychain = try TemporaryKeychain()
+        try keychain.device().shutDown()
+        try keychain.withRawDatabase { db in
+            try db.execute("""
+                UPDATE meta SET value = substr(value, 1, 8)
+                    || (CASE WHEN substr(value, 9, 1) = x'ff' THEN x'fe' ELSE x'ff' END) || substr(value, 10)
+                WHERE key = 'audit'
+                """)
+        }
+        expectError(.decode) { try keychain.device() }
+    }
+}
+
+private func readFileText(_ path: String) -> String? {
+    let fd = open(path, O_RDONLY)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    return String(decoding: Descriptor.readAll(fd, limit: 64 << 20), as: UTF8.self)
+}
+
+private extension String {
+    func replacingFirst(_ target: String, _ replacement: String) -> String {
+        guard let range = firstRange(of: target) else { return self }
+        return replacingCharacters(in: range, with: replacement)
+    }
+}

@@ -1,0 +1,83 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// `keychainfs log`: what real processes did through real mounts and the
+/// socket, as the log shows it, and `--verify` against edits.
+@Suite struct AuditLogCommandTests {
+    let fixture = EntitlementTests()
+
+    func log(_ harness: MountHarness, _ options: String = "") -> ShellResult {
+        harness.sh("\"$K\" log --keychain \"$KC\" \(options)")
+    }
+
+    @Test func theLogShowsEveryAccessAndDenialAndDeviceEventWithTheProgramThatAsked() throws {
+        let (harness, mnt) = try fixture.prepared()
+        #expect(fixture.grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
+        #expect(fixture.run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        #expect(!fixture.run(harness, "other-cat", mnt + "/secure/token").succeeded)
+        #expect(harness.control(mnt, "unlock not-the-passcode").stderr.contains("Permission denied"))
+        #expect(harness.control(mnt, "lock").succeeded)
+        try harness.unlock(mnt)
+        #expect(harness.sh("\"$K\" get default/open --keychain \"$KC\"").stdout == "open")
+        let revoked = harness.sh("\"$K\" revoke secure --all --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
+        #expect(revoked.succeeded)
+
+        let lines = log(harness).stdout.split(separator: "\n").map(String.init)
+        func has(_ words: String, exe: String) -> Bool {
+            lines.contains { $0.contains(" \(words)") && $0.contains(" exe=\(exe)") }
+        }
+        #expect(has("create ok secure/token", exe: "/usr/bin/dash") || has("create ok secure/token", exe: "/usr/bin/bash"))
+        #expect(has("grant ok secure (\(harness.root)/granted-cat sha256=", exe: harness.binary))
+        #expect(has("read ok secure/token", exe: harness.root + "/granted-cat"))
+        #expect(has("lookup denied secure/token", exe: harness.root + "/other-cat"))
+        #expect(has("unlock refused", exe: "/usr/bin/printf"))
+        #expect(has("lock ok", exe: "/usr/bin/printf"))
+        #expect(has("unlock ok", exe: harness.binary))
+        #expect(has("get ok default/open", exe: harness.binary))
+        #expect(has("revoke ok secure (all)", exe: harness.binary))
+        #expect(!lines.joined().contains("s3cret") && !lines.joined().contains("not-the-passcode"))
+
+        // --json: one object per line; --group: only that group's events.
+        for line in log(harness, "--json --group secure").stdout.split(separator: "\n") {
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            #expect(object["group"] as? String == "secure")
+            #expect(object["seq"] is Int && object["op"] is String && object["result"] is String)
+        }
+        let verified = log(harness, "--verify")
+        #expect(verified.succeeded && verified.stdout.hasPrefix("the audit log is intact: "), "\(verified)")
+    }
+
+    @Test func verifyFindsAnEditedLineAndACutEnd() throws {
+        let (harness, mnt) = try fixture.prepared()
+        #expect(readFile(mnt + "/default/open") == "open")
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+        #expect(log(harness, "--verify").succeeded)
+        #expect(harness.sh("cp \"$KC/audit.log\" \"$R/saved.log\" && sed -i '2s/result=ok/result=denied/' \"$KC/audit.log\"").succeeded)
+        let edited = log(harness, "--verify")
+        #expect(edited.status == 1 && edited.stderr.contains("audit.log line 2: its MAC does not match"), "\(edited)")
+        #expect(harness.sh("head -n 1 \"$R/saved.log\" > \"$KC/audit.log\"").succeeded)
+        let cut = log(harness, "--verify")
+        #expect(cut.status == 1 && cut.stderr.contains("its end was cut"), "\(cut)")
+    }
+
+    /// `--follow` prints what is recorded from then on, as it happens
+    /// (read through a FIFO: each read blocks until the line is there).
+    @Test func followPrintsNewEventsAsTheyHappen() throws {
+        let (harness, mnt) = try fixture.prepared()
+        let followed = harness.sh("""
+            mkfifo "$R/events"
+            "$K" log --follow --group secure --keychain "$KC" > "$R/events" & follower=$!
+            exec 3< "$R/events"
+            read -r created <&3
+            cat "$1/secure/token" > /dev/null
+            read -r read <&3
+            kill $follower; wait $follower 2> /dev/null
+            printf '%s\\n%s\\n' "$created" "$read"
+            """, arguments: [mnt])
+        let lines = followed.stdout.split(separator: "\n")
+        #expect(lines.count == 2, "\(followed)")
+        #expect(lines.first?.contains(" create ok secure/token ") == true)
+        #expect(lines.last?.contains(" read ok secure/token ") == true && lines.last?.contains("exe=/usr/bin/cat") == true)
+    }
+}
