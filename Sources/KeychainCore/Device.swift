@@ -26,6 +26,9 @@ public enum DeviceEvent: Sendable, Equatable {
     case changed(ItemChange)
     /// A group's entitlement policy was granted, changed or removed.
     case entitlementsChanged(group: String)
+    /// The device locks in `grace` seconds (iOS
+    /// `UIApplicationProtectedDataWillBecomeUnavailable`): purge copies now.
+    case willLock(grace: Int)
 }
 
 /// What a committed transaction changed in the store: names only.
@@ -72,6 +75,13 @@ public final class Device: Sendable {
         var nextObserver = 0
     }
     private let state = Mutex(State())
+    /// Auto-lock: seconds without an item access before the device locks
+    /// (0: never) and the grace between `will-lock` and the lock.
+    private let autoLockSettings = Mutex<(after: Int, grace: Int)>((0, 10))
+    /// When an item was last read or written (or the device unlocked), monotonic ms.
+    private let lastAccess = Atomic<Int64>(0)
+    /// Wakes the auto-lock thread when its settings or the lock state change.
+    private let autoLockWake = Mutex<(read: Int32, write: Int32)?>(nil)
     /// Held across one unlock attempt: the lockout check, the derivation and
     /// the record of its outcome are one step, so concurrent attempts cannot
     /// all pass the check before any failure is counted.
@@ -192,6 +202,8 @@ public final class Device: Sendable {
     deinit {
         // Closing the descriptor releases the flock: the keychain is free.
         close(lockFile)
+        // The auto-lock thread sees the hang-up and ends.
+        if let wake = autoLockWake.withLock({ $0 }) { close(wake.write) }
     }
 
     // MARK: Status
@@ -240,6 +252,8 @@ public final class Device: Sendable {
                 state.hasUnlockedSinceBoot = true
             }
         }
+        noteAccess()
+        wakeAutoLock()
     }
 
     /// Runs `body` and records its outcome in the audit log.
@@ -319,7 +333,13 @@ public final class Device: Sendable {
     /// Locks: drops the `whenUnlocked` class keys (the `afterFirstUnlock`
     /// keys stay until the process ends, as on iOS).
     public func lock(by subject: AuditSubject? = nil) {
-        audit.record(AuditEvent(operation: "lock", result: "ok", subject: subject))
+        // `lock` has no grace: the notice comes right before the lock.
+        notify(.willLock(grace: 0))
+        lockNow(by: subject, detail: nil)
+    }
+
+    private func lockNow(by subject: AuditSubject?, detail: String?) {
+        audit.record(AuditEvent(operation: "lock", result: "ok", subject: subject, detail: detail))
         saveAuditAnchor()
         state.withLock { state in
             for protectionClass in ProtectionClass.allCases where protectionClass.mode == .whenUnlocked {
@@ -443,12 +463,110 @@ public final class Device: Sendable {
         return count
     }
 
+    // MARK: Auto-lock
+
+    /// Locks the device after `seconds` without an item read or write (0:
+    /// never), as iOS does after its auto-lock delay: observers get
+    /// ``DeviceEvent/willLock(grace:)`` first, then `grace` seconds to purge
+    /// their copies, then the lock.
+    public func setAutoLock(after seconds: Int, grace: Int) {
+        precondition(seconds >= 0 && grace >= 0)
+        autoLockSettings.withLock { $0 = (seconds, grace) }
+        noteAccess()  // the delay counts from now
+        startAutoLockThread()
+        wakeAutoLock()
+    }
+
+    /// The largest auto-lock delay or grace accepted: a week.
+    public static let maximumAutoLockSeconds = 7 * 24 * 3600
+
+    /// The auto-lock delay and grace, in seconds.
+    public var autoLock: (after: Int, grace: Int) { autoLockSettings.withLock { $0 } }
+
+    private func noteAccess() { lastAccess.store(Self.monotonicMilliseconds(), ordering: .relaxed) }
+
+    private static func monotonicMilliseconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+    }
+
+    private func wakeAutoLock() {
+        guard let wake = autoLockWake.withLock({ $0 }) else { return }
+        var byte: UInt8 = 1
+        _ = write(wake.write, &byte, 1)
+    }
+
+    /// One thread per device, started with the first setting: it sleeps
+    /// until the idle delay could have passed (or a wake-up), and never
+    /// holds the device between waits.
+    private func startAutoLockThread() {
+        let started = autoLockWake.withLock { wake -> (read: Int32, write: Int32)? in
+            guard wake == nil else { return nil }
+            var ends: [Int32] = [0, 0]
+            guard pipe(&ends) == 0 else { return nil }
+            for end in ends {
+                _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+                _ = fcntl(end, F_SETFL, O_NONBLOCK)
+            }
+            wake = (ends[0], ends[1])
+            return wake
+        }
+        guard let started else { return }
+        final class Context { weak var device: Device?; let wake: Int32
+            init(_ device: Device, _ wake: Int32) { self.device = device; self.wake = wake } }
+        let context = Unmanaged.passRetained(Context(self, started.read)).toOpaque()
+        var thread = pthread_t()
+        guard pthread_create(&thread, nil, { raw in
+            let context = Unmanaged<Context>.fromOpaque(raw!).takeRetainedValue()
+            var timeout: Int32 = -1
+            while true {
+                var wake = pollfd(fd: context.wake, events: Int16(POLLIN), revents: 0)
+                if poll(&wake, 1, timeout) < 0 && errno != EINTR { break }
+                if wake.revents & Int16(POLLHUP) != 0 { break }
+                var drained = [UInt8](repeating: 0, count: 64)
+                while read(context.wake, &drained, drained.count) > 0 {}
+                guard let device = context.device else { break }
+                timeout = device.autoLockStep()
+            }
+            close(context.wake)
+            return nil
+        }, context) == 0 else {
+            Unmanaged<Context>.fromOpaque(context).release()
+            Diagnostics.log("could not start the auto-lock thread")
+            return
+        }
+        pthread_detach(thread)
+    }
+
+    /// Locks if the device has been idle long enough; returns how long to
+    /// wait before looking again (ms; -1: until woken).
+    private func autoLockStep() -> Int32 {
+        let (after, grace) = autoLock
+        guard after > 0, !isLocked else { return -1 }
+        let idle = Self.monotonicMilliseconds() - lastAccess.load(ordering: .relaxed)
+        let remaining = Int64(after) * 1000 - idle
+        guard remaining <= 0 else { return Int32(clamping: remaining) }
+        notify(.willLock(grace: grace))
+        if grace > 0 {
+            // The grace is not cut short (iOS locks at its end whatever
+            // happens meanwhile); this thread only sleeps through it.
+            var left = timespec(tv_sec: grace, tv_nsec: 0)
+            var rest = timespec()
+            while nanosleep(&left, &rest) != 0 && errno == EINTR { left = rest }
+        }
+        guard autoLock.after > 0, !isLocked else { return -1 }
+        lockNow(by: nil, detail: "auto-lock after \(after) s idle")
+        return -1
+    }
+
     // MARK: Keys for the item layer
 
     /// The class key, or ``KeychainError/interactionNotAllowed`` when the
     /// device state has not made it available.
     func classKey(_ protectionClass: ProtectionClass) throws(KeychainError) -> GuardedKey {
         guard let key = state.withLock({ $0.keys[protectionClass] }) else { throw .interactionNotAllowed }
+        noteAccess()
         return key
     }
 

@@ -69,7 +69,7 @@ public enum ItemLimits {
     /// The group of items written with no group.
     public static let defaultGroup = "default"
     /// Names the filesystem reserves at the root of a mount.
-    public static let reservedNames: Set<String> = [".", "..", ".control"]
+    public static let reservedNames: Set<String> = [".", "..", ".control", ".events"]
 
     /// Throws ``KeychainError/param`` or ``KeychainError/nameTooLong`` unless
     /// `name` can be a group or an identifier: non-empty UTF-8 without `/`

@@ -17,6 +17,10 @@ enum ControlCommand {
     case background
     case accessMode(AccessMode)
     case migrate(Bool)
+    /// Lock after this many seconds without an item access (0: never).
+    case autoLock(Int)
+    /// Seconds between `will-lock` and an auto-lock.
+    case autoLockGrace(Int)
 
     /// The largest write parsed: the kernel delivers a write(2) of up to
     /// this size as one request (it splits only writes larger than a
@@ -64,6 +68,8 @@ enum ControlCommand {
                 throw FSError(EINVAL)
             }
             return .accessMode(mode)
+        case (1, _) where word.elementsEqual("autolock".utf8): return .autoLock(try seconds(arguments[0]))
+        case (1, _) where word.elementsEqual("autolock-grace".utf8): return .autoLockGrace(try seconds(arguments[0]))
         case (1, _) where word.elementsEqual("migrate".utf8):
             if arguments[0].elementsEqual("yes".utf8) { return .migrate(true) }
             if arguments[0].elementsEqual("no".utf8) { return .migrate(false) }
@@ -71,6 +77,15 @@ enum ControlCommand {
         default:
             throw FSError(EINVAL)
         }
+    }
+
+    /// Seconds in canonical decimal (no sign, no leading zero), at most ``Device/maximumAutoLockSeconds``.
+    private static func seconds(_ text: Slice<UnsafeRawBufferPointer>) throws(FSError) -> Int {
+        guard !text.isEmpty, text.count <= 7, text.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }),
+              text.first != UInt8(ascii: "0") || text.count == 1 else { throw FSError(EINVAL) }
+        let value = text.reduce(0) { $0 * 10 + Int($1 - UInt8(ascii: "0")) }
+        guard value <= Device.maximumAutoLockSeconds else { throw FSError(EINVAL) }
+        return value
     }
 }
 
@@ -87,6 +102,9 @@ extension FileSystem {
             "failed-attempts: \(status.failedAttempts)",
         ]
         if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
+        let autoLock = manager.localDevice.autoLock
+        lines.append("autolock: \(autoLock.after)")
+        lines.append("autolock-grace: \(autoLock.grace)")
         lines.append("pid: \(getpid())")
         // Escaped: a path or name must never forge a status line.
         lines.append("keychain: \(LineEscaping.escaped(manager.localDevice.directory.path))")
@@ -110,6 +128,8 @@ extension FileSystem {
             case .background: manager.background()
             case .accessMode(let mode): manager.accessMode = mode
             case .migrate(let migrate): manager.migrate = migrate
+            case .autoLock(let seconds): manager.localDevice.setAutoLock(after: seconds, grace: manager.localDevice.autoLock.grace)
+            case .autoLockGrace(let seconds): manager.localDevice.setAutoLock(after: manager.localDevice.autoLock.after, grace: seconds)
             }
         }
     }

@@ -1,4 +1,5 @@
 import KeychainCore
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -45,6 +46,10 @@ public final class FileSystem: Sendable {
     static let newInodeAttributeTimeout = 10.0
     /// Handed to every mount's kernel by FuseMount: told of changes.
     let kernelCache: KernelCache
+    /// The open `.events` descriptors of this mount.
+    let eventStreams = EventStreams()
+    /// The files every mount has at its root.
+    static let specialFiles: [String: Node] = [".control": .control, ".events": .events]
 
     /// A view of `manager`'s keychain; `group` limits it to that access group.
     /// `isGroupMounted` tells whether a group is the root of some mount.
@@ -64,7 +69,8 @@ public final class FileSystem: Sendable {
         let kernelCache = KernelCache(scope: scope)
         self.kernelCache = kernelCache
         // Weak: the device holds this closure; a strong capture would keep it alive forever.
-        lockObserver = manager.localDevice.addObserver { [nodes, weak device = manager.localDevice] event in
+        lockObserver = manager.localDevice.addObserver { [nodes, eventStreams, weak device = manager.localDevice] event in
+            if let device { Self.deliver(event, to: eventStreams, device: device) }
             switch event {
             case .locked:
                 guard let device else { return }
@@ -86,7 +92,7 @@ public final class FileSystem: Sendable {
                         kernelCache.forgetName(name.name, inDirectory: name.parent)
                     }
                 }
-            case .unlocked:
+            case .unlocked, .willLock:
                 break
             }
         }
@@ -96,13 +102,26 @@ public final class FileSystem: Sendable {
         manager.localDevice.removeObserver(lockObserver)
     }
 
+    /// Writes an event's line to every open `.events` of this mount; an item
+    /// change of a group with an entitlement policy only to readers it admits.
+    private static func deliver(_ event: DeviceEvent, to streams: EventStreams, device: Device) {
+        let streams = streams.all
+        guard !streams.isEmpty else { return }
+        let (text, group) = event.eventLine
+        let line = Array(text.utf8)
+        for stream in streams {
+            if let group, (try? device.checkEntitlement(group, program: { stream.reader })) == nil { continue }
+            stream.deliver(line)
+        }
+    }
+
     // MARK: Names
 
     /// The node `name` stands for inside `parent`, if it exists.
     func child(of parent: Node, named name: String) throws(FSError) -> Node {
-        if name == ".control" {
+        if let special = Self.specialFiles[name] {
             guard parent == .root else { throw FSError(ENOENT) }
-            return .control
+            return special
         }
         // Names are checked by the core call that uses them (EINVAL, ENAMETOOLONG).
         switch (parent, scope) {
@@ -153,7 +172,7 @@ public final class FileSystem: Sendable {
                 try manager.info(forIdentifier: identifier, inGroup: group)
             }) else { throw FSError(ENOENT) }
             size = item.size
-        case .root, .control:
+        case .root, .control, .events:
             break
         }
         return attributes(of: node, inode: inode, size: size)
@@ -168,6 +187,8 @@ public final class FileSystem: Sendable {
             info.st_nlink = 2
         case .control:
             break
+        case .events:
+            info.st_mode = S_IFREG | 0o400
         case .item:
             info.st_size = off_t(size)
             info.st_blocks = blkcnt_t((size + 511) / 512)
@@ -244,7 +265,10 @@ public final class FileSystem: Sendable {
     func listing(of node: Node) throws(FSError) -> [DirectoryListing.Entry] {
         var entries: [DirectoryListing.Entry] = [.init(name: ".", node: node, mode: S_IFDIR),
                                                  .init(name: "..", node: .root, mode: S_IFDIR)]
-        if node == .root { entries.append(.init(name: ".control", node: .control, mode: S_IFREG)) }
+        if node == .root {
+            entries.append(.init(name: ".control", node: .control, mode: S_IFREG))
+            entries.append(.init(name: ".events", node: .events, mode: S_IFREG))
+        }
         if node == .root, scope == .keychain {
             for group in try core({ () throws(KeychainError) in try manager.groups() }) {
                 entries.append(.init(name: group, node: .group(group), mode: S_IFDIR))

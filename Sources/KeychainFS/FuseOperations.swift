@@ -61,7 +61,8 @@ enum FuseOperations {
                 if let node { try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "setattr") }
                 let current = try fs.attributes(ofInode: inode, file: file, caller: caller(req))
                 try fs.checkOwnershipUnchanged(attr.pointee, toSet: toSet, current: current)
-                if toSet & FUSE_SET_ATTR_SIZE != 0 && node != .control {  // `.control` has no content to cut
+                // `.control` and `.events` have no content to cut.
+                if toSet & FUSE_SET_ATTR_SIZE != 0 && node != .control && node != .events {
                     let size = Int(attr.pointee.st_size)
                     if let file {
                         try fs.truncate(file, to: size)
@@ -83,7 +84,7 @@ enum FuseOperations {
                 // all the owner's): nothing here is executable.
                 let node = try fs.node(inode)
                 try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "access")
-                if mask & X_OK != 0, node == .control || { if case .item = node { return true } else { return false } }() {
+                if mask & X_OK != 0, node == .control || node == .events || { if case .item = node { return true } else { return false } }() {
                     throw FSError(EACCES)
                 }
                 fuse_reply_err(req, 0)
@@ -130,6 +131,21 @@ enum FuseOperations {
                 case .control:
                     let control = ControlFile(status: fs.statusText())
                     fi.pointee.fh = FileHandle.make(control)
+                case .events:
+                    guard fi.pointee.flags & O_ACCMODE == O_RDONLY else { throw FSError(EACCES) }
+                    // Who reads decides which item changes it may see (entitlements).
+                    let stream = EventStream(reader: ProgramIdentities.of(thread: caller(req).thread, uid: caller(req).uid))
+                    // The first line is the state now: a reader needs no other call to know
+                    // where it starts, and knows its descriptor is listening once it reads it.
+                    // Said again if it changed before the stream was listening (a repeated
+                    // state line is harmless, a wrong last one is not).
+                    let device = fs.manager.localDevice
+                    let locked = device.isLocked
+                    stream.deliver(Array((locked ? "locked\n" : "unlocked\n").utf8))
+                    fs.eventStreams.add(stream)
+                    if device.isLocked != locked { stream.deliver(Array((locked ? "unlocked\n" : "locked\n").utf8)) }
+                    fi.pointee.fh = FileHandle.make(stream)
+                    fi.pointee.nonseekable = 1
                 case .item(let group, let identifier):
                     let file = try fs.openItem(group: group, identifier: identifier, flags: fi.pointee.flags,
                                                opener: caller(req))
@@ -148,7 +164,7 @@ enum FuseOperations {
                 guard mode & S_IFMT == S_IFREG || mode & S_IFMT == 0 else { throw FSError(EPERM) }
                 let name = try cString(name)
                 let parentNode = try fs.node(parent)
-                if parentNode == .root && name == ".control" { throw FSError(EEXIST) }
+                if parentNode == .root && FileSystem.specialFiles[name] != nil { throw FSError(EEXIST) }
                 guard let group = fs.itemGroup(of: parentNode) else { throw FSError(EPERM) }
                 let file = try fs.createItem(group: group, identifier: name, flags: fi.pointee.flags, opener: caller(req))
                 // The entry first: once a handle is registered, the reply must not fail.
@@ -169,6 +185,10 @@ enum FuseOperations {
                         fuse_reply_buf(req, all.baseAddress.map { $0 + start }, end - start)
                     }
                     return
+                }
+                if inode == NodeTable.eventsInode {
+                    guard let req, let stream = FileHandle.object(fi.pointee.fh, as: EventStream.self) else { throw FSError(EBADF) }
+                    return stream.read(req, size: size, nonblocking: fi.pointee.flags & O_NONBLOCK != 0)
                 }
                 guard let file = NodeTable.file(fi.pointee.fh) else { throw FSError(EBADF) }
                 try fs.read(file, offset: Int(offset), size: size) { bytes in
@@ -194,7 +214,7 @@ enum FuseOperations {
         }
         ops.flush = { req, inode, fi in
             serve(req) { fs throws(FSError) in
-                if inode != NodeTable.controlInode, let fi, let file = NodeTable.file(fi.pointee.fh) {
+                if !NodeTable.isSpecial(inode), let fi, let file = NodeTable.file(fi.pointee.fh) {
                     try fs.commit(file, final: false)
                 }
                 fuse_reply_err(req, 0)
@@ -202,7 +222,7 @@ enum FuseOperations {
         }
         ops.fsync = { req, inode, _, fi in
             serve(req) { fs throws(FSError) in
-                if inode != NodeTable.controlInode, let fi, let file = NodeTable.file(fi.pointee.fh) {
+                if !NodeTable.isSpecial(inode), let fi, let file = NodeTable.file(fi.pointee.fh) {
                     try fs.commit(file, final: false)
                 }
                 try core { () throws(KeychainError) in try fs.manager.sync() }
@@ -214,6 +234,11 @@ enum FuseOperations {
                 guard let fi else { throw FSError(EBADF) }
                 if inode == NodeTable.controlInode {
                     FileHandle.take(fi.pointee.fh, as: ControlFile.self)
+                } else if inode == NodeTable.eventsInode {
+                    if let stream = FileHandle.take(fi.pointee.fh, as: EventStream.self) {
+                        stream.close()
+                        fs.eventStreams.remove(stream)
+                    }
                 } else if let file = NodeTable.file(fi.pointee.fh) {
                     // A commit failing here has no one to report to: the
                     // flush before it already did (close returns its result).
@@ -314,6 +339,16 @@ enum FuseOperations {
             }
         }
         ops.fallocate = { req, _, _, _, _, _ in fuse_reply_err(req, EOPNOTSUPP) }
+        ops.poll = { req, inode, fi, handle in
+            if inode == NodeTable.eventsInode, let req, let fi,
+               let stream = FileHandle.object(fi.pointee.fh, as: EventStream.self) {
+                return stream.poll(req, handle: handle)
+            }
+            // Everything else is always ready, as a regular file is (an
+            // ENOSYS here would make the kernel treat `.events` so too).
+            if let handle { fuse_pollhandle_destroy(handle) }
+            fuse_reply_poll(req, UInt32(POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM))
+        }
         return ops
     }
 

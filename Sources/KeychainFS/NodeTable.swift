@@ -5,6 +5,8 @@ import Synchronization
 enum Node: Hashable, Sendable {
     case root
     case control
+    /// `.events`: the device's events, as lines (every mount's root).
+    case events
     case group(String)
     case item(group: String, identifier: String)
 }
@@ -22,6 +24,10 @@ enum Node: Hashable, Sendable {
 final class NodeTable: Sendable {
     static let rootInode: UInt64 = 1
     static let controlInode: UInt64 = 2
+    static let eventsInode: UInt64 = 3
+
+    /// `.control` and `.events`: files whose handles are not item descriptors.
+    static func isSpecial(_ inode: UInt64) -> Bool { inode == controlInode || inode == eventsInode }
 
     private struct Entry {
         var node: Node
@@ -40,9 +46,11 @@ final class NodeTable: Sendable {
 
     private struct State {
         var entries: [UInt64: Entry] = [NodeTable.rootInode: Entry(node: .root),
-                                        NodeTable.controlInode: Entry(node: .control)]
-        var byNode: [Node: UInt64] = [.root: NodeTable.rootInode, .control: NodeTable.controlInode]
-        var next: UInt64 = 3
+                                        NodeTable.controlInode: Entry(node: .control),
+                                        NodeTable.eventsInode: Entry(node: .events)]
+        var byNode: [Node: UInt64] = [.root: NodeTable.rootInode, .control: NodeTable.controlInode,
+                                      .events: NodeTable.eventsInode]
+        var next: UInt64 = 4
 
         mutating func detach(_ inode: UInt64, info: ItemInfo?) {
             guard var entry = entries[inode] else { return }
@@ -107,7 +115,7 @@ final class NodeTable: Sendable {
     /// too, so that the table stays as large as the kernels' caches, not as
     /// the keychain; its name gets a new number at the next lookup.
     private func release(_ inode: UInt64, count: UInt64) {
-        guard inode > Self.controlInode else { return }
+        guard inode > Self.eventsInode else { return }
         state.withLock { state in
             guard var entry = state.entries[inode] else { return }
             entry.lookups -= min(count, entry.lookups)

@@ -16,7 +16,7 @@ extension FileSystem {
     /// The item's inode is detached from the name: descriptors still open on
     /// it keep reading it, and what they write goes nowhere (POSIX).
     func unlink(parent: Node, name: String, caller: ProcessIdentity) throws(FSError) {
-        guard name != ".control" || parent != .root else { throw FSError(EPERM) }
+        guard Self.specialFiles[name] == nil || parent != .root else { throw FSError(EPERM) }
         guard let group = itemGroup(of: parent) else {
             throw FSError(parent == .root ? EISDIR : ENOTDIR)
         }
@@ -30,7 +30,7 @@ extension FileSystem {
     /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
     func makeDirectory(parent: Node, name: String) throws(FSError) -> Node {
         guard parent == .root, scope == .keychain else { throw FSError(EPERM) }
-        if name == ".control" { throw FSError(EEXIST) }
+        if Self.specialFiles[name] != nil { throw FSError(EEXIST) }
         try core { () throws(KeychainError) in try manager.createGroup(name) }
         return .group(name)
     }
@@ -40,7 +40,7 @@ extension FileSystem {
         guard parent == .root, scope == .keychain else {
             throw FSError(itemGroup(of: parent) != nil ? ENOTDIR : EPERM)
         }
-        if name == ".control" { throw FSError(ENOTDIR) }
+        if Self.specialFiles[name] != nil { throw FSError(ENOTDIR) }
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw FSError(EBUSY) }
         try requireEntitlement(name, caller: caller, operation: "remove-group")
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
@@ -52,7 +52,7 @@ extension FileSystem {
     /// read and write). Needs the item's class key (EACCES without it).
     func rename(parent: Node, name: String, newParent: Node, newName: String, flags: UInt32,
                 caller: ProcessIdentity) throws(FSError) {
-        if name == ".control" || newName == ".control" { throw FSError(EPERM) }
+        if Self.specialFiles[name] != nil || Self.specialFiles[newName] != nil { throw FSError(EPERM) }
         // RENAME_EXCHANGE is not offered, RENAME_WHITEOUT is for overlay
         // filesystems, and an unknown flag must not be taken for a plain rename.
         guard flags & ~renameNoReplace == 0 else { throw FSError(EINVAL) }

@@ -23,6 +23,8 @@ enum FuzzTarget: String, CaseIterable {
     case state
     /// The entitlement policy record, behind a valid MAC.
     case entitlements
+    /// Lines of the audit log (`keychainfs log` reads a file anyone with the directory can edit).
+    case auditline
     /// Request bodies on the device's socket.
     case request
     /// Backup files: the records after a valid header for a fixed password.
@@ -36,6 +38,7 @@ enum FuzzTarget: String, CaseIterable {
         case .lockout: lockout(input)
         case .state: state(input)
         case .entitlements: entitlements(input)
+        case .auditline: auditLine(input)
         case .request: request(input)
         case .backup: backup(input)
         }
@@ -96,6 +99,12 @@ enum FuzzTarget: String, CaseIterable {
         guard let decoded = try? EntitlementPolicy(decoding: record, secret: Self.secret) else { return }
         check(decoded.groups.values.allSatisfy { $0.allSatisfy { $0.digest.count == ExecutableDigest.size } }, "a digest of the wrong size")
         check(decoded.encoded(secret: Self.secret) == record, "an accepted record does not re-encode to itself")
+    }
+
+    private func auditLine(_ input: UnsafeRawBufferPointer) {
+        guard let line = AuditLine(parsing: String(decoding: input, as: UTF8.self)) else { return }
+        check(line.fields.first?.key == "seq" && line.mac.count == Crypto.macSize, "accepted a line without seq or MAC")
+        check(!line.fields.contains { $0.key.contains("\t") }, "a field name holds a tab")
     }
 
     private func state(_ input: UnsafeRawBufferPointer) {

@@ -116,3 +116,39 @@ struct StatusCommand: ParsableCommand {
         _ = Descriptor.writeAll(1, text)
     }
 }
+
+struct WatchCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "watch",
+        abstract: "Print the device's events as they happen (the mount's .events file).",
+        discussion: """
+            One line per event, fields separated by tabs (names escaped as in status lines): \
+            will-lock SECONDS, locked, unlocked, written GROUP ID, removed GROUP ID, renamed GROUP \
+            FROM TO, group-created GROUP, group-removed GROUP, policy GROUP; overflow when a slow \
+            reader missed some. Never a value. Events of every mount of the device are seen; item \
+            changes of a group with an entitlement policy only by programs it admits. Runs until \
+            interrupted.
+            """
+    )
+
+    @OptionGroup var mount: MountpointArgument
+
+    func run() throws {
+        let fd = open(mount.path + "/.events", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            let reason = errno
+            if DeviceStatusFile.text(mount.path) == nil { throw fail(mount.missingControl) }
+            throw fail("cannot read the events of \(mount.path): \(String(cString: strerror(reason)))")
+        }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 64 << 10)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { throw fail(count == 0 ? "the mount went away" : String(cString: strerror(errno))) }
+            guard buffer.withUnsafeBytes({ Descriptor.writeAll(1, UnsafeRawBufferPointer(rebasing: $0[0..<count])) }) else {
+                return  // the reader of our output went away
+            }
+        }
+    }
+}

@@ -23,7 +23,7 @@ struct KeychainFSCommand: ParsableCommand {
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self,
                       DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
-                      LogCommand.self]
+                      LogCommand.self, WatchCommand.self]
     )
 
     /// Run as `git-credential-keychainfs` or `docker-credential-keychainfs`

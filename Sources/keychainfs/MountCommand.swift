@@ -26,10 +26,16 @@ struct MountCommand: ParsableCommand {
     @Flag(name: .long, help: "Stay in the foreground as the device process (for systemd and tests).")
     var foreground = false
 
+    @Option(name: .long, help: "Lock the device after this many seconds without an item read or write (as `autolock` on .control).")
+    var autolock: Int?
+
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
     func validate() throws {
+        if let autolock, !(0...Device.maximumAutoLockSeconds).contains(autolock) {
+            throw ValidationError("--autolock takes 0 to \(Device.maximumAutoLockSeconds) seconds")
+        }
         if let group, (try? ItemLimits.validate(name: group)) == nil {
             throw ValidationError("'\(group)' is not a valid access group name.")
         }
@@ -67,6 +73,12 @@ struct MountCommand: ParsableCommand {
         case nil:
             return false
         case .ok?:
+            if let autolock {
+                // The device is shared: its setting changes for every mount, as through .control.
+                let command = Array("autolock \(autolock)\n".utf8)
+                let result = command.withUnsafeBytes { DeviceStatusFile.send(mountpoint, $0) }
+                if result != 0 { throw report("mounted, but could not set auto-lock: \(String(cString: strerror(result)))") }
+            }
             report(ok: ())
             return true
         case .value?:
@@ -85,6 +97,9 @@ struct MountCommand: ParsableCommand {
             _ = report(error.description)
             return 1
         }
+        if let autolock {
+            device.manager.localDevice.setAutoLock(after: autolock, grace: device.manager.localDevice.autoLock.grace)
+        }
         return device.run(mountpoint: mountpoint, group: group) { error in
             if let error { _ = report(error.description) } else { report(ok: ()) }
         }
@@ -99,6 +114,7 @@ struct MountCommand: ParsableCommand {
         for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         var arguments = [selfExecutable(), "mount", mountpoint, "--foreground", "--keychain", keychain.path, "--ready-fd", "3"]
         if let group { arguments += ["--group", group] }
+        if let autolock { arguments += ["--autolock", String(autolock)] }
         var spawnOptions = Spawn.Options()
         spawnOptions.descriptors = [(3, pipeEnds[1])]
         spawnOptions.nullStandardStreams = true

@@ -133,6 +133,8 @@ import Testing
         expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "item") }
     }
 
+    /// A lock is announced first (will-lock, no grace), as iOS announces
+    /// protected data becoming unavailable.
     @Test func observersSeeLockAndUnlock() throws {
         let keychain = try TemporaryKeychain()
         let device = try keychain.device()
@@ -142,7 +144,7 @@ import Testing
         device.lock()
         device.removeObserver(token)
         try device.unlock(passcode: secure(TemporaryKeychain.passcode))
-        #expect(events.withLock { $0 } == [.unlocked, .locked])
+        #expect(events.withLock { $0 } == [.unlocked, .willLock(grace: 0), .locked])
     }
 
     @Test func observersSeeEveryCommittedChangeByNameWithoutItsValue() throws {

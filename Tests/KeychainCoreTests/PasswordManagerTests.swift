@@ -100,7 +100,7 @@ import Testing
         #expect(try manager.string(forIdentifier: "item") == "small")
     }
 
-    @Test(arguments: ["", ".", "..", ".control", "a/b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
+    @Test(arguments: ["", ".", "..", ".control", ".events", "a/b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
                       "del\u{7F}", "c1\u{85}control", "x\nstate: unlocked\nkeychain: elsewhere"])
     func badNamesAreRefusedWithParam(_ name: String) throws {
         let keychain = try TemporaryKeychain()

@@ -68,6 +68,7 @@ import TestSupport
         let followed = harness.sh("""
             mkfifo "$R/events"
             "$K" log --follow --group secure --keychain "$KC" > "$R/events" & follower=$!
+            trap 'kill $follower 2> /dev/null' EXIT
             exec 3< "$R/events"
             read -r created <&3
             cat "$1/secure/token" > /dev/null

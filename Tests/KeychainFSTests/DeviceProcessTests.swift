@@ -13,7 +13,7 @@ import Testing
         let shared = try harness.mount("shared", group: "TEAMID.com.example.shared")
         #expect(MountHarness.devicePid(whole) == MountHarness.devicePid(shared))
         // Only that group is reachable, its items at the root.
-        #expect(harness.sh("ls -A \"$1\"", arguments: [shared]).stdout == ".control\ndb\n")
+        #expect(harness.sh("ls -A \"$1\"", arguments: [shared]).stdout == ".control\n.events\ndb\n")
         #expect(harness.sh("cat \"$1/db\"", arguments: [shared]).stdout == "pw")
         #expect(openErrno(shared + "/default", O_RDONLY) == ENOENT)
         #expect(mkdir(shared + "/sub", 0o700) == -1 && errno == EPERM)

@@ -10,7 +10,7 @@ import TestSupport
             #expect(mkdir(mnt + "/" + name, 0o700) == -1 && errno == EINVAL, "\(name.debugDescription)")
             #expect(open(mnt + "/default/" + name, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600) == -1 && errno == EINVAL)
         }
-        #expect(harness.sh("ls -A \"$1\"", arguments: [mnt]).stdout == ".control\ndefault\n")
+        #expect(harness.sh("ls -A \"$1\"", arguments: [mnt]).stdout == ".control\n.events\ndefault\n")
         // A keychain path with a newline is printed escaped, and unmount still finds it.
         let odd = harness.root + "/odd\nkeychain: elsewhere"
         #expect(harness.sh("\"$K\" init --keychain \"$1\" --no-passcode", arguments: [odd]).succeeded)

@@ -86,6 +86,6 @@ extension NamespaceTests {
         let listing = harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout.split(separator: "\n")
         #expect(listing.count == 600)
         #expect(Set(listing).count == 600)
-        #expect(harness.sh("ls -a \"$1\"", arguments: [mnt]).stdout == ".\n..\n.control\ndefault\n")
+        #expect(harness.sh("ls -a \"$1\"", arguments: [mnt]).stdout == ".\n..\n.control\n.events\ndefault\n")
     }
 }

@@ -1,0 +1,174 @@
+internal import CFuse
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One open descriptor of a mount's `.events` file: the lines of device
+/// events not read yet, and the reads and `poll` waiting for some.
+///
+/// A read with nothing queued is parked (no worker thread waits: the reply
+/// comes from the thread that delivers the next event) unless the
+/// descriptor is non-blocking (EAGAIN). A parked read that the reader
+/// interrupts (a signal, `timeout`) is answered EINTR: once the daemon has
+/// read a request, the kernel waits for its answer, so a read parked
+/// without that would keep the reader unkillable until the next event.
+final class EventStream: Sendable {
+    /// Who opened it: the item changes of a group with an entitlement policy
+    /// reach only readers the policy admits.
+    let reader: ProgramIdentity?
+    /// The key under which interrupts find it (``registry``).
+    let id: UInt64
+    /// Lines kept for a reader that does not read: past this, the oldest
+    /// are dropped and an `overflow` line says so.
+    static let maximumQueued = 256 << 10
+
+    /// A libfuse request or poll handle: used by one thread at a time, handed over under the lock.
+    private struct Handle: @unchecked Sendable, Equatable {
+        let raw: OpaquePointer
+    }
+
+    private struct State {
+        var queued: [UInt8] = []
+        var parked: [(request: Handle, size: Int)] = []
+        /// Requests interrupted before they were parked.
+        var interrupted: Set<UInt> = []
+        var poll: Handle?
+        var closed = false
+    }
+    private let state = Mutex(State())
+
+    private static let registry = Mutex<[UInt64: EventStream]>([:])
+    private static let nextID = Atomic<UInt64>(1)
+
+    init(reader: ProgramIdentity?) {
+        self.reader = reader
+        id = Self.nextID.add(1, ordering: .relaxed).newValue
+        Self.registry.withLock { $0[id] = self }
+    }
+
+    /// The descriptor was closed: nothing waits on it any more.
+    func close() {
+        let poll = state.withLock { state -> Handle? in
+            state.closed = true
+            defer { state.poll = nil }
+            return state.poll
+        }
+        if let poll { fuse_pollhandle_destroy(poll.raw) }
+        _ = Self.registry.withLock { $0.removeValue(forKey: id) }
+    }
+
+    /// Queues one line and wakes what waits for it.
+    func deliver(_ line: [UInt8]) {
+        let (answers, poll) = state.withLock { state -> ([(Handle, [UInt8])], Handle?) in
+            var answers: [(Handle, [UInt8])] = []
+            guard !state.closed else { return ([], nil) }
+            state.queued += line
+            if state.queued.count > Self.maximumQueued {
+                // Keep whole lines: drop up to a newline past the excess.
+                let excess = state.queued.count - Self.maximumQueued
+                let cut = state.queued[excess...].firstIndex(of: UInt8(ascii: "\n")).map { $0 + 1 } ?? state.queued.count
+                state.queued = Array("overflow\n".utf8) + state.queued[cut...]
+            }
+            while !state.parked.isEmpty && !state.queued.isEmpty {
+                let waiting = state.parked.removeFirst()
+                answers.append((waiting.request, Self.take(&state.queued, upTo: waiting.size)))
+            }
+            defer { state.poll = nil }
+            return (answers, state.poll)
+        }
+        for (request, bytes) in answers { bytes.withUnsafeBytes { _ = fuse_reply_buf(request.raw, $0.baseAddress, $0.count) } }
+        if let poll {
+            fuse_lowlevel_notify_poll(poll.raw)
+            fuse_pollhandle_destroy(poll.raw)
+        }
+    }
+
+    /// Answers a read now, or parks it until a line arrives.
+    func read(_ request: OpaquePointer, size: Int, nonblocking: Bool) {
+        // Registered before the request is parked, outside the lock: if the
+        // interrupt came already, libfuse calls back at once.
+        if !nonblocking {
+            fuse_req_interrupt_func(request, { request, data in
+                guard let request, let stream = EventStream.registry.withLock({ $0[UInt64(UInt(bitPattern: data))] }) else { return }
+                stream.interrupt(request)
+            }, UnsafeMutableRawPointer(bitPattern: UInt(id)))
+        }
+        enum Answer { case bytes([UInt8]), error(Int32), parked }
+        let answer = state.withLock { state -> Answer in
+            let interrupted = state.interrupted.remove(UInt(bitPattern: request)) != nil
+            if !state.queued.isEmpty { return .bytes(Self.take(&state.queued, upTo: size)) }
+            if nonblocking { return .error(EAGAIN) }
+            if interrupted { return .error(EINTR) }
+            state.parked.append((Handle(raw: request), size))
+            return .parked
+        }
+        switch answer {
+        case .bytes(let bytes): bytes.withUnsafeBytes { _ = fuse_reply_buf(request, $0.baseAddress, $0.count) }
+        case .error(let code): fuse_reply_err(request, code)
+        case .parked: break
+        }
+    }
+
+    /// POLLIN when lines are queued; otherwise the kernel is told when one arrives.
+    func poll(_ request: OpaquePointer, handle: OpaquePointer?) {
+        let offered = handle.map(Handle.init(raw:))
+        let (ready, replaced) = state.withLock { state -> (Bool, Handle?) in
+            if !state.queued.isEmpty { return (true, offered) }
+            defer { state.poll = offered }
+            return (false, state.poll)
+        }
+        if let replaced, replaced != offered { fuse_pollhandle_destroy(replaced.raw) }
+        fuse_reply_poll(request, ready ? UInt32(POLLIN | POLLRDNORM) : 0)
+    }
+
+    private func interrupt(_ request: OpaquePointer) {
+        let wasParked = state.withLock { state -> Bool in
+            if let index = state.parked.firstIndex(where: { $0.request.raw == request }) {
+                state.parked.remove(at: index)
+                return true
+            }
+            state.interrupted.insert(UInt(bitPattern: request))
+            return false
+        }
+        if wasParked { fuse_reply_err(request, EINTR) }
+    }
+
+    private static func take(_ queued: inout [UInt8], upTo size: Int) -> [UInt8] {
+        let count = min(size, queued.count)
+        defer { queued.removeFirst(count) }
+        return Array(queued[..<count])
+    }
+}
+
+extension DeviceEvent {
+    /// The `.events` line of a device event (names escaped as status lines,
+    /// fields separated by tabs), and the group it concerns.
+    var eventLine: (text: String, group: String?) {
+        func line(_ fields: String...) -> String { fields.map(LineEscaping.escaped).joined(separator: "\t") + "\n" }
+        switch self {
+        case .locked: return (line("locked"), nil)
+        case .unlocked: return (line("unlocked"), nil)
+        case .willLock(let grace): return (line("will-lock", String(grace)), nil)
+        case .entitlementsChanged(let group): return (line("policy", group), group)
+        case .changed(let change):
+            switch change {
+            case .written(let group, let identifier): return (line("written", group, identifier), group)
+            case .removed(let group, let identifier): return (line("removed", group, identifier), group)
+            case .renamed(let group, let from, let to): return (line("renamed", group, from, to), group)
+            case .groupCreated(let group): return (line("group-created", group), nil)
+            case .groupRemoved(let group): return (line("group-removed", group), nil)
+            }
+        }
+    }
+}
+
+/// The open `.events` descriptors of one mount.
+final class EventStreams: Sendable {
+    private let streams = Mutex<[UInt64: EventStream]>([:])
+
+    func add(_ stream: EventStream) { streams.withLock { $0[stream.id] = stream } }
+    func remove(_ stream: EventStream) { _ = streams.withLock { $0.removeValue(forKey: stream.id) } }
+    var all: [EventStream] { streams.withLock { Array($0.values) } }
+}

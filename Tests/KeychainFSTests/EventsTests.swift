@@ -1,0 +1,147 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// The `.events` file, `keychainfs watch` and auto-lock, through real
+/// mounts. Readers block on real reads (the first line, the state at open,
+/// says the descriptor is listening), so no test waits by the clock.
+@Suite struct EventsTests {
+    @Test func watchSeesLockUnlockAndItemChangesMadeThroughAnotherMount() throws {
+        let (harness, first) = try MountHarness.unlockedMount()
+        let second = try harness.mount("second")
+        let watched = harness.sh("""
+            mkfifo "$R/events"
+            "$K" watch "$1" > "$R/events" & watcher=$!
+            trap 'kill $watcher 2> /dev/null' EXIT
+            exec 3< "$R/events"
+            read -r state <&3
+            printf secret > "$2/default/item"
+            mv "$2/default/item" "$2/default/renamed"
+            rm "$2/default/renamed"
+            printf 'lock\\n' > "$2/.control"
+            printf 'unlock %s\\n' "$3" > "$2/.control"
+            lines="$state"
+            for n in 1 2 3 4 5 6 7; do read -r line <&3; lines="$lines|$line"; done
+            kill $watcher; wait $watcher 2> /dev/null
+            printf '%s\\n' "$lines"
+            """, arguments: [first, second, MountHarness.passcode])
+        let tab = "\t"
+        // Creating and then writing are two commits.
+        #expect(watched.stdout == ["unlocked", "written\(tab)default\(tab)item", "written\(tab)default\(tab)item",
+                                   "renamed\(tab)default\(tab)item\(tab)renamed", "removed\(tab)default\(tab)renamed",
+                                   "will-lock\(tab)0", "locked", "unlocked"].joined(separator: "|") + "\n", "\(watched)")
+        #expect(!watched.stdout.contains("secret"))
+    }
+
+    @Test func pollWakesForAnEventAndNonBlockingReadsSayEAGAIN() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let fd = open(mnt + "/.events", O_RDONLY | O_NONBLOCK)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        #expect(read(fd, &buffer, buffer.count) == 9 && String(decoding: buffer[0..<9], as: UTF8.self) == "unlocked\n")
+        #expect(read(fd, &buffer, buffer.count) == -1 && errno == EAGAIN)
+        var idle = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        #expect(poll(&idle, 1, 0) == 0)
+        // Waits in a thread while another process locks; before or after
+        // the lock, the poll must end with the descriptor readable.
+        let ready = Thread.detachedResult {
+            var waiting = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            return poll(&waiting, 1, 10_000) == 1 && waiting.revents & Int16(POLLIN) != 0
+        }
+        #expect(harness.control(mnt, "lock").succeeded)
+        #expect(ready.value())
+        let count = read(fd, &buffer, buffer.count)
+        #expect(count > 0 && String(decoding: buffer[0..<count], as: UTF8.self) == "will-lock\t0\nlocked\n")
+        // Not writable, not a directory, not removable.
+        #expect(openErrno(mnt + "/.events", O_WRONLY) == EACCES)
+        #expect(unlink(mnt + "/.events") == -1 && errno == EPERM)
+        #expect(harness.sh("ls -a \"$1\"", arguments: [mnt]).stdout == ".\n..\n.control\n.events\ndefault\n")
+    }
+
+    /// Once the daemon has read a request the kernel waits for its answer:
+    /// a read parked for the next event must end when its reader is
+    /// signalled, or the reader could not be killed.
+    @Test func aReaderWaitingForEventsCanBeInterrupted() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let interrupted = harness.sh("timeout -s INT 1 cat \"$1/.events\"; echo \"status $?\"", arguments: [mnt])
+        #expect(interrupted.stdout == "unlocked\nstatus 124\n", "\(interrupted)")
+        #expect(harness.control(mnt, "lock").succeeded)
+        #expect(harness.status(mnt)["state"] == "locked")
+    }
+
+    @Test func autoLockSendsWillLockThenLocksAfterTheIdleDelayAndGrace() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.control(mnt, "autolock 0").succeeded)
+        #expect(harness.control(mnt, "autolock 99999999").stderr.contains("Invalid argument"))
+        #expect(harness.control(mnt, "autolock 07").stderr.contains("Invalid argument"))
+        let locked = harness.sh("""
+            exec 3< "$1/.events"
+            read -r state <&3
+            printf 'autolock-grace 1\\nautolock 1\\n' > "$1/.control"
+            read -r first <&3
+            grep '^state:' "$1/.control"
+            read -r second <&3
+            printf '%s|%s|%s\\n' "$state" "$first" "$second"
+            """, arguments: [mnt])
+        #expect(locked.stdout == "state: unlocked\nunlocked|will-lock\t1|locked\n", "\(locked)")
+        #expect(harness.status(mnt)["state"] == "locked")
+        #expect(harness.status(mnt)["autolock"] == "1" && harness.status(mnt)["autolock-grace"] == "1")
+        #expect(harness.sh("\"$K\" log --keychain \"$KC\"").stdout.contains("lock ok (auto-lock after 1 s idle)"))
+    }
+
+    @Test func mountAutolockSetsTheDevicesDelay() throws {
+        let harness = try MountHarness()
+        let mnt = try harness.prepareMountpoint("mnt")
+        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\" --autolock 600", arguments: [mnt]).succeeded)
+        #expect(harness.status(mnt)["autolock"] == "600")
+        let second = try harness.prepareMountpoint("second")
+        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\" --autolock 30", arguments: [second]).succeeded)
+        #expect(harness.status(mnt)["autolock"] == "30")  // one device, one setting
+        #expect(harness.sh("\"$K\" mount \"$R/x\" --autolock -1").status == 64)
+    }
+
+    /// Item changes of a group with an entitlement policy reach only the
+    /// programs it admits; lock state reaches everyone.
+    @Test func itemChangesOfAPolicedGroupReachOnlyEntitledReaders() throws {
+        let fixture = EntitlementTests()
+        let (harness, mnt) = try fixture.prepared()
+        #expect(fixture.grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
+        #expect(fixture.grant(harness, "secure", exe: harness.binary).succeeded)
+        let seen = harness.sh("""
+            mkfifo "$R/entitled"
+            "$R/granted-cat" "$1/.events" > "$R/entitled" & reader=$!
+            trap 'kill $reader 2> /dev/null' EXIT
+            exec 4< "$R/entitled"
+            exec 3< "$1/.events"
+            read -r a <&4; read -r b <&3
+            printf new | "$K" set secure/token --keychain "$KC"
+            printf new > "$1/default/open"
+            read -r entitled1 <&4; read -r entitled2 <&4; read -r other <&3
+            kill $reader; wait $reader 2> /dev/null
+            printf '%s|%s|%s\\n' "$entitled1" "$entitled2" "$other"
+            """, arguments: [mnt])
+        #expect(seen.stdout == "written\tsecure\ttoken|written\tdefault\topen|written\tdefault\topen\n", "\(seen)")
+    }
+}
+
+extension Thread {
+    /// Runs `body` on a new thread; `value()` waits for its result.
+    static func detachedResult<T: Sendable>(_ body: @escaping @Sendable () -> T) -> DetachedResult<T> {
+        let result = DetachedResult<T>()
+        Thread.detachNewThread { result.set(body()) }
+        return result
+    }
+}
+
+final class DetachedResult<T: Sendable>: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var stored: T?
+    func set(_ value: T) { condition.lock(); stored = value; condition.broadcast(); condition.unlock() }
+    func value() -> T {
+        condition.lock()
+        defer { condition.unlock() }
+        while stored == nil { condition.wait() }
+        return stored!
+    }
+}
