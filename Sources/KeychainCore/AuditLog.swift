@@ -250,7 +250,7 @@ public final class AuditLog: Sendable {
             var writer = ByteWriter()
             writer.append(sequence)
             writer.append(mac)
-            return writer.bytes + secret.mac(AuditLog.anchorDomain, writer.bytes)
+            return secret.authenticatedRecord(AuditLog.anchorDomain, writer.bytes)
         }
 
         init(sequence: UInt64, mac: [UInt8]) {
@@ -259,12 +259,7 @@ public final class AuditLog: Sendable {
         }
 
         init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-            guard record.count == 8 + 2 * Crypto.macSize else { throw .decode }
-            let body = Array(record.prefix(8 + Crypto.macSize))
-            guard Crypto.constantTimeEqual(secret.mac(AuditLog.anchorDomain, body), Array(record.suffix(Crypto.macSize))) else {
-                throw .decode
-            }
-            var reader = ByteReader(body)
+            var reader = ByteReader(try secret.authenticatedBody(AuditLog.anchorDomain, record, length: 8 + Crypto.macSize))
             sequence = try reader.readUInt64()
             mac = try reader.read(Crypto.macSize)
         }

@@ -100,16 +100,11 @@ struct EntitlementPolicy: Equatable, Sendable {
                 if let uid = rule.uid { writer.append(uid) }
             }
         }
-        return writer.bytes + secret.mac(Self.macDomain, writer.bytes)
+        return secret.authenticatedRecord(Self.macDomain, writer.bytes)
     }
 
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-        guard record.count > Crypto.macSize else { throw .decode }
-        let body = Array(record.dropLast(Crypto.macSize))
-        guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, body), Array(record.suffix(Crypto.macSize))) else {
-            throw .decode
-        }
-        var reader = ByteReader(body)
+        var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record))
         guard try reader.readByte() == Self.version else { throw .decode }
         var previous: String?
         for _ in 0..<(try reader.readUInt32()) {

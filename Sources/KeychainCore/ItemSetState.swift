@@ -66,24 +66,20 @@ struct ItemSetState: Sendable {
         var writer = ByteWriter()
         writer.append(record.digest)
         writer.append(record.generation!)
-        return writer.bytes + secret.mac(Self.macDomainV2, writer.bytes)
+        return secret.authenticatedRecord(Self.macDomainV2, writer.bytes)
     }
 
     /// An authentic record of either version; ``KeychainError/decode`` otherwise.
     func record(from bytes: [UInt8]) throws(KeychainError) -> Record {
-        let body = Array(bytes.dropLast(Crypto.macSize))
-        let mac = Array(bytes.suffix(Crypto.macSize))
         switch bytes.count {
         case 2 * Crypto.macSize + 8:
-            guard Crypto.constantTimeEqual(secret.mac(Self.macDomainV2, body), mac) else { throw .decode }
-            var reader = ByteReader(body)
+            var reader = ByteReader(try secret.authenticatedBody(Self.macDomainV2, bytes))
             let digest = try reader.read(Crypto.macSize)
             let generation = try reader.readInt64()
             guard generation >= 0 else { throw .decode }
             return Record(digest: digest, generation: generation)
         case 2 * Crypto.macSize:
-            guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, body), mac) else { throw .decode }
-            return Record(digest: body, generation: nil)
+            return Record(digest: try secret.authenticatedBody(Self.macDomain, bytes), generation: nil)
         default:
             throw .decode
         }

@@ -30,6 +30,20 @@ struct DeviceSecret: Sendable {
             Array(domain.utf8).withUnsafeBytes { d in record.withUnsafeBytes { r in Crypto.mac(key: key, [d, r]) } }
         }
     }
+
+    /// A metadata record: `body | MAC(domain, body)`.
+    func authenticatedRecord(_ domain: String, _ body: [UInt8]) -> [UInt8] {
+        body + mac(domain, body)
+    }
+
+    /// The body of an ``authenticatedRecord(_:_:)``: ``KeychainError/decode``
+    /// unless its MAC holds (and its body is `length` bytes, when given).
+    func authenticatedBody(_ domain: String, _ record: [UInt8], length: Int? = nil) throws(KeychainError) -> [UInt8] {
+        guard record.count > Crypto.macSize, length.map({ record.count == $0 + Crypto.macSize }) ?? true else { throw .decode }
+        let body = Array(record.dropLast(Crypto.macSize))
+        guard Crypto.constantTimeEqual(mac(domain, body), Array(record.suffix(Crypto.macSize))) else { throw .decode }
+        return body
+    }
 }
 
 /// The class keys of one keychain and how they are wrapped on disk.
@@ -167,18 +181,13 @@ struct Keybag {
             writer.append(wrapped[protectionClass]!.nonce)
             writer.append(wrapped[protectionClass]!.sealed)
         }
-        return writer.bytes + secret.mac(Self.macDomain, writer.bytes)
+        return secret.authenticatedRecord(Self.macDomain, writer.bytes)
     }
 
     /// Parses and authenticates the record: ``KeychainError/decode`` when it
     /// was altered or belongs to another device secret.
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-        guard record.count > Crypto.macSize else { throw .decode }
-        let body = Array(record.dropLast(Crypto.macSize))
-        guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, body), Array(record.suffix(Crypto.macSize))) else {
-            throw .decode
-        }
-        var reader = ByteReader(body)
+        var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record))
         formatVersion = try reader.readByte()
         guard (1...Self.version).contains(formatVersion) else { throw .decode }
         // Only the two canonical values: a record means one thing only.

@@ -34,18 +34,13 @@ struct LockoutRecord: Equatable {
         var writer = ByteWriter()
         writer.append(failures)
         writer.append(deadline)
-        return writer.bytes + secret.mac(Self.macDomain, writer.bytes)
+        return secret.authenticatedRecord(Self.macDomain, writer.bytes)
     }
 
     init() {}
 
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-        guard record.count == 16 + Crypto.macSize else { throw .decode }
-        let body = Array(record.prefix(16))
-        guard Crypto.constantTimeEqual(secret.mac(Self.macDomain, body), Array(record.suffix(Crypto.macSize))) else {
-            throw .decode
-        }
-        var reader = ByteReader(body)
+        var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record, length: 16))
         failures = try reader.readUInt64()
         deadline = try reader.readInt64()
     }
