@@ -119,39 +119,32 @@ public final class AuditLog: Sendable {
     /// Appends one event. A failure to write is reported to the diagnostics
     /// log, not to the request (the access itself happened or was denied).
     public func record(_ event: AuditEvent) {
-        // Built as bytes, escaping only what needs it: this runs for every
-        // audited request, and String joins cost more than the rest of a read.
-        var body: [UInt8] = []
-        body.reserveCapacity(256)
-        func field(_ key: StaticString, _ value: String) {
-            if !body.isEmpty { body.append(UInt8(ascii: "\t")) }
-            body.append(contentsOf: UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
-            body.append(UInt8(ascii: "="))
-            if value.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x7f && $0 != UInt8(ascii: "\\") && $0 != 0xc2 }) {
-                body.append(contentsOf: value.utf8)
-            } else {
-                body.append(contentsOf: LineEscaping.escaped(value).utf8)
-            }
+        // Built as bytes, escaping only what needs it, and outside the lock:
+        // this runs for every audited request.
+        var tail: [UInt8] = []
+        tail.reserveCapacity(256)
+        Self.field(&tail, "op", event.operation)
+        Self.field(&tail, "result", event.result)
+        if let group = event.group { Self.field(&tail, "group", group) }
+        if let identifier = event.identifier { Self.field(&tail, "id", identifier) }
+        if let subject = event.subject {
+            Self.field(&tail, "pid", String(subject.pid))
+            Self.field(&tail, "uid", String(subject.uid))
+            if let executable = subject.executable { Self.field(&tail, "exe", executable) }
+            if let unit = subject.unit { Self.field(&tail, "unit", unit) }
         }
+        if let detail = event.detail { Self.field(&tail, "detail", detail) }
         let time = Self.timestamp()
         state.withLock { state in
             if state.size >= rotationSize { rotate(&state) }
-            field("seq", String(state.sequence + 1))
-            field("time", time)
-            if state.size == 0 { field("prev", Self.hex(state.mac)) }
-            field("op", event.operation)
-            field("result", event.result)
-            if let group = event.group { field("group", group) }
-            if let identifier = event.identifier { field("id", identifier) }
-            if let subject = event.subject {
-                field("pid", String(subject.pid))
-                field("uid", String(subject.uid))
-                if let executable = subject.executable { field("exe", executable) }
-                if let unit = subject.unit { field("unit", unit) }
-            }
-            if let detail = event.detail { field("detail", detail) }
-            let mac = Self.chain(key: key, previous: state.mac, body: body)
-            var line = body
+            var line: [UInt8] = []
+            line.reserveCapacity(tail.count + 200)
+            Self.field(&line, "seq", String(state.sequence + 1))
+            Self.field(&line, "time", time)
+            if state.size == 0 { Self.field(&line, "prev", Self.hex(state.mac)) }
+            line.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
+            line.append(contentsOf: tail)
+            let mac = Self.chain(key: key, previous: state.mac, body: line)
             line.append(contentsOf: "\tmac=".utf8)
             line.append(contentsOf: Self.hex(mac).utf8)
             line.append(UInt8(ascii: "\n"))
@@ -162,6 +155,18 @@ public final class AuditLog: Sendable {
             state.size += line.count
             state.sequence += 1
             state.mac = mac
+        }
+    }
+
+    /// Appends `key=value` (tab-separated from what is before it).
+    private static func field(_ line: inout [UInt8], _ key: StaticString, _ value: String) {
+        if !line.isEmpty { line.append(UInt8(ascii: "\t")) }
+        line.append(contentsOf: UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+        line.append(UInt8(ascii: "="))
+        if value.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x7f && $0 != UInt8(ascii: "\\") && $0 != 0xc2 }) {
+            line.append(contentsOf: value.utf8)
+        } else {
+            line.append(contentsOf: LineEscaping.escaped(value).utf8)
         }
     }
 
