@@ -176,6 +176,8 @@ public final class DeviceProcess: Sendable {
     /// alive after SIGTERM), and waits for every session to end.
     private func stopAll() {
         let all = mounts.withLock { Array($0.values) }
+        // Readers of `.events` wait in a read: give them the end of the file first.
+        for mount in all { mount.fileSystem.eventStreams.endAll() }
         for mount in all {
             let result = mount.unmount(lazy: true)
             if result != 0 { Diagnostics.log("could not unmount \(mount.mountpoint): errno \(result)") }

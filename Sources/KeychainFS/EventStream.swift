@@ -36,6 +36,8 @@ final class EventStream: Sendable {
         var interrupted: Set<UInt> = []
         var poll: Handle?
         var closed = false
+        /// The device is stopping: reads see the end of the file.
+        var ended = false
     }
     private let state = Mutex(State())
 
@@ -99,6 +101,7 @@ final class EventStream: Sendable {
         let answer = state.withLock { state -> Answer in
             let interrupted = state.interrupted.remove(UInt(bitPattern: request)) != nil
             if !state.queued.isEmpty { return .bytes(Self.take(&state.queued, upTo: size)) }
+            if state.ended { return .bytes([]) }
             if nonblocking { return .error(EAGAIN) }
             if interrupted { return .error(EINTR) }
             state.parked.append((Handle(raw: request), size))
@@ -115,12 +118,31 @@ final class EventStream: Sendable {
     func poll(_ request: OpaquePointer, handle: OpaquePointer?) {
         let offered = handle.map(Handle.init(raw:))
         let (ready, replaced) = state.withLock { state -> (Bool, Handle?) in
-            if !state.queued.isEmpty { return (true, offered) }
+            if !state.queued.isEmpty || state.ended { return (true, offered) }
             defer { state.poll = offered }
             return (false, state.poll)
         }
         if let replaced, replaced != offered { fuse_pollhandle_destroy(replaced.raw) }
         fuse_reply_poll(request, ready ? UInt32(POLLIN | POLLRDNORM) : 0)
+    }
+
+    /// The device is stopping: waiting reads get the end of the file now,
+    /// so that readers close their descriptors (a descriptor left open would
+    /// keep the unmounted connection, and the device, alive).
+    func end() {
+        let (parked, poll) = state.withLock { state -> ([Handle], Handle?) in
+            state.ended = true
+            defer {
+                state.parked = []
+                state.poll = nil
+            }
+            return (state.parked.map(\.request), state.poll)
+        }
+        for request in parked { fuse_reply_buf(request.raw, nil, 0) }
+        if let poll {
+            fuse_lowlevel_notify_poll(poll.raw)
+            fuse_pollhandle_destroy(poll.raw)
+        }
     }
 
     private func interrupt(_ request: OpaquePointer) {
@@ -171,4 +193,6 @@ final class EventStreams: Sendable {
     func add(_ stream: EventStream) { streams.withLock { $0[stream.id] = stream } }
     func remove(_ stream: EventStream) { _ = streams.withLock { $0.removeValue(forKey: stream.id) } }
     var all: [EventStream] { streams.withLock { Array($0.values) } }
+    /// Ends every stream (``EventStream/end()``).
+    func endAll() { all.forEach { $0.end() } }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import KeychainFS
 import TestSupport
 
 /// The `.events` file, `keychainfs watch` and auto-lock, through real
@@ -68,6 +69,25 @@ import TestSupport
         #expect(interrupted.stdout == "unlocked\nstatus 124\n", "\(interrupted)")
         #expect(harness.control(mnt, "lock").succeeded)
         #expect(harness.status(mnt)["state"] == "locked")
+    }
+
+    /// SIGTERM (`systemctl stop`) must not wait for watchers: they get the
+    /// end of the file, close it, and the device unmounts and exits.
+    @Test func stoppingTheDeviceEndsTheReadersOfEvents() throws {
+        let harness = try MountHarness()
+        let pid = try harness.mountForeground()
+        let watched = harness.sh("""
+            mkfifo "$R/events"
+            "$K" watch "$1" > "$R/events" 2> "$R/watch.err" & watcher=$!
+            trap 'kill $watcher 2> /dev/null' EXIT
+            exec 3< "$R/events"
+            read -r state <&3
+            kill -TERM "$2"
+            wait $watcher; echo "watch status $?"; cat "$R/watch.err"
+            """, arguments: [harness.root + "/mnt", String(pid)])
+        #expect(watched.stdout == "watch status 1\nkeychainfs: the mount went away\n", "\(watched)")
+        #expect(Spawn.wait(pid) == 0)
+        #expect(!harness.isMounted(harness.root + "/mnt"))
     }
 
     @Test func autoLockSendsWillLockThenLocksAfterTheIdleDelayAndGrace() throws {
