@@ -141,12 +141,12 @@ public final class AuditLog: Sendable {
             line.reserveCapacity(tail.count + 200)
             Self.field(&line, "seq", String(state.sequence + 1))
             Self.field(&line, "time", time)
-            if state.size == 0 { Self.field(&line, "prev", Self.hex(state.mac)) }
+            if state.size == 0 { Self.field(&line, "prev", Hex.string(state.mac)) }
             line.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
             line.append(contentsOf: tail)
             let mac = Self.chain(key: key, previous: state.mac, body: line)
             line.append(contentsOf: "\tmac=".utf8)
-            line.append(contentsOf: Self.hex(mac).utf8)
+            line.append(contentsOf: Hex.string(mac).utf8)
             line.append(UInt8(ascii: "\n"))
             guard line.withUnsafeBytes({ Descriptor.writeAll(state.fd, $0) }) else {
                 Diagnostics.log("could not append to the audit log: \(String(cString: strerror(errno)))")
@@ -197,17 +197,6 @@ public final class AuditLog: Sendable {
         }
     }
     private static let macDomainBytes = Array(macDomain.utf8)
-
-    static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count * 2)
-        for byte in bytes {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 15)])
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
 
     /// `YYYY-MM-DDTHH:MM:SS.mmmZ`; the part up to the second is made once per second.
     private static func timestamp() -> String {
@@ -290,7 +279,7 @@ public struct AuditLine: Sendable, Equatable {
         // Values are escaped: the last tab starts the MAC field.
         guard let tab = line.lastIndex(of: "\t"), line[line.index(after: tab)...].hasPrefix("mac=") else { return nil }
         body = String(line[..<tab])
-        guard let mac = AuditLog.bytes(hex: String(line[line.index(tab, offsetBy: 5)...])) else { return nil }
+        guard let mac = Hex.bytes(String(line[line.index(tab, offsetBy: 5)...]), count: Crypto.macSize) else { return nil }
         self.mac = mac
         var fields: [(key: String, value: String)] = []
         for field in body.split(separator: "\t", omittingEmptySubsequences: false) {
@@ -337,7 +326,7 @@ extension AuditLog {
                 checked += 1
                 var chainedFrom = previous
                 if index == 0 {
-                    guard let prev = line.value("prev").flatMap(Self.bytes(hex:)) else {
+                    guard let prev = line.value("prev").flatMap({ Hex.bytes($0, count: Crypto.macSize) }) else {
                         problems.append("\(where_): the file's first line does not say what it continues (its start was cut)")
                         previous = (line.sequence, line.mac)
                         continue
@@ -372,16 +361,5 @@ extension AuditLog {
         let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, anchorKey)
         guard try query.step() else { return nil }
         return try Anchor(decoding: query.blob(0), secret: secret)
-    }
-
-    static func bytes(hex: String) -> [UInt8]? {
-        let digits = Array(hex.utf8)
-        guard digits.count == 2 * Crypto.macSize else { return nil }
-        var bytes: [UInt8] = []
-        for index in stride(from: 0, to: digits.count, by: 2) {
-            guard let byte = UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16) else { return nil }
-            bytes.append(byte)
-        }
-        return bytes
     }
 }

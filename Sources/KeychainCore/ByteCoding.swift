@@ -67,3 +67,31 @@ struct ByteReader {
         return string
     }
 }
+
+/// Lowercase hexadecimal, as `sha256sum` prints digests: the audit log's MACs
+/// and the entitlement rules' digests.
+enum Hex {
+    static func string(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 15)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The `count` bytes `text` spells; nil for any other length or a non-hex digit.
+    static func bytes(_ text: String, count: Int) -> [UInt8]? {
+        let digits = Array(text.utf8)
+        guard digits.count == 2 * count else { return nil }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(count)
+        for index in stride(from: 0, to: digits.count, by: 2) {
+            guard let byte = UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16) else { return nil }
+            bytes.append(byte)
+        }
+        return bytes
+    }
+}

@@ -8,8 +8,6 @@ import Glibc
 /// systemd unit and its uid. The entitlement check compares it with the
 /// rules of a group, as iOS compares an app's signed `keychain-access-groups`.
 public struct ProgramIdentity: Sendable, Equatable {
-    /// The process (thread group) id.
-    public var pid: Int32
     /// The executable's path as the kernel resolved it.
     public var executable: String
     /// SHA-256 of the executable file the process runs.
@@ -18,8 +16,7 @@ public struct ProgramIdentity: Sendable, Equatable {
     public var unit: String?
     public var uid: UInt32
 
-    public init(pid: Int32, executable: String, digest: [UInt8], unit: String?, uid: UInt32) {
-        self.pid = pid
+    public init(executable: String, digest: [UInt8], unit: String?, uid: UInt32) {
         self.executable = executable
         self.digest = digest
         self.unit = unit
@@ -57,12 +54,7 @@ public struct EntitlementRule: Sendable, Equatable {
     }
 
     /// The digest in lowercase hexadecimal, as `sha256sum` prints it.
-    public var digestHex: String {
-        digest.map { byte in
-            let text = String(byte, radix: 16)
-            return byte < 16 ? "0" + text : text
-        }.joined()
-    }
+    public var digestHex: String { Hex.string(digest) }
 }
 
 /// The entitlement policies of a keychain: for each access group that has

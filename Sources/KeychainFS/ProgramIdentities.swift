@@ -31,8 +31,7 @@ enum ProgramIdentities {
         var named = stat()
         guard stat(path, &named) == 0, named.st_dev == opened.st_dev, named.st_ino == opened.st_ino,
               let digest = digest(of: fd, info: opened) else { return nil }
-        return ProgramIdentity(pid: ProcessIdentity(thread: thread).process, executable: path, digest: digest,
-                               unit: unit(of: thread), uid: uid)
+        return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid)
     }
 
     /// Who `thread` is, for the audit log: its process, uid, executable

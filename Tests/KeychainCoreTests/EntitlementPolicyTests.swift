@@ -10,7 +10,7 @@ import Testing
     static let ruleA = EntitlementRule(executable: "/usr/bin/app-a", digest: digestA)
 
     static func program(_ executable: String, _ digest: [UInt8], unit: String? = nil, uid: UInt32 = 1000) -> ProgramIdentity {
-        ProgramIdentity(pid: 42, executable: executable, digest: digest, unit: unit, uid: uid)
+        ProgramIdentity(executable: executable, digest: digest, unit: unit, uid: uid)
     }
 
     @Test func aRuleAdmitsOnlyItsExecutableWithItsDigestInItsUnitAsItsUid() {
