@@ -118,11 +118,10 @@ extension FileSystem {
         defer { wipeMemory(request) }
         for command in try ControlCommand.parse(UnsafeRawBufferPointer(request)) {
             switch command {
-            case .lock: manager.localDevice.lock(by: ProgramIdentities.subject(thread: caller.thread, uid: caller.uid))
+            case .lock: manager.localDevice.lock(by: caller.auditSubject)
             case .unlock(let passcode):
                 try core { () throws(KeychainError) in
-                    try manager.localDevice.unlock(passcode: passcode,
-                                                   by: ProgramIdentities.subject(thread: caller.thread, uid: caller.uid))
+                    try manager.localDevice.unlock(passcode: passcode, by: caller.auditSubject)
                 }
             case .purge: manager.purge()
             case .background: manager.background()

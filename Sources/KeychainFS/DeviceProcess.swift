@@ -277,16 +277,10 @@ public final class DeviceProcess: Sendable {
                                             subject: ProgramIdentities.subject(ofPeer: client))
         case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
-            // Identified once, and only for a group with a policy.
-            var peer: ProgramIdentity??
-            let program = { () -> ProgramIdentity? in
-                if let peer { return peer }
-                let identity = ProgramIdentities.ofPeer(client)
-                peer = .some(identity)
-                return identity
-            }
             do throws(KeychainError) {
-                let reply = try answerItemRequest(request, program: program, subject: { ProgramIdentities.subject(ofPeer: client) })
+                // The peer is identified only when a group with a policy asks.
+                let reply = try answerItemRequest(request, program: { ProgramIdentities.ofPeer(client) },
+                                                  subject: { ProgramIdentities.subject(ofPeer: client) })
                 audit(request, result: "ok", client: client)
                 return reply
             } catch {
@@ -308,10 +302,6 @@ public final class DeviceProcess: Sendable {
 }
 
 extension DeviceProcess {
-    /// The requests of a ``PasswordManager`` that is a client of this
-    /// device (and of `keychainfs get/set/rm/ls`): the manager's own
-    /// operations, with the filesystem's namespace rules (a removed or
-    /// replaced item's inode is detached, writes are serialised with commits).
     /// Records an item request of a socket peer (lock, unlock and status are the device's own).
     fileprivate func audit(_ request: DeviceRequest, result: String, client: Int32) {
         guard let operation = request.auditOperation else { return }
@@ -332,6 +322,10 @@ extension DeviceProcess {
                                                     detail: detail))
     }
 
+    /// The requests of a ``PasswordManager`` that is a client of this
+    /// device (and of `keychainfs get/set/rm/ls`): the manager's own
+    /// operations, with the filesystem's namespace rules (a removed or
+    /// replaced item's inode is detached, writes are serialised with commits).
     fileprivate func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?,
                                        subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
         // As through a mount: a group's policy decides per program (the peer).

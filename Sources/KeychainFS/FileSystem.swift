@@ -1,5 +1,4 @@
 import KeychainCore
-
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -300,7 +299,7 @@ public final class FileSystem: Sendable {
     func requireEntitlement(_ group: String, caller: ProcessIdentity, operation: String,
                             identifier: String? = nil) throws(FSError) {
         do throws(KeychainError) {
-            try manager.localDevice.checkEntitlement(group) { ProgramIdentities.of(thread: caller.thread, uid: caller.uid) }
+            try manager.localDevice.checkEntitlement(group) { caller.program }
         } catch {
             audit(operation, group: group, identifier: identifier, caller: caller, result: AuditEvent.result(of: error))
             throw FSError(error)
@@ -336,7 +335,7 @@ public final class FileSystem: Sendable {
                result: String) {
         manager.localDevice.audit.record(AuditEvent(
             operation: operation, result: result, group: group, identifier: identifier,
-            subject: ProgramIdentities.subject(thread: caller.thread, uid: caller.uid), detail: detail))
+            subject: caller.auditSubject, detail: detail))
     }
 
     /// Runs an item operation and records its outcome.

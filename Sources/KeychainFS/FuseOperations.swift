@@ -134,16 +134,17 @@ enum FuseOperations {
                 case .events:
                     guard fi.pointee.flags & O_ACCMODE == O_RDONLY else { throw FSError(EACCES) }
                     // Who reads decides which item changes it may see (entitlements).
-                    let stream = EventStream(reader: ProgramIdentities.of(thread: caller(req).thread, uid: caller(req).uid))
+                    let stream = EventStream(reader: caller(req).program)
                     // The first line is the state now: a reader needs no other call to know
                     // where it starts, and knows its descriptor is listening once it reads it.
                     // Said again if it changed before the stream was listening (a repeated
                     // state line is harmless, a wrong last one is not).
                     let device = fs.manager.localDevice
+                    func stateLine(_ locked: Bool) -> [UInt8] { Array((locked ? DeviceEvent.locked : .unlocked).eventLine.text.utf8) }
                     let locked = device.isLocked
-                    stream.deliver(Array((locked ? "locked\n" : "unlocked\n").utf8))
+                    stream.deliver(stateLine(locked))
                     fs.eventStreams.add(stream)
-                    if device.isLocked != locked { stream.deliver(Array((locked ? "unlocked\n" : "locked\n").utf8)) }
+                    if device.isLocked != locked { stream.deliver(stateLine(!locked)) }
                     fi.pointee.fh = FileHandle.make(stream)
                     fi.pointee.nonseekable = 1
                 case .item(let group, let identifier):

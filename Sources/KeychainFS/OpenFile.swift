@@ -117,6 +117,12 @@ struct ProcessIdentity: Sendable, Equatable {
         }
     }
 
+    /// The program making the request, for entitlement decisions.
+    var program: ProgramIdentity? { ProgramIdentities.of(thread: thread, uid: uid) }
+
+    /// Who made the request, for the audit log.
+    var auditSubject: AuditSubject { ProgramIdentities.subject(thread: thread, uid: uid) }
+
     /// Whether two requests came from the same process.
     func sameProcess(as other: ProcessIdentity) -> Bool {
         thread == other.thread || process == other.process
