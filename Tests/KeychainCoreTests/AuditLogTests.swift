@@ -116,13 +116,7 @@ import Testing
     @Test func aTamperedAnchorStopsTheBoot() throws {
         let keychain = try TemporaryKeychain()
         try keychain.device().shutDown()
-        try keychain.withRawDatabase { db in
-            try db.execute("""
-                UPDATE meta SET value = substr(value, 1, 8)
-                    || (CASE WHEN substr(value, 9, 1) = x'ff' THEN x'fe' ELSE x'ff' END) || substr(value, 10)
-                WHERE key = 'audit'
-                """)
-        }
+        try keychain.withRawDatabase { try $0.execute(changingByte(9, ofMetaRecord: "audit")) }
         expectError(.decode) { try keychain.device() }
     }
 }

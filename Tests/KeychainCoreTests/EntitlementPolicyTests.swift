@@ -113,7 +113,7 @@ import Testing
     // MARK: Tampering
 
     @Test(arguments: [
-        "UPDATE meta SET value = substr(value, 1, 5) || x'07' || substr(value, 7) WHERE key = 'entitlements'",
+        changingByte(6, ofMetaRecord: "entitlements"),
         "DELETE FROM meta WHERE key = 'entitlements'",
         // The MAC is over the record only: another record's bytes do not pass.
         "UPDATE meta SET value = (SELECT value FROM meta WHERE key = 'lockout') WHERE key = 'entitlements'",

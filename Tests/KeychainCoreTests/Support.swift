@@ -56,6 +56,16 @@ final class ManualClock: Sendable {
 
 func secure(_ string: String) throws -> SecureBytes { try SecureBytes(string) }
 
+/// SQL that changes byte `position` (1-based) of the meta record `key`,
+/// whatever it held (0xff becomes 0xfe, anything else 0xff): an attacker's edit.
+func changingByte(_ position: Int, ofMetaRecord key: String) -> String {
+    """
+    UPDATE meta SET value = substr(value, 1, \(position - 1))
+        || (CASE WHEN substr(value, \(position), 1) = x'ff' THEN x'fe' ELSE x'ff' END) || substr(value, \(position + 1))
+    WHERE key = '\(key)'
+    """
+}
+
 /// Expects `body` to throw exactly `expected`.
 func expectError<R>(_ expected: KeychainError, sourceLocation: SourceLocation = #_sourceLocation,
                     _ body: () throws -> R) {

@@ -69,7 +69,7 @@ import Testing
         "UPDATE items SET class = 99 WHERE ident = 'alpha' AND grp = 'default'",
         "DELETE FROM items WHERE ident = 'beta'",
         // A digest byte (random: the edit must change it whatever it was).
-        "UPDATE meta SET value = substr(value, 1, 10) || (CASE WHEN substr(value, 11, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(value, 12) WHERE key = 'state'",
+        changingByte(11, ofMetaRecord: "state"),
         // A missing record is tampering too. With the state gone, the next
         // boot would rebuild it from whatever rows are there.
         "DELETE FROM meta WHERE key = 'state'",
@@ -134,14 +134,8 @@ import Testing
 
     @Test func tamperedKeybagIsDecodeNotAWrongPasscode() throws {
         let keychain = try prepared()
-        try keychain.withRawDatabase { db in
-            // Byte 41 is random (a nonce): make sure the edit changes it (it is 0xff one time in 256).
-            try db.execute("""
-                UPDATE meta SET value = substr(value, 1, 40)
-                    || (CASE WHEN substr(value, 41, 1) = x'ff' THEN x'fe' ELSE x'ff' END) || substr(value, 42)
-                WHERE key = 'keybag'
-                """)
-        }
+        // Byte 41 is random (a nonce): the edit changes it whatever it holds.
+        try keychain.withRawDatabase { try $0.execute(changingByte(41, ofMetaRecord: "keybag")) }
         expectError(.decode) { try keychain.device() }
     }
 
