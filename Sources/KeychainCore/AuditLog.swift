@@ -119,54 +119,123 @@ public final class AuditLog: Sendable {
     /// Appends one event. A failure to write is reported to the diagnostics
     /// log, not to the request (the access itself happened or was denied).
     public func record(_ event: AuditEvent) {
-        // Built as bytes, escaping only what needs it, and outside the lock:
-        // this runs for every audited request.
-        var tail: [UInt8] = []
-        tail.reserveCapacity(256)
-        Self.field(&tail, "op", event.operation)
-        Self.field(&tail, "result", event.result)
-        if let group = event.group { Self.field(&tail, "group", group) }
-        if let identifier = event.identifier { Self.field(&tail, "id", identifier) }
+        // Built as bytes, escaping only what needs it, without an
+        // intermediate String, and outside the lock: this runs for every
+        // audited request (docs/BENCHMARKS.md, the audit log's cost).
+        var tail = LineBuilder(capacity: 256)
+        tail.field("op", event.operation)
+        tail.field("result", event.result)
+        if let group = event.group { tail.field("group", group) }
+        if let identifier = event.identifier { tail.field("id", identifier) }
         if let subject = event.subject {
-            Self.field(&tail, "pid", String(subject.pid))
-            Self.field(&tail, "uid", String(subject.uid))
-            if let executable = subject.executable { Self.field(&tail, "exe", executable) }
-            if let unit = subject.unit { Self.field(&tail, "unit", unit) }
+            tail.field("pid", Int64(subject.pid))
+            tail.field("uid", Int64(subject.uid))
+            if let executable = subject.executable { tail.field("exe", executable) }
+            if let unit = subject.unit { tail.field("unit", unit) }
         }
-        if let detail = event.detail { Self.field(&tail, "detail", detail) }
-        let time = Self.timestamp()
+        if let detail = event.detail { tail.field("detail", detail) }
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
         state.withLock { state in
             if state.size >= rotationSize { rotate(&state) }
-            var line: [UInt8] = []
-            line.reserveCapacity(tail.count + 200)
-            Self.field(&line, "seq", String(state.sequence + 1))
-            Self.field(&line, "time", time)
-            if state.size == 0 { Self.field(&line, "prev", Hex.string(state.mac)) }
-            line.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
-            line.append(contentsOf: tail)
-            let mac = Self.chain(key: key, previous: state.mac, body: line)
-            line.append(contentsOf: "\tmac=".utf8)
-            line.append(contentsOf: Hex.string(mac).utf8)
-            line.append(UInt8(ascii: "\n"))
-            guard line.withUnsafeBytes({ Descriptor.writeAll(state.fd, $0) }) else {
+            var line = LineBuilder(capacity: tail.bytes.count + 200)
+            line.field("seq", state.sequence + 1)
+            line.timestamp("time", now)
+            if state.size == 0 { line.hexField("prev", state.mac) }
+            line.bytes.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
+            line.bytes.append(contentsOf: tail.bytes)
+            let mac = Self.chain(key: key, previous: state.mac, body: line.bytes)
+            line.hexField("mac", mac)
+            line.bytes.append(UInt8(ascii: "\n"))
+            guard line.bytes.withUnsafeBytes({ Descriptor.writeAll(state.fd, $0) }) else {
                 Diagnostics.log("could not append to the audit log: \(String(cString: strerror(errno)))")
                 return
             }
-            state.size += line.count
+            state.size += line.bytes.count
             state.sequence += 1
             state.mac = mac
         }
     }
 
-    /// Appends `key=value` (tab-separated from what is before it).
-    private static func field(_ line: inout [UInt8], _ key: StaticString, _ value: String) {
-        if !line.isEmpty { line.append(UInt8(ascii: "\t")) }
-        line.append(contentsOf: UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
-        line.append(UInt8(ascii: "="))
-        if value.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x7f && $0 != UInt8(ascii: "\\") && $0 != 0xc2 }) {
-            line.append(contentsOf: value.utf8)
-        } else {
-            line.append(contentsOf: LineEscaping.escaped(value).utf8)
+    /// An audit line being built: tab-separated `key=value` fields.
+    private struct LineBuilder {
+        var bytes: [UInt8] = []
+
+        init(capacity: Int) { bytes.reserveCapacity(capacity) }
+
+        private mutating func key(_ key: StaticString) {
+            if !bytes.isEmpty { bytes.append(UInt8(ascii: "\t")) }
+            bytes.append(contentsOf: UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+            bytes.append(UInt8(ascii: "="))
+        }
+
+        mutating func field(_ key: StaticString, _ value: String) {
+            self.key(key)
+            // Native strings are contiguous UTF-8: scanned and copied as bytes.
+            let plain = value.utf8.withContiguousStorageIfAvailable { utf8 -> Bool in
+                guard utf8.allSatisfy(Self.needsNoEscape) else { return false }
+                bytes.append(contentsOf: utf8)
+                return true
+            }
+            if plain != true { bytes.append(contentsOf: LineEscaping.escaped(value).utf8) }
+        }
+
+        /// What ``LineEscaping`` leaves as it is: not a control character,
+        /// DEL, a backslash, or the lead byte of U+0080...U+009F.
+        private static func needsNoEscape(_ byte: UInt8) -> Bool {
+            byte >= 0x20 && byte != 0x7f && byte != UInt8(ascii: "\\") && byte != 0xc2
+        }
+
+        mutating func field(_ key: StaticString, _ value: Int64) {
+            self.key(key)
+            if value < 0 { bytes.append(UInt8(ascii: "-")) }
+            appendDecimal(value.magnitude)
+        }
+
+        mutating func field(_ key: StaticString, _ value: UInt64) {
+            self.key(key)
+            appendDecimal(value)
+        }
+
+        mutating func hexField(_ key: StaticString, _ value: [UInt8]) {
+            self.key(key)
+            Hex.append(value, to: &bytes)
+        }
+
+        /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
+        mutating func timestamp(_ key: StaticString, _ time: timespec) {
+            self.key(key)
+            var parts = tm()
+            var seconds = time.tv_sec
+            gmtime_r(&seconds, &parts)
+            appendDecimal(UInt64(max(0, parts.tm_year + 1900)))
+            append("-", parts.tm_mon + 1, width: 2)
+            append("-", parts.tm_mday, width: 2)
+            append("T", parts.tm_hour, width: 2)
+            append(":", parts.tm_min, width: 2)
+            append(":", parts.tm_sec, width: 2)
+            append(".", Int32(time.tv_nsec / 1_000_000), width: 3)
+            bytes.append(UInt8(ascii: "Z"))
+        }
+
+        private mutating func append(_ separator: Unicode.Scalar, _ value: Int32, width: Int) {
+            bytes.append(UInt8(ascii: separator))
+            appendDecimal(UInt64(max(0, value)), width: width)
+        }
+
+        /// `value` in decimal, zero-padded to `width` digits.
+        private mutating func appendDecimal(_ value: UInt64, width: Int = 1) {
+            var divisor: UInt64 = 1
+            var digits = 1
+            while value / divisor >= 10 {
+                divisor *= 10
+                digits += 1
+            }
+            for _ in digits..<max(digits, width) { bytes.append(UInt8(ascii: "0")) }
+            while divisor > 0 {
+                bytes.append(UInt8(ascii: "0") + UInt8(value / divisor % 10))
+                divisor /= 10
+            }
         }
     }
 
@@ -198,25 +267,6 @@ public final class AuditLog: Sendable {
     }
     private static let macDomainBytes = Array(macDomain.utf8)
 
-    /// `YYYY-MM-DDTHH:MM:SS.mmmZ`; the part up to the second is made once per second.
-    private static func timestamp() -> String {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        let second = Int64(now.tv_sec)
-        let prefix = secondPrefix.withLock { cached -> String in
-            if cached.second == second { return cached.text }
-            var parts = tm()
-            var seconds = now.tv_sec
-            gmtime_r(&seconds, &parts)
-            func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-            cached = (second, "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T"
-                + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)).")
-            return cached.text
-        }
-        let milliseconds = Int(now.tv_nsec / 1_000_000)
-        return prefix + (milliseconds < 10 ? "00" : milliseconds < 100 ? "0" : "") + String(milliseconds) + "Z"
-    }
-    private static let secondPrefix = Mutex<(second: Int64, text: String)>((-1, ""))
 
     /// The last complete line of a file (reads only its end).
     private static func lastLine(_ path: String) -> String? {

@@ -72,14 +72,22 @@ struct ByteReader {
 /// and the entitlement rules' digests.
 enum Hex {
     static func string(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
         var out: [UInt8] = []
-        out.reserveCapacity(bytes.count * 2)
-        for byte in bytes {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 15)])
-        }
+        append(bytes, to: &out)
         return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Appends the lowercase hex digits of `bytes` to `out`.
+    static func append(_ bytes: [UInt8], to out: inout [UInt8]) {
+        out.reserveCapacity(out.count + bytes.count * 2)
+        for byte in bytes {
+            out.append(digit(byte >> 4))
+            out.append(digit(byte & 15))
+        }
+    }
+
+    private static func digit(_ value: UInt8) -> UInt8 {
+        value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10
     }
 
     /// The `count` bytes `text` spells; nil for any other length or a non-hex digit.

@@ -47,20 +47,28 @@ enum ProgramIdentities {
             guard let facts = cache[thread], now - facts.readAt < 1 else { return nil }
             return facts
         }
-        let facts = known ?? ThreadFacts(process: ProcessIdentity(thread: thread).process, unit: unit(of: thread), readAt: now)
+        let facts = known ?? ThreadFacts(process: ProcessIdentity(thread: thread).process, unit: unit(of: thread),
+                                         readAt: now, executable: nil)
         if known == nil {
             threads.withLock { cache in
                 if cache.count >= 4096 { cache.removeAll() }
                 cache[thread] = facts
             }
         }
-        return AuditSubject(pid: facts.process, uid: uid, executable: linkTarget("/proc/\(thread)/exe"), unit: facts.unit)
+        let executable = linkTarget("/proc/\(thread)/exe", reusing: facts.executable)
+        if executable != facts.executable {
+            threads.withLock { $0[thread]?.executable = executable }
+        }
+        return AuditSubject(pid: facts.process, uid: uid, executable: executable, unit: facts.unit)
     }
 
     private struct ThreadFacts {
         let process: pid_t
         let unit: String?
         let readAt: Double
+        /// The executable it ran when last asked (re-read every time: only
+        /// kept so that an unchanged one costs no new String).
+        var executable: String?
     }
     private static let threads = Mutex<[pid_t: ThreadFacts]>([:])
 
@@ -154,11 +162,19 @@ enum ProgramIdentities {
 
     // MARK: /proc
 
-    private static func linkTarget(_ path: String) -> String? {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let count = readlink(path, &buffer, buffer.count)
-        guard count > 0, count < buffer.count else { return nil }
-        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    /// Where the symbolic link at `path` points. `reusing` is returned
+    /// instead of a new String when the target is the same (the common case
+    /// of an audited thread asking again): no allocation per request.
+    private static func linkTarget(_ path: String, reusing known: String? = nil) -> String? {
+        withUnsafeTemporaryAllocation(of: CChar.self, capacity: Int(PATH_MAX) + 1) { buffer -> String? in
+            let count = readlink(path, buffer.baseAddress!, buffer.count)
+            guard count > 0, count < buffer.count else { return nil }
+            let target = UnsafeRawBufferPointer(start: buffer.baseAddress, count: count)
+            if let known, known.utf8.withContiguousStorageIfAvailable({ $0.elementsEqual(target) }) == true {
+                return known
+            }
+            return String(decoding: target, as: UTF8.self)
+        }
     }
 
     /// The systemd unit of a thread: the innermost `.service` or `.scope`
