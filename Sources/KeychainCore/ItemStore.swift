@@ -33,10 +33,34 @@ final class ItemStore: Sendable {
 
     private let connection: Mutex<SQLiteConnection>
     private let state: ItemSetState
+    /// What this device knows of its rows (``KnownRows``).
+    private let known = Mutex(KnownRows())
+
     /// The generation of every row as this device last wrote it (or found it
     /// at boot, verified): a row replaced behind the running device's back
     /// (an older copy put back, a removed row restored) no longer matches.
-    private let expected = Mutex<[RowKey: Int64]>([:])
+    /// And the rows most recently read or written, as this device committed
+    /// them, so that reading them again touches no SQLite page (issue 8:
+    /// the point read was a third of a read's work). Only sealed rows are
+    /// kept (ciphertext and names, what the database file holds anyway),
+    /// written through on every commit; a row changed behind the device's
+    /// back is then not read again until it leaves this cache, and the
+    /// device keeps serving what it committed, never the changed row.
+    private struct KnownRows {
+        var generations: [RowKey: Int64] = [:]
+        var recent: [RowKey: SealedItem] = [:]
+
+        /// Enough for every secret a session's programs use, small next to
+        /// the generations of a large keychain (a row is ~200 bytes).
+        static let recentLimit = 4096
+
+        mutating func remember(_ key: RowKey, _ row: SealedItem) {
+            if recent[key] == nil, recent.count >= Self.recentLimit {
+                recent.remove(at: recent.startIndex)  // an arbitrary one: no bookkeeping per read
+            }
+            recent[key] = row
+        }
+    }
 
     /// Told of every committed change, after its transaction (``Device`` forwards it to its observers).
     private let changeHandler = Mutex<ChangeHandler?>(nil)
@@ -127,7 +151,16 @@ final class ItemStore: Sendable {
     // MARK: Items
 
     func item(group: String, identifier: String) throws(KeychainError) -> SealedItem? {
-        try withConnection { db throws(KeychainError) in try checkedRow(db, group: group, identifier: identifier) }
+        let key = RowKey(group: group, identifier: identifier)
+        if let row = known.withLock({ rows in rows.recent[key].flatMap { rows.generations[key] == $0.generation ? $0 : nil } }) {
+            return row
+        }
+        let row = try withConnection { db throws(KeychainError) in try checkedRow(db, group: group, identifier: identifier) }
+        if let row {
+            // Unless a commit replaced it meanwhile.
+            known.withLock { rows in if rows.generations[key] == row.generation { rows.remember(key, row) } }
+        }
+        return row
     }
 
     func info(group: String, identifier: String) throws(KeychainError) -> ItemInfo? {
@@ -162,10 +195,10 @@ final class ItemStore: Sendable {
                 try saveState(db, &record, removing: [existing].compactMap { $0 }, adding: [row])
                 try db.statement("INSERT OR IGNORE INTO groups(name) VALUES (?)").bind(1, group).run()
                 try upsert(db, row)
-                return (replaced: existing, generation: row.generation)
+                return (replaced: existing, row: row)
             }
-            expect(group, identifier, written.generation)
-            return written
+            expect(group, identifier, written.row)
+            return (replaced: written.replaced, generation: written.row.generation)
         }
         announce(.written(group: group, identifier: identifier))
         return written
@@ -195,7 +228,7 @@ final class ItemStore: Sendable {
                 try upsert(db, previous)
                 return true
             }
-            if reverted { expect(group, identifier, previous.generation) }
+            if reverted { expect(group, identifier, previous) }
             return reverted
         }
         if reverted { announce(.written(group: group, identifier: identifier)) }
@@ -216,7 +249,7 @@ final class ItemStore: Sendable {
     /// added outside keychainfs while the device runs.
     private func checkedRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
         let row = try currentRow(db, group: group, identifier: identifier)
-        let want = expected.withLock { $0[RowKey(group: group, identifier: identifier)] }
+        let want = known.withLock { $0.generations[RowKey(group: group, identifier: identifier)] }
         guard row?.generation == want else {
             Diagnostics.log("an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
             throw .decode
@@ -224,9 +257,13 @@ final class ItemStore: Sendable {
         return row
     }
 
-    /// Records the generation a committed change left in a row (nil: the row is gone).
-    private func expect(_ group: String, _ identifier: String, _ generation: Int64?) {
-        expected.withLock { $0[RowKey(group: group, identifier: identifier)] = generation }
+    /// Records the row a committed change left (nil: the row is gone).
+    private func expect(_ group: String, _ identifier: String, _ row: SealedItem?) {
+        let key = RowKey(group: group, identifier: identifier)
+        known.withLock { rows in
+            rows.generations[key] = row?.generation
+            if let row { rows.remember(key, row) } else { rows.recent[key] = nil }
+        }
     }
 
     /// Hands out the next generation from the authenticated record.
@@ -245,7 +282,7 @@ final class ItemStore: Sendable {
     func rename(group: String, from source: String, to target: String, replacing: Bool,
                 reseal: (SealedItem, Int64) throws(KeychainError) -> SealedItem) throws(KeychainError) {
         let renamed = try withConnection { db throws(KeychainError) -> Bool in
-            let moved = try db.transaction { () throws(KeychainError) -> Int64? in
+            let moved = try db.transaction { () throws(KeychainError) -> SealedItem? in
                 guard let old = try checkedRow(db, group: group, identifier: source) else { throw .itemNotFound }
                 if source == target { return nil }
                 let replaced = try checkedRow(db, group: group, identifier: target)
@@ -260,7 +297,7 @@ final class ItemStore: Sendable {
                     """)
                     .bind(1, row.identifier).bind(2, row.protectionClass.rawValue).bind(3, row.generation)
                     .bind(4, row.nonce).bind(5, row.sealed).bind(6, group).bind(7, source).run()
-                return row.generation
+                return row
             }
             if let moved {
                 expect(group, source, nil)
@@ -353,7 +390,7 @@ final class ItemStore: Sendable {
                     .bind(1, ItemSetState.recordKey)
                     .bind(2, state.sealed(ItemSetState.Record(digest: digest, generation: last))).run()
             }
-            expected.withLock { $0 = generations }
+            known.withLock { $0 = KnownRows(generations: generations) }
         }
     }
 

@@ -223,18 +223,25 @@ import Testing
     ])
     func aRowChangedWhileTheDeviceRunsIsNotServed(_ sql: String) throws {
         let keychain = try prepared()
-        let manager = try keychain.manager()
-        try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
-        try keychain.withRawDatabase { db in
-            try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'alpha' AND grp = 'default'")
+        do {
+            let manager = try keychain.manager()
+            try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
+            try keychain.withRawDatabase { db in
+                try db.execute("CREATE TABLE saved AS SELECT * FROM items WHERE ident = 'alpha' AND grp = 'default'")
+            }
+            try manager.register("changed-password", forIdentifier: "alpha")
+            try keychain.withRawDatabase { try $0.execute(sql) }
+            manager.purge()
+            // The device serves the row it committed (kept among its recent
+            // rows), never the one put back, and never "absent".
+            #expect(try manager.string(forIdentifier: "alpha") == "changed-password")
+            // A write reads the stored row: it refuses to replace a changed one.
+            expectError(.decode) { try manager.register("overwrite", forIdentifier: "alpha") }
+            // The other rows still serve.
+            #expect(try manager.string(forIdentifier: "beta") == "beta-secret")
         }
-        try manager.register("changed-password", forIdentifier: "alpha")
-        try keychain.withRawDatabase { try $0.execute(sql) }
-        manager.purge()
-        expectError(.decode) { try manager.key(forIdentifier: "alpha") }
-        expectError(.decode) { try manager.register("overwrite", forIdentifier: "alpha") }
-        // The other rows still serve.
-        #expect(try manager.string(forIdentifier: "beta") == "beta-secret")
+        // And the keychain does not boot again.
+        expectError(.decode) { try keychain.device() }
     }
 
     @Test func aRemovedRowBroughtBackWhileTheDeviceRunsIsNotServed() throws {
