@@ -80,8 +80,8 @@ public final class Device: Sendable {
     private let autoLockSettings = Mutex<(after: Int, grace: Int)>((0, 10))
     /// When an item was last read or written (or the device unlocked), monotonic ms.
     private let lastAccess = Atomic<Int64>(0)
-    /// Wakes the auto-lock thread when its settings or the lock state change.
-    private let autoLockWake = Mutex<(read: Int32, write: Int32)?>(nil)
+    /// Started with the first auto-lock setting; woken when the settings or the lock state change.
+    private let autoLockThread = Mutex<WakeableThread?>(nil)
     /// Held across one unlock attempt: the lockout check, the derivation and
     /// the record of its outcome are one step, so concurrent attempts cannot
     /// all pass the check before any failure is counted.
@@ -202,8 +202,6 @@ public final class Device: Sendable {
     deinit {
         // Closing the descriptor releases the flock: the keychain is free.
         close(lockFile)
-        // The auto-lock thread sees the hang-up and ends.
-        if let wake = autoLockWake.withLock({ $0 }) { close(wake.write) }
     }
 
     // MARK: Status
@@ -483,70 +481,32 @@ public final class Device: Sendable {
     /// The auto-lock delay and grace, in seconds.
     public var autoLock: (after: Int, grace: Int) { autoLockSettings.withLock { $0 } }
 
-    private func noteAccess() { lastAccess.store(Self.monotonicMilliseconds(), ordering: .relaxed) }
-
-    private static func monotonicMilliseconds() -> Int64 {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
-    }
+    private func noteAccess() { lastAccess.store(WakeableThread.monotonicMilliseconds(), ordering: .relaxed) }
 
     private func wakeAutoLock() {
-        guard let wake = autoLockWake.withLock({ $0 }) else { return }
-        var byte: UInt8 = 1
-        _ = write(wake.write, &byte, 1)
+        autoLockThread.withLock { $0 }?.wake()
     }
 
     /// One thread per device, started with the first setting: it sleeps
     /// until the idle delay could have passed (or a wake-up), and never
     /// holds the device between waits.
     private func startAutoLockThread() {
-        let started = autoLockWake.withLock { wake -> (read: Int32, write: Int32)? in
-            guard wake == nil else { return nil }
-            var ends: [Int32] = [0, 0]
-            guard pipe(&ends) == 0 else { return nil }
-            for end in ends {
-                _ = fcntl(end, F_SETFD, FD_CLOEXEC)
-                _ = fcntl(end, F_SETFL, O_NONBLOCK)
+        autoLockThread.withLock { thread in
+            guard thread == nil else { return }
+            thread = WakeableThread("auto-lock") { [weak self] in
+                guard let device = self else { return .stop }
+                return device.autoLockStep()
             }
-            wake = (ends[0], ends[1])
-            return wake
         }
-        guard let started else { return }
-        final class Context { weak var device: Device?; let wake: Int32
-            init(_ device: Device, _ wake: Int32) { self.device = device; self.wake = wake } }
-        let context = Unmanaged.passRetained(Context(self, started.read)).toOpaque()
-        var thread = pthread_t()
-        guard pthread_create(&thread, nil, { raw in
-            let context = Unmanaged<Context>.fromOpaque(raw!).takeRetainedValue()
-            var timeout: Int32 = -1
-            while true {
-                var wake = pollfd(fd: context.wake, events: Int16(POLLIN), revents: 0)
-                if poll(&wake, 1, timeout) < 0 && errno != EINTR { break }
-                if wake.revents & Int16(POLLHUP) != 0 { break }
-                var drained = [UInt8](repeating: 0, count: 64)
-                while read(context.wake, &drained, drained.count) > 0 {}
-                guard let device = context.device else { break }
-                timeout = device.autoLockStep()
-            }
-            close(context.wake)
-            return nil
-        }, context) == 0 else {
-            Unmanaged<Context>.fromOpaque(context).release()
-            Diagnostics.log("could not start the auto-lock thread")
-            return
-        }
-        pthread_detach(thread)
     }
 
-    /// Locks if the device has been idle long enough; returns how long to
-    /// wait before looking again (ms; -1: until woken).
-    private func autoLockStep() -> Int32 {
+    /// Locks if the device has been idle long enough; returns when to look again.
+    private func autoLockStep() -> WakeableThread.Next {
         let (after, grace) = autoLock
-        guard after > 0, !isLocked else { return -1 }
-        let idle = Self.monotonicMilliseconds() - lastAccess.load(ordering: .relaxed)
+        guard after > 0, !isLocked else { return .whenWoken }
+        let idle = WakeableThread.monotonicMilliseconds() - lastAccess.load(ordering: .relaxed)
         let remaining = Int64(after) * 1000 - idle
-        guard remaining <= 0 else { return Int32(clamping: remaining) }
+        guard remaining <= 0 else { return .after(milliseconds: Int32(clamping: remaining)) }
         notify(.willLock(grace: grace))
         if grace > 0 {
             // The grace is not cut short (iOS locks at its end whatever
@@ -555,9 +515,9 @@ public final class Device: Sendable {
             var rest = timespec()
             while nanosleep(&left, &rest) != 0 && errno == EINTR { left = rest }
         }
-        guard autoLock.after > 0, !isLocked else { return -1 }
+        guard autoLock.after > 0, !isLocked else { return .whenWoken }
         lockNow(by: nil, detail: "auto-lock after \(after) s idle")
-        return -1
+        return .whenWoken
     }
 
     // MARK: Keys for the item layer

@@ -45,14 +45,36 @@ import Testing
         #expect(try SecureBytes("") == SecureBytes([]))
     }
 
-    @Test func guardedKeysAreReadableOnlyInsideWithKey() throws {
+    @Test func guardedKeysAreUnreadableWhileIdle() throws {
         let key = GuardedKey.random()
         // Touching a PROT_NONE page would crash the test, so read the
         // protection the kernel reports for the key's page instead.
         #expect(try protection(of: key.pointer) == "---p")
+        let inside = try key.withKey { pointer in
+            let readable = try protection(of: UnsafeRawPointer(pointer))
+            // A key in use is never taken away, however late it is.
+            #expect(key.protectIfIdle(now: .max / 2) != nil)
+            return readable
+        }
+        #expect(inside == "r--p")
+        // Idle for longer than the delay: unreadable again.
+        #expect(key.protectIfIdle(now: WakeableThread.monotonicMilliseconds() + GuardedKey.idleMilliseconds) == nil)
+        #expect(try protection(of: key.pointer) == "---p")
+    }
+
+    @Test func theBackgroundThreadProtectsKeysOnceIdle() throws {
+        let key = GuardedKey.random()
         let inside = try key.withKey { pointer in try protection(of: UnsafeRawPointer(pointer)) }
         #expect(inside == "r--p")
-        #expect(try protection(of: key.pointer) == "---p")
+        // Nothing here protects it: only the thread can (a generous bound for loaded machines).
+        let deadline = WakeableThread.monotonicMilliseconds() + 10_000
+        var seen = try protection(of: key.pointer)
+        while seen != "---p" && WakeableThread.monotonicMilliseconds() < deadline {
+            var pause = timespec(tv_sec: 0, tv_nsec: 5_000_000)
+            nanosleep(&pause, nil)
+            seen = try protection(of: key.pointer)
+        }
+        #expect(seen == "---p")
     }
 
     /// The permissions column of /proc/self/maps for the mapping holding `address`.

@@ -1,0 +1,96 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A detached thread that runs a step each time it is woken or the delay
+/// the last step asked for has passed: the auto-lock and the re-protection
+/// of idle keys. It sleeps in `poll` on a pipe, so a wake-up is one write
+/// and costs nothing while nobody wakes it.
+final class WakeableThread: Sendable {
+    /// What a step asks for next.
+    enum Next {
+        /// Run again after this many milliseconds, or sooner if woken.
+        case after(milliseconds: Int32)
+        /// Run again only when woken.
+        case whenWoken
+        /// End the thread.
+        case stop
+    }
+
+    private let wakeEnd: Int32
+
+    /// Starts the thread; nil (logged) if no pipe or thread can be made.
+    init?(_ purpose: String, step: @escaping @Sendable () -> Next) {
+        var ends: [Int32] = [0, 0]
+        guard pipe(&ends) == 0 else {
+            Diagnostics.log("could not start the \(purpose) thread: no pipe")
+            return nil
+        }
+        for end in ends {
+            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+            _ = fcntl(end, F_SETFL, O_NONBLOCK)  // a wake-up never blocks its caller
+        }
+        final class Context {
+            let sleepEnd: Int32
+            let step: @Sendable () -> Next
+            init(_ sleepEnd: Int32, _ step: @escaping @Sendable () -> Next) { self.sleepEnd = sleepEnd; self.step = step }
+        }
+        let context = Unmanaged.passRetained(Context(ends[0], step)).toOpaque()
+        // Started with every signal blocked (a thread inherits its creator's
+        // mask): a helper that may be started before the device routes
+        // SIGTERM to its signalfd must never be the thread a signal kills
+        // the process through.
+        var all = sigset_t()
+        var previous = sigset_t()
+        sigfillset(&all)
+        pthread_sigmask(SIG_SETMASK, &all, &previous)
+        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
+        var thread = pthread_t()
+        guard pthread_create(&thread, nil, { raw in
+            let context = Unmanaged<Context>.fromOpaque(raw!).takeRetainedValue()
+            var timeout: Int32 = -1
+            loop: while true {
+                var sleeper = pollfd(fd: context.sleepEnd, events: Int16(POLLIN), revents: 0)
+                if poll(&sleeper, 1, timeout) < 0 && errno != EINTR { break }
+                // The owner closed its end: nothing will wake this thread again.
+                if sleeper.revents & Int16(POLLHUP) != 0 { break }
+                var drained = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+                while read(context.sleepEnd, &drained, MemoryLayout.size(ofValue: drained)) > 0 {}
+                switch context.step() {
+                case .after(let milliseconds): timeout = max(0, milliseconds)
+                case .whenWoken: timeout = -1
+                case .stop: break loop
+                }
+            }
+            close(context.sleepEnd)
+            return nil
+        }, context) == 0 else {
+            Unmanaged<Context>.fromOpaque(context).release()
+            close(ends[0])
+            close(ends[1])
+            Diagnostics.log("could not start the \(purpose) thread")
+            return nil  // before `wakeEnd` is set: deinit must not close it again
+        }
+        pthread_detach(thread)
+        wakeEnd = ends[1]
+    }
+
+    deinit {
+        // The thread sees the hang-up and ends.
+        close(wakeEnd)
+    }
+
+    /// The clock steps are timed by (CLOCK_MONOTONIC, ms).
+    static func monotonicMilliseconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+    }
+
+    /// Makes the thread run its step now.
+    func wake() {
+        var byte: UInt8 = 1
+        _ = write(wakeEnd, &byte, 1)
+    }
+}
