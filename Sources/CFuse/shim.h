@@ -23,6 +23,7 @@ static inline int CFuse_pidfd_alive(int pidfd) {
 
 // glibc's malloc tuning (malloc.h is not part of Swift's Glibc module).
 static inline void CFuse_limit_malloc_arenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }
+static inline void CFuse_fix_mmap_threshold(int bytes) { mallopt(M_MMAP_THRESHOLD, bytes); }
 static inline void CFuse_release_free_memory(void) { malloc_trim(0); }
 
 // glibc >= 2.34 exports this GNU extension, but declares it only with

@@ -115,6 +115,11 @@ public final class DeviceProcess: Sendable {
         // keychain's churn (100,000 creates, listings) left the device at
         // three times its live data. Two arenas suffice for two CPUs.
         CFuse_limit_malloc_arenas(2)
+        // glibc raises its mmap threshold to the size of any mapped block
+        // freed (up to 32 MB), after which the inode table's multi-megabyte
+        // storage comes from the heap and stays resident once freed; fixed,
+        // it is always mapped and given back when the table shrinks.
+        CFuse_fix_mmap_threshold(128 << 10)
         // A daemon must not pin the directory it was started from (it could
         // not be unmounted); every path it uses is absolute.
         _ = chdir("/")

@@ -29,19 +29,24 @@ final class NodeTable: Sendable {
     /// `.control` and `.events`: files whose handles are not item descriptors.
     static func isSpecial(_ inode: UInt64) -> Bool { inode == controlInode || inode == eventsInode }
 
+    /// One per inode a kernel or a descriptor holds: a keychain of 100,000
+    /// items listed once has 100,000 of them, so it stays small (48 bytes);
+    /// what only a few inodes have is in ``State/opened``.
     private struct Entry {
         var node: Node
         /// The name now belongs to another inode, or to none.
         var detached = false
-        var files: [ObjectIdentifier: OpenFile] = [:]
-        /// What `stat` of a detached item shows: the item as it was removed.
-        var lastInfo: ItemInfo?
         /// References the kernels of the mounts hold (replies that gave them
         /// the number, minus FORGETs): the entry goes when none is left and
         /// no descriptor is open.
         var lookups: UInt64 = 0
+    }
 
-        var isUnused: Bool { lookups == 0 && files.isEmpty }
+    /// What inodes with open descriptors, or detached ones, carry besides.
+    private struct Opened {
+        var files: [ObjectIdentifier: OpenFile] = [:]
+        /// What `stat` of a detached item shows: the item as it was removed.
+        var lastInfo: ItemInfo?
     }
 
     private struct State {
@@ -50,25 +55,42 @@ final class NodeTable: Sendable {
                                         NodeTable.eventsInode: Entry(node: .events)]
         var byNode: [Node: UInt64] = [.root: NodeTable.rootInode, .control: NodeTable.controlInode,
                                       .events: NodeTable.eventsInode]
+        var opened: [UInt64: Opened] = [:]
         var next: UInt64 = 4
 
         mutating func detach(_ inode: UInt64, info: ItemInfo?) {
-            guard var entry = entries[inode] else { return }
+            guard var entry = entries.removeValue(forKey: inode) else { return }
             byNode.removeValue(forKey: entry.node)
             entry.detached = true
-            entry.lastInfo = info
+            opened[inode, default: Opened()].lastInfo = info
             put(entry, at: inode)
+        }
+
+        func isUnused(_ entry: Entry, at inode: UInt64) -> Bool {
+            entry.lookups == 0 && opened[inode]?.files.isEmpty ?? true
         }
 
         /// Puts `entry` back at `inode`, or drops it once nothing holds it
         /// (no kernel reference, no descriptor), with the name bound to it.
         mutating func put(_ entry: Entry, at inode: UInt64) {
-            guard entry.isUnused else {
+            guard isUnused(entry, at: inode) else {
                 entries[inode] = entry
                 return
             }
             entries.removeValue(forKey: inode)
+            opened.removeValue(forKey: inode)
             if !entry.detached, byNode[entry.node] == inode { byNode.removeValue(forKey: entry.node) }
+            Self.shrinkIfSparse(&entries)
+            Self.shrinkIfSparse(&byNode)
+        }
+
+        /// Swift's dictionaries keep their largest size: after the kernel
+        /// forgot a listing of 100,000 items, the table would hold 30 MB of
+        /// empty buckets until the device stops. Rebuilt at an eighth full,
+        /// so the cost is amortised over the removals that emptied it.
+        static func shrinkIfSparse<Key, Value>(_ table: inout [Key: Value]) {
+            guard table.capacity > 4096, table.count < table.capacity / 8 else { return }
+            table = Dictionary(minimumCapacity: table.count * 2).merging(table) { $1 }
         }
     }
     private let state = Mutex(State())
@@ -117,7 +139,7 @@ final class NodeTable: Sendable {
     private func release(_ inode: UInt64, count: UInt64) {
         guard inode > Self.eventsInode else { return }
         state.withLock { state in
-            guard var entry = state.entries[inode] else { return }
+            guard var entry = state.entries.removeValue(forKey: inode) else { return }
             entry.lookups -= min(count, entry.lookups)
             state.put(entry, at: inode)
         }
@@ -159,7 +181,7 @@ final class NodeTable: Sendable {
     func detachedItem(_ inode: UInt64) -> (node: Node, info: ItemInfo?)? {
         state.withLock { state in
             guard let entry = state.entries[inode], entry.detached else { return nil }
-            return (entry.node, entry.lastInfo)
+            return (entry.node, state.opened[inode]?.lastInfo)
         }
     }
 
@@ -176,7 +198,7 @@ final class NodeTable: Sendable {
     func hasOpenFiles(_ node: Node) -> Bool {
         state.withLock { state in
             guard let inode = state.byNode[node] else { return false }
-            return !(state.entries[inode]?.files.isEmpty ?? true)
+            return !(state.opened[inode]?.files.isEmpty ?? true)
         }
     }
 
@@ -202,7 +224,7 @@ final class NodeTable: Sendable {
             guard state.entries[file.inode] != nil, state.entries[file.inode]?.detached == false else {
                 throw FSError(ESTALE)
             }
-            state.entries[file.inode]?.files[ObjectIdentifier(file)] = file
+            state.opened[file.inode, default: Opened()].files[ObjectIdentifier(file)] = file
         }
         return FileHandle.make(file)
     }
@@ -216,25 +238,28 @@ final class NodeTable: Sendable {
     func remove(_ handle: UInt64) {
         guard let file = FileHandle.take(handle, as: OpenFile.self) else { return }
         state.withLock { state in
-            guard var entry = state.entries[file.inode] else { return }
-            entry.files.removeValue(forKey: ObjectIdentifier(file))
+            guard let entry = state.entries.removeValue(forKey: file.inode) else { return }
+            state.opened[file.inode]?.files.removeValue(forKey: ObjectIdentifier(file))
+            if !entry.detached, state.opened[file.inode]?.files.isEmpty == true {
+                state.opened.removeValue(forKey: file.inode)
+            }
             state.put(entry, at: file.inode)
         }
     }
 
     /// Whether a writing descriptor is open on an inode.
     func hasWriters(_ inode: UInt64) -> Bool {
-        state.withLock { state in state.entries[inode]?.files.values.contains { $0.writable } ?? false }
+        state.withLock { state in state.opened[inode]?.files.values.contains { $0.writable } ?? false }
     }
 
     /// The descriptors open on an inode.
     func openFiles(of inode: UInt64) -> [OpenFile] {
-        state.withLock { state in state.entries[inode].map { Array($0.files.values) } ?? [] }
+        state.withLock { state in state.opened[inode].map { Array($0.files.values) } ?? [] }
     }
 
     /// Every open descriptor of every mount (a lock revokes them).
     func allOpenFiles() -> [OpenFile] {
-        state.withLock { state in state.entries.values.flatMap { $0.files.values } }
+        state.withLock { state in state.opened.values.flatMap { $0.files.values } }
     }
 
     // MARK: The mounts' kernel caches
