@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import KeychainCore
 import KeychainFS
 
@@ -116,31 +117,45 @@ struct DockerCredentialCommand: ParsableCommand {
             try check(reply)
             throw Failure(message: "the keychainfs device went away")
         }
-        guard let object = value.withUnsafeBytes({ try? JSONSerialization.jsonObject(with: Data($0)) }) as? [String: Any],
-              let username = object["Username"] as? String, let secret = object["Secret"] as? String else {
+        guard let stored = value.withUnsafeBytes({ try? JSONDecoder().decode(Stored.self, from: Data($0)) }) else {
             throw Failure(message: "the item \(group)/\(identifier) does not hold docker credentials")
         }
+        let (username, secret) = (stored.Username, stored.Secret)
         return (username, secret)
+    }
+
+    /// What an item of the group holds (the names are docker's).
+    private struct Stored: Decodable {
+        let Username: String
+        let Secret: String
+    }
+
+    /// What docker's `store` sends; `Secret` may be missing.
+    private struct Sent: Decodable {
+        let ServerURL: String?
+        let Username: String?
+        let Secret: String?
     }
 
     /// `{"ServerURL", "Username", "Secret"}` on stdin; the URL and username must not be empty.
     private static func readCredentials() throws -> (serverURL: String, username: String, secret: String) {
         let input = Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)
-        guard let object = try? JSONSerialization.jsonObject(with: Data(input)) as? [String: Any] else {
+        guard let sent = try? JSONDecoder().decode(Sent.self, from: Data(input)) else {
             throw Failure(message: "the credentials on standard input are not a JSON object")
         }
-        guard let serverURL = object["ServerURL"] as? String, !serverURL.isEmpty else {
+        guard let serverURL = sent.ServerURL, !serverURL.isEmpty else {
             throw Failure(message: "no credentials server URL")
         }
-        guard let username = object["Username"] as? String, !username.isEmpty else {
+        guard let username = sent.Username, !username.isEmpty else {
             throw Failure(message: "no credentials username")
         }
-        return (serverURL, username, object["Secret"] as? String ?? "")
+        return (serverURL, username, sent.Secret ?? "")
     }
 
     private static func readServerURL() throws -> String {
         let input = String(decoding: Descriptor.readAll(0, limit: ItemLimits.maximumValueSize), as: UTF8.self)
-        let serverURL = input.trimmingCharacters(in: .whitespacesAndNewlines)
+        // docker sends the URL with a trailing newline.
+        let serverURL = String(input.trimmingPrefix(while: \.isWhitespace).reversed().trimmingPrefix(while: \.isWhitespace).reversed())
         guard !serverURL.isEmpty else { throw Failure(message: "no credentials server URL") }
         return serverURL
     }
