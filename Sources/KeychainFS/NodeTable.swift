@@ -53,17 +53,21 @@ final class NodeTable: Sendable {
         var entries: [UInt64: Entry] = [NodeTable.rootInode: Entry(node: .root),
                                         NodeTable.controlInode: Entry(node: .control),
                                         NodeTable.eventsInode: Entry(node: .events)]
-        var byNode: [Node: UInt64] = [.root: NodeTable.rootInode, .control: NodeTable.controlInode,
-                                      .events: NodeTable.eventsInode]
+        var byNode = HashIndex<Node>([.root: NodeTable.rootInode, .control: NodeTable.controlInode,
+                                .events: NodeTable.eventsInode])
         var opened: [UInt64: Opened] = [:]
         var next: UInt64 = 4
 
         mutating func detach(_ inode: UInt64, info: ItemInfo?) {
             guard var entry = entries.removeValue(forKey: inode) else { return }
-            byNode.removeValue(forKey: entry.node)
+            if !entry.detached { byNode.remove(entry.node, boundTo: inode) }
             entry.detached = true
             opened[inode, default: Opened()].lastInfo = info
             put(entry, at: inode)
+        }
+
+        func inode(boundTo node: Node) -> UInt64? {
+            byNode.inode(of: node) { entries[$0]?.node }
         }
 
         func isUnused(_ entry: Entry, at inode: UInt64) -> Bool {
@@ -79,21 +83,20 @@ final class NodeTable: Sendable {
             }
             entries.removeValue(forKey: inode)
             opened.removeValue(forKey: inode)
-            if !entry.detached, byNode[entry.node] == inode { byNode.removeValue(forKey: entry.node) }
-            Self.shrinkIfSparse(&entries)
-            Self.shrinkIfSparse(&byNode)
-        }
-
-        /// Swift's dictionaries keep their largest size: after the kernel
-        /// forgot a listing of 100,000 items, the table would hold 30 MB of
-        /// empty buckets until the device stops. Rebuilt at an eighth full,
-        /// so the cost is amortised over the removals that emptied it.
-        static func shrinkIfSparse<Key, Value>(_ table: inout [Key: Value]) {
-            guard table.capacity > 4096, table.count < table.capacity / 8 else { return }
-            table = Dictionary(minimumCapacity: table.count * 2).merging(table) { $1 }
+            if !entry.detached { byNode.remove(entry.node, boundTo: inode) }
+            NodeTable.shrinkIfSparse(&entries)
         }
     }
     private let state = Mutex(State())
+
+    /// Swift's dictionaries keep their largest size: after the kernel
+    /// forgot a listing of 100,000 items, the table would hold 30 MB of
+    /// empty buckets until the device stops. Rebuilt at an eighth full,
+    /// so the cost is amortised over the removals that emptied it.
+    static func shrinkIfSparse<Key, Value>(_ table: inout [Key: Value]) {
+        guard table.capacity > 4096, table.count < table.capacity / 8 else { return }
+        table = Dictionary(minimumCapacity: table.count * 2).merging(table) { $1 }
+    }
     private let caches = Mutex<[ObjectIdentifier: KernelCache]>([:])
     private let changes = Atomic<UInt64>(0)
 
@@ -146,24 +149,24 @@ final class NodeTable: Sendable {
     }
 
     private static func bind(_ node: Node, in state: inout State) -> UInt64 {
-        if let inode = state.byNode[node] { return inode }
+        if let inode = state.inode(boundTo: node) { return inode }
         let inode = state.next
         state.next += 1
-        state.byNode[node] = inode
+        state.byNode.insert(node, boundTo: inode)
         state.entries[inode] = Entry(node: node)
         return inode
     }
 
     /// The inode bound to `node`, if it has one (the kernel may know it).
     func existingInode(for node: Node) -> UInt64? {
-        state.withLock { $0.byNode[node] }
+        state.withLock { $0.inode(boundTo: node) }
     }
 
     /// The items of `group` that have an inode, with it.
     func inodes(inGroup group: String) -> [(Node, UInt64)] {
         state.withLock { state in
-            state.byNode.compactMap { node, inode in
-                if case .item(group, _) = node { return (node, inode) }
+            state.entries.compactMap { inode, entry in
+                if !entry.detached, case .item(group, _) = entry.node { return (entry.node, inode) }
                 return nil
             }
         }
@@ -189,7 +192,7 @@ final class NodeTable: Sendable {
     /// descriptor still open on it reports.
     func detach(_ node: Node, info: ItemInfo?) {
         state.withLock { state in
-            guard let inode = state.byNode[node] else { return }
+            guard let inode = state.inode(boundTo: node) else { return }
             state.detach(inode, info: info)
         }
     }
@@ -197,7 +200,7 @@ final class NodeTable: Sendable {
     /// Whether any descriptor is open on the inode bound to `node`.
     func hasOpenFiles(_ node: Node) -> Bool {
         state.withLock { state in
-            guard let inode = state.byNode[node] else { return false }
+            guard let inode = state.inode(boundTo: node) else { return false }
             return !(state.opened[inode]?.files.isEmpty ?? true)
         }
     }
@@ -207,9 +210,10 @@ final class NodeTable: Sendable {
     /// is detached (rename(2) replaces it), with `replacedInfo` for `fstat`.
     func move(_ old: Node, to new: Node, replacedInfo: ItemInfo?) {
         state.withLock { state in
-            if let replaced = state.byNode[new] { state.detach(replaced, info: replacedInfo) }
-            guard let inode = state.byNode.removeValue(forKey: old) else { return }
-            state.byNode[new] = inode
+            if let replaced = state.inode(boundTo: new) { state.detach(replaced, info: replacedInfo) }
+            guard let inode = state.inode(boundTo: old) else { return }
+            state.byNode.remove(old, boundTo: inode)
+            state.byNode.insert(new, boundTo: inode)
             state.entries[inode]?.node = new
         }
     }
@@ -304,6 +308,48 @@ final class NodeTable: Sendable {
         } else {
             Diagnostics.log("could not start a thread to refresh the other mounts' names; they expire on their own")
         }
+    }
+}
+
+/// The inode bound to each key (a node), in 16 bytes a name where a
+/// `[Node: UInt64]` takes 48: the key is already in the inode's entry, so
+/// the index keeps the key's hash and the caller's `keyOf` checks the entry.
+/// Swift's hashes are seeded per process (SipHash), so two names sharing
+/// one is rare and cannot be arranged from outside; those few go to
+/// `colliding`, compared in full.
+struct HashIndex<Key: Hashable> {
+    private var byHash: [Int: UInt64] = [:]
+    private var colliding: [Key: UInt64] = [:]
+
+    init(_ bindings: [Key: UInt64] = [:]) {
+        for (key, inode) in bindings { insert(key, boundTo: inode) }
+    }
+
+    /// `keyOf` gives the key an inode's entry holds.
+    func inode(of key: Key, keyOf: (UInt64) -> Key?) -> UInt64? {
+        if let inode = byHash[key.hashValue], keyOf(inode) == key { return inode }
+        return colliding.isEmpty ? nil : colliding[key]
+    }
+
+    /// Binds `key`, which no inode is bound to.
+    mutating func insert(_ key: Key, boundTo inode: UInt64) {
+        let hash = key.hashValue
+        if byHash[hash] == nil { byHash[hash] = inode } else { colliding[key] = inode }
+    }
+
+    /// Unbinds `key` if it is bound to `inode`.
+    mutating func remove(_ key: Key, boundTo inode: UInt64) {
+        let hash = key.hashValue
+        guard byHash[hash] == inode else {
+            if colliding[key] == inode { colliding.removeValue(forKey: key) }
+            return
+        }
+        byHash.removeValue(forKey: hash)
+        if let (other, otherInode) = colliding.first(where: { $0.key.hashValue == hash }) {
+            colliding.removeValue(forKey: other)
+            byHash[hash] = otherInode
+        }
+        NodeTable.shrinkIfSparse(&byHash)
     }
 }
 
