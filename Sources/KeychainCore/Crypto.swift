@@ -131,3 +131,41 @@ public struct KDFParameters: Sendable, Equatable {
     /// The cheapest parameters libsodium accepts: for tests only.
     public static let insecureFastForTests = KDFParameters(opsLimit: 1, memLimit: 8192)
 }
+
+extension Crypto {
+    /// Keyed BLAKE2b-256 with the key's block absorbed once, for hashing many
+    /// short messages under one key (half the compressions of a row digest).
+    /// The absorbed state stands for the key: it lives in memory of its own,
+    /// wiped at the end, as is the working copy after each message. One
+    /// thread at a time: the working copy is reused (libsodium's state must
+    /// be 64-byte aligned, which a stack allocation in Swift is not).
+    final class KeyedHash {
+        private static let stateSize = crypto_generichash_statebytes()
+        private static let byteCount = 2 * stateSize + macSize
+        /// The absorbed state, then the working copy, then the MAC.
+        private let memory: UnsafeMutableRawPointer
+
+        init(key: UnsafePointer<UInt8>) {
+            memory = UnsafeMutableRawPointer.allocate(byteCount: Self.byteCount, alignment: 64)
+            crypto_generichash_init(OpaquePointer(memory), key, keySize, macSize)
+        }
+
+        deinit {
+            sodium_memzero(memory, Self.byteCount)
+            memory.deallocate()
+        }
+
+        /// XORs the MAC of `message` into `output` (``macSize`` bytes).
+        func xorDigest(of message: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer) {
+            precondition(output.count == macSize)
+            let state = memory + Self.stateSize
+            defer { sodium_memzero(state, Self.stateSize + macSize) }
+            state.copyMemory(from: memory, byteCount: Self.stateSize)
+            crypto_generichash_update(OpaquePointer(state), message.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                                      UInt64(message.count))
+            let mac = (state + Self.stateSize).assumingMemoryBound(to: UInt8.self)
+            crypto_generichash_final(OpaquePointer(state), mac, macSize)
+            for index in 0..<macSize { output[index] ^= mac[index] }
+        }
+    }
+}

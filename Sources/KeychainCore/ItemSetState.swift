@@ -31,20 +31,51 @@ struct ItemSetState: Sendable {
     static var emptyDigest: [UInt8] { [UInt8](repeating: 0, count: Crypto.macSize) }
 
     func rowDigest(group: String, identifier: String, protectionClass: Int64, generation: Int64) -> [UInt8] {
-        var writer = ByteWriter(capacity: Self.rowDomain.count + 20 + group.utf8.count + identifier.utf8.count)
-        writer.append(Self.rowDomain)
-        writer.append(protectionClass)
-        writer.append(generation)
-        writer.appendPrefixed(group)
-        writer.appendPrefixed(identifier)
-        return rowKey.withKey { key in writer.bytes.withUnsafeBytes { Crypto.mac(key: key, [$0]) } }
+        var digest = Self.emptyDigest
+        digestingMany { digester in
+            digester.xor(into: &digest, group: group, identifier: identifier, protectionClass: protectionClass,
+                         generation: generation)
+        }
+        return digest
     }
 
-    /// Runs `body` with the row key readable throughout: digesting every
-    /// row at boot then costs no `mprotect` pair per row (200,000 system
-    /// calls, each a TLB flush, for 100,000 items).
-    func digestingMany<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
-        try rowKey.withKey { (_) throws(E) -> R in try body() }
+    /// Digests rows with the key absorbed once: the boot check digests every
+    /// row of the keychain, and per row neither allocates, nor takes the
+    /// key's lock, nor hashes the key's block again (keyed BLAKE2b spends
+    /// one of its two compressions of a short row on the key).
+    struct RowDigester: ~Copyable {
+        fileprivate let keyed: Crypto.KeyedHash
+
+        /// XORs the row's digest into `digest`. The message is domain |
+        /// class u64 LE | generation u64 LE | u16-prefixed group | u16-prefixed identifier.
+        func xor(into digest: inout [UInt8], group: String, identifier: String, protectionClass: Int64, generation: Int64) {
+            var group = group, identifier = identifier
+            let domain = ItemSetState.rowDomain
+            let length = domain.count + 8 + 8 + 2 + group.utf8.count + 2 + identifier.utf8.count
+            withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
+                let base = message.baseAddress!
+                domain.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+                base.storeBytes(of: UInt64(bitPattern: protectionClass).littleEndian, toByteOffset: domain.count, as: UInt64.self)
+                base.storeBytes(of: UInt64(bitPattern: generation).littleEndian, toByteOffset: domain.count + 8, as: UInt64.self)
+                func store(_ text: inout String, at offset: Int) -> Int {
+                    text.withUTF8 { utf8 in
+                        precondition(utf8.count <= Int(UInt16.max))
+                        base.storeBytes(of: UInt16(utf8.count).littleEndian, toByteOffset: offset, as: UInt16.self)
+                        if utf8.count > 0 { (base + offset + 2).copyMemory(from: utf8.baseAddress!, byteCount: utf8.count) }
+                        return offset + 2 + utf8.count
+                    }
+                }
+                _ = store(&identifier, at: store(&group, at: domain.count + 16))
+                digest.withUnsafeMutableBytes { keyed.xorDigest(of: UnsafeRawBufferPointer(message), into: $0) }
+            }
+        }
+    }
+
+    /// Runs `body` with a digester that holds the row key's absorbed state
+    /// (wiped when `body` returns).
+    func digestingMany<R, E: Error>(_ body: (borrowing RowDigester) throws(E) -> R) throws(E) -> R {
+        let digester = RowDigester(keyed: rowKey.withKey { Crypto.KeyedHash(key: $0) })
+        return try body(digester)
     }
 
     func rowDigest(_ row: SealedItem) -> [UInt8] {

@@ -359,17 +359,16 @@ final class ItemStore: Sendable {
             var generations: [RowKey: Int64] = [:]
             let count = try db.statement("SELECT count(*) FROM items")
             generations.reserveCapacity(try count.step() ? Int(count.int64(0)) : 0)
-            let rows = try db.statement("""
-                SELECT grp, ident, class, generation, typeof(class) = 'integer' AND typeof(generation) = 'integer'
-                FROM items
-                """)
-            try state.digestingMany { () throws(KeychainError) in
+            let rows = try db.statement("SELECT grp, ident, class, generation FROM items")
+            try state.digestingMany { (digester) throws(KeychainError) in
                 while try rows.step() {
-                    guard rows.int64(4) == 1 else { return try refuse("an item's row holds a non-integer class or generation") }
+                    guard rows.isInteger(2), rows.isInteger(3) else {
+                        return try refuse("an item's row holds a non-integer class or generation")
+                    }
                     let generation = rows.int64(3)
                     let key = RowKey(group: rows.text(0), identifier: rows.text(1))
-                    ItemSetState.xor(&digest, state.rowDigest(group: key.group, identifier: key.identifier,
-                                                              protectionClass: rows.int64(2), generation: generation))
+                    digester.xor(into: &digest, group: key.group, identifier: key.identifier,
+                                 protectionClass: rows.int64(2), generation: generation)
                     newest = max(newest, generation)
                     generations[key] = generation
                 }

@@ -148,6 +148,9 @@ final class Statement {
 
     func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(raw, column) }
 
+    /// Whether the column holds an integer (SQLite's columns take any type).
+    func isInteger(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_INTEGER }
+
     func text(_ column: Int32) -> String {
         guard let bytes = sqlite3_column_text(raw, column) else { return "" }
         let count = Int(sqlite3_column_bytes(raw, column))
