@@ -88,7 +88,8 @@ public final class AuditLog: Sendable {
         var mac: [UInt8]
     }
     private let state: Mutex<State>
-    private let key: SecureBytes
+    /// The audit key, absorbed: used under `state`'s lock only (one thread at a time).
+    private let chainKey: Crypto.KeyedHash
     private let directory: KeychainDirectory
 
     /// Opens the log to append to it, continuing the chain from its last
@@ -97,7 +98,7 @@ public final class AuditLog: Sendable {
          rotationSize: Int = AuditLog.rotationSize) throws(KeychainError) {
         self.directory = directory
         self.rotationSize = rotationSize
-        self.key = key
+        chainKey = Crypto.KeyedHash(key: key.pointer.assumingMemoryBound(to: UInt8.self))
         let path = directory.path + "/" + Self.fileName
         let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw fileFailure("open", path) }
@@ -144,7 +145,7 @@ public final class AuditLog: Sendable {
             if state.size == 0 { line.hexField("prev", state.mac) }
             line.bytes.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
             line.bytes.append(contentsOf: tail.bytes)
-            let mac = Self.chain(key: key, previous: state.mac, body: line.bytes)
+            let mac = Self.chain(key: chainKey, previous: state.mac, body: line.bytes)
             line.hexField("mac", mac)
             line.bytes.append(UInt8(ascii: "\n"))
             guard line.bytes.withUnsafeBytes({ Descriptor.writeAll(state.fd, $0) }) else {
@@ -257,14 +258,17 @@ public final class AuditLog: Sendable {
 
     // MARK: The chain
 
-    static func chain(key: SecureBytes, previous: [UInt8], body: [UInt8]) -> [UInt8] {
-        let key = UnsafePointer(key.pointer.assumingMemoryBound(to: UInt8.self))
-        return macDomainBytes.withUnsafeBytes { domain in
+    /// Each line's MAC: BLAKE2b(audit key, domain || previous MAC || line).
+    static func chain(key: Crypto.KeyedHash, previous: [UInt8], body: [UInt8]) -> [UInt8] {
+        var mac = [UInt8](repeating: 0, count: Crypto.macSize)
+        macDomainBytes.withUnsafeBytes { domain in
             previous.withUnsafeBytes { previous in
-                body.withUnsafeBytes { body in Crypto.mac(key: key, [domain, previous, body]) }
+                body.withUnsafeBytes { body in mac.withUnsafeMutableBytes { key.mac(domain, previous, body, into: $0) } }
             }
         }
+        return mac
     }
+
     private static let macDomainBytes = Array(macDomain.utf8)
 
 
@@ -353,6 +357,7 @@ extension AuditLog {
     public static func verify(directory: KeychainDirectory) throws(KeychainError) -> (lines: Int, problems: [String]) {
         let secret = DeviceSecret(secret: try directory.readDeviceSecret())
         let anchor = try storedAnchor(directory: directory, secret: secret)
+        let chainKey = Crypto.KeyedHash(key: secret.auditKey.pointer.assumingMemoryBound(to: UInt8.self))
         var problems: [String] = []
         var checked = 0
         var previous: (sequence: UInt64, mac: [UInt8])?
@@ -389,7 +394,7 @@ extension AuditLog {
                 if let from = chainedFrom {
                     if from.sequence + 1 != line.sequence {
                         problems.append("\(where_): sequence \(line.sequence) follows \(from.sequence) (lines removed or reordered)")
-                    } else if chain(key: secret.auditKey, previous: from.mac, body: Array(line.body.utf8)) != line.mac {
+                    } else if chain(key: chainKey, previous: from.mac, body: Array(line.body.utf8)) != line.mac {
                         problems.append("\(where_): its MAC does not match (the line was edited, or one before it)")
                     }
                 }

@@ -134,37 +134,42 @@ public struct KDFParameters: Sendable, Equatable {
 
 extension Crypto {
     /// Keyed BLAKE2b-256 with the key's block absorbed once, for hashing many
-    /// short messages under one key (half the compressions of a row digest).
-    /// The absorbed state stands for the key: it lives in memory of its own,
-    /// wiped at the end, as is the working copy after each message. One
-    /// thread at a time: the working copy is reused (libsodium's state must
-    /// be 64-byte aligned, which a stack allocation in Swift is not).
-    final class KeyedHash {
+    /// short messages under one key: keyed BLAKE2b spends a compression on
+    /// the key's block, half the work for a short message. The absorbed
+    /// state stands for the key: it lives in the secret arena (locked,
+    /// wiped on release), and the working copy is wiped after each message.
+    /// One thread at a time: the working copy is shared (libsodium's state
+    /// must be 64-byte aligned, which Swift's stack allocations are not).
+    final class KeyedHash: @unchecked Sendable {
         private static let stateSize = crypto_generichash_statebytes()
-        private static let byteCount = 2 * stateSize + macSize
         /// The absorbed state, then the working copy, then the MAC.
-        private let memory: UnsafeMutableRawPointer
+        private let memory: SecureBytes
+        private var absorbed: UnsafeMutableRawPointer { memory.pointer }
+        private var working: UnsafeMutableRawPointer { memory.pointer + Self.stateSize }
 
         init(key: UnsafePointer<UInt8>) {
-            memory = UnsafeMutableRawPointer.allocate(byteCount: Self.byteCount, alignment: 64)
-            crypto_generichash_init(OpaquePointer(memory), key, keySize, macSize)
+            memory = try! SecureBytes(count: 2 * Self.stateSize + macSize)
+            precondition(Int(bitPattern: memory.pointer) % 64 == 0, "the secret arena's slots are aligned to their size")
+            crypto_generichash_init(OpaquePointer(absorbed), key, keySize, macSize)
         }
 
-        deinit {
-            sodium_memzero(memory, Self.byteCount)
-            memory.deallocate()
+        /// The MAC of the concatenated `parts` into `output` (``macSize`` bytes).
+        func mac(_ parts: UnsafeRawBufferPointer..., into output: UnsafeMutableRawBufferPointer) {
+            precondition(output.count == macSize)
+            defer { sodium_memzero(working, Self.stateSize) }
+            working.copyMemory(from: absorbed, byteCount: Self.stateSize)
+            for part in parts {
+                crypto_generichash_update(OpaquePointer(working), part.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                                          UInt64(part.count))
+            }
+            crypto_generichash_final(OpaquePointer(working), output.baseAddress!.assumingMemoryBound(to: UInt8.self), macSize)
         }
 
         /// XORs the MAC of `message` into `output` (``macSize`` bytes).
         func xorDigest(of message: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer) {
-            precondition(output.count == macSize)
-            let state = memory + Self.stateSize
-            defer { sodium_memzero(state, Self.stateSize + macSize) }
-            state.copyMemory(from: memory, byteCount: Self.stateSize)
-            crypto_generichash_update(OpaquePointer(state), message.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                                      UInt64(message.count))
-            let mac = (state + Self.stateSize).assumingMemoryBound(to: UInt8.self)
-            crypto_generichash_final(OpaquePointer(state), mac, macSize)
+            let mac = UnsafeMutableRawBufferPointer(start: working + Self.stateSize, count: macSize)
+            defer { sodium_memzero(mac.baseAddress, macSize) }
+            self.mac(message, into: mac)
             for index in 0..<macSize { output[index] ^= mac[index] }
         }
     }
