@@ -44,7 +44,8 @@ final class NodeTable: Sendable {
 
     /// What inodes with open descriptors, or detached ones, carry besides.
     private struct Opened {
-        var files: [ObjectIdentifier: OpenFile] = [:]
+        /// Usually one: an array is the cheapest to add to and remove from.
+        var files: [OpenFile] = []
         /// What `stat` of a detached item shows: the item as it was removed.
         var lastInfo: ItemInfo?
     }
@@ -228,7 +229,7 @@ final class NodeTable: Sendable {
             guard state.entries[file.inode] != nil, state.entries[file.inode]?.detached == false else {
                 throw FSError(ESTALE)
             }
-            state.opened[file.inode, default: Opened()].files[ObjectIdentifier(file)] = file
+            state.opened[file.inode, default: Opened()].files.append(file)
         }
         return FileHandle.make(file)
     }
@@ -243,7 +244,7 @@ final class NodeTable: Sendable {
         guard let file = FileHandle.take(handle, as: OpenFile.self) else { return }
         state.withLock { state in
             guard let entry = state.entries.removeValue(forKey: file.inode) else { return }
-            state.opened[file.inode]?.files.removeValue(forKey: ObjectIdentifier(file))
+            state.opened[file.inode]?.files.removeAll { $0 === file }
             if !entry.detached, state.opened[file.inode]?.files.isEmpty == true {
                 state.opened.removeValue(forKey: file.inode)
             }
@@ -253,17 +254,17 @@ final class NodeTable: Sendable {
 
     /// Whether a writing descriptor is open on an inode.
     func hasWriters(_ inode: UInt64) -> Bool {
-        state.withLock { state in state.opened[inode]?.files.values.contains { $0.writable } ?? false }
+        state.withLock { state in state.opened[inode]?.files.contains { $0.writable } ?? false }
     }
 
     /// The descriptors open on an inode.
     func openFiles(of inode: UInt64) -> [OpenFile] {
-        state.withLock { state in state.opened[inode].map { Array($0.files.values) } ?? [] }
+        state.withLock { state in state.opened[inode]?.files ?? [] }
     }
 
     /// Every open descriptor of every mount (a lock revokes them).
     func allOpenFiles() -> [OpenFile] {
-        state.withLock { state in state.opened.values.flatMap { $0.files.values } }
+        state.withLock { state in state.opened.values.flatMap { $0.files } }
     }
 
     // MARK: The mounts' kernel caches
