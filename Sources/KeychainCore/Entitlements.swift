@@ -101,8 +101,9 @@ struct EntitlementPolicy: Equatable, Sendable {
         var previous: String?
         for _ in 0..<(try reader.readUInt32()) {
             let group = try reader.readPrefixed()
-            // One canonical encoding: valid names, each once, in order.
-            guard (try? ItemLimits.validate(name: group)) != nil, previous.map({ $0 < group }) ?? true else { throw .decode }
+            // One canonical encoding: valid names, each once, in order. Legacy
+            // names: a record from before names had to be NFC still boots.
+            guard (try? ItemLimits.validate(name: group, legacy: true)) != nil, previous.map({ $0 < group }) ?? true else { throw .decode }
             previous = group
             var rules: [EntitlementRule] = []
             for _ in 0..<(try reader.readUInt32()) {

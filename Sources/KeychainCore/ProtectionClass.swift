@@ -74,25 +74,50 @@ public enum ItemLimits {
     /// Throws ``KeychainError/param`` or ``KeychainError/nameTooLong`` unless
     /// `name` can be a group or an identifier: non-empty UTF-8 without `/`
     /// or control characters (C0, DEL, C1: a name is printed in listings and
-    /// status lines, where a newline could forge a line), at most 255 bytes,
-    /// not `.`, `..` or `.control`.
-    public static func validate(name: String) throws(KeychainError) {
+    /// status lines, where a newline could forge a line), in Unicode
+    /// Normalization Form C, at most 255 bytes, not `.`, `..` or `.control`.
+    ///
+    /// NFC because Swift compares strings by canonical equivalence, SQLite
+    /// and the kernel by bytes: `café` spelled with U+00E9 and with
+    /// `e` + U+0301 are one `String` key but two rows and two directory
+    /// entries, so every name-keyed table in the device (inodes, known rows,
+    /// access policies) would confuse them, and a listing would show two
+    /// names that look alike. Two different NFC strings are never
+    /// canonically equivalent: requiring NFC makes both comparisons agree.
+    /// `legacy` skips that rule, for records written before it (docs/FILESYSTEM.md).
+    public static func validate(name: String, legacy: Bool = false) throws(KeychainError) {
         // One pass over the bytes: this runs several times per filesystem request.
         let count = name.utf8.count
         guard count > 0 else { throw .param }
-        let clean = name.utf8.withContiguousStorageIfAvailable(isCleanName) ?? isCleanName(Array(name.utf8))
-        guard clean, !(count <= 8 && reservedNames.contains(name)) else { throw .param }
+        let bytes = name.utf8.withContiguousStorageIfAvailable(scanName) ?? scanName(Array(name.utf8))
+        guard bytes.clean, !(count <= 8 && reservedNames.contains(name)) else { throw .param }
+        guard bytes.ascii || legacy || isNFC(name) else { throw .param }
         guard count <= maximumNameLength else { throw .nameTooLong }
     }
 
-    /// No `/`, no C0 control (NUL included), no DEL, no C1 control (U+0080...U+009F, UTF-8 `C2 80`...`C2 9F`).
-    private static func isCleanName<C: RandomAccessCollection>(_ bytes: C) -> Bool where C.Element == UInt8 {
+    /// Whether the name's bytes are its NFC form (ASCII always is).
+    /// `_withNFCCodeUnits` is the standard library's own normalizer, the
+    /// one `==` uses; it streams, so the check allocates nothing.
+    static func isNFC(_ name: String) -> Bool {
+        var bytes = name.utf8.makeIterator()
+        var same = true
+        name._withNFCCodeUnits { unit in
+            if same, bytes.next() != unit { same = false }
+        }
+        return same && bytes.next() == nil
+    }
+
+    /// `clean`: no `/`, no C0 control (NUL included), no DEL, no C1 control
+    /// (U+0080...U+009F, UTF-8 `C2 80`...`C2 9F`). `ascii`: no byte above 0x7F.
+    private static func scanName<C: RandomAccessCollection>(_ bytes: C) -> (clean: Bool, ascii: Bool) where C.Element == UInt8 {
         var previous: UInt8 = 0
+        var high: UInt8 = 0
         for byte in bytes {
-            if byte < 0x20 || byte == 0x7f || byte == UInt8(ascii: "/") { return false }
-            if previous == 0xc2 && (0x80...0x9f).contains(byte) { return false }
+            if byte < 0x20 || byte == 0x7f || byte == UInt8(ascii: "/") { return (false, false) }
+            if previous == 0xc2 && (0x80...0x9f).contains(byte) { return (false, false) }
+            high |= byte
             previous = byte
         }
-        return true
+        return (true, high < 0x80)
     }
 }

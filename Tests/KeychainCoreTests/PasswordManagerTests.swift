@@ -118,6 +118,24 @@ import Testing
         #expect(try manager.identifiers(inGroup: name) == [name])
     }
 
+    /// Canonically equivalent spellings are one Swift `String` but two byte
+    /// strings: only the NFC one is a name, so no two items look alike and
+    /// no table keyed by `String` can confuse two rows.
+    @Test(arguments: ["cafe\u{301}", "\u{1112}\u{1161}\u{11AB}", "\u{212A}elvin", "a\u{37E}b", "q\u{307}\u{323}"])
+    func namesNotInNFCAreRefusedAndTheirNFCTwinIsUntouched(_ name: String) throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        let twin = String(decoding: name._nfcCodeUnits, as: UTF8.self)
+        #expect(!twin.utf8.elementsEqual(name.utf8) && twin == name)
+        try manager.register("first", forIdentifier: twin, inGroup: twin)
+        expectError(.param) { try manager.register("second", forIdentifier: name, inGroup: twin) }
+        expectError(.param) { try manager.register("second", forIdentifier: "ok", inGroup: name) }
+        expectError(.param) { _ = try manager.string(forIdentifier: name, inGroup: twin) }
+        expectError(.param) { try manager.createGroup(name) }
+        #expect(try manager.string(forIdentifier: twin, inGroup: twin) == "first")
+        #expect(try manager.identifiers(inGroup: twin).map { Array($0.utf8) } == [Array(twin.utf8)])
+    }
+
     @Test func statusEscapingKeepsAnyTextOnOneLineAndRoundTrips() {
         for text in ["plain", "/home/a b/kc", "x\nstate: unlocked", "back\\slash\\n", "tab\t", "\u{01}\u{7F}\u{85}", "日本"] {
             let escaped = LineEscaping.escaped(text)

@@ -24,6 +24,23 @@ import TestSupport
         #expect(!harness.isMounted(oddMount))
     }
 
+    /// `café` as U+00E9 and as `e` + U+0301 are two names to the kernel and
+    /// one to Swift: the second spelling used to reach the first's inode
+    /// and fail the write with EIO. Only NFC names exist (docs/FILESYSTEM.md).
+    @Test func aNameNotInNFCIsRefusedAndItsTwinKeepsItsValue() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let nfc = "caf\u{E9}", nfd = "cafe\u{301}"
+        #expect(harness.sh("printf one > \"$1\"", arguments: [mnt + "/default/" + nfc]).succeeded)
+        let write = harness.sh("printf two > \"$1\"", arguments: [mnt + "/default/" + nfd])
+        #expect(!write.succeeded && write.stderr.contains("Invalid argument"), "\(write)")
+        #expect(openErrno(mnt + "/default/" + nfd, O_RDONLY) == EINVAL)
+        #expect(mkdir(mnt + "/" + nfd, 0o700) == -1 && errno == EINVAL)
+        #expect(rename(mnt + "/default/" + nfc, mnt + "/default/" + nfd) == -1 && errno == EINVAL)
+        #expect(readFile(mnt + "/default/" + nfc) == "one")
+        let listing = harness.sh("ls -A \"$1\" \"$2\"", arguments: [mnt, mnt + "/default"]).stdout
+        #expect(Array(listing.utf8) == Array("\(mnt):\n.control\n.events\ndefault\n\n\(mnt)/default:\n\(nfc)\n".utf8), "\(listing)")
+    }
+
     @Test func unsupportedRenameAndXattrFlagsAreRefused() throws {
         let (harness, mnt) = try MountHarness.unlockedMount()
         let item = mnt + "/default/item"
