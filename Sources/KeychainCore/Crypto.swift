@@ -104,6 +104,20 @@ enum Crypto {
         return out
     }
 
+    static let shortHashKeySize = Int(crypto_shorthash_siphashx24_KEYBYTES)
+
+    /// SipHash-2-4 with 128 bits of output: a fast keyed hash for tables
+    /// (no MAC: 16-byte key, 128-bit result).
+    static func shortHash128(_ message: UnsafeRawBufferPointer, key: [UInt8]) -> (UInt64, UInt64) {
+        precondition(key.count == shortHashKeySize)
+        var words: (UInt64, UInt64) = (0, 0)
+        withUnsafeMutableBytes(of: &words) { out in
+            _ = crypto_shorthash_siphashx24(out.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                                            message.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(message.count), key)
+        }
+        return words
+    }
+
     static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
         a.count == b.count && sodium_memcmp(a, b, a.count) == 0
     }

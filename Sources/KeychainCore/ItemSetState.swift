@@ -50,22 +50,32 @@ struct ItemSetState: Sendable {
         /// class u64 LE | generation u64 LE | u16-prefixed group | u16-prefixed identifier.
         func xor(into digest: inout [UInt8], group: String, identifier: String, protectionClass: Int64, generation: Int64) {
             var group = group, identifier = identifier
+            group.withUTF8 { group in
+                identifier.withUTF8 { identifier in
+                    xor(into: &digest, group: UnsafeRawBufferPointer(group), identifier: UnsafeRawBufferPointer(identifier),
+                        protectionClass: protectionClass, generation: generation)
+                }
+            }
+        }
+
+        /// The same, from the names' UTF-8 bytes (as SQLite hands them out,
+        /// without making strings of them).
+        func xor(into digest: inout [UInt8], group: UnsafeRawBufferPointer, identifier: UnsafeRawBufferPointer,
+                 protectionClass: Int64, generation: Int64) {
+            precondition(group.count <= Int(UInt16.max) && identifier.count <= Int(UInt16.max))
             let domain = ItemSetState.rowDomain
-            let length = domain.count + 8 + 8 + 2 + group.utf8.count + 2 + identifier.utf8.count
+            let length = domain.count + 8 + 8 + 2 + group.count + 2 + identifier.count
             withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
                 let base = message.baseAddress!
                 domain.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
                 base.storeBytes(of: UInt64(bitPattern: protectionClass).littleEndian, toByteOffset: domain.count, as: UInt64.self)
                 base.storeBytes(of: UInt64(bitPattern: generation).littleEndian, toByteOffset: domain.count + 8, as: UInt64.self)
-                func store(_ text: inout String, at offset: Int) -> Int {
-                    text.withUTF8 { utf8 in
-                        precondition(utf8.count <= Int(UInt16.max))
-                        base.storeBytes(of: UInt16(utf8.count).littleEndian, toByteOffset: offset, as: UInt16.self)
-                        if utf8.count > 0 { (base + offset + 2).copyMemory(from: utf8.baseAddress!, byteCount: utf8.count) }
-                        return offset + 2 + utf8.count
-                    }
+                func store(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Int {
+                    base.storeBytes(of: UInt16(bytes.count).littleEndian, toByteOffset: offset, as: UInt16.self)
+                    if bytes.count > 0 { (base + offset + 2).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+                    return offset + 2 + bytes.count
                 }
-                _ = store(&identifier, at: store(&group, at: domain.count + 16))
+                _ = store(identifier, at: store(group, at: domain.count + 16))
                 digest.withUnsafeMutableBytes { keyed.xorDigest(of: UnsafeRawBufferPointer(message), into: $0) }
             }
         }

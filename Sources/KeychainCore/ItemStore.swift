@@ -47,14 +47,14 @@ final class ItemStore: Sendable {
     /// back is then not read again until it leaves this cache, and the
     /// device keeps serving what it committed, never the changed row.
     private struct KnownRows {
-        var generations: [RowKey: Int64] = [:]
-        var recent: [RowKey: SealedItem] = [:]
+        var generations: [RowIdentity: Int64] = [:]
+        var recent: [RowIdentity: SealedItem] = [:]
 
         /// Enough for every secret a session's programs use, small next to
         /// the generations of a large keychain (a row is ~200 bytes).
         static let recentLimit = 4096
 
-        mutating func remember(_ key: RowKey, _ row: SealedItem) {
+        mutating func remember(_ key: RowIdentity, _ row: SealedItem) {
             if recent[key] == nil, recent.count >= Self.recentLimit {
                 recent.remove(at: recent.startIndex)  // an arbitrary one: no bookkeeping per read
             }
@@ -80,9 +80,47 @@ final class ItemStore: Sendable {
         changeHandler.withLock { $0 }?.call(change)
     }
 
-    private struct RowKey: Hashable {
-        let group: String
-        let identifier: String
+    /// A row's name, as the tables above know it: SipHash-2-4 with 128
+    /// bits of output, keyed afresh at each start, of the group and
+    /// identifier bytes. Not the two strings: building and hashing 100,000
+    /// of them was a third of the boot check (issue 8), and they were 40
+    /// bytes and up a row against 16. A collision between two names is a
+    /// 2^-128-per-pair event, and could not hand out the wrong secret: the
+    /// item's seal binds its group and identifier, so a wrong row fails to
+    /// open (EIO), as would a row changed outside keychainfs.
+    private struct RowIdentity: Hashable {
+        let low: UInt64
+        let high: UInt64
+
+        /// The bits are already uniform: one word is enough for the table.
+        func hash(into hasher: inout Hasher) { hasher.combine(low) }
+    }
+
+    /// The key of ``RowIdentity``: no secret of the keychain, only what
+    /// keeps names that collide unforeseeable.
+    private let identityKey = Crypto.randomBytes(Crypto.shortHashKeySize)
+
+    private func identity(group: UnsafeRawBufferPointer, identifier: UnsafeRawBufferPointer) -> RowIdentity {
+        precondition(group.count <= Int(UInt16.max))
+        // u16 length of the group | group | identifier: one name, one message.
+        let length = 2 + group.count + identifier.count
+        return withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
+            let base = message.baseAddress!
+            base.storeBytes(of: UInt16(group.count).littleEndian, as: UInt16.self)
+            if group.count > 0 { (base + 2).copyMemory(from: group.baseAddress!, byteCount: group.count) }
+            if identifier.count > 0 { (base + 2 + group.count).copyMemory(from: identifier.baseAddress!, byteCount: identifier.count) }
+            let words = Crypto.shortHash128(UnsafeRawBufferPointer(message), key: identityKey)
+            return RowIdentity(low: words.0, high: words.1)
+        }
+    }
+
+    private func identity(group: String, identifier: String) -> RowIdentity {
+        var group = group, identifier = identifier
+        return group.withUTF8 { group in
+            identifier.withUTF8 { identifier in
+                identity(group: UnsafeRawBufferPointer(group), identifier: UnsafeRawBufferPointer(identifier))
+            }
+        }
     }
 
     init(path: String, create: Bool, state: ItemSetState) throws(KeychainError) {
@@ -151,7 +189,7 @@ final class ItemStore: Sendable {
     // MARK: Items
 
     func item(group: String, identifier: String) throws(KeychainError) -> SealedItem? {
-        let key = RowKey(group: group, identifier: identifier)
+        let key = identity(group: group, identifier: identifier)
         if let row = known.withLock({ rows in rows.recent[key].flatMap { rows.generations[key] == $0.generation ? $0 : nil } }) {
             return row
         }
@@ -249,7 +287,8 @@ final class ItemStore: Sendable {
     /// added outside keychainfs while the device runs.
     private func checkedRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
         let row = try currentRow(db, group: group, identifier: identifier)
-        let want = known.withLock { $0.generations[RowKey(group: group, identifier: identifier)] }
+        let key = identity(group: group, identifier: identifier)
+        let want = known.withLock { $0.generations[key] }
         guard row?.generation == want else {
             Diagnostics.log("an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
             throw .decode
@@ -259,7 +298,7 @@ final class ItemStore: Sendable {
 
     /// Records the row a committed change left (nil: the row is gone).
     private func expect(_ group: String, _ identifier: String, _ row: SealedItem?) {
-        let key = RowKey(group: group, identifier: identifier)
+        let key = identity(group: group, identifier: identifier)
         known.withLock { rows in
             rows.generations[key] = row?.generation
             if let row { rows.remember(key, row) } else { rows.recent[key] = nil }
@@ -356,7 +395,7 @@ final class ItemStore: Sendable {
         try withConnection { db throws(KeychainError) in
             var digest = ItemSetState.emptyDigest
             var newest: Int64 = 0
-            var generations: [RowKey: Int64] = [:]
+            var generations: [RowIdentity: Int64] = [:]
             let count = try db.statement("SELECT count(*) FROM items")
             generations.reserveCapacity(try count.step() ? Int(count.int64(0)) : 0)
             let rows = try db.statement("SELECT grp, ident, class, generation FROM items")
@@ -366,11 +405,11 @@ final class ItemStore: Sendable {
                         return try refuse("an item's row holds a non-integer class or generation")
                     }
                     let generation = rows.int64(3)
-                    let key = RowKey(group: rows.text(0), identifier: rows.text(1))
-                    digester.xor(into: &digest, group: key.group, identifier: key.identifier,
+                    let group = rows.textBytes(0), identifier = rows.textBytes(1)
+                    digester.xor(into: &digest, group: group, identifier: identifier,
                                  protectionClass: rows.int64(2), generation: generation)
                     newest = max(newest, generation)
-                    generations[key] = generation
+                    generations[identity(group: group, identifier: identifier)] = generation
                 }
             }
             let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)

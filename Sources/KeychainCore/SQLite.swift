@@ -157,6 +157,12 @@ final class Statement {
         return String(decoding: UnsafeBufferPointer(start: bytes, count: count), as: UTF8.self)
     }
 
+    /// The column's text as bytes, valid until the next step (no string made).
+    func textBytes(_ column: Int32) -> UnsafeRawBufferPointer {
+        let bytes = sqlite3_column_text(raw, column)  // before _bytes: it may convert the value
+        return UnsafeRawBufferPointer(start: bytes, count: bytes == nil ? 0 : Int(sqlite3_column_bytes(raw, column)))
+    }
+
     func blob(_ column: Int32) -> [UInt8] {
         let count = Int(sqlite3_column_bytes(raw, column))
         guard count > 0, let bytes = sqlite3_column_blob(raw, column) else { return [] }
