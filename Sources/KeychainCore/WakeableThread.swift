@@ -31,42 +31,24 @@ final class WakeableThread: Sendable {
             _ = fcntl(end, F_SETFD, FD_CLOEXEC)
             _ = fcntl(end, F_SETFL, O_NONBLOCK)  // a wake-up never blocks its caller
         }
-        final class Context {
-            let sleepEnd: Int32
-            let step: @Sendable () -> Next
-            init(_ sleepEnd: Int32, _ step: @escaping @Sendable () -> Next) { self.sleepEnd = sleepEnd; self.step = step }
-        }
-        let context = Unmanaged.passRetained(Context(ends[0], step)).toOpaque()
-        // Started with every signal blocked (a thread inherits its creator's
-        // mask): a helper that may be started before the device routes
-        // SIGTERM to its signalfd must never be the thread a signal kills
-        // the process through.
-        var all = sigset_t()
-        var previous = sigset_t()
-        sigfillset(&all)
-        pthread_sigmask(SIG_SETMASK, &all, &previous)
-        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
-        var thread = pthread_t()
-        guard pthread_create(&thread, nil, { raw in
-            let context = Unmanaged<Context>.fromOpaque(raw!).takeRetainedValue()
+        let sleepEnd = ends[0]
+        guard let thread = startThreadWithSignalsBlocked({
             var timeout: Int32 = -1
             loop: while true {
-                var sleeper = pollfd(fd: context.sleepEnd, events: Int16(POLLIN), revents: 0)
+                var sleeper = pollfd(fd: sleepEnd, events: Int16(POLLIN), revents: 0)
                 if poll(&sleeper, 1, timeout) < 0 && errno != EINTR { break }
                 // The owner closed its end: nothing will wake this thread again.
                 if sleeper.revents & Int16(POLLHUP) != 0 { break }
                 var drained = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
-                while read(context.sleepEnd, &drained, MemoryLayout.size(ofValue: drained)) > 0 {}
-                switch context.step() {
+                while read(sleepEnd, &drained, MemoryLayout.size(ofValue: drained)) > 0 {}
+                switch step() {
                 case .after(let milliseconds): timeout = max(0, milliseconds)
                 case .whenWoken: timeout = -1
                 case .stop: break loop
                 }
             }
-            close(context.sleepEnd)
-            return nil
-        }, context) == 0 else {
-            Unmanaged<Context>.fromOpaque(context).release()
+            close(sleepEnd)
+        }) else {
             close(ends[0])
             close(ends[1])
             Diagnostics.log("could not start the \(purpose) thread")
