@@ -46,8 +46,7 @@ struct ItemSetState: Sendable {
     struct RowDigester: ~Copyable {
         fileprivate let keyed: Crypto.KeyedHash
 
-        /// XORs the row's digest into `digest`. The message is domain |
-        /// class u64 LE | generation u64 LE | u16-prefixed group | u16-prefixed identifier.
+        /// XORs the row's digest (of ``ItemSetState/writeRowMessage(to:group:identifier:protectionClass:generation:)``) into `digest`.
         func xor(into digest: inout [UInt8], group: String, identifier: String, protectionClass: Int64, generation: Int64) {
             var group = group, identifier = identifier
             group.withUTF8 { group in
@@ -58,27 +57,55 @@ struct ItemSetState: Sendable {
             }
         }
 
-        /// The same, from the names' UTF-8 bytes (as SQLite hands them out,
-        /// without making strings of them).
+        /// The same, from the names' UTF-8 bytes.
         func xor(into digest: inout [UInt8], group: UnsafeRawBufferPointer, identifier: UnsafeRawBufferPointer,
                  protectionClass: Int64, generation: Int64) {
-            precondition(group.count <= Int(UInt16.max) && identifier.count <= Int(UInt16.max))
-            let domain = ItemSetState.rowDomain
-            let length = domain.count + 8 + 8 + 2 + group.count + 2 + identifier.count
+            let length = ItemSetState.rowMessageLength(group: group.count, identifier: identifier.count)
             withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
-                let base = message.baseAddress!
-                domain.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-                base.storeBytes(of: UInt64(bitPattern: protectionClass).littleEndian, toByteOffset: domain.count, as: UInt64.self)
-                base.storeBytes(of: UInt64(bitPattern: generation).littleEndian, toByteOffset: domain.count + 8, as: UInt64.self)
-                func store(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Int {
-                    base.storeBytes(of: UInt16(bytes.count).littleEndian, toByteOffset: offset, as: UInt16.self)
-                    if bytes.count > 0 { (base + offset + 2).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
-                    return offset + 2 + bytes.count
-                }
-                _ = store(identifier, at: store(group, at: domain.count + 16))
+                ItemSetState.writeRowMessage(to: message.baseAddress!, group: group, identifier: identifier,
+                                             protectionClass: protectionClass, generation: generation)
                 digest.withUnsafeMutableBytes { keyed.xorDigest(of: UnsafeRawBufferPointer(message), into: $0) }
             }
         }
+    }
+
+    /// The longest row message: two names of at most 255 bytes.
+    static let maximumRowMessageLength = rowMessageLength(group: ItemLimits.maximumNameLength,
+                                                          identifier: ItemLimits.maximumNameLength)
+
+    static func rowMessageLength(group: Int, identifier: Int) -> Int {
+        rowDomain.count + 8 + 8 + 2 + group + 2 + identifier
+    }
+
+    /// A row's message: domain | class u64 LE | generation u64 LE |
+    /// u16-prefixed group | u16-prefixed identifier.
+    static func writeRowMessage(to base: UnsafeMutableRawPointer, group: UnsafeRawBufferPointer,
+                                identifier: UnsafeRawBufferPointer, protectionClass: Int64, generation: Int64) {
+        precondition(group.count <= Int(UInt16.max) && identifier.count <= Int(UInt16.max))
+        rowDomain.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+        base.storeBytes(of: UInt64(bitPattern: protectionClass).littleEndian, toByteOffset: rowDomain.count, as: UInt64.self)
+        base.storeBytes(of: UInt64(bitPattern: generation).littleEndian, toByteOffset: rowDomain.count + 8, as: UInt64.self)
+        func store(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Int {
+            base.storeBytes(of: UInt16(bytes.count).littleEndian, toByteOffset: offset, as: UInt16.self)
+            if bytes.count > 0 { (base + offset + 2).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+            return offset + 2 + bytes.count
+        }
+        _ = store(identifier, at: store(group, at: rowDomain.count + 16))
+    }
+
+    /// Runs `body` with a pipeline whose rows are digested and filed on a
+    /// second thread while `body` goes on reading them (``RowDigestPipeline``);
+    /// returns the XOR of the rows' digests and their generations.
+    func digestingConcurrently<E: Error>(expectedRows: Int, _ body: (RowDigestPipeline) throws(E) -> Void)
+        throws(E) -> (digest: [UInt8], generations: [RowIdentity: Int64]) {
+        let pipeline = RowDigestPipeline(keyed: rowKey.withKey { Crypto.KeyedHash(key: $0) }, expectedRows: expectedRows)
+        do throws(E) {
+            try body(pipeline)
+        } catch {
+            _ = pipeline.finish()
+            throw error
+        }
+        return pipeline.finish()
     }
 
     /// Runs `body` with a digester that holds the row key's absorbed state

@@ -24,6 +24,23 @@ public struct ItemInfo: Sendable, Equatable {
     }
 }
 
+/// A row's name, as ``ItemStore``'s tables know it: SipHash-2-4 with 128
+/// bits of output, keyed afresh at each start, of the group and
+/// identifier bytes. Not the two strings: building and hashing 100,000
+/// of them was a third of the boot check (issue 8), and they were 40
+/// bytes and up a row against 16. A collision between two names is a
+/// 2^-128-per-pair event, and could not hand out the wrong secret: the
+/// item's seal binds its group and identifier, so a wrong row fails to
+/// open (EIO), as would a row changed outside keychainfs.
+struct RowIdentity: Hashable {
+    let low: UInt64
+    let high: UInt64
+
+    /// The bits are already uniform: one word is enough for the table.
+    func hash(into hasher: inout Hasher) { hasher.combine(low) }
+}
+
+
 /// The SQLite file of one keychain: the items, the groups, and a few metadata
 /// records (keybag, lockout). WAL mode with synchronous=NORMAL: a committed
 /// transaction survives the death of the process; ``sync()`` makes it survive
@@ -78,22 +95,6 @@ final class ItemStore: Sendable {
 
     private func announce(_ change: ItemChange) {
         changeHandler.withLock { $0 }?.call(change)
-    }
-
-    /// A row's name, as the tables above know it: SipHash-2-4 with 128
-    /// bits of output, keyed afresh at each start, of the group and
-    /// identifier bytes. Not the two strings: building and hashing 100,000
-    /// of them was a third of the boot check (issue 8), and they were 40
-    /// bytes and up a row against 16. A collision between two names is a
-    /// 2^-128-per-pair event, and could not hand out the wrong secret: the
-    /// item's seal binds its group and identifier, so a wrong row fails to
-    /// open (EIO), as would a row changed outside keychainfs.
-    private struct RowIdentity: Hashable {
-        let low: UInt64
-        let high: UInt64
-
-        /// The bits are already uniform: one word is enough for the table.
-        func hash(into hasher: inout Hasher) { hasher.combine(low) }
     }
 
     /// The key of ``RowIdentity``: no secret of the keychain, only what
@@ -393,23 +394,23 @@ final class ItemStore: Sendable {
     /// hold its version 1: it is upgraded here.
     func verifyItemSet(legacy: Bool) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
-            var digest = ItemSetState.emptyDigest
             var newest: Int64 = 0
-            var generations: [RowIdentity: Int64] = [:]
             let count = try db.statement("SELECT count(*) FROM items")
-            generations.reserveCapacity(try count.step() ? Int(count.int64(0)) : 0)
+            let expectedRows = try count.step() ? Int(count.int64(0)) : 0
             let rows = try db.statement("SELECT grp, ident, class, generation FROM items")
-            try state.digestingMany { (digester) throws(KeychainError) in
+            let (digest, generations) = try state.digestingConcurrently(expectedRows: expectedRows) { (pipeline) throws(KeychainError) in
                 while try rows.step() {
                     guard rows.isInteger(2), rows.isInteger(3) else {
                         return try refuse("an item's row holds a non-integer class or generation")
                     }
-                    let generation = rows.int64(3)
                     let group = rows.textBytes(0), identifier = rows.textBytes(1)
-                    digester.xor(into: &digest, group: group, identifier: identifier,
+                    guard group.count <= ItemLimits.maximumNameLength, identifier.count <= ItemLimits.maximumNameLength else {
+                        return try refuse("an item's row holds a name longer than \(ItemLimits.maximumNameLength) bytes")
+                    }
+                    let generation = rows.int64(3)
+                    pipeline.add(identity(group: group, identifier: identifier), group: group, identifier: identifier,
                                  protectionClass: rows.int64(2), generation: generation)
                     newest = max(newest, generation)
-                    generations[identity(group: group, identifier: identifier)] = generation
                 }
             }
             let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)

@@ -78,6 +78,9 @@ import Testing
         "UPDATE meta SET value = substr(value, 1, 32) || substr(value, 41) WHERE key = 'state'",
         // With the lockout record gone, the count of wrong passcodes would start over.
         "DELETE FROM meta WHERE key = 'lockout'",
+        // Names no keychainfs could write: refused, never a crash of the boot check.
+        "UPDATE items SET ident = printf('%.256c', 'x') WHERE ident = 'alpha' AND grp = 'default'",
+        "UPDATE items SET grp = printf('%.70000c', 'x') WHERE ident = 'alpha' AND grp = 'other'",
     ])
     func tamperingIsCaughtAtBoot(_ sql: String) throws {
         let keychain = try prepared()
