@@ -189,11 +189,15 @@ final class ItemStore: Sendable {
 
     // MARK: Items
 
+    /// The row as this device committed it, if it is among the recent ones
+    /// and still the current one (a commit may have replaced it meanwhile).
+    private func recentRow(_ key: RowIdentity) -> SealedItem? {
+        known.withLock { rows in rows.recent[key].flatMap { rows.generations[key] == $0.generation ? $0 : nil } }
+    }
+
     func item(group: String, identifier: String) throws(KeychainError) -> SealedItem? {
         let key = identity(group: group, identifier: identifier)
-        if let row = known.withLock({ rows in rows.recent[key].flatMap { rows.generations[key] == $0.generation ? $0 : nil } }) {
-            return row
-        }
+        if let row = recentRow(key) { return row }
         let row = try withConnection { db throws(KeychainError) in try checkedRow(db, group: group, identifier: identifier) }
         if let row {
             // Unless a commit replaced it meanwhile.
@@ -203,7 +207,13 @@ final class ItemStore: Sendable {
     }
 
     func info(group: String, identifier: String) throws(KeychainError) -> ItemInfo? {
-        try withConnection { db throws(KeychainError) in
+        // A recent row answers without SQLite: the kernel asks on every
+        // LOOKUP once a name has expired from its cache (10 s), and a point
+        // read costs a read transaction's locks and a B-tree descent.
+        if let row = recentRow(identity(group: group, identifier: identifier)) {
+            return try Self.info(class: row.protectionClass.rawValue, sealedLength: Int64(row.sealed.count))
+        }
+        return try withConnection { db throws(KeychainError) in
             let query = try db.statement("SELECT class, length(sealed) FROM items WHERE grp = ? AND ident = ?")
                 .bind(1, group).bind(2, identifier)
             guard try query.step() else { return nil }

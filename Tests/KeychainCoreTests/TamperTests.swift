@@ -238,6 +238,9 @@ import Testing
             // The device serves the row it committed (kept among its recent
             // rows), never the one put back, and never "absent".
             #expect(try manager.string(forIdentifier: "alpha") == "changed-password")
+            // And its size (what `stat` shows) is that row's too, not the
+            // put-back one's, nor "absent" for the removed one.
+            #expect(try manager.info(forIdentifier: "alpha")?.size == "changed-password".utf8.count)
             // A write reads the stored row: it refuses to replace a changed one.
             expectError(.decode) { try manager.register("overwrite", forIdentifier: "alpha") }
             // The other rows still serve.
