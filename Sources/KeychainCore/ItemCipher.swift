@@ -7,11 +7,13 @@
 /// generation u64 LE | u16 LE length + group UTF-8 | u16 LE length + identifier UTF-8`.
 enum ItemCipher {
     static let formatVersion: UInt8 = 1
+    private static let domain = Array("kcfs-item".utf8)
 
     static func associatedData(group: String, identifier: String, protectionClass: ProtectionClass,
                                generation: Int64) -> [UInt8] {
-        var writer = ByteWriter()
-        writer.append(Array("kcfs-item".utf8))
+        // Sized once: this runs on every read, and a growing array reallocated four times.
+        var writer = ByteWriter(capacity: Self.domain.count + 1 + 1 + 8 + 2 + group.utf8.count + 2 + identifier.utf8.count)
+        writer.append(Self.domain)
         writer.append(formatVersion)
         writer.append(UInt8(protectionClass.rawValue))
         writer.append(generation)
