@@ -38,6 +38,19 @@ import Testing
         try manager.backup(password: secure(password), kdf: .insecureFastForTests).bytes
     }
 
+    /// A backup from before names had to be NFC may hold one that is not:
+    /// restoring it is refused as a whole, before anything is written.
+    @Test func aBackupHoldingANameNotInNFCIsRefusedAndWritesNothing() throws {
+        let items = [BackupItem(group: "default", identifier: "plain", protectionClass: .whenUnlocked, value: try secure("one")),
+                     BackupItem(group: "default", identifier: "cafe\u{301}", protectionClass: .whenUnlocked, value: try secure("two"))]
+        let bytes = try BackupFile.encode(items, password: secure(Self.password), kdf: .insecureFastForTests)
+        let (_, target) = try Self.target()
+        for policy in [RestoreConflictPolicy.refuse, .keep, .overwrite] {
+            expectError(.param) { _ = try target.restore(bytes, password: secure(Self.password), policy: policy) }
+        }
+        #expect(try target.identifiers() == [])
+    }
+
     @Test func migratableItemsMoveToAnotherDeviceWithTheirClassesAndThisDeviceOnlyOnesNever() throws {
         let (_, source) = try Self.source()
         let bytes = try Self.backup(source)
