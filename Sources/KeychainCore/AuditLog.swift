@@ -86,6 +86,10 @@ public final class AuditLog: Sendable {
         var size: Int
         var sequence: UInt64
         var mac: [UInt8]
+        /// `YYYY-MM-DDTHH:MM:SS` of the second it was made for: lines come
+        /// many to a second, and formatting the date was a tenth of a line.
+        var second = -1
+        var secondText: [UInt8] = []
     }
     private let state: Mutex<State>
     /// The audit key, absorbed: used under `state`'s lock only (one thread at a time).
@@ -141,7 +145,11 @@ public final class AuditLog: Sendable {
             if state.size >= rotationSize { rotate(&state) }
             var line = LineBuilder(capacity: tail.bytes.count + 200)
             line.field("seq", state.sequence + 1)
-            line.timestamp("time", now)
+            if state.second != now.tv_sec {
+                state.second = now.tv_sec
+                state.secondText = LineBuilder.utcSecond(now.tv_sec)
+            }
+            line.timestamp("time", second: state.secondText, nanoseconds: now.tv_nsec)
             if state.size == 0 { line.hexField("prev", state.mac) }
             line.bytes.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
             line.bytes.append(contentsOf: tail.bytes)
@@ -203,20 +211,27 @@ public final class AuditLog: Sendable {
             Hex.append(value, to: &bytes)
         }
 
-        /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
-        mutating func timestamp(_ key: StaticString, _ time: timespec) {
+        /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC), from ``utcSecond(_:)``'s text.
+        mutating func timestamp(_ key: StaticString, second: [UInt8], nanoseconds: Int) {
             self.key(key)
-            var parts = tm()
-            var seconds = time.tv_sec
-            gmtime_r(&seconds, &parts)
-            appendDecimal(UInt64(max(0, parts.tm_year + 1900)))
-            append("-", parts.tm_mon + 1, width: 2)
-            append("-", parts.tm_mday, width: 2)
-            append("T", parts.tm_hour, width: 2)
-            append(":", parts.tm_min, width: 2)
-            append(":", parts.tm_sec, width: 2)
-            append(".", Int32(time.tv_nsec / 1_000_000), width: 3)
+            bytes.append(contentsOf: second)
+            append(".", Int32(nanoseconds / 1_000_000), width: 3)
             bytes.append(UInt8(ascii: "Z"))
+        }
+
+        /// `YYYY-MM-DDTHH:MM:SS` (UTC) of a second since the epoch.
+        static func utcSecond(_ seconds: Int) -> [UInt8] {
+            var parts = tm()
+            var seconds = seconds
+            gmtime_r(&seconds, &parts)
+            var text = LineBuilder(capacity: 20)
+            text.appendDecimal(UInt64(max(0, parts.tm_year + 1900)))
+            text.append("-", parts.tm_mon + 1, width: 2)
+            text.append("-", parts.tm_mday, width: 2)
+            text.append("T", parts.tm_hour, width: 2)
+            text.append(":", parts.tm_min, width: 2)
+            text.append(":", parts.tm_sec, width: 2)
+            return text.bytes
         }
 
         private mutating func append(_ separator: Unicode.Scalar, _ value: Int32, width: Int) {

@@ -42,6 +42,35 @@ import Testing
         #expect(try AuditLog.verify(directory: keychain.directory).problems == [])
     }
 
+    /// Lines carry the UTC time to the millisecond (`date -u +%FT%T.%3NZ`),
+    /// the second's part formatted once and reused by the lines after it.
+    @Test func linesCarryTheUTCTimeToTheMillisecond() throws {
+        let keychain = try TemporaryKeychain()
+        var before = timespec(), after = timespec()
+        clock_gettime(CLOCK_REALTIME, &before)
+        do {
+            let device = try keychain.device()
+            for _ in 0..<3 { device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "i")) }
+            device.shutDown()
+        }
+        clock_gettime(CLOCK_REALTIME, &after)
+        func text(_ time: timespec) -> String {
+            var parts = tm()
+            var seconds = time.tv_sec
+            gmtime_r(&seconds, &parts)
+            func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
+            return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))"
+        }
+        let times = try lines(keychain).compactMap(AuditLine.init(parsing:)).compactMap { $0.value("time") }
+        #expect(times.count >= 3)
+        for time in times {
+            #expect(time.count == 24 && time.hasSuffix("Z"), "\(time)")
+            let second = String(time.prefix(19))
+            #expect(text(before) <= second && second <= text(after), "\(time)")
+            #expect(time.dropFirst(19).first == "." && Int(time.dropFirst(20).prefix(3)) != nil, "\(time)")
+        }
+    }
+
     /// Several boots append to one chain.
     @Test func aRestartContinuesTheChain() throws {
         let keychain = try TemporaryKeychain()
