@@ -82,6 +82,11 @@ final class NodeTable: Sendable {
                 entries[inode] = entry
                 return
             }
+            drop(entry, at: inode)
+        }
+
+        /// Forgets an inode nothing holds any more, and its name's binding.
+        mutating func drop(_ entry: Entry, at inode: UInt64) {
             entries.removeValue(forKey: inode)
             opened.removeValue(forKey: inode)
             if !entry.detached { byNode.remove(entry.node, boundTo: inode) }
@@ -242,13 +247,16 @@ final class NodeTable: Sendable {
     /// Ends a descriptor's handle; a detached inode goes with its last descriptor.
     func remove(_ handle: UInt64) {
         guard let file = FileHandle.take(handle, as: OpenFile.self) else { return }
+        // Every close comes here: two hash lookups, the entry left in place.
         state.withLock { state in
-            guard let entry = state.entries.removeValue(forKey: file.inode) else { return }
-            state.opened[file.inode]?.files.removeAll { $0 === file }
-            if !entry.detached, state.opened[file.inode]?.files.isEmpty == true {
-                state.opened.removeValue(forKey: file.inode)
+            guard let entry = state.entries[file.inode] else { return }
+            var othersOpen = false
+            if let index = state.opened.index(forKey: file.inode) {
+                state.opened.values[index].files.removeAll { $0 === file }
+                othersOpen = !state.opened.values[index].files.isEmpty
+                if !othersOpen, !entry.detached { state.opened.remove(at: index) }
             }
-            state.put(entry, at: file.inode)
+            if entry.lookups == 0, !othersOpen { state.drop(entry, at: file.inode) }
         }
     }
 
