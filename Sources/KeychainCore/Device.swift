@@ -414,7 +414,7 @@ public final class Device: Sendable {
             try changeEntitlements(group, passcode: passcode) { policy in
             var rules = policy.groups[group] ?? []
             // A new grant of the same program (a rebuilt binary) replaces its digest.
-            rules.removeAll { $0.executable == rule.executable && $0.unit == rule.unit && $0.uid == rule.uid }
+            rules.removeAll { $0.namesSameProgram(as: rule) }
             rules.append(rule)
             policy.groups[group] = rules
             return 1

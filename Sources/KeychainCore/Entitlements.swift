@@ -41,16 +41,32 @@ public struct EntitlementRule: Sendable, Equatable {
         self.uid = uid
     }
 
-    /// Whether `program` is the program this rule names.
+    /// Whether `program` is the program this rule names. Paths and units
+    /// compare as bytes, as the kernel names files: String's `==` takes
+    /// `/opt/café` spelled with `e` + U+0301 for the one with U+00E9, and a
+    /// copy of the binary there would pass for the granted one.
     public func admits(_ program: ProgramIdentity) -> Bool {
-        program.executable == executable && Crypto.constantTimeEqual(program.digest, digest)
-            && (unit == nil || program.unit == unit) && (uid == nil || program.uid == uid)
+        Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
+            && (unit == nil || Self.sameBytes(program.unit, unit)) && (uid == nil || program.uid == uid)
     }
 
     /// Whether the rule names this executable (and this unit and uid, when given): what `revoke` removes.
     func matches(executable: String?, unit: String?, uid: UInt32?) -> Bool {
-        (executable == nil || self.executable == executable) && (unit == nil || self.unit == unit)
-            && (uid == nil || self.uid == uid)
+        (executable == nil || Self.sameBytes(self.executable, executable))
+            && (unit == nil || Self.sameBytes(self.unit, unit)) && (uid == nil || self.uid == uid)
+    }
+
+    /// Whether `other` names the same program, unit and uid (a new grant of it replaces this rule).
+    func namesSameProgram(as other: EntitlementRule) -> Bool {
+        Self.sameBytes(executable, other.executable) && Self.sameBytes(unit, other.unit) && uid == other.uid
+    }
+
+    private static func sameBytes(_ a: String?, _ b: String?) -> Bool {
+        switch (a, b) {
+        case (nil, nil): return true
+        case let (a?, b?): return a.utf8.elementsEqual(b.utf8)
+        default: return false
+        }
     }
 
     /// The digest in lowercase hexadecimal, as `sha256sum` prints it.

@@ -25,6 +25,22 @@ import Testing
         #expect(!inUnit.admits(Self.program("/usr/bin/app-a", Self.digestA, unit: "a.service", uid: 0)))
     }
 
+    /// Paths are bytes to the kernel: a copy of the entitled binary at a
+    /// path that only looks the same (`e` + U+0301 for `é`, K for the
+    /// Kelvin sign) is a copy elsewhere, though Swift calls the strings equal.
+    @Test func aCopyAtACanonicallyEquivalentPathIsNotAdmitted() {
+        for (granted, copy) in [("/opt/caf\u{E9}/app", "/opt/cafe\u{301}/app"), ("/opt/Kit/app", "/opt/\u{212A}it/app")] {
+            #expect(granted == copy)  // what String's == says
+            let rule = EntitlementRule(executable: granted, digest: Self.digestA, unit: "a.service")
+            #expect(rule.admits(Self.program(granted, Self.digestA, unit: "a.service")))
+            #expect(!rule.admits(Self.program(copy, Self.digestA, unit: "a.service")))
+            #expect(!rule.matches(executable: copy, unit: nil, uid: nil) && rule.matches(executable: granted, unit: nil, uid: nil))
+            // A grant for the look-alike is another rule, not a replacement of this one.
+            let other = EntitlementRule(executable: copy, digest: Self.digestB, unit: "a.service")
+            #expect(!other.namesSameProgram(as: rule) && rule.namesSameProgram(as: rule))
+        }
+    }
+
     @Test func aGroupWithoutPolicyAdmitsEveryoneAndAPolicedOneOnlyItsPrograms() throws {
         let keychain = try TemporaryKeychain()
         let device = try keychain.device()
