@@ -31,40 +31,16 @@ struct ItemSetState: Sendable {
     static var emptyDigest: [UInt8] { [UInt8](repeating: 0, count: Crypto.macSize) }
 
     func rowDigest(group: String, identifier: String, protectionClass: Int64, generation: Int64) -> [UInt8] {
-        var digest = Self.emptyDigest
-        digestingMany { digester in
-            digester.xor(into: &digest, group: group, identifier: identifier, protectionClass: protectionClass,
-                         generation: generation)
-        }
-        return digest
-    }
-
-    /// Digests rows with the key absorbed once: the boot check digests every
-    /// row of the keychain, and per row neither allocates, nor takes the
-    /// key's lock, nor hashes the key's block again (keyed BLAKE2b spends
-    /// one of its two compressions of a short row on the key).
-    struct RowDigester: ~Copyable {
-        fileprivate let keyed: Crypto.KeyedHash
-
-        /// XORs the row's digest (of ``ItemSetState/writeRowMessage(to:group:identifier:protectionClass:generation:)``) into `digest`.
-        func xor(into digest: inout [UInt8], group: String, identifier: String, protectionClass: Int64, generation: Int64) {
-            var group = group, identifier = identifier
-            group.withUTF8 { group in
-                identifier.withUTF8 { identifier in
-                    xor(into: &digest, group: UnsafeRawBufferPointer(group), identifier: UnsafeRawBufferPointer(identifier),
-                        protectionClass: protectionClass, generation: generation)
+        var group = group, identifier = identifier
+        return group.withUTF8 { group in
+            identifier.withUTF8 { identifier in
+                let length = Self.rowMessageLength(group: group.count, identifier: identifier.count)
+                return withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
+                    Self.writeRowMessage(to: message.baseAddress!, group: UnsafeRawBufferPointer(group),
+                                         identifier: UnsafeRawBufferPointer(identifier),
+                                         protectionClass: protectionClass, generation: generation)
+                    return rowKey.withKey { Crypto.mac(key: $0, [UnsafeRawBufferPointer(message)]) }
                 }
-            }
-        }
-
-        /// The same, from the names' UTF-8 bytes.
-        func xor(into digest: inout [UInt8], group: UnsafeRawBufferPointer, identifier: UnsafeRawBufferPointer,
-                 protectionClass: Int64, generation: Int64) {
-            let length = ItemSetState.rowMessageLength(group: group.count, identifier: identifier.count)
-            withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
-                ItemSetState.writeRowMessage(to: message.baseAddress!, group: group, identifier: identifier,
-                                             protectionClass: protectionClass, generation: generation)
-                digest.withUnsafeMutableBytes { keyed.xorDigest(of: UnsafeRawBufferPointer(message), into: $0) }
             }
         }
     }
@@ -106,13 +82,6 @@ struct ItemSetState: Sendable {
             throw error
         }
         return pipeline.finish()
-    }
-
-    /// Runs `body` with a digester that holds the row key's absorbed state
-    /// (wiped when `body` returns).
-    func digestingMany<R, E: Error>(_ body: (borrowing RowDigester) throws(E) -> R) throws(E) -> R {
-        let digester = RowDigester(keyed: rowKey.withKey { Crypto.KeyedHash(key: $0) })
-        return try body(digester)
     }
 
     func rowDigest(_ row: SealedItem) -> [UInt8] {
