@@ -246,13 +246,8 @@ public final class AuditLog: Sendable {
 
         mutating func hexField(_ key: StaticString, _ value: [UInt8]) {
             self.key(key)
-            let out = claim(2 * value.count)
-            for (index, byte) in value.enumerated() {
-                out[2 * index] = Self.hexDigits[Int(byte >> 4)]
-                out[2 * index + 1] = Self.hexDigits[Int(byte & 15)]
-            }
+            Hex.write(value, to: claim(2 * value.count))
         }
-        private static let hexDigits = Array("0123456789abcdef".utf8)
 
         /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC), from ``utcSecond(_:)``'s text.
         mutating func timestamp(_ key: StaticString, second: [UInt8], nanoseconds: Int) {

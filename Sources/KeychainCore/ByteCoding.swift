@@ -86,6 +86,14 @@ enum Hex {
         }
     }
 
+    /// Writes the lowercase hex digits of `bytes` at `out` (room for twice their count).
+    static func write(_ bytes: [UInt8], to out: UnsafeMutablePointer<UInt8>) {
+        for (index, byte) in bytes.enumerated() {
+            out[2 * index] = digit(byte >> 4)
+            out[2 * index + 1] = digit(byte & 15)
+        }
+    }
+
     private static func digit(_ value: UInt8) -> UInt8 {
         value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10
     }
