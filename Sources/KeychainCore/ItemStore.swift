@@ -40,7 +40,6 @@ struct RowIdentity: Hashable {
     func hash(into hasher: inout Hasher) { hasher.combine(low) }
 }
 
-
 /// The SQLite file of one keychain: the items, the groups, and a few metadata
 /// records (keybag, lockout). WAL mode with synchronous=NORMAL: a committed
 /// transaction survives the death of the process; ``sync()`` makes it survive

@@ -10,9 +10,8 @@ import Glibc
 ///
 /// The caller adds each row (its identity, generation and digest message)
 /// to a slot; a full slot goes to the digesting thread, and the caller
-/// fills the next. Four slots of 64 KiB
-/// are handed back and forth with two semaphores (the posts order the
-/// slots' bytes between the threads). The messages are what the database
+/// fills the next. Four slots of 64 KiB are handed back and forth with two
+/// semaphores (the posts order the slots' bytes between the threads). The messages are what the database
 /// holds in the clear (names, class, generation); the key stays in the
 /// ``Crypto/KeyedHash``, which only the digesting thread uses. Without a
 /// thread the caller digests each slot itself.

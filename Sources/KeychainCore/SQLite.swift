@@ -151,11 +151,7 @@ final class Statement {
     /// Whether the column holds an integer (SQLite's columns take any type).
     func isInteger(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_INTEGER }
 
-    func text(_ column: Int32) -> String {
-        guard let bytes = sqlite3_column_text(raw, column) else { return "" }
-        let count = Int(sqlite3_column_bytes(raw, column))
-        return String(decoding: UnsafeBufferPointer(start: bytes, count: count), as: UTF8.self)
-    }
+    func text(_ column: Int32) -> String { String(decoding: textBytes(column), as: UTF8.self) }
 
     /// The column's text as bytes, valid until the next step (no string made).
     func textBytes(_ column: Int32) -> UnsafeRawBufferPointer {
