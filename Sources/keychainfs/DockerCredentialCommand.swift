@@ -155,7 +155,9 @@ struct DockerCredentialCommand: ParsableCommand {
     private static func readServerURL() throws -> String {
         let input = String(decoding: Descriptor.readAll(0, limit: ItemLimits.maximumValueSize), as: UTF8.self)
         // docker sends the URL with a trailing newline.
-        let serverURL = String(input.trimmingPrefix(while: \.isWhitespace).reversed().trimmingPrefix(while: \.isWhitespace).reversed())
+        let start = input.firstIndex { !$0.isWhitespace } ?? input.endIndex
+        let end = input.lastIndex { !$0.isWhitespace }.map(input.index(after:)) ?? start
+        let serverURL = String(input[start..<end])
         guard !serverURL.isEmpty else { throw Failure(message: "no credentials server URL") }
         return serverURL
     }
