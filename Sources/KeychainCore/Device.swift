@@ -535,6 +535,14 @@ public final class Device: Sendable {
         state.withLock { $0.keys[protectionClass] != nil }
     }
 
+    /// Whether the keys of both classes (nil: none needed) are in memory,
+    /// under one lock: a descriptor checks this on every read and write.
+    public func areAvailable(_ first: ProtectionClass?, _ second: ProtectionClass?) -> Bool {
+        state.withLock { state in
+            (first.map { state.keys[$0] != nil } ?? true) && (second.map { state.keys[$0] != nil } ?? true)
+        }
+    }
+
     /// A counter bumped by every lock: work that read it before may keep
     /// plaintext only if it is unchanged after.
     var lockEpoch: UInt64 { state.withLock { $0.epoch } }

@@ -90,7 +90,9 @@ public enum ItemLimits {
         let count = name.utf8.count
         guard count > 0 else { throw .param }
         let bytes = name.utf8.withContiguousStorageIfAvailable(scanName) ?? scanName(Array(name.utf8))
-        guard bytes.clean, !(count <= 8 && reservedNames.contains(name)) else { throw .param }
+        // Every reserved name starts with a dot: one byte decides for most names.
+        let reserved = count <= 8 && name.utf8.first == UInt8(ascii: ".") && reservedNames.contains(name)
+        guard bytes.clean, !reserved else { throw .param }
         guard bytes.ascii || legacy || isNFC(name) else { throw .param }
         guard count <= maximumNameLength else { throw .nameTooLong }
     }

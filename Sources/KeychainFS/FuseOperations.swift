@@ -148,8 +148,8 @@ enum FuseOperations {
                     fi.pointee.fh = FileHandle.make(stream)
                     fi.pointee.nonseekable = 1
                 case .item(let group, let identifier):
-                    let file = try fs.openItem(group: group, identifier: identifier, flags: fi.pointee.flags,
-                                               opener: caller(req))
+                    let file = try fs.openItem(group: group, identifier: identifier, inode: inode,
+                                               flags: fi.pointee.flags, opener: caller(req))
                     // Read-only descriptors have nothing to commit: no FLUSH round trip on close.
                     fi.pointee.noflush = file.writable ? 0 : 1
                     fi.pointee.fh = try fs.nodes.add(file)

@@ -231,7 +231,7 @@ final class NodeTable: Sendable {
     /// the open): the kernel then looks the name up again.
     func add(_ file: OpenFile) throws(FSError) -> UInt64 {
         try state.withLock { (state: inout State) throws(FSError) in
-            guard state.entries[file.inode] != nil, state.entries[file.inode]?.detached == false else {
+            guard state.entries[file.inode]?.detached == false else {
                 throw FSError(ESTALE)
             }
             state.opened[file.inode, default: Opened()].files.append(file)

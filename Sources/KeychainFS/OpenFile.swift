@@ -67,8 +67,7 @@ final class OpenFile: @unchecked Sendable {
     /// wipes its plaintext for good. Call with `lock` held.
     func checkAccess(_ device: Device) throws(FSError) {
         if !revoked {
-            let classes = [protectionClass, targetClass].compactMap { $0 }
-            if classes.allSatisfy(device.isAvailable) { return }
+            if device.areAvailable(protectionClass, targetClass) { return }
             revoked = true
             value = nil
             buffer?.wipe()

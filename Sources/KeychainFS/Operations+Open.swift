@@ -8,17 +8,23 @@ extension FileSystem {
     /// the key of the class its commit will give (SPEC: writing needs both).
     /// Without them: EACCES, and nothing changes.
     /// Checked against the group's entitlements and recorded in the audit
-    /// log as a `read` or a `write`.
-    func openItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
+    /// log as a `read` or a `write`. `inode` is the one the kernel opens
+    /// (nil: the one bound to the name now); if it was detached meanwhile,
+    /// registering the descriptor fails with ESTALE and the kernel looks the
+    /// name up again.
+    func openItem(group: String, identifier: String, inode: UInt64? = nil, flags: Int32,
+                  opener: ProcessIdentity) throws(FSError) -> OpenFile {
         let operation = flags & O_ACCMODE == O_RDONLY ? "read" : "write"
         try requireEntitlement(group, caller: opener, operation: operation, identifier: identifier)
         return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(FSError) in
-            try opening(group: group, identifier: identifier, flags: flags, opener: opener)
+            try opening(group: group, identifier: identifier,
+                        inode: inode ?? nodes.inode(for: .item(group: group, identifier: identifier)),
+                        flags: flags, opener: opener)
         }
     }
 
-    private func opening(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
-        let inode = nodes.inode(for: .item(group: group, identifier: identifier))
+    private func opening(group: String, identifier: String, inode: UInt64, flags: Int32,
+                         opener: ProcessIdentity) throws(FSError) -> OpenFile {
         let truncates = flags & O_TRUNC != 0
         if flags & O_ACCMODE == O_RDONLY || !truncates {
             // One read of the store and one decryption (or the cache): the

@@ -55,7 +55,7 @@ enum ProgramIdentities {
                 cache[thread] = facts
             }
         }
-        let executable = linkTarget("/proc/\(thread)/exe", reusing: facts.executable)
+        let executable = withProcPath(thread, "exe") { linkTarget($0, reusing: facts.executable) }
         if executable != facts.executable {
             threads.withLock { $0[thread]?.executable = executable }
         }
@@ -165,15 +165,42 @@ enum ProgramIdentities {
     /// Where the symbolic link at `path` points. `reusing` is returned
     /// instead of a new String when the target is the same (the common case
     /// of an audited thread asking again): no allocation per request.
-    private static func linkTarget(_ path: String, reusing known: String? = nil) -> String? {
+    private static func linkTarget(_ path: UnsafePointer<CChar>, reusing known: String? = nil) -> String? {
         withUnsafeTemporaryAllocation(of: CChar.self, capacity: Int(PATH_MAX) + 1) { buffer -> String? in
             let count = readlink(path, buffer.baseAddress!, buffer.count)
             guard count > 0, count < buffer.count else { return nil }
             let target = UnsafeRawBufferPointer(start: buffer.baseAddress, count: count)
-            if let known, known.utf8.withContiguousStorageIfAvailable({ $0.elementsEqual(target) }) == true {
-                return known
+            let same = known?.utf8.withContiguousStorageIfAvailable { utf8 in
+                utf8.count == count && memcmp(utf8.baseAddress!, target.baseAddress!, count) == 0
             }
+            if same == true, let known { return known }
             return String(decoding: target, as: UTF8.self)
+        }
+    }
+
+    /// Calls `body` with `/proc/THREAD/LEAF` as a C string built on the
+    /// stack: this runs for every audited request, where an interpolated
+    /// String cost more than the `readlink` it names (callgrind).
+    static func withProcPath<R>(_ thread: pid_t, _ leaf: StaticString, _ body: (UnsafePointer<CChar>) -> R) -> R {
+        let prefix: StaticString = "/proc/"
+        // "/proc/" + at most 10 digits + "/" + leaf + NUL.
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 18 + leaf.utf8CodeUnitCount) { path in
+            var end = prefix.utf8CodeUnitCount
+            path.baseAddress!.update(from: prefix.utf8Start, count: end)
+            var digits = 1
+            var rest = UInt32(bitPattern: thread) / 10
+            while rest > 0 { digits += 1; rest /= 10 }
+            var value = UInt32(bitPattern: thread)
+            for index in stride(from: end + digits - 1, through: end, by: -1) {
+                path[index] = UInt8(ascii: "0") + UInt8(value % 10)
+                value /= 10
+            }
+            end += digits
+            path[end] = UInt8(ascii: "/")
+            (path.baseAddress! + end + 1).update(from: leaf.utf8Start, count: leaf.utf8CodeUnitCount)
+            end += 1 + leaf.utf8CodeUnitCount
+            path[end] = 0
+            return path.baseAddress!.withMemoryRebound(to: CChar.self, capacity: end + 1) { body($0) }
         }
     }
 
