@@ -24,12 +24,13 @@ public enum Descriptor {
     /// Reads until the end of input (or `limit` bytes, or an error).
     public static func readAll(_ fd: Int32, limit: Int = 1 << 20) -> [UInt8] {
         var result: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while result.count < limit {
-            let count = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            if count <= 0 { break }
-            result += chunk[0..<count]
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 4096) { chunk in
+            while result.count < limit {
+                let count = Glibc.read(fd, chunk.baseAddress, chunk.count)
+                if count < 0 && errno == EINTR { continue }
+                if count <= 0 { break }
+                result.append(contentsOf: UnsafeBufferPointer(rebasing: chunk[0..<count]))
+            }
         }
         return result
     }

@@ -207,26 +207,56 @@ enum ProgramIdentities {
     /// The systemd unit of a thread: the innermost `.service` or `.scope`
     /// of its cgroup path, e.g. `/user.slice/user-1000.slice/
     /// user@1000.service/app.slice/backup.service` is `backup.service`.
-    /// The unified (v2) hierarchy first; on a hybrid host systemd keeps its
-    /// units in the `name=systemd` one.
     static func unit(of thread: pid_t) -> String? {
-        let fd = open("/proc/\(thread)/cgroup", O_RDONLY | O_CLOEXEC)
+        let fd = withProcPath(thread, "cgroup") { open($0, O_RDONLY | O_CLOEXEC) }
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        // cgroups(7): `hierarchy-ID:controller-list:cgroup-path`.
-        let entries = String(decoding: Descriptor.readAll(fd, limit: 64 << 10), as: UTF8.self).split(separator: "\n")
-            .map { $0.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false) }
-            .filter { $0.count == 3 }
-        for controllers in ["", "name=systemd"] {
-            for entry in entries where entry[1] == controllers {
-                if let unit = unit(ofCgroup: String(entry[2])) { return unit }
+        return unit(ofCgroupFile: Descriptor.readAll(fd, limit: 64 << 10))
+    }
+
+    /// The unit a `/proc/PID/cgroup` file names: the unified (v2) hierarchy
+    /// first; on a hybrid host systemd keeps its units in the `name=systemd`
+    /// one. Parsed as bytes: this runs for the first request of every
+    /// process, and splitting Strings cost 137k instructions (callgrind).
+    static func unit(ofCgroupFile file: [UInt8]) -> String? {
+        var systemdUnit: String?
+        var lineStart = 0
+        while lineStart < file.count {
+            let lineEnd = file[lineStart...].firstIndex(of: UInt8(ascii: "\n")) ?? file.count
+            defer { lineStart = lineEnd + 1 }
+            // cgroups(7): `hierarchy-ID:controller-list:cgroup-path`.
+            guard let first = file[lineStart..<lineEnd].firstIndex(of: UInt8(ascii: ":")),
+                  let second = file[(first + 1)..<lineEnd].firstIndex(of: UInt8(ascii: ":")) else { continue }
+            let controllers = file[(first + 1)..<second]
+            if controllers.isEmpty {
+                if let unit = unit(inCgroupPath: file[(second + 1)..<lineEnd]) { return unit }
+            } else if systemdUnit == nil, controllers.elementsEqual("name=systemd".utf8) {
+                systemdUnit = unit(inCgroupPath: file[(second + 1)..<lineEnd])
             }
+        }
+        return systemdUnit
+    }
+
+    /// The last component of a cgroup path that names a service or a scope.
+    private static func unit(inCgroupPath path: ArraySlice<UInt8>) -> String? {
+        var end = path.endIndex
+        while end > path.startIndex {
+            let start = path[..<end].lastIndex(of: UInt8(ascii: "/")).map { $0 + 1 } ?? path.startIndex
+            let component = path[start..<end]
+            if component.hasByteSuffix(".service") || component.hasByteSuffix(".scope") {
+                return String(decoding: component, as: UTF8.self)
+            }
+            end = start - 1
         }
         return nil
     }
+}
 
-    static func unit(ofCgroup path: String) -> String? {
-        path.split(separator: "/").last { $0.hasSuffix(".service") || $0.hasSuffix(".scope") }.map(String.init)
+private extension ArraySlice<UInt8> {
+    func hasByteSuffix(_ suffix: StaticString) -> Bool {
+        count >= suffix.utf8CodeUnitCount
+            && self.suffix(suffix.utf8CodeUnitCount).elementsEqual(
+                UnsafeBufferPointer(start: suffix.utf8Start, count: suffix.utf8CodeUnitCount))
     }
 }
 
