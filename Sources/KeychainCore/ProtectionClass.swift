@@ -75,7 +75,7 @@ public enum ItemLimits {
     /// `name` can be a group or an identifier: non-empty UTF-8 without `/`
     /// or control characters (C0, DEL, C1: a name is printed in listings and
     /// status lines, where a newline could forge a line), in Unicode
-    /// Normalization Form C, at most 255 bytes, not `.`, `..` or `.control`.
+    /// Normalization Form C, at most 255 bytes, not one of ``reservedNames``.
     ///
     /// NFC because Swift compares strings by canonical equivalence, SQLite
     /// and the kernel by bytes: `café` spelled with U+00E9 and with

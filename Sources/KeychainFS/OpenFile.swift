@@ -94,7 +94,7 @@ struct ProcessIdentity: Sendable, Equatable {
 
     /// The process a thread belongs to (itself if /proc cannot tell).
     var process: pid_t {
-        let fd = open("/proc/\(thread)/status", O_RDONLY | O_CLOEXEC)
+        let fd = ProgramIdentities.withProcPath(thread, "status") { open($0, O_RDONLY | O_CLOEXEC) }
         guard fd >= 0 else { return thread }
         defer { close(fd) }
         // The `Tgid:` line is among the first few (proc(5)); read bytes, not Strings: this runs per audited request.

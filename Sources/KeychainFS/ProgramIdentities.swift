@@ -20,18 +20,19 @@ enum ProgramIdentities {
     /// executable is unreadable or not the file its path names now).
     static func of(thread: pid_t, uid: uid_t) -> ProgramIdentity? {
         guard thread > 0 else { return nil }
-        let exe = "/proc/\(thread)/exe"
-        let fd = open(exe, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var opened = stat()
-        guard fstat(fd, &opened) == 0, let path = linkTarget(exe) else { return nil }
-        // The path must name the very file that was opened: a binary deleted
-        // or replaced since it started is not the one at its path.
-        var named = stat()
-        guard stat(path, &named) == 0, named.st_dev == opened.st_dev, named.st_ino == opened.st_ino,
-              let digest = digest(of: fd, info: opened) else { return nil }
-        return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid)
+        return withProcPath(thread, "exe") { exe -> ProgramIdentity? in
+            let fd = open(exe, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            defer { close(fd) }
+            var opened = stat()
+            guard fstat(fd, &opened) == 0, let path = linkTarget(exe) else { return nil }
+            // The path must name the very file that was opened: a binary deleted
+            // or replaced since it started is not the one at its path.
+            var named = stat()
+            guard stat(path, &named) == 0, named.st_dev == opened.st_dev, named.st_ino == opened.st_ino,
+                  let digest = digest(of: fd, info: opened) else { return nil }
+            return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid)
+        }
     }
 
     /// Who `thread` is, for the audit log: its process, uid, executable

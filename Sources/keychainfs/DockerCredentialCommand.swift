@@ -120,8 +120,7 @@ struct DockerCredentialCommand: ParsableCommand {
         guard let stored = value.withUnsafeBytes({ try? JSONDecoder().decode(Stored.self, from: Data($0)) }) else {
             throw Failure(message: "the item \(group)/\(identifier) does not hold docker credentials")
         }
-        let (username, secret) = (stored.Username, stored.Secret)
-        return (username, secret)
+        return (stored.Username, stored.Secret)
     }
 
     /// What an item of the group holds (the names are docker's).
