@@ -6,34 +6,7 @@
 // for every request (thousands per `ls -l`).
 #define FUSE_USE_VERSION 312
 #include <fuse3/fuse_lowlevel.h>
-#include <sys/mount.h>
-#include <sys/signalfd.h>
-#include <sys/eventfd.h>
-#include <spawn.h>
-#include <malloc.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-// Whether the process a pidfd refers to still runs (pidfd_send_signal with
-// signal 0; glibc 2.36 has no wrapper declared without _GNU_SOURCE, and
-// syscall() is variadic).
-static inline int CFuse_pidfd_alive(int pidfd) {
-    return syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
-}
-
-// glibc's malloc tuning (malloc.h is not part of Swift's Glibc module).
-static inline void CFuse_limit_malloc_arenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }
-static inline void CFuse_fix_mmap_threshold(int bytes) { mallopt(M_MMAP_THRESHOLD, bytes); }
-static inline void CFuse_release_free_memory(void) { malloc_trim(0); }
-
-// glibc >= 2.34 exports this GNU extension, but declares it only with
-// _GNU_SOURCE, which the Glibc module was built without. A child must not
-// inherit our descriptors: an inherited FUSE descriptor would flush (commit)
-// the file when the child exits.
-extern int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *actions, int from);
-static inline int CFuse_spawn_close_from(posix_spawn_file_actions_t *actions, int from) {
-    return posix_spawn_file_actions_addclosefrom_np(actions, from);
-}
+#include <stddef.h>
 
 // fuse_session_loop_mt takes a config object that only has constructor
 // functions: wrap the calls in one. The defaults are kept on purpose: up to

@@ -156,8 +156,10 @@ public final class AuditLog: Sendable {
             let mac = Self.chain(key: chainKey, previous: state.mac, body: line.bytes)
             line.hexField("mac", mac)
             line.append(UInt8(ascii: "\n"))
-            guard Descriptor.writeAll(state.fd, line.bytes) else {
-                Diagnostics.log("could not append to the audit log: \(String(cString: strerror(errno)))")
+            do throws(Errno) {
+                try Descriptor.writeAll(state.fd, line.bytes)
+            } catch {
+                Diagnostics.log("could not append to the audit log: \(error)")
                 return
             }
             state.size += line.count
@@ -421,8 +423,12 @@ extension AuditLog {
                 if name == fileName { problems.append("\(name) is missing") }
                 continue
             }
-            let bytes = Descriptor.readAll(fd, limit: 4 * rotationSize)
+            let read = Result { () throws(Errno) in try Descriptor.readAll(fd, limit: 4 * rotationSize) }
             close(fd)
+            guard case .success(let bytes) = read else {
+                problems.append("\(name) cannot be read")
+                continue
+            }
             if !bytes.isEmpty && bytes.last != UInt8(ascii: "\n") { problems.append("\(name): the last line is incomplete") }
             for (index, raw) in bytes.split(separator: UInt8(ascii: "\n")).enumerated() {
                 let where_ = "\(name) line \(index + 1)"

@@ -481,7 +481,7 @@ public final class Device: Sendable {
     /// The auto-lock delay and grace, in seconds.
     public var autoLock: (after: Int, grace: Int) { autoLockSettings.withLock { $0 } }
 
-    private func noteAccess() { lastAccess.store(WakeableThread.monotonicMilliseconds(), ordering: .relaxed) }
+    private func noteAccess() { lastAccess.store(MonotonicClock.milliseconds(), ordering: .relaxed) }
 
     private func wakeAutoLock() {
         autoLockThread.withLock { $0 }?.wake()
@@ -504,7 +504,7 @@ public final class Device: Sendable {
     private func autoLockStep() -> WakeableThread.Next {
         let (after, grace) = autoLock
         guard after > 0, !isLocked else { return .whenWoken }
-        let idle = WakeableThread.monotonicMilliseconds() - lastAccess.load(ordering: .relaxed)
+        let idle = MonotonicClock.milliseconds() - lastAccess.load(ordering: .relaxed)
         let remaining = Int64(after) * 1000 - idle
         guard remaining <= 0 else { return .after(milliseconds: Int32(clamping: remaining)) }
         notify(.willLock(grace: grace))

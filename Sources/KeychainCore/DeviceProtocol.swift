@@ -425,25 +425,14 @@ extension DeviceProtocol {
     /// announced a body over ``maximumBody``.
     public static func receive(from fd: Int32) -> SecureBytes? {
         var length = [UInt8](repeating: 0, count: 4)
-        guard length.withUnsafeMutableBytes({ readExactly(fd, into: $0) }) else { return nil }
+        guard length.withUnsafeMutableBytes({ (try? Descriptor.readExactly(fd, into: $0)) == true }) else { return nil }
         let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
         guard count <= maximumBody, let body = try? SecureBytes(count: count) else { return nil }
-        return readExactly(fd, into: body.mutableBytes) ? body : nil
+        return (try? Descriptor.readExactly(fd, into: body.mutableBytes)) == true ? body : nil
     }
 
     /// Writes a whole frame; false on an error.
     public static func send(_ frame: SecureBytes, to fd: Int32) -> Bool {
-        frame.withUnsafeBytes { Descriptor.writeAll(fd, $0) }
-    }
-
-    private static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) -> Bool {
-        var offset = 0
-        while offset < buffer.count {
-            let count = read(fd, buffer.baseAddress! + offset, buffer.count - offset)
-            if count < 0 && errno == EINTR { continue }
-            if count <= 0 { return false }
-            offset += count
-        }
-        return true
+        frame.withUnsafeBytes { (try? Descriptor.writeAll(fd, $0)) != nil }
     }
 }

@@ -9,11 +9,11 @@ package enum UnixSocket {
     /// The longest path a sockaddr_un holds (108 bytes with the NUL).
     package static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
 
-    private static func address(_ path: String) -> sockaddr_un? {
+    private static func address(_ path: String) throws(Errno) -> sockaddr_un {
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)
-        guard bytes.count <= maximumPathLength else { return nil }
+        guard bytes.count <= maximumPathLength else { throw .nameTooLong }
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
             raw.copyBytes(from: bytes)
             raw[bytes.count] = 0
@@ -21,35 +21,44 @@ package enum UnixSocket {
         return address
     }
 
+    /// A stream socket that no child inherits.
+    private static func streamSocket() throws(Errno) -> Int32 {
+        try valueOrErrno { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+    }
+
+    /// Calls `body` with `address` as the `sockaddr` that bind and connect take.
+    private static func withSocketAddress(_ address: sockaddr_un, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32 {
+        withUnsafePointer(to: address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+    }
+
     /// A listening socket at `path` (mode 0600), replacing a stale file there.
-    package static func listen(at path: String) -> Int32? {
-        guard var address = address(path) else { return nil }
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return nil }
+    package static func listen(at path: String) throws(Errno) -> Int32 {
+        let address = try address(path)
+        let fd = try streamSocket()
         unlink(path)
         let previous = umask(0o077)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        umask(previous)
-        guard bound == 0, Glibc.listen(fd, 16) == 0 else {
+        defer { umask(previous) }
+        do throws(Errno) {
+            try nothingOrErrno { withSocketAddress(address) { bind(fd, $0, $1) } }
+            try nothingOrErrno { Glibc.listen(fd, 16) }
+        } catch {
             close(fd)
-            return nil
+            throw error
         }
         return fd
     }
 
-    /// A socket connected to `path`; nil if nobody listens there.
-    package static func connect(to path: String) -> Int32? {
-        guard var address = address(path) else { return nil }
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return nil }
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        guard connected == 0 else {
+    /// A socket connected to `path`; ENOENT or ECONNREFUSED when nobody listens there.
+    package static func connect(to path: String) throws(Errno) -> Int32 {
+        let address = try address(path)
+        let fd = try streamSocket()
+        do throws(Errno) {
+            try nothingOrErrno { withSocketAddress(address) { Glibc.connect(fd, $0, $1) } }
+        } catch {
             close(fd)
-            return nil
+            throw error
         }
         return fd
     }
@@ -65,7 +74,7 @@ public enum DeviceClient {
     /// Sends one request to the device listening at `socketPath` and waits
     /// for its reply; nil when no device listens or it went away unanswered.
     public static func send(_ request: DeviceRequest, to socketPath: String) -> DeviceReply? {
-        guard let fd = UnixSocket.connect(to: socketPath) else { return nil }
+        guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         defer { close(fd) }
         guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd),
               let body = DeviceProtocol.receive(from: fd) else { return nil }

@@ -152,9 +152,9 @@ public enum ExecutableDigest {
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
         var offset: off_t = 0
         while true {
-            let count = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
-            if count < 0 && errno == EINTR { continue }
-            guard count >= 0 else { return nil }
+            guard let count = buffer.withUnsafeMutableBytes({ try? Descriptor.read(fd, into: $0, at: offset) }) else {
+                return nil
+            }
             if count == 0 { break }
             buffer.withUnsafeBytes { _ = crypto_hash_sha256_update(&state, $0.bindMemory(to: UInt8.self).baseAddress, UInt64(count)) }
             offset += off_t(count)

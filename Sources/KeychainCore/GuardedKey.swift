@@ -72,7 +72,7 @@ final class GuardedKey: Sendable {
         }
         if madeReadable { IdleKeys.watch(self) }
         defer {
-            let now = WakeableThread.monotonicMilliseconds()
+            let now = MonotonicClock.milliseconds()
             use.withLock { use in
                 use.users -= 1
                 use.lastUse = now
@@ -124,7 +124,7 @@ enum IdleKeys {
 
     /// Protects the idle keys; returns when to look again.
     static func protectIdleKeys() -> WakeableThread.Next {
-        let now = WakeableThread.monotonicMilliseconds()
+        let now = MonotonicClock.milliseconds()
         let watched = state.withLock { $0.keys }
         var next: Int64?
         var stillReadable: [Watched] = []

@@ -109,17 +109,12 @@ extension BackupFile {
         unlink(temporary)
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw fileFailure("create", temporary) }
-        var offset = 0
-        while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            if written < 0 && errno == EINTR { continue }
-            guard written > 0 else {
-                let failure = fileFailure("write", temporary)
-                close(fd)
-                unlink(temporary)
-                throw failure
-            }
-            offset += written
+        do throws(Errno) {
+            try Descriptor.writeAll(fd, bytes)
+        } catch {
+            close(fd)
+            unlink(temporary)
+            throw fileFailure("write", temporary, errno: error.rawValue)
         }
         let synced = fsync(fd) == 0 ? 0 : errno
         close(fd)
@@ -139,14 +134,10 @@ extension BackupFile {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw fileFailure("read", path) }
         defer { close(fd) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 1 << 16)
-        while true {
-            let count = read(fd, &chunk, chunk.count)
-            if count < 0 && errno == EINTR { continue }
-            if count < 0 { throw fileFailure("read", path) }
-            if count == 0 { return bytes }
-            bytes += chunk[0..<count]
+        do throws(Errno) {
+            return try Descriptor.readAll(fd, limit: .max)
+        } catch {
+            throw fileFailure("read", path, errno: error.rawValue)
         }
     }
 }

@@ -48,7 +48,7 @@ final class RowDigestPipeline: @unchecked Sendable {
         filled = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
         sem_init(free, 0, UInt32(Self.slotCount - 1))  // the adding side holds slot 0
         sem_init(filled, 0, 0)
-        if concurrent { thread = startThreadWithSignalsBlocked { [self] in digestSlots() } }
+        if concurrent { thread = Threads.start(blockingSignals: true) { [self] in digestSlots() } }
     }
 
     deinit {

@@ -51,25 +51,9 @@ enum SecretThread {
         }
         if mlock(stack, stackSize) != 0 { Diagnostics.log("could not lock the key-derivation stack in memory") }
         _ = madvise(stack, stackSize, MADV_DONTDUMP)
-        var attributes = pthread_attr_t()
-        pthread_attr_init(&attributes)
-        defer { pthread_attr_destroy(&attributes) }
-        guard pthread_attr_setstack(&attributes, stack, stackSize) == 0 else { return false }
-        let context = Unmanaged.passRetained(ThreadContext(job.run))
-        var thread = pthread_t()
-        guard pthread_create(&thread, &attributes, { raw in
-            Unmanaged<ThreadContext>.fromOpaque(raw!).takeRetainedValue().body()
-            return nil
-        }, context.toOpaque()) == 0 else {
-            context.release()
-            return false
-        }
+        let thread = Threads.start(stack: UnsafeMutableRawBufferPointer(start: stack, count: stackSize)) { job.run() }
+        guard let thread else { return false }
         pthread_join(thread, nil)
         return true
-    }
-
-    private final class ThreadContext {
-        let body: () -> Void
-        init(_ body: @escaping () -> Void) { self.body = body }
     }
 }

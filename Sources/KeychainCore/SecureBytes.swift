@@ -1,3 +1,4 @@
+internal import CLinux
 internal import CSodium
 
 /// Secret bytes (a key or a plaintext value) held in the locked secret arena,
@@ -99,5 +100,5 @@ public func wipeMemory(_ buffer: UnsafeMutableRawBufferPointer) {
 /// PR_SET_DUMPABLE 0, which also keeps other processes of the same user
 /// from attaching to it with ptrace).
 public func disableCoreDumps() -> Bool {
-    CSodium_disableCoreDumps() == 0
+    CLinux_disable_core_dumps() == 0
 }

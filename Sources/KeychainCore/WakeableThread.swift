@@ -32,7 +32,7 @@ final class WakeableThread: Sendable {
             _ = fcntl(end, F_SETFL, O_NONBLOCK)  // a wake-up never blocks its caller
         }
         let sleepEnd = ends[0]
-        guard let thread = startThreadWithSignalsBlocked({
+        guard let thread = Threads.start(blockingSignals: true, {
             var timeout: Int32 = -1
             loop: while true {
                 var sleeper = pollfd(fd: sleepEnd, events: Int16(POLLIN), revents: 0)
@@ -61,13 +61,6 @@ final class WakeableThread: Sendable {
     deinit {
         // The thread sees the hang-up and ends.
         close(wakeEnd)
-    }
-
-    /// The clock steps are timed by (CLOCK_MONOTONIC, ms).
-    static func monotonicMilliseconds() -> Int64 {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
     }
 
     /// Makes the thread run its step now.

@@ -36,26 +36,26 @@ enum ControlCommand {
     /// become a String: a rejected line may hold a passcode (" unlock PW",
     /// "UNLOCK PW"), which goes straight from the request buffer into secret
     /// memory when the line is a valid unlock, and nowhere otherwise.
-    static func parse(_ bytes: UnsafeRawBufferPointer) throws(FSError) -> [ControlCommand] {
-        guard bytes.count <= maximumWrite else { throw FSError(EINVAL) }
+    static func parse(_ bytes: UnsafeRawBufferPointer) throws(Errno) -> [ControlCommand] {
+        guard bytes.count <= maximumWrite else { throw Errno(EINVAL) }
         var commands: [ControlCommand] = []
         for var line in bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true) {
             if line.last == UInt8(ascii: "\r") { line = line.dropLast() }
-            guard line.count <= maximumLine else { throw FSError(EINVAL) }
+            guard line.count <= maximumLine else { throw Errno(EINVAL) }
             commands.append(try parseLine(line))
         }
-        guard !commands.isEmpty else { throw FSError(EINVAL) }
+        guard !commands.isEmpty else { throw Errno(EINVAL) }
         return commands
     }
 
-    private static func parseLine(_ line: Slice<UnsafeRawBufferPointer>) throws(FSError) -> ControlCommand {
+    private static func parseLine(_ line: Slice<UnsafeRawBufferPointer>) throws(Errno) -> ControlCommand {
         let space = line.firstIndex(of: UInt8(ascii: " ")) ?? line.endIndex
         let word = line[line.startIndex..<space]
         if word.elementsEqual("unlock".utf8) {
             // The passcode is everything after the first space, spaces included.
             guard space < line.endIndex else { return .unlock(nil) }
             let passcode = UnsafeRawBufferPointer(rebasing: line[line.index(after: space)...])
-            guard !passcode.isEmpty else { throw FSError(EINVAL) }
+            guard !passcode.isEmpty else { throw Errno(EINVAL) }
             return .unlock(try core { () throws(KeychainError) in try SecureBytes(copying: passcode) })
         }
         let arguments = line[space...].split(separator: UInt8(ascii: " "), omittingEmptySubsequences: true)
@@ -65,7 +65,7 @@ enum ControlCommand {
         case (0, _) where word.elementsEqual("background".utf8): return .background
         case (1, _) where word.elementsEqual("accessmode".utf8):
             guard let mode = AccessMode.allCases.first(where: { arguments[0].elementsEqual($0.rawValue.utf8) }) else {
-                throw FSError(EINVAL)
+                throw Errno(EINVAL)
             }
             return .accessMode(mode)
         case (1, _) where word.elementsEqual("autolock".utf8): return .autoLock(try seconds(arguments[0]))
@@ -73,18 +73,18 @@ enum ControlCommand {
         case (1, _) where word.elementsEqual("migrate".utf8):
             if arguments[0].elementsEqual("yes".utf8) { return .migrate(true) }
             if arguments[0].elementsEqual("no".utf8) { return .migrate(false) }
-            throw FSError(EINVAL)
+            throw Errno(EINVAL)
         default:
-            throw FSError(EINVAL)
+            throw Errno(EINVAL)
         }
     }
 
     /// Seconds in canonical decimal (no sign, no leading zero), at most ``Device/maximumAutoLockSeconds``.
-    private static func seconds(_ text: Slice<UnsafeRawBufferPointer>) throws(FSError) -> Int {
+    private static func seconds(_ text: Slice<UnsafeRawBufferPointer>) throws(Errno) -> Int {
         guard !text.isEmpty, text.count <= 7, text.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }),
-              text.first != UInt8(ascii: "0") || text.count == 1 else { throw FSError(EINVAL) }
+              text.first != UInt8(ascii: "0") || text.count == 1 else { throw Errno(EINVAL) }
         let value = text.reduce(0) { $0 * 10 + Int($1 - UInt8(ascii: "0")) }
-        guard value <= Device.maximumAutoLockSeconds else { throw FSError(EINVAL) }
+        guard value <= Device.maximumAutoLockSeconds else { throw Errno(EINVAL) }
         return value
     }
 }
@@ -114,7 +114,7 @@ extension FileSystem {
 
     /// Runs the commands of one write to `.control`, then wipes the request
     /// bytes (they may hold a passcode). A wrong passcode or a lockout: EACCES.
-    func control(_ request: UnsafeMutableRawBufferPointer, caller: ProcessIdentity) throws(FSError) {
+    func control(_ request: UnsafeMutableRawBufferPointer, caller: ProcessIdentity) throws(Errno) {
         defer { wipeMemory(request) }
         for command in try ControlCommand.parse(UnsafeRawBufferPointer(request)) {
             switch command {

@@ -1,4 +1,5 @@
 internal import CFuse
+internal import CLinux
 import KeychainCore
 import Synchronization
 #if canImport(Glibc)
@@ -92,10 +93,10 @@ public final class DeviceProcess: Sendable {
 
     /// Unmounts one of our mounts and waits until its session has ended.
     /// Returns whether it was the last one.
-    func unmount(_ mountpoint: String) throws(FSError) -> Bool {
-        guard let mount = mounts.withLock({ $0[mountpoint] }) else { throw FSError(ENOENT) }
+    func unmount(_ mountpoint: String) throws(Errno) -> Bool {
+        guard let mount = mounts.withLock({ $0[mountpoint] }) else { throw Errno(ENOENT) }
         let result = mount.unmount(lazy: false)
-        guard result == 0 else { throw FSError(result) }
+        guard result == 0 else { throw Errno(result) }
         mount.join()
         return mounts.withLock { $0.isEmpty }
     }
@@ -114,12 +115,12 @@ public final class DeviceProcess: Sendable {
         // own; memory freed in one is not reused by the others, and a large
         // keychain's churn (100,000 creates, listings) left the device at
         // three times its live data. Two arenas suffice for two CPUs.
-        CFuse_limit_malloc_arenas(2)
+        CLinux_limit_malloc_arenas(2)
         // glibc raises its mmap threshold to the size of any mapped block
         // freed (up to 32 MB), after which the inode table's multi-megabyte
         // storage comes from the heap and stays resident once freed; fixed,
         // it is always mapped and given back when the table shrinks.
-        CFuse_fix_mmap_threshold(128 << 10)
+        CLinux_fix_mmap_threshold(128 << 10)
         // A daemon must not pin the directory it was started from (it could
         // not be unmounted); every path it uses is absolute.
         _ = chdir("/")
@@ -137,8 +138,11 @@ public final class DeviceProcess: Sendable {
         let signals = signalfd(-1, &stopping, Int32(SFD_CLOEXEC))
 
         // We hold the keychain's flock, so a socket file left there is stale.
-        guard let listener = UnixSocket.listen(at: socketPath) else {
-            ready(MountError("cannot listen on \(socketPath)"))
+        let listener: Int32
+        do throws(Errno) {
+            listener = try UnixSocket.listen(at: socketPath)
+        } catch {
+            ready(MountError("cannot listen on \(socketPath): \(error)"))
             return 1
         }
         defer {
@@ -191,7 +195,7 @@ public final class DeviceProcess: Sendable {
     }
 
     private func startServing(_ listener: Int32) {
-        if let thread = startThread({ [self] in acceptLoop(listener) }) { pthread_detach(thread) }
+        if let thread = Threads.start({ [self] in acceptLoop(listener) }) { pthread_detach(thread) }
     }
 
     private func acceptLoop(_ listener: Int32) {
@@ -209,7 +213,7 @@ public final class DeviceProcess: Sendable {
             _ = setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
             _ = setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
             requestsInFlight.withLock { $0 += 1 }
-            let served = startThread { [self] in serve(client) }
+            let served = Threads.start { [self] in serve(client) }
             if let served {
                 pthread_detach(served)
             } else {
@@ -258,9 +262,9 @@ public final class DeviceProcess: Sendable {
             do {
                 return .ok(try unmount(mountpoint) ? ["last"] : [])
             } catch {
-                let reason = error.errno == EBUSY ? "mount point is busy (files are open in it)"
-                    : error.errno == ENOENT ? "not mounted by this device" : String(cString: strerror(error.errno))
-                return .systemError(error.errno, reason)
+                let reason = error.rawValue == EBUSY ? "mount point is busy (files are open in it)"
+                    : error.rawValue == ENOENT ? "not mounted by this device" : String(cString: strerror(error.rawValue))
+                return .systemError(error.rawValue, reason)
             }
         case .changePasscode(let old, let new):
             do throws(KeychainError) {

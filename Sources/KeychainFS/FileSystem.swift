@@ -117,20 +117,20 @@ public final class FileSystem: Sendable {
     // MARK: Names
 
     /// The node `name` stands for inside `parent`, if it exists.
-    func child(of parent: Node, named name: String) throws(FSError) -> Node {
+    func child(of parent: Node, named name: String) throws(Errno) -> Node {
         if let special = Self.specialFiles[name] {
-            guard parent == .root else { throw FSError(ENOENT) }
+            guard parent == .root else { throw Errno(ENOENT) }
             return special
         }
         // Names are checked by the core call that uses them (EINVAL, ENAMETOOLONG).
         switch (parent, scope) {
         case (.root, .keychain):
-            guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw FSError(ENOENT) }
+            guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw Errno(ENOENT) }
             return .group(name)
         case (.root, .group(let group)), (.group(let group), .keychain):
             return .item(group: group, identifier: name)
         default:
-            throw FSError(ENOTDIR)
+            throw Errno(ENOTDIR)
         }
     }
 
@@ -145,15 +145,15 @@ public final class FileSystem: Sendable {
 
     /// For the few decisions taken before any core call sees the name
     /// (rename's EXDEV); everywhere else the core call checks it.
-    func validate(_ name: String) throws(FSError) {
+    func validate(_ name: String) throws(Errno) {
         try core { () throws(KeychainError) in try ItemLimits.validate(name: name) }
     }
 
     /// The node an inode names. ESTALE for one that was removed or replaced
     /// (its name may belong to a new inode): the kernel then looks the name
     /// up again, which matters for the name caches of other mounts.
-    func node(_ inode: UInt64) throws(FSError) -> Node {
-        guard let node = nodes.node(for: inode) else { throw FSError(ESTALE) }
+    func node(_ inode: UInt64) throws(Errno) -> Node {
+        guard let node = nodes.node(for: inode) else { throw Errno(ESTALE) }
         return node
     }
 
@@ -161,15 +161,15 @@ public final class FileSystem: Sendable {
 
     /// `stat` of a node; works while locked (SPEC: listing and stat).
     /// `inode` is the number the caller took for it.
-    func attributes(of node: Node, inode: UInt64) throws(FSError) -> stat {
+    func attributes(of node: Node, inode: UInt64) throws(Errno) -> stat {
         var size = 0
         switch node {
         case .group(let name):
-            guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw FSError(ENOENT) }
+            guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw Errno(ENOENT) }
         case .item(let group, let identifier):
             guard let item = try core({ () throws(KeychainError) in
                 try manager.info(forIdentifier: identifier, inGroup: group)
-            }) else { throw FSError(ENOENT) }
+            }) else { throw Errno(ENOENT) }
             size = item.size
         case .root, .control, .events:
             break
@@ -216,7 +216,7 @@ public final class FileSystem: Sendable {
     /// `lseek(SEEK_END)`; otherwise the caller's own writers, as for `fstat`);
     /// everyone else sees the stored value. A removed item that descriptors
     /// still hold answers with `st_nlink` 0 (POSIX).
-    func attributes(ofInode inode: UInt64, file: OpenFile?, caller: ProcessIdentity) throws(FSError) -> stat {
+    func attributes(ofInode inode: UInt64, file: OpenFile?, caller: ProcessIdentity) throws(Errno) -> stat {
         var info: stat
         if let node = nodes.node(for: inode) {
             info = try attributes(of: node, inode: inode)
@@ -226,7 +226,7 @@ public final class FileSystem: Sendable {
             info.st_nlink = 0
             info.st_size = off_t(detached.info?.size ?? 0)
         } else {
-            throw FSError(ESTALE)
+            throw Errno(ESTALE)
         }
         if let length = ownLength(inode: inode, file: file, caller: caller) {
             info.st_size = off_t(length)
@@ -261,7 +261,7 @@ public final class FileSystem: Sendable {
 
     /// The entries of a directory, `.` and `..` first, with the sizes of
     /// items as listed (one query for the whole directory).
-    func listing(of node: Node) throws(FSError) -> [DirectoryListing.Entry] {
+    func listing(of node: Node) throws(Errno) -> [DirectoryListing.Entry] {
         var entries: [DirectoryListing.Entry] = [.init(name: ".", node: node, mode: S_IFDIR),
                                                  .init(name: "..", node: .root, mode: S_IFDIR)]
         if node == .root {
@@ -278,7 +278,7 @@ public final class FileSystem: Sendable {
                                      mode: S_IFREG, size: item.info.size))
             }
         } else {
-            throw FSError(ENOTDIR)
+            throw Errno(ENOTDIR)
         }
         return entries
     }
@@ -297,31 +297,31 @@ public final class FileSystem: Sendable {
     /// for a group with a policy.
     /// A denial is recorded in the audit log as `operation` on `identifier`.
     func requireEntitlement(_ group: String, caller: ProcessIdentity, operation: String,
-                            identifier: String? = nil) throws(FSError) {
+                            identifier: String? = nil) throws(Errno) {
         do throws(KeychainError) {
             try manager.localDevice.checkEntitlement(group) { caller.program }
         } catch {
             audit(operation, group: group, identifier: identifier, caller: caller, result: AuditEvent.result(of: error))
-            throw FSError(error)
+            throw Errno(error)
         }
     }
 
     /// For requests about one node (lookup, stat, open, access): only an
     /// item is guarded; a group's directory and `.control` are not.
-    func requireEntitlement(toItem node: Node, caller: ProcessIdentity, operation: String) throws(FSError) {
+    func requireEntitlement(toItem node: Node, caller: ProcessIdentity, operation: String) throws(Errno) {
         if case .item(let group, let identifier) = node {
             try requireEntitlement(group, caller: caller, operation: operation, identifier: identifier)
         }
     }
 
     /// For requests about a directory's items (listing them).
-    func requireEntitlement(inDirectory node: Node, caller: ProcessIdentity, operation: String) throws(FSError) {
+    func requireEntitlement(inDirectory node: Node, caller: ProcessIdentity, operation: String) throws(Errno) {
         if let group = itemGroup(of: node) { try requireEntitlement(group, caller: caller, operation: operation) }
     }
 
     /// The node of an inode whose extended attributes the caller asks for:
     /// an item's, or its group's directory's, are guarded.
-    func entitledNode(_ inode: UInt64, caller: ProcessIdentity, operation: String) throws(FSError) -> Node {
+    func entitledNode(_ inode: UInt64, caller: ProcessIdentity, operation: String) throws(Errno) -> Node {
         let node = try node(inode)
         try requireEntitlement(toItem: node, caller: caller, operation: operation)
         if case .group(let group) = node { try requireEntitlement(group, caller: caller, operation: operation) }
@@ -340,8 +340,8 @@ public final class FileSystem: Sendable {
 
     /// Runs an item operation and records its outcome.
     func audited<R>(_ operation: String, group: String, identifier: String, detail: String? = nil,
-                    caller: ProcessIdentity, _ body: () throws(FSError) -> R) throws(FSError) -> R {
-        do throws(FSError) {
+                    caller: ProcessIdentity, _ body: () throws(Errno) -> R) throws(Errno) -> R {
+        do throws(Errno) {
             let result = try body()
             audit(operation, group: group, identifier: identifier, detail: detail, caller: caller, result: "ok")
             return result

@@ -47,7 +47,7 @@ public final class FuseMount: Sendable {
         session = SessionBox(made, userdata: userdata)
         fileSystem.kernelCache.attach(session)
         fileSystem.nodes.register(fileSystem.kernelCache)
-        guard let thread = startThread({ [self] in
+        guard let thread = Threads.start({ [self] in
             serve()
             onFinish(self)
         }) else {

@@ -1,4 +1,5 @@
 internal import CFuse
+internal import CLinux
 import KeychainCore
 #if canImport(Glibc)
 import Glibc
@@ -16,7 +17,7 @@ enum FuseOperations {
             if let conn { CFuse_configure_connection(conn) }
         }
         ops.lookup = { req, parent, name in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 let node = try fs.child(of: try fs.node(parent), named: try cString(name))
                 try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "lookup")
                 var entry = try fs.entry(for: node)
@@ -38,12 +39,12 @@ enum FuseOperations {
                 }
                 // The kernel dropped many inodes at once (memory pressure,
                 // drop_caches): give the freed table memory back.
-                if count >= 1024 { CFuse_release_free_memory() }
+                if count >= 1024 { CLinux_release_free_memory() }
             }
             fuse_reply_none(req)
         }
         ops.getattr = { req, inode, fi in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 if let node = fs.nodes.node(for: inode) {
                     try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "stat")
                 }
@@ -53,8 +54,8 @@ enum FuseOperations {
             }
         }
         ops.setattr = { req, inode, attr, toSet, fi in
-            serve(req) { fs throws(FSError) in
-                guard let attr else { throw FSError(EINVAL) }
+            serve(req) { fs throws(Errno) in
+                guard let attr else { throw Errno(EINVAL) }
                 let file = fi.flatMap { NodeTable.file($0.pointee.fh) }
                 // A descriptor of a removed item may still be resized (its writes go nowhere).
                 let node = file == nil ? try fs.node(inode) : fs.nodes.node(for: inode)
@@ -69,7 +70,7 @@ enum FuseOperations {
                     } else if case .item(let group, let identifier)? = node {
                         try fs.truncate(group: group, identifier: identifier, to: size, caller: caller(req))
                     } else {
-                        throw FSError(EISDIR)
+                        throw Errno(EISDIR)
                     }
                 }
                 // Times are accepted and not kept: items have no timestamps
@@ -79,13 +80,13 @@ enum FuseOperations {
             }
         }
         ops.access = { req, inode, mask in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 // Answered by the real modes (items 0600, directories 0700,
                 // all the owner's): nothing here is executable.
                 let node = try fs.node(inode)
                 try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "access")
                 if mask & X_OK != 0, node == .control || node == .events || { if case .item = node { return true } else { return false } }() {
-                    throw FSError(EACCES)
+                    throw Errno(EACCES)
                 }
                 fuse_reply_err(req, 0)
             }
@@ -95,26 +96,26 @@ enum FuseOperations {
         ops.symlink = { req, _, _, _ in fuse_reply_err(req, EPERM) }
         ops.link = { req, _, _, _ in fuse_reply_err(req, EPERM) }
         ops.mkdir = { req, parent, name, _ in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 let node = try fs.makeDirectory(parent: try fs.node(parent), name: try cString(name))
                 var entry = try fs.entry(for: node)
                 fuse_reply_entry(req, &entry)
             }
         }
         ops.unlink = { req, parent, name in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 try fs.unlink(parent: try fs.node(parent), name: try cString(name), caller: caller(req))
                 fuse_reply_err(req, 0)
             }
         }
         ops.rmdir = { req, parent, name in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 try fs.removeDirectory(parent: try fs.node(parent), name: try cString(name), caller: caller(req))
                 fuse_reply_err(req, 0)
             }
         }
         ops.rename = { req, parent, name, newParent, newName, flags in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 try fs.rename(parent: try fs.node(parent), name: try cString(name),
                               newParent: try fs.node(newParent), newName: try cString(newName), flags: UInt32(flags),
                               caller: caller(req))
@@ -122,17 +123,17 @@ enum FuseOperations {
             }
         }
         ops.open = { req, inode, fi in
-            serve(req) { fs throws(FSError) in
-                guard let fi else { throw FSError(EINVAL) }
+            serve(req) { fs throws(Errno) in
+                guard let fi else { throw Errno(EINVAL) }
                 let node = try fs.node(inode)
                 fi.pointee.direct_io = 1
                 fi.pointee.keep_cache = 0
                 switch node {
                 case .control:
                     let control = ControlFile(status: fs.statusText())
-                    fi.pointee.fh = FileHandle.make(control)
+                    fi.pointee.fh = FuseHandle.make(control)
                 case .events:
-                    guard fi.pointee.flags & O_ACCMODE == O_RDONLY else { throw FSError(EACCES) }
+                    guard fi.pointee.flags & O_ACCMODE == O_RDONLY else { throw Errno(EACCES) }
                     // Who reads decides which item changes it may see (entitlements).
                     let stream = EventStream(reader: caller(req).program)
                     // The first line is the state now: a reader needs no other call to know
@@ -145,7 +146,7 @@ enum FuseOperations {
                     stream.deliver(stateLine(locked))
                     fs.eventStreams.add(stream)
                     if device.isLocked != locked { stream.deliver(stateLine(!locked)) }
-                    fi.pointee.fh = FileHandle.make(stream)
+                    fi.pointee.fh = FuseHandle.make(stream)
                     fi.pointee.nonseekable = 1
                 case .item(let group, let identifier):
                     let file = try fs.openItem(group: group, identifier: identifier, inode: inode,
@@ -154,19 +155,19 @@ enum FuseOperations {
                     fi.pointee.noflush = file.writable ? 0 : 1
                     fi.pointee.fh = try fs.nodes.add(file)
                 default:
-                    throw FSError(EISDIR)
+                    throw Errno(EISDIR)
                 }
                 fuse_reply_open(req, fi)
             }
         }
         ops.create = { req, parent, name, mode, fi in
-            serve(req) { fs throws(FSError) in
-                guard let fi else { throw FSError(EINVAL) }
-                guard mode & S_IFMT == S_IFREG || mode & S_IFMT == 0 else { throw FSError(EPERM) }
+            serve(req) { fs throws(Errno) in
+                guard let fi else { throw Errno(EINVAL) }
+                guard mode & S_IFMT == S_IFREG || mode & S_IFMT == 0 else { throw Errno(EPERM) }
                 let name = try cString(name)
                 let parentNode = try fs.node(parent)
-                if parentNode == .root && FileSystem.specialFiles[name] != nil { throw FSError(EEXIST) }
-                guard let group = fs.itemGroup(of: parentNode) else { throw FSError(EPERM) }
+                if parentNode == .root && FileSystem.specialFiles[name] != nil { throw Errno(EEXIST) }
+                guard let group = fs.itemGroup(of: parentNode) else { throw Errno(EPERM) }
                 let file = try fs.createItem(group: group, identifier: name, flags: fi.pointee.flags, opener: caller(req))
                 // The entry first: once a handle is registered, the reply must not fail.
                 var entry = try fs.entry(for: .item(group: group, identifier: name))
@@ -176,10 +177,10 @@ enum FuseOperations {
             }
         }
         ops.read = { req, inode, size, offset, fi in
-            serve(req) { fs throws(FSError) in
-                guard let fi else { throw FSError(EBADF) }
+            serve(req) { fs throws(Errno) in
+                guard let fi else { throw Errno(EBADF) }
                 if inode == NodeTable.controlInode {
-                    guard let control = FileHandle.object(fi.pointee.fh, as: ControlFile.self) else { throw FSError(EBADF) }
+                    guard let control = FuseHandle.object(fi.pointee.fh, as: ControlFile.self) else { throw Errno(EBADF) }
                     control.status.withUnsafeBytes { all in
                         let start = min(Int(offset), all.count)
                         let end = min(all.count, start + size)
@@ -188,10 +189,10 @@ enum FuseOperations {
                     return
                 }
                 if inode == NodeTable.eventsInode {
-                    guard let req, let stream = FileHandle.object(fi.pointee.fh, as: EventStream.self) else { throw FSError(EBADF) }
+                    guard let req, let stream = FuseHandle.object(fi.pointee.fh, as: EventStream.self) else { throw Errno(EBADF) }
                     return stream.read(req, size: size, nonblocking: fi.pointee.flags & O_NONBLOCK != 0)
                 }
-                guard let file = NodeTable.file(fi.pointee.fh) else { throw FSError(EBADF) }
+                guard let file = NodeTable.file(fi.pointee.fh) else { throw Errno(EBADF) }
                 try fs.read(file, offset: Int(offset), size: size) { bytes in
                     fuse_reply_buf(req, bytes.baseAddress, bytes.count)
                 }
@@ -202,19 +203,19 @@ enum FuseOperations {
             // whatever happens, once copied.
             let request = UnsafeMutableRawBufferPointer(start: UnsafeMutableRawPointer(mutating: buf), count: size)
             defer { wipeMemory(request) }
-            serve(req) { fs throws(FSError) in
-                guard let fi else { throw FSError(EBADF) }
+            serve(req) { fs throws(Errno) in
+                guard let fi else { throw Errno(EBADF) }
                 if inode == NodeTable.controlInode {
                     try fs.control(request, caller: caller(req))
                 } else {
-                    guard let file = NodeTable.file(fi.pointee.fh) else { throw FSError(EBADF) }
+                    guard let file = NodeTable.file(fi.pointee.fh) else { throw Errno(EBADF) }
                     try fs.write(file, bytes: UnsafeRawBufferPointer(request), offset: Int(offset))
                 }
                 fuse_reply_write(req, size)
             }
         }
         ops.flush = { req, inode, fi in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 if !NodeTable.isSpecial(inode), let fi, let file = NodeTable.file(fi.pointee.fh) {
                     try fs.commit(file, final: false)
                 }
@@ -222,7 +223,7 @@ enum FuseOperations {
             }
         }
         ops.fsync = { req, inode, _, fi in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 if !NodeTable.isSpecial(inode), let fi, let file = NodeTable.file(fi.pointee.fh) {
                     try fs.commit(file, final: false)
                 }
@@ -231,20 +232,20 @@ enum FuseOperations {
             }
         }
         ops.release = { req, inode, fi in
-            serve(req) { fs throws(FSError) in
-                guard let fi else { throw FSError(EBADF) }
+            serve(req) { fs throws(Errno) in
+                guard let fi else { throw Errno(EBADF) }
                 if inode == NodeTable.controlInode {
-                    FileHandle.take(fi.pointee.fh, as: ControlFile.self)
+                    FuseHandle.take(fi.pointee.fh, as: ControlFile.self)
                 } else if inode == NodeTable.eventsInode {
-                    if let stream = FileHandle.take(fi.pointee.fh, as: EventStream.self) {
+                    if let stream = FuseHandle.take(fi.pointee.fh, as: EventStream.self) {
                         stream.close()
                         fs.eventStreams.remove(stream)
                     }
                 } else if let file = NodeTable.file(fi.pointee.fh) {
                     // A commit failing here has no one to report to: the
                     // flush before it already did (close returns its result).
-                    do throws(FSError) { try fs.commit(file, final: true) } catch {
-                        Diagnostics.log("release of inode \(inode) could not commit: errno \(error.errno)")
+                    do throws(Errno) { try fs.commit(file, final: true) } catch {
+                        Diagnostics.log("release of inode \(inode) could not commit: errno \(error.rawValue)")
                     }
                     fs.nodes.remove(fi.pointee.fh)
                 }
@@ -252,8 +253,8 @@ enum FuseOperations {
             }
         }
         ops.opendir = { req, inode, fi in
-            serve(req) { fs throws(FSError) in
-                guard let fi else { throw FSError(EINVAL) }
+            serve(req) { fs throws(Errno) in
+                guard let fi else { throw Errno(EINVAL) }
                 // One listing per opendir: a directory read in several
                 // chunks neither re-queries the store nor skips or repeats
                 // entries when items change meanwhile.
@@ -261,12 +262,12 @@ enum FuseOperations {
                 let node = try fs.node(inode)
                 try fs.requireEntitlement(inDirectory: node, caller: caller(req), operation: "list")
                 let listing = DirectoryListing(try fs.listing(of: node), changeCount: changeCount)
-                fi.pointee.fh = FileHandle.make(listing)
+                fi.pointee.fh = FuseHandle.make(listing)
                 fuse_reply_open(req, fi)
             }
         }
         ops.releasedir = { req, _, fi in
-            if let fi { FileHandle.take(fi.pointee.fh, as: DirectoryListing.self) }
+            if let fi { FuseHandle.take(fi.pointee.fh, as: DirectoryListing.self) }
             fuse_reply_err(req, 0)
         }
         ops.readdir = { req, _, size, offset, fi in
@@ -300,15 +301,15 @@ enum FuseOperations {
             }
         }
         ops.statfs = { req, _ in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 var info = try fs.statistics()
                 fuse_reply_statfs(req, &info)
             }
         }
         ops.setxattr = { req, inode, name, value, size, flags in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 let bytes = UnsafeRawBufferPointer(start: value, count: size)
-                guard let text = String(validating: bytes, as: UTF8.self) else { throw FSError(EINVAL) }
+                guard let text = String(validating: bytes, as: UTF8.self) else { throw Errno(EINVAL) }
                 let node = try fs.entitledNode(inode, caller: caller(req), operation: "xattr")
                 let name = try cString(name)
                 guard case .item(let group, let identifier) = node else {
@@ -316,33 +317,33 @@ enum FuseOperations {
                 }
                 // Setting an attribute gives the item another class: a change worth recording.
                 try fs.audited("set-class", group: group, identifier: identifier, detail: name + "=" + text,
-                               caller: caller(req)) { () throws(FSError) in
+                               caller: caller(req)) { () throws(Errno) in
                     try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
                 }
                 fuse_reply_err(req, 0)
             }
         }
         ops.getxattr = { req, inode, name, size in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 let value = Array(try fs.extendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")).utf8)
                 try replyXattr(req, value, size: size)
             }
         }
         ops.listxattr = { req, inode, size in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 let names = fs.extendedAttributeNames(of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")).flatMap { Array($0.utf8) + [UInt8(0)] }
                 try replyXattr(req, names, size: size)
             }
         }
         ops.removexattr = { req, inode, name in
-            serve(req) { fs throws(FSError) in
+            serve(req) { fs throws(Errno) in
                 try fs.removeExtendedAttribute(try cString(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr"))
             }
         }
         ops.fallocate = { req, _, _, _, _, _ in fuse_reply_err(req, EOPNOTSUPP) }
         ops.poll = { req, inode, fi, handle in
             if inode == NodeTable.eventsInode, let req, let fi,
-               let stream = FileHandle.object(fi.pointee.fh, as: EventStream.self) {
+               let stream = FuseHandle.object(fi.pointee.fh, as: EventStream.self) {
                 return stream.poll(req, handle: handle)
             }
             // Everything else is always ready, as a regular file is (an
@@ -357,13 +358,13 @@ enum FuseOperations {
 
 /// Runs `body` with the request's filesystem; a thrown errno becomes the reply.
 /// (Free functions: a C callback may not capture even the enum's metatype.)
-private func serve(_ req: fuse_req_t?, _ body: (FileSystem) throws(FSError) -> Void) {
+private func serve(_ req: fuse_req_t?, _ body: (FileSystem) throws(Errno) -> Void) {
     guard let req, let userdata = fuse_req_userdata(req) else { return }
     let fs = Unmanaged<FileSystem>.fromOpaque(userdata).takeUnretainedValue()
     do {
         try body(fs)
     } catch {
-        fuse_reply_err(req, error.errno)
+        fuse_reply_err(req, error.rawValue)
     }
 }
 
@@ -380,9 +381,9 @@ private func caller(_ req: fuse_req_t?) -> ProcessIdentity {
 /// the room means it did not fit, and the reply ends before it.
 private func replyListing(_ req: fuse_req_t?, _ fi: UnsafeMutablePointer<fuse_file_info>?, size: Int, offset: off_t,
                           add: (FileSystem, DirectoryListing, DirectoryListing.Entry, UnsafeMutablePointer<CChar>, Int, off_t) -> Int) {
-    serve(req) { fs throws(FSError) in
-        guard let fi, let listing = FileHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
-            throw FSError(EBADF)
+    serve(req) { fs throws(Errno) in
+        guard let fi, let listing = FuseHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
+            throw Errno(EBADF)
         }
         let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
         defer { buffer.deallocate() }
@@ -399,17 +400,17 @@ private func replyListing(_ req: fuse_req_t?, _ fi: UnsafeMutablePointer<fuse_fi
 }
 
 /// A name from the kernel; names that are not UTF-8 cannot be items.
-private func cString(_ name: UnsafePointer<CChar>?) throws(FSError) -> String {
-    guard let name, let string = String(validatingCString: name) else { throw FSError(EINVAL) }
+private func cString(_ name: UnsafePointer<CChar>?) throws(Errno) -> String {
+    guard let name, let string = String(validatingCString: name) else { throw Errno(EINVAL) }
     return string
 }
 
 /// getxattr/listxattr: size 0 asks for the length; too small a buffer is ERANGE.
-private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], size: Int) throws(FSError) {
+private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], size: Int) throws(Errno) {
     if size == 0 {
         fuse_reply_xattr(req, value.count)
     } else if size < value.count {
-        throw FSError(ERANGE)
+        throw Errno(ERANGE)
     } else {
         value.withUnsafeBytes { _ = fuse_reply_buf(req, $0.baseAddress, $0.count) }
     }
@@ -417,9 +418,9 @@ private func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], size: Int) throws(
 
 extension FileSystem {
     /// A lookup, create or mkdir reply, handing the node's number to the kernel.
-    func entry(for node: Node) throws(FSError) -> fuse_entry_param {
+    func entry(for node: Node) throws(Errno) -> fuse_entry_param {
         let inode = nodes.lookedUp(node, by: kernelCache)
-        do throws(FSError) {
+        do throws(Errno) {
             return entry(node: node, attributes: try attributes(of: node, inode: inode),
                          attributeTimeout: newInodeAttributeTimeout(for: node, inode: inode))
         } catch {

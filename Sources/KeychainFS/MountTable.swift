@@ -27,7 +27,7 @@ public enum MountTable {
         let fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return [] }
         defer { close(fd) }
-        let table = String(decoding: Descriptor.readAll(fd, limit: 16 << 20), as: UTF8.self)
+        let table = String(decoding: (try? Descriptor.readAll(fd, limit: 16 << 20)) ?? [], as: UTF8.self)
         return table.split(separator: "\n").compactMap { line -> String? in
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
             // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS

@@ -229,24 +229,24 @@ final class NodeTable: Sendable {
     /// Registers an open descriptor on its inode; returns the file handle for
     /// the kernel. ESTALE if the inode was detached meanwhile (a removal raced
     /// the open): the kernel then looks the name up again.
-    func add(_ file: OpenFile) throws(FSError) -> UInt64 {
-        try state.withLock { (state: inout State) throws(FSError) in
+    func add(_ file: OpenFile) throws(Errno) -> UInt64 {
+        try state.withLock { (state: inout State) throws(Errno) in
             guard state.entries[file.inode]?.detached == false else {
-                throw FSError(ESTALE)
+                throw Errno(ESTALE)
             }
             state.opened[file.inode, default: Opened()].files.append(file)
         }
-        return FileHandle.make(file)
+        return FuseHandle.make(file)
     }
 
     /// The descriptor behind a file handle (fuse_file_info.fh).
     static func file(_ handle: UInt64) -> OpenFile? {
-        FileHandle.object(handle, as: OpenFile.self)
+        FuseHandle.object(handle, as: OpenFile.self)
     }
 
     /// Ends a descriptor's handle; a detached inode goes with its last descriptor.
     func remove(_ handle: UInt64) {
-        guard let file = FileHandle.take(handle, as: OpenFile.self) else { return }
+        guard let file = FuseHandle.take(handle, as: OpenFile.self) else { return }
         // Every close comes here: two hash lookups, the entry left in place.
         state.withLock { state in
             guard let entry = state.entries[file.inode] else { return }
@@ -312,7 +312,7 @@ final class NodeTable: Sendable {
         }
         if origin == nil {
             tell()
-        } else if let thread = startThread(tell) {
+        } else if let thread = Threads.start(tell) {
             pthread_detach(thread)
         } else {
             Diagnostics.log("could not start a thread to refresh the other mounts' names; they expire on their own")

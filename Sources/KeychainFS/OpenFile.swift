@@ -65,7 +65,7 @@ final class OpenFile: @unchecked Sendable {
 
     /// Whether the keys this descriptor needs are still in memory; if not,
     /// wipes its plaintext for good. Call with `lock` held.
-    func checkAccess(_ device: Device) throws(FSError) {
+    func checkAccess(_ device: Device) throws(Errno) {
         if !revoked {
             if device.areAvailable(protectionClass, targetClass) { return }
             revoked = true
@@ -73,7 +73,7 @@ final class OpenFile: @unchecked Sendable {
             buffer?.wipe()
             buffer = nil
         }
-        throw FSError(EACCES)
+        throw Errno(EACCES)
     }
 
     private static let writeClock = Atomic<UInt64>(0)

@@ -15,33 +15,33 @@ extension FileSystem {
     /// `rm`: works while locked, as deleting a keychain item does on iOS.
     /// The item's inode is detached from the name: descriptors still open on
     /// it keep reading it, and what they write goes nowhere (POSIX).
-    func unlink(parent: Node, name: String, caller: ProcessIdentity) throws(FSError) {
-        guard Self.specialFiles[name] == nil || parent != .root else { throw FSError(EPERM) }
+    func unlink(parent: Node, name: String, caller: ProcessIdentity) throws(Errno) {
+        guard Self.specialFiles[name] == nil || parent != .root else { throw Errno(EPERM) }
         guard let group = itemGroup(of: parent) else {
-            throw FSError(parent == .root ? EISDIR : ENOTDIR)
+            throw Errno(parent == .root ? EISDIR : ENOTDIR)
         }
         try requireEntitlement(group, caller: caller, operation: "remove", identifier: name)
-        try audited("remove", group: group, identifier: name, caller: caller) { () throws(FSError) in
+        try audited("remove", group: group, identifier: name, caller: caller) { () throws(Errno) in
             try core { () throws(KeychainError) in try nodes.removeItem(group: group, identifier: name, manager: manager) }
         }
         nodes.forgetNames([.item(group: group, identifier: name)], except: kernelCache)
     }
 
     /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
-    func makeDirectory(parent: Node, name: String) throws(FSError) -> Node {
-        guard parent == .root, scope == .keychain else { throw FSError(EPERM) }
-        if Self.specialFiles[name] != nil { throw FSError(EEXIST) }
+    func makeDirectory(parent: Node, name: String) throws(Errno) -> Node {
+        guard parent == .root, scope == .keychain else { throw Errno(EPERM) }
+        if Self.specialFiles[name] != nil { throw Errno(EEXIST) }
         try core { () throws(KeychainError) in try manager.createGroup(name) }
         return .group(name)
     }
 
     /// `rmdir` removes an empty access group; `default` always exists.
-    func removeDirectory(parent: Node, name: String, caller: ProcessIdentity) throws(FSError) {
+    func removeDirectory(parent: Node, name: String, caller: ProcessIdentity) throws(Errno) {
         guard parent == .root, scope == .keychain else {
-            throw FSError(itemGroup(of: parent) != nil ? ENOTDIR : EPERM)
+            throw Errno(itemGroup(of: parent) != nil ? ENOTDIR : EPERM)
         }
-        if Self.specialFiles[name] != nil { throw FSError(ENOTDIR) }
-        if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw FSError(EBUSY) }
+        if Self.specialFiles[name] != nil { throw Errno(ENOTDIR) }
+        if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw Errno(EBUSY) }
         try requireEntitlement(name, caller: caller, operation: "remove-group")
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
         nodes.forgetNames([.group(name)], except: kernelCache)
@@ -51,20 +51,20 @@ extension FileSystem {
     /// ciphertext; `mv` then copies and deletes, which works through our
     /// read and write). Needs the item's class key (EACCES without it).
     func rename(parent: Node, name: String, newParent: Node, newName: String, flags: UInt32,
-                caller: ProcessIdentity) throws(FSError) {
-        if Self.specialFiles[name] != nil || Self.specialFiles[newName] != nil { throw FSError(EPERM) }
+                caller: ProcessIdentity) throws(Errno) {
+        if Self.specialFiles[name] != nil || Self.specialFiles[newName] != nil { throw Errno(EPERM) }
         // RENAME_EXCHANGE is not offered, RENAME_WHITEOUT is for overlay
         // filesystems, and an unknown flag must not be taken for a plain rename.
-        guard flags & ~renameNoReplace == 0 else { throw FSError(EINVAL) }
+        guard flags & ~renameNoReplace == 0 else { throw Errno(EINVAL) }
         try validate(name)
         try validate(newName)
         guard let group = itemGroup(of: parent) else {
             // Renaming a group would re-encrypt every item in it: not offered.
-            throw FSError(EXDEV)
+            throw Errno(EXDEV)
         }
-        guard itemGroup(of: newParent) == group else { throw FSError(EXDEV) }
+        guard itemGroup(of: newParent) == group else { throw Errno(EXDEV) }
         try requireEntitlement(group, caller: caller, operation: "rename", identifier: name)
-        try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(FSError) in
+        try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(Errno) in
             try core { () throws(KeychainError) in
                 try nodes.renameItem(group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0,
                                      manager: manager)
@@ -76,13 +76,13 @@ extension FileSystem {
     /// chmod, chown and fchmod that change nothing succeed, so that programs
     /// that restore a file's mode and owner (rsync, cp -p, install, tar,
     /// sed -i) work; a real change is EPERM (modes and owners are fixed).
-    func checkOwnershipUnchanged(_ wanted: stat, toSet: Int32, current: stat) throws(FSError) {
-        if toSet & FUSE_SET_ATTR_MODE != 0 && wanted.st_mode & 0o7777 != current.st_mode & 0o7777 { throw FSError(EPERM) }
-        if toSet & FUSE_SET_ATTR_UID != 0 && wanted.st_uid != current.st_uid { throw FSError(EPERM) }
-        if toSet & FUSE_SET_ATTR_GID != 0 && wanted.st_gid != current.st_gid { throw FSError(EPERM) }
+    func checkOwnershipUnchanged(_ wanted: stat, toSet: Int32, current: stat) throws(Errno) {
+        if toSet & FUSE_SET_ATTR_MODE != 0 && wanted.st_mode & 0o7777 != current.st_mode & 0o7777 { throw Errno(EPERM) }
+        if toSet & FUSE_SET_ATTR_UID != 0 && wanted.st_uid != current.st_uid { throw Errno(EPERM) }
+        if toSet & FUSE_SET_ATTR_GID != 0 && wanted.st_gid != current.st_gid { throw Errno(EPERM) }
     }
 
-    func statistics() throws(FSError) -> statvfs {
+    func statistics() throws(Errno) -> statvfs {
         var info = statvfs()
         info.f_bsize = 4096
         info.f_frsize = 4096
@@ -102,26 +102,26 @@ extension FileSystem {
     /// for the other namespaces (no SELinux labels, no ACLs, nothing
     /// trusted), which tells `ls -l` and `cp -a` once for the whole mount
     /// not to ask again for every file.
-    func extendedAttribute(_ name: String, of node: Node) throws(FSError) -> String {
+    func extendedAttribute(_ name: String, of node: Node) throws(Errno) -> String {
         try checkNamespace(name)
         guard case .item(let group, let identifier) = node,
-              name == Self.accessibleAttribute || name == Self.migratableAttribute else { throw FSError(ENODATA) }
+              name == Self.accessibleAttribute || name == Self.migratableAttribute else { throw Errno(ENODATA) }
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
-        else { throw FSError(ENOENT) }
+        else { throw Errno(ENOENT) }
         if name == Self.accessibleAttribute { return info.protectionClass.name }
         return info.protectionClass.isMigratable ? "yes" : "no"
     }
 
     /// removexattr: the class attributes are derived, not removable; other
     /// `user.` names do not exist.
-    func removeExtendedAttribute(_ name: String, of node: Node) throws(FSError) {
+    func removeExtendedAttribute(_ name: String, of node: Node) throws(Errno) {
         try checkNamespace(name)
-        throw FSError(extendedAttributeNames(of: node).contains(name) ? EPERM : ENODATA)
+        throw Errno(extendedAttributeNames(of: node).contains(name) ? EPERM : ENODATA)
     }
 
     /// ENOTSUP outside `user.`: keychainfs keeps no other namespace.
-    private func checkNamespace(_ name: String) throws(FSError) {
-        guard name.hasPrefix("user.") else { throw FSError(ENOTSUP) }
+    private func checkNamespace(_ name: String) throws(Errno) {
+        guard name.hasPrefix("user.") else { throw Errno(ENOTSUP) }
     }
 
     func extendedAttributeNames(of node: Node) -> [String] {
@@ -131,25 +131,25 @@ extension FileSystem {
 
     /// Setting the class re-encrypts the item under it (needs both keys).
     /// `migratable` switches between a class and its ThisDeviceOnly form.
-    func setExtendedAttribute(_ name: String, value: String, flags: Int32, of node: Node) throws(FSError) {
-        guard case .item(let group, let identifier) = node else { throw FSError(ENOTSUP) }
+    func setExtendedAttribute(_ name: String, value: String, flags: Int32, of node: Node) throws(Errno) {
+        guard case .item(let group, let identifier) = node else { throw Errno(ENOTSUP) }
         // setxattr(2): XATTR_CREATE fails on an existing attribute, and both
         // class attributes of an item always exist; XATTR_REPLACE needs one
         // to exist, which they do. Anything else is not a flag.
-        guard flags & ~(xattrCreate | xattrReplace) == 0, flags != xattrCreate | xattrReplace else { throw FSError(EINVAL) }
-        if flags & xattrCreate != 0 && extendedAttributeNames(of: node).contains(name) { throw FSError(EEXIST) }
+        guard flags & ~(xattrCreate | xattrReplace) == 0, flags != xattrCreate | xattrReplace else { throw Errno(EINVAL) }
+        if flags & xattrCreate != 0 && extendedAttributeNames(of: node).contains(name) { throw Errno(EEXIST) }
         let newClass: ProtectionClass
         switch name {
         case Self.accessibleAttribute:
-            guard let parsed = ProtectionClass(name: value) else { throw FSError(EINVAL) }
+            guard let parsed = ProtectionClass(name: value) else { throw Errno(EINVAL) }
             newClass = parsed
         case Self.migratableAttribute:
-            guard value == "yes" || value == "no" else { throw FSError(EINVAL) }
+            guard value == "yes" || value == "no" else { throw Errno(EINVAL) }
             guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
-            else { throw FSError(ENOENT) }
+            else { throw Errno(ENOENT) }
             newClass = ProtectionClass(mode: info.protectionClass.mode, migratable: value == "yes")
         default:
-            throw FSError(ENOTSUP)
+            throw Errno(ENOTSUP)
         }
         try core { () throws(KeychainError) in
             try manager.setProtectionClass(newClass, forIdentifier: identifier, inGroup: group)

@@ -13,10 +13,10 @@ extension FileSystem {
     /// registering the descriptor fails with ESTALE and the kernel looks the
     /// name up again.
     func openItem(group: String, identifier: String, inode: UInt64? = nil, flags: Int32,
-                  opener: ProcessIdentity) throws(FSError) -> OpenFile {
+                  opener: ProcessIdentity) throws(Errno) -> OpenFile {
         let operation = flags & O_ACCMODE == O_RDONLY ? "read" : "write"
         try requireEntitlement(group, caller: opener, operation: operation, identifier: identifier)
-        return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(FSError) in
+        return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(Errno) in
             try opening(group: group, identifier: identifier,
                         inode: inode ?? nodes.inode(for: .item(group: group, identifier: identifier)),
                         flags: flags, opener: opener)
@@ -24,7 +24,7 @@ extension FileSystem {
     }
 
     private func opening(group: String, identifier: String, inode: UInt64, flags: Int32,
-                         opener: ProcessIdentity) throws(FSError) -> OpenFile {
+                         opener: ProcessIdentity) throws(Errno) -> OpenFile {
         let truncates = flags & O_TRUNC != 0
         if flags & O_ACCMODE == O_RDONLY || !truncates {
             // One read of the store and one decryption (or the cache): the
@@ -39,8 +39,8 @@ extension FileSystem {
         }
         // O_TRUNC: the old value is not needed, only that its key is there.
         guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
-        else { throw FSError(ENOENT) }
-        guard manager.localDevice.isAvailable(info.protectionClass) else { throw FSError(EACCES) }
+        else { throw Errno(ENOENT) }
+        guard manager.localDevice.isAvailable(info.protectionClass) else { throw Errno(EACCES) }
         let file = try writer(inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags, opener: opener)
         file.truncatePending = true
         return file
@@ -48,9 +48,9 @@ extension FileSystem {
 
     /// A writing descriptor; EACCES unless the class its commit will give is available too.
     private func writer(inode: UInt64, buffer: SecureBuffer, current: ProtectionClass, flags: Int32,
-                        opener: ProcessIdentity) throws(FSError) -> OpenFile {
+                        opener: ProcessIdentity) throws(Errno) -> OpenFile {
         let target = manager.classForNewWrites
-        guard manager.localDevice.isAvailable(target) else { throw FSError(EACCES) }
+        guard manager.localDevice.isAvailable(target) else { throw Errno(EACCES) }
         return OpenFile(inode: inode, value: nil, buffer: buffer, appends: flags & O_APPEND != 0,
                         protectionClass: current, targetClass: target, opener: opener)
     }
@@ -58,7 +58,7 @@ extension FileSystem {
     /// Creates an empty item at once (as creat(2) makes a file exist), with
     /// the class of the current access mode. EEXIST if it appeared meanwhile
     /// and `O_EXCL` was asked; otherwise that item is opened instead.
-    func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(FSError) -> OpenFile {
+    func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(Errno) -> OpenFile {
         try requireEntitlement(group, caller: opener, operation: "create", identifier: identifier)
         let target = manager.classForNewWrites
         let inode: UInt64
@@ -69,11 +69,11 @@ extension FileSystem {
                 return nodes.inode(for: .item(group: group, identifier: identifier))
             }
         } catch .duplicateItem {
-            if flags & O_EXCL != 0 { throw FSError(EEXIST) }
+            if flags & O_EXCL != 0 { throw Errno(EEXIST) }
             return try openItem(group: group, identifier: identifier, flags: flags, opener: opener)
         } catch {
             audit("create", group: group, identifier: identifier, caller: opener, result: AuditEvent.result(of: error))
-            throw FSError(error)
+            throw Errno(error)
         }
         audit("create", group: group, identifier: identifier, caller: opener, result: "ok")
         return try writer(inode: inode, buffer: SecureBuffer(), current: target, flags: flags, opener: opener)
@@ -82,8 +82,8 @@ extension FileSystem {
     // MARK: Read and write
 
     /// Lends the bytes of `[offset, offset + size)` to `reply`.
-    func read(_ file: OpenFile, offset: Int, size: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
-        try file.lock.withLock { () throws(FSError) in
+    func read(_ file: OpenFile, offset: Int, size: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try file.lock.withLock { () throws(Errno) in
             try file.checkAccess(manager.localDevice)
             if let value = file.value {
                 value.withUnsafeBytes { all in
@@ -94,7 +94,7 @@ extension FileSystem {
             } else if let buffer = file.buffer {
                 buffer.withBytes(from: offset, length: size, reply)
             } else {
-                throw FSError(EBADF)
+                throw Errno(EBADF)
             }
         }
     }
@@ -102,25 +102,25 @@ extension FileSystem {
     /// Buffers a write. A write that would take the value past 1 MiB fails
     /// with EFBIG and poisons the descriptor, so that closing it stores
     /// nothing and the old value stays (SPEC, commit rule).
-    func write(_ file: OpenFile, bytes: UnsafeRawBufferPointer, offset: Int) throws(FSError) {
-        try changing(file) { () throws(FSError) in
-            guard let buffer = file.buffer else { throw FSError(EBADF) }
-            guard file.failure == 0 else { throw FSError(file.failure) }
+    func write(_ file: OpenFile, bytes: UnsafeRawBufferPointer, offset: Int) throws(Errno) {
+        try changing(file) { () throws(Errno) in
+            guard let buffer = file.buffer else { throw Errno(EBADF) }
+            guard file.failure == 0 else { throw Errno(file.failure) }
             do throws(KeychainError) {
                 // O_APPEND: the end of our buffer, not the kernel's idea of the size.
                 try buffer.write(bytes, at: file.appends ? buffer.count : offset)
             } catch {
                 if error == .valueTooLarge { file.failure = EFBIG }
-                throw FSError(error)
+                throw Errno(error)
             }
             file.noteWrite()
         }
     }
 
     /// `ftruncate` through an open descriptor: resizes its buffer.
-    func truncate(_ file: OpenFile, to size: Int) throws(FSError) {
-        try changing(file) { () throws(FSError) in
-            guard let buffer = file.buffer else { throw FSError(EBADF) }
+    func truncate(_ file: OpenFile, to size: Int) throws(Errno) {
+        try changing(file) { () throws(Errno) in
+            guard let buffer = file.buffer else { throw Errno(EBADF) }
             try core { () throws(KeychainError) in try buffer.resize(to: size) }
             file.noteWrite()
         }
@@ -129,13 +129,13 @@ extension FileSystem {
     /// Runs a change of a writing descriptor's buffer under its lock. If it
     /// fails, an emptying by O_TRUNC that an earlier flush committed is taken
     /// back: the update failed, and the old value must not be lost with it.
-    private func changing(_ file: OpenFile, _ body: () throws(FSError) -> Void) throws(FSError) {
-        try file.lock.withLock { () throws(FSError) in
-            do throws(FSError) {
+    private func changing(_ file: OpenFile, _ body: () throws(Errno) -> Void) throws(Errno) {
+        try file.lock.withLock { () throws(Errno) in
+            do throws(Errno) {
                 try file.checkAccess(manager.localDevice)
                 try body()
             } catch {
-                revertTruncation(file, because: error.errno)
+                revertTruncation(file, because: error.rawValue)
                 throw error
             }
         }
@@ -146,29 +146,29 @@ extension FileSystem {
     /// visible once `close` returns (POSIX empties at open; doing it at the
     /// first flush keeps the old value when the open's checks fail).
     /// `final` is release: it never reports (close has returned already).
-    func commit(_ file: OpenFile, final: Bool) throws(FSError) {
+    func commit(_ file: OpenFile, final: Bool) throws(Errno) {
         // Before the lock: a reader's RELEASE arrives while the READ that
         // woke its `close` may still hold the lock (it replies under it), and
         // waiting for it cost two context switches per read (strace: one
         // futex wait and wake per open+read+close).
         guard file.writable else { return }
-        try file.lock.withLock { () throws(FSError) in
+        try file.lock.withLock { () throws(Errno) in
             if file.failure != 0 {
                 if final { return }
-                throw FSError(file.failure)
+                throw Errno(file.failure)
             }
             guard file.dirty || file.truncatePending else {
                 // Done with the descriptor: its emptying is final.
                 if final { file.pendingRevert = nil }
                 return
             }
-            do throws(FSError) {
+            do throws(Errno) {
                 try file.checkAccess(manager.localDevice)
             } catch {
-                revertTruncation(file, because: error.errno)
+                revertTruncation(file, because: error.rawValue)
                 throw error
             }
-            guard let buffer = file.buffer else { throw FSError(EBADF) }
+            guard let buffer = file.buffer else { throw Errno(EBADF) }
             do throws(KeychainError) {
                 // A rename moved the inode to the item's current name; a
                 // removal detached it (nil): the data goes nowhere (POSIX),
@@ -186,9 +186,9 @@ extension FileSystem {
             } catch {
                 // A failure reported at close is final: release must not
                 // store later what the writer was told was not stored.
-                file.failure = error.errno
-                revertTruncation(file, because: error.errno)
-                throw FSError(error)
+                file.failure = error.rawValue
+                revertTruncation(file, because: error.rawValue)
+                throw Errno(error)
             }
             file.dirty = false
             file.truncatePending = false
@@ -210,7 +210,7 @@ extension FileSystem {
 
     /// `truncate(path)`: rewrites the stored value at once, under the keys
     /// that a write needs.
-    func truncate(group: String, identifier: String, to size: Int, caller: ProcessIdentity) throws(FSError) {
+    func truncate(group: String, identifier: String, to size: Int, caller: ProcessIdentity) throws(Errno) {
         let file = try openItem(group: group, identifier: identifier,
                                 flags: size == 0 ? O_WRONLY | O_TRUNC : O_WRONLY, opener: caller)
         try truncate(file, to: size)

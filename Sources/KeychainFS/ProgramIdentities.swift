@@ -1,4 +1,4 @@
-internal import CFuse
+internal import CLinux
 import KeychainCore
 import Synchronization
 #if canImport(Glibc)
@@ -43,7 +43,7 @@ enum ProgramIdentities {
     /// since reading them from /proc costs more than the rest of a read.
     static func subject(thread: pid_t, uid: uid_t) -> AuditSubject {
         guard thread > 0 else { return AuditSubject(pid: thread, uid: uid, executable: nil, unit: nil) }
-        let now = monotonicSeconds()
+        let now = MonotonicClock.seconds()
         let known = threads.withLock { cache -> ThreadFacts? in
             guard let facts = cache[thread], now - facts.readAt < 1 else { return nil }
             return facts
@@ -73,12 +73,6 @@ enum ProgramIdentities {
     }
     private static let threads = Mutex<[pid_t: ThreadFacts]>([:])
 
-    private static func monotonicSeconds() -> Double {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
-    }
-
     /// Who the peer of a socket is, for the audit log.
     static func subject(ofPeer socket: Int32) -> AuditSubject? {
         peerCredentials(socket).map { subject(thread: $0.pid, uid: $0.uid) }
@@ -92,7 +86,7 @@ enum ProgramIdentities {
         var pidfdLength = socklen_t(MemoryLayout<Int32>.size)
         guard getsockopt(socket, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0, pidfd >= 0 else { return nil }
         defer { close(pidfd) }
-        guard let identity = of(thread: credentials.pid, uid: credentials.uid), CFuse_pidfd_alive(pidfd) != 0 else {
+        guard let identity = of(thread: credentials.pid, uid: credentials.uid), CLinux_pidfd_alive(pidfd) != 0 else {
             return nil
         }
         return identity
@@ -212,7 +206,7 @@ enum ProgramIdentities {
         let fd = withProcPath(thread, "cgroup") { open($0, O_RDONLY | O_CLOEXEC) }
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        return unit(ofCgroupFile: Descriptor.readAll(fd, limit: 64 << 10))
+        return unit(ofCgroupFile: (try? Descriptor.readAll(fd, limit: 64 << 10)) ?? [])
     }
 
     /// The unit a `/proc/PID/cgroup` file names: the unified (v2) hierarchy

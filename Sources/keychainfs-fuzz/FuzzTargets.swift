@@ -46,13 +46,13 @@ enum FuzzTarget: String, CaseIterable {
 
     private func control(_ input: UnsafeRawBufferPointer) {
         let lines = input.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true)
-        do throws(FSError) {
+        do throws(Errno) {
             let commands = try ControlCommand.parse(input)
             check(input.count <= ControlCommand.maximumWrite, "accepted a write over the limit")
             check(lines.allSatisfy { $0.count <= ControlCommand.maximumLine + 1 }, "accepted an over-long line")
             check(commands.count <= lines.count, "more commands than lines")
         } catch {
-            check(error.errno == EINVAL, "a parse error other than EINVAL")
+            check(error.rawValue == EINVAL, "a parse error other than EINVAL")
         }
     }
 

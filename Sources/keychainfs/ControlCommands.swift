@@ -12,7 +12,7 @@ enum DeviceStatusFile {
         let fd = open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        return Descriptor.readAll(fd)
+        return try? Descriptor.readAll(fd)
     }
 
     /// The `key: value` status lines, values unescaped; nil when there is
@@ -113,7 +113,7 @@ struct StatusCommand: ParsableCommand {
 
     func run() throws {
         guard let text = DeviceStatusFile.text(mount.path) else { throw fail(mount.missingControl) }
-        _ = Descriptor.writeAll(1, text)
+        _ = try? Descriptor.writeAll(1, text)
     }
 }
 
@@ -143,10 +143,14 @@ struct WatchCommand: ParsableCommand {
         defer { close(fd) }
         var buffer = [UInt8](repeating: 0, count: 64 << 10)
         while true {
-            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else { throw fail(count == 0 ? "the mount went away" : String(cString: strerror(errno))) }
-            guard buffer.withUnsafeBytes({ Descriptor.writeAll(1, UnsafeRawBufferPointer(rebasing: $0[0..<count])) }) else {
+            let count: Int
+            do throws(Errno) {
+                count = try buffer.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(fd, into: raw) }
+            } catch {
+                throw fail(error.description)
+            }
+            guard count > 0 else { throw fail("the mount went away") }
+            guard buffer.withUnsafeBytes({ (try? Descriptor.writeAll(1, UnsafeRawBufferPointer(rebasing: $0[0..<count]))) != nil }) else {
                 return  // the reader of our output went away
             }
         }

@@ -138,7 +138,7 @@ struct DockerCredentialCommand: ParsableCommand {
 
     /// `{"ServerURL", "Username", "Secret"}` on stdin; the URL and username must not be empty.
     private static func readCredentials() throws -> (serverURL: String, username: String, secret: String) {
-        let input = Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)
+        let input = (try? Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)) ?? []
         guard let sent = try? JSONDecoder().decode(Sent.self, from: Data(input)) else {
             throw Failure(message: "the credentials on standard input are not a JSON object")
         }
@@ -152,7 +152,7 @@ struct DockerCredentialCommand: ParsableCommand {
     }
 
     private static func readServerURL() throws -> String {
-        let input = String(decoding: Descriptor.readAll(0, limit: ItemLimits.maximumValueSize), as: UTF8.self)
+        let input = String(decoding: (try? Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)) ?? [], as: UTF8.self)
         // docker sends the URL with a trailing newline.
         let start = input.firstIndex { !$0.isWhitespace } ?? input.endIndex
         let end = input.lastIndex { !$0.isWhitespace }.map(input.index(after:)) ?? start

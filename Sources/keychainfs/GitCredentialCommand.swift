@@ -46,7 +46,7 @@ struct GitCredentialCommand: ParsableCommand {
             switch DeviceClient.send(.get(group: Self.group, identifier: identifier), to: socketPath) {
             case .value(let value, _)?:
                 if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
-                _ = value.withUnsafeBytes { Descriptor.writeAll(1, $0) }
+                _ = value.withUnsafeBytes { try? Descriptor.writeAll(1, $0) }
             case .keychainError(.interactionNotAllowed, _)?:
                 Self.say("the keychain is locked; unlock it to use the stored git credentials")
             default:

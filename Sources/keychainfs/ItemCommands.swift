@@ -99,7 +99,7 @@ struct GetCommand: ParsableCommand {
                 ?? "\"base64\": \"" + base64(value.bytes()) + "\""
             print("{\"group\": \(jsonString(item.group)), \"identifier\": \(jsonString(item.identifier)), \(field)}")
         } else {
-            guard value.withUnsafeBytes({ Descriptor.writeAll(1, $0) }) else { throw fail("cannot write the value to standard output") }
+            guard value.withUnsafeBytes({ (try? Descriptor.writeAll(1, $0)) != nil }) else { throw fail("cannot write the value to standard output") }
         }
     }
 }
@@ -121,9 +121,12 @@ struct SetCommand: ParsableCommand {
         var chunk = [UInt8](repeating: 0, count: 65536)
         defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
         while true {
-            let count = read(0, &chunk, chunk.count)
-            if count < 0 && errno == EINTR { continue }
-            if count < 0 { throw fail("cannot read standard input: \(String(cString: strerror(errno)))") }
+            let count: Int
+            do throws(Errno) {
+                count = try chunk.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(0, into: raw) }
+            } catch {
+                throw fail("cannot read standard input: \(error)")
+            }
             if count == 0 { break }
             do {
                 try chunk[0..<count].withUnsafeBytes { try buffer.append($0) }

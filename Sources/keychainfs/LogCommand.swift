@@ -80,7 +80,7 @@ struct LogCommand: ParsableCommand {
             }
         }
         // Written at once: a follower reading through a pipe sees every event as it happens.
-        _ = Descriptor.writeAll(1, Array((out + "\n").utf8))
+        _ = try? Descriptor.writeAll(1, Array((out + "\n").utf8))
     }
 }
 
@@ -136,7 +136,7 @@ private struct LogFollower {
     }
 
     private mutating func readAvailable(_ descriptor: Int32) -> [String] {
-        pending += Descriptor.readAll(descriptor, limit: 64 << 20)
+        pending += (try? Descriptor.readAll(descriptor, limit: 64 << 20)) ?? []
         guard let end = pending.lastIndex(of: UInt8(ascii: "\n")) else { return [] }
         let complete = pending[..<end]
         pending = Array(pending[(end + 1)...])

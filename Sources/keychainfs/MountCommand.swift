@@ -160,9 +160,8 @@ func readLine(_ fd: Int32) -> [UInt8] {
     var result: [UInt8] = []
     var byte: UInt8 = 0
     while true {
-        let count = read(fd, &byte, 1)
-        if count < 0 && errno == EINTR { continue }
-        if count <= 0 || byte == UInt8(ascii: "\n") { return result }
+        let count = try? withUnsafeMutableBytes(of: &byte) { (raw) throws(Errno) in try Descriptor.read(fd, into: raw) }
+        if count == nil || count == 0 || byte == UInt8(ascii: "\n") { return result }
         result.append(byte)
     }
 }

@@ -48,6 +48,6 @@ struct UnmountCommand: ParsableCommand {
 func waitForDeviceExit(_ keychain: KeychainDirectory) {
     let fd = open(keychain.lockFilePath, O_RDONLY | O_CLOEXEC)
     guard fd >= 0 else { return }
-    while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
+    _ = try? nothingOrErrno { flock(fd, LOCK_EX) }
     close(fd)
 }

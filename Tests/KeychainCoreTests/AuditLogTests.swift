@@ -154,7 +154,7 @@ private func readFileText(_ path: String) -> String? {
     let fd = open(path, O_RDONLY)
     guard fd >= 0 else { return nil }
     defer { close(fd) }
-    return String(decoding: Descriptor.readAll(fd, limit: 64 << 20), as: UTF8.self)
+    return (try? Descriptor.readAll(fd, limit: 64 << 20)).map { String(decoding: $0, as: UTF8.self) }
 }
 
 private extension String {

@@ -58,7 +58,7 @@ import Testing
         }
         #expect(inside == "r--p")
         // Idle for longer than the delay: unreadable again.
-        #expect(key.protectIfIdle(now: WakeableThread.monotonicMilliseconds() + GuardedKey.idleMilliseconds) == nil)
+        #expect(key.protectIfIdle(now: MonotonicClock.milliseconds() + GuardedKey.idleMilliseconds) == nil)
         #expect(try protection(of: key.pointer) == "---p")
     }
 
@@ -67,9 +67,9 @@ import Testing
         let inside = try key.withKey { pointer in try protection(of: UnsafeRawPointer(pointer)) }
         #expect(inside == "r--p")
         // Nothing here protects it: only the thread can (a generous bound for loaded machines).
-        let deadline = WakeableThread.monotonicMilliseconds() + 10_000
+        let deadline = MonotonicClock.milliseconds() + 10_000
         var seen = try protection(of: key.pointer)
-        while seen != "---p" && WakeableThread.monotonicMilliseconds() < deadline {
+        while seen != "---p" && MonotonicClock.milliseconds() < deadline {
             var pause = timespec(tv_sec: 0, tv_nsec: 5_000_000)
             nanosleep(&pause, nil)
             seen = try protection(of: key.pointer)

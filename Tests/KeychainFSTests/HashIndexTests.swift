@@ -1,4 +1,5 @@
 @testable import KeychainFS
+import KeychainCore
 import Testing
 
 /// The inode table's name index keeps hashes, not names; names whose hashes

@@ -1,3 +1,4 @@
+import KeychainCore
 import Foundation
 import Testing
 import TestSupport

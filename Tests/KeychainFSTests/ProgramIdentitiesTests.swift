@@ -1,4 +1,5 @@
 @testable import KeychainFS
+import KeychainCore
 import Testing
 #if canImport(Glibc)
 import Glibc

@@ -1,4 +1,4 @@
-internal import CFuse
+internal import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -6,23 +6,23 @@ import Glibc
 /// Starting child processes with posix_spawn: an empty signal mask and
 /// default signal actions, so that a child never inherits a blocked SIGTERM
 /// (Swift Testing and our own device block it; FIELD-NOTES).
-public enum Spawn {
+package enum Spawn {
     /// How a child's standard streams and extra descriptors are set up.
-    public struct Options {
+    package struct Options {
         /// Descriptors to place in the child: child fd <- parent fd.
-        public var descriptors: [(child: Int32, parent: Int32)] = []
+        package var descriptors: [(child: Int32, parent: Int32)] = []
         /// Redirect stdin, stdout and stderr to /dev/null (unless in `descriptors`).
-        public var nullStandardStreams = false
+        package var nullStandardStreams = false
         /// Start a new session (detach from the terminal).
-        public var newSession = false
+        package var newSession = false
         /// `NAME=value` entries replacing the inherited environment.
-        public var environment: [String]?
+        package var environment: [String]?
         /// Inherit the streams, no new session.
-        public init() {}
+        package init() {}
     }
 
     /// Starts `arguments[0]` (an absolute path); returns its pid.
-    public static func start(_ arguments: [String], options: Options = Options()) -> Int32? {
+    package static func start(_ arguments: [String], options: Options = Options()) -> Int32? {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -35,7 +35,7 @@ public enum Spawn {
             posix_spawn_file_actions_adddup2(&actions, parent, child)
         }
         // Nothing else of ours leaks into the child (after the dup2s above).
-        _ = CFuse_spawn_close_from(&actions, max(3, (options.descriptors.map(\.child).max() ?? 2) + 1))
+        _ = CLinux_spawn_close_from(&actions, max(3, (options.descriptors.map(\.child).max() ?? 2) + 1))
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
@@ -69,17 +69,15 @@ public enum Spawn {
     private static let posixSpawnSetsid: Int32 = 0x80
 
     /// Runs a command to its end; returns its exit status (-1 if it could not start or was killed).
-    public static func run(_ arguments: [String], options: Options = Options()) -> Int32 {
+    package static func run(_ arguments: [String], options: Options = Options()) -> Int32 {
         guard let pid = start(arguments, options: options) else { return -1 }
         return wait(pid)
     }
 
     /// Waits for a child; its exit status, or -1 if a signal ended it.
-    public static func wait(_ pid: Int32) -> Int32 {
+    package static func wait(_ pid: Int32) -> Int32 {
         var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 {
-            if errno != EINTR { return -1 }
-        }
+        guard (try? valueOrErrno({ waitpid(pid, &status, 0) })) != nil else { return -1 }
         // WIFEXITED / WEXITSTATUS are macros: decode the status word by hand.
         return status & 0x7f == 0 ? (status >> 8) & 0xff : -1
     }

@@ -1,0 +1,56 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whole reads and writes on a descriptor: short counts continued, EINTR
+/// retried, failures thrown as ``Errno`` (through ``valueOrErrno(retryOnInterrupt:_:)``).
+package enum Descriptor {
+    /// One `read` (or `pread` at `offset`): the bytes read, 0 at the end of input.
+    package static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer,
+                             at offset: off_t? = nil) throws(Errno) -> Int {
+        try valueOrErrno {
+            if let offset { return pread(fd, buffer.baseAddress, buffer.count, offset) }
+            return Glibc.read(fd, buffer.baseAddress, buffer.count)
+        }
+    }
+
+    /// Fills `buffer`; false if the input ended first.
+    package static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) -> Bool {
+        var offset = 0
+        while offset < buffer.count {
+            let count = try read(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[offset...]))
+            if count == 0 { return false }
+            offset += count
+        }
+        return true
+    }
+
+    /// Reads until the end of input or `limit` bytes.
+    package static func readAll(_ fd: Int32, limit: Int = 1 << 20) throws(Errno) -> [UInt8] {
+        var result: [UInt8] = []
+        try withUnsafeTemporaryAllocation(byteCount: 4096, alignment: 1) { (chunk) throws(Errno) in
+            while result.count < limit {
+                let count = try read(fd, into: chunk)
+                if count == 0 { break }
+                result.append(contentsOf: UnsafeRawBufferPointer(rebasing: chunk[..<count]))
+            }
+        }
+        return result
+    }
+
+    /// Writes every byte.
+    package static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(Errno) {
+        var offset = 0
+        while offset < bytes.count {
+            let written = try valueOrErrno { Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset) }
+            // write(2) returns 0 only for a zero count; never loop on it.
+            if written == 0 { throw .ioError }
+            offset += written
+        }
+    }
+
+    /// Writes every byte.
+    package static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(Errno) {
+        try bytes.withBytes { (raw) throws(Errno) in try writeAll(fd, raw) }
+    }
+}
