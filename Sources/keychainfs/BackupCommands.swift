@@ -20,7 +20,7 @@ enum KeysHolder {
         do {
             manager = PasswordManager(device: try Device(directory: keychain))
         } catch {
-            throw fail(DeviceProcess.describe(error, keychain: keychain))
+            throw fail(keychain.sentence(for: error))
         }
         let passcode = manager.localDevice.status.hasPasscode ? Passcode.read(prompt: "Keychain passcode: ") : nil
         do {

@@ -17,9 +17,9 @@ private func policyReply(_ request: DeviceRequest, keychain: KeychainDirectory) 
         do {
             device = try Device(directory: keychain)
         } catch {
-            throw fail(DeviceProcess.describe(error, keychain: keychain))
+            throw fail(keychain.sentence(for: error))
         }
-        reply = DeviceProcess.answerPolicyRequest(request, device: device, subject: nil)
+        reply = device.answer(policyRequest: request, by: nil)
     }
     switch reply {
     case .ok(let fields):

@@ -47,7 +47,7 @@ struct PasscodeCommand: ParsableCommand {
             do {
                 device = try Device(directory: keychain)
             } catch {
-                throw fail(DeviceProcess.describe(error, keychain: keychain))
+                throw fail(keychain.sentence(for: error))
             }
             do {
                 try device.changePasscode(from: old, to: new)

@@ -9,8 +9,8 @@ internal import CSodium
 /// asks for one (``string()``, ``withUnsafeBytes(_:)``).
 public final class SecureBytes: @unchecked Sendable, Equatable {
     // Immutable after init: safe to share between threads.
-    let pointer: UnsafeMutableRawPointer
-    private let sizeClass: Int
+    private let slot: ArenaSlot
+    var pointer: UnsafeMutableRawPointer { slot.pointer }
     /// Number of bytes.
     public let count: Int
 
@@ -35,11 +35,7 @@ public final class SecureBytes: @unchecked Sendable, Equatable {
 
     /// `count` zero bytes, for the core to fill at once through ``mutableBytes``.
     init(count: Int) throws(KeychainError) {
-        guard let slot = SecretArena.shared.allocate(capacity: count) else {
-            throw .valueTooLarge
-        }
-        pointer = slot.pointer
-        sizeClass = slot.sizeClass
+        slot = try ArenaSlot(capacity: count, used: count)
         self.count = count
     }
 
@@ -54,10 +50,6 @@ public final class SecureBytes: @unchecked Sendable, Equatable {
         let bytes = try! SecureBytes(count: count)
         randombytes_buf(bytes.pointer, count)
         return bytes
-    }
-
-    deinit {
-        SecretArena.shared.release(pointer, sizeClass: sizeClass, used: count)
     }
 
     /// Lends the bytes; do not let the pointer escape.

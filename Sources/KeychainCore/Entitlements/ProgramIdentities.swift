@@ -1,5 +1,4 @@
 internal import CLinux
-import KeychainCore
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -14,11 +13,11 @@ import Glibc
 /// a request not yet read can be abandoned, fs/fuse/dev.c
 /// `request_wait_answer`), so its id cannot be reused, and an `execve` by
 /// another thread of its process waits for it to exit (`de_thread`).
-enum ProgramIdentities {
+package enum ProgramIdentities {
     /// The identity of `thread`, running as `uid`; nil when `/proc` does not
     /// tell (the thread is gone or outside our pid namespace, or its
     /// executable is unreadable or not the file its path names now).
-    static func of(thread: pid_t, uid: uid_t) -> ProgramIdentity? {
+    package static func of(thread: pid_t, uid: uid_t) -> ProgramIdentity? {
         guard thread > 0 else { return nil }
         return withProcPath(thread, "exe") { exe -> ProgramIdentity? in
             let fd = open(exe, O_RDONLY | O_CLOEXEC)
@@ -41,14 +40,14 @@ enum ProgramIdentities {
     /// process and unit of a thread are kept for a second (a thread never
     /// changes process, and moving a process to another unit is rare),
     /// since reading them from /proc costs more than the rest of a read.
-    static func subject(thread: pid_t, uid: uid_t) -> AuditSubject {
+    package static func subject(thread: pid_t, uid: uid_t) -> AuditSubject {
         guard thread > 0 else { return AuditSubject(pid: thread, uid: uid, executable: nil, unit: nil) }
         let now = MonotonicClock.seconds()
         let known = threads.withLock { cache -> ThreadFacts? in
             guard let facts = cache[thread], now - facts.readAt < 1 else { return nil }
             return facts
         }
-        let facts = known ?? ThreadFacts(process: ProcessIdentity(thread: thread).process, unit: unit(of: thread),
+        let facts = known ?? ThreadFacts(process: ProcessIdentity(thread: thread, uid: uid).process, unit: unit(of: thread),
                                          readAt: now, executable: nil)
         if known == nil {
             threads.withLock { cache in
@@ -74,13 +73,13 @@ enum ProgramIdentities {
     private static let threads = Mutex<[pid_t: ThreadFacts]>([:])
 
     /// Who the peer of a socket is, for the audit log.
-    static func subject(ofPeer socket: Int32) -> AuditSubject? {
+    package static func subject(ofPeer socket: Int32) -> AuditSubject? {
         peerCredentials(socket).map { subject(thread: $0.pid, uid: $0.uid) }
     }
 
     /// The identity of a socket peer; nil unless the process that connected
     /// still runs once it was read (so its pid was not reused meanwhile).
-    static func ofPeer(_ socket: Int32) -> ProgramIdentity? {
+    package static func ofPeer(_ socket: Int32) -> ProgramIdentity? {
         guard let credentials = peerCredentials(socket) else { return nil }
         var pidfd: Int32 = -1
         var pidfdLength = socklen_t(MemoryLayout<Int32>.size)
@@ -96,7 +95,7 @@ enum ProgramIdentities {
     private static let soPeerPidfd: Int32 = 77
 
     /// The credentials of a socket peer.
-    static func peerCredentials(_ socket: Int32) -> PeerCredentials? {
+    package static func peerCredentials(_ socket: Int32) -> PeerCredentials? {
         var credentials = PeerCredentials()
         var length = socklen_t(MemoryLayout<PeerCredentials>.size)
         guard getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else { return nil }
@@ -105,7 +104,7 @@ enum ProgramIdentities {
 
     /// The digest of an executable at `path` now, for a rule granted to it:
     /// its resolved path and SHA-256. Nil when it is not a regular file we can read.
-    static func executable(at path: String) -> (path: String, digest: [UInt8])? {
+    package static func executable(at path: String) -> (path: String, digest: [UInt8])? {
         guard let resolved = realpath(path, nil) else { return nil }
         defer { free(resolved) }
         let fd = open(resolved, O_RDONLY | O_CLOEXEC)
@@ -176,7 +175,7 @@ enum ProgramIdentities {
     /// Calls `body` with `/proc/THREAD/LEAF` as a C string built on the
     /// stack: this runs for every audited request, where an interpolated
     /// String cost more than the `readlink` it names (callgrind).
-    static func withProcPath<R>(_ thread: pid_t, _ leaf: StaticString, _ body: (UnsafePointer<CChar>) -> R) -> R {
+    package static func withProcPath<R>(_ thread: pid_t, _ leaf: StaticString, _ body: (UnsafePointer<CChar>) -> R) -> R {
         let prefix: StaticString = "/proc/"
         // "/proc/" + at most 10 digits + "/" + leaf + NUL.
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 18 + leaf.utf8CodeUnitCount) { path in
@@ -202,7 +201,7 @@ enum ProgramIdentities {
     /// The systemd unit of a thread: the innermost `.service` or `.scope`
     /// of its cgroup path, e.g. `/user.slice/user-1000.slice/
     /// user@1000.service/app.slice/backup.service` is `backup.service`.
-    static func unit(of thread: pid_t) -> String? {
+    package static func unit(of thread: pid_t) -> String? {
         let fd = withProcPath(thread, "cgroup") { open($0, O_RDONLY | O_CLOEXEC) }
         guard fd >= 0 else { return nil }
         defer { close(fd) }
@@ -213,7 +212,7 @@ enum ProgramIdentities {
     /// first; on a hybrid host systemd keeps its units in the `name=systemd`
     /// one. Parsed as bytes: this runs for the first request of every
     /// process, and splitting Strings cost 137k instructions (callgrind).
-    static func unit(ofCgroupFile file: [UInt8]) -> String? {
+    package static func unit(ofCgroupFile file: [UInt8]) -> String? {
         var systemdUnit: String?
         var lineStart = 0
         while lineStart < file.count {
@@ -256,8 +255,9 @@ private extension ArraySlice<UInt8> {
 }
 
 /// Linux's `struct ucred` (socket(7)), which glibc declares only with _GNU_SOURCE.
-struct PeerCredentials {
-    var pid: pid_t = 0
-    var uid: uid_t = 0
-    var gid: gid_t = 0
+package struct PeerCredentials {
+    package var pid: Int32 = 0
+    package var uid: UInt32 = 0
+    package var gid: UInt32 = 0
+    package init() {}
 }

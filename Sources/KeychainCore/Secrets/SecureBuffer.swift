@@ -4,17 +4,14 @@ internal import CSodium
 /// file), held in the locked secret arena. Growing moves the bytes to a larger
 /// slot and wipes the old one. Not thread-safe: its owner serializes access.
 public final class SecureBuffer {
-    private var pointer: UnsafeMutableRawPointer
-    private var sizeClass: Int
-    private var highWater = 0
+    private var slot: ArenaSlot
+    private var pointer: UnsafeMutableRawPointer { slot.pointer }
     /// Number of bytes held.
     public private(set) var count = 0
 
     /// An empty buffer.
     public init() {
-        let slot = SecretArena.shared.allocate(capacity: 1)!
-        pointer = slot.pointer
-        sizeClass = slot.sizeClass
+        slot = try! ArenaSlot(capacity: 1)
     }
 
     /// A buffer holding a copy of `bytes`.
@@ -23,21 +20,12 @@ public final class SecureBuffer {
         try bytes.withUnsafeBytes { (raw: UnsafeRawBufferPointer) throws(KeychainError) in try write(raw, at: 0) }
     }
 
-    deinit {
-        SecretArena.shared.release(pointer, sizeClass: sizeClass, used: highWater)
-    }
-
-    private var capacity: Int { SecretArena.classSizes[sizeClass] }
-
     private func reserve(_ needed: Int) throws(KeychainError) {
-        guard needed > capacity else { return }
-        guard needed <= ItemLimits.maximumValueSize,
-              let slot = SecretArena.shared.allocate(capacity: needed) else { throw .valueTooLarge }
-        slot.pointer.copyMemory(from: pointer, byteCount: count)
-        SecretArena.shared.release(pointer, sizeClass: sizeClass, used: highWater)
-        pointer = slot.pointer
-        sizeClass = slot.sizeClass
-        highWater = count
+        guard needed > slot.capacity else { return }
+        guard needed <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
+        let grown = try ArenaSlot(capacity: needed, used: count)
+        grown.pointer.copyMemory(from: pointer, byteCount: count)
+        slot = grown  // the old slot is wiped and released
     }
 
     /// Writes `bytes` at `offset`, zero-filling any gap (as a sparse write
@@ -51,7 +39,7 @@ public final class SecureBuffer {
         if offset > count { (pointer + count).initializeMemory(as: UInt8.self, repeating: 0, count: offset - count) }
         if let base = bytes.baseAddress, bytes.count > 0 { (pointer + offset).copyMemory(from: base, byteCount: bytes.count) }
         count = max(count, end)
-        highWater = max(highWater, count)
+        slot.used = max(slot.used, count)
     }
 
     /// Appends at the end.
@@ -70,13 +58,13 @@ public final class SecureBuffer {
             try reserve(newCount)
             (pointer + count).initializeMemory(as: UInt8.self, repeating: 0, count: newCount - count)
             count = newCount
-            highWater = max(highWater, count)
+            slot.used = max(slot.used, count)
         }
     }
 
     /// Wipes every byte and empties the buffer.
     public func wipe() {
-        sodium_memzero(pointer, highWater)
+        sodium_memzero(pointer, slot.used)
         count = 0
     }
 

@@ -99,3 +99,30 @@ final class SecretArena: Sendable {
         return raw
     }
 }
+
+/// One slot of the secret arena, owned by one buffer (``SecureBytes``,
+/// ``SecureBuffer``): when it goes away, the bytes it ever held are wiped
+/// and the slot goes back to the arena. Not copyable, so a slot has exactly
+/// one owner and is released exactly once.
+struct ArenaSlot: ~Copyable {
+    let pointer: UnsafeMutableRawPointer
+    private let sizeClass: Int
+    /// How many bytes from the start have ever held data: what release wipes.
+    var used: Int
+
+    /// A zeroed slot of at least `capacity` bytes; ``KeychainError/valueTooLarge``
+    /// past ``SecretArena/maximumSize``.
+    init(capacity: Int, used: Int = 0) throws(KeychainError) {
+        guard let slot = SecretArena.shared.allocate(capacity: capacity) else { throw .valueTooLarge }
+        pointer = slot.pointer
+        sizeClass = slot.sizeClass
+        self.used = used
+    }
+
+    /// The bytes the slot holds (its size class).
+    var capacity: Int { SecretArena.classSizes[sizeClass] }
+
+    deinit {
+        SecretArena.shared.release(pointer, sizeClass: sizeClass, used: used)
+    }
+}

@@ -30,7 +30,7 @@ public final class DeviceProcess: Sendable {
         do {
             manager = PasswordManager(device: try Device(directory: keychain))
         } catch {
-            throw MountError(Self.describe(error, keychain: keychain))
+            throw MountError(keychain.sentence(for: error))
         }
         do {
             socketPath = try RuntimePaths.socketPath(for: keychain.path)
@@ -38,25 +38,6 @@ public final class DeviceProcess: Sendable {
             throw MountError(error.description)
         }
         mountEnded = eventfd(0, Int32(EFD_CLOEXEC))
-    }
-
-    /// A sentence for a core error met while starting.
-    public static func describe(_ error: KeychainError, keychain: KeychainDirectory) -> String {
-        switch error {
-        case .insecurePermissions:
-            return "refusing to use the keychain: " + (keychain.permissionProblem() ?? "its permissions changed; check them")
-        case .noSuchKeychain:
-            return "no keychain at \(keychain.path); create one with `keychainfs init --keychain \(keychain.path)`"
-        case .keychainInUse:
-            return "another process holds the keychain at \(keychain.path), but does not answer on its socket "
-                + "(was XDG_RUNTIME_DIR different when it started?); unmount its mounts or stop that process"
-        case .decode:
-            return "the keychain at \(keychain.path) failed its integrity check: it was damaged or altered outside "
-                + "keychainfs (a row rolled back, removed or edited), or its device secret does not belong to it; "
-                + "restore it from a backup"
-        default:
-            return "cannot open the keychain at \(keychain.path): \(error)"
-        }
     }
 
     // MARK: Mounts
@@ -282,8 +263,7 @@ public final class DeviceProcess: Sendable {
                 return .keychainError(error, error.description)
             }
         case .grant, .revoke, .policy:
-            return Self.answerPolicyRequest(request, device: manager.localDevice,
-                                            subject: ProgramIdentities.subject(ofPeer: client))
+            return manager.localDevice.answer(policyRequest: request, by: ProgramIdentities.subject(ofPeer: client))
         case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
             do throws(KeychainError) {
@@ -381,53 +361,5 @@ extension DeviceProcess {
             throw .param
         }
         return .ok([])
-    }
-}
-
-extension DeviceProcess {
-    /// `grant`, `revoke` and `policy`, for the device's socket and for a
-    /// keychain that no device holds (the command line then boots one).
-    public static func answerPolicyRequest(_ request: DeviceRequest, device: Device, subject: AuditSubject?) -> DeviceReply {
-        do throws(KeychainError) {
-            switch request {
-            case .grant(let group, let executable, let unit, let uid, let passcode):
-                guard let program = ProgramIdentities.executable(at: executable) else {
-                    return .systemError(ENOENT, "cannot read the executable \(executable) (it must be a regular file the device can read)")
-                }
-                let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid)
-                try device.grant(rule, toGroup: group, passcode: passcode, by: subject)
-                return .ok([rule.executable, rule.digestHex])
-            case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
-                // A binary removed since it was granted is named as it was.
-                let resolved = executable.map { path in realpath(path, nil).map { String(cString: $0, freeing: true) } ?? path }
-                let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all,
-                                              passcode: passcode, by: subject)
-                return .ok([String(count)])
-            case .policy(let group):
-                let policies = device.entitlementPolicies
-                if let group, policies[group] == nil { return .ok([]) }
-                let groups = group.map { [$0] } ?? policies.keys.sorted()
-                return .ok(groups.flatMap { group in
-                    let rules = policies[group] ?? []
-                    // A policy without rules admits no program: shown as a group with an empty rule.
-                    if rules.isEmpty { return [group, "", "", "", ""] }
-                    return rules.flatMap { rule in
-                        [group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? ""]
-                    }
-                })
-            default:
-                throw .param
-            }
-        } catch {
-            return .keychainError(error, error.description)
-        }
-    }
-}
-
-extension String {
-    /// A C string malloc'd by the callee (realpath), freed once copied.
-    init(cString pointer: UnsafeMutablePointer<CChar>, freeing: Bool) {
-        self.init(cString: pointer)
-        if freeing { free(pointer) }
     }
 }

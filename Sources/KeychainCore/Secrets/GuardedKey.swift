@@ -143,12 +143,3 @@ enum IdleKeys {
         return .after(milliseconds: Int32(clamping: max(1, next - now)))
     }
 }
-
-/// libsodium's one-time initialisation.
-enum Sodium {
-    private static let initialized: Bool = sodium_init() >= 0
-
-    static func ensureInitialized() {
-        precondition(initialized, "libsodium failed to initialise")
-    }
-}

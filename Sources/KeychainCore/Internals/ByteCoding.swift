@@ -32,38 +32,55 @@ struct ByteWriter {
     }
 }
 
-struct ByteReader {
-    private let bytes: [UInt8]
-    private var offset = 0
+/// Reads what ``ByteWriter`` wrote, and the frames of the device's protocol
+/// (``DeviceProtocol``): little-endian fixed-width fields and length-prefixed
+/// ones, each checked against the end. Running past the end, or any other
+/// malformed input, throws `malformed` (``KeychainError/decode`` for stored
+/// records, ``KeychainError/param`` for requests).
+struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int {
+    private let bytes: Bytes
+    private var offset: Int
+    let malformed: KeychainError
 
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
+    init(_ bytes: Bytes, malformed: KeychainError = .decode) {
+        self.bytes = bytes
+        self.offset = bytes.startIndex
+        self.malformed = malformed
+    }
 
-    var isAtEnd: Bool { offset == bytes.count }
+    var isAtEnd: Bool { offset == bytes.endIndex }
 
-    mutating func read(_ count: Int) throws(KeychainError) -> [UInt8] {
-        guard count >= 0, bytes.count - offset >= count else { throw .decode }
+    /// The next `count` bytes, in place.
+    mutating func take(_ count: Int) throws(KeychainError) -> Bytes.SubSequence {
+        guard count >= 0, bytes.endIndex - offset >= count else { throw malformed }
         defer { offset += count }
-        return Array(bytes[offset..<offset + count])
+        return bytes[offset..<offset + count]
     }
 
-    mutating func readByte() throws(KeychainError) -> UInt8 { try read(1)[0] }
+    mutating func read(_ count: Int) throws(KeychainError) -> [UInt8] { Array(try take(count)) }
 
-    mutating func readUInt64() throws(KeychainError) -> UInt64 {
-        try read(8).reversed().reduce(0) { $0 << 8 | UInt64($1) }
+    mutating func readByte() throws(KeychainError) -> UInt8 {
+        guard offset < bytes.endIndex else { throw malformed }
+        defer { offset += 1 }
+        return bytes[offset]
     }
+
+    private mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError) -> I {
+        try take(MemoryLayout<I>.size).reversed().reduce(I(0)) { $0 << 8 | I($1) }
+    }
+
+    mutating func readUInt64() throws(KeychainError) -> UInt64 { try readLittleEndian(UInt64.self) }
 
     mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
 
-    mutating func readUInt32() throws(KeychainError) -> UInt32 {
-        try read(4).reversed().reduce(0) { $0 << 8 | UInt32($1) }
-    }
+    mutating func readUInt32() throws(KeychainError) -> UInt32 { try readLittleEndian(UInt32.self) }
 
-    /// A string written by ``ByteWriter/appendPrefixed(_:)``; ``KeychainError/decode`` unless UTF-8.
+    mutating func readInt32() throws(KeychainError) -> Int32 { Int32(bitPattern: try readUInt32()) }
+
+    /// A string written by ``ByteWriter/appendPrefixed(_:)``; `malformed` unless UTF-8.
     mutating func readPrefixed() throws(KeychainError) -> String {
-        let length = try read(2)
-        guard let string = String(validating: try read(Int(length[0]) | Int(length[1]) << 8), as: UTF8.self) else {
-            throw .decode
-        }
+        let length = Int(try readLittleEndian(UInt16.self))
+        guard let string = String(validating: try take(length), as: UTF8.self) else { throw malformed }
         return string
     }
 }

@@ -1,0 +1,78 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension AuditLog {
+    /// Checks the chain of `directory`'s audit log (the rotated file first,
+    /// then the current one) and that it reaches the newest line the
+    /// keychain recorded. Returns the lines checked and the problems found
+    /// (none: intact). Needs the device secret, not the passcode.
+    public static func verify(directory: KeychainDirectory) throws(KeychainError) -> (lines: Int, problems: [String]) {
+        let secret = DeviceSecret(secret: try directory.readDeviceSecret())
+        let anchor = try storedAnchor(directory: directory, secret: secret)
+        let chainKey = Crypto.KeyedHash(key: secret.auditKey.pointer.assumingMemoryBound(to: UInt8.self))
+        var problems: [String] = []
+        var checked = 0
+        var previous: (sequence: UInt64, mac: [UInt8])?
+        for name in [rotatedName, fileName] {
+            let path = directory.path + "/" + name
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else {
+                if name == fileName { problems.append("\(name) is missing") }
+                continue
+            }
+            let read = Result { () throws(Errno) in try Descriptor.readAll(fd, limit: 4 * rotationSize) }
+            close(fd)
+            guard case .success(let bytes) = read else {
+                problems.append("\(name) cannot be read")
+                continue
+            }
+            if !bytes.isEmpty && bytes.last != UInt8(ascii: "\n") { problems.append("\(name): the last line is incomplete") }
+            for (index, raw) in bytes.split(separator: UInt8(ascii: "\n")).enumerated() {
+                let where_ = "\(name) line \(index + 1)"
+                guard let line = AuditLine(parsing: String(decoding: raw, as: UTF8.self)) else {
+                    problems.append("\(where_): not a log line")
+                    previous = nil
+                    continue
+                }
+                checked += 1
+                var chainedFrom = previous
+                if index == 0 {
+                    guard let prev = line.value("prev").flatMap({ Hex.bytes($0, count: Crypto.macSize) }) else {
+                        problems.append("\(where_): the file's first line does not say what it continues (its start was cut)")
+                        previous = (line.sequence, line.mac)
+                        continue
+                    }
+                    if let before = previous, before.sequence + 1 != line.sequence || before.mac != prev {
+                        problems.append("\(where_): does not continue \(rotatedName)")
+                    }
+                    chainedFrom = (line.sequence - 1, prev)
+                }
+                if let from = chainedFrom {
+                    if from.sequence + 1 != line.sequence {
+                        problems.append("\(where_): sequence \(line.sequence) follows \(from.sequence) (lines removed or reordered)")
+                    } else if Array(line.body.utf8).withUnsafeBytes({ chain(key: chainKey, previous: from.mac, body: $0) }) != line.mac {
+                        problems.append("\(where_): its MAC does not match (the line was edited, or one before it)")
+                    }
+                }
+                if let anchor, line.sequence == anchor.sequence, line.mac != anchor.mac {
+                    problems.append("\(where_): differs from the line the keychain recorded as number \(anchor.sequence)")
+                }
+                previous = (line.sequence, line.mac)
+            }
+        }
+        if let anchor, anchor.sequence > (previous?.sequence ?? 0) {
+            problems.append("the log ends at line \(previous?.sequence ?? 0), but the keychain recorded line \(anchor.sequence): its end was cut")
+        }
+        return (checked, problems)
+    }
+
+    static func storedAnchor(directory: KeychainDirectory, secret: DeviceSecret) throws(KeychainError) -> Anchor? {
+        let db = try SQLiteConnection(path: directory.databasePath, create: false)
+        defer { db.finishStatements() }
+        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, anchorKey)
+        guard try query.step() else { return nil }
+        return try Anchor(decoding: query.blob(0), secret: secret)
+    }
+}

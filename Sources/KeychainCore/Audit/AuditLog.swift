@@ -1,0 +1,186 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The audit log of a keychain: `audit.log` in its directory, one line per
+/// event, appended and never rewritten. Each line ends with a MAC under a
+/// device key over the previous line's MAC and this line, so editing,
+/// reordering or removing a line breaks the chain; the newest MAC the device
+/// wrote is also kept in the keychain (the `audit` record) when the device
+/// stops cleanly and at every grant or revocation, so cutting the end off is
+/// caught too. Past ``rotationSize`` bytes the file moves to `audit.log.1`
+/// (replacing the older one) and the new file's first line carries the MAC
+/// it continues from.
+///
+/// Line: tab-separated `key=value` fields, values escaped as status lines
+/// (``LineEscaping``): `seq`, `time` (UTC, ms), [`prev`], `op`, `result`,
+/// [`group`, `id`, `pid`, `uid`, `exe`, `unit`, `detail`], `mac` (hex).
+public final class AuditLog: Sendable {
+    public static let fileName = "audit.log"
+    public static let rotatedName = "audit.log.1"
+    static let anchorKey = "audit"
+    private static let macDomain = "kcfs-audit-v1"
+    private static let anchorDomain = "kcfs-audit-anchor-v1"
+    /// A file past this size is rotated (by default).
+    public static let rotationSize = 4 << 20
+    private let rotationSize: Int
+
+    private struct State {
+        var fd: Int32
+        var size: Int
+        var sequence: UInt64
+        var mac: [UInt8]
+        /// `YYYY-MM-DDTHH:MM:SS` of the second it was made for: lines come
+        /// many to a second, and formatting the date was a tenth of a line.
+        var second = -1
+        var secondText: [UInt8] = []
+    }
+    private let state: Mutex<State>
+    /// The audit key, absorbed: used under `state`'s lock only (one thread at a time).
+    private let chainKey: Crypto.KeyedHash
+    private let directory: KeychainDirectory
+
+    /// Opens the log to append to it, continuing the chain from its last
+    /// line (or from `anchor` when the file is empty or missing).
+    init(directory: KeychainDirectory, key: SecureBytes, anchor: Anchor?,
+         rotationSize: Int = AuditLog.rotationSize) throws(KeychainError) {
+        self.directory = directory
+        self.rotationSize = rotationSize
+        chainKey = Crypto.KeyedHash(key: key.pointer.assumingMemoryBound(to: UInt8.self))
+        let path = directory.path + "/" + Self.fileName
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw fileFailure("open", path) }
+        var info = stat()
+        fstat(fd, &info)
+        let last = Self.lastLine(path).flatMap(AuditLine.init(parsing:))
+        let sequence = last?.sequence ?? anchor?.sequence ?? 0
+        let mac = last?.mac ?? anchor?.mac ?? [UInt8](repeating: 0, count: Crypto.macSize)
+        state = Mutex(State(fd: fd, size: Int(info.st_size), sequence: sequence, mac: mac))
+    }
+
+    deinit {
+        _ = state.withLock { close($0.fd) }
+    }
+
+    /// The newest line's sequence number and MAC.
+    var head: Anchor { state.withLock { Anchor(sequence: $0.sequence, mac: $0.mac) } }
+
+    /// Appends one event. A failure to write is reported to the diagnostics
+    /// log, not to the request (the access itself happened or was denied).
+    public func record(_ event: AuditEvent) {
+        // Built as bytes, escaping only what needs it, without an
+        // intermediate String, and outside the lock: this runs for every
+        // audited request (docs/BENCHMARKS.md, the audit log's cost).
+        var tail = LineBuilder(capacity: 256)
+        tail.field("op", event.operation)
+        tail.field("result", event.result)
+        if let group = event.group { tail.field("group", group) }
+        if let identifier = event.identifier { tail.field("id", identifier) }
+        if let subject = event.subject {
+            tail.field("pid", Int64(subject.pid))
+            tail.field("uid", Int64(subject.uid))
+            if let executable = subject.executable { tail.field("exe", executable) }
+            if let unit = subject.unit { tail.field("unit", unit) }
+        }
+        if let detail = event.detail { tail.field("detail", detail) }
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        state.withLock { state in
+            if state.size >= rotationSize { rotate(&state) }
+            var line = LineBuilder(capacity: tail.count + 200)
+            line.field("seq", state.sequence + 1)
+            if state.second != now.tv_sec {
+                state.second = now.tv_sec
+                state.secondText = LineBuilder.utcSecond(now.tv_sec)
+            }
+            line.timestamp("time", second: state.secondText, nanoseconds: now.tv_nsec)
+            if state.size == 0 { line.hexField("prev", state.mac) }
+            line.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
+            line.append(tail.bytes)
+            let mac = Self.chain(key: chainKey, previous: state.mac, body: line.bytes)
+            line.hexField("mac", mac)
+            line.append(UInt8(ascii: "\n"))
+            do throws(Errno) {
+                try Descriptor.writeAll(state.fd, line.bytes)
+            } catch {
+                Diagnostics.log("could not append to the audit log: \(error)")
+                return
+            }
+            state.size += line.count
+            state.sequence += 1
+            state.mac = mac
+        }
+    }
+
+    private func rotate(_ state: inout State) {
+        let path = directory.path + "/" + Self.fileName
+        guard rename(path, directory.path + "/" + Self.rotatedName) == 0 else {
+            Diagnostics.log("could not rotate the audit log: \(String(cString: strerror(errno)))")
+            return
+        }
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            Diagnostics.log("could not start a new audit log: \(String(cString: strerror(errno)))")
+            return
+        }
+        close(state.fd)
+        state.fd = fd
+        state.size = 0
+    }
+
+    // MARK: The chain
+
+    /// Each line's MAC: BLAKE2b(audit key, domain || previous MAC || line).
+    static func chain(key: Crypto.KeyedHash, previous: [UInt8], body: UnsafeRawBufferPointer) -> [UInt8] {
+        var mac = [UInt8](repeating: 0, count: Crypto.macSize)
+        macDomainBytes.withUnsafeBytes { domain in
+            previous.withUnsafeBytes { previous in mac.withUnsafeMutableBytes { key.mac(domain, previous, body, into: $0) } }
+        }
+        return mac
+    }
+
+    private static let macDomainBytes = Array(macDomain.utf8)
+
+
+    /// The last complete line of a file (reads only its end).
+    private static func lastLine(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_size > 0 else { return nil }
+        let window = min(Int(info.st_size), 64 << 10)
+        var bytes = [UInt8](repeating: 0, count: window)
+        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, window, off_t(Int(info.st_size) - window)) }
+        guard count == window, bytes.last == UInt8(ascii: "\n") else { return nil }
+        let lines = bytes.dropLast().split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
+        return lines.last.map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    // MARK: The anchor
+
+    /// The newest sequence number and MAC, kept in the keychain (authenticated).
+    struct Anchor: Equatable {
+        var sequence: UInt64
+        var mac: [UInt8]
+
+        func encoded(secret: DeviceSecret) -> [UInt8] {
+            var writer = ByteWriter()
+            writer.append(sequence)
+            writer.append(mac)
+            return secret.authenticatedRecord(AuditLog.anchorDomain, writer.bytes)
+        }
+
+        init(sequence: UInt64, mac: [UInt8]) {
+            self.sequence = sequence
+            self.mac = mac
+        }
+
+        init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
+            var reader = ByteReader(try secret.authenticatedBody(AuditLog.anchorDomain, record, length: 8 + Crypto.macSize))
+            sequence = try reader.readUInt64()
+            mac = try reader.read(Crypto.macSize)
+        }
+    }
+}

@@ -1,0 +1,84 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension Device {
+    /// Creates a new keychain at `directory`: device secret, class keys, empty store.
+    /// `passcode` nil creates one whose `unlock` needs no passcode.
+    public static func createKeychain(at directory: KeychainDirectory, passcode: SecureBytes?,
+                                      kdf: KDFParameters = .interactive) throws(KeychainError) {
+        Sodium.ensureInitialized()
+        if let passcode, passcode.count == 0 { throw .param }
+        try directory.prepareForCreation()
+        let secretBytes = SecureBytes.random(count: Crypto.keySize)
+        let secret = DeviceSecret(secret: secretBytes)
+        let bag = try SecretThread.run { () throws(KeychainError) in
+            try Keybag.create(secret: secret, passcode: passcode, kdf: kdf)
+        }
+        // The database is the marker of a finished keychain (`exists`), so it
+        // is created last: a failure before leaves no half keychain behind.
+        try directory.writeDeviceSecret(secretBytes)
+        let temporary = directory.databasePath + ".new"
+        unlink(temporary)
+        do {
+            let store = try ItemStore(path: temporary, create: true, state: ItemSetState(secret: secret))
+            try store.setMetadata(Keybag.recordKey, bag.encoded(secret: secret))
+            try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+            try store.setMetadata(EntitlementPolicy.recordKey, EntitlementPolicy().encoded(secret: secret))
+            try store.sync()
+        }
+        unlink(temporary + "-wal")
+        unlink(temporary + "-shm")
+        // sqlite creates files with the umask's mode; the SPEC wants them private
+        // (sqlite gives the -wal and -shm files the database file's mode).
+        guard chmod(temporary, 0o600) == 0 else { throw fileFailure("make private (chmod 600)", temporary) }
+        guard rename(temporary, directory.databasePath) == 0 else { throw fileFailure("rename into place", directory.databasePath) }
+    }
+}
+
+/// The authenticated records a device reads at boot, those of an older
+/// format added first. A record that is missing or fails authentication
+/// stops the boot (``KeychainError/decode``).
+struct BootRecords {
+    let keybag: Keybag
+    let entitlements: EntitlementPolicy
+    let auditAnchor: AuditLog.Anchor?
+
+    init(store: ItemStore, secret: DeviceSecret) throws(KeychainError) {
+        guard let record = try store.metadata(Keybag.recordKey) else { throw .decode }
+        keybag = try Keybag(decoding: record, secret: secret)
+        try store.verifyItemSet(legacy: keybag.formatVersion < Keybag.stateVersion)
+        if keybag.formatVersion < Keybag.version {
+            // An older format: give it the records the current one
+            // requires, then mark it current (last, so an interrupted
+            // upgrade is redone).
+            if try store.metadata(LockoutRecord.recordKey) == nil {
+                try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+            }
+            if try store.metadata(EntitlementPolicy.recordKey) == nil {
+                try store.setMetadata(EntitlementPolicy.recordKey, EntitlementPolicy().encoded(secret: secret))
+            }
+            try store.setMetadata(Keybag.recordKey, keybag.encoded(secret: secret))
+        }
+        guard let entitlementRecord = try store.metadata(EntitlementPolicy.recordKey) else {
+            // Deleting it would open every group to every program.
+            Diagnostics.log("the entitlement record is missing")
+            throw .decode
+        }
+        do throws(KeychainError) {
+            entitlements = try EntitlementPolicy(decoding: entitlementRecord, secret: secret)
+        } catch {
+            Diagnostics.log("the entitlement record failed authentication")
+            throw error
+        }
+        do throws(KeychainError) {
+            auditAnchor = try store.metadata(AuditLog.anchorKey).map { (raw) throws(KeychainError) in
+                try AuditLog.Anchor(decoding: raw, secret: secret)
+            }
+        } catch {
+            Diagnostics.log("the audit log's anchor record failed authentication")
+            throw error
+        }
+    }
+}

@@ -1,0 +1,93 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Per-group entitlement policies: who may use a group, granted and
+/// revoked with the passcode.
+extension Device {
+    /// The programs allowed to use `group`; nil when the group has no
+    /// policy (every program of the user may use it).
+    public func entitlementRules(forGroup group: String) -> [EntitlementRule]? {
+        entitlements.withLock { $0.groups[group] }
+    }
+
+    /// Whether `group` has a policy (its items are then checked per caller).
+    public func hasEntitlementPolicy(_ group: String) -> Bool {
+        entitlements.withLock { $0.groups[group] != nil }
+    }
+
+    /// Every group's rules.
+    public var entitlementPolicies: [String: [EntitlementRule]] { entitlements.withLock { $0.groups } }
+
+    /// ``KeychainError/missingEntitlement`` unless `program` may use
+    /// `group`: the group has no policy, or one of its rules admits the
+    /// program. `program` nil (it could not be identified) is admitted
+    /// only by a group without a policy.
+    public func checkEntitlement(_ group: String, program: () -> ProgramIdentity?) throws(KeychainError) {
+        guard let rules = entitlementRules(forGroup: group) else { return }
+        guard let program = program(), rules.contains(where: { $0.admits(program) }) else { throw .missingEntitlement }
+    }
+
+    /// Allows the program of `rule` to use `group` (giving the group a
+    /// policy if it had none). Needs the passcode, as changing a macOS
+    /// keychain's access control needs the keychain password: a program
+    /// running as the user cannot grant itself. Granting a rule the group
+    /// already has changes nothing.
+    public func grant(_ rule: EntitlementRule, toGroup group: String, passcode: SecureBytes?,
+                      by subject: AuditSubject? = nil) throws(KeychainError) {
+        try ItemLimits.validate(name: group)
+        guard rule.digest.count == ExecutableDigest.size, rule.executable.hasPrefix("/") else { throw .param }
+        let detail = rule.executable + " sha256=" + rule.digestHex + (rule.unit.map { " unit=" + $0 } ?? "")
+            + (rule.uid.map { " uid=\($0)" } ?? "")
+        _ = try audited("grant", group: group, detail: detail, by: subject) { () throws(KeychainError) in
+            try changeEntitlements(group, passcode: passcode) { policy in
+            var rules = policy.groups[group] ?? []
+            // A new grant of the same program (a rebuilt binary) replaces its digest.
+            rules.removeAll { $0.namesSameProgram(as: rule) }
+            rules.append(rule)
+            policy.groups[group] = rules
+            return 1
+            }
+        }
+    }
+
+    /// Removes the rules of `group` that name `executable` (and `unit` and
+    /// `uid`, when given); `all` removes the group's policy itself, which
+    /// opens the group to every program again. Removing the last rule
+    /// leaves a policy that admits no program. Needs the passcode. Returns
+    /// how many rules were removed.
+    @discardableResult
+    public func revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool,
+                       passcode: SecureBytes?, by subject: AuditSubject? = nil) throws(KeychainError) -> Int {
+        let detail = all ? "all" : [executable, unit.map { "unit=" + $0 }, uid.map { "uid=\($0)" }].compactMap { $0 }
+            .joined(separator: " ")
+        return try audited("revoke", group: group, detail: detail, by: subject) { () throws(KeychainError) -> Int in
+            try changeEntitlements(group, passcode: passcode) { policy throws(KeychainError) -> Int in
+            guard let rules = policy.groups[group] else { throw .itemNotFound }
+            if all {
+                policy.groups[group] = nil
+                return rules.count
+            }
+            let kept = rules.filter { !$0.matches(executable: executable, unit: unit, uid: uid) }
+            guard kept.count < rules.count else { throw .itemNotFound }
+            policy.groups[group] = kept
+            return rules.count - kept.count
+            }
+        }
+    }
+
+    func changeEntitlements(_ group: String, passcode: SecureBytes?,
+                                    _ change: (inout EntitlementPolicy) throws(KeychainError) -> Int) throws(KeychainError) -> Int {
+        let count = try withPasscode(passcode) { () throws(KeychainError) -> Int in
+            var policy = entitlements.withLock { $0 }
+            let count = try change(&policy)
+            try store.setMetadata(EntitlementPolicy.recordKey, policy.encoded(secret: secret))
+            saveAuditAnchor()
+            entitlements.withLock { $0 = policy }
+            return count
+        }
+        notify(.entitlementsChanged(group: group))
+        return count
+    }
+}

@@ -1,0 +1,107 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Passcode checks and changes, and the lockout after wrong passcodes.
+extension Device {
+    /// Runs `body` and records its outcome in the audit log.
+    func audited<R>(_ operation: String, group: String? = nil, detail: String? = nil, by subject: AuditSubject?,
+                            _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+        do throws(KeychainError) {
+            let result = try body()
+            audit.record(AuditEvent(operation: operation, result: "ok", group: group, subject: subject, detail: detail))
+            return result
+        } catch {
+            audit.record(AuditEvent(operation: operation, result: AuditEvent.result(of: error), group: group,
+                                    subject: subject, detail: detail))
+            throw error
+        }
+    }
+
+    /// Changes the passcode: `old` is the current one (nil for a keychain
+    /// without one), `new` the next (nil: none from now on). Needs no
+    /// unlock, only the current passcode; a wrong one is a failed attempt
+    /// like a wrong unlock (``KeychainError/authFailed``, counted, and
+    /// refused during a lockout). The class keys are wrapped again under the
+    /// new passcode and the keybag record replaced in one transaction: after
+    /// a crash at any point, either the old or the new passcode works.
+    public func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
+        if let new, new.count == 0 { throw .param }
+        try unlockAttempt.withLock { _ throws(KeychainError) in
+            let now = clock()
+            if try lockoutRecord().deadline > now { throw .authFailed }
+            let bag = keybag, secret = secret
+            let changed: Keybag
+            do throws(KeychainError) {
+                changed = try SecretThread.run { () throws(KeychainError) -> Keybag in
+                    try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new)
+                }
+            } catch .decode, .authFailed {
+                try recordFailure(now: now)
+                throw .authFailed
+            }
+            try resetFailures()
+            try store.setMetadata(Keybag.recordKey, changed.encoded(secret: secret))
+            currentKeybag.withLock { $0 = changed }
+        }
+    }
+
+    /// Runs `body` if `passcode` is the keychain's (nil for one without a
+    /// passcode): a wrong one is a failed attempt like a wrong unlock
+    /// (``KeychainError/authFailed``, counted, refused during a lockout).
+    func withPasscode<R>(_ passcode: SecureBytes?, _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+        try unlockAttempt.withLock { _ throws(KeychainError) -> R in
+            let now = clock()
+            if try lockoutRecord().deadline > now { throw .authFailed }
+            do throws(KeychainError) {
+                _ = try unwrapPasscodeClasses(passcode)
+            } catch .decode, .authFailed {
+                try recordFailure(now: now)
+                throw .authFailed
+            }
+            try resetFailures()
+            return try body()
+        }
+    }
+
+    /// The class keys a passcode unwraps. Derived on a ``SecretThread``: no
+    /// copy of the stretched passcode or of the keys stays on any stack.
+    func unwrapPasscodeClasses(_ passcode: SecureBytes?) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
+        let bag = keybag, secret = secret
+        return try SecretThread.run { () throws(KeychainError) -> [ProtectionClass: GuardedKey] in
+            let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
+            var keys: [ProtectionClass: GuardedKey] = [:]
+            for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
+                keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: passcodeKey)
+            }
+            return keys
+        }
+    }
+
+    func lockoutRecord() throws(KeychainError) -> LockoutRecord {
+        guard let raw = try store.metadata(LockoutRecord.recordKey) else {
+            // Deleting it would reset the count of wrong passcodes.
+            Diagnostics.log("the lockout record is missing")
+            throw .decode
+        }
+        do throws(KeychainError) {
+            return try LockoutRecord(decoding: raw, secret: secret)
+        } catch {
+            Diagnostics.log("the lockout record failed authentication")
+            throw error
+        }
+    }
+
+    func recordFailure(now: Int64) throws(KeychainError) {
+        var record = try lockoutRecord()
+        record.failures += 1
+        record.deadline = now + policy.delay(afterFailures: record.failures)
+        try store.setMetadata(LockoutRecord.recordKey, record.encoded(secret: secret))
+    }
+
+    func resetFailures() throws(KeychainError) {
+        guard try lockoutRecord() != LockoutRecord() else { return }
+        try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+    }
+}

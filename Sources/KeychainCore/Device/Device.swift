@@ -1,0 +1,261 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The simulated device of one keychain: the lock state machine and the class
+/// keys. It boots locked and before first unlock; only the `always` keys are
+/// in memory until a passcode unwraps the others. Locking drops the
+/// `whenUnlocked` keys, so availability is the presence of a key, not a flag.
+///
+/// One Device per keychain at a time, across processes: it holds an exclusive
+/// `flock` on the keychain's lock file until it is deinitialised.
+public final class Device: Sendable {
+    /// The keychain's files.
+    public let directory: KeychainDirectory
+    let store: ItemStore
+    let secret: DeviceSecret
+    let lockFile: Int32
+    let policy: LockoutPolicy
+    let clock: @Sendable () -> Int64
+    /// The wrapped class keys; a passcode change replaces it.
+    let currentKeybag: Mutex<Keybag>
+    var keybag: Keybag { currentKeybag.withLock { $0 } }
+    /// Every item access, denial, lock, unlock, grant and revoke.
+    public let audit: AuditLog
+    /// The groups' entitlement policies, as last stored.
+    let entitlements: Mutex<EntitlementPolicy>
+
+    struct State {
+        var keys: [ProtectionClass: GuardedKey] = [:]
+        var isLocked = true
+        var hasUnlockedSinceBoot = false
+        /// Bumped on every lock, so that work begun before a lock can tell.
+        var epoch: UInt64 = 0
+        var observers: [Int: @Sendable (DeviceEvent) -> Void] = [:]
+        var nextObserver = 0
+    }
+    let state = Mutex(State())
+    /// Auto-lock: seconds without an item access before the device locks
+    /// (0: never) and the grace between `will-lock` and the lock.
+    let autoLockSettings = Mutex<(after: Int, grace: Int)>((0, 10))
+    /// When an item was last read or written (or the device unlocked), monotonic ms.
+    let lastAccess = Atomic<Int64>(0)
+    /// Started with the first auto-lock setting; woken when the settings or the lock state change.
+    let autoLockThread = Mutex<WakeableThread?>(nil)
+    /// Held across one unlock attempt: the lockout check, the derivation and
+    /// the record of its outcome are one step, so concurrent attempts cannot
+    /// all pass the check before any failure is counted.
+    let unlockAttempt = Mutex(())
+
+    /// Boots the device of an existing keychain: locked, before first unlock.
+    /// - Parameters:
+    ///   - policy: lockout delays after wrong passcodes.
+    ///   - clock: wall-clock seconds; the lockout deadline is persisted in it,
+    ///     so that restarting the process does not reset it.
+    public init(directory: KeychainDirectory, policy: LockoutPolicy = .iOS,
+                clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) }) throws(KeychainError) {
+        Sodium.ensureInitialized()
+        guard directory.exists else { throw .noSuchKeychain }
+        if let problem = directory.permissionProblem() {
+            Diagnostics.log(problem)
+            throw .insecurePermissions
+        }
+        let fd = try Self.takeKeychainLock(directory)
+        do throws(KeychainError) {
+            let secret = DeviceSecret(secret: try directory.readDeviceSecret())
+            let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
+            let records = try BootRecords(store: store, secret: secret)
+            audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: records.auditAnchor)
+            var keys: [ProtectionClass: GuardedKey] = [:]
+            for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
+                keys[protectionClass] = try records.keybag.unwrap(protectionClass, secret: secret, passcodeKey: nil)
+            }
+            self.store = store
+            self.secret = secret
+            self.currentKeybag = Mutex(records.keybag)
+            self.entitlements = Mutex(records.entitlements)
+            self.directory = directory
+            self.lockFile = fd
+            self.policy = policy
+            self.clock = clock
+            state.withLock { $0.keys = keys }
+            store.onChange { [weak self] change in self?.notify(.changed(change)) }
+            // Reading it now reports a tampered lockout record at boot.
+            _ = try lockoutRecord()
+            try store.startWriteAheadLog()
+        } catch {
+            close(fd)
+            throw error
+        }
+    }
+
+    /// One device per keychain across processes: an exclusive `flock` on
+    /// its lock file, held until the device is deinitialised.
+    private static func takeKeychainLock(_ directory: KeychainDirectory) throws(KeychainError) -> Int32 {
+        let fd = open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw fileFailure("open", directory.lockFilePath) }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            close(fd)
+            throw .keychainInUse
+        }
+        return fd
+    }
+
+    deinit {
+        // Closing the descriptor releases the flock: the keychain is free.
+        close(lockFile)
+    }
+
+    // MARK: Status
+
+    /// The current lock state and lockout.
+    public var status: DeviceStatus {
+        let record = (try? lockoutRecord()) ?? LockoutRecord()
+        return state.withLock { state in
+            DeviceStatus(isLocked: state.isLocked, hasUnlockedSinceBoot: state.hasUnlockedSinceBoot,
+                         retryAfter: max(0, record.deadline - clock()), failedAttempts: record.failures,
+                         hasPasscode: keybag.hasPasscode)
+        }
+    }
+
+    /// Whether the `whenUnlocked` keys are absent.
+    public var isLocked: Bool { state.withLock { $0.isLocked } }
+
+    // MARK: Lock and unlock
+
+    /// Unlocks with `passcode` (nil for a keychain without one).
+    /// Throws ``KeychainError/authFailed`` for a wrong passcode and, without
+    /// trying the passcode, while a lockout from earlier failures lasts.
+    /// `subject` is who asked, for the audit log.
+    public func unlock(passcode: SecureBytes?, by subject: AuditSubject? = nil) throws(KeychainError) {
+        try audited("unlock", by: subject) { () throws(KeychainError) in try unlockKeys(passcode: passcode) }
+        notify(.unlocked)
+    }
+
+    func unlockKeys(passcode: SecureBytes?) throws(KeychainError) {
+        try unlockAttempt.withLock { _ throws(KeychainError) in
+            let now = clock()
+            if try lockoutRecord().deadline > now { throw .authFailed }
+            let unwrapped: [ProtectionClass: GuardedKey]
+            do throws(KeychainError) {
+                unwrapped = try unwrapPasscodeClasses(passcode)
+            } catch .decode, .authFailed {
+                // The keybag record is authenticated at boot, so a key that does
+                // not unwrap means the passcode was wrong.
+                try recordFailure(now: now)
+                throw .authFailed
+            }
+            try resetFailures()
+            state.withLock { state in
+                state.keys.merge(unwrapped) { _, new in new }
+                state.isLocked = false
+                state.hasUnlockedSinceBoot = true
+            }
+        }
+        noteAccess()
+        wakeAutoLock()
+    }
+
+    /// Locks: drops the `whenUnlocked` class keys (the `afterFirstUnlock`
+    /// keys stay until the process ends, as on iOS).
+    public func lock(by subject: AuditSubject? = nil) {
+        // `lock` has no grace: the notice comes right before the lock.
+        notify(.willLock(grace: 0))
+        lockNow(by: subject, detail: nil)
+    }
+
+    func lockNow(by subject: AuditSubject?, detail: String?) {
+        audit.record(AuditEvent(operation: "lock", result: "ok", subject: subject, detail: detail))
+        saveAuditAnchor()
+        state.withLock { state in
+            for protectionClass in ProtectionClass.allCases where protectionClass.mode == .whenUnlocked {
+                state.keys[protectionClass] = nil
+            }
+            state.isLocked = true
+            state.epoch &+= 1
+        }
+        notify(.locked)
+    }
+
+    // MARK: Observers
+
+    /// Calls `handler` after every lock and unlock and after every committed
+    /// change of the store (on the thread that made it, which may hold the
+    /// caller's locks: a handler must not wait for other requests); returns
+    /// a token for ``removeObserver(_:)``.
+    @discardableResult
+    public func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int {
+        state.withLock { state in
+            state.nextObserver += 1
+            state.observers[state.nextObserver] = handler
+            return state.nextObserver
+        }
+    }
+
+    /// Stops calling an observer.
+    public func removeObserver(_ token: Int) {
+        _ = state.withLock { $0.observers.removeValue(forKey: token) }
+    }
+
+    func notify(_ event: DeviceEvent) {
+        let observers = state.withLock { Array($0.observers.values) }
+        for observer in observers { observer(event) }
+    }
+
+    // MARK: Keys for the item layer
+
+    /// The class key, or ``KeychainError/interactionNotAllowed`` when the
+    /// device state has not made it available.
+    func classKey(_ protectionClass: ProtectionClass) throws(KeychainError) -> GuardedKey {
+        guard let key = state.withLock({ $0.keys[protectionClass] }) else { throw .interactionNotAllowed }
+        noteAccess()
+        return key
+    }
+
+    /// Whether the key of `protectionClass` is in memory now (reads and writes of its items can work).
+    public func isAvailable(_ protectionClass: ProtectionClass) -> Bool {
+        state.withLock { $0.keys[protectionClass] != nil }
+    }
+
+    /// Whether the keys of both classes (nil: none needed) are in memory,
+    /// under one lock: a descriptor checks this on every read and write.
+    public func areAvailable(_ first: ProtectionClass?, _ second: ProtectionClass?) -> Bool {
+        state.withLock { state in
+            (first.map { state.keys[$0] != nil } ?? true) && (second.map { state.keys[$0] != nil } ?? true)
+        }
+    }
+
+    /// A counter bumped by every lock: work that read it before may keep
+    /// plaintext only if it is unchanged after.
+    var lockEpoch: UInt64 { state.withLock { $0.epoch } }
+
+    /// Keeps the audit log's newest line in the keychain, so that a log cut
+    /// short of it is detected (``AuditLog/verify(directory:)``).
+    func saveAuditAnchor() {
+        do throws(KeychainError) {
+            try store.setMetadata(AuditLog.anchorKey, audit.head.encoded(secret: secret))
+        } catch {
+            Diagnostics.log("could not record the audit log's newest line in the keychain: \(error)")
+        }
+    }
+
+    /// Makes every acknowledged write durable against power loss.
+    public func sync() throws(KeychainError) {
+        try store.sync()
+    }
+
+    /// For a process about to exit: moves every commit into the database
+    /// file and removes the write-ahead log, so that the keychain at rest is
+    /// one file that can be copied alone. The device stays usable (later
+    /// writes use a rollback journal).
+    public func shutDown() {
+        saveAuditAnchor()
+        do throws(KeychainError) {
+            try store.closeLog()
+        } catch {
+            Diagnostics.log("could not fold the write-ahead log into the keychain: \(error)")
+        }
+    }
+}
+

@@ -1,0 +1,53 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The process behind a request (FUSE names the calling thread, a socket
+/// its peer). The kernel names the calling thread;
+/// its process (thread group) is read from `/proc` only when needed.
+package struct ProcessIdentity: Sendable, Equatable {
+    package let thread: pid_t
+    /// The uid the kernel ran the request as.
+    package var uid: uid_t
+
+    package init(thread: pid_t, uid: uid_t) {
+        self.thread = thread
+        self.uid = uid
+    }
+
+    /// The process a thread belongs to (itself if /proc cannot tell).
+    package var process: pid_t {
+        let fd = ProgramIdentities.withProcPath(thread, "status") { open($0, O_RDONLY | O_CLOEXEC) }
+        guard fd >= 0 else { return thread }
+        defer { close(fd) }
+        // The `Tgid:` line is among the first few (proc(5)); read bytes, not Strings: this runs per audited request.
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { buffer in
+            let count = read(fd, buffer.baseAddress, buffer.count)
+            guard count > 0 else { return thread }
+            let bytes = UnsafeBufferPointer(rebasing: buffer[0..<count])
+            let key = Array("\nTgid:".utf8)
+            guard var index = (0...max(0, count - key.count)).first(where: { start in
+                (0..<key.count).allSatisfy { bytes[start + $0] == key[$0] }
+            }).map({ $0 + key.count }) else { return thread }
+            var value: pid_t = 0
+            while index < count, bytes[index] == UInt8(ascii: "\t") || bytes[index] == UInt8(ascii: " ") { index += 1 }
+            while index < count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) {
+                value = value * 10 + pid_t(bytes[index] - UInt8(ascii: "0"))
+                index += 1
+            }
+            return value > 0 ? value : thread
+        }
+    }
+
+    /// The program making the request, for entitlement decisions.
+    package var program: ProgramIdentity? { ProgramIdentities.of(thread: thread, uid: uid) }
+
+    /// Who made the request, for the audit log.
+    package var auditSubject: AuditSubject { ProgramIdentities.subject(thread: thread, uid: uid) }
+
+    /// Whether two requests came from the same process.
+    package func sameProcess(as other: ProcessIdentity) -> Bool {
+        thread == other.thread || process == other.process
+    }
+}
+

@@ -1,0 +1,52 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension Device {
+    /// `grant`, `revoke` and `policy`, for the device's socket and for a
+    /// keychain that no device holds (the command line then boots one).
+    public func answer(policyRequest request: DeviceRequest, by subject: AuditSubject?) -> DeviceReply {
+        let device = self
+        do throws(KeychainError) {
+            switch request {
+            case .grant(let group, let executable, let unit, let uid, let passcode):
+                guard let program = ProgramIdentities.executable(at: executable) else {
+                    return .systemError(ENOENT, "cannot read the executable \(executable) (it must be a regular file the device can read)")
+                }
+                let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid)
+                try device.grant(rule, toGroup: group, passcode: passcode, by: subject)
+                return .ok([rule.executable, rule.digestHex])
+            case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
+                // A binary removed since it was granted is named as it was.
+                let resolved = executable.map { path in realpath(path, nil).map { String(cString: $0, freeing: true) } ?? path }
+                let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all,
+                                              passcode: passcode, by: subject)
+                return .ok([String(count)])
+            case .policy(let group):
+                let policies = device.entitlementPolicies
+                if let group, policies[group] == nil { return .ok([]) }
+                let groups = group.map { [$0] } ?? policies.keys.sorted()
+                return .ok(groups.flatMap { group in
+                    let rules = policies[group] ?? []
+                    // A policy without rules admits no program: shown as a group with an empty rule.
+                    if rules.isEmpty { return [group, "", "", "", ""] }
+                    return rules.flatMap { rule in
+                        [group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? ""]
+                    }
+                })
+            default:
+                throw .param
+            }
+        } catch {
+            return .keychainError(error, error.description)
+        }
+    }
+}
+
+extension String {
+    /// A C string malloc'd by the callee (realpath), freed once copied.
+    init(cString pointer: UnsafeMutablePointer<CChar>, freeing: Bool) {
+        self.init(cString: pointer)
+        if freeing { free(pointer) }
+    }
+}

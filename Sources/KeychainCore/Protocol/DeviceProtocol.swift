@@ -1,0 +1,115 @@
+/// The device's request/reply protocol on its UNIX socket (docs/PROTOCOL.md):
+/// one request and one reply per connection, each a frame
+/// `length u32 LE | body`, the body `version u8 | kind u8 | code i32 LE |
+/// fields`, each field `length u32 LE | bytes`. Requests carry the operation
+/// in `kind` (code 0); replies carry the outcome (0 ok, 1 a core error whose
+/// OSStatus is `code`, 2 a system error whose errno is `code`) and, for
+/// errors, a sentence for the user as their first field.
+///
+/// Frames may carry passcodes: they are read into and built in secret memory
+/// (``SecureBytes``, wiped on release), and a passcode field is copied
+/// straight into its own ``SecureBytes``, never into a String.
+public enum DeviceProtocol {
+    /// The protocol version this build speaks.
+    public static let version: UInt8 = 1
+    /// The largest frame body accepted: a whole value and its names.
+    public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
+}
+
+/// One field of a frame being built.
+enum FrameField {
+    case text(String)
+    case optionalText(String?)
+    case optionalSecret(SecureBytes?)
+
+    /// `length | body` in secret memory.
+    static func frame(kind: UInt8, code: Int32, _ fields: [FrameField]) throws(KeychainError) -> SecureBytes {
+        let buffer = SecureBuffer()
+        // Array.withUnsafeBytes only rethrows untyped errors: carry ours out.
+        func append(_ bytes: [UInt8]) throws(KeychainError) {
+            var failure: KeychainError?
+            bytes.withUnsafeBytes { raw in
+                do throws(KeychainError) { try buffer.append(raw) } catch { failure = error }
+            }
+            if let failure { throw failure }
+        }
+        func appendLength(_ count: Int) throws(KeychainError) { try append(withUnsafeBytes(of: UInt32(count).littleEndian, Array.init)) }
+        try append([DeviceProtocol.version, kind])
+        try append(withUnsafeBytes(of: code.littleEndian, Array.init))
+        for field in fields {
+            switch field {
+            case .text(let text):
+                try appendLength(text.utf8.count)
+                try append(Array(text.utf8))
+            case .optionalText(let text):
+                try append([text == nil ? 0 : 1])
+                try appendLength(text?.utf8.count ?? 0)
+                try append(Array((text ?? "").utf8))
+            case .optionalSecret(let secret):
+                try append([secret == nil ? 0 : 1])
+                try appendLength(secret?.count ?? 0)
+                if let secret { try secret.withUnsafeBytes { (raw) throws(KeychainError) in try buffer.append(raw) } }
+            }
+        }
+        let body = buffer.count
+        guard body <= DeviceProtocol.maximumBody else { throw .param }
+        let frame = try SecureBytes(count: 4 + body)
+        frame.mutableBytes.storeBytes(of: UInt32(body).littleEndian, toByteOffset: 0, as: UInt32.self)
+        buffer.withBytes(from: 0, length: body) { UnsafeMutableRawBufferPointer(rebasing: frame.mutableBytes[4...]).copyMemory(from: $0) }
+        buffer.wipe()
+        return frame
+    }
+}
+
+/// The fields of a frame body: `length u32 LE | bytes` each.
+extension ByteReader where Bytes == UnsafeRawBufferPointer {
+    /// A reader of a frame body; ``KeychainError/param`` for anything malformed.
+    init(frame body: UnsafeRawBufferPointer) { self.init(body, malformed: .param) }
+
+    private mutating func field() throws(KeychainError) -> UnsafeRawBufferPointer {
+        UnsafeRawBufferPointer(rebasing: try take(Int(try readUInt32())))
+    }
+
+    /// UTF-8 without NUL: texts are paths and names, and a C string ends at a NUL.
+    mutating func text() throws(KeychainError) -> String {
+        let bytes = try field()
+        guard !bytes.contains(0), let text = String(validating: bytes, as: UTF8.self) else { throw malformed }
+        return text
+    }
+
+    mutating func optionalText() throws(KeychainError) -> String? {
+        let present = try readByte()
+        let text = try text()
+        guard present <= 1, present == 1 || text.isEmpty else { throw malformed }
+        return present == 1 ? text : nil
+    }
+
+    mutating func optionalSecret() throws(KeychainError) -> SecureBytes? {
+        let present = try readByte()
+        let secret = try field()
+        guard present <= 1, present == 1 || secret.isEmpty else { throw malformed }
+        return present == 1 ? try SecureBytes(copying: secret) : nil
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension DeviceProtocol {
+    /// Reads one frame from `fd` and returns its body, in secret memory; nil
+    /// when the peer sent no whole frame (it closed, its deadline passed) or
+    /// announced a body over ``maximumBody``.
+    public static func receive(from fd: Int32) -> SecureBytes? {
+        var length = [UInt8](repeating: 0, count: 4)
+        guard length.withUnsafeMutableBytes({ (try? Descriptor.readExactly(fd, into: $0)) == true }) else { return nil }
+        let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
+        guard count <= maximumBody, let body = try? SecureBytes(count: count) else { return nil }
+        return (try? Descriptor.readExactly(fd, into: body.mutableBytes)) == true ? body : nil
+    }
+
+    /// Writes a whole frame; false on an error.
+    public static func send(_ frame: SecureBytes, to fd: Int32) -> Bool {
+        frame.withUnsafeBytes { (try? Descriptor.writeAll(fd, $0)) != nil }
+    }
+}
