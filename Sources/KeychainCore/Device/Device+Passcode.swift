@@ -7,7 +7,7 @@ import Glibc
 extension Device {
     /// Runs `body` and records its outcome in the audit log.
     func audited<R>(_ operation: String, group: String? = nil, detail: String? = nil, by subject: AuditSubject?,
-                            _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+                    _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
         do throws(KeychainError) {
             let result = try body()
             audit.record(AuditEvent(operation: operation, result: "ok", group: group, subject: subject, detail: detail))
@@ -28,40 +28,46 @@ extension Device {
     /// a crash at any point, either the old or the new passcode works.
     public func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
         if let new, new.count == 0 { throw .param }
-        try unlockAttempt.withLock { _ throws(KeychainError) in
-            let now = clock()
-            if try lockoutRecord().deadline > now { throw .authFailed }
+        try passcodeAttempt({ () throws(KeychainError) -> Keybag in
             let bag = keybag, secret = secret
-            let changed: Keybag
-            do throws(KeychainError) {
-                changed = try SecretThread.run { () throws(KeychainError) -> Keybag in
-                    try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new)
-                }
-            } catch .decode, .authFailed {
-                try recordFailure(now: now)
-                throw .authFailed
+            return try SecretThread.run { () throws(KeychainError) -> Keybag in
+                try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new)
             }
-            try resetFailures()
+        }, then: { (changed) throws(KeychainError) in
             try store.setMetadata(Keybag.recordKey, changed.encoded(secret: secret))
             currentKeybag.withLock { $0 = changed }
-        }
+        })
     }
 
     /// Runs `body` if `passcode` is the keychain's (nil for one without a
     /// passcode): a wrong one is a failed attempt like a wrong unlock
     /// (``KeychainError/authFailed``, counted, refused during a lockout).
     func withPasscode<R>(_ passcode: SecureBytes?, _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+        try passcodeAttempt({ () throws(KeychainError) in _ = try unwrapPasscodeClasses(passcode) },
+                            then: { _ throws(KeychainError) -> R in try body() })
+    }
+
+    /// One attempt with a passcode (unlock, passcode change, grant, revoke):
+    /// refused without trying while a lockout from earlier failures lasts;
+    /// `derive` uses the passcode, and its failure to unwrap a key is a
+    /// wrong passcode (the keybag record is authenticated at boot), counted
+    /// towards the lockout; then `body` gets what `derive` made. All of it
+    /// under `unlockAttempt`, so that concurrent attempts cannot all pass
+    /// the check before any failure is counted.
+    func passcodeAttempt<Derived, R>(_ derive: () throws(KeychainError) -> Derived,
+                                     then body: (Derived) throws(KeychainError) -> R) throws(KeychainError) -> R {
         try unlockAttempt.withLock { _ throws(KeychainError) -> R in
             let now = clock()
             if try lockoutRecord().deadline > now { throw .authFailed }
+            let derived: Derived
             do throws(KeychainError) {
-                _ = try unwrapPasscodeClasses(passcode)
+                derived = try derive()
             } catch .decode, .authFailed {
                 try recordFailure(now: now)
                 throw .authFailed
             }
             try resetFailures()
-            return try body()
+            return try body(derived)
         }
     }
 

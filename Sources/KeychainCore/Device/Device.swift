@@ -134,25 +134,14 @@ public final class Device: Sendable {
     }
 
     func unlockKeys(passcode: SecureBytes?) throws(KeychainError) {
-        try unlockAttempt.withLock { _ throws(KeychainError) in
-            let now = clock()
-            if try lockoutRecord().deadline > now { throw .authFailed }
-            let unwrapped: [ProtectionClass: GuardedKey]
-            do throws(KeychainError) {
-                unwrapped = try unwrapPasscodeClasses(passcode)
-            } catch .decode, .authFailed {
-                // The keybag record is authenticated at boot, so a key that does
-                // not unwrap means the passcode was wrong.
-                try recordFailure(now: now)
-                throw .authFailed
-            }
-            try resetFailures()
+        try passcodeAttempt({ () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
+                            then: { (unwrapped) throws(KeychainError) in
             state.withLock { state in
                 state.keys.merge(unwrapped) { _, new in new }
                 state.isLocked = false
                 state.hasUnlockedSinceBoot = true
             }
-        }
+        })
         noteAccess()
         wakeAutoLock()
     }

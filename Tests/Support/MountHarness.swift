@@ -1,32 +1,29 @@
-import KeychainCore
 import Foundation
-import KeychainFS
-import TestSupport
-import Testing
+import KeychainCore
 
 /// What a shell command did.
-struct ShellResult: CustomStringConvertible {
-    var status: Int32
-    var stdout: String
-    var stderr: String
-    var succeeded: Bool { status == 0 }
-    var description: String { "status \(status), stdout \(stdout.debugDescription), stderr \(stderr.debugDescription)" }
+package struct ShellResult: CustomStringConvertible {
+    package var status: Int32
+    package var stdout: String
+    package var stderr: String
+    package var succeeded: Bool { status == 0 }
+    package var description: String { "status \(status), stdout \(stdout.debugDescription), stderr \(stderr.debugDescription)" }
 }
 
 /// A keychain in a temporary directory with its own runtime directory, the
 /// `keychainfs` binary to drive it, and the mounts a test made, all of which
 /// are unmounted (lazily if need be) and whose device is killed if it is
 /// still alive when the test ends, passed or failed.
-final class MountHarness: @unchecked Sendable {
-    static let passcode = "1234"
+package final class MountHarness: @unchecked Sendable {
+    package static let passcode = "1234"
 
-    let root: String
-    let keychain: String
-    let runtime: String
-    let binary: String
-    private(set) var mountpoints: [String] = []
+    package let root: String
+    package let keychain: String
+    package let runtime: String
+    package let binary: String
+    package private(set) var mountpoints: [String] = []
 
-    init(passcode: String? = MountHarness.passcode) throws {
+    package init(passcode: String? = MountHarness.passcode) throws {
         var template = Array((NSTemporaryDirectory() + "kcfs-fs-XXXXXX").utf8CString)
         guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
         root = String(validatingCString: made)!
@@ -62,7 +59,7 @@ final class MountHarness: @unchecked Sendable {
     }
 
     /// A new keychain mounted whole and unlocked, for tests that start there.
-    static func unlockedMount() throws -> (MountHarness, String) {
+    package static func unlockedMount() throws -> (MountHarness, String) {
         let harness = try MountHarness()
         let mountpoint = try harness.mount()
         try harness.unlock(mountpoint)
@@ -71,7 +68,7 @@ final class MountHarness: @unchecked Sendable {
 
     /// Mounts (detached, as a user would) at `root/name`; returns the path.
     @discardableResult
-    func mount(_ name: String = "mnt", group: String? = nil) throws -> String {
+    package func mount(_ name: String = "mnt", group: String? = nil) throws -> String {
         let mountpoint = try prepareMountpoint(name)
         let result = sh("\"$K\" mount \"$1\" --keychain \"$KC\"" + (group.map { " --group '\($0)'" } ?? ""),
                         arguments: [mountpoint])
@@ -80,7 +77,7 @@ final class MountHarness: @unchecked Sendable {
     }
 
     /// An empty directory for a mount, remembered for the teardown.
-    func prepareMountpoint(_ name: String) throws -> String {
+    package func prepareMountpoint(_ name: String) throws -> String {
         let mountpoint = root + "/" + name
         try? FileManager.default.createDirectory(atPath: mountpoint, withIntermediateDirectories: true)
         if !mountpoints.contains(mountpoint) { mountpoints.append(mountpoint) }
@@ -89,7 +86,7 @@ final class MountHarness: @unchecked Sendable {
 
     /// Starts `keychainfs mount --foreground` as a child process (the device);
     /// returns its pid once the mount is ready.
-    func mountForeground(_ name: String = "mnt", environment extra: [String] = []) throws -> pid_t {
+    package func mountForeground(_ name: String = "mnt", environment extra: [String] = []) throws -> pid_t {
         let mountpoint = try prepareMountpoint(name)
         var ends: [Int32] = [0, 0]
         guard pipe(&ends) == 0 else { throw POSIXError(.EIO) }
@@ -113,7 +110,7 @@ final class MountHarness: @unchecked Sendable {
         return pid
     }
 
-    func environment() -> [String] {
+    package func environment() -> [String] {
         var environment = ProcessInfo.processInfo.environment
         environment["XDG_RUNTIME_DIR"] = runtime
         environment["K"] = binary
@@ -125,7 +122,7 @@ final class MountHarness: @unchecked Sendable {
 
     /// Runs a shell script (under `timeout`, so a hung filesystem fails the
     /// test instead of hanging it) with `$K`, `$KC`, `$R` set and `$1...` = arguments.
-    func sh(_ script: String, arguments: [String] = [], stdin: String? = nil) -> ShellResult {
+    package func sh(_ script: String, arguments: [String] = [], stdin: String? = nil) -> ShellResult {
         let id = UUID().uuidString
         let input = root + "/.in-" + id, output = root + "/.out-" + id, errors = root + "/.err-" + id
         _ = FileManager.default.createFile(atPath: input, contents: Data((stdin ?? "").utf8))
@@ -142,17 +139,17 @@ final class MountHarness: @unchecked Sendable {
                            stderr: (try? String(contentsOfFile: errors, encoding: .utf8)) ?? "")
     }
 
-    func unlock(_ mountpoint: String, passcode: String = MountHarness.passcode) throws {
+    package func unlock(_ mountpoint: String, passcode: String = MountHarness.passcode) throws {
         let result = sh("\"$K\" unlock \"$1\"", arguments: [mountpoint], stdin: passcode + "\n")
         guard result.succeeded else { throw HarnessError("unlock failed: \(result)") }
     }
 
-    func control(_ mountpoint: String, _ command: String) -> ShellResult {
+    package func control(_ mountpoint: String, _ command: String) -> ShellResult {
         // coreutils printf, whose error names the errno (dash's builtin says "I/O error").
         sh("/usr/bin/printf '%s\\n' \"$2\" > \"$1/.control\"", arguments: [mountpoint, command])
     }
 
-    func status(_ mountpoint: String) -> [String: String] {
+    package func status(_ mountpoint: String) -> [String: String] {
         var status: [String: String] = [:]
         let text = (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
         for line in text.split(separator: "\n") {
@@ -162,12 +159,12 @@ final class MountHarness: @unchecked Sendable {
         return status
     }
 
-    func isMounted(_ mountpoint: String) -> Bool {
+    package func isMounted(_ mountpoint: String) -> Bool {
         let mounts = (try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? ""
         return mounts.split(separator: "\n").contains { $0.split(separator: " ").dropFirst().first.map(String.init) == mountpoint }
     }
 
-    static func devicePid(_ mountpoint: String) -> pid_t? {
+    package static func devicePid(_ mountpoint: String) -> pid_t? {
         let text = (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
         for line in text.split(separator: "\n") where line.hasPrefix("pid: ") {
             return pid_t(line.dropFirst(5))
@@ -176,14 +173,14 @@ final class MountHarness: @unchecked Sendable {
     }
 }
 
-struct HarnessError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
+package struct HarnessError: Error, CustomStringConvertible {
+    package let description: String
+    package init(_ description: String) { self.description = description }
 }
 
 
 /// errno of one write(2) of `bytes` to `path` (0 when all were written).
-func writeErrno(_ path: String, _ bytes: String) -> Int32 {
+package func writeErrno(_ path: String, _ bytes: String) -> Int32 {
     let fd = open(path, O_WRONLY)
     if fd < 0 { return errno }
     defer { close(fd) }
@@ -192,7 +189,7 @@ func writeErrno(_ path: String, _ bytes: String) -> Int32 {
 }
 
 /// errno of an open(2) of `path` with `flags` (0 when it succeeded).
-func openErrno(_ path: String, _ flags: Int32) -> Int32 {
+package func openErrno(_ path: String, _ flags: Int32) -> Int32 {
     let fd = open(path, flags, 0o600)
     if fd < 0 { return errno }
     close(fd)
@@ -201,7 +198,7 @@ func openErrno(_ path: String, _ flags: Int32) -> Int32 {
 
 /// Whether `pid` is a live process: a zombie (exited, not reaped yet by
 /// whoever inherited the detached device) counts as gone.
-func isRunning(_ pid: pid_t) -> Bool {
+package func isRunning(_ pid: pid_t) -> Bool {
     guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
           let close = stat.lastIndex(of: ")") else { return false }
     return stat[stat.index(close, offsetBy: 2)] != "Z"
@@ -209,12 +206,12 @@ func isRunning(_ pid: pid_t) -> Bool {
 
 /// A libc function that Swift's Glibc module does not import (declared
 /// only with _GNU_SOURCE, or in headers it leaves out), found at run time.
-func libcFunction<Function>(_ name: String, as type: Function.Type) -> Function {
+package func libcFunction<Function>(_ name: String, as type: Function.Type) -> Function {
     guard let symbol = dlsym(nil, name) else { fatalError("libc has no \(name)") }
     return unsafeBitCast(symbol, to: type)
 }
 
 /// renameat2(2) with its flags.
-let renameat2 = libcFunction("renameat2", as: (@convention(c) (Int32, UnsafePointer<CChar>, Int32, UnsafePointer<CChar>, UInt32) -> Int32).self)
+package let renameat2 = libcFunction("renameat2", as: (@convention(c) (Int32, UnsafePointer<CChar>, Int32, UnsafePointer<CChar>, UInt32) -> Int32).self)
 /// setxattr(2) with its flags (`XATTR_CREATE` 1, `XATTR_REPLACE` 2).
-let setxattr = libcFunction("setxattr", as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeRawPointer, Int, Int32) -> Int32).self)
+package let setxattr = libcFunction("setxattr", as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeRawPointer, Int, Int32) -> Int32).self)
