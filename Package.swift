@@ -30,14 +30,21 @@ let package = Package(
         // harness when built by scripts/fuzz, a replayer of inputs otherwise.
         // Debug builds only (it reaches internals through @testable).
         .executableTarget(name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS"]),
-        // Helpers both test targets use (scanning a process's memory for secrets).
-        .target(name: "TestSupport", path: "Tests/Support"),
+        // What the test targets share: the mount harness (a keychain, its
+        // device and mounts, torn down whatever happens), fixtures, memory scans.
+        .target(name: "TestSupport", dependencies: ["KeychainCore"], path: "Tests/Support"),
+        // Unit tests of the core: no kernel, no process of ours.
         .testTarget(
             name: "KeychainCoreTests",
             dependencies: ["KeychainCore", "TestSupport"],
             resources: [.copy("Fixtures")]
         ),
-        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
+        // Unit tests of the FUSE driver's own structures: no kernel.
+        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
+        // A real device: mounts, the device process, the library as its client.
+        .testTarget(name: "MountTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
+        // The keychainfs command as a user runs it: output, exit statuses, helpers.
+        .testTarget(name: "CommandLineTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -6,17 +6,15 @@ import TestSupport
 /// `keychainfs log`: what real processes did through real mounts and the
 /// socket, as the log shows it, and `--verify` against edits.
 @Suite struct AuditLogCommandTests {
-    let fixture = EntitlementTests()
-
     func log(_ harness: MountHarness, _ options: String = "") -> ShellResult {
         harness.sh("\"$K\" log --keychain \"$KC\" \(options)")
     }
 
     @Test func theLogShowsEveryAccessAndDenialAndDeviceEventWithTheProgramThatAsked() throws {
-        let (harness, mnt) = try fixture.prepared()
-        #expect(fixture.grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
-        #expect(fixture.run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
-        #expect(!fixture.run(harness, "other-cat", mnt + "/secure/token").succeeded)
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        #expect(!harness.run("other-cat", mnt + "/secure/token").succeeded)
         #expect(harness.control(mnt, "unlock not-the-passcode").stderr.contains("Permission denied"))
         #expect(harness.control(mnt, "lock").succeeded)
         try harness.unlock(mnt)
@@ -50,7 +48,7 @@ import TestSupport
     }
 
     @Test func verifyFindsAnEditedLineAndACutEnd() throws {
-        let (harness, mnt) = try fixture.prepared()
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
         #expect(readFile(mnt + "/default/open") == "open")
         #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
         #expect(log(harness, "--verify").succeeded)
@@ -65,7 +63,7 @@ import TestSupport
     /// `--follow` prints what is recorded from then on, as it happens
     /// (read through a FIFO: each read blocks until the line is there).
     @Test func followPrintsNewEventsAsTheyHappen() throws {
-        let (harness, mnt) = try fixture.prepared()
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
         let followed = harness.sh("""
             mkfifo "$R/events"
             "$K" log --follow --group secure --keychain "$KC" > "$R/events" & follower=$!

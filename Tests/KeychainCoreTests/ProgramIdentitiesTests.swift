@@ -1,5 +1,4 @@
-@testable import KeychainFS
-import KeychainCore
+@testable import KeychainCore
 import Testing
 #if canImport(Glibc)
 import Glibc

@@ -8,43 +8,21 @@ import TestSupport
 /// copy of `cat`, and one with a byte appended), the test process itself,
 /// the shell's tools and `keychainfs` as socket clients.
 @Suite struct EntitlementTests {
-    /// A mounted, unlocked keychain with `secure/token` and `default/open`,
-    /// and `$R/granted-cat` and `$R/other-cat`.
-    func prepared() throws -> (MountHarness, String) {
-        let (harness, mnt) = try MountHarness.unlockedMount()
-        let setup = harness.sh("""
-            mkdir "$1/secure" && printf s3cret > "$1/secure/token" && printf open > "$1/default/open" &&
-            cp /usr/bin/cat "$R/granted-cat" && cp /usr/bin/cat "$R/other-cat" && printf '\\0' >> "$R/other-cat"
-            """, arguments: [mnt])
-        guard setup.succeeded else { throw HarnessError("setup failed: \(setup)") }
-        return (harness, mnt)
-    }
-
-    func grant(_ harness: MountHarness, _ group: String, exe: String, options: String = "",
-               passcode: String = MountHarness.passcode) -> ShellResult {
-        harness.sh("\"$K\" grant \"$1\" --exe \"$2\" --keychain \"$KC\" \(options)", arguments: [group, exe],
-                   stdin: passcode + "\n")
-    }
-
-    func run(_ harness: MountHarness, _ program: String, _ path: String) -> ShellResult {
-        harness.sh("\"$R/\(program)\" \"$1\"", arguments: [path])
-    }
-
     @Test func onlyTheGrantedProgramUsesAPolicedGroupAndEveryOtherGetsEPERM() throws {
-        let (harness, mnt) = try prepared()
-        let granted = grant(harness, "secure", exe: harness.root + "/granted-cat")
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        let granted = harness.grant("secure", exe: harness.root + "/granted-cat")
         let digest = harness.sh("sha256sum \"$R/granted-cat\" | cut -d' ' -f1").stdout.dropLast()
         #expect(granted.succeeded && granted.stdout == "granted secure to \(harness.root)/granted-cat (sha256 \(digest))\n",
                 "\(granted)")
         #expect(harness.sh("\"$K\" policy --keychain \"$KC\"").stdout
                 == "secure \(harness.root)/granted-cat sha256=\(digest)\n")
 
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
-        let other = run(harness, "other-cat", mnt + "/secure/token")
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        let other = harness.run("other-cat", mnt + "/secure/token")
         #expect(!other.succeeded && other.stderr.contains("Operation not permitted"), "\(other)")
         // The unpoliced group stays readable by both, and by this process.
-        #expect(run(harness, "granted-cat", mnt + "/default/open").stdout == "open")
-        #expect(run(harness, "other-cat", mnt + "/default/open").stdout == "open")
+        #expect(harness.run("granted-cat", mnt + "/default/open").stdout == "open")
+        #expect(harness.run("other-cat", mnt + "/default/open").stdout == "open")
         #expect(readFile(mnt + "/default/open") == "open")
 
         // This test process is not entitled: EPERM, not EACCES (locked) nor
@@ -67,44 +45,44 @@ import TestSupport
             #expect(!result.succeeded && result.stderr.contains("Operation not permitted"), "\(tool): \(result)")
         }
         // Nothing changed, the group's name is still listed, `.control` is unaffected.
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
         #expect(harness.sh("ls \"$1\"", arguments: [mnt]).stdout == "default\nsecure\n")
         #expect(harness.status(mnt)["state"] == "unlocked")
     }
 
     @Test func lockedStaysEACCESForTheGrantedProgramWhileOthersGetEPERM() throws {
-        let (harness, mnt) = try prepared()
-        #expect(grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
         #expect(harness.control(mnt, "lock").succeeded)
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stderr.contains("Permission denied"))
-        #expect(run(harness, "other-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stderr.contains("Permission denied"))
+        #expect(harness.run("other-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
         try harness.unlock(mnt)
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
     }
 
     @Test func aBinaryReplacedOrMovedIsNoLongerTheGrantedProgram() throws {
-        let (harness, mnt) = try prepared()
-        #expect(grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
         // Rewritten in place with other content: same path, another hash.
         #expect(harness.sh("cat \"$R/other-cat\" > \"$R/granted-cat\"").succeeded)
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
         // The granted bytes again (a new inode and times): the same program.
         #expect(harness.sh("rm \"$R/granted-cat\" && cp /usr/bin/cat \"$R/granted-cat\"").succeeded)
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
         // The same bytes at another path: not the granted program.
         #expect(harness.sh("mv \"$R/granted-cat\" \"$R/moved-cat\"").succeeded)
-        #expect(run(harness, "moved-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
+        #expect(harness.run("moved-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
     }
 
     @Test func grantingNeedsThePasscodeAndABadGrantChangesNothing() throws {
-        let (harness, mnt) = try prepared()
-        let wrong = grant(harness, "secure", exe: harness.root + "/other-cat", passcode: "not-it")
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        let wrong = harness.grant("secure", exe: harness.root + "/other-cat", passcode: "not-it")
         #expect(wrong.status == 4 && wrong.stderr.contains("passcode is wrong"), "\(wrong)")
         #expect(harness.status(mnt)["failed-attempts"] == "1")
         let none = harness.sh("\"$K\" grant secure --exe \"$R/other-cat\" --keychain \"$KC\" < /dev/null")
         #expect(!none.succeeded && none.stderr.contains("no passcode given"), "\(none)")
-        let missing = grant(harness, "secure", exe: harness.root + "/no-such-program")
+        let missing = harness.grant("secure", exe: harness.root + "/no-such-program")
         #expect(!missing.succeeded && missing.stderr.contains("cannot read the executable"), "\(missing)")
         let noExe = harness.sh("\"$K\" grant secure --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
         #expect(noExe.status == 64, "\(noExe)")
@@ -115,23 +93,23 @@ import TestSupport
     /// Names and attributes that the kernel kept from before the grant
     /// (for up to 10 s and 600 s) must not let anyone in afterwards.
     @Test func aGrantTakesEffectAtOnceOnNamesAndAttributesTheKernelHolds() throws {
-        let (harness, mnt) = try prepared()
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
         var info = stat()
         #expect(readFile(mnt + "/secure/token") == "s3cret")
         // Last before the grant: a read makes the kernel ask for the
         // attributes again at the next stat (atime), a stat does not.
         #expect(stat(mnt + "/secure/token", &info) == 0 && info.st_size == 6)
-        #expect(grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
         #expect(stat(mnt + "/secure/token", &info) == -1 && errno == EPERM)
         #expect(openErrno(mnt + "/secure/token", O_RDONLY) == EPERM)
         // The granted program's own lookups are not cached for others either.
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
         #expect(stat(mnt + "/secure/token", &info) == -1 && errno == EPERM)
     }
 
     @Test func socketClientsAreCheckedAsTheProgramAtTheOtherEnd() throws {
-        let (harness, mnt) = try prepared()
-        #expect(grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
         for command in ["get secure/token", "set secure/token < /dev/null", "rm secure/token", "ls secure"] {
             let result = harness.sh("KEYCHAINFS_KEYCHAIN=\"$KC\" \"$K\" \(command)")
             #expect(result.status == 4 && result.stderr.contains("not entitled"), "\(command): \(result)")
@@ -139,14 +117,14 @@ import TestSupport
         #expect(harness.sh("\"$K\" ls --keychain \"$KC\"").stdout == "default\nsecure\n")
         #expect(harness.sh("\"$K\" get default/open --keychain \"$KC\"").stdout == "open")
         // Granting the command line itself lets it (and only it) in.
-        #expect(grant(harness, "secure", exe: harness.binary).succeeded)
+        #expect(harness.grant("secure", exe: harness.binary).succeeded)
         #expect(harness.sh("\"$K\" get secure/token --keychain \"$KC\"").stdout == "s3cret")
         #expect(openErrno(mnt + "/secure/token", O_RDONLY) == EPERM)
     }
 
     @Test func revokingTheLastRuleAdmitsNoProgramAndAllOpensTheGroupAgain() throws {
-        let (harness, mnt) = try prepared()
-        #expect(grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
         let absent = harness.sh("\"$K\" revoke secure --exe \"$R/other-cat\" --keychain \"$KC\"",
                                 stdin: MountHarness.passcode + "\n")
         #expect(absent.status == 2, "\(absent)")
@@ -154,17 +132,17 @@ import TestSupport
                                  stdin: MountHarness.passcode + "\n")
         #expect(revoked.stdout == "revoked 1 rule of secure\n", "\(revoked)")
         #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout == "secure (no program)\n")
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
         let opened = harness.sh("\"$K\" revoke secure --all --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
         #expect(opened.succeeded, "\(opened)")
-        #expect(run(harness, "other-cat", mnt + "/secure/token").stdout == "s3cret")
+        #expect(harness.run("other-cat", mnt + "/secure/token").stdout == "s3cret")
     }
 
     @Test func aGroupMountIsGuardedAtItsRootWhileItsControlFileIsNot() throws {
-        let (harness, _) = try prepared()
-        #expect(grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
+        let (harness, _) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
         let group = try harness.mount("group", group: "secure")
-        #expect(run(harness, "granted-cat", group + "/token").stdout == "s3cret")
+        #expect(harness.run("granted-cat", group + "/token").stdout == "s3cret")
         #expect(opendir(group) == nil && errno == EPERM)
         #expect(openErrno(group + "/token", O_RDONLY) == EPERM)
         #expect(harness.status(group)["state"] == "unlocked")
@@ -173,11 +151,11 @@ import TestSupport
     /// A rule with a unit admits the program only inside that systemd unit
     /// (its cgroup): here a scope made by hand in the cgroup2 hierarchy.
     @Test(.enabled(if: CgroupScope.isAvailable)) func aRuleWithAUnitAdmitsTheProgramOnlyInThatUnit() throws {
-        let (harness, mnt) = try prepared()
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
         let scope = try CgroupScope()
-        #expect(grant(harness, "secure", exe: harness.root + "/granted-cat", options: "--unit \(scope.name)").succeeded)
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat", options: "--unit \(scope.name)").succeeded)
         #expect(harness.sh("\"$K\" policy --keychain \"$KC\"").stdout.hasSuffix(" unit=\(scope.name)\n"))
-        #expect(run(harness, "granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
         let inside = harness.sh("echo $$ > \"$2/cgroup.procs\" && exec \"$R/granted-cat\" \"$1/secure/token\"",
                                 arguments: [mnt, scope.path])
         #expect(inside.stdout == "s3cret", "\(inside)")
@@ -186,28 +164,3 @@ import TestSupport
 
 /// getxattr(2), which Swift's Glibc module does not import.
 private let getxattr = libcFunction("getxattr", as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeMutableRawPointer?, Int) -> Int).self)
-
-/// A cgroup named like a systemd scope, removed when the test ends.
-struct CgroupScope: ~Copyable {
-    let name = "kcfs-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).scope"
-    let path: String
-
-    /// Where cgroup2 is mounted writable (pure v2, or a hybrid host's unified hierarchy).
-    static let hierarchy: String? = {
-        let mounts = (try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? ""
-        for line in mounts.split(separator: "\n") {
-            let fields = line.split(separator: " ").map(String.init)
-            guard fields.count > 3, fields[2] == "cgroup2", fields[3].hasPrefix("rw") else { continue }
-            if access(fields[1], W_OK) == 0 { return fields[1] }
-        }
-        return nil
-    }()
-    static var isAvailable: Bool { hierarchy != nil }
-
-    init() throws {
-        path = Self.hierarchy! + "/" + name
-        guard mkdir(path, 0o755) == 0 else { throw HarnessError("cannot create the cgroup \(path): errno \(errno)") }
-    }
-
-    deinit { rmdir(path) }
-}

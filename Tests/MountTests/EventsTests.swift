@@ -125,10 +125,9 @@ import TestSupport
     /// Item changes of a group with an entitlement policy reach only the
     /// programs it admits; lock state reaches everyone.
     @Test func itemChangesOfAPolicedGroupReachOnlyEntitledReaders() throws {
-        let fixture = EntitlementTests()
-        let (harness, mnt) = try fixture.prepared()
-        #expect(fixture.grant(harness, "secure", exe: harness.root + "/granted-cat").succeeded)
-        #expect(fixture.grant(harness, "secure", exe: harness.binary).succeeded)
+            let (harness, mnt) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
+        #expect(harness.grant("secure", exe: harness.binary).succeeded)
         let seen = harness.sh("""
             mkfifo "$R/entitled"
             "$R/granted-cat" "$1/.events" > "$R/entitled" & reader=$!
@@ -143,26 +142,5 @@ import TestSupport
             printf '%s|%s|%s\\n' "$entitled1" "$entitled2" "$other"
             """, arguments: [mnt])
         #expect(seen.stdout == "written\tsecure\ttoken|written\tdefault\topen|written\tdefault\topen\n", "\(seen)")
-    }
-}
-
-extension Thread {
-    /// Runs `body` on a new thread; `value()` waits for its result.
-    static func detachedResult<T: Sendable>(_ body: @escaping @Sendable () -> T) -> DetachedResult<T> {
-        let result = DetachedResult<T>()
-        Thread.detachNewThread { result.set(body()) }
-        return result
-    }
-}
-
-final class DetachedResult<T: Sendable>: @unchecked Sendable {
-    private let condition = NSCondition()
-    private var stored: T?
-    func set(_ value: T) { condition.lock(); stored = value; condition.broadcast(); condition.unlock() }
-    func value() -> T {
-        condition.lock()
-        defer { condition.unlock() }
-        while stored == nil { condition.wait() }
-        return stored!
     }
 }

@@ -1,6 +1,7 @@
 import KeychainCore
 import Foundation
 import Testing
+import TestSupport
 
 /// The kernel keeps names and attributes (issue 8: `ls -l` of a large group
 /// was a round trip per name). Every change is told to every mount, so what

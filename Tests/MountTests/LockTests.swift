@@ -1,6 +1,7 @@
 import KeychainCore
 import Foundation
 import Testing
+import TestSupport
 
 /// The lock as a user meets it through a real mount: EACCES, never ENOENT.
 @Suite struct LockTests {

@@ -1,6 +1,7 @@
 import KeychainCore
 import Foundation
 import Testing
+import TestSupport
 
 /// rm, mv, mkdir, rmdir and the operations a keychain does not offer.
 @Suite struct NamespaceTests {

@@ -1,6 +1,7 @@
 import KeychainCore
 import Foundation
 import Testing
+import TestSupport
 
 @Suite struct XattrTests {
     @Test func classAttributesReadWhileLockedAndSettingReEncrypts() throws {

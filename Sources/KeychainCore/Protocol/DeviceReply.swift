@@ -1,5 +1,5 @@
 /// The device's answer.
-public enum DeviceReply: Equatable {
+public enum DeviceReply: Equatable, Sendable {
     /// Done; `fields` are the operation's results.
     case ok([String])
     /// A core error, as the core threw it, with a sentence for the user.

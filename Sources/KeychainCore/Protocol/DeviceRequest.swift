@@ -1,5 +1,5 @@
 /// A request to the device.
-public enum DeviceRequest {
+public enum DeviceRequest: Equatable, Sendable {
     /// Is a device serving this socket?
     case ping
     /// Mount the keychain, or one group of it, at a mount point (absolute).
@@ -51,7 +51,8 @@ public enum DeviceRequest {
     /// each: group, executable, SHA-256 in hex, unit, uid (the last two empty when not set).
     case policy(group: String?)
 
-    private enum Operation: UInt8 {
+    /// The `kind` byte of each request.
+    enum Operation: UInt8, CaseIterable {
         case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19

@@ -1,0 +1,93 @@
+import Testing
+@testable import KeychainCore
+
+/// Every request and reply of the device's protocol survives its frame:
+/// what a client sends is what the device reads, field for field, and the
+/// other way round (docs/PROTOCOL.md).
+@Suite struct DeviceProtocolTests {
+    static func secret(_ text: String) -> SecureBytes { try! SecureBytes(text) }
+
+    /// One request of every kind, with every optional field both present
+    /// and absent somewhere, and distinct values in fields of one type (a
+    /// swapped pair would not survive).
+    static let requests: [DeviceRequest] = [
+        .ping,
+        .mount(group: nil, mountpoint: "/home/ada/kc"),
+        .mount(group: "TEAMID.shared", mountpoint: "/home/ada/shared"),
+        .unmount(mountpoint: "/home/ada/kc"),
+        .changePasscode(old: secret("1234"), new: secret("56789")),
+        .changePasscode(old: nil, new: nil),
+        .backup(path: "/tmp/a.kcbak", password: secret("backup pw")),
+        .restore(path: "/tmp/b.kcbak", password: secret("restore pw"), policy: .overwrite),
+        .restore(path: "/tmp/c.kcbak", password: secret("pw"), policy: .keep),
+        .get(group: "default", identifier: "github.com"),
+        .set(group: "git", identifier: "host", value: secret("v\u{0}alue\n"), protectionClass: .alwaysThisDeviceOnly,
+             condition: .ifAbsent),
+        .set(group: "default", identifier: "empty", value: secret(""), protectionClass: nil, condition: .always),
+        .remove(group: "default", identifier: "old"),
+        .list(group: nil),
+        .list(group: "default"),
+        .info(group: "default", identifier: "size"),
+        .setClass(group: "default", identifier: "k", protectionClass: .afterFirstUnlock),
+        .rename(group: "default", from: "a", to: "b", replacing: true),
+        .rename(group: "default", from: "b", to: "a", replacing: false),
+        .createGroup("new.group"),
+        .removeGroup("old.group"),
+        .lock,
+        .unlock(passcode: secret("1234")),
+        .unlock(passcode: nil),
+        .status,
+        .sync,
+        .grant(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234")),
+        .grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil),
+        .revoke(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
+                passcode: secret("1234")),
+        .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),
+        .policy(group: nil),
+        .policy(group: "secure"),
+    ]
+
+    static let replies: [DeviceReply] = [
+        .ok([]),
+        .ok(["default", "whenUnlocked", "6", ""]),
+        .keychainError(.interactionNotAllowed, "the device is locked"),
+        .systemError(16, "mount point is busy"),
+        .value(secret("s3cret"), .whenUnlockedThisDeviceOnly),
+        .value(secret(""), .always),
+    ]
+
+    /// The body of a frame: after its u32 length.
+    static func body<R>(of frame: SecureBytes, _ read: (UnsafeRawBufferPointer) throws(KeychainError) -> R) throws -> R {
+        try frame.withUnsafeBytes { raw in
+            #expect(Int(raw.load(as: UInt32.self).littleEndian) == raw.count - 4)
+            return try read(UnsafeRawBufferPointer(rebasing: raw[4...]))
+        }
+    }
+
+    @Test func everyRequestKindIsCoveredHere() throws {
+        let kinds = try Set(Self.requests.map { request in try Self.body(of: try request.frame()) { $0[1] } })
+        #expect(kinds == Set(DeviceRequest.Operation.allCases.map(\.rawValue)))
+    }
+
+    @Test(arguments: requests) func aRequestReadsBackAsItWasSent(_ request: DeviceRequest) throws {
+        let parsed = try Self.body(of: try request.frame()) { body throws(KeychainError) in try DeviceRequest(body: body) }
+        #expect(parsed == request)
+    }
+
+    @Test(arguments: replies) func aReplyReadsBackAsItWasSent(_ reply: DeviceReply) throws {
+        let parsed = try Self.body(of: try reply.frame()) { body throws(KeychainError) in try DeviceReply(body: body) }
+        #expect(parsed == reply)
+    }
+
+    /// A request cut anywhere, or with a byte more, is malformed (param),
+    /// never another request.
+    @Test(arguments: requests) func aCutOrLongerRequestIsRefused(_ request: DeviceRequest) throws {
+        let bytes = try Self.body(of: try request.frame()) { Array($0) }
+        for length in 0..<bytes.count {
+            #expect(throws: KeychainError.param) {
+                try bytes[..<length].withUnsafeBytes { raw in try DeviceRequest(body: raw) }
+            }
+        }
+        #expect(throws: KeychainError.param) { try (bytes + [0]).withUnsafeBytes { try DeviceRequest(body: $0) } }
+    }
+}
