@@ -26,15 +26,20 @@ enum Passcode {
         let terminal = isatty(0) == 1
         var saved = termios()
         if terminal {
-            printError(prompt)
+            // Echo off first, then the prompt (as readpassphrase(3)): the
+            // flush drops only what was typed before the prompt appeared.
+            // Prompting first lost an answer typed at once (a test's pty
+            // driver, a fast typist) and the read then waited forever.
             tcgetattr(0, &saved)
             var quiet = saved
             quiet.c_lflag &= ~tcflag_t(ECHO)
             tcsetattr(0, TCSAFLUSH, &quiet)
+            printError(prompt)
         }
         defer {
             if terminal {
-                tcsetattr(0, TCSAFLUSH, &saved)
+                // Without a flush: the next answer may already be typed.
+                tcsetattr(0, TCSANOW, &saved)
                 printError("")
             }
         }
