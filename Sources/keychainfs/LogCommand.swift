@@ -71,12 +71,17 @@ struct LogCommand: ParsableCommand {
                 return jsonString(field.key) + ":" + (numeric ? field.value : jsonString(field.value))
             }.joined(separator: ",") + "}"
         } else {
+            // Names, paths and details are anyone's text: a program at
+            // `/tmp/x exe=/usr/bin/app` must not print a second `exe=`.
+            // Space-separated fields escape spaces; the detail, in
+            // parentheses, escapes them.
             let item = [line.value("group"), line.value("id")].compactMap { $0 }.joined(separator: "/")
-            out = [line.value("time") ?? "", line.value("op") ?? "", line.value("result") ?? "", item]
+            out = [line.value("time") ?? "", line.value("op") ?? "", line.value("result") ?? "",
+                   LineEscaping.escaped(item, also: " ")]
                 .filter { !$0.isEmpty }.joined(separator: " ")
-            if let detail = line.value("detail") { out += " (" + LineEscaping.escaped(detail) + ")" }
+            if let detail = line.value("detail") { out += " (" + LineEscaping.escaped(detail, also: "()") + ")" }
             for key in ["pid", "uid", "exe", "unit"] {
-                if let value = line.value(key) { out += " \(key)=" + LineEscaping.escaped(value) }
+                if let value = line.value(key) { out += " \(key)=" + LineEscaping.escaped(value, also: " ") }
             }
         }
         // Written at once: a follower reading through a pipe sees every event as it happens.

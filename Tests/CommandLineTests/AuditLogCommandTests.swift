@@ -80,4 +80,24 @@ import TestSupport
         #expect(lines.first?.contains(" create ok secure/token ") == true)
         #expect(lines.last?.contains(" read ok secure/token ") == true && lines.last?.contains("exe=/usr/bin/cat") == true)
     }
+
+    /// Names and paths are anyone's text: a program installed at
+    /// `…/d exe=/usr/bin/app` must not print a second `exe=` field, nor an
+    /// item renamed to `c) exe=y (` close the detail's parentheses.
+    @Test func namesAndPathsCannotForgeFieldsOfTheTextLog() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let ran = harness.sh("""
+            mkdir -p "$R/d exe=/usr/bin" && cp /usr/bin/cat "$R/d exe=/usr/bin/app" &&
+            printf v > "$1/default/a exe=b" && "$R/d exe=/usr/bin/app" "$1/default/a exe=b" > /dev/null &&
+            mv "$1/default/a exe=b" "$1/default/c) exe=y ("
+            """, arguments: [mnt])
+        #expect(ran.succeeded, "\(ran)")
+        let lines = harness.sh("\"$K\" log --keychain \"$KC\"").stdout.split(separator: "\n")
+        let read = lines.first { $0.contains(" read ok ") }
+        #expect(read?.contains(" read ok default/a\\x20exe=b ") == true, "\(lines)")
+        #expect(read?.contains(" exe=\(harness.root)/d\\x20exe=/usr/bin/app") == true, "\(lines)")
+        #expect(read.map { $0.components(separatedBy: " exe=").count } == 2, "\(lines)")
+        // The detail (the new name) cannot end its parentheses early.
+        #expect(lines.contains { $0.contains(" rename ok default/a\\x20exe=b (c\\x29 exe=y \\x28) pid=") }, "\(lines)")
+    }
 }

@@ -2,15 +2,16 @@
 /// that it always stays on one line (`\n`, `\t`, `\\`, other control
 /// characters as `\xHH`). ``unescaped(_:)`` reverses it.
 public enum LineEscaping {
-    /// `text` with backslashes and control characters escaped.
-    public static func escaped(_ text: String) -> String {
+    /// `text` with backslashes and control characters escaped, and the
+    /// characters of `also` as `\xHH` (a separator of the caller's format).
+    public static func escaped(_ text: String, also separators: String = "") -> String {
         var out = ""
         for scalar in text.unicodeScalars {
             switch scalar {
             case "\\": out += "\\\\"
             case "\n": out += "\\n"
             case "\t": out += "\\t"
-            case _ where scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value):
+            case _ where scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value) || separators.unicodeScalars.contains(scalar):
                 let hex = String(scalar.value, radix: 16)
                 out += "\\x" + (hex.count < 2 ? "0" : "") + hex
             default: out.unicodeScalars.append(scalar)

@@ -168,7 +168,7 @@ extension DeviceEvent {
     /// The `.events` line of a device event (names escaped as status lines,
     /// fields separated by tabs), and the group it concerns.
     var eventLine: (text: String, group: String?) {
-        func line(_ fields: String...) -> String { fields.map(LineEscaping.escaped).joined(separator: "\t") + "\n" }
+        func line(_ fields: String...) -> String { fields.map { LineEscaping.escaped($0) }.joined(separator: "\t") + "\n" }
         switch self {
         case .locked: return (line("locked"), nil)
         case .unlocked: return (line("unlocked"), nil)
