@@ -31,8 +31,11 @@ struct KeychainFSCommand: ParsableCommand {
     /// helper; otherwise the keychainfs command.
     static func main() {
         // Every command may hold a secret (a value, a passcode, a credential
-        // git or docker sent as text): none may end up in a core file.
-        _ = disableCoreDumps()
+        // git or docker sent as text): none may end up in a core file. It
+        // stays dumpable: the device reads its /proc/PID/exe and maps to
+        // decide a policed group, which a non-dumpable process hides from
+        // its own user (the device process itself turns dumpable off).
+        _ = disableCoreFiles()
         let arguments = Array(CommandLine.arguments.dropFirst())
         switch CommandLine.arguments.first?.split(separator: "/").last {
         case "git-credential-keychainfs": GitCredentialCommand.main(arguments)

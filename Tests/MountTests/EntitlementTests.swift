@@ -84,6 +84,14 @@ import TestSupport
         #expect(!none.succeeded && none.stderr.contains("no passcode given"), "\(none)")
         let missing = harness.grant("secure", exe: harness.root + "/no-such-program")
         #expect(!missing.succeeded && missing.stderr.contains("cannot read the executable"), "\(missing)")
+        // Not a regular file: refused at once, through the running device (a FIFO used to wedge it).
+        for (kind, make) in [("FIFO", "mkfifo \"$R/fifo\""), ("directory", "mkdir \"$R/dir\"")] {
+            let path = harness.root + (kind == "FIFO" ? "/fifo" : "/dir")
+            let refused = harness.sh(make + " && printf '%s\\n' \"$2\" | timeout 10 \"$K\" grant secure --exe \"$1\" --keychain \"$KC\"",
+                                     arguments: [path, MountHarness.passcode])
+            #expect(!refused.succeeded && refused.status != 124, "\(kind) (124: timed out): \(refused)")
+            #expect(refused.stderr.contains("must be a regular file"), "\(kind): \(refused)")
+        }
         let noExe = harness.sh("\"$K\" grant secure --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
         #expect(noExe.status == 64, "\(noExe)")
         #expect(harness.sh("\"$K\" policy --keychain \"$KC\"").stdout == "")

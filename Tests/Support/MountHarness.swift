@@ -22,16 +22,21 @@ package final class MountHarness: @unchecked Sendable {
     package let runtime: String
     package let binary: String
     package private(set) var mountpoints: [String] = []
+    /// Whom every command runs as (nil: this process's user, root).
+    package let user: OrdinaryUser?
 
-    package init(passcode: String? = MountHarness.passcode) throws {
+    /// A keychain of `user` (nil: of this process's user), in a new temporary directory.
+    package init(passcode: String? = MountHarness.passcode, as user: OrdinaryUser? = nil) throws {
         var template = Array((NSTemporaryDirectory() + "kcfs-fs-XXXXXX").utf8CString)
         guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
         root = String(validatingCString: made)!
         keychain = root + "/keychain"
         runtime = root + "/run"
         binary = try Self.findBinary()
+        self.user = user
         try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
+        try user?.own(root)
         let created = passcode.map { sh("\"$K\" init --keychain \"$KC\"", stdin: $0 + "\n") }
             ?? sh("\"$K\" init --keychain \"$KC\" --no-passcode")
         guard created.succeeded else { throw HarnessError("init failed: \(created)") }
@@ -80,6 +85,7 @@ package final class MountHarness: @unchecked Sendable {
     package func prepareMountpoint(_ name: String) throws -> String {
         let mountpoint = root + "/" + name
         try? FileManager.default.createDirectory(atPath: mountpoint, withIntermediateDirectories: true)
+        try user?.own(mountpoint)
         if !mountpoints.contains(mountpoint) { mountpoints.append(mountpoint) }
         return mountpoint
     }
@@ -117,6 +123,10 @@ package final class MountHarness: @unchecked Sendable {
         environment["KC"] = keychain
         environment["R"] = root
         environment["LC_ALL"] = "C"
+        if let user {
+            environment["HOME"] = user.home
+            environment["USER"] = user.name
+        }
         return environment.map { "\($0.key)=\($0.value)" }
     }
 
@@ -133,7 +143,9 @@ package final class MountHarness: @unchecked Sendable {
             errFD = open(errors, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
         defer { [inFD, outFD, errFD].forEach { close($0) } }
         options.descriptors = [(0, inFD), (1, outFD), (2, errFD)]
-        let status = Spawn.run(["/usr/bin/timeout", "-k", "5", "30", "/bin/sh", "-c", script, "sh"] + arguments, options: options)
+        let asUser = user.map { ["/usr/sbin/runuser", "-u", $0.name, "--"] } ?? []
+        let status = Spawn.run(asUser + ["/usr/bin/timeout", "-k", "5", "30", "/bin/sh", "-c", script, "sh"] + arguments,
+                               options: options)
         return ShellResult(status: status,
                            stdout: (try? String(contentsOfFile: output, encoding: .utf8)) ?? "",
                            stderr: (try? String(contentsOfFile: errors, encoding: .utf8)) ?? "")

@@ -17,6 +17,9 @@ extension Device {
         entitlements.withLock { $0.groups[group] != nil }
     }
 
+    /// Whether any group has a policy.
+    public var hasEntitlementPolicies: Bool { entitlements.withLock { !$0.groups.isEmpty } }
+
     /// Every group's rules.
     public var entitlementPolicies: [String: [EntitlementRule]] { entitlements.withLock { $0.groups } }
 

@@ -15,12 +15,17 @@ public struct ProgramIdentity: Sendable, Equatable {
     /// The systemd unit of the process's cgroup (`foo.service`, `app-x.scope`), if any.
     public var unit: String?
     public var uid: UInt32
+    /// Why the process cannot be taken for that program whatever its
+    /// executable (another user namespace, a tracer, foreign code in it);
+    /// nil when nothing says so. No rule admits it then.
+    public var distrust: String?
 
-    public init(executable: String, digest: [UInt8], unit: String?, uid: UInt32) {
+    public init(executable: String, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil) {
         self.executable = executable
         self.digest = digest
         self.unit = unit
         self.uid = uid
+        self.distrust = distrust
     }
 }
 
@@ -46,7 +51,7 @@ public struct EntitlementRule: Sendable, Equatable {
     /// `/opt/café` spelled with `e` + U+0301 for the one with U+00E9, and a
     /// copy of the binary there would pass for the granted one.
     public func admits(_ program: ProgramIdentity) -> Bool {
-        Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
+        program.distrust == nil && Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
             && (unit == nil || Self.sameBytes(program.unit, unit)) && (uid == nil || program.uid == uid)
     }
 

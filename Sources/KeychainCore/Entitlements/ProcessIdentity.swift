@@ -23,19 +23,9 @@ package struct ProcessIdentity: Sendable, Equatable {
         // The `Tgid:` line is among the first few (proc(5)); read bytes, not Strings: this runs per audited request.
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { buffer in
             let count = read(fd, buffer.baseAddress, buffer.count)
-            guard count > 0 else { return thread }
-            let bytes = UnsafeBufferPointer(rebasing: buffer[0..<count])
-            let key = Array("\nTgid:".utf8)
-            guard var index = (0...max(0, count - key.count)).first(where: { start in
-                (0..<key.count).allSatisfy { bytes[start + $0] == key[$0] }
-            }).map({ $0 + key.count }) else { return thread }
-            var value: pid_t = 0
-            while index < count, bytes[index] == UInt8(ascii: "\t") || bytes[index] == UInt8(ascii: " ") { index += 1 }
-            while index < count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) {
-                value = value * 10 + pid_t(bytes[index] - UInt8(ascii: "0"))
-                index += 1
-            }
-            return value > 0 ? value : thread
+            guard count > 0, let process = ProcStatus.number("Tgid:", in: UnsafeBufferPointer(rebasing: buffer[0..<count])),
+                  process > 0 else { return thread }
+            return process
         }
     }
 

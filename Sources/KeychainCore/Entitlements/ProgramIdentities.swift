@@ -1,4 +1,3 @@
-internal import CLinux
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -30,7 +29,8 @@ package enum ProgramIdentities {
             var named = stat()
             guard stat(path, &named) == 0, named.st_dev == opened.st_dev, named.st_ino == opened.st_ino,
                   let digest = digest(of: fd, info: opened) else { return nil }
-            return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid)
+            return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid,
+                                   distrust: CallerTrust.problem(thread: thread, executable: opened))
         }
     }
 
@@ -85,7 +85,7 @@ package enum ProgramIdentities {
         var pidfdLength = socklen_t(MemoryLayout<Int32>.size)
         guard getsockopt(socket, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0, pidfd >= 0 else { return nil }
         defer { close(pidfd) }
-        guard let identity = of(thread: credentials.pid, uid: credentials.uid), CLinux_pidfd_alive(pidfd) != 0 else {
+        guard let identity = of(thread: credentials.pid, uid: credentials.uid), Pidfd.isAlive(pidfd) else {
             return nil
         }
         return identity
@@ -107,7 +107,10 @@ package enum ProgramIdentities {
     package static func executable(at path: String) -> (path: String, digest: [UInt8])? {
         guard let resolved = realpath(path, nil) else { return nil }
         defer { free(resolved) }
-        let fd = open(resolved, O_RDONLY | O_CLOEXEC)
+        // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+        // writer (a grant naming one wedged the device); a regular file's
+        // reads ignore it. Anything but a regular file is then refused.
+        let fd = open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
         var info = stat()

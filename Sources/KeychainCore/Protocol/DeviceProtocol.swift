@@ -1,3 +1,8 @@
+internal import CLinux
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The device's request/reply protocol on its UNIX socket (docs/PROTOCOL.md):
 /// one request and one reply per connection, each a frame
 /// `length u32 LE | body`, the body `version u8 | kind u8 | code i32 LE |
@@ -92,20 +97,32 @@ extension ByteReader where Bytes == UnsafeRawBufferPointer {
     }
 }
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
 extension DeviceProtocol {
     /// Reads one frame from `fd` and returns its body, in secret memory; nil
     /// when the peer sent no whole frame (it closed, its deadline passed) or
-    /// announced a body over ``maximumBody``.
-    public static func receive(from fd: Int32) -> SecureBytes? {
+    /// announced a body over ``maximumBody``. With `sender`, every byte must
+    /// have been sent by that process (the device's listener passes
+    /// credentials): one that connected and let another process finish its
+    /// request (a child after an `exec` of the parent) is refused.
+    public static func receive(from fd: Int32, sentBy sender: Int32? = nil) -> SecureBytes? {
         var length = [UInt8](repeating: 0, count: 4)
-        guard length.withUnsafeMutableBytes({ (try? Descriptor.readExactly(fd, into: $0)) == true }) else { return nil }
+        guard length.withUnsafeMutableBytes({ readExactly(fd, into: $0, sentBy: sender) }) else { return nil }
         let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
         guard count <= maximumBody, let body = try? SecureBytes(count: count) else { return nil }
-        return (try? Descriptor.readExactly(fd, into: body.mutableBytes)) == true ? body : nil
+        return readExactly(fd, into: body.mutableBytes, sentBy: sender) ? body : nil
+    }
+
+    private static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?) -> Bool {
+        guard let sender else { return (try? Descriptor.readExactly(fd, into: buffer)) == true }
+        var offset = 0
+        while offset < buffer.count {
+            var from: Int32 = 0
+            let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[offset...])
+            guard let count = try? valueOrErrno({ CLinux_receive_with_sender(fd, rest.baseAddress, rest.count, &from) }),
+                  count > 0, from == sender else { return false }
+            offset += count
+        }
+        return true
     }
 
     /// Writes a whole frame; false on an error.

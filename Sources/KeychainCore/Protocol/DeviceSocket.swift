@@ -33,7 +33,8 @@ package enum UnixSocket {
         }
     }
 
-    /// A listening socket at `path` (mode 0600), replacing a stale file there.
+    /// A listening socket at `path` (mode 0600), replacing a stale file
+    /// there, that receives its peers' credentials with every message.
     package static func listen(at path: String) throws(Errno) -> Int32 {
         let address = try address(path)
         let fd = try streamSocket()
@@ -41,6 +42,10 @@ package enum UnixSocket {
         let previous = umask(0o077)
         defer { umask(previous) }
         do throws(Errno) {
+            // Every accepted connection inherits SO_PASSCRED: the kernel
+            // names the sender of each message (DeviceProtocol.receive(from:sentBy:)).
+            var on: Int32 = 1
+            try nothingOrErrno { setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
             try nothingOrErrno { withSocketAddress(address) { bind(fd, $0, $1) } }
             try nothingOrErrno { Glibc.listen(fd, 16) }
         } catch {

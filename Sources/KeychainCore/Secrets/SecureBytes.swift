@@ -94,3 +94,10 @@ public func wipeMemory(_ buffer: UnsafeMutableRawBufferPointer) {
 public func disableCoreDumps() -> Bool {
     CLinux_disable_core_dumps() == 0
 }
+
+/// Stops this process from writing a core file (RLIMIT_CORE 0), leaving it
+/// readable in `/proc` by its own user: a client of the device must stay
+/// so, or the device (of that user) cannot tell which program asks.
+public func disableCoreFiles() -> Bool {
+    CLinux_disable_core_files() == 0
+}

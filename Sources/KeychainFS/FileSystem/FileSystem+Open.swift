@@ -17,9 +17,13 @@ extension FileSystem {
         let operation = flags & O_ACCMODE == O_RDONLY ? "read" : "write"
         try requireEntitlement(group, caller: opener, operation: operation, identifier: identifier)
         return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(Errno) in
-            try opening(group: group, identifier: identifier,
-                        inode: inode ?? nodes.inode(for: .item(group: group, identifier: identifier)),
-                        flags: flags, opener: opener)
+            let file = try opening(group: group, identifier: identifier,
+                                   inode: inode ?? nodes.inode(for: .item(group: group, identifier: identifier)),
+                                   flags: flags, opener: opener)
+            // Once more just before the reply: a process that let a tracer or
+            // foreign code in while the value was being decrypted gets nothing.
+            try recheckEntitlement(group, caller: opener)
+            return file
         }
     }
 

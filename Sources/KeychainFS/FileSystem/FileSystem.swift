@@ -298,12 +298,25 @@ public final class FileSystem: Sendable {
     /// A denial is recorded in the audit log as `operation` on `identifier`.
     func requireEntitlement(_ group: String, caller: ProcessIdentity, operation: String,
                             identifier: String? = nil) throws(Errno) {
+        var program: ProgramIdentity?
         do throws(KeychainError) {
-            try manager.localDevice.checkEntitlement(group) { caller.program }
+            try manager.localDevice.checkEntitlement(group) {
+                program = caller.program
+                return program
+            }
         } catch {
-            audit(operation, group: group, identifier: identifier, caller: caller, result: AuditEvent.result(of: error))
+            // Why a granted executable was not trusted, when that was the reason.
+            audit(operation, group: group, identifier: identifier, detail: program?.distrust, caller: caller,
+                  result: AuditEvent.result(of: error))
             throw Errno(error)
         }
+    }
+
+    /// The entitlement check again, unrecorded (the caller records the
+    /// outcome): what was true when a request arrived must still be true
+    /// when its reply hands out a value.
+    func recheckEntitlement(_ group: String, caller: ProcessIdentity) throws(Errno) {
+        try core { () throws(KeychainError) in try manager.localDevice.checkEntitlement(group) { caller.program } }
     }
 
     /// For requests about one node (lookup, stat, open, access): only an

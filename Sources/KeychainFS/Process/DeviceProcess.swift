@@ -220,8 +220,14 @@ public final class DeviceProcess: Sendable {
         guard let credentials = ProgramIdentities.peerCredentials(client), credentials.uid == getuid() else {
             return .systemError(EPERM, "not the owner of this keychain")
         }
-        guard let body = DeviceProtocol.receive(from: client) else {
-            return .systemError(EINVAL, "no whole request arrived within \(Self.connectionDeadline) s")
+        // Who connected, read before its request arrives, when any group is
+        // policed: the program that asks must be the one that connected (a
+        // process that exec'd a granted binary in between is neither).
+        let policedAtConnect = manager.localDevice.hasEntitlementPolicies
+        let atConnect = policedAtConnect ? ProgramIdentities.ofPeer(client) : nil
+        guard let body = DeviceProtocol.receive(from: client, sentBy: credentials.pid) else {
+            return .systemError(EINVAL, "no whole request arrived within \(Self.connectionDeadline) s "
+                                + "from the process that connected")
         }
         let request: DeviceRequest
         do {
@@ -268,8 +274,10 @@ public final class DeviceProcess: Sendable {
              .lock, .unlock, .status, .sync:
             do throws(KeychainError) {
                 // The peer is identified only when a group with a policy asks.
-                let reply = try answerItemRequest(request, program: { ProgramIdentities.ofPeer(client) },
-                                                  subject: { ProgramIdentities.subject(ofPeer: client) })
+                let reply = try answerItemRequest(request, program: {
+                    let now = ProgramIdentities.ofPeer(client)
+                    return !policedAtConnect || now == atConnect ? now : nil
+                }, subject: { ProgramIdentities.subject(ofPeer: client) })
                 audit(request, result: "ok", client: client)
                 return reply
             } catch {
@@ -317,8 +325,15 @@ extension DeviceProcess {
     /// replaced item's inode is detached, writes are serialised with commits).
     fileprivate func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?,
                                        subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
-        // As through a mount: a group's policy decides per program (the peer).
+        // As through a mount: a group's policy decides per program (the peer),
+        // when the request has arrived and again just before the reply.
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
+        let reply = try carryOut(request, subject: subject)
+        if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
+        return reply
+    }
+
+    private func carryOut(_ request: DeviceRequest, subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
         switch request {
         case .get(let group, let identifier):
             let item = try manager.item(forIdentifier: identifier, inGroup: group)

@@ -1,0 +1,145 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whether a process can be taken for the program its executable names.
+///
+/// The executable alone is not enough: a process of the same user can make
+/// its own user namespace and point its `/proc/PID/exe` at a granted binary
+/// (`prctl(PR_SET_MM, PR_SET_MM_MAP)`), run the granted binary with its own
+/// code loaded into it (`LD_PRELOAD`, `LD_LIBRARY_PATH`, a JIT), or drive it
+/// with ptrace. A process is trusted only when none of that shows in
+/// `/proc`: it is in the device's user namespace, no thread of it is
+/// traced, and every executable mapping is its executable or a file owned
+/// by root that no one else may write (the loader, libc, system libraries).
+/// What this cannot see is written in docs/SECURITY.md (writes through
+/// `/proc/PID/mem` by the same user, without Yama's ptrace restrictions).
+enum CallerTrust {
+    /// Why the process of `thread` cannot be trusted, as a phrase for the
+    /// audit log; nil when it can. `executable` is the file it runs (its
+    /// mapping is admitted whoever owns it).
+    static func problem(thread: pid_t, executable: stat, allowingJIT: Bool = false) -> String? {
+        if let problem = userNamespaceProblem(thread) { return problem }
+        if let problem = tracerProblem(thread) { return problem }
+        return codeProblem(thread, executable: executable, allowingJIT: allowingJIT)
+    }
+
+    // MARK: User namespace
+
+    /// The device's own user namespace, as the kernel names it (device and inode of `/proc/self/ns/user`).
+    private static let ownUserNamespace: (UInt64, UInt64)? = namespace("/proc/self/ns/user")
+
+    private static func namespace(_ path: UnsafePointer<CChar>) -> (UInt64, UInt64)? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return (UInt64(info.st_dev), UInt64(info.st_ino))
+    }
+
+    /// In another user namespace a process holds every capability over
+    /// itself, `PR_SET_MM` included: what its `/proc/PID/exe` says is its own word.
+    private static func userNamespaceProblem(_ thread: pid_t) -> String? {
+        let theirs = ProgramIdentities.withProcPath(thread, "ns/user") { namespace($0) }
+        guard let theirs, let ours = ownUserNamespace else { return "its user namespace cannot be read" }
+        return theirs == ours ? nil : "it runs in another user namespace"
+    }
+
+    // MARK: Tracers
+
+    /// ptrace attaches to threads one by one, and a tracer of any of them
+    /// can write the process's code: every thread's `TracerPid` must be 0.
+    private static func tracerProblem(_ thread: pid_t) -> String? {
+        guard let tasks = ProgramIdentities.withProcPath(thread, "task", { opendir($0) }) else {
+            return "its threads cannot be listed"
+        }
+        defer { closedir(tasks) }
+        while let entry = readdir(tasks) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let task = pid_t(name) else { continue }
+            let status = ProgramIdentities.withProcPath(task, "status") { path -> [UInt8]? in
+                let fd = open(path, O_RDONLY | O_CLOEXEC)
+                guard fd >= 0 else { return nil }
+                defer { close(fd) }
+                return try? Descriptor.readAll(fd, limit: 8 << 10)
+            }
+            // A thread that ended meanwhile has no status: nothing to trace.
+            guard let status else { continue }
+            guard let tracer = ProcStatus.number("TracerPid:", in: status) else { return "its status cannot be read" }
+            if tracer != 0 { return "it is being traced by process \(tracer)" }
+        }
+        return nil
+    }
+
+    // MARK: Code
+
+    /// Every executable mapping of the process (proc(5), `/proc/PID/maps`):
+    /// `start-end perms offset major:minor inode path`.
+    private static func codeProblem(_ thread: pid_t, executable: stat, allowingJIT: Bool) -> String? {
+        let maps = ProgramIdentities.withProcPath(thread, "maps") { path -> [UInt8]? in
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            defer { close(fd) }
+            return try? Descriptor.readAll(fd, limit: 16 << 20)
+        }
+        guard let maps, !maps.isEmpty else { return "its memory map cannot be read" }
+        for line in maps.split(separator: UInt8(ascii: "\n")) {
+            let fields = line.split(separator: UInt8(ascii: " "), maxSplits: 5, omittingEmptySubsequences: true)
+            guard fields.count >= 5 else { return "its memory map cannot be read" }
+            let permissions = fields[1]
+            guard permissions.count >= 3, permissions[permissions.startIndex + 2] == UInt8(ascii: "x") else { continue }
+            let path = fields.count > 5 ? String(decoding: fields[5].drop { $0 == UInt8(ascii: " ") }, as: UTF8.self) : ""
+            guard let inode = UInt64(String(decoding: fields[4], as: UTF8.self)) else { return "its memory map cannot be read" }
+            if inode == 0 {
+                // The kernel's own code pages for every process.
+                if path == "[vdso]" || path == "[vsyscall]" { continue }
+                if allowingJIT { continue }
+                return "it runs code from anonymous memory"
+            }
+            guard let device = deviceNumber(fields[3]) else { return "its memory map cannot be read" }
+            if device == UInt64(executable.st_dev) && inode == UInt64(executable.st_ino) { continue }
+            var info = stat()
+            // The path must still name the mapped file (a replaced or deleted one cannot be judged).
+            guard stat(path, &info) == 0, UInt64(info.st_dev) == device, UInt64(info.st_ino) == inode else {
+                return "it runs code from \(path), which is no longer at that path"
+            }
+            guard info.st_uid == 0, info.st_mode & 0o022 == 0 else {
+                return "it runs code from \(path), a file not owned by root or writable by others"
+            }
+        }
+        return nil
+    }
+
+    /// `major:minor` in hexadecimal, as glibc's `makedev` packs it into `st_dev`.
+    private static func deviceNumber(_ field: ArraySlice<UInt8>) -> UInt64? {
+        let parts = field.split(separator: UInt8(ascii: ":"))
+        guard parts.count == 2, let major = UInt64(String(decoding: parts[0], as: UTF8.self), radix: 16),
+              let minor = UInt64(String(decoding: parts[1], as: UTF8.self), radix: 16) else { return nil }
+        return (major & 0xffff_f000) << 32 | (major & 0xfff) << 8 | (minor & 0xffff_ff00) << 12 | (minor & 0xff)
+    }
+}
+
+/// Fields of `/proc/PID/status` (proc(5)): `Name:\tvalue` lines.
+enum ProcStatus {
+    /// The decimal value of the line starting with `key` (e.g. `Tgid:`), read as bytes.
+    static func number<Bytes: RandomAccessCollection<UInt8>>(_ key: StaticString, in status: Bytes) -> Int32?
+    where Bytes.Index == Int {
+        let keyBytes = UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount)
+        var lineStart = status.startIndex
+        while lineStart < status.endIndex {
+            let lineEnd = status[lineStart...].firstIndex(of: UInt8(ascii: "\n")) ?? status.endIndex
+            let line = status[lineStart..<lineEnd]
+            if line.starts(with: keyBytes) {
+                var value: Int32 = 0
+                var sawDigit = false
+                for byte in line.dropFirst(keyBytes.count) {
+                    if byte == UInt8(ascii: "\t") || byte == UInt8(ascii: " ") { if sawDigit { break } else { continue } }
+                    guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) else { return nil }
+                    sawDigit = true
+                    value = value &* 10 &+ Int32(byte - UInt8(ascii: "0"))
+                }
+                return sawDigit ? value : nil
+            }
+            lineStart = lineEnd + 1
+        }
+        return nil
+    }
+}
