@@ -72,7 +72,9 @@ enum CallerTrust {
     // MARK: Code
 
     /// Every executable mapping of the process (proc(5), `/proc/PID/maps`):
-    /// `start-end perms offset major:minor inode path`.
+    /// `start-end perms offset major:minor inode path`. Scanned as bytes,
+    /// and only executable lines are looked at: this runs for every
+    /// request to a policed group.
     private static func codeProblem(_ thread: pid_t, executable: stat, allowingJIT: Bool) -> String? {
         let maps = ProgramIdentities.withProcPath(thread, "maps") { path -> [UInt8]? in
             let fd = open(path, O_RDONLY | O_CLOEXEC)
@@ -81,38 +83,106 @@ enum CallerTrust {
             return try? Descriptor.readAll(fd, limit: 16 << 20)
         }
         guard let maps, !maps.isEmpty else { return "its memory map cannot be read" }
-        for line in maps.split(separator: UInt8(ascii: "\n")) {
-            let fields = line.split(separator: UInt8(ascii: " "), maxSplits: 5, omittingEmptySubsequences: true)
-            guard fields.count >= 5 else { return "its memory map cannot be read" }
-            let permissions = fields[1]
-            guard permissions.count >= 3, permissions[permissions.startIndex + 2] == UInt8(ascii: "x") else { continue }
-            let path = fields.count > 5 ? String(decoding: fields[5].drop { $0 == UInt8(ascii: " ") }, as: UTF8.self) : ""
-            guard let inode = UInt64(String(decoding: fields[4], as: UTF8.self)) else { return "its memory map cannot be read" }
-            if inode == 0 {
-                // The kernel's own code pages for every process.
-                if path == "[vdso]" || path == "[vsyscall]" { continue }
-                if allowingJIT { continue }
-                return "it runs code from anonymous memory"
+        return maps.withUnsafeBufferPointer { bytes -> String? in
+            var lineStart = 0
+            while lineStart < bytes.count {
+                let lineEnd = bytes[lineStart...].firstIndex(of: UInt8(ascii: "\n")) ?? bytes.count
+                defer { lineStart = lineEnd + 1 }
+                var fields = MapsLine(bytes[lineStart..<lineEnd])
+                guard fields.skip(), let permissions = fields.next() else { return "its memory map cannot be read" }
+                guard permissions.count >= 3, permissions[permissions.startIndex + 2] == UInt8(ascii: "x") else { continue }
+                guard fields.skip(), let deviceField = fields.next(), let inodeField = fields.next(),
+                      let device = deviceNumber(deviceField), let inode = decimal(inodeField) else {
+                    return "its memory map cannot be read"
+                }
+                let path = fields.rest
+                if inode == 0 {
+                    // The kernel's own code pages for every process.
+                    if path.elementsEqual("[vdso]".utf8) || path.elementsEqual("[vsyscall]".utf8) || allowingJIT { continue }
+                    return "it runs code from anonymous memory"
+                }
+                if device == UInt64(executable.st_dev) && inode == UInt64(executable.st_ino) { continue }
+                var info = stat()
+                let found = path.withContiguousStorageIfAvailable { raw in
+                    withUnsafeTemporaryAllocation(of: CChar.self, capacity: raw.count + 1) { name in
+                        raw.withMemoryRebound(to: CChar.self) { _ = name.initialize(fromContentsOf: $0) }
+                        name[raw.count] = 0
+                        return stat(name.baseAddress!, &info) == 0
+                    }
+                } ?? false
+                let name = { String(decoding: path, as: UTF8.self) }
+                // The path must still name the mapped file (a replaced or deleted one cannot be judged).
+                guard found, UInt64(info.st_dev) == device, UInt64(info.st_ino) == inode else {
+                    return "it runs code from \(name()), which is no longer at that path"
+                }
+                guard info.st_uid == 0, info.st_mode & 0o022 == 0 else {
+                    return "it runs code from \(name()), a file not owned by root or writable by others"
+                }
             }
-            guard let device = deviceNumber(fields[3]) else { return "its memory map cannot be read" }
-            if device == UInt64(executable.st_dev) && inode == UInt64(executable.st_ino) { continue }
-            var info = stat()
-            // The path must still name the mapped file (a replaced or deleted one cannot be judged).
-            guard stat(path, &info) == 0, UInt64(info.st_dev) == device, UInt64(info.st_ino) == inode else {
-                return "it runs code from \(path), which is no longer at that path"
-            }
-            guard info.st_uid == 0, info.st_mode & 0o022 == 0 else {
-                return "it runs code from \(path), a file not owned by root or writable by others"
-            }
+            return nil
         }
-        return nil
+    }
+
+    /// The space-separated fields of one line of `/proc/PID/maps`.
+    private struct MapsLine {
+        private let line: Slice<UnsafeBufferPointer<UInt8>>
+        private var index: Int
+
+        init(_ line: Slice<UnsafeBufferPointer<UInt8>>) {
+            self.line = line
+            index = line.startIndex
+        }
+
+        /// The next field; nil at the end of the line.
+        mutating func next() -> Slice<UnsafeBufferPointer<UInt8>>? {
+            while index < line.endIndex, line[index] == UInt8(ascii: " ") { index += 1 }
+            guard index < line.endIndex else { return nil }
+            let start = index
+            while index < line.endIndex, line[index] != UInt8(ascii: " ") { index += 1 }
+            return line[start..<index]
+        }
+
+        /// Passes over one field; false at the end of the line.
+        mutating func skip() -> Bool { next() != nil }
+
+        /// The path: what follows the inode, past its padding (it may hold spaces).
+        var rest: Slice<UnsafeBufferPointer<UInt8>> {
+            var start = index
+            while start < line.endIndex, line[start] == UInt8(ascii: " ") { start += 1 }
+            return line[start..<line.endIndex]
+        }
+    }
+
+    private static func decimal(_ field: Slice<UnsafeBufferPointer<UInt8>>) -> UInt64? {
+        guard !field.isEmpty else { return nil }
+        var value: UInt64 = 0
+        for byte in field {
+            guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) else { return nil }
+            value = value &* 10 &+ UInt64(byte - UInt8(ascii: "0"))
+        }
+        return value
+    }
+
+    private static func hexadecimal(_ field: Slice<UnsafeBufferPointer<UInt8>>) -> UInt64? {
+        guard !field.isEmpty else { return nil }
+        var value: UInt64 = 0
+        for byte in field {
+            let digit: UInt8
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = byte - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = byte - UInt8(ascii: "a") + 10
+            default: return nil
+            }
+            value = value << 4 | UInt64(digit)
+        }
+        return value
     }
 
     /// `major:minor` in hexadecimal, as glibc's `makedev` packs it into `st_dev`.
-    private static func deviceNumber(_ field: ArraySlice<UInt8>) -> UInt64? {
-        let parts = field.split(separator: UInt8(ascii: ":"))
-        guard parts.count == 2, let major = UInt64(String(decoding: parts[0], as: UTF8.self), radix: 16),
-              let minor = UInt64(String(decoding: parts[1], as: UTF8.self), radix: 16) else { return nil }
+    private static func deviceNumber(_ field: Slice<UnsafeBufferPointer<UInt8>>) -> UInt64? {
+        guard let colon = field.firstIndex(of: UInt8(ascii: ":")),
+              let major = hexadecimal(field[field.startIndex..<colon]),
+              let minor = hexadecimal(field[(colon + 1)..<field.endIndex]) else { return nil }
         return (major & 0xffff_f000) << 32 | (major & 0xfff) << 8 | (minor & 0xffff_ff00) << 12 | (minor & 0xff)
     }
 }
