@@ -10,7 +10,8 @@ import Glibc
 /// no device holds it (unlocked here with its passcode, read first).
 enum KeysHolder {
     case device(socketPath: String)
-    case local(PasswordManager)
+    /// The keychain opened here, and the passcode that unlocked it.
+    case local(PasswordManager, passcode: SecureBytes?)
 
     static func find(_ keychain: KeychainDirectory) throws -> KeysHolder {
         try keychain.requireExisting()
@@ -28,17 +29,41 @@ enum KeysHolder {
         } catch {
             throw fail("the keychain's passcode is wrong, or wrong passcodes have locked unlocking out for now")
         }
-        return .local(manager)
+        return .local(manager, passcode: passcode)
+    }
+
+    /// The keychain's passcode where a policed group needs it: the one that
+    /// unlocked a keychain opened here, or read now (after `before` others)
+    /// for a running device; an empty line is "none".
+    func passcode(for purpose: String) -> SecureBytes? {
+        switch self {
+        case .local(_, let passcode): return passcode
+        case .device: return Passcode.read(prompt: "Keychain passcode (\(purpose)): ")
+        }
+    }
+
+    /// Whether any group of the keychain has an entitlement policy.
+    var hasPolicedGroups: Bool {
+        switch self {
+        case .local(let manager, _): return manager.localDevice.hasEntitlementPolicies
+        case .device(let socketPath):
+            if case .ok(let fields)? = DeviceClient.send(.policy(group: nil), to: socketPath) { return !fields.isEmpty }
+            return false
+        }
     }
 }
 
 /// A sentence for a failed backup or restore.
 private func explain(_ error: KeychainError, file: String) -> String {
     switch error {
-    case .authFailed: return "wrong backup password (or a damaged file header); nothing was restored"
+    case .authFailed where file.isEmpty: return "the keychain's passcode is wrong, or wrong passcodes have locked it out for now"
+    case .authFailed:
+        return "wrong backup password or keychain passcode (or a damaged file header); nothing was restored"
     case .decode: return "\(file) is damaged, cut short or was altered; nothing was restored"
     case .param: return "\(file) is not a keychainfs backup"
+    case .valueTooLarge: return "\(file) is larger than any backup keychainfs reads (1 GiB); nothing was restored"
     case .interactionNotAllowed: return "the keychain is locked: unlock it first (keychainfs unlock MOUNTPOINT)"
+    case .missingEntitlement: return "a policed group needs the keychain's passcode, and none was given; nothing was changed"
     default: return "\(error)"
     }
 }
@@ -48,9 +73,11 @@ struct BackupCommand: ParsableCommand {
         commandName: "backup",
         abstract: "Write an encrypted backup of the migratable items.",
         discussion: """
-            Items of a ThisDeviceOnly class are never in it. The backup password is read from the \
-            terminal (twice) or one line of standard input; when no device holds the keychain, its \
-            passcode is read first. Through a running device, the device must be unlocked.
+            Items of a ThisDeviceOnly class are never in it, nor the items of a group with an \
+            entitlement policy unless named with --group, which needs the keychain's passcode. The \
+            backup password is read from the terminal (twice) or one line of standard input; when no \
+            device holds the keychain, its passcode is read first; through a running device, which \
+            must be unlocked, the passcode for --group is read after the backup password.
             """
     )
 
@@ -59,14 +86,23 @@ struct BackupCommand: ParsableCommand {
 
     @OptionGroup var options: KeychainOptions
 
+    @Option(name: .customLong("group"), help: "Include this group although it has a policy (needs the passcode; repeatable).")
+    var policedGroups: [String] = []
+
     func run() throws {
         let path = absolutePath(file)
         let holder = try KeysHolder.find(options.directory)
         let password = try Passcode.readNew(prompt: "Backup password: ", missing: "no backup password given")
+        let passcode = policedGroups.isEmpty ? nil : holder.passcode(for: "to back up a policed group")
         let count: String
         switch holder {
         case .device(let socketPath):
-            switch DeviceClient.send(.backup(path: path, password: password), to: socketPath) {
+            switch DeviceClient.send(.backup(path: path, password: password, policedGroups: policedGroups,
+                                             passcode: passcode), to: socketPath) {
+            case .keychainError(.missingEntitlement, _)?: throw fail(explain(.missingEntitlement, file: path))
+            case .keychainError(.authFailed, _)?: throw fail(explain(.authFailed, file: ""))
+            case .keychainError(.param, _)? where !policedGroups.isEmpty:
+                throw fail("every --group must name a group with an entitlement policy; nothing was written")
             case .ok(let fields)?: count = fields.first ?? "?"
             case .keychainError(let error, _)?: throw fail(explain(error, file: path))
             case .value?:
@@ -74,11 +110,13 @@ struct BackupCommand: ParsableCommand {
             case .systemError(_, let message)?: throw fail(message)
             case nil: throw fail("the device went away; nothing was written")
             }
-        case .local(let manager):
+        case .local(let manager, _):
             do {
-                let backup = try manager.backup(password: password)
+                let backup = try manager.backup(password: password, policedGroups: policedGroups, passcode: passcode)
                 try BackupFile.save(backup.bytes, to: path)
                 count = String(backup.count)
+            } catch KeychainError.param where !policedGroups.isEmpty {
+                throw fail("every --group must name a group with an entitlement policy; nothing was written")
             } catch {
                 throw fail(explain(error, file: path))
             }
@@ -96,7 +134,9 @@ struct RestoreCommand: ParsableCommand {
             value or class is a conflict: without --keep or --overwrite nothing is restored and the \
             conflicts are listed. Restoring the same backup again changes nothing. The backup \
             password is read from the terminal or one line of standard input (after the keychain's \
-            passcode when no device holds it).
+            passcode when no device holds it). Writing into a group with an entitlement policy needs \
+            the keychain's passcode: through a running device it is read after the backup password \
+            when the keychain has a policed group.
             """
     )
 
@@ -122,11 +162,14 @@ struct RestoreCommand: ParsableCommand {
         guard let password = Passcode.read(prompt: "Backup password: "), password.count > 0 else {
             throw fail("no backup password given")
         }
+        let passcode = holder.hasPolicedGroups ? holder.passcode(for: "for policed groups") : nil
         let counts: [String]
         switch holder {
         case .device(let socketPath):
-            switch DeviceClient.send(.restore(path: path, password: password, policy: policy), to: socketPath) {
+            switch DeviceClient.send(.restore(path: path, password: password, policy: policy, passcode: passcode),
+                                     to: socketPath) {
             case .ok(let fields)?: counts = fields
+            case .keychainError(.missingEntitlement, _)?: throw fail(explain(.missingEntitlement, file: path))
             case .keychainError(.duplicateItem, let message)?: throw fail(message)
             case .keychainError(let error, _)?: throw fail(explain(error, file: path))
             case .value?:
@@ -134,10 +177,11 @@ struct RestoreCommand: ParsableCommand {
             case .systemError(_, let message)?: throw fail(message)
             case nil: throw fail("the device went away")
             }
-        case .local(let manager):
+        case .local(let manager, _):
             let summary: RestoreSummary
             do {
-                summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy)
+                summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy,
+                                              passcode: passcode)
             } catch {
                 throw fail(explain(error, file: path))
             }

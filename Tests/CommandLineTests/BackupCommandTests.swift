@@ -73,4 +73,83 @@ import TestSupport
         #expect(!locked.succeeded && locked.stderr.contains("locked: unlock it first"), "\(locked)")
         #expect(access(harness.root + "/locked.kcbak", F_OK) == -1)
     }
+
+    /// A policed group's values leave in a backup only when named, with the
+    /// passcode, and a restore writes into one only with the passcode: a
+    /// program the policy keeps out exported `secure/*` and replaced a
+    /// policed value this way (issue 21). Both are audited.
+    @Test func policedGroupsLeaveAndComeBackOnlyWithThePasscode() throws {
+        let (harness, mnt) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
+        func backup(_ name: String, _ options: String = "", stdin: String) -> ShellResult {
+            harness.sh("\"$K\" backup \"$R/\(name)\" --keychain \"$KC\" \(options)", stdin: stdin)
+        }
+        let plain = backup("plain.kcbak", stdin: "pw\n")
+        #expect(plain.succeeded && plain.stdout.hasPrefix("backed up 1 items"), "\(plain)")
+        let wrong = backup("wrong.kcbak", "--group secure", stdin: "pw\nnot-it\n")
+        #expect(!wrong.succeeded && wrong.stderr.contains("passcode is wrong"), "\(wrong)")
+        #expect(harness.status(mnt)["failed-attempts"] == "1")
+        let none = backup("none.kcbak", "--group secure", stdin: "pw\n")
+        #expect(!none.succeeded && none.stderr.contains("needs the keychain's passcode"), "\(none)")
+        let open = backup("open.kcbak", "--group default", stdin: "pw\n1234\n")
+        #expect(!open.succeeded && open.stderr.contains("must name a group with an entitlement policy"), "\(open)")
+        for refused in ["wrong.kcbak", "none.kcbak", "open.kcbak"] {
+            #expect(access(harness.root + "/" + refused, F_OK) == -1, "\(refused)")
+        }
+        let named = backup("named.kcbak", "--group secure", stdin: "pw\n1234\n")
+        #expect(named.succeeded && named.stdout.hasPrefix("backed up 2 items"), "\(named)")
+
+        // Another keychain (another device) holding secure/token = ATTACKER, backed up.
+        let other = harness.root + "/other", otherMount = try harness.prepareMountpoint("othermnt")
+        #expect(harness.sh("\"$K\" init --keychain \"$1\" && \"$K\" mount \"$2\" --keychain \"$1\"",
+                           arguments: [other, otherMount], stdin: "5678\n").succeeded)
+        try harness.unlock(otherMount, passcode: "5678")
+        #expect(harness.sh("mkdir \"$1/secure\" && printf ATTACKER > \"$1/secure/token\" && \"$K\" backup \"$R/crafted.kcbak\" --keychain \"$2\"",
+                           arguments: [otherMount, other], stdin: "pw\n").succeeded)
+        func restore(stdin: String) -> ShellResult {
+            harness.sh("\"$K\" restore --overwrite \"$R/crafted.kcbak\" --keychain \"$KC\"", stdin: stdin)
+        }
+        let noPasscode = restore(stdin: "pw\n")
+        #expect(!noPasscode.succeeded && noPasscode.stderr.contains("needs the keychain's passcode"), "\(noPasscode)")
+        let wrongPasscode = restore(stdin: "pw\nnot-it\n")
+        #expect(!wrongPasscode.succeeded && wrongPasscode.stderr.contains("keychain passcode"), "\(wrongPasscode)")
+        // Counted (the right passcode of the backup above reset the count).
+        #expect(harness.status(mnt)["failed-attempts"] == "1")
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
+        let restored = restore(stdin: "pw\n1234\n")
+        #expect(restored.succeeded && restored.stdout.contains("1 replaced"), "\(restored)")
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "ATTACKER")
+
+        let log = harness.sh("\"$K\" log --keychain \"$KC\"").stdout
+        for line in [" backup ok (1 items; policed groups left out: secure)", " backup refused secure (policed groups)",
+                     " backup denied secure (policed groups)", " backup ok secure (1 items of a policed group)",
+                     " restore denied secure (into a policed group)", " restore refused secure (into a policed group)",
+                     " restore ok secure (into a policed group)"] {
+            #expect(log.contains(line), "\(line) not in \(log)")
+        }
+    }
+
+    /// A file that is not a backup is refused from its first bytes, and one
+    /// larger than any backup before it is read: a 512 MiB file used to
+    /// grow the device by as much (issue 21). Nothing changes either way.
+    @Test func aForeignOrHugeFileIsRefusedBeforeItIsRead() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        #expect(harness.sh("printf v > \"$1/default/kept\" && truncate -s 512M \"$R/foreign\" && truncate -s 1100M \"$R/huge\" && mkfifo \"$R/fifo\"",
+                           arguments: [mnt]).succeeded)
+        let device = try #require(MountHarness.devicePid(mnt))
+        func peakKiB() -> Int? {
+            let status = (try? String(contentsOfFile: "/proc/\(device)/status", encoding: .utf8)) ?? ""
+            return status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }
+                .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true)[1]) }
+        }
+        let before = try #require(peakKiB())
+        for (file, says) in [("foreign", "is not a keychainfs backup"), ("huge", "larger than any backup"),
+                             ("fifo", "is not a keychainfs backup")] {
+            let result = harness.sh("timeout 20 \"$K\" restore \"$R/\(file)\" --keychain \"$KC\"", stdin: "pw\n")
+            #expect(!result.succeeded && result.stderr.contains(says), "\(file): \(result)")
+        }
+        let after = try #require(peakKiB())
+        #expect(after - before < 64 << 10, "the device's peak memory grew from \(before) to \(after) KiB")
+        #expect(readFile(mnt + "/default/kept") == "v")
+    }
 }

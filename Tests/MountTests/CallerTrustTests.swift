@@ -118,7 +118,7 @@ import TestSupport
             int main(int argc, char **argv) {
                 unsigned char frame[256]; size_t body = 0;
                 unsigned char *b = frame + 4;
-                b[body++] = 1; b[body++] = 7;               /* version, kind get */
+                b[body++] = VERSION; b[body++] = 7;         /* kind get */
                 memset(b + body, 0, 4); body += 4;          /* code 0 */
                 body += field(b + body, "secure"); body += field(b + body, "token");
                 uint32_t length = body; memcpy(frame, &length, 4);
@@ -142,7 +142,7 @@ import TestSupport
                 execv(argv[2], program);
                 return 127;
             }
-            """)
+            """, options: "-DVERSION=\(DeviceProtocol.version)")
         let attack = harness.sh("""
             "$R/race" "$(ls "$XDG_RUNTIME_DIR"/keychainfs/*.sock)" "$R/granted-cat" | tr -c '[:print:]' .
             """)

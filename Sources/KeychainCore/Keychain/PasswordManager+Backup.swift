@@ -39,19 +39,52 @@ public struct RestoreSummary: Sendable, Equatable {
 extension PasswordManager {
     /// Every migratable item as an encrypted backup under `password`
     /// (docs/FORMAT.md, "Backups"); `ThisDeviceOnly` items never leave the
-    /// device. Needs the class keys of the items it holds: while locked,
+    /// device. A group with an entitlement policy is left out unless named
+    /// in `policedGroups`, and naming any needs the keychain's `passcode`
+    /// (a wrong one counts towards the lockout, as for a grant): a program
+    /// the policy keeps out must not get the values through a backup.
+    /// Recorded in the audit log, one line per policed group included.
+    /// Needs the class keys of the items it holds: while locked,
     /// ``KeychainError/interactionNotAllowed`` and no backup.
-    public func backup(password: SecureBytes, kdf: KDFParameters = .moderate) throws(KeychainError) -> (bytes: [UInt8], count: Int) {
+    public func backup(password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil,
+                       by subject: AuditSubject? = nil,
+                       kdf: KDFParameters = .moderate) throws(KeychainError) -> (bytes: [UInt8], count: Int) {
         guard password.count > 0 else { throw .param }
+        let device = localDevice
+        let named = Set(policedGroups)
+        do throws(KeychainError) {
+            for group in named where !device.hasEntitlementPolicy(group) { throw KeychainError.param }
+            if !named.isEmpty {
+                guard passcode != nil || !device.status.hasPasscode else { throw KeychainError.missingEntitlement }
+                try device.withPasscode(passcode) { () throws(KeychainError) in }
+            }
+        } catch {
+            device.audit.record(AuditEvent(operation: "backup", result: AuditEvent.result(of: error),
+                                           group: named.sorted().first, subject: subject, detail: "policed groups"))
+            throw error
+        }
         defer { purge() }  // the values read for it are not a "last access"
         var migratable: [BackupItem] = []
+        var skipped: [String] = []
         for group in try groups() {
+            if device.hasEntitlementPolicy(group) && !named.contains(group) {
+                skipped.append(group)
+                continue
+            }
             for (identifier, info) in try items(inGroup: group) where info.protectionClass.isMigratable {
                 let value = try key(forIdentifier: identifier, inGroup: group)
                 migratable.append(BackupItem(group: group, identifier: identifier, protectionClass: info.protectionClass, value: value))
             }
         }
-        return (try BackupFile.encode(migratable, password: password, kdf: kdf), migratable.count)
+        let bytes = try BackupFile.encode(migratable, password: password, kdf: kdf)
+        for group in named.sorted() {
+            let count = migratable.count { $0.group == group }
+            device.audit.record(AuditEvent(operation: "backup", result: "ok", group: group, subject: subject,
+                                           detail: "\(count) items of a policed group"))
+        }
+        device.audit.record(AuditEvent(operation: "backup", result: "ok", subject: subject, detail: "\(migratable.count) items"
+            + (skipped.isEmpty ? "" : "; policed groups left out: " + skipped.joined(separator: ", "))))
+        return (bytes, migratable.count)
     }
 
     /// Restores a backup's items with their classes. With
@@ -59,20 +92,41 @@ extension PasswordManager {
     /// nothing (the summary lists the conflicts). A wrong password, or a
     /// file that is cut, altered or not a backup, changes nothing
     /// (``BackupFile/decode(_:password:_:)``). Restoring the same backup
-    /// twice changes nothing the second time. Needs the key of every class
-    /// it writes (``KeychainError/interactionNotAllowed`` while locked).
-    public func restore(_ backup: [UInt8], password: SecureBytes,
-                        policy: RestoreConflictPolicy) throws(KeychainError) -> RestoreSummary {
+    /// twice changes nothing the second time. Writing into a group with an
+    /// entitlement policy needs the keychain's `passcode`
+    /// (``KeychainError/missingEntitlement`` without one, counted
+    /// ``KeychainError/authFailed`` for a wrong one), and nothing is
+    /// written then. Recorded in the audit log. Needs the key of every
+    /// class it writes (``KeychainError/interactionNotAllowed`` while locked).
+    public func restore(_ backup: [UInt8], password: SecureBytes, policy: RestoreConflictPolicy,
+                        passcode: SecureBytes? = nil, by subject: AuditSubject? = nil) throws(KeychainError) -> RestoreSummary {
         defer { purge() }
+        let device = localDevice
         var summary = RestoreSummary()
         var differing: Set<String> = []
+        var policedWrites: Set<String> = []
         try BackupFile.decode(backup, password: password) { (item) throws(KeychainError) in
-            if try differs(item) == true { differing.insert(item.group + "/" + item.identifier) }
+            let difference = try differs(item)
+            if difference == true { differing.insert(item.group + "/" + item.identifier) }
+            let writes = difference == nil || (difference == true && policy == .overwrite)
+            if writes && device.hasEntitlementPolicy(item.group) { policedWrites.insert(item.group) }
         }
         summary.conflicts = differing.sorted()
         if policy == .refuse && !differing.isEmpty {
             summary.applied = false
             return summary
+        }
+        if !policedWrites.isEmpty {
+            do throws(KeychainError) {
+                guard passcode != nil || !device.status.hasPasscode else { throw KeychainError.missingEntitlement }
+                try device.withPasscode(passcode) { () throws(KeychainError) in }
+            } catch {
+                for group in policedWrites.sorted() {
+                    device.audit.record(AuditEvent(operation: "restore", result: AuditEvent.result(of: error), group: group,
+                                                   subject: subject, detail: "into a policed group"))
+                }
+                throw error
+            }
         }
         try BackupFile.decode(backup, password: password) { (item) throws(KeychainError) in
             switch try differs(item) {
@@ -89,6 +143,12 @@ extension PasswordManager {
                 summary.kept += 1
             }
         }
+        for group in policedWrites.sorted() {
+            device.audit.record(AuditEvent(operation: "restore", result: "ok", group: group, subject: subject,
+                                           detail: "into a policed group"))
+        }
+        device.audit.record(AuditEvent(operation: "restore", result: "ok", subject: subject,
+                                       detail: "\(summary.added) added, \(summary.replaced) replaced"))
         return summary
     }
 
@@ -129,13 +189,37 @@ extension BackupFile {
         }
     }
 
-    /// The bytes of a backup file.
+    /// The largest backup file `restore` reads: 1 GiB (a thousand items at
+    /// the 1 MiB value limit). A larger file is refused before it is read.
+    public static let maximumFileSize = 1 << 30
+
+    /// The bytes of a backup file. Its header is checked first, so that a
+    /// file that is not a backup (``KeychainError/param``) or is larger than
+    /// ``maximumFileSize`` (``KeychainError/valueTooLarge``) costs no memory.
+    /// A regular file only (a FIFO or device would block or never end).
     public static func load(from path: String) throws(KeychainError) -> [UInt8] {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         guard fd >= 0 else { throw fileFailure("read", path) }
         defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw fileFailure("read", path) }
+        guard info.st_mode & S_IFMT == S_IFREG else { throw .param }
+        guard Int(info.st_size) <= maximumFileSize else { throw .valueTooLarge }
+        var head = [UInt8](repeating: 0, count: magic.count)
+        let whole: Bool
         do throws(Errno) {
-            return try Descriptor.readAll(fd, limit: .max)
+            whole = try head.withMutableBytes { (raw) throws(Errno) in try Descriptor.readExactly(fd, into: raw) }
+        } catch {
+            throw fileFailure("read", path, errno: error.rawValue)
+        }
+        guard whole, head == magic else { throw .param }
+        do throws(Errno) {
+            let rest = try Descriptor.readAll(fd, limit: maximumFileSize - head.count + 1)
+            // It grew past the bound after fstat: refused all the same.
+            guard head.count + rest.count <= maximumFileSize else { throw Errno.fileTooLarge }
+            return head + rest
+        } catch .fileTooLarge {
+            throw .valueTooLarge
         } catch {
             throw fileFailure("read", path, errno: error.rawValue)
         }

@@ -16,7 +16,9 @@ import Glibc
 /// straight into its own ``SecureBytes``, never into a String.
 public enum DeviceProtocol {
     /// The protocol version this build speaks.
-    public static let version: UInt8 = 1
+    /// 2: `backup` names the policed groups it includes and carries the
+    /// passcode; `restore` carries the passcode (issue 21).
+    public static let version: UInt8 = 2
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }

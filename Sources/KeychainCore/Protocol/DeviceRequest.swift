@@ -8,10 +8,12 @@ public enum DeviceRequest: Equatable, Sendable {
     case unmount(mountpoint: String)
     /// Change the passcode (nil: none), as ``Device/changePasscode(from:to:)``.
     case changePasscode(old: SecureBytes?, new: SecureBytes?)
-    /// Write a backup of the migratable items to a file (absolute path).
-    case backup(path: String, password: SecureBytes)
-    /// Restore a backup file (absolute path).
-    case restore(path: String, password: SecureBytes, policy: RestoreConflictPolicy)
+    /// Write a backup of the migratable items to a file (absolute path);
+    /// policed groups only when named, with the keychain's passcode.
+    case backup(path: String, password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil)
+    /// Restore a backup file (absolute path); writing into a policed group
+    /// needs the keychain's passcode.
+    case restore(path: String, password: SecureBytes, policy: RestoreConflictPolicy, passcode: SecureBytes? = nil)
     /// An item's value (the reply is ``DeviceReply/value(_:)``).
     case get(group: String, identifier: String)
     /// Add or replace an item under `protectionClass` (nil: the device's
@@ -75,12 +77,14 @@ public enum DeviceRequest: Equatable, Sendable {
         case .changePasscode(let old, let new):
             operation = .changePasscode
             fields = [.optionalSecret(old), .optionalSecret(new)]
-        case .backup(let path, let password):
+        case .backup(let path, let password, let policedGroups, let passcode):
             operation = .backup
-            fields = [.text(path), .optionalSecret(password)]
-        case .restore(let path, let password, let policy):
+            // Names hold no newline (ItemLimits): one text carries the list.
+            fields = [.text(path), .optionalSecret(password), .text(policedGroups.joined(separator: "\n")),
+                      .optionalSecret(passcode)]
+        case .restore(let path, let password, let policy, let passcode):
             operation = .restore
-            fields = [.text(path), .optionalSecret(password), .text(String(policy.rawValue))]
+            fields = [.text(path), .optionalSecret(password), .text(String(policy.rawValue)), .optionalSecret(passcode)]
         case .get(let group, let identifier):
             operation = .get
             fields = [.text(group), .text(identifier)]
@@ -150,7 +154,11 @@ public enum DeviceRequest: Equatable, Sendable {
         case .backup:
             let path = try reader.text()
             guard let password = try reader.optionalSecret() else { throw .param }
-            self = .backup(path: path, password: password)
+            let list = try reader.text()
+            let policedGroups = list.isEmpty ? [] : list.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            // One spelling per request: no empty or repeated name.
+            guard !policedGroups.contains(""), Set(policedGroups).count == policedGroups.count else { throw .param }
+            self = .backup(path: path, password: password, policedGroups: policedGroups, passcode: try reader.optionalSecret())
         case .restore:
             let path = try reader.text()
             let passwordField = try reader.optionalSecret(), policyText = try reader.text()
@@ -159,7 +167,7 @@ public enum DeviceRequest: Equatable, Sendable {
                   let policy = RestoreConflictPolicy.allCases.first(where: { String($0.rawValue) == policyText }) else {
                 throw .param
             }
-            self = .restore(path: path, password: password, policy: policy)
+            self = .restore(path: path, password: password, policy: policy, passcode: try reader.optionalSecret())
         case .get:
             self = .get(group: try reader.text(), identifier: try reader.text())
         case .set:

@@ -260,9 +260,10 @@ public final class DeviceProcess: Sendable {
             } catch {
                 return .keychainError(error, error.description)
             }
-        case .backup(let path, let password):
+        case .backup(let path, let password, let policedGroups, let passcode):
             do throws(KeychainError) {
-                let backup = try manager.backup(password: password)
+                let backup = try manager.backup(password: password, policedGroups: policedGroups, passcode: passcode,
+                                                by: ProgramIdentities.subject(ofPeer: client))
                 try BackupFile.save(backup.bytes, to: path)
                 return .ok([String(backup.count)])
             } catch {
@@ -284,9 +285,10 @@ public final class DeviceProcess: Sendable {
                 audit(request, result: AuditEvent.result(of: error), client: client)
                 return .keychainError(error, error.description)
             }
-        case .restore(let path, let password, let policy):
+        case .restore(let path, let password, let policy, let passcode):
             do throws(KeychainError) {
-                let summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy)
+                let summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy,
+                                                  passcode: passcode, by: ProgramIdentities.subject(ofPeer: client))
                 guard summary.applied else {
                     return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
                 }
