@@ -61,6 +61,38 @@ import TestSupport
         #expect(harness.sh("ls -a \"$1\"", arguments: [mnt]).stdout == ".\n..\n.control\n.events\ndefault\n")
     }
 
+    /// A reader that does not read keeps the first 256 KiB of lines and an
+    /// `overflow` line; newer lines are dropped until it has read what it
+    /// holds (as inotify's IN_Q_OVERFLOW), so it costs writers nothing.
+    @Test func aReaderThatDoesNotReadGetsOverflowAndThenNewLines() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        let fd = open(mnt + "/.events", O_RDONLY | O_NONBLOCK)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        // 255-byte names: each `written` line is 271 bytes; 1,100 of them pass 256 KiB.
+        let writes = harness.sh("""
+            i=1000; while [ $i -lt 2100 ]; do printf v > "$1/default/$i$(printf '%0251d' 0)"; i=$((i + 1)); done
+            """, arguments: [mnt])
+        #expect(writes.succeeded, "\(writes)")
+        var held: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            let count = read(fd, &buffer, buffer.count)
+            if count <= 0 { break }
+            held += buffer[0..<count]
+        }
+        let lines = String(decoding: held, as: UTF8.self).split(separator: "\n")
+        #expect(held.count <= 256 << 10)
+        #expect(lines.first == "unlocked")
+        #expect(lines.dropFirst().first?.hasPrefix("written\tdefault\t1000") == true)
+        #expect(lines.last == "overflow", "\(lines.suffix(2))")
+        #expect(lines.count < 1_000)  // the newest were dropped, not the oldest
+        // Read to the end: the next event arrives again.
+        #expect(harness.control(mnt, "lock").succeeded)
+        let count = read(fd, &buffer, buffer.count)
+        #expect(count > 0 && String(decoding: buffer[0..<max(count, 0)], as: UTF8.self) == "will-lock\t0\nlocked\n")
+    }
+
     /// Once the daemon has read a request the kernel waits for its answer:
     /// a read parked for the next event must end when its reader is
     /// signalled, or the reader could not be killed.
