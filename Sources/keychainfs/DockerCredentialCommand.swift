@@ -142,7 +142,7 @@ struct DockerCredentialCommand: ParsableCommand {
         guard let sent = try? JSONDecoder().decode(Sent.self, from: Data(input)) else {
             throw Failure(message: "the credentials on standard input are not a JSON object")
         }
-        guard let serverURL = sent.ServerURL, !serverURL.isEmpty else {
+        guard let serverURL = sent.ServerURL.flatMap(normalized) else {
             throw Failure(message: "no credentials server URL")
         }
         guard let username = sent.Username, !username.isEmpty else {
@@ -153,11 +153,18 @@ struct DockerCredentialCommand: ParsableCommand {
 
     private static func readServerURL() throws -> String {
         let input = String(decoding: (try? Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)) ?? [], as: UTF8.self)
-        // docker sends the URL with a trailing newline.
-        let start = input.firstIndex { !$0.isWhitespace } ?? input.endIndex
-        let end = input.lastIndex { !$0.isWhitespace }.map(input.index(after:)) ?? start
-        let serverURL = String(input[start..<end])
-        guard !serverURL.isEmpty else { throw Failure(message: "no credentials server URL") }
+        guard let serverURL = normalized(input) else { throw Failure(message: "no credentials server URL") }
         return serverURL
+    }
+
+    /// A server URL as every action names it: without the white space
+    /// around it (docker sends `get`'s with a trailing newline). `store`,
+    /// `get` and `erase` all go through here, or `store` of
+    /// `" padded.example "` would be found by no `get`. Nil when empty.
+    static func normalized(_ serverURL: String) -> String? {
+        let start = serverURL.firstIndex { !$0.isWhitespace } ?? serverURL.endIndex
+        let end = serverURL.lastIndex { !$0.isWhitespace }.map(serverURL.index(after:)) ?? start
+        let trimmed = String(serverURL[start..<end])
+        return trimmed.isEmpty ? nil : trimmed
     }
 }

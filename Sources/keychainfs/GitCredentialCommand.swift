@@ -84,9 +84,14 @@ struct GitCredentialCommand: ParsableCommand {
         return request
     }
 
-    /// `protocol:host[:path]`, encoded as an item name (see ``ItemName``).
+    /// `protocol:host[:path]`, each part encoded as an item name with its
+    /// `:` encoded too (see ``ItemName``): `host=example.com:8080` is
+    /// `https:example.com%3A8080`, and `host=example.com path=8080`
+    /// `https:example.com:8080`. (Before, both were the latter: a port's
+    /// credentials were answered for a path. A credential stored then for a
+    /// host with a port is asked for once more.)
     static func identifier(protocol proto: String, host: String, path: String?) -> String {
-        ItemName.encoded(proto + ":" + host + (path.map { ":" + $0 } ?? ""))
+        ([proto, host] + (path.map { [$0] } ?? [])).map { ItemName.encoded($0, escaping: ":") }.joined(separator: ":")
     }
 
     private static func fields(_ value: SecureBytes) -> [String] {

@@ -2,11 +2,14 @@
 /// control characters): those bytes, and `%` itself, percent-encoded
 /// (RFC 3986 style), so that every text has exactly one name and back.
 enum ItemName {
-    static func encoded(_ text: String) -> String {
+    /// `text` as a name; the characters of `separators` are encoded too, so
+    /// that names joined with one of them split back one way only.
+    static func encoded(_ text: String, escaping separators: String = "") -> String {
         var out = ""
         for scalar in text.unicodeScalars {
             let value = scalar.value
-            if scalar == "%" || scalar == "/" || value < 0x20 || (0x7f...0x9f).contains(value) {
+            if scalar == "%" || scalar == "/" || value < 0x20 || (0x7f...0x9f).contains(value)
+                || separators.unicodeScalars.contains(scalar) {
                 for byte in String(scalar).utf8 {
                     let hex = String(byte, radix: 16, uppercase: true)
                     out += "%" + (hex.count < 2 ? "0" : "") + hex

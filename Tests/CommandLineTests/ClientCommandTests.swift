@@ -74,6 +74,13 @@ import TestSupport
         #expect(harness.sh(git + "\n\(request) | git credential fill").stdout.contains("password=s3cret"))
         #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject").succeeded)
         #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "")
+        // A port is not a path: host=example.com:8080's credential is not example.com/8080's.
+        #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com:8080\\nusername=ada\\npassword=port\\n\\n' | git credential approve").succeeded)
+        #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "https:example.com%3A8080\n")
+        let path = harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=8080\\nusername=ada\\n\\n' | git credential fill")
+        #expect(!path.stdout.contains("password=port"), "\(path)")
+        #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com:8080\\nusername=ada\\n\\n' | git credential fill")
+                .stdout.contains("password=port"))
     }
 
     /// docker-credential-helpers' protocol, driven as docker drives it (no options, JSON on stdio).
@@ -92,6 +99,11 @@ import TestSupport
         // docker's own "not found" reply, on stdout with status 1.
         let missing = harness.sh("printf 'https://other.example.com' | \(helper) get")
         #expect(missing.status == 1 && missing.stdout == "credentials not found in native keychain\n")
+        // One URL however docker spaces it: stored padded, found and erased plain.
+        #expect(harness.sh("printf '%s' '{\"ServerURL\":\" padded.example \",\"Username\":\"bo\",\"Secret\":\"p\"}' | \(helper) store").succeeded)
+        #expect(harness.sh("printf 'padded.example\\n' | \(helper) get").stdout.contains("\"Username\":\"bo\""))
+        #expect(harness.sh("printf ' padded.example' | \(helper) erase").succeeded)
+        #expect(harness.sh("printf 'padded.example' | \(helper) get").stdout == "credentials not found in native keychain\n")
         // Bad input changes nothing.
         #expect(harness.sh("printf '{\"ServerURL\":\"x\"}' | \(helper) store").stdout == "no credentials username\n")
         #expect(harness.sh("printf 'not json' | \(helper) store").status == 1)
