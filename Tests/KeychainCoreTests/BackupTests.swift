@@ -117,7 +117,8 @@ import Testing
         }
         #expect(restoring(bytes + [0]) == .decode)
         #expect(restoring(Array("not a backup at all, just text".utf8)) == .param)
-        #expect(restoring(try BackupFile.load(from: sourceKeychain.directory.databasePath)) == .param)
+        // A file that is not a backup is refused from its first bytes, before it is read.
+        #expect(throws: KeychainError.param) { try BackupFile.load(from: sourceKeychain.directory.databasePath) }
         #expect(try target.identifiers(inGroup: "default") == [])
     }
 

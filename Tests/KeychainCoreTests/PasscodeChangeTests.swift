@@ -74,14 +74,17 @@ import Testing
             let frame = try reply.frame()
             #expect(try frame.withUnsafeBytes { try DeviceReply(body: UnsafeRawBufferPointer(rebasing: $0[4...])) } == reply)
         }
-        for bad: [UInt8] in [[], [2, 1, 0, 0, 0, 0], [1, 99, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0, 9, 0, 0, 0, 65],
-                             [1, 1, 0, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        // Every bad frame but the first two speaks this build's version, so
+        // that each is refused for its own fault.
+        let v = DeviceProtocol.version
+        for bad: [UInt8] in [[], [v &+ 1, 1, 0, 0, 0, 0], [v, 99, 0, 0, 0, 0], [v, 3, 0, 0, 0, 0, 9, 0, 0, 0, 65],
+                             [v, 1, 0, 0, 0, 0, 0], [v, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0],
                              // A path with a NUL (a C string would end there), and a non-canonical policy.
-                             [1, 3, 0, 0, 0, 0, 3, 0, 0, 0, 97, 0, 98],
-                             [1, 6, 0, 0, 0, 0, 2, 0, 0, 0, 47, 102, 1, 1, 0, 0, 0, 112, 2, 0, 0, 0, 48, 50],
+                             [v, 3, 0, 0, 0, 0, 3, 0, 0, 0, 97, 0, 98],
+                             [v, 6, 0, 0, 0, 0, 2, 0, 0, 0, 47, 102, 1, 1, 0, 0, 0, 112, 2, 0, 0, 0, 48, 50],
                              // rename's flag must be exactly "0" or "1"; a class must be a class's name.
-                             [1, 13, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 98, 1, 0, 0, 0, 50],
-                             [1, 12, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 120]] {
+                             [v, 13, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 98, 1, 0, 0, 0, 50],
+                             [v, 12, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 120]] {
             #expect(throws: KeychainError.param) { try bad.withUnsafeBytes { try DeviceRequest(body: $0) } }
         }
     }

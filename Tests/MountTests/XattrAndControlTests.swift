@@ -46,6 +46,9 @@ import TestSupport
         #expect(status["first-unlock"] == "no")
         #expect(status["accessmode"] == "whenUnlocked")
         #expect(status["migrate"] == "yes")
+        // The mode says what it cannot protect against.
+        #expect(status["mode"] == "per-user")
+        #expect(status["mode-limits"]?.contains("any program of this user can read them") == true)
         try harness.unlock(mnt)
         #expect(harness.control(mnt, "accessmode afterFirstUnlock").succeeded)
         #expect(harness.control(mnt, "migrate no").succeeded)
