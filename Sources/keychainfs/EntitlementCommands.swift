@@ -77,6 +77,11 @@ struct GrantCommand: ParsableCommand {
     var group: String
 
     @OptionGroup var program: ProgramOptions
+
+    @Flag(name: .customLong("allow-jit"),
+          help: "Admit the program while it runs code from anonymous memory (a JavaScript engine, a JVM).")
+    var allowJIT = false
+
     @OptionGroup var options: KeychainOptions
 
     func validate() throws {
@@ -87,10 +92,11 @@ struct GrantCommand: ParsableCommand {
     func run() throws {
         let passcode = try policyPasscode()
         let fields = try policyReply(.grant(group: group, executable: program.absoluteExecutable!, unit: program.unit,
-                                            uid: program.uid, passcode: passcode), keychain: options.directory)
+                                            uid: program.uid, passcode: passcode, allowJIT: allowJIT), keychain: options.directory)
         guard fields.count == 2 else { throw fail("unexpected reply from the device") }
         print("granted \(group) to \(fields[0]) (sha256 \(fields[1]))"
-              + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? ""))
+              + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")
+              + (allowJIT ? ", JIT code allowed" : ""))
     }
 }
 
@@ -135,8 +141,8 @@ struct PolicyCommand: ParsableCommand {
         commandName: "policy",
         abstract: "Show the programs allowed to use each access group that has a policy.",
         discussion: """
-            One line per rule: GROUP, the executable, sha256=DIGEST, and unit= and uid= when the \
-            rule has them. A group whose policy admits no program is shown as GROUP (no program). \
+            One line per rule: GROUP, the executable, sha256=DIGEST, and unit=, uid= and allow-jit \
+            when the rule has them. A group whose policy admits no program is shown as GROUP (no program). \
             Groups without a policy are open to every program of the user and are not shown.
             """
     )
@@ -148,15 +154,16 @@ struct PolicyCommand: ParsableCommand {
 
     func run() throws {
         let fields = try policyReply(.policy(group: group), keychain: options.directory)
-        guard fields.count % 5 == 0 else { throw fail("unexpected reply from the device") }
-        for start in stride(from: 0, to: fields.count, by: 5) {
-            let rule = fields[start..<start + 5].map { LineEscaping.escaped($0) }
+        guard fields.count % 6 == 0 else { throw fail("unexpected reply from the device") }
+        for start in stride(from: 0, to: fields.count, by: 6) {
+            let rule = fields[start..<start + 6].map { LineEscaping.escaped($0) }
             if rule[1].isEmpty {
                 print("\(rule[0]) (no program)")
                 continue
             }
             print([rule[0], rule[1], "sha256=" + rule[2]].joined(separator: " ")
-                  + (rule[3].isEmpty ? "" : " unit=" + rule[3]) + (rule[4].isEmpty ? "" : " uid=" + rule[4]))
+                  + (rule[3].isEmpty ? "" : " unit=" + rule[3]) + (rule[4].isEmpty ? "" : " uid=" + rule[4])
+                  + (rule[5].isEmpty ? "" : " allow-jit"))
         }
     }
 }

@@ -42,6 +42,7 @@ import Testing
         .sync,
         .grant(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234")),
         .grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil),
+        .grant(group: "secure", executable: "/usr/bin/node", unit: nil, uid: nil, passcode: secret("1234"), allowJIT: true),
         .revoke(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
                 passcode: secret("1234")),
         .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),

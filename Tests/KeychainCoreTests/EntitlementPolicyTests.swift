@@ -157,6 +157,30 @@ import Testing
         #expect(try EntitlementPolicy(decoding: record, secret: secret) == policy)
         let body = Array(record.dropLast(Crypto.macSize)) + [0]
         expectError(.decode) { try EntitlementPolicy(decoding: body + secret.mac("kcfs-entitlements-v1", body), secret: secret) }
+        #expect(record.first == 1)  // no rule needs flags: still version 1, bootable by older builds
+    }
+
+    /// A rule that allows JIT code keeps the flag across a reboot (record
+    /// version 2, only then); the flag alone decides about anonymous code.
+    @Test func aRuleAllowingJITIsKeptAndAdmitsAnonymousCodeOnlyWhenAllowed() throws {
+        let secret = DeviceSecret(secret: try SecureBytes([UInt8](repeating: 3, count: Crypto.keySize)))
+        var policy = EntitlementPolicy()
+        let jit = EntitlementRule(executable: "/usr/bin/node", digest: Self.digestB, allowsJIT: true)
+        policy.groups = ["a": [Self.ruleA, jit]]
+        let record = policy.encoded(secret: secret)
+        #expect(record.first == 2)
+        #expect(try EntitlementPolicy(decoding: record, secret: secret) == policy)
+        // A version 2 record without a JIT rule is not the one encoding of its policy.
+        var plain = Array(record.dropLast(Crypto.macSize))
+        plain[plain.count - 1] = 0  // the last rule's flags
+        expectError(.decode) { try EntitlementPolicy(decoding: plain + secret.mac("kcfs-entitlements-v1", plain), secret: secret) }
+
+        var node = ProgramIdentity(executable: "/usr/bin/node", digest: Self.digestB, unit: nil, uid: 1000, runsAnonymousCode: true)
+        #expect(jit.admits(node))
+        #expect(!EntitlementRule(executable: "/usr/bin/node", digest: Self.digestB).admits(node))
+        node.distrust = "it is being traced by process 1"
+        #expect(!jit.admits(node))  // JIT allows anonymous code, nothing else
+        #expect(node.doubt == "it is being traced by process 1")
     }
 }
 

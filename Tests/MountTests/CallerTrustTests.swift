@@ -95,6 +95,42 @@ import TestSupport
         #expect(Self.denials(harness).contains { $0.contains("being traced") })
     }
 
+    /// Code written into anonymous memory is no executable's: refused unless
+    /// the rule was granted with `--allow-jit` (a JavaScript engine, a JVM).
+    @Test func aProgramRunningAnonymousCodeNeedsARuleThatAllowsJIT() throws {
+        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser()
+        try Self.compile(harness, "jit", """
+            #include <fcntl.h>
+            #include <stdio.h>
+            #include <string.h>
+            #include <sys/mman.h>
+            #include <unistd.h>
+            /* jit FILE: runs one generated instruction, then prints FILE. */
+            int main(int argc, char **argv) {
+                unsigned char *code = mmap(0, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (code == MAP_FAILED) { perror("mmap"); return 2; }
+                code[0] = 0xc3;                              /* ret */
+                ((void (*)(void))code)();
+                int fd = open(argv[1], O_RDONLY);
+                if (fd < 0) { perror(argv[1]); return 1; }
+                char buffer[256]; ssize_t count = read(fd, buffer, sizeof buffer);
+                if (count < 0) { perror(argv[1]); return 1; }
+                fwrite(buffer, 1, count, stdout);
+                return 0;
+            }
+            """)
+        #expect(harness.grant("secure", exe: harness.root + "/jit").succeeded)
+        Self.expectRefused(harness.run("jit", mnt + "/secure/token"), "anonymous code")
+        #expect(Self.denials(harness).contains { $0.contains("anonymous memory") })
+        let allowed = harness.grant("secure", exe: harness.root + "/jit", options: "--allow-jit")
+        #expect(allowed.succeeded && allowed.stdout.hasSuffix("JIT code allowed\n"), "\(allowed)")
+        #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout.contains("/jit sha256=") )
+        #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout.contains(" allow-jit\n"))
+        #expect(harness.run("jit", mnt + "/secure/token").stdout == "s3cret")
+        // The rule of the granted cat still admits no anonymous code.
+        #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
+    }
+
     /// Connect, send a request but its last byte, fork; the parent becomes
     /// the granted program (execv), the child sends the last byte and reads
     /// the reply. The process that connected is the granted one by then;

@@ -42,6 +42,7 @@ extension Device {
         try ItemLimits.validate(name: group)
         guard rule.digest.count == ExecutableDigest.size, rule.executable.hasPrefix("/") else { throw .param }
         let detail = rule.executable + " sha256=" + rule.digestHex + (rule.unit.map { " unit=" + $0 } ?? "")
+            + (rule.allowsJIT ? " allow-jit" : "")
             + (rule.uid.map { " uid=\($0)" } ?? "")
         _ = try audited("grant", group: group, detail: detail, by: subject) { () throws(KeychainError) in
             try changeEntitlements(group, passcode: passcode) { policy in

@@ -16,12 +16,12 @@ import Glibc
 /// `/proc/PID/mem` by the same user, without Yama's ptrace restrictions).
 enum CallerTrust {
     /// Why the process of `thread` cannot be trusted, as a phrase for the
-    /// audit log; nil when it can. `executable` is the file it runs (its
-    /// mapping is admitted whoever owns it).
-    static func problem(thread: pid_t, executable: stat, allowingJIT: Bool = false) -> String? {
-        if let problem = userNamespaceProblem(thread) { return problem }
-        if let problem = tracerProblem(thread) { return problem }
-        return codeProblem(thread, executable: executable, allowingJIT: allowingJIT)
+    /// audit log (nil when nothing says so), and whether it runs code from
+    /// anonymous memory (a JIT: only a rule that allows one admits it).
+    /// `executable` is the file it runs (its mapping is admitted whoever owns it).
+    static func assess(thread: pid_t, executable: stat) -> (problem: String?, runsAnonymousCode: Bool) {
+        if let problem = userNamespaceProblem(thread) ?? tracerProblem(thread) { return (problem, false) }
+        return codeProblem(thread, executable: executable)
     }
 
     // MARK: User namespace
@@ -75,15 +75,16 @@ enum CallerTrust {
     /// `start-end perms offset major:minor inode path`. Scanned as bytes,
     /// and only executable lines are looked at: this runs for every
     /// request to a policed group.
-    private static func codeProblem(_ thread: pid_t, executable: stat, allowingJIT: Bool) -> String? {
+    private static func codeProblem(_ thread: pid_t, executable: stat) -> (problem: String?, runsAnonymousCode: Bool) {
         let maps = ProgramIdentities.withProcPath(thread, "maps") { path -> [UInt8]? in
             let fd = open(path, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { return nil }
             defer { close(fd) }
             return try? Descriptor.readAll(fd, limit: 16 << 20)
         }
-        guard let maps, !maps.isEmpty else { return "its memory map cannot be read" }
-        return maps.withUnsafeBufferPointer { bytes -> String? in
+        guard let maps, !maps.isEmpty else { return ("its memory map cannot be read", false) }
+        var anonymous = false
+        let problem = maps.withUnsafeBufferPointer { bytes -> String? in
             var lineStart = 0
             while lineStart < bytes.count {
                 let lineEnd = bytes[lineStart...].firstIndex(of: UInt8(ascii: "\n")) ?? bytes.count
@@ -97,9 +98,9 @@ enum CallerTrust {
                 }
                 let path = fields.rest
                 if inode == 0 {
-                    // The kernel's own code pages for every process.
-                    if path.elementsEqual("[vdso]".utf8) || path.elementsEqual("[vsyscall]".utf8) || allowingJIT { continue }
-                    return "it runs code from anonymous memory"
+                    // The kernel's own code pages for every process are not anonymous code.
+                    if !path.elementsEqual("[vdso]".utf8) && !path.elementsEqual("[vsyscall]".utf8) { anonymous = true }
+                    continue
                 }
                 if device == UInt64(executable.st_dev) && inode == UInt64(executable.st_ino) { continue }
                 var info = stat()
@@ -121,6 +122,7 @@ enum CallerTrust {
             }
             return nil
         }
+        return (problem, anonymous)
     }
 
     /// The space-separated fields of one line of `/proc/PID/maps`.

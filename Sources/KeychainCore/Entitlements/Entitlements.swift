@@ -19,13 +19,23 @@ public struct ProgramIdentity: Sendable, Equatable {
     /// executable (another user namespace, a tracer, foreign code in it);
     /// nil when nothing says so. No rule admits it then.
     public var distrust: String?
+    /// It runs code from anonymous executable memory (a JIT, or code
+    /// written there): only a rule granted with `--allow-jit` admits it.
+    public var runsAnonymousCode: Bool
 
-    public init(executable: String, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil) {
+    public init(executable: String, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil,
+                runsAnonymousCode: Bool = false) {
         self.executable = executable
         self.digest = digest
         self.unit = unit
         self.uid = uid
         self.distrust = distrust
+        self.runsAnonymousCode = runsAnonymousCode
+    }
+
+    /// Why a rule that names this executable may still refuse it, for the audit log.
+    public var doubt: String? {
+        distrust ?? (runsAnonymousCode ? "it runs code from anonymous memory (a rule needs --allow-jit)" : nil)
     }
 }
 
@@ -38,12 +48,17 @@ public struct EntitlementRule: Sendable, Equatable {
     public var digest: [UInt8]
     public var unit: String?
     public var uid: UInt32?
+    /// The program may run code from anonymous executable memory (a JIT:
+    /// a JavaScript engine, a JVM). Otherwise such a process is refused,
+    /// since code written into memory is no executable's.
+    public var allowsJIT: Bool
 
-    public init(executable: String, digest: [UInt8], unit: String? = nil, uid: UInt32? = nil) {
+    public init(executable: String, digest: [UInt8], unit: String? = nil, uid: UInt32? = nil, allowsJIT: Bool = false) {
         self.executable = executable
         self.digest = digest
         self.unit = unit
         self.uid = uid
+        self.allowsJIT = allowsJIT
     }
 
     /// Whether `program` is the program this rule names. Paths and units
@@ -51,7 +66,7 @@ public struct EntitlementRule: Sendable, Equatable {
     /// `/opt/café` spelled with `e` + U+0301 for the one with U+00E9, and a
     /// copy of the binary there would pass for the granted one.
     public func admits(_ program: ProgramIdentity) -> Bool {
-        program.distrust == nil && Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
+        program.distrust == nil && (!program.runsAnonymousCode || allowsJIT) && Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
             && (unit == nil || Self.sameBytes(program.unit, unit)) && (uid == nil || program.uid == uid)
     }
 
@@ -84,12 +99,16 @@ public struct EntitlementRule: Sendable, Equatable {
 ///
 /// Record (meta key `entitlements`), little-endian:
 /// `version u8 | groups u32 |` per group `name | rules u32 |` per rule
-/// `executable | digest[32] | unit? | uid?` `| mac[32]`, strings as
+/// `executable | digest[32] | unit? | uid? | flags u8` `| mac[32]`, strings as
 /// `length u16 | UTF-8`, optional fields as a presence byte (0 or 1) then the value;
-/// the MAC (keyed BLAKE2b under the device metadata key) over all before it.
+/// flags bit 0: the rule allows JIT code. The flags byte is there only in
+/// version 2, written only when some rule allows JIT (one encoding per
+/// policy, and a keychain that uses no JIT rule still boots in builds that
+/// know only version 1); the MAC (keyed BLAKE2b under the device metadata
+/// key) over all before it.
 struct EntitlementPolicy: Equatable, Sendable {
     static let recordKey = "entitlements"
-    private static let version: UInt8 = 1
+    private static let versionWithFlags: UInt8 = 2
     private static let macDomain = "kcfs-entitlements-v1"
 
     var groups: [String: [EntitlementRule]] = [:]
@@ -98,7 +117,8 @@ struct EntitlementPolicy: Equatable, Sendable {
 
     func encoded(secret: DeviceSecret) -> [UInt8] {
         var writer = ByteWriter()
-        writer.append(Self.version)
+        let flags = groups.values.contains { $0.contains(where: \.allowsJIT) }
+        writer.append(flags ? Self.versionWithFlags : 1)
         writer.append(UInt32(groups.count))
         for group in groups.keys.sorted() {
             writer.appendPrefixed(group)
@@ -111,6 +131,7 @@ struct EntitlementPolicy: Equatable, Sendable {
                 if let unit = rule.unit { writer.appendPrefixed(unit) }
                 writer.append(rule.uid == nil ? UInt8(0) : 1)
                 if let uid = rule.uid { writer.append(uid) }
+                if flags { writer.append(rule.allowsJIT ? UInt8(1) : 0) }
             }
         }
         return secret.authenticatedRecord(Self.macDomain, writer.bytes)
@@ -118,7 +139,8 @@ struct EntitlementPolicy: Equatable, Sendable {
 
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
         var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record))
-        guard try reader.readByte() == Self.version else { throw .decode }
+        let version = try reader.readByte()
+        guard version == 1 || version == Self.versionWithFlags else { throw .decode }
         var previous: String?
         for _ in 0..<(try reader.readUInt32()) {
             let group = try reader.readPrefixed()
@@ -132,12 +154,16 @@ struct EntitlementPolicy: Equatable, Sendable {
                 let digest = try reader.read(ExecutableDigest.size)
                 let unit = try Self.isPresent(try reader.readByte()) ? try reader.readPrefixed() : nil
                 let uid = try Self.isPresent(try reader.readByte()) ? try reader.readUInt32() : nil
+                // Only bit 0 is defined: one encoding per rule.
+                let allowsJIT = version == 1 ? false : try Self.isPresent(try reader.readByte())
                 guard executable.hasPrefix("/"), unit?.isEmpty != true else { throw .decode }
-                rules.append(EntitlementRule(executable: executable, digest: digest, unit: unit, uid: uid))
+                rules.append(EntitlementRule(executable: executable, digest: digest, unit: unit, uid: uid, allowsJIT: allowsJIT))
             }
             groups[group] = rules
         }
-        guard reader.isAtEnd else { throw .decode }
+        // Version 2 only for a policy that needs its flags.
+        let flags = groups.values.contains { $0.contains(where: \.allowsJIT) }
+        guard reader.isAtEnd, (version == Self.versionWithFlags) == flags else { throw .decode }
     }
 
     private static func isPresent(_ flag: UInt8) throws(KeychainError) -> Bool {

@@ -29,8 +29,9 @@ package enum ProgramIdentities {
             var named = stat()
             guard stat(path, &named) == 0, named.st_dev == opened.st_dev, named.st_ino == opened.st_ino,
                   let digest = digest(of: fd, info: opened) else { return nil }
+            let trust = CallerTrust.assess(thread: thread, executable: opened)
             return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid,
-                                   distrust: CallerTrust.problem(thread: thread, executable: opened))
+                                   distrust: trust.problem, runsAnonymousCode: trust.runsAnonymousCode)
         }
     }
 

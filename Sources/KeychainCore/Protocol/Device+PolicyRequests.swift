@@ -9,11 +9,12 @@ extension Device {
         let device = self
         do throws(KeychainError) {
             switch request {
-            case .grant(let group, let executable, let unit, let uid, let passcode):
+            case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
                 guard let program = ProgramIdentities.executable(at: executable) else {
                     return .systemError(ENOENT, "cannot read the executable \(executable) (it must be a regular file the device can read)")
                 }
-                let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid)
+                let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid,
+                                           allowsJIT: allowJIT)
                 try device.grant(rule, toGroup: group, passcode: passcode, by: subject)
                 return .ok([rule.executable, rule.digestHex])
             case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
@@ -29,9 +30,10 @@ extension Device {
                 return .ok(groups.flatMap { group in
                     let rules = policies[group] ?? []
                     // A policy without rules admits no program: shown as a group with an empty rule.
-                    if rules.isEmpty { return [group, "", "", "", ""] }
+                    if rules.isEmpty { return [group, "", "", "", "", ""] }
                     return rules.flatMap { rule in
-                        [group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? ""]
+                        [group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? "",
+                         rule.allowsJIT ? "jit" : ""]
                     }
                 })
             default:

@@ -44,13 +44,14 @@ public enum DeviceRequest: Equatable, Sendable {
     case sync
     /// Allow the executable at `executable` (absolute; the device resolves
     /// and hashes it), optionally only in `unit` and as `uid`, to use `group`
-    /// (``Device/grant(_:toGroup:passcode:)``). The reply's field is the digest.
-    case grant(group: String, executable: String, unit: String?, uid: UInt32?, passcode: SecureBytes?)
+    /// (``Device/grant(_:toGroup:passcode:)``), with JIT code when `allowJIT`.
+    /// The reply's field is the digest.
+    case grant(group: String, executable: String, unit: String?, uid: UInt32?, passcode: SecureBytes?, allowJIT: Bool = false)
     /// Remove rules of `group`, or (`all`) its whole policy (``Device/revoke(group:executable:unit:uid:all:passcode:)``).
     /// The reply's field is the number of rules removed.
     case revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?)
-    /// The rules of one group (or of every group with a policy), five fields
-    /// each: group, executable, SHA-256 in hex, unit, uid (the last two empty when not set).
+    /// The rules of one group (or of every group with a policy), six fields
+    /// each: group, executable, SHA-256 in hex, unit, uid, `jit` (the last three empty when not set).
     case policy(group: String?)
 
     /// The `kind` byte of each request.
@@ -122,10 +123,10 @@ public enum DeviceRequest: Equatable, Sendable {
             operation = .status
         case .sync:
             operation = .sync
-        case .grant(let group, let executable, let unit, let uid, let passcode):
+        case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
             operation = .grant
             fields = [.text(group), .text(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
-                      .optionalSecret(passcode)]
+                      .optionalSecret(passcode), .text(allowJIT ? "1" : "0")]
         case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
             operation = .revoke
             fields = [.text(group), .optionalText(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
@@ -203,7 +204,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case .grant:
             let group = try reader.text(), executable = try reader.text(), unit = try reader.optionalText()
             let uid = try Self.uid(try reader.optionalText())
-            self = .grant(group: group, executable: executable, unit: unit, uid: uid, passcode: try reader.optionalSecret())
+            let passcode = try reader.optionalSecret()
+            self = .grant(group: group, executable: executable, unit: unit, uid: uid, passcode: passcode,
+                          allowJIT: try Self.flag(try reader.text()))
         case .revoke:
             let group = try reader.text(), executable = try reader.optionalText(), unit = try reader.optionalText()
             let uid = try Self.uid(try reader.optionalText()), all = try Self.flag(try reader.text())

@@ -306,7 +306,7 @@ public final class FileSystem: Sendable {
             }
         } catch {
             // Why a granted executable was not trusted, when that was the reason.
-            audit(operation, group: group, identifier: identifier, detail: program?.distrust, caller: caller,
+            audit(operation, group: group, identifier: identifier, detail: program?.doubt, caller: caller,
                   result: AuditEvent.result(of: error))
             throw Errno(error)
         }
