@@ -78,6 +78,73 @@ import TestSupport
     }
 }
 
+extension StressTests {
+    /// A name replaced atomically (`rename` over it) always exists: readers
+    /// racing the replacements never see ENOENT, and never ESTALE (the
+    /// kernel looks a name up again after one ESTALE, but only once, so
+    /// an open that raced two replacements used to fail with it, issue 21).
+    @Test func readersRacingAtomicReplacementsNeverSeeAbsenceOrStale() throws {
+        let (harness, mnt) = try MountHarness.unlockedMount()
+        /// Creates or replaces `path` with `value`; errno, or 0.
+        @Sendable func store(_ path: String, _ value: String) -> Int32 {
+            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+            if fd < 0 { return errno }
+            let count = value.utf8.count
+            let written = value.withCString { write(fd, $0, count) }
+            let error = written == count ? 0 : errno
+            return close(fd) == 0 ? error : errno
+        }
+        #expect(store(mnt + "/default/x", "value 0") == 0)
+        let run = ChurnRun()
+        let done = DispatchGroup()
+        for worker in 0..<2 {
+            done.enter()
+            Thread {
+                var sequence = 0
+                while !run.stop.load(ordering: .relaxed) {
+                    sequence += 1
+                    let temporary = mnt + "/default/tmp-\(worker)"
+                    guard store(temporary, "value \(worker)-\(sequence)") == 0,
+                          rename(temporary, mnt + "/default/x") == 0 else {
+                        run.failures.withLock { $0.append("replace: errno \(errno)") }
+                        break
+                    }
+                }
+                done.leave()
+            }.start()
+        }
+        for _ in 0..<6 {
+            done.enter()
+            Thread {
+                var buffer = [UInt8](repeating: 0, count: 256)
+                while !run.stop.load(ordering: .relaxed) {
+                    let fd = open(mnt + "/default/x", O_RDONLY | O_CLOEXEC)
+                    if fd < 0 {
+                        let error = errno
+                        run.failures.withLock { $0.append("open: errno \(error)") }
+                        continue
+                    }
+                    let count = read(fd, &buffer, buffer.count)
+                    close(fd)
+                    if count <= 0 || !String(decoding: buffer[0..<max(count, 0)], as: UTF8.self).hasPrefix("value ") {
+                        run.failures.withLock { $0.append("read: \(count)") }
+                    }
+                    run.operations.add(1, ordering: .relaxed)
+                }
+                done.leave()
+            }.start()
+        }
+        usleep(UInt32(3_000_000 * Self.scale))  // the length of the run
+        run.stop.store(true, ordering: .relaxed)
+        #expect(done.wait(timeout: .now() + 30) == .success, "a filesystem call hung")
+        let failures = run.failures.withLock { $0 }
+        let operations = run.operations.load(ordering: .relaxed)
+        #expect(failures.count == 0, "\(failures.count) failures in \(operations) reads: \(failures.prefix(10))")
+        #expect(operations > 100)
+        withExtendedLifetime(harness) {}
+    }
+}
+
 // MARK: kill -9
 
 /// What the writers were told: per item, the value acknowledged last and

@@ -27,6 +27,55 @@ extension FileSystem {
         }
     }
 
+    /// How often an open follows a name that keeps being replaced under it.
+    static let openAttempts = 8
+
+    /// Opens the item behind `inode` and registers the descriptor: the
+    /// file and its handle for the kernel. An open that raced the removal
+    /// or replacement of the item's name (its inode was detached after the
+    /// kernel looked the name up) is answered as if it came just after:
+    /// with the item the name holds then (a name replaced with `rename`
+    /// always holds one), or ENOENT. ESTALE would make the kernel look the
+    /// name up again, but only once (fs/namei.c, `do_filp_open`): under
+    /// churn a reader of an atomically replaced name got it (issue 21).
+    /// An `O_CREAT` open of a removed name stays ESTALE, so that the
+    /// kernel's second lookup finds it absent and creates it.
+    func openDescriptor(inode: UInt64, flags: Int32, opener: ProcessIdentity) throws(Errno) -> (OpenFile, UInt64) {
+        var target = inode
+        for _ in 0..<Self.openAttempts {
+            let node: Node
+            var numberedHere = false
+            if let bound = nodes.node(for: target) {
+                node = bound
+            } else if let detached = nodes.detachedItem(target)?.node {
+                node = detached
+                if let current = nodes.existingInode(for: detached) {
+                    target = current
+                } else if flags & O_CREAT != 0 {
+                    throw Errno(ESTALE)
+                } else {
+                    // Unnumbered: absent, or never looked up since. openItem says which
+                    // (ENOENT only to a program the group's policy admits).
+                    target = nodes.inode(for: detached)
+                    numberedHere = true
+                }
+            } else {
+                throw Errno(ESTALE)
+            }
+            guard case .item(let group, let identifier) = node else { throw Errno(EISDIR) }
+            do throws(Errno) {
+                let file = try openItem(group: group, identifier: identifier, inode: target, flags: flags, opener: opener)
+                return (file, try nodes.add(file))
+            } catch .stale {
+                continue  // detached again meanwhile: follow the name once more
+            } catch {
+                if numberedHere { nodes.dropIfUnused(target) }
+                throw error
+            }
+        }
+        throw Errno(ESTALE)
+    }
+
     private func opening(group: String, identifier: String, inode: UInt64, flags: Int32,
                          opener: ProcessIdentity) throws(Errno) -> OpenFile {
         let truncates = flags & O_TRUNC != 0

@@ -142,6 +142,12 @@ final class NodeTable: Sendable {
         release(inode, count: count)
     }
 
+    /// Forgets `inode` if nothing holds it: one numbered by ``inode(for:)``
+    /// for an open that then failed.
+    func dropIfUnused(_ inode: UInt64) {
+        release(inode, count: 0)
+    }
+
     /// An inode no kernel knows and no descriptor holds is forgotten here
     /// too, so that the table stays as large as the kernels' caches, not as
     /// the keychain; its name gets a new number at the next lookup.

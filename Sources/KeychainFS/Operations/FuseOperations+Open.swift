@@ -9,7 +9,8 @@ extension FuseOperations {
     static func open(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         serve(req) { fs throws(Errno) in
             guard let fi else { throw Errno(EINVAL) }
-            let node = try fs.node(inode)
+            // A detached item: the open raced the removal or replacement of its name (openDescriptor).
+            guard let node = fs.nodes.node(for: inode) ?? fs.nodes.detachedItem(inode)?.node else { throw Errno(ESTALE) }
             fi.pointee.direct_io = 1
             fi.pointee.keep_cache = 0
             switch node {
@@ -32,12 +33,11 @@ extension FuseOperations {
                 if device.isLocked != locked { stream.deliver(stateLine(!locked)) }
                 fi.pointee.fh = FuseHandle.make(stream)
                 fi.pointee.nonseekable = 1
-            case .item(let group, let identifier):
-                let file = try fs.openItem(group: group, identifier: identifier, inode: inode,
-                                           flags: fi.pointee.flags, opener: caller(req))
+            case .item:
+                let (file, handle) = try fs.openDescriptor(inode: inode, flags: fi.pointee.flags, opener: caller(req))
                 // Read-only descriptors have nothing to commit: no FLUSH round trip on close.
                 fi.pointee.noflush = file.writable ? 0 : 1
-                fi.pointee.fh = try fs.nodes.add(file)
+                fi.pointee.fh = handle
             default:
                 throw Errno(EISDIR)
             }
