@@ -66,12 +66,7 @@ import TestSupport
             }
             done.leave()
         }.start()
-        usleep(UInt32(2_000_000 * Self.scale))  // the length of the run
-        run.stop.store(true, ordering: .relaxed)
-        #expect(done.wait(timeout: .now() + 30) == .success, "a filesystem call hung")
-        let failures = run.failures.withLock { $0 }
-        #expect(failures.isEmpty, "\(failures.count) failures: \(failures.prefix(10))")
-        #expect(run.operations.load(ordering: .relaxed) > 100)
+        run.finish(after: 2 * Self.scale, threads: done)
         #expect(openDescriptors(pid) == descriptorsBefore)
         #expect(isRunning(pid))
         withExtendedLifetime(harness) {}  // its deinit unmounts
@@ -134,13 +129,7 @@ extension StressTests {
                 done.leave()
             }.start()
         }
-        usleep(UInt32(3_000_000 * Self.scale))  // the length of the run
-        run.stop.store(true, ordering: .relaxed)
-        #expect(done.wait(timeout: .now() + 30) == .success, "a filesystem call hung")
-        let failures = run.failures.withLock { $0 }
-        let operations = run.operations.load(ordering: .relaxed)
-        #expect(failures.count == 0, "\(failures.count) failures in \(operations) reads: \(failures.prefix(10))")
-        #expect(operations > 100)
+        run.finish(after: 3 * Self.scale, threads: done)
         withExtendedLifetime(harness) {}
     }
 }
@@ -241,6 +230,20 @@ private final class ChurnRun: Sendable {
     let stop = Atomic<Bool>(false)
     let failures = Mutex<[String]>([])
     let operations = Atomic<Int>(0)
+
+    /// Lets the threads run for `seconds` (the length of the run is the
+    /// experiment, not a wait for something), stops them, and expects that
+    /// every one ended, nothing failed and enough happened.
+    func finish(after seconds: Int, threads: DispatchGroup, sourceLocation: SourceLocation = #_sourceLocation) {
+        usleep(UInt32(seconds * 1_000_000))
+        stop.store(true, ordering: .relaxed)
+        #expect(threads.wait(timeout: .now() + 30) == .success, "a filesystem call hung", sourceLocation: sourceLocation)
+        let failures = failures.withLock { $0 }
+        let count = operations.load(ordering: .relaxed)
+        #expect(failures.count == 0, "\(failures.count) failures in \(count) operations: \(failures.prefix(10))",
+                sourceLocation: sourceLocation)
+        #expect(count > 100, sourceLocation: sourceLocation)
+    }
 }
 
 private func churn(mnt: String, worker: Int, run: ChurnRun) {
