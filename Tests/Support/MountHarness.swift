@@ -32,7 +32,16 @@ package final class MountHarness: @unchecked Sendable {
         root = String(validatingCString: made)!
         keychain = root + "/keychain"
         runtime = root + "/run"
-        binary = try Self.findBinary()
+        let built = try Self.findBinary()
+        if user != nil {
+            // The build may lie where only root can reach (a clone under
+            // /root, a .build of mode 0750): the user runs its own copy.
+            binary = root + "/bin/keychainfs"
+            try FileManager.default.createDirectory(atPath: root + "/bin", withIntermediateDirectories: true)
+            try FileManager.default.copyItem(atPath: built, toPath: binary)
+        } else {
+            binary = built
+        }
         self.user = user
         try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
