@@ -33,12 +33,12 @@ enum KeysHolder {
     }
 
     /// The keychain's passcode where a policed group needs it: the one that
-    /// unlocked a keychain opened here, or read now (after `before` others)
+    /// unlocked a keychain opened here, or read now (after the backup password)
     /// for a running device; an empty line is "none".
     func passcode(for purpose: String) -> SecureBytes? {
         switch self {
         case .local(_, let passcode): return passcode
-        case .device: return Passcode.read(prompt: "Keychain passcode (\(purpose)): ")
+        case .device: return Passcode.read(prompt: "Keychain passcode (\(purpose)): ").flatMap { $0.count > 0 ? $0 : nil }
         }
     }
 

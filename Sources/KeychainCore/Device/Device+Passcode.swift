@@ -47,6 +47,15 @@ extension Device {
                             then: { _ throws(KeychainError) -> R in try body() })
     }
 
+    /// Checks `passcode` where a policed group needs the keychain's:
+    /// ``KeychainError/missingEntitlement`` when none is given to a keychain
+    /// that has one (not counted), a counted ``KeychainError/authFailed``
+    /// when it is wrong.
+    func confirmPasscode(_ passcode: SecureBytes?) throws(KeychainError) {
+        guard passcode != nil || !status.hasPasscode else { throw .missingEntitlement }
+        try withPasscode(passcode) { () throws(KeychainError) in }
+    }
+
     /// One attempt with a passcode (unlock, passcode change, grant, revoke):
     /// refused without trying while a lockout from earlier failures lasts;
     /// `derive` uses the passcode, and its failure to unwrap a key is a

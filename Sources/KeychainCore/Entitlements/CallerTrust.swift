@@ -55,14 +55,8 @@ enum CallerTrust {
         while let entry = readdir(tasks) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
             guard let task = pid_t(name) else { continue }
-            let status = ProgramIdentities.withProcPath(task, "status") { path -> [UInt8]? in
-                let fd = open(path, O_RDONLY | O_CLOEXEC)
-                guard fd >= 0 else { return nil }
-                defer { close(fd) }
-                return try? Descriptor.readAll(fd, limit: 8 << 10)
-            }
             // A thread that ended meanwhile has no status: nothing to trace.
-            guard let status else { continue }
+            guard let status = ProgramIdentities.readProcFile(task, "status", limit: 8 << 10) else { continue }
             guard let tracer = ProcStatus.number("TracerPid:", in: status) else { return "its status cannot be read" }
             if tracer != 0 { return "it is being traced by process \(tracer)" }
         }
@@ -76,13 +70,7 @@ enum CallerTrust {
     /// and only executable lines are looked at: this runs for every
     /// request to a policed group.
     private static func codeProblem(_ thread: pid_t, executable: stat) -> (problem: String?, runsAnonymousCode: Bool) {
-        let maps = ProgramIdentities.withProcPath(thread, "maps") { path -> [UInt8]? in
-            let fd = open(path, O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { return nil }
-            defer { close(fd) }
-            return try? Descriptor.readAll(fd, limit: 16 << 20)
-        }
-        guard let maps, !maps.isEmpty else { return ("its memory map cannot be read", false) }
+        guard let maps = ProgramIdentities.readProcFile(thread, "maps", limit: 16 << 20), !maps.isEmpty else { return ("its memory map cannot be read", false) }
         var anonymous = false
         let problem = maps.withUnsafeBufferPointer { bytes -> String? in
             var lineStart = 0

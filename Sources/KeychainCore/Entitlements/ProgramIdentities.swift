@@ -206,10 +206,17 @@ package enum ProgramIdentities {
     /// of its cgroup path, e.g. `/user.slice/user-1000.slice/
     /// user@1000.service/app.slice/backup.service` is `backup.service`.
     package static func unit(of thread: pid_t) -> String? {
-        let fd = withProcPath(thread, "cgroup") { open($0, O_RDONLY | O_CLOEXEC) }
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        return unit(ofCgroupFile: (try? Descriptor.readAll(fd, limit: 64 << 10)) ?? [])
+        readProcFile(thread, "cgroup", limit: 64 << 10).flatMap(unit(ofCgroupFile:))
+    }
+
+    /// The bytes of `/proc/THREAD/LEAF`, up to `limit`; nil when it cannot be read.
+    static func readProcFile(_ thread: pid_t, _ leaf: StaticString, limit: Int) -> [UInt8]? {
+        withProcPath(thread, leaf) { path -> [UInt8]? in
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            defer { close(fd) }
+            return try? Descriptor.readAll(fd, limit: limit)
+        }
     }
 
     /// The unit a `/proc/PID/cgroup` file names: the unified (v2) hierarchy

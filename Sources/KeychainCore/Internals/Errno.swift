@@ -21,21 +21,14 @@ package struct Errno: Error, RawRepresentable, Hashable, Sendable, CustomStringC
     package static let noSuchFile = Errno(ENOENT)
     package static let interrupted = Errno(EINTR)
     package static let ioError = Errno(EIO)
-    package static let badDescriptor = Errno(EBADF)
-    package static let tryAgain = Errno(EAGAIN)
     package static let permissionDenied = Errno(EACCES)
     package static let busy = Errno(EBUSY)
     package static let exists = Errno(EEXIST)
-    package static let crossDevice = Errno(EXDEV)
-    package static let isDirectory = Errno(EISDIR)
     package static let invalidArgument = Errno(EINVAL)
     package static let fileTooLarge = Errno(EFBIG)
-    package static let outOfRange = Errno(ERANGE)
     package static let nameTooLong = Errno(ENAMETOOLONG)
     package static let notEmpty = Errno(ENOTEMPTY)
-    package static let notSupported = Errno(EOPNOTSUPP)
     package static let stale = Errno(ESTALE)
-    package static let timedOut = Errno(ETIMEDOUT)
 }
 
 /// Calls a system function that reports failure as -1 and the reason in

@@ -54,10 +54,7 @@ extension PasswordManager {
         let named = Set(policedGroups)
         do throws(KeychainError) {
             for group in named where !device.hasEntitlementPolicy(group) { throw KeychainError.param }
-            if !named.isEmpty {
-                guard passcode != nil || !device.status.hasPasscode else { throw KeychainError.missingEntitlement }
-                try device.withPasscode(passcode) { () throws(KeychainError) in }
-            }
+            if !named.isEmpty { try device.confirmPasscode(passcode) }
         } catch {
             device.audit.record(AuditEvent(operation: "backup", result: AuditEvent.result(of: error),
                                            group: named.sorted().first, subject: subject, detail: "policed groups"))
@@ -118,8 +115,7 @@ extension PasswordManager {
         }
         if !policedWrites.isEmpty {
             do throws(KeychainError) {
-                guard passcode != nil || !device.status.hasPasscode else { throw KeychainError.missingEntitlement }
-                try device.withPasscode(passcode) { () throws(KeychainError) in }
+                try device.confirmPasscode(passcode)
             } catch {
                 for group in policedWrites.sorted() {
                     device.audit.record(AuditEvent(operation: "restore", result: AuditEvent.result(of: error), group: group,
