@@ -3,6 +3,8 @@
 // Linux and glibc calls that Swift cannot make directly (variadic functions,
 // declarations hidden behind _GNU_SOURCE, headers outside the Glibc module).
 // Nothing of FUSE, libsodium or SQLite: each of those has its own shim.
+#include <errno.h>
+#include <grp.h>
 #include <malloc.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -52,13 +54,17 @@ static inline int CLinux_spawn_close_from(posix_spawn_file_actions_t *actions, i
 }
 
 // One recvmsg on a UNIX stream socket whose listener had SO_PASSCRED set:
-// the bytes read, and in *sender the process (thread group) that sent them.
+// the bytes read, in *sender the process (thread group) that sent them, and
+// in *descriptor a descriptor passed with them (SCM_RIGHTS), else -1.
 // The kernel attaches the sender's credentials to every message, and a
 // stream read never joins messages of two senders (af_unix.c
 // maybe_add_creds, unix_stream_read_generic); 0 when none came with them.
-// SCM_CREDENTIALS and struct ucred are _GNU_SOURCE-only: spelled out here.
-static inline ssize_t CLinux_receive_with_sender(int fd, void *buffer, size_t length, int *sender) {
-    union { struct cmsghdr header; char space[CMSG_SPACE(3 * sizeof(int))]; } control;
+// Room for one descriptor only: the kernel closes any further ones
+// (scm_detach_fds), and a second one arriving later replaces nothing: the
+// caller closes what it does not want. SCM_CREDENTIALS and struct ucred
+// are _GNU_SOURCE-only: spelled out here.
+static inline ssize_t CLinux_receive_with_sender(int fd, void *buffer, size_t length, int *sender, int *descriptor) {
+    union { struct cmsghdr header; char space[CMSG_SPACE(3 * sizeof(int)) + CMSG_SPACE(sizeof(int))]; } control;
     struct iovec vector = { buffer, length };
     struct msghdr message;
     memset(&message, 0, sizeof message);
@@ -67,13 +73,79 @@ static inline ssize_t CLinux_receive_with_sender(int fd, void *buffer, size_t le
     message.msg_control = control.space;
     message.msg_controllen = sizeof control.space;
     *sender = 0;
+    *descriptor = -1;
     ssize_t count = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
     if (count <= 0) return count;
     for (struct cmsghdr *item = CMSG_FIRSTHDR(&message); item != NULL; item = CMSG_NXTHDR(&message, item)) {
         if (item->cmsg_level == SOL_SOCKET && item->cmsg_type == 2 /* SCM_CREDENTIALS */) {
             memcpy(sender, CMSG_DATA(item), sizeof(int));  // ucred.pid comes first
+        } else if (item->cmsg_level == SOL_SOCKET && item->cmsg_type == SCM_RIGHTS
+                   && item->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            memcpy(descriptor, CMSG_DATA(item), sizeof(int));
         }
     }
     return count;
+}
+
+// One sendmsg of `length` bytes that passes `descriptor` with them
+// (SCM_RIGHTS): the kernel gives the receiver its own descriptor of the
+// same open file (the /dev/fuse connection fusermount3 opened, a backup
+// file the user opened).
+static inline ssize_t CLinux_send_with_descriptor(int fd, const void *buffer, size_t length, int descriptor) {
+    union { struct cmsghdr header; char space[CMSG_SPACE(sizeof(int))]; } control;
+    struct iovec vector = { (void *)buffer, length };
+    struct msghdr message;
+    memset(&message, 0, sizeof message);
+    memset(&control, 0, sizeof control);
+    message.msg_iov = &vector;
+    message.msg_iovlen = 1;
+    message.msg_control = control.space;
+    message.msg_controllen = sizeof control.space;
+    struct cmsghdr *item = CMSG_FIRSTHDR(&message);
+    item->cmsg_level = SOL_SOCKET;
+    item->cmsg_type = SCM_RIGHTS;
+    item->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(item), &descriptor, sizeof(int));
+    return sendmsg(fd, &message, MSG_NOSIGNAL);
+}
+
+// Becomes the service account, keeping one capability: CAP_SYS_PTRACE,
+// which the kernel asks of a reader of another user's /proc/PID/maps, exe
+// and ns/user (ptrace_may_access, PTRACE_MODE_READ_FSCREDS), the files by
+// which the device tells who its callers are. Every other capability
+// leaves the bounding set first (which needs CAP_SETPCAP, still held), no
+// program it could run gains privileges (PR_SET_NO_NEW_PRIVS), and the
+// supplementary groups are dropped. Returns 0, or -1 with errno.
+// glibc's wrappers (declared only with _GNU_SOURCE) change every thread's
+// credentials, where the raw system calls would change one thread's.
+extern int setresuid(uid_t ruid, uid_t euid, uid_t suid);
+extern int setresgid(gid_t rgid, gid_t egid, gid_t sgid);
+static inline int CLinux_become_service_account(uid_t uid, gid_t gid) {
+    const int keep = 19;  // CAP_SYS_PTRACE (linux/capability.h)
+    for (int capability = 0; capability <= 63; capability++) {
+        if (capability == keep) continue;
+        if (prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0 && errno != EINVAL) return -1;
+    }
+    if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0) return -1;
+    if (setgroups(0, NULL) != 0) return -1;
+    if (setresgid(gid, gid, gid) != 0) return -1;
+    if (setresuid(uid, uid, uid) != 0) return -1;
+    // struct __user_cap_header_struct / __user_cap_data_struct, version 3.
+    struct { unsigned int version; int pid; } header = { 0x20080522, 0 };
+    struct { unsigned int effective, permitted, inheritable; } data[2];
+    memset(data, 0, sizeof data);
+    data[0].effective = data[0].permitted = 1u << keep;
+    if (syscall(SYS_capset, &header, data) != 0) return -1;
+    if (prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0) return -1;
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+}
+
+// Whether this process holds CAP_SYS_PTRACE in its effective set.
+static inline int CLinux_can_read_other_users_processes(void) {
+    struct { unsigned int version; int pid; } header = { 0x20080522, 0 };
+    struct { unsigned int effective, permitted, inheritable; } data[2];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &header, data) != 0) return 0;
+    return (data[0].effective >> 19) & 1;
 }
 #endif

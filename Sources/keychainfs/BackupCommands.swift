@@ -13,7 +13,11 @@ enum KeysHolder {
     /// The keychain opened here, and the passcode that unlocked it.
     case local(PasswordManager, passcode: SecureBytes?)
 
-    static func find(_ keychain: KeychainDirectory) throws -> KeysHolder {
+    static func find(_ place: KeychainPlace) throws -> KeysHolder {
+        guard case .directory(let keychain) = place else {
+            try place.requireExisting()
+            return .device(socketPath: try place.socketPath())
+        }
         try keychain.requireExisting()
         let socketPath = try keychain.deviceSocketPath()
         if DeviceClient.isServing(socketPath) { return .device(socketPath: socketPath) }
@@ -91,14 +95,33 @@ struct BackupCommand: ParsableCommand {
 
     func run() throws {
         let path = absolutePath(file)
-        let holder = try KeysHolder.find(options.directory)
+        let holder = try KeysHolder.find(options.place)
         let password = try Passcode.readNew(prompt: "Backup password: ", missing: "no backup password given")
         let passcode = policedGroups.isEmpty ? nil : holder.passcode(for: "to back up a policed group")
         let count: String
         switch holder {
         case .device(let socketPath):
-            switch DeviceClient.send(.backup(path: path, password: password, policedGroups: policedGroups,
-                                             passcode: passcode), to: socketPath) {
+            // The device writes into a file this user made: it may be
+            // another account's (the service), which must not write by path.
+            let partial: (fd: Int32, path: String)
+            do {
+                partial = try BackupFile.createPartial(for: path)
+            } catch {
+                throw fail("cannot create \(path).partial: \(String(cString: strerror(errno)))")
+            }
+            let reply = DeviceClient.send(.backup(path: path, password: password, policedGroups: policedGroups,
+                                                  passcode: passcode), to: socketPath, passing: partial.fd)
+            close(partial.fd)
+            if case .ok? = reply {
+                do {
+                    try BackupFile.moveIntoPlace(partial.path, path)
+                } catch {
+                    throw fail("cannot rename the backup into place at \(path)")
+                }
+            } else {
+                unlink(partial.path)
+            }
+            switch reply {
             case .keychainError(.missingEntitlement, _)?: throw fail(explain(.missingEntitlement, file: path))
             case .keychainError(.authFailed, _)?: throw fail(explain(.authFailed, file: ""))
             case .keychainError(.param, _)? where !policedGroups.isEmpty:
@@ -158,7 +181,7 @@ struct RestoreCommand: ParsableCommand {
     func run() throws {
         let path = absolutePath(file)
         let policy: RestoreConflictPolicy = keep ? .keep : overwrite ? .overwrite : .refuse
-        let holder = try KeysHolder.find(options.directory)
+        let holder = try KeysHolder.find(options.place)
         guard let password = Passcode.read(prompt: "Backup password: "), password.count > 0 else {
             throw fail("no backup password given")
         }
@@ -166,8 +189,13 @@ struct RestoreCommand: ParsableCommand {
         let counts: [String]
         switch holder {
         case .device(let socketPath):
+            // Opened here, by this user: the device reads only what this user
+            // can read (O_NONBLOCK: a FIFO must not block the open).
+            let file = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+            guard file >= 0 else { throw fail("cannot read \(path): \(String(cString: strerror(errno)))") }
+            defer { close(file) }
             switch DeviceClient.send(.restore(path: path, password: password, policy: policy, passcode: passcode),
-                                     to: socketPath) {
+                                     to: socketPath, passing: file) {
             case .ok(let fields)?: counts = fields
             case .keychainError(.missingEntitlement, _)?: throw fail(explain(.missingEntitlement, file: path))
             case .keychainError(.duplicateItem, let message)?: throw fail(message)

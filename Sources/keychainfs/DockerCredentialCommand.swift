@@ -53,7 +53,7 @@ struct DockerCredentialCommand: ParsableCommand {
         default:
             throw Failure(message: "Unknown credential action `\(action)`")
         }
-        let device = try Self.device(options.directory)
+        let device = try Self.device(options.place)
         switch action {
         case "store":
             let credentials = try Self.readCredentials()
@@ -80,15 +80,15 @@ struct DockerCredentialCommand: ParsableCommand {
     }
 
     /// The running device's socket, or a failure saying none runs.
-    private static func device(_ keychain: KeychainDirectory) throws -> String {
+    private static func device(_ place: KeychainPlace) throws -> String {
         let socketPath: String
         do {
-            socketPath = try RuntimePaths.socketPath(for: keychain.path)
+            socketPath = try place.deviceSocket()
         } catch {
             throw Failure(message: error.description)
         }
         guard DeviceClient.isServing(socketPath) else {
-            throw Failure(message: "no keychainfs device is running for \(keychain.path); mount the keychain first")
+            throw Failure(message: "no keychainfs device is running for \(place.name); mount the keychain first")
         }
         return socketPath
     }

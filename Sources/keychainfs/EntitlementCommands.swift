@@ -7,12 +7,13 @@ import Glibc
 
 /// Sends a policy request to the keychain's running device, or, when none
 /// runs, carries it out on the keychain directly (as `passcode` does).
-private func policyReply(_ request: DeviceRequest, keychain: KeychainDirectory) throws -> [String] {
-    try keychain.requireExisting()
+private func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passing file: Int32? = nil) throws -> [String] {
+    try place.requireExisting()
     let reply: DeviceReply
-    if let answer = DeviceClient.send(request, to: try keychain.deviceSocketPath()) {
+    if let answer = DeviceClient.send(request, to: try place.socketPath(), passing: file) {
         reply = answer
     } else {
+        guard case .directory(let keychain) = place else { throw fail("the keychainfs service went away", status: ExitStatus.noDevice) }
         let device: Device
         do {
             device = try Device(directory: keychain)
@@ -91,8 +92,20 @@ struct GrantCommand: ParsableCommand {
 
     func run() throws {
         let passcode = try policyPasscode()
-        let fields = try policyReply(.grant(group: group, executable: program.absoluteExecutable!, unit: program.unit,
-                                            uid: program.uid, passcode: passcode, allowJIT: allowJIT), keychain: options.directory)
+        // Resolved and opened here, as this user: the device (the service's
+        // account, perhaps) pins what this user names, wherever it lies.
+        let named = program.absoluteExecutable!
+        var resolved = named
+        if let canonical = realpath(named, nil) {
+            resolved = String(cString: canonical)
+            free(canonical)
+        }
+        let file = open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+        defer { if file >= 0 { close(file) } }
+        let request = DeviceRequest.grant(group: group, executable: resolved, unit: program.unit, uid: program.uid,
+                                          passcode: passcode, allowJIT: allowJIT)
+        let passed: Int32? = file >= 0 ? file : nil
+        let fields = try policyReply(request, keychain: options.place, passing: passed)
         guard fields.count == 2 else { throw fail("unexpected reply from the device") }
         print("granted \(group) to \(fields[0]) (sha256 \(fields[1]))"
               + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")
@@ -129,7 +142,7 @@ struct RevokeCommand: ParsableCommand {
     func run() throws {
         let passcode = try policyPasscode()
         let fields = try policyReply(.revoke(group: group, executable: program.absoluteExecutable, unit: program.unit,
-                                             uid: program.uid, all: all, passcode: passcode), keychain: options.directory)
+                                             uid: program.uid, all: all, passcode: passcode), keychain: options.place)
         let count = fields.first ?? "0"
         print(all ? "removed the policy of \(group) (\(count) rules): every program may use it"
                   : "revoked \(count) rule\(count == "1" ? "" : "s") of \(group)")
@@ -153,7 +166,7 @@ struct PolicyCommand: ParsableCommand {
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
-        let fields = try policyReply(.policy(group: group), keychain: options.directory)
+        let fields = try policyReply(.policy(group: group), keychain: options.place)
         guard fields.count % 6 == 0 else { throw fail("unexpected reply from the device") }
         for start in stride(from: 0, to: fields.count, by: 6) {
             let rule = fields[start..<start + 6].map { LineEscaping.escaped($0) }

@@ -34,7 +34,7 @@ struct GitCredentialCommand: ParsableCommand {
         let identifier = Self.identifier(protocol: proto, host: host, path: request["path"])
         let socketPath: String
         do {
-            socketPath = try RuntimePaths.socketPath(for: options.directory.path)
+            socketPath = try options.place.deviceSocket()
         } catch {
             return Self.say(error.description)
         }

@@ -17,7 +17,7 @@ struct InitCommand: ParsableCommand {
     var noPasscode = false
 
     func run() throws {
-        let directory = options.directory
+        guard case .directory(let directory) = options.place else { return try createInService() }
         if directory.exists {
             throw fail("a keychain already exists at \(directory.path)")
         }
@@ -32,5 +32,21 @@ struct InitCommand: ParsableCommand {
             throw fail("cannot create the keychain at \(directory.path): \(error)")
         }
         print("created a keychain at \(directory.path)")
+    }
+
+    /// Service mode: the service creates the keychain in its state directory.
+    private func createInService() throws {
+        let place = options.place
+        try place.requireExisting()
+        let passcode = noPasscode ? nil : try Passcode.readNew(
+            prompt: "New passcode: ", missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
+        switch DeviceClient.send(.create(passcode: passcode), to: try place.socketPath()) {
+        case .ok?:
+            print("created \(place.name)")
+        case .keychainError(_, let message)?, .systemError(_, let message)?:
+            throw fail(message)
+        case .value?, nil:
+            throw fail("the keychainfs service did not answer; no keychain was created", status: ExitStatus.noDevice)
+        }
     }
 }

@@ -11,7 +11,12 @@ struct RunningDevice {
     let socketPath: String
 
     /// The keychain's running device; exits with ``ExitStatus/noDevice`` when none runs.
-    init(_ keychain: KeychainDirectory) throws {
+    init(_ place: KeychainPlace) throws {
+        guard case .directory(let keychain) = place else {
+            try place.requireExisting()
+            socketPath = try place.socketPath()
+            return
+        }
         socketPath = try keychain.deviceSocketPath()
         guard keychain.exists else { throw fail("no keychain at \(keychain.path)", status: ExitStatus.absent) }
         guard DeviceClient.isServing(socketPath) else {
@@ -89,7 +94,7 @@ struct GetCommand: ParsableCommand {
     var json = false
 
     func run() throws {
-        let device = try RunningDevice(options.directory)
+        let device = try RunningDevice(options.place)
         guard case .value(let value, _) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
             throw fail("unexpected reply from the device")
         }
@@ -116,7 +121,7 @@ struct SetCommand: ParsableCommand {
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
-        let device = try RunningDevice(options.directory)
+        let device = try RunningDevice(options.place)
         let buffer = SecureBuffer()
         var chunk = [UInt8](repeating: 0, count: 65536)
         defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
@@ -150,7 +155,7 @@ struct RemoveCommand: ParsableCommand {
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
-        _ = try RunningDevice(options.directory).send(.remove(group: item.group, identifier: item.identifier), item: "\(item)")
+        _ = try RunningDevice(options.place).send(.remove(group: item.group, identifier: item.identifier), item: "\(item)")
     }
 }
 
@@ -167,7 +172,7 @@ struct ListCommand: ParsableCommand {
     var json = false
 
     func run() throws {
-        let device = try RunningDevice(options.directory)
+        let device = try RunningDevice(options.place)
         guard case .ok(let fields) = try device.send(.list(group: group), item: group ?? "the keychain") else {
             throw fail("unexpected reply from the device")
         }
@@ -216,7 +221,7 @@ struct ExecCommand: ParsableCommand {
 
     func run() throws {
         let words = command.first == "--" ? Array(command.dropFirst()) : command
-        let device = try RunningDevice(options.directory)
+        let device = try RunningDevice(options.place)
         var values: [(String, SecureBytes)] = []
         for variable in variables {
             let parts = variable.split(separator: "=", maxSplits: 1).map(String.init)

@@ -23,7 +23,7 @@ struct KeychainFSCommand: ParsableCommand {
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self,
                       DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
-                      LogCommand.self, WatchCommand.self]
+                      LogCommand.self, WatchCommand.self, ServiceCommand.self]
     )
 
     /// Run as `git-credential-keychainfs` or `docker-credential-keychainfs`

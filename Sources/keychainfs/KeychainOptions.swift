@@ -20,6 +20,64 @@ struct KeychainOptions: ParsableArguments {
     }
 }
 
+/// Where a command finds the keychain: a directory of this user, served
+/// by this user's own device process, or the user's keychain in the
+/// keychainfs service (docs/SECURITY.md, "Two modes").
+enum KeychainPlace {
+    case directory(KeychainDirectory)
+    case service(socketPath: String)
+
+    /// The socket of the device that serves it; fails the command when the
+    /// runtime directory cannot hold it.
+    func socketPath() throws -> String {
+        do {
+            return try deviceSocket()
+        } catch {
+            throw fail(error.description)
+        }
+    }
+
+    /// ``socketPath()`` for callers that report failures their own way.
+    func deviceSocket() throws(RuntimePathError) -> String {
+        switch self {
+        case .directory(let keychain): return try RuntimePaths.socketPath(for: keychain.path)
+        case .service(let socketPath): return socketPath
+        }
+    }
+
+    /// The keychain in a sentence's words.
+    var name: String {
+        switch self {
+        case .directory(let keychain): return "the keychain at \(keychain.path)"
+        case .service: return "your keychain in the keychainfs service"
+        }
+    }
+
+    /// Fails the command unless the keychain exists (for the service: unless
+    /// the service answers; it says itself when the user has no keychain).
+    func requireExisting() throws {
+        switch self {
+        case .directory(let keychain): try keychain.requireExisting()
+        case .service(let socketPath):
+            guard DeviceClient.isServing(socketPath) else {
+                throw fail("the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)",
+                           status: ExitStatus.noDevice)
+            }
+        }
+    }
+}
+
+extension KeychainOptions {
+    /// The service, when one is installed and no keychain directory was
+    /// named (`--keychain`, `$KEYCHAINFS_KEYCHAIN`); this user's own
+    /// keychain directory otherwise.
+    var place: KeychainPlace {
+        let named = keychain ?? getenv("KEYCHAINFS_KEYCHAIN").map { String(cString: $0) }
+        if named?.isEmpty ?? true, let socketPath = ServicePaths.socket() { return .service(socketPath: socketPath) }
+        return .directory(directory)
+    }
+}
+
 /// The command line's view of a keychain directory: failures become the
 /// command's message and exit status.
 extension KeychainDirectory {

@@ -36,23 +36,45 @@ struct LogCommand: ParsableCommand {
     }
 
     func run() throws {
-        let keychain = options.directory
-        try keychain.requireExisting()
+        let place = options.place
+        try place.requireExisting()
+        guard case .directory(let keychain) = place else {
+            let socketPath = try place.socketPath()
+            if verify { return try report(verifyReply(socketPath)) }
+            return try show(LogFollower(source: .service(socketPath: socketPath)))
+        }
         if verify {
-            let report: (lines: Int, problems: [String])
             do {
-                report = try AuditLog.verify(directory: keychain)
+                return try report(AuditLog.verify(directory: keychain))
             } catch {
                 throw fail("cannot verify the audit log: \(error)")
             }
-            guard report.problems.isEmpty else {
-                for problem in report.problems { printError("keychainfs: audit log: " + problem) }
-                throw ExitStatus.failure
-            }
-            print("the audit log is intact: \(report.lines) lines")
-            return
         }
-        var follower = LogFollower(directory: keychain.path)
+        try show(LogFollower(source: .directory(keychain.path)))
+    }
+
+    /// The service's verification of this user's log.
+    private func verifyReply(_ socketPath: String) throws -> (lines: Int, problems: [String]) {
+        switch DeviceClient.send(.verifyLog, to: socketPath) {
+        case .ok(let fields)? where !fields.isEmpty && Int(fields[0]) != nil:
+            return (Int(fields[0])!, Array(fields.dropFirst()))
+        case .keychainError(_, let message)?, .systemError(_, let message)?:
+            throw fail(message)
+        default:
+            throw fail("the keychainfs service did not answer", status: ExitStatus.noDevice)
+        }
+    }
+
+    private func report(_ report: (lines: Int, problems: [String])) throws {
+        guard report.problems.isEmpty else {
+            for problem in report.problems { printError("keychainfs: audit log: " + problem) }
+            throw ExitStatus.failure
+        }
+        print("the audit log is intact: \(report.lines) lines")
+    }
+
+    private func show(_ follower: LogFollower) throws {
+        var follower = follower
         for file in [AuditLog.rotatedName, AuditLog.fileName] {
             let lines = follower.readAll(file, keepingPosition: file == AuditLog.fileName)
             lines.forEach(show)
@@ -89,34 +111,62 @@ struct LogCommand: ParsableCommand {
     }
 }
 
-/// Reads the log's lines, and waits for new ones (inotify on the keychain
-/// directory), following the file across rotations.
+/// Reads the log's lines, and waits for new ones, following the file
+/// across rotations: with inotify on the keychain directory, or, for the
+/// service's keychain (whose directory this user cannot read), on the
+/// descriptors the service passes, checked once a second as `tail -f` does
+/// where it cannot watch.
 private struct LogFollower {
-    let directory: String
+    enum Source {
+        case directory(String)
+        case service(socketPath: String)
+    }
+
+    let source: Source
     private var fd: Int32 = -1
     private var inode: ino_t = 0
     private var pending: [UInt8] = []
     private var watch: Int32 = -1
 
-    init(directory: String) { self.directory = directory }
+    init(source: Source) { self.source = source }
+
+    /// A log file, open for reading; -1 when there is none.
+    private func open(_ file: String) -> Int32 {
+        switch source {
+        case .directory(let directory):
+            return Glibc.open(directory + "/" + file, O_RDONLY | O_CLOEXEC)
+        case .service(let socketPath):
+            var received: Int32 = -1
+            let reply = DeviceClient.exchange(.auditLog(rotated: file == AuditLog.rotatedName), with: socketPath,
+                                              receiving: &received)
+            guard case .ok? = reply else {
+                if received >= 0 { close(received) }
+                return -1
+            }
+            return received
+        }
+    }
+
+    private static func inode(of fd: Int32) -> ino_t? {
+        var info = stat()
+        return fd >= 0 && fstat(fd, &info) == 0 ? info.st_ino : nil
+    }
 
     /// Every complete line of `file`; with `keepingPosition`, the file stays
     /// open to read what is appended later.
     mutating func readAll(_ file: String, keepingPosition: Bool) -> [String] {
-        if keepingPosition {
+        if keepingPosition, case .directory(let directory) = source {
             // Watch before reading, so that nothing appended in between is missed.
             watch = inotify_init1(Int32(IN_CLOEXEC))
             _ = inotify_add_watch(watch, directory, UInt32(IN_MODIFY | IN_CREATE | IN_MOVED_TO))
         }
-        let descriptor = open(directory + "/" + file, O_RDONLY | O_CLOEXEC)
+        let descriptor = open(file)
         guard descriptor >= 0 else { return [] }
         pending = []
         let lines = readAvailable(descriptor)
         if keepingPosition {
             fd = descriptor
-            var info = stat()
-            fstat(descriptor, &info)
-            inode = info.st_ino
+            inode = Self.inode(of: descriptor) ?? 0
         } else {
             close(descriptor)
         }
@@ -125,17 +175,23 @@ private struct LogFollower {
 
     /// Blocks until the log grows (or rotates); returns the new complete lines.
     mutating func waitForMore() -> [String] {
-        var events = [UInt8](repeating: 0, count: 4096)
-        _ = read(watch, &events, events.count)
+        if watch >= 0 {
+            var events = [UInt8](repeating: 0, count: 4096)
+            _ = read(watch, &events, events.count)
+        } else {
+            sleep(1)
+        }
         var lines = fd >= 0 ? readAvailable(fd) : []
-        var info = stat()
-        if stat(directory + "/" + AuditLog.fileName, &info) == 0, info.st_ino != inode {
+        let current = open(AuditLog.fileName)
+        if let now = Self.inode(of: current), now != inode {
             // Rotated: the old file is complete; continue with the new one from its start.
             if fd >= 0 { close(fd) }
-            fd = open(directory + "/" + AuditLog.fileName, O_RDONLY | O_CLOEXEC)
-            inode = info.st_ino
+            fd = current
+            inode = now
             pending = []
-            if fd >= 0 { lines += readAvailable(fd) }
+            lines += readAvailable(fd)
+        } else if current >= 0 {
+            close(current)
         }
         return lines
     }

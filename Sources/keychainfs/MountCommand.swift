@@ -43,9 +43,9 @@ struct MountCommand: ParsableCommand {
 
     func run() throws {
         let mountpoint = canonicalMountPoint(self.mountpoint)
-        let keychain = options.directory
         // SPEC: a device killed with kill -9 leaves a dead mount that must not block the next one.
         if MountTable.isDeadMount(mountpoint) { _ = MountTable.unmount(mountpoint, lazy: true) }
+        guard case .directory(let keychain) = options.place else { return try mountForService(mountpoint) }
         guard keychain.exists else {
             throw report("no keychain at \(keychain.path); create one with `keychainfs init`")
         }
@@ -66,6 +66,45 @@ struct MountCommand: ParsableCommand {
         try startDetachedDevice(keychain, mountpoint: mountpoint)
     }
 
+    /// Service mode: this user mounts (fusermount3) and the service serves
+    /// the connection; the mount stays this user's.
+    private func mountForService(_ mountpoint: String) throws {
+        guard !foreground else {
+            throw report("--foreground runs a per-user device; the keychainfs service runs as its own systemd unit")
+        }
+        let place = options.place
+        try place.requireExisting()
+        let connection: Int32
+        do {
+            connection = try UserMount.mount(at: mountpoint)
+        } catch {
+            throw report(error.description)
+        }
+        let reply = DeviceClient.send(.attach(group: group, mountpoint: mountpoint), to: try place.socketPath(),
+                                      passing: connection)
+        close(connection)
+        guard case .ok? = reply else {
+            // The service did not take the connection: the mount would hang every user of it.
+            _ = MountTable.unmount(mountpoint, lazy: true)
+            switch reply {
+            case .keychainError(_, let message)?, .systemError(_, let message)?: throw report(message)
+            default: throw report("the keychainfs service did not answer; nothing was mounted")
+            }
+        }
+        try finishMount(mountpoint)
+    }
+
+    /// Applies the settings of this mount command to the device it joined.
+    private func finishMount(_ mountpoint: String) throws {
+        if let autolock {
+            // The device is shared: its setting changes for every mount, as through .control.
+            let command = Array("autolock \(autolock)\n".utf8)
+            let result = command.withUnsafeBytes { DeviceStatusFile.send(mountpoint, $0) }
+            if result != 0 { throw report("mounted, but could not set auto-lock: \(String(cString: strerror(result)))") }
+        }
+        report(ok: ())
+    }
+
     /// Asks the running device process to serve one more mount; false if it
     /// went away without answering.
     private func join(_ socketPath: String, mountpoint: String) throws -> Bool {
@@ -73,13 +112,7 @@ struct MountCommand: ParsableCommand {
         case nil:
             return false
         case .ok?:
-            if let autolock {
-                // The device is shared: its setting changes for every mount, as through .control.
-                let command = Array("autolock \(autolock)\n".utf8)
-                let result = command.withUnsafeBytes { DeviceStatusFile.send(mountpoint, $0) }
-                if result != 0 { throw report("mounted, but could not set auto-lock: \(String(cString: strerror(result)))") }
-            }
-            report(ok: ())
+            try finishMount(mountpoint)
             return true
         case .value?:
             throw report("unexpected reply from the device (a device of another keychainfs build?)")

@@ -23,9 +23,9 @@ struct PasscodeCommand: ParsableCommand {
     var remove = false
 
     func run() throws {
-        let keychain = options.directory
-        try keychain.requireExisting()
-        let socketPath = try keychain.deviceSocketPath()
+        let place = options.place
+        try place.requireExisting()
+        let socketPath = try place.socketPath()
         guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
             throw fail("no current passcode given (an empty line if the keychain has none)")
         }
@@ -43,6 +43,7 @@ struct PasscodeCommand: ParsableCommand {
             throw fail(message)
         case nil:
             // No device holds the keychain: change it directly.
+            guard case .directory(let keychain) = place else { throw fail("the keychainfs service went away", status: ExitStatus.noDevice) }
             let device: Device
             do {
                 device = try Device(directory: keychain)

@@ -27,6 +27,13 @@ struct UnmountCommand: ParsableCommand {
         guard let status = DeviceStatusFile.read(mountpoint), let keychain = status["keychain"] else {
             throw fail("\(mountpoint) is not a keychainfs mount")
         }
+        if status["mode"] == "service" {
+            // The mount is this user's (the service cannot unmount it); its
+            // session ends in the service when the kernel ends the connection.
+            let result = MountTable.unmount(mountpoint, lazy: false)
+            guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
+            return
+        }
         let socketPath = try keychainSocketPath(keychain)
         switch DeviceClient.send(.unmount(mountpoint: mountpoint), to: socketPath) {
         case nil:

@@ -48,6 +48,13 @@ import Testing
         .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),
         .policy(group: nil),
         .policy(group: "secure"),
+        .create(passcode: secret("98765")),
+        .create(passcode: nil),
+        .attach(group: nil, mountpoint: "/home/ada/kc"),
+        .attach(group: "team.app", mountpoint: "/home/ada/team"),
+        .auditLog(rotated: false),
+        .auditLog(rotated: true),
+        .verifyLog,
     ]
 
     static let replies: [DeviceReply] = [

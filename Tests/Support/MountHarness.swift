@@ -24,15 +24,21 @@ package final class MountHarness: @unchecked Sendable {
     package private(set) var mountpoints: [String] = []
     /// Whom every command runs as (nil: this process's user, root).
     package let user: OrdinaryUser?
+    /// The service that holds the keychain (nil: the user's own device, in `keychain`).
+    package let service: ServiceHarness?
+    /// The option that names the keychain in a command: none for the service's.
+    package var keychainOption: String { service == nil ? " --keychain \"$KC\"" : "" }
 
-    /// A keychain of `user` (nil: of this process's user), in a new temporary directory.
-    package init(passcode: String? = MountHarness.passcode, as user: OrdinaryUser? = nil) throws {
+    /// A keychain of `user` (nil: of this process's user), in a new temporary
+    /// directory, or, with `service`, the user's keychain in that service.
+    package init(passcode: String? = MountHarness.passcode, as user: OrdinaryUser? = nil,
+                 service: ServiceHarness? = nil) throws {
         var template = Array((NSTemporaryDirectory() + "kcfs-fs-XXXXXX").utf8CString)
         guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
         root = String(validatingCString: made)!
         keychain = root + "/keychain"
         runtime = root + "/run"
-        let built = try Self.findBinary()
+        let built = try Self.builtBinary()
         if user != nil {
             // The build may lie where only root can reach (a clone under
             // /root, a .build of mode 0750): the user runs its own copy.
@@ -43,17 +49,19 @@ package final class MountHarness: @unchecked Sendable {
             binary = built
         }
         self.user = user
+        self.service = service
         try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
         try user?.own(root)
-        let created = passcode.map { sh("\"$K\" init --keychain \"$KC\"", stdin: $0 + "\n") }
-            ?? sh("\"$K\" init --keychain \"$KC\" --no-passcode")
+        let created = passcode.map { sh("\"$K\" init" + keychainOption, stdin: $0 + "\n") }
+            ?? sh("\"$K\" init --no-passcode" + keychainOption)
         guard created.succeeded else { throw HarnessError("init failed: \(created)") }
     }
 
     deinit {
         for mountpoint in mountpoints.reversed() {
-            let pid = Self.devicePid(mountpoint)
+            // The service is not this harness's to kill (ServiceHarness stops it).
+            let pid = service == nil ? Self.devicePid(mountpoint) : nil
             _ = sh("\"$K\" unmount \"$1\"", arguments: [mountpoint])
             if isMounted(mountpoint) { _ = sh("fusermount3 -u -z \"$1\"", arguments: [mountpoint]) }
             if let pid, isRunning(pid) { kill(pid, SIGKILL) }
@@ -62,7 +70,7 @@ package final class MountHarness: @unchecked Sendable {
     }
 
     /// The keychainfs binary built beside this test bundle.
-    private static func findBinary() throws -> String {
+    package static func builtBinary() throws -> String {
         if let explicit = ProcessInfo.processInfo.environment["KEYCHAINFS_BINARY"] { return explicit }
         let executable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
         let candidate = (executable as NSString).deletingLastPathComponent + "/keychainfs"
@@ -84,7 +92,7 @@ package final class MountHarness: @unchecked Sendable {
     @discardableResult
     package func mount(_ name: String = "mnt", group: String? = nil) throws -> String {
         let mountpoint = try prepareMountpoint(name)
-        let result = sh("\"$K\" mount \"$1\" --keychain \"$KC\"" + (group.map { " --group '\($0)'" } ?? ""),
+        let result = sh("\"$K\" mount \"$1\"" + keychainOption + (group.map { " --group '\($0)'" } ?? ""),
                         arguments: [mountpoint])
         guard result.succeeded else { throw HarnessError("mount failed: \(result)") }
         return mountpoint
@@ -132,6 +140,8 @@ package final class MountHarness: @unchecked Sendable {
         environment["KC"] = keychain
         environment["R"] = root
         environment["LC_ALL"] = "C"
+        // Only where a test asks for it: a service installed on this machine is not the test's.
+        environment["KEYCHAINFS_SERVICE"] = service?.socket ?? ""
         if let user {
             environment["HOME"] = user.home
             environment["USER"] = user.name
@@ -172,7 +182,9 @@ package final class MountHarness: @unchecked Sendable {
 
     package func status(_ mountpoint: String) -> [String: String] {
         var status: [String: String] = [:]
-        let text = (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
+        // Another user's FUSE mount is closed to root too (no allow_other).
+        let text = user == nil ? (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
+            : sh("cat \"$1/.control\"", arguments: [mountpoint]).stdout
         for line in text.split(separator: "\n") {
             let parts = line.split(separator: ":", maxSplits: 1)
             if parts.count == 2 { status[String(parts[0])] = String(parts[1].dropFirst()) }

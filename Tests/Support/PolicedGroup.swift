@@ -15,7 +15,7 @@ extension MountHarness {
 
     package func grant(_ group: String, exe: String, options: String = "",
                        passcode: String = MountHarness.passcode) -> ShellResult {
-        sh("\"$K\" grant \"$1\" --exe \"$2\" --keychain \"$KC\" \(options)", arguments: [group, exe], stdin: passcode + "\n")
+        sh("\"$K\" grant \"$1\" --exe \"$2\"" + keychainOption + " \(options)", arguments: [group, exe], stdin: passcode + "\n")
     }
 
     package func run(_ program: String, _ path: String) -> ShellResult {

@@ -26,13 +26,22 @@ package enum ProgramIdentities {
             guard fstat(fd, &opened) == 0, let path = linkTarget(exe) else { return nil }
             // The path must name the very file that was opened: a binary deleted
             // or replaced since it started is not the one at its path.
-            var named = stat()
-            guard stat(path, &named) == 0, named.st_dev == opened.st_dev, named.st_ino == opened.st_ino,
-                  let digest = digest(of: fd, info: opened) else { return nil }
+            guard names(path, opened), let digest = digest(of: fd, info: opened) else { return nil }
             let trust = CallerTrust.assess(thread: thread, executable: opened)
             return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid,
                                    distrust: trust.problem, runsAnonymousCode: trust.runsAnonymousCode)
         }
+    }
+
+    /// Whether `path` names the file `opened` (a running executable). The
+    /// service cannot look into its users' private directories: there the
+    /// kernel's own word stands, which marks an executable deleted or
+    /// replaced since it started (proc(5): " (deleted)"); an edit in place
+    /// changes the digest instead.
+    private static func names(_ path: String, _ opened: stat) -> Bool {
+        var named = stat()
+        if stat(path, &named) == 0 { return named.st_dev == opened.st_dev && named.st_ino == opened.st_ino }
+        return errno == EACCES && !path.hasSuffix(" (deleted)")
     }
 
     /// Who `thread` is, for the audit log: its process, uid, executable
@@ -114,11 +123,19 @@ package enum ProgramIdentities {
         let fd = open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
+        return executable(from: fd, path: String(cString: resolved))
+    }
+
+    /// ``executable(at:)`` of a file already open: one the client opened
+    /// and passed (the service cannot open paths in its users' private
+    /// directories); `path` is the resolved path the client names.
+    package static func executable(from fd: Int32, path: String) -> (path: String, digest: [UInt8])? {
         var info = stat()
-        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG, let digest = digest(of: fd, info: info) else {
+        guard path.hasPrefix("/"), fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG,
+              let digest = digest(of: fd, info: info) else {
             return nil
         }
-        return (String(cString: resolved), digest)
+        return (path, digest)
     }
 
     // MARK: Digests

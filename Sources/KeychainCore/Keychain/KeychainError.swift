@@ -31,6 +31,8 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
     public static let noSuchKeychain = KeychainError(rawValue: -25294)
     /// A keychain already exists at that place (errSecDuplicateKeychain).
     public static let duplicateKeychain = KeychainError(rawValue: -25296)
+    /// No keychain is available: no keychainfs service answers (errSecNotAvailable).
+    public static let notAvailable = KeychainError(rawValue: -25291)
 
     /// The calling program is not entitled to the item's access group
     /// (errSecMissingEntitlement, as Security.framework reports an app
@@ -64,6 +66,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .noSuchKeychain: return "no keychain exists there"
         case .missingEntitlement: return "this program is not entitled to the access group"
         case .duplicateKeychain: return "a keychain already exists there"
+        case .notAvailable: return "no keychainfs service answers"
         case .keychainInUse: return "another process holds this keychain's keys"
         case .insecurePermissions: return "the keychain's files are owned or readable by someone else"
         default: return "keychain error \(rawValue)"

@@ -161,28 +161,46 @@ extension BackupFile {
     /// Writes a backup file at `path`, mode 0600, whole or not at all
     /// (a temporary file, fsynced, renamed into place).
     public static func save(_ bytes: [UInt8], to path: String) throws(KeychainError) {
+        let (fd, temporary) = try createPartial(for: path)
+        do throws(KeychainError) {
+            defer { close(fd) }
+            try write(bytes, to: fd, name: temporary)
+        } catch {
+            unlink(temporary)
+            throw error
+        }
+        try moveIntoPlace(temporary, path)
+    }
+
+    /// The temporary file a backup at `path` is written to first (mode
+    /// 0600, created here, never an existing one), open for writing.
+    public static func createPartial(for path: String) throws(KeychainError) -> (fd: Int32, path: String) {
         let temporary = path + ".partial"
         unlink(temporary)
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw fileFailure("create", temporary) }
-        do throws(Errno) {
-            try Descriptor.writeAll(fd, bytes)
-        } catch {
-            close(fd)
-            unlink(temporary)
-            throw fileFailure("write", temporary, errno: error.rawValue)
-        }
-        let synced = fsync(fd) == 0 ? 0 : errno
-        close(fd)
-        guard synced == 0 else {
-            unlink(temporary)
-            throw fileFailure("write", temporary, errno: synced)
-        }
+        return (fd, temporary)
+    }
+
+    /// Renames a written temporary file onto the backup's path (removing
+    /// it when that fails).
+    public static func moveIntoPlace(_ temporary: String, _ path: String) throws(KeychainError) {
         guard rename(temporary, path) == 0 else {
             let failure = fileFailure("rename into place", path)
             unlink(temporary)
             throw failure
         }
+    }
+
+    /// Writes a whole backup to `fd` and syncs it to disk; `name` names it
+    /// in errors. The file may be another user's, passed to the device.
+    public static func write(_ bytes: [UInt8], to fd: Int32, name: String) throws(KeychainError) {
+        do throws(Errno) {
+            try Descriptor.writeAll(fd, bytes)
+        } catch {
+            throw fileFailure("write", name, errno: error.rawValue)
+        }
+        guard fsync(fd) == 0 else { throw fileFailure("write", name) }
     }
 
     /// The largest backup file `restore` reads: 1 GiB (a thousand items at
@@ -197,6 +215,13 @@ extension BackupFile {
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         guard fd >= 0 else { throw fileFailure("read", path) }
         defer { close(fd) }
+        return try load(from: fd, name: path)
+    }
+
+    /// ``load(from:)`` of a file already open (one a client passed to the
+    /// device, which may not be able to open its path); `name` names it in
+    /// errors.
+    public static func load(from fd: Int32, name path: String) throws(KeychainError) -> [UInt8] {
         var info = stat()
         guard fstat(fd, &info) == 0 else { throw fileFailure("read", path) }
         guard info.st_mode & S_IFMT == S_IFREG else { throw .param }

@@ -1,4 +1,7 @@
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The keychain as UYLPasswordManager offered it, in Swift form: register,
 /// read, validate and delete keys by identifier and access group, with the
@@ -65,6 +68,17 @@ public final class PasswordManager: Sendable {
         return PasswordManager(device: try Device(directory: directory))
     }
 
+    /// This user's keychain in the keychainfs service (its socket:
+    /// `socketPath`, else ``ServicePaths/socket()``); the device there
+    /// decides every request from who this process is.
+    /// ``KeychainError/notAvailable`` when no service answers.
+    public static func openService(at socketPath: String? = nil) throws(KeychainError) -> PasswordManager {
+        guard let path = socketPath ?? ServicePaths.socket(), let connection = DeviceConnection(socketPath: path) else {
+            throw .notAvailable
+        }
+        return PasswordManager(connection: connection)
+    }
+
     /// Whether the operations go to a device process rather than a device in this process.
     public var isClientOfRunningDevice: Bool {
         if case .remote = backend { return true }
@@ -122,12 +136,15 @@ public final class PasswordManager: Sendable {
 
     private static let sharedInstance = Mutex<PasswordManager?>(nil)
 
-    /// The process-wide manager over the default keychain
-    /// (`$XDG_DATA_HOME/keychainfs`), opened on first use (``open(_:)``).
+    /// The process-wide manager over the default keychain, opened on first
+    /// use: this user's keychain in the service where one is installed and
+    /// `$KEYCHAINFS_KEYCHAIN` names no other (``openService(at:)``), else
+    /// `$XDG_DATA_HOME/keychainfs` (``open(_:)``).
     public static func shared() throws(KeychainError) -> PasswordManager {
         try sharedInstance.withLock { (instance: inout PasswordManager?) throws(KeychainError) -> PasswordManager in
             if let instance { return instance }
-            let made = try open(.defaultLocation())
+            let named = getenv("KEYCHAINFS_KEYCHAIN").map { String(cString: $0) } ?? ""
+            let made = try named.isEmpty && ServicePaths.socket() != nil ? openService() : open(.defaultLocation())
             instance = made
             return made
         }

@@ -5,12 +5,17 @@ import Glibc
 extension Device {
     /// `grant`, `revoke` and `policy`, for the device's socket and for a
     /// keychain that no device holds (the command line then boots one).
-    public func answer(policyRequest request: DeviceRequest, by subject: AuditSubject?) -> DeviceReply {
+    /// `executable`, when given, is the file a grant names, opened by the
+    /// client (which the device might not be able to open by its path).
+    public func answer(policyRequest request: DeviceRequest, by subject: AuditSubject?,
+                       executable file: Int32? = nil) -> DeviceReply {
         let device = self
         do throws(KeychainError) {
             switch request {
             case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
-                guard let program = ProgramIdentities.executable(at: executable) else {
+                let named = file.map { ProgramIdentities.executable(from: $0, path: executable) }
+                    ?? ProgramIdentities.executable(at: executable)
+                guard let program = named else {
                     return .systemError(ENOENT, "cannot read the executable \(executable) (it must be a regular file the device can read)")
                 }
                 let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid,

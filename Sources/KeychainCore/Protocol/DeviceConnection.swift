@@ -14,6 +14,12 @@ final class DeviceConnection: Sendable {
         self.socketPath = socketPath
     }
 
+    /// The device answering at `socketPath` (the service), if one does.
+    init?(socketPath: String) {
+        guard DeviceClient.isServing(socketPath) else { return nil }
+        self.socketPath = socketPath
+    }
+
     /// The device's reply; its core errors are thrown as they were thrown
     /// there, so "locked" stays "locked" across the socket.
     func send(_ request: DeviceRequest) throws(KeychainError) -> DeviceReply {

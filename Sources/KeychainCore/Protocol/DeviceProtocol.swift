@@ -18,7 +18,9 @@ public enum DeviceProtocol {
     /// The protocol version this build speaks.
     /// 2: `backup` names the policed groups it includes and carries the
     /// passcode; `restore` carries the passcode (issue 21).
-    public static let version: UInt8 = 2
+    /// 3: service mode (`create`, `attach`, `auditLog`, `verifyLog`); the
+    /// files of `backup` and `restore` are passed as descriptors.
+    public static let version: UInt8 = 3
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }
@@ -107,28 +109,64 @@ extension DeviceProtocol {
     /// credentials): one that connected and let another process finish its
     /// request (a child after an `exec` of the parent) is refused.
     public static func receive(from fd: Int32, sentBy sender: Int32? = nil) -> SecureBytes? {
-        var length = [UInt8](repeating: 0, count: 4)
-        guard length.withUnsafeMutableBytes({ readExactly(fd, into: $0, sentBy: sender) }) else { return nil }
-        let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
-        guard count <= maximumBody, let body = try? SecureBytes(count: count) else { return nil }
-        return readExactly(fd, into: body.mutableBytes, sentBy: sender) ? body : nil
+        var passed: Int32 = -1
+        defer { if passed >= 0 { close(passed) } }
+        return receive(from: fd, sentBy: sender, descriptor: &passed)
     }
 
-    private static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?) -> Bool {
-        guard let sender else { return (try? Descriptor.readExactly(fd, into: buffer)) == true }
+    /// ``receive(from:sentBy:)``, and in `descriptor` the one descriptor
+    /// passed with the frame (SCM_RIGHTS), -1 when none came; the caller
+    /// owns it. A frame that did not arrive whole leaves none open.
+    public static func receive(from fd: Int32, sentBy sender: Int32?, descriptor: inout Int32) -> SecureBytes? {
+        descriptor = -1
+        var length = [UInt8](repeating: 0, count: 4)
+        var body: SecureBytes?
+        if length.withUnsafeMutableBytes({ readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor) }) {
+            let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
+            if count <= maximumBody, let buffer = try? SecureBytes(count: count),
+               readExactly(fd, into: buffer.mutableBytes, sentBy: sender, descriptor: &descriptor) {
+                body = buffer
+            }
+        }
+        if body == nil && descriptor >= 0 {
+            close(descriptor)
+            descriptor = -1
+        }
+        return body
+    }
+
+    private static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?,
+                                    descriptor: inout Int32) -> Bool {
         var offset = 0
         while offset < buffer.count {
-            var from: Int32 = 0
+            var from: Int32 = 0, passed: Int32 = -1
             let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[offset...])
-            guard let count = try? valueOrErrno({ CLinux_receive_with_sender(fd, rest.baseAddress, rest.count, &from) }),
-                  count > 0, from == sender else { return false }
+            let count = try? valueOrErrno(retryOnInterrupt: true) {
+                CLinux_receive_with_sender(fd, rest.baseAddress, rest.count, &from, &passed)
+            }
+            if passed >= 0 {
+                // One descriptor per frame: a second one is not ours to keep.
+                if descriptor >= 0 { close(passed) } else { descriptor = passed }
+            }
+            guard let count, count > 0 else { return false }
+            if let sender, from != sender { return false }
             offset += count
         }
         return true
     }
 
-    /// Writes a whole frame; false on an error.
-    public static func send(_ frame: SecureBytes, to fd: Int32) -> Bool {
-        frame.withUnsafeBytes { (try? Descriptor.writeAll(fd, $0)) != nil }
+    /// Writes a whole frame; false on an error. With `descriptor`, passes
+    /// it (SCM_RIGHTS) with the frame's first bytes.
+    public static func send(_ frame: SecureBytes, to fd: Int32, passing descriptor: Int32? = nil) -> Bool {
+        frame.withUnsafeBytes { bytes in
+            var rest = bytes
+            if let descriptor {
+                guard let sent = try? valueOrErrno(retryOnInterrupt: true, {
+                    CLinux_send_with_descriptor(fd, bytes.baseAddress, bytes.count, descriptor)
+                }) else { return false }
+                rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
+            }
+            return (try? Descriptor.writeAll(fd, rest)) != nil
+        }
     }
 }

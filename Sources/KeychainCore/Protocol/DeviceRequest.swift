@@ -8,11 +8,12 @@ public enum DeviceRequest: Equatable, Sendable {
     case unmount(mountpoint: String)
     /// Change the passcode (nil: none), as ``Device/changePasscode(from:to:)``.
     case changePasscode(old: SecureBytes?, new: SecureBytes?)
-    /// Write a backup of the migratable items to a file (absolute path);
-    /// policed groups only when named, with the keychain's passcode.
+    /// Write a backup of the migratable items to the file passed with the
+    /// request (`path` names it in messages); policed groups only when
+    /// named, with the keychain's passcode.
     case backup(path: String, password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil)
-    /// Restore a backup file (absolute path); writing into a policed group
-    /// needs the keychain's passcode.
+    /// Restore the backup file passed with the request (`path` names it in
+    /// messages); writing into a policed group needs the keychain's passcode.
     case restore(path: String, password: SecureBytes, policy: RestoreConflictPolicy, passcode: SecureBytes? = nil)
     /// An item's value (the reply is ``DeviceReply/value(_:)``).
     case get(group: String, identifier: String)
@@ -53,13 +54,24 @@ public enum DeviceRequest: Equatable, Sendable {
     /// The rules of one group (or of every group with a policy), six fields
     /// each: group, executable, SHA-256 in hex, unit, uid, `jit` (the last three empty when not set).
     case policy(group: String?)
+    /// Service mode: create the caller's keychain (nil: no passcode).
+    case create(passcode: SecureBytes?)
+    /// Serve the FUSE connection passed with the request (a `/dev/fuse`
+    /// descriptor the caller mounted with fusermount3) at `mountpoint`.
+    case attach(group: String?, mountpoint: String)
+    /// The audit log file (or the rotated one before it), passed back
+    /// read-only with the reply.
+    case auditLog(rotated: Bool)
+    /// Check the audit log's chain: the reply is the number of lines, then
+    /// one field per problem.
+    case verifyLog
 
     /// The `kind` byte of each request.
     enum Operation: UInt8, CaseIterable {
         case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
-        case grant = 20, revoke = 21, policy = 22
+        case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26
     }
 
     /// The request as a frame, in secret memory.
@@ -134,6 +146,17 @@ public enum DeviceRequest: Equatable, Sendable {
         case .policy(let group):
             operation = .policy
             fields = [.optionalText(group)]
+        case .create(let passcode):
+            operation = .create
+            fields = [.optionalSecret(passcode)]
+        case .attach(let group, let mountpoint):
+            operation = .attach
+            fields = [.optionalText(group), .text(mountpoint)]
+        case .auditLog(let rotated):
+            operation = .auditLog
+            fields = [.text(rotated ? "1" : "0")]
+        case .verifyLog:
+            operation = .verifyLog
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -214,6 +237,14 @@ public enum DeviceRequest: Equatable, Sendable {
                            passcode: try reader.optionalSecret())
         case .policy:
             self = .policy(group: try reader.optionalText())
+        case .create:
+            self = .create(passcode: try reader.optionalSecret())
+        case .attach:
+            self = .attach(group: try reader.optionalText(), mountpoint: try reader.text())
+        case .auditLog:
+            self = .auditLog(rotated: try Self.flag(try reader.text()))
+        case .verifyLog:
+            self = .verifyLog
         }
         guard reader.isAtEnd else { throw .param }
     }

@@ -33,13 +33,14 @@ package enum UnixSocket {
         }
     }
 
-    /// A listening socket at `path` (mode 0600), replacing a stale file
-    /// there, that receives its peers' credentials with every message.
-    package static func listen(at path: String) throws(Errno) -> Int32 {
+    /// A listening socket at `path` (mode 0600, or 0666 for `everyone`:
+    /// the service, which tells its peers apart itself), replacing a stale
+    /// file there, that receives its peers' credentials with every message.
+    package static func listen(at path: String, everyone: Bool = false) throws(Errno) -> Int32 {
         let address = try address(path)
         let fd = try streamSocket()
         unlink(path)
-        let previous = umask(0o077)
+        let previous = umask(everyone ? 0 : 0o077)
         defer { umask(previous) }
         do throws(Errno) {
             // Every accepted connection inherits SO_PASSCRED: the kernel
@@ -52,6 +53,22 @@ package enum UnixSocket {
             close(fd)
             throw error
         }
+        return fd
+    }
+
+    /// The listening socket systemd passed (socket activation,
+    /// sd_listen_fds(3): `$LISTEN_PID` is us, `$LISTEN_FDS` at least 1,
+    /// the first at descriptor 3), made to pass credentials; nil without one.
+    package static func activated() throws(Errno) -> Int32? {
+        guard let pid = getenv("LISTEN_PID").flatMap({ Int32(String(cString: $0)) }), pid == getpid(),
+              let count = getenv("LISTEN_FDS").flatMap({ Int(String(cString: $0)) }), count >= 1 else { return nil }
+        let fd: Int32 = 3
+        unsetenv("LISTEN_PID")
+        unsetenv("LISTEN_FDS")
+        unsetenv("LISTEN_FDNAMES")
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        var on: Int32 = 1
+        try nothingOrErrno { setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
         return fd
     }
 
@@ -78,11 +95,21 @@ public enum DeviceClient {
 
     /// Sends one request to the device listening at `socketPath` and waits
     /// for its reply; nil when no device listens or it went away unanswered.
-    public static func send(_ request: DeviceRequest, to socketPath: String) -> DeviceReply? {
+    public static func send(_ request: DeviceRequest, to socketPath: String, passing descriptor: Int32? = nil) -> DeviceReply? {
+        var received: Int32 = -1
+        defer { if received >= 0 { close(received) } }
+        return exchange(request, with: socketPath, passing: descriptor, receiving: &received)
+    }
+
+    /// ``send(_:to:passing:)``, and in `received` the descriptor the device
+    /// passed back with its reply (-1: none); the caller owns it.
+    public static func exchange(_ request: DeviceRequest, with socketPath: String, passing descriptor: Int32? = nil,
+                                receiving received: inout Int32) -> DeviceReply? {
+        received = -1
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         defer { close(fd) }
-        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd),
-              let body = DeviceProtocol.receive(from: fd) else { return nil }
+        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd, passing: descriptor),
+              let body = DeviceProtocol.receive(from: fd, sentBy: nil, descriptor: &received) else { return nil }
         return body.withUnsafeBytes { try? DeviceReply(body: $0) }
     }
 }
@@ -139,5 +166,23 @@ public enum RuntimePaths {
             throw RuntimePathError("the runtime directory \(base) is not a private directory of this user")
         }
         return base
+    }
+}
+
+/// Where the keychainfs service (one device for every user, run by its
+/// own account) listens and keeps its keychains (docs/SECURITY.md, "Two modes").
+public enum ServicePaths {
+    /// The socket systemd's `keychainfs.socket` listens on.
+    public static let defaultSocket = "/run/keychainfs/socket"
+    /// The state directory (`UID/` per user), only the service can read.
+    public static let defaultStateDirectory = "/var/lib/keychainfs"
+
+    /// The service's socket when a service is to be used: `$KEYCHAINFS_SERVICE`
+    /// when set (empty: never), else ``defaultSocket`` when it exists.
+    public static func socket() -> String? {
+        if let chosen = getenv("KEYCHAINFS_SERVICE").map({ String(cString: $0) }) {
+            return chosen.isEmpty ? nil : chosen
+        }
+        return access(defaultSocket, F_OK) == 0 ? defaultSocket : nil
     }
 }

@@ -108,10 +108,17 @@ extension FileSystem {
         lines.append("pid: \(getpid())")
         // What this kind of device can and cannot hold (docs/SECURITY.md):
         // said where a user looks, not only in the docs.
-        lines.append("mode: per-user")
-        lines.append("mode-limits: the keychain's files belong to this user: any program of this user can read them "
-                     + "(and so the always items), edit or roll back the audit log and the policy; entitlements hold "
-                     + "only for what goes through the device")
+        if owner.uid == geteuid() {
+            lines.append("mode: per-user")
+            lines.append("mode-limits: the keychain's files belong to this user: any program of this user can read them "
+                         + "(and so the always items), edit or roll back the audit log and the policy; entitlements hold "
+                         + "only for what goes through the device")
+        } else {
+            lines.append("mode: service")
+            lines.append("mode-limits: the keychain's files belong to the service's account: programs of this user "
+                         + "reach items only through the device, which decides per program; root and the service's "
+                         + "account can read everything")
+        }
         // Escaped: a path or name must never forge a status line.
         lines.append("keychain: \(LineEscaping.escaped(manager.localDevice.directory.path))")
         if case .group(let group) = scope { lines.append("group: \(LineEscaping.escaped(group))") }

@@ -53,7 +53,9 @@ public final class FileSystem: Sendable {
     /// A view of `manager`'s keychain; `group` limits it to that access group.
     /// `isGroupMounted` tells whether a group is the root of some mount.
     /// Every mount of one device shares `nodes`.
-    init(manager: PasswordManager, group: String? = nil, nodes: NodeTable,
+    /// Its files belong to `owner` (the keychain's user: in service mode
+    /// not the device's account).
+    init(manager: PasswordManager, group: String? = nil, nodes: NodeTable, owner: (uid: uid_t, gid: gid_t) = (getuid(), getgid()),
          isGroupMounted: @escaping @Sendable (String) -> Bool = { _ in false }) throws(KeychainError) {
         self.manager = manager
         self.nodes = nodes
@@ -64,7 +66,7 @@ public final class FileSystem: Sendable {
         } else {
             scope = .keychain
         }
-        owner = (getuid(), getgid())
+        self.owner = owner
         let kernelCache = KernelCache(scope: scope)
         self.kernelCache = kernelCache
         // Weak: the device holds this closure; a strong capture would keep it alive forever.

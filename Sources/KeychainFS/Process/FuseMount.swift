@@ -18,7 +18,12 @@ public final class FuseMount: Sendable {
 
     /// Mounts `fileSystem` at `mountpoint` and starts serving it; `onFinish`
     /// runs on the loop's thread once the session has ended and been torn down.
-    public init(fileSystem: FileSystem, mountpoint: String,
+    /// With `connection`, a `/dev/fuse` descriptor that a client already
+    /// mounted at `mountpoint` (fusermount3), serves that instead and owns
+    /// it: libfuse takes `/dev/fd/N` for "mounted by the caller"
+    /// (fuse_session_mount), closes it when the session ends, and never
+    /// unmounts it (the mount is its user's, who unmounts it).
+    public init(fileSystem: FileSystem, mountpoint: String, connection: Int32? = nil,
                 onFinish: @escaping @Sendable (FuseMount) -> Void) throws(MountError) {
         self.fileSystem = fileSystem
         self.mountpoint = mountpoint
@@ -36,11 +41,13 @@ public final class FuseMount: Sendable {
             return session
         }
         guard let made else {
+            if let connection { close(connection) }
             userdata.release()
             throw MountError("could not create a FUSE session")
         }
-        guard fuse_session_mount(made, mountpoint) == 0 else {
+        guard fuse_session_mount(made, connection.map { "/dev/fd/\($0)" } ?? mountpoint) == 0 else {
             fuse_session_destroy(made)
+            if let connection { close(connection) }
             userdata.release()
             throw MountError("could not mount at \(mountpoint) (is /dev/fuse usable and fusermount3 installed?)")
         }

@@ -1,0 +1,282 @@
+internal import CLinux
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One keychain as the device process serves it: its manager (one lock
+/// state), its mounts, and the answers to its owner's requests on the
+/// socket. A per-user device serves one; the service serves one per user.
+final class ServedKeychain: Sendable {
+    /// The manager every mount of this keychain shares.
+    let manager: PasswordManager
+    /// Who the files of its mounts belong to: the keychain's user.
+    let owner: (uid: uid_t, gid: gid_t)
+    private let mounts = Mutex<[String: FuseMount]>([:])
+    /// One inode table for every mount: a removal through one mount detaches
+    /// the inode that a descriptor of another mount holds.
+    private let nodes = NodeTable()
+    /// Called on a loop thread whenever one of its mounts has ended.
+    private let mountEnded: @Sendable () -> Void
+
+    /// Boots the device of `keychain`: locked, before first unlock.
+    init(keychain: KeychainDirectory, owner: (uid: uid_t, gid: gid_t),
+         mountEnded: @escaping @Sendable () -> Void) throws(MountError) {
+        do {
+            manager = PasswordManager(device: try Device(directory: keychain))
+        } catch {
+            throw MountError(keychain.sentence(for: error))
+        }
+        self.owner = owner
+        self.mountEnded = mountEnded
+    }
+
+    var hasMounts: Bool { !mounts.withLock { $0.isEmpty } }
+
+    // MARK: Mounts
+
+    /// Whether some mount serves `group` as its root (which then cannot be removed).
+    private func isGroupMounted(_ group: String) -> Bool {
+        mounts.withLock { $0.values.contains { $0.fileSystem.scope == .group(group) } }
+    }
+
+    /// Mounts the keychain (or one of its groups) at `mountpoint`, an
+    /// absolute path: the device mounts it itself, or, given `connection`,
+    /// serves the `/dev/fuse` descriptor its user mounted there (and owns it).
+    func mount(_ mountpoint: String, group: String?, connection: Int32? = nil) throws(MountError) {
+        if connection == nil {
+            if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
+            guard access("/dev/fuse", R_OK | W_OK) == 0 else {
+                throw MountError("/dev/fuse is missing or not usable: load the fuse module (modprobe fuse)")
+            }
+        }
+        let fileSystem: FileSystem
+        do {
+            fileSystem = try FileSystem(manager: manager, group: group, nodes: nodes, owner: owner) { [weak self] candidate in
+                self?.isGroupMounted(candidate) ?? false
+            }
+        } catch .itemNotFound {
+            if let connection { close(connection) }
+            throw MountError("no access group \(group ?? "") in this keychain; create it with mkdir in a whole-keychain mount")
+        } catch {
+            if let connection { close(connection) }
+            throw MountError("cannot mount group \(group ?? ""): \(error)")
+        }
+        let ended = mountEnded
+        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint, connection: connection) { [weak self] finished in
+            _ = self?.mounts.withLock { mounts in
+                // A later mount at the same place (after a dead one) is not this one.
+                if mounts[finished.mountpoint] === finished { mounts.removeValue(forKey: finished.mountpoint) }
+            }
+            ended()
+        }
+        mounts.withLock { $0[mountpoint] = mount }
+    }
+
+    /// Unmounts one of our mounts and waits until its session has ended.
+    /// Returns whether it was the last one.
+    func unmount(_ mountpoint: String) throws(Errno) -> Bool {
+        guard let mount = mounts.withLock({ $0[mountpoint] }) else { throw Errno(ENOENT) }
+        let result = mount.unmount(lazy: false)
+        guard result == 0 else { throw Errno(result) }
+        mount.join()
+        return mounts.withLock { $0.isEmpty }
+    }
+
+    /// Unmounts everything, lazily (open files must not keep the device
+    /// alive after SIGTERM), and waits for every session to end.
+    func unmountAll() {
+        let all = mounts.withLock { Array($0.values) }
+        // Readers of `.events` wait in a read: give them the end of the file first.
+        for mount in all { mount.fileSystem.eventStreams.endAll() }
+        for mount in all {
+            let result = mount.unmount(lazy: true)
+            if result != 0 { Diagnostics.log("could not unmount \(mount.mountpoint): errno \(result)") }
+        }
+        for mount in all { mount.join() }
+    }
+
+    /// Ends every `.events` stream: the service stops, and its mounts'
+    /// connections close with the process (their users unmount them).
+    func endEventStreams() {
+        for mount in mounts.withLock({ Array($0.values) }) { mount.fileSystem.eventStreams.endAll() }
+    }
+
+    // MARK: Requests
+
+    /// Carries out one request of the keychain's owner, who connected on
+    /// `client` (checked by the caller); `descriptor` came with it and is
+    /// consumed. A descriptor for the reply goes to `replyDescriptor`.
+    func answer(_ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
+                descriptor: Int32, replyDescriptor: inout Int32) -> DeviceReply {
+        var passed: Int32? = descriptor >= 0 ? descriptor : nil
+        defer { if let passed { close(passed) } }
+        let subject = { ProgramIdentities.subject(ofPeer: client) }
+        switch request {
+        case .ping:
+            return .ok([])
+        case .create:
+            return .keychainError(.duplicateKeychain, "a keychain already exists for this user")
+        case .mount(let group, let mountpoint), .attach(let group, let mountpoint):
+            if case .attach = request, passed == nil {
+                return .systemError(EINVAL, "no FUSE connection came with the request")
+            }
+            defer { passed = nil }
+            do {
+                try mount(mountpoint, group: group, connection: passed)
+                return .ok([])
+            } catch {
+                return .systemError(EINVAL, error.description)
+            }
+        case .unmount(let mountpoint):
+            do {
+                return .ok(try unmount(mountpoint) ? ["last"] : [])
+            } catch {
+                let reason = error.rawValue == EBUSY ? "mount point is busy (files are open in it)"
+                    : error.rawValue == ENOENT ? "not mounted by this device" : String(cString: strerror(error.rawValue))
+                return .systemError(error.rawValue, reason)
+            }
+        case .changePasscode(let old, let new):
+            do throws(KeychainError) {
+                try manager.localDevice.changePasscode(from: old, to: new)
+                return .ok([])
+            } catch {
+                return .keychainError(error, error.description)
+            }
+        case .backup(let path, let password, let policedGroups, let passcode):
+            guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
+            do throws(KeychainError) {
+                let backup = try manager.backup(password: password, policedGroups: policedGroups, passcode: passcode,
+                                                by: subject())
+                try BackupFile.write(backup.bytes, to: file, name: path)
+                return .ok([String(backup.count)])
+            } catch {
+                return .keychainError(error, error.description)
+            }
+        case .restore(let path, let password, let policy, let passcode):
+            guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
+            do throws(KeychainError) {
+                let summary = try manager.restore(try BackupFile.load(from: file, name: path), password: password,
+                                                  policy: policy, passcode: passcode, by: subject())
+                guard summary.applied else {
+                    return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
+                }
+                return .ok([summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init))
+            } catch {
+                return .keychainError(error, error.description)
+            }
+        case .grant, .revoke, .policy:
+            return manager.localDevice.answer(policyRequest: request, by: subject(), executable: passed)
+        case .auditLog(let rotated):
+            let name = rotated ? AuditLog.rotatedName : AuditLog.fileName
+            let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+            guard fd >= 0 else {
+                return errno == ENOENT ? .ok(["absent"]) : .systemError(errno, "cannot open the audit log: \(String(cString: strerror(errno)))")
+            }
+            replyDescriptor = fd
+            return .ok([])
+        case .verifyLog:
+            do {
+                let report = try AuditLog.verify(directory: manager.localDevice.directory)
+                return .ok([String(report.lines)] + report.problems)
+            } catch {
+                return .systemError(EIO, "cannot verify the audit log: \(error)")
+            }
+        case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
+             .lock, .unlock, .status, .sync:
+            do throws(KeychainError) {
+                // The peer is identified only when a group with a policy asks.
+                let reply = try answerItemRequest(request, program: {
+                    let now = ProgramIdentities.ofPeer(client)
+                    return !policedAtConnect || now == atConnect ? now : nil
+                }, subject: subject)
+                audit(request, result: "ok", subject: subject())
+                return reply
+            } catch {
+                audit(request, result: AuditEvent.result(of: error), subject: subject())
+                return .keychainError(error, error.description)
+            }
+        }
+    }
+}
+
+extension ServedKeychain {
+    /// Records an item request of a socket peer (lock, unlock and status are the device's own).
+    fileprivate func audit(_ request: DeviceRequest, result: String, subject: AuditSubject?) {
+        guard let operation = request.auditOperation else { return }
+        var group = request.group, identifier: String?, detail: String?
+        switch request {
+        case .createGroup(let name):
+            group = name
+        case .get(_, let id), .set(_, let id, _, _, _), .remove(_, let id), .info(_, let id), .setClass(_, let id, _):
+            identifier = id
+        case .rename(_, let from, let to, _):
+            identifier = from
+            detail = to
+        default:
+            break
+        }
+        manager.localDevice.audit.record(AuditEvent(operation: operation, result: result, group: group,
+                                                    identifier: identifier, subject: subject, detail: detail))
+    }
+
+    /// The requests of a ``PasswordManager`` that is a client of this
+    /// device (and of `keychainfs get/set/rm/ls`): the manager's own
+    /// operations, with the filesystem's namespace rules (a removed or
+    /// replaced item's inode is detached, writes are serialised with commits).
+    fileprivate func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?,
+                                       subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
+        // As through a mount: a group's policy decides per program (the peer),
+        // when the request has arrived and again just before the reply.
+        if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
+        let reply = try carryOut(request, subject: subject)
+        if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
+        return reply
+    }
+
+    private func carryOut(_ request: DeviceRequest, subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
+        switch request {
+        case .get(let group, let identifier):
+            let item = try manager.item(forIdentifier: identifier, inGroup: group)
+            return .value(item.value, item.protectionClass)
+        case .set(let group, let identifier, let value, let protectionClass, let condition):
+            try nodes.namespace.withLock { () throws(KeychainError) in
+                _ = try manager.write(value, identifier: identifier, group: group,
+                                  protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition)
+            }
+        case .remove(let group, let identifier):
+            try nodes.removeItem(group: group, identifier: identifier, manager: manager)
+            nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
+        case .list(let group):
+            guard let group else { return .ok(try manager.groups()) }
+            return .ok(try manager.items(inGroup: group).flatMap { [$0.identifier, $0.info.protectionClass.name, String($0.info.size)] })
+        case .info(let group, let identifier):
+            guard let info = try manager.info(forIdentifier: identifier, inGroup: group) else { throw .itemNotFound }
+            return .ok([info.protectionClass.name, String(info.size)])
+        case .setClass(let group, let identifier, let protectionClass):
+            try manager.setProtectionClass(protectionClass, forIdentifier: identifier, inGroup: group)
+        case .rename(let group, let from, let to, let replacing):
+            try nodes.renameItem(group: group, from: from, to: to, replacing: replacing, manager: manager)
+            nodes.forgetNames([.item(group: group, identifier: from), .item(group: group, identifier: to)], except: nil)
+        case .createGroup(let group):
+            try manager.createGroup(group)
+        case .removeGroup(let group):
+            // As rmdir: not a group that a mount serves as its root.
+            guard !isGroupMounted(group) else { throw .badRequest }
+            try manager.removeGroup(group)
+            nodes.forgetNames([.group(group)], except: nil)
+        case .lock:
+            manager.localDevice.lock(by: subject())
+        case .unlock(let passcode):
+            try manager.localDevice.unlock(passcode: passcode, by: subject())
+        case .status:
+            return .ok(try manager.status.fields)
+        case .sync:
+            try manager.sync()
+        default:
+            throw .param
+        }
+        return .ok([])
+    }
+}

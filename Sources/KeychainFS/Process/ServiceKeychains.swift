@@ -1,0 +1,91 @@
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The keychains of the service: one per user, in `STATE/UID/`, opened on
+/// the user's first request and kept open (booted, locked) until the
+/// service stops. Only the service's account can read the state
+/// directory; a user reaches their keychain only through the service.
+final class ServiceKeychains: Sendable {
+    let stateDirectory: String
+    private let open = Mutex<[uid_t: ServedKeychain]>([:])
+    /// Creating a keychain stretches its passcode (a second or so): not
+    /// under the lock every request takes.
+    private let creating = Mutex(())
+    private let mountEnded: @Sendable () -> Void
+
+    init(stateDirectory: String, mountEnded: @escaping @Sendable () -> Void) {
+        self.stateDirectory = stateDirectory
+        self.mountEnded = mountEnded
+    }
+
+    /// The keychain directory of a user.
+    func directory(of uid: uid_t) -> KeychainDirectory {
+        KeychainDirectory(path: stateDirectory + "/" + String(uid))
+    }
+
+    /// The peer's keychain, opened now if it was not; nil when the user has
+    /// none yet. Throws why an existing one cannot be opened.
+    func keychain(of credentials: PeerCredentials) throws(MountError) -> ServedKeychain? {
+        try open.withLock { (open) throws(MountError) -> ServedKeychain? in
+            if let served = open[credentials.uid] { return served }
+            let directory = directory(of: credentials.uid)
+            guard directory.exists else { return nil }
+            let served = try ServedKeychain(keychain: directory, owner: (credentials.uid, credentials.gid),
+                                            mountEnded: mountEnded)
+            open[credentials.uid] = served
+            return served
+        }
+    }
+
+    /// One request of a user: `create` makes their keychain; anything else
+    /// goes to their keychain, which must exist.
+    func answer(_ request: DeviceRequest, from credentials: PeerCredentials, existing: ServedKeychain?, client: Int32,
+                policedAtConnect: Bool, atConnect: ProgramIdentity?,
+                descriptor: Int32, replyDescriptor: inout Int32) -> DeviceReply {
+        if case .create(let passcode) = request {
+            if descriptor >= 0 { close(descriptor) }
+            return create(for: credentials.uid, passcode: passcode)
+        }
+        let served: ServedKeychain?
+        do throws(MountError) {
+            if let existing { served = existing } else { served = try keychain(of: credentials) }
+        } catch {
+            if descriptor >= 0 { close(descriptor) }
+            return .systemError(EIO, error.description)
+        }
+        guard let served else {
+            if descriptor >= 0 { close(descriptor) }
+            if case .ping = request { return .ok([]) }
+            return .keychainError(.noSuchKeychain, "you have no keychain in the keychainfs service; create one with `keychainfs init`")
+        }
+        return served.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
+                             descriptor: descriptor, replyDescriptor: &replyDescriptor)
+    }
+
+    private func create(for uid: uid_t, passcode: SecureBytes?) -> DeviceReply {
+        creating.withLock { _ in
+            let directory = directory(of: uid)
+            if directory.exists { return .keychainError(.duplicateKeychain, "you have a keychain in the keychainfs service already") }
+            do throws(KeychainError) {
+                try Device.createKeychain(at: directory, passcode: passcode)
+                return .ok([])
+            } catch {
+                return .keychainError(error, "cannot create your keychain in the service: \(error)")
+            }
+        }
+    }
+
+    /// The service stops: `.events` readers see their end, and a keychain
+    /// with no mount folds its write-ahead log in. One with mounts is left
+    /// as it is (their sessions end with the process; SQLite recovers its
+    /// committed write-ahead log at the next open).
+    func stop() {
+        for served in open.withLock({ Array($0.values) }) {
+            served.endEventStreams()
+            if !served.hasMounts { served.manager.localDevice.shutDown() }
+        }
+    }
+}

@@ -1,0 +1,70 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct ServiceCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "service",
+        abstract: "Run the keychainfs service: one device for every user, as its own system account.",
+        discussion: """
+            Each user's keychain lives in STATE/UID/, which only the service's account can read; a \
+            user reaches it only through the socket (their own keychain, by the peer's uid) and \
+            through mounts they make with `keychainfs mount`. Started by systemd \
+            (keychainfs.socket, keychainfs.service), or as root with this command, which then \
+            becomes the account (keeping only CAP_SYS_PTRACE, to identify callers). Clients use \
+            the service when $KEYCHAINFS_SERVICE names its socket, or \(ServicePaths.defaultSocket) \
+            exists, and no --keychain is given. Runs until SIGTERM.
+            """
+    )
+
+    @Option(name: .customLong("state-directory"), help: "Where the users' keychains live.")
+    var stateDirectory = ServicePaths.defaultStateDirectory
+
+    @Option(name: .long, help: "The socket to listen on, unless systemd passes one.")
+    var socket = ServicePaths.defaultSocket
+
+    @Option(name: .long, help: "The account to become when started as root.")
+    var user = ServiceAccount.defaultName
+
+    @Option(name: .customLong("ready-fd"), help: .hidden)
+    var readyFD: Int32?
+
+    func run() throws {
+        let stateDirectory = absolutePath(self.stateDirectory), socket = absolutePath(self.socket)
+        let listener: Int32
+        do {
+            if let activated = try UnixSocket.activated() {
+                listener = activated
+            } else {
+                let parent = String(socket[..<socket.lastIndex(of: "/")!])
+                if !parent.isEmpty && mkdir(parent, 0o755) != 0 && errno != EEXIST {
+                    throw fail("cannot create \(parent): \(String(cString: strerror(errno)))")
+                }
+                listener = try UnixSocket.listen(at: socket, everyone: true)
+            }
+        } catch let error as Errno {
+            throw fail("cannot listen on \(socket): \(error)")
+        }
+        do {
+            if geteuid() == 0 { try ServiceAccount.become(user, stateDirectory: stateDirectory) }
+        } catch {
+            throw fail(error.description)
+        }
+        if let problem = ServiceAccount.stateDirectoryProblem(stateDirectory) { throw fail(problem) }
+        if !ServiceAccount.canIdentifyCallers {
+            printError("keychainfs: without CAP_SYS_PTRACE the service cannot identify callers of other users: "
+                       + "every caller of a policed group is refused")
+        }
+        let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket)
+        throw ExitCode(device.runService(listener: listener) {
+            SystemdNotify.send("READY=1")
+            if let readyFD {
+                _ = writeLine(readyFD, "ok")
+                close(readyFD)
+            }
+        })
+    }
+}

@@ -1,0 +1,79 @@
+import Foundation
+import KeychainCore
+
+/// A keychainfs service for one test: started as root, as a systemd unit
+/// would (it becomes the `keychainfs` account that ./scripts/setup made),
+/// with its own state directory and socket; stopped with SIGTERM when the
+/// test ends, passed or failed.
+package final class ServiceHarness: @unchecked Sendable {
+    /// Holds the state directory and the socket; mode 0711, so that every
+    /// user can reach the socket and none can list anything.
+    package let root: String
+    package let stateDirectory: String
+    package let socket: String
+    package private(set) var pid: pid_t = 0
+    package let binary: String
+
+    /// `started`: false for a test that starts the service its own way
+    /// (socket activation), at ``socket`` with ``stateDirectory``.
+    package init(started: Bool = true) throws {
+        guard getpwnam("keychainfs") != nil else {
+            throw HarnessError("no keychainfs account: run ./scripts/setup (it creates it)")
+        }
+        var template = Array((NSTemporaryDirectory() + "kcfs-svc-XXXXXX").utf8CString)
+        guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
+        root = String(validatingCString: made)!
+        chmod(root, 0o711)
+        stateDirectory = root + "/state"
+        socket = root + "/socket"
+        binary = root + "/keychainfs"
+        // The service's own copy, root's, as an installed binary would be.
+        try FileManager.default.copyItem(atPath: try MountHarness.builtBinary(), toPath: binary)
+        if started { try start() }
+    }
+
+    /// Starts the service process and waits until it listens.
+    private func start() throws {
+        var ends: [Int32] = [0, 0]
+        guard pipe(&ends) == 0 else { throw POSIXError(.EIO) }
+        var options = Spawn.Options()
+        options.descriptors = [(3, ends[1])]
+        options.nullStandardStreams = true
+        let started = Spawn.start([binary, "service", "--state-directory", stateDirectory, "--socket", socket,
+                                   "--ready-fd", "3"], options: options)
+        close(ends[1])
+        defer { close(ends[0]) }
+        guard let started else { throw HarnessError("could not start the service") }
+        var line: [UInt8] = []
+        var byte: UInt8 = 0
+        while read(ends[0], &byte, 1) == 1 && byte != UInt8(ascii: "\n") { line.append(byte) }
+        guard String(decoding: line, as: UTF8.self) == "ok" else {
+            kill(started, SIGKILL)
+            _ = Spawn.wait(started)
+            throw HarnessError("the service did not start")
+        }
+        pid = started
+    }
+
+    /// Starts the service again after ``stop()``: same state, same socket.
+    package func restart() throws {
+        stop()
+        try start()
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: root)
+    }
+
+    /// Stops the service (SIGTERM) and waits for it; its users' mounts are dead from then on.
+    package func stop() {
+        guard pid > 0 else { return }
+        kill(pid, SIGTERM)
+        _ = Spawn.wait(pid)
+        pid = 0
+    }
+
+    /// The directory of a user's keychain.
+    package func keychain(of user: OrdinaryUser) -> String { stateDirectory + "/" + String(user.uid) }
+}
