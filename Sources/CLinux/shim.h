@@ -17,13 +17,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-// Whether the process a pidfd refers to still runs (pidfd_send_signal with
-// signal 0; glibc 2.36 has no wrapper declared without _GNU_SOURCE, and
-// syscall() is variadic).
-static inline int CLinux_pidfd_alive(int pidfd) {
-    return syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0;
-}
-
 // RLIMIT_CORE 0: no core file (setrlimit's resource is an enum Swift
 // imports awkwardly).
 static inline int CLinux_disable_core_files(void) {

@@ -122,6 +122,29 @@ import Testing
         #expect(try target.identifiers(inGroup: "default") == [])
     }
 
+    /// The device restores from its own copy of the file a client passed,
+    /// read a record at a time: the client changing the file meanwhile
+    /// changes nothing, and a file that is not a backup is not copied.
+    @Test func aRestoreReadsAPrivateCopyOfThePassedFile() throws {
+        let (_, source) = try Self.source()
+        let (keychain, target) = try Self.target()
+        let path = keychain.root + "/passed.kcbak", directory = keychain.directory.path
+        try Data(try Self.backup(source)).write(to: URL(fileURLWithPath: path))
+        let file = open(path, O_RDONLY)
+        defer { close(file) }
+        let before = try FileManager.default.contentsOfDirectory(atPath: directory)
+        let copy = try BackupFileCopy(of: file, name: path, in: directory)
+        // The copy has no name in the directory (O_TMPFILE).
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == before)
+        // The client empties and rewrites its file after passing it.
+        try Data("not a backup any more".utf8).write(to: URL(fileURLWithPath: path))
+        let summary = try target.restore(copy, password: secure(Self.password), policy: .refuse)
+        #expect(summary.added == Self.items.filter { $0.protectionClass.isMigratable }.count)
+        let foreign = open(path, O_RDONLY)
+        defer { close(foreign) }
+        #expect(throws: KeychainError.param) { try BackupFileCopy(of: foreign, name: path, in: directory) }
+    }
+
     @Test func aLockedKeychainMakesNoBackup() throws {
         let (_, source) = try Self.source()
         try source.lock()

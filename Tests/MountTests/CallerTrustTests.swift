@@ -7,12 +7,14 @@ import TestSupport
 /// attack here ran as the keychain's own (ordinary) user, with programs the
 /// test compiles, and read a policed value before the device checked who
 /// the caller really is (issue 21). Each must now get EPERM (or a refused
-/// request) and leave an audit line saying why.
+/// request) and leave an audit line saying why, from the user's own device
+/// and from the service (which reads another user's /proc to tell).
 @Suite struct CallerTrustTests {
-    /// An ordinary user's keychain, mounted and unlocked, with `secure/token`
-    /// readable only by `$R/granted-cat` (a copy of cat that the user owns).
-    static func policedKeychainOfAnOrdinaryUser() throws -> (MountHarness, String) {
-        let harness = try MountHarness(as: try OrdinaryUser())
+    /// An ordinary user's keychain (in a service of its own when `inService`),
+    /// mounted and unlocked, with `secure/token` readable only by
+    /// `$R/granted-cat` (a copy of cat that the user owns).
+    static func policedKeychainOfAnOrdinaryUser(inService: Bool = false) throws -> (MountHarness, String) {
+        let harness = try MountHarness(as: try OrdinaryUser(), service: inService ? try ServiceHarness() : nil)
         let mnt = try harness.mount()
         try harness.unlock(mnt)
         let setup = harness.sh("""
@@ -41,11 +43,11 @@ import TestSupport
 
     /// The audit log's denials, as text.
     static func denials(_ harness: MountHarness) -> [Substring] {
-        harness.sh("\"$K\" log --keychain \"$KC\"").stdout.split(separator: "\n").filter { $0.contains("denied") }
+        harness.sh("\"$K\" log" + harness.keychainOption).stdout.split(separator: "\n").filter { $0.contains("denied") }
     }
 
-    @Test func codeLoadedIntoTheGrantedProgramIsRefused() throws {
-        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser()
+    @Test(arguments: [false, true]) func codeLoadedIntoTheGrantedProgramIsRefused(inService: Bool) throws {
+        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
         try Self.compile(harness, "evil.so", "void kcfs_evil(void) {}\n", options: "-shared -fPIC")
         Self.expectRefused(harness.sh("LD_PRELOAD=\"$R/evil.so\" \"$R/granted-cat\" \"$1/secure/token\"", arguments: [mnt]),
                            "LD_PRELOAD")
@@ -64,16 +66,16 @@ import TestSupport
 
     /// In a user namespace of its own a process may point its
     /// `/proc/PID/exe` anywhere (PR_SET_MM): its executable proves nothing there.
-    @Test func theGrantedProgramInAnotherUserNamespaceIsRefused() throws {
-        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser()
+    @Test(arguments: [false, true]) func theGrantedProgramInAnotherUserNamespaceIsRefused(inService: Bool) throws {
+        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
         Self.expectRefused(harness.sh("unshare --user --map-root-user \"$R/granted-cat\" \"$1/secure/token\"",
                                       arguments: [mnt]), "user namespace")
         #expect(Self.denials(harness).contains { $0.contains("another user namespace") })
     }
 
     /// A tracer can make the granted program do anything.
-    @Test func aTracedGrantedProgramIsRefused() throws {
-        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser()
+    @Test(arguments: [false, true]) func aTracedGrantedProgramIsRefused(inService: Bool) throws {
+        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
         try Self.compile(harness, "tracer", """
             #include <signal.h>
             #include <sys/ptrace.h>
@@ -97,8 +99,8 @@ import TestSupport
 
     /// Code written into anonymous memory is no executable's: refused unless
     /// the rule was granted with `--allow-jit` (a JavaScript engine, a JVM).
-    @Test func aProgramRunningAnonymousCodeNeedsARuleThatAllowsJIT() throws {
-        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser()
+    @Test(arguments: [false, true]) func aProgramRunningAnonymousCodeNeedsARuleThatAllowsJIT(inService: Bool) throws {
+        let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
         try Self.compile(harness, "jit", """
             #include <fcntl.h>
             #include <stdio.h>
@@ -124,8 +126,8 @@ import TestSupport
         #expect(Self.denials(harness).contains { $0.contains("anonymous memory") })
         let allowed = harness.grant("secure", exe: harness.root + "/jit", options: "--allow-jit")
         #expect(allowed.succeeded && allowed.stdout.hasSuffix("JIT code allowed\n"), "\(allowed)")
-        #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout.contains("/jit sha256=") )
-        #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout.contains(" allow-jit\n"))
+        #expect(harness.sh("\"$K\" policy secure" + harness.keychainOption).stdout.contains("/jit sha256=") )
+        #expect(harness.sh("\"$K\" policy secure" + harness.keychainOption).stdout.contains(" allow-jit\n"))
         #expect(harness.run("jit", mnt + "/secure/token").stdout == "s3cret")
         // The rule of the granted cat still admits no anonymous code.
         #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
@@ -135,8 +137,8 @@ import TestSupport
     /// the granted program (execv), the child sends the last byte and reads
     /// the reply. The process that connected is the granted one by then;
     /// the request was not all its own.
-    @Test func aSocketRequestFinishedByAnotherProcessIsRefused() throws {
-        let (harness, _) = try Self.policedKeychainOfAnOrdinaryUser()
+    @Test(arguments: [false, true]) func aSocketRequestFinishedByAnotherProcessIsRefused(inService: Bool) throws {
+        let (harness, _) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
         #expect(harness.grant("secure", exe: harness.binary).succeeded)  // keychainfs itself may ask too
         try Self.compile(harness, "race", """
             #include <stdint.h>
@@ -179,13 +181,14 @@ import TestSupport
                 return 127;
             }
             """, options: "-DVERSION=\(DeviceProtocol.version)")
+        let socket = harness.service?.socket ?? "$(ls \"$XDG_RUNTIME_DIR\"/keychainfs/*.sock)"
         let attack = harness.sh("""
-            "$R/race" "$(ls "$XDG_RUNTIME_DIR"/keychainfs/*.sock)" "$R/granted-cat" | tr -c '[:print:]' .
+            "$R/race" "\(socket)" "$R/granted-cat" | tr -c '[:print:]' .
             """)
         #expect(!attack.stdout.contains("s3cret"), "\(attack)")
         #expect(attack.stdout.contains("from the process that connected"), "\(attack)")
         // The same request sent whole by one process is answered.
-        let whole = harness.sh("\"$K\" get secure/token --keychain \"$KC\"")
+        let whole = harness.sh("\"$K\" get secure/token" + harness.keychainOption)
         #expect(whole.stdout == "s3cret", "\(whole) \(Self.denials(harness))")
     }
 }

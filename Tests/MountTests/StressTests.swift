@@ -129,6 +129,22 @@ extension StressTests {
                 done.leave()
             }.start()
         }
+        // stat of the name: the kernel answers from the inode it looked up,
+        // which a replacement may have detached by the time it asks.
+        for _ in 0..<2 {
+            done.enter()
+            Thread {
+                var info = stat()
+                while !run.stop.load(ordering: .relaxed) {
+                    if stat(mnt + "/default/x", &info) != 0 {
+                        let error = errno
+                        run.failures.withLock { $0.append("stat: errno \(error)") }
+                    }
+                    run.operations.add(1, ordering: .relaxed)
+                }
+                done.leave()
+            }.start()
+        }
         run.finish(after: 3 * Self.scale, threads: done)
         withExtendedLifetime(harness) {}
     }

@@ -95,7 +95,7 @@ extension PasswordManager {
     /// ``KeychainError/authFailed`` for a wrong one), and nothing is
     /// written then. Recorded in the audit log. Needs the key of every
     /// class it writes (``KeychainError/interactionNotAllowed`` while locked).
-    public func restore(_ backup: [UInt8], password: SecureBytes, policy: RestoreConflictPolicy,
+    public func restore(_ backup: some BackupBytes, password: SecureBytes, policy: RestoreConflictPolicy,
                         passcode: SecureBytes? = nil, by subject: AuditSubject? = nil) throws(KeychainError) -> RestoreSummary {
         defer { purge() }
         let device = localDevice
@@ -244,5 +244,76 @@ extension BackupFile {
         } catch {
             throw fileFailure("read", path, errno: error.rawValue)
         }
+    }
+}
+
+/// A private copy of a backup file, taken before it is read: the file a
+/// client passed may change while the device reads it (each record is
+/// checked before any is applied, in a first pass), the copy cannot. It is
+/// unlinked from the start (O_TMPFILE) in the keychain's own directory and
+/// read a record at a time.
+public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
+    // Read-only after init; pread does not move a shared offset.
+    private let fd: Int32
+    public let count: Int
+
+    /// Copies `file` (named `name` in messages) into `directory`, checking
+    /// first, as ``BackupFile/load(from:name:)`` does, that it is a regular
+    /// file of at most ``BackupFile/maximumFileSize`` bytes that begins as a
+    /// backup; the copy stops at that bound even if the file grows.
+    public init(of file: Int32, name: String, in directory: String) throws(KeychainError) {
+        var info = stat()
+        guard fstat(file, &info) == 0 else { throw fileFailure("read", name) }
+        guard info.st_mode & S_IFMT == S_IFREG else { throw .param }
+        guard Int(info.st_size) <= BackupFile.maximumFileSize else { throw .valueTooLarge }
+        var head = [UInt8](repeating: 0, count: BackupFile.magic.count)
+        let whole: Bool
+        do throws(Errno) {
+            whole = try head.withMutableBytes { (raw) throws(Errno) in try Descriptor.readExactly(file, into: raw) }
+        } catch {
+            throw fileFailure("read", name, errno: error.rawValue)
+        }
+        guard whole, head == BackupFile.magic else { throw .param }
+        // glibc's O_TMPFILE (__O_TMPFILE | O_DIRECTORY), declared only with _GNU_SOURCE.
+        let temporaryFile: Int32 = 0o20_200_000
+        let copy = Glibc.open(directory, O_RDWR | O_CLOEXEC | temporaryFile, 0o600)
+        guard copy >= 0 else { throw fileFailure("create a temporary file in", directory) }
+        var total = head.count
+        var buffer = [UInt8](repeating: 0, count: 64 << 10)
+        do throws(Errno) {
+            try head.withBytes { (raw) throws(Errno) in try Descriptor.writeAll(copy, raw) }
+            while true {
+                let read = try buffer.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(file, into: raw) }
+                if read == 0 { break }
+                total += read
+                // It grew past the bound after fstat: refused all the same.
+                guard total <= BackupFile.maximumFileSize else { throw Errno.fileTooLarge }
+                try buffer.withBytes { (raw) throws(Errno) in
+                    try Descriptor.writeAll(copy, UnsafeRawBufferPointer(rebasing: raw[..<read]))
+                }
+            }
+        } catch {
+            close(copy)
+            if error == .fileTooLarge { throw .valueTooLarge }
+            throw fileFailure("copy", name, errno: error.rawValue)
+        }
+        fd = copy
+        count = total
+    }
+
+    deinit { close(fd) }
+
+    public func bytes(_ range: Range<Int>) throws(KeychainError) -> [UInt8] {
+        var result = [UInt8](repeating: 0, count: range.count)
+        var done = 0
+        while done < range.count {
+            let read = result.withUnsafeMutableBytes { raw in
+                pread(fd, raw.baseAddress! + done, range.count - done, off_t(range.lowerBound + done))
+            }
+            if read < 0 && errno == EINTR { continue }
+            guard read > 0 else { throw .io }
+            done += read
+        }
+        return result
     }
 }

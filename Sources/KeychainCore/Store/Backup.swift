@@ -14,6 +14,20 @@ public struct BackupItem: Sendable {
     public var value: SecureBytes
 }
 
+/// The bytes of a backup: in memory, or in a file read a record at a time
+/// (``BackupFileCopy``), so that restoring costs memory for one record, not
+/// for the whole file.
+public protocol BackupBytes {
+    /// The length in bytes.
+    var count: Int { get }
+    /// The bytes of `range`, which lies within `0..<count`.
+    func bytes(_ range: Range<Int>) throws(KeychainError) -> [UInt8]
+}
+
+extension Array: BackupBytes where Element == UInt8 {
+    public func bytes(_ range: Range<Int>) throws(KeychainError) -> [UInt8] { Array(self[range]) }
+}
+
 /// The encrypted backup file (docs/FORMAT.md, "Backups"), as iOS encrypted
 /// backups: protected by a backup password of its own, holding only the
 /// migratable items, readable on any device.
@@ -109,11 +123,13 @@ public enum BackupFile {
     /// unknown version), ``KeychainError/authFailed`` for a wrong password,
     /// ``KeychainError/decode`` for a damaged, cut or altered one. Nothing is
     /// handed out before the whole file was checked.
-    public static func decode(_ bytes: [UInt8], password: SecureBytes,
+    public static func decode(_ bytes: some BackupBytes, password: SecureBytes,
                               _ body: (BackupItem) throws(KeychainError) -> Void) throws(KeychainError) {
         Sodium.ensureInitialized()
-        guard bytes.count >= headerSize, Array(bytes.prefix(8)) == magic else { throw .param }
-        var reader = ByteReader(Array(bytes.prefix(headerSize)))
+        guard bytes.count >= headerSize else { throw .param }
+        let header = try bytes.bytes(0..<headerSize)
+        guard Array(header.prefix(8)) == magic else { throw .param }
+        var reader = ByteReader(header)
         _ = try reader.read(8)
         guard try reader.readByte() == version else { throw .param }
         let kdf = KDFParameters(opsLimit: try reader.readUInt64(), memLimit: try reader.readUInt64())
@@ -121,7 +137,6 @@ public enum BackupFile {
         guard (1...16).contains(kdf.opsLimit), (8192...(4 << 30)).contains(kdf.memLimit) else { throw .decode }
         let salt = try reader.read(Crypto.saltSize)
         let check = try reader.read(Crypto.macSize)
-        let header = Array(bytes.prefix(headerSize))
         let keys = try Keys(password: password, salt: salt, kdf: kdf)
         guard Crypto.constantTimeEqual(keys.check, check) else { throw .authFailed }
         // Two passes: every record authenticated first, then handed out.
@@ -150,15 +165,17 @@ public enum BackupFile {
         }
     }
 
-    private static func open(_ bytes: [UInt8], at offset: inout Int, header: [UInt8], keys: Keys,
+    private static func open(_ bytes: some BackupBytes, at offset: inout Int, header: [UInt8], keys: Keys,
                              index: Int) throws(KeychainError) -> (Kind, SecureBytes) {
         let fixed = 1 + Crypto.nonceSize + 4
-        guard bytes.count - offset >= fixed, let kind = Kind(rawValue: bytes[offset]) else { throw .decode }
-        let nonce = Array(bytes[(offset + 1)..<(offset + 1 + Crypto.nonceSize)])
-        var lengthReader = ByteReader(Array(bytes[(offset + 1 + Crypto.nonceSize)..<(offset + fixed)]))
+        guard bytes.count - offset >= fixed else { throw .decode }
+        let prefix = try bytes.bytes(offset..<(offset + fixed))
+        guard let kind = Kind(rawValue: prefix[0]) else { throw .decode }
+        let nonce = Array(prefix[1..<(1 + Crypto.nonceSize)])
+        var lengthReader = ByteReader(Array(prefix[(1 + Crypto.nonceSize)...]))
         let length = Int(try lengthReader.readUInt32())
         guard length <= ItemLimits.maximumValueSize + Crypto.tagSize, bytes.count - offset - fixed >= length else { throw .decode }
-        let sealed = Array(bytes[(offset + fixed)..<(offset + fixed + length)])
+        let sealed = try bytes.bytes((offset + fixed)..<(offset + fixed + length))
         offset += fixed + length
         let plaintext = try keys.sealing.withKey { (key) throws(KeychainError) in
             try Crypto.open(sealed, key: key, nonce: nonce, associatedData: associatedData(header, kind, index))

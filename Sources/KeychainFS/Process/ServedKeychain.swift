@@ -157,7 +157,8 @@ final class ServedKeychain: Sendable {
         case .restore(let path, let password, let policy, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
             do throws(KeychainError) {
-                let summary = try manager.restore(try BackupFile.load(from: file, name: path), password: password,
+                let copy = try BackupFileCopy(of: file, name: path, in: manager.localDevice.directory.path)
+                let summary = try manager.restore(copy, password: password,
                                                   policy: policy, passcode: passcode, by: subject())
                 guard summary.applied else {
                     return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
