@@ -31,7 +31,8 @@ enum KeysHolder {
         do {
             try manager.localDevice.unlock(passcode: passcode)
         } catch {
-            throw fail("the keychain's passcode is wrong, or wrong passcodes have locked unlocking out for now")
+            throw fail("the keychain's passcode is wrong, or wrong passcodes have locked unlocking out for now",
+                       status: ExitStatus.denied)
         }
         return .local(manager, passcode: passcode)
     }
@@ -122,12 +123,13 @@ struct BackupCommand: ParsableCommand {
                 unlink(partial.path)
             }
             switch reply {
-            case .keychainError(.missingEntitlement, _)?: throw fail(explain(.missingEntitlement, file: path))
-            case .keychainError(.authFailed, _)?: throw fail(explain(.authFailed, file: ""))
+            case .keychainError(.missingEntitlement, _)?:
+                throw fail(explain(.missingEntitlement, file: path), status: ExitStatus.denied)
+            case .keychainError(.authFailed, _)?: throw fail(explain(.authFailed, file: ""), status: ExitStatus.denied)
             case .keychainError(.param, _)? where !policedGroups.isEmpty:
                 throw fail("every --group must name a group with an entitlement policy; nothing was written")
             case .ok(let fields)?: count = fields.first ?? "?"
-            case .keychainError(let error, _)?: throw fail(explain(error, file: path))
+            case .keychainError(let error, _)?: throw fail(explain(error, file: path), status: ExitStatus.of(error))
             case .value?:
                 throw fail("unexpected reply from the device (a device of another keychainfs build?)")
             case .systemError(_, let message)?: throw fail(message)
@@ -141,7 +143,7 @@ struct BackupCommand: ParsableCommand {
             } catch KeychainError.param where !policedGroups.isEmpty {
                 throw fail("every --group must name a group with an entitlement policy; nothing was written")
             } catch {
-                throw fail(explain(error, file: path))
+                throw fail(explain(error, file: path), status: ExitStatus.of(error))
             }
         }
         print("backed up \(count) items to \(path) (ThisDeviceOnly items stay on this device)")
@@ -197,9 +199,10 @@ struct RestoreCommand: ParsableCommand {
             switch DeviceClient.send(.restore(path: path, password: password, policy: policy, passcode: passcode),
                                      to: socketPath, passing: file) {
             case .ok(let fields)?: counts = fields
-            case .keychainError(.missingEntitlement, _)?: throw fail(explain(.missingEntitlement, file: path))
+            case .keychainError(.missingEntitlement, _)?:
+                throw fail(explain(.missingEntitlement, file: path), status: ExitStatus.denied)
             case .keychainError(.duplicateItem, let message)?: throw fail(message)
-            case .keychainError(let error, _)?: throw fail(explain(error, file: path))
+            case .keychainError(let error, _)?: throw fail(explain(error, file: path), status: ExitStatus.of(error))
             case .value?:
                 throw fail("unexpected reply from the device (a device of another keychainfs build?)")
             case .systemError(_, let message)?: throw fail(message)
@@ -211,7 +214,7 @@ struct RestoreCommand: ParsableCommand {
                 summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy,
                                               passcode: passcode)
             } catch {
-                throw fail(explain(error, file: path))
+                throw fail(explain(error, file: path), status: ExitStatus.of(error))
             }
             guard summary.applied else { throw fail(RestoreSummary.conflictMessage(summary.conflicts)) }
             counts = [summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init)

@@ -83,7 +83,9 @@ struct UnlockCommand: ParsableCommand {
         do {
             try Array("unlock".utf8).withUnsafeBytes { try command.append($0) }
             if status["passcode"] != "no" {
-                guard let passcode = Passcode.read(prompt: "Passcode: ") else { throw fail("no passcode given") }
+                guard let passcode = Passcode.read(prompt: "Passcode: "), passcode.count > 0 else {
+                    throw fail("no passcode given: this keychain has one (an empty line is none)")
+                }
                 try Array(" ".utf8).withUnsafeBytes { try command.append($0) }
                 try passcode.withUnsafeBytes { try command.append($0) }
             }
@@ -97,9 +99,10 @@ struct UnlockCommand: ParsableCommand {
             if result == EACCES {
                 let after = DeviceStatusFile.read(mount.path)?["retry-after"]
                 if let after, after != "0" {
-                    throw fail("not unlocked: wrong passcode; unlocking is refused for \(after) more seconds after repeated failures")
+                    throw fail("not unlocked: wrong passcode; unlocking is refused for \(after) more seconds after repeated failures",
+                               status: ExitStatus.denied)
                 }
-                throw fail("not unlocked: wrong passcode")
+                throw fail("not unlocked: wrong passcode", status: ExitStatus.denied)
             }
             throw fail("cannot unlock: \(String(cString: strerror(result)))")
         }

@@ -209,6 +209,9 @@ struct ExecCommand: ParsableCommand {
     var command: [String] = []
 
     func validate() throws {
+        // The passthrough argument takes every word, `--help` too; before
+        // `--` it is this command's (after `--`, the program's own).
+        if let first = command.first, first == "--help" || first == "-h" { throw CleanExit.helpRequest(self) }
         let words = command.first == "--" ? Array(command.dropFirst()) : command
         guard !words.isEmpty else { throw ValidationError("Give the command to run after --.") }
         for variable in variables {

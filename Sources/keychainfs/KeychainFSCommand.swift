@@ -11,10 +11,10 @@ struct KeychainFSCommand: ParsableCommand {
         commandName: "keychainfs",
         abstract: "An encrypted password store with iOS keychain semantics, mounted as a filesystem.",
         discussion: """
-            Exit status: 0 on success; 1 when the operation failed (the message says why); \
-            2 the item or keychain does not exist; 3 locked (the item's class key is not \
-            available); 4 denied (wrong passcode, a lockout, or a \
-            program not entitled to the access group); 5 no device is running for the \
+            Exit status, the same for every command: 0 on success; 1 when the operation failed \
+            (the message says why); 2 the item or keychain does not exist; 3 locked (the item's \
+            class key is not available); 4 denied (a wrong passcode or backup password, a lockout, \
+            or a program not entitled to the access group); 5 no device is running for the \
             keychain (get, set, rm, ls, exec need one); 64 a command line that does not parse; \
             exec: 127 when the command cannot be run, otherwise the command's own status.
             """,
@@ -52,6 +52,18 @@ enum ExitStatus {
     static let locked = ExitCode(3)
     static let denied = ExitCode(4)
     static let noDevice = ExitCode(5)
+
+    /// The status of a core error, the same for every command: a wrong
+    /// passcode or password is "denied" wherever it is typed.
+    static func of(_ error: KeychainError) -> ExitCode {
+        switch error {
+        case .itemNotFound, .noSuchKeychain: return absent
+        case .interactionNotAllowed: return locked
+        case .authFailed, .missingEntitlement: return denied
+        case .notAvailable: return noDevice
+        default: return failure
+        }
+    }
 }
 
 /// Prints a message to standard error and fails with `status` (1 unless said).

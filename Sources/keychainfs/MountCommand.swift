@@ -45,6 +45,7 @@ struct MountCommand: ParsableCommand {
         let mountpoint = canonicalMountPoint(self.mountpoint)
         // SPEC: a device killed with kill -9 leaves a dead mount that must not block the next one.
         if MountTable.isDeadMount(mountpoint) { _ = MountTable.unmount(mountpoint, lazy: true) }
+        if let problem = MountTable.alreadyMountedProblem(mountpoint) { throw report(problem) }
         guard case .directory(let keychain) = options.place else { return try mountForService(mountpoint) }
         guard keychain.exists else {
             throw report("no keychain at \(keychain.path); create one with `keychainfs init`")

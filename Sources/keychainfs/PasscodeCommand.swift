@@ -36,7 +36,7 @@ struct PasscodeCommand: ParsableCommand {
         case .ok?:
             break
         case .keychainError(let error, _)?:
-            throw fail(Self.explain(error, retryAfter: nil))
+            throw fail(Self.explain(error, retryAfter: nil), status: ExitStatus.of(error))
         case .value?:
             throw fail("unexpected reply from the device (a device of another keychainfs build?)")
         case .systemError(_, let message)?:
@@ -53,7 +53,7 @@ struct PasscodeCommand: ParsableCommand {
             do {
                 try device.changePasscode(from: old, to: new)
             } catch {
-                throw fail(Self.explain(error, retryAfter: device.status.retryAfter))
+                throw fail(Self.explain(error, retryAfter: device.status.retryAfter), status: ExitStatus.of(error))
             }
         }
         print(remove ? "removed the passcode" : "changed the passcode")

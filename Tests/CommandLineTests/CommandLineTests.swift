@@ -75,8 +75,16 @@ import TestSupport
         let harness = try MountHarness()
         let mnt = try harness.mount()
         let wrong = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: "nope\n")
-        #expect(wrong.status == 1)
+        #expect(wrong.status == 4)
         #expect(wrong.stderr.contains("wrong passcode"))
+        // A wrong passcode or password is "denied" (4) in every command that reads one.
+        let passcode = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "nope\n5678\n5678\n")
+        #expect(passcode.status == 4 && passcode.stderr.contains("wrong"), "\(passcode)")
+        let empty = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: "\n")
+        #expect(empty.status == 1 && empty.stderr.contains("no passcode given"), "\(empty)")
+        // Mounting it again where it is mounted says so.
+        let again = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt])
+        #expect(again.status == 1 && again.stderr.contains("already mounted"), "\(again)")
         try harness.unlock(mnt)
         let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
         #expect(status.stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\n"))
@@ -91,12 +99,21 @@ import TestSupport
         #expect(harness.status(mnt)["state"] == "locked")
     }
 
+    /// Every subcommand the top-level help lists answers `--help`, `exec`
+    /// too, whose other words are the command it runs.
     @Test func everyCommandHasHelp() throws {
         let harness = try MountHarness()
-        for command in ["init", "mount", "unmount", "lock", "unlock", "status"] {
+        let top = harness.sh("\"$K\" --help").stdout
+        let listed = top.split(separator: "\n").drop { !$0.hasPrefix("SUBCOMMANDS:") }.dropFirst()
+            .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") }.compactMap { $0.split(separator: " ").first.map(String.init) }
+        #expect(listed.contains("exec") && listed.contains("service") && listed.count >= 20, "\(listed)")
+        for command in listed where command != "help" {
             let help = harness.sh("\"$K\" \"$1\" --help", arguments: [command])
-            #expect(help.succeeded && help.stdout.contains("USAGE"), "\(command)")
+            #expect(help.succeeded && help.stdout.contains("USAGE"), "\(command): \(help)")
         }
+        // After `--`, `--help` is the command's own argument.
+        let passed = harness.sh("\"$K\" exec --keychain \"$KC\" -- --help")
+        #expect(passed.status == 5 && !passed.stdout.contains("USAGE"), "\(passed)")
     }
 }
 

@@ -128,6 +128,16 @@ import TestSupport
         #expect(harness.control(mnt, "autolock 0").succeeded)
         #expect(harness.control(mnt, "autolock 99999999").stderr.contains("Invalid argument"))
         #expect(harness.control(mnt, "autolock 07").stderr.contains("Invalid argument"))
+        // Durations as people write them; a bad one changes nothing.
+        for (duration, seconds) in [("5m", "300"), ("1h", "3600"), ("7d", "604800"), ("45s", "45")] {
+            #expect(harness.control(mnt, "autolock " + duration).succeeded, "\(duration)")
+            #expect(harness.status(mnt)["autolock"] == seconds, "\(duration)")
+        }
+        for bad in ["8d", "5x", "m", "05m", "5 m", "-5m"] {
+            #expect(harness.control(mnt, "autolock " + bad).stderr.contains("Invalid argument"), "\(bad)")
+            #expect(harness.status(mnt)["autolock"] == "45", "\(bad)")
+        }
+        #expect(harness.control(mnt, "autolock 0").succeeded)
         let locked = harness.sh("""
             exec 3< "$1/.events"
             read -r state <&3

@@ -62,6 +62,16 @@ public enum MountTable {
         return status == 0 ? 0 : EBUSY
     }
 
+    /// Why nothing can be mounted at `path` (canonical) because something
+    /// already is: a keychain (this one or another) or another filesystem.
+    public static func alreadyMountedProblem(_ path: String) -> String? {
+        guard let type = fileSystemTypes(mountedAt: path).last else { return nil }
+        if type == "fuse.keychainfs" {
+            return "a keychain is already mounted at \(path) (keychainfs status \(path) says which; unmount it first)"
+        }
+        return "\(path) is already a mount point (\(type)); choose an empty directory"
+    }
+
     /// Whether the directory exists and holds nothing (FUSE would hide its contents).
     public static func emptyDirectoryProblem(_ path: String) -> String? {
         var info = stat()
