@@ -47,6 +47,13 @@ enum KeysHolder {
         }
     }
 
+    /// Done with the keychain: one opened here anchors its audit log's
+    /// newest line (what this command recorded) and folds its write-ahead
+    /// log in, as a device does when it stops.
+    func finish() {
+        if case .local(let manager, _) = self { manager.localDevice.shutDown() }
+    }
+
     /// Whether any group of the keychain has an entitlement policy.
     var hasPolicedGroups: Bool {
         switch self {
@@ -80,7 +87,7 @@ struct BackupCommand: ParsableCommand {
         discussion: """
             Items of a ThisDeviceOnly class are never in it, nor the items of a group with an \
             entitlement policy unless named with --group, which needs the keychain's passcode. The \
-            backup password is read from the terminal (twice) or one line of standard input; when no \
+            backup password is read twice, from the terminal or two lines of standard input; when no \
             device holds the keychain, its passcode is read first; through a running device, which \
             must be unlocked, the passcode for --group is read after the backup password.
             """
@@ -97,6 +104,7 @@ struct BackupCommand: ParsableCommand {
     func run() throws {
         let path = absolutePath(file)
         let holder = try KeysHolder.find(options.place)
+        defer { holder.finish() }
         let password = try Passcode.readNew(prompt: "Backup password: ", missing: "no backup password given")
         let passcode = policedGroups.isEmpty ? nil : holder.passcode(for: "to back up a policed group")
         let count: String
@@ -184,6 +192,7 @@ struct RestoreCommand: ParsableCommand {
         let path = absolutePath(file)
         let policy: RestoreConflictPolicy = keep ? .keep : overwrite ? .overwrite : .refuse
         let holder = try KeysHolder.find(options.place)
+        defer { holder.finish() }
         guard let password = Passcode.read(prompt: "Backup password: "), password.count > 0 else {
             throw fail("no backup password given")
         }

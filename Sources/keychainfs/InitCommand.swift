@@ -8,7 +8,7 @@ struct InitCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "init",
         abstract: "Create a keychain.",
-        discussion: "The passcode is read from the terminal (twice) or from one line of standard input."
+        discussion: "The passcode (4 characters at least) is read twice, from the terminal or as two lines of standard input."
     )
 
     @OptionGroup var options: KeychainOptions

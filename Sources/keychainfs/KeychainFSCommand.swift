@@ -18,6 +18,7 @@ struct KeychainFSCommand: ParsableCommand {
             keychain (get, set, rm, ls, exec need one); 64 a command line that does not parse; \
             exec: 127 when the command cannot be run, otherwise the command's own status.
             """,
+        version: "keychainfs \(KeychainFSCommand.version) (device protocol \(DeviceProtocol.version))",
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
@@ -25,6 +26,9 @@ struct KeychainFSCommand: ParsableCommand {
                       DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
                       LogCommand.self, WatchCommand.self, ServiceCommand.self]
     )
+
+    /// This build's version (docs/PROTOCOL.md says when the protocol changes).
+    static let version = "0.3.0"
 
     /// Run as `git-credential-keychainfs` or `docker-credential-keychainfs`
     /// (links git and docker find on PATH), this binary is their credential
@@ -40,8 +44,37 @@ struct KeychainFSCommand: ParsableCommand {
         switch CommandLine.arguments.first?.split(separator: "/").last {
         case "git-credential-keychainfs": GitCredentialCommand.main(arguments)
         case "docker-credential-keychainfs": DockerCredentialCommand.main(arguments)
-        default: main(arguments)
+        default:
+            if let first = arguments.first, !first.hasPrefix("-"), let problem = unknownCommand(first) {
+                printError("keychainfs: " + problem)
+                Glibc.exit(64)
+            }
+            main(arguments)
         }
+    }
+
+    /// Why `word` names no subcommand, with the nearest one when a typo
+    /// explains it (at most two edits, as git suggests); nil when it names one.
+    static func unknownCommand(_ word: String) -> String? {
+        let names = configuration.subcommands.compactMap { $0.configuration.commandName } + ["help"]
+        guard !names.contains(word) else { return nil }
+        let nearest = names.map { ($0, editDistance($0, word)) }.min { $0.1 < $1.1 }
+        let hint = nearest.flatMap { $0.1 <= 2 ? "; did you mean '\($0.0)'?" : nil } ?? ""
+        return "'\(word)' is not a keychainfs command\(hint) (keychainfs --help lists them)"
+    }
+
+    /// Levenshtein distance of two words.
+    static func editDistance(_ a: String, _ b: String) -> Int {
+        let a = Array(a.utf8), b = Array(b.utf8)
+        var previous = Array(0...b.count)
+        for (i, x) in a.enumerated() {
+            var current = [i + 1]
+            for (j, y) in b.enumerated() {
+                current.append(min(previous[j + 1] + 1, current[j] + 1, previous[j] + (x == y ? 0 : 1)))
+            }
+            previous = current
+        }
+        return previous[b.count]
     }
 }
 

@@ -8,16 +8,25 @@ import Glibc
 /// straight into secret memory.
 enum Passcode {
     static let maximumLength = 1024
+    /// iOS asks for four digits at least; a shorter passcode falls to the
+    /// first guesses of anyone who tries.
+    static let minimumLength = 4
 
-    /// A new passcode: read once, and again to confirm on a terminal.
-    /// Throws with `missing` when none is given, and when the two differ.
+    /// A new passcode (or backup password): read, then read again to
+    /// confirm, from a terminal or as the next line of standard input alike,
+    /// so that a typo never locks the user out of their own keychain.
+    /// Throws with `missing` when none is given, when it is shorter than
+    /// ``minimumLength``, and when the two differ.
     static func readNew(prompt: String, missing: String) throws -> SecureBytes {
         guard let first = read(prompt: prompt), first.count > 0 else { throw fail(missing) }
-        if isatty(0) == 1 {
-            guard let again = read(prompt: "Repeat the passcode: "), again == first else {
-                throw fail("the two passcodes differ; nothing was changed")
-            }
+        guard first.count >= minimumLength else {
+            throw fail("a passcode or password has at least \(minimumLength) characters; nothing was changed")
         }
+        let noun = prompt.lowercased().contains("password") ? "password" : "passcode"
+        guard let again = read(prompt: "Repeat the \(noun): ") else {
+            throw fail("it was not confirmed: give it twice (a second line on standard input); nothing was changed")
+        }
+        guard again == first else { throw fail("the two differ; nothing was changed") }
         return first
     }
 

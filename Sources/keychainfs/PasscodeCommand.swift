@@ -11,7 +11,7 @@ struct PasscodeCommand: ParsableCommand {
         abstract: "Change, add or remove the keychain's passcode.",
         discussion: """
             Reads the current passcode (an empty line if the keychain has none), then the new one \
-            (twice on a terminal), from the terminal or one per line of standard input. A wrong \
+            twice (4 characters at least), from the terminal or one per line of standard input. A wrong \
             current passcode counts as a failed unlock. Works through the running device, or on the \
             keychain directly when no device holds it.
             """
@@ -50,6 +50,8 @@ struct PasscodeCommand: ParsableCommand {
             } catch {
                 throw fail(keychain.sentence(for: error))
             }
+            // The log's newest line is anchored in the keychain, as a device anchors it when it stops.
+            defer { device.shutDown() }
             do {
                 try device.changePasscode(from: old, to: new)
             } catch {

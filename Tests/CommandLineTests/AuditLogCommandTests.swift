@@ -60,6 +60,22 @@ import TestSupport
         #expect(cut.status == 1 && cut.stderr.contains("its end was cut"), "\(cut)")
     }
 
+    /// A command that opens a keychain no device holds records its lines
+    /// and anchors the newest one, as a stopping device does: cutting it
+    /// off is seen.
+    @Test func aCutIsFoundAfterCommandsThatRanWithoutADevice() throws {
+        let harness = try MountHarness()
+        let backup = harness.sh("\"$K\" backup \"$R/b.kcbak\" --keychain \"$KC\"",
+                                stdin: MountHarness.passcode + "\nbackup-pw\nbackup-pw\n")
+        #expect(backup.succeeded, "\(backup)")
+        let lines = (try String(contentsOfFile: harness.keychain + "/audit.log", encoding: .utf8)).split(separator: "\n")
+        #expect(lines.last?.contains("op=backup") == true, "\(lines)")
+        #expect(log(harness, "--verify").succeeded)
+        #expect(harness.sh("sed -i '$d' \"$KC/audit.log\"").succeeded)
+        let cut = log(harness, "--verify")
+        #expect(cut.status == 1 && cut.stderr.contains("its end was cut"), "\(cut)")
+    }
+
     /// `--follow` prints what is recorded from then on, as it happens
     /// (read through a FIFO: each read blocks until the line is there).
     @Test func followPrintsNewEventsAsTheyHappen() throws {

@@ -14,14 +14,14 @@ import TestSupport
             printf 'stays' > "$1/default/device-only" && setfattr -n user.keychain.migratable -v no "$1/default/device-only"
             """, arguments: [mnt]).succeeded)
         let other = harness.root + "/other"
-        #expect(harness.sh("\"$K\" init --keychain \"$1\"", arguments: [other], stdin: "5678\n").succeeded)
+        #expect(harness.sh("\"$K\" init --keychain \"$1\"", arguments: [other], stdin: "5678\n5678\n").succeeded)
         return (harness, mnt, other)
     }
 
     @Test func aBackupFromARunningDeviceRestoresOnAnotherDevice() throws {
         let (harness, _, other) = try Self.prepared()
         let backup = harness.root + "/keychain.kcbak"
-        let made = harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n")
+        let made = harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\nbackup-pw\n")
         #expect(made.succeeded && made.stdout.hasPrefix("backed up 2 items"), "\(made)")
         var info = stat()
         #expect(stat(backup, &info) == 0 && info.st_mode & 0o777 == 0o600)
@@ -43,7 +43,7 @@ import TestSupport
     @Test func conflictsNeedAFlagAndBadBackupsChangeNothing() throws {
         let (harness, mnt, other) = try Self.prepared()
         let backup = harness.root + "/keychain.kcbak"
-        #expect(harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n").succeeded)
+        #expect(harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\nbackup-pw\n").succeeded)
         #expect(harness.sh("printf changed > \"$1/default/github.com\"", arguments: [mnt]).succeeded)
         // Into the running device (unlocked): no passcode to give, only the backup password.
         let refused = harness.sh("\"$K\" restore \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n")
@@ -70,7 +70,7 @@ import TestSupport
         }
         // Locked: no backup.
         #expect(harness.control(mnt, "lock").succeeded)
-        let locked = harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [harness.root + "/locked.kcbak"], stdin: "backup-pw\n")
+        let locked = harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [harness.root + "/locked.kcbak"], stdin: "backup-pw\nbackup-pw\n")
         #expect(!locked.succeeded && locked.stderr.contains("locked: unlock it first"), "\(locked)")
         #expect(access(harness.root + "/locked.kcbak", F_OK) == -1)
     }
@@ -85,39 +85,39 @@ import TestSupport
         func backup(_ name: String, _ options: String = "", stdin: String) -> ShellResult {
             harness.sh("\"$K\" backup \"$R/\(name)\" --keychain \"$KC\" \(options)", stdin: stdin)
         }
-        let plain = backup("plain.kcbak", stdin: "pw\n")
+        let plain = backup("plain.kcbak", stdin: "pw12\npw12\n")
         #expect(plain.succeeded && plain.stdout.hasPrefix("backed up 1 items"), "\(plain)")
-        let wrong = backup("wrong.kcbak", "--group secure", stdin: "pw\nnot-it\n")
+        let wrong = backup("wrong.kcbak", "--group secure", stdin: "pw12\npw12\nnot-it\n")
         #expect(!wrong.succeeded && wrong.stderr.contains("passcode is wrong"), "\(wrong)")
         #expect(harness.status(mnt)["failed-attempts"] == "1")
-        let none = backup("none.kcbak", "--group secure", stdin: "pw\n")
+        let none = backup("none.kcbak", "--group secure", stdin: "pw12\npw12\n")
         #expect(!none.succeeded && none.stderr.contains("needs the keychain's passcode"), "\(none)")
-        let open = backup("open.kcbak", "--group default", stdin: "pw\n1234\n")
+        let open = backup("open.kcbak", "--group default", stdin: "pw12\npw12\n1234\n")
         #expect(!open.succeeded && open.stderr.contains("must name a group with an entitlement policy"), "\(open)")
         for refused in ["wrong.kcbak", "none.kcbak", "open.kcbak"] {
             #expect(access(harness.root + "/" + refused, F_OK) == -1, "\(refused)")
         }
-        let named = backup("named.kcbak", "--group secure", stdin: "pw\n1234\n")
+        let named = backup("named.kcbak", "--group secure", stdin: "pw12\npw12\n1234\n")
         #expect(named.succeeded && named.stdout.hasPrefix("backed up 2 items"), "\(named)")
 
         // Another keychain (another device) holding secure/token = ATTACKER, backed up.
         let other = harness.root + "/other", otherMount = try harness.prepareMountpoint("othermnt")
         #expect(harness.sh("\"$K\" init --keychain \"$1\" && \"$K\" mount \"$2\" --keychain \"$1\"",
-                           arguments: [other, otherMount], stdin: "5678\n").succeeded)
+                           arguments: [other, otherMount], stdin: "5678\n5678\n").succeeded)
         try harness.unlock(otherMount, passcode: "5678")
         #expect(harness.sh("mkdir \"$1/secure\" && printf ATTACKER > \"$1/secure/token\" && \"$K\" backup \"$R/crafted.kcbak\" --keychain \"$2\"",
-                           arguments: [otherMount, other], stdin: "pw\n").succeeded)
+                           arguments: [otherMount, other], stdin: "pw12\npw12\n").succeeded)
         func restore(stdin: String) -> ShellResult {
             harness.sh("\"$K\" restore --overwrite \"$R/crafted.kcbak\" --keychain \"$KC\"", stdin: stdin)
         }
-        let noPasscode = restore(stdin: "pw\n")
+        let noPasscode = restore(stdin: "pw12\n")
         #expect(!noPasscode.succeeded && noPasscode.stderr.contains("needs the keychain's passcode"), "\(noPasscode)")
-        let wrongPasscode = restore(stdin: "pw\nnot-it\n")
+        let wrongPasscode = restore(stdin: "pw12\nnot-it\n")
         #expect(!wrongPasscode.succeeded && wrongPasscode.stderr.contains("keychain passcode"), "\(wrongPasscode)")
         // Counted (the right passcode of the backup above reset the count).
         #expect(harness.status(mnt)["failed-attempts"] == "1")
         #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
-        let restored = restore(stdin: "pw\n1234\n")
+        let restored = restore(stdin: "pw12\n1234\n")
         #expect(restored.succeeded && restored.stdout.contains("1 replaced"), "\(restored)")
         #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "ATTACKER")
 

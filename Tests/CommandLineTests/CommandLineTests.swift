@@ -23,7 +23,7 @@ import TestSupport
         let harness = try MountHarness()
         let home = harness.root + "/home"
         #expect(mkdir(home, 0o755) == 0)
-        let created = harness.sh("env -u XDG_DATA_HOME HOME=\"$1\" \"$K\" init", arguments: [home], stdin: "1234\n")
+        let created = harness.sh("env -u XDG_DATA_HOME HOME=\"$1\" \"$K\" init", arguments: [home], stdin: "1234\n1234\n")
         #expect(created.succeeded, "\(created)")
         var info = stat()
         for (path, mode) in [(".local", 0o700), (".local/share", 0o700), (".local/share/keychainfs", 0o700)] {
@@ -33,7 +33,7 @@ import TestSupport
         #expect(access(home + "/.local/share/keychainfs/keychain.db", F_OK) == 0)
         // A file where a directory must go: the message says which and why.
         #expect(harness.sh("printf x > \"$1/blocker\"", arguments: [home]).succeeded)
-        let blocked = harness.sh("\"$K\" init --keychain \"$1/blocker/kc\"", arguments: [home], stdin: "1234\n")
+        let blocked = harness.sh("\"$K\" init --keychain \"$1/blocker/kc\"", arguments: [home], stdin: "1234\n1234\n")
         #expect(!blocked.succeeded)
         #expect(blocked.stderr.contains("cannot create the directory \(home)/blocker/kc: Not a directory"), "\(blocked)")
         #expect(!blocked.stderr.contains("could not be read or written"), "a generic sentence: \(blocked)")
@@ -99,13 +99,39 @@ import TestSupport
         #expect(harness.status(mnt)["state"] == "locked")
     }
 
+    @Test func aMistypedCommandGetsASuggestionAndVersionAnswers() throws {
+        let harness = try MountHarness()
+        let typo = harness.sh("\"$K\" mout \"$R/mnt\"")
+        #expect(typo.status == 64 && typo.stderr.contains("did you mean 'mount'?"), "\(typo)")
+        let unknown = harness.sh("\"$K\" frobnicate")
+        #expect(unknown.status == 64 && !unknown.stderr.contains("did you mean"), "\(unknown)")
+        let version = harness.sh("\"$K\" --version")
+        #expect(version.succeeded && version.stdout.hasPrefix("keychainfs ")
+                && version.stdout.contains("device protocol \(DeviceProtocol.version)"), "\(version)")
+    }
+
+    /// A new passcode is typed twice, at a terminal or on a pipe alike, and
+    /// is four characters at least; otherwise nothing is created.
+    @Test func aNewPasscodeIsConfirmedAndLongEnoughOnAPipeToo() throws {
+        let harness = try MountHarness()
+        for (stdin, says) in [("1234\n4321\n", "the two differ"), ("1234\n", "not confirmed"), ("12\n12\n", "at least 4")] {
+            let result = harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: stdin)
+            #expect(result.status == 1 && result.stderr.contains(says), "\(stdin.debugDescription): \(result)")
+            #expect(access(harness.root + "/new/keychain.db", F_OK) != 0)
+        }
+        #expect(harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: "1234\n1234\n").succeeded)
+        let backup = harness.sh("\"$K\" backup \"$R/b.kcbak\" --keychain \"$R/new\"", stdin: "1234\nbackup-pw\nbackup-pq\n")
+        #expect(backup.status == 1 && backup.stderr.contains("the two differ"), "\(backup)")
+        #expect(access(harness.root + "/b.kcbak", F_OK) != 0)
+    }
+
     /// Every subcommand the top-level help lists answers `--help`, `exec`
     /// too, whose other words are the command it runs.
     @Test func everyCommandHasHelp() throws {
         let harness = try MountHarness()
         let top = harness.sh("\"$K\" --help").stdout
         let listed = top.split(separator: "\n").drop { !$0.hasPrefix("SUBCOMMANDS:") }.dropFirst()
-            .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") }.compactMap { $0.split(separator: " ").first.map(String.init) }
+            .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && !$0.hasPrefix("  See ") }.compactMap { $0.split(separator: " ").first.map(String.init) }
         #expect(listed.contains("exec") && listed.contains("service") && listed.count >= 20, "\(listed)")
         for command in listed where command != "help" {
             let help = harness.sh("\"$K\" \"$1\" --help", arguments: [command])

@@ -8,7 +8,7 @@ import TestSupport
 @Suite struct PasscodeCommandTests {
     @Test func changingThePasscodeOfAStoppedKeychain() throws {
         let harness = try MountHarness()
-        let changed = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\n")
+        let changed = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\nnew-passcode\n")
         #expect(changed.succeeded && changed.stdout == "changed the passcode\n", "\(changed)")
         let mnt = try harness.mount()
         #expect(!harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: MountHarness.passcode + "\n").succeeded)
@@ -19,10 +19,10 @@ import TestSupport
         let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf kept > \"$1/default/item\"", arguments: [mnt]).succeeded)
         // A wrong current passcode changes nothing and is counted.
-        let wrong = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "not-it\nnew-passcode\n")
+        let wrong = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "not-it\nnew-passcode\nnew-passcode\n")
         #expect(!wrong.succeeded && wrong.stderr.contains("current passcode is wrong"), "\(wrong)")
         #expect(harness.status(mnt)["failed-attempts"] == "1")
-        let changed = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\n")
+        let changed = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\nnew-passcode\n")
         #expect(changed.succeeded, "\(changed)")
         #expect(harness.status(mnt)["failed-attempts"] == "0")
         #expect(readFile(mnt + "/default/item") == "kept")  // still unlocked
@@ -39,7 +39,7 @@ import TestSupport
         let mnt = try harness.mount()
         #expect(harness.status(mnt)["passcode"] == "no")
         #expect(harness.control(mnt, "unlock").succeeded)
-        #expect(harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\nadded\n").succeeded)
+        #expect(harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\nadded\nadded\n").succeeded)
         #expect(harness.status(mnt)["passcode"] == "yes")
         #expect(harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "added\n\n").stderr.contains("use --remove"))
     }

@@ -53,7 +53,7 @@ package final class MountHarness: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
         try user?.own(root)
-        let created = passcode.map { sh("\"$K\" init" + keychainOption, stdin: $0 + "\n") }
+        let created = passcode.map { sh("\"$K\" init" + keychainOption, stdin: $0 + "\n" + $0 + "\n") }
             ?? sh("\"$K\" init --no-passcode" + keychainOption)
         guard created.succeeded else { throw HarnessError("init failed: \(created)") }
     }
