@@ -38,9 +38,46 @@ enum DeviceStatusFile {
     }
 }
 
+/// A mount point, or, without one, the keychain itself (`--keychain`,
+/// `$KEYCHAINFS_KEYCHAIN`, the service, or the default), reached through
+/// its device's socket.
+struct MountpointOrKeychain: ParsableArguments {
+    @Argument(help: "A mount point of the keychain (without one: the keychain itself, through its device).")
+    var mountpoint: String?
+
+    @OptionGroup var options: KeychainOptions
+
+    /// The mount, when one was named.
+    var mount: MountpointArgument? { mountpoint.map { MountpointArgument(mountpoint: $0) } }
+
+    /// The socket of the keychain's device; with `starting`, a per-user
+    /// device is started when none runs. Nil when none runs (and none was started).
+    func deviceSocket(starting: Bool) throws -> String? {
+        switch options.place {
+        case .service(let socketPath):
+            try options.place.requireExisting()
+            return socketPath
+        case .directory(let keychain):
+            try keychain.requireExisting()
+            guard starting else {
+                let socketPath = try keychain.deviceSocketPath()
+                return DeviceClient.isServing(socketPath) ? socketPath : nil
+            }
+            let device = DeviceLauncher.ensureRunning(keychain)
+            guard let socketPath = device.socketPath else {
+                throw fail("cannot start the device: \(device.problem ?? "")", status: ExitStatus.noDevice)
+            }
+            return socketPath
+        }
+    }
+}
+
 struct MountpointArgument: ParsableArguments {
     @Argument(help: "The mount point.")
     var mountpoint: String
+
+    init() {}
+    init(mountpoint: String) { self.mountpoint = mountpoint }
 
     var path: String { canonicalMountPoint(mountpoint) }
 
@@ -60,9 +97,19 @@ struct MountpointArgument: ParsableArguments {
 struct LockCommand: ParsableCommand {
     static let configuration = CommandConfiguration(commandName: "lock", abstract: "Lock the device (every mount of its keychain).")
 
-    @OptionGroup var mount: MountpointArgument
+    @OptionGroup var target: MountpointOrKeychain
 
     func run() throws {
+        guard let mount = target.mount else {
+            // No device runs: the keychain is locked already.
+            guard let socketPath = try target.deviceSocket(starting: false) else { return }
+            switch DeviceClient.send(.lock, to: socketPath) {
+            case .ok?, nil: return
+            case .keychainError(let error, let message)?: throw fail("cannot lock: \(message)", status: ExitStatus.of(error))
+            case .systemError(_, let message)?: throw fail("cannot lock: \(message)")
+            case .value?: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+            }
+        }
         _ = try mount.requireControl()
         let result = Array("lock\n".utf8).withUnsafeBytes { DeviceStatusFile.send(mount.path, $0) }
         guard result == 0 else { throw fail("cannot lock: \(String(cString: strerror(result)))") }
@@ -75,9 +122,10 @@ struct UnlockCommand: ParsableCommand {
         abstract: "Unlock the device; the passcode is read from the terminal or one line of standard input."
     )
 
-    @OptionGroup var mount: MountpointArgument
+    @OptionGroup var target: MountpointOrKeychain
 
     func run() throws {
+        guard let mount = target.mount else { return try unlockThroughTheSocket() }
         let status = try mount.requireControl()
         let command = SecureBuffer()
         do {
@@ -107,14 +155,71 @@ struct UnlockCommand: ParsableCommand {
             throw fail("cannot unlock: \(String(cString: strerror(result)))")
         }
     }
+
+    /// Without a mount point: the device of the keychain, started if need be.
+    private func unlockThroughTheSocket() throws {
+        guard let socketPath = try target.deviceSocket(starting: true),
+              case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
+              let status = DeviceStatus(fields: fields) else {
+            throw fail("the device does not answer", status: ExitStatus.noDevice)
+        }
+        var passcode: SecureBytes?
+        if status.hasPasscode {
+            guard let typed = Passcode.read(prompt: "Passcode: "), typed.count > 0 else {
+                throw fail("no passcode given: this keychain has one (an empty line is none)")
+            }
+            passcode = typed
+        }
+        switch DeviceClient.send(.unlock(passcode: passcode), to: socketPath) {
+        case .ok?:
+            return
+        case .keychainError(.authFailed, _)?:
+            if case .ok(let fields)? = DeviceClient.send(.status, to: socketPath), let after = DeviceStatus(fields: fields),
+               after.retryAfter > 0 {
+                throw fail("not unlocked: wrong passcode; unlocking is refused for \(after.retryAfter) more seconds after repeated failures",
+                           status: ExitStatus.denied)
+            }
+            throw fail("not unlocked: wrong passcode", status: ExitStatus.denied)
+        case .keychainError(let error, let message)?:
+            throw fail("cannot unlock: \(message)", status: ExitStatus.of(error))
+        case .systemError(_, let message)?:
+            throw fail("cannot unlock: \(message)")
+        case .value?, nil:
+            throw fail("the device went away", status: ExitStatus.noDevice)
+        }
+    }
 }
 
 struct StatusCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "status", abstract: "Print the device status of a mount.")
+    static let configuration = CommandConfiguration(
+        commandName: "status", abstract: "Print the device status of a mount, or of the keychain's device.",
+        discussion: """
+            With a mount point: its .control file. Without: the keychain's device, through its \
+            socket (state: stopped when none runs: the keychain is locked).
+            """)
 
-    @OptionGroup var mount: MountpointArgument
+    @OptionGroup var target: MountpointOrKeychain
 
     func run() throws {
+        guard let mount = target.mount else {
+            let mode = if case .service = target.options.place { "service" } else { "per-user" }
+            guard let socketPath = try target.deviceSocket(starting: false) else {
+                print("state: stopped\nmode: \(mode)")
+                return
+            }
+            guard case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
+                  let status = DeviceStatus(fields: fields) else {
+                throw fail("the device does not answer", status: ExitStatus.noDevice)
+            }
+            var lines = ["state: \(status.isLocked ? "locked" : "unlocked")",
+                         "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
+                         "passcode: \(status.hasPasscode ? "yes" : "no")",
+                         "failed-attempts: \(status.failedAttempts)"]
+            if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
+            lines.append("mode: \(mode)")
+            print(lines.joined(separator: "\n"))
+            return
+        }
         guard let text = DeviceStatusFile.text(mount.path) else { throw fail(mount.missingControl) }
         _ = try? Descriptor.writeAll(1, text)
     }

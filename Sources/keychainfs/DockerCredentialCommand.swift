@@ -81,6 +81,12 @@ struct DockerCredentialCommand: ParsableCommand {
 
     /// The running device's socket, or a failure saying none runs.
     private static func device(_ place: KeychainPlace) throws -> String {
+        if case .directory(let keychain) = place {
+            // None runs: start it (locked), as gpg-agent starts on first use.
+            let device = DeviceLauncher.ensureRunning(keychain)
+            guard let socketPath = device.socketPath else { throw Failure(message: device.problem ?? "no device") }
+            return socketPath
+        }
         let socketPath: String
         do {
             socketPath = try place.deviceSocket()

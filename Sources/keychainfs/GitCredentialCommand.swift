@@ -33,10 +33,16 @@ struct GitCredentialCommand: ParsableCommand {
         guard let proto = request["protocol"], let host = request["host"] else { return }
         let identifier = Self.identifier(protocol: proto, host: host, path: request["path"])
         let socketPath: String
-        do {
-            socketPath = try options.place.deviceSocket()
-        } catch {
-            return Self.say(error.description)
+        switch options.place {
+        case .service(let path):
+            socketPath = path
+        case .directory(let keychain):
+            // None runs: start it (locked), so that a `store` is never dropped unseen.
+            let device = DeviceLauncher.ensureRunning(keychain)
+            guard let path = device.socketPath else {
+                return Self.say("the keychain's device cannot start (\(device.problem ?? "")); git credentials are not available")
+            }
+            socketPath = path
         }
         guard DeviceClient.isServing(socketPath) else {
             return Self.say("no device is running for the keychain; git credentials are not available")

@@ -6,23 +6,27 @@ import Glibc
 #endif
 
 /// The running device of a keychain, for the commands that are its clients
-/// (no mount point needed; the device checks that the peer is its user).
+/// (no mount point needed; the device checks that the peer is its user),
+/// started when none runs.
 struct RunningDevice {
     let socketPath: String
 
-    /// The keychain's running device; exits with ``ExitStatus/noDevice`` when none runs.
+    /// The keychain's device, started if need be; exits with
+    /// ``ExitStatus/noDevice`` when it cannot be started.
     init(_ place: KeychainPlace) throws {
         guard case .directory(let keychain) = place else {
             try place.requireExisting()
             socketPath = try place.socketPath()
             return
         }
-        socketPath = try keychain.deviceSocketPath()
         guard keychain.exists else { throw fail("no keychain at \(keychain.path)", status: ExitStatus.absent) }
-        guard DeviceClient.isServing(socketPath) else {
-            throw fail("no device is running for the keychain at \(keychain.path); mount it first (keychainfs mount MOUNTPOINT)",
+        // None runs: start it (headless, locked as a device boots), as gpg-agent starts on first use.
+        let device = DeviceLauncher.ensureRunning(keychain)
+        guard let socketPath = device.socketPath else {
+            throw fail("cannot start the device of the keychain at \(keychain.path): \(device.problem ?? "")",
                        status: ExitStatus.noDevice)
         }
+        self.socketPath = socketPath
     }
 
     /// Sends a request; a failure becomes the message and exit status the user gets.

@@ -24,7 +24,7 @@ struct KeychainFSCommand: ParsableCommand {
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self,
                       DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
-                      LogCommand.self, WatchCommand.self, ServiceCommand.self]
+                      LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self]
     )
 
     /// This build's version (docs/PROTOCOL.md says when the protocol changes).

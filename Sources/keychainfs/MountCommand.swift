@@ -139,47 +139,83 @@ struct MountCommand: ParsableCommand {
         }
     }
 
-    /// Starts the device process detached (own session, stdio on /dev/null)
-    /// and waits for its word on a pipe: mounted, or why not.
+    /// Starts the device process detached, mounted here.
     private func startDetachedDevice(_ keychain: KeychainDirectory, mountpoint: String) throws {
-        var pipeEnds: [Int32] = [0, 0]
-        guard pipe(&pipeEnds) == 0 else { throw fail("cannot create a pipe") }
-        // Only the child's dup2'd copy (fd 3) may stay open in it.
-        for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
-        var arguments = [selfExecutable(), "mount", mountpoint, "--foreground", "--keychain", keychain.path, "--ready-fd", "3"]
+        var arguments = ["mount", mountpoint, "--foreground", "--keychain", keychain.path]
         if let group { arguments += ["--group", group] }
         if let autolock { arguments += ["--autolock", String(autolock)] }
+        if let problem = DeviceLauncher.start(arguments) { throw fail(problem) }
+    }
+
+    private func report(ok: ()) { ReadyReport(readyFD).ok() }
+
+    @discardableResult
+    private func report(_ message: String) -> ExitCode { ReadyReport(readyFD).failure(message) }
+}
+
+/// Starts per-user device processes detached (own session, stdio on
+/// /dev/null) and waits for each one's word on a pipe: ready, or why not.
+enum DeviceLauncher {
+    /// Runs `keychainfs ARGUMENTS --ready-fd 3` detached; nil once it is
+    /// ready, else why not.
+    static func start(_ arguments: [String]) -> String? {
+        var pipeEnds: [Int32] = [0, 0]
+        guard pipe(&pipeEnds) == 0 else { return "cannot create a pipe" }
+        // Only the child's dup2'd copy (fd 3) may stay open in it.
+        for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         var spawnOptions = Spawn.Options()
         spawnOptions.descriptors = [(3, pipeEnds[1])]
         spawnOptions.nullStandardStreams = true
         spawnOptions.newSession = true
-        let child = Spawn.start(arguments, options: spawnOptions)
+        let child = Spawn.start([selfExecutable()] + arguments + ["--ready-fd", "3"], options: spawnOptions)
         close(pipeEnds[1])
         defer { close(pipeEnds[0]) }
-        guard child != nil else { throw fail("cannot start the device process") }
+        guard child != nil else { return "cannot start the device process" }
         let answer = String(decoding: readLine(pipeEnds[0]), as: UTF8.self)
-        if answer.hasPrefix("ok") { return }
-        let message = answer.hasPrefix("error ") ? String(answer.dropFirst(6)).trimmingNewline
-            : "the device process exited before the mount was ready"
-        throw fail(message)
+        if answer.hasPrefix("ok") { return nil }
+        return answer.hasPrefix("error ") ? String(answer.dropFirst(6)).trimmingNewline
+            : "the device process exited before it was ready"
     }
 
-    /// Success: to the parent's pipe when started detached, silence otherwise.
-    private func report(ok: ()) {
-        SystemdNotify.send("READY=1")
-        guard let readyFD else { return }
-        _ = writeLine(readyFD, "ok")
-        // The parent waits for this line: let it go at once.
-        close(readyFD)
-    }
-
-    @discardableResult
-    private func report(_ message: String) -> ExitCode {
-        if let readyFD {
-            _ = writeLine(readyFD, "error " + message)
-            return ExitStatus.failure
+    /// The socket of the keychain's device, started now (headless, locked,
+    /// as a device boots) when none runs: gpg-agent's way, so that no
+    /// command needs a mount first. Nil with why it could not start.
+    static func ensureRunning(_ keychain: KeychainDirectory) -> (socketPath: String?, problem: String?) {
+        let socketPath: String
+        do {
+            socketPath = try RuntimePaths.socketPath(for: keychain.path)
+        } catch {
+            return (nil, error.description)
         }
-        return fail(message)
+        if DeviceClient.isServing(socketPath) { return (socketPath, nil) }
+        guard keychain.exists else { return (nil, "no keychain at \(keychain.path); create one with `keychainfs init`") }
+        let problem = start(["start", "--foreground", "--keychain", keychain.path])
+        // Another client may have started it first: its device serves us too.
+        if problem == nil || DeviceClient.isServing(socketPath) { return (socketPath, nil) }
+        return (nil, problem)
+    }
+}
+
+/// How a device process says it is ready, or why not: to systemd
+/// (sd_notify), and to the parent that started it detached (a line on the
+/// pipe at `--ready-fd`), else as the command's own message.
+struct ReadyReport {
+    let fd: Int32?
+
+    init(_ fd: Int32?) { self.fd = fd }
+
+    func ok() {
+        SystemdNotify.send("READY=1")
+        guard let fd else { return }
+        _ = writeLine(fd, "ok")
+        // The parent waits for this line: let it go at once.
+        close(fd)
+    }
+
+    func failure(_ message: String) -> ExitCode {
+        guard let fd else { return fail(message) }
+        _ = writeLine(fd, "error " + message)
+        return ExitStatus.failure
     }
 }
 
@@ -208,4 +244,70 @@ func selfExecutable() -> String {
 
 extension String {
     var trimmingNewline: String { hasSuffix("\n") ? String(dropLast()) : self }
+}
+
+struct StartCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "start",
+        abstract: "Start the keychain's device without a mount (commands that need it start it themselves).",
+        discussion: """
+            The device boots locked and keeps running, as gpg-agent does, until `keychainfs stop` or \
+            SIGTERM; mounts may join and leave it. get, set, rm, ls, exec, unlock, status, git's and \
+            docker's helpers start it when none runs.
+            """
+    )
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(name: .long, help: "Stay in the foreground as the device process (for systemd and tests).")
+    var foreground = false
+
+    @Option(name: .customLong("ready-fd"), help: .hidden)
+    var readyFD: Int32?
+
+    func run() throws {
+        guard case .directory(let keychain) = options.place else {
+            throw fail("the keychainfs service runs your keychain's device already")
+        }
+        guard foreground else {
+            if let problem = DeviceLauncher.ensureRunning(keychain).problem { throw fail(problem) }
+            return
+        }
+        let device: DeviceProcess
+        do {
+            device = try DeviceProcess(keychain: keychain)
+        } catch {
+            throw report(error.description)
+        }
+        throw ExitCode(device.run(mountpoint: nil, group: nil) { error in
+            if let error { _ = report(error.description) } else { report(ok: ()) }
+        })
+    }
+
+    private func report(ok: ()) { ReadyReport(readyFD).ok() }
+
+    @discardableResult
+    private func report(_ message: String) -> ExitCode { ReadyReport(readyFD).failure(message) }
+}
+
+struct StopCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "stop",
+        abstract: "Stop the keychain's device: every mount of it is unmounted, its keys are gone."
+    )
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        guard case .directory(let keychain) = options.place else {
+            throw fail("the keychainfs service is stopped by its administrator (systemctl stop keychainfs)")
+        }
+        let socketPath = try keychain.deviceSocketPath()
+        switch DeviceClient.send(.stop, to: socketPath) {
+        case nil: return  // none runs: nothing to stop
+        case .ok?: waitForDeviceExit(keychain)
+        case .keychainError(_, let message)?, .systemError(_, let message)?: throw fail(message)
+        case .value?: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+        }
+    }
 }

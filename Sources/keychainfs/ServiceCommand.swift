@@ -59,12 +59,6 @@ struct ServiceCommand: ParsableCommand {
                        + "every caller of a policed group is refused")
         }
         let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket)
-        throw ExitCode(device.runService(listener: listener) {
-            SystemdNotify.send("READY=1")
-            if let readyFD {
-                _ = writeLine(readyFD, "ok")
-                close(readyFD)
-            }
-        })
+        throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
     }
 }

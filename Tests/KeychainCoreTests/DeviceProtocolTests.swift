@@ -55,6 +55,7 @@ import Testing
         .auditLog(rotated: false),
         .auditLog(rotated: true),
         .verifyLog,
+        .stop,
     ]
 
     static let replies: [DeviceReply] = [

@@ -66,6 +66,8 @@ package final class MountHarness: @unchecked Sendable {
             if isMounted(mountpoint) { _ = sh("fusermount3 -u -z \"$1\"", arguments: [mountpoint]) }
             if let pid, isRunning(pid) { kill(pid, SIGKILL) }
         }
+        // A device a client started without a mount (keychainfs start) runs until stopped.
+        if service == nil { _ = sh("\"$K\" stop --keychain \"$KC\"") }
         try? FileManager.default.removeItem(atPath: root)
     }
 

@@ -65,13 +65,15 @@ public enum DeviceRequest: Equatable, Sendable {
     /// Check the audit log's chain: the reply is the number of lines, then
     /// one field per problem.
     case verifyLog
+    /// Stop the per-user device: unmount everything and exit (as SIGTERM).
+    case stop
 
     /// The `kind` byte of each request.
     enum Operation: UInt8, CaseIterable {
         case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
-        case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26
+        case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
     }
 
     /// The request as a frame, in secret memory.
@@ -157,6 +159,8 @@ public enum DeviceRequest: Equatable, Sendable {
             fields = [.text(rotated ? "1" : "0")]
         case .verifyLog:
             operation = .verifyLog
+        case .stop:
+            operation = .stop
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -245,6 +249,8 @@ public enum DeviceRequest: Equatable, Sendable {
             self = .auditLog(rotated: try Self.flag(try reader.text()))
         case .verifyLog:
             self = .verifyLog
+        case .stop:
+            self = .stop
         }
         guard reader.isAtEnd else { throw .param }
     }

@@ -24,6 +24,8 @@ public final class DeviceProcess: Sendable {
     /// Requests being answered: the process must not exit under one (an
     /// `unmount` of the last mount is answered after that mount has ended).
     private let requestsInFlight = Mutex(0)
+    /// Started without a mount: it outlives its mounts (until stopped).
+    private let headless = Mutex(false)
 
     private enum Keychains: Sendable {
         case perUser(ServedKeychain)
@@ -73,9 +75,13 @@ public final class DeviceProcess: Sendable {
     // MARK: Running
 
     /// Runs the per-user device: mounts `mountpoint`, reports through
-    /// `ready`, then serves until the last mount is gone or a signal asks
-    /// it to stop. Returns the process exit status.
-    public func run(mountpoint: String, group: String?, ready: (MountError?) -> Void) -> Int32 {
+    /// `ready`, then serves until the last mount is gone or a signal (or a
+    /// `stop` request) asks it to stop. Without a mount point the device
+    /// runs headless, for clients of its socket (`keychainfs get`, the
+    /// helpers, `unlock`), and keeps running, as gpg-agent does, until it
+    /// is stopped; mounts may join and leave it meanwhile. Returns the
+    /// process exit status.
+    public func run(mountpoint: String?, group: String?, ready: (MountError?) -> Void) -> Int32 {
         guard case .perUser(let keychain) = keychains else { preconditionFailure("the service mounts nothing itself") }
         // Last, once every session has ended: a cleanly stopped device leaves
         // the keychain as one file (no -wal beside it).
@@ -93,15 +99,18 @@ public final class DeviceProcess: Sendable {
             close(listener)
             unlink(socketPath)
         }
-        do {
-            try keychain.mount(mountpoint, group: group)
-        } catch {
-            ready(error)
-            return 1
+        headless.withLock { $0 = mountpoint == nil }
+        if let mountpoint {
+            do {
+                try keychain.mount(mountpoint, group: group)
+            } catch {
+                ready(error)
+                return 1
+            }
         }
         startServing(listener)
         ready(nil)
-        let stopped = waitForTheEnd(signals) { !keychain.hasMounts }
+        let stopped = waitForTheEnd(signals) { mountpoint != nil && !keychain.hasMounts }
         keychain.unmountAll()
         return stopped ? 0 : 1
     }
@@ -246,12 +255,22 @@ public final class DeviceProcess: Sendable {
         }
         switch keychains {
         case .perUser(let keychain):
+            if case .stop = request {
+                if descriptor >= 0 { close(descriptor) }
+                // As SIGTERM: the main loop reads it from its signalfd (the
+                // signal is blocked in every thread), unmounts and exits.
+                kill(getpid(), SIGTERM)
+                return .ok([])
+            }
             if case .create = request {
                 if descriptor >= 0 { close(descriptor) }
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
             }
-            return keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
-                                   descriptor: descriptor, replyDescriptor: &replyDescriptor)
+            let reply = keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
+                                        descriptor: descriptor, replyDescriptor: &replyDescriptor)
+            // "last" tells the client to wait for the device's exit, which a headless device does not do.
+            if case .unmount = request, reply == .ok(["last"]), headless.withLock({ $0 }) { return .ok([]) }
+            return reply
         case .service(let all):
             return all.answer(request, from: credentials, existing: existing, client: client,
                               policedAtConnect: policedAtConnect, atConnect: atConnect,

@@ -116,6 +116,8 @@ final class ServedKeychain: Sendable {
         switch request {
         case .ping:
             return .ok([])
+        case .stop:
+            return .systemError(EINVAL, "only a per-user device stops on request")
         case .create:
             return .keychainError(.duplicateKeychain, "a keychain already exists for this user")
         case .mount(let group, let mountpoint), .attach(let group, let mountpoint):

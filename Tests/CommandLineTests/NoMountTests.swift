@@ -1,0 +1,50 @@
+import Foundation
+import KeychainCore
+import Testing
+import TestSupport
+
+/// The device without a mount (issue 22): the first client that needs it
+/// starts it (booted, locked), as gpg-agent starts on first use; unlock,
+/// lock and status take the keychain as well as a mount point.
+@Suite struct NoMountTests {
+    @Test func clientsStartTheDeviceAndUnlockLockAndStatusNeedNoMount() throws {
+        let harness = try MountHarness()
+        func k(_ arguments: String, stdin: String? = nil) -> ShellResult {
+            harness.sh("\"$K\" \(arguments) --keychain \"$KC\"", stdin: stdin)
+        }
+        #expect(k("status").stdout == "state: stopped\nmode: per-user\n")
+        // The first client starts the device: booted, so locked.
+        let locked = k("set default/token", stdin: "v")
+        #expect(locked.status == 3 && locked.stderr.contains("locked"), "\(locked)")
+        #expect(k("status").stdout.hasPrefix("state: locked\nfirst-unlock: no\n"))
+        let wrong = k("unlock", stdin: "nope\n")
+        #expect(wrong.status == 4 && wrong.stderr.contains("wrong passcode"), "\(wrong)")
+        #expect(k("unlock", stdin: MountHarness.passcode + "\n").succeeded)
+        #expect(k("set default/token", stdin: "s3cret").succeeded)
+        #expect(k("get default/token").stdout == "s3cret")
+        #expect(k("status").stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\npasscode: yes\nfailed-attempts: 0\n"))
+        // A mount joins the running device and leaves it running.
+        let mnt = try harness.prepareMountpoint("mnt")
+        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt]).succeeded)
+        #expect(readFile(mnt + "/default/token") == "s3cret")
+        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+        #expect(k("get default/token").stdout == "s3cret")
+        #expect(k("lock").succeeded)
+        #expect(k("get default/token").status == 3)
+        #expect(k("stop").succeeded)
+        #expect(k("status").stdout.hasPrefix("state: stopped"))
+    }
+
+    /// git's `store` with no device running is not dropped unseen.
+    @Test func gitsStoreWithNoDeviceStartsItAndSaysItIsLocked() throws {
+        let harness = try MountHarness()
+        let store = harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
+                               stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n")
+        #expect(store.stderr.contains("locked"), "\(store)")
+        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+        #expect(harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
+                           stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n").succeeded)
+        let get = harness.sh("\"$K\" git-credential get --keychain \"$KC\"", stdin: "protocol=https\nhost=example.com\n\n")
+        #expect(get.stdout.contains("password=pw"), "\(get)")
+    }
+}
