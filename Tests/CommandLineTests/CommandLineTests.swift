@@ -17,6 +17,30 @@ import TestSupport
         }
     }
 
+    /// The man page ./scripts/setup installs has what --help lacks, and its
+    /// exit statuses are the ones the command says.
+    @Test func theManPageHasExitStatusEnvironmentFilesAndExamples() throws {
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().path
+        let page = repository + "/.build/release/share/man/man1/keychainfs.1"
+        // As a reader sees it: formatted (mdoc), the generic "exits 0 on success" gone.
+        let harness = try MountHarness(passcode: nil)
+        let formatted = harness.sh("groff -mandoc -Tutf8 -P-cbou \"$1\"", arguments: [page])
+        #expect(formatted.succeeded && formatted.stderr.isEmpty, "\(formatted)")
+        let shown = formatted.stdout
+        for section in ["EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"] {
+            #expect(shown.contains("\n" + section + "\n"), "\(section)")
+        }
+        #expect(shown.components(separatedBy: "EXIT STATUS").count == 2)
+        for name in [".control", ".events", "KEYCHAINFS_KEYCHAIN", "KEYCHAINFS_SERVICE", "autolock DURATION", "keychainfs unlock"] {
+            #expect(shown.contains(name), "\(name)")
+        }
+        for (status, meaning) in [("2", "absent"), ("3", "locked"), ("4", "denied"), ("5", "no device"), ("64", "a command line"),
+                                  ("127", "exec:")] {
+            #expect(shown.split(separator: "\n").contains { $0.hasPrefix("     \(status) ") && $0.contains(meaning) }, "\(status)")
+        }
+    }
+
     /// A fresh account has no ~/.local/share: init creates what is missing
     /// (0700, only what it creates), and a failure names the path and the cause.
     @Test func initOnAFreshAccountCreatesTheMissingDirectories() throws {

@@ -113,24 +113,30 @@ package final class MountHarness: @unchecked Sendable {
     /// returns its pid once the mount is ready.
     package func mountForeground(_ name: String = "mnt", environment extra: [String] = []) throws -> pid_t {
         let mountpoint = try prepareMountpoint(name)
+        return try Self.startReady([binary, "mount", mountpoint, "--foreground", "--keychain", keychain],
+                                   environment: environment() + extra)
+    }
+
+    /// Starts a device process (`ARGUMENTS --ready-fd 3`) and returns its
+    /// pid once it said "ok" on the pipe; kills it if it said anything else.
+    package static func startReady(_ arguments: [String], environment: [String]? = nil) throws -> pid_t {
         var ends: [Int32] = [0, 0]
         guard pipe(&ends) == 0 else { throw POSIXError(.EIO) }
         var options = Spawn.Options()
-        options.environment = environment() + extra
+        options.environment = environment
         options.descriptors = [(3, ends[1])]
         options.nullStandardStreams = true
-        let pid = Spawn.start([binary, "mount", mountpoint, "--foreground", "--keychain", keychain, "--ready-fd", "3"],
-                              options: options)
+        let pid = Spawn.start(arguments + ["--ready-fd", "3"], options: options)
         close(ends[1])
         defer { close(ends[0]) }
-        guard let pid else { throw HarnessError("could not start the foreground device") }
+        guard let pid else { throw HarnessError("could not start \(arguments)") }
         var line: [UInt8] = []
         var byte: UInt8 = 0
         while read(ends[0], &byte, 1) == 1 && byte != UInt8(ascii: "\n") { line.append(byte) }
         guard String(decoding: line, as: UTF8.self) == "ok" else {
             kill(pid, SIGKILL)
             _ = Spawn.wait(pid)
-            throw HarnessError("foreground mount failed: \(String(decoding: line, as: UTF8.self))")
+            throw HarnessError("\(arguments[1]) failed to start: \(String(decoding: line, as: UTF8.self))")
         }
         return pid
     }

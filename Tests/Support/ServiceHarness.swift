@@ -34,25 +34,7 @@ package final class ServiceHarness: @unchecked Sendable {
 
     /// Starts the service process and waits until it listens.
     private func start() throws {
-        var ends: [Int32] = [0, 0]
-        guard pipe(&ends) == 0 else { throw POSIXError(.EIO) }
-        var options = Spawn.Options()
-        options.descriptors = [(3, ends[1])]
-        options.nullStandardStreams = true
-        let started = Spawn.start([binary, "service", "--state-directory", stateDirectory, "--socket", socket,
-                                   "--ready-fd", "3"], options: options)
-        close(ends[1])
-        defer { close(ends[0]) }
-        guard let started else { throw HarnessError("could not start the service") }
-        var line: [UInt8] = []
-        var byte: UInt8 = 0
-        while read(ends[0], &byte, 1) == 1 && byte != UInt8(ascii: "\n") { line.append(byte) }
-        guard String(decoding: line, as: UTF8.self) == "ok" else {
-            kill(started, SIGKILL)
-            _ = Spawn.wait(started)
-            throw HarnessError("the service did not start")
-        }
-        pid = started
+        pid = try MountHarness.startReady([binary, "service", "--state-directory", stateDirectory, "--socket", socket])
     }
 
     /// Starts the service again after ``stop()``: same state, same socket.
