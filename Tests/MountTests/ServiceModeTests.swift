@@ -140,6 +140,23 @@ import TestSupport
         #expect(harness.sh("cat \"$1/default/token\"", arguments: [mnt]).stdout == "s3cret")
     }
 
+    /// The service never mounts on a path a client names (its account
+    /// could mount over another user's keychain directory): only `attach`.
+    @Test func theServiceMountsNothingOnAClientsWord() throws {
+        let service = try ServiceHarness()
+        let harness = try MountHarness(service: service)
+        let target = service.stateDirectory + "/999999"
+        for request in [DeviceRequest.mount(group: nil, mountpoint: target), .unmount(mountpoint: target), .stop] {
+            guard case .systemError(let code, _)? = DeviceClient.send(request, to: service.socket) else {
+                Issue.record("\(request) was not refused")
+                continue
+            }
+            #expect(code == EPERM)
+        }
+        #expect(!harness.isMounted(target))
+        #expect(kill(service.pid, 0) == 0)
+    }
+
     @Test func theLibraryReachesTheServiceToo() throws {
         #expect(throws: KeychainError.notAvailable) { try PasswordManager.openService(at: "/nonexistent/socket") }
         let service = try ServiceHarness()

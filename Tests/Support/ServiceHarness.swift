@@ -27,8 +27,10 @@ package final class ServiceHarness: @unchecked Sendable {
         stateDirectory = root + "/state"
         socket = root + "/socket"
         binary = root + "/keychainfs"
-        // The service's own copy, root's, as an installed binary would be.
-        try FileManager.default.copyItem(atPath: try MountHarness.builtBinary(), toPath: binary)
+        // A link, not a copy: a copy's write descriptor, inherited for an
+        // instant by a child another test spawns, makes exec fail (ETXTBSY).
+        // Root runs it, as systemd runs the installed one.
+        try FileManager.default.createSymbolicLink(atPath: binary, withDestinationPath: try MountHarness.builtBinary())
         if started { try start() }
     }
 

@@ -49,6 +49,16 @@ final class ServiceKeychains: Sendable {
             if descriptor >= 0 { close(descriptor) }
             return create(for: credentials.uid, passcode: passcode)
         }
+        switch request {
+        case .mount, .unmount, .stop:
+            // The service mounts, unmounts and stops nothing on a user's word:
+            // its account could mount over what only it can reach (another
+            // user's keychain directory). The user mounts (`attach`) and unmounts.
+            if descriptor >= 0 { close(descriptor) }
+            return .systemError(EPERM, "the keychainfs service mounts nothing itself: `keychainfs mount` makes the mount and passes it")
+        default:
+            break
+        }
         let served: ServedKeychain?
         do throws(MountError) {
             if let existing { served = existing } else { served = try keychain(of: credentials) }
