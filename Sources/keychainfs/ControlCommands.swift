@@ -53,22 +53,17 @@ struct MountpointOrKeychain: ParsableArguments {
     /// The socket of the keychain's device; with `starting`, a per-user
     /// device is started when none runs. Nil when none runs (and none was started).
     func deviceSocket(starting: Bool) throws -> String? {
-        switch options.place {
-        case .service(let socketPath):
-            try options.place.requireExisting()
-            return socketPath
-        case .directory(let keychain):
-            try keychain.requireExisting()
-            guard starting else {
-                let socketPath = try keychain.deviceSocketPath()
-                return DeviceClient.isServing(socketPath) ? socketPath : nil
-            }
-            let device = DeviceLauncher.ensureRunning(keychain)
-            guard let socketPath = device.socketPath else {
-                throw fail("cannot start the device: \(device.problem ?? "")", status: ExitStatus.noDevice)
-            }
-            return socketPath
+        let place = options.place
+        try place.requireExisting()
+        guard starting else {
+            let socketPath = try place.socketPath()
+            return DeviceClient.isServing(socketPath) ? socketPath : nil
         }
+        let device = place.startedDevice()
+        guard let socketPath = device.socketPath else {
+            throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
+        }
+        return socketPath
     }
 }
 
@@ -145,15 +140,18 @@ struct UnlockCommand: ParsableCommand {
         command.wipe()
         guard result == 0 else {
             if result == EACCES {
-                let after = DeviceStatusFile.read(mount.path)?["retry-after"]
-                if let after, after != "0" {
-                    throw fail("not unlocked: wrong passcode; unlocking is refused for \(after) more seconds after repeated failures",
-                               status: ExitStatus.denied)
-                }
-                throw fail("not unlocked: wrong passcode", status: ExitStatus.denied)
+                throw Self.wrongPasscode(retryAfter: DeviceStatusFile.read(mount.path)?["retry-after"].flatMap { Int64($0) })
             }
             throw fail("cannot unlock: \(String(cString: strerror(result)))")
         }
+    }
+
+    /// A wrong passcode, through a mount or the socket alike: denied, and
+    /// how long unlocking is refused when a lockout began.
+    private static func wrongPasscode(retryAfter: Int64?) -> ExitCode {
+        guard let retryAfter, retryAfter > 0 else { return fail("not unlocked: wrong passcode", status: ExitStatus.denied) }
+        return fail("not unlocked: wrong passcode; unlocking is refused for \(retryAfter) more seconds after repeated failures",
+                    status: ExitStatus.denied)
     }
 
     /// Without a mount point: the device of the keychain, started if need be.
@@ -174,12 +172,11 @@ struct UnlockCommand: ParsableCommand {
         case .ok?:
             return
         case .keychainError(.authFailed, _)?:
-            if case .ok(let fields)? = DeviceClient.send(.status, to: socketPath), let after = DeviceStatus(fields: fields),
-               after.retryAfter > 0 {
-                throw fail("not unlocked: wrong passcode; unlocking is refused for \(after.retryAfter) more seconds after repeated failures",
-                           status: ExitStatus.denied)
+            let after = DeviceClient.send(.status, to: socketPath).flatMap { reply -> DeviceStatus? in
+                guard case .ok(let fields) = reply else { return nil }
+                return DeviceStatus(fields: fields)
             }
-            throw fail("not unlocked: wrong passcode", status: ExitStatus.denied)
+            throw Self.wrongPasscode(retryAfter: after?.retryAfter)
         case .keychainError(let error, let message)?:
             throw fail("cannot unlock: \(message)", status: ExitStatus.of(error))
         case .systemError(_, let message)?:

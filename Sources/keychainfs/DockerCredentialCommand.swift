@@ -79,22 +79,12 @@ struct DockerCredentialCommand: ParsableCommand {
         }
     }
 
-    /// The running device's socket, or a failure saying none runs.
+    /// The device's socket (started, locked, when none runs, as gpg-agent
+    /// starts on first use), or a failure saying why there is none.
     private static func device(_ place: KeychainPlace) throws -> String {
-        if case .directory(let keychain) = place {
-            // None runs: start it (locked), as gpg-agent starts on first use.
-            let device = DeviceLauncher.ensureRunning(keychain)
-            guard let socketPath = device.socketPath else { throw Failure(message: device.problem ?? "no device") }
-            return socketPath
-        }
-        let socketPath: String
-        do {
-            socketPath = try place.deviceSocket()
-        } catch {
-            throw Failure(message: error.description)
-        }
-        guard DeviceClient.isServing(socketPath) else {
-            throw Failure(message: "no keychainfs device is running for \(place.name); mount the keychain first")
+        let device = place.startedDevice()
+        guard let socketPath = device.socketPath else {
+            throw Failure(message: "no keychainfs device for \(place.name): \(device.problem ?? "")")
         }
         return socketPath
     }

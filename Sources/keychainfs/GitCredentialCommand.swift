@@ -32,20 +32,10 @@ struct GitCredentialCommand: ParsableCommand {
         let request = Self.readRequest()
         guard let proto = request["protocol"], let host = request["host"] else { return }
         let identifier = Self.identifier(protocol: proto, host: host, path: request["path"])
-        let socketPath: String
-        switch options.place {
-        case .service(let path):
-            socketPath = path
-        case .directory(let keychain):
-            // None runs: start it (locked), so that a `store` is never dropped unseen.
-            let device = DeviceLauncher.ensureRunning(keychain)
-            guard let path = device.socketPath else {
-                return Self.say("the keychain's device cannot start (\(device.problem ?? "")); git credentials are not available")
-            }
-            socketPath = path
-        }
-        guard DeviceClient.isServing(socketPath) else {
-            return Self.say("no device is running for the keychain; git credentials are not available")
+        // None runs: start it (locked), so that a `store` is never dropped unseen.
+        let device = options.place.startedDevice()
+        guard let socketPath = device.socketPath else {
+            return Self.say("no device for the keychain (\(device.problem ?? "")); git credentials are not available")
         }
         switch action {
         case "get":

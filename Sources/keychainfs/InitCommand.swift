@@ -17,7 +17,8 @@ struct InitCommand: ParsableCommand {
     var noPasscode = false
 
     func run() throws {
-        guard case .directory(let directory) = options.place else { return try createInService() }
+        let place = options.place
+        guard case .directory(let directory) = place else { return try createInService(place) }
         if directory.exists {
             throw fail("a keychain already exists at \(directory.path)")
         }
@@ -35,8 +36,7 @@ struct InitCommand: ParsableCommand {
     }
 
     /// Service mode: the service creates the keychain in its state directory.
-    private func createInService() throws {
-        let place = options.place
+    private func createInService(_ place: KeychainPlace) throws {
         try place.requireExisting()
         let passcode = noPasscode ? nil : try Passcode.readNew(
             prompt: "New passcode: ", missing: "no passcode given; type one, or use --no-passcode for a keychain without one")

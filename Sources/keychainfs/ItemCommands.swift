@@ -14,17 +14,12 @@ struct RunningDevice {
     /// The keychain's device, started if need be; exits with
     /// ``ExitStatus/noDevice`` when it cannot be started.
     init(_ place: KeychainPlace) throws {
-        guard case .directory(let keychain) = place else {
-            try place.requireExisting()
-            socketPath = try place.socketPath()
-            return
+        if case .directory(let keychain) = place, !keychain.exists {
+            throw fail("no keychain at \(keychain.path)", status: ExitStatus.absent)
         }
-        guard keychain.exists else { throw fail("no keychain at \(keychain.path)", status: ExitStatus.absent) }
-        // None runs: start it (headless, locked as a device boots), as gpg-agent starts on first use.
-        let device = DeviceLauncher.ensureRunning(keychain)
+        let device = place.startedDevice()
         guard let socketPath = device.socketPath else {
-            throw fail("cannot start the device of the keychain at \(keychain.path): \(device.problem ?? "")",
-                       status: ExitStatus.noDevice)
+            throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
         }
         self.socketPath = socketPath
     }

@@ -14,8 +14,8 @@ struct KeychainFSCommand: ParsableCommand {
             Exit status, the same for every command: 0 on success; 1 when the operation failed \
             (the message says why); 2 the item or keychain does not exist; 3 locked (the item's \
             class key is not available); 4 denied (a wrong passcode or backup password, a lockout, \
-            or a program not entitled to the access group); 5 no device is running for the \
-            keychain (get, set, rm, ls, exec need one); 64 a command line that does not parse; \
+            or a program not entitled to the access group); 5 no device: none runs for the keychain \
+            and none could be started, or the service does not answer; 64 a command line that does not parse; \
             exec: 127 when the command cannot be run, otherwise the command's own status.
             """,
         version: "keychainfs \(KeychainFSCommand.version) (device protocol \(DeviceProtocol.version))",

@@ -30,18 +30,23 @@ enum KeychainPlace {
     /// The socket of the device that serves it; fails the command when the
     /// runtime directory cannot hold it.
     func socketPath() throws -> String {
-        do {
-            return try deviceSocket()
-        } catch {
-            throw fail(error.description)
+        switch self {
+        case .directory(let keychain): return try keychain.deviceSocketPath()
+        case .service(let socketPath): return socketPath
         }
     }
 
-    /// ``socketPath()`` for callers that report failures their own way.
-    func deviceSocket() throws(RuntimePathError) -> String {
+    /// The socket of a device that answers for this keychain: the service,
+    /// or this user's own device, started now (headless, locked as a
+    /// device boots) when none runs, as gpg-agent starts on first use.
+    /// Nil with why there is none.
+    func startedDevice() -> (socketPath: String?, problem: String?) {
         switch self {
-        case .directory(let keychain): return try RuntimePaths.socketPath(for: keychain.path)
-        case .service(let socketPath): return socketPath
+        case .directory(let keychain):
+            return DeviceLauncher.ensureRunning(keychain)
+        case .service(let socketPath):
+            return DeviceClient.isServing(socketPath) ? (socketPath, nil)
+                : (nil, "the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)")
         }
     }
 

@@ -46,7 +46,8 @@ struct MountCommand: ParsableCommand {
         // SPEC: a device killed with kill -9 leaves a dead mount that must not block the next one.
         if MountTable.isDeadMount(mountpoint) { _ = MountTable.unmount(mountpoint, lazy: true) }
         if let problem = MountTable.alreadyMountedProblem(mountpoint) { throw report(problem) }
-        guard case .directory(let keychain) = options.place else { return try mountForService(mountpoint) }
+        let place = options.place
+        guard case .directory(let keychain) = place else { return try mountForService(mountpoint, place: place) }
         guard keychain.exists else {
             throw report("no keychain at \(keychain.path); create one with `keychainfs init`")
         }
@@ -69,11 +70,10 @@ struct MountCommand: ParsableCommand {
 
     /// Service mode: this user mounts (fusermount3) and the service serves
     /// the connection; the mount stays this user's.
-    private func mountForService(_ mountpoint: String) throws {
+    private func mountForService(_ mountpoint: String, place: KeychainPlace) throws {
         guard !foreground else {
             throw report("--foreground runs a per-user device; the keychainfs service runs as its own systemd unit")
         }
-        let place = options.place
         try place.requireExisting()
         let connection: Int32
         do {

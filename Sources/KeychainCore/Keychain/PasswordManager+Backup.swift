@@ -222,6 +222,24 @@ extension BackupFile {
     /// device, which may not be able to open its path); `name` names it in
     /// errors.
     public static func load(from fd: Int32, name path: String) throws(KeychainError) -> [UInt8] {
+        let head = try readHead(of: fd, name: path)
+        do throws(Errno) {
+            let rest = try Descriptor.readAll(fd, limit: maximumFileSize - head.count + 1)
+            // It grew past the bound after fstat: refused all the same.
+            guard head.count + rest.count <= maximumFileSize else { throw Errno.fileTooLarge }
+            return head + rest
+        } catch .fileTooLarge {
+            throw .valueTooLarge
+        } catch {
+            throw fileFailure("read", path, errno: error.rawValue)
+        }
+    }
+
+    /// Checks an open file before anything more is read from it: a regular
+    /// file (a FIFO or device would block or never end) of at most
+    /// ``maximumFileSize`` bytes (``KeychainError/valueTooLarge``) that
+    /// begins with the magic (``KeychainError/param``). Returns the magic it read.
+    static func readHead(of fd: Int32, name path: String) throws(KeychainError) -> [UInt8] {
         var info = stat()
         guard fstat(fd, &info) == 0 else { throw fileFailure("read", path) }
         guard info.st_mode & S_IFMT == S_IFREG else { throw .param }
@@ -234,16 +252,7 @@ extension BackupFile {
             throw fileFailure("read", path, errno: error.rawValue)
         }
         guard whole, head == magic else { throw .param }
-        do throws(Errno) {
-            let rest = try Descriptor.readAll(fd, limit: maximumFileSize - head.count + 1)
-            // It grew past the bound after fstat: refused all the same.
-            guard head.count + rest.count <= maximumFileSize else { throw Errno.fileTooLarge }
-            return head + rest
-        } catch .fileTooLarge {
-            throw .valueTooLarge
-        } catch {
-            throw fileFailure("read", path, errno: error.rawValue)
-        }
+        return head
     }
 }
 
@@ -262,18 +271,7 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
     /// file of at most ``BackupFile/maximumFileSize`` bytes that begins as a
     /// backup; the copy stops at that bound even if the file grows.
     public init(of file: Int32, name: String, in directory: String) throws(KeychainError) {
-        var info = stat()
-        guard fstat(file, &info) == 0 else { throw fileFailure("read", name) }
-        guard info.st_mode & S_IFMT == S_IFREG else { throw .param }
-        guard Int(info.st_size) <= BackupFile.maximumFileSize else { throw .valueTooLarge }
-        var head = [UInt8](repeating: 0, count: BackupFile.magic.count)
-        let whole: Bool
-        do throws(Errno) {
-            whole = try head.withMutableBytes { (raw) throws(Errno) in try Descriptor.readExactly(file, into: raw) }
-        } catch {
-            throw fileFailure("read", name, errno: error.rawValue)
-        }
-        guard whole, head == BackupFile.magic else { throw .param }
+        let head = try BackupFile.readHead(of: file, name: name)
         // glibc's O_TMPFILE (__O_TMPFILE | O_DIRECTORY), declared only with _GNU_SOURCE.
         let temporaryFile: Int32 = 0o20_200_000
         let copy = Glibc.open(directory, O_RDWR | O_CLOEXEC | temporaryFile, 0o600)

@@ -239,50 +239,52 @@ public final class DeviceProcess: Sendable {
         // policed: the program that asks must be the one that connected (a
         // process that exec'd a granted binary in between is neither).
         let existing = keychain(of: credentials)
-        let policedAtConnect = existing?.manager.localDevice.hasEntitlementPolicies ?? false
+        let policedAtConnect = (try? existing.get())??.manager.localDevice.hasEntitlementPolicies ?? false
         let atConnect = policedAtConnect ? ProgramIdentities.ofPeer(client) : nil
         var descriptor: Int32 = -1
         guard let body = DeviceProtocol.receive(from: client, sentBy: credentials.pid, descriptor: &descriptor) else {
             return .systemError(EINVAL, "no whole request arrived within \(Self.connectionDeadline) s "
                                 + "from the process that connected")
         }
+        // Ours to close, unless `attach` takes it.
+        var passed: Int32? = descriptor >= 0 ? descriptor : nil
+        defer { if let passed { close(passed) } }
         let request: DeviceRequest
         do {
             request = try body.withUnsafeBytes { (raw) throws(KeychainError) in try DeviceRequest(body: raw) }
         } catch {
-            if descriptor >= 0 { close(descriptor) }
             return .systemError(EINVAL, "malformed request (protocol version \(DeviceProtocol.version) expected)")
         }
         switch keychains {
         case .perUser(let keychain):
-            if case .stop = request {
-                if descriptor >= 0 { close(descriptor) }
+            switch request {
+            case .stop:
                 // As SIGTERM: the main loop reads it from its signalfd (the
                 // signal is blocked in every thread), unmounts and exits.
                 kill(getpid(), SIGTERM)
                 return .ok([])
-            }
-            if case .create = request {
-                if descriptor >= 0 { close(descriptor) }
+            case .create:
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
+            default:
+                let reply = keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
+                                            passed: &passed, replyDescriptor: &replyDescriptor)
+                // "last" tells the client to wait for the device's exit, which a headless device does not do.
+                if case .unmount = request, reply == .ok(["last"]), headless.withLock({ $0 }) { return .ok([]) }
+                return reply
             }
-            let reply = keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
-                                        descriptor: descriptor, replyDescriptor: &replyDescriptor)
-            // "last" tells the client to wait for the device's exit, which a headless device does not do.
-            if case .unmount = request, reply == .ok(["last"]), headless.withLock({ $0 }) { return .ok([]) }
-            return reply
         case .service(let all):
             return all.answer(request, from: credentials, existing: existing, client: client,
                               policedAtConnect: policedAtConnect, atConnect: atConnect,
-                              descriptor: descriptor, replyDescriptor: &replyDescriptor)
+                              passed: &passed, replyDescriptor: &replyDescriptor)
         }
     }
 
-    /// The keychain a peer reaches, if it has one (opened on first use).
-    private func keychain(of credentials: PeerCredentials) -> ServedKeychain? {
+    /// The keychain a peer reaches (nil: it has none yet), opened on first
+    /// use, or why it cannot be opened.
+    private func keychain(of credentials: PeerCredentials) -> Result<ServedKeychain?, MountError> {
         switch keychains {
-        case .perUser(let keychain): return keychain
-        case .service(let all): return try? all.keychain(of: credentials)
+        case .perUser(let keychain): return .success(keychain)
+        case .service(let all): return Result { () throws(MountError) in try all.keychain(of: credentials) }
         }
     }
 }

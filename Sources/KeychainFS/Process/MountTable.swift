@@ -53,12 +53,15 @@ public enum MountTable {
         return String(decoding: bytes, as: UTF8.self)
     }
 
+    /// fusermount3, setuid root, where Debian's fuse3 installs it: how a user mounts and unmounts.
+    static let fusermount = "/bin/fusermount3"
+
     /// Unmounts `path`: umount2 as root, `fusermount3 -u` otherwise. Returns 0 or an errno.
     public static func unmount(_ path: String, lazy: Bool) -> Int32 {
         if geteuid() == 0 {
             return umount2(path, lazy ? Int32(MNT_DETACH) : 0) == 0 ? 0 : errno
         }
-        let status = Spawn.run(["/bin/fusermount3", "-u", "-q"] + (lazy ? ["-z"] : []) + [path])
+        let status = Spawn.run([fusermount, "-u", "-q"] + (lazy ? ["-z"] : []) + [path])
         return status == 0 ? 0 : EBUSY
     }
 

@@ -106,12 +106,11 @@ final class ServedKeychain: Sendable {
     // MARK: Requests
 
     /// Carries out one request of the keychain's owner, who connected on
-    /// `client` (checked by the caller); `descriptor` came with it and is
-    /// consumed. A descriptor for the reply goes to `replyDescriptor`.
+    /// `client` (checked by the caller). `passed` is the descriptor that came
+    /// with it, the caller's to close unless `attach` takes it (and sets it
+    /// nil). A descriptor for the reply goes to `replyDescriptor`.
     func answer(_ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
-                descriptor: Int32, replyDescriptor: inout Int32) -> DeviceReply {
-        var passed: Int32? = descriptor >= 0 ? descriptor : nil
-        defer { if let passed { close(passed) } }
+                passed: inout Int32?, replyDescriptor: inout Int32) -> DeviceReply {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
         switch request {
         case .ping:

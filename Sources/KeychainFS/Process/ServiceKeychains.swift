@@ -41,38 +41,33 @@ final class ServiceKeychains: Sendable {
     }
 
     /// One request of a user: `create` makes their keychain; anything else
-    /// goes to their keychain, which must exist.
-    func answer(_ request: DeviceRequest, from credentials: PeerCredentials, existing: ServedKeychain?, client: Int32,
-                policedAtConnect: Bool, atConnect: ProgramIdentity?,
-                descriptor: Int32, replyDescriptor: inout Int32) -> DeviceReply {
-        if case .create(let passcode) = request {
-            if descriptor >= 0 { close(descriptor) }
-            return create(for: credentials.uid, passcode: passcode)
-        }
+    /// goes to their keychain (`existing`, as the device process looked it
+    /// up when the peer connected), which must exist. `passed` is as for
+    /// ``ServedKeychain/answer(_:client:policedAtConnect:atConnect:passed:replyDescriptor:)``.
+    func answer(_ request: DeviceRequest, from credentials: PeerCredentials, existing: Result<ServedKeychain?, MountError>,
+                client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
+                passed: inout Int32?, replyDescriptor: inout Int32) -> DeviceReply {
         switch request {
+        case .create(let passcode):
+            return create(for: credentials.uid, passcode: passcode)
         case .mount, .unmount, .stop:
             // The service mounts, unmounts and stops nothing on a user's word:
             // its account could mount over what only it can reach (another
             // user's keychain directory). The user mounts (`attach`) and unmounts.
-            if descriptor >= 0 { close(descriptor) }
             return .systemError(EPERM, "the keychainfs service mounts nothing itself: `keychainfs mount` makes the mount and passes it")
         default:
             break
         }
-        let served: ServedKeychain?
-        do throws(MountError) {
-            if let existing { served = existing } else { served = try keychain(of: credentials) }
-        } catch {
-            if descriptor >= 0 { close(descriptor) }
+        switch existing {
+        case .failure(let error):
             return .systemError(EIO, error.description)
-        }
-        guard let served else {
-            if descriptor >= 0 { close(descriptor) }
+        case .success(nil):
             if case .ping = request { return .ok([]) }
             return .keychainError(.noSuchKeychain, "you have no keychain in the keychainfs service; create one with `keychainfs init`")
+        case .success(let served?):
+            return served.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
+                                 passed: &passed, replyDescriptor: &replyDescriptor)
         }
-        return served.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
-                             descriptor: descriptor, replyDescriptor: &replyDescriptor)
     }
 
     private func create(for uid: uid_t, passcode: SecureBytes?) -> DeviceReply {

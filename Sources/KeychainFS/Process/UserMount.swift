@@ -11,9 +11,6 @@ import Glibc
 /// The mount is the user's (`user_id=` is theirs): only they can use and
 /// unmount it, wherever the device runs.
 public enum UserMount {
-    /// Where Debian's fuse3 installs it.
-    static let fusermount = "/bin/fusermount3"
-
     /// Mounts an empty FUSE connection at `mountpoint` (absolute) and
     /// returns its descriptor; the caller passes it to the device.
     public static func mount(at mountpoint: String) throws(MountError) -> Int32 {
@@ -26,10 +23,10 @@ public enum UserMount {
         var options = Spawn.Options()
         options.descriptors = [(3, ends[1])]
         options.environment = ["_FUSE_COMMFD=3", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
-        let child = Spawn.start([fusermount, "-o", "fsname=keychainfs,subtype=keychainfs", "--", mountpoint],
+        let child = Spawn.start([MountTable.fusermount, "-o", "fsname=keychainfs,subtype=keychainfs", "--", mountpoint],
                                 options: options)
         close(ends[1])
-        guard let child else { throw MountError("cannot run \(fusermount) (is fuse3 installed?)") }
+        guard let child else { throw MountError("cannot run \(MountTable.fusermount) (is fuse3 installed?)") }
         var byte: UInt8 = 0, sender: Int32 = 0, connection: Int32 = -1
         _ = try? valueOrErrno { CLinux_receive_with_sender(ends[0], &byte, 1, &sender, &connection) }
         let status = Spawn.wait(child)
