@@ -29,6 +29,8 @@ enum FuzzTarget: String, CaseIterable {
     case request
     /// Backup files: the records after a valid header for a fixed password.
     case backup
+    /// `otpauth://` key URIs in an item's value (`keychainfs otp`).
+    case otpauth
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -41,6 +43,7 @@ enum FuzzTarget: String, CaseIterable {
         case .auditline: auditLine(input)
         case .request: request(input)
         case .backup: backup(input)
+        case .otpauth: otpauth(input)
         }
     }
 
@@ -146,6 +149,20 @@ enum FuzzTarget: String, CaseIterable {
         } catch {
             check(error == .decode, "a damaged backup gave an error other than decode")
             check(items == 0, "items were handed out before the whole backup was checked")
+        }
+    }
+
+    private func otpauth(_ input: UnsafeRawBufferPointer) {
+        guard let value = try? SecureBytes(copying: input) else { return }
+        do throws(OneTimePasswordError) {
+            let generator = try OneTimePassword(item: value)
+            check(OneTimePassword.digitRange.contains(generator.digits), "accepted digits outside 6...8")
+            check(OneTimePassword.periodRange.contains(generator.period), "accepted a period outside 1...86400")
+            let code = generator.code(at: 1_234_567_890)
+            check(code.count == generator.digits && code.allSatisfy(\.isASCII) && code.allSatisfy(\.isNumber),
+                  "a code that is not exactly `digits` decimal digits")
+        } catch {
+            check(!"\(error)".contains("\u{FFFD}"), "an error message quoting undecodable input")
         }
     }
 
