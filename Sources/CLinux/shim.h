@@ -33,6 +33,9 @@ static inline int CLinux_disable_core_dumps(void) {
 }
 
 // glibc's malloc tuning (malloc.h is not part of Swift's Glibc module).
+// pidfd_open(2), which glibc 2.36 declares only with _GNU_SOURCE via sys/pidfd.h.
+static inline int CLinux_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
 static inline void CLinux_limit_malloc_arenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }
 static inline void CLinux_fix_mmap_threshold(int bytes) { mallopt(M_MMAP_THRESHOLD, bytes); }
 static inline void CLinux_release_free_memory(void) { malloc_trim(0); }

@@ -32,6 +32,8 @@ struct RunningDevice {
         case .keychainError(let error, let message)?:
             switch error {
             case .itemNotFound: throw fail("\(item) does not exist", status: ExitStatus.absent)
+            // Only a create-only write (generate without --force) asks for this.
+            case .duplicateItem: throw fail("\(item) already exists and was kept (--force replaces it)")
             case .interactionNotAllowed: throw fail("the keychain is locked for \(item); unlock it first", status: ExitStatus.locked)
             case .authFailed: throw fail(message, status: ExitStatus.denied)
             case .missingEntitlement:
@@ -44,6 +46,33 @@ struct RunningDevice {
         case let reply?:
             return reply
         }
+    }
+}
+
+extension RunningDevice {
+    /// An item's value.
+    func value(of item: ItemAddress) throws -> SecureBytes {
+        guard case .value(let value, _) = try send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
+            throw fail("unexpected reply from the device")
+        }
+        return value
+    }
+
+    /// The groups, or a group's items as (identifier, class, size) (both work while locked).
+    func groups() throws -> [String] {
+        guard case .ok(let fields) = try send(.list(group: nil), item: "the keychain") else { throw fail("unexpected reply from the device") }
+        return fields
+    }
+
+    func items(of group: String) throws -> [(identifier: String, protectionClass: String, size: String)] {
+        guard case .ok(let fields) = try send(.list(group: group), item: group) else { throw fail("unexpected reply from the device") }
+        return stride(from: 0, to: fields.count - 2, by: 3).map { (fields[$0], fields[$0 + 1], fields[$0 + 2]) }
+    }
+
+    /// Stores a value as `set` does (the device's accessmode and migrate
+    /// setting); `.ifAbsent` refuses to replace one, atomically.
+    func store(_ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition = .always) throws {
+        _ = try send(.set(group: item.group, identifier: item.identifier, value: value, condition: condition), item: "\(item)")
     }
 }
 
@@ -92,12 +121,18 @@ struct GetCommand: ParsableCommand {
     @Flag(help: "Print {\"group\", \"identifier\", \"value\"} (a value that is not UTF-8 as \"base64\").")
     var json = false
 
+    @Flag(help: "Copy the value to the clipboard instead of printing it; cleared after 45 s ($KEYCHAINFS_CLIP_TIME) unless it changed.")
+    var clip = false
+
+    func validate() throws {
+        if clip && json { throw ValidationError("--clip and --json do not go together.") }
+    }
+
     func run() throws {
-        let device = try RunningDevice(options.place)
-        guard case .value(let value, _) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
-            throw fail("unexpected reply from the device")
-        }
-        if json {
+        let value = try RunningDevice(options.place).value(of: item)
+        if clip {
+            try Clipboard.current().copyAndClearLater(value, what: "\(item)")
+        } else if json {
             // The edge where a caller asked for text: the value becomes a String here only.
             let field = value.string().map { "\"value\": " + jsonString($0) }
                 ?? "\"base64\": \"" + base64(value.bytes()) + "\""
@@ -140,7 +175,7 @@ struct SetCommand: ParsableCommand {
         }
         let value = try buffer.snapshot()
         buffer.wipe()
-        _ = try device.send(.set(group: item.group, identifier: item.identifier, value: value), item: "\(item)")
+        try device.store(value, at: item)
     }
 }
 
@@ -172,14 +207,12 @@ struct ListCommand: ParsableCommand {
 
     func run() throws {
         let device = try RunningDevice(options.place)
-        guard case .ok(let fields) = try device.send(.list(group: group), item: group ?? "the keychain") else {
-            throw fail("unexpected reply from the device")
-        }
-        guard group != nil else {
-            print(json ? "[" + fields.map(jsonString).joined(separator: ", ") + "]" : fields.joined(separator: "\n"))
+        guard let group else {
+            let groups = try device.groups()
+            print(json ? "[" + groups.map(jsonString).joined(separator: ", ") + "]" : groups.joined(separator: "\n"))
             return
         }
-        let items = stride(from: 0, to: fields.count - 2, by: 3).map { (fields[$0], fields[$0 + 1], fields[$0 + 2]) }
+        let items = try device.items(of: group)
         if json {
             print("[" + items.map { "{\"identifier\": \(jsonString($0.0)), \"class\": \(jsonString($0.1)), \"size\": \($0.2)}" }
                 .joined(separator: ", ") + "]")
@@ -228,9 +261,7 @@ struct ExecCommand: ParsableCommand {
         for variable in variables {
             let parts = variable.split(separator: "=", maxSplits: 1).map(String.init)
             let item = ItemAddress(argument: parts[1])!
-            guard case .value(let value, _) = try device.send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
-                throw fail("unexpected reply from the device")
-            }
+            let value = try device.value(of: item)
             guard !value.withUnsafeBytes({ $0.contains(0) }) else {
                 throw fail("\(item) holds a NUL byte, which an environment variable cannot carry; nothing was run")
             }

@@ -22,9 +22,11 @@ struct KeychainFSCommand: ParsableCommand {
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
-                      RemoveCommand.self, ListCommand.self, ExecCommand.self, GitCredentialCommand.self,
+                      RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
+                      ExecCommand.self, GitCredentialCommand.self,
                       DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
-                      LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self]
+                      LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,
+                      ClipboardClearCommand.self]
     )
 
     /// This build's version (docs/PROTOCOL.md says when the protocol changes).

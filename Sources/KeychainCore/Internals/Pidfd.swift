@@ -1,20 +1,32 @@
+internal import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// pidfds (pidfd_open(2)): a process named by a descriptor, which no reuse
 /// of its pid can make name another.
-enum Pidfd {
+package enum Pidfd {
     /// Whether the process `pidfd` refers to still runs: its pidfd becomes
     /// readable once it has exited (pidfd_open(2)). Polling needs no
     /// permission over the process, where a signal 0 (pidfd_send_signal)
     /// is refused for another user's (the service's callers).
-    static func isAlive(_ pidfd: Int32) -> Bool {
+    package static func isAlive(_ pidfd: Int32) -> Bool {
+        !hasExited(pidfd, waitingUpTo: 0)
+    }
+
+    /// A pidfd for `pid`, or nil (ESRCH: it is gone).
+    package static func open(_ pid: Int32) -> Int32? {
+        let pidfd = CLinux_pidfd_open(pid)
+        return pidfd >= 0 ? pidfd : nil
+    }
+
+    /// Whether the process ends within `milliseconds` (-1: however long it takes).
+    package static func hasExited(_ pidfd: Int32, waitingUpTo milliseconds: Int32) -> Bool {
         var entry = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
         while true {
-            let ready = poll(&entry, 1, 0)
+            let ready = poll(&entry, 1, milliseconds)
             if ready < 0 && errno == EINTR { continue }
-            return ready == 0
+            return ready != 0  // readable, or a pidfd poll cannot watch: gone either way
         }
     }
 }
