@@ -45,6 +45,8 @@ import TestSupport
         #expect(out.contains("state: unlocked") && out.contains("mode: per-user"))
         #expect(run.stderr.contains("Permission denied"))
         #expect(out.contains("api-token"))
+        #expect(out.contains("default/example.org\n"))
+        #expect(out.split(separator: "\n").contains { $0.count == 6 && $0.allSatisfy(\.isNumber) }, "a one-time code")
         #expect(run.stderr.contains("Operation not permitted"))
         #expect(out.contains("the audit log is intact"))
         #expect(out.contains("restored from") && out.contains("added"))
