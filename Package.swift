@@ -15,8 +15,9 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
-        // OpenSSL's libcrypto: HMAC-SHA-1 for one-time codes, which libsodium lacks.
-        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        // OpenSSL's libcrypto: HMAC-SHA-1 for one-time codes, which libsodium
+        // lacks. Loaded on first use, not linked (see its shim.h).
+        .systemLibrary(name: "COpenSSL", providers: [.apt(["libssl-dev"])]),
         // Linux and glibc calls Swift cannot make directly (variadic, _GNU_SOURCE-only).
         .systemLibrary(name: "CLinux"),
         .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite"]),

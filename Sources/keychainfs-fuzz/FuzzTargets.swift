@@ -158,7 +158,7 @@ enum FuzzTarget: String, CaseIterable {
             let generator = try OneTimePassword(item: value)
             check(OneTimePassword.digitRange.contains(generator.digits), "accepted digits outside 6...8")
             check(OneTimePassword.periodRange.contains(generator.period), "accepted a period outside 1...86400")
-            let code = generator.code(at: 1_234_567_890)
+            guard let code = try? generator.code(at: 1_234_567_890) else { return }
             check(code.count == generator.digits && code.allSatisfy(\.isASCII) && code.allSatisfy(\.isNumber),
                   "a code that is not exactly `digits` decimal digits")
         } catch {

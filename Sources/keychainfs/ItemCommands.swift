@@ -7,26 +7,41 @@ import Glibc
 
 /// The running device of a keychain, for the commands that are its clients
 /// (no mount point needed; the device checks that the peer is its user),
-/// started when none runs.
-struct RunningDevice {
-    let socketPath: String
+/// started when the first request finds none listening.
+final class RunningDevice {
+    private let place: KeychainPlace
+    private let socketPath: String
+    private var startAttempted = false
 
-    /// The keychain's device, started if need be; exits with
-    /// ``ExitStatus/noDevice`` when it cannot be started.
+    /// Exits with ``ExitStatus/absent`` when there is no keychain.
     init(_ place: KeychainPlace) throws {
         if case .directory(let keychain) = place, !keychain.exists {
             throw fail("no keychain at \(keychain.path)", status: ExitStatus.absent)
         }
-        let device = place.startedDevice()
-        guard let socketPath = device.socketPath else {
-            throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
+        self.place = place
+        socketPath = try place.socketPath()
+    }
+
+    /// The reply to `request`: sent to the device that listens, or to one
+    /// started for it when none does (``ExitStatus/noDevice`` when it cannot be started).
+    private func deliver(_ request: DeviceRequest) throws -> DeviceReply? {
+        switch DeviceClient.deliver(request, to: socketPath) {
+        case .answered(let reply): return reply
+        case .unanswered: return nil
+        case .notListening:
+            guard !startAttempted else { return nil }
+            startAttempted = true
+            let device = place.startedDevice()
+            guard device.socketPath != nil else {
+                throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
+            }
+            return try deliver(request)
         }
-        self.socketPath = socketPath
     }
 
     /// Sends a request; a failure becomes the message and exit status the user gets.
     func send(_ request: DeviceRequest, item: String) throws -> DeviceReply {
-        switch DeviceClient.send(request, to: socketPath) {
+        switch try deliver(request) {
         case nil:
             throw fail("the device went away", status: ExitStatus.noDevice)
         case .keychainError(let error, let message)?:
@@ -129,7 +144,31 @@ struct GetCommand: ParsableCommand {
     }
 
     func run() throws {
-        let value = try RunningDevice(options.place).value(of: item)
+        try Self.printValue(of: item, from: options.place, json: json, clip: clip)
+    }
+
+    /// `get GROUP/ID`, the form scripts run in loops, without the argument
+    /// parser: its type lookups cost more than the rest of the command
+    /// (callgrind: 58% of its instructions; docs/BENCHMARKS.md). Any other
+    /// form, `--keychain` or an option included, takes the parser's path.
+    static func runWithoutParser(_ arguments: [String]) -> Never? {
+        // `get GROUP/ID` or `get GROUP/ID --keychain DIR`, nothing else.
+        guard arguments.count == 2 || (arguments.count == 4 && arguments[2] == "--keychain" && !arguments[3].hasPrefix("-")),
+              arguments[0] == "get", !arguments[1].hasPrefix("-"),
+              let item = ItemAddress(argument: arguments[1]) else { return nil }
+        do {
+            try printValue(of: item, from: KeychainOptions.place(named: arguments.count == 4 ? arguments[3] : nil), json: false, clip: false)
+            Glibc.exit(0)
+        } catch let status as ExitCode {
+            Glibc.exit(status.rawValue)
+        } catch {
+            printError("keychainfs: \(error)")
+            Glibc.exit(1)
+        }
+    }
+
+    static func printValue(of item: ItemAddress, from place: KeychainPlace, json: Bool, clip: Bool) throws {
+        let value = try RunningDevice(place).value(of: item)
         if clip {
             try Clipboard.current().copyAndClearLater(value, what: "\(item)")
         } else if json {

@@ -47,6 +47,7 @@ struct KeychainFSCommand: ParsableCommand {
         case "git-credential-keychainfs": GitCredentialCommand.main(arguments)
         case "docker-credential-keychainfs": DockerCredentialCommand.main(arguments)
         default:
+            _ = GetCommand.runWithoutParser(arguments)
             if let first = arguments.first, !first.hasPrefix("-"), let problem = unknownCommand(first) {
                 printError("keychainfs: " + problem)
                 Glibc.exit(64)

@@ -12,7 +12,9 @@ struct KeychainOptions: ParsableArguments {
     /// The keychain directory, made absolute so a detached device finds it
     /// too. `KEYCHAINFS_KEYCHAIN` is for the helpers git and docker run,
     /// which cannot pass options (docker), and for services.
-    var directory: KeychainDirectory {
+    var directory: KeychainDirectory { Self.directory(named: keychain) }
+
+    static func directory(named keychain: String?) -> KeychainDirectory {
         guard let path = keychain ?? getenv("KEYCHAINFS_KEYCHAIN").map({ String(cString: $0) }), !path.isEmpty else {
             return .defaultLocation()
         }
@@ -76,10 +78,12 @@ extension KeychainOptions {
     /// The service, when one is installed and no keychain directory was
     /// named (`--keychain`, `$KEYCHAINFS_KEYCHAIN`); this user's own
     /// keychain directory otherwise.
-    var place: KeychainPlace {
+    var place: KeychainPlace { Self.place(named: keychain) }
+
+    static func place(named keychain: String?) -> KeychainPlace {
         let named = keychain ?? getenv("KEYCHAINFS_KEYCHAIN").map { String(cString: $0) }
         if named?.isEmpty ?? true, let socketPath = ServicePaths.socket() { return .service(socketPath: socketPath) }
-        return .directory(directory)
+        return .directory(directory(named: keychain))
     }
 }
 

@@ -28,9 +28,8 @@ struct OneTimeCodeCommand: ParsableCommand {
     func run() throws {
         let clipboard = clip ? try Clipboard.current() : nil
         let value = try RunningDevice(options.place).value(of: item)
-        let generator: OneTimePassword
-        do { generator = try OneTimePassword(item: value) } catch { throw fail("\(item) \(error)") }
-        let code = generator.code(at: at ?? Int64(time(nil)))
+        let code: String
+        do { code = try OneTimePassword(item: value).code(at: at ?? Int64(time(nil))) } catch { throw fail("\(item) \(error)") }
         if let clipboard {
             try clipboard.copyAndClearLater(try SecureBytes(code), what: "the code of \(item)")
         } else {

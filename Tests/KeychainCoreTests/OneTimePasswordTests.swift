@@ -28,32 +28,32 @@ import Testing
         let otp = try Self.generator("otpauth://totp/Example:alice?secret=\(Self.seeds[algorithm]!)&algorithm=\(algorithm.rawValue)&digits=8&period=30")
         for vector in Self.vectors {
             let expected = switch algorithm { case .sha1: vector.sha1; case .sha256: vector.sha256; case .sha512: vector.sha512 }
-            #expect(otp.code(at: vector.time) == expected, "T=\(vector.time)")
+            #expect(try otp.code(at: vector.time) == expected, "T=\(vector.time)")
         }
     }
 
     @Test func defaultsAreSha1SixDigitsThirtySeconds() throws {
         let otp = try Self.generator("otpauth://totp/x?secret=GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ")
         #expect((otp.algorithm, otp.digits, otp.period) == (.sha1, 6, 30))
-        #expect(otp.code(at: 59) == "287082")  // the low six digits of the 8-digit vector
+        #expect(try otp.code(at: 59) == "287082")  // the low six digits of the 8-digit vector
         #expect(otp.secondsRemaining(at: 59) == 1)
         #expect(otp.secondsRemaining(at: 60) == 30)
     }
 
     @Test func theUriMayBeAnyLineOfAPassStyleEntry() throws {
         let otp = try Self.generator("hunter2\nuser: alice\r\nOTPAUTH://TOTP/x?Secret=gezdgnbvgy3tqojqgezdgnbvgy3tqojq&issuer=Example\n")
-        #expect(otp.code(at: 59) == "287082")
+        #expect(try otp.code(at: 59) == "287082")
     }
 
     @Test func percentEncodedPaddingAndSpacesAreAccepted() throws {
         let otp = try Self.generator("otpauth://totp/x?algorithm=sha256&digits=7&secret=GEZD GNBV GY3T QOJQ GEZD GNBV GY3T QOJQ GEZD GNBV GY3T QOJQ GEZA%3D%3D%3D%3D")
-        #expect(otp.code(at: 59) == "6119246")
+        #expect(try otp.code(at: 59) == "6119246")
     }
 
     @Test func aLongerPeriodChangesTheCounter() throws {
         let otp = try Self.generator("otpauth://totp/x?secret=GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ&period=60&digits=8")
         // T=118 with a 60 s period is counter 1, as T=59 is with 30 s.
-        #expect(otp.code(at: 118) == "94287082")
+        #expect(try otp.code(at: 118) == "94287082")
     }
 
     @Test(arguments: [

@@ -41,9 +41,9 @@ public struct OneTimePassword: Sendable {
     }
 
     /// The code for a Unix time (seconds since 1970-01-01 UTC).
-    public func code(at time: Int64) -> String {
+    public func code(at time: Int64) throws(OneTimePasswordError) -> String {
         let counter = UInt64(max(time, 0)) / UInt64(period)
-        return Self.hotp(key: key, counter: counter, algorithm: algorithm, digits: digits)
+        return try Self.hotp(key: key, counter: counter, algorithm: algorithm, digits: digits)
     }
 
     /// Seconds until the code for `time` changes.
@@ -53,21 +53,21 @@ public struct OneTimePassword: Sendable {
 
     /// HOTP (RFC 4226 section 5.3): HMAC of the big-endian counter, dynamic
     /// truncation to 31 bits, the low `digits` decimal digits.
-    static func hotp(key: SecureBytes, counter: UInt64, algorithm: Algorithm, digits: Int) -> String {
+    static func hotp(key: SecureBytes, counter: UInt64, algorithm: Algorithm, digits: Int) throws(OneTimePasswordError) -> String {
         var message = [UInt8](repeating: 0, count: 8)
         for index in 0..<8 { message[index] = UInt8(truncatingIfNeeded: counter >> (56 - 8 * UInt64(index))) }
         var mac = [UInt8](repeating: 0, count: Int(EVP_MAX_MD_SIZE))
         defer { mac.withUnsafeMutableBytes { wipeMemory($0) } }
         var macLength: UInt32 = 0
-        let digest: OpaquePointer? = switch algorithm {
-        case .sha1: EVP_sha1()
-        case .sha256: EVP_sha256()
-        case .sha512: EVP_sha512()
+        let digest = switch algorithm {
+        case .sha1: "EVP_sha1"
+        case .sha256: "EVP_sha256"
+        case .sha512: "EVP_sha512"
         }
-        let done = key.withUnsafeBytes { raw in
-            HMAC(digest, raw.baseAddress, Int32(raw.count), message, message.count, &mac, &macLength) != nil
+        let status = key.withUnsafeBytes { raw in
+            COpenSSL_hmac(digest, raw.baseAddress, Int32(raw.count), message, message.count, &mac, &macLength)
         }
-        precondition(done && macLength >= 20, "libcrypto's HMAC failed")
+        guard status == 0, macLength >= 20 else { throw .noCrypto }
         let offset = Int(mac[Int(macLength) - 1] & 0x0f)
         let binary = UInt32(mac[offset] & 0x7f) << 24 | UInt32(mac[offset + 1]) << 16
             | UInt32(mac[offset + 2]) << 8 | UInt32(mac[offset + 3])
@@ -85,6 +85,7 @@ public enum OneTimePasswordError: Error, Equatable, CustomStringConvertible {
     case missingSecret
     case badSecret
     case badParameter(name: String, expected: String)
+    case noCrypto
 
     public var description: String {
         switch self {
@@ -93,6 +94,7 @@ public enum OneTimePasswordError: Error, Equatable, CustomStringConvertible {
         case .missingSecret: "its otpauth:// URI has no secret"
         case .badSecret: "its otpauth:// URI's secret is not base32 (RFC 4648)"
         case .badParameter(let name, let expected): "its otpauth:// URI's \(name) must be \(expected)"
+        case .noCrypto: "needs OpenSSL's libcrypto (libssl3), which could not be loaded"
         }
     }
 }

@@ -105,8 +105,31 @@ public enum DeviceClient {
     /// passed back with its reply (-1: none); the caller owns it.
     public static func exchange(_ request: DeviceRequest, with socketPath: String, passing descriptor: Int32? = nil,
                                 receiving received: inout Int32) -> DeviceReply? {
+        var listening = false
+        return exchange(request, with: socketPath, passing: descriptor, receiving: &received, listening: &listening)
+    }
+
+    /// Whether a request reached a device: a client that starts the device
+    /// on demand tries the request first and starts it only when nobody
+    /// listens (no ping first: one connection per command, not two), and
+    /// never resends a request a device received.
+    public enum Delivery {
+        case notListening, unanswered, answered(DeviceReply)
+    }
+
+    public static func deliver(_ request: DeviceRequest, to socketPath: String) -> Delivery {
+        var received: Int32 = -1
+        var listening = false
+        defer { if received >= 0 { close(received) } }
+        let reply = exchange(request, with: socketPath, passing: nil, receiving: &received, listening: &listening)
+        return reply.map { .answered($0) } ?? (listening ? .unanswered : .notListening)
+    }
+
+    private static func exchange(_ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
+                                 receiving received: inout Int32, listening: inout Bool) -> DeviceReply? {
         received = -1
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
+        listening = true
         defer { close(fd) }
         guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd, passing: descriptor),
               let body = DeviceProtocol.receive(from: fd, sentBy: nil, descriptor: &received) else { return nil }
