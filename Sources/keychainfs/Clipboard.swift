@@ -45,19 +45,11 @@ struct Clipboard {
     /// What the clipboard holds now (at most 1 MiB), in secret memory; nil if it cannot be read.
     func paste() -> SecureBytes? {
         guard let (child, output) = startWithPipe(pasteCommand, on: 1) else { return nil }
-        defer { close(output) }
-        let buffer = SecureBuffer()
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
-        var complete = true
-        while true {
-            guard let count = try? chunk.withMutableBytes({ (raw) throws(Errno) in try Descriptor.read(output, into: raw) }) else { complete = false; break }
-            if count == 0 { break }
-            guard (try? chunk[0..<count].withUnsafeBytes { try buffer.append($0) }) != nil else { complete = false; break }
-        }
-        let status = Spawn.wait(child)
-        defer { buffer.wipe() }
-        return complete && status == 0 ? try? buffer.snapshot() : nil
+        let pasted = try? readSecret(from: output)
+        // Closed before the wait: a tool with more than 1 MiB left to write
+        // gets EPIPE and ends, rather than blocking on a pipe nobody reads.
+        close(output)
+        return Spawn.wait(child) == 0 ? pasted : nil
     }
 
     /// Copies `value` and leaves a process that clears the clipboard after
@@ -108,14 +100,7 @@ struct ClipboardClearCommand: ParsableCommand {
 
     func run() throws {
         let clipboard = try Clipboard.current()
-        let buffer = SecureBuffer()
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
-        while let count = try? chunk.withMutableBytes({ (raw) throws(Errno) in try Descriptor.read(0, into: raw) }), count > 0 {
-            guard (try? chunk[0..<count].withUnsafeBytes { try buffer.append($0) }) != nil else { break }
-        }
-        let copied = try buffer.snapshot()
-        buffer.wipe()
+        guard let copied = try? readSecret(from: 0) else { return }
         // The deadline on the monotonic clock, absolute: a signal that
         // interrupts the wait resumes it without drifting.
         var deadline = timespec()

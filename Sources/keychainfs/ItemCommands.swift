@@ -195,25 +195,14 @@ struct SetCommand: ParsableCommand {
 
     func run() throws {
         let device = try RunningDevice(options.place)
-        let buffer = SecureBuffer()
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
-        while true {
-            let count: Int
-            do throws(Errno) {
-                count = try chunk.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(0, into: raw) }
-            } catch {
-                throw fail("cannot read standard input: \(error)")
-            }
-            if count == 0 { break }
-            do {
-                try chunk[0..<count].withUnsafeBytes { try buffer.append($0) }
-            } catch {
-                throw fail("the value is larger than 1 MiB; nothing was written")
-            }
+        let value: SecureBytes
+        do {
+            value = try readSecret(from: 0)
+        } catch .read(let error) {
+            throw fail("cannot read standard input: \(error)")
+        } catch .tooLarge {
+            throw fail("the value is larger than 1 MiB; nothing was written")
         }
-        let value = try buffer.snapshot()
-        buffer.wipe()
         try device.store(value, at: item)
     }
 }
