@@ -38,6 +38,7 @@ public enum PasswordGenerator {
         guard length >= classes.count else { throw .tooShortForClasses }
         let chosen = CharacterClass.allCases.filter(classes.contains)
         let alphabet = chosen.flatMap(\.characters)
+        let members = chosen.map { Set($0.characters) }
         guard let password = try? SecureBytes(count: length) else { throw .badLength }
         Sodium.ensureInitialized()
         while true {
@@ -45,7 +46,7 @@ public enum PasswordGenerator {
                 password.mutableBytes[index] = alphabet[Int(randombytes_uniform(UInt32(alphabet.count)))]
             }
             let bytes = UnsafeRawBufferPointer(password.mutableBytes)
-            if chosen.allSatisfy({ chosenClass in bytes.contains { chosenClass.characters.contains($0) } }) { return password }
+            if members.allSatisfy({ member in bytes.contains(where: member.contains) }) { return password }
         }
     }
 
