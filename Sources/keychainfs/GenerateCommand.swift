@@ -1,6 +1,8 @@
 import ArgumentParser
-import Foundation
 import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
 
 extension PasswordGenerator.CharacterClass: ExpressibleByArgument {}
 
@@ -59,10 +61,7 @@ struct GenerateCommand: ParsableCommand {
         let password: SecureBytes
         do {
             if words {
-                let text: String
-                do { text = try String(contentsOfFile: wordlist, encoding: .utf8) } catch {
-                    throw fail("cannot read the word list \(wordlist) (install wamerican, or give --wordlist)")
-                }
+                let text = try readWordList()
                 password = try PasswordGenerator.words(count: length ?? 6, from: PasswordGenerator.wordList(from: text), separator: separator)
             } else {
                 let chosen = Set(classes).subtracting(noSymbols ? [.symbols] : [])
@@ -78,5 +77,17 @@ struct GenerateCommand: ParsableCommand {
             }
         }
         try clipboard?.copyAndClearLater(password, what: "\(item)")
+    }
+
+    /// The word list's text (a word list is no secret: an ordinary read).
+    private func readWordList() throws -> String {
+        let limit = 64 << 20
+        let fd = open(wordlist, O_RDONLY | O_CLOEXEC)
+        defer { if fd >= 0 { close(fd) } }
+        guard fd >= 0, let bytes = try? Descriptor.readAll(fd, limit: limit), bytes.count < limit,
+              let text = String(validating: bytes, as: UTF8.self) else {
+            throw fail("cannot read the word list \(wordlist) (install wamerican, or give --wordlist)")
+        }
+        return text
     }
 }
