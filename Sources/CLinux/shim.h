@@ -17,6 +17,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+// poll(2)'s POLLRDHUP (the peer closed its end) is declared only under
+// _GNU_SOURCE.
+static const short CLinux_POLLRDHUP = 0x2000;
+
 // RLIMIT_CORE 0: no core file (setrlimit's resource is an enum Swift
 // imports awkwardly).
 static inline int CLinux_disable_core_files(void) {

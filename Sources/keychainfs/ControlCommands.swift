@@ -187,6 +187,58 @@ struct UnlockCommand: ParsableCommand {
     }
 }
 
+/// An auto-lock delay or grace as the user writes it (``Device/autoLockSeconds(_:)``).
+struct AutoLockDuration: ExpressibleByArgument {
+    let seconds: Int
+
+    init?(argument: String) {
+        guard let seconds = Device.autoLockSeconds(argument.utf8) else { return nil }
+        self.seconds = seconds
+    }
+
+    static var defaultValueDescription: String { "seconds, or a number with s, m, h or d (at most 7d)" }
+}
+
+struct AutoLockCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "autolock",
+        abstract: "Lock the device after a time without an item read or write (0: never).",
+        discussion: """
+            DURATION is seconds (300) or a number with a unit: s, m, h or d (5m, 1h, 7d), at most \
+            7d; 0 turns auto-lock off. The device says will-lock (keychainfs watch) and locks after \
+            the grace (default 10s). The setting is the running device's, for every mount and \
+            client of it; without a mount point the keychain's device is started if none runs. \
+            `keychainfs status` shows it.
+            """)
+
+    @Argument(help: "How long without an item access before the device locks: seconds, or a number with s, m, h or d (300, 5m, 1h; at most 7d; 0: never).")
+    var duration: AutoLockDuration
+
+    @OptionGroup var target: MountpointOrKeychain
+
+    @Option(name: .long, help: "Between will-lock and the lock.")
+    var grace: AutoLockDuration?
+
+    func run() throws {
+        guard let mount = target.mount else {
+            guard let socketPath = try target.deviceSocket(starting: true) else { return }
+            switch DeviceClient.send(.autoLock(after: duration.seconds, grace: grace?.seconds), to: socketPath) {
+            case .ok?: return
+            case .keychainError(let error, let message)?: throw fail("cannot set auto-lock: \(message)", status: ExitStatus.of(error))
+            case .systemError(_, let message)?: throw fail("cannot set auto-lock: \(message)")
+            case .value?: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+            case nil: throw fail("the device does not answer", status: ExitStatus.noDevice)
+            }
+        }
+        _ = try mount.requireControl()
+        // One write: both lines take effect, or neither (.control parses the whole write first).
+        var command = "autolock \(duration.seconds)\n"
+        if let grace { command += "autolock-grace \(grace.seconds)\n" }
+        let result = Array(command.utf8).withUnsafeBytes { DeviceStatusFile.send(mount.path, $0) }
+        guard result == 0 else { throw fail("cannot set auto-lock: \(String(cString: strerror(result)))") }
+    }
+}
+
 struct StatusCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "status", abstract: "Print the device status of a mount, or of the keychain's device.",
@@ -213,7 +265,7 @@ struct StatusCommand: ParsableCommand {
                          "passcode: \(status.hasPasscode ? "yes" : "no")",
                          "failed-attempts: \(status.failedAttempts)"]
             if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
-            lines.append("mode: \(mode)")
+            lines += ["autolock: \(status.autoLockAfter)", "autolock-grace: \(status.autoLockGrace)", "mode: \(mode)"]
             print(lines.joined(separator: "\n"))
             return
         }
@@ -225,20 +277,37 @@ struct StatusCommand: ParsableCommand {
 struct WatchCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch",
-        abstract: "Print the device's events as they happen (the mount's .events file).",
+        abstract: "Print the device's events as they happen (a mount's .events file, or the keychain's device).",
         discussion: """
             One line per event, fields separated by tabs (names escaped as in status lines): \
-            will-lock SECONDS, locked, unlocked, written GROUP ID, removed GROUP ID, renamed GROUP \
-            FROM TO, group-created GROUP, group-removed GROUP, policy GROUP; overflow when a slow \
-            reader missed some. Never a value. Events of every mount of the device are seen; item \
-            changes of a group with an entitlement policy only by programs it admits. Runs until \
-            interrupted.
+            the state first (locked or unlocked), then will-lock SECONDS, locked, unlocked, written \
+            GROUP ID, removed GROUP ID, renamed GROUP FROM TO, group-created GROUP, group-removed \
+            GROUP, policy GROUP; overflow when a slow reader missed some. Never a value. Events of \
+            every client of the device are seen (mounts, the command line, the library); item \
+            changes of a group with an entitlement policy only by programs it admits. Without a \
+            mount point the keychain's device is followed (started if none runs). Runs until \
+            interrupted; exits 1 when the mount or the device goes away.
             """
     )
 
-    @OptionGroup var mount: MountpointArgument
+    @OptionGroup var target: MountpointOrKeychain
 
     func run() throws {
+        guard let mount = target.mount else {
+            guard let socketPath = try target.deviceSocket(starting: true) else { return }
+            guard let (reply, connection) = DeviceClient.follow(.watch, at: socketPath) else {
+                throw fail("the device does not answer", status: ExitStatus.noDevice)
+            }
+            defer { close(connection) }
+            switch reply {
+            case .ok: break
+            case .keychainError(let error, let message): throw fail("cannot watch: \(message)", status: ExitStatus.of(error))
+            case .systemError(_, let message): throw fail("cannot watch: \(message)")
+            case .value: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+            }
+            try copyToOutput(connection, ended: "the device went away")
+            return
+        }
         let fd = open(mount.path + "/.events", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             let reason = errno
@@ -246,6 +315,12 @@ struct WatchCommand: ParsableCommand {
             throw fail("cannot read the events of \(mount.path): \(String(cString: strerror(reason)))")
         }
         defer { close(fd) }
+        try copyToOutput(fd, ended: "the mount went away")
+    }
+
+    /// Copies event lines to standard output until `fd` ends (an error
+    /// saying `ended`) or the reader of our output goes away (done).
+    private func copyToOutput(_ fd: Int32, ended: String) throws {
         var buffer = [UInt8](repeating: 0, count: 64 << 10)
         while true {
             let count: Int
@@ -254,9 +329,9 @@ struct WatchCommand: ParsableCommand {
             } catch {
                 throw fail(error.description)
             }
-            guard count > 0 else { throw fail("the mount went away") }
+            guard count > 0 else { throw fail(ended) }
             guard buffer.withUnsafeBytes({ (try? Descriptor.writeAll(1, UnsafeRawBufferPointer(rebasing: $0[0..<count]))) != nil }) else {
-                return  // the reader of our output went away
+                return
             }
         }
     }

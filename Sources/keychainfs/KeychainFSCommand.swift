@@ -20,7 +20,7 @@ struct KeychainFSCommand: ParsableCommand {
             """,
         version: "keychainfs \(KeychainFSCommand.version) (device protocol \(DeviceProtocol.version))",
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
-                      LockCommand.self, UnlockCommand.self, StatusCommand.self, PasscodeCommand.self,
+                      LockCommand.self, UnlockCommand.self, StatusCommand.self, AutoLockCommand.self, PasscodeCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
                       ExecCommand.self, GitCredentialCommand.self,
@@ -30,7 +30,7 @@ struct KeychainFSCommand: ParsableCommand {
     )
 
     /// This build's version (docs/PROTOCOL.md says when the protocol changes).
-    static let version = "0.3.0"
+    static let version = "0.4.0"
 
     /// Run as `git-credential-keychainfs` or `docker-credential-keychainfs`
     /// (links git and docker find on PATH), this binary is their credential

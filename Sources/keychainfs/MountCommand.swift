@@ -26,16 +26,13 @@ struct MountCommand: ParsableCommand {
     @Flag(name: .long, help: "Stay in the foreground as the device process (for systemd and tests).")
     var foreground = false
 
-    @Option(name: .long, help: "Lock the device after this many seconds without an item read or write (as `autolock` on .control).")
-    var autolock: Int?
+    @Option(name: .long, help: "Lock the device after this long without an item read or write (`300`, `5m`, `1h`; as `keychainfs autolock`).")
+    var autolock: AutoLockDuration?
 
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
     func validate() throws {
-        if let autolock, !(0...Device.maximumAutoLockSeconds).contains(autolock) {
-            throw ValidationError("--autolock takes 0 to \(Device.maximumAutoLockSeconds) seconds")
-        }
         if let group, (try? ItemLimits.validate(name: group)) == nil {
             throw ValidationError("'\(group)' is not a valid access group name.")
         }
@@ -99,7 +96,7 @@ struct MountCommand: ParsableCommand {
     private func finishMount(_ mountpoint: String) throws {
         if let autolock {
             // The device is shared: its setting changes for every mount, as through .control.
-            let command = Array("autolock \(autolock)\n".utf8)
+            let command = Array("autolock \(autolock.seconds)\n".utf8)
             let result = command.withUnsafeBytes { DeviceStatusFile.send(mountpoint, $0) }
             if result != 0 { throw report("mounted, but could not set auto-lock: \(String(cString: strerror(result)))") }
         }
@@ -132,7 +129,7 @@ struct MountCommand: ParsableCommand {
             return 1
         }
         if let autolock {
-            device.manager.localDevice.setAutoLock(after: autolock, grace: device.manager.localDevice.autoLock.grace)
+            device.manager.localDevice.setAutoLock(after: autolock.seconds, grace: device.manager.localDevice.autoLock.grace)
         }
         return device.run(mountpoint: mountpoint, group: group) { error in
             if let error { _ = report(error.description) } else { report(ok: ()) }
@@ -143,7 +140,7 @@ struct MountCommand: ParsableCommand {
     private func startDetachedDevice(_ keychain: KeychainDirectory, mountpoint: String) throws {
         var arguments = ["mount", mountpoint, "--foreground", "--keychain", keychain.path]
         if let group { arguments += ["--group", group] }
-        if let autolock { arguments += ["--autolock", String(autolock)] }
+        if let autolock { arguments += ["--autolock", String(autolock.seconds)] }
         if let problem = DeviceLauncher.start(arguments) { throw fail(problem) }
     }
 

@@ -47,4 +47,43 @@ import TestSupport
         let get = harness.sh("\"$K\" git-credential get --keychain \"$KC\"", stdin: "protocol=https\nhost=example.com\n\n")
         #expect(get.stdout.contains("password=pw"), "\(get)")
     }
+
+    /// `watch` and `autolock` take the keychain too: a watcher is one more
+    /// client of the device (it starts it, and keeps it running) and sees
+    /// what the command line and a mount change. Reads block on real
+    /// events; the auto-lock is waited for by its `will-lock` line.
+    @Test func watchAndAutoLockNeedNoMount() throws {
+        let harness = try MountHarness()
+        let mnt = try harness.prepareMountpoint("mnt")
+        let watched = harness.sh("""
+            mkfifo "$R/events"
+            "$K" watch --keychain "$KC" > "$R/events" 2> "$R/watch.err" & watcher=$!
+            trap 'kill $watcher 2> /dev/null' EXIT
+            exec 3< "$R/events"
+            read -r state <&3
+            printf '%s\\n' "$2" | "$K" unlock --keychain "$KC"
+            printf s3cret | "$K" set default/token --keychain "$KC"
+            "$K" mount "$1" --keychain "$KC" && rm "$1/default/token" && "$K" unmount "$1"
+            "$K" autolock 8d --keychain "$KC" 2> "$R/bad.err"; echo "bad duration $?"; head -c 36 "$R/bad.err"; echo
+            "$K" autolock 1s --grace 0 --keychain "$KC"
+            lines="$state"
+            for n in 1 2 3 4 5; do read -r line <&3; lines="$lines|$line"; done
+            "$K" status --keychain "$KC" | grep autolock
+            "$K" stop --keychain "$KC"
+            wait $watcher; echo "watch status $?"; cat "$R/watch.err"
+            printf '%s\\n' "$lines"
+            """, arguments: [mnt, MountHarness.passcode])
+        let tab = "\t"
+        #expect(watched.stdout == """
+            bad duration 64
+            Error: The value '8d' is invalid for
+            autolock: 1
+            autolock-grace: 0
+            watch status 1
+            keychainfs: the device went away
+            locked|unlocked|written\(tab)default\(tab)token|removed\(tab)default\(tab)token|will-lock\(tab)0|locked
+
+            """, "\(watched)")
+        #expect(!watched.stdout.contains("s3cret"))
+    }
 }

@@ -56,6 +56,10 @@ import Testing
         .auditLog(rotated: true),
         .verifyLog,
         .stop,
+        .watch,
+        .autoLock(after: 300, grace: nil),
+        .autoLock(after: nil, grace: 0),
+        .autoLock(after: nil, grace: nil),
     ]
 
     static let replies: [DeviceReply] = [
@@ -100,5 +104,14 @@ import Testing
             }
         }
         #expect(throws: KeychainError.param) { try (bytes + [0]).withUnsafeBytes { try DeviceRequest(body: $0) } }
+    }
+
+    /// An auto-lock past a week (or below zero) is refused by the reader,
+    /// whatever a client sends.
+    @Test(arguments: [DeviceRequest.autoLock(after: 7 * 86400 + 1, grace: nil), .autoLock(after: nil, grace: -1)])
+    func anAutoLockOutOfRangeIsRefused(_ request: DeviceRequest) throws {
+        #expect(throws: KeychainError.param) {
+            try Self.body(of: try request.frame()) { body throws(KeychainError) in try DeviceRequest(body: body) }
+        }
     }
 }

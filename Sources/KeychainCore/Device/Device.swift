@@ -112,10 +112,11 @@ public final class Device: Sendable {
     /// The current lock state and lockout.
     public var status: DeviceStatus {
         let record = (try? lockoutRecord()) ?? LockoutRecord()
+        let (after, grace) = autoLock
         return state.withLock { state in
             DeviceStatus(isLocked: state.isLocked, hasUnlockedSinceBoot: state.hasUnlockedSinceBoot,
                          retryAfter: max(0, record.deadline - clock()), failedAttempts: record.failures,
-                         hasPasscode: keybag.hasPasscode)
+                         hasPasscode: keybag.hasPasscode, autoLockAfter: after, autoLockGrace: grace)
         }
     }
 

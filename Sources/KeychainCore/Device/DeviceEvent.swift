@@ -10,6 +10,10 @@ public struct DeviceStatus: Sendable, Equatable {
     public var failedAttempts: UInt64
     /// Whether unlocking needs a passcode.
     public var hasPasscode: Bool
+    /// Seconds without an item access before the device locks itself (0: never).
+    public var autoLockAfter: Int = 0
+    /// Seconds between `will-lock` and an auto-lock.
+    public var autoLockGrace: Int = 0
 }
 
 /// A change of the device's lock state or of its items, for observers

@@ -46,17 +46,19 @@ final class DeviceConnection: Sendable {
 
 extension DeviceStatus {
     /// The status as protocol fields: locked, unlocked since boot, retry
-    /// after, failed attempts, has passcode.
+    /// after, failed attempts, has passcode, auto-lock delay and grace.
     public var fields: [String] {
-        [isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts), hasPasscode ? "1" : "0"]
+        [isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts), hasPasscode ? "1" : "0",
+         String(autoLockAfter), String(autoLockGrace)]
     }
 
     /// Parses ``fields``; nil for anything else.
     public init?(fields: [String]) {
-        guard fields.count == 5, let retryAfter = Int64(fields[2]), let failedAttempts = UInt64(fields[3]) else { return nil }
+        guard fields.count == 7, let retryAfter = Int64(fields[2]), let failedAttempts = UInt64(fields[3]),
+              let after = Int(fields[5]), let grace = Int(fields[6]) else { return nil }
         let flags = [fields[0], fields[1], fields[4]]
         guard flags.allSatisfy({ $0 == "0" || $0 == "1" }) else { return nil }
         self.init(isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
-                  failedAttempts: failedAttempts, hasPasscode: flags[2] == "1")
+                  failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
     }
 }

@@ -67,6 +67,12 @@ public enum DeviceRequest: Equatable, Sendable {
     case verifyLog
     /// Stop the per-user device: unmount everything and exit (as SIGTERM).
     case stop
+    /// Follow the device's events: after the `ok` reply the connection
+    /// carries `.events` lines until the client closes it.
+    case watch
+    /// Set the auto-lock delay and grace (nil: keep it), in seconds; the
+    /// reply is both as they are now.
+    case autoLock(after: Int?, grace: Int?)
 
     /// The `kind` byte of each request.
     enum Operation: UInt8, CaseIterable {
@@ -74,6 +80,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
         case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
+        case watch = 28, autoLock = 29
     }
 
     /// The request as a frame, in secret memory.
@@ -161,6 +168,11 @@ public enum DeviceRequest: Equatable, Sendable {
             operation = .verifyLog
         case .stop:
             operation = .stop
+        case .watch:
+            operation = .watch
+        case .autoLock(let after, let grace):
+            operation = .autoLock
+            fields = [.optionalText(after.map { String($0) }), .optionalText(grace.map { String($0) })]
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -251,6 +263,10 @@ public enum DeviceRequest: Equatable, Sendable {
             self = .verifyLog
         case .stop:
             self = .stop
+        case .watch:
+            self = .watch
+        case .autoLock:
+            self = .autoLock(after: try Self.seconds(try reader.optionalText()), grace: try Self.seconds(try reader.optionalText()))
         }
         guard reader.isAtEnd else { throw .param }
     }
@@ -294,6 +310,15 @@ public enum DeviceRequest: Equatable, Sendable {
         guard let text else { return nil }
         guard let uid = UInt32(text), String(uid) == text else { throw .param }
         return uid
+    }
+
+    /// An auto-lock duration in canonical decimal seconds, or nil.
+    private static func seconds(_ text: String?) throws(KeychainError) -> Int? {
+        guard let text else { return nil }
+        guard let seconds = Int(text), String(seconds) == text, (0...Device.maximumAutoLockSeconds).contains(seconds) else {
+            throw .param
+        }
+        return seconds
     }
 
     /// `1` or `0`, nothing else: a request means one thing only.

@@ -125,6 +125,20 @@ public enum DeviceClient {
         return reply.map { .answered($0) } ?? (listening ? .unanswered : .notListening)
     }
 
+    /// Sends `request` and returns the device's reply with the connection,
+    /// which then carries what follows the reply (`watch`); the caller
+    /// closes it. Nil when no device answered.
+    public static func follow(_ request: DeviceRequest, at socketPath: String) -> (reply: DeviceReply, connection: Int32)? {
+        guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
+        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd),
+              let body = DeviceProtocol.receive(from: fd),
+              let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) }) else {
+            close(fd)
+            return nil
+        }
+        return (reply, fd)
+    }
+
     private static func exchange(_ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
                                  receiving received: inout Int32, listening: inout Bool) -> DeviceReply? {
         received = -1
@@ -163,7 +177,9 @@ public enum RuntimePaths {
         return path
     }
 
-    private static func runtimeDirectory() throws(RuntimePathError) -> String {
+    /// The user's private runtime directory (created if need be): the
+    /// device's sockets, and the scratch directories of `keychainfs edit`.
+    public static func runtimeDirectory() throws(RuntimePathError) -> String {
         let base: String
         if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
             base = runtime + "/keychainfs"

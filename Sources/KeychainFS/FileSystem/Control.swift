@@ -79,18 +79,10 @@ enum ControlCommand {
         }
     }
 
-    /// A duration: canonical decimal (no sign, no leading zero) seconds,
-    /// or with a unit `s`, `m`, `h` or `d` (`300`, `5m`, `1h`), at most
-    /// ``Device/maximumAutoLockSeconds``.
+    /// A duration (``Device/autoLockSeconds(_:)``); EINVAL for anything else.
     static func seconds(_ text: Slice<UnsafeRawBufferPointer>) throws(Errno) -> Int {
-        let units: [UInt8: Int] = [UInt8(ascii: "s"): 1, UInt8(ascii: "m"): 60, UInt8(ascii: "h"): 3600, UInt8(ascii: "d"): 86400]
-        let unit = text.last.flatMap { units[$0] }
-        let digits = unit == nil ? text : text.dropLast()
-        guard !digits.isEmpty, digits.count <= 7, digits.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }),
-              digits.first != UInt8(ascii: "0") || digits.count == 1 else { throw Errno(EINVAL) }
-        let value = digits.reduce(0) { $0 * 10 + Int($1 - UInt8(ascii: "0")) } * (unit ?? 1)
-        guard value <= Device.maximumAutoLockSeconds else { throw Errno(EINVAL) }
-        return value
+        guard let seconds = Device.autoLockSeconds(text) else { throw Errno(EINVAL) }
+        return seconds
     }
 }
 

@@ -20,22 +20,13 @@ final class EventStream: Sendable {
     let reader: ProgramIdentity?
     /// The key under which interrupts find it (``registry``).
     let id: UInt64
-    /// Lines kept for a reader that does not read: past this, newer lines
-    /// are dropped and one `overflow` line says so, as inotify does
-    /// (IN_Q_OVERFLOW). Dropping costs nothing: 32 readers that never read
-    /// used to cost every write a copy of each one's full queue (0.3 to 10.6 ms).
-    static let maximumQueued = 256 << 10
-
     /// A libfuse request or poll handle: used by one thread at a time, handed over under the lock.
     private struct Handle: @unchecked Sendable, Equatable {
         let raw: OpaquePointer
     }
 
     private struct State {
-        var queued: [UInt8] = []
-        /// Lines were dropped since the reader last emptied the queue: it
-        /// ends with `overflow`, and nothing more is queued until it is read.
-        var overflowed = false
+        var queue = EventQueue()
         var parked: [(request: Handle, size: Int)] = []
         /// Requests interrupted before they were parked.
         var interrupted: Set<UInt> = []
@@ -70,16 +61,10 @@ final class EventStream: Sendable {
     func deliver(_ line: [UInt8]) {
         let (answers, poll) = state.withLock { state -> ([(Handle, [UInt8])], Handle?) in
             var answers: [(Handle, [UInt8])] = []
-            guard !state.closed, !state.overflowed else { return ([], nil) }
-            if state.queued.count + line.count > Self.maximumQueued {
-                state.queued += Self.overflowLine
-                state.overflowed = true
-            } else {
-                state.queued += line
-            }
-            while !state.parked.isEmpty && !state.queued.isEmpty {
+            guard !state.closed, state.queue.append(line) else { return ([], nil) }
+            while !state.parked.isEmpty && !state.queue.isEmpty {
                 let waiting = state.parked.removeFirst()
-                answers.append((waiting.request, Self.take(&state, upTo: waiting.size)))
+                answers.append((waiting.request, state.queue.take(upTo: waiting.size)))
             }
             defer { state.poll = nil }
             return (answers, state.poll)
@@ -104,7 +89,7 @@ final class EventStream: Sendable {
         enum Answer { case bytes([UInt8]), error(Int32), parked }
         let answer = state.withLock { state -> Answer in
             let interrupted = state.interrupted.remove(UInt(bitPattern: request)) != nil
-            if !state.queued.isEmpty { return .bytes(Self.take(&state, upTo: size)) }
+            if !state.queue.isEmpty { return .bytes(state.queue.take(upTo: size)) }
             if state.ended { return .bytes([]) }
             if nonblocking { return .error(EAGAIN) }
             if interrupted { return .error(EINTR) }
@@ -122,7 +107,7 @@ final class EventStream: Sendable {
     func poll(_ request: OpaquePointer, handle: OpaquePointer?) {
         let offered = handle.map(Handle.init(raw:))
         let (ready, replaced) = state.withLock { state -> (Bool, Handle?) in
-            if !state.queued.isEmpty || state.ended { return (true, offered) }
+            if !state.queue.isEmpty || state.ended { return (true, offered) }
             defer { state.poll = offered }
             return (false, state.poll)
         }
@@ -160,17 +145,44 @@ final class EventStream: Sendable {
         }
         if wasParked { fuse_reply_err(request, EINTR) }
     }
+}
 
+/// The lines of device events a reader has not read yet. Past
+/// ``maximumQueued`` bytes newer lines are dropped and one `overflow` line
+/// says so, as inotify does (IN_Q_OVERFLOW): dropping costs nothing, while
+/// 32 readers that never read used to cost every write a copy of each
+/// one's full queue (0.3 to 10.6 ms).
+struct EventQueue {
+    static let maximumQueued = 256 << 10
     private static let overflowLine = Array("overflow\n".utf8)
 
-    /// Up to `size` queued bytes for a read; a queue read to its end may overflow again.
-    private static func take(_ state: inout State, upTo size: Int) -> [UInt8] {
-        let count = min(size, state.queued.count)
-        defer {
-            state.queued.removeFirst(count)
-            if state.queued.isEmpty { state.overflowed = false }
+    private var queued: [UInt8] = []
+    /// Lines were dropped since the reader last emptied the queue: it ends
+    /// with `overflow`, and nothing more is queued until it is read.
+    private var overflowed = false
+
+    var isEmpty: Bool { queued.isEmpty }
+
+    /// Queues a line (or the overflow line); false when the queue takes no more.
+    mutating func append(_ line: [UInt8]) -> Bool {
+        guard !overflowed else { return false }
+        if queued.count + line.count > Self.maximumQueued {
+            queued += Self.overflowLine
+            overflowed = true
+        } else {
+            queued += line
         }
-        return Array(state.queued[..<count])
+        return true
+    }
+
+    /// Up to `size` queued bytes, removed; a queue read to its end may overflow again.
+    mutating func take(upTo size: Int) -> [UInt8] {
+        let count = min(size, queued.count)
+        defer {
+            queued.removeFirst(count)
+            if queued.isEmpty { overflowed = false }
+        }
+        return Array(queued[..<count])
     }
 }
 

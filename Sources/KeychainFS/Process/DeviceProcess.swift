@@ -216,11 +216,13 @@ public final class DeviceProcess: Sendable {
     static let connectionDeadline = 5
 
     private func serve(_ client: Int32) {
-        var replyDescriptor: Int32 = -1
-        if let frame = try? answer(client, replyDescriptor: &replyDescriptor).frame() {
-            _ = DeviceProtocol.send(frame, to: client, passing: replyDescriptor >= 0 ? replyDescriptor : nil)
+        var attachments = ReplyAttachments()
+        if let frame = try? answer(client, attachments: &attachments).frame(),
+           DeviceProtocol.send(frame, to: client, passing: attachments.descriptor >= 0 ? attachments.descriptor : nil) {
+            // A watcher is a client: the device stays while it follows.
+            attachments.events?.run()
         }
-        if replyDescriptor >= 0 { close(replyDescriptor) }
+        if attachments.descriptor >= 0 { close(attachments.descriptor) }
         close(client)
         requestsInFlight.withLock { $0 -= 1 }
         Self.signal(mountEnded)
@@ -228,7 +230,7 @@ public final class DeviceProcess: Sendable {
 
     /// Reads one request (its frame, which may hold passcodes, in secret
     /// memory) and has the peer's keychain carry it out.
-    private func answer(_ client: Int32, replyDescriptor: inout Int32) -> DeviceReply {
+    private func answer(_ client: Int32, attachments: inout ReplyAttachments) -> DeviceReply {
         guard let credentials = ProgramIdentities.peerCredentials(client) else {
             return .systemError(EPERM, "the device cannot tell who connected")
         }
@@ -267,7 +269,7 @@ public final class DeviceProcess: Sendable {
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
             default:
                 let reply = keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
-                                            passed: &passed, replyDescriptor: &replyDescriptor)
+                                            passed: &passed, attachments: &attachments)
                 // "last" tells the client to wait for the device's exit, which a headless device does not do.
                 if case .unmount = request, reply == .ok(["last"]), headless.withLock({ $0 }) { return .ok([]) }
                 return reply
@@ -275,7 +277,7 @@ public final class DeviceProcess: Sendable {
         case .service(let all):
             return all.answer(request, from: credentials, existing: existing, client: client,
                               policedAtConnect: policedAtConnect, atConnect: atConnect,
-                              passed: &passed, replyDescriptor: &replyDescriptor)
+                              passed: &passed, attachments: &attachments)
         }
     }
 

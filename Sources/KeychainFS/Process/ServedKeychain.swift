@@ -108,9 +108,9 @@ final class ServedKeychain: Sendable {
     /// Carries out one request of the keychain's owner, who connected on
     /// `client` (checked by the caller). `passed` is the descriptor that came
     /// with it, the caller's to close unless `attach` takes it (and sets it
-    /// nil). A descriptor for the reply goes to `replyDescriptor`.
+    /// nil). A descriptor for the reply, or the events that follow it, go to `attachments`.
     func answer(_ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
-                passed: inout Int32?, replyDescriptor: inout Int32) -> DeviceReply {
+                passed: inout Int32?, attachments: inout ReplyAttachments) -> DeviceReply {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
         switch request {
         case .ping:
@@ -176,7 +176,7 @@ final class ServedKeychain: Sendable {
             guard fd >= 0 else {
                 return errno == ENOENT ? .ok(["absent"]) : .systemError(errno, "cannot open the audit log: \(String(cString: strerror(errno)))")
             }
-            replyDescriptor = fd
+            attachments.descriptor = fd
             return .ok([])
         case .verifyLog:
             do {
@@ -185,6 +185,19 @@ final class ServedKeychain: Sendable {
             } catch {
                 return .systemError(EIO, "cannot verify the audit log: \(error)")
             }
+        case .watch:
+            guard let stream = SocketEventStream(client: client, device: manager.localDevice,
+                                                 reader: ProgramIdentities.ofPeer(client)) else {
+                return .systemError(errno, "cannot follow the events: \(String(cString: strerror(errno)))")
+            }
+            attachments.events = stream
+            return .ok([])
+        case .autoLock(let after, let grace):
+            let device = manager.localDevice
+            if after != nil || grace != nil {
+                device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
+            }
+            return .ok([String(device.autoLock.after), String(device.autoLock.grace)])
         case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
             do throws(KeychainError) {

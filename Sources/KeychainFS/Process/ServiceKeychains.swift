@@ -43,10 +43,10 @@ final class ServiceKeychains: Sendable {
     /// One request of a user: `create` makes their keychain; anything else
     /// goes to their keychain (`existing`, as the device process looked it
     /// up when the peer connected), which must exist. `passed` is as for
-    /// ``ServedKeychain/answer(_:client:policedAtConnect:atConnect:passed:replyDescriptor:)``.
+    /// ``ServedKeychain/answer(_:client:policedAtConnect:atConnect:passed:attachments:)``.
     func answer(_ request: DeviceRequest, from credentials: PeerCredentials, existing: Result<ServedKeychain?, MountError>,
                 client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
-                passed: inout Int32?, replyDescriptor: inout Int32) -> DeviceReply {
+                passed: inout Int32?, attachments: inout ReplyAttachments) -> DeviceReply {
         switch request {
         case .create(let passcode):
             return create(for: credentials.uid, passcode: passcode)
@@ -66,7 +66,7 @@ final class ServiceKeychains: Sendable {
             return .keychainError(.noSuchKeychain, "you have no keychain in the keychainfs service; create one with `keychainfs init`")
         case .success(let served?):
             return served.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
-                                 passed: &passed, replyDescriptor: &replyDescriptor)
+                                 passed: &passed, attachments: &attachments)
         }
     }
 
