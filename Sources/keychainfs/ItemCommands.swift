@@ -24,7 +24,7 @@ final class RunningDevice {
 
     /// The reply to `request`: sent to the device that listens, or to one
     /// started for it when none does (``ExitStatus/noDevice`` when it cannot be started).
-    private func deliver(_ request: DeviceRequest) throws -> DeviceReply? {
+    fileprivate func deliver(_ request: DeviceRequest) throws -> DeviceReply? {
         switch DeviceClient.deliver(request, to: socketPath) {
         case .answered(let reply): return reply
         case .unanswered: return nil
@@ -65,6 +65,12 @@ final class RunningDevice {
 }
 
 extension RunningDevice {
+    /// An item's value; nil when it does not exist (said by no message).
+    func valueIfPresent(of item: ItemAddress) throws -> SecureBytes? {
+        if case .keychainError(.itemNotFound, _)? = try deliver(.get(group: item.group, identifier: item.identifier)) { return nil }
+        return try value(of: item)
+    }
+
     /// An item's value.
     func value(of item: ItemAddress) throws -> SecureBytes {
         guard case .value(let value, _) = try send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
@@ -95,6 +101,11 @@ extension RunningDevice {
 struct ItemAddress: ExpressibleByArgument, CustomStringConvertible {
     let group: String
     let identifier: String
+
+    init(group: String, identifier: String) {
+        self.group = group
+        self.identifier = identifier
+    }
 
     init?(argument: String) {
         let parts = argument.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
@@ -128,7 +139,7 @@ struct GetCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "get", abstract: "Print an item's value, byte-exact, from the running device.")
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.")
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions
@@ -188,7 +199,7 @@ struct SetCommand: ParsableCommand {
         abstract: "Add or replace an item; its value is all of standard input (never an argument).",
         discussion: "The item gets the device's current accessmode and migrate setting, as a write through a mount does.")
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.")
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions
@@ -211,7 +222,7 @@ struct RemoveCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm", abstract: "Delete an item (works while locked, as on iOS).")
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.")
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions
@@ -225,7 +236,7 @@ struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ls", abstract: "List the groups, or the items of a group (works while locked).")
 
-    @Argument(help: "A group; without one, the groups are listed.")
+    @Argument(help: "A group; without one, the groups are listed.", completion: NameCompletion.groups)
     var group: String?
 
     @OptionGroup var options: KeychainOptions
@@ -260,7 +271,7 @@ struct ExecCommand: ParsableCommand {
             values reach the command's environment only (never an argument, never a log).
             """)
 
-    @Option(name: .customLong("env"), help: "NAME=GROUP/IDENTIFIER: put that item's value in $NAME.")
+    @Option(name: .customLong("env"), help: "NAME=GROUP/IDENTIFIER: put that item's value in $NAME.", completion: NameCompletion.environment)
     var variables: [String] = []
 
     @OptionGroup var options: KeychainOptions

@@ -17,6 +17,37 @@ import TestSupport
         }
     }
 
+    /// Bash completes group and item names from the running device (as a
+    /// user's shell does, through the generated script), never a value, and
+    /// never starts a device for it.
+    @Test func bashCompletesGroupAndItemNamesFromTheRunningDevice() throws {
+        let harness = try MountHarness()
+        let complete = { (words: String) in
+            // The generated script is bash's; the harness runs sh.
+            harness.sh("bash -c \"$1\"", arguments: ["""
+                source <("$K" --generate-completion-script bash)
+                PATH="$(dirname "$K"):$PATH"
+                COMP_WORDS=(\(words)); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+                COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
+                _keychainfs keychainfs "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+                printf '%s\\n' "${COMPREPLY[@]}"
+                """]).stdout
+        }
+        #expect(complete("keychainfs get --keychain \"$KC\" d") == "\n")
+        #expect(harness.sh("\"$K\" status --keychain \"$KC\"").stdout.hasPrefix("state: stopped"))
+        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+        for (item, value) in [("default/token", "v-token"), ("default/tea", "v-tea"), ("web/site", "v-site")] {
+            #expect(harness.sh("\"$K\" set \(item) --keychain \"$KC\"", stdin: value).succeeded)
+        }
+        #expect(complete("keychainfs get --keychain \"$KC\" d") == "default/\n")
+        #expect(complete("keychainfs get --keychain \"$KC\" default/t") == "default/tea\ndefault/token\n")
+        #expect(complete("keychainfs rm --keychain \"$KC\" default/to") == "default/token\n")
+        #expect(complete("keychainfs exec --keychain \"$KC\" --env DB=w") == "DB=web/\n")
+        #expect(complete("keychainfs ls --keychain \"$KC\" w") == "web\n")
+        let all = complete("keychainfs set --keychain \"$KC\" default/")
+        #expect(all == "default/tea\ndefault/token\n" && !all.contains("v-"), "\(all)")
+    }
+
     /// The man page ./scripts/setup installs has what --help lacks, and its
     /// exit statuses are the ones the command says.
     @Test func theManPageHasExitStatusEnvironmentFilesAndExamples() throws {

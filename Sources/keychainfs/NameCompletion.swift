@@ -1,0 +1,50 @@
+import ArgumentParser
+import KeychainCore
+
+/// Shell completion of item names (GROUP/IDENTIFIER) for get, set, rm,
+/// generate, otp and exec --env, and of groups for ls: names from the device when it runs,
+/// never a value, and never a device started for a completion (a stopped
+/// device means a locked keychain: nothing to offer). A group with an
+/// entitlement policy lists its items only to programs it admits, which a
+/// shell is not.
+enum NameCompletion {
+    /// GROUP/ then GROUP/IDENTIFIER.
+    static let items = CompletionKind.custom { words, _, prefix in candidates(for: prefix, words: words) }
+
+    /// A group (`ls GROUP`).
+    static let groups = CompletionKind.custom { words, _, prefix in
+        candidates(for: prefix, words: words).compactMap { $0.hasSuffix("/") ? String($0.dropLast()) : nil }
+    }
+
+    /// NAME=GROUP/IDENTIFIER: the part after `=`.
+    static let environment = CompletionKind.custom { words, _, prefix in
+        guard let equals = prefix.firstIndex(of: "=") else { return [] }
+        let name = String(prefix[...equals])
+        return candidates(for: String(prefix[prefix.index(after: equals)...]), words: words).map { name + $0 }
+    }
+
+    static func candidates(for prefix: String, words: [String]) -> [String] {
+        guard let socketPath = try? keychain(in: words).socketPath() else { return [] }
+        guard let slash = prefix.firstIndex(of: "/") else {
+            guard case .ok(let groups)? = DeviceClient.send(.list(group: nil), to: socketPath) else { return [] }
+            return groups.map { $0 + "/" }.filter { $0.hasPrefix(prefix) }
+        }
+        let group = String(prefix[..<slash])
+        // The reply is identifier, class, size for each item.
+        guard case .ok(let fields)? = DeviceClient.send(.list(group: group), to: socketPath) else { return [] }
+        return stride(from: 0, to: fields.count - fields.count % 3, by: 3)
+            .map { group + "/" + fields[$0] }
+            .filter { $0.hasPrefix(prefix) }
+    }
+
+    /// The keychain the command line being completed names (`--keychain DIR`
+    /// or `--keychain=DIR`), else the one a command would use.
+    private static func keychain(in words: [String]) -> KeychainPlace {
+        var named: String?
+        for (index, word) in words.enumerated() {
+            if word == "--keychain", index + 1 < words.count { named = words[index + 1] }
+            if word.hasPrefix("--keychain=") { named = String(word.dropFirst("--keychain=".count)) }
+        }
+        return KeychainOptions.place(named: named)
+    }
+}
