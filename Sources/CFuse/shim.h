@@ -35,4 +35,11 @@ static inline void CFuse_configure_connection(struct fuse_conn_info *conn) {
     // Values are whole secrets, never spliced through pipes.
     conn->want &= ~(unsigned)(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
 }
+
+// The scratch directory of `keychainfs edit`: as above, but plain READDIR
+// (it has no READDIRPLUS: a directory of a few files).
+static inline void CFuse_configure_scratch_connection(struct fuse_conn_info *conn) {
+    CFuse_configure_connection(conn);
+    conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS;
+}
 #endif

@@ -68,6 +68,8 @@ package final class MountHarness: @unchecked Sendable {
         }
         // A device a client started without a mount (keychainfs start) runs until stopped.
         if service == nil { _ = sh("\"$K\" stop --keychain \"$KC\"") }
+        // A scratch directory of `keychainfs edit` that a failed test left mounted.
+        _ = sh("grep -o \" $XDG_RUNTIME_DIR/keychainfs/edit\\.[^ ]*\" /proc/mounts | xargs -r -n 1 fusermount3 -u -z")
         try? FileManager.default.removeItem(atPath: root)
     }
 
