@@ -70,15 +70,17 @@ struct Clipboard {
 }
 
 /// Starts `command` with its descriptor `childFD` (0 or 1) on a pipe and the
-/// other standard streams on /dev/null; returns it and our end of the pipe.
-private func startWithPipe(_ command: [String], on childFD: Int32, newSession: Bool = false) -> (pid: pid_t, end: Int32)? {
+/// other standard streams on /dev/null (stderr ours with `keepingStandardError`);
+/// returns it and our end of the pipe.
+func startWithPipe(_ command: [String], on childFD: Int32, newSession: Bool = false,
+                   keepingStandardError: Bool = false) -> (pid: pid_t, end: Int32)? {
     var ends: [Int32] = [0, 0]
     guard pipe(&ends) == 0 else { return nil }
     let (theirs, ours) = childFD == 0 ? (ends[0], ends[1]) : (ends[1], ends[0])
     var options = Spawn.Options()
     options.nullStandardStreams = true
     options.newSession = newSession
-    options.descriptors = [(childFD, theirs)]
+    options.descriptors = [(childFD, theirs)] + (keepingStandardError ? [(2, 2)] : [])
     let child = Spawn.start(command, options: options)
     close(theirs)
     guard let child else {

@@ -65,6 +65,25 @@ final class RunningDevice {
 }
 
 extension RunningDevice {
+    /// Whether the keychain is locked (`whenUnlocked` keys absent).
+    func isLocked() throws -> Bool {
+        guard case .ok(let fields)? = try deliver(.status), let status = DeviceStatus(fields: fields) else {
+            throw fail("the device does not answer", status: ExitStatus.noDevice)
+        }
+        return status.isLocked
+    }
+
+    /// Stores a value; returns the core error that refused it (nil: stored)
+    /// without a message, for callers that report per item.
+    func tryStore(_ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition) throws -> KeychainError? {
+        switch try deliver(.set(group: item.group, identifier: item.identifier, value: value, condition: condition)) {
+        case .ok?: return nil
+        case .keychainError(let error, _)?: return error
+        case .systemError(_, let message)?: throw fail("\(item): \(message)")
+        case .value?, nil: throw fail("the device went away", status: ExitStatus.noDevice)
+        }
+    }
+
     /// An item's value; nil when it does not exist (said by no message).
     func valueIfPresent(of item: ItemAddress) throws -> SecureBytes? {
         if case .keychainError(.itemNotFound, _)? = try deliver(.get(group: item.group, identifier: item.identifier)) { return nil }

@@ -23,7 +23,7 @@ struct KeychainFSCommand: ParsableCommand {
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, AutoLockCommand.self, PasscodeCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
-                      EditCommand.self, ExecCommand.self, GitCredentialCommand.self,
+                      EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,
                       DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
                       LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,
                       ClipboardClearCommand.self]

@@ -1,0 +1,176 @@
+import ArgumentParser
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct ImportCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "import",
+        abstract: "Move in from another password manager.",
+        subcommands: [ImportPassCommand.self])
+}
+
+struct ImportPassCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pass",
+        abstract: "Import every entry of a pass password store (decrypted by gpg).",
+        discussion: """
+            An entry DIR/NAME becomes the item DIR/NAME: its first directory is the group, the rest \
+            the identifier (a deeper / as %2F); an entry at the top goes to the group default. With \
+            --group every entry goes to that group, its whole path the identifier. A one-line entry \
+            is stored without its final newline (the password as pass -c copies it); a longer one \
+            whole, so otp and the extra lines keep working. Nothing is overwritten unless --force: an \
+            existing item is kept and reported. Each entry is reported on a line (imported, kept, \
+            failed). Exit 0 when every entry was imported or kept, 1 when one failed, 3 when the \
+            keychain is locked (nothing is decrypted then).
+            """)
+
+    @Argument(help: "The password store (default: $PASSWORD_STORE_DIR, else ~/.password-store).")
+    var directory: String?
+
+    @Option(help: "Put every entry in this group, its path as the identifier.")
+    var group: String?
+
+    @Flag(help: "Replace items that exist.")
+    var force = false
+
+    @Flag(name: .customLong("dry-run"), help: "Report the names only; decrypt and store nothing.")
+    var dryRun = false
+
+    @OptionGroup var options: KeychainOptions
+
+    func validate() throws {
+        if let group, (try? ItemLimits.validate(name: group)) == nil {
+            throw ValidationError("'\(group)' is not a valid access group name.")
+        }
+    }
+
+    func run() throws {
+        let store = try storeDirectory()
+        let entries = PassStore.entries(in: store)
+        guard !entries.isEmpty else { throw fail("no entries (*.gpg) in \(store)", status: ExitStatus.absent) }
+        var counts = (imported: 0, kept: 0, failed: 0)
+        if dryRun {
+            for entry in entries {
+                let report = PassStore.address(of: entry, group: group).map { "\(entry) -> \($0)" } ?? "\(entry): no item name fits"
+                print(report)
+            }
+            return
+        }
+        guard let gpg = findOnPath("gpg") else { throw fail("gpg is not installed (apt install gnupg)") }
+        let device = try RunningDevice(options.place)
+        // Locked: say so before decrypting anything (a status request starts the device if need be).
+        if try device.isLocked() { throw fail("the keychain is locked; unlock it first", status: ExitStatus.locked) }
+        for entry in entries {
+            guard let item = PassStore.address(of: entry, group: group) else {
+                print("failed   \(entry): no item name fits (a name of at most 255 bytes, NFC)")
+                counts.failed += 1
+                continue
+            }
+            let value: SecureBytes
+            switch PassStore.decrypt(store + "/" + entry + ".gpg", with: gpg) {
+            case .success(let decrypted): value = decrypted
+            case .failure(let problem):
+                print("failed   \(entry): \(problem)")
+                counts.failed += 1
+                continue
+            }
+            switch try device.tryStore(PassStore.storedValue(value), at: item, condition: force ? .always : .ifAbsent) {
+            case nil:
+                print("imported \(entry) -> \(item)")
+                counts.imported += 1
+            case .duplicateItem?:
+                print("kept     \(entry) -> \(item) (it exists; --force replaces it)")
+                counts.kept += 1
+            case .interactionNotAllowed?:
+                throw fail("the keychain locked during the import; \(counts.imported) imported before", status: ExitStatus.locked)
+            case let error?:
+                print("failed   \(entry) -> \(item): \(error)")
+                counts.failed += 1
+            }
+        }
+        printError("\(counts.imported) imported, \(counts.kept) kept, \(counts.failed) failed")
+        if counts.failed > 0 { throw ExitStatus.failure }
+    }
+
+    private func storeDirectory() throws -> String {
+        if let directory { return absolutePath(directory) }
+        if let chosen = getenv("PASSWORD_STORE_DIR").map({ String(cString: $0) }), !chosen.isEmpty { return absolutePath(chosen) }
+        guard let home = getenv("HOME").map({ String(cString: $0) }) else { throw fail("HOME is not set; name the store") }
+        return home + "/.password-store"
+    }
+}
+
+/// A pass password store: its entries, their item names, their values.
+enum PassStore {
+    /// The entries (paths below the store without `.gpg`), sorted; hidden
+    /// files and directories (.git, .gpg-id, .extensions) and symbolic links are not entries.
+    static func entries(in store: String, below relative: String = "") -> [String] {
+        guard let directory = opendir(relative.isEmpty ? store : store + "/" + relative) else { return [] }
+        defer { closedir(directory) }
+        var found: [String] = []
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard !name.hasPrefix(".") else { continue }
+            let path = relative.isEmpty ? name : relative + "/" + name
+            var info = stat()
+            guard lstat(store + "/" + path, &info) == 0 else { continue }
+            switch info.st_mode & S_IFMT {
+            case S_IFDIR: found += entries(in: store, below: path)
+            case S_IFREG where name.hasSuffix(".gpg") && name.count > 4: found.append(String(path.dropLast(4)))
+            default: continue
+            }
+        }
+        return found.sorted()
+    }
+
+    /// The item an entry becomes (nil when no valid name fits): the first
+    /// directory is the group (top-level entries: `default`), the rest the
+    /// identifier; with `group`, the whole path is the identifier.
+    static func address(of entry: String, group: String?) -> ItemAddress? {
+        let parts = entry.split(separator: "/").map(String.init)
+        guard let last = parts.last else { return nil }
+        let (groupName, identifier): (String, String)
+        if let group {
+            (groupName, identifier) = (group, ItemName.encoded(parts.joined(separator: "/")))
+        } else if parts.count == 1 {
+            (groupName, identifier) = ("default", ItemName.encoded(last))
+        } else {
+            (groupName, identifier) = (ItemName.encoded(parts[0]), ItemName.encoded(parts.dropFirst().joined(separator: "/")))
+        }
+        guard (try? ItemLimits.validate(name: groupName)) != nil, (try? ItemLimits.validate(name: identifier)) != nil else { return nil }
+        return ItemAddress(group: groupName, identifier: identifier)
+    }
+
+    /// pass keeps `password\n` for a one-line entry: the password is the line.
+    static func storedValue(_ decrypted: SecureBytes) throws -> SecureBytes {
+        let oneLine = decrypted.withUnsafeBytes { bytes in
+            bytes.last == UInt8(ascii: "\n") && bytes.dropLast().firstIndex(of: UInt8(ascii: "\n")) == nil
+        }
+        guard oneLine else { return decrypted }
+        return try decrypted.withUnsafeBytes { try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0.dropLast())) }
+    }
+
+    /// The plaintext of one entry, from gpg's stdout (a pipe) into secret
+    /// memory; gpg's own messages and pinentry go to the terminal as usual.
+    static func decrypt(_ file: String, with gpg: String) -> Result<SecureBytes, DecryptionProblem> {
+        guard let (child, output) = startWithPipe([gpg, "--quiet", "--yes", "--decrypt", file], on: 1, keepingStandardError: true) else {
+            return .failure(DecryptionProblem("gpg could not be started"))
+        }
+        let decrypted = Result { () throws(SecretInputError) in try readSecret(from: output) }
+        close(output)
+        let status = Spawn.wait(child)
+        guard status == 0 else { return .failure(DecryptionProblem("gpg could not decrypt it (status \(status))")) }
+        switch decrypted {
+        case .success(let value): return .success(value)
+        case .failure(.tooLarge): return .failure(DecryptionProblem("larger than an item's 1 MiB"))
+        case .failure(.read(let error)): return .failure(DecryptionProblem("reading gpg's output: \(error)"))
+        }
+    }
+
+    struct DecryptionProblem: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
+    }
+}
