@@ -95,7 +95,7 @@ extension FileSystem {
         else { throw Errno(ENOENT) }
         guard manager.localDevice.isAvailable(info.protectionClass) else { throw Errno(EACCES) }
         let file = try writer(inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags, opener: opener)
-        file.truncatePending = true
+        file.noteTruncation()
         return file
     }
 

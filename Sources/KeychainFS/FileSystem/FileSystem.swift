@@ -245,8 +245,14 @@ public final class FileSystem: Sendable {
         let open = nodes.openFiles(of: inode).filter { $0.writable || detached }
         guard !open.isEmpty else { return nil }
         let mine = open.filter { $0.opener.sameProcess(as: caller) }
-        let latest = mine.map { file in file.lock.withLock { (file.lastWrite, file.length) } }
-            .max { $0.0 < $1.0 }
+        // A live item's descriptor counts only while it holds what the store
+        // does not: once committed (flush at close) the store is as new or
+        // newer. A descriptor whose RELEASE has not arrived yet (the kernel
+        // sends it after close returns) must not show its old length over a
+        // later commit: `printf abc > f; : > f; stat f` saw 3 under load.
+        let latest = mine.compactMap { file in
+            file.lock.withLock { detached || file.hasUncommittedChanges ? (file.lastWrite, file.length) : nil }
+        }.max { $0.0 < $1.0 }
         return latest?.1
     }
 

@@ -83,4 +83,15 @@ final class OpenFile: @unchecked Sendable {
         dirty = true
         lastWrite = Self.writeClock.add(1, ordering: .relaxed).newValue
     }
+
+    /// Marks an open with O_TRUNC (POSIX empties at open): the emptying is
+    /// as recent as a write. Call with `lock` held, or before the descriptor is shared.
+    func noteTruncation() {
+        truncatePending = true
+        lastWrite = Self.writeClock.add(1, ordering: .relaxed).newValue
+    }
+
+    /// Whether it holds what the store does not have yet (written or
+    /// emptied, not committed). Call with `lock` held.
+    var hasUncommittedChanges: Bool { dirty || truncatePending }
 }
