@@ -12,9 +12,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
     ],
     targets: [
-        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
-        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
-        .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        .systemLibrary(name: "CSodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CFuse", providers: [.apt(["libfuse3-dev"])]),
         // OpenSSL's libcrypto: HMAC-SHA-1 for one-time codes, which libsodium
         // lacks. Loaded on first use, not linked (see its shim.h).
         .systemLibrary(name: "COpenSSL", providers: [.apt(["libssl-dev"])]),
