@@ -20,8 +20,11 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", providers: [.apt(["libssl-dev"])]),
         // Linux and glibc calls Swift cannot make directly (variadic, _GNU_SOURCE-only).
         .systemLibrary(name: "CLinux"),
+        // sd-bus, for the Secret Service: loaded on first use, not linked (see its shim.h).
+        .systemLibrary(name: "CSystemd", providers: [.apt(["libsystemd-dev"])]),
         .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite"]),
-        .target(name: "KeychainFS", dependencies: ["KeychainCore", "CFuse", "CLinux"]),
+        .target(name: "SecretService", dependencies: ["KeychainCore", "CSystemd", "COpenSSL", "CLinux"]),
+        .target(name: "KeychainFS", dependencies: ["KeychainCore", "SecretService", "CFuse", "CLinux"]),
         .executableTarget(
             name: "keychainfs",
             dependencies: [

@@ -262,12 +262,29 @@ struct StartCommand: ParsableCommand {
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
+    @Flag(name: .customLong("secret-service"), help: "Also serve the Secret Service (org.freedesktop.secrets) on the session bus.")
+    var secretService = false
+
+    @Flag(help: "With --secret-service: take the name over from the provider that has it (gnome-keyring).")
+    var replace = false
+
     func run() throws {
         guard case .directory(let keychain) = options.place else {
             throw fail("the keychainfs service runs your keychain's device already")
         }
         guard foreground else {
-            if let problem = DeviceLauncher.ensureRunning(keychain).problem { throw fail(problem) }
+            guard secretService else {
+                if let problem = DeviceLauncher.ensureRunning(keychain).problem { throw fail(problem) }
+                return
+            }
+            // The bus is the one of this session ($DBUS_SESSION_BUS_ADDRESS): a
+            // device started elsewhere (another session, a client) is not on it.
+            if let socketPath = try? keychain.deviceSocketPath(), DeviceClient.isServing(socketPath) {
+                throw fail("a device runs already for the keychain at \(keychain.path): stop it (keychainfs stop), then start it with --secret-service")
+            }
+            var arguments = ["start", "--foreground", "--keychain", keychain.path, "--secret-service"]
+            if replace { arguments.append("--replace") }
+            if let problem = DeviceLauncher.start(arguments) { throw fail(problem) }
             return
         }
         let device: DeviceProcess
@@ -276,7 +293,7 @@ struct StartCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        throw ExitCode(device.run(mountpoint: nil, group: nil) { error in
+        throw ExitCode(device.run(mountpoint: nil, group: nil, secretService: secretService ? replace : nil) { error in
             if let error { _ = report(error.description) } else { report(ok: ()) }
         })
     }

@@ -1,5 +1,6 @@
 internal import CLinux
 import KeychainCore
+import SecretService
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -74,14 +75,18 @@ public final class DeviceProcess: Sendable {
 
     // MARK: Running
 
+
     /// Runs the per-user device: mounts `mountpoint`, reports through
     /// `ready`, then serves until the last mount is gone or a signal (or a
     /// `stop` request) asks it to stop. Without a mount point the device
     /// runs headless, for clients of its socket (`keychainfs get`, the
     /// helpers, `unlock`), and keeps running, as gpg-agent does, until it
-    /// is stopped; mounts may join and leave it meanwhile. Returns the
+    /// is stopped; mounts may join and leave it meanwhile. With
+    /// `secretService` it also serves the Secret Service on the session bus
+    /// (true: taking the name over from another provider). Returns the
     /// process exit status.
-    public func run(mountpoint: String?, group: String?, ready: (MountError?) -> Void) -> Int32 {
+    public func run(mountpoint: String?, group: String?, secretService: Bool? = nil,
+                    ready: (MountError?) -> Void) -> Int32 {
         guard case .perUser(let keychain) = keychains else { preconditionFailure("the service mounts nothing itself") }
         // Last, once every session has ended: a cleanly stopped device leaves
         // the keychain as one file (no -wal beside it).
@@ -109,8 +114,19 @@ public final class DeviceProcess: Sendable {
             }
         }
         startServing(listener)
+        var provider: SecretServiceProvider?
+        if let replace = secretService {
+            do {
+                provider = try SecretServiceProvider(store: keychain, replace: replace)
+            } catch {
+                keychain.unmountAll()
+                ready(MountError("cannot serve the Secret Service: \(error.message)"))
+                return 1
+            }
+        }
         ready(nil)
         let stopped = waitForTheEnd(signals) { mountpoint != nil && !keychain.hasMounts }
+        provider?.stop()
         keychain.unmountAll()
         return stopped ? 0 : 1
     }

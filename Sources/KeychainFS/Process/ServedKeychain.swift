@@ -1,5 +1,6 @@
 internal import CLinux
 import KeychainCore
+import SecretService
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -218,7 +219,7 @@ final class ServedKeychain: Sendable {
 
 extension ServedKeychain {
     /// Records an item request of a socket peer (lock, unlock and status are the device's own).
-    fileprivate func audit(_ request: DeviceRequest, result: String, subject: AuditSubject?) {
+    func audit(_ request: DeviceRequest, result: String, subject: AuditSubject?) {
         guard let operation = request.auditOperation else { return }
         var group = request.group, identifier: String?, detail: String?
         switch request {
@@ -240,7 +241,7 @@ extension ServedKeychain {
     /// device (and of `keychainfs get/set/rm/ls`): the manager's own
     /// operations, with the filesystem's namespace rules (a removed or
     /// replaced item's inode is detached, writes are serialised with commits).
-    fileprivate func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?,
+    func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?,
                                        subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
         // As through a mount: a group's policy decides per program (the peer),
         // when the request has arrived and again just before the reply.
@@ -293,5 +294,22 @@ extension ServedKeychain {
             throw .param
         }
         return .ok([])
+    }
+}
+
+/// The Secret Service's requests are the device's, as the socket's are.
+extension ServedKeychain: SecretStore {
+    var device: Device { manager.localDevice }
+
+    func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+                 audit policy: AuditPolicy) -> DeviceReply {
+        do throws(KeychainError) {
+            let reply = try answerItemRequest(request, program: program, subject: subject)
+            if policy == .always { audit(request, result: "ok", subject: subject()) }
+            return reply
+        } catch {
+            audit(request, result: AuditEvent.result(of: error), subject: subject())
+            return .keychainError(error, error.description)
+        }
     }
 }

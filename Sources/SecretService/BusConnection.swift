@@ -1,0 +1,222 @@
+internal import CSystemd
+internal import CLinux
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One connection to the session bus, served by a thread of its own: sd-bus
+/// objects are not thread-safe, so every use of the bus (replies, signals)
+/// happens on that thread; other threads hand it work (``perform(_:)``).
+final class BusConnection: @unchecked Sendable {
+    private let bus: OpaquePointer
+    private let wake: Int32
+    private let queued = Mutex<[@Sendable () -> Void]>([])
+    private let stopping = Atomic<Bool>(false)
+    private var slots: [OpaquePointer] = []
+    /// Method calls under the registered prefix; returns whether it answered.
+    private var handler: ((OpaquePointer) -> Bool)?
+    private let thread = Mutex<pthread_t?>(nil)
+
+    /// Connects to the session bus (`$DBUS_SESSION_BUS_ADDRESS`).
+    init() throws(BusError) {
+        guard CSystemd_available() != 0 else {
+            throw .failed("libsystemd is not installed (apt install libsystemd0)")
+        }
+        var bus: OpaquePointer?
+        let result = CSystemd_sd_bus_open_user(&bus)
+        guard result >= 0, let bus else {
+            throw .failed("cannot connect to the session bus: \(String(cString: strerror(-result)))")
+        }
+        let wake = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
+        guard wake >= 0 else {
+            _ = CSystemd_sd_bus_flush_close_unref(bus)
+            throw .failed("no eventfd: \(String(cString: strerror(errno)))")
+        }
+        self.bus = bus
+        self.wake = wake
+    }
+
+    deinit {
+        for slot in slots { _ = CSystemd_sd_bus_slot_unref(slot) }
+        _ = CSystemd_sd_bus_flush_close_unref(bus)
+        close(wake)
+    }
+
+    /// Owns `name` on the bus; with `replace`, takes it from the current
+    /// owner if that one allows it (gnome-keyring does).
+    func requestName(_ name: String, replace: Bool) throws(BusError) {
+        var flags = CSystemd_name_allow_replacement
+        if replace { flags |= CSystemd_name_replace_existing }
+        let result = CSystemd_sd_bus_request_name(bus, name, flags)
+        guard result >= 0 else {
+            throw .failed(result == -EEXIST
+                ? "\(name) is owned by another program on this bus (--replace takes it over)"
+                : "cannot own \(name): \(String(cString: strerror(-result)))")
+        }
+    }
+
+    /// Sends every method call to an object under `prefix` (and `prefix`
+    /// itself) to `handler`, on the bus thread.
+    func serve(prefix: String, _ handler: @escaping (OpaquePointer) -> Bool) throws(BusError) {
+        self.handler = handler
+        var slot: OpaquePointer?
+        let userdata = Unmanaged.passUnretained(self).toOpaque()
+        let callback: sd_bus_message_handler_t = { message, userdata, _ in
+            guard let message, let userdata else { return 0 }
+            let connection = Unmanaged<BusConnection>.fromOpaque(userdata).takeUnretainedValue()
+            return connection.handler?(message) == true ? 1 : 0
+        }
+        for register in [CSystemd_sd_bus_add_object, CSystemd_sd_bus_add_fallback] {
+            let result = register(bus, &slot, prefix, callback, userdata)
+            guard result >= 0, let slot else { throw .failed("cannot serve \(prefix): \(String(cString: strerror(-result)))") }
+            slots.append(slot)
+        }
+    }
+
+    /// Calls `handler` with every signal matching `rule` (a D-Bus match rule).
+    func watch(_ rule: String, _ handler: @escaping (OpaquePointer) -> Void) throws(BusError) {
+        let box = Unmanaged.passRetained(SignalHandler(handler))
+        var slot: OpaquePointer?
+        let result = CSystemd_sd_bus_add_match(bus, &slot, rule, { message, userdata, _ in
+            guard let message, let userdata else { return 0 }
+            Unmanaged<SignalHandler>.fromOpaque(userdata).takeUnretainedValue().handler(message)
+            return 0
+        }, box.toOpaque())
+        guard result >= 0, let slot else {
+            box.release()
+            throw .failed("cannot watch the bus: \(String(cString: strerror(-result)))")
+        }
+        slots.append(slot)
+    }
+
+    private final class SignalHandler {
+        let handler: (OpaquePointer) -> Void
+        init(_ handler: @escaping (OpaquePointer) -> Void) { self.handler = handler }
+    }
+
+    /// Serves the bus on a new thread until ``stop()`` or the bus goes away.
+    func start() throws(BusError) {
+        guard let started = Threads.start({ [self] in loop() }) else { throw .failed("cannot start the bus thread") }
+        thread.withLock { $0 = started }
+    }
+
+    func stop() {
+        stopping.store(true, ordering: .sequentiallyConsistent)
+        signalWake()
+        if let running = thread.withLock({ value -> pthread_t? in
+            defer { value = nil }
+            return value
+        }) {
+            pthread_join(running, nil)
+        }
+    }
+
+    /// Runs `work` on the bus thread (from any thread).
+    func perform(_ work: @escaping @Sendable () -> Void) {
+        queued.withLock { $0.append(work) }
+        signalWake()
+    }
+
+    private func signalWake() {
+        var one: UInt64 = 1
+        _ = write(wake, &one, 8)
+    }
+
+    private func loop() {
+        let fd = CSystemd_sd_bus_get_fd(bus)
+        guard fd >= 0 else { return }
+        while !stopping.load(ordering: .sequentiallyConsistent) {
+            var result: Int32
+            repeat { result = CSystemd_sd_bus_process(bus, nil) } while result > 0
+            // The bus went away (its daemon ended): nothing more to serve.
+            if result < 0 { return }
+            for work in queued.withLock({ work in defer { work = [] }; return work }) { work() }
+            var timeout: UInt64 = 0
+            _ = CSystemd_sd_bus_get_timeout(bus, &timeout)
+            let milliseconds: Int32 = timeout == UInt64.max ? -1 : Int32(clamping: timeout / 1000)
+            var fds = [pollfd(fd: fd, events: Int16(truncatingIfNeeded: CSystemd_sd_bus_get_events(bus)), revents: 0),
+                       pollfd(fd: wake, events: Int16(POLLIN), revents: 0)]
+            if poll(&fds, 2, milliseconds) < 0 && errno != EINTR { return }
+            if fds[1].revents != 0 {
+                var count: UInt64 = 0
+                _ = read(wake, &count, 8)
+            }
+        }
+        _ = CSystemd_sd_bus_flush(bus)
+    }
+
+    // MARK: Replies and signals (on the bus thread)
+
+    /// Replies to `call` with the arguments `build` appends.
+    func reply(to call: OpaquePointer, sensitive: Bool = false,
+               _ build: (BusMessageWriter) throws(BusError) -> Void) throws(BusError) {
+        var reply: OpaquePointer?
+        let made = CSystemd_sd_bus_message_new_method_return(call, &reply)
+        guard made >= 0, let reply else { throw .failed("cannot build a reply") }
+        defer { _ = CSystemd_sd_bus_message_unref(reply) }
+        // sd-bus then wipes the message's memory when it frees it.
+        if sensitive { _ = CSystemd_sd_bus_message_sensitive(reply) }
+        try build(BusMessageWriter(message: reply))
+        _ = CSystemd_sd_bus_send(bus, reply, nil)
+    }
+
+    func reply(to call: OpaquePointer, error: BusError) {
+        let sent = error.name.withCString { name in
+            error.message.withCString { message in
+                var busError = sd_bus_error(name: name, message: message, _need_free: 0)
+                var reply: OpaquePointer?
+                guard CSystemd_sd_bus_message_new_method_error(call, &reply, &busError) >= 0, let reply else { return false }
+                defer { _ = CSystemd_sd_bus_message_unref(reply) }
+                return CSystemd_sd_bus_send(bus, reply, nil) >= 0
+            }
+        }
+        if !sent { Diagnostics.log("could not send a D-Bus error reply (\(error.name))") }
+    }
+
+    func emit(path: String, interface: String, member: String, _ build: (BusMessageWriter) throws(BusError) -> Void) {
+        var signal: OpaquePointer?
+        guard CSystemd_sd_bus_message_new_signal(bus, &signal, path, interface, member) >= 0, let signal else { return }
+        defer { _ = CSystemd_sd_bus_message_unref(signal) }
+        guard (try? build(BusMessageWriter(message: signal))) != nil else { return }
+        _ = CSystemd_sd_bus_send(bus, signal, nil)
+    }
+
+    /// The process behind a message's sender, as the bus daemon knows it
+    /// (GetConnectionCredentials): its pid and uid.
+    func senderProcess(of message: OpaquePointer) -> (pid: pid_t, uid: uid_t)? {
+        var creds: OpaquePointer?
+        guard CSystemd_sd_bus_query_sender_creds(message, CSystemd_creds_pid | CSystemd_creds_euid | CSystemd_creds_augment,
+                                                 &creds) >= 0, let creds else { return nil }
+        defer { _ = CSystemd_sd_bus_creds_unref(creds) }
+        var pid: pid_t = 0
+        var uid: uid_t = 0
+        guard CSystemd_sd_bus_creds_get_pid(creds, &pid) >= 0, CSystemd_sd_bus_creds_get_euid(creds, &uid) >= 0 else { return nil }
+        return (pid, uid)
+    }
+}
+
+/// The header fields of a method call.
+struct BusCall {
+    let message: OpaquePointer
+    let path: String
+    let interface: String
+    let member: String
+    let sender: String
+
+    init?(_ message: OpaquePointer) {
+        guard let path = CSystemd_sd_bus_message_get_path(message), let member = CSystemd_sd_bus_message_get_member(message),
+              let sender = CSystemd_sd_bus_message_get_sender(message) else { return nil }
+        self.message = message
+        self.path = String(cString: path)
+        self.member = String(cString: member)
+        self.sender = String(cString: sender)
+        interface = CSystemd_sd_bus_message_get_interface(message).map { String(cString: $0) } ?? ""
+    }
+
+    var arguments: BusMessageReader { BusMessageReader(message: message) }
+
+    /// The full signature of the arguments.
+    var signature: String { CSystemd_sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? "" }
+}

@@ -1,0 +1,396 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The freedesktop Secret Service API (`org.freedesktop.secrets`, spec
+/// 0.2) over the device's keychain: a collection is an access group (the
+/// alias `default`, and `login`, name the group `default`), an item an
+/// identifier. Every item access is a request of the device, as through a
+/// mount or the socket: decided by the entitlement rules for the program
+/// that sent it and recorded in the audit log. docs/SECRET-SERVICE.md
+/// lists every method with what it does when locked or policed.
+///
+/// Runs on its bus connection's thread; all its state is that thread's.
+public final class SecretServiceProvider: @unchecked Sendable {
+    public static let busName = "org.freedesktop.secrets"
+    static let serviceInterface = "org.freedesktop.Secret.Service"
+    static let collectionInterface = "org.freedesktop.Secret.Collection"
+    static let itemInterface = "org.freedesktop.Secret.Item"
+    static let sessionInterface = "org.freedesktop.Secret.Session"
+    static let propertiesInterface = "org.freedesktop.DBus.Properties"
+    /// The lookup attributes every item answers to: its group and identifier.
+    static let groupAttribute = "keychainfs:group"
+    static let identifierAttribute = "keychainfs:identifier"
+
+    private let store: SecretStore
+    private let bus: BusConnection
+    private var sessions: [String: TransferSession] = [:]
+    private var nextSession = 1
+    private var observer: Int?
+
+    /// Connects to the session bus, owns `org.freedesktop.secrets` (with
+    /// `replace`, taking it over from another provider) and serves it.
+    public init(store: SecretStore, replace: Bool) throws(BusError) {
+        self.store = store
+        bus = try BusConnection()
+        try bus.serve(prefix: ObjectPaths.service) { [unowned self] message in handle(message) }
+        // A session ends with the connection that opened it.
+        try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameOwnerChanged'") { [unowned self] message in
+            let arguments = BusMessageReader(message: message)
+            guard let name = try? arguments.string(), (try? arguments.string()) != nil, let owner = try? arguments.string(),
+                  owner.isEmpty else { return }
+            sessions = sessions.filter { $0.value.owner != name }
+        }
+        try bus.requestName(Self.busName, replace: replace)
+        try bus.start()
+    }
+
+    /// Releases the name and stops serving.
+    public func stop() {
+        bus.stop()
+    }
+
+    // MARK: Dispatch
+
+    private func handle(_ message: OpaquePointer) -> Bool {
+        guard let call = BusCall(message) else { return false }
+        // Introspection and peer calls are sd-bus's own.
+        guard call.interface != "org.freedesktop.DBus.Introspectable", call.interface != "org.freedesktop.DBus.Peer" else {
+            return false
+        }
+        do throws(BusError) {
+            guard let object = ObjectPaths.object(at: call.path) else { throw BusError.noSuchObject("no object at \(call.path)") }
+            if call.interface == Self.propertiesInterface {
+                try answerProperties(call, object: object)
+                return true
+            }
+            switch object {
+            case .service: try answerService(call)
+            case .collection(let group): try answerCollection(call, group: group)
+            case .alias(let alias):
+                guard let group = Self.group(ofAlias: alias) else { throw BusError.noSuchObject("no alias \(alias)") }
+                try answerCollection(call, group: group)
+            case .item(let group, let identifier): try answerItem(call, group: group, identifier: identifier)
+            case .session(let id): try answerSession(call, id: id)
+            case .prompt: throw BusError.noSuchObject("no prompt at \(call.path)")
+            }
+        } catch {
+            bus.reply(to: message, error: error)
+        }
+        return true
+    }
+
+    /// The group an alias names: `default` and `login` (gnome-keyring's
+    /// login keyring, which programs ask for by that name) name `default`.
+    static func group(ofAlias alias: String) -> String? {
+        alias == "default" || alias == "login" ? ItemLimits.defaultGroup : nil
+    }
+
+    private func requireSignature(_ call: BusCall, _ signature: String) throws(BusError) {
+        guard call.signature == signature else {
+            throw .invalidArguments("\(call.member) takes (\(signature)), not (\(call.signature))")
+        }
+    }
+
+    // MARK: org.freedesktop.Secret.Service
+
+    private func answerService(_ call: BusCall) throws(BusError) {
+        guard call.interface == Self.serviceInterface || call.interface.isEmpty else {
+            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
+        }
+        switch call.member {
+        case "OpenSession":
+            try requireSignature(call, "sv")
+            let algorithm = try call.arguments.string()
+            let path = ObjectPaths.sessionPrefix + String(nextSession)
+            let (session, output) = try TransferSession.open(algorithm: algorithm, input: call.arguments, owner: call.sender,
+                                                             path: path)
+            nextSession += 1
+            sessions[path] = session
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.open("v", output == nil ? "s" : "ay")
+                if let output {
+                    try reply.bytes(output)
+                } else {
+                    try reply.string("")
+                }
+                try reply.close()
+                try reply.objectPath(path)
+            }
+        case "SearchItems":
+            try requireSignature(call, "a{ss}")
+            let attributes = try call.arguments.stringDictionary()
+            let found = try search(attributes, in: nil, caller: call)
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.objectPaths(found.unlocked)
+                try reply.objectPaths(found.locked)
+            }
+        case "GetSecrets":
+            try requireSignature(call, "aoo")
+            let paths = try call.arguments.objectPaths()
+            let session = try self.session(try call.arguments.objectPath(), of: call)
+            var secrets: [(String, SecureBytes)] = []
+            for path in paths {
+                guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { continue }
+                // Locked, absent or not entitled: left out, as the spec's "secrets of the unlocked items".
+                if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
+                    secrets.append((path, value))
+                }
+            }
+            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
+                try reply.open("a", "{o(oayays)}")
+                for (path, value) in secrets {
+                    try reply.open("e", "o(oayays)")
+                    try reply.objectPath(path)
+                    try session.append(value, to: reply)
+                    try reply.close()
+                }
+                try reply.close()
+            }
+        case "ReadAlias":
+            try requireSignature(call, "s")
+            let alias = try call.arguments.string()
+            let path = Self.group(ofAlias: alias).map(ObjectPaths.collection) ?? ObjectPaths.none
+            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(path) }
+        case "Lock":
+            try requireSignature(call, "ao")
+            let paths = try call.arguments.objectPaths()
+            _ = perform(.lock, for: call)
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.objectPaths(paths)
+                try reply.objectPath(ObjectPaths.none)
+            }
+        case "Unlock":
+            try requireSignature(call, "ao")
+            let paths = try call.arguments.objectPaths()
+            guard !store.device.isLocked else {
+                throw BusError.isLocked("the keychain is locked: unlock it with `keychainfs unlock` (prompts come later)")
+            }
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.objectPaths(paths)
+                try reply.objectPath(ObjectPaths.none)
+            }
+        default:
+            throw .unknownMethod("no method \(call.member) in \(Self.serviceInterface)")
+        }
+    }
+
+    // MARK: org.freedesktop.Secret.Collection
+
+    private func answerCollection(_ call: BusCall, group: String) throws(BusError) {
+        guard call.interface == Self.collectionInterface || call.interface.isEmpty else {
+            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
+        }
+        try requireGroup(group, for: call)
+        switch call.member {
+        case "SearchItems":
+            try requireSignature(call, "a{ss}")
+            let found = try search(try call.arguments.stringDictionary(), in: group, caller: call)
+            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPaths(found.unlocked + found.locked) }
+        default:
+            throw .unknownMethod("no method \(call.member) in \(Self.collectionInterface)")
+        }
+    }
+
+    // MARK: org.freedesktop.Secret.Item
+
+    private func answerItem(_ call: BusCall, group: String, identifier: String) throws(BusError) {
+        guard call.interface == Self.itemInterface || call.interface.isEmpty else {
+            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
+        }
+        switch call.member {
+        case "GetSecret":
+            try requireSignature(call, "o")
+            let session = try self.session(try call.arguments.objectPath(), of: call)
+            let value = try value(of: perform(.get(group: group, identifier: identifier), for: call), at: call.path)
+            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in try session.append(value, to: reply) }
+        case "SetSecret":
+            try requireSignature(call, "(oayays)")
+            let arguments = call.arguments
+            try arguments.enter("r", "oayays")
+            let session = try self.session(try arguments.objectPath(), of: call)
+            let parameters = try arguments.bytes()
+            let sealed = try arguments.secretBytes()
+            _ = try arguments.string()
+            try arguments.exit()
+            let value = try session.open(sealed, parameters: parameters)
+            let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent), for: call)
+            _ = try self.value(of: reply, at: call.path, expectingValue: false)
+            try bus.reply(to: call.message) { _ throws(BusError) in }
+        case "Delete":
+            try requireSignature(call, "")
+            _ = try value(of: perform(.remove(group: group, identifier: identifier), for: call), at: call.path, expectingValue: false)
+            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+        default:
+            throw .unknownMethod("no method \(call.member) in \(Self.itemInterface)")
+        }
+    }
+
+    // MARK: org.freedesktop.Secret.Session
+
+    private func answerSession(_ call: BusCall, id: String) throws(BusError) {
+        guard call.member == "Close", call.interface == Self.sessionInterface || call.interface.isEmpty else {
+            throw .unknownMethod("no method \(call.member) in \(Self.sessionInterface)")
+        }
+        try requireSignature(call, "")
+        _ = try session(call.path, of: call)
+        sessions[call.path] = nil
+        try bus.reply(to: call.message) { _ throws(BusError) in }
+    }
+
+    /// The open session at `path`, which must be the caller's own.
+    private func session(_ path: String, of call: BusCall) throws(BusError) -> TransferSession {
+        guard let session = sessions[path], session.owner == call.sender else {
+            throw .noSession("no open session \(path) of this connection")
+        }
+        return session
+    }
+
+    // MARK: Properties
+
+    private func answerProperties(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
+        switch call.member {
+        case "Get":
+            try requireSignature(call, "ss")
+            let interface = try call.arguments.string(), name = try call.arguments.string()
+            guard let value = try properties(of: object, interface: interface, caller: call)[name] else {
+                throw .invalidArguments("no property \(name) in \(interface)")
+            }
+            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.variant(value) }
+        case "GetAll":
+            try requireSignature(call, "s")
+            let all = try properties(of: object, interface: try call.arguments.string(), caller: call)
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.open("a", "{sv}")
+                for (name, value) in all.sorted(by: { $0.key < $1.key }) {
+                    try reply.open("e", "sv")
+                    try reply.string(name)
+                    try reply.variant(value)
+                    try reply.close()
+                }
+                try reply.close()
+            }
+        case "Set":
+            throw .notSupported("these properties cannot be set (a label is the name of a group or item)")
+        default:
+            throw .unknownMethod("no method \(call.member) in \(Self.propertiesInterface)")
+        }
+    }
+
+    private func properties(of object: ObjectPaths.Object, interface: String,
+                            caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
+        switch object {
+        case .service where interface == Self.serviceInterface:
+            return ["Collections": .objectPaths(try groups(for: call).map(ObjectPaths.collection))]
+        case .collection(let group) where interface == Self.collectionInterface:
+            return try collectionProperties(group, caller: call)
+        case .alias(let alias) where interface == Self.collectionInterface:
+            guard let group = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
+            return try collectionProperties(group, caller: call)
+        case .item(let group, let identifier) where interface == Self.itemInterface:
+            let reply = perform(.info(group: group, identifier: identifier), for: call, audit: .failures)
+            guard case .ok(let fields) = reply, let className = fields.first, let protectionClass = ProtectionClass(name: className) else {
+                _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
+                throw .failed("unexpected reply from the device")
+            }
+            return ["Locked": .bool(!store.device.isAvailable(protectionClass)),
+                    "Attributes": .attributes(Self.attributes(group, identifier)),
+                    "Label": .string(identifier), "Type": .string("text/plain"),
+                    "Created": .uint64(0), "Modified": .uint64(0)]
+        default:
+            return [:]
+        }
+    }
+
+    private func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
+        try requireGroup(group, for: call)
+        let items = try self.items(of: group, for: call).map { ObjectPaths.item(group, $0.identifier) }
+        return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.device.isLocked),
+                "Created": .uint64(0), "Modified": .uint64(0)]
+    }
+
+    // MARK: The keychain
+
+    static func attributes(_ group: String, _ identifier: String) -> [String: String] {
+        [groupAttribute: group, identifierAttribute: identifier]
+    }
+
+    /// The items that carry every attribute asked for, unlocked (their key
+    /// is there) and locked apart: a locked item is found, never "absent".
+    private func search(_ attributes: [String: String], in onlyGroup: String?,
+                        caller call: BusCall) throws(BusError) -> (unlocked: [String], locked: [String]) {
+        var found: (unlocked: [String], locked: [String]) = ([], [])
+        let groups: [String]
+        if let onlyGroup { groups = [onlyGroup] } else { groups = try self.groups(for: call) }
+        for group in groups {
+            if let wanted = attributes[Self.groupAttribute], wanted != group { continue }
+            // A group whose policy does not admit the caller shows nothing.
+            guard let items = try? self.items(of: group, for: call) else { continue }
+            for (identifier, protectionClass) in items where Self.attributes(group, identifier).matches(attributes) {
+                let path = ObjectPaths.item(group, identifier)
+                if store.device.isAvailable(protectionClass) { found.unlocked.append(path) } else { found.locked.append(path) }
+            }
+        }
+        return found
+    }
+
+    private func groups(for call: BusCall) throws(BusError) -> [String] {
+        guard case .ok(let groups) = perform(.list(group: nil), for: call, audit: .failures) else {
+            throw .failed("cannot list the collections")
+        }
+        return groups
+    }
+
+    private func items(of group: String, for call: BusCall) throws(BusError) -> [(identifier: String, protectionClass: ProtectionClass)] {
+        switch perform(.list(group: group), for: call, audit: .failures) {
+        case .ok(let fields):
+            return stride(from: 0, to: fields.count - fields.count % 3, by: 3).compactMap { index in
+                ProtectionClass(name: fields[index + 1]).map { (fields[index], $0) }
+            }
+        case .keychainError(.missingEntitlement, _):
+            throw .accessDenied("this program is not entitled to the access group \(group)")
+        case .keychainError(.itemNotFound, _):
+            throw .noSuchObject("no collection \(group)")
+        default:
+            throw .failed("cannot list the collection \(group)")
+        }
+    }
+
+    private func requireGroup(_ group: String, for call: BusCall) throws(BusError) {
+        _ = try items(of: group, for: call)
+    }
+
+    /// The value of a `get` reply, or the error the reply means on the bus.
+    private func value(of reply: DeviceReply, at path: String, expectingValue: Bool = true) throws(BusError) -> SecureBytes {
+        switch reply {
+        case .value(let value, _): return value
+        case .ok where !expectingValue: return try! SecureBytes([])
+        case .keychainError(.interactionNotAllowed, _): throw .isLocked("\(path) is locked")
+        case .keychainError(.itemNotFound, _): throw .noSuchObject("no item at \(path)")
+        case .keychainError(.missingEntitlement, _): throw .accessDenied("this program is not entitled to the item's access group")
+        case .keychainError(_, let message), .systemError(_, let message): throw .failed(message)
+        default: throw .failed("unexpected reply from the device")
+        }
+    }
+
+    /// Carries out a request of the program behind the call's sender.
+    private func perform(_ request: DeviceRequest, for call: BusCall, audit: AuditPolicy = .always) -> DeviceReply {
+        let sender = bus.senderProcess(of: call.message)
+        return store.perform(request, program: {
+            // The bus daemon's pid of the sender, checked against a pidfd:
+            // the process must still be the one that sent the call.
+            guard let sender, let pidfd = Pidfd.open(sender.pid) else { return nil }
+            defer { close(pidfd) }
+            guard let identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd) else { return nil }
+            return identity
+        }, subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
+    }
+}
+
+private extension Dictionary where Key == String, Value == String {
+    /// Whether every pair of `wanted` is here.
+    func matches(_ wanted: [String: String]) -> Bool {
+        wanted.allSatisfy { self[$0.key] == $0.value }
+    }
+}

@@ -1,0 +1,22 @@
+import KeychainCore
+
+/// What the Secret Service needs of the device: its keychain's requests,
+/// carried out as for every other client (the entitlement checks against
+/// the program asking, the audit log, the mounts told of the change), and
+/// its lock state and events.
+public protocol SecretStore: AnyObject, Sendable {
+    var device: Device { get }
+    /// Carries out an item request of the program `program` (read lazily:
+    /// only a group with an entitlement policy asks), recorded in the audit
+    /// log with `subject` as `audit` says.
+    func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+                 audit: AuditPolicy) -> DeviceReply
+}
+
+/// Which requests of the bus reach the audit log: every read of a value,
+/// write and removal; of the listings behind properties and searches (a
+/// search lists every group), only the refused ones.
+public enum AuditPolicy: Sendable {
+    case always
+    case failures
+}
