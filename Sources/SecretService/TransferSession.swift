@@ -1,21 +1,30 @@
+internal import COpenSSL
 import KeychainCore
 
 /// How secrets cross the bus in one session of a client (the spec's
-/// transfer algorithms): `plain` as they are; the DH algorithm later in
-/// this file's history. A session belongs to the connection that opened it.
+/// transfer algorithms): `plain` as they are, or
+/// `dh-ietf1024-sha256-aes128-cbc-pkcs7` (libsecret asks for it first):
+/// a Diffie-Hellman exchange at OpenSession gives an AES-128 key, and each
+/// secret travels AES-CBC-encrypted under a fresh random IV (its
+/// "parameters"). A session belongs to the connection that opened it.
 final class TransferSession {
     static let plain = "plain"
+    static let diffieHellman = "dh-ietf1024-sha256-aes128-cbc-pkcs7"
 
     let owner: String
     let path: String
+    /// The AES key of a DH session (nil: plain), in secret memory.
+    private let key: SecureBytes?
 
-    private init(owner: String, path: String) {
+    private init(owner: String, path: String, key: SecureBytes?) {
         self.owner = owner
         self.path = path
+        self.key = key
     }
 
     /// A session for `algorithm`, given the client's input (a variant), and
-    /// the output to send back (nil: the empty string of `plain`).
+    /// the output to send back (nil: the empty string of `plain`; our public
+    /// key for DH).
     static func open(algorithm: String, input: BusMessageReader, owner: String,
                      path: String) throws(BusError) -> (TransferSession, [UInt8]?) {
         switch algorithm {
@@ -23,9 +32,28 @@ final class TransferSession {
             try input.enter("v", "s")
             _ = try input.string()
             try input.exit()
-            return (TransferSession(owner: owner, path: path), nil)
+            return (TransferSession(owner: owner, path: path, key: nil), nil)
+        case diffieHellman:
+            try input.enter("v", "ay")
+            let peer = try input.bytes()
+            try input.exit()
+            guard (1...128).contains(peer.count) else { throw .invalidArguments("a DH public key has 1 to 128 bytes") }
+            let exponent = SecureBytes.random(count: 128)
+            var publicKey = [UInt8](repeating: 0, count: 128)
+            var publicLength = 0
+            let key: SecureBytes
+            do { key = try SecureBytes(count: 16) } catch { throw .failed("no memory for the session key") }
+            let status = exponent.withUnsafeBytes { exponent in
+                COpenSSL_dh_ietf1024(peer, peer.count, exponent.baseAddress?.assumingMemoryBound(to: UInt8.self), exponent.count,
+                                     &publicKey, &publicLength, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self))
+            }
+            switch status {
+            case 0: return (TransferSession(owner: owner, path: path, key: key), Array(publicKey[..<publicLength]))
+            case -2: throw .invalidArguments("the DH public key is not an element of the group (it is 0, 1, p-1 or larger)")
+            default: throw .failed("the DH exchange failed (is libcrypto, libssl3, installed?)")
+            }
         default:
-            throw .notSupported("the transfer algorithm \(algorithm) is not supported (plain is)")
+            throw .notSupported("the transfer algorithm \(algorithm) is not supported (\(plain) and \(diffieHellman) are)")
         }
     }
 
@@ -33,15 +61,49 @@ final class TransferSession {
     func append(_ value: SecureBytes, to reply: BusMessageWriter) throws(BusError) {
         try reply.open("r", "oayays")
         try reply.objectPath(path)
-        try reply.bytes(UnsafeRawBufferPointer(start: nil, count: 0))
-        try value.withUnsafeBytes { (raw) throws(BusError) in try reply.bytes(raw) }
+        if let key {
+            let iv = Crypto.randomBytes(16)
+            let sealed = try Self.aes(encrypt: true, key: key, iv: iv, value)
+            try reply.bytes(iv)
+            try sealed.withUnsafeBytes { (raw) throws(BusError) in try reply.bytes(raw) }
+        } else {
+            try reply.bytes([])
+            try value.withUnsafeBytes { (raw) throws(BusError) in try reply.bytes(raw) }
+        }
         try reply.string("text/plain")
         try reply.close()
     }
 
     /// The value a client sent in this session.
     func open(_ sealed: SecureBytes, parameters: [UInt8]) throws(BusError) -> SecureBytes {
-        guard parameters.isEmpty else { throw .invalidArguments("a plain session's secrets have no parameters") }
-        return sealed
+        guard let key else {
+            guard parameters.isEmpty else { throw .invalidArguments("a plain session's secrets have no parameters") }
+            return sealed
+        }
+        guard parameters.count == 16 else { throw .invalidArguments("a DH session's parameters are a 16-byte IV") }
+        return try Self.aes(encrypt: false, key: key, iv: parameters, sealed)
+    }
+
+    /// AES-128-CBC-PKCS7 of `input`, into secret memory either way (the
+    /// output of a decryption is the secret).
+    private static func aes(encrypt: Bool, key: SecureBytes, iv: [UInt8], _ input: SecureBytes) throws(BusError) -> SecureBytes {
+        let output: SecureBytes
+        do { output = try SecureBytes(count: input.count + 16) } catch { throw .failed("no memory for the secret") }
+        var length = 0
+        let status = key.withUnsafeBytes { key in
+            input.withUnsafeBytes { input in
+                COpenSSL_aes128_cbc(encrypt ? 1 : 0, key.baseAddress?.assumingMemoryBound(to: UInt8.self), iv,
+                                    input.baseAddress?.assumingMemoryBound(to: UInt8.self), input.count,
+                                    output.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), &length)
+            }
+        }
+        guard status == 0 else {
+            throw encrypt ? .failed("could not encrypt the secret") : .invalidArguments("the secret does not decrypt in this session")
+        }
+        do {
+            return try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: output.mutableBytes[..<length]))
+        } catch {
+            throw .failed("no memory for the secret")
+        }
     }
 }

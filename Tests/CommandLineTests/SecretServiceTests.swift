@@ -86,22 +86,84 @@ import TestSupport
             """, "\(locked)")
     }
 
-    @Test func secretstorageReadsAndWritesSecretsInAPlainSession() {
+    /// secretstorage opens the DH session libsecret also asks for first
+    /// (an implementation independent of ours: Python's integers and
+    /// pyca/cryptography's AES); a plain session is asked for by hand.
+    @Test func secretstorageReadsAndWritesSecretsInDhAndPlainSessions() {
         #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
         #expect(harness.sh("printf v1 | \"$K\" set default/db --keychain \"$KC\" && \"$K\" stop --keychain \"$KC\"").succeeded)
         let used = onBus("""
             /usr/bin/python3 - <<'PY'
             import secretstorage
+            from secretstorage.util import open_session
+            from jeepney import DBusAddress, new_method_call
             conn = secretstorage.dbus_init()
-            collection = secretstorage.get_default_collection(conn)
+            session = open_session(conn)
+            print('encrypted', session.encrypted)
+            collection = secretstorage.get_default_collection(conn, session=session)
             print('default', collection.collection_path, collection.get_label())
             item = next(collection.search_items({'keychainfs:identifier': 'db'}))
             print(item.get_label(), item.get_secret())
-            item.set_secret(b'v2')
+            item.set_secret(b'v2' * 5000)
+            service = DBusAddress('/org/freedesktop/secrets', 'org.freedesktop.secrets', 'org.freedesktop.Secret.Service')
+            output, plain = conn.send_and_get_reply(new_method_call(service, 'OpenSession', 'sv', ('plain', ('s', '')))).body
+            secret = conn.send_and_get_reply(new_method_call(DBusAddress(item.item_path, 'org.freedesktop.secrets',
+                'org.freedesktop.Secret.Item'), 'GetSecret', 'o', (plain,))).body[0]
+            print('plain', secret[1], len(secret[2]), secret[3])
+            PY
+            "$K" get default/db | wc -c
+            """)
+        #expect(used.stdout == """
+            encrypted True
+            default /org/freedesktop/secrets/aliases/default default
+            db b'v1'
+            plain b'' 10000 text/plain
+            10000
+
+            """, "\(used)")
+    }
+
+    /// A DH public key outside the group, a wrong IV, a tampered secret:
+    /// each refused, the item unchanged. (The IV's last bit flipped turns
+    /// the padding of a 3-byte secret, thirteen 0x0d bytes, into a wrong
+    /// one every time; a flipped ciphertext byte would pass 1 time in 256.)
+    @Test func badSessionInputIsRefusedAndChangesNothing() {
+        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+        #expect(harness.sh("printf kept | \"$K\" set default/db --keychain \"$KC\" && \"$K\" stop --keychain \"$KC\"").succeeded)
+        let refused = onBus("""
+            /usr/bin/python3 - <<'PY'
+            import secretstorage
+            from secretstorage.util import open_session, format_secret
+            from jeepney import DBusAddress, new_method_call
+            conn = secretstorage.dbus_init()
+            service = DBusAddress('/org/freedesktop/secrets', 'org.freedesktop.secrets', 'org.freedesktop.Secret.Service')
+            def call(address, method, signature, body):
+                reply = conn.send_and_get_reply(new_method_call(address, method, signature, body))
+                return reply.header.fields.get(4, 'ok')  # the error name, if any
+            prime = int('FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD'
+                        'EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED'
+                        'EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF', 16)
+            for key in [b'\\x01', (prime - 1).to_bytes(128, 'big'), b'\\x02' * 129]:
+                print(call(service, 'OpenSession', 'sv', ('dh-ietf1024-sha256-aes128-cbc-pkcs7', ('ay', key))))
+            session = open_session(conn)
+            item = DBusAddress('/org/freedesktop/secrets/collection/default/db', 'org.freedesktop.secrets', 'org.freedesktop.Secret.Item')
+            path, iv, sealed, _ = format_secret(session, b'new', 'text/plain')
+            print(call(item, 'SetSecret', '(oayays)', ((path, iv[:8], sealed, 'text/plain'),)))
+            print(call(item, 'SetSecret', '(oayays)', ((path, iv[:-1] + bytes([iv[-1] ^ 1]), sealed, 'text/plain'),)))
+            print(call(item, 'SetSecret', '(oayays)', (('/org/freedesktop/secrets/session/99', iv, sealed, 'text/plain'),)))
             PY
             "$K" get default/db; echo
             """)
-        #expect(used.stdout == "default /org/freedesktop/secrets/aliases/default default\ndb b'v1'\nv2\n", "\(used)")
+        #expect(refused.stdout == """
+            org.freedesktop.DBus.Error.InvalidArgs
+            org.freedesktop.DBus.Error.InvalidArgs
+            org.freedesktop.DBus.Error.InvalidArgs
+            org.freedesktop.DBus.Error.InvalidArgs
+            org.freedesktop.DBus.Error.InvalidArgs
+            org.freedesktop.Secret.Error.NoSession
+            kept
+
+            """, "\(refused)")
     }
 
     /// A program the group's policy does not name gets an error, and the

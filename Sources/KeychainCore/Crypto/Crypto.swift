@@ -2,14 +2,14 @@ internal import CSodium
 
 /// The few primitives the keychain uses, each written once: XChaCha20-Poly1305
 /// (items and wrapped keys), Argon2id (passcodes), BLAKE2b (key derivation, MACs).
-enum Crypto {
+package enum Crypto {
     static let keySize = 32
     static let nonceSize = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
     static let tagSize = Int(crypto_aead_xchacha20poly1305_ietf_ABYTES)
     static let saltSize = Int(crypto_pwhash_SALTBYTES)
     static let macSize = 32
 
-    static func randomBytes(_ count: Int) -> [UInt8] {
+    package static func randomBytes(_ count: Int) -> [UInt8] {
         Sodium.ensureInitialized()
         var bytes = [UInt8](repeating: 0, count: count)
         randombytes_buf(&bytes, count)

@@ -34,19 +34,19 @@ public final class SecureBytes: @unchecked Sendable, Equatable {
     }
 
     /// `count` zero bytes, for the core to fill at once through ``mutableBytes``.
-    init(count: Int) throws(KeychainError) {
+    package init(count: Int) throws(KeychainError) {
         slot = try ArenaSlot(capacity: count, used: count)
         self.count = count
     }
 
     /// Writable view for filling a buffer right after ``init(count:)``, before
     /// it is shared; afterwards the bytes never change.
-    var mutableBytes: UnsafeMutableRawBufferPointer {
+    package var mutableBytes: UnsafeMutableRawBufferPointer {
         UnsafeMutableRawBufferPointer(start: pointer, count: count)
     }
 
     /// `count` random bytes from the system's CSPRNG.
-    static func random(count: Int) -> SecureBytes {
+    package static func random(count: Int) -> SecureBytes {
         let bytes = try! SecureBytes(count: count)
         randombytes_buf(bytes.pointer, count)
         return bytes
