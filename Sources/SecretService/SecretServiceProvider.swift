@@ -28,6 +28,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
     private var sessions: [String: TransferSession] = [:]
     private var nextSession = 1
     private var observer: Int?
+    /// The items clients have been told of (by signals or a listing at
+    /// start): a `written` event of one of them is ItemChanged, of another
+    /// ItemCreated (the device's events do not tell the two apart).
+    private var knownItems: Set<String> = []
 
     /// Connects to the session bus, owns `org.freedesktop.secrets` (with
     /// `replace`, taking it over from another provider) and serves it.
@@ -42,13 +46,70 @@ public final class SecretServiceProvider: @unchecked Sendable {
                   owner.isEmpty else { return }
             sessions = sessions.filter { $0.value.owner != name }
         }
+        for group in store.itemNames() {
+            for identifier in group.value { knownItems.insert(ObjectPaths.item(group.key, identifier)) }
+        }
         try bus.requestName(Self.busName, replace: replace)
         try bus.start()
+        // The device's events, whoever made the change (a mount, the
+        // socket, this bus): the observer runs on the committing thread and
+        // only hands the event to the bus thread.
+        observer = store.device.addObserver { [weak self] event in
+            guard let self else { return }
+            bus.perform { [self] in signal(event) }
+        }
     }
 
     /// Releases the name and stops serving.
     public func stop() {
+        if let observer { store.device.removeObserver(observer) }
         bus.stop()
+    }
+
+    // MARK: Signals
+
+    /// The spec's signals for one device event. Policed groups' item
+    /// changes are announced too (names only, as `ls` shows them; the
+    /// values stay behind the policy).
+    private func signal(_ event: DeviceEvent) {
+        guard case .changed(let change) = event else { return }
+        switch change {
+        case .written(let group, let identifier):
+            itemWritten(group, identifier)
+        case .removed(let group, let identifier):
+            itemRemoved(group, identifier)
+        case .renamed(let group, let from, let to):
+            itemRemoved(group, from)
+            itemWritten(group, to)
+        case .groupCreated(let group):
+            emit(Self.serviceInterface, "CollectionCreated", at: ObjectPaths.service, naming: ObjectPaths.collection(group))
+        case .groupRemoved(let group):
+            emit(Self.serviceInterface, "CollectionDeleted", at: ObjectPaths.service, naming: ObjectPaths.collection(group))
+        }
+    }
+
+    private func itemWritten(_ group: String, _ identifier: String) {
+        let path = ObjectPaths.item(group, identifier)
+        let created = knownItems.insert(path).inserted
+        emit(Self.collectionInterface, created ? "ItemCreated" : "ItemChanged", at: ObjectPaths.collection(group), naming: path)
+        if created { collectionChanged(group) }
+    }
+
+    private func itemRemoved(_ group: String, _ identifier: String) {
+        let path = ObjectPaths.item(group, identifier)
+        knownItems.remove(path)
+        emit(Self.collectionInterface, "ItemDeleted", at: ObjectPaths.collection(group), naming: path)
+        collectionChanged(group)
+    }
+
+    /// Its `Items` changed.
+    private func collectionChanged(_ group: String) {
+        let collection = ObjectPaths.collection(group)
+        emit(Self.serviceInterface, "CollectionChanged", at: ObjectPaths.service, naming: collection)
+    }
+
+    private func emit(_ interface: String, _ member: String, at path: String, naming object: String) {
+        bus.emit(path: path, interface: interface, member: member) { (signal) throws(BusError) in try signal.objectPath(object) }
     }
 
     // MARK: Dispatch

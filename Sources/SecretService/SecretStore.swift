@@ -6,6 +6,9 @@ import KeychainCore
 /// its lock state and events.
 public protocol SecretStore: AnyObject, Sendable {
     var device: Device { get }
+    /// Every group's item identifiers: the device's own listing (no
+    /// program asks), for what the provider has to know of at start.
+    func itemNames() -> [String: [String]]
     /// Carries out an item request of the program `program` (read lazily:
     /// only a group with an entitlement policy asks), recorded in the audit
     /// log with `subject` as `audit` says.

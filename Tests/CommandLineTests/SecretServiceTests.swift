@@ -55,6 +55,51 @@ import TestSupport
         _ = mnt
     }
 
+    /// The spec's signals come from the device's events, so a change made
+    /// by the command line (or a mount) is announced on the bus. The
+    /// watcher's match rule is in place before it says "ready".
+    @Test func changesMadeAnywhereAreSignalledOnTheBus() throws {
+        try """
+            import sys
+            from jeepney import MatchRule, message_bus
+            from jeepney.low_level import HeaderFields
+            from jeepney.io.blocking import open_dbus_connection
+            conn = open_dbus_connection(bus='SESSION')
+            # jeepney filters its queue by the rule too, and a signal's sender
+            # is the provider's unique name: match on the path, not the name.
+            rule = MatchRule(type='signal', path_namespace='/org/freedesktop/secrets')
+            with conn.filter(rule, bufsize=64) as signals:
+                conn.send_and_get_reply(message_bus.AddMatch(rule))
+                print('ready', flush=True)
+                for _ in range(int(sys.argv[1])):
+                    signal = conn.recv_until_filtered(signals, timeout=10)
+                    fields = signal.header.fields
+                    print(fields[HeaderFields.member], fields[HeaderFields.path], signal.body[0], flush=True)
+            """.write(toFile: harness.root + "/watch.py", atomically: true, encoding: .utf8)
+        let signalled = onBus("""
+            mkfifo "$R/signals"
+            /usr/bin/python3 "$R/watch.py" 8 > "$R/signals" & watcher=$!
+            exec 3< "$R/signals"
+            read -r ready <&3
+            printf v | "$K" set default/new && printf w | "$K" set default/new && "$K" rm default/new
+            printf x | "$K" set fresh/one
+            cat <&3
+            wait $watcher
+            """)
+        let collection = "/org/freedesktop/secrets/collection/"
+        #expect(signalled.stdout == """
+            ItemCreated \(collection)default \(collection)default/new
+            CollectionChanged /org/freedesktop/secrets \(collection)default
+            ItemChanged \(collection)default \(collection)default/new
+            ItemDeleted \(collection)default \(collection)default/new
+            CollectionChanged /org/freedesktop/secrets \(collection)default
+            CollectionCreated /org/freedesktop/secrets \(collection)fresh
+            ItemCreated \(collection)fresh \(collection)fresh/one
+            CollectionChanged /org/freedesktop/secrets \(collection)fresh
+
+            """, "\(signalled)")
+    }
+
     /// Locked is never absent: a search finds the item in its locked list,
     /// a read fails with IsLocked.
     @Test func whileLockedItemsAreFoundLockedAndTheirSecretsRefused() {

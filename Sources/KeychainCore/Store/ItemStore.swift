@@ -242,14 +242,18 @@ final class ItemStore: Sendable {
                 let row = try seal(existing, try advance(&record))
                 try saveState(db, &record, removing: [existing].compactMap { $0 }, adding: [row])
                 try db.statement("INSERT OR IGNORE INTO groups(name) VALUES (?)").bind(1, group).run()
+                let groupCreated = db.changes > 0
                 try upsert(db, row)
-                return (replaced: existing, row: row)
+                return (replaced: existing, row: row, groupCreated: groupCreated)
             }
             expect(group, identifier, written.row)
-            return (replaced: written.replaced, generation: written.row.generation)
+            return (replaced: written.replaced, generation: written.row.generation, groupCreated: written.groupCreated)
         }
+        // A write into a group that did not exist made it: observers (.events,
+        // the Secret Service's CollectionCreated) hear of the group first.
+        if written.groupCreated { announce(.groupCreated(group)) }
         announce(.written(group: group, identifier: identifier))
-        return written
+        return (written.replaced, written.generation)
     }
 
     private func upsert(_ db: SQLiteConnection, _ row: SealedItem) throws(KeychainError) {

@@ -301,6 +301,14 @@ extension ServedKeychain {
 extension ServedKeychain: SecretStore {
     var device: Device { manager.localDevice }
 
+    func itemNames() -> [String: [String]] {
+        var names: [String: [String]] = [:]
+        for group in (try? manager.groups()) ?? [] {
+            names[group] = ((try? manager.items(inGroup: group)) ?? []).map(\.identifier)
+        }
+        return names
+    }
+
     func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
                  audit policy: AuditPolicy) -> DeviceReply {
         do throws(KeychainError) {
