@@ -18,6 +18,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     static let collectionInterface = "org.freedesktop.Secret.Collection"
     static let itemInterface = "org.freedesktop.Secret.Item"
     static let sessionInterface = "org.freedesktop.Secret.Session"
+    static let promptInterface = "org.freedesktop.Secret.Prompt"
     static let propertiesInterface = "org.freedesktop.DBus.Properties"
     /// The lookup attributes every item answers to: its group and identifier.
     static let groupAttribute = "keychainfs:group"
@@ -32,6 +33,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// start): a `written` event of one of them is ItemChanged, of another
     /// ItemCreated (the device's events do not tell the two apart).
     private var knownItems: Set<String> = []
+    private var prompts: [String: UnlockPrompt] = [:]
+    private var nextPrompt = 1
 
     /// Connects to the session bus, owns `org.freedesktop.secrets` (with
     /// `replace`, taking it over from another provider) and serves it.
@@ -45,6 +48,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
             guard let name = try? arguments.string(), (try? arguments.string()) != nil, let owner = try? arguments.string(),
                   owner.isEmpty else { return }
             sessions = sessions.filter { $0.value.owner != name }
+            // A client gone during a prompt: its pinentry goes too.
+            for (path, prompt) in prompts where prompt.owner == name {
+                prompt.cancel()
+                prompts[path] = nil
+            }
         }
         for group in store.itemNames() {
             for identifier in group.value { knownItems.insert(ObjectPaths.item(group.key, identifier)) }
@@ -134,7 +142,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 try answerCollection(call, group: group)
             case .item(let group, let identifier): try answerItem(call, group: group, identifier: identifier)
             case .session(let id): try answerSession(call, id: id)
-            case .prompt: throw BusError.noSuchObject("no prompt at \(call.path)")
+            case .prompt: try answerPrompt(call)
             }
         } catch {
             bus.reply(to: message, error: error)
@@ -225,12 +233,20 @@ public final class SecretServiceProvider: @unchecked Sendable {
         case "Unlock":
             try requireSignature(call, "ao")
             let paths = try call.arguments.objectPaths()
-            guard !store.device.isLocked else {
-                throw BusError.isLocked("the keychain is locked: unlock it with `keychainfs unlock` (prompts come later)")
+            guard store.device.isLocked else {
+                try bus.reply(to: call.message) { (reply) throws(BusError) in
+                    try reply.objectPaths(paths)
+                    try reply.objectPath(ObjectPaths.none)
+                }
+                return
             }
+            // Locked: the passcode is asked for when the client calls Prompt.
+            let path = ObjectPaths.promptPrefix + String(nextPrompt)
+            nextPrompt += 1
+            prompts[path] = UnlockPrompt(owner: call.sender, objects: paths)
             try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPaths(paths)
-                try reply.objectPath(ObjectPaths.none)
+                try reply.objectPaths([])
+                try reply.objectPath(path)
             }
         default:
             throw .unknownMethod("no method \(call.member) in \(Self.serviceInterface)")
@@ -306,6 +322,53 @@ public final class SecretServiceProvider: @unchecked Sendable {
             throw .noSession("no open session \(path) of this connection")
         }
         return session
+    }
+
+    // MARK: org.freedesktop.Secret.Prompt
+
+    private func answerPrompt(_ call: BusCall) throws(BusError) {
+        guard call.interface == Self.promptInterface || call.interface.isEmpty else {
+            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
+        }
+        guard let prompt = prompts[call.path], prompt.owner == call.sender else {
+            throw .noSuchObject("no prompt at \(call.path) for this connection")
+        }
+        switch call.member {
+        case "Prompt":
+            try requireSignature(call, "s")
+            _ = try call.arguments.string()  // the window to place it over: pinentry places itself
+            guard let program = Pinentry.program() else {
+                throw .failed("no pinentry program: install pinentry-curses or pinentry-gnome3, or set KEYCHAINFS_PINENTRY")
+            }
+            guard prompt.start() else { throw .failed("the prompt is showing already") }
+            let sender = bus.senderProcess(of: call.message)
+            let path = call.path
+            try bus.reply(to: call.message) { _ throws(BusError) in }
+            let started = Threads.start { [self] in
+                let unlocked = prompt.run(program: program, program: sender?.pid) { passcode in
+                    store.perform(.unlock(passcode: passcode), program: { nil },
+                                  subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } },
+                                  audit: .always)
+                }
+                bus.perform { [self] in completePrompt(path, dismissed: !unlocked, objects: unlocked ? prompt.objects : []) }
+            }
+            if started == nil { completePrompt(path, dismissed: true, objects: []) }
+        case "Dismiss":
+            try requireSignature(call, "")
+            try bus.reply(to: call.message) { _ throws(BusError) in }
+            if prompt.cancel() == false { completePrompt(call.path, dismissed: true, objects: []) }
+        default:
+            throw .unknownMethod("no method \(call.member) in \(Self.promptInterface)")
+        }
+    }
+
+    /// The spec's Completed(dismissed, result): the objects unlocked.
+    private func completePrompt(_ path: String, dismissed: Bool, objects: [String]) {
+        guard prompts.removeValue(forKey: path) != nil else { return }
+        bus.emit(path: path, interface: Self.promptInterface, member: "Completed") { (signal) throws(BusError) in
+            try signal.bool(dismissed)
+            try signal.variant(.objectPaths(objects))
+        }
     }
 
     // MARK: Properties

@@ -16,15 +16,15 @@ import TestSupport
 
     /// Runs `script` on a private session bus with the keychain's device
     /// serving org.freedesktop.secrets, unlocked unless `locked`.
-    func onBus(_ script: String, locked: Bool = false) -> ShellResult {
+    func onBus(_ script: String, locked: Bool = false, environment: String = "") -> ShellResult {
         let prelude = """
-            export KEYCHAINFS_KEYCHAIN="$KC"
+            export KEYCHAINFS_KEYCHAIN="$KC" \(environment)
             "$K" start --secret-service || exit 99
             trap '"$K" stop' EXIT
             \(locked ? "" : "printf '%s\\n' \"$PASSCODE\" | \"$K\" unlock || exit 98")
 
             """
-        return harness.sh("PASSCODE=\"$2\" dbus-run-session -- sh -c \"$1\" 2> \"$R/bus.err\"",
+        return harness.sh("PASSCODE=\"$2\" dbus-run-session -- sh -c \"$1\" 2> \"$R/bus.err\"; cat \"$R/bus.err\" >&2",
                           arguments: [prelude + script, MountHarness.passcode])
     }
 
@@ -98,6 +98,94 @@ import TestSupport
             CollectionChanged /org/freedesktop/secrets \(collection)fresh
 
             """, "\(signalled)")
+    }
+
+    /// Unlock of a locked keychain returns a prompt; its Prompt runs
+    /// pinentry (here a script speaking its protocol, answering from a
+    /// file): a wrong passcode is shown as such and counts, the right one
+    /// unlocks and Completed says so; a cancelled one is dismissed.
+    @Test func unlockAsksForThePasscodeThroughPinentry() throws {
+        try """
+            #!/bin/sh
+            echo "OK Pleased to meet you"
+            n=0
+            while read -r command rest; do
+                case "$command" in
+                GETPIN) n=$((n + 1)); pin=$(sed -n "${n}p" "$R/answers")
+                        if [ -n "$pin" ]; then echo "D $pin"; echo OK; else echo "ERR 83886179 Operation cancelled"; fi ;;
+                SETERROR) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
+                SETDESC) echo "$rest" | sed 's|/.*/||' >> "$R/pinentry.log"; echo OK ;;
+                BYE) echo OK; exit 0 ;;
+                *) echo OK ;;
+                esac
+            done
+            """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
+        chmod(harness.root + "/pinentry", 0o755)
+        try "\n".write(toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
+        let prompted = onBus("""
+            /usr/bin/python3 - "$R/answers" "$PASSCODE" <<'PY'
+            import sys, secretstorage
+            conn = secretstorage.dbus_init()
+            collection = secretstorage.get_default_collection(conn)
+            print('cancelled, dismissed:', collection.unlock(), 'locked:', collection.is_locked())
+            open(sys.argv[1], 'w').write('wrong-one\\n' + sys.argv[2] + '\\n')
+            print('answered, dismissed:', collection.unlock(), 'locked:', collection.is_locked())
+            PY
+            "$K" status | grep -E '^(state|failed)'
+            cat "$R/pinentry.log"
+            """, locked: true, environment: "KEYCHAINFS_PINENTRY=\"$R/pinentry\"")
+        #expect(prompted.stdout == """
+            cancelled, dismissed: True locked: True
+            answered, dismissed: False locked: False
+            state: unlocked
+            failed-attempts: 0
+            python3.11 asks to unlock your keychain.
+            python3.11 asks to unlock your keychain.
+            python3.11 asks to unlock your keychain.
+            Wrong passcode
+
+            """, "\(prompted)")
+        // The wrong passcode and the right one, each with the program that asked.
+        let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep 'unlock' | grep -c 'exe=/usr/bin/python3'")
+        #expect(log.stdout == "2\n", "\(log)")
+    }
+
+    /// A client that leaves while its prompt shows takes the prompt with
+    /// it: pinentry is ended, nothing is unlocked, and the next Unlock works.
+    @Test func aClientGoneDuringItsPromptEndsThePinentry() throws {
+        try """
+            #!/bin/sh
+            echo $$ > "$R/pinentry.pid"
+            echo "OK Pleased to meet you"
+            while read -r command rest; do
+                case "$command" in
+                GETPIN) read -r never < "$R/never" ;;
+                *) echo OK ;;
+                esac
+            done
+            """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
+        chmod(harness.root + "/pinentry", 0o755)
+        let gone = onBus("""
+            mkfifo "$R/never" "$R/pinentry.pid"
+            pid=$(/usr/bin/python3 - "$R/pinentry.pid" <<'PY'
+            import sys
+            from jeepney import DBusAddress, new_method_call
+            from jeepney.io.blocking import open_dbus_connection
+            conn = open_dbus_connection(bus='SESSION')
+            service = DBusAddress('/org/freedesktop/secrets', 'org.freedesktop.secrets', 'org.freedesktop.Secret.Service')
+            unlocked, prompt = conn.send_and_get_reply(new_method_call(service, 'Unlock', 'ao',
+                (['/org/freedesktop/secrets/collection/default'],))).body
+            conn.send_and_get_reply(new_method_call(DBusAddress(prompt, 'org.freedesktop.secrets',
+                'org.freedesktop.Secret.Prompt'), 'Prompt', 's', ('',)))
+            # The pinentry writes its pid into the FIFO as it starts: then it shows.
+            print(open(sys.argv[1]).read().strip())
+            PY
+            )
+            tail --pid="$pid" -f /dev/null
+            echo "pinentry ended"
+            "$K" status | grep '^state'
+            """, locked: true, environment: "KEYCHAINFS_PINENTRY=\"$R/pinentry\"")
+        #expect(gone.stdout == "pinentry ended\nstate: locked\n", "\(gone)")
     }
 
     /// Locked is never absent: a search finds the item in its locked list,

@@ -1,0 +1,168 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A passcode asked for through pinentry, the program GnuPG uses (its
+/// Assuan protocol: SETDESC, SETPROMPT, SETERROR, GETPIN). The program is
+/// `$KEYCHAINFS_PINENTRY`, else `pinentry` on the PATH; it runs with the
+/// device's environment (the session's DISPLAY, WAYLAND_DISPLAY or tty).
+/// The passcode goes from its pipe into secret memory; it never becomes a
+/// string.
+final class Pinentry {
+    let pid: pid_t
+    private let input: Int32
+    private let output: Int32
+    private var buffer: [UInt8] = []
+    private var ended = false
+
+    enum Answer {
+        case passcode(SecureBytes)
+        case cancelled
+    }
+
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// The program to run, or nil when none is installed.
+    static func program() -> String? {
+        if let chosen = getenv("KEYCHAINFS_PINENTRY").map({ String(cString: $0) }), !chosen.isEmpty { return chosen }
+        let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/local/bin:/usr/bin:/bin"
+        return path.split(separator: ":").map { "\($0)/pinentry" }.first { access($0, X_OK) == 0 }
+    }
+
+    init(program: String) throws(Failure) {
+        var toChild: [Int32] = [0, 0], fromChild: [Int32] = [0, 0]
+        // Close-on-exec: Spawn dup2s the child's ends into place and closes the rest.
+        guard pipe(&toChild) == 0, pipe(&fromChild) == 0 else {
+            throw Failure(description: "no pipe for pinentry")
+        }
+        for fd in toChild + fromChild { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        var options = Spawn.Options()
+        options.descriptors = [(0, toChild[0]), (1, fromChild[1])]
+        let started = Spawn.start([program], options: options)
+        close(toChild[0])
+        close(fromChild[1])
+        guard let started else {
+            close(toChild[1])
+            close(fromChild[0])
+            throw Failure(description: "cannot run \(program)")
+        }
+        pid = started
+        input = toChild[1]
+        output = fromChild[0]
+        guard let greeting = try? line(), greeting.starts(with: Array("OK".utf8)) else {
+            end()
+            throw Failure(description: "\(program) does not speak the pinentry protocol")
+        }
+    }
+
+    deinit { end() }
+
+    /// Asks once; `error` is shown above the field (a wrong passcode before).
+    func ask(description: String, error: String?) throws(Failure) -> Answer {
+        try command("SETTITLE KeychainFS")
+        try command("SETDESC " + Self.escaped(description))
+        try command("SETPROMPT Passcode:")
+        if let error { try command("SETERROR " + Self.escaped(error)) }
+        try send("GETPIN")
+        let passcode = SecureBuffer()
+        while true {
+            var reply = try line()
+            if reply.starts(with: Array("D ".utf8)) {
+                try Self.unescape(reply.dropFirst(2), into: passcode)
+                reply.withUnsafeMutableBufferPointer { wipeMemory(UnsafeMutableRawBufferPointer($0)) }
+            } else if reply.starts(with: Array("OK".utf8)) {
+                do { return .passcode(try passcode.snapshot()) } catch { throw Failure(description: "no memory for the passcode") }
+            } else if reply.starts(with: Array("ERR".utf8)) {
+                return .cancelled
+            }
+        }
+    }
+
+    /// Stops the program from another thread while `ask` waits for the
+    /// user (a dismissed prompt, a client gone): `ask` then fails.
+    func cancel() { kill(pid, SIGTERM) }
+
+    /// Ends the program.
+    func end() {
+        guard !ended else { return }
+        ended = true
+        _ = try? send("BYE")
+        close(input)
+        close(output)
+        kill(pid, SIGTERM)
+        _ = Spawn.wait(pid)
+    }
+
+    private func command(_ text: String) throws(Failure) {
+        try send(text)
+        guard try line().starts(with: Array("OK".utf8)) else { throw Failure(description: "pinentry refused \(text.prefix(8))") }
+    }
+
+    private func send(_ text: String) throws(Failure) {
+        guard (try? Descriptor.writeAll(input, Array((text + "\n").utf8))) != nil else { throw Failure(description: "pinentry went away") }
+    }
+
+    /// One line of the program's output, without its newline. Lines are
+    /// read whole from a buffer that is wiped as it is consumed.
+    private func line() throws(Failure) -> [UInt8] {
+        while true {
+            if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = Array(buffer[..<newline])
+                buffer.withUnsafeMutableBytes { wipeMemory(UnsafeMutableRawBufferPointer(rebasing: $0[...newline])) }
+                buffer.removeFirst(newline + 1)
+                return line
+            }
+            var chunk = [UInt8](repeating: 0, count: 1024)
+            defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
+            let count = chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0, buffer.count + count <= 64 << 10 else { throw Failure(description: "pinentry went away") }
+            buffer += chunk[..<count]
+        }
+    }
+
+    /// Assuan escapes %, CR and LF in data lines as %XX.
+    private static func escaped(_ text: String) -> String {
+        var out = ""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "%": out += "%25"
+            case "\n": out += "%0A"
+            case "\r": out += "%0D"
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
+    }
+
+    private static func unescape(_ data: ArraySlice<UInt8>, into passcode: SecureBuffer) throws(Failure) {
+        var index = data.startIndex
+        while index < data.endIndex {
+            var byte = data[index]
+            // Decoded by hand: no String may hold a digit of the passcode.
+            if byte == UInt8(ascii: "%"), data.endIndex - index >= 3,
+               let high = hexValue(data[index + 1]), let low = hexValue(data[index + 2]) {
+                byte = high << 4 | low
+                index += 2
+            }
+            do {
+                try withUnsafeBytes(of: byte) { (raw) throws(KeychainError) in try passcode.append(raw) }
+            } catch {
+                throw Failure(description: "the passcode is too long")
+            }
+            index += 1
+        }
+    }
+
+    private static func hexValue(_ digit: UInt8) -> UInt8? {
+        switch digit {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): digit - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): digit - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): digit - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}

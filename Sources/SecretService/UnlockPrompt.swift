@@ -1,0 +1,63 @@
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The prompt an `Unlock` of a locked keychain returns: when its client
+/// calls `Prompt`, pinentry asks for the passcode (three tries; each wrong
+/// one counts toward the device's lockout, as at any other door).
+final class UnlockPrompt: Sendable {
+    let owner: String
+    let objects: [String]
+    private let state = Mutex<(started: Bool, pinentry: Pinentry?)>((false, nil))
+
+    init(owner: String, objects: [String]) {
+        self.owner = owner
+        self.objects = objects
+    }
+
+    /// Marks it shown; false if it was already.
+    func start() -> Bool {
+        state.withLock { state in
+            defer { state.started = true }
+            return !state.started
+        }
+    }
+
+    /// Stops a pinentry that is showing; false when none is.
+    @discardableResult
+    func cancel() -> Bool {
+        state.withLock { state in
+            state.pinentry?.cancel()
+            return state.pinentry != nil
+        }
+    }
+
+    static let attempts = 3
+
+    /// Asks (on the calling thread, which it blocks) until `unlock` takes a
+    /// passcode; returns whether the device was unlocked.
+    func run(program: String, program asker: pid_t?, unlock: (SecureBytes) -> DeviceReply) -> Bool {
+        let pinentry: Pinentry
+        do { pinentry = try Pinentry(program: program) } catch { return false }
+        state.withLock { $0.pinentry = pinentry }
+        defer {
+            state.withLock { $0.pinentry = nil }
+            pinentry.end()
+        }
+        let who = asker.flatMap { ProgramIdentities.subject(thread: $0, uid: getuid()).executable } ?? "a program"
+        var error: String?
+        for _ in 0..<Self.attempts {
+            guard case .passcode(let passcode)? = try? pinentry.ask(description: "\(who) asks to unlock your keychain.",
+                                                                    error: error) else { return false }
+            switch unlock(passcode) {
+            case .ok: return true
+            case .keychainError(.authFailed, _): error = "Wrong passcode"
+            case .keychainError(_, let message), .systemError(_, let message): error = message
+            default: return false
+            }
+        }
+        return false
+    }
+}
