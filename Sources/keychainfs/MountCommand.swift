@@ -32,6 +32,8 @@ struct MountCommand: ParsableCommand {
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
+    @OptionGroup var bus: SecretServiceOptions
+
     func validate() throws {
         if let group, (try? ItemLimits.validate(name: group)) == nil {
             throw ValidationError("'\(group)' is not a valid access group name.")
@@ -55,6 +57,7 @@ struct MountCommand: ParsableCommand {
             throw report(error.description)
         }
         if DeviceClient.isServing(socketPath) {
+            if bus.secretService { throw report(SecretServiceOptions.deviceRunsAlready(keychain)) }
             if try join(socketPath, mountpoint: mountpoint) { return }
             // The device was exiting (its last mount had just gone): start the next one.
             waitForDeviceExit(keychain)
@@ -70,6 +73,9 @@ struct MountCommand: ParsableCommand {
     private func mountForService(_ mountpoint: String, place: KeychainPlace) throws {
         guard !foreground else {
             throw report("--foreground runs a per-user device; the keychainfs service runs as its own systemd unit")
+        }
+        guard !bus.secretService else {
+            throw report("the keychainfs service is not on your session bus: --secret-service needs a per-user device (--keychain DIR)")
         }
         try place.requireExisting()
         let connection: Int32
@@ -131,7 +137,7 @@ struct MountCommand: ParsableCommand {
         if let autolock {
             device.manager.localDevice.setAutoLock(after: autolock.seconds, grace: device.manager.localDevice.autoLock.grace)
         }
-        return device.run(mountpoint: mountpoint, group: group) { error in
+        return device.run(mountpoint: mountpoint, group: group, secretService: bus.replacing) { error in
             if let error { _ = report(error.description) } else { report(ok: ()) }
         }
     }
@@ -141,7 +147,7 @@ struct MountCommand: ParsableCommand {
         var arguments = ["mount", mountpoint, "--foreground", "--keychain", keychain.path]
         if let group { arguments += ["--group", group] }
         if let autolock { arguments += ["--autolock", String(autolock.seconds)] }
-        if let problem = DeviceLauncher.start(arguments) { throw fail(problem) }
+        if let problem = DeviceLauncher.start(arguments + bus.arguments) { throw fail(problem) }
     }
 
     private func report(ok: ()) { ReadyReport(readyFD).ok() }
@@ -262,29 +268,23 @@ struct StartCommand: ParsableCommand {
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
-    @Flag(name: .customLong("secret-service"), help: "Also serve the Secret Service (org.freedesktop.secrets) on the session bus.")
-    var secretService = false
-
-    @Flag(help: "With --secret-service: take the name over from the provider that has it (gnome-keyring).")
-    var replace = false
+    @OptionGroup var bus: SecretServiceOptions
 
     func run() throws {
         guard case .directory(let keychain) = options.place else {
             throw fail("the keychainfs service runs your keychain's device already")
         }
         guard foreground else {
-            guard secretService else {
+            guard bus.secretService else {
                 if let problem = DeviceLauncher.ensureRunning(keychain).problem { throw fail(problem) }
                 return
             }
-            // The bus is the one of this session ($DBUS_SESSION_BUS_ADDRESS): a
-            // device started elsewhere (another session, a client) is not on it.
             if let socketPath = try? keychain.deviceSocketPath(), DeviceClient.isServing(socketPath) {
-                throw fail("a device runs already for the keychain at \(keychain.path): stop it (keychainfs stop), then start it with --secret-service")
+                throw fail(SecretServiceOptions.deviceRunsAlready(keychain))
             }
-            var arguments = ["start", "--foreground", "--keychain", keychain.path, "--secret-service"]
-            if replace { arguments.append("--replace") }
-            if let problem = DeviceLauncher.start(arguments) { throw fail(problem) }
+            if let problem = DeviceLauncher.start(["start", "--foreground", "--keychain", keychain.path] + bus.arguments) {
+                throw fail(problem)
+            }
             return
         }
         let device: DeviceProcess
@@ -293,7 +293,7 @@ struct StartCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        throw ExitCode(device.run(mountpoint: nil, group: nil, secretService: secretService ? replace : nil) { error in
+        throw ExitCode(device.run(mountpoint: nil, group: nil, secretService: bus.replacing) { error in
             if let error { _ = report(error.description) } else { report(ok: ()) }
         })
     }
@@ -323,5 +323,27 @@ struct StopCommand: ParsableCommand {
         case .keychainError(_, let message)?, .systemError(_, let message)?: throw fail(message)
         case .value?: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
         }
+    }
+}
+
+/// `--secret-service [--replace]`, shared by `start` and `mount`.
+struct SecretServiceOptions: ParsableArguments {
+    @Flag(name: .customLong("secret-service"),
+          help: "Also serve the Secret Service (org.freedesktop.secrets) on this session's bus (docs/SECRET-SERVICE.md).")
+    var secretService = false
+
+    @Flag(help: "With --secret-service: take the name over from the program that has it (gnome-keyring).")
+    var replace = false
+
+    /// What `DeviceProcess.run` takes: nil for no bus, else whether to replace.
+    var replacing: Bool? { secretService ? replace : nil }
+
+    /// The same options for the device process started detached.
+    var arguments: [String] { secretService ? ["--secret-service"] + (replace ? ["--replace"] : []) : [] }
+
+    /// The bus is the one of the session that starts the device
+    /// ($DBUS_SESSION_BUS_ADDRESS): a running device stays on its own.
+    static func deviceRunsAlready(_ keychain: KeychainDirectory) -> String {
+        "a device runs already for the keychain at \(keychain.path): stop it (keychainfs stop), then start it with --secret-service"
     }
 }

@@ -188,6 +188,53 @@ import TestSupport
         #expect(gone.stdout == "pinentry ended\nstate: locked\n", "\(gone)")
     }
 
+    /// A mount's device serves the bus too (until its last mount goes); a
+    /// device that runs already cannot join a bus afterwards, and says so.
+    @Test func aMountsDeviceCanServeTheBus() throws {
+        _ = try harness.prepareMountpoint("mnt")
+        let served = harness.sh("""
+            dbus-run-session -- sh -c '
+                export KEYCHAINFS_KEYCHAIN="$KC"
+                "$K" mount "$R/mnt" --secret-service || exit 99
+                printf "unlock %s\\n" "$1" > "$R/mnt/.control"
+                printf from-cat > "$R/mnt/default/cat-item"
+                secret-tool lookup keychainfs:identifier cat-item; echo
+                "$K" start --secret-service; echo "start $?"
+                "$K" unmount "$R/mnt"' sh "$1" 2> "$R/bus.err"; grep keychainfs: "$R/bus.err"
+            """, arguments: [MountHarness.passcode])
+        #expect(served.stdout == """
+            from-cat
+            start 1
+            keychainfs: a device runs already for the keychain at \(harness.keychain): stop it (keychainfs stop), then start it with --secret-service
+
+            """, "\(served)")
+    }
+
+    /// The shipped activation file, as it is: the bus starts the device
+    /// (with the binary where the file expects it, ~/.local/bin) when a
+    /// program first asks for org.freedesktop.secrets.
+    @Test func theBusStartsTheDeviceWhenAProgramFirstAsks() throws {
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().path
+        let activated = harness.sh("""
+            export HOME="$R/home" KEYCHAINFS_KEYCHAIN="$KC"
+            mkdir -p "$HOME/.local/bin" "$R/services"
+            ln -s "$K" "$HOME/.local/bin/keychainfs"
+            cp "$1/scripts/dbus/org.freedesktop.secrets.service" "$R/services/"
+            # Debian's session bus, with our directory instead of the standard
+            # ones (where gnome-keyring's activation file for the name may be).
+            sed "s|<standard_session_servicedirs */>|<servicedir>$R/services</servicedir>|" /usr/share/dbus-1/session.conf \\
+                > "$R/session.conf"
+            "$K" status | grep '^state'
+            dbus-run-session --config-file="$R/session.conf" -- sh -c '
+                secret-tool lookup keychainfs:identifier anything; echo "lookup $?"
+                "$K" status | grep "^state"
+                "$K" stop' 2> /dev/null
+            """, arguments: [repository])
+        // Booted by the bus, locked as a device boots: the lookup finds nothing it may read.
+        #expect(activated.stdout == "state: stopped\nlookup 1\nstate: locked\n", "\(activated)")
+    }
+
     /// Locked is never absent: a search finds the item in its locked list,
     /// a read fails with IsLocked.
     @Test func whileLockedItemsAreFoundLockedAndTheirSecretsRefused() {

@@ -27,6 +27,7 @@ import TestSupport
             instance=$(systemd-escape --path "$R/kc")
             cp "$1/keychainfs@.service" "$R/units/keychainfs@$instance.service"
             cp "$1/keychainfs-exec-example@.service" "$R/units/keychainfs-exec-example@$instance.service"
+            cp "$1/keychainfs-secrets.service" "$R/units/"
             cd "$R/units" && systemd-analyze verify --man=no ./*.service
             """
         let verified = harness.sh(script, arguments: [Self.unitDirectory])
