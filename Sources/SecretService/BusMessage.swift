@@ -120,6 +120,24 @@ struct BusMessageReader {
         return dictionary
     }
 
+    /// An `a{sv}` (properties), keeping the string values and skipping the
+    /// others (a property this service does not keep, such as an item's
+    /// attributes here, is read past, not refused).
+    func stringProperties() throws(BusError) -> [String: String] {
+        try enter("a", "{sv}")
+        var properties: [String: String] = [:]
+        while try enterElement("e", "sv") {
+            let name = try string()
+            guard let contents = try peek()?.contents else { throw .invalidArguments("a property without a value") }
+            try enter("v", contents)
+            if contents == "s" { properties[name] = try string() } else { try skip(contents) }
+            try exit()
+            try exit()
+        }
+        try exit()
+        return properties
+    }
+
     /// The type signature of the next argument, or nil at the end.
     func peek() throws(BusError) -> (type: Character, contents: String?)? {
         var type: CChar = 0

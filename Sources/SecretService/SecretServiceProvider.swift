@@ -217,6 +217,34 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 }
                 try reply.close()
             }
+        case "CreateCollection":
+            try requireSignature(call, "a{sv}s")
+            let label = try call.arguments.stringProperties()["org.freedesktop.Secret.Collection.Label"] ?? ""
+            let alias = try call.arguments.string()
+            let group: String
+            if !alias.isEmpty {
+                // The spec: a collection for a well-known alias that exists is returned as it is.
+                guard let aliased = Self.group(ofAlias: alias) else {
+                    throw .notSupported("aliases other than default and login cannot be made (they name the group default)")
+                }
+                group = aliased
+            } else {
+                guard (try? ItemLimits.validate(name: label)) != nil else {
+                    throw .invalidArguments("a collection's label is its access group's name: 1 to 255 bytes, no '/'")
+                }
+                group = label
+                // An existing group of that name is that collection.
+                switch perform(.createGroup(group), for: call) {
+                case .ok, .keychainError(.duplicateItem, _): break
+                case .keychainError(let error, let message): throw error == .missingEntitlement
+                    ? .accessDenied(message) : .failed(message)
+                default: throw .failed("cannot create the collection \(group)")
+                }
+            }
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.objectPath(ObjectPaths.collection(group))
+                try reply.objectPath(ObjectPaths.none)
+            }
         case "ReadAlias":
             try requireSignature(call, "s")
             let alias = try call.arguments.string()
@@ -265,6 +293,18 @@ public final class SecretServiceProvider: @unchecked Sendable {
             try requireSignature(call, "a{ss}")
             let found = try search(try call.arguments.stringDictionary(), in: group, caller: call)
             try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPaths(found.unlocked + found.locked) }
+        case "Delete":
+            try requireSignature(call, "")
+            // As rmdir: a group that holds items is refused, never emptied by one call.
+            switch perform(.removeGroup(group), for: call) {
+            case .ok: break
+            case .keychainError(.badRequest, _):
+                throw .failed("the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
+            case .keychainError(.missingEntitlement, let message): throw .accessDenied(message)
+            case .keychainError(_, let message), .systemError(_, let message): throw .failed(message)
+            default: throw .failed("cannot delete the collection \(group)")
+            }
+            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
         default:
             throw .unknownMethod("no method \(call.member) in \(Self.collectionInterface)")
         }

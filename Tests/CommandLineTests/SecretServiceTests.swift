@@ -210,6 +210,42 @@ import TestSupport
             """, "\(served)")
     }
 
+    /// A collection is an access group: CreateCollection makes one named by
+    /// its label (the default alias answers with the default group), Delete
+    /// removes an empty one and refuses one that holds items.
+    @Test func collectionsAreAccessGroups() {
+        let made = onBus("""
+            printf kept | "$K" set full/item
+            /usr/bin/python3 - <<'PY'
+            import secretstorage
+            conn = secretstorage.dbus_init()
+            made = secretstorage.create_collection(conn, 'team.app')
+            print(made.collection_path, made.get_label())
+            print(secretstorage.create_collection(conn, 'ignored', alias='default').collection_path)
+            made.delete()
+            try:
+                secretstorage.Collection(conn, '/org/freedesktop/secrets/collection/full').delete()
+            except Exception as error:
+                print(type(error).__name__, 'still holds items' in str(error))
+            try:
+                secretstorage.create_collection(conn, 'a/b')
+            except Exception as error:
+                print(type(error).__name__, 'InvalidArgs' in str(error))
+            PY
+            "$K" ls; "$K" get full/item; echo
+            """)
+        #expect(made.stdout == """
+            /org/freedesktop/secrets/collection/team_2eapp team.app
+            /org/freedesktop/secrets/collection/default
+            DBusErrorResponse True
+            DBusErrorResponse True
+            default
+            full
+            kept
+
+            """, "\(made)")
+    }
+
     /// The shipped activation file, as it is: the bus starts the device
     /// (with the binary where the file expects it, ~/.local/bin) when a
     /// program first asks for org.freedesktop.secrets.
