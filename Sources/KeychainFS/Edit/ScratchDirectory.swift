@@ -20,7 +20,7 @@ public final class ScratchDirectory: Sendable {
     /// The mount point.
     public let path: String
     private let files: ScratchFiles
-    private let session: ScratchSession
+    private let session: FuseSession<ScratchFiles>
     private let loopThread = Mutex<pthread_t?>(nil)
 
     /// Mounts an empty scratch directory at `path` (an empty directory of
@@ -53,7 +53,7 @@ public final class ScratchDirectory: Sendable {
             userdata.release()
             throw MountError("could not mount a private directory at \(path) (is /dev/fuse usable and fusermount3 installed?)")
         }
-        session = ScratchSession(made, userdata: userdata)
+        session = FuseSession(made, userdata: userdata)
         let session = session
         // One thread: an editor makes one request at a time.
         guard let thread = Threads.start({ _ = fuse_session_loop(session.raw) }) else {
@@ -80,28 +80,6 @@ public final class ScratchDirectory: Sendable {
         }
         session.tearDown()
         files.wipeAll()
-    }
-}
-
-/// The libfuse session of a scratch directory and the files it calls back into.
-private final class ScratchSession: @unchecked Sendable {
-    let raw: OpaquePointer
-    private let userdata: Unmanaged<ScratchFiles>
-    private let tornDown = Mutex(false)
-
-    init(_ raw: OpaquePointer, userdata: Unmanaged<ScratchFiles>) {
-        self.raw = raw
-        self.userdata = userdata
-    }
-
-    func tearDown() {
-        guard tornDown.withLock({ done in
-            defer { done = true }
-            return !done
-        }) else { return }
-        fuse_session_unmount(raw)
-        fuse_session_destroy(raw)
-        userdata.release()
     }
 }
 

@@ -13,7 +13,7 @@ public final class FuseMount: Sendable {
     public let mountpoint: String
     /// What is mounted.
     public let fileSystem: FileSystem
-    private let session: SessionBox
+    private let session: FuseSession<FileSystem>
     private let loopThread = Mutex<pthread_t?>(nil)
 
     /// Mounts `fileSystem` at `mountpoint` and starts serving it; `onFinish`
@@ -51,7 +51,7 @@ public final class FuseMount: Sendable {
             userdata.release()
             throw MountError("could not mount at \(mountpoint) (is /dev/fuse usable and fusermount3 installed?)")
         }
-        session = SessionBox(made, userdata: userdata)
+        session = FuseSession(made, userdata: userdata)
         fileSystem.kernelCache.attach(session)
         fileSystem.nodes.register(fileSystem.kernelCache)
         guard let thread = Threads.start({ [self] in
@@ -100,13 +100,13 @@ public struct MountError: Error, CustomStringConvertible {
 /// mount or the socket, and commits through this one, call it.
 final class KernelCache: Sendable {
     let scope: FileSystem.Scope
-    private let session = Mutex<SessionBox?>(nil)
+    private let session = Mutex<FuseSession<FileSystem>?>(nil)
     /// The inodes this kernel holds, with its reference counts.
     private let known = Mutex<[UInt64: UInt64]>([:])
 
     init(scope: FileSystem.Scope) { self.scope = scope }
 
-    fileprivate func attach(_ box: SessionBox) { session.withLock { $0 = box } }
+    func attach(_ box: FuseSession<FileSystem>) { session.withLock { $0 = box } }
 
     func took(_ inode: UInt64) { known.withLock { $0[inode, default: 0] += 1 } }
 
@@ -161,38 +161,5 @@ final class KernelCache: Sendable {
         default:
             return nil
         }
-    }
-}
-
-/// The libfuse session pointer and the retained filesystem it calls back into.
-private final class SessionBox: @unchecked Sendable {
-    // Used only by the loop thread after init, and torn down once.
-    let raw: OpaquePointer
-    private let userdata: Unmanaged<FileSystem>
-    private let tornDown = Mutex(false)
-
-    init(_ raw: OpaquePointer, userdata: Unmanaged<FileSystem>) {
-        self.raw = raw
-        self.userdata = userdata
-    }
-
-    /// Runs `body` with the session unless it was torn down (and keeps it from being torn down meanwhile).
-    func whileLive(_ body: (OpaquePointer) -> Void) {
-        tornDown.withLock { done in
-            if !done { body(raw) }
-        }
-    }
-
-    func tearDown() {
-        let first = tornDown.withLock { done in
-            defer { done = true }
-            return !done
-        }
-        guard first else { return }
-        // After the kernel ended the connection this only closes /dev/fuse
-        // (fuse_kern_unmount sees POLLERR and returns).
-        fuse_session_unmount(raw)
-        fuse_session_destroy(raw)
-        userdata.release()
     }
 }
