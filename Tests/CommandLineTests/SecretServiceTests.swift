@@ -14,6 +14,16 @@ import TestSupport
         harness = try MountHarness()
     }
 
+    /// Unlocks the keychain, stores `value` at `item` and stops the device
+    /// again: the test's bus starts its own.
+    func store(_ value: String, at item: String) {
+        let stored = harness.sh("""
+            printf '%s\\n' "$3" | "$K" unlock --keychain "$KC" && printf %s "$1" | "$K" set "$2" --keychain "$KC" &&
+            "$K" stop --keychain "$KC"
+            """, arguments: [value, item, MountHarness.passcode])
+        #expect(stored.succeeded, "\(stored)")
+    }
+
     /// Runs `script` on a private session bus with the keychain's device
     /// serving org.freedesktop.secrets, unlocked unless `locked`.
     func onBus(_ script: String, locked: Bool = false, environment: String = "") -> ShellResult {
@@ -274,8 +284,7 @@ import TestSupport
     /// Locked is never absent: a search finds the item in its locked list,
     /// a read fails with IsLocked.
     @Test func whileLockedItemsAreFoundLockedAndTheirSecretsRefused() {
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
-        #expect(harness.sh("printf s3cret | \"$K\" set default/token --keychain \"$KC\" && \"$K\" stop --keychain \"$KC\"").succeeded)
+        store("s3cret", at: "default/token")
         let locked = onBus("""
             /usr/bin/python3 - <<'PY'
             import secretstorage
@@ -306,8 +315,7 @@ import TestSupport
     /// (an implementation independent of ours: Python's integers and
     /// pyca/cryptography's AES); a plain session is asked for by hand.
     @Test func secretstorageReadsAndWritesSecretsInDhAndPlainSessions() {
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
-        #expect(harness.sh("printf v1 | \"$K\" set default/db --keychain \"$KC\" && \"$K\" stop --keychain \"$KC\"").succeeded)
+        store("v1", at: "default/db")
         let used = onBus("""
             /usr/bin/python3 - <<'PY'
             import secretstorage
@@ -344,8 +352,7 @@ import TestSupport
     /// the padding of a 3-byte secret, thirteen 0x0d bytes, into a wrong
     /// one every time; a flipped ciphertext byte would pass 1 time in 256.)
     @Test func badSessionInputIsRefusedAndChangesNothing() {
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
-        #expect(harness.sh("printf kept | \"$K\" set default/db --keychain \"$KC\" && \"$K\" stop --keychain \"$KC\"").succeeded)
+        store("kept", at: "default/db")
         let refused = onBus("""
             /usr/bin/python3 - <<'PY'
             import secretstorage
