@@ -73,6 +73,30 @@ import Testing
         #expect(try target.restore(bytes, password: secure(Self.password), policy: .refuse) == RestoreSummary(unchanged: 4))
     }
 
+    /// Items the Secret Service made travel with their label, attributes and
+    /// times (backup version 2); restoring twice changes nothing.
+    @Test func detailsTravelWithTheirItems() throws {
+        let (keychain, source) = try Self.source()
+        keychain.clock.advance(500)
+        let details = ItemDetails(label: "Mail password", contentType: "text/plain",
+                                  attributes: ["xdg:schema": "org.gnome.Evolution", "user": "ada@example.org"])
+        try source.write(secure("imap-pw"), identifier: "Mail password", group: "default", protectionClass: .whenUnlocked,
+                         details: details)
+        let stored = try #require(try source.details(forIdentifier: "Mail password"))
+        let bytes = try Self.backup(source)
+        let (_, target) = try Self.target()
+        #expect(try target.restore(bytes, password: secure(Self.password), policy: .refuse).added == 5)
+        #expect(try target.details(forIdentifier: "Mail password") == stored)
+        #expect(try target.string(forIdentifier: "Mail password") == "imap-pw")
+        #expect(try target.details(forIdentifier: "github.com") == nil)
+        #expect(try target.restore(bytes, password: secure(Self.password), policy: .refuse) == RestoreSummary(unchanged: 5))
+        // Other details for the same name are a conflict, as another value is.
+        try target.write(secure("imap-pw"), identifier: "Mail password", group: "default", protectionClass: .whenUnlocked,
+                         details: ItemDetails(label: "changed", attributes: [:]))
+        let refused = try target.restore(bytes, password: secure(Self.password), policy: .refuse)
+        #expect(!refused.applied && refused.conflicts == ["default/Mail password"])
+    }
+
     @Test func conflictsAreRefusedKeptOrOverwrittenAsAsked() throws {
         let (_, source) = try Self.source()
         let bytes = try Self.backup(source)

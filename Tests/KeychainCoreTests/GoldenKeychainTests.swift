@@ -18,11 +18,16 @@ import Testing
         ("TEAMID.com.example.shared", "empty", .whenUnlocked, []),
     ]
 
+    /// From format 4: an item the Secret Service made, with its details.
+    static let detailed = ItemDetails(label: "Golden label", contentType: "text/plain",
+                                      attributes: ["xdg:schema": "org.example.Golden", "user": "ada"], created: 1_700_000_000,
+                                      modified: 1_700_000_001)
+
     static func fixture(_ name: String = "golden-v1") -> String {
         Bundle.module.path(forResource: name, ofType: nil, inDirectory: "Fixtures")!
     }
 
-    @Test(arguments: ["golden-v1", "golden-v2"])
+    @Test(arguments: ["golden-v1", "golden-v2", "golden-v3", "golden-v4"])
     func everyFormatVersionStillOpensAndReadsEveryItem(_ fixture: String) throws {
         let keychain = try TemporaryKeychain(copying: Self.fixture(fixture))
         let manager = try keychain.manager()
@@ -38,6 +43,29 @@ import Testing
             #expect(try manager.key(forIdentifier: item.identifier, inGroup: item.group).bytes() == item.value)
         }
         #expect(try manager.identifiers(inGroup: "empty-group") == [])
+        if fixture >= "golden-v4" {
+            #expect(try manager.details(forIdentifier: "detailed") == Self.detailed)
+            #expect(try manager.string(forIdentifier: "detailed") == "detailed-value")
+        }
+    }
+
+    /// Upgraded to the current format at its first boot, every older
+    /// keychain stores details, and boots again with them.
+    @Test(arguments: ["golden-v1", "golden-v2", "golden-v3"])
+    func everyOlderFormatIsUpgradedToStoreDetails(_ fixture: String) throws {
+        let keychain = try TemporaryKeychain(copying: Self.fixture(fixture))
+        do {
+            let manager = try keychain.manager()
+            try manager.localDevice.unlock(passcode: secure(Self.passcode))
+            try manager.write(secure("v"), identifier: "with-details", group: "default", protectionClass: .whenUnlocked,
+                              details: Self.detailed)
+            try manager.register("changed", forIdentifier: "github.com")
+        }
+        let rebooted = try keychain.manager()
+        try rebooted.localDevice.unlock(passcode: secure(Self.passcode))
+        #expect(try rebooted.details(forIdentifier: "with-details") == Self.detailed)
+        #expect(try rebooted.string(forIdentifier: "github.com") == "changed")
+        #expect(try rebooted.string(forIdentifier: "always") == "always-value")
     }
 
     /// Writes the fixture: `KEYCHAINFS_WRITE_GOLDEN=DIR swift test --filter writeGoldenKeychain`.
@@ -54,6 +82,8 @@ import Testing
                                   protectionClass: item.protectionClass)
             }
             try manager.createGroup("empty-group")
+            try manager.write(secure("detailed-value"), identifier: "detailed", group: "default", protectionClass: .whenUnlocked,
+                              details: Self.detailed)
         }
         let db = try SQLiteConnection(path: target.databasePath, create: false)
         try db.execute("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE")

@@ -5,16 +5,28 @@
 ///
 /// Associated data (docs/FORMAT.md): `"kcfs-item" | format u8 | class u8 |
 /// generation u64 LE | u16 LE length + group UTF-8 | u16 LE length + identifier UTF-8`.
+/// The format byte is 1 for a row without details and 2 for one with
+/// (``ItemDetails``, sealed beside the value under the device's details
+/// key): removing a row's details, or giving a row details, makes its value
+/// fail to open.
 enum ItemCipher {
     static let formatVersion: UInt8 = 1
+    static let formatVersionWithDetails: UInt8 = 2
     private static let domain = Array("kcfs-item".utf8)
+    private static let detailsDomain = Array("kcfs-details".utf8)
 
     static func associatedData(group: String, identifier: String, protectionClass: ProtectionClass,
-                               generation: Int64) -> [UInt8] {
+                               generation: Int64, hasDetails: Bool = false) -> [UInt8] {
+        associatedData(domain, hasDetails ? formatVersionWithDetails : formatVersion, group: group, identifier: identifier,
+                       protectionClass: protectionClass, generation: generation)
+    }
+
+    private static func associatedData(_ domain: [UInt8], _ format: UInt8, group: String, identifier: String,
+                                       protectionClass: ProtectionClass, generation: Int64) -> [UInt8] {
         // Sized once: this runs on every read, and a growing array reallocated four times.
-        var writer = ByteWriter(capacity: Self.domain.count + 1 + 1 + 8 + 2 + group.utf8.count + 2 + identifier.utf8.count)
-        writer.append(Self.domain)
-        writer.append(formatVersion)
+        var writer = ByteWriter(capacity: domain.count + 1 + 1 + 8 + 2 + group.utf8.count + 2 + identifier.utf8.count)
+        writer.append(domain)
+        writer.append(format)
         writer.append(UInt8(protectionClass.rawValue))
         writer.append(generation)
         writer.appendPrefixed(group)
@@ -22,20 +34,32 @@ enum ItemCipher {
         return writer.bytes
     }
 
+    /// Seals `value` (and `details`, under the device's `detailsKey`) as the
+    /// row of `group`/`identifier` with `generation`.
     static func seal(_ value: SecureBytes, group: String, identifier: String, protectionClass: ProtectionClass,
-                     generation: Int64, key: GuardedKey, nonce: [UInt8] = Crypto.randomBytes(Crypto.nonceSize)) -> SealedItem {
-        let ad = associatedData(group: group, identifier: identifier, protectionClass: protectionClass, generation: generation)
+                     generation: Int64, key: GuardedKey, details: (ItemDetails, key: GuardedKey)? = nil,
+                     nonce: [UInt8] = Crypto.randomBytes(Crypto.nonceSize)) -> SealedItem {
+        let ad = associatedData(group: group, identifier: identifier, protectionClass: protectionClass, generation: generation,
+                                hasDetails: details != nil)
         let sealed = key.withKey { key in
             value.withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
         }
+        let sealedDetails = details.map { details, detailsKey in
+            let nonce = Crypto.randomBytes(Crypto.nonceSize)
+            let ad = associatedData(detailsDomain, 1, group: group, identifier: identifier,
+                                    protectionClass: protectionClass, generation: generation)
+            return nonce + detailsKey.withKey { key in
+                details.encoded().withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
+            }
+        }
         return SealedItem(group: group, identifier: identifier, protectionClass: protectionClass,
-                          generation: generation, nonce: nonce, sealed: sealed)
+                          generation: generation, nonce: nonce, sealed: sealed, details: sealedDetails)
     }
 
     /// The plaintext, or ``KeychainError/decode`` when the row is not what was sealed there.
     static func open(_ item: SealedItem, key: GuardedKey) throws(KeychainError) -> SecureBytes {
-        let ad = associatedData(group: item.group, identifier: item.identifier,
-                                protectionClass: item.protectionClass, generation: item.generation)
+        let ad = associatedData(group: item.group, identifier: item.identifier, protectionClass: item.protectionClass,
+                                generation: item.generation, hasDetails: item.details != nil)
         do {
             return try key.withKey { key throws(KeychainError) in
                 try Crypto.open(item.sealed, key: key, nonce: item.nonce, associatedData: ad)
@@ -43,6 +67,25 @@ enum ItemCipher {
         } catch {
             // Names only: the group and identifier are not secret (they are file names).
             Diagnostics.log("item \(item.group)/\(item.identifier) failed authentication")
+            throw error
+        }
+    }
+
+    /// The row's details (nil: it has none), or ``KeychainError/decode``
+    /// when they are not what was sealed for this row.
+    static func openDetails(_ item: SealedItem, key: GuardedKey) throws(KeychainError) -> ItemDetails? {
+        guard let sealed = item.details else { return nil }
+        guard sealed.count >= Crypto.nonceSize + Crypto.tagSize else { throw .decode }
+        let ad = associatedData(detailsDomain, 1, group: item.group, identifier: item.identifier,
+                                protectionClass: item.protectionClass, generation: item.generation)
+        do {
+            let plaintext = try key.withKey { key throws(KeychainError) in
+                try Crypto.open(Array(sealed.dropFirst(Crypto.nonceSize)), key: key,
+                                nonce: Array(sealed.prefix(Crypto.nonceSize)), associatedData: ad)
+            }
+            return try ItemDetails(decoding: plaintext.bytes())
+        } catch {
+            Diagnostics.log("the details of item \(item.group)/\(item.identifier) failed authentication")
             throw error
         }
     }

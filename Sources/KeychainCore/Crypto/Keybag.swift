@@ -15,6 +15,9 @@ struct DeviceSecret: Sendable {
     /// mprotect calls per use flush every CPU's TLB. It authenticates a
     /// record of names, not secrets; the passcode-wrapped keys stay guarded.
     let auditKey: SecureBytes
+    /// Seals the items' details (``ItemDetails``): always available, as
+    /// names are, so that a search finds locked items.
+    let detailsKey: GuardedKey
 
     init(secret: SecureBytes) {
         precondition(secret.count == Crypto.keySize)
@@ -23,6 +26,7 @@ struct DeviceSecret: Sendable {
         metadataKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 2, context: "kcfsdev1") })
         rowDigestKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 3, context: "kcfsdev1") })
         auditKey = master.withKey { Crypto.subkey(of: $0, id: 4, context: "kcfsdev1") }
+        detailsKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 5, context: "kcfsdev1") })
     }
 
     func mac(_ domain: String, _ record: [UInt8]) -> [UInt8] {
@@ -56,9 +60,13 @@ struct Keybag {
     /// Version 2 means the keychain's authenticated `state` (version 2) and
     /// `lockout` records must exist: a boot without them is tampering.
     /// Version 3 adds the `entitlements` record to them (deleting it would
-    /// open every group to every program). Older keychains predate the
-    /// rules and are upgraded at boot.
-    static let version: UInt8 = 3
+    /// open every group to every program). Version 4 says the items table
+    /// has the `details` column (``ItemDetails``), so an older keychainfs,
+    /// which would not carry an item's details over a write, refuses it.
+    /// Older keychains predate the rules and are upgraded at boot.
+    static let version: UInt8 = 4
+    /// The first version whose items table has the `details` column.
+    static let detailsVersion: UInt8 = 4
     /// The first version that requires the `state` and `lockout` records.
     static let stateVersion: UInt8 = 2
     static let recordKey = "keybag"

@@ -59,6 +59,7 @@ struct BootRecords {
             if try store.metadata(EntitlementPolicy.recordKey) == nil {
                 try store.setMetadata(EntitlementPolicy.recordKey, EntitlementPolicy().encoded(secret: secret))
             }
+            if keybag.formatVersion < Keybag.detailsVersion { try store.addDetailsColumn() }
             try store.setMetadata(Keybag.recordKey, keybag.encoded(secret: secret))
         }
         guard let entitlementRecord = try store.metadata(EntitlementPolicy.recordKey) else {

@@ -50,6 +50,9 @@ struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int
 
     var isAtEnd: Bool { offset == bytes.endIndex }
 
+    /// The bytes not read yet.
+    var remaining: Int { bytes.endIndex - offset }
+
     /// The next `count` bytes, in place.
     mutating func take(_ count: Int) throws(KeychainError) -> Bytes.SubSequence {
         guard count >= 0, bytes.endIndex - offset >= count else { throw malformed }

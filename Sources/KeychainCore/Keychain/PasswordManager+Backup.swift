@@ -70,7 +70,8 @@ extension PasswordManager {
             }
             for (identifier, info) in try items(inGroup: group) where info.protectionClass.isMigratable {
                 let value = try key(forIdentifier: identifier, inGroup: group)
-                migratable.append(BackupItem(group: group, identifier: identifier, protectionClass: info.protectionClass, value: value))
+                migratable.append(BackupItem(group: group, identifier: identifier, protectionClass: info.protectionClass, value: value,
+                                             details: try details(forIdentifier: identifier, inGroup: group)))
             }
         }
         let bytes = try BackupFile.encode(migratable, password: password, kdf: kdf)
@@ -128,12 +129,13 @@ extension PasswordManager {
             switch try differs(item) {
             case nil:
                 try write(item.value, identifier: item.identifier, group: item.group,
-                          protectionClass: item.protectionClass, condition: .ifAbsent)
+                          protectionClass: item.protectionClass, condition: .ifAbsent, details: item.details)
                 summary.added += 1
             case false?:
                 summary.unchanged += 1
             case true? where policy == .overwrite:
-                try write(item.value, identifier: item.identifier, group: item.group, protectionClass: item.protectionClass)
+                try write(item.value, identifier: item.identifier, group: item.group, protectionClass: item.protectionClass,
+                          details: item.details)
                 summary.replaced += 1
             case true?:
                 summary.kept += 1
@@ -153,6 +155,11 @@ extension PasswordManager {
     private func differs(_ item: BackupItem) throws(KeychainError) -> Bool? {
         guard let info = try info(forIdentifier: item.identifier, inGroup: item.group) else { return nil }
         if info.protectionClass != item.protectionClass { return true }
+        // An item without details in the backup leaves the keychain's
+        // item its own (a write with no details keeps them).
+        if let details = item.details, try self.details(forIdentifier: item.identifier, inGroup: item.group) != details {
+            return true
+        }
         return try key(forIdentifier: item.identifier, inGroup: item.group) != item.value
     }
 }

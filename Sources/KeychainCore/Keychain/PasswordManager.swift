@@ -212,16 +212,19 @@ public final class PasswordManager: Sendable {
         let generation: Int64
     }
 
-    /// Writes a value under an explicit class (the filesystem's commit path).
+    /// Writes a value under an explicit class (the filesystem's commit
+    /// path), with `details` (``ItemDetails``; nil: a replaced item keeps
+    /// its own, with the time of this change).
     @discardableResult
-    public func write(_ value: SecureBytes, identifier: String, group: String,
-                      protectionClass: ProtectionClass, condition: WriteCondition = .always) throws(KeychainError) -> WriteReceipt {
+    public func write(_ value: SecureBytes, identifier: String, group: String, protectionClass: ProtectionClass,
+                      condition: WriteCondition = .always, details: ItemDetails? = nil) throws(KeychainError) -> WriteReceipt {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
+        try details?.validate()
         guard case .local(let device) = backend else {
             try remote.perform(.set(group: group, identifier: identifier, value: value,
-                                    protectionClass: protectionClass, condition: condition))
+                                    protectionClass: protectionClass, condition: condition, details: details))
             return WriteReceipt(group: group, identifier: identifier, replaced: nil, generation: 0)
         }
         let key = try device.classKey(protectionClass)
@@ -235,10 +238,27 @@ public final class PasswordManager: Sendable {
                 throw .itemNotFound
             }
             return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
-                                   generation: generation, key: key)
+                                   generation: generation, key: key,
+                                   details: try Self.details(of: existing, replacedBy: details, touched: true, on: device))
         }
         forget(group: group, identifier: identifier)
         return WriteReceipt(group: group, identifier: identifier, replaced: written.replaced, generation: written.generation)
+    }
+
+    /// The details a row written now carries, with the key that seals
+    /// them: `new` when given, else the details `existing` had (so a write
+    /// through a mount keeps what the Secret Service stored). Times left 0
+    /// in `new` are stamped: `created` with the replaced item's, else now;
+    /// `modified` now, as on every change of the value when `touched`.
+    private static func details(of existing: SealedItem?, replacedBy new: ItemDetails?, touched: Bool,
+                                on device: Device) throws(KeychainError) -> (ItemDetails, key: GuardedKey)? {
+        let key = device.secret.detailsKey
+        let now = UInt64(max(0, device.clock()))
+        let old = try existing.flatMap { (row) throws(KeychainError) in try ItemCipher.openDetails(row, key: key) }
+        guard var details = new ?? old else { return nil }
+        if details.created == 0 { details.created = old?.created ?? now }
+        if touched, new?.modified ?? 0 == 0 { details.modified = now }
+        return (details, key)
     }
 
     /// Takes a write back: the item gets the exact value (and class) it had
@@ -360,7 +380,8 @@ public final class PasswordManager: Sendable {
             guard let current = existing else { throw .itemNotFound }
             let value = try ItemCipher.open(current, key: try device.classKey(current.protectionClass))
             return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
-                                   generation: generation, key: newKey)
+                                   generation: generation, key: newKey,
+                                   details: try Self.details(of: current, replacedBy: nil, touched: false, on: device))
         }
         forget(group: group, identifier: identifier)
     }
@@ -383,10 +404,52 @@ public final class PasswordManager: Sendable {
             let key = try device.classKey(old.protectionClass)
             let value = try ItemCipher.open(old, key: key)
             return ItemCipher.seal(value, group: group, identifier: newIdentifier, protectionClass: old.protectionClass,
-                                   generation: generation, key: key)
+                                   generation: generation, key: key,
+                                   details: try Self.details(of: old, replacedBy: nil, touched: false, on: device))
         }
         forget(group: group, identifier: identifier)
         forget(group: group, identifier: newIdentifier)
+    }
+
+    // MARK: Details (no key needed)
+
+    /// The details of an item (nil: it has none), as the Secret Service
+    /// stored them; ``KeychainError/itemNotFound`` when there is no item.
+    public func details(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> ItemDetails? {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        guard case .local(let device) = backend else {
+            let found = try Self.details(fromFields: try remote.perform(.details(group: group, identifier: identifier)))
+            return found.first?.details
+        }
+        guard let row = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
+        return try ItemCipher.openDetails(row, key: device.secret.detailsKey)
+    }
+
+    /// Every item of `group` that has details, with them, sorted by identifier.
+    public func itemsWithDetails(inGroup group: String) throws(KeychainError) -> [(identifier: String, details: ItemDetails)] {
+        try ItemLimits.validate(name: group)
+        guard case .local(let device) = backend else {
+            return try Self.details(fromFields: try remote.perform(.details(group: group, identifier: nil)))
+        }
+        guard try device.store.groupExists(group) else { throw .itemNotFound }
+        var found: [(identifier: String, details: ItemDetails)] = []
+        for row in try device.store.rowsWithDetails(group: group) {
+            if let details = try ItemCipher.openDetails(row, key: device.secret.detailsKey) { found.append((row.identifier, details)) }
+        }
+        return found
+    }
+
+    /// A `details` reply: per item its identifier, then ``ItemDetails/fields``.
+    package static func details(fromFields fields: [String]) throws(KeychainError) -> [(identifier: String, details: ItemDetails)] {
+        var rest = fields[...]
+        var found: [(identifier: String, details: ItemDetails)] = []
+        while let identifier = rest.popFirst() {
+            guard let details = ItemDetails(fields: &rest) else { throw .io }
+            found.append((identifier, details))
+        }
+        return found
     }
 
     // MARK: Groups and listing (no key needed)

@@ -18,9 +18,14 @@ public enum DeviceRequest: Equatable, Sendable {
     /// An item's value (the reply is ``DeviceReply/value(_:)``).
     case get(group: String, identifier: String)
     /// Add or replace an item under `protectionClass` (nil: the device's
-    /// current access mode and migrate setting), as `condition` allows.
+    /// current access mode and migrate setting), as `condition` allows,
+    /// with `details` (nil: an item replaced keeps its own).
     case set(group: String, identifier: String, value: SecureBytes,
-             protectionClass: ProtectionClass? = nil, condition: PasswordManager.WriteCondition = .always)
+             protectionClass: ProtectionClass? = nil, condition: PasswordManager.WriteCondition = .always,
+             details: ItemDetails? = nil)
+    /// The details of one item, or of every item of `group` that has some:
+    /// per item its identifier, then ``ItemDetails/fields`` (needs no key).
+    case details(group: String, identifier: String?)
     /// Delete an item (works while locked).
     case remove(group: String, identifier: String)
     /// The groups (nil), or a group's items as (identifier, class, size) triples.
@@ -80,7 +85,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
         case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
-        case watch = 28, autoLock = 29
+        case watch = 28, autoLock = 29, details = 30
     }
 
     /// The request as a frame, in secret memory.
@@ -110,10 +115,15 @@ public enum DeviceRequest: Equatable, Sendable {
         case .get(let group, let identifier):
             operation = .get
             fields = [.text(group), .text(identifier)]
-        case .set(let group, let identifier, let value, let protectionClass, let condition):
+        case .set(let group, let identifier, let value, let protectionClass, let condition, let details):
             operation = .set
             fields = [.text(group), .text(identifier), .optionalSecret(value), .optionalText(protectionClass?.name),
-                      .text(condition.rawValue)]
+                      .text(condition.rawValue), .optionalSecret(try details.map { (details) throws(KeychainError) in
+                          try SecureBytes(details.encoded())
+                      })]
+        case .details(let group, let identifier):
+            operation = .details
+            fields = [.text(group), .optionalText(identifier)]
         case .remove(let group, let identifier):
             operation = .remove
             fields = [.text(group), .text(identifier)]
@@ -215,7 +225,13 @@ public enum DeviceRequest: Equatable, Sendable {
             guard let value = try reader.optionalSecret() else { throw .param }
             let protectionClass = try reader.optionalText().map { (name) throws(KeychainError) in try Self.protectionClass(name) }
             guard let condition = PasswordManager.WriteCondition(rawValue: try reader.text()) else { throw .param }
-            self = .set(group: group, identifier: identifier, value: value, protectionClass: protectionClass, condition: condition)
+            let details = try reader.optionalSecret().map { (encoded) throws(KeychainError) in
+                try ItemDetails(decoding: encoded.bytes(), malformed: .param)
+            }
+            self = .set(group: group, identifier: identifier, value: value, protectionClass: protectionClass, condition: condition,
+                        details: details)
+        case .details:
+            self = .details(group: try reader.text(), identifier: try reader.optionalText())
         case .remove:
             self = .remove(group: try reader.text(), identifier: try reader.text())
         case .list:
@@ -276,6 +292,7 @@ public enum DeviceRequest: Equatable, Sendable {
         switch self {
         case .get: return "get"
         case .set: return "set"
+        case .details: return "details"
         case .remove: return "remove"
         case .info: return "info"
         case .setClass: return "set-class"
@@ -290,7 +307,7 @@ public enum DeviceRequest: Equatable, Sendable {
     /// The access group an item request is about (nil: none, or all of them).
     public var group: String? {
         switch self {
-        case .get(let group, _), .set(let group, _, _, _, _), .remove(let group, _), .info(let group, _),
+        case .get(let group, _), .set(let group, _, _, _, _, _), .remove(let group, _), .info(let group, _), .details(let group, _),
              .setClass(let group, _, _), .rename(let group, _, _, _), .removeGroup(let group):
             return group
         case .list(let group):

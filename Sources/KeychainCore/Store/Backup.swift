@@ -12,6 +12,8 @@ public struct BackupItem: Sendable {
     public var protectionClass: ProtectionClass
     /// Its value.
     public var value: SecureBytes
+    /// Its details (``ItemDetails``), if it has any.
+    public var details: ItemDetails? = nil
 }
 
 /// The bytes of a backup: in memory, or in a file read a record at a time
@@ -33,16 +35,17 @@ extension Array: BackupBytes where Element == UInt8 {
 /// migratable items, readable on any device.
 ///
 /// `header | record* | end record`, header =
-/// `magic "KCFSBAK1" | version u8 = 1 | opsLimit u64 | memLimit u64 | salt[16] | check[32]`;
+/// `magic "KCFSBAK1" | version u8 = 2 | opsLimit u64 | memLimit u64 | salt[16] | check[32]`;
 /// record = `kind u8 | nonce[24] | length u32 | sealed` (kind 1: an item's
-/// group, identifier and class; 2: its value; 3: the end, holding the count).
+/// group, identifier and class, and from version 2 its details; 2: its
+/// value; 3: the end, holding the count). Version 1 files restore as ever.
 /// Each record is XChaCha20-Poly1305 under a key derived from
 /// Argon2id(password), with the header, the kind and the item's index as
 /// associated data, so records cannot be reordered, dropped, duplicated or
 /// spliced from another backup, and a cut file has no end record.
 public enum BackupFile {
     static let magic = Array("KCFSBAK1".utf8)
-    static let version: UInt8 = 1
+    static let version: UInt8 = 2
     private static let headerSize = 8 + 1 + 8 + 8 + Crypto.saltSize + Crypto.macSize
 
     private enum Kind: UInt8 { case item = 1, value = 2, end = 3 }
@@ -88,6 +91,9 @@ public enum BackupFile {
             meta.append(UInt8(item.protectionClass.rawValue))
             meta.appendPrefixed(item.group)
             meta.appendPrefixed(item.identifier)
+            // Version 2: hasDetails u8 [| ItemDetails' encoding].
+            meta.append(UInt8(item.details == nil ? 0 : 1))
+            if let details = item.details { meta.append(details.encoded()) }
             let metaBytes = try SecureBytes(meta.bytes)
             seal(metaBytes, kind: .item, index: index, header: header, keys: keys, into: &writer)
             seal(item.value, kind: .value, index: index, header: header, keys: keys, into: &writer)
@@ -131,7 +137,8 @@ public enum BackupFile {
         guard Array(header.prefix(8)) == magic else { throw .param }
         var reader = ByteReader(header)
         _ = try reader.read(8)
-        guard try reader.readByte() == version else { throw .param }
+        let fileVersion = try reader.readByte()
+        guard (1...version).contains(fileVersion) else { throw .param }
         let kdf = KDFParameters(opsLimit: try reader.readUInt64(), memLimit: try reader.readUInt64())
         // Bounds an attacker's file could otherwise set (libsodium's own limits are far larger).
         guard (1...16).contains(kdf.opsLimit), (8192...(4 << 30)).contains(kdf.memLimit) else { throw .decode }
@@ -154,11 +161,16 @@ public enum BackupFile {
                 guard let protectionClass = ProtectionClass(rawValue: Int64(try meta.readByte())),
                       protectionClass.isMigratable else { throw .decode }
                 let group = try meta.readPrefixed(), identifier = try meta.readPrefixed()
+                var details: ItemDetails?
+                if fileVersion >= 2, try meta.readByte() == 1 {
+                    details = try ItemDetails(decoding: Array(try meta.take(meta.remaining)))
+                }
                 guard meta.isAtEnd else { throw .decode }
                 let (valueKind, value) = try open(bytes, at: &offset, header: header, keys: keys, index: index)
                 guard valueKind == .value else { throw .decode }
                 if pass == 1 {
-                    try body(BackupItem(group: group, identifier: identifier, protectionClass: protectionClass, value: value))
+                    try body(BackupItem(group: group, identifier: identifier, protectionClass: protectionClass, value: value,
+                                        details: details))
                 }
                 index += 1
             }

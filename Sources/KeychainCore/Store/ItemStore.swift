@@ -9,6 +9,8 @@ struct SealedItem: Sendable {
     var generation: Int64
     var nonce: [UInt8]
     var sealed: [UInt8]
+    /// The sealed ``ItemDetails`` (`nonce | ciphertext`), if it has any.
+    var details: [UInt8]? = nil
 }
 
 /// What listing and `stat` learn without any key.
@@ -144,6 +146,7 @@ final class ItemStore: Sendable {
                         generation INTEGER NOT NULL,
                         nonce BLOB NOT NULL,
                         sealed BLOB NOT NULL,
+                        details BLOB,
                         PRIMARY KEY (grp, ident)) WITHOUT ROWID;
                     INSERT INTO groups(name) VALUES ('\(ItemLimits.defaultGroup)');
                     INSERT INTO meta(key, value) VALUES ('schema', \(ItemStore.schemaVersion));
@@ -258,12 +261,12 @@ final class ItemStore: Sendable {
 
     private func upsert(_ db: SQLiteConnection, _ row: SealedItem) throws(KeychainError) {
         try db.statement("""
-            INSERT INTO items(grp, ident, class, generation, nonce, sealed) VALUES (?, ?, ?, ?, ?, ?)
+            INSERT INTO items(grp, ident, class, generation, nonce, sealed, details) VALUES (?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT(grp, ident) DO UPDATE SET class = excluded.class,
-                generation = excluded.generation, nonce = excluded.nonce, sealed = excluded.sealed
+                generation = excluded.generation, nonce = excluded.nonce, sealed = excluded.sealed, details = excluded.details
             """)
             .bind(1, row.group).bind(2, row.identifier).bind(3, row.protectionClass.rawValue)
-            .bind(4, row.generation).bind(5, row.nonce).bind(6, row.sealed).run()
+            .bind(4, row.generation).bind(5, row.nonce).bind(6, row.sealed).bind(7, row.details).run()
     }
 
     /// Puts `previous` back in place of the row of generation `written`,
@@ -288,12 +291,13 @@ final class ItemStore: Sendable {
     }
 
     private func currentRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
-        let query = try db.statement("SELECT class, generation, nonce, sealed FROM items WHERE grp = ? AND ident = ?")
+        let query = try db.statement("SELECT class, generation, nonce, sealed, details FROM items WHERE grp = ? AND ident = ?")
             .bind(1, group).bind(2, identifier)
         guard try query.step() else { return nil }
         guard let protectionClass = ProtectionClass(rawValue: query.int64(0)) else { throw .decode }
         return SealedItem(group: group, identifier: identifier, protectionClass: protectionClass,
-                          generation: query.int64(1), nonce: query.blob(2), sealed: query.blob(3))
+                          generation: query.int64(1), nonce: query.blob(2), sealed: query.blob(3),
+                          details: query.isNull(4) ? nil : query.blob(4))
     }
 
     /// The row as stored, checked against the generation this device
@@ -345,11 +349,11 @@ final class ItemStore: Sendable {
                 try saveState(db, &record, removing: [old] + [replaced].compactMap { $0 }, adding: [row])
                 try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, target).run()
                 try db.statement("""
-                    UPDATE items SET ident = ?, class = ?, generation = ?, nonce = ?, sealed = ?
+                    UPDATE items SET ident = ?, class = ?, generation = ?, nonce = ?, sealed = ?, details = ?
                     WHERE grp = ? AND ident = ?
                     """)
                     .bind(1, row.identifier).bind(2, row.protectionClass.rawValue).bind(3, row.generation)
-                    .bind(4, row.nonce).bind(5, row.sealed).bind(6, group).bind(7, source).run()
+                    .bind(4, row.nonce).bind(5, row.sealed).bind(6, row.details).bind(7, group).bind(8, source).run()
                 return row
             }
             if let moved {
@@ -462,6 +466,41 @@ final class ItemStore: Sendable {
                 rows.append((query.text(0), try Self.info(class: query.int64(1), sealedLength: query.int64(2))))
             }
             return rows
+        }
+    }
+
+    /// The rows of `group` that carry details, as stored (their values are
+    /// not opened): what a Secret Service search reads. Each is checked
+    /// against the generation this device expects, as every read is.
+    func rowsWithDetails(group: String) throws(KeychainError) -> [SealedItem] {
+        try withConnection { db throws(KeychainError) in
+            let query = try db.statement("""
+                SELECT ident, class, generation, details FROM items WHERE grp = ? AND details IS NOT NULL ORDER BY ident
+                """).bind(1, group)
+            var rows: [SealedItem] = []
+            while try query.step() {
+                let identifier = query.text(0)
+                guard let protectionClass = ProtectionClass(rawValue: query.int64(1)) else { throw .decode }
+                let row = SealedItem(group: group, identifier: identifier, protectionClass: protectionClass,
+                                     generation: query.int64(2), nonce: [], sealed: [], details: query.blob(3))
+                let want = known.withLock { $0.generations[identity(group: group, identifier: identifier)] }
+                guard row.generation == want else {
+                    Diagnostics.log("an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
+                    throw .decode
+                }
+                rows.append(row)
+            }
+            return rows
+        }
+    }
+
+    /// Format 4: the items table gets its `details` column (every row
+    /// without details, as before). Run at boot, once the rows passed
+    /// their checks; nothing to do where the column is there.
+    func addDetailsColumn() throws(KeychainError) {
+        try withConnection { db throws(KeychainError) in
+            let columns = try db.statement("SELECT 1 FROM pragma_table_info('items') WHERE name = 'details'")
+            if try !columns.step() { try db.execute("ALTER TABLE items ADD COLUMN details BLOB") }
         }
     }
 

@@ -134,6 +134,16 @@ final class Statement {
         return self
     }
 
+    /// Binds `blob`, or NULL for nil.
+    @discardableResult
+    func bind(_ index: Int32, _ blob: [UInt8]?) -> Statement {
+        guard let blob else {
+            sqlite3_bind_null(raw, index)
+            return self
+        }
+        return bind(index, blob)
+    }
+
     /// Steps once: true if a row is ready.
     func step() throws(KeychainError) -> Bool {
         let rc = sqlite3_step(raw)
@@ -150,6 +160,9 @@ final class Statement {
 
     /// Whether the column holds an integer (SQLite's columns take any type).
     func isInteger(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_INTEGER }
+
+    /// Whether the column holds NULL.
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_NULL }
 
     func text(_ column: Int32) -> String { String(decoding: textBytes(column), as: UTF8.self) }
 

@@ -1,0 +1,134 @@
+/// What the Secret Service keeps of an item beside its value: a label, the
+/// content type and the lookup attributes by which programs find it again
+/// (libsecret's `xdg:schema`, `service`, `username`...), with its creation
+/// and modification times. Like an item's name these are not secrets: they
+/// are readable while the device is locked (a search must find locked items,
+/// as the spec wants), but they are stored sealed and bound to their row
+/// (docs/FORMAT.md, "Item details"), so a copied disk does not show them in
+/// the clear and a changed or swapped record fails to open.
+public struct ItemDetails: Sendable, Equatable {
+    /// What a person calls the item (the Secret Service's `Label`).
+    public var label: String
+    /// The value's MIME type (`text/plain` unless a program said otherwise).
+    public var contentType: String
+    /// The lookup attributes, as the program gave them.
+    public var attributes: [String: String]
+    /// Seconds since the epoch when the item was made over the bus.
+    public var created: UInt64
+    /// Seconds since the epoch when its value or details last changed.
+    public var modified: UInt64
+
+    /// Details to write; times of 0 are stamped by the device when it
+    /// writes them (`created` then keeps the replaced item's, if it had one).
+    public init(label: String, contentType: String = ItemDetails.defaultContentType, attributes: [String: String],
+                created: UInt64 = 0, modified: UInt64 = 0) {
+        self.label = label
+        self.contentType = contentType
+        self.attributes = attributes
+        self.created = created
+        self.modified = modified
+    }
+
+    public static let defaultContentType = "text/plain"
+
+    /// Bounds that keep one row small and every field printable in a
+    /// listing: at most 64 attributes; a name 1-255 bytes, a value, label or
+    /// content type at most 4,096 bytes; no control characters in names.
+    public static let maximumAttributes = 64
+    public static let maximumAttributeName = 255
+    public static let maximumText = 4096
+
+    /// ``KeychainError/param`` unless every field is within the bounds.
+    public func validate() throws(KeychainError) {
+        guard attributes.count <= Self.maximumAttributes,
+              label.utf8.count <= Self.maximumText, contentType.utf8.count <= Self.maximumText else { throw .param }
+        for (name, value) in attributes {
+            guard (1...Self.maximumAttributeName).contains(name.utf8.count), value.utf8.count <= Self.maximumText,
+                  !name.utf8.contains(where: { $0 < 0x20 || $0 == 0x7f }) else { throw .param }
+        }
+    }
+
+    /// Whether every pair of `wanted` is among the attributes.
+    public func matches(_ wanted: [String: String]) -> Bool {
+        wanted.allSatisfy { attributes[$0.key] == $0.value }
+    }
+
+    // MARK: Encoding
+
+    /// Byte order of UTF-8, as SQLite and the kernel compare names (Swift's
+    /// `<` on strings compares canonical equivalents as equal).
+    static func precedes(_ first: String, _ second: String) -> Bool {
+        first.utf8.lexicographicallyPrecedes(second.utf8)
+    }
+
+    /// The details as fields of a device reply: label, content type,
+    /// created, modified, the number of attributes, then name and value of
+    /// each (``init(fields:)`` reads them back).
+    package var fields: [String] {
+        [label, contentType, String(created), String(modified), String(attributes.count)]
+            + attributes.sorted { Self.precedes($0.key, $1.key) }.flatMap { [$0.key, $0.value] }
+    }
+
+    /// Reads ``fields`` from the front of `fields`, removing them; nil when
+    /// they are not what ``fields`` makes.
+    package init?(fields: inout ArraySlice<String>) {
+        guard fields.count >= 5, let created = UInt64(fields[fields.startIndex + 2]),
+              let modified = UInt64(fields[fields.startIndex + 3]), let count = Int(fields[fields.startIndex + 4]),
+              (0...Self.maximumAttributes).contains(count), fields.count >= 5 + 2 * count else { return nil }
+        label = fields[fields.startIndex]
+        contentType = fields[fields.startIndex + 1]
+        self.created = created
+        self.modified = modified
+        attributes = [:]
+        fields = fields.dropFirst(5)
+        for _ in 0..<count {
+            attributes[fields[fields.startIndex]] = fields[fields.startIndex + 1]
+            fields = fields.dropFirst(2)
+        }
+    }
+
+    /// `version u8 = 1 | label | content type | created u64 | modified u64 |
+    /// count u32 | (name | value)*` sorted by name, each string as
+    /// `u16 LE length | UTF-8`: one encoding per value, so a record's bytes
+    /// say exactly what it holds.
+    static let encodingVersion: UInt8 = 1
+
+    func encoded() -> [UInt8] {
+        var writer = ByteWriter()
+        writer.append(Self.encodingVersion)
+        writer.appendPrefixed(label)
+        writer.appendPrefixed(contentType)
+        writer.append(created)
+        writer.append(modified)
+        writer.append(UInt32(attributes.count))
+        for (name, value) in attributes.sorted(by: { Self.precedes($0.key, $1.key) }) {
+            writer.appendPrefixed(name)
+            writer.appendPrefixed(value)
+        }
+        return writer.bytes
+    }
+
+    /// Reads ``encoded()``; `malformed` for anything else, or for fields
+    /// past the bounds (``validate()``).
+    init(decoding bytes: [UInt8], malformed: KeychainError = .decode) throws(KeychainError) {
+        var reader = ByteReader(bytes, malformed: malformed)
+        guard try reader.readByte() == Self.encodingVersion else { throw malformed }
+        label = try reader.readPrefixed()
+        contentType = try reader.readPrefixed()
+        created = try reader.readUInt64()
+        modified = try reader.readUInt64()
+        let count = try reader.readUInt32()
+        guard count <= Self.maximumAttributes else { throw malformed }
+        attributes = [:]
+        var previous: String?
+        for _ in 0..<count {
+            // Sorted, each name once: one encoding per value.
+            let name = try reader.readPrefixed()
+            guard previous.map({ Self.precedes($0, name) }) ?? true,
+                  attributes.updateValue(try reader.readPrefixed(), forKey: name) == nil else { throw malformed }
+            previous = name
+        }
+        guard reader.isAtEnd else { throw malformed }
+        do { try validate() } catch { throw malformed }
+    }
+}
