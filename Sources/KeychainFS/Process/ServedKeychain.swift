@@ -199,7 +199,7 @@ final class ServedKeychain: Sendable {
                 device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
             }
             return .ok([String(device.autoLock.after), String(device.autoLock.grace)])
-        case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup,
+        case .get, .set, .remove, .list, .info, .details, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
             do throws(KeychainError) {
                 // The peer is identified only when a group with a policy asks.
@@ -225,7 +225,9 @@ extension ServedKeychain {
         switch request {
         case .createGroup(let name):
             group = name
-        case .get(_, let id), .set(_, let id, _, _, _), .remove(_, let id), .info(_, let id), .setClass(_, let id, _):
+        case .get(_, let id), .set(_, let id, _, _, _, _), .remove(_, let id), .info(_, let id), .setClass(_, let id, _):
+            identifier = id
+        case .details(_, let id):
             identifier = id
         case .rename(_, let from, let to, _):
             identifier = from
@@ -256,11 +258,20 @@ extension ServedKeychain {
         case .get(let group, let identifier):
             let item = try manager.item(forIdentifier: identifier, inGroup: group)
             return .value(item.value, item.protectionClass)
-        case .set(let group, let identifier, let value, let protectionClass, let condition):
+        case .set(let group, let identifier, let value, let protectionClass, let condition, let details):
             try nodes.namespace.withLock { () throws(KeychainError) in
                 _ = try manager.write(value, identifier: identifier, group: group,
-                                  protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition)
+                                      protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition,
+                                      details: details)
             }
+        case .details(let group, let identifier):
+            let found: [(identifier: String, details: ItemDetails)]
+            if let identifier {
+                found = try manager.details(forIdentifier: identifier, inGroup: group).map { [(identifier, $0)] } ?? []
+            } else {
+                found = try manager.itemsWithDetails(inGroup: group)
+            }
+            return .ok(found.flatMap { [$0.identifier] + $0.details.fields })
         case .remove(let group, let identifier):
             try nodes.removeItem(group: group, identifier: identifier, manager: manager)
             nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
