@@ -79,6 +79,11 @@ import Testing
         expectError(.param) {
             try manager.write(secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: many)
         }
+        var large = Self.details
+        for index in 0..<9 { large.attributes["a\(index)"] = String(repeating: "x", count: ItemDetails.maximumText) }
+        expectError(.param) {
+            try manager.write(secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: large)
+        }
         manager.localDevice.lock()
         expectError(.interactionNotAllowed) {
             try manager.write(secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked,

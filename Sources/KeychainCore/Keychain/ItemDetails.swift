@@ -33,10 +33,14 @@ public struct ItemDetails: Sendable, Equatable {
 
     /// Bounds that keep one row small and every field printable in a
     /// listing: at most 64 attributes; a name 1-255 bytes, a value, label or
-    /// content type at most 4,096 bytes; no control characters in names.
+    /// content type at most 4,096 bytes; no control characters in names;
+    /// 32 KiB in all.
     public static let maximumAttributes = 64
     public static let maximumAttributeName = 255
     public static let maximumText = 4096
+    /// And 32 KiB for the whole record, so that a `set` with details fits
+    /// in one frame of the device's protocol beside a 1 MiB value.
+    public static let maximumEncodedSize = 32 << 10
 
     /// ``KeychainError/param`` unless every field is within the bounds.
     public func validate() throws(KeychainError) {
@@ -46,6 +50,7 @@ public struct ItemDetails: Sendable, Equatable {
             guard (1...Self.maximumAttributeName).contains(name.utf8.count), value.utf8.count <= Self.maximumText,
                   !name.utf8.contains(where: { $0 < 0x20 || $0 == 0x7f }) else { throw .param }
         }
+        guard encoded().count <= Self.maximumEncodedSize else { throw .param }
     }
 
     /// Whether every pair of `wanted` is among the attributes.

@@ -20,7 +20,8 @@ public enum DeviceProtocol {
     /// passcode; `restore` carries the passcode (issue 21).
     /// 3: service mode (`create`, `attach`, `auditLog`, `verifyLog`); the
     /// files of `backup` and `restore` are passed as descriptors.
-    public static let version: UInt8 = 4
+    /// 4: `watch`, `autoLock`. 5: items' details (`set`'s field, `details`).
+    public static let version: UInt8 = 5
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }
