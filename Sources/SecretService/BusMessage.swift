@@ -120,17 +120,23 @@ struct BusMessageReader {
         return dictionary
     }
 
-    /// An `a{sv}` (properties), keeping the string values and skipping the
-    /// others (a property this service does not keep, such as an item's
-    /// attributes here, is read past, not refused).
-    func stringProperties() throws(BusError) -> [String: String] {
+    /// An `a{sv}` (properties), keeping the string and `a{ss}` values and
+    /// skipping the others (a property this service does not keep is read
+    /// past, not refused).
+    func properties() throws(BusError) -> [String: PropertyValue] {
         try enter("a", "{sv}")
-        var properties: [String: String] = [:]
+        var properties: [String: PropertyValue] = [:]
         while try enterElement("e", "sv") {
             let name = try string()
             guard let contents = try peek()?.contents else { throw .invalidArguments("a property without a value") }
             try enter("v", contents)
-            if contents == "s" { properties[name] = try string() } else { try skip(contents) }
+            switch contents {
+            case "s": properties[name] = .string(try string())
+            case "a{ss}":
+                properties[name] = .attributes(try stringDictionary(limit: ItemDetails.maximumAttributes,
+                                                                    textLimit: ItemDetails.maximumText))
+            default: try skip(contents)
+            }
             try exit()
             try exit()
         }

@@ -23,6 +23,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// The lookup attributes every item answers to: its group and identifier.
     static let groupAttribute = "keychainfs:group"
     static let identifierAttribute = "keychainfs:identifier"
+    /// The attribute by which CreateItem asks for a protection class (a
+    /// class's name); the device's access mode otherwise.
+    static let accessibleAttribute = "keychainfs:accessible"
+    /// What every `keychainfs:` attribute starts with: ours to answer, never stored.
+    static let attributePrefix = "keychainfs:"
+    static let itemLabelProperty = "org.freedesktop.Secret.Item.Label"
+    static let itemAttributesProperty = "org.freedesktop.Secret.Item.Attributes"
+    static let collectionLabelProperty = "org.freedesktop.Secret.Collection.Label"
 
     private let store: SecretStore
     private let bus: BusConnection
@@ -199,27 +207,28 @@ public final class SecretServiceProvider: @unchecked Sendable {
             try requireSignature(call, "aoo")
             let paths = try call.arguments.objectPaths()
             let session = try self.session(try call.arguments.objectPath(), of: call)
-            var secrets: [(String, SecureBytes)] = []
+            var secrets: [(String, SecureBytes, String)] = []
             for path in paths {
                 guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { continue }
                 // Locked, absent or not entitled: left out, as the spec's "secrets of the unlocked items".
                 if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
-                    secrets.append((path, value))
+                    secrets.append((path, value, contentType(of: group, identifier, for: call)))
                 }
             }
             try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
                 try reply.open("a", "{o(oayays)}")
-                for (path, value) in secrets {
+                for (path, value, contentType) in secrets {
                     try reply.open("e", "o(oayays)")
                     try reply.objectPath(path)
-                    try session.append(value, to: reply)
+                    try session.append(value, contentType: contentType, to: reply)
                     try reply.close()
                 }
                 try reply.close()
             }
         case "CreateCollection":
             try requireSignature(call, "a{sv}s")
-            let label = try call.arguments.stringProperties()["org.freedesktop.Secret.Collection.Label"] ?? ""
+            let label: String
+            if case .string(let given)? = try call.arguments.properties()[Self.collectionLabelProperty] { label = given } else { label = "" }
             let alias = try call.arguments.string()
             let group: String
             if !alias.isEmpty {
@@ -305,8 +314,83 @@ public final class SecretServiceProvider: @unchecked Sendable {
             default: throw .failed("cannot delete the collection \(group)")
             }
             try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+        case "CreateItem":
+            try requireSignature(call, "a{sv}(oayays)b")
+            let path = try createItem(call, in: group)
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.objectPath(path)
+                try reply.objectPath(ObjectPaths.none)
+            }
         default:
             throw .unknownMethod("no method \(call.member) in \(Self.collectionInterface)")
+        }
+    }
+
+    /// The spec's CreateItem. With `replace`, the item of the collection
+    /// whose lookup attributes are exactly the ones given gets the new
+    /// value, label and type (one that also names `keychainfs:identifier`
+    /// must be that item; with no attribute of its program's, none is
+    /// replaced: an empty set would otherwise pick any item). Otherwise a
+    /// new item, named after its label (`keychainfs:identifier` names it
+    /// exactly), made unique with " (2)", " (3)"... The class is the one
+    /// `keychainfs:accessible` names, else the device's access mode.
+    private func createItem(_ call: BusCall, in group: String) throws(BusError) -> String {
+        let properties = try call.arguments.properties()
+        let arguments = call.arguments
+        try arguments.enter("r", "oayays")
+        let session = try self.session(try arguments.objectPath(), of: call)
+        let parameters = try arguments.bytes()
+        let sealed = try arguments.secretBytes()
+        let contentType = try arguments.string()
+        try arguments.exit()
+        let replace = try arguments.bool()
+        var label = "", attributes: [String: String] = [:]
+        if case .string(let given)? = properties[Self.itemLabelProperty] { label = given }
+        if case .attributes(let given)? = properties[Self.itemAttributesProperty] { attributes = given }
+        var protectionClass: ProtectionClass?
+        if let name = attributes[Self.accessibleAttribute] {
+            guard let named = ProtectionClass(name: name) else {
+                throw .invalidArguments("\(Self.accessibleAttribute) names no protection class: \(name)")
+            }
+            protectionClass = named
+        }
+        let stored = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
+        let details = ItemDetails(label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
+                                  attributes: stored)
+        try validated(details)
+        let named = attributes[Self.identifierAttribute]
+        if let named, (try? ItemLimits.validate(name: named)) == nil {
+            throw .invalidArguments("\(Self.identifierAttribute) is no valid item name: 1 to 255 bytes, no '/'")
+        }
+        let value = try session.open(sealed, parameters: parameters)
+        if replace, !stored.isEmpty || named != nil,
+           let existing = try items(of: group, for: call).first(where: { item in
+               (item.details?.attributes ?? [:]) == stored && item.attributes.matches(attributes.filter { $0.key != Self.accessibleAttribute })
+           }) {
+            let reply = perform(.set(group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
+                                     details: details), for: call)
+            _ = try self.value(of: reply, at: existing.path, expectingValue: false)
+            return existing.path
+        }
+        for identifier in Self.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
+            let reply = perform(.set(group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                                     condition: .ifAbsent, details: details), for: call)
+            if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
+            let path = ObjectPaths.item(group, identifier)
+            _ = try self.value(of: reply, at: path, expectingValue: false)
+            return path
+        }
+        throw .failed("too many items are named after the label \(label)")
+    }
+
+    /// `base`, then `base (2)` to `base (1000)`, each cut to fit a name.
+    static func candidateNames(_ base: String) -> some Sequence<String> {
+        (1...1000).lazy.map { number in
+            guard number > 1 else { return base }
+            let suffix = " (\(number))"
+            var stem = base
+            while stem.utf8.count + suffix.utf8.count > ItemLimits.maximumNameLength { stem.removeLast() }
+            return stem + suffix
         }
     }
 
@@ -321,7 +405,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
             try requireSignature(call, "o")
             let session = try self.session(try call.arguments.objectPath(), of: call)
             let value = try value(of: perform(.get(group: group, identifier: identifier), for: call), at: call.path)
-            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in try session.append(value, to: reply) }
+            let contentType = contentType(of: group, identifier, for: call)
+            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
+                try session.append(value, contentType: contentType, to: reply)
+            }
         case "SetSecret":
             try requireSignature(call, "(oayays)")
             let arguments = call.arguments
@@ -329,10 +416,21 @@ public final class SecretServiceProvider: @unchecked Sendable {
             let session = try self.session(try arguments.objectPath(), of: call)
             let parameters = try arguments.bytes()
             let sealed = try arguments.secretBytes()
-            _ = try arguments.string()
+            let contentType = try arguments.string()
             try arguments.exit()
             let value = try session.open(sealed, parameters: parameters)
-            let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent), for: call)
+            // A new content type is kept with the item's details (made for
+            // an item that had none); otherwise the item keeps its own.
+            var details: ItemDetails?
+            if contentType != self.contentType(of: group, identifier, for: call) {
+                details = try itemDetails(group, identifier, for: call)
+                    ?? ItemDetails(label: identifier, attributes: [:])
+                details?.contentType = contentType
+                details?.modified = 0
+                try validated(details)
+            }
+            let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: details),
+                                for: call)
             _ = try self.value(of: reply, at: call.path, expectingValue: false)
             try bus.reply(to: call.message) { _ throws(BusError) in }
         case "Delete":
@@ -458,10 +556,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
                 throw .failed("unexpected reply from the device")
             }
-            return ["Locked": .bool(!store.device.isAvailable(protectionClass)),
-                    "Attributes": .attributes(Self.attributes(group, identifier)),
-                    "Label": .string(identifier), "Type": .string("text/plain"),
-                    "Created": .uint64(0), "Modified": .uint64(0)]
+            let item = ListedItem(group: group, identifier: identifier, protectionClass: protectionClass,
+                                  details: try itemDetails(group, identifier, for: call))
+            return ["Locked": .bool(!store.device.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
+                    "Label": .string(item.label), "Type": .string(item.contentType),
+                    "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)]
         default:
             return [:]
         }
@@ -469,16 +568,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     private func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
         try requireGroup(group, for: call)
-        let items = try self.items(of: group, for: call).map { ObjectPaths.item(group, $0.identifier) }
+        let items = try self.items(of: group, for: call).map(\.path)
         return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.device.isLocked),
                 "Created": .uint64(0), "Modified": .uint64(0)]
     }
 
     // MARK: The keychain
-
-    static func attributes(_ group: String, _ identifier: String) -> [String: String] {
-        [groupAttribute: group, identifierAttribute: identifier]
-    }
 
     /// The items that carry every attribute asked for, unlocked (their key
     /// is there) and locked apart: a locked item is found, never "absent".
@@ -491,9 +586,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
             if let wanted = attributes[Self.groupAttribute], wanted != group { continue }
             // A group whose policy does not admit the caller shows nothing.
             guard let items = try? self.items(of: group, for: call) else { continue }
-            for (identifier, protectionClass) in items where Self.attributes(group, identifier).matches(attributes) {
-                let path = ObjectPaths.item(group, identifier)
-                if store.device.isAvailable(protectionClass) { found.unlocked.append(path) } else { found.locked.append(path) }
+            for item in items where item.attributes.matches(attributes) {
+                if store.device.isAvailable(item.protectionClass) { found.unlocked.append(item.path) } else { found.locked.append(item.path) }
             }
         }
         return found
@@ -506,11 +600,19 @@ public final class SecretServiceProvider: @unchecked Sendable {
         return groups
     }
 
-    private func items(of group: String, for call: BusCall) throws(BusError) -> [(identifier: String, protectionClass: ProtectionClass)] {
+    /// The items of a group with their classes and details.
+    private func items(of group: String, for call: BusCall) throws(BusError) -> [ListedItem] {
         switch perform(.list(group: group), for: call, audit: .failures) {
         case .ok(let fields):
+            var details: [String: ItemDetails] = [:]
+            if case .ok(let detailFields) = perform(.details(group: group, identifier: nil), for: call, audit: .failures),
+               let found = try? PasswordManager.details(fromFields: detailFields) {
+                for (identifier, itemDetails) in found { details[identifier] = itemDetails }
+            }
             return stride(from: 0, to: fields.count - fields.count % 3, by: 3).compactMap { index in
-                ProtectionClass(name: fields[index + 1]).map { (fields[index], $0) }
+                ProtectionClass(name: fields[index + 1]).map {
+                    ListedItem(group: group, identifier: fields[index], protectionClass: $0, details: details[fields[index]])
+                }
             }
         case .keychainError(.missingEntitlement, _):
             throw .accessDenied("this program is not entitled to the access group \(group)")
@@ -518,6 +620,29 @@ public final class SecretServiceProvider: @unchecked Sendable {
             throw .noSuchObject("no collection \(group)")
         default:
             throw .failed("cannot list the collection \(group)")
+        }
+    }
+
+    /// The details of one item (nil: it has none).
+    private func itemDetails(_ group: String, _ identifier: String, for call: BusCall) throws(BusError) -> ItemDetails? {
+        let reply = perform(.details(group: group, identifier: identifier), for: call, audit: .failures)
+        guard case .ok(let fields) = reply else {
+            _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
+            throw .failed("unexpected reply from the device")
+        }
+        guard let found = try? PasswordManager.details(fromFields: fields) else { throw .failed("unexpected reply from the device") }
+        return found.first?.details
+    }
+
+    /// The content type a secret is sent with: the one kept with the
+    /// item, else `text/plain`.
+    private func contentType(of group: String, _ identifier: String, for call: BusCall) -> String {
+        ((try? itemDetails(group, identifier, for: call)) ?? nil)?.contentType ?? ItemDetails.defaultContentType
+    }
+
+    private func validated(_ details: ItemDetails?) throws(BusError) {
+        guard (try? details?.validate()) != nil else {
+            throw .invalidArguments("at most \(ItemDetails.maximumAttributes) attributes; names of 1-\(ItemDetails.maximumAttributeName) bytes; values, label and content type of at most \(ItemDetails.maximumText) bytes; \(ItemDetails.maximumEncodedSize) bytes in all")
         }
     }
 
@@ -550,6 +675,28 @@ public final class SecretServiceProvider: @unchecked Sendable {
             return identity
         }, subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
     }
+}
+
+/// An item as searches and properties see it: its name, class and details.
+struct ListedItem {
+    let group: String
+    let identifier: String
+    let protectionClass: ProtectionClass
+    let details: ItemDetails?
+
+    var path: String { ObjectPaths.item(group, identifier) }
+    /// The lookup attributes it answers to: those its program stored, and
+    /// its group, identifier and class.
+    var attributes: [String: String] {
+        var all = details?.attributes ?? [:]
+        all[SecretServiceProvider.groupAttribute] = group
+        all[SecretServiceProvider.identifierAttribute] = identifier
+        all[SecretServiceProvider.accessibleAttribute] = protectionClass.name
+        return all
+    }
+    /// Its label: the one stored, else its identifier.
+    var label: String { details?.label ?? identifier }
+    var contentType: String { details?.contentType ?? ItemDetails.defaultContentType }
 }
 
 private extension Dictionary where Key == String, Value == String {

@@ -58,7 +58,7 @@ final class TransferSession {
     }
 
     /// Appends a secret as the spec's (oayays): session, parameters, value, content type.
-    func append(_ value: SecureBytes, to reply: BusMessageWriter) throws(BusError) {
+    func append(_ value: SecureBytes, contentType: String, to reply: BusMessageWriter) throws(BusError) {
         try reply.open("r", "oayays")
         try reply.objectPath(path)
         if let key {
@@ -70,7 +70,7 @@ final class TransferSession {
             try reply.bytes([])
             try value.withUnsafeBytes { (raw) throws(BusError) in try reply.bytes(raw) }
         }
-        try reply.string("text/plain")
+        try reply.string(contentType)
         try reply.close()
     }
 

@@ -54,6 +54,8 @@ import TestSupport
             absent rc 1
             [/api_2dtoken]
             [/mounted]
+            attribute.keychainfs:accessible = whenUnlocked
+            attribute.keychainfs:accessible = whenUnlocked
             attribute.keychainfs:group = default
             attribute.keychainfs:group = default
             attribute.keychainfs:identifier = api-token
@@ -114,7 +116,10 @@ import TestSupport
     /// pinentry (here a script speaking its protocol, answering from a
     /// file): a wrong passcode is shown as such and counts, the right one
     /// unlocks and Completed says so; a cancelled one is dismissed.
-    @Test func unlockAsksForThePasscodeThroughPinentry() throws {
+    /// A pinentry that answers GETPIN with the lines of `$R/answers` in
+    /// turn (an empty line: cancel) and logs what it was told to show in
+    /// `$R/pinentry.log`; to be named by `pinentryEnvironment`.
+    func writeScriptedPinentry(answers: String) throws {
         try """
             #!/bin/sh
             echo "OK Pleased to meet you"
@@ -131,7 +136,13 @@ import TestSupport
             done
             """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
         chmod(harness.root + "/pinentry", 0o755)
-        try "\n".write(toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
+        try answers.write(toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
+    }
+
+    static let pinentryEnvironment = "KEYCHAINFS_PINENTRY=\"$R/pinentry\""
+
+    @Test func unlockAsksForThePasscodeThroughPinentry() throws {
+        try writeScriptedPinentry(answers: "\n")
         let prompted = onBus("""
             /usr/bin/python3 - "$R/answers" "$PASSCODE" <<'PY'
             import sys, secretstorage
@@ -143,7 +154,7 @@ import TestSupport
             PY
             "$K" status | grep -E '^(state|failed)'
             cat "$R/pinentry.log"
-            """, locked: true, environment: "KEYCHAINFS_PINENTRY=\"$R/pinentry\"")
+            """, locked: true, environment: Self.pinentryEnvironment)
         #expect(prompted.stdout == """
             cancelled, dismissed: True locked: True
             answered, dismissed: False locked: False
@@ -194,7 +205,7 @@ import TestSupport
             tail --pid="$pid" -f /dev/null
             echo "pinentry ended"
             "$K" status | grep '^state'
-            """, locked: true, environment: "KEYCHAINFS_PINENTRY=\"$R/pinentry\"")
+            """, locked: true, environment: Self.pinentryEnvironment)
         #expect(gone.stdout == "pinentry ended\nstate: locked\n", "\(gone)")
     }
 
@@ -406,13 +417,20 @@ import TestSupport
                 secretstorage.Item(conn, '/org/freedesktop/secrets/collection/secure/token').get_secret()
             except Exception as error:
                 print(type(error).__name__, 'AccessDenied' in str(error))
+            try:
+                secretstorage.Collection(conn, '/org/freedesktop/secrets/collection/secure').create_item(
+                    'planted', {'app': 'x'}, b'planted', replace=True)
+            except Exception as error:
+                print(type(error).__name__, 'AccessDenied' in str(error))
             PY
             """)
-        #expect(refused.stdout == "lookup rc 1\nDBusErrorResponse True\n", "\(refused)")  // AccessDenied, not "absent"
+        #expect(refused.stdout == "lookup rc 1\nDBusErrorResponse True\nDBusErrorResponse True\n", "\(refused)")  // AccessDenied, not "absent"
         let log = harness.sh("\"$K\" log --keychain \"$KC\" --group secure")
         // secret-tool's search was refused the group's listing; Python's read of the item.
         #expect(log.stdout.contains("list denied secure pid=") && log.stdout.contains("exe=/usr/bin/secret-tool"), "\(log)")
         #expect(log.stdout.contains("denied secure/token pid=") && log.stdout.contains("exe=/usr/bin/python3"), "\(log)")
+        // CreateItem was refused at the group's listing: no write was tried.
+        #expect(!log.stdout.contains("planted"), "\(log)")
     }
 
     /// Bad input is an error and changes nothing.

@@ -109,6 +109,23 @@ public enum ItemLimits {
         return same && bytes.next() == nil
     }
 
+    /// A valid item name made from `text` (a Secret Service label): in
+    /// NFC, `/` and control characters as `_`, cut to 255 bytes at a
+    /// character's end; nil when nothing valid is left (empty, or a
+    /// reserved name).
+    public static func name(from text: String) -> String? {
+        var units: [UInt8] = []
+        text._withNFCCodeUnits { units.append($0) }
+        var name = ""
+        for character in String(decoding: units, as: UTF8.self) {
+            let cleaned = character.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) || $0 == "/" }
+                ? "_" : String(character)
+            guard name.utf8.count + cleaned.utf8.count <= maximumNameLength else { break }
+            name += cleaned
+        }
+        return (try? validate(name: name)) == nil ? nil : name
+    }
+
     /// `clean`: no `/`, no C0 control (NUL included), no DEL, no C1 control
     /// (U+0080...U+009F, UTF-8 `C2 80`...`C2 9F`). `ascii`: no byte above 0x7F.
     private static func scanName<C: RandomAccessCollection>(_ bytes: C) -> (clean: Bool, ascii: Bool) where C.Element == UInt8 {
