@@ -534,7 +534,29 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 try reply.close()
             }
         case "Set":
-            throw .notSupported("these properties cannot be set (a label is the name of a group or item)")
+            try requireSignature(call, "ssv")
+            let interface = try call.arguments.string(), name = try call.arguments.string()
+            guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
+                  name == "Label" || name == "Attributes" else {
+                throw .notSupported("only an item's Label and Attributes can be set (a collection's label is its group's name)")
+            }
+            var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
+            let type = name == "Label" ? "s" : "a{ss}"
+            guard try call.arguments.peek()?.contents == type else { throw .invalidArguments("\(name) is of type \(type)") }
+            try call.arguments.enter("v", type)
+            if name == "Label" {
+                details.label = try call.arguments.string()
+            } else {
+                details.attributes = try call.arguments.stringDictionary(limit: ItemDetails.maximumAttributes,
+                                                                         textLimit: ItemDetails.maximumText)
+                    .filter { !$0.key.hasPrefix(Self.attributePrefix) }
+            }
+            try call.arguments.exit()
+            details.modified = 0
+            try validated(details)
+            let reply = perform(.setDetails(group: group, identifier: identifier, details: details), for: call)
+            _ = try value(of: reply, at: call.path, expectingValue: false)
+            try bus.reply(to: call.message) { _ throws(BusError) in }
         default:
             throw .unknownMethod("no method \(call.member) in \(Self.propertiesInterface)")
         }

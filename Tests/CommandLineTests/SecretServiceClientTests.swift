@@ -128,6 +128,32 @@ extension SecretServiceTests {
             """, "\(credential)")
     }
 
+    /// An item's Label and Attributes can be set (Seahorse renames items
+    /// so); its value stays. Locked, the change is refused and nothing changes.
+    @Test func anItemsLabelAndAttributesCanBeSet() {
+        let set = onBus("""
+            printf v | secret-tool store --label=old app mail
+            /usr/bin/python3 - <<'PY'
+            import secretstorage
+            conn = secretstorage.dbus_init()
+            item = next(secretstorage.get_default_collection(conn).search_items({'app': 'mail'}))
+            item.set_label('new label')
+            item.set_attributes({'app': 'mail', 'user': 'ada', 'keychainfs:group': 'ignored'})
+            print(item.get_label(), sorted(item.get_attributes().items()), item.get_secret())
+            PY
+            "$K" lock
+            busctl --user call org.freedesktop.secrets /org/freedesktop/secrets/collection/default/old \\
+                org.freedesktop.DBus.Properties Set ssv org.freedesktop.Secret.Item Label s other 2>&1; echo "locked $?"
+            secret-tool search app mail 2>&1 | grep '^label'
+            """)
+        #expect(set.stdout.hasPrefix("""
+            new label [('app', 'mail'), ('keychainfs:accessible', 'whenUnlocked'), ('keychainfs:group', 'default'), \
+            ('keychainfs:identifier', 'old'), ('user', 'ada')] b'v'
+
+            """), "\(set)")
+        #expect(set.stdout.contains("is locked") && set.stdout.hasSuffix("locked 1\nlabel = new label\n"), "\(set)")
+    }
+
     /// Bad input to CreateItem is an error and stores nothing: too many or
     /// too large attributes, a label past the bound, a closed session.
     @Test func badItemsAreRefusedAndChangeNothing() {

@@ -31,6 +31,7 @@ import Testing
                                   attributes: ["xdg:schema": "org.example.Wifi", "ssid": "home", "note": ""], created: 5, modified: 7)),
         .details(group: "default", identifier: nil),
         .details(group: "default", identifier: "Wi-Fi"),
+        .setDetails(group: "default", identifier: "Wi-Fi", details: ItemDetails(label: "renamed", attributes: ["ssid": "home"])),
         .remove(group: "default", identifier: "old"),
         .list(group: nil),
         .list(group: "default"),

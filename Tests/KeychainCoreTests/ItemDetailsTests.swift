@@ -54,6 +54,28 @@ import Testing
         #expect(kept.label == "new" && kept.attributes == ["a": "b"] && kept.created == created)
     }
 
+    /// New details for the same value: the value is untouched, the
+    /// creation time kept; a locked item's details cannot change.
+    @Test func detailsAloneCanBeReplaced() throws {
+        let (keychain, manager) = try unlocked()
+        try manager.write(secure("v"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
+        let created = try #require(try manager.details(forIdentifier: "token")).created
+        keychain.clock.advance(30)
+        try manager.setDetails(ItemDetails(label: "relabelled", attributes: ["k": "v"]), forIdentifier: "token")
+        let replaced = try #require(try manager.details(forIdentifier: "token"))
+        #expect(replaced.label == "relabelled" && replaced.attributes == ["k": "v"])
+        #expect(replaced.created == created && replaced.modified == created + 30)
+        #expect(try manager.string(forIdentifier: "token") == "v")
+        // Details for an item that had none.
+        try manager.register("plain", forIdentifier: "plain")
+        try manager.setDetails(ItemDetails(label: "now labelled", attributes: [:]), forIdentifier: "plain")
+        #expect(try manager.details(forIdentifier: "plain")?.label == "now labelled")
+        expectError(.itemNotFound) { try manager.setDetails(Self.details, forIdentifier: "absent") }
+        manager.localDevice.lock()
+        expectError(.interactionNotAllowed) { try manager.setDetails(Self.details, forIdentifier: "token") }
+        #expect(try manager.details(forIdentifier: "token")?.label == "relabelled")
+    }
+
     /// Details are like names: a locked device shows them (a search must
     /// find locked items), while the value stays locked.
     @Test func detailsAreReadableWhileLocked() throws {

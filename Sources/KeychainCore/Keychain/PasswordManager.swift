@@ -427,6 +427,27 @@ public final class PasswordManager: Sendable {
         return try ItemCipher.openDetails(row, key: device.secret.detailsKey)
     }
 
+    /// Replaces an item's details; its value stays as it is. Needs the key
+    /// of its class (the value is sealed again with the row).
+    public func setDetails(_ details: ItemDetails, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+        let group = group ?? ItemLimits.defaultGroup
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(name: identifier)
+        try details.validate()
+        guard case .local(let device) = backend else {
+            try remote.perform(.setDetails(group: group, identifier: identifier, details: details))
+            return
+        }
+        try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
+            guard let current = existing else { throw .itemNotFound }
+            let key = try device.classKey(current.protectionClass)
+            return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
+                                   protectionClass: current.protectionClass, generation: generation, key: key,
+                                   details: try Self.details(of: current, replacedBy: details, touched: true, on: device))
+        }
+        forget(group: group, identifier: identifier)
+    }
+
     /// Every item of `group` that has details, with them, sorted by identifier.
     public func itemsWithDetails(inGroup group: String) throws(KeychainError) -> [(identifier: String, details: ItemDetails)] {
         try ItemLimits.validate(name: group)

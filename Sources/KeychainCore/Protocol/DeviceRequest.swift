@@ -26,6 +26,8 @@ public enum DeviceRequest: Equatable, Sendable {
     /// The details of one item, or of every item of `group` that has some:
     /// per item its identifier, then ``ItemDetails/fields`` (needs no key).
     case details(group: String, identifier: String?)
+    /// Replace an item's details (its value stays; needs its class key).
+    case setDetails(group: String, identifier: String, details: ItemDetails)
     /// Delete an item (works while locked).
     case remove(group: String, identifier: String)
     /// The groups (nil), or a group's items as (identifier, class, size) triples.
@@ -85,7 +87,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
         case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
-        case watch = 28, autoLock = 29, details = 30
+        case watch = 28, autoLock = 29, details = 30, setDetails = 31
     }
 
     /// The request as a frame, in secret memory.
@@ -124,6 +126,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case .details(let group, let identifier):
             operation = .details
             fields = [.text(group), .optionalText(identifier)]
+        case .setDetails(let group, let identifier, let details):
+            operation = .setDetails
+            fields = [.text(group), .text(identifier), .optionalSecret(try SecureBytes(details.encoded()))]
         case .remove(let group, let identifier):
             operation = .remove
             fields = [.text(group), .text(identifier)]
@@ -232,6 +237,10 @@ public enum DeviceRequest: Equatable, Sendable {
                         details: details)
         case .details:
             self = .details(group: try reader.text(), identifier: try reader.optionalText())
+        case .setDetails:
+            let group = try reader.text(), identifier = try reader.text()
+            guard let encoded = try reader.optionalSecret() else { throw .param }
+            self = .setDetails(group: group, identifier: identifier, details: try ItemDetails(decoding: encoded.bytes(), malformed: .param))
         case .remove:
             self = .remove(group: try reader.text(), identifier: try reader.text())
         case .list:
@@ -293,6 +302,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case .get: return "get"
         case .set: return "set"
         case .details: return "details"
+        case .setDetails: return "set-details"
         case .remove: return "remove"
         case .info: return "info"
         case .setClass: return "set-class"
@@ -308,6 +318,7 @@ public enum DeviceRequest: Equatable, Sendable {
     public var group: String? {
         switch self {
         case .get(let group, _), .set(let group, _, _, _, _, _), .remove(let group, _), .info(let group, _), .details(let group, _),
+             .setDetails(let group, _, _),
              .setClass(let group, _, _), .rename(let group, _, _, _), .removeGroup(let group):
             return group
         case .list(let group):

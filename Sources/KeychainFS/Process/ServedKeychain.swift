@@ -199,7 +199,7 @@ final class ServedKeychain: Sendable {
                 device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
             }
             return .ok([String(device.autoLock.after), String(device.autoLock.grace)])
-        case .get, .set, .remove, .list, .info, .details, .setClass, .rename, .createGroup, .removeGroup,
+        case .get, .set, .remove, .list, .info, .details, .setDetails, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
             do throws(KeychainError) {
                 // The peer is identified only when a group with a policy asks.
@@ -228,6 +228,8 @@ extension ServedKeychain {
         case .get(_, let id), .set(_, let id, _, _, _, _), .remove(_, let id), .info(_, let id), .setClass(_, let id, _):
             identifier = id
         case .details(_, let id):
+            identifier = id
+        case .setDetails(_, let id, _):
             identifier = id
         case .rename(_, let from, let to, _):
             identifier = from
@@ -272,6 +274,8 @@ extension ServedKeychain {
                 found = try manager.itemsWithDetails(inGroup: group)
             }
             return .ok(found.flatMap { [$0.identifier] + $0.details.fields })
+        case .setDetails(let group, let identifier, let details):
+            try manager.setDetails(details, forIdentifier: identifier, inGroup: group)
         case .remove(let group, let identifier):
             try nodes.removeItem(group: group, identifier: identifier, manager: manager)
             nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
