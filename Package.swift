@@ -28,7 +28,7 @@ let package = Package(
         .executableTarget(
             name: "keychainfs",
             dependencies: [
-                "KeychainCore", "KeychainFS",
+                "KeychainCore", "KeychainFS", "SecretService",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

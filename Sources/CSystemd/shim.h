@@ -101,6 +101,11 @@ CSYSTEMD_CALL(int, -ENOSYS, sd_bus_creds_get_pid, (sd_bus_creds *c, pid_t *pid),
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_creds_get_euid, (sd_bus_creds *c, uid_t *uid), (c, uid))
 CSYSTEMD_CALL(sd_bus_creds *, NULL, sd_bus_creds_unref, (sd_bus_creds *c), (c))
 CSYSTEMD_CALL(sd_bus_slot *, NULL, sd_bus_slot_unref, (sd_bus_slot *slot), (slot))
+// A void function: its own wrapper (the macro returns a value).
+static inline void CSystemd_sd_bus_error_free(sd_bus_error *e) {
+    __typeof__(&sd_bus_error_free) function = (__typeof__(&sd_bus_error_free))CSystemd_symbol("sd_bus_error_free");
+    if (function) function(e);
+}
 
 // The flags and masks are macros or enums Swift imports awkwardly: kept here.
 static const uint64_t CSystemd_name_replace_existing = SD_BUS_NAME_REPLACE_EXISTING;

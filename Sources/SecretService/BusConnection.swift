@@ -45,15 +45,16 @@ final class BusConnection: @unchecked Sendable {
     }
 
     /// Owns `name` on the bus; with `replace`, takes it from the current
-    /// owner if that one allows it (gnome-keyring does).
+    /// owner if that one allows it (gnome-keyring 42 does not).
     func requestName(_ name: String, replace: Bool) throws(BusError) {
         var flags = CSystemd_name_allow_replacement
         if replace { flags |= CSystemd_name_replace_existing }
         let result = CSystemd_sd_bus_request_name(bus, name, flags)
         guard result >= 0 else {
-            throw .failed(result == -EEXIST
-                ? "\(name) is owned by another program on this bus (--replace takes it over)"
-                : "cannot own \(name): \(String(cString: strerror(-result)))")
+            guard result == -EEXIST else { throw .failed("cannot own \(name): \(String(cString: strerror(-result)))") }
+            throw .failed(replace
+                ? "\(name) is owned by another program on this bus that allows no replacement (gnome-keyring: stop its secrets component first)"
+                : "\(name) is owned by another program on this bus (--replace takes it over where that program allows it)")
         }
     }
 
@@ -147,6 +148,40 @@ final class BusConnection: @unchecked Sendable {
         _ = CSystemd_sd_bus_flush(bus)
     }
 
+    // MARK: Calls (a client's, before any start())
+
+    /// Calls a method and waits for its reply; an error reply is thrown as it came.
+    func call(_ destination: String, _ path: String, _ interface: String, _ member: String,
+              _ build: (BusMessageWriter) throws(BusError) -> Void = { _ throws(BusError) in }) throws(BusError) -> BusReply {
+        var call: OpaquePointer?
+        guard CSystemd_sd_bus_message_new_method_call(bus, &call, destination, path, interface, member) >= 0, let call else {
+            throw .failed("cannot build a call of \(member)")
+        }
+        defer { _ = CSystemd_sd_bus_message_unref(call) }
+        try build(BusMessageWriter(message: call))
+        var error = sd_bus_error()
+        defer { CSystemd_sd_bus_error_free(&error) }
+        var reply: OpaquePointer?
+        let result = CSystemd_sd_bus_call(bus, call, 0, &error, &reply)
+        guard result >= 0, let reply else {
+            if let name = error.name {
+                throw BusError(String(cString: name), error.message.map { String(cString: $0) } ?? "")
+            }
+            throw .failed("\(member) failed: \(String(cString: strerror(-result)))")
+        }
+        return BusReply(reply)
+    }
+
+    /// The process that owns `name` on the bus (nil: no one owns it).
+    func ownerProcess(of name: String) -> pid_t? {
+        var creds: OpaquePointer?
+        guard CSystemd_sd_bus_get_name_creds(bus, name, CSystemd_creds_pid | CSystemd_creds_augment, &creds) >= 0,
+              let creds else { return nil }
+        defer { _ = CSystemd_sd_bus_creds_unref(creds) }
+        var pid: pid_t = 0
+        return CSystemd_sd_bus_creds_get_pid(creds, &pid) >= 0 ? pid : nil
+    }
+
     // MARK: Replies and signals (on the bus thread)
 
     /// Replies to `call` with the arguments `build` appends.
@@ -195,6 +230,21 @@ final class BusConnection: @unchecked Sendable {
         guard CSystemd_sd_bus_creds_get_pid(creds, &pid) >= 0, CSystemd_sd_bus_creds_get_euid(creds, &uid) >= 0 else { return nil }
         return (pid, uid)
     }
+}
+
+/// A method's reply, owned until it is released; sensitive (sd-bus wipes
+/// it when freed), since replies may carry secrets.
+final class BusReply {
+    let message: OpaquePointer
+
+    init(_ message: OpaquePointer) {
+        self.message = message
+        _ = CSystemd_sd_bus_message_sensitive(message)
+    }
+
+    deinit { _ = CSystemd_sd_bus_message_unref(message) }
+
+    var arguments: BusMessageReader { BusMessageReader(message: message) }
 }
 
 /// The header fields of a method call.

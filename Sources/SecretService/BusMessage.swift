@@ -52,6 +52,13 @@ struct BusMessageReader {
         return String(cString: pointer)
     }
 
+    func uint64() throws(BusError) -> UInt64 {
+        var value: UInt64 = 0
+        let result = CSystemd_sd_bus_message_read_basic(message, CChar(UInt8(ascii: "t")), &value)
+        guard result > 0 else { throw .malformed(result == 0 ? -EBADMSG : result) }
+        return value
+    }
+
     func bool() throws(BusError) -> Bool {
         var value: Int32 = 0
         let result = CSystemd_sd_bus_message_read_basic(message, CChar(UInt8(ascii: "b")), &value)
@@ -120,10 +127,11 @@ struct BusMessageReader {
         return dictionary
     }
 
-    /// An `a{sv}` (properties), keeping the string and `a{ss}` values and
-    /// skipping the others (a property this service does not keep is read
-    /// past, not refused).
-    func properties() throws(BusError) -> [String: PropertyValue] {
+    /// An `a{sv}` (properties), keeping the values of the types of
+    /// ``PropertyValue`` and skipping the others (a property this service
+    /// does not keep is read past, not refused). `a{ss}` values are held to
+    /// `attributeLimit` pairs of at most ``ItemDetails/maximumText`` bytes.
+    func properties(attributeLimit: Int = ItemDetails.maximumAttributes) throws(BusError) -> [String: PropertyValue] {
         try enter("a", "{sv}")
         var properties: [String: PropertyValue] = [:]
         while try enterElement("e", "sv") {
@@ -132,9 +140,11 @@ struct BusMessageReader {
             try enter("v", contents)
             switch contents {
             case "s": properties[name] = .string(try string())
+            case "b": properties[name] = .bool(try bool())
+            case "t": properties[name] = .uint64(try uint64())
+            case "ao": properties[name] = .objectPaths(try objectPaths())
             case "a{ss}":
-                properties[name] = .attributes(try stringDictionary(limit: ItemDetails.maximumAttributes,
-                                                                    textLimit: ItemDetails.maximumText))
+                properties[name] = .attributes(try stringDictionary(limit: attributeLimit, textLimit: ItemDetails.maximumText))
             default: try skip(contents)
             }
             try exit()

@@ -372,7 +372,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             _ = try self.value(of: reply, at: existing.path, expectingValue: false)
             return existing.path
         }
-        for identifier in Self.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
+        for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
             let reply = perform(.set(group: group, identifier: identifier, value: value, protectionClass: protectionClass,
                                      condition: .ifAbsent, details: details), for: call)
             if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
@@ -381,17 +381,6 @@ public final class SecretServiceProvider: @unchecked Sendable {
             return path
         }
         throw .failed("too many items are named after the label \(label)")
-    }
-
-    /// `base`, then `base (2)` to `base (1000)`, each cut to fit a name.
-    static func candidateNames(_ base: String) -> some Sequence<String> {
-        (1...1000).lazy.map { number in
-            guard number > 1 else { return base }
-            let suffix = " (\(number))"
-            var stem = base
-            while stem.utf8.count + suffix.utf8.count > ItemLimits.maximumNameLength { stem.removeLast() }
-            return stem + suffix
-        }
     }
 
     // MARK: org.freedesktop.Secret.Item

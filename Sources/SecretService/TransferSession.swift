@@ -74,6 +74,37 @@ final class TransferSession {
         try reply.close()
     }
 
+    /// The client's half of a DH session with another provider: a private
+    /// exponent and its public key (the same exchange as ``open``, against
+    /// the generator 2, whose power is the public key).
+    static func clientKeyPair() throws(BusError) -> (exponent: SecureBytes, publicKey: [UInt8]) {
+        let exponent = SecureBytes.random(count: 128)
+        let (publicKey, _) = try exchange(exponent: exponent, peer: [2])
+        return (exponent, publicKey)
+    }
+
+    /// The client's session at `path` once the provider sent its public key.
+    static func client(path: String, exponent: SecureBytes, peer: [UInt8]) throws(BusError) -> TransferSession {
+        guard (1...128).contains(peer.count) else { throw .failed("the provider's DH public key is not 1 to 128 bytes") }
+        return TransferSession(owner: "", path: path, key: try exchange(exponent: exponent, peer: peer).key)
+    }
+
+    /// A plain client session at `path`.
+    static func plainClient(path: String) -> TransferSession { TransferSession(owner: "", path: path, key: nil) }
+
+    private static func exchange(exponent: SecureBytes, peer: [UInt8]) throws(BusError) -> (publicKey: [UInt8], key: SecureBytes) {
+        var publicKey = [UInt8](repeating: 0, count: 128)
+        var publicLength = 0
+        let key: SecureBytes
+        do { key = try SecureBytes(count: 16) } catch { throw .failed("no memory for the session key") }
+        let status = exponent.withUnsafeBytes { exponent in
+            COpenSSL_dh_ietf1024(peer, peer.count, exponent.baseAddress?.assumingMemoryBound(to: UInt8.self), exponent.count,
+                                 &publicKey, &publicLength, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self))
+        }
+        guard status == 0 else { throw .failed("the DH exchange failed (is libcrypto, libssl3, installed?)") }
+        return (Array(publicKey[..<publicLength]), key)
+    }
+
     /// The value a client sent in this session.
     func open(_ sealed: SecureBytes, parameters: [UInt8]) throws(BusError) -> SecureBytes {
         guard let key else {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import KeychainCore
+import SecretService
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -8,7 +9,7 @@ struct ImportCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "import",
         abstract: "Move in from another password manager.",
-        subcommands: [ImportPassCommand.self])
+        subcommands: [ImportPassCommand.self, ImportSecretServiceCommand.self])
 }
 
 struct ImportPassCommand: ParsableCommand {
@@ -90,6 +91,8 @@ struct ImportPassCommand: ParsableCommand {
                 counts.failed += 1
             }
         }
+        // Every item line before the summary, where both go to one place.
+        fflush(nil)
         printError("\(counts.imported) imported, \(counts.kept) kept, \(counts.failed) failed")
         if counts.failed > 0 { throw ExitStatus.failure }
     }
@@ -172,5 +175,116 @@ enum PassStore {
     struct DecryptionProblem: Error, CustomStringConvertible {
         let description: String
         init(_ description: String) { self.description = description }
+    }
+}
+
+struct ImportSecretServiceCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "secret-service",
+        abstract: "Import every item of the Secret Service on this session bus (gnome-keyring, KWallet, KeePassXC).",
+        discussion: """
+            The default collection (gnome-keyring's login keyring) becomes the group default, another \
+            collection the group named after its label; with --group every item goes to that group. An \
+            item becomes an item named after its label (a name in use gets " (2)", " (3)"...) that keeps \
+            its label, attributes, content type and times, so the programs that stored it find it again \
+            once keychainfs serves the bus (keychainfs start --secret-service --replace). An item whose \
+            group holds one with the same label and attributes is kept, not imported again, unless \
+            --force replaces its value. Secrets cross the bus encrypted (a DH session). A locked \
+            collection is skipped and reported: unlock it in its provider first. Each item is reported \
+            on a line (imported, kept, failed). Exit 0 when every item was imported or kept, 1 when one \
+            failed or a collection was locked, 3 when the keychain is locked (nothing is read then).
+            """)
+
+    @Option(help: "Put every item in this group.")
+    var group: String?
+
+    @Flag(help: "Replace the value of an item that was imported before.")
+    var force = false
+
+    @Flag(name: .customLong("dry-run"), help: "Report the names only; read no secret and store nothing.")
+    var dryRun = false
+
+    @OptionGroup var options: KeychainOptions
+
+    func validate() throws {
+        if let group, (try? ItemLimits.validate(name: group)) == nil {
+            throw ValidationError("'\(group)' is not a valid access group name.")
+        }
+    }
+
+    func run() throws {
+        let source: ForeignSecretService
+        do { source = try ForeignSecretService() } catch { throw fail(error.message) }
+        let device = try RunningDevice(options.place)
+        if !dryRun, try device.isLocked() { throw fail("the keychain is locked; unlock it first", status: ExitStatus.locked) }
+        var counts = (imported: 0, kept: 0, failed: 0)
+        do {
+            for collection in try source.collections() {
+                guard let target = group ?? (collection.isDefault ? ItemLimits.defaultGroup : ItemLimits.name(from: collection.label)) else {
+                    print("failed   \(collection.label): no group name fits its label (--group names one)")
+                    counts.failed += 1
+                    continue
+                }
+                guard !collection.isLocked else {
+                    print("failed   \(collection.label): locked (unlock it in its provider first)")
+                    counts.failed += 1
+                    continue
+                }
+                let (items, refused) = try source.items(of: collection)
+                for name in refused {
+                    print("failed   \(collection.label)/\(name): its attributes or label are past keychainfs's bounds")
+                    counts.failed += 1
+                }
+                var existing = try device.itemsWithDetails(of: target)
+                for item in items {
+                    let from = "\(collection.label)/\(item.details.label)"
+                    let same = existing.first { $0.details.label == item.details.label && $0.details.attributes == item.details.attributes }
+                    if let same, !force {
+                        print("kept     \(from) -> \(target)/\(same.identifier) (imported before; --force replaces it)")
+                        counts.kept += 1
+                        continue
+                    }
+                    let base = same?.identifier ?? ItemLimits.name(from: item.details.label) ?? "item"
+                    if dryRun {
+                        print("import   \(from) -> \(target)/\(base)")
+                        continue
+                    }
+                    var details = item.details
+                    let (value, contentType) = try source.secret(of: item)
+                    details.contentType = contentType.isEmpty ? ItemDetails.defaultContentType : contentType
+                    switch try store(value, named: base, in: target, details: details, replacing: same != nil, on: device) {
+                    case .success(let identifier):
+                        print("imported \(from) -> \(target)/\(identifier)")
+                        counts.imported += 1
+                        existing.append((identifier, details))
+                    case .failure(let error):
+                        print("failed   \(from) -> \(target)/\(base): \(error)")
+                        counts.failed += 1
+                    }
+                }
+            }
+        } catch let error as BusError {
+            throw fail("reading the Secret Service: \(error.message)")
+        }
+        // Every item line before the summary, where both go to one place.
+        fflush(nil)
+        printError("\(counts.imported) imported, \(counts.kept) kept, \(counts.failed) failed")
+        if counts.failed > 0 { throw ExitStatus.failure }
+    }
+
+    /// Stores an item under `base` (replacing it), or the first free name
+    /// of ``ItemLimits/candidateNames(_:)``; the name used.
+    private func store(_ value: SecureBytes, named base: String, in group: String, details: ItemDetails, replacing: Bool,
+                       on device: RunningDevice) throws -> Result<String, KeychainError> {
+        for identifier in ItemLimits.candidateNames(base) {
+            let item = ItemAddress(group: group, identifier: identifier)
+            switch try device.tryStore(value, at: item, condition: replacing ? .always : .ifAbsent, details: details) {
+            case nil: return .success(identifier)
+            case .duplicateItem? where !replacing: continue
+            case .interactionNotAllowed?: throw fail("the keychain locked during the import", status: ExitStatus.locked)
+            case let error?: return .failure(error)
+            }
+        }
+        return .failure(.duplicateItem)
     }
 }

@@ -75,13 +75,24 @@ extension RunningDevice {
 
     /// Stores a value; returns the core error that refused it (nil: stored)
     /// without a message, for callers that report per item.
-    func tryStore(_ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition) throws -> KeychainError? {
-        switch try deliver(.set(group: item.group, identifier: item.identifier, value: value, condition: condition)) {
+    func tryStore(_ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition,
+                  details: ItemDetails? = nil) throws -> KeychainError? {
+        switch try deliver(.set(group: item.group, identifier: item.identifier, value: value, condition: condition, details: details)) {
         case .ok?: return nil
         case .keychainError(let error, _)?: return error
         case .systemError(_, let message)?: throw fail("\(item): \(message)")
         case .value?, nil: throw fail("the device went away", status: ExitStatus.noDevice)
         }
+    }
+
+    /// The items of `group` that have details (none when there is no such group).
+    func itemsWithDetails(of group: String) throws -> [(identifier: String, details: ItemDetails)] {
+        switch try deliver(.details(group: group, identifier: nil)) {
+        case .ok(let fields)?: return try PasswordManager.details(fromFields: fields)
+        case .keychainError(.itemNotFound, _)?: return []
+        default: _ = try send(.details(group: group, identifier: nil), item: group)
+        }
+        throw fail("unexpected reply from the device")
     }
 
     /// An item's value; nil when it does not exist (said by no message).

@@ -184,3 +184,99 @@ extension SecretServiceTests {
         #expect(lines.suffix(2) == ["fine stored", "item"], "\(refused)")
     }
 }
+
+/// `keychainfs import secret-service` (issue 22): gnome-keyring's items
+/// move in whole, and once keychainfs serves the bus the programs that
+/// stored them find them by their own attributes.
+extension SecretServiceTests {
+    @Test func importBringsGnomeKeyringsItemsOverWhole() throws {
+        try """
+            export HOME="$R/home" KEYCHAINFS_KEYCHAIN="$KC"
+            mkdir -p "$HOME"
+            # gnome-keyring as a session starts it (its login keyring made
+            # with a password on stdin), in the foreground: its pid is ours
+            # to end, and the bus says when it serves.
+            printf keyring-password | gnome-keyring-daemon --foreground --unlock --components=secrets >/dev/null &
+            keyring=$!
+            trap '"$K" stop; kill "$keyring" 2>/dev/null' EXIT
+            gdbus wait --session --timeout 10 org.freedesktop.secrets || exit 97
+            printf pw1 | secret-tool store --label='GitHub token' service github.com username ada
+            printf pw2 | secret-tool store --label=Mail service imap user bob
+            printf '%s\\n' "$PASSCODE" | "$K" unlock || exit 98
+            "$K" import secret-service > "$R/first" 2>&1; echo "import $?"; sort "$R/first"
+            "$K" import secret-service > "$R/again" 2>&1; echo "again $?"; sort "$R/again"
+            "$K" get "default/GitHub token"; echo
+            # keychainfs takes the bus over once gnome-keyring (which allows no
+            # replacement) has gone and the bus has said so: the programs find
+            # their items by their own attributes.
+            /usr/bin/python3 - "$keyring" <<'PY'
+            import os, signal, sys
+            from jeepney import MatchRule, message_bus
+            from jeepney.io.blocking import open_dbus_connection
+            conn = open_dbus_connection(bus='SESSION')
+            rule = MatchRule(type='signal', sender='org.freedesktop.DBus', interface='org.freedesktop.DBus',
+                             member='NameOwnerChanged')
+            rule.add_arg_condition(0, 'org.freedesktop.secrets')
+            conn.send_and_get_reply(message_bus.AddMatch(rule))
+            with conn.filter(rule) as queue:
+                os.kill(int(sys.argv[1]), signal.SIGTERM)
+                while conn.recv_until_filtered(queue).body[2] != '':
+                    pass
+            PY
+            "$K" stop && "$K" start --secret-service || exit 96
+            printf '%s\\n' "$PASSCODE" | "$K" unlock
+            secret-tool lookup service github.com username ada; echo " lookup $?"
+            secret-tool search service imap 2>&1 | grep -E '^(label|attribute.user)'
+            "$K" import secret-service 2>&1; echo "from itself $?"
+            """.write(toFile: harness.root + "/import.sh", atomically: true, encoding: .utf8)
+        let moved = harness.sh("PASSCODE=\"$1\" dbus-run-session -- sh \"$R/import.sh\" 2>\"$R/bus.err\"; cat \"$R/bus.err\" >&2",
+                               arguments: [MountHarness.passcode])
+        #expect(moved.stdout == """
+            import 0
+            2 imported, 0 kept, 0 failed
+            imported Login/GitHub token -> default/GitHub token
+            imported Login/Mail -> default/Mail
+            again 0
+            0 imported, 2 kept, 0 failed
+            kept     Login/GitHub token -> default/GitHub token (imported before; --force replaces it)
+            kept     Login/Mail -> default/Mail (imported before; --force replaces it)
+            pw1
+            pw1 lookup 0
+            label = Mail
+            attribute.user = bob
+            keychainfs: the Secret Service on this bus is keychainfs itself: nothing to import
+            from itself 1
+
+            """, "\(moved)")
+    }
+
+    /// A locked collection is reported, not read, and the import says it failed.
+    @Test func importSkipsALockedCollection() throws {
+        try """
+            export HOME="$R/home" KEYCHAINFS_KEYCHAIN="$KC"
+            mkdir -p "$HOME"
+            # gnome-keyring as a session starts it (its login keyring made
+            # with a password on stdin), in the foreground: its pid is ours
+            # to end, and the bus says when it serves.
+            printf keyring-password | gnome-keyring-daemon --foreground --unlock --components=secrets >/dev/null &
+            keyring=$!
+            trap '"$K" stop; kill "$keyring" 2>/dev/null' EXIT
+            gdbus wait --session --timeout 10 org.freedesktop.secrets || exit 97
+            printf pw1 | secret-tool store --label=token service example
+            busctl --user call org.freedesktop.secrets /org/freedesktop/secrets org.freedesktop.Secret.Service \\
+                Lock ao 1 /org/freedesktop/secrets/collection/login >/dev/null
+            printf '%s\\n' "$PASSCODE" | "$K" unlock || exit 98
+            "$K" import secret-service 2>&1; echo "import $?"
+            "$K" ls default | wc -l
+            """.write(toFile: harness.root + "/import.sh", atomically: true, encoding: .utf8)
+        let skipped = harness.sh("PASSCODE=\"$1\" dbus-run-session -- sh \"$R/import.sh\" 2>\"$R/bus.err\"; cat \"$R/bus.err\" >&2",
+                                 arguments: [MountHarness.passcode])
+        #expect(skipped.stdout.hasSuffix("""
+            failed   Login: locked (unlock it in its provider first)
+            0 imported, 0 kept, 1 failed
+            import 1
+            0
+
+            """), "\(skipped)")
+    }
+}

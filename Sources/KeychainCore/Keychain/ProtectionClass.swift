@@ -126,6 +126,18 @@ public enum ItemLimits {
         return (try? validate(name: name)) == nil ? nil : name
     }
 
+    /// `base`, then `base (2)` to `base (1000)`, each cut to fit a name:
+    /// the names to try, in turn, for a new item named after a label.
+    public static func candidateNames(_ base: String) -> some Sequence<String> {
+        (1...1000).lazy.map { number in
+            guard number > 1 else { return base }
+            let suffix = " (\(number))"
+            var stem = base
+            while stem.utf8.count + suffix.utf8.count > maximumNameLength { stem.removeLast() }
+            return stem + suffix
+        }
+    }
+
     /// `clean`: no `/`, no C0 control (NUL included), no DEL, no C1 control
     /// (U+0080...U+009F, UTF-8 `C2 80`...`C2 9F`). `ascii`: no byte above 0x7F.
     private static func scanName<C: RandomAccessCollection>(_ bytes: C) -> (clean: Bool, ascii: Bool) where C.Element == UInt8 {
