@@ -259,6 +259,16 @@ public final class SecretServiceProvider: @unchecked Sendable {
             let alias = try call.arguments.string()
             let path = Self.group(ofAlias: alias).map(ObjectPaths.collection) ?? ObjectPaths.none
             try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(path) }
+        case "SetAlias":
+            // Aliases are fixed: `default` and `login` name the group
+            // default. Setting one to what it names already is done;
+            // anything else would have to outlive the device and is refused.
+            try requireSignature(call, "so")
+            let alias = try call.arguments.string(), path = try call.arguments.objectPath()
+            guard let group = Self.group(ofAlias: alias), path == ObjectPaths.collection(group) else {
+                throw .notSupported("aliases are fixed: default and login name the collection default")
+            }
+            try bus.reply(to: call.message) { _ throws(BusError) in }
         case "Lock":
             try requireSignature(call, "ao")
             let paths = try call.arguments.objectPaths()

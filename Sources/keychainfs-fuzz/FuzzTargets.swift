@@ -31,6 +31,8 @@ enum FuzzTarget: String, CaseIterable {
     case backup
     /// `otpauth://` key URIs in an item's value (`keychainfs otp`).
     case otpauth
+    /// An item's details as stored, sent in a request and carried in a backup.
+    case details
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -44,6 +46,7 @@ enum FuzzTarget: String, CaseIterable {
         case .request: request(input)
         case .backup: backup(input)
         case .otpauth: otpauth(input)
+        case .details: details(input)
         }
     }
 
@@ -164,6 +167,14 @@ enum FuzzTarget: String, CaseIterable {
         } catch {
             check(!"\(error)".contains("\u{FFFD}"), "an error message quoting undecodable input")
         }
+    }
+
+    private func details(_ input: UnsafeRawBufferPointer) {
+        guard let details = try? ItemDetails(decoding: Array(input)) else { return }
+        check(details.encoded().elementsEqual(input), "accepted details do not encode to themselves (two encodings of one value)")
+        check((try? details.validate()) != nil, "accepted details past their bounds")
+        var fields = details.fields[...]
+        check(ItemDetails(fields: &fields) == details && fields.isEmpty, "details do not read back from their reply fields")
     }
 
     private func check(_ condition: Bool, _ property: StaticString) {

@@ -165,8 +165,9 @@ extension SecretServiceTests {
             def attempt(name, **arguments):
                 arguments.setdefault('attributes', {'app': 'test'})
                 arguments.setdefault('label', 'item')
+                arguments.setdefault('secret', b'x')
                 try:
-                    collection.create_item(secret=b'x', **arguments)
+                    collection.create_item(**arguments)
                     print(name, 'stored')
                 except Exception as error:
                     print(name, type(error).__name__, str(error).split(':')[0][:60])
@@ -174,13 +175,14 @@ extension SecretServiceTests {
             attempt('huge value', attributes={'a': 'v' * 5000})
             attempt('huge label', label='l' * 5000)
             attempt('control in name', attributes={'a\\nb': 'v'})
+            attempt('huge secret', secret=b'x' * (1024 * 1024 + 1))
             attempt('fine')
             PY
             "$K" ls default
             """)
         let lines = refused.stdout.split(separator: "\n").map(String.init)
-        #expect(lines.count == 6, "\(refused)")
-        #expect(lines.prefix(4).allSatisfy { $0.contains("DBusErrorResponse") }, "\(refused)")
+        #expect(lines.count == 7, "\(refused)")
+        #expect(lines.prefix(5).allSatisfy { $0.contains("DBusErrorResponse") }, "\(refused)")
         #expect(lines.suffix(2) == ["fine stored", "item"], "\(refused)")
     }
 }
