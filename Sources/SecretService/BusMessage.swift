@@ -111,6 +111,16 @@ struct BusMessageReader {
         return paths
     }
 
+    /// The spec's secret struct `(oayays)`: its session's path, the
+    /// parameters (a DH session's IV), the value as sent (into secret
+    /// memory) and the content type.
+    func secretStruct() throws(BusError) -> (session: String, parameters: [UInt8], sealed: SecureBytes, contentType: String) {
+        try enter("r", "oayays")
+        let session = try objectPath(), parameters = try bytes(), sealed = try secretBytes(), contentType = try string()
+        try exit()
+        return (session, parameters, sealed, contentType)
+    }
+
     /// An `a{ss}` (lookup attributes), at most `limit` pairs of at most `textLimit` bytes each.
     func stringDictionary(limit: Int = 256, textLimit: Int = 4096) throws(BusError) -> [String: String] {
         try enter("a", "{ss}")

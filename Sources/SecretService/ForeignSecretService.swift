@@ -114,14 +114,8 @@ public final class ForeignSecretService {
         let reply = try bus.call(Self.service, item.path, SecretServiceProvider.itemInterface, "GetSecret") { (call) throws(BusError) in
             try call.objectPath(session.path)
         }
-        let secret = reply.arguments
-        try secret.enter("r", "oayays")
-        _ = try secret.objectPath()
-        let parameters = try secret.bytes()
-        let sealed = try secret.secretBytes()
-        let contentType = try secret.string()
-        try secret.exit()
-        return (try session.open(sealed, parameters: parameters), contentType)
+        let secret = try reply.arguments.secretStruct()
+        return (try session.open(secret.sealed, parameters: secret.parameters), secret.contentType)
     }
 
     private func properties(of path: String, _ interface: String,

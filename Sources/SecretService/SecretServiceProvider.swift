@@ -346,14 +346,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// `keychainfs:accessible` names, else the device's access mode.
     private func createItem(_ call: BusCall, in group: String) throws(BusError) -> String {
         let properties = try call.arguments.properties()
-        let arguments = call.arguments
-        try arguments.enter("r", "oayays")
-        let session = try self.session(try arguments.objectPath(), of: call)
-        let parameters = try arguments.bytes()
-        let sealed = try arguments.secretBytes()
-        let contentType = try arguments.string()
-        try arguments.exit()
-        let replace = try arguments.bool()
+        let (value, contentType) = try secret(from: call)
+        let replace = try call.arguments.bool()
         var label = "", attributes: [String: String] = [:]
         if case .string(let given)? = properties[Self.itemLabelProperty] { label = given }
         if case .attributes(let given)? = properties[Self.itemAttributesProperty] { attributes = given }
@@ -372,7 +366,6 @@ public final class SecretServiceProvider: @unchecked Sendable {
         if let named, (try? ItemLimits.validate(name: named)) == nil {
             throw .invalidArguments("\(Self.identifierAttribute) is no valid item name: 1 to 255 bytes, no '/'")
         }
-        let value = try session.open(sealed, parameters: parameters)
         if replace, !stored.isEmpty || named != nil,
            let existing = try items(of: group, for: call).first(where: { item in
                (item.details?.attributes ?? [:]) == stored && item.attributes.matches(attributes.filter { $0.key != Self.accessibleAttribute })
@@ -410,14 +403,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             }
         case "SetSecret":
             try requireSignature(call, "(oayays)")
-            let arguments = call.arguments
-            try arguments.enter("r", "oayays")
-            let session = try self.session(try arguments.objectPath(), of: call)
-            let parameters = try arguments.bytes()
-            let sealed = try arguments.secretBytes()
-            let contentType = try arguments.string()
-            try arguments.exit()
-            let value = try session.open(sealed, parameters: parameters)
+            let (value, contentType) = try secret(from: call)
             // A new content type is kept with the item's details (made for
             // an item that had none); otherwise the item keeps its own.
             var details: ItemDetails?
@@ -451,6 +437,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
         _ = try session(call.path, of: call)
         sessions[call.path] = nil
         try bus.reply(to: call.message) { _ throws(BusError) in }
+    }
+
+    /// The next argument of `call`, a secret struct, opened in its
+    /// session (the caller's own), and its content type.
+    private func secret(from call: BusCall) throws(BusError) -> (value: SecureBytes, contentType: String) {
+        let secret = try call.arguments.secretStruct()
+        let session = try self.session(secret.session, of: call)
+        return (try session.open(secret.sealed, parameters: secret.parameters), secret.contentType)
     }
 
     /// The open session at `path`, which must be the caller's own.

@@ -38,20 +38,8 @@ final class TransferSession {
             let peer = try input.bytes()
             try input.exit()
             guard (1...128).contains(peer.count) else { throw .invalidArguments("a DH public key has 1 to 128 bytes") }
-            let exponent = SecureBytes.random(count: 128)
-            var publicKey = [UInt8](repeating: 0, count: 128)
-            var publicLength = 0
-            let key: SecureBytes
-            do { key = try SecureBytes(count: 16) } catch { throw .failed("no memory for the session key") }
-            let status = exponent.withUnsafeBytes { exponent in
-                COpenSSL_dh_ietf1024(peer, peer.count, exponent.baseAddress?.assumingMemoryBound(to: UInt8.self), exponent.count,
-                                     &publicKey, &publicLength, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self))
-            }
-            switch status {
-            case 0: return (TransferSession(owner: owner, path: path, key: key), Array(publicKey[..<publicLength]))
-            case -2: throw .invalidArguments("the DH public key is not an element of the group (it is 0, 1, p-1 or larger)")
-            default: throw .failed("the DH exchange failed (is libcrypto, libssl3, installed?)")
-            }
+            let (publicKey, key) = try exchange(exponent: SecureBytes.random(count: 128), peer: peer)
+            return (TransferSession(owner: owner, path: path, key: key), publicKey)
         default:
             throw .notSupported("the transfer algorithm \(algorithm) is not supported (\(plain) and \(diffieHellman) are)")
         }
@@ -92,6 +80,8 @@ final class TransferSession {
     /// A plain client session at `path`.
     static func plainClient(path: String) -> TransferSession { TransferSession(owner: "", path: path, key: nil) }
 
+    /// Our public key for `exponent` and the AES key shared with `peer`'s:
+    /// the arithmetic, HKDF and the cleanup are libcrypto's (COpenSSL).
     private static func exchange(exponent: SecureBytes, peer: [UInt8]) throws(BusError) -> (publicKey: [UInt8], key: SecureBytes) {
         var publicKey = [UInt8](repeating: 0, count: 128)
         var publicLength = 0
@@ -101,8 +91,11 @@ final class TransferSession {
             COpenSSL_dh_ietf1024(peer, peer.count, exponent.baseAddress?.assumingMemoryBound(to: UInt8.self), exponent.count,
                                  &publicKey, &publicLength, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self))
         }
-        guard status == 0 else { throw .failed("the DH exchange failed (is libcrypto, libssl3, installed?)") }
-        return (Array(publicKey[..<publicLength]), key)
+        switch status {
+        case 0: return (Array(publicKey[..<publicLength]), key)
+        case -2: throw .invalidArguments("the DH public key is not an element of the group (it is 0, 1, p-1 or larger)")
+        default: throw .failed("the DH exchange failed (is libcrypto, libssl3, installed?)")
+        }
     }
 
     /// The value a client sent in this session.

@@ -41,11 +41,7 @@ struct ImportPassCommand: ParsableCommand {
 
     @OptionGroup var options: KeychainOptions
 
-    func validate() throws {
-        if let group, (try? ItemLimits.validate(name: group)) == nil {
-            throw ValidationError("'\(group)' is not a valid access group name.")
-        }
-    }
+    func validate() throws { try validateGroupName(group) }
 
     func run() throws {
         let store = try storeDirectory()
@@ -206,11 +202,7 @@ struct ImportSecretServiceCommand: ParsableCommand {
 
     @OptionGroup var options: KeychainOptions
 
-    func validate() throws {
-        if let group, (try? ItemLimits.validate(name: group)) == nil {
-            throw ValidationError("'\(group)' is not a valid access group name.")
-        }
-    }
+    func validate() throws { try validateGroupName(group) }
 
     func run() throws {
         let source: ForeignSecretService

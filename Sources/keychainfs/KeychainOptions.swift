@@ -143,3 +143,11 @@ func canonicalMountPoint(_ path: String) -> String {
     let base = String(cString: resolved)
     return name.isEmpty ? base : (base == "/" ? "/" : base + "/") + name
 }
+
+/// A `--group` value that is no valid access group name is refused before
+/// anything runs.
+func validateGroupName(_ group: String?) throws {
+    if let group, (try? ItemLimits.validate(name: group)) == nil {
+        throw ValidationError("'\(group)' is not a valid access group name.")
+    }
+}

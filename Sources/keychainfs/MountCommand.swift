@@ -34,11 +34,7 @@ struct MountCommand: ParsableCommand {
 
     @OptionGroup var bus: SecretServiceOptions
 
-    func validate() throws {
-        if let group, (try? ItemLimits.validate(name: group)) == nil {
-            throw ValidationError("'\(group)' is not a valid access group name.")
-        }
-    }
+    func validate() throws { try validateGroupName(group) }
 
     func run() throws {
         let mountpoint = canonicalMountPoint(self.mountpoint)

@@ -191,17 +191,26 @@ extension SecretServiceTests {
 /// move in whole, and once keychainfs serves the bus the programs that
 /// stored them find them by their own attributes.
 extension SecretServiceTests {
-    @Test func importBringsGnomeKeyringsItemsOverWhole() throws {
-        try """
+    /// Runs `script` on a private session bus where gnome-keyring, as a
+    /// session starts it (its login keyring made with a password on
+    /// stdin), serves org.freedesktop.secrets. It runs in the foreground,
+    /// so its pid is ours to end, and the bus says when it serves.
+    func onGnomeKeyringBus(_ script: String) -> ShellResult {
+        let prelude = """
             export HOME="$R/home" KEYCHAINFS_KEYCHAIN="$KC"
             mkdir -p "$HOME"
-            # gnome-keyring as a session starts it (its login keyring made
-            # with a password on stdin), in the foreground: its pid is ours
-            # to end, and the bus says when it serves.
             printf keyring-password | gnome-keyring-daemon --foreground --unlock --components=secrets >/dev/null &
             keyring=$!
             trap '"$K" stop; kill "$keyring" 2>/dev/null' EXIT
             gdbus wait --session --timeout 10 org.freedesktop.secrets || exit 97
+
+            """
+        return harness.sh("PASSCODE=\"$2\" dbus-run-session -- sh -c \"$1\" 2> \"$R/bus.err\"; cat \"$R/bus.err\" >&2",
+                          arguments: [prelude + script, MountHarness.passcode])
+    }
+
+    @Test func importBringsGnomeKeyringsItemsOverWhole() {
+        let moved = onGnomeKeyringBus("""
             printf pw1 | secret-tool store --label='GitHub token' service github.com username ada
             printf pw2 | secret-tool store --label=Mail service imap user bob
             printf '%s\\n' "$PASSCODE" | "$K" unlock || exit 98
@@ -230,9 +239,7 @@ extension SecretServiceTests {
             secret-tool lookup service github.com username ada; echo " lookup $?"
             secret-tool search service imap 2>&1 | grep -E '^(label|attribute.user)'
             "$K" import secret-service 2>&1; echo "from itself $?"
-            """.write(toFile: harness.root + "/import.sh", atomically: true, encoding: .utf8)
-        let moved = harness.sh("PASSCODE=\"$1\" dbus-run-session -- sh \"$R/import.sh\" 2>\"$R/bus.err\"; cat \"$R/bus.err\" >&2",
-                               arguments: [MountHarness.passcode])
+            """)
         #expect(moved.stdout == """
             import 0
             2 imported, 0 kept, 0 failed
@@ -253,26 +260,15 @@ extension SecretServiceTests {
     }
 
     /// A locked collection is reported, not read, and the import says it failed.
-    @Test func importSkipsALockedCollection() throws {
-        try """
-            export HOME="$R/home" KEYCHAINFS_KEYCHAIN="$KC"
-            mkdir -p "$HOME"
-            # gnome-keyring as a session starts it (its login keyring made
-            # with a password on stdin), in the foreground: its pid is ours
-            # to end, and the bus says when it serves.
-            printf keyring-password | gnome-keyring-daemon --foreground --unlock --components=secrets >/dev/null &
-            keyring=$!
-            trap '"$K" stop; kill "$keyring" 2>/dev/null' EXIT
-            gdbus wait --session --timeout 10 org.freedesktop.secrets || exit 97
+    @Test func importSkipsALockedCollection() {
+        let skipped = onGnomeKeyringBus("""
             printf pw1 | secret-tool store --label=token service example
             busctl --user call org.freedesktop.secrets /org/freedesktop/secrets org.freedesktop.Secret.Service \\
                 Lock ao 1 /org/freedesktop/secrets/collection/login >/dev/null
             printf '%s\\n' "$PASSCODE" | "$K" unlock || exit 98
             "$K" import secret-service 2>&1; echo "import $?"
             "$K" ls default | wc -l
-            """.write(toFile: harness.root + "/import.sh", atomically: true, encoding: .utf8)
-        let skipped = harness.sh("PASSCODE=\"$1\" dbus-run-session -- sh \"$R/import.sh\" 2>\"$R/bus.err\"; cat \"$R/bus.err\" >&2",
-                                 arguments: [MountHarness.passcode])
+            """)
         #expect(skipped.stdout.hasSuffix("""
             failed   Login: locked (unlock it in its provider first)
             0 imported, 0 kept, 1 failed
