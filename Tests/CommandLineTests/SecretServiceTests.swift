@@ -385,8 +385,17 @@ import TestSupport
             print(call(item, 'SetSecret', '(oayays)', ((path, iv[:8], sealed, 'text/plain'),)))
             print(call(item, 'SetSecret', '(oayays)', ((path, iv[:-1] + bytes([iv[-1] ^ 1]), sealed, 'text/plain'),)))
             print(call(item, 'SetSecret', '(oayays)', (('/org/freedesktop/secrets/session/99', iv, sealed, 'text/plain'),)))
+            # A session closed mid-use: its secrets are refused from then on, stored or sent.
+            print(call(DBusAddress(session.object_path, 'org.freedesktop.secrets', 'org.freedesktop.Secret.Session'), 'Close', '', ()))
+            print(call(item, 'SetSecret', '(oayays)', ((path, iv, sealed, 'text/plain'),)))
+            collection = DBusAddress('/org/freedesktop/secrets/collection/default', 'org.freedesktop.secrets',
+                                     'org.freedesktop.Secret.Collection')
+            print(call(collection, 'CreateItem', 'a{sv}(oayays)b',
+                       ({'org.freedesktop.Secret.Item.Label': ('s', 'late')}, (path, iv, sealed, 'text/plain'), False)))
+            print(call(item, 'GetSecret', 'o', (path,)))
             PY
             "$K" get default/db; echo
+            "$K" ls default
             """)
         #expect(refused.stdout == """
             org.freedesktop.DBus.Error.InvalidArgs
@@ -395,7 +404,12 @@ import TestSupport
             org.freedesktop.DBus.Error.InvalidArgs
             org.freedesktop.DBus.Error.InvalidArgs
             org.freedesktop.Secret.Error.NoSession
+            ok
+            org.freedesktop.Secret.Error.NoSession
+            org.freedesktop.Secret.Error.NoSession
+            org.freedesktop.Secret.Error.NoSession
             kept
+            db
 
             """, "\(refused)")
     }
