@@ -183,7 +183,8 @@ struct ImportSecretServiceCommand: ParsableCommand {
             collection the group named after its label; with --group every item goes to that group. An \
             item becomes an item named after its label (a name in use gets " (2)", " (3)"...) that keeps \
             its label, attributes, content type and times, so the programs that stored it find it again \
-            once keychainfs serves the bus (keychainfs start --secret-service --replace). An item whose \
+            once keychainfs serves the bus (stop gnome-keyring's secrets component, then keychainfs \
+            start --secret-service). An item whose \
             group holds one with the same label and attributes is kept, not imported again, unless \
             --force replaces its value. Secrets cross the bus encrypted (a DH session). A locked \
             collection is skipped and reported: unlock it in its provider first. Each item is reported \

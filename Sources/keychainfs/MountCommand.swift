@@ -328,7 +328,7 @@ struct SecretServiceOptions: ParsableArguments {
           help: "Also serve the Secret Service (org.freedesktop.secrets) on this session's bus (docs/SECRET-SERVICE.md).")
     var secretService = false
 
-    @Flag(help: "With --secret-service: take the name over from the program that has it (gnome-keyring).")
+    @Flag(help: "With --secret-service: take the name over from the program that has it, where that program allows it (gnome-keyring 42 does not).")
     var replace = false
 
     /// What `DeviceProcess.run` takes: nil for no bus, else whether to replace.
