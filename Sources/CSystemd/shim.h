@@ -33,6 +33,11 @@ static inline int CSystemd_available(void) { return CSystemd_symbol("sd_bus_open
     }
 
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_open_user, (sd_bus **bus), (bus))
+CSYSTEMD_CALL(int, -ENOSYS, sd_bus_new, (sd_bus **bus), (bus))
+CSYSTEMD_CALL(int, -ENOSYS, sd_bus_set_address, (sd_bus *bus, const char *address), (bus, address))
+CSYSTEMD_CALL(int, -ENOSYS, sd_bus_set_bus_client, (sd_bus *bus, int b), (bus, b))
+CSYSTEMD_CALL(int, -ENOSYS, sd_bus_start, (sd_bus *bus), (bus))
+CSYSTEMD_CALL(sd_bus *, NULL, sd_bus_unref, (sd_bus *bus), (bus))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_request_name, (sd_bus *bus, const char *name, uint64_t flags), (bus, name, flags))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_release_name, (sd_bus *bus, const char *name), (bus, name))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_add_fallback,

@@ -14,18 +14,36 @@ final class BusConnection: @unchecked Sendable {
     private let wake: Int32
     private let queued = Mutex<[@Sendable () -> Void]>([])
     private let stopping = Atomic<Bool>(false)
+    /// False once the loop has ended: stopped, or the bus went away.
+    private let serving = Atomic<Bool>(false)
+    var isServing: Bool { serving.load(ordering: .sequentiallyConsistent) }
     private var slots: [OpaquePointer] = []
     /// Method calls under the registered prefix; returns whether it answered.
     private var handler: ((OpaquePointer) -> Bool)?
     private let thread = Mutex<pthread_t?>(nil)
 
-    /// Connects to the session bus (`$DBUS_SESSION_BUS_ADDRESS`).
-    init() throws(BusError) {
+    /// Connects to the session bus at `address`, else the one
+    /// `$DBUS_SESSION_BUS_ADDRESS` names.
+    init(address: String? = nil) throws(BusError) {
         guard CSystemd_available() != 0 else {
             throw .failed("libsystemd is not installed (apt install libsystemd0)")
         }
         var bus: OpaquePointer?
-        let result = CSystemd_sd_bus_open_user(&bus)
+        var result: Int32
+        if let address {
+            result = CSystemd_sd_bus_new(&bus)
+            if result >= 0, let made = bus {
+                result = CSystemd_sd_bus_set_address(made, address)
+                if result >= 0 { result = CSystemd_sd_bus_set_bus_client(made, 1) }
+                if result >= 0 { result = CSystemd_sd_bus_start(made) }
+                if result < 0 {
+                    _ = CSystemd_sd_bus_unref(made)
+                    bus = nil
+                }
+            }
+        } else {
+            result = CSystemd_sd_bus_open_user(&bus)
+        }
         guard result >= 0, let bus else {
             throw .failed("cannot connect to the session bus: \(String(cString: strerror(-result)))")
         }
@@ -99,6 +117,7 @@ final class BusConnection: @unchecked Sendable {
 
     /// Serves the bus on a new thread until ``stop()`` or the bus goes away.
     func start() throws(BusError) {
+        serving.store(true, ordering: .sequentiallyConsistent)
         guard let started = Threads.start({ [self] in loop() }) else { throw .failed("cannot start the bus thread") }
         thread.withLock { $0 = started }
     }
@@ -126,6 +145,7 @@ final class BusConnection: @unchecked Sendable {
     }
 
     private func loop() {
+        defer { serving.store(false, ordering: .sequentiallyConsistent) }
         let fd = CSystemd_sd_bus_get_fd(bus)
         guard fd >= 0 else { return }
         while !stopping.load(ordering: .sequentiallyConsistent) {

@@ -44,11 +44,16 @@ public final class SecretServiceProvider: @unchecked Sendable {
     private var prompts: [String: UnlockPrompt] = [:]
     private var nextPrompt = 1
 
-    /// Connects to the session bus, owns `org.freedesktop.secrets` (with
-    /// `replace`, taking it over from another provider) and serves it.
-    public init(store: SecretStore, replace: Bool) throws(BusError) {
+    /// The bus it serves (nil: the one `$DBUS_SESSION_BUS_ADDRESS` named at its start).
+    public let address: String?
+
+    /// Connects to the session bus at `address` (nil: the one
+    /// `$DBUS_SESSION_BUS_ADDRESS` names), owns `org.freedesktop.secrets`
+    /// (with `replace`, taking it over from another provider) and serves it.
+    public init(store: SecretStore, replace: Bool, address: String? = nil) throws(BusError) {
         self.store = store
-        bus = try BusConnection()
+        self.address = address
+        bus = try BusConnection(address: address)
         try bus.serve(prefix: ObjectPaths.service) { [unowned self] message in handle(message) }
         // A session ends with the connection that opened it.
         try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameOwnerChanged'") { [unowned self] message in
@@ -75,6 +80,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
             bus.perform { [self] in signal(event) }
         }
     }
+
+    /// Whether it still serves its bus (false once the bus went away).
+    public var isServing: Bool { bus.isServing }
 
     /// Releases the name and stops serving.
     public func stop() {

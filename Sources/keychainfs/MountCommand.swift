@@ -53,7 +53,7 @@ struct MountCommand: ParsableCommand {
             throw report(error.description)
         }
         if DeviceClient.isServing(socketPath) {
-            if bus.secretService { throw report(SecretServiceOptions.deviceRunsAlready(keychain)) }
+            if let problem = bus.joinBus(of: socketPath) { throw report(problem) }
             if try join(socketPath, mountpoint: mountpoint) { return }
             // The device was exiting (its last mount had just gone): start the next one.
             waitForDeviceExit(keychain)
@@ -270,13 +270,16 @@ struct StartCommand: ParsableCommand {
         guard case .directory(let keychain) = options.place else {
             throw fail("the keychainfs service runs your keychain's device already")
         }
+        // A device that runs already (a client started it) serves this
+        // session's bus from now on: D-Bus activation, too, finds it so.
+        if bus.secretService, let socketPath = try? keychain.deviceSocketPath(), DeviceClient.isServing(socketPath) {
+            if let problem = bus.joinBus(of: socketPath) { throw fail(problem) }
+            return
+        }
         guard foreground else {
             guard bus.secretService else {
                 if let problem = DeviceLauncher.ensureRunning(keychain).problem { throw fail(problem) }
                 return
-            }
-            if let socketPath = try? keychain.deviceSocketPath(), DeviceClient.isServing(socketPath) {
-                throw fail(SecretServiceOptions.deviceRunsAlready(keychain))
             }
             if let problem = DeviceLauncher.start(["start", "--foreground", "--keychain", keychain.path] + bus.arguments) {
                 throw fail(problem)
@@ -337,9 +340,18 @@ struct SecretServiceOptions: ParsableArguments {
     /// The same options for the device process started detached.
     var arguments: [String] { secretService ? ["--secret-service"] + (replace ? ["--replace"] : []) : [] }
 
-    /// The bus is the one of the session that starts the device
-    /// ($DBUS_SESSION_BUS_ADDRESS): a running device stays on its own.
-    static func deviceRunsAlready(_ keychain: KeychainDirectory) -> String {
-        "a device runs already for the keychain at \(keychain.path): stop it (keychainfs stop), then start it with --secret-service"
+    /// With --secret-service, asks the device that runs at `socketPath` to
+    /// serve this session's bus ($DBUS_SESSION_BUS_ADDRESS) as well; the
+    /// problem, if any, in a sentence. Nothing to do without the flag.
+    func joinBus(of socketPath: String) -> String? {
+        guard secretService else { return nil }
+        guard let address = getenv("DBUS_SESSION_BUS_ADDRESS").map({ String(cString: $0) }), !address.isEmpty else {
+            return "no session bus: DBUS_SESSION_BUS_ADDRESS is not set"
+        }
+        switch DeviceClient.send(.serveBus(address: address, replace: replace), to: socketPath) {
+        case .ok?: return nil
+        case .keychainError(_, let message)?, .systemError(_, let message)?: return message
+        case .value?, nil: return "the device did not answer"
+        }
     }
 }

@@ -223,12 +223,37 @@ import TestSupport
                 "$K" start --secret-service; echo "start $?"
                 "$K" unmount "$R/mnt"' sh "$1" 2> "$R/bus.err"; grep keychainfs: "$R/bus.err"
             """, arguments: [MountHarness.passcode])
-        #expect(served.stdout == """
-            from-cat
-            start 1
-            keychainfs: a device runs already for the keychain at \(harness.keychain): stop it (keychainfs stop), then start it with --secret-service
+        // Asking again on the bus it serves is done.
+        #expect(served.stdout == "from-cat\nstart 0\n", "\(served)")
+    }
 
-            """, "\(served)")
+    /// A device a client started (no bus then) serves a session's bus when
+    /// asked, as D-Bus activation asks; another session's bus is refused
+    /// while it serves one, and taken once that one has gone.
+    @Test func aDeviceAClientStartedServesTheBusWhenAsked() throws {
+        try """
+            "$K" start --secret-service; echo "join $?"
+            secret-tool lookup keychainfs:identifier item; echo
+            "$K" start --secret-service; echo "again $?"
+            dbus-run-session -- sh -c '"$K" start --secret-service 2>&1; echo "other $?"' 2>/dev/null
+            """.write(toFile: harness.root + "/join.sh", atomically: true, encoding: .utf8)
+        let joined = harness.sh("""
+            export KEYCHAINFS_KEYCHAIN="$KC"
+            printf '%s\\n' "$1" | "$K" unlock && printf v | "$K" set default/item || exit 99
+            dbus-run-session -- sh "$R/join.sh" 2>/dev/null
+            dbus-run-session -- sh -c '"$K" start --secret-service; echo "next session $?"; secret-tool lookup keychainfs:identifier item' 2>/dev/null
+            echo; "$K" stop
+            """, arguments: [MountHarness.passcode])
+        #expect(joined.stdout == """
+            join 0
+            v
+            again 0
+            keychainfs: the device serves the Secret Service on another session's bus: stop it first (keychainfs stop)
+            other 1
+            next session 0
+            v
+
+            """, "\(joined)")
     }
 
     /// A collection is an access group: CreateCollection makes one named by
@@ -287,9 +312,14 @@ import TestSupport
                 secret-tool lookup keychainfs:identifier anything; echo "lookup $?"
                 "$K" status | grep "^state"
                 "$K" stop' 2> /dev/null
-            """, arguments: [repository])
+            # A device a client started before the bus asks: activation has it serve the bus.
+            printf '%s\\n' "$2" | "$K" unlock && printf v | "$K" set default/item
+            dbus-run-session --config-file="$R/session.conf" -- sh -c '
+                secret-tool lookup keychainfs:identifier item; echo " lookup $?"
+                "$K" stop' 2> /dev/null
+            """, arguments: [repository, MountHarness.passcode])
         // Booted by the bus, locked as a device boots: the lookup finds nothing it may read.
-        #expect(activated.stdout == "state: stopped\nlookup 1\nstate: locked\n", "\(activated)")
+        #expect(activated.stdout == "state: stopped\nlookup 1\nstate: locked\nv lookup 0\n", "\(activated)")
     }
 
     /// Locked is never absent: a search finds the item in its locked list,

@@ -31,6 +31,8 @@ import Testing
                                   attributes: ["xdg:schema": "org.example.Wifi", "ssid": "home", "note": ""], created: 5, modified: 7)),
         .details(group: "default", identifier: nil),
         .details(group: "default", identifier: "Wi-Fi"),
+        .serveBus(address: "unix:path=/run/user/1000/bus", replace: false),
+        .serveBus(address: "unix:path=/tmp/b", replace: true),
         .setDetails(group: "default", identifier: "Wi-Fi", details: ItemDetails(label: "renamed", attributes: ["ssid": "home"])),
         .remove(group: "default", identifier: "old"),
         .list(group: nil),

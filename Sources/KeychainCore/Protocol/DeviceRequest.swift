@@ -28,6 +28,10 @@ public enum DeviceRequest: Equatable, Sendable {
     case details(group: String, identifier: String?)
     /// Replace an item's details (its value stays; needs its class key).
     case setDetails(group: String, identifier: String, details: ItemDetails)
+    /// A per-user device: serve the Secret Service on the session bus at
+    /// `address` too (with `replace`, taking the name over), as if started
+    /// with `--secret-service`.
+    case serveBus(address: String, replace: Bool)
     /// Delete an item (works while locked).
     case remove(group: String, identifier: String)
     /// The groups (nil), or a group's items as (identifier, class, size) triples.
@@ -87,7 +91,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
         case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
-        case watch = 28, autoLock = 29, details = 30, setDetails = 31
+        case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32
     }
 
     /// The request as a frame, in secret memory.
@@ -126,6 +130,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case .details(let group, let identifier):
             operation = .details
             fields = [.text(group), .optionalText(identifier)]
+        case .serveBus(let address, let replace):
+            operation = .serveBus
+            fields = [.text(address), .text(replace ? "1" : "0")]
         case .setDetails(let group, let identifier, let details):
             operation = .setDetails
             fields = [.text(group), .text(identifier), .optionalSecret(try SecureBytes(details.encoded()))]
@@ -237,6 +244,9 @@ public enum DeviceRequest: Equatable, Sendable {
                         details: details)
         case .details:
             self = .details(group: try reader.text(), identifier: try reader.optionalText())
+        case .serveBus:
+            let address = try reader.text()
+            self = .serveBus(address: address, replace: try Self.flag(try reader.text()))
         case .setDetails:
             let group = try reader.text(), identifier = try reader.text()
             guard let encoded = try reader.optionalSecret() else { throw .param }

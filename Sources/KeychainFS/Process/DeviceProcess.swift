@@ -27,6 +27,8 @@ public final class DeviceProcess: Sendable {
     private let requestsInFlight = Mutex(0)
     /// Started without a mount: it outlives its mounts (until stopped).
     private let headless = Mutex(false)
+    /// The Secret Service this device serves, if any.
+    private let secretService = Mutex<SecretServiceProvider?>(nil)
 
     private enum Keychains: Sendable {
         case perUser(ServedKeychain)
@@ -114,10 +116,10 @@ public final class DeviceProcess: Sendable {
             }
         }
         startServing(listener)
-        var provider: SecretServiceProvider?
         if let replace = secretService {
             do {
-                provider = try SecretServiceProvider(store: keychain, replace: replace)
+                let provider = try SecretServiceProvider(store: keychain, replace: replace)
+                self.secretService.withLock { $0 = provider }
             } catch {
                 keychain.unmountAll()
                 ready(MountError("cannot serve the Secret Service: \(error.message)"))
@@ -126,9 +128,34 @@ public final class DeviceProcess: Sendable {
         }
         ready(nil)
         let stopped = waitForTheEnd(signals) { mountpoint != nil && !keychain.hasMounts }
-        provider?.stop()
+        self.secretService.withLock { provider in
+            provider?.stop()
+            provider = nil
+        }
         keychain.unmountAll()
         return stopped ? 0 : 1
+    }
+
+    /// Serves the Secret Service on the bus at `address` from now on (a
+    /// device started by a client, before any program asked for the bus):
+    /// done when it serves that bus already; refused while it serves
+    /// another session's, which stays its own until it goes away.
+    private func serveBus(_ keychain: ServedKeychain, address: String, replace: Bool) -> DeviceReply {
+        secretService.withLock { current in
+            if let serving = current, serving.isServing {
+                let servedAddress = serving.address ?? getenv("DBUS_SESSION_BUS_ADDRESS").map { String(cString: $0) }
+                return servedAddress == address ? .ok([])
+                    : .systemError(EBUSY, "the device serves the Secret Service on another session's bus: stop it first (keychainfs stop)")
+            }
+            current?.stop()
+            current = nil
+            do throws(BusError) {
+                current = try SecretServiceProvider(store: keychain, replace: replace, address: address)
+                return .ok([])
+            } catch {
+                return .systemError(EEXIST, "cannot serve the Secret Service: \(error.message)")
+            }
+        }
     }
 
     /// Runs the service on `listener` (its own, or systemd's) until a
@@ -283,6 +310,8 @@ public final class DeviceProcess: Sendable {
                 return .ok([])
             case .create:
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
+            case .serveBus(let address, let replace):
+                return serveBus(keychain, address: address, replace: replace)
             default:
                 let reply = keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
                                             passed: &passed, attachments: &attachments)

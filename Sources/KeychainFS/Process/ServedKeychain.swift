@@ -118,6 +118,8 @@ final class ServedKeychain: Sendable {
             return .ok([])
         case .stop:
             return .systemError(EINVAL, "only a per-user device stops on request")
+        case .serveBus:
+            return .systemError(EINVAL, "the keychainfs service serves no session bus: --secret-service needs a per-user device (--keychain DIR)")
         case .create:
             return .keychainError(.duplicateKeychain, "a keychain already exists for this user")
         case .mount(let group, let mountpoint), .attach(let group, let mountpoint):
