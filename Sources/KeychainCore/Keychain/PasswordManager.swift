@@ -252,6 +252,8 @@ public final class PasswordManager: Sendable {
     /// `modified` now, as on every change of the value when `touched`.
     private static func details(of existing: SealedItem?, replacedBy new: ItemDetails?, touched: Bool,
                                 on device: Device) throws(KeychainError) -> (ItemDetails, key: GuardedKey)? {
+        // Most writes (a mount's, the command line's) have none: nothing to do on that path.
+        guard new != nil || existing?.details != nil else { return nil }
         let key = device.secret.detailsKey
         let now = UInt64(max(0, device.clock()))
         let old = try existing.flatMap { (row) throws(KeychainError) in try ItemCipher.openDetails(row, key: key) }
