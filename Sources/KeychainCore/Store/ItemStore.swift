@@ -305,13 +305,18 @@ final class ItemStore: Sendable {
     /// added outside keychainfs while the device runs.
     private func checkedRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
         let row = try currentRow(db, group: group, identifier: identifier)
+        try requireExpected(row?.generation, group: group, identifier: identifier)
+        return row
+    }
+
+    /// ``KeychainError/decode`` unless `generation` (nil: no row) is the
+    /// one this device last wrote or verified for the row.
+    private func requireExpected(_ generation: Int64?, group: String, identifier: String) throws(KeychainError) {
         let key = identity(group: group, identifier: identifier)
-        let want = known.withLock { $0.generations[key] }
-        guard row?.generation == want else {
+        guard generation == known.withLock({ $0.generations[key] }) else {
             Diagnostics.log("an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
             throw .decode
         }
-        return row
     }
 
     /// Records the row a committed change left (nil: the row is gone).
@@ -483,11 +488,7 @@ final class ItemStore: Sendable {
                 guard let protectionClass = ProtectionClass(rawValue: query.int64(1)) else { throw .decode }
                 let row = SealedItem(group: group, identifier: identifier, protectionClass: protectionClass,
                                      generation: query.int64(2), nonce: [], sealed: [], details: query.blob(3))
-                let want = known.withLock { $0.generations[identity(group: group, identifier: identifier)] }
-                guard row.generation == want else {
-                    Diagnostics.log("an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
-                    throw .decode
-                }
+                try requireExpected(row.generation, group: group, identifier: identifier)
                 rows.append(row)
             }
             return rows
