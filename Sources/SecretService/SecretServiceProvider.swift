@@ -414,10 +414,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
             let (value, contentType) = try secret(from: call)
             // A new content type is kept with the item's details (made for
             // an item that had none); otherwise the item keeps its own.
+            let current = try itemDetails(group, identifier, for: call)
             var details: ItemDetails?
-            if contentType != self.contentType(of: group, identifier, for: call) {
-                details = try itemDetails(group, identifier, for: call)
-                    ?? ItemDetails(label: identifier, attributes: [:])
+            if contentType != current?.contentType ?? ItemDetails.defaultContentType {
+                details = current ?? ItemDetails(label: identifier, attributes: [:])
                 details?.contentType = contentType
                 details?.modified = 0
                 try validated(details)
@@ -590,7 +590,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     private func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
-        try requireGroup(group, for: call)
+        // The listing below refuses a group the caller may not use, or that is gone.
         let items = try self.items(of: group, for: call).map(\.path)
         return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.device.isLocked),
                 "Created": .uint64(0), "Modified": .uint64(0)]
@@ -625,18 +625,24 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// The items of a group with their classes and details.
     private func items(of group: String, for call: BusCall) throws(BusError) -> [ListedItem] {
+        let fields = try listing(of: group, for: call)
+        var details: [String: ItemDetails] = [:]
+        if case .ok(let detailFields) = perform(.details(group: group, identifier: nil), for: call, audit: .failures),
+           let found = try? PasswordManager.details(fromFields: detailFields) {
+            for (identifier, itemDetails) in found { details[identifier] = itemDetails }
+        }
+        return stride(from: 0, to: fields.count - fields.count % 3, by: 3).compactMap { index in
+            ProtectionClass(name: fields[index + 1]).map {
+                ListedItem(group: group, identifier: fields[index], protectionClass: $0, details: details[fields[index]])
+            }
+        }
+    }
+
+    /// A group's listing as the device answers it: (identifier, class, size) fields.
+    private func listing(of group: String, for call: BusCall) throws(BusError) -> [String] {
         switch perform(.list(group: group), for: call, audit: .failures) {
         case .ok(let fields):
-            var details: [String: ItemDetails] = [:]
-            if case .ok(let detailFields) = perform(.details(group: group, identifier: nil), for: call, audit: .failures),
-               let found = try? PasswordManager.details(fromFields: detailFields) {
-                for (identifier, itemDetails) in found { details[identifier] = itemDetails }
-            }
-            return stride(from: 0, to: fields.count - fields.count % 3, by: 3).compactMap { index in
-                ProtectionClass(name: fields[index + 1]).map {
-                    ListedItem(group: group, identifier: fields[index], protectionClass: $0, details: details[fields[index]])
-                }
-            }
+            return fields
         case .keychainError(.missingEntitlement, _):
             throw .accessDenied("this program is not entitled to the access group \(group)")
         case .keychainError(.itemNotFound, _):
@@ -670,7 +676,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     private func requireGroup(_ group: String, for call: BusCall) throws(BusError) {
-        _ = try items(of: group, for: call)
+        _ = try listing(of: group, for: call)
     }
 
     /// The value of a `get` reply, or the error the reply means on the bus.
