@@ -41,7 +41,12 @@ final class RunningDevice {
 
     /// Sends a request; a failure becomes the message and exit status the user gets.
     func send(_ request: DeviceRequest, item: String) throws -> DeviceReply {
-        switch try deliver(request) {
+        try checked(try deliver(request), item: item)
+    }
+
+    /// A reply as ``send(_:item:)`` gives it: a failure becomes the message and exit status.
+    func checked(_ reply: DeviceReply?, item: String) throws -> DeviceReply {
+        switch reply {
         case nil:
             throw fail("the device went away", status: ExitStatus.noDevice)
         case .keychainError(let error, let message)?:
@@ -87,18 +92,18 @@ extension RunningDevice {
 
     /// The items of `group` that have details (none when there is no such group).
     func itemsWithDetails(of group: String) throws -> [(identifier: String, details: ItemDetails)] {
-        switch try deliver(.details(group: group, identifier: nil)) {
-        case .ok(let fields)?: return try PasswordManager.details(fromFields: fields)
-        case .keychainError(.itemNotFound, _)?: return []
-        default: _ = try send(.details(group: group, identifier: nil), item: group)
-        }
-        throw fail("unexpected reply from the device")
+        let reply = try deliver(.details(group: group, identifier: nil))
+        if case .keychainError(.itemNotFound, _)? = reply { return [] }
+        guard case .ok(let fields) = try checked(reply, item: group) else { throw fail("unexpected reply from the device") }
+        return try PasswordManager.details(fromFields: fields)
     }
 
     /// An item's value; nil when it does not exist (said by no message).
     func valueIfPresent(of item: ItemAddress) throws -> SecureBytes? {
-        if case .keychainError(.itemNotFound, _)? = try deliver(.get(group: item.group, identifier: item.identifier)) { return nil }
-        return try value(of: item)
+        let reply = try deliver(.get(group: item.group, identifier: item.identifier))
+        if case .keychainError(.itemNotFound, _)? = reply { return nil }
+        guard case .value(let value, _) = try checked(reply, item: "\(item)") else { throw fail("unexpected reply from the device") }
+        return value
     }
 
     /// An item's value.
