@@ -48,7 +48,12 @@ let package = Package(
         // Unit tests of the FUSE driver's own structures: no kernel.
         .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
         // A real device: mounts, the device process, the library as its client.
-        .testTarget(name: "MountTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
+        .testTarget(
+            name: "MountTests",
+            dependencies: ["KeychainCore", "KeychainFS", "TestSupport"],
+            // Attack programs the service tests run as ordinary users.
+            resources: [.copy("Attacks")]
+        ),
         // The keychainfs command as a user runs it: output, exit statuses, helpers.
         .testTarget(name: "CommandLineTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
     ],

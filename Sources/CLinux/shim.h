@@ -11,6 +11,8 @@
 #include <sys/uio.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <linux/fuse.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -147,5 +149,16 @@ static inline int CLinux_can_read_other_users_processes(void) {
     memset(data, 0, sizeof data);
     if (syscall(SYS_capget, &header, data) != 0) return 0;
     return (data[0].effective >> 19) & 1;
+}
+
+// ioctl is variadic. FUSE_DEV_IOC_CLONE binds `clone`, a fresh /dev/fuse
+// descriptor, to the connection of `connection`. The kernel allows it only
+// when `connection` is a /dev/fuse file opened in the caller's user
+// namespace and already bound to a mounted connection (fs/fuse/dev.c,
+// fuse_dev_ioctl_clone): how the device tells a mount's descriptor from
+// anything else passed to it. 0, or -1 with errno.
+static inline int CLinux_fuse_clone(int clone, int connection) {
+    uint32_t old = (uint32_t)connection;
+    return ioctl(clone, FUSE_DEV_IOC_CLONE, &old);
 }
 #endif

@@ -351,6 +351,19 @@ public final class FileSystem: Sendable {
 
     // MARK: Audit
 
+    /// EACCES, audited, for a request the kernel made for another user
+    /// than the keychain's. The log names the uid and pid only: the device
+    /// reads no `/proc` entry of another user's process on a request's
+    /// word (its executable's path is that user's to keep).
+    func requireOwner(uid: uid_t, pid: pid_t) throws(Errno) {
+        guard uid != owner.uid else { return }
+        manager.localDevice.audit.record(AuditEvent(
+            operation: "request", result: "denied",
+            subject: AuditSubject(pid: pid, uid: uid, executable: nil, unit: nil),
+            detail: "not the keychain's user"))
+        throw Errno(EACCES)
+    }
+
     /// Records an access to an item (or its denial) with who asked.
     func audit(_ operation: String, group: String, identifier: String?, detail: String? = nil, caller: ProcessIdentity,
                result: String) {

@@ -82,7 +82,7 @@ extension FuseOperations {
     }
 
     static func release(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
-        serve(req) { fs throws(Errno) in
+        serve(req, anyCaller: true) { fs throws(Errno) in
             guard let fi else { throw Errno(EBADF) }
             if inode == NodeTable.controlInode {
                 FuseHandle.take(fi.pointee.fh, as: ControlFile.self)

@@ -54,10 +54,20 @@ enum FuseOperations {
     // MARK: Shared by the operations
 
     /// Runs `body` with the request's filesystem; a thrown errno becomes the reply.
-    static func serve(_ req: fuse_req_t?, _ body: (FileSystem) throws(Errno) -> Void) {
+    /// A request of another user than the keychain's is answered EACCES
+    /// and audited: the kernel lets them in only through a mount made with
+    /// `allow_other`, which the device never makes but a user passing a
+    /// connection to the service could have. `anyCaller`: for the release
+    /// of a descriptor, which the kernel sends with no credentials
+    /// (fs/fuse/file.c, `nocreds`) and which must always free it.
+    static func serve(_ req: fuse_req_t?, anyCaller: Bool = false, _ body: (FileSystem) throws(Errno) -> Void) {
         guard let req, let userdata = fuse_req_userdata(req) else { return }
         let fs = Unmanaged<FileSystem>.fromOpaque(userdata).takeUnretainedValue()
         do {
+            if !anyCaller {
+                let context = fuse_req_ctx(req).pointee
+                try fs.requireOwner(uid: context.uid, pid: context.pid)
+            }
             try body(fs)
         } catch {
             fuse_reply_err(req, error.rawValue)

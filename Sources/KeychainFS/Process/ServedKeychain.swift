@@ -46,6 +46,10 @@ final class ServedKeychain: Sendable {
     /// absolute path: the device mounts it itself, or, given `connection`,
     /// serves the `/dev/fuse` descriptor its user mounted there (and owns it).
     func mount(_ mountpoint: String, group: String?, connection: Int32? = nil) throws(MountError) {
+        if let connection, let problem = FuseConnection.problem(with: connection) {
+            close(connection)
+            throw MountError(problem)
+        }
         if connection == nil {
             if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
             guard access("/dev/fuse", R_OK | W_OK) == 0 else {

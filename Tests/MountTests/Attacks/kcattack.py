@@ -1,0 +1,80 @@
+# Attack programs against a keychainfs service, speaking its socket protocol
+# (docs/PROTOCOL.md) as any local program can.
+import ctypes, os, socket, struct, sys, time
+
+def field(data):
+    return struct.pack('<I', len(data)) + data
+
+def frame(kind, fields):
+    body = bytes([5, kind]) + struct.pack('<i', 0) + b''.join(fields)
+    return struct.pack('<I', len(body)) + body
+
+def answer(raw):
+    if len(raw) < 10:
+        return 'no reply'
+    body = raw[4:]
+    kind, code, rest, fields = body[1], struct.unpack('<i', body[2:6])[0], body[6:], []
+    while len(rest) >= 4:
+        n = struct.unpack('<I', rest[:4])[0]
+        fields.append(rest[4:4 + n].decode(errors='replace'))
+        rest = rest[4 + n:]
+    return '%d %d %s' % (kind, code, ' '.join(fields))
+
+def ask(path, kind, fields, descriptor=None):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    data = frame(kind, fields)
+    if descriptor is None:
+        s.sendall(data)
+    else:
+        socket.send_fds(s, [data], [descriptor])
+    raw = b''
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return answer(raw)
+        raw += chunk
+
+def attach(path, descriptor, mountpoint='/nonexistent'):
+    return ask(path, 24, [b'\x00' + field(b''), field(mountpoint.encode())], descriptor)
+
+def not_a_mount(kind):
+    if kind == 'socketpair':
+        return socket.socketpair()[1].detach()
+    if kind == 'pipe':
+        return os.pipe()[0]
+    if kind == 'file':
+        return os.open('/etc/hostname', os.O_RDONLY)
+    if kind == 'devnull':
+        return os.open('/dev/null', os.O_RDWR)
+    if kind == 'unmounted-fuse':
+        return os.open('/dev/fuse', os.O_RDWR)
+    if kind == 'directory':
+        return os.open('/', os.O_RDONLY)
+    if kind == 'eventfd':
+        return os.eventfd(0)
+    raise SystemExit('unknown kind ' + kind)
+
+def main(argv):
+    command, path = argv[1], argv[2]
+    if command == 'attach':
+        # Each kind of descriptor that is not a mounted /dev/fuse.
+        for kind in argv[3:]:
+            print(kind, attach(path, not_a_mount(kind)))
+    elif command == 'attach-allow-other':
+        # Run as root: a FUSE mount anyone may enter (allow_other), made for
+        # the user UID, who then passes it to the service.
+        mountpoint, uid, gid = argv[3], int(argv[4]), int(argv[5])
+        fd = os.open('/dev/fuse', os.O_RDWR)
+        options = 'fd=%d,rootmode=40000,user_id=%d,group_id=%d,allow_other' % (fd, uid, gid)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mount(b'keychainfs', mountpoint.encode(), b'fuse.keychainfs', 0, options.encode()) != 0:
+            raise SystemExit('mount: ' + os.strerror(ctypes.get_errno()))
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        print(attach(path, fd, mountpoint))
+    else:
+        raise SystemExit('unknown command ' + command)
+
+main(sys.argv)
