@@ -46,6 +46,11 @@ static inline void CLinux_limit_malloc_arenas(int arenas) { mallopt(M_ARENA_MAX,
 static inline void CLinux_fix_mmap_threshold(int bytes) { mallopt(M_MMAP_THRESHOLD, bytes); }
 static inline void CLinux_release_free_memory(void) { malloc_trim(0); }
 
+// accept4(2) is declared only with _GNU_SOURCE. The new descriptor is
+// close-on-exec from the start: no child spawned meanwhile inherits it.
+extern int accept4(int fd, struct sockaddr *address, socklen_t *length, int flags);
+static inline int CLinux_accept_cloexec(int listener) { return accept4(listener, NULL, NULL, SOCK_CLOEXEC); }
+
 // glibc >= 2.34 exports this GNU extension, but declares it only with
 // _GNU_SOURCE, which the Glibc module was built without. A child must not
 // inherit our descriptors: an inherited FUSE descriptor would flush (commit)

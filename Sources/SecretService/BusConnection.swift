@@ -63,10 +63,12 @@ final class BusConnection: @unchecked Sendable {
     }
 
     /// Owns `name` on the bus; with `replace`, takes it from the current
-    /// owner if that one allows it (gnome-keyring 42 does not).
+    /// owner if that one allows it (gnome-keyring 42 does not). It never
+    /// allows replacement itself: any program of the session could
+    /// otherwise take the name with REPLACE_EXISTING and receive what
+    /// clients store from then on (issue 29).
     func requestName(_ name: String, replace: Bool) throws(BusError) {
-        var flags = CSystemd_name_allow_replacement
-        if replace { flags |= CSystemd_name_replace_existing }
+        let flags = replace ? CSystemd_name_replace_existing : 0
         let result = CSystemd_sd_bus_request_name(bus, name, flags)
         guard result >= 0 else {
             guard result == -EEXIST else { throw .failed("cannot own \(name): \(String(cString: strerror(-result)))") }

@@ -1,4 +1,5 @@
 import KeychainCore
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -70,6 +71,15 @@ public final class SecretServiceProvider: @unchecked Sendable {
         for group in store.itemNames() {
             for identifier in group.value { knownItems.insert(ObjectPaths.item(group.key, identifier)) }
         }
+        // The name is never given up on request (BusConnection.requestName);
+        // lost all the same (the bus daemon's word), it is said where a
+        // person looks: the log, the journal, and `isServing`.
+        try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameLost',arg0='\(Self.busName)'") { [unowned self] _ in
+            nameLost.store(true, ordering: .sequentiallyConsistent)
+            let sentence = "lost \(Self.busName) on the session bus to another program: no longer serving the Secret Service"
+            Diagnostics.log(sentence)
+            SystemdNotify.send("STATUS=" + sentence)
+        }
         try bus.requestName(Self.busName, replace: replace)
         try bus.start()
         // The device's events, whoever made the change (a mount, the
@@ -81,8 +91,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
         }
     }
 
-    /// Whether it still serves its bus (false once the bus went away).
-    public var isServing: Bool { bus.isServing }
+    /// Whether it still serves its bus (false once the bus went away or the name was lost).
+    public var isServing: Bool { bus.isServing && !nameLost.load(ordering: .sequentiallyConsistent) }
+    private let nameLost = Atomic<Bool>(false)
 
     /// Releases the name and stops serving.
     public func stop() {

@@ -29,6 +29,12 @@ struct ServiceCommand: ParsableCommand {
     @Option(name: .long, help: "The account to become when started as root.")
     var user = ServiceAccount.defaultName
 
+    @Option(name: .customLong("connections-per-user"), help: "How many connections one user may hold open at once.")
+    var connectionsPerUser = ServiceLimits().connectionsPerUser
+
+    @Option(name: .customLong("mounts-per-user"), help: "How many mounts one user may have at once.")
+    var mountsPerUser = ServiceLimits().mountsPerUser
+
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
@@ -58,7 +64,8 @@ struct ServiceCommand: ParsableCommand {
             printError("keychainfs: without CAP_SYS_PTRACE the service cannot identify callers of other users: "
                        + "every caller of a policed group is refused")
         }
-        let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket)
+        let limits = ServiceLimits(connectionsPerUser: connectionsPerUser, mountsPerUser: mountsPerUser)
+        let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket, limits: limits)
         throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
     }
 }

@@ -67,6 +67,34 @@ import TestSupport
         _ = mnt
     }
 
+    /// A program of the session asks for the name with REPLACE_EXISTING (as
+    /// a thief of what clients store would): the device allows no
+    /// replacement, so the thief is only queued, and what secret-tool
+    /// stores meanwhile reaches the keychain (issue 29).
+    @Test func noProgramOfTheSessionTakesTheNameFromTheDevice() throws {
+        try """
+            import sys, time
+            from jeepney import DBusAddress, new_method_call
+            from jeepney.io.blocking import open_dbus_connection
+            conn = open_dbus_connection(bus='SESSION')
+            bus = DBusAddress('/org/freedesktop/DBus', bus_name='org.freedesktop.DBus', interface='org.freedesktop.DBus')
+            # DBUS_NAME_FLAG_REPLACE_EXISTING; 1 would be "primary owner", 2 "in queue".
+            reply = conn.send_and_get_reply(new_method_call(bus, 'RequestName', 'su', ('org.freedesktop.secrets', 2)))
+            print('request-name', reply.body[0], flush=True)
+            open(sys.argv[1], 'w').close()
+            time.sleep(3)
+            """.write(toFile: harness.root + "/thief.py", atomically: true, encoding: .utf8)
+        let result = onBus("""
+            /usr/bin/python3 "$R/thief.py" "$R/thief-ready" > "$R/thief.out" &
+            until [ -e "$R/thief-ready" ]; do sleep 0.05; done
+            printf 'to the keychain' | secret-tool store --label=stolen service mail && "$K" get default/stolen
+            echo
+            wait
+            cat "$R/thief.out"
+            """)
+        #expect(result.stdout == "to the keychain\nrequest-name 2\n", "\(result)")
+    }
+
     /// The spec's signals come from the device's events, so a change made
     /// by the command line (or a mount) is announced on the bus. The
     /// watcher's match rule is in place before it says "ready".

@@ -53,7 +53,8 @@ import TestSupport
         #expect(stat(binary, &info) == 0 && info.st_uid == 0 && info.st_mode & 0o022 == 0, "\(binary)")
         #expect(getpwnam("keychainfs") != nil)
         for line in ["User=keychainfs", "AmbientCapabilities=CAP_SYS_PTRACE", "CapabilityBoundingSet=CAP_SYS_PTRACE",
-                     "NoNewPrivileges=yes", "StateDirectoryMode=0700"] {
+                     "NoNewPrivileges=yes", "StateDirectoryMode=0700", "LimitNOFILE=65536", "WatchdogSec=30s",
+                     "Restart=on-failure"] {
             #expect(service.contains(line + "\n"), "\(line)")
         }
         let socket = try String(contentsOfFile: units + "/keychainfs.socket", encoding: .utf8)
@@ -86,5 +87,42 @@ import TestSupport
         #expect(kill(pid, SIGTERM) == 0)
         #expect(Spawn.wait(pid) == 0)
         #expect(!harness.isMounted(mountpoint))
+    }
+
+    /// Under `WatchdogSec=`, the service's accept loop says WATCHDOG=1 at
+    /// half the interval systemd gives (`$WATCHDOG_USEC`): a loop that
+    /// stops (as a flood once stopped it) gets the service restarted.
+    @Test func theServiceTellsTheWatchdogItIsAlive() throws {
+        let service = try ServiceHarness(started: false)
+        let socketPath = service.root + "/notify"
+        let listener = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        defer { close(listener) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(socketPath.utf8)) }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        try #require(bound == 0)
+        // The service sends as its own account, as under systemd.
+        chmod(socketPath, 0o666)
+        var wait = timeval(tv_sec: 2, tv_usec: 0)
+        setsockopt(listener, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+        let environment = ProcessInfo.processInfo.environment.merging(
+            ["NOTIFY_SOCKET": socketPath, "WATCHDOG_USEC": "200000"]) { $1 }.map { "\($0.key)=\($0.value)" }
+        let pid = try MountHarness.startReady([service.binary, "service", "--state-directory", service.stateDirectory,
+                                               "--socket", service.socket], environment: environment)
+        defer {
+            kill(pid, SIGTERM)
+            _ = Spawn.wait(pid)
+        }
+        var messages: [String] = []
+        var buffer = [UInt8](repeating: 0, count: 64)
+        while messages.filter({ $0 == "WATCHDOG=1" }).count < 3 {
+            let received = recv(listener, &buffer, buffer.count, 0)
+            guard received > 0 else { break }
+            messages.append(String(decoding: buffer[0..<received], as: UTF8.self))
+        }
+        #expect(messages.contains("READY=1") && messages.filter { $0 == "WATCHDOG=1" }.count == 3, "\(messages)")
     }
 }

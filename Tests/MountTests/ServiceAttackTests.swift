@@ -45,7 +45,7 @@ import TestSupport
         let attack = try Self.attackProgram(harness)
         let before = Self.footprint(service.pid)
         let kinds = ["socketpair", "pipe", "file", "devnull", "unmounted-fuse", "directory", "eventfd"]
-        let result = harness.sh("python3 \"$1\" attach \"$2\" " + kinds.joined(separator: " "),
+        let result = harness.sh("/usr/bin/python3 \"$1\" attach \"$2\" " + kinds.joined(separator: " "),
                                 arguments: [attack, service.socket])
         #expect(result.succeeded, "\(result)")
         let lines = result.stdout.split(separator: "\n")
@@ -77,7 +77,7 @@ import TestSupport
         // Root made it: root takes it away, whatever happens.
         defer { umount2(shared, Int32(MNT_DETACH)) }
         let root = try MountHarness(service: service)
-        let passed = root.sh("python3 \"$1\" attach-allow-other \"$2\" \"$3\" \"$4\" \"$5\"",
+        let passed = root.sh("/usr/bin/python3 \"$1\" attach-allow-other \"$2\" \"$3\" \"$4\" \"$5\"",
                              arguments: [attack, service.socket, shared, String(user.uid), String(user.gid)])
         #expect(passed.stdout == "0 0 \n", "\(passed)")
         #expect(owner.sh("cat \"$1/default/token\"", arguments: [shared]).stdout == "s3cret")
@@ -94,5 +94,76 @@ import TestSupport
         let log = owner.sh("\"$K\" log").stdout
         #expect(log.contains("request denied (not the keychain's user)") && log.contains("uid=\(other.user!.uid)"), "\(log)")
         #expect(!log.contains("private-reader"), "\(log)")
+    }
+
+    /// The victim of a flood is served: their `get` over the socket and
+    /// their `cat` through their mount each answer, rightly, within 1 s.
+    static func expectServed(_ victim: MountHarness, _ mnt: String, while attack: String,
+                             sourceLocation: SourceLocation = #_sourceLocation) {
+        for script in ["\"$K\" get default/token", "cat \"$1/default/token\""] {
+            let started = Date()
+            let result = victim.sh(script, arguments: [mnt])
+            let took = Date().timeIntervalSince(started)
+            #expect(result.stdout == "s3cret" && took < 1, "during \(attack): \(script) took \(took) s: \(result)",
+                    sourceLocation: sourceLocation)
+        }
+    }
+
+    /// One user floods the service: 1,100 idle connections, a request sent
+    /// a byte every 2.5 s, then 1,000 attach attempts. Another user is
+    /// served throughout; the flooder gets at most their share of
+    /// connections, each cut 5 s after it was accepted, whatever the pace
+    /// of its bytes; and the service is left as it was.
+    @Test func oneUsersFloodLeavesAnotherServed() throws {
+        let service = try ServiceHarness()
+        let (victim, mnt) = try ServiceModeTests.userOfAService(service)
+        let attacker = try MountHarness(passcode: nil, as: try OrdinaryUser(), service: service)
+        let attack = try Self.attackProgram(attacker)
+        // The attacker's keychain is opened (its files stay open) by a first request.
+        _ = attacker.sh("\"$K\" ls")
+        let before = Self.footprint(service.pid)
+        let ready = attacker.root + "/flood-ready"
+        let flood = Thread.detachedResult {
+            attacker.sh("/usr/bin/python3 \"$1\" flood \"$2\" 1100 7 \"$3\"", arguments: [attack, service.socket, ready])
+        }
+        #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the flood never got its connections")
+        for _ in 0..<3 { Self.expectServed(victim, mnt, while: "1,100 idle connections") }
+        let flooded = flood.value()
+        // "connected N refused N cut N slow SECONDS"
+        let figures = flooded.stdout.split(whereSeparator: \.isWhitespace)
+        #expect(figures.count == 8 && figures[1] == "1100", "\(flooded)")
+        if figures.count == 8 {
+            let refused = Int(figures[3]) ?? 0, cut = Int(figures[5]) ?? 0, slow = Double(figures[7]) ?? 0
+            // The slow sender holds one of the 32 places the whole time.
+            #expect(cut <= 31 && refused + cut == 1100, "\(flooded)")
+            #expect(slow >= 4.5 && slow < 6.5, "the slow sender was held \(slow) s: \(flooded)")
+        }
+        let attaches = Thread.detachedResult {
+            attacker.sh("/usr/bin/python3 \"$1\" attach-many \"$2\" 1000", arguments: [attack, service.socket])
+        }
+        Self.expectServed(victim, mnt, while: "1,000 attach attempts")
+        let attached = attaches.value()
+        #expect(attached.stdout == "2 \(EINVAL):1000\n", "\(attached)")
+        #expect(Self.eventually { Self.footprint(service.pid) == before },
+                "left behind: \(Self.footprint(service.pid)) against \(before)")
+    }
+
+    /// Out of descriptors (here 64, and no limit per user), the service
+    /// sheds idle connections and goes on: it had stopped accepting for
+    /// good, and every client hung.
+    @Test func aServiceOutOfDescriptorsShedsIdleConnectionsAndGoesOn() throws {
+        let service = try ServiceHarness(options: ["--connections-per-user", "100000"], descriptorLimit: 64)
+        let (victim, mnt) = try ServiceModeTests.userOfAService(service)
+        let attacker = try MountHarness(passcode: nil, as: try OrdinaryUser(), service: service)
+        let attack = try Self.attackProgram(attacker)
+        let ready = attacker.root + "/flood-ready"
+        let flood = Thread.detachedResult {
+            attacker.sh("/usr/bin/python3 \"$1\" flood \"$2\" 300 4 \"$3\"", arguments: [attack, service.socket, ready])
+        }
+        #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the flood never got its connections")
+        for _ in 0..<3 { Self.expectServed(victim, mnt, while: "300 idle connections against 64 descriptors") }
+        let flooded = flood.value()
+        #expect(flooded.stdout.hasPrefix("connected 300 "), "\(flooded)")
+        Self.expectServed(victim, mnt, while: "the end of the flood")
     }
 }

@@ -14,9 +14,16 @@ package final class ServiceHarness: @unchecked Sendable {
     package private(set) var pid: pid_t = 0
     package let binary: String
 
+    /// Extra arguments of `keychainfs service` (limits), and the most
+    /// descriptors it may open (nil: as inherited).
+    private let options: [String]
+    private let descriptorLimit: Int?
+
     /// `started`: false for a test that starts the service its own way
     /// (socket activation), at ``socket`` with ``stateDirectory``.
-    package init(started: Bool = true) throws {
+    package init(started: Bool = true, options: [String] = [], descriptorLimit: Int? = nil) throws {
+        self.options = options
+        self.descriptorLimit = descriptorLimit
         guard getpwnam("keychainfs") != nil else {
             throw HarnessError("no keychainfs account: run ./scripts/setup (it creates it)")
         }
@@ -36,7 +43,10 @@ package final class ServiceHarness: @unchecked Sendable {
 
     /// Starts the service process and waits until it listens.
     private func start() throws {
-        pid = try MountHarness.startReady([binary, "service", "--state-directory", stateDirectory, "--socket", socket])
+        // prlimit sets the limit, then execs the service: the pid is the service's.
+        let limited = descriptorLimit.map { ["/usr/bin/prlimit", "--nofile=\($0):\($0)", "--"] } ?? []
+        pid = try MountHarness.startReady(limited + [binary, "service", "--state-directory", stateDirectory,
+                                                     "--socket", socket] + options)
     }
 
     /// Starts the service again after ``stop()``: same state, same socket.

@@ -48,7 +48,7 @@ package enum UnixSocket {
             var on: Int32 = 1
             try nothingOrErrno { setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
             try nothingOrErrno { withSocketAddress(address) { bind(fd, $0, $1) } }
-            try nothingOrErrno { Glibc.listen(fd, 16) }
+            try nothingOrErrno { Glibc.listen(fd, SOMAXCONN) }
         } catch {
             close(fd)
             throw error

@@ -29,6 +29,8 @@ public final class DeviceProcess: Sendable {
     private let headless = Mutex(false)
     /// The Secret Service this device serves, if any.
     private let secretService = Mutex<SecretServiceProvider?>(nil)
+    /// The socket connections being served, and their limits.
+    private let connections: ConnectionTable
 
     private enum Keychains: Sendable {
         case perUser(ServedKeychain)
@@ -44,6 +46,8 @@ public final class DeviceProcess: Sendable {
         }
         let ended = eventfd(0, Int32(EFD_CLOEXEC))
         mountEnded = ended
+        // Every connection is the user's own: no limit but the deadline.
+        connections = ConnectionTable(perUser: nil, deadline: Self.connectionDeadline * 1000)
         keychains = .perUser(try ServedKeychain(keychain: keychain, owner: (getuid(), getgid())) {
             Self.signal(ended)
         })
@@ -51,11 +55,12 @@ public final class DeviceProcess: Sendable {
 
     /// The service of every user's keychain under `stateDirectory`
     /// (`UID/` each), listening at `socketPath`.
-    public init(serviceOf stateDirectory: String, socketPath: String) {
+    public init(serviceOf stateDirectory: String, socketPath: String, limits: ServiceLimits = ServiceLimits()) {
         self.socketPath = socketPath
         let ended = eventfd(0, Int32(EFD_CLOEXEC))
         mountEnded = ended
-        keychains = .service(ServiceKeychains(stateDirectory: stateDirectory) { Self.signal(ended) })
+        connections = ConnectionTable(perUser: limits.connectionsPerUser, deadline: Self.connectionDeadline * 1000)
+        keychains = .service(ServiceKeychains(stateDirectory: stateDirectory, limits: limits) { Self.signal(ended) })
     }
 
     /// The manager of the per-user device's keychain.
@@ -231,41 +236,119 @@ public final class DeviceProcess: Sendable {
         if let thread = Threads.start({ [self] in acceptLoop(listener) }) { pthread_detach(thread) }
     }
 
+    /// Accepts connections until the listener is closed, each served on a
+    /// thread of its own. It never gives up on a passing error: out of
+    /// descriptors (EMFILE, ENFILE), it sheds the connection that waited
+    /// longest for its request and goes on (issue 29: a flood of idle
+    /// connections had ended this loop for good). It also keeps the
+    /// connections' deadlines and, under a unit with `WatchdogSec=`, tells
+    /// systemd it is alive: a wedged loop gets the service restarted.
     private func acceptLoop(_ listener: Int32) {
+        // One descriptor kept for the moment there is none left (the
+        // accept(2) man page's advice on EMFILE): freed, it lets the loop
+        // take the waiting peer instead of spinning on it.
+        var reserve = Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC)
+        let watchdog = SystemdNotify.watchdogInterval()
+        var lastPing = MonotonicClock.milliseconds(), lastShedLog: Int64 = 0
         while true {
-            let client = accept(listener, nil, nil)
-            if client < 0 {
-                if errno == EINTR || errno == ECONNABORTED { continue }
-                return
+            let now = MonotonicClock.milliseconds()
+            if let watchdog, now - lastPing >= watchdog {
+                SystemdNotify.send("WATCHDOG=1")
+                lastPing = now
             }
-            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
-            // Each connection on a thread of its own, with a deadline: a peer
-            // that connects and sends nothing (or reads nothing) must not
-            // stall the mounts and unmounts of everyone else.
-            var deadline = timeval(tv_sec: Self.connectionDeadline, tv_usec: 0)
-            _ = setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
-            _ = setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
-            requestsInFlight.withLock { $0 += 1 }
-            let served = Threads.start { [self] in serve(client) }
-            if let served {
-                pthread_detach(served)
-            } else {
-                serve(client)
+            var timeout = connections.expire(now: now).map { $0 - now } ?? -1
+            if let watchdog { timeout = timeout < 0 ? watchdog : min(timeout, watchdog) }
+            var waiting = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+            guard let ready = try? valueOrErrno({ poll(&waiting, 1, Int32(clamping: timeout)) }) else { return }
+            if ready == 0 { continue }
+            if waiting.revents & Int16(POLLNVAL) != 0 { return }
+            let client: Int32
+            do throws(Errno) {
+                client = try valueOrErrno { CLinux_accept_cloexec(listener) }
+            } catch {
+                switch error.rawValue {
+                case EMFILE, ENFILE, ENOBUFS, ENOMEM:
+                    reserve = shedForRoom(listener, reserve: reserve, lastLog: &lastShedLog)
+                case EBADF, EINVAL, ENOTSOCK:
+                    return  // the listener is closed: the device is stopping
+                default:
+                    continue  // ECONNABORTED, EINTR, EAGAIN (another took it), EPROTO...
+                }
+                continue
             }
+            serveOnItsOwnThread(client)
         }
     }
 
-    /// Seconds a peer may take to send its request or read the reply.
-    static let connectionDeadline = 5
+    /// Out of descriptors: idle connections (accepted, their request not
+    /// come) are shut down to make room, and the reserve's place takes the
+    /// waiting peer; with none to shed, that peer is told to try again.
+    /// Returns the new reserve (-1 until a descriptor is free again).
+    private func shedForRoom(_ listener: Int32, reserve: Int32, lastLog: inout Int64) -> Int32 {
+        if reserve >= 0 { close(reserve) }
+        let shed = connections.shedIdle(olderThan: 100)
+        let now = MonotonicClock.milliseconds()
+        if now - lastLog >= 10_000 {
+            Diagnostics.log("out of descriptors with \(connections.count) connections open: shed \(shed) idle ones")
+            lastLog = now
+        }
+        if let client = try? valueOrErrno({ CLinux_accept_cloexec(listener) }) {
+            if shed > 0 {
+                serveOnItsOwnThread(client)
+            } else {
+                refuse(client, DeviceReply.systemError(EAGAIN, "the device is out of descriptors: try again"))
+            }
+        }
+        // Nothing freed: wait a little rather than spin on the backlog.
+        if shed == 0 { usleep(50_000) }
+        return Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC)
+    }
+
+    private func serveOnItsOwnThread(_ client: Int32) {
+        // A user over their share of connections is told so at once: the
+        // socket's buffer takes a reply this small without blocking.
+        guard let credentials = ProgramIdentities.peerCredentials(client),
+              connections.admit(client, uid: credentials.uid) else {
+            refuse(client, .systemError(EAGAIN, "too many connections of your user at once "
+                                        + "(\(connections.perUser ?? 0)): close some, then try again"))
+            return
+        }
+        // Each connection on a thread of its own, with deadlines: a peer
+        // that connects and sends nothing (or reads nothing) must not
+        // stall the mounts and unmounts of everyone else.
+        var deadline = timeval(tv_sec: Int(Self.connectionDeadline), tv_usec: 0)
+        _ = setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
+        _ = setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
+        requestsInFlight.withLock { $0 += 1 }
+        if let served = Threads.start({ [self] in serve(client) }) {
+            pthread_detach(served)
+        } else {
+            serve(client)
+        }
+    }
+
+    private func refuse(_ client: Int32, _ reply: DeviceReply) {
+        if let frame = try? reply.frame() { _ = DeviceProtocol.send(frame, to: client) }
+        close(client)
+    }
+
+    /// Seconds a peer may take to send its whole request, and to read the whole reply.
+    static let connectionDeadline: Int64 = 5
 
     private func serve(_ client: Int32) {
         var attachments = ReplyAttachments()
-        if let frame = try? answer(client, attachments: &attachments).frame(),
+        let reply = answer(client, attachments: &attachments)
+        connections.enter(.replying, client)
+        if let frame = try? reply.frame(),
            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor >= 0 ? attachments.descriptor : nil) {
             // A watcher is a client: the device stays while it follows.
-            attachments.events?.run()
+            if let events = attachments.events {
+                connections.enter(.following, client)
+                events.run()
+            }
         }
         if attachments.descriptor >= 0 { close(attachments.descriptor) }
+        connections.remove(client)
         close(client)
         requestsInFlight.withLock { $0 -= 1 }
         Self.signal(mountEnded)
@@ -291,6 +374,7 @@ public final class DeviceProcess: Sendable {
             return .systemError(EINVAL, "no whole request arrived within \(Self.connectionDeadline) s "
                                 + "from the process that connected")
         }
+        connections.enter(.answering, client)
         // Ours to close, unless `attach` takes it.
         var passed: Int32? = descriptor >= 0 ? descriptor : nil
         defer { if let passed { close(passed) } }

@@ -20,9 +20,11 @@ final class ServedKeychain: Sendable {
     private let nodes = NodeTable()
     /// Called on a loop thread whenever one of its mounts has ended.
     private let mountEnded: @Sendable () -> Void
+    /// How many mounts it may have at once (nil: any number; the service's users have a limit).
+    private let mountLimit: Int?
 
     /// Boots the device of `keychain`: locked, before first unlock.
-    init(keychain: KeychainDirectory, owner: (uid: uid_t, gid: gid_t),
+    init(keychain: KeychainDirectory, owner: (uid: uid_t, gid: gid_t), mountLimit: Int? = nil,
          mountEnded: @escaping @Sendable () -> Void) throws(MountError) {
         do {
             manager = PasswordManager(device: try Device(directory: keychain))
@@ -30,6 +32,7 @@ final class ServedKeychain: Sendable {
             throw MountError(keychain.sentence(for: error))
         }
         self.owner = owner
+        self.mountLimit = mountLimit
         self.mountEnded = mountEnded
     }
 
@@ -49,6 +52,11 @@ final class ServedKeychain: Sendable {
         if let connection, let problem = FuseConnection.problem(with: connection) {
             close(connection)
             throw MountError(problem)
+        }
+        if let mountLimit, mounts.withLock({ $0.count }) >= mountLimit {
+            if let connection { close(connection) }
+            throw MountError("you have \(mountLimit) mounts of this keychain already, the most the service allows: "
+                             + "unmount one first")
         }
         if connection == nil {
             if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }

@@ -15,9 +15,11 @@ final class ServiceKeychains: Sendable {
     /// under the lock every request takes.
     private let creating = Mutex(())
     private let mountEnded: @Sendable () -> Void
+    let limits: ServiceLimits
 
-    init(stateDirectory: String, mountEnded: @escaping @Sendable () -> Void) {
+    init(stateDirectory: String, limits: ServiceLimits, mountEnded: @escaping @Sendable () -> Void) {
         self.stateDirectory = stateDirectory
+        self.limits = limits
         self.mountEnded = mountEnded
     }
 
@@ -34,7 +36,7 @@ final class ServiceKeychains: Sendable {
             let directory = directory(of: credentials.uid)
             guard directory.exists else { return nil }
             let served = try ServedKeychain(keychain: directory, owner: (credentials.uid, credentials.gid),
-                                            mountEnded: mountEnded)
+                                            mountLimit: limits.mountsPerUser, mountEnded: mountEnded)
             open[credentials.uid] = served
             return served
         }

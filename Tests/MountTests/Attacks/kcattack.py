@@ -1,6 +1,6 @@
 # Attack programs against a keychainfs service, speaking its socket protocol
 # (docs/PROTOCOL.md) as any local program can.
-import ctypes, os, socket, struct, sys, time
+import ctypes, os, resource, select, socket, struct, sys, threading, time
 
 def field(data):
     return struct.pack('<I', len(data)) + data
@@ -55,6 +55,71 @@ def not_a_mount(kind):
         return os.eventfd(0)
     raise SystemExit('unknown kind ' + kind)
 
+def slow_sender(path, interval, report):
+    # One byte of a request every `interval` seconds, for as long as the
+    # service lets the connection live; reports how long that was.
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    request, started = frame(1, []), time.monotonic()
+    try:
+        for byte in request[:-1]:
+            s.send(bytes([byte]))
+            readable, _, _ = select.select([s], [], [], interval)
+            if readable:
+                break
+        while not select.select([s], [], [], 1)[0]:
+            pass
+    except OSError:
+        pass
+    report['slow'] = time.monotonic() - started
+
+def flood(path, count, hold, ready):
+    # `count` idle connections, held `hold` seconds; reports how many the
+    # service took, refused at once, and cut.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    report, connections = {}, []
+    slow = threading.Thread(target=slow_sender, args=(path, 2.5, report))
+    slow.start()
+    time.sleep(0.2)
+    for _ in range(count):
+        # A blocking connect waits for room in the listener's backlog.
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            connections.append(s)
+        except OSError:
+            s.close()
+    open(ready, 'w').close()
+    time.sleep(hold)
+    refused = cut = 0
+    for s in connections:
+        waiting = select.poll()
+        waiting.register(s, select.POLLIN)
+        if waiting.poll(0):
+            try:
+                data = s.recv(4096)
+            except OSError:
+                data = b''
+            if b'too many connections' in data or b'try again' in data:
+                refused += 1
+            else:
+                cut += 1
+        s.close()
+    slow.join()
+    print('connected %d refused %d cut %d slow %.1f' % (len(connections), refused, cut, report.get('slow', -1)))
+
+def attach_many(path, count):
+    # `count` attach attempts, each with a descriptor that is no mount.
+    answers = {}
+    for _ in range(count):
+        fd = os.eventfd(0)
+        reply = attach(path, fd)
+        os.close(fd)
+        key = ' '.join(reply.split(' ')[:2])
+        answers[key] = answers.get(key, 0) + 1
+    print(' '.join('%s:%d' % (k, v) for k, v in sorted(answers.items())))
+
 def main(argv):
     command, path = argv[1], argv[2]
     if command == 'attach':
@@ -74,6 +139,10 @@ def main(argv):
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
         print(attach(path, fd, mountpoint))
+    elif command == 'flood':
+        flood(path, int(argv[3]), float(argv[4]), argv[5])
+    elif command == 'attach-many':
+        attach_many(path, int(argv[3]))
     else:
         raise SystemExit('unknown command ' + command)
 

@@ -6,8 +6,9 @@ import Glibc
 /// passes `$NOTIFY_SOCKET` (a path, or `@name` for an abstract socket) and
 /// waits for `READY=1`, so that units ordered after the device start only
 /// once the keychain is mounted.
-enum SystemdNotify {
-    static func send(_ state: String) {
+package enum SystemdNotify {
+    /// Sends `state` (`READY=1`, `WATCHDOG=1`, `STATUS=...`) to systemd, if it asked for notifications.
+    package static func send(_ state: String) {
         guard let socketName = getenv("NOTIFY_SOCKET").map({ String(cString: $0) }), !socketName.isEmpty else { return }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
@@ -29,5 +30,14 @@ enum SystemdNotify {
                 }
             }
         }
+    }
+
+    /// How often systemd wants `WATCHDOG=1` (half its `WatchdogSec=`, as
+    /// sd_watchdog_enabled(3) advises), in milliseconds; nil when the unit
+    /// set no watchdog or set it for another process.
+    package static func watchdogInterval() -> Int64? {
+        guard let usec = getenv("WATCHDOG_USEC").flatMap({ Int64(String(cString: $0)) }), usec > 0 else { return nil }
+        if let pid = getenv("WATCHDOG_PID").flatMap({ pid_t(String(cString: $0)) }), pid != getpid() { return nil }
+        return max(usec / 2000, 1)
     }
 }

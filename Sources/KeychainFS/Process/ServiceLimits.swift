@@ -1,0 +1,15 @@
+/// What one user may hold of the service at once, so that one user's flood
+/// leaves the others served (issue 29). Each limit, when reached, is said
+/// in a sentence to the user who reached it; docs/SECURITY.md gives the
+/// defaults and why.
+public struct ServiceLimits: Sendable {
+    /// Socket connections open at once (a request each, or a `watch`).
+    public var connectionsPerUser: Int
+    /// Mounts (`attach`ed FUSE connections) at once.
+    public var mountsPerUser: Int
+
+    public init(connectionsPerUser: Int = 32, mountsPerUser: Int = 16) {
+        self.connectionsPerUser = connectionsPerUser
+        self.mountsPerUser = mountsPerUser
+    }
+}
