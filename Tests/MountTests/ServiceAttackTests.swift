@@ -166,4 +166,26 @@ import TestSupport
         #expect(flooded.stdout.hasPrefix("connected 300 "), "\(flooded)")
         Self.expectServed(victim, mnt, while: "the end of the flood")
     }
+
+    /// A grant that names a file without passing it: the service hashed
+    /// the path with its own rights, and told the SHA-256 of another
+    /// user's `device-secret` (and, by its error, whether a file exists).
+    /// It opens no path for a client now: every such grant gets the same EINVAL.
+    @Test func theServiceOpensNoPathAGrantNames() throws {
+        let service = try ServiceHarness()
+        let (victim, _) = try ServiceModeTests.userOfAService(service)
+        let attacker = try MountHarness(as: try OrdinaryUser(), service: service)
+        let attack = try Self.attackProgram(attacker)
+        let victimFiles = service.keychain(of: victim.user!)
+        for target in [victimFiles + "/device-secret", victimFiles + "/no-such-file"] {
+            let granted = attacker.sh("/usr/bin/python3 \"$1\" grant \"$2\" default \"$3\" \"$4\"",
+                                      arguments: [attack, service.socket, target, MountHarness.passcode])
+            #expect(granted.stdout.hasPrefix("2 \(EINVAL) ") && granted.stdout.contains("opens no path"), "\(granted)")
+        }
+        #expect(attacker.sh("\"$K\" policy").stdout.isEmpty)
+        // A grant of a file the user opens is still made.
+        let own = attacker.sh("cp /usr/bin/cat \"$R/mine\" && \"$K\" grant default --exe \"$R/mine\"",
+                              stdin: MountHarness.passcode + "\n")
+        #expect(own.succeeded, "\(own)")
+    }
 }

@@ -7,12 +7,19 @@ extension Device {
     /// keychain that no device holds (the command line then boots one).
     /// `executable`, when given, is the file a grant names, opened by the
     /// client (which the device might not be able to open by its path).
+    /// `opensPaths` false (the service, whose account can read what its
+    /// users cannot): a grant must come with its file, and a revoke's path
+    /// is taken as the client resolved it; no path of a client's is opened.
     public func answer(policyRequest request: DeviceRequest, by subject: AuditSubject?,
-                       executable file: Int32? = nil) -> DeviceReply {
+                       executable file: Int32? = nil, opensPaths: Bool = true) -> DeviceReply {
         let device = self
         do throws(KeychainError) {
             switch request {
             case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
+                if file == nil && !opensPaths {
+                    return .systemError(EINVAL, "the executable must come with the request, opened by you: "
+                                        + "the keychainfs service opens no path for a client")
+                }
                 let named = file.map { ProgramIdentities.executable(from: $0, path: executable) }
                     ?? ProgramIdentities.executable(at: executable)
                 guard let program = named else {
@@ -24,7 +31,9 @@ extension Device {
                 return .ok([rule.executable, rule.digestHex])
             case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
                 // A binary removed since it was granted is named as it was.
-                let resolved = executable.map { path in realpath(path, nil).map { String(cString: $0, freeing: true) } ?? path }
+                let resolved = opensPaths
+                    ? executable.map { path in realpath(path, nil).map { String(cString: $0, freeing: true) } ?? path }
+                    : executable
                 let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all,
                                               passcode: passcode, by: subject)
                 return .ok([String(count)])

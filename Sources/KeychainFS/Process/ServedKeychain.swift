@@ -20,11 +20,11 @@ final class ServedKeychain: Sendable {
     private let nodes = NodeTable()
     /// Called on a loop thread whenever one of its mounts has ended.
     private let mountEnded: @Sendable () -> Void
-    /// How many mounts it may have at once (nil: any number; the service's users have a limit).
-    private let mountLimit: Int?
+    /// What its user may hold of the service (nil: a per-user device's keychain).
+    private let serviceLimits: ServiceLimits?
 
     /// Boots the device of `keychain`: locked, before first unlock.
-    init(keychain: KeychainDirectory, owner: (uid: uid_t, gid: gid_t), mountLimit: Int? = nil,
+    init(keychain: KeychainDirectory, owner: (uid: uid_t, gid: gid_t), serviceLimits: ServiceLimits? = nil,
          mountEnded: @escaping @Sendable () -> Void) throws(MountError) {
         do {
             manager = PasswordManager(device: try Device(directory: keychain))
@@ -32,7 +32,7 @@ final class ServedKeychain: Sendable {
             throw MountError(keychain.sentence(for: error))
         }
         self.owner = owner
-        self.mountLimit = mountLimit
+        self.serviceLimits = serviceLimits
         self.mountEnded = mountEnded
     }
 
@@ -53,7 +53,7 @@ final class ServedKeychain: Sendable {
             close(connection)
             throw MountError(problem)
         }
-        if let mountLimit, mounts.withLock({ $0.count }) >= mountLimit {
+        if let mountLimit = serviceLimits?.mountsPerUser, mounts.withLock({ $0.count }) >= mountLimit {
             if let connection { close(connection) }
             throw MountError("you have \(mountLimit) mounts of this keychain already, the most the service allows: "
                              + "unmount one first")
@@ -184,7 +184,10 @@ final class ServedKeychain: Sendable {
                 return .keychainError(error, error.description)
             }
         case .grant, .revoke, .policy:
-            return manager.localDevice.answer(policyRequest: request, by: subject(), executable: passed)
+            // The service's account opens no path on a user's word: it could
+            // hash, or tell the existence of, what only it can read (issue 29).
+            return manager.localDevice.answer(policyRequest: request, by: subject(), executable: passed,
+                                              opensPaths: serviceLimits == nil)
         case .auditLog(let rotated):
             let name = rotated ? AuditLog.rotatedName : AuditLog.fileName
             let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)

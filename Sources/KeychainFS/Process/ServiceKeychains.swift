@@ -36,7 +36,7 @@ final class ServiceKeychains: Sendable {
             let directory = directory(of: credentials.uid)
             guard directory.exists else { return nil }
             let served = try ServedKeychain(keychain: directory, owner: (credentials.uid, credentials.gid),
-                                            mountLimit: limits.mountsPerUser, mountEnded: mountEnded)
+                                            serviceLimits: limits, mountEnded: mountEnded)
             open[credentials.uid] = served
             return served
         }

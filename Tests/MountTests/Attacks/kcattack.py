@@ -139,6 +139,12 @@ def main(argv):
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
         print(attach(path, fd, mountpoint))
+    elif command == 'grant':
+        # A grant naming a file by its path alone, with the user's own passcode.
+        group, executable, passcode = argv[3], argv[4], argv[5]
+        none = b'\x00' + field(b'')
+        print(ask(path, 20, [field(group.encode()), field(executable.encode()), none, none,
+                             b'\x01' + field(passcode.encode()), field(b'0')]))
     elif command == 'flood':
         flood(path, int(argv[3]), float(argv[4]), argv[5])
     elif command == 'attach-many':
