@@ -23,8 +23,14 @@ struct FindCommand: ParsableCommand {
         let device = try RunningDevice(options.place)
         var found = false
         for group in try device.groups() {
-            for item in try device.items(of: group) where patterns.contains(where: { Self.matches($0, group: group, identifier: item.identifier) }) {
-                print(group + "/" + item.identifier)
+            // A group whose policy does not admit this program is a note,
+            // not a failure: the matches printed are the answer.
+            guard let items = try device.itemsIfAdmitted(of: group) else {
+                printError("\(shown(group)): not searched (its policy does not admit \(shown(CommandLine.arguments[0])))")
+                continue
+            }
+            for item in items where patterns.contains(where: { Self.matches($0, group: group, identifier: item.identifier) }) {
+                print(shown(group + "/" + item.identifier))
                 found = true
             }
         }

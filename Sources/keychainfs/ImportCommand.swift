@@ -50,7 +50,7 @@ struct ImportPassCommand: ParsableCommand {
         var counts = (imported: 0, kept: 0, failed: 0)
         if dryRun {
             for entry in entries {
-                let report = PassStore.address(of: entry, group: group).map { "\(entry) -> \($0)" } ?? "\(entry): no item name fits"
+                let report = PassStore.address(of: entry, group: group).map { "\(shown(entry)) -> \($0)" } ?? "\(shown(entry)): no item name fits"
                 print(report)
             }
             return
@@ -61,7 +61,7 @@ struct ImportPassCommand: ParsableCommand {
         if try device.isLocked() { throw fail("the keychain is locked; unlock it first", status: ExitStatus.locked) }
         for entry in entries {
             guard let item = PassStore.address(of: entry, group: group) else {
-                print("failed   \(entry): no item name fits (a name of at most 255 bytes, NFC)")
+                print("failed   \(shown(entry)): no item name fits (a name of at most 255 bytes, NFC)")
                 counts.failed += 1
                 continue
             }
@@ -69,21 +69,21 @@ struct ImportPassCommand: ParsableCommand {
             switch PassStore.decrypt(store + "/" + entry + ".gpg", with: gpg) {
             case .success(let decrypted): value = decrypted
             case .failure(let problem):
-                print("failed   \(entry): \(problem)")
+                print("failed   \(shown(entry)): \(problem)")
                 counts.failed += 1
                 continue
             }
             switch try device.tryStore(PassStore.storedValue(value), at: item, condition: force ? .always : .ifAbsent) {
             case nil:
-                print("imported \(entry) -> \(item)")
+                print("imported \(shown(entry)) -> \(item)")
                 counts.imported += 1
             case .duplicateItem?:
-                print("kept     \(entry) -> \(item) (it exists; --force replaces it)")
+                print("kept     \(shown(entry)) -> \(item) (it exists; --force replaces it)")
                 counts.kept += 1
             case .interactionNotAllowed?:
                 throw fail("the keychain locked during the import; \(counts.imported) imported before", status: ExitStatus.locked)
             case let error?:
-                print("failed   \(entry) -> \(item): \(error)")
+                print("failed   \(shown(entry)) -> \(item): \(error)")
                 counts.failed += 1
             }
         }
@@ -214,18 +214,18 @@ struct ImportSecretServiceCommand: ParsableCommand {
         do {
             for collection in try source.collections() {
                 guard let target = group ?? (collection.isDefault ? ItemLimits.defaultGroup : ItemLimits.name(from: collection.label)) else {
-                    print("failed   \(collection.label): no group name fits its label (--group names one)")
+                    print("failed   \(shown(collection.label)): no group name fits its label (--group names one)")
                     counts.failed += 1
                     continue
                 }
                 guard !collection.isLocked else {
-                    print("failed   \(collection.label): locked (unlock it in its provider first)")
+                    print("failed   \(shown(collection.label)): locked (unlock it in its provider first)")
                     counts.failed += 1
                     continue
                 }
                 let (items, refused) = try source.items(of: collection)
                 for name in refused {
-                    print("failed   \(collection.label)/\(name): its attributes or label are past keychainfs's bounds")
+                    print("failed   \(shown(collection.label))/\(shown(name)): its attributes or label are past keychainfs's bounds")
                     counts.failed += 1
                 }
                 var existing = try device.itemsWithDetails(of: target)
@@ -233,13 +233,13 @@ struct ImportSecretServiceCommand: ParsableCommand {
                     let from = "\(collection.label)/\(item.details.label)"
                     let same = existing.first { $0.details.label == item.details.label && $0.details.attributes == item.details.attributes }
                     if let same, !force {
-                        print("kept     \(from) -> \(target)/\(same.identifier) (imported before; --force replaces it)")
+                        print("kept     \(shown(from)) -> \(target)/\(same.identifier) (imported before; --force replaces it)")
                         counts.kept += 1
                         continue
                     }
                     let base = same?.identifier ?? ItemLimits.name(from: item.details.label) ?? "item"
                     if dryRun {
-                        print("import   \(from) -> \(target)/\(base)")
+                        print("import   \(shown(from)) -> \(target)/\(base)")
                         continue
                     }
                     var details = item.details
@@ -247,11 +247,11 @@ struct ImportSecretServiceCommand: ParsableCommand {
                     details.contentType = contentType.isEmpty ? ItemDetails.defaultContentType : contentType
                     switch try store(value, named: base, in: target, details: details, replacing: same != nil, on: device) {
                     case .success(let identifier):
-                        print("imported \(from) -> \(target)/\(identifier)")
+                        print("imported \(shown(from)) -> \(target)/\(identifier)")
                         counts.imported += 1
                         existing.append((identifier, details))
                     case .failure(let error):
-                        print("failed   \(from) -> \(target)/\(base): \(error)")
+                        print("failed   \(shown(from)) -> \(target)/\(base): \(error)")
                         counts.failed += 1
                     }
                 }

@@ -1,3 +1,5 @@
+import KeychainCore
+
 /// Item names made from text that may hold what names cannot (a URL's `/`,
 /// control characters): those bytes, and `%` itself, percent-encoded
 /// (RFC 3986 style), so that every text has exactly one name and back.
@@ -34,3 +36,8 @@ enum ItemName {
         return String(validating: bytes, as: UTF8.self)
     }
 }
+
+/// A name as the terminal shows it: control characters (an escape
+/// sequence in a pass entry's file name or a Secret Service label could
+/// clear or rewrite the screen) and backslashes escaped, on one line.
+func shown(_ name: String) -> String { LineEscaping.escaped(name) }

@@ -49,6 +49,9 @@ struct ServiceCommand: ParsableCommand {
                 if !parent.isEmpty && mkdir(parent, 0o755) != 0 && errno != EEXIST {
                     throw fail("cannot create \(parent): \(String(cString: strerror(errno)))")
                 }
+                if let problem = ServiceAccount.socketDirectoryProblem(parent.isEmpty ? "/" : parent, account: user) {
+                    throw fail(problem)
+                }
                 listener = try UnixSocket.listen(at: socket, everyone: true)
             }
         } catch let error as Errno {

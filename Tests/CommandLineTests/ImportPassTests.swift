@@ -91,6 +91,13 @@ import TestSupport
         #expect(broken.stdout.contains("failed   web/broken: gpg could not decrypt it (status 2)\n"), "\(broken)")
         #expect(broken.stdout.hasSuffix("status 1\n"))
         #expect(k("get web/github.com").stdout == "hunter2")
+        // An entry whose file name holds a terminal escape sequence is
+        // reported with it escaped: a store cannot write to the screen.
+        #expect(harness.sh(environment + """
+            cp "$PASSWORD_STORE_DIR/web/github.com.gpg" "$PASSWORD_STORE_DIR/web/evil$(printf '\\033')[2J.gpg"
+            """).succeeded)
+        let escaped = k("import pass --dry-run")
+        #expect(escaped.stdout.contains("web/evil\\x1b[2J") && !escaped.stdout.contains("\u{1b}"), "\(escaped)")
         let missing = k("import pass \"$R/nowhere\"")
         #expect(missing.status == 2 && missing.stderr.contains("no entries"), "\(missing)")
     }

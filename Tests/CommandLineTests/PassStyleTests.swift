@@ -100,6 +100,18 @@ import TestSupport
         #expect(none.status == 2 && none.stdout.isEmpty, "\(none)")
     }
 
+    /// A group whose policy does not admit `keychainfs` is a note on
+    /// stderr; the matches printed are the answer, exit status 0 (it was 4).
+    @Test func findSucceedsWithMatchesBesideAPolicedGroup() throws {
+        let (harness, _) = try MountHarness.withPolicedGroup()
+        #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
+        let found = harness.sh("\"$K\" find open --keychain \"$KC\"")
+        #expect(found.status == 0 && found.stdout == "default/open\n", "\(found)")
+        #expect(found.stderr.contains("secure: not searched"), "\(found)")
+        let none = harness.sh("\"$K\" find token --keychain \"$KC\"")
+        #expect(none.status == 2 && none.stdout.isEmpty && none.stderr.contains("secure: not searched"), "\(none)")
+    }
+
     /// `--clip` under a real X server: the value reaches the clipboard, not
     /// stdout; the clearer empties it after the time, and leaves alone a
     /// clipboard the user changed meanwhile.

@@ -188,4 +188,23 @@ import TestSupport
                               stdin: MountHarness.passcode + "\n")
         #expect(own.succeeded, "\(own)")
     }
+
+    /// A socket directory that another user owns, or anyone may write, is
+    /// refused: its owner could put their own socket in the service's place.
+    @Test func theServiceRefusesASocketDirectoryOthersControl() throws {
+        let user = try OrdinaryUser()
+        let service = try ServiceHarness(started: false)
+        let theirs = service.root + "/theirs", open = service.root + "/open"
+        try FileManager.default.createDirectory(atPath: theirs, withIntermediateDirectories: false)
+        try user.own(theirs)
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false)
+        chmod(open, 0o777)
+        let root = try MountHarness()
+        for (directory, problem) in [(theirs, "belongs to uid \(user.uid)"), (open, "can be written by others")] {
+            let started = root.sh("\"$K\" service --state-directory \"$1\" --socket \"$2/socket\"",
+                                  arguments: [service.stateDirectory, directory])
+            #expect(started.status == 1 && started.stderr.contains(problem), "\(started)")
+            #expect(access(directory + "/socket", F_OK) != 0)
+        }
+    }
 }

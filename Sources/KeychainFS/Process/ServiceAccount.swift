@@ -46,6 +46,25 @@ public enum ServiceAccount {
         return nil
     }
 
+    /// Why the directory of the service's socket cannot hold it (nil: it
+    /// is root's or the account's, and no one else may write it). In a
+    /// directory another user can write, that user could put their own
+    /// socket in the service's place and hear every client's passcodes.
+    public static func socketDirectoryProblem(_ path: String, account: String) -> String? {
+        var info = stat()
+        guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            return "the socket's directory \(path) is not a directory"
+        }
+        let accountUID = getpwnam(account).map { $0.pointee.pw_uid }
+        if info.st_uid != 0 && info.st_uid != accountUID && info.st_uid != geteuid() {
+            return "the socket's directory \(path) belongs to uid \(info.st_uid): use a directory of root's or \(account)'s"
+        }
+        if info.st_mode & 0o022 != 0 {
+            return "the socket's directory \(path) can be written by others; run `chmod go-w \(path)`"
+        }
+        return nil
+    }
+
     /// Whether the service can read other users' /proc/PID/maps and exe
     /// (CAP_SYS_PTRACE): without it, no caller of a policed group can be
     /// identified, and every one is refused.
