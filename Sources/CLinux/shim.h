@@ -13,6 +13,10 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <linux/fuse.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -165,5 +169,50 @@ static inline int CLinux_can_read_other_users_processes(void) {
 static inline int CLinux_fuse_clone(int clone, int connection) {
     uint32_t old = (uint32_t)connection;
     return ioctl(clone, FUSE_DEV_IOC_CLONE, &old);
+}
+
+// sock_diag(7) for one UNIX socket, by inode: the inode of the socket it is
+// connected to (*peer, 0: none) and the address it is bound to (*length
+// bytes in `name`; an accepted socket shows its listener's path). `netlink`
+// is a NETLINK_SOCK_DIAG socket. The request and the attributes are C
+// structs and macros (NLMSG_*, RTA_*). 0, or -1 with errno.
+static inline int CLinux_unix_socket_peer(int netlink, uint32_t inode, uint32_t *peer,
+                                          char *name, size_t capacity, size_t *length) {
+    struct { struct nlmsghdr header; struct unix_diag_req request; } message;
+    memset(&message, 0, sizeof message);
+    message.header.nlmsg_len = sizeof message;
+    message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    message.header.nlmsg_flags = NLM_F_REQUEST;
+    message.request.sdiag_family = AF_UNIX;
+    message.request.udiag_states = (uint32_t)-1;
+    message.request.udiag_ino = inode;
+    message.request.udiag_show = UDIAG_SHOW_PEER | UDIAG_SHOW_NAME;
+    // INET_DIAG_NOCOOKIE: any socket with that inode.
+    message.request.udiag_cookie[0] = message.request.udiag_cookie[1] = ~0U;
+    if (send(netlink, &message, sizeof message, 0) != (ssize_t)sizeof message) return -1;
+    union { struct nlmsghdr header; char bytes[8192]; } answer;
+    ssize_t count = recv(netlink, &answer, sizeof answer, 0);
+    if (count < 0) return -1;
+    struct nlmsghdr *header = &answer.header;
+    if (!NLMSG_OK(header, (size_t)count)) { errno = EIO; return -1; }
+    if (header->nlmsg_type == NLMSG_ERROR) {
+        errno = -((struct nlmsgerr *)NLMSG_DATA(header))->error;
+        return -1;
+    }
+    if (header->nlmsg_type != SOCK_DIAG_BY_FAMILY) { errno = EIO; return -1; }
+    struct unix_diag_msg *found = NLMSG_DATA(header);
+    *peer = 0;
+    *length = 0;
+    int rest = (int)(header->nlmsg_len - NLMSG_LENGTH(sizeof *found));
+    for (struct rtattr *attribute = (struct rtattr *)(found + 1); RTA_OK(attribute, rest); attribute = RTA_NEXT(attribute, rest)) {
+        if (attribute->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(attribute) >= sizeof(uint32_t)) {
+            memcpy(peer, RTA_DATA(attribute), sizeof(uint32_t));
+        } else if (attribute->rta_type == UNIX_DIAG_NAME) {
+            size_t size = RTA_PAYLOAD(attribute) < capacity ? RTA_PAYLOAD(attribute) : capacity;
+            memcpy(name, RTA_DATA(attribute), size);
+            *length = size;
+        }
+    }
+    return 0;
 }
 #endif

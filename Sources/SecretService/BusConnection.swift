@@ -54,7 +54,13 @@ final class BusConnection: @unchecked Sendable {
         }
         self.bus = bus
         self.wake = wake
+        peerAddress = SocketHolders.peerAddress(of: CSystemd_sd_bus_get_fd(bus))
     }
+
+    /// The address the bus daemon listens at, as the kernel names the
+    /// other end of this connection: every client's connection to the
+    /// same bus ends at a socket of that address (nil: not told).
+    let peerAddress: [UInt8]?
 
     deinit {
         for slot in slots { _ = CSystemd_sd_bus_slot_unref(slot) }

@@ -34,7 +34,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     static let collectionLabelProperty = "org.freedesktop.Secret.Collection.Label"
 
     private let store: SecretStore
-    private let bus: BusConnection
+    fileprivate let bus: BusConnection
     private var sessions: [String: TransferSession] = [:]
     private var nextSession = 1
     private var observer: Int?
@@ -43,6 +43,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// ItemCreated (the device's events do not tell the two apart).
     private var knownItems: Set<String> = []
     private var prompts: [String: UnlockPrompt] = [:]
+    /// The program behind each connection at its first policed request (bus thread only).
+    fileprivate var firstIdentities: [String: ProgramIdentity] = [:]
     private var nextPrompt = 1
 
     /// The bus it serves (nil: the one `$DBUS_SESSION_BUS_ADDRESS` named at its start).
@@ -62,6 +64,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             guard let name = try? arguments.string(), (try? arguments.string()) != nil, let owner = try? arguments.string(),
                   owner.isEmpty else { return }
             sessions = sessions.filter { $0.value.owner != name }
+            firstIdentities[name] = nil
             // A client gone during a prompt: its pinentry goes too.
             for (path, prompt) in prompts where prompt.owner == name {
                 prompt.cancel()
@@ -706,14 +709,36 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// Carries out a request of the program behind the call's sender.
     private func perform(_ request: DeviceRequest, for call: BusCall, audit: AuditPolicy = .always) -> DeviceReply {
         let sender = bus.senderProcess(of: call.message)
-        return store.perform(request, program: {
+        return store.perform(request, program: { [self] in
             // The bus daemon's pid of the sender, checked against a pidfd:
             // the process must still be the one that sent the call.
             guard let sender, let pidfd = Pidfd.open(sender.pid) else { return nil }
             defer { close(pidfd) }
-            guard let identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd) else { return nil }
+            guard var identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd) else { return nil }
+            if identity.distrust == nil { identity.distrust = connectionDoubt(call.sender, pid: sender.pid, identity) }
             return identity
         }, subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
+    }
+}
+
+extension SecretServiceProvider {
+    /// Why the program the bus daemon names may not be the one that sent
+    /// a call of `sender` (nil: nothing says so). The daemon names the
+    /// process that connected, which is not always the one asking: a child
+    /// forked after connecting asks on the same socket once its parent
+    /// exec'd a granted program (issue 29). So the named process must hold
+    /// its bus connections alone, and run the program it ran at its first
+    /// policed request on this connection.
+    func connectionDoubt(_ sender: String, pid: pid_t, _ identity: ProgramIdentity) -> String? {
+        if let first = firstIdentities[sender] {
+            if first.executable != identity.executable || first.digest != identity.digest {
+                return "its program changed since its first request on this connection (it was \(first.executable))"
+            }
+        } else {
+            firstIdentities[sender] = identity
+        }
+        guard let address = bus.peerAddress else { return "its bus connection cannot be examined" }
+        return SocketHolders.sharing(of: pid, connectedTo: address)
     }
 }
 

@@ -505,6 +505,48 @@ import TestSupport
         #expect(!log.stdout.contains("planted"), "\(log)")
     }
 
+    /// The bus names the process that connected. A program connects,
+    /// forks, and execs a granted binary, and its child asks on the shared
+    /// connection: the child is refused, and the log says why; the granted
+    /// program on a connection of its own is served (issue 29).
+    @Test func aChildAskingOnAGrantedProgramsBusConnectionIsRefused() throws {
+        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+        #expect(harness.sh("printf s3cret | \"$K\" set secure/token --keychain \"$KC\"").succeeded)
+        #expect(harness.sh("cp /usr/bin/sleep \"$R/granted-sleep\" && cp /usr/bin/secret-tool \"$R/granted-tool\"").succeeded)
+        #expect(harness.grant("secure", exe: harness.root + "/granted-sleep").succeeded)
+        #expect(harness.grant("secure", exe: harness.root + "/granted-tool").succeeded)
+        #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
+        try """
+            import os, sys, time
+            from jeepney import DBusAddress, new_method_call
+            from jeepney.io.blocking import open_dbus_connection
+            conn = open_dbus_connection(bus='SESSION')
+            os.set_inheritable(conn.sock.fileno(), True)
+            granted = sys.argv[1]
+            if os.fork() == 0:
+                parent = os.getppid()
+                while os.readlink('/proc/%d/exe' % parent) != granted:
+                    time.sleep(0.01)
+                service = DBusAddress('/org/freedesktop/secrets', bus_name='org.freedesktop.secrets',
+                                      interface='org.freedesktop.Secret.Service')
+                session = conn.send_and_get_reply(new_method_call(service, 'OpenSession', 'sv', ('plain', ('s', '')))).body[1]
+                item = DBusAddress('/org/freedesktop/secrets/collection/secure/token', bus_name='org.freedesktop.secrets',
+                                   interface='org.freedesktop.Secret.Item')
+                reply = conn.send_and_get_reply(new_method_call(item, 'GetSecret', 'o', (session,)))
+                print(reply.header.fields.get(4, 'no error'), b's3cret' in repr(reply.body).encode(), flush=True)
+                os._exit(0)
+            os.execv(granted, [granted, '2'])
+            """.write(toFile: harness.root + "/race.py", atomically: true, encoding: .utf8)
+        let raced = onBus("""
+            /usr/bin/python3 "$R/race.py" "$R/granted-sleep"
+            "$R/granted-tool" lookup keychainfs:group secure keychainfs:identifier token; echo
+            """)
+        #expect(raced.stdout == "org.freedesktop.DBus.Error.AccessDenied False\ns3cret\n", "\(raced)")
+        let log = harness.sh("\"$K\" log --keychain \"$KC\" --group secure").stdout
+        #expect(log.contains("denied secure/token") && log.contains("its bus connection is shared with pid"), "\(log)")
+        #expect(log.contains("exe=\(harness.root)/granted-tool"), "\(log)")
+    }
+
     /// Bad input is an error and changes nothing.
     @Test func unknownObjectsWrongSignaturesAndForeignSessionsAreErrors() {
         let bad = onBus("""

@@ -236,7 +236,8 @@ final class ServedKeychain: Sendable {
 
 extension ServedKeychain {
     /// Records an item request of a socket peer (lock, unlock and status are the device's own).
-    func audit(_ request: DeviceRequest, result: String, subject: AuditSubject?) {
+    /// `doubt`: why a program a rule names was refused all the same, when that was the reason.
+    func audit(_ request: DeviceRequest, result: String, subject: AuditSubject?, doubt: String? = nil) {
         guard let operation = request.auditOperation else { return }
         var group = request.group, identifier: String?, detail: String?
         switch request {
@@ -255,7 +256,7 @@ extension ServedKeychain {
             break
         }
         manager.localDevice.audit.record(AuditEvent(operation: operation, result: result, group: group,
-                                                    identifier: identifier, subject: subject, detail: detail))
+                                                    identifier: identifier, subject: subject, detail: detail ?? doubt))
     }
 
     /// The requests of a ``PasswordManager`` that is a client of this
@@ -343,12 +344,18 @@ extension ServedKeychain: SecretStore {
 
     func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
                  audit policy: AuditPolicy) -> DeviceReply {
+        // The program as it was read, for a denial's reason in the log.
+        var seen: ProgramIdentity?
         do throws(KeychainError) {
-            let reply = try answerItemRequest(request, program: program, subject: subject)
+            let reply = try answerItemRequest(request, program: {
+                seen = program()
+                return seen
+            }, subject: subject)
             if policy == .always { audit(request, result: "ok", subject: subject()) }
             return reply
         } catch {
-            audit(request, result: AuditEvent.result(of: error), subject: subject())
+            audit(request, result: AuditEvent.result(of: error), subject: subject(),
+                  doubt: error == .missingEntitlement ? seen?.doubt : nil)
             return .keychainError(error, error.description)
         }
     }
