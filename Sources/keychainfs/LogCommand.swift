@@ -54,10 +54,10 @@ struct LogCommand: ParsableCommand {
     }
 
     /// The service's verification of this user's log.
-    private func verifyReply(_ socketPath: String) throws -> (lines: Int, problems: [String]) {
+    private func verifyReply(_ socketPath: String) throws -> AuditLog.VerifyReport {
         switch DeviceClient.send(.verifyLog, to: socketPath) {
-        case .ok(let fields)? where !fields.isEmpty && Int(fields[0]) != nil:
-            return (Int(fields[0])!, Array(fields.dropFirst()))
+        case .ok(let fields)? where AuditLog.VerifyReport(fields: fields) != nil:
+            return AuditLog.VerifyReport(fields: fields)!
         case .keychainError(_, let message)?, .systemError(_, let message)?:
             throw fail(message)
         default:
@@ -65,12 +65,16 @@ struct LogCommand: ParsableCommand {
         }
     }
 
-    private func report(_ report: (lines: Int, problems: [String])) throws {
+    private func report(_ report: AuditLog.VerifyReport) throws {
         guard report.problems.isEmpty else {
             for problem in report.problems { printError("keychainfs: audit log: " + problem) }
             throw ExitStatus.failure
         }
         print("the audit log is intact: \(report.lines) lines")
+        // Rotation is no tampering, but what it took is said: how much, and until when.
+        if report.rotatedAway > 0 {
+            print("\(report.rotatedAway) older lines were rotated away, all before \(report.keptSince ?? "the oldest kept line")")
+        }
     }
 
     private func show(_ follower: LogFollower) throws {

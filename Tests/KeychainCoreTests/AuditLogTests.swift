@@ -136,10 +136,61 @@ import Testing
         let current = try lines(keychain), rotated = try lines(keychain, AuditLog.rotatedName)
         #expect(current.count + rotated.count < 40)  // older rotations are gone: the log is bounded
         #expect(AuditLine(parsing: current[0])?.value("prev") != nil)
-        #expect(try AuditLog.verify(directory: keychain.directory).problems == [])
+        let report = try AuditLog.verify(directory: keychain.directory)
+        #expect(report.problems == [])
+        // What rotation took is counted, and when it ended is said.
+        let oldest = try #require(AuditLine(parsing: rotated[0]))
+        #expect(report.rotatedAway == 40 - UInt64(current.count + rotated.count) && report.rotatedAway == oldest.sequence - 1)
+        #expect(report.keptSince == oldest.value("time"))
+        #expect(AuditLog.VerifyReport(fields: report.fields)?.rotatedAway == report.rotatedAway)
         // The rotated file's last line removed: the current file no longer continues it.
         write(keychain, Array(rotated.dropLast()), AuditLog.rotatedName)
         #expect(try AuditLog.verify(directory: keychain.directory).problems == ["audit.log line 1: does not continue audit.log.1"])
+    }
+
+    /// Identical denials in a row (the pid aside) are one line and a
+    /// count, written before the next line: a flood of them costs the log
+    /// two lines, and no denial before it is pushed out.
+    @Test func identicalDenialsAreCountedOnOneLine() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device()
+        for pid in 0..<10_000 {
+            var subject = Self.subject
+            subject.pid = Int32(pid)
+            device.audit.record(AuditEvent(operation: "read", result: "denied", group: "g", identifier: "i", subject: subject))
+        }
+        device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "i", subject: Self.subject))
+        device.shutDown()
+        let parsed = try lines(keychain).compactMap(AuditLine.init(parsing:))
+        #expect(parsed.map { $0.value("result") } == ["denied", "denied", "ok"])
+        #expect(parsed[0].value("pid") == "0" && parsed[1].value("pid") == "9999")
+        #expect(parsed[1].value("detail") == "and 9999 more like it")
+        #expect(try AuditLog.verify(directory: keychain.directory).problems == [])
+    }
+
+    /// 24,000 different denials of one program in a burst (the review's
+    /// flood, which rotated an earlier denial out of both files): past
+    /// its rate they are counted, the count is written, and the earlier
+    /// denial stays.
+    @Test func aFloodOfDenialsIsCountedAndRotatesNothingAway() throws {
+        let keychain = try TemporaryKeychain()
+        let device = try keychain.device()
+        let victim = AuditSubject(pid: 1, uid: 1000, executable: "/usr/bin/victim", unit: nil)
+        device.audit.record(AuditEvent(operation: "read", result: "denied", group: "secure", identifier: "first", subject: victim))
+        for index in 0..<24_000 {
+            device.audit.record(AuditEvent(operation: "read", result: "denied", group: "secure", identifier: "x\(index)",
+                                           subject: Self.subject))
+        }
+        device.shutDown()
+        let parsed = try lines(keychain).compactMap(AuditLine.init(parsing:))
+        #expect(parsed.first?.value("id") == "first" && parsed.first?.value("exe") == "/usr/bin/victim")
+        #expect(access(keychain.directory.path + "/" + AuditLog.rotatedName, F_OK) != 0)
+        let written = parsed.filter { $0.value("exe") == Self.subject.executable && $0.value("detail") == nil }.count
+        let summaries = parsed.filter { $0.value("detail")?.contains("more denials of this program") == true }
+        #expect(summaries.count == 1)
+        let counted = summaries.map { Int($0.value("detail")!.split(separator: " ")[1]) ?? -1 }.reduce(0, +)
+        #expect(written + counted == 24_000 && written < 1_000, "\(written) written, \(counted) counted")
+        #expect(try AuditLog.verify(directory: keychain.directory).problems == [])
     }
 
     @Test func aTamperedAnchorStopsTheBoot() throws {

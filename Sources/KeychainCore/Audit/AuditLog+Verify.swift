@@ -8,13 +8,14 @@ extension AuditLog {
     /// then the current one) and that it reaches the newest line the
     /// keychain recorded. Returns the lines checked and the problems found
     /// (none: intact). Needs the device secret, not the passcode.
-    public static func verify(directory: KeychainDirectory) throws(KeychainError) -> (lines: Int, problems: [String]) {
+    public static func verify(directory: KeychainDirectory) throws(KeychainError) -> VerifyReport {
         let secret = DeviceSecret(secret: try directory.readDeviceSecret())
         let anchor = try storedAnchor(directory: directory, secret: secret)
         let chainKey = Crypto.KeyedHash(key: secret.auditKey.pointer.assumingMemoryBound(to: UInt8.self))
         var problems: [String] = []
         var checked = 0
         var previous: (sequence: UInt64, mac: [UInt8])?
+        var oldest: AuditLine?
         for name in [rotatedName, fileName] {
             let path = directory.path + "/" + name
             let fd = open(path, O_RDONLY | O_CLOEXEC)
@@ -37,6 +38,7 @@ extension AuditLog {
                     continue
                 }
                 checked += 1
+                if oldest == nil { oldest = line }
                 var chainedFrom = previous
                 if index == 0 {
                     guard let prev = line.value("prev").flatMap({ Hex.bytes($0, count: Crypto.macSize) }) else {
@@ -65,7 +67,44 @@ extension AuditLog {
         if let anchor, anchor.sequence > (previous?.sequence ?? 0) {
             problems.append("the log ends at line \(previous?.sequence ?? 0), but the keychain recorded line \(anchor.sequence): its end was cut")
         }
-        return (checked, problems)
+        // Rotation drops the oldest file whole: what it held is counted
+        // by the sequence numbers, and ended where the oldest kept line starts.
+        return VerifyReport(lines: checked, problems: problems,
+                            rotatedAway: (oldest?.sequence ?? 1) - 1, keptSince: oldest?.value("time"))
+    }
+
+    /// What ``verify(directory:)`` found.
+    public struct VerifyReport: Sendable {
+        /// The lines checked.
+        public var lines: Int
+        /// Each problem found, in a sentence (none: intact).
+        public var problems: [String]
+        /// Lines rotated away before the oldest kept one (its sequence number less one).
+        public var rotatedAway: UInt64
+        /// The time of the oldest kept line (nil: no line).
+        public var keptSince: String?
+
+        public init(lines: Int, problems: [String], rotatedAway: UInt64, keptSince: String?) {
+            self.lines = lines
+            self.problems = problems
+            self.rotatedAway = rotatedAway
+            self.keptSince = keptSince
+        }
+
+        /// As the protocol's verifyLog reply carries it (docs/PROTOCOL.md).
+        public var fields: [String] { [String(lines), String(rotatedAway), keptSince ?? ""] + problems }
+
+        /// From a verifyLog reply's fields; a device that sends no rotation
+        /// figures (an older build) is read as having rotated nothing away.
+        public init?(fields: [String]) {
+            guard let lines = fields.first.flatMap({ Int($0) }) else { return nil }
+            if fields.count >= 3, let rotated = UInt64(fields[1]) {
+                self.init(lines: lines, problems: Array(fields.dropFirst(3)), rotatedAway: rotated,
+                          keptSince: fields[2].isEmpty ? nil : fields[2])
+            } else {
+                self.init(lines: lines, problems: Array(fields.dropFirst()), rotatedAway: 0, keptSince: nil)
+            }
+        }
     }
 
     static func storedAnchor(directory: KeychainDirectory, secret: DeviceSecret) throws(KeychainError) -> Anchor? {

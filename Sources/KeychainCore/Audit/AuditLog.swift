@@ -22,9 +22,16 @@ public final class AuditLog: Sendable {
     static let anchorKey = "audit"
     private static let macDomain = "kcfs-audit-v1"
     private static let anchorDomain = "kcfs-audit-anchor-v1"
-    /// A file past this size is rotated (by default).
-    public static let rotationSize = 4 << 20
+    /// A file past this size is rotated (by default): with `audit.log.1`,
+    /// the log keeps 32 to 64 MiB, some 150,000 lines at the least.
+    public static let rotationSize = 32 << 20
     private let rotationSize: Int
+    /// Denials one program (uid and executable) has written one by one at
+    /// once, and per second after that; past them they are counted, and
+    /// the count written as one line (issue 29: a flood of cheap denials
+    /// rotated an earlier denial out of both files).
+    static let denialBurst = 200.0
+    static let denialsPerSecond = 20.0
 
     private struct State {
         var fd: Int32
@@ -35,6 +42,86 @@ public final class AuditLog: Sendable {
         /// many to a second, and formatting the date was a tenth of a line.
         var second = -1
         var secondText: [UInt8] = []
+        var denials = DenialFolding()
+    }
+
+    /// What the log folds of denials: identical ones in a row (the pid
+    /// aside) become one line "… and N more"; a program past its rate
+    /// has the rest counted on one line.
+    struct DenialFolding {
+        /// The last line written, if it was a denial, without its pid.
+        var last: AuditEvent?
+        /// The latest denial identical to it, and how many came since it was written.
+        var latest: AuditEvent?
+        var repeats = 0
+        var buckets: [Program: (tokens: Double, at: Double)] = [:]
+        /// Per program past its rate: its latest denial, how many were
+        /// counted, and since when (the count is written every 10 s at most).
+        var suppressed: [Program: (event: AuditEvent, count: Int, since: Double)] = [:]
+
+        struct Program: Hashable {
+            var uid: UInt32?
+            var executable: String?
+        }
+
+        /// Whether `event` is to be written now (false: it was counted).
+        mutating func admit(_ event: AuditEvent, now: Double) -> Bool {
+            guard event.result == "denied" else { return true }
+            var key = event
+            key.subject?.pid = 0
+            if key == last {
+                repeats += 1
+                latest = event
+                return false
+            }
+            let program = Program(uid: event.subject?.uid, executable: event.subject?.executable)
+            var bucket = buckets[program] ?? (AuditLog.denialBurst, now)
+            bucket.tokens = min(AuditLog.denialBurst, bucket.tokens + (now - bucket.at) * AuditLog.denialsPerSecond)
+            bucket.at = now
+            guard bucket.tokens >= 1 else {
+                buckets[program] = bucket
+                var folded = suppressed[program] ?? (event, 0, now)
+                folded.event = event
+                folded.count += 1
+                suppressed[program] = folded
+                return false
+            }
+            bucket.tokens -= 1
+            // A full bucket is the default: forget it, so the table stays small.
+            buckets[program] = bucket.tokens >= AuditLog.denialBurst - 1 && buckets.count > 1024 ? nil : bucket
+            return true
+        }
+
+        /// The lines owed for what was counted, to be written before the
+        /// next line: the repeats of the last denial, and each program's
+        /// count past its rate once 10 s old (all of them when `all`).
+        mutating func owed(now: Double, all: Bool = false) -> [AuditEvent] {
+            var lines: [AuditEvent] = []
+            if repeats > 0, var event = latest {
+                event.detail = (event.detail.map { $0 + "; " } ?? "") + "and \(repeats) more like it"
+                lines.append(event)
+                repeats = 0
+            }
+            for (program, folded) in suppressed.sorted(by: { $0.value.since < $1.value.since })
+            where all || now - folded.since >= 10 {
+                var event = folded.event
+                event.detail = "and \(folded.count) more denials of this program, past \(Int(AuditLog.denialsPerSecond)) a second"
+                lines.append(event)
+                suppressed[program] = nil
+            }
+            return lines
+        }
+
+        /// `event` was written.
+        mutating func wrote(_ event: AuditEvent) {
+            guard event.result == "denied" else {
+                last = nil
+                return
+            }
+            var key = event
+            key.subject?.pid = 0
+            last = key
+        }
     }
     private let state: Mutex<State>
     /// The audit key, absorbed: used under `state`'s lock only (one thread at a time).
@@ -68,10 +155,35 @@ public final class AuditLog: Sendable {
 
     /// Appends one event. A failure to write is reported to the diagnostics
     /// log, not to the request (the access itself happened or was denied).
+    /// A denial may be folded into a count (``DenialFolding``), written
+    /// before the next line that is written, or by ``flush()``.
     public func record(_ event: AuditEvent) {
         // Built as bytes, escaping only what needs it, without an
         // intermediate String, and outside the lock: this runs for every
         // audited request (docs/BENCHMARKS.md, the audit log's cost).
+        let tail = Self.tail(of: event)
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        state.withLock { state in
+            let seconds = Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+            guard state.denials.admit(event, now: seconds) else { return }
+            for owed in state.denials.owed(now: seconds) { append(Self.tail(of: owed), at: now, to: &state) }
+            if append(tail, at: now, to: &state) { state.denials.wrote(event) }
+        }
+    }
+
+    /// Writes the counts of folded denials now (a clean stop, a lock).
+    public func flush() {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        state.withLock { state in
+            let seconds = Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+            for owed in state.denials.owed(now: seconds, all: true) { append(Self.tail(of: owed), at: now, to: &state) }
+            state.denials.wrote(AuditEvent(operation: "flush", result: "ok"))
+        }
+    }
+
+    private static func tail(of event: AuditEvent) -> LineBuilder {
         var tail = LineBuilder(capacity: 256)
         tail.field("op", event.operation)
         tail.field("result", event.result)
@@ -84,33 +196,36 @@ public final class AuditLog: Sendable {
             if let unit = subject.unit { tail.field("unit", unit) }
         }
         if let detail = event.detail { tail.field("detail", detail) }
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        state.withLock { state in
-            if state.size >= rotationSize { rotate(&state) }
-            var line = LineBuilder(capacity: tail.count + 200)
-            line.field("seq", state.sequence + 1)
-            if state.second != now.tv_sec {
-                state.second = now.tv_sec
-                state.secondText = LineBuilder.utcSecond(now.tv_sec)
-            }
-            line.timestamp("time", second: state.secondText, nanoseconds: now.tv_nsec)
-            if state.size == 0 { line.hexField("prev", state.mac) }
-            line.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
-            line.append(tail.bytes)
-            let mac = Self.chain(key: chainKey, previous: state.mac, body: line.bytes)
-            line.hexField("mac", mac)
-            line.append(UInt8(ascii: "\n"))
-            do throws(Errno) {
-                try Descriptor.writeAll(state.fd, line.bytes)
-            } catch {
-                Diagnostics.log("could not append to the audit log: \(error)")
-                return
-            }
-            state.size += line.count
-            state.sequence += 1
-            state.mac = mac
+        return tail
+    }
+
+    /// Appends one line of `tail`'s fields, chained; whether it was written.
+    @discardableResult
+    private func append(_ tail: borrowing LineBuilder, at now: timespec, to state: inout State) -> Bool {
+        if state.size >= rotationSize { rotate(&state) }
+        var line = LineBuilder(capacity: tail.count + 200)
+        line.field("seq", state.sequence + 1)
+        if state.second != now.tv_sec {
+            state.second = now.tv_sec
+            state.secondText = LineBuilder.utcSecond(now.tv_sec)
         }
+        line.timestamp("time", second: state.secondText, nanoseconds: now.tv_nsec)
+        if state.size == 0 { line.hexField("prev", state.mac) }
+        line.append(UInt8(ascii: "\t"))  // `tail` starts with its first field
+        line.append(tail.bytes)
+        let mac = Self.chain(key: chainKey, previous: state.mac, body: line.bytes)
+        line.hexField("mac", mac)
+        line.append(UInt8(ascii: "\n"))
+        do throws(Errno) {
+            try Descriptor.writeAll(state.fd, line.bytes)
+        } catch {
+            Diagnostics.log("could not append to the audit log: \(error)")
+            return false
+        }
+        state.size += line.count
+        state.sequence += 1
+        state.mac = mac
+        return true
     }
 
     private func rotate(_ state: inout State) {

@@ -223,6 +223,8 @@ public final class Device: Sendable {
     /// Keeps the audit log's newest line in the keychain, so that a log cut
     /// short of it is detected (``AuditLog/verify(directory:)``).
     func saveAuditAnchor() {
+        // Denials counted but not yet written are written first: the anchor covers them.
+        audit.flush()
         do throws(KeychainError) {
             try store.setMetadata(AuditLog.anchorKey, audit.head.encoded(secret: secret))
         } catch {

@@ -199,7 +199,7 @@ final class ServedKeychain: Sendable {
         case .verifyLog:
             do {
                 let report = try AuditLog.verify(directory: manager.localDevice.directory)
-                return .ok([String(report.lines)] + report.problems)
+                return .ok(report.fields)
             } catch {
                 return .systemError(EIO, "cannot verify the audit log: \(error)")
             }
