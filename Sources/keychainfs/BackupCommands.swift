@@ -211,6 +211,7 @@ struct RestoreCommand: ParsableCommand {
             case .keychainError(.missingEntitlement, _)?:
                 throw fail(explain(.missingEntitlement, file: path), status: ExitStatus.denied)
             case .keychainError(.duplicateItem, let message)?: throw fail(message)
+            case .keychainError(.quotaExceeded, let message)?: throw fail(message)
             case .keychainError(let error, _)?: throw fail(explain(error, file: path), status: ExitStatus.of(error))
             case .value?:
                 throw fail("unexpected reply from the device (a device of another keychainfs build?)")

@@ -35,6 +35,15 @@ struct ServiceCommand: ParsableCommand {
     @Option(name: .customLong("mounts-per-user"), help: "How many mounts one user may have at once.")
     var mountsPerUser = ServiceLimits().mountsPerUser
 
+    @Option(name: .customLong("items-per-user"), help: "How many items one user's keychain may hold.")
+    var itemsPerUser = ServiceLimits().quota.items
+
+    @Option(name: .customLong("bytes-per-user"), help: "How many bytes of values and details one user's keychain may hold.")
+    var bytesPerUser = ServiceLimits().quota.bytes
+
+    @Option(name: .customLong("restore-bytes-per-user"), help: "The largest backup file one user may restore.")
+    var restoreBytesPerUser = ServiceLimits().restoreBytes
+
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
@@ -67,7 +76,9 @@ struct ServiceCommand: ParsableCommand {
             printError("keychainfs: without CAP_SYS_PTRACE the service cannot identify callers of other users: "
                        + "every caller of a policed group is refused")
         }
-        let limits = ServiceLimits(connectionsPerUser: connectionsPerUser, mountsPerUser: mountsPerUser)
+        let limits = ServiceLimits(connectionsPerUser: connectionsPerUser, mountsPerUser: mountsPerUser,
+                                   quota: StoreQuota(items: itemsPerUser, bytes: bytesPerUser),
+                                   restoreBytes: restoreBytesPerUser)
         let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket, limits: limits)
         throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
     }

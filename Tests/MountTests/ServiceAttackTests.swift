@@ -207,4 +207,32 @@ import TestSupport
             #expect(access(directory + "/socket", F_OK) != 0)
         }
     }
+
+    /// One user's keychain in the service holds at most so many items and
+    /// bytes, and restores a backup of at most so many bytes: reaching a
+    /// limit says so, keeps every old value, and frees up as items go.
+    @Test func eachUsersQuotaSaysSoWhenReached() throws {
+        let service = try ServiceHarness(options: ["--items-per-user", "3", "--bytes-per-user", "4096",
+                                                   "--restore-bytes-per-user", "2000"])
+        let (harness, mnt) = try ServiceModeTests.userOfAService(service)  // default/token
+        #expect(harness.sh("printf a | \"$K\" set default/a && printf b | \"$K\" set default/b").succeeded)
+        let fourth = harness.sh("printf c | \"$K\" set default/c")
+        #expect(fourth.status == 1 && fourth.stderr.contains("may hold 3 items") && fourth.stderr.contains("it holds 3 items"),
+                "\(fourth)")
+        let through = harness.sh("printf d > \"$1/default/d\"", arguments: [mnt])
+        #expect(!through.succeeded && through.stderr.contains("Disk quota exceeded"), "\(through)")
+        // Replacing needs no room; the old values are all there.
+        #expect(harness.sh("printf A | \"$K\" set default/a").succeeded)
+        #expect(harness.sh("cat \"$1/default/a\" \"$1/default/b\" \"$1/default/token\"", arguments: [mnt]).stdout == "Abs3cret")
+        #expect(harness.sh("\"$K\" get default/c").status == 2)
+        // Bytes: a value that would take the keychain past 4096 bytes.
+        #expect(harness.sh("rm \"$1/default/b\"", arguments: [mnt]).succeeded)
+        let big = harness.sh("head -c 5000 /dev/zero | \"$K\" set default/big")
+        #expect(big.status == 1 && big.stderr.contains("4.0 MiB") == false && big.stderr.contains("may hold"), "\(big)")
+        #expect(harness.sh("printf c | \"$K\" set default/c").succeeded, "room again once an item went")
+        // A restore larger than the limit is refused before it is read.
+        let restore = harness.sh("head -c 3000 /dev/urandom > \"$R/big.kcbak\" && \"$K\" restore \"$R/big.kcbak\"",
+                                 stdin: "pw\n")
+        #expect(restore.status != 0 && restore.stderr.contains("restore a backup of 0.0 MiB at most"), "\(restore)")
+    }
 }

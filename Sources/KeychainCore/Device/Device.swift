@@ -233,6 +233,15 @@ public final class Device: Sendable {
     }
 
     /// Makes every acknowledged write durable against power loss.
+    /// Holds the keychain to `quota` from now on (the service's share of
+    /// one user): writes past it are ``KeychainError/quotaExceeded``.
+    public func setQuota(_ quota: StoreQuota) throws(KeychainError) {
+        try store.setQuota(quota)
+    }
+
+    /// What the keychain uses of its quota (nil: it has none).
+    public var quotaUse: (items: Int, bytes: Int)? { store.quotaUse.map { ($0.items, $0.bytes) } }
+
     public func sync() throws(KeychainError) {
         try store.sync()
     }

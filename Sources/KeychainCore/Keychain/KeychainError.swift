@@ -33,6 +33,9 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
     public static let duplicateKeychain = KeychainError(rawValue: -25296)
     /// No keychain is available: no keychainfs service answers (errSecNotAvailable).
     public static let notAvailable = KeychainError(rawValue: -25291)
+    /// The keychain holds as many items, or bytes, as its quota allows: the
+    /// service's share of one user (errSecDskFull, "the disk is full").
+    public static let quotaExceeded = KeychainError(rawValue: -34)
 
     /// The calling program is not entitled to the item's access group
     /// (errSecMissingEntitlement, as Security.framework reports an app
@@ -69,6 +72,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .notAvailable: return "no keychainfs service answers"
         case .keychainInUse: return "another process holds this keychain's keys"
         case .insecurePermissions: return "the keychain's files are owned or readable by someone else"
+        case .quotaExceeded: return "the keychain holds as many items or bytes as its quota allows; remove some first"
         default: return "keychain error \(rawValue)"
         }
     }

@@ -276,8 +276,12 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
     /// Copies `file` (named `name` in messages) into `directory`, checking
     /// first, as ``BackupFile/load(from:name:)`` does, that it is a regular
     /// file of at most ``BackupFile/maximumFileSize`` bytes that begins as a
-    /// backup; the copy stops at that bound even if the file grows.
-    public init(of file: Int32, name: String, in directory: String) throws(KeychainError) {
+    /// backup; the copy stops at that bound even if the file grows. With
+    /// `limit` (the service's restore size per user), a file past it is
+    /// ``KeychainError/quotaExceeded``.
+    public init(of file: Int32, name: String, in directory: String, limit: Int? = nil) throws(KeychainError) {
+        var info = stat()
+        if let limit, fstat(file, &info) == 0, Int(info.st_size) > limit { throw .quotaExceeded }
         let head = try BackupFile.readHead(of: file, name: name)
         // glibc's O_TMPFILE (__O_TMPFILE | O_DIRECTORY), declared only with _GNU_SOURCE.
         let temporaryFile: Int32 = 0o20_200_000
@@ -293,6 +297,7 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
                 total += read
                 // It grew past the bound after fstat: refused all the same.
                 guard total <= BackupFile.maximumFileSize else { throw Errno.fileTooLarge }
+                guard total <= limit ?? Int.max else { throw Errno(EDQUOT) }
                 try buffer.withBytes { (raw) throws(Errno) in
                     try Descriptor.writeAll(copy, UnsafeRawBufferPointer(rebasing: raw[..<read]))
                 }
@@ -300,6 +305,7 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
         } catch {
             close(copy)
             if error == .fileTooLarge { throw .valueTooLarge }
+            if error.rawValue == EDQUOT { throw .quotaExceeded }
             throw fileFailure("copy", name, errno: error.rawValue)
         }
         fd = copy

@@ -53,6 +53,16 @@ final class ItemStore: Sendable {
     private let state: ItemSetState
     /// What this device knows of its rows (``KnownRows``).
     private let known = Mutex(KnownRows())
+    /// The quota and what the items use of it (nil: no quota, nothing counted).
+    private let quota = Mutex<QuotaState?>(nil)
+
+    private struct QuotaState {
+        let limit: StoreQuota
+        var items: Int
+        var bytes: Int
+        /// The use a transaction under way proposes; made current once it commits.
+        var pending: (items: Int, bytes: Int)?
+    }
 
     /// The generation of every row as this device last wrote it (or found it
     /// at boot, verified): a row replaced behind the running device's back
@@ -169,7 +179,56 @@ final class ItemStore: Sendable {
     private func withConnection<R: Sendable>(_ body: (SQLiteConnection) throws(KeychainError) -> R) throws(KeychainError) -> R {
         try connection.withLock { (db: inout SQLiteConnection) throws(KeychainError) -> R in
             defer { db.finishStatements() }
-            return try body(db)
+            do throws(KeychainError) {
+                let result = try body(db)
+                settleQuota(committed: true)
+                return result
+            } catch {
+                settleQuota(committed: false)
+                throw error
+            }
+        }
+    }
+
+    // MARK: Quota
+
+    /// Holds the items to `limit` from now on (the service's share of one
+    /// user): a change that would take them past it is refused with
+    /// ``KeychainError/quotaExceeded``; one that frees room always passes.
+    func setQuota(_ limit: StoreQuota) throws(KeychainError) {
+        try withConnection { db throws(KeychainError) in
+            let use = try db.statement("SELECT count(*), COALESCE(SUM(LENGTH(sealed) + COALESCE(LENGTH(details), 0)), 0) FROM items")
+            guard try use.step() else { throw .io }
+            quota.withLock { $0 = QuotaState(limit: limit, items: Int(use.int64(0)), bytes: Int(use.int64(1))) }
+        }
+    }
+
+    /// What the items use of their quota (nil: none is set).
+    var quotaUse: (items: Int, bytes: Int, limit: StoreQuota)? {
+        quota.withLock { $0.map { ($0.items, $0.bytes, $0.limit) } }
+    }
+
+    /// Checks a change of rows against the quota, inside its transaction.
+    private func proposeUse(removing old: [SealedItem], adding new: [SealedItem]) throws(KeychainError) {
+        func bytes(_ rows: [SealedItem]) -> Int { rows.reduce(0) { $0 + $1.sealed.count + ($1.details?.count ?? 0) } }
+        try quota.withLock { (state) throws(KeychainError) in
+            guard var current = state else { return }
+            let base = current.pending ?? (current.items, current.bytes)
+            let items = base.items - old.count + new.count, size = base.bytes - bytes(old) + bytes(new)
+            if (items > current.limit.items && items > base.items) || (size > current.limit.bytes && size > base.bytes) {
+                throw .quotaExceeded
+            }
+            current.pending = (items, size)
+            state = current
+        }
+    }
+
+    private func settleQuota(committed: Bool) {
+        quota.withLock { state in
+            guard var current = state, let pending = current.pending else { return }
+            if committed { (current.items, current.bytes) = pending }
+            current.pending = nil
+            state = current
         }
     }
 
@@ -402,6 +461,7 @@ final class ItemStore: Sendable {
     /// XORs rows out of and into the state and stores it, inside the caller's transaction.
     private func saveState(_ db: SQLiteConnection, _ record: inout ItemSetState.Record,
                            removing old: [SealedItem], adding new: [SealedItem]) throws(KeychainError) {
+        try proposeUse(removing: old, adding: new)
         for row in old + new { ItemSetState.xor(&record.digest, state.rowDigest(row)) }
         try db.statement("UPDATE meta SET value = ? WHERE key = ?")
             .bind(1, state.sealed(record)).bind(2, ItemSetState.recordKey).run()

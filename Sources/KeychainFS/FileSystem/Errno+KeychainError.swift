@@ -19,6 +19,8 @@ extension Errno {
         // Only removing a group that still holds items is a bad request.
         case .badRequest: self = .notEmpty
         case .keychainInUse: self = .busy
+        // write(2)'s word for a quota (POSIX): the old value stays.
+        case .quotaExceeded: self = Errno(EDQUOT)
         default: self = .ioError
         }
     }

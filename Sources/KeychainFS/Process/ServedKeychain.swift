@@ -33,6 +33,13 @@ final class ServedKeychain: Sendable {
         }
         self.owner = owner
         self.serviceLimits = serviceLimits
+        if let quota = serviceLimits?.quota {
+            do throws(KeychainError) {
+                try manager.localDevice.setQuota(quota)
+            } catch {
+                throw MountError(keychain.sentence(for: error))
+            }
+        }
         self.mountEnded = mountEnded
     }
 
@@ -158,7 +165,7 @@ final class ServedKeychain: Sendable {
                 try manager.localDevice.changePasscode(from: old, to: new)
                 return .ok([])
             } catch {
-                return .keychainError(error, error.description)
+                return .keychainError(error, sentence(for: error))
             }
         case .backup(let path, let password, let policedGroups, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
@@ -168,12 +175,13 @@ final class ServedKeychain: Sendable {
                 try BackupFile.write(backup.bytes, to: file, name: path)
                 return .ok([String(backup.count)])
             } catch {
-                return .keychainError(error, error.description)
+                return .keychainError(error, sentence(for: error))
             }
         case .restore(let path, let password, let policy, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
             do throws(KeychainError) {
-                let copy = try BackupFileCopy(of: file, name: path, in: manager.localDevice.directory.path)
+                let copy = try BackupFileCopy(of: file, name: path, in: manager.localDevice.directory.path,
+                                              limit: serviceLimits?.restoreBytes)
                 let summary = try manager.restore(copy, password: password,
                                                   policy: policy, passcode: passcode, by: subject())
                 guard summary.applied else {
@@ -181,7 +189,7 @@ final class ServedKeychain: Sendable {
                 }
                 return .ok([summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init))
             } catch {
-                return .keychainError(error, error.description)
+                return .keychainError(error, sentence(for: error))
             }
         case .grant, .revoke, .policy:
             // The service's account opens no path on a user's word: it could
@@ -228,13 +236,27 @@ final class ServedKeychain: Sendable {
                 return reply
             } catch {
                 audit(request, result: AuditEvent.result(of: error), subject: subject())
-                return .keychainError(error, error.description)
+                return .keychainError(error, sentence(for: error))
             }
         }
     }
 }
 
 extension ServedKeychain {
+    /// A core error in a sentence for the keychain's user: a quota says
+    /// what it is and what is used of it.
+    func sentence(for error: KeychainError) -> String {
+        guard error == .quotaExceeded, let limits = serviceLimits else { return error.description }
+        let use = manager.localDevice.quotaUse
+        let mebibytes = { (bytes: Int) -> String in
+            let tenths = bytes * 10 / (1 << 20)
+            return "\(tenths / 10).\(tenths % 10)"
+        }
+        return "your keychain in the service may hold \(limits.quota.items) items and \(mebibytes(limits.quota.bytes)) MiB "
+            + "(it holds \(use?.items ?? 0) items, \(mebibytes(use?.bytes ?? 0)) MiB), and restore a backup of "
+            + "\(mebibytes(limits.restoreBytes)) MiB at most: remove some items first, or restore a smaller backup"
+    }
+
     /// Records an item request of a socket peer (lock, unlock and status are the device's own).
     /// `doubt`: why a program a rule names was refused all the same, when that was the reason.
     func audit(_ request: DeviceRequest, result: String, subject: AuditSubject?, doubt: String? = nil) {
@@ -356,7 +378,7 @@ extension ServedKeychain: SecretStore {
         } catch {
             audit(request, result: AuditEvent.result(of: error), subject: subject(),
                   doubt: error == .missingEntitlement ? seen?.doubt : nil)
-            return .keychainError(error, error.description)
+            return .keychainError(error, sentence(for: error))
         }
     }
 }
