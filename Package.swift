@@ -35,7 +35,7 @@ let package = Package(
         // Fuzz targets for the parsers of untrusted bytes: a libFuzzer
         // harness when built by scripts/fuzz, a replayer of inputs otherwise.
         // Debug builds only (it reaches internals through @testable).
-        .executableTarget(name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS"]),
+        .executableTarget(name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS", "CFuse"]),
         // What the test targets share: the mount harness (a keychain, its
         // device and mounts, torn down whatever happens), fixtures, memory scans.
         .target(name: "TestSupport", dependencies: ["KeychainCore"], path: "Tests/Support"),

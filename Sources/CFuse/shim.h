@@ -1,24 +1,12 @@
 #ifndef CFUSE_SHIM_H
 #define CFUSE_SHIM_H
-// 3.12: below it, fuse_session_loop_mt is the 3.2 entry point, which reads
-// the config as the old two-field struct: our fuse_loop_cfg_create() object
-// then means clone_fd on and max_idle_threads 0, i.e. a new worker thread
-// for every request (thousands per `ls -l`).
+// 3.12, the API of the installed libfuse (3.14). The multi-threaded loop is
+// our own (FuseSessionLoop.swift), over fuse_session_receive_buf and
+// fuse_session_process_buf, so that each request is checked before libfuse
+// parses it.
 #define FUSE_USE_VERSION 312
 #include <fuse3/fuse_lowlevel.h>
 #include <stddef.h>
-
-// fuse_session_loop_mt takes a config object that only has constructor
-// functions: wrap the calls in one. The defaults are kept on purpose: up to
-// 10 workers, idle ones never destroyed (a limit on idle threads makes
-// libfuse create and destroy threads under ordinary load).
-static inline int CFuse_session_loop_mt(struct fuse_session *se) {
-    struct fuse_loop_config *config = fuse_loop_cfg_create();
-    if (config == NULL) return -1;
-    int result = fuse_session_loop_mt(se, config);
-    fuse_loop_cfg_destroy(config);
-    return result;
-}
 
 // The capability flags are macros Swift imports, but as Int32; keep the
 // wanted set in C where the types match conn->want.

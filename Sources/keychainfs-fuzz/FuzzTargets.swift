@@ -4,6 +4,7 @@ import Glibc
 // @testable needs modules compiled for testing: debug builds only. A
 // release build of the whole package (the manual plugin does one) gets a stub.
 #if DEBUG
+internal import CFuse
 @testable import KeychainCore
 @testable import KeychainFS
 
@@ -33,6 +34,10 @@ enum FuzzTarget: String, CaseIterable {
     case otpauth
     /// An item's details as stored, sent in a request and carried in a backup.
     case details
+    /// A request on a FUSE connection: what a forged connection could send
+    /// (issue 29), through the path the device serves a mount by: the
+    /// check, then libfuse, then the filesystem.
+    case fuserequest
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -47,6 +52,7 @@ enum FuzzTarget: String, CaseIterable {
         case .backup: backup(input)
         case .otpauth: otpauth(input)
         case .details: details(input)
+        case .fuserequest: fuseRequest(input)
         }
     }
 
@@ -179,6 +185,66 @@ enum FuzzTarget: String, CaseIterable {
 
     private func check(_ condition: Bool, _ property: StaticString) {
         if !condition { fatalError("\(rawValue): \(property)") }
+    }
+}
+
+extension FuzzTarget {
+    /// A session of the device's operations over a filesystem of a keychain
+    /// made for the run, whose replies go to /dev/null; INIT already done.
+    private nonisolated(unsafe) static let fuseSession: OpaquePointer = {
+        var template = Array("/tmp/kcfs-fuzz-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { fatalError("mkdtemp") }
+        let directory = KeychainDirectory(path: String(cString: made) + "/keychain")
+        do {
+            try Device.createKeychain(at: directory, passcode: nil)
+            let fileSystem = try FileSystem(manager: PasswordManager(device: try Device(directory: directory)), nodes: NodeTable())
+            var ops = FuseOperations.table()
+            var arguments = [strdup("keychainfs")]
+            defer { arguments.forEach { free($0) } }
+            let session = arguments.withUnsafeMutableBufferPointer { argv -> OpaquePointer? in
+                var args = fuse_args(argc: 1, argv: argv.baseAddress, allocated: 0)
+                return fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size,
+                                        Unmanaged.passRetained(fileSystem).toOpaque())
+            }
+            let sink = open("/dev/null", O_WRONLY)
+            guard let session, fuse_session_mount(session, "/dev/fd/\(sink)") == 0 else { fatalError("no session") }
+            // FUSE_INIT, protocol 7.31, as the kernel sends it.
+            var initRequest = [UInt8](repeating: 0, count: 40 + 64)
+            initRequest.withUnsafeMutableBytes { raw in
+                raw.storeBytes(of: UInt32(104), toByteOffset: 0, as: UInt32.self)
+                raw.storeBytes(of: UInt32(26), toByteOffset: 4, as: UInt32.self)
+                raw.storeBytes(of: UInt32(7), toByteOffset: 40, as: UInt32.self)
+                raw.storeBytes(of: UInt32(31), toByteOffset: 44, as: UInt32.self)
+            }
+            process(initRequest, in: session)
+            return session
+        } catch {
+            fatalError("cannot make the fuzzing keychain: \(error)")
+        }
+    }()
+
+    private static func process(_ bytes: [UInt8], in session: OpaquePointer) {
+        var copy = bytes
+        copy.withUnsafeMutableBytes { raw in
+            var buffer = fuse_buf()
+            buffer.mem = raw.baseAddress
+            buffer.size = raw.count
+            fuse_session_process_buf(session, &buffer)
+        }
+    }
+
+    func fuseRequest(_ input: UnsafeRawBufferPointer) {
+        let session = Self.fuseSession
+        // A request with its header's length set to what came: the check's
+        // first rule would refuse most inputs otherwise, and leave the rest untried.
+        var request = Array(input)
+        if request.count >= 4 {
+            request.withUnsafeMutableBytes { $0.storeBytes(of: UInt32(truncatingIfNeeded: input.count), toByteOffset: 0, as: UInt32.self) }
+        }
+        if request.withUnsafeBytes({ FuseRequestCheck.problem(in: $0) }) == nil {
+            check(request.count >= FuseRequestCheck.headerSize, "passed a request shorter than its header")
+            Self.process(request, in: session)
+        }
     }
 }
 #endif

@@ -66,7 +66,7 @@ public final class FuseMount: Sendable {
     }
 
     private func serve() {
-        _ = CFuse_session_loop_mt(session.raw)
+        FuseSessionLoop(session: session.raw).run()
         fileSystem.nodes.unregister(fileSystem.kernelCache)
         session.tearDown()
     }
