@@ -190,7 +190,8 @@ enum FuzzTarget: String, CaseIterable {
 
 extension FuzzTarget {
     /// A session of the device's operations over a filesystem of a keychain
-    /// made for the run, whose replies go to /dev/null; INIT already done.
+    /// made for the run; its replies come back on the other end of a
+    /// socket pair (`fuseReplies`), one message each. INIT already done.
     private nonisolated(unsafe) static let fuseSession: OpaquePointer = {
         var template = Array("/tmp/kcfs-fuzz-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { fatalError("mkdtemp") }
@@ -206,30 +207,54 @@ extension FuzzTarget {
                 return fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size,
                                         Unmanaged.passRetained(fileSystem).toOpaque())
             }
-            let sink = open("/dev/null", O_WRONLY)
-            guard let session, fuse_session_mount(session, "/dev/fd/\(sink)") == 0 else { fatalError("no session") }
+            guard let session, fuse_session_mount(session, "/dev/fd/\(fuseEnds[0])") == 0 else { fatalError("no session") }
             // FUSE_INIT, protocol 7.31, as the kernel sends it.
-            var initRequest = [UInt8](repeating: 0, count: 40 + 64)
-            initRequest.withUnsafeMutableBytes { raw in
-                raw.storeBytes(of: UInt32(104), toByteOffset: 0, as: UInt32.self)
-                raw.storeBytes(of: UInt32(26), toByteOffset: 4, as: UInt32.self)
-                raw.storeBytes(of: UInt32(7), toByteOffset: 40, as: UInt32.self)
-                raw.storeBytes(of: UInt32(31), toByteOffset: 44, as: UInt32.self)
+            var initArgument = [UInt8](repeating: 0, count: 64)
+            initArgument.withUnsafeMutableBytes { raw in
+                raw.storeBytes(of: UInt32(7), toByteOffset: 0, as: UInt32.self)
+                raw.storeBytes(of: UInt32(31), toByteOffset: 4, as: UInt32.self)
             }
-            process(initRequest, in: session)
+            answered(kernelRequest(26, node: 0, initArgument), in: session)
             return session
         } catch {
             fatalError("cannot make the fuzzing keychain: \(error)")
         }
     }()
 
-    private static func process(_ bytes: [UInt8], in session: OpaquePointer) {
+    /// The session's connection (0) and the kernel's end of it (1).
+    private static let fuseEnds: [Int32] = {
+        var ends: [Int32] = [0, 0]
+        guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &ends) == 0 else { fatalError("socketpair") }
+        return ends
+    }()
+
+    private static func kernelRequest(_ opcode: UInt32, node: UInt64, _ argument: [UInt8]) -> [UInt8] {
+        var request = [UInt8](repeating: 0, count: 40) + argument
+        request.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: UInt32(raw.count), toByteOffset: 0, as: UInt32.self)
+            raw.storeBytes(of: opcode, toByteOffset: 4, as: UInt32.self)
+            raw.storeBytes(of: UInt64(1 << 62), toByteOffset: 8, as: UInt64.self)
+            raw.storeBytes(of: node, toByteOffset: 16, as: UInt64.self)
+        }
+        return request
+    }
+
+    /// Processes one request and reads every reply it caused (notifications too).
+    @discardableResult
+    private static func answered(_ bytes: [UInt8], in session: OpaquePointer) -> [[UInt8]] {
         var copy = bytes
         copy.withUnsafeMutableBytes { raw in
             var buffer = fuse_buf()
             buffer.mem = raw.baseAddress
             buffer.size = raw.count
             fuse_session_process_buf(session, &buffer)
+        }
+        var replies: [[UInt8]] = []
+        var reply = [UInt8](repeating: 0, count: 1 << 17)
+        while true {
+            let count = reply.withUnsafeMutableBytes { recv(fuseEnds[1], $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            guard count > 0 else { return replies }
+            replies.append(Array(reply[..<count]))
         }
     }
 
@@ -241,9 +266,36 @@ extension FuzzTarget {
         if request.count >= 4 {
             request.withUnsafeMutableBytes { $0.storeBytes(of: UInt32(truncatingIfNeeded: input.count), toByteOffset: 0, as: UInt32.self) }
         }
-        if request.withUnsafeBytes({ FuseRequestCheck.problem(in: $0) }) == nil {
-            check(request.count >= FuseRequestCheck.headerSize, "passed a request shorter than its header")
-            Self.process(request, in: session)
+        guard request.withUnsafeBytes({ FuseRequestCheck.problem(in: $0) }) == nil else { return }
+        check(request.count >= FuseRequestCheck.headerSize, "passed a request shorter than its header")
+        let opcode = request.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self) }
+        let node = request.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 16, as: UInt64.self) }
+        // What the kernel does after a reply: release what an open handed
+        // out, forget what a lookup or create made known. Without it every
+        // input would leak (the kernel never does), and the run would end out of memory.
+        for reply in Self.answered(request, in: session) where reply.count >= 16 {
+            let error = reply.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 4, as: Int32.self) }
+            guard error == 0 else { continue }
+            func field(_ offset: Int) -> UInt64 {
+                reply.count >= offset + 8 ? reply.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: UInt64.self) } : 0
+            }
+            func release(_ releaseOpcode: UInt32, node: UInt64, handle: UInt64) {
+                Self.answered(Self.kernelRequest(releaseOpcode, node: node, withUnsafeBytes(of: handle, Array.init)
+                                                    + [UInt8](repeating: 0, count: 16)), in: session)
+            }
+            func forget(_ entry: UInt64) {
+                guard entry != 0 else { return }
+                Self.answered(Self.kernelRequest(2, node: entry, withUnsafeBytes(of: UInt64(1), Array.init)), in: session)
+            }
+            switch opcode {
+            case 14: release(18, node: node, handle: field(16))  // OPEN: fuse_open_out.fh
+            case 27: release(29, node: node, handle: field(16))  // OPENDIR
+            case 35:  // CREATE: fuse_entry_out (128 bytes), then fuse_open_out
+                forget(field(16))
+                release(18, node: field(16), handle: field(16 + 128))
+            case 1, 9: forget(field(16))  // LOOKUP, MKDIR: fuse_entry_out.nodeid
+            default: break
+            }
         }
     }
 }
