@@ -61,20 +61,29 @@ import TestSupport
         #expect(socket.contains("ListenStream=\(ServicePaths.defaultSocket)\n"))
     }
 
+    /// A datagram socket at `path`, as systemd's `$NOTIFY_SOCKET` is.
+    static func notifySocket(at path: String) throws -> Int32 {
+        let listener = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0 else {
+            close(listener)
+            throw HarnessError("cannot bind \(path)")
+        }
+        return listener
+    }
+
     /// `Type=notify`: the device says READY=1 once the mount answers, and
     /// SIGTERM (systemctl stop) unmounts and exits cleanly.
     @Test func theDeviceNotifiesSystemdAndStopsOnSigterm() throws {
         let harness = try MountHarness()
         let socketPath = harness.root + "/notify"
-        let listener = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        let listener = try Self.notifySocket(at: socketPath)
         defer { close(listener) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(socketPath.utf8)) }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        #expect(bound == 0)
 
         let pid = try harness.mountForeground(environment: ["NOTIFY_SOCKET=" + socketPath])
         // The ready pipe said "ok"; the notification was sent before it.
@@ -95,15 +104,8 @@ import TestSupport
     @Test func theServiceTellsTheWatchdogItIsAlive() throws {
         let service = try ServiceHarness(started: false)
         let socketPath = service.root + "/notify"
-        let listener = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        let listener = try Self.notifySocket(at: socketPath)
         defer { close(listener) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(socketPath.utf8)) }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        try #require(bound == 0)
         // The service sends as its own account, as under systemd.
         chmod(socketPath, 0o666)
         var wait = timeval(tv_sec: 2, tv_usec: 0)

@@ -109,6 +109,22 @@ import TestSupport
         }
     }
 
+    /// Runs the attack program's flood (`connections` idle ones held
+    /// `holding` seconds, and a slow sender) as `attacker`, and `during`
+    /// once the connections are in place; returns the flood's report.
+    static func flood(_ service: ServiceHarness, from attacker: MountHarness, connections: Int, holding: Int,
+                      during: () -> Void) throws -> ShellResult {
+        let attack = try attackProgram(attacker)
+        let ready = attacker.root + "/flood-ready"
+        let flood = Thread.detachedResult {
+            attacker.sh("/usr/bin/python3 \"$1\" flood \"$2\" \"$3\" \"$4\" \"$5\"",
+                        arguments: [attack, service.socket, String(connections), String(holding), ready])
+        }
+        #expect(eventually(within: 25) { access(ready, F_OK) == 0 }, "the flood never got its connections")
+        during()
+        return flood.value()
+    }
+
     /// One user floods the service: 1,100 idle connections, a request sent
     /// a byte every 2.5 s, then 1,000 attach attempts. Another user is
     /// served throughout; the flooder gets at most their share of
@@ -122,13 +138,9 @@ import TestSupport
         // The attacker's keychain is opened (its files stay open) by a first request.
         _ = attacker.sh("\"$K\" ls")
         let before = Self.footprint(service.pid)
-        let ready = attacker.root + "/flood-ready"
-        let flood = Thread.detachedResult {
-            attacker.sh("/usr/bin/python3 \"$1\" flood \"$2\" 1100 7 \"$3\"", arguments: [attack, service.socket, ready])
+        let flooded = try Self.flood(service, from: attacker, connections: 1100, holding: 7) {
+            for _ in 0..<3 { Self.expectServed(victim, mnt, while: "1,100 idle connections") }
         }
-        #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the flood never got its connections")
-        for _ in 0..<3 { Self.expectServed(victim, mnt, while: "1,100 idle connections") }
-        let flooded = flood.value()
         // "connected N refused N cut N slow SECONDS"
         let figures = flooded.stdout.split(whereSeparator: \.isWhitespace)
         #expect(figures.count == 8 && figures[1] == "1100", "\(flooded)")
@@ -155,14 +167,9 @@ import TestSupport
         let service = try ServiceHarness(options: ["--connections-per-user", "100000"], descriptorLimit: 64)
         let (victim, mnt) = try ServiceModeTests.userOfAService(service)
         let attacker = try MountHarness(passcode: nil, as: try OrdinaryUser(), service: service)
-        let attack = try Self.attackProgram(attacker)
-        let ready = attacker.root + "/flood-ready"
-        let flood = Thread.detachedResult {
-            attacker.sh("/usr/bin/python3 \"$1\" flood \"$2\" 300 4 \"$3\"", arguments: [attack, service.socket, ready])
+        let flooded = try Self.flood(service, from: attacker, connections: 300, holding: 4) {
+            for _ in 0..<3 { Self.expectServed(victim, mnt, while: "300 idle connections against 64 descriptors") }
         }
-        #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the flood never got its connections")
-        for _ in 0..<3 { Self.expectServed(victim, mnt, while: "300 idle connections against 64 descriptors") }
-        let flooded = flood.value()
         #expect(flooded.stdout.hasPrefix("connected 300 "), "\(flooded)")
         Self.expectServed(victim, mnt, while: "the end of the flood")
     }

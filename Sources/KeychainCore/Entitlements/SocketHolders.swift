@@ -16,9 +16,7 @@ package enum SocketHolders {
     /// that cannot be told.
     package static func peerAddress(of fd: Int32) -> [UInt8]? {
         var info = stat()
-        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK,
-              let netlink = try? valueOrErrno({ socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue),
-                                                       Int32(NETLINK_SOCK_DIAG)) }) else { return nil }
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK, let netlink = diagnosticSocket() else { return nil }
         defer { close(netlink) }
         guard let own = query(netlink, UInt32(truncatingIfNeeded: info.st_ino)), own.peer != 0 else { return nil }
         return query(netlink, own.peer)?.address
@@ -31,10 +29,7 @@ package enum SocketHolders {
     /// not read (another user's, or one that made itself non-dumpable) is
     /// not seen (docs/SECURITY.md, "Known limits").
     package static func sharing(of pid: Int32, connectedTo address: [UInt8]) -> String? {
-        guard let netlink = try? valueOrErrno({ socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue),
-                                                        Int32(NETLINK_SOCK_DIAG)) }) else {
-            return "its connection cannot be examined (sock_diag)"
-        }
+        guard let netlink = diagnosticSocket() else { return "its connection cannot be examined (sock_diag)" }
         defer { close(netlink) }
         let connections = Set(socketInodes(of: pid).filter { inode in
             guard let own = query(netlink, inode), own.peer != 0 else { return false }
@@ -50,6 +45,10 @@ package enum SocketHolders {
         return nil
     }
 
+    private static func diagnosticSocket() -> Int32? {
+        try? valueOrErrno { socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG)) }
+    }
+
     private static func query(_ netlink: Int32, _ inode: UInt32) -> (peer: UInt32, address: [UInt8])? {
         var peer: UInt32 = 0, length = 0
         var name = [CChar](repeating: 0, count: 128)
@@ -62,29 +61,25 @@ package enum SocketHolders {
     /// The inodes of the sockets among `pid`'s descriptors (none when they cannot be read).
     private static func socketInodes(of pid: pid_t) -> [UInt32] {
         let directory = "/proc/\(pid)/fd"
+        let prefix = "socket:["
+        return entries(of: directory).compactMap { name in
+            guard name.first?.isNumber == true, let target = ProgramIdentities.linkTarget(directory + "/" + name),
+                  target.hasPrefix(prefix), target.hasSuffix("]") else { return nil }
+            return UInt32(target.dropFirst(prefix.count).dropLast())
+        }
+    }
+
+    /// The names in a directory (none when it cannot be read).
+    private static func entries(of directory: String) -> [String] {
         guard let listing = opendir(directory) else { return [] }
         defer { closedir(listing) }
-        var inodes: [UInt32] = []
-        let prefix = "socket:["
+        var names: [String] = []
         while let entry = readdir(listing) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard name.first?.isNumber == true, let target = ProgramIdentities.linkTarget(directory + "/" + name),
-                  target.hasPrefix(prefix), target.hasSuffix("]"),
-                  let inode = UInt32(target.dropFirst(prefix.count).dropLast()) else { continue }
-            inodes.append(inode)
+            names.append(withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) })
         }
-        return inodes
+        return names
     }
 
     /// Every process (thread group) now.
-    private static func processes() -> [pid_t] {
-        guard let listing = opendir("/proc") else { return [] }
-        defer { closedir(listing) }
-        var pids: [pid_t] = []
-        while let entry = readdir(listing) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            if let pid = pid_t(name) { pids.append(pid) }
-        }
-        return pids
-    }
+    private static func processes() -> [pid_t] { entries(of: "/proc").compactMap { pid_t($0) } }
 }
