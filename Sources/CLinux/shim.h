@@ -42,6 +42,10 @@ static inline int CLinux_disable_core_dumps(void) {
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
+// prctl is variadic. Names the calling thread (16 bytes at most, with the
+// NUL), as /proc/PID/task/TID/comm and top show it.
+static inline int CLinux_name_thread(const char *name) { return prctl(PR_SET_NAME, name, 0, 0, 0); }
+
 // glibc's malloc tuning (malloc.h is not part of Swift's Glibc module).
 // pidfd_open(2), which glibc 2.36 declares only with _GNU_SOURCE via sys/pidfd.h.
 static inline int CLinux_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }

@@ -80,11 +80,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
         try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameLost',arg0='\(Self.busName)'") { [unowned self] _ in
             nameLost.store(true, ordering: .sequentiallyConsistent)
             let sentence = "lost \(Self.busName) on the session bus to another program: no longer serving the Secret Service"
+            store.device.secretServiceState = "lost: " + sentence
             Diagnostics.log(sentence)
             SystemdNotify.send("STATUS=" + sentence)
         }
         try bus.requestName(Self.busName, replace: replace)
         try bus.start()
+        store.device.secretServiceState = "serving \(Self.busName)"
         // The device's events, whoever made the change (a mount, the
         // socket, this bus): the observer runs on the committing thread and
         // only hands the event to the bus thread.
@@ -101,6 +103,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// Releases the name and stops serving.
     public func stop() {
         if let observer { store.device.removeObserver(observer) }
+        store.device.secretServiceState = nil
         bus.stop()
     }
 

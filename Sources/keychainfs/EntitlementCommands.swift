@@ -109,7 +109,7 @@ struct GrantCommand: ParsableCommand {
         let passed: Int32? = file >= 0 ? file : nil
         let fields = try policyReply(request, keychain: options.place, passing: passed)
         guard fields.count == 2 else { throw fail("unexpected reply from the device") }
-        print("granted \(group) to \(fields[0]) (sha256 \(fields[1]))"
+        print("granted \(group) to \(shown(fields[0])) (sha256 \(fields[1]))"
               + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")
               + (allowJIT ? ", JIT code allowed" : ""))
     }

@@ -84,6 +84,7 @@ import TestSupport
             open(sys.argv[1], 'w').close()
             time.sleep(3)
             """.write(toFile: harness.root + "/thief.py", atomically: true, encoding: .utf8)
+        _ = try harness.prepareMountpoint("mnt")
         let result = onBus("""
             /usr/bin/python3 "$R/thief.py" "$R/thief-ready" > "$R/thief.out" &
             until [ -e "$R/thief-ready" ]; do sleep 0.05; done
@@ -91,8 +92,10 @@ import TestSupport
             echo
             wait
             cat "$R/thief.out"
+            "$K" mount "$R/mnt" && grep '^secret-service:' "$R/mnt/.control"; "$K" unmount "$R/mnt"
             """)
-        #expect(result.stdout == "to the keychain\nrequest-name 2\n", "\(result)")
+        #expect(result.stdout == "to the keychain\nrequest-name 2\nsecret-service: serving org.freedesktop.secrets\n",
+                "\(result)")
     }
 
     /// The spec's signals come from the device's events, so a change made

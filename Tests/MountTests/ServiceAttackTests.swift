@@ -1,5 +1,6 @@
 import Foundation
 import KeychainCore
+import KeychainFS
 import Testing
 import TestSupport
 
@@ -18,11 +19,16 @@ import TestSupport
         return copy
     }
 
-    /// How many threads and descriptors the process has.
-    static func footprint(_ pid: pid_t) -> (threads: Int, descriptors: Int) {
-        let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task").count) ?? -1
+    /// How many threads serve socket connections in the process, and how
+    /// many descriptors it has. (A mount's FUSE workers, which a burst of
+    /// requests may add to and which stay, are not counted.)
+    static func footprint(_ pid: pid_t) -> (connectionThreads: Int, descriptors: Int) {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        let connections = tasks.filter {
+            (try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)) == DeviceProcess.connectionThreadName + "\n"
+        }
         let descriptors = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
-        return (threads, descriptors)
+        return (connections.count, descriptors)
     }
 
     /// Waits (at most `seconds`) until `condition` holds; whether it did.

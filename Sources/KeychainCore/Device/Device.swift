@@ -15,6 +15,7 @@ public final class Device: Sendable {
     public let directory: KeychainDirectory
     let store: ItemStore
     let secret: DeviceSecret
+    private let secretService = Mutex<String?>(nil)
     let lockFile: Int32
     let policy: LockoutPolicy
     let clock: @Sendable () -> Int64
@@ -233,6 +234,14 @@ public final class Device: Sendable {
     }
 
     /// Makes every acknowledged write durable against power loss.
+    /// What the Secret Service of this device is doing, in a few words
+    /// (`serving`, or that the bus name was lost), as `.control` shows it;
+    /// nil when the device serves no bus.
+    public var secretServiceState: String? {
+        get { secretService.withLock { $0 } }
+        set { secretService.withLock { $0 = newValue } }
+    }
+
     /// Holds the keychain to `quota` from now on (the service's share of
     /// one user): writes past it are ``KeychainError/quotaExceeded``.
     public func setQuota(_ quota: StoreQuota) throws(KeychainError) {

@@ -119,6 +119,7 @@ extension FileSystem {
         // Escaped: a path or name must never forge a status line.
         lines.append("keychain: \(LineEscaping.escaped(manager.localDevice.directory.path))")
         if case .group(let group) = scope { lines.append("group: \(LineEscaping.escaped(group))") }
+        if let bus = manager.localDevice.secretServiceState { lines.append("secret-service: \(LineEscaping.escaped(bus))") }
         return Array((lines.joined(separator: "\n") + "\n").utf8)
     }
 

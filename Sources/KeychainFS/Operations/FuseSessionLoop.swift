@@ -41,7 +41,10 @@ final class FuseSessionLoop: Sendable {
     private func startWorker() {
         workers.withLock { workers in
             guard workers.started < Self.maximumWorkers,
-                  let thread = Threads.start(blockingSignals: true, { [self] in work() }) else { return }
+                  let thread = Threads.start(blockingSignals: true, { [self] in
+                      _ = CLinux_name_thread("kcfs-fuse")
+                      work()
+                  }) else { return }
             workers.started += 1
             workers.idle += 1
             workers.threads.append(thread)

@@ -320,7 +320,10 @@ public final class DeviceProcess: Sendable {
         _ = setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
         _ = setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
         requestsInFlight.withLock { $0 += 1 }
-        if let served = Threads.start({ [self] in serve(client) }) {
+        if let served = Threads.start({ [self] in
+            _ = CLinux_name_thread(Self.connectionThreadName)
+            serve(client)
+        }) {
             pthread_detach(served)
         } else {
             serve(client)
@@ -331,6 +334,9 @@ public final class DeviceProcess: Sendable {
         if let frame = try? reply.frame() { _ = DeviceProtocol.send(frame, to: client) }
         close(client)
     }
+
+    /// The name of the threads that serve a socket connection (`/proc/PID/task/TID/comm`).
+    public static let connectionThreadName = "kcfs-connection"
 
     /// Seconds a peer may take to send its whole request, and to read the whole reply.
     static let connectionDeadline: Int64 = 5
