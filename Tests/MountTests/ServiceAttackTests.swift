@@ -248,4 +248,20 @@ import TestSupport
                                  stdin: "pw\n")
         #expect(restore.status != 0 && restore.stderr.contains("restore a backup of 0.0 MiB at most"), "\(restore)")
     }
+
+    /// A user has at most so many mounts of the service at once (here 2):
+    /// the next is refused, saying so, and leaves nothing mounted; one
+    /// unmounted makes room.
+    @Test func aUsersMountsAreLimited() throws {
+        let service = try ServiceHarness(options: ["--mounts-per-user", "2"])
+        let (harness, first) = try ServiceModeTests.userOfAService(service)
+        let second = try harness.mount("second")
+        let third = try harness.prepareMountpoint("third")
+        let refused = harness.sh("\"$K\" mount \"$1\"", arguments: [third])
+        #expect(!refused.succeeded && refused.stderr.contains("you have 2 mounts of this keychain already"), "\(refused)")
+        #expect(!harness.isMounted(third))
+        #expect(harness.sh("cat \"$1/default/token\" \"$2/default/token\"", arguments: [first, second]).stdout == "s3crets3cret")
+        #expect(harness.sh("\"$K\" unmount \"$1\" && \"$K\" mount \"$2\"", arguments: [second, third]).succeeded)
+        #expect(harness.sh("cat \"$1/default/token\"", arguments: [third]).stdout == "s3cret")
+    }
 }
