@@ -43,8 +43,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// ItemCreated (the device's events do not tell the two apart).
     private var knownItems: Set<String> = []
     private var prompts: [String: UnlockPrompt] = [:]
-    /// The program behind each connection at its first policed request (bus thread only).
-    fileprivate var firstIdentities: [String: ProgramIdentity] = [:]
+    /// The program behind each connection at its first policed request,
+    /// and whether its process was then found to hold it alone (bus thread only).
+    fileprivate var firstIdentities: [String: (identity: ProgramIdentity, heldAlone: Bool)] = [:]
     private var nextPrompt = 1
 
     /// The bus it serves (nil: the one `$DBUS_SESSION_BUS_ADDRESS` named at its start).
@@ -732,16 +733,23 @@ extension SecretServiceProvider {
     /// exec'd a granted program (issue 29). So the named process must hold
     /// its bus connections alone, and run the program it ran at its first
     /// policed request on this connection.
+    ///
+    /// A connection found held by its process alone is not examined again
+    /// while it lives (the scan of every process's descriptors was most of
+    /// a policed lookup's cost): from then on only that process, running
+    /// the same program, can have made another process share it, by
+    /// forking or passing its descriptor, as it could pass any file it opened.
     func connectionDoubt(_ sender: String, pid: pid_t, _ identity: ProgramIdentity) -> String? {
         if let first = firstIdentities[sender] {
-            if first.executable != identity.executable || first.digest != identity.digest {
-                return "its program changed since its first request on this connection (it was \(first.executable))"
+            if first.identity.executable != identity.executable || first.identity.digest != identity.digest {
+                return "its program changed since its first request on this connection (it was \(first.identity.executable))"
             }
-        } else {
-            firstIdentities[sender] = identity
+            if first.heldAlone { return nil }
         }
         guard let address = bus.peerAddress else { return "its bus connection cannot be examined" }
-        return SocketHolders.sharing(of: pid, connectedTo: address)
+        let sharing = SocketHolders.sharing(of: pid, connectedTo: address)
+        firstIdentities[sender] = (firstIdentities[sender]?.identity ?? identity, sharing == nil)
+        return sharing
     }
 }
 

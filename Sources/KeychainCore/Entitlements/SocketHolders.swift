@@ -36,7 +36,12 @@ package enum SocketHolders {
             return query(netlink, own.peer)?.address == address
         })
         guard !connections.isEmpty else { return "it holds no connection to the bus" }
-        for other in processes() where other != pid {
+        // Processes of other users are passed over: a program of this user
+        // does not run them (it could only hand them the descriptor), and a
+        // per-user device could not read their descriptors anyway.
+        var owner = stat()
+        guard stat("/proc/\(pid)", &owner) == 0 else { return "it is gone" }
+        for other in processes(of: owner.st_uid) where other != pid {
             if !connections.isDisjoint(with: socketInodes(of: other)) {
                 let executable = ProgramIdentities.linkTarget("/proc/\(other)/exe") ?? "?"
                 return "its bus connection is shared with pid \(other) (\(executable))"
@@ -58,15 +63,24 @@ package enum SocketHolders {
         return (peer, name.prefix(length).map { UInt8(bitPattern: $0) })
     }
 
-    /// The inodes of the sockets among `pid`'s descriptors (none when they cannot be read).
+    /// The inodes of the sockets among `pid`'s descriptors (none when they
+    /// cannot be read). A stat of each `/proc/PID/fd/N` (the socket itself)
+    /// rather than its link's text: one call, no string.
     private static func socketInodes(of pid: pid_t) -> [UInt32] {
-        let directory = "/proc/\(pid)/fd"
-        let prefix = "socket:["
-        return entries(of: directory).compactMap { name in
-            guard name.first?.isNumber == true, let target = ProgramIdentities.linkTarget(directory + "/" + name),
-                  target.hasPrefix(prefix), target.hasSuffix("]") else { return nil }
-            return UInt32(target.dropFirst(prefix.count).dropLast())
+        guard let listing = opendir("/proc/\(pid)/fd") else { return [] }
+        defer { closedir(listing) }
+        let directory = dirfd(listing)
+        var inodes: [UInt32] = []
+        var info = stat()
+        while let entry = readdir(listing) {
+            let isDescriptor = withUnsafeBytes(of: entry.pointee.d_name) { $0.first.map { (0x30...0x39).contains($0) } ?? false }
+            guard isDescriptor else { continue }
+            let found = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) { fstatat(directory, $0, &info, 0) == 0 }
+            }
+            if found, info.st_mode & S_IFMT == S_IFSOCK { inodes.append(UInt32(truncatingIfNeeded: info.st_ino)) }
         }
+        return inodes
     }
 
     /// The names in a directory (none when it cannot be read).
@@ -80,6 +94,12 @@ package enum SocketHolders {
         return names
     }
 
-    /// Every process (thread group) now.
-    private static func processes() -> [pid_t] { entries(of: "/proc").compactMap { pid_t($0) } }
+    /// Every process (thread group) of `uid` now.
+    private static func processes(of uid: uid_t) -> [pid_t] {
+        var info = stat()
+        return entries(of: "/proc").compactMap { name in
+            guard let pid = pid_t(name), stat("/proc/" + name, &info) == 0, info.st_uid == uid else { return nil }
+            return pid
+        }
+    }
 }
