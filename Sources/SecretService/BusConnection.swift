@@ -54,13 +54,19 @@ final class BusConnection: @unchecked Sendable {
         }
         self.bus = bus
         self.wake = wake
-        peerAddress = SocketHolders.peerAddress(of: CSystemd_sd_bus_get_fd(bus))
     }
 
     /// The address the bus daemon listens at, as the kernel names the
     /// other end of this connection: every client's connection to the
-    /// same bus ends at a socket of that address (nil: not told).
-    let peerAddress: [UInt8]?
+    /// same bus ends at a socket of that address (nil: not told). Read at
+    /// the first need, on the bus thread: sd-bus connects asynchronously,
+    /// and until the daemon has accepted, the other end has no address.
+    var peerAddress: [UInt8]? {
+        if let known = knownPeerAddress { return known }
+        knownPeerAddress = SocketHolders.peerAddress(of: CSystemd_sd_bus_get_fd(bus))
+        return knownPeerAddress
+    }
+    private var knownPeerAddress: [UInt8]?
 
     deinit {
         for slot in slots { _ = CSystemd_sd_bus_slot_unref(slot) }

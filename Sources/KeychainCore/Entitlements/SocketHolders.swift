@@ -39,15 +39,81 @@ package enum SocketHolders {
         // Processes of other users are passed over: a program of this user
         // does not run them (it could only hand them the descriptor), and a
         // per-user device could not read their descriptors anyway.
+        guard let proc = try? valueOrErrno({ open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) else {
+            return "its connection cannot be examined (/proc)"
+        }
+        defer { close(proc) }
         var owner = stat()
-        guard stat("/proc/\(pid)", &owner) == 0 else { return "it is gone" }
-        for other in processes(of: owner.st_uid) where other != pid {
-            if !connections.isDisjoint(with: socketInodes(of: other)) {
-                let executable = ProgramIdentities.linkTarget("/proc/\(other)/exe") ?? "?"
-                return "its bus connection is shared with pid \(other) (\(executable))"
+        guard fstatat(proc, String(pid), &owner, 0) == 0 else { return "it is gone" }
+        if let other = holder(of: connections, in: proc, uid: owner.st_uid, besides: pid) {
+            let executable = ProgramIdentities.linkTarget("/proc/\(other)/exe") ?? "?"
+            return "its bus connection is shared with pid \(other) (\(executable))"
+        }
+        return nil
+    }
+
+    /// A process of `uid` other than `pid` holding one of `inodes`, if any.
+    /// Every call here is one system call on an open directory and a name
+    /// in a buffer: this scan is what a policed request on the bus costs.
+    private static func holder(of inodes: Set<UInt32>, in proc: Int32, uid: uid_t, besides pid: pid_t) -> pid_t? {
+        guard let processes = fdopendir(dup(proc)) else { return nil }
+        defer { closedir(processes) }
+        var info = stat()
+        let path = UnsafeMutableBufferPointer<CChar>.allocate(capacity: 32)
+        defer { path.deallocate() }
+        while let entry = readdir(processes) {
+            guard let other = withUnsafeBytes(of: entry.pointee.d_name, { number(in: $0) }), other != pid,
+                  fstatat(proc, decimal(other, into: path, suffix: ""), &info, 0) == 0, info.st_uid == uid else { continue }
+            let descriptors = openat(proc, decimal(other, into: path, suffix: "/fd"), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            guard descriptors >= 0, let listing = fdopendir(descriptors) else {
+                if descriptors >= 0 { close(descriptors) }
+                continue
+            }
+            defer { closedir(listing) }
+            while let entry = readdir(listing) {
+                let isDescriptor = withUnsafeBytes(of: entry.pointee.d_name) { $0.first.map { (0x30...0x39).contains($0) } ?? false }
+                guard isDescriptor else { continue }
+                let found = withUnsafePointer(to: entry.pointee.d_name) {
+                    $0.withMemoryRebound(to: CChar.self, capacity: 256) { fstatat(descriptors, $0, &info, 0) == 0 }
+                }
+                if found, info.st_mode & S_IFMT == S_IFSOCK, inodes.contains(UInt32(truncatingIfNeeded: info.st_ino)) {
+                    return other
+                }
             }
         }
         return nil
+    }
+
+    /// The decimal number a directory entry's name is, if it is one.
+    private static func number(in name: UnsafeRawBufferPointer) -> pid_t? {
+        var value: pid_t = 0
+        var digits = 0
+        for byte in name {
+            if byte == 0 { break }
+            guard (0x30...0x39).contains(byte), value < pid_t.max / 10 else { return nil }
+            value = value * 10 + pid_t(byte - 0x30)
+            digits += 1
+        }
+        return digits > 0 ? value : nil
+    }
+
+    /// `value` in decimal, then `suffix`, as a C string in `buffer` (room for 32).
+    private static func decimal(_ value: pid_t, into buffer: UnsafeMutableBufferPointer<CChar>,
+                                suffix: StaticString) -> UnsafePointer<CChar> {
+        var digits: [CChar] = []
+        var rest = value
+        repeat {
+            digits.append(CChar(0x30 + rest % 10))
+            rest /= 10
+        } while rest > 0
+        var index = 0
+        for digit in digits.reversed() {
+            buffer[index] = digit
+            index += 1
+        }
+        suffix.withUTF8Buffer { for byte in $0 { buffer[index] = CChar(bitPattern: byte); index += 1 } }
+        buffer[index] = 0
+        return UnsafePointer(buffer.baseAddress!)
     }
 
     private static func diagnosticSocket() -> Int32? {
@@ -81,25 +147,5 @@ package enum SocketHolders {
             if found, info.st_mode & S_IFMT == S_IFSOCK { inodes.append(UInt32(truncatingIfNeeded: info.st_ino)) }
         }
         return inodes
-    }
-
-    /// The names in a directory (none when it cannot be read).
-    private static func entries(of directory: String) -> [String] {
-        guard let listing = opendir(directory) else { return [] }
-        defer { closedir(listing) }
-        var names: [String] = []
-        while let entry = readdir(listing) {
-            names.append(withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) })
-        }
-        return names
-    }
-
-    /// Every process (thread group) of `uid` now.
-    private static func processes(of uid: uid_t) -> [pid_t] {
-        var info = stat()
-        return entries(of: "/proc").compactMap { name in
-            guard let pid = pid_t(name), stat("/proc/" + name, &info) == 0, info.st_uid == uid else { return nil }
-            return pid
-        }
     }
 }
