@@ -28,7 +28,7 @@ import TestSupport
         #expect(harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout == "item\n")
     }
 
-    /// FIELD-NOTES: `sh -c 'echo x > f'` flushes a duplicate descriptor before
+    /// docs/CONTRIBUTING.md, "Facts about this platform": `sh -c 'echo x > f'` flushes a duplicate descriptor before
     /// any data; that flush must not commit an empty value.
     @Test func shellRedirectionThroughDuplicatedDescriptorsKeepsTheValue() throws {
         let (harness, mnt) = try MountHarness.unlockedMount()

@@ -5,7 +5,7 @@ import Glibc
 
 /// Starting child processes with posix_spawn: an empty signal mask and
 /// default signal actions, so that a child never inherits a blocked SIGTERM
-/// (Swift Testing and our own device block it; FIELD-NOTES).
+/// (Swift Testing and our own device block it; docs/CONTRIBUTING.md, "Facts about this platform").
 package enum Spawn {
     /// How a child's standard streams and extra descriptors are set up.
     package struct Options {

@@ -9,7 +9,7 @@ import Glibc
 /// session's userdata, calls it, and replies. Built as a local table (Swift 6
 /// rejects a global one holding C function pointers as shared mutable state).
 /// The low-level API lets us wipe the request buffers that carried plaintext,
-/// which libfuse's high-level API keeps (FIELD-NOTES).
+/// which libfuse's high-level API keeps (docs/CONTRIBUTING.md, "Facts about this platform").
 enum FuseOperations {
     static func table() -> fuse_lowlevel_ops {
         var ops = fuse_lowlevel_ops()

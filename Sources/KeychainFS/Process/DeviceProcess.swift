@@ -197,7 +197,7 @@ public final class DeviceProcess: Sendable {
         _ = chdir("/")
         // Every thread started from here on inherits this mask; the signals
         // arrive through the signalfd instead. Reset first: a process started
-        // with `&` by a shell inherits SIGINT as ignored (FIELD-NOTES).
+        // with `&` by a shell inherits SIGINT as ignored (docs/CONTRIBUTING.md).
         var stopping = sigset_t()
         sigemptyset(&stopping)
         for signal in [SIGTERM, SIGINT, SIGHUP] {
