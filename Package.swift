@@ -22,7 +22,9 @@ let package = Package(
         .systemLibrary(name: "CLinux"),
         // sd-bus, for the Secret Service: loaded on first use, not linked (see its shim.h).
         .systemLibrary(name: "CSystemd", providers: [.apt(["libsystemd-dev"])]),
-        .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite"]),
+        // tpm2-tss, for the device secret sealed by a TPM: loaded on first use, not linked (see its shim.h).
+        .systemLibrary(name: "CTSS", providers: [.apt(["libtss2-dev"])]),
+        .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite", "CTSS"]),
         .target(name: "SecretService", dependencies: ["KeychainCore", "CSystemd", "COpenSSL", "CLinux"]),
         .target(name: "KeychainFS", dependencies: ["KeychainCore", "SecretService", "CFuse", "CLinux"]),
         .executableTarget(

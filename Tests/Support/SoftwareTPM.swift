@@ -1,0 +1,83 @@
+import Foundation
+import KeychainCore
+
+/// A software TPM 2.0 (`swtpm`, from Debian) for one test: its own state
+/// directory and TCP ports on the loopback address, started in the
+/// foreground as a child of the test and killed when the test ends.
+/// `restart()` keeps the state (a reboot); a second instance is another
+/// TPM (another storage seed).
+package final class SoftwareTPM: @unchecked Sendable {
+    package let stateDirectory: String
+    package private(set) var port: Int = 0
+    private var pid: pid_t = 0
+
+    /// The TCTI configuration that reaches it, as `$TPM2TOOLS_TCTI` takes it.
+    package var tcti: String { "swtpm:host=127.0.0.1,port=\(port)" }
+
+    package init() throws {
+        var template = Array((NSTemporaryDirectory() + "kcfs-tpm-XXXXXX").utf8CString)
+        guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
+        stateDirectory = String(validatingCString: made)!
+        try start()
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: stateDirectory)
+    }
+
+    /// Stops and starts it again on its state: what a machine's reboot is to a TPM.
+    package func restart() throws {
+        stop()
+        try start()
+    }
+
+    package func stop() {
+        guard pid > 0 else { return }
+        kill(pid, SIGTERM)
+        _ = Spawn.wait(pid)
+        pid = 0
+    }
+
+    /// Starts swtpm on a free pair of ports (a taken one makes it exit at
+    /// once: another pair is tried) and waits until it accepts a connection.
+    private func start() throws {
+        for _ in 0..<20 {
+            let candidate = Int.random(in: 20_000...60_000) & ~1
+            var options = Spawn.Options()
+            options.nullStandardStreams = true
+            guard let started = Spawn.start([
+                "/usr/bin/swtpm", "socket", "--tpm2",
+                "--server", "type=tcp,port=\(candidate),bindaddr=127.0.0.1",
+                "--ctrl", "type=tcp,port=\(candidate + 1),bindaddr=127.0.0.1",
+                "--tpmstate", "dir=\(stateDirectory)", "--flags", "not-need-init,startup-clear",
+            ], options: options) else { throw HarnessError("cannot run swtpm (apt install swtpm)") }
+            let deadline = Date().addingTimeInterval(5)
+            while Date() < deadline {
+                if Self.accepts(port: candidate) {
+                    pid = started
+                    port = candidate
+                    return
+                }
+                var status: Int32 = 0
+                if waitpid(started, &status, WNOHANG) == started { break }  // the port was taken
+                usleep(10_000)
+            }
+            kill(started, SIGKILL)
+            _ = Spawn.wait(started)
+        }
+        throw HarnessError("swtpm did not start")
+    }
+
+    private static func accepts(port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        } == 0
+    }
+}
