@@ -45,18 +45,33 @@ package enum SocketHolders {
         defer { close(proc) }
         var owner = stat()
         guard fstatat(proc, String(pid), &owner, 0) == 0 else { return "it is gone" }
-        if let other = holder(of: connections, in: proc, uid: owner.st_uid, besides: pid) {
+        switch holder(of: connections, in: proc, uid: owner.st_uid, besides: pid) {
+        case .none:
+            return nil
+        case .process(let other):
             let executable = ProgramIdentities.linkTarget("/proc/\(other)/exe") ?? "?"
             return "its bus connection is shared with pid \(other) (\(executable))"
+        case .unknown:
+            // Not looked at is not alone: refused, as any doubt is.
+            return "the processes holding its connection cannot be listed"
         }
-        return nil
+    }
+
+    private enum Holder {
+        case none
+        case process(pid_t)
+        case unknown
     }
 
     /// A process of `uid` other than `pid` holding one of `inodes`, if any.
     /// Every call here is one system call on an open directory and a name
     /// in a buffer: this scan is what a policed request on the bus costs.
-    private static func holder(of inodes: Set<UInt32>, in proc: Int32, uid: uid_t, besides pid: pid_t) -> pid_t? {
-        guard let processes = fdopendir(dup(proc)) else { return nil }
+    private static func holder(of inodes: Set<UInt32>, in proc: Int32, uid: uid_t, besides pid: pid_t) -> Holder {
+        let listed = dup(proc)
+        guard listed >= 0, let processes = fdopendir(listed) else {
+            if listed >= 0 { close(listed) }
+            return .unknown
+        }
         defer { closedir(processes) }
         var info = stat()
         let path = UnsafeMutableBufferPointer<CChar>.allocate(capacity: 32)
@@ -77,11 +92,11 @@ package enum SocketHolders {
                     $0.withMemoryRebound(to: CChar.self, capacity: 256) { fstatat(descriptors, $0, &info, 0) == 0 }
                 }
                 if found, info.st_mode & S_IFMT == S_IFSOCK, inodes.contains(UInt32(truncatingIfNeeded: info.st_ino)) {
-                    return other
+                    return .process(other)
                 }
             }
         }
-        return nil
+        return .none
     }
 
     /// The decimal number a directory entry's name is, if it is one.

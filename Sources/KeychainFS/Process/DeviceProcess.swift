@@ -259,7 +259,16 @@ public final class DeviceProcess: Sendable {
             var timeout = connections.expire(now: now).map { $0 - now } ?? -1
             if let watchdog { timeout = timeout < 0 ? watchdog : min(timeout, watchdog) }
             var waiting = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
-            guard let ready = try? valueOrErrno({ poll(&waiting, 1, Int32(clamping: timeout)) }) else { return }
+            let ready: Int32
+            do throws(Errno) {
+                ready = try valueOrErrno { poll(&waiting, 1, Int32(clamping: timeout)) }
+            } catch {
+                // EBADF, EINVAL: the listener is gone. Anything else (ENOMEM)
+                // passes: wait a little and go on, never stop for good.
+                if error.rawValue == EBADF || error.rawValue == EINVAL { return }
+                usleep(50_000)
+                continue
+            }
             if ready == 0 { continue }
             if waiting.revents & Int16(POLLNVAL) != 0 { return }
             let client: Int32
