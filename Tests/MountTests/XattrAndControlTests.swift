@@ -49,6 +49,9 @@ import TestSupport
         // The mode says what it cannot protect against.
         #expect(status["mode"] == "per-user")
         #expect(status["mode-limits"]?.contains("any program of this user can read them") == true)
+        // And how the keys are kept: a file, open to offline guessing (issue 30).
+        #expect(status["key-protection"] == "file")
+        #expect(status["key-protection-limits"]?.contains("guessed offline") == true)
         try harness.unlock(mnt)
         #expect(harness.control(mnt, "accessmode afterFirstUnlock").succeeded)
         #expect(harness.control(mnt, "migrate no").succeeded)
