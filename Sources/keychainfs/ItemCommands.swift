@@ -121,18 +121,19 @@ extension RunningDevice {
     }
 
     func items(of group: String) throws -> [(identifier: String, protectionClass: String, size: String)] {
-        guard let items = try itemsIfAdmitted(of: group) else {
-            _ = try checked(.keychainError(.missingEntitlement, ""), item: group)
-            return []
-        }
-        return items
+        try itemRows(send(.list(group: group), item: group))
     }
 
     /// ``items(of:)``, or nil when the group's policy does not admit this program.
     func itemsIfAdmitted(of group: String) throws -> [(identifier: String, protectionClass: String, size: String)]? {
         let reply = try deliver(.list(group: group))
         if case .keychainError(.missingEntitlement, _)? = reply { return nil }
-        guard case .ok(let fields) = try checked(reply, item: group) else { throw fail("unexpected reply from the device") }
+        return try itemRows(checked(reply, item: group))
+    }
+
+    /// A group listing's fields, three per item.
+    private func itemRows(_ reply: DeviceReply) throws -> [(identifier: String, protectionClass: String, size: String)] {
+        guard case .ok(let fields) = reply else { throw fail("unexpected reply from the device") }
         return stride(from: 0, to: fields.count - 2, by: 3).map { (fields[$0], fields[$0 + 1], fields[$0 + 2]) }
     }
 

@@ -55,14 +55,11 @@ struct LogCommand: ParsableCommand {
 
     /// The service's verification of this user's log.
     private func verifyReply(_ socketPath: String) throws -> AuditLog.VerifyReport {
-        switch DeviceClient.send(.verifyLog, to: socketPath) {
-        case .ok(let fields)? where AuditLog.VerifyReport(fields: fields) != nil:
-            return AuditLog.VerifyReport(fields: fields)!
-        case .keychainError(_, let message)?, .systemError(_, let message)?:
-            throw fail(message)
-        default:
-            throw fail("the keychainfs service did not answer", status: ExitStatus.noDevice)
-        }
+        let reply = DeviceClient.send(.verifyLog, to: socketPath)
+        if case .ok(let fields)? = reply, let report = AuditLog.VerifyReport(fields: fields) { return report }
+        if case .keychainError(_, let message)? = reply { throw fail(message) }
+        if case .systemError(_, let message)? = reply { throw fail(message) }
+        throw fail("the keychainfs service did not answer", status: ExitStatus.noDevice)
     }
 
     private func report(_ report: AuditLog.VerifyReport) throws {

@@ -64,12 +64,17 @@ public final class AuditLog: Sendable {
             var executable: String?
         }
 
+        /// A denial as identical ones compare: its pid aside.
+        private static func key(_ event: AuditEvent) -> AuditEvent {
+            var key = event
+            key.subject?.pid = 0
+            return key
+        }
+
         /// Whether `event` is to be written now (false: it was counted).
         mutating func admit(_ event: AuditEvent, now: Double) -> Bool {
             guard event.result == "denied" else { return true }
-            var key = event
-            key.subject?.pid = 0
-            if key == last {
+            if Self.key(event) == last {
                 repeats += 1
                 latest = event
                 return false
@@ -112,15 +117,10 @@ public final class AuditLog: Sendable {
             return lines
         }
 
-        /// `event` was written.
-        mutating func wrote(_ event: AuditEvent) {
-            guard event.result == "denied" else {
-                last = nil
-                return
-            }
-            var key = event
-            key.subject?.pid = 0
-            last = key
+        /// `event` was written: the next identical denial folds into it;
+        /// after any other line, none does.
+        mutating func wrote(_ event: AuditEvent?) {
+            last = event.flatMap { $0.result == "denied" ? Self.key($0) : nil }
         }
     }
     private let state: Mutex<State>
@@ -165,9 +165,8 @@ public final class AuditLog: Sendable {
         var now = timespec()
         clock_gettime(CLOCK_REALTIME, &now)
         state.withLock { state in
-            let seconds = Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
-            guard state.denials.admit(event, now: seconds) else { return }
-            for owed in state.denials.owed(now: seconds) { append(Self.tail(of: owed), at: now, to: &state) }
+            guard state.denials.admit(event, now: Self.seconds(now)) else { return }
+            writeOwed(at: now, all: false, to: &state)
             if append(tail, at: now, to: &state) { state.denials.wrote(event) }
         }
     }
@@ -177,11 +176,17 @@ public final class AuditLog: Sendable {
         var now = timespec()
         clock_gettime(CLOCK_REALTIME, &now)
         state.withLock { state in
-            let seconds = Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
-            for owed in state.denials.owed(now: seconds, all: true) { append(Self.tail(of: owed), at: now, to: &state) }
-            state.denials.wrote(AuditEvent(operation: "flush", result: "ok"))
+            writeOwed(at: now, all: true, to: &state)
+            state.denials.wrote(nil)
         }
     }
+
+    /// The lines ``DenialFolding/owed(now:all:)`` says are due.
+    private func writeOwed(at now: timespec, all: Bool, to state: inout State) {
+        for owed in state.denials.owed(now: Self.seconds(now), all: all) { append(Self.tail(of: owed), at: now, to: &state) }
+    }
+
+    private static func seconds(_ time: timespec) -> Double { Double(time.tv_sec) + Double(time.tv_nsec) / 1e9 }
 
     private static func tail(of event: AuditEvent) -> LineBuilder {
         var tail = LineBuilder(capacity: 256)

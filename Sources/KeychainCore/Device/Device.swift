@@ -233,7 +233,6 @@ public final class Device: Sendable {
         }
     }
 
-    /// Makes every acknowledged write durable against power loss.
     /// What the Secret Service of this device is doing, in a few words
     /// (`serving`, or that the bus name was lost), as `.control` shows it;
     /// nil when the device serves no bus.
@@ -251,6 +250,7 @@ public final class Device: Sendable {
     /// What the keychain uses of its quota (nil: it has none).
     public var quotaUse: (items: Int, bytes: Int)? { store.quotaUse.map { ($0.items, $0.bytes) } }
 
+    /// Makes every acknowledged write durable against power loss.
     public func sync() throws(KeychainError) {
         try store.sync()
     }

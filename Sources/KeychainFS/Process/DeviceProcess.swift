@@ -238,8 +238,8 @@ public final class DeviceProcess: Sendable {
 
     /// Accepts connections until the listener is closed, each served on a
     /// thread of its own. It never gives up on a passing error: out of
-    /// descriptors (EMFILE, ENFILE), it sheds the connection that waited
-    /// longest for its request and goes on (issue 29: a flood of idle
+    /// descriptors (EMFILE, ENFILE), it sheds the connections still waiting
+    /// for their request and goes on (issue 29: a flood of idle
     /// connections had ended this loop for good). It also keeps the
     /// connections' deadlines and, under a unit with `WatchdogSec=`, tells
     /// systemd it is alive: a wedged loop gets the service restarted.
@@ -257,7 +257,13 @@ public final class DeviceProcess: Sendable {
                 lastPing = now
             }
             var timeout = connections.expire(now: now).map { $0 - now } ?? -1
-            if let watchdog { timeout = timeout < 0 ? watchdog : min(timeout, watchdog) }
+            if let watchdog {
+                // Until the next ping is due, not a whole interval from now:
+                // a wake-up just short of it would otherwise put the ping
+                // off to almost twice the interval, systemd's whole WatchdogSec.
+                let untilPing = lastPing + watchdog - now
+                timeout = timeout < 0 ? untilPing : min(timeout, untilPing)
+            }
             var waiting = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
             let ready: Int32
             do throws(Errno) {
@@ -316,8 +322,11 @@ public final class DeviceProcess: Sendable {
     private func serveOnItsOwnThread(_ client: Int32) {
         // A user over their share of connections is told so at once: the
         // socket's buffer takes a reply this small without blocking.
-        guard let credentials = ProgramIdentities.peerCredentials(client),
-              connections.admit(client, uid: credentials.uid) else {
+        guard let credentials = ProgramIdentities.peerCredentials(client) else {
+            refuse(client, .systemError(EPERM, "the device cannot tell who connected"))
+            return
+        }
+        guard connections.admit(client, uid: credentials.uid) else {
             refuse(client, .systemError(EAGAIN, "too many connections of your user at once "
                                         + "(\(connections.perUser ?? 0)): close some, then try again"))
             return
@@ -331,11 +340,11 @@ public final class DeviceProcess: Sendable {
         requestsInFlight.withLock { $0 += 1 }
         if let served = Threads.start({ [self] in
             _ = CLinux_name_thread(Self.connectionThreadName)
-            serve(client)
+            serve(client, from: credentials)
         }) {
             pthread_detach(served)
         } else {
-            serve(client)
+            serve(client, from: credentials)
         }
     }
 
@@ -350,9 +359,9 @@ public final class DeviceProcess: Sendable {
     /// Seconds a peer may take to send its whole request, and to read the whole reply.
     static let connectionDeadline: Int64 = 5
 
-    private func serve(_ client: Int32) {
+    private func serve(_ client: Int32, from credentials: PeerCredentials) {
         var attachments = ReplyAttachments()
-        let reply = answer(client, attachments: &attachments)
+        let reply = answer(client, from: credentials, attachments: &attachments)
         connections.enter(.replying, client)
         if let frame = try? reply.frame(),
            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor >= 0 ? attachments.descriptor : nil) {
@@ -370,11 +379,9 @@ public final class DeviceProcess: Sendable {
     }
 
     /// Reads one request (its frame, which may hold passcodes, in secret
-    /// memory) and has the peer's keychain carry it out.
-    private func answer(_ client: Int32, attachments: inout ReplyAttachments) -> DeviceReply {
-        guard let credentials = ProgramIdentities.peerCredentials(client) else {
-            return .systemError(EPERM, "the device cannot tell who connected")
-        }
+    /// memory) and has the peer's keychain carry it out. `credentials`
+    /// are the peer's, as the kernel gave them when it was accepted.
+    private func answer(_ client: Int32, from credentials: PeerCredentials, attachments: inout ReplyAttachments) -> DeviceReply {
         if case .perUser = keychains, credentials.uid != getuid() {
             return .systemError(EPERM, "not the owner of this keychain")
         }
