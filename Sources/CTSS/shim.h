@@ -129,13 +129,15 @@ static inline TSS2_RC CTSS_start_salted_session(ESYS_CONTEXT *context, ESYS_TR p
 }
 
 // Seals `data` (at most 128 bytes) under `primary` as a keyed-hash object
-// whose use needs `auth` (at most 32 bytes). Without NODA, every wrong auth
-// counts against the TPM's dictionary-attack lockout. The object's public
+// whose use needs `auth` (at most 32 bytes). Unless `noDA`, every wrong auth
+// counts against the TPM's dictionary-attack lockout, and a TPM in lockout
+// refuses the object altogether (so an object with an empty auth, which no
+// one can guess wrong, is made NODA: usable during a lockout). The object's public
 // and private parts, marshalled one after the other, go to `blob`
 // (`*length` bytes of `capacity`).
 static inline TSS2_RC CTSS_seal(ESYS_CONTEXT *context, ESYS_TR primary, ESYS_TR session,
                                 const uint8_t *data, size_t dataLength, const uint8_t *auth, size_t authLength,
-                                uint8_t *blob, size_t capacity, size_t *length) {
+                                int noDA, uint8_t *blob, size_t capacity, size_t *length) {
     TPM2B_SENSITIVE_CREATE sensitive = {0};
     if (dataLength > sizeof sensitive.sensitive.data.buffer || authLength > sizeof sensitive.sensitive.userAuth.buffer)
         return TSS2_ESYS_RC_BAD_VALUE;
@@ -146,7 +148,8 @@ static inline TSS2_RC CTSS_seal(ESYS_CONTEXT *context, ESYS_TR primary, ESYS_TR 
     TPM2B_PUBLIC template = {0};
     template.publicArea.type = TPM2_ALG_KEYEDHASH;
     template.publicArea.nameAlg = TPM2_ALG_SHA256;
-    template.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_USERWITHAUTH;
+    template.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_USERWITHAUTH
+        | (noDA ? TPMA_OBJECT_NODA : 0);
     template.publicArea.parameters.keyedHashDetail.scheme.scheme = TPM2_ALG_NULL;
     TPM2B_DATA outside = {0};
     TPML_PCR_SELECTION pcrs = {0};

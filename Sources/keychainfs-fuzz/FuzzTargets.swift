@@ -38,6 +38,11 @@ enum FuzzTarget: String, CaseIterable {
     /// (issue 29), through the path the device serves a mount by: the
     /// check, then libfuse, then the filesystem.
     case fuserequest
+    /// What a TPM-sealed keychain reads before it trusts anything (issue
+    /// 30): a typed recovery key, the recovery record, the rollback record
+    /// (behind a valid MAC) and the device-secret file; the first byte
+    /// chooses which.
+    case keyprotection
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -53,6 +58,34 @@ enum FuzzTarget: String, CaseIterable {
         case .otpauth: otpauth(input)
         case .details: details(input)
         case .fuserequest: fuseRequest(input)
+        case .keyprotection: keyProtection(input)
+        }
+    }
+
+    private static let recoveryKey = RecoveryKey(typed: try! SecureBytes(String(repeating: "vcvcvcvc-", count: 7) + "vcvcvcvc"))!
+
+    private func keyProtection(_ input: UnsafeRawBufferPointer) {
+        guard let choice = input.first else { return }
+        let rest = Array(input.dropFirst())
+        switch choice % 4 {
+        case 0:
+            guard let typed = try? SecureBytes(rest), let key = RecoveryKey(typed: typed) else { return }
+            let again = RecoveryKey(typed: key.formatted())
+            check(again.map { $0.key == key.key } == true, "a recovery key does not read back as itself")
+        case 1:
+            // Never a trap, and nothing opens without the key that sealed it.
+            if let opened = try? Self.recoveryKey.openRecord(rest) {
+                check(opened.deviceSecret.count == Crypto.keySize, "a recovery record opened to a wrong size")
+            }
+        case 2:
+            let record = rest + Self.secret.mac("kcfs-rollback-v1", rest)
+            guard let decoded = try? RollbackRecord(decoding: record, secret: Self.secret) else { return }
+            check(decoded.encoded(secret: Self.secret) == record, "an accepted rollback record does not re-encode to itself")
+        default:
+            guard let contents = try? SecureBytes(rest), let file = try? DeviceSecretFile(contents) else { return }
+            if case .sealed(let blob) = file {
+                check(DeviceSecretFile.encodeSealed(blob) == rest, "a sealed device-secret file does not re-encode to itself")
+            }
         }
     }
 
@@ -94,8 +127,9 @@ enum FuzzTarget: String, CaseIterable {
     private func keybag(_ input: UnsafeRawBufferPointer) {
         let record = Array(input) + Self.secret.mac("kcfs-keybag-v1", Array(input))
         guard let bag = try? Keybag(decoding: record, secret: Self.secret) else { return }
-        check(bag.formatVersion >= 1 && bag.formatVersion <= Keybag.version, "accepted an unknown version")
-        if bag.formatVersion == Keybag.version {
+        check(bag.formatVersion >= 1 && bag.formatVersion <= Keybag.tpmVersion, "accepted an unknown version")
+        check((bag.formatVersion == Keybag.tpmVersion) == (bag.tpmPasscodeObject != nil), "a TPM object outside version 5")
+        if bag.formatVersion >= Keybag.version {
             check(bag.encoded(secret: Self.secret) == record, "an accepted keybag does not re-encode to itself")
         }
     }

@@ -254,6 +254,10 @@ struct StatusCommand: ParsableCommand {
             let mode = if case .service = target.options.place { "service" } else { "per-user" }
             guard let socketPath = try target.deviceSocket(starting: false) else {
                 print("state: stopped\nmode: \(mode)")
+                // How the keys are kept is in the device-secret file (no TPM asked).
+                if case .directory(let keychain) = target.options.place, let protection = try? keychain.keyProtection() {
+                    print("key-protection: \(protection.rawValue)")
+                }
                 return
             }
             guard case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
@@ -266,6 +270,7 @@ struct StatusCommand: ParsableCommand {
                          "failed-attempts: \(status.failedAttempts)"]
             if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
             lines += ["autolock: \(status.autoLockAfter)", "autolock-grace: \(status.autoLockGrace)", "mode: \(mode)"]
+            lines += status.keyProtection?.lines ?? []
             print(lines.joined(separator: "\n"))
             return
         }

@@ -8,13 +8,25 @@ struct InitCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "init",
         abstract: "Create a keychain.",
-        discussion: "The passcode (4 characters at least) is read twice, from the terminal or as two lines of standard input."
+        discussion: """
+            The passcode (4 characters at least) is read twice, from the terminal or as two lines of standard \
+            input. When a TPM 2.0 answers ($TPM2TOOLS_TCTI, else /dev/tpmrm0), the keychain's keys are sealed \
+            by it: a copy of its files opens nowhere else, every passcode guess goes through the TPM and its \
+            lockout, and an older copy put back is refused. A recovery key is then printed, once: keep it \
+            apart from the machine; `keychainfs recover` needs it after a TPM clear or a move to another machine.
+            """
     )
 
     @OptionGroup var options: KeychainOptions
 
     @Flag(name: .long, help: "Create a keychain that unlocks without a passcode.")
     var noPasscode = false
+
+    @Flag(name: .customLong("no-tpm"), help: "Keep the device secret in a file even when a TPM answers.")
+    var noTPM = false
+
+    @Flag(name: .customLong("tpm"), help: "Seal the keys to the TPM, and fail when none answers (default: when one does).")
+    var requireTPM = false
 
     func run() throws {
         let place = options.place
@@ -24,16 +36,22 @@ struct InitCommand: ParsableCommand {
         }
         let passcode = noPasscode ? nil : try Passcode.readNew(
             prompt: "New passcode: ", missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
+        let recovery: RecoveryKey?
         do {
-            try Device.createKeychain(at: directory, passcode: passcode)
+            recovery = try Device.createKeychain(at: directory, passcode: passcode, tpm: tpmChoice)
         } catch .io {
             // The core has just said which path failed, and why.
             throw fail("no keychain was created at \(directory.path)")
+        } catch .tpmUnavailable {
+            throw fail("no keychain was created: no TPM answers (--tpm); leave it out to keep the keys in a file")
         } catch {
             throw fail("cannot create the keychain at \(directory.path): \(error)")
         }
         print("created a keychain at \(directory.path)")
+        RecoveryKeyNotice.show(recovery)
     }
+
+    private var tpmChoice: TPMChoice { noTPM ? .declined : requireTPM ? .required : .whenPresent }
 
     /// Service mode: the service creates the keychain in its state directory.
     private func createInService(_ place: KeychainPlace) throws {
@@ -43,10 +61,45 @@ struct InitCommand: ParsableCommand {
         switch DeviceClient.send(.create(passcode: passcode), to: try place.socketPath()) {
         case .ok?:
             print("created \(place.name)")
+            RecoveryKeyNotice.show(nil)
+        case .value(let key, _)?:
+            print("created \(place.name)")
+            RecoveryKeyNotice.show(formatted: key)
         case .keychainError(_, let message)?, .systemError(_, let message)?:
             throw fail(message)
-        case .value?, nil:
+        case nil:
             throw fail("the keychainfs service did not answer; no keychain was created", status: ExitStatus.noDevice)
         }
+    }
+}
+
+/// What `init`, `passcode --tpm` and `recover` say about how the keys are
+/// kept, with the recovery key shown once when a TPM sealed them.
+enum RecoveryKeyNotice {
+    static func show(_ recovery: RecoveryKey?) {
+        show(formatted: recovery?.formatted())
+    }
+
+    /// After `recover`: whether the keychain is sealed now (the recovery key stays the same).
+    static func showProtection(of keychain: KeychainDirectory) {
+        let sealed = (try? keychain.keyProtection()) == .tpm2
+        print(sealed ? "key protection: tpm2 (sealed to this machine's TPM; the recovery key is unchanged)"
+                     : "key protection: file")
+    }
+
+    static func show(formatted key: SecureBytes?) {
+        guard let key else {
+            print("key protection: file (no TPM sealed the keys: a copy of the keychain's files can be guessed at "
+                  + "offline; choose a long passcode)")
+            return
+        }
+        print("key protection: tpm2 (the keys are sealed by this machine's TPM)")
+        print("recovery key (shown once; keep it apart from this machine, `keychainfs recover` needs it "
+              + "after a TPM clear or on another machine):")
+        // Straight to standard output: never through a String the heap
+        // keeps (after what print buffered).
+        fflush(nil)
+        key.withUnsafeBytes { _ = try? Descriptor.writeAll(1, $0) }
+        _ = try? Descriptor.writeAll(1, [UInt8(ascii: "\n")])
     }
 }

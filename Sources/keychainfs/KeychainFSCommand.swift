@@ -21,6 +21,7 @@ struct KeychainFSCommand: ParsableCommand {
         version: "keychainfs \(KeychainFSCommand.version) (device protocol \(DeviceProtocol.version))",
         subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
                       LockCommand.self, UnlockCommand.self, StatusCommand.self, AutoLockCommand.self, PasscodeCommand.self,
+                      RecoverCommand.self,
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
                       EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,

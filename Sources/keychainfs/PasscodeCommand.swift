@@ -22,9 +22,14 @@ struct PasscodeCommand: ParsableCommand {
     @Flag(name: .long, help: "Remove the passcode: unlocking needs none from then on.")
     var remove = false
 
+    @Flag(name: .customLong("tpm"),
+          help: "Seal a keychain kept in a file to the TPM (asks for the current passcode only; prints a recovery key).")
+    var sealToTPM = false
+
     func run() throws {
         let place = options.place
         try place.requireExisting()
+        if sealToTPM { return try moveToTPM(place) }
         let socketPath = try place.socketPath()
         guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
             throw fail("no current passcode given (an empty line if the keychain has none)")
@@ -59,6 +64,38 @@ struct PasscodeCommand: ParsableCommand {
             }
         }
         print(remove ? "removed the passcode" : "changed the passcode")
+    }
+
+    /// `--tpm`: done on the keychain directly, so that no device holds it.
+    private func moveToTPM(_ place: KeychainPlace) throws {
+        guard case .directory(let keychain) = place else {
+            throw fail("the keychainfs service seals the keychains it creates when its account reaches a TPM; "
+                       + "a keychain of the service is moved by recreating it (backup, init, restore)")
+        }
+        let device: Device
+        do {
+            device = try Device(directory: keychain)
+        } catch .keychainInUse {
+            throw fail("a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed")
+        } catch {
+            throw fail(keychain.sentence(for: error))
+        }
+        defer { device.shutDown() }
+        guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
+            throw fail("no current passcode given (an empty line if the keychain has none)")
+        }
+        let recovery: RecoveryKey
+        do {
+            recovery = try device.moveToTPM(passcode: current.count > 0 ? current : nil)
+        } catch .duplicateKeychain {
+            throw fail("the keychain's keys are sealed by a TPM already; nothing was changed")
+        } catch .tpmUnavailable {
+            throw fail("no TPM answers ($TPM2TOOLS_TCTI, else /dev/tpmrm0); nothing was changed")
+        } catch {
+            throw fail(Self.explain(error, retryAfter: device.status.retryAfter), status: ExitStatus.of(error))
+        }
+        print("sealed the keychain's keys to the TPM")
+        RecoveryKeyNotice.show(recovery)
     }
 
     private static func explain(_ error: KeychainError, retryAfter: Int64?) -> String {

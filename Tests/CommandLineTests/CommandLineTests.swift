@@ -225,7 +225,7 @@ extension CommandLineTests {
                 _, status = os.waitpid(pid, 0)
                 return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
             code, shown = run([sys.argv[1], "init", "--keychain", sys.argv[2]], [b"tty-secret", b"tty-secret"])
-            print(code, "secret-echoed" if b"tty-secret" in shown.encode() else "not-echoed", shown.count("passcode"))
+            print(code, "secret-echoed" if b"tty-secret" in shown.encode() else "not-echoed", shown.count("passcode: "))
             """
         let result = harness.sh("python3 -c \"$1\" \"$K\" \"$R/tty-keychain\"", arguments: [driver])
         #expect(result.stdout == "0 not-echoed 2\n", "\(result)")

@@ -12,7 +12,7 @@ import TestSupport
         func k(_ arguments: String, stdin: String? = nil) -> ShellResult {
             harness.sh("\"$K\" \(arguments) --keychain \"$KC\"", stdin: stdin)
         }
-        #expect(k("status").stdout == "state: stopped\nmode: per-user\n")
+        #expect(k("status").stdout == "state: stopped\nmode: per-user\nkey-protection: file\n")
         // The first client starts the device: booted, so locked.
         let locked = k("set default/token", stdin: "v")
         #expect(locked.status == 3 && locked.stderr.contains("locked"), "\(locked)")

@@ -235,7 +235,7 @@ extension DeviceTests {
         let directory = KeychainDirectory(path: root + "/keychain")
         #expect(mkdir(directory.path, 0o700) == 0)
         #expect(FileManager.default.createFile(atPath: directory.deviceSecretPath, contents: Data(repeating: 7, count: 32)))
-        try Device.createKeychain(at: directory, passcode: secure("p"), kdf: .insecureFastForTests)
+        try Device.createKeychain(at: directory, passcode: secure("p"), kdf: .insecureFastForTests, tpm: .declined)
         let device = try Device(directory: directory)
         try device.unlock(passcode: secure("p"))
     }

@@ -73,7 +73,7 @@ import Testing
     @Test(.enabled(if: ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN"] != nil))
     func writeGoldenKeychain() throws {
         let target = KeychainDirectory(path: ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN"]!)
-        try Device.createKeychain(at: target, passcode: secure(Self.passcode), kdf: .interactive)
+        try Device.createKeychain(at: target, passcode: secure(Self.passcode), kdf: .interactive, tpm: .declined)
         do {
             let manager = PasswordManager(device: try Device(directory: target))
             try manager.localDevice.unlock(passcode: secure(Self.passcode))

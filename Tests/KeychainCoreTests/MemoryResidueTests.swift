@@ -13,7 +13,7 @@ import TestSupport
         let directory = KeychainDirectory(path: root + "/keychain")
         // Random bytes, never a String: a String would be a copy of our own.
         let passcode = SecureBytes.random(count: 24)
-        try Device.createKeychain(at: directory, passcode: passcode, kdf: .insecureFastForTests)
+        try Device.createKeychain(at: directory, passcode: passcode, kdf: .insecureFastForTests, tpm: .declined)
         // What an attacker would look for, computed where no copy stays behind.
         let secrets = try SecretThread.run { () throws -> [SecureBytes] in
             let secret = DeviceSecret(secret: try directory.readDeviceSecret())
@@ -23,7 +23,7 @@ import TestSupport
             let bag = try Keybag(decoding: query.blob(0), secret: secret)
             db.finishStatements()
             let stretched = try Crypto.stretch(passcode: passcode, salt: bag.salt, parameters: bag.kdf)
-            let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
+            let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode, tpm: nil)
             let classKeys = try [ProtectionClass.whenUnlocked, .whenUnlockedThisDeviceOnly].map {
                 try bag.unwrap($0, secret: secret, passcodeKey: passcodeKey)
             }

@@ -14,7 +14,7 @@ final class TemporaryKeychain: @unchecked Sendable {
     init(passcode: String? = TemporaryKeychain.passcode, kdf: KDFParameters = .insecureFastForTests) throws {
         root = try makeTemporaryDirectory()
         directory = KeychainDirectory(path: root + "/keychain")
-        try Device.createKeychain(at: directory, passcode: passcode.map { try SecureBytes($0) }, kdf: kdf)
+        try Device.createKeychain(at: directory, passcode: passcode.map { try SecureBytes($0) }, kdf: kdf, tpm: .declined)
     }
 
     /// Copies a keychain fixture into a fresh temporary directory.

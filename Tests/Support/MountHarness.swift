@@ -26,13 +26,17 @@ package final class MountHarness: @unchecked Sendable {
     package let user: OrdinaryUser?
     /// The service that holds the keychain (nil: the user's own device, in `keychain`).
     package let service: ServiceHarness?
+    /// Variables every command gets besides the harness's own (a TPM's TCTI).
+    package var extraEnvironment: [String: String]
     /// The option that names the keychain in a command: none for the service's.
     package var keychainOption: String { service == nil ? " --keychain \"$KC\"" : "" }
 
     /// A keychain of `user` (nil: of this process's user), in a new temporary
-    /// directory, or, with `service`, the user's keychain in that service.
+    /// directory, or, with `service`, the user's keychain in that service;
+    /// not created yet when `creating` is false (a test that runs `init` itself).
     package init(passcode: String? = MountHarness.passcode, as user: OrdinaryUser? = nil,
-                 service: ServiceHarness? = nil) throws {
+                 service: ServiceHarness? = nil, environment extra: [String: String] = [:], creating: Bool = true) throws {
+        extraEnvironment = extra
         var template = Array((NSTemporaryDirectory() + "kcfs-fs-XXXXXX").utf8CString)
         guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
         root = String(validatingCString: made)!
@@ -53,6 +57,7 @@ package final class MountHarness: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
         try user?.own(root)
+        guard creating else { return }
         let created = passcode.map { sh("\"$K\" init" + keychainOption, stdin: $0 + "\n" + $0 + "\n") }
             ?? sh("\"$K\" init --no-passcode" + keychainOption)
         guard created.succeeded else { throw HarnessError("init failed: \(created)") }
@@ -150,6 +155,7 @@ package final class MountHarness: @unchecked Sendable {
         environment["KC"] = keychain
         environment["R"] = root
         environment["LC_ALL"] = "C"
+        environment.merge(extraEnvironment) { _, extra in extra }
         // Only where a test asks for it: a service installed on this machine is not the test's.
         environment["KEYCHAINFS_SERVICE"] = service?.socket ?? ""
         if let user {

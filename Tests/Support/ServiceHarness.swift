@@ -18,11 +18,15 @@ package final class ServiceHarness: @unchecked Sendable {
     /// descriptors it may open (nil: as inherited).
     private let options: [String]
     private let descriptorLimit: Int?
+    /// Variables the service gets besides this process's (a TPM's TCTI).
+    private let environment: [String: String]
 
     /// `started`: false for a test that starts the service its own way
     /// (socket activation), at ``socket`` with ``stateDirectory``.
-    package init(started: Bool = true, options: [String] = [], descriptorLimit: Int? = nil) throws {
+    package init(started: Bool = true, options: [String] = [], descriptorLimit: Int? = nil,
+                 environment: [String: String] = [:]) throws {
         self.options = options
+        self.environment = environment
         self.descriptorLimit = descriptorLimit
         guard getpwnam("keychainfs") != nil else {
             throw HarnessError("no keychainfs account: run ./scripts/setup (it creates it)")
@@ -45,8 +49,10 @@ package final class ServiceHarness: @unchecked Sendable {
     private func start() throws {
         // prlimit sets the limit, then execs the service: the pid is the service's.
         let limited = descriptorLimit.map { ["/usr/bin/prlimit", "--nofile=\($0):\($0)", "--"] } ?? []
+        let variables = environment.isEmpty ? nil
+            : ProcessInfo.processInfo.environment.merging(environment) { _, ours in ours }.map { "\($0.key)=\($0.value)" }
         pid = try MountHarness.startReady(limited + [binary, "service", "--state-directory", stateDirectory,
-                                                     "--socket", socket] + options)
+                                                     "--socket", socket] + options, environment: variables)
     }
 
     /// Starts the service again after ``stop()``: same state, same socket.

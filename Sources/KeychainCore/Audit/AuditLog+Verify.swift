@@ -9,7 +9,7 @@ extension AuditLog {
     /// keychain recorded. Returns the lines checked and the problems found
     /// (none: intact). Needs the device secret, not the passcode.
     public static func verify(directory: KeychainDirectory) throws(KeychainError) -> VerifyReport {
-        let secret = DeviceSecret(secret: try directory.readDeviceSecret())
+        let (secret, _) = try directory.openDeviceSecret(tcti: TrustedPlatformModule.configuredTCTI)
         let anchor = try storedAnchor(directory: directory, secret: secret)
         let chainKey = Crypto.KeyedHash(key: secret.auditKey.pointer.assumingMemoryBound(to: UInt8.self))
         var problems: [String] = []
@@ -110,6 +110,9 @@ extension AuditLog {
     static func storedAnchor(directory: KeychainDirectory, secret: DeviceSecret) throws(KeychainError) -> Anchor? {
         let db = try SQLiteConnection(path: directory.databasePath, create: false)
         defer { db.finishStatements() }
+        // The anchor is bound to the rollback counter's epoch, if any.
+        let rollback = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, RollbackRecord.recordKey)
+        if try rollback.step() { secret.epoch.value = try RollbackRecord(decoding: rollback.blob(0), secret: secret).epoch }
         let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, anchorKey)
         guard try query.step() else { return nil }
         return try Anchor(decoding: query.blob(0), secret: secret)

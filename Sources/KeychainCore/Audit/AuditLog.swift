@@ -21,7 +21,8 @@ public final class AuditLog: Sendable {
     public static let rotatedName = "audit.log.1"
     static let anchorKey = "audit"
     private static let macDomain = "kcfs-audit-v1"
-    private static let anchorDomain = "kcfs-audit-anchor-v1"
+    /// Bound to the rollback counter (``DeviceSecret/boundRecord(_:_:)``).
+    static let anchorDomain = "kcfs-audit-anchor-v1"
     /// A file past this size is rotated (by default): with `audit.log.1`,
     /// the log keeps 32 to 64 MiB, some 150,000 lines at the least.
     public static let rotationSize = 32 << 20
@@ -289,7 +290,7 @@ public final class AuditLog: Sendable {
             var writer = ByteWriter()
             writer.append(sequence)
             writer.append(mac)
-            return secret.authenticatedRecord(AuditLog.anchorDomain, writer.bytes)
+            return secret.boundRecord(AuditLog.anchorDomain, writer.bytes)
         }
 
         init(sequence: UInt64, mac: [UInt8]) {
@@ -298,7 +299,7 @@ public final class AuditLog: Sendable {
         }
 
         init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-            var reader = ByteReader(try secret.authenticatedBody(AuditLog.anchorDomain, record, length: 8 + Crypto.macSize))
+            var reader = ByteReader(try secret.boundBody(AuditLog.anchorDomain, record, length: 8 + Crypto.macSize))
             sequence = try reader.readUInt64()
             mac = try reader.read(Crypto.macSize)
         }

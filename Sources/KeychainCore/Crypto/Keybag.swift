@@ -1,3 +1,4 @@
+import Synchronization
 internal import CSodium
 
 /// The per-device secret: 32 random bytes in the keychain directory that never
@@ -18,6 +19,11 @@ struct DeviceSecret: Sendable {
     /// Seals the items' details (``ItemDetails``): always available, as
     /// names are, so that a search finds locked items.
     let detailsKey: GuardedKey
+    /// The TPM rollback counter's value that the state, policy and audit
+    /// anchor records are bound to (nil: a keychain without a counter):
+    /// it is part of their MACs' domain, so a record from before a bump
+    /// fails authentication after it (``RollbackRecord``).
+    let epoch = RollbackEpoch()
 
     init(secret: SecureBytes) {
         precondition(secret.count == Crypto.keySize)
@@ -48,14 +54,42 @@ struct DeviceSecret: Sendable {
         guard Crypto.constantTimeEqual(mac(domain, body), Array(record.suffix(Crypto.macSize))) else { throw .decode }
         return body
     }
+
+    /// The domain of a record bound to the rollback counter at `epoch`
+    /// (nil: unbound, a keychain without a counter, as before issue 30).
+    static func boundDomain(_ domain: String, epoch: UInt64?) -> String {
+        epoch.map { "\(domain)@\($0)" } ?? domain
+    }
+
+    /// An ``authenticatedRecord(_:_:)`` bound to the current ``epoch``.
+    func boundRecord(_ domain: String, _ body: [UInt8]) -> [UInt8] {
+        authenticatedRecord(Self.boundDomain(domain, epoch: epoch.value), body)
+    }
+
+    /// The body of a ``boundRecord(_:_:)`` of the current ``epoch``.
+    func boundBody(_ domain: String, _ record: [UInt8], length: Int? = nil) throws(KeychainError) -> [UInt8] {
+        try authenticatedBody(Self.boundDomain(domain, epoch: epoch.value), record, length: length)
+    }
+}
+
+/// The rollback counter's value a keychain's bound records carry: set at
+/// boot from the ``RollbackRecord`` and by each bump, while the store's
+/// connection is held (an item write reads it inside its transaction).
+final class RollbackEpoch: Sendable {
+    private let current = Mutex<UInt64?>(nil)
+    var value: UInt64? {
+        get { current.withLock { $0 } }
+        set { current.withLock { $0 = newValue } }
+    }
 }
 
 /// The class keys of one keychain and how they are wrapped on disk.
 ///
 /// Record (meta key `keybag`), little-endian:
 /// `version u8 | hasPasscode u8 | opsLimit u64 | memLimit u64 | salt[16] |`
-/// six times (class 1...6) `nonce[24] | wrapped key[48]` `| mac[32]`,
-/// the MAC (keyed BLAKE2b under the device metadata key) over all before it.
+/// six times (class 1...6) `nonce[24] | wrapped key[48]`, in version 5
+/// `| length u16 | the passcode's TPM object`, then `| mac[32]`, the MAC
+/// (keyed BLAKE2b under the device metadata key) over all before it.
 struct Keybag {
     /// Version 2 means the keychain's authenticated `state` (version 2) and
     /// `lockout` records must exist: a boot without them is tampering.
@@ -78,6 +112,15 @@ struct Keybag {
     var kdf: KDFParameters
     var salt: [UInt8]
     var wrapped: [ProtectionClass: (nonce: [UInt8], sealed: [UInt8])] = [:]
+    /// The passcode's TPM object (issue 30): a random secret sealed by the
+    /// TPM under an auth derived from Argon2id(passcode), without which the
+    /// passcode KEK cannot be derived, so every guess goes through the TPM
+    /// and its dictionary-attack lockout. Nil for a keychain kept in a file,
+    /// or without a passcode. A record carrying one is version 5
+    /// (``tpmVersion``), which builds before issue 30 refuse.
+    var tpmPasscodeObject: [UInt8]?
+    /// The version of a record with a ``tpmPasscodeObject``.
+    static let tpmVersion: UInt8 = 5
 
     private init(hasPasscode: Bool, kdf: KDFParameters, salt: [UInt8]) {
         self.hasPasscode = hasPasscode
@@ -85,36 +128,94 @@ struct Keybag {
         self.salt = salt
     }
 
-    /// New random class keys, wrapped for `passcode` (nil: a keychain without one).
-    static func create(secret: DeviceSecret, passcode: SecureBytes?, kdf: KDFParameters) throws(KeychainError) -> Keybag {
-        var bag = Keybag(hasPasscode: passcode != nil, kdf: kdf, salt: Crypto.randomBytes(Crypto.saltSize))
-        let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
+    /// New random class keys, wrapped for `passcode` (nil: a keychain
+    /// without one), its KEK entangled with `tpm` when given. Returns the
+    /// keys of the passcode classes too (for a recovery record).
+    static func create(secret: DeviceSecret, passcode: SecureBytes?, kdf: KDFParameters,
+                       tpm: KeychainTPM? = nil) throws(KeychainError) -> (Keybag, [ProtectionClass: GuardedKey]) {
+        var bag = Keybag(hasPasscode: passcode != nil, kdf: kdf, salt: [])
+        let passcodeKey = try bag.enroll(secret: secret, passcode: passcode, tpm: tpm)
+        var keys: [ProtectionClass: GuardedKey] = [:]
         for protectionClass in ProtectionClass.allCases {
-            try bag.wrap(SecureBytes.random(count: Crypto.keySize), as: protectionClass, secret: secret, passcodeKey: passcodeKey)
+            let classKey = SecureBytes.random(count: Crypto.keySize)
+            try bag.wrap(classKey, as: protectionClass, secret: secret, passcodeKey: passcodeKey)
+            if protectionClass.mode != .always { keys[protectionClass] = GuardedKey(copying: classKey) }
         }
-        return bag
+        return (bag, keys)
     }
 
     /// The keybag for another passcode (nil: none): the keys of the
-    /// passcode-protected classes, unwrapped with `oldPasscode`, wrapped
-    /// again under `newPasscode` with a fresh salt. The class keys stay the
-    /// same (no item is re-encrypted) and the `always` classes are untouched.
-    /// ``KeychainError/decode`` when `oldPasscode` is wrong.
-    func rewrapped(secret: DeviceSecret, oldPasscode: SecureBytes?, newPasscode: SecureBytes?) throws(KeychainError) -> Keybag {
-        let oldKey = try passcodeKey(secret: secret, passcode: oldPasscode)
+    /// passcode-protected classes, unwrapped with `oldPasscode` (through
+    /// `tpm` when the keybag has a TPM object), wrapped again under
+    /// `newPasscode` with a fresh salt, entangled with `sealingTPM` when
+    /// given. The class keys stay the same (no item is re-encrypted) and the
+    /// `always` classes are untouched. ``KeychainError/decode`` or
+    /// ``KeychainError/authFailed`` when `oldPasscode` is wrong.
+    func rewrapped(secret: DeviceSecret, oldPasscode: SecureBytes?, newPasscode: SecureBytes?, tpm: KeychainTPM?,
+                   sealingTPM: KeychainTPM?) throws(KeychainError) -> Keybag {
+        let keys = try unwrapPasscodeClasses(secret: secret, passcode: oldPasscode, tpm: tpm)
+        return try rewrapped(secret: secret, classKeys: keys, newPasscode: newPasscode, sealingTPM: sealingTPM)
+    }
+
+    /// The keybag with the passcode classes' `classKeys` wrapped under
+    /// `newPasscode` (`keychainfs recover` has them from the recovery key).
+    func rewrapped(secret: DeviceSecret, classKeys: [ProtectionClass: GuardedKey], newPasscode: SecureBytes?,
+                   sealingTPM: KeychainTPM?) throws(KeychainError) -> Keybag {
         var bag = self
-        bag.formatVersion = Keybag.version
-        bag.hasPasscode = newPasscode != nil
-        bag.salt = Crypto.randomBytes(Crypto.saltSize)
-        let newKey = try bag.passcodeKey(secret: secret, passcode: newPasscode)
+        let newKey = try bag.enroll(secret: secret, passcode: newPasscode, tpm: sealingTPM)
         for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
-            let classKey = try unwrap(protectionClass, secret: secret, passcodeKey: oldKey)
+            guard let classKey = classKeys[protectionClass] else { throw .decode }
             let plain = try classKey.withKey { (key) throws(KeychainError) in
                 try SecureBytes(copying: UnsafeRawBufferPointer(start: key, count: Crypto.keySize))
             }
             try bag.wrap(plain, as: protectionClass, secret: secret, passcodeKey: newKey)
         }
         return bag
+    }
+
+    /// The keys of the passcode classes, given the passcode.
+    func unwrapPasscodeClasses(secret: DeviceSecret, passcode: SecureBytes?,
+                               tpm: KeychainTPM?) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
+        let passcodeKey = try passcodeKey(secret: secret, passcode: passcode, tpm: tpm)
+        var keys: [ProtectionClass: GuardedKey] = [:]
+        for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
+            keys[protectionClass] = try unwrap(protectionClass, secret: secret, passcodeKey: passcodeKey)
+        }
+        return keys
+    }
+
+    /// Sets this keybag up for `passcode` (nil: none): a fresh salt and, with
+    /// `tpm`, a fresh TPM object; returns the passcode KEK.
+    private mutating func enroll(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError) -> GuardedKey {
+        formatVersion = Keybag.version
+        hasPasscode = passcode != nil
+        salt = Crypto.randomBytes(Crypto.saltSize)
+        tpmPasscodeObject = nil
+        guard let passcode, let tpm else { return try passcodeKey(secret: secret, passcode: passcode, tpm: nil) }
+        let stretched = try Crypto.stretch(passcode: passcode, salt: salt, parameters: kdf)
+        let tpmSecret = SecureBytes.random(count: Crypto.keySize)
+        let auth = Self.tpmAuth(stretched)
+        tpmPasscodeObject = try tpm.use { module throws(TPMError) in try module.seal(tpmSecret, auth: auth, guarded: true) }
+        return Self.entangledKey(secret: secret, stretched: stretched, tpmSecret: tpmSecret)
+    }
+
+    /// The auth of the passcode's TPM object: a key derived from the
+    /// stretched passcode (never the KEK's own input as it is).
+    private static func tpmAuth(_ stretched: SecureBytes) -> SecureBytes {
+        stretched.withUnsafeBytes { raw in
+            Array("kcfs-tpm-auth-v1".utf8).withUnsafeBytes { domain in
+                Crypto.deriveKey(key: raw.baseAddress!.assumingMemoryBound(to: UInt8.self), [domain])
+            }
+        }
+    }
+
+    private static func entangledKey(secret: DeviceSecret, stretched: SecureBytes, tpmSecret: SecureBytes) -> GuardedKey {
+        let derived = secret.wrapKey.withKey { key in
+            Array("kcfs-passcode-kek-tpm-v1".utf8).withUnsafeBytes { d in
+                stretched.withUnsafeBytes { s in tpmSecret.withUnsafeBytes { t in Crypto.deriveKey(key: key, [d, s, t]) } }
+            }
+        }
+        return GuardedKey(copying: derived)
     }
 
     /// Seals one class key under its wrapping key, with a fresh nonce.
@@ -130,14 +231,23 @@ struct Keybag {
     }
 
     /// The key that wraps the passcode-protected classes: BLAKE2b keyed with
-    /// the device wrap key over Argon2id(passcode). Tied to this device, so
-    /// the passcode cannot be brute-forced from the database alone.
-    func passcodeKey(secret: DeviceSecret, passcode: SecureBytes?) throws(KeychainError) -> GuardedKey {
+    /// the device wrap key over Argon2id(passcode) and, for a keybag with a
+    /// TPM object, the secret the TPM unseals for that passcode alone (a
+    /// wrong one is ``KeychainError/authFailed``, counted by the TPM). Tied
+    /// to this device, so the passcode cannot be brute-forced from the
+    /// database alone, nor, with a TPM, from every file of the keychain.
+    func passcodeKey(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError) -> GuardedKey {
         let stretched: SecureBytes
         let domain: String
         if hasPasscode {
             guard let passcode else { throw .authFailed }
             stretched = try Crypto.stretch(passcode: passcode, salt: salt, parameters: kdf)
+            if let object = tpmPasscodeObject {
+                guard let tpm else { throw .tpmUnavailable }
+                let auth = Self.tpmAuth(stretched)
+                let tpmSecret = try tpm.use { module throws(TPMError) in try module.unseal(object, auth: auth) }
+                return Self.entangledKey(secret: secret, stretched: stretched, tpmSecret: tpmSecret)
+            }
             domain = "kcfs-passcode-kek-v1"
         } else {
             // A keychain without a passcode: unlocking needs none, but
@@ -180,7 +290,8 @@ struct Keybag {
 
     func encoded(secret: DeviceSecret) -> [UInt8] {
         var writer = ByteWriter()
-        writer.append(Self.version)  // re-encoding a version 1 record upgrades it
+        // Re-encoding a version 1 record upgrades it.
+        writer.append(tpmPasscodeObject == nil ? Self.version : Self.tpmVersion)
         writer.append(UInt8(hasPasscode ? 1 : 0))
         writer.append(kdf.opsLimit)
         writer.append(kdf.memLimit)
@@ -188,6 +299,10 @@ struct Keybag {
         for protectionClass in ProtectionClass.allCases {
             writer.append(wrapped[protectionClass]!.nonce)
             writer.append(wrapped[protectionClass]!.sealed)
+        }
+        if let object = tpmPasscodeObject {
+            writer.append(UInt16(object.count))
+            writer.append(object)
         }
         return secret.authenticatedRecord(Self.macDomain, writer.bytes)
     }
@@ -197,7 +312,7 @@ struct Keybag {
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
         var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record))
         formatVersion = try reader.readByte()
-        guard (1...Self.version).contains(formatVersion) else { throw .decode }
+        guard (1...Self.tpmVersion).contains(formatVersion) else { throw .decode }
         // Only the two canonical values: a record means one thing only.
         let passcodeFlag = try reader.readByte()
         guard passcodeFlag <= 1 else { throw .decode }
@@ -208,6 +323,11 @@ struct Keybag {
         for protectionClass in ProtectionClass.allCases {
             let nonce = try reader.read(Crypto.nonceSize)
             wrapped[protectionClass] = (nonce, try reader.read(Crypto.keySize + Crypto.tagSize))
+        }
+        if formatVersion == Self.tpmVersion {
+            let length = Int(try reader.readUInt16())
+            guard length > 0, hasPasscode else { throw .decode }
+            tpmPasscodeObject = try reader.read(length)
         }
         guard reader.isAtEnd else { throw .decode }
     }

@@ -5,20 +5,48 @@ import Glibc
 
 extension Device {
     /// Creates a new keychain at `directory`: device secret, class keys, empty store.
-    /// `passcode` nil creates one whose `unlock` needs no passcode.
+    /// `passcode` nil creates one whose `unlock` needs no passcode. With a
+    /// TPM (`tpm`, at `tcti`), the device secret is sealed by it, the
+    /// passcode entangled with it and a rollback counter defined: the
+    /// recovery key is returned, to be shown once (nil: kept in a file).
+    @discardableResult
     public static func createKeychain(at directory: KeychainDirectory, passcode: SecureBytes?,
-                                      kdf: KDFParameters = .interactive) throws(KeychainError) {
+                                      kdf: KDFParameters = .interactive, tpm choice: TPMChoice = .whenPresent,
+                                      tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> RecoveryKey? {
         Sodium.ensureInitialized()
         if let passcode, passcode.count == 0 { throw .param }
+        if directory.exists { throw .duplicateKeychain }
+        let tpm: KeychainTPM?
+        switch choice {
+        case .declined: tpm = nil
+        case .whenPresent: tpm = KeychainTPM.present(tcti: tcti)
+        case .required:
+            guard let found = KeychainTPM.present(tcti: tcti) else { throw .tpmUnavailable }
+            tpm = found
+        }
         try directory.prepareForCreation()
         let secretBytes = SecureBytes.random(count: Crypto.keySize)
         let secret = DeviceSecret(secret: secretBytes)
-        let bag = try SecretThread.run { () throws(KeychainError) in
-            try Keybag.create(secret: secret, passcode: passcode, kdf: kdf)
+        let (bag, classKeys) = try SecretThread.run { () throws(KeychainError) in
+            try Keybag.create(secret: secret, passcode: passcode, kdf: kdf, tpm: tpm)
+        }
+        var fileContents = secretBytes
+        var extraRecords: [(String, [UInt8])] = []
+        var recovery: RecoveryKey?
+        if let tpm {
+            fileContents = try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(secretBytes)))
+            let counter = try tpm.defineCounter()
+            secret.epoch.value = counter.value
+            let key = RecoveryKey.generate()
+            extraRecords = [
+                (RollbackRecord.recordKey, RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)),
+                (RecoveryKey.recordKey, try key.sealRecord(deviceSecret: secretBytes, classKeys: classKeys)),
+            ]
+            recovery = key
         }
         // The database is the marker of a finished keychain (`exists`), so it
         // is created last: a failure before leaves no half keychain behind.
-        try directory.writeDeviceSecret(secretBytes)
+        try directory.writeDeviceSecret(fileContents)
         let temporary = directory.databasePath + ".new"
         unlink(temporary)
         do {
@@ -26,6 +54,7 @@ extension Device {
             try store.setMetadata(Keybag.recordKey, bag.encoded(secret: secret))
             try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
             try store.setMetadata(EntitlementPolicy.recordKey, EntitlementPolicy().encoded(secret: secret))
+            for (key, value) in extraRecords { try store.setMetadata(key, value) }
             try store.sync()
         }
         unlink(temporary + "-wal")
@@ -34,6 +63,7 @@ extension Device {
         // (sqlite gives the -wal and -shm files the database file's mode).
         guard chmod(temporary, 0o600) == 0 else { throw fileFailure("make private (chmod 600)", temporary) }
         guard rename(temporary, directory.databasePath) == 0 else { throw fileFailure("rename into place", directory.databasePath) }
+        return recovery
     }
 }
 

@@ -86,11 +86,12 @@ extension Device {
         let count = try withPasscode(passcode) { () throws(KeychainError) -> Int in
             var policy = entitlements.withLock { $0 }
             let count = try change(&policy)
-            try store.setMetadata(EntitlementPolicy.recordKey, policy.encoded(secret: secret))
+            try writeBound(EntitlementPolicy.recordKey) { policy.encoded(secret: secret) }
             saveAuditAnchor()
             entitlements.withLock { $0 = policy }
             return count
         }
+        bumpRollbackCounter("policy change")
         notify(.entitlementsChanged(group: group))
         return count
     }

@@ -28,15 +28,17 @@ extension Device {
     /// a crash at any point, either the old or the new passcode works.
     public func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
         if let new, new.count == 0 { throw .param }
+        let tpm = sealingTPM.withLock { $0 }
         try passcodeAttempt({ () throws(KeychainError) -> Keybag in
             let bag = keybag, secret = secret
             return try SecretThread.run { () throws(KeychainError) -> Keybag in
-                try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new)
+                try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new, tpm: tpm, sealingTPM: tpm)
             }
         }, then: { (changed) throws(KeychainError) in
             try store.setMetadata(Keybag.recordKey, changed.encoded(secret: secret))
             currentKeybag.withLock { $0 = changed }
         })
+        bumpRollbackCounter("passcode change")
     }
 
     /// Runs `body` if `passcode` is the keychain's (nil for one without a
@@ -83,14 +85,9 @@ extension Device {
     /// The class keys a passcode unwraps. Derived on a ``SecretThread``: no
     /// copy of the stretched passcode or of the keys stays on any stack.
     func unwrapPasscodeClasses(_ passcode: SecureBytes?) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
-        let bag = keybag, secret = secret
+        let bag = keybag, secret = secret, tpm = sealingTPM.withLock { $0 }
         return try SecretThread.run { () throws(KeychainError) -> [ProtectionClass: GuardedKey] in
-            let passcodeKey = try bag.passcodeKey(secret: secret, passcode: passcode)
-            var keys: [ProtectionClass: GuardedKey] = [:]
-            for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
-                keys[protectionClass] = try bag.unwrap(protectionClass, secret: secret, passcodeKey: passcodeKey)
-            }
-            return keys
+            try bag.unwrapPasscodeClasses(secret: secret, passcode: passcode, tpm: tpm)
         }
     }
 

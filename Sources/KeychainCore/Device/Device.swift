@@ -48,14 +48,24 @@ public final class Device: Sendable {
     /// the record of its outcome are one step, so concurrent attempts cannot
     /// all pass the check before any failure is counted.
     let unlockAttempt = Mutex(())
+    /// The TPM that seals the keychain's keys (nil: kept in a file).
+    let sealingTPM = Mutex<KeychainTPM?>(nil)
+    /// The rollback counter's index and the time of its last bump (nil: none).
+    let rollbackCounter = Mutex<(index: UInt32, lastBump: Int64)?>(nil)
+    /// Held across a write of a record bound to the rollback counter
+    /// (policy, audit anchor) and across a bump, which rebinds them: a
+    /// record MACed for the old epoch never lands after the bump.
+    let boundWrites = Mutex(())
 
     /// Boots the device of an existing keychain: locked, before first unlock.
     /// - Parameters:
     ///   - policy: lockout delays after wrong passcodes.
     ///   - clock: wall-clock seconds; the lockout deadline is persisted in it,
     ///     so that restarting the process does not reset it.
+    ///   - tcti: the TPM of a TPM-sealed keychain (nil: `$TPM2TOOLS_TCTI`, else `/dev/tpmrm0`).
     public init(directory: KeychainDirectory, policy: LockoutPolicy = .iOS,
-                clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) }) throws(KeychainError) {
+                clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) },
+                tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
         if let problem = directory.permissionProblem() {
@@ -64,8 +74,9 @@ public final class Device: Sendable {
         }
         let fd = try Self.takeKeychainLock(directory)
         do throws(KeychainError) {
-            let secret = DeviceSecret(secret: try directory.readDeviceSecret())
+            let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
             let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
+            let (tpm, counter) = try Self.checkRollback(directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
             let records = try BootRecords(store: store, secret: secret)
             audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: records.auditAnchor)
             var keys: [ProtectionClass: GuardedKey] = [:]
@@ -81,7 +92,12 @@ public final class Device: Sendable {
             self.policy = policy
             self.clock = clock
             state.withLock { $0.keys = keys }
-            store.onChange { [weak self] change in self?.notify(.changed(change)) }
+            sealingTPM.withLock { $0 = tpm }
+            if let counter { rollbackCounter.withLock { $0 = (counter, clock()) } }
+            store.onChange { [weak self] change in
+                self?.notify(.changed(change))
+                self?.noteWriteForRollback()
+            }
             // Reading it now reports a tampered lockout record at boot.
             _ = try lockoutRecord()
             try store.startWriteAheadLog()
@@ -93,7 +109,7 @@ public final class Device: Sendable {
 
     /// One device per keychain across processes: an exclusive `flock` on
     /// its lock file, held until the device is deinitialised.
-    private static func takeKeychainLock(_ directory: KeychainDirectory) throws(KeychainError) -> Int32 {
+    static func takeKeychainLock(_ directory: KeychainDirectory) throws(KeychainError) -> Int32 {
         let fd = open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw fileFailure("open", directory.lockFilePath) }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
@@ -159,6 +175,7 @@ public final class Device: Sendable {
     func lockNow(by subject: AuditSubject?, detail: String?) {
         audit.record(AuditEvent(operation: "lock", result: "ok", subject: subject, detail: detail))
         saveAuditAnchor()
+        bumpRollbackCounter("lock")
         state.withLock { state in
             for protectionClass in ProtectionClass.allCases where protectionClass.mode == .whenUnlocked {
                 state.keys[protectionClass] = nil
@@ -227,7 +244,7 @@ public final class Device: Sendable {
         // Denials counted but not yet written are written first: the anchor covers them.
         audit.flush()
         do throws(KeychainError) {
-            try store.setMetadata(AuditLog.anchorKey, audit.head.encoded(secret: secret))
+            try writeBound(AuditLog.anchorKey) { audit.head.encoded(secret: secret) }
         } catch {
             Diagnostics.log("could not record the audit log's newest line in the keychain: \(error)")
         }
@@ -261,6 +278,7 @@ public final class Device: Sendable {
     /// writes use a rollback journal).
     public func shutDown() {
         saveAuditAnchor()
+        bumpRollbackCounter("shutdown")
         do throws(KeychainError) {
             try store.closeLog()
         } catch {

@@ -14,6 +14,9 @@ public struct DeviceStatus: Sendable, Equatable {
     public var autoLockAfter: Int = 0
     /// Seconds between `will-lock` and an auto-lock.
     public var autoLockGrace: Int = 0
+    /// How the keys are kept (issue 30); asked of the TPM, so filled in
+    /// only where a status is shown (the `status` request, `.control`).
+    public var keyProtection: KeyProtectionStatus?
 }
 
 /// A change of the device's lock state or of its items, for observers

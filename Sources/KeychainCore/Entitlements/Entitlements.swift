@@ -109,7 +109,8 @@ public struct EntitlementRule: Sendable, Equatable {
 struct EntitlementPolicy: Equatable, Sendable {
     static let recordKey = "entitlements"
     private static let versionWithFlags: UInt8 = 2
-    private static let macDomain = "kcfs-entitlements-v1"
+    /// Bound to the rollback counter (``DeviceSecret/boundRecord(_:_:)``).
+    static let macDomain = "kcfs-entitlements-v1"
 
     var groups: [String: [EntitlementRule]] = [:]
 
@@ -134,11 +135,11 @@ struct EntitlementPolicy: Equatable, Sendable {
                 if flags { writer.append(rule.allowsJIT ? UInt8(1) : 0) }
             }
         }
-        return secret.authenticatedRecord(Self.macDomain, writer.bytes)
+        return secret.boundRecord(Self.macDomain, writer.bytes)
     }
 
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-        var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record))
+        var reader = ByteReader(try secret.boundBody(Self.macDomain, record))
         let version = try reader.readByte()
         guard version == 1 || version == Self.versionWithFlags else { throw .decode }
         var previous: String?

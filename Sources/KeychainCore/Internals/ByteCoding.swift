@@ -16,6 +16,11 @@ struct ByteWriter {
 
     mutating func append(_ value: Int64) { append(UInt64(bitPattern: value)) }
 
+    mutating func append(_ value: UInt16) {
+        bytes.append(UInt8(truncatingIfNeeded: value))
+        bytes.append(UInt8(truncatingIfNeeded: value >> 8))
+    }
+
     mutating func append(_ value: UInt32) {
         for shift in stride(from: 0, to: 32, by: 8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
     }
@@ -77,6 +82,8 @@ struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int
     mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
 
     mutating func readUInt32() throws(KeychainError) -> UInt32 { try readLittleEndian(UInt32.self) }
+
+    mutating func readUInt16() throws(KeychainError) -> UInt16 { try readLittleEndian(UInt16.self) }
 
     mutating func readInt32() throws(KeychainError) -> Int32 { Int32(bitPattern: try readUInt32()) }
 

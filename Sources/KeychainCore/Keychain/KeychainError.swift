@@ -48,7 +48,9 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         switch self {
         case .nameTooLong, .valueTooLarge: return KeychainError.param.rawValue
         case .keychainInUse: return KeychainError.badRequest.rawValue
-        case .insecurePermissions: return KeychainError.io.rawValue
+        case .insecurePermissions, .tpmUnavailable, .tpmMismatch: return KeychainError.io.rawValue
+        case .tpmLockedOut: return KeychainError.authFailed.rawValue
+        case .rolledBack: return KeychainError.decode.rawValue
         default: return rawValue
         }
     }
@@ -73,6 +75,12 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .keychainInUse: return "another process holds this keychain's keys"
         case .insecurePermissions: return "the keychain's files are owned or readable by someone else"
         case .quotaExceeded: return "the keychain holds as many items or bytes as its quota allows; remove some first"
+        case .tpmUnavailable: return "the keychain's keys are sealed by a TPM, and no TPM answers"
+        case .tpmMismatch:
+            return "the keychain's keys are sealed by another TPM (or by this one before it was cleared); "
+                + "`keychainfs recover` opens it with its recovery key"
+        case .tpmLockedOut: return "the TPM refuses passcode tries for now (its dictionary-attack lockout after wrong passcodes)"
+        case .rolledBack: return "the keychain is older than its TPM counter: an older copy of its files was put back"
         default: return "keychain error \(rawValue)"
         }
     }
@@ -84,4 +92,15 @@ extension KeychainError {
     /// The keychain directory or a file in it is another user's, or others
     /// may read or write it (reported as errSecIO); ``KeychainDirectory/permissionProblem()`` says what to fix.
     public static let insecurePermissions = KeychainError(rawValue: -909_002)
+    /// The keychain's device secret is sealed by a TPM and none answers (errSecIO family).
+    public static let tpmUnavailable = KeychainError(rawValue: -909_003)
+    /// The sealed device secret or passcode object does not load in the TPM
+    /// that answers: another machine's, a cleared one (errSecIO family).
+    public static let tpmMismatch = KeychainError(rawValue: -909_004)
+    /// The TPM's dictionary-attack lockout refuses passcode tries for now
+    /// (errSecAuthFailed family; nothing was tried, nothing counted).
+    public static let tpmLockedOut = KeychainError(rawValue: -909_005)
+    /// The keychain's state is older than its TPM rollback counter: an older
+    /// copy of its files was put back (errSecDecode family).
+    public static let rolledBack = KeychainError(rawValue: -909_006)
 }

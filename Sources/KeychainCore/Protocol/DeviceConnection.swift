@@ -46,19 +46,33 @@ final class DeviceConnection: Sendable {
 
 extension DeviceStatus {
     /// The status as protocol fields: locked, unlocked since boot, retry
-    /// after, failed attempts, has passcode, auto-lock delay and grace.
+    /// after, failed attempts, has passcode, auto-lock delay and grace;
+    /// then, when known, the key protection (`tpm2` or `file`), the TPM's
+    /// failure count, its maximum, its recovery seconds and the rollback
+    /// counter (each empty when unknown).
     public var fields: [String] {
-        [isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts), hasPasscode ? "1" : "0",
-         String(autoLockAfter), String(autoLockGrace)]
+        let base = [isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts),
+                    hasPasscode ? "1" : "0", String(autoLockAfter), String(autoLockGrace)]
+        guard let keys = keyProtection else { return base }
+        return base + [keys.protection.rawValue, keys.tpmFailures.map(String.init) ?? "",
+                       keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
+                       keys.rollbackCounter.map(String.init) ?? ""]
     }
 
     /// Parses ``fields``; nil for anything else.
     public init?(fields: [String]) {
-        guard fields.count == 7, let retryAfter = Int64(fields[2]), let failedAttempts = UInt64(fields[3]),
+        guard fields.count == 7 || fields.count == 12, let retryAfter = Int64(fields[2]), let failedAttempts = UInt64(fields[3]),
               let after = Int(fields[5]), let grace = Int(fields[6]) else { return nil }
         let flags = [fields[0], fields[1], fields[4]]
         guard flags.allSatisfy({ $0 == "0" || $0 == "1" }) else { return nil }
         self.init(isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
                   failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
+        guard fields.count == 12 else { return }
+        guard let protection = KeyProtection(rawValue: fields[7]) else { return nil }
+        func number<N: FixedWidthInteger>(_ field: String) -> N?? { field.isEmpty ? .some(nil) : N(field).map { .some($0) } }
+        guard let failures: UInt32? = number(fields[8]), let maximum: UInt32? = number(fields[9]),
+              let recovery: UInt32? = number(fields[10]), let counter: UInt64? = number(fields[11]) else { return nil }
+        keyProtection = KeyProtectionStatus(protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
+                                            tpmRecoverySeconds: recovery, rollbackCounter: counter)
     }
 }

@@ -96,21 +96,22 @@ struct ItemSetState: Sendable {
         var generation: Int64?
     }
 
-    private static let macDomainV2 = "kcfs-state-v2"
+    /// Bound to the rollback counter (``DeviceSecret/boundRecord(_:_:)``).
+    static let macDomainV2 = "kcfs-state-v2"
 
     func sealed(_ record: Record) -> [UInt8] {
         precondition(record.generation != nil, "only version 2 records are written")
         var writer = ByteWriter()
         writer.append(record.digest)
         writer.append(record.generation!)
-        return secret.authenticatedRecord(Self.macDomainV2, writer.bytes)
+        return secret.boundRecord(Self.macDomainV2, writer.bytes)
     }
 
     /// An authentic record of either version; ``KeychainError/decode`` otherwise.
     func record(from bytes: [UInt8]) throws(KeychainError) -> Record {
         switch bytes.count {
         case 2 * Crypto.macSize + 8:
-            var reader = ByteReader(try secret.authenticatedBody(Self.macDomainV2, bytes))
+            var reader = ByteReader(try secret.boundBody(Self.macDomainV2, bytes))
             let digest = try reader.read(Crypto.macSize)
             let generation = try reader.readInt64()
             guard generation >= 0 else { throw .decode }

@@ -248,6 +248,37 @@ final class ItemStore: Sendable {
         }
     }
 
+    /// Moves the records bound to the rollback counter from epoch `old` to
+    /// `new` (nil: unbound) in one transaction, with `records` written
+    /// beside them (the rollback record, a new keybag): each bound record is
+    /// authenticated under `old` and MACed again under `new`. The store's
+    /// connection stays held until `secret`'s epoch says `new`, so that no
+    /// item write seals its state record for the old epoch after the commit.
+    /// A key mapped to nil in `records` is removed.
+    func rebind(secret: DeviceSecret, from old: UInt64?, to new: UInt64?,
+                writing records: [(key: String, value: [UInt8]?)]) throws(KeychainError) {
+        try withConnection { db throws(KeychainError) in
+            try db.transaction { () throws(KeychainError) in
+                for (key, domain) in RollbackRecord.boundRecords {
+                    let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, key)
+                    guard try query.step() else { continue }  // no audit anchor yet
+                    let body = try secret.authenticatedBody(DeviceSecret.boundDomain(domain, epoch: old), query.blob(0))
+                    try db.statement("UPDATE meta SET value = ? WHERE key = ?")
+                        .bind(1, secret.authenticatedRecord(DeviceSecret.boundDomain(domain, epoch: new), body)).bind(2, key).run()
+                }
+                for (key, value) in records {
+                    if let value {
+                        try db.statement("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+                            .bind(1, key).bind(2, value).run()
+                    } else {
+                        try db.statement("DELETE FROM meta WHERE key = ?").bind(1, key).run()
+                    }
+                }
+            }
+            secret.epoch.value = new
+        }
+    }
+
     // MARK: Items
 
     /// The row as this device committed it, if it is among the recent ones

@@ -14,6 +14,17 @@ extension KeychainDirectory {
             return "the keychain at \(keychain.path) failed its integrity check: it was damaged or altered outside "
                 + "keychainfs (a row rolled back, removed or edited), or its device secret does not belong to it; "
                 + "restore it from a backup"
+        case .tpmUnavailable:
+            return "the keychain at \(keychain.path) is sealed by a TPM, and none answers ($TPM2TOOLS_TCTI, else "
+                + "/dev/tpmrm0; the service's account needs the tss group): start it, or open the keychain on its "
+                + "machine; `keychainfs recover` opens it elsewhere with its recovery key"
+        case .tpmMismatch:
+            return "the keychain at \(keychain.path) is sealed by another TPM, or by this one before it was cleared: "
+                + "`keychainfs recover --keychain \(keychain.path)` opens it with its recovery key and seals it to this TPM"
+        case .rolledBack:
+            return "the keychain at \(keychain.path) is older than its TPM rollback counter: an older copy of its files "
+                + "was put back. If you put it back yourself, `keychainfs recover --accept-rollback --keychain "
+                + "\(keychain.path)` accepts it with the passcode; otherwise it was tampered with"
         default:
             return "cannot open the keychain at \(keychain.path): \(error)"
         }

@@ -70,9 +70,10 @@ public struct KeychainDirectory: Sendable, Equatable {
         guard chmod(path, 0o700) == 0 else { throw fileFailure("make private (chmod 700)", path) }
     }
 
-    /// Writes the device secret under a temporary name and renames it into
-    /// place, so that a secret left by an interrupted `init` (no database yet)
-    /// is simply replaced by the next one.
+    /// Writes the device secret (its 32 bytes, or as the TPM sealed it:
+    /// ``DeviceSecretFile``) under a temporary name and renames it into
+    /// place, so that a secret left by an interrupted `init` (no database
+    /// yet) is simply replaced by the next one.
     func writeDeviceSecret(_ secret: SecureBytes) throws(KeychainError) {
         let temporary = deviceSecretPath + ".new"
         unlink(temporary)
@@ -91,21 +92,58 @@ public struct KeychainDirectory: Sendable, Equatable {
             unlink(temporary)
             throw failure
         }
+        // The rename is durable once the directory is (a power loss must
+        // not bring back the file from before a move to the TPM).
+        let directoryFD = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if directoryFD >= 0 {
+            fsync(directoryFD)
+            close(directoryFD)
+        }
     }
 
-    func readDeviceSecret() throws(KeychainError) -> SecureBytes {
+    /// The device-secret file as it is: the secret, or the TPM's blob.
+    func readDeviceSecretFile() throws(KeychainError) -> DeviceSecretFile {
         let fd = open(deviceSecretPath, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             Diagnostics.log("the keychain's device secret is missing at \(deviceSecretPath)")
             throw errno == ENOENT ? .decode : .io
         }
         defer { close(fd) }
-        let secret = try SecureBytes(count: Crypto.keySize)
-        let count = read(fd, secret.mutableBytes.baseAddress, Crypto.keySize + 1)
-        guard count == Crypto.keySize else {
+        let buffer = try SecureBytes(count: DeviceSecretFile.maximumSize + 1)
+        let count = read(fd, buffer.mutableBytes.baseAddress, DeviceSecretFile.maximumSize + 1)
+        guard count > 0, count <= DeviceSecretFile.maximumSize else {
             Diagnostics.log("the keychain's device secret is damaged")
             throw .decode
         }
-        return secret
+        let contents = try buffer.withUnsafeBytes { (bytes) throws(KeychainError) in
+            try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes.prefix(count)))
+        }
+        return try DeviceSecretFile(contents)
+    }
+
+    /// The device secret, unsealed by the TPM at `tcti` when it is sealed;
+    /// with the TPM that sealed it (nil: kept in the file).
+    func openDeviceSecret(tcti: String?) throws(KeychainError) -> (DeviceSecret, sealedBy: KeychainTPM?) {
+        switch try readDeviceSecretFile() {
+        case .plain(let secret):
+            return (DeviceSecret(secret: secret), nil)
+        case .sealed(let blob):
+            let tpm = KeychainTPM(tcti: tcti)
+            return (DeviceSecret(secret: try tpm.unsealDeviceSecret(blob)), tpm)
+        }
+    }
+
+    /// How the keychain's device secret is kept (read from its file, no TPM asked).
+    public func keyProtection() throws(KeychainError) -> KeyProtection {
+        if case .sealed = try readDeviceSecretFile() { return .tpm2 }
+        return .file
+    }
+
+    /// The device secret's 32 bytes (unsealed by the TPM when it is sealed).
+    func readDeviceSecret(tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> SecureBytes {
+        switch try readDeviceSecretFile() {
+        case .plain(let secret): return secret
+        case .sealed(let blob): return try KeychainTPM(tcti: tcti).unsealDeviceSecret(blob)
+        }
     }
 }

@@ -128,7 +128,10 @@ public final class TrustedPlatformModule: @unchecked Sendable {
 
     /// Seals `secret` (at most 128 bytes) so that only this TPM, given
     /// `auth` (at most 32 bytes), unseals it; returns the blob to keep.
-    public func seal(_ secret: SecureBytes, auth: SecureBytes) throws(TPMError) -> [UInt8] {
+    /// `guarded`: wrong auths count towards the TPM's dictionary-attack
+    /// lockout, during which it is refused (for an auth that can be
+    /// guessed); otherwise usable in a lockout (for an empty auth).
+    public func seal(_ secret: SecureBytes, auth: SecureBytes, guarded: Bool = true) throws(TPMError) -> [UInt8] {
         try withPrimaryAndSession { (primary, session) throws(TPMError) in
             var blob = [UInt8](repeating: 0, count: 4096)
             var length = 0
@@ -136,7 +139,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
                 auth.withUnsafeBytes { auth in
                     blob.withUnsafeMutableBytes { out in
                         CTSS_seal(context, primary, session, data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
-                                  auth.baseAddress?.assumingMemoryBound(to: UInt8.self), auth.count,
+                                  auth.baseAddress?.assumingMemoryBound(to: UInt8.self), auth.count, guarded ? 0 : 1,
                                   out.baseAddress?.assumingMemoryBound(to: UInt8.self), out.count, &length)
                     }
                 }
@@ -191,6 +194,14 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         defer { CTSS_Esys_Free(data) }
         return (CTSS_property(data, Code.lockoutCounter), CTSS_property(data, Code.maxAuthFail),
                 CTSS_property(data, Code.lockoutInterval))
+    }
+
+    /// TPM2_Clear under the platform hierarchy (empty auth: a software TPM;
+    /// firmware sets its own on a real one): a new storage seed, every
+    /// sealed object and NV index gone, what a user's "clear TPM" in the
+    /// firmware setup does. For the tests of recovery.
+    package func clear() throws(TPMError) {
+        try check(CTSS_Esys_Clear(context), "Clear")
     }
 
     /// Defines a monotonic counter at NV `index` (0x01xxxxxx, owner

@@ -116,12 +116,7 @@ extension FileSystem {
                          + "reach items only through the device, which decides per program; root and the service's "
                          + "account can read everything")
         }
-        // How the keys are kept, and what a copy of the files gives a thief
-        // (issue 30: said where a user looks until a TPM seals them).
-        lines.append("key-protection: file")
-        lines.append("key-protection-limits: the device secret is a file beside the database: with a copy of both, "
-                     + "a passcode can be guessed offline at Argon2id's pace (65 to 90 ms a guess on one core): "
-                     + "every 4-digit passcode within 15 minutes, every 6-digit one within a day; choose a long passcode")
+        lines += manager.localDevice.keyProtection.lines
         // Escaped: a path or name must never forge a status line.
         lines.append("keychain: \(LineEscaping.escaped(manager.localDevice.directory.path))")
         if case .group(let group) = scope { lines.append("group: \(LineEscaping.escaped(group))") }

@@ -342,7 +342,9 @@ extension ServedKeychain {
         case .unlock(let passcode):
             try manager.localDevice.unlock(passcode: passcode, by: subject())
         case .status:
-            return .ok(try manager.status.fields)
+            var status = try manager.status
+            status.keyProtection = manager.localDevice.keyProtection
+            return .ok(status.fields)
         case .sync:
             try manager.sync()
         default:

@@ -77,8 +77,11 @@ final class ServiceKeychains: Sendable {
             let directory = directory(of: uid)
             if directory.exists { return .keychainError(.duplicateKeychain, "you have a keychain in the keychainfs service already") }
             do throws(KeychainError) {
-                try Device.createKeychain(at: directory, passcode: passcode)
-                return .ok([])
+                // Sealed by the TPM when the service's account reaches one
+                // (the `tss` group's /dev/tpmrm0): the recovery key goes to
+                // the user who created it, once, as a secret value.
+                guard let recovery = try Device.createKeychain(at: directory, passcode: passcode) else { return .ok([]) }
+                return .value(recovery.formatted(), .always)
             } catch {
                 return .keychainError(error, "cannot create your keychain in the service: \(error)")
             }

@@ -1,0 +1,74 @@
+import ArgumentParser
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct RecoverCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "recover",
+        abstract: "Open a TPM-sealed keychain with its recovery key, or accept an older copy put back on purpose.",
+        discussion: """
+            Without options: reads the recovery key that `init` printed (dashes and case do not matter), then \
+            a new passcode twice, and seals the keychain to the TPM that answers now (after a TPM clear, a new \
+            motherboard, or on another machine), or keeps it in a file with --no-tpm. The recovery key stays \
+            the same. With --accept-rollback: reads the passcode and accepts the keychain's files as they are, \
+            after an older copy was put back on purpose (a file-level backup restored); the TPM refuses such a \
+            copy otherwise. Both work on the keychain directly: no device may hold it.
+            """
+    )
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(name: .customLong("no-tpm"), help: "Keep the recovered keychain's device secret in a file.")
+    var noTPM = false
+
+    @Flag(name: .long, help: "The recovered keychain unlocks without a passcode.")
+    var noPasscode = false
+
+    @Flag(name: .customLong("accept-rollback"), help: "Accept an older copy of the keychain's files put back on purpose.")
+    var acceptRollback = false
+
+    func run() throws {
+        guard case .directory(let keychain) = options.place else {
+            throw fail("recover works on a keychain directory (--keychain), not on the service's keychains")
+        }
+        try options.place.requireExisting()
+        if acceptRollback { return try accept(keychain) }
+        guard let typed = Passcode.read(prompt: "Recovery key: ") else { throw fail("no recovery key given") }
+        guard let recoveryKey = RecoveryKey(typed: typed) else {
+            throw fail("that is not a recovery key: 64 letters of cbdefghijklnrtuv, in groups of 8; nothing was changed")
+        }
+        let passcode = noPasscode ? nil : try Passcode.readNew(
+            prompt: "New passcode: ", missing: "no new passcode given; type one, or use --no-passcode")
+        do {
+            try Device.recover(at: keychain, recoveryKey: recoveryKey, newPasscode: passcode, tpm: noTPM ? .declined : .whenPresent)
+        } catch .authFailed {
+            throw fail("that is not this keychain's recovery key; nothing was changed", status: ExitStatus.of(.authFailed))
+        } catch .badRequest {
+            throw fail("the keychain at \(keychain.path) has no recovery key (its keys were never sealed by a TPM)")
+        } catch .keychainInUse {
+            throw fail("a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed")
+        } catch {
+            throw fail(keychain.sentence(for: error))
+        }
+        print("recovered the keychain at \(keychain.path)")
+        RecoveryKeyNotice.showProtection(of: keychain)
+    }
+
+    private func accept(_ keychain: KeychainDirectory) throws {
+        guard let typed = Passcode.read(prompt: "Passcode (empty if none): ") else { throw fail("no passcode given") }
+        do {
+            try Device.acceptRollback(at: keychain, passcode: typed.count > 0 ? typed : nil)
+        } catch .authFailed {
+            throw fail("the passcode is wrong; nothing was changed", status: ExitStatus.of(.authFailed))
+        } catch .badRequest {
+            throw fail("the keychain at \(keychain.path) is not behind its TPM counter; nothing was changed")
+        } catch .keychainInUse {
+            throw fail("a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed")
+        } catch {
+            throw fail(keychain.sentence(for: error))
+        }
+        print("accepted the keychain at \(keychain.path) as it is now")
+    }
+}
