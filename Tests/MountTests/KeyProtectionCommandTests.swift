@@ -96,6 +96,34 @@ import TestSupport
         #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "5678\n").succeeded)
     }
 
+    @Test func initSaysHowTheKeysAreKeptAndStatusShowsItAsJSONToo() throws {
+        let tpm = try SoftwareTPM()
+        let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
+        // --tpm where none answers: nothing is created.
+        harness.extraEnvironment["TPM2TOOLS_TCTI"] = "swtpm:host=127.0.0.1,port=1"
+        let refused = harness.sh("\"$K\" init --tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
+        #expect(refused.status == 1 && refused.stderr.contains("no TPM answers"), "\(refused)")
+        #expect(!FileManager.default.fileExists(atPath: harness.keychain + "/keychain.db"))
+        // Without --tpm, a keychain is still made, and says how its keys are kept.
+        let inFile = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
+        #expect(inFile.succeeded && inFile.stdout.contains("key protection: file"), "\(inFile)")
+        try FileManager.default.removeItem(atPath: harness.keychain)
+        harness.extraEnvironment["TPM2TOOLS_TCTI"] = tpm.tcti
+        let sealed = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
+        #expect(sealed.succeeded && sealed.stdout.contains("key protection: tpm2"), "\(sealed)")
+        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
+        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "0000\n").status == 4)
+        let json = harness.sh("\"$K\" status --json --keychain \"$KC\"").stdout
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any], "\(json)")
+        #expect(object["key-protection"] as? String == "tpm2")
+        #expect(object["tpm-lockout"] as? String == "1 of 3", "\(json)")
+        #expect(object["rollback-counter"] as? Int != nil, "\(json)")
+        // A mount's .control says the same.
+        let mountpoint = try harness.mount()
+        #expect(harness.status(mountpoint)["key-protection"] == "tpm2")
+        #expect(harness.status(mountpoint)["tpm-lockout"] == "1 of 3")
+    }
+
     @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
         let tpm = try SoftwareTPM()
         let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])

@@ -47,7 +47,7 @@ public struct AuditEvent: Sendable, Equatable {
         case .missingEntitlement?: return "denied"
         case .interactionNotAllowed?: return "locked"
         case .itemNotFound?: return "absent"
-        case .authFailed?: return "refused"
+        case .authFailed?, .tpmLockedOut?: return "refused"
         default: return "error"
         }
     }

@@ -10,7 +10,7 @@ extension Errno {
         switch error {
         case .itemNotFound, .noSuchKeychain: self = .noSuchFile
         case .duplicateItem: self = .exists
-        case .interactionNotAllowed, .authFailed, .insecurePermissions: self = .permissionDenied
+        case .interactionNotAllowed, .authFailed, .tpmLockedOut, .insecurePermissions: self = .permissionDenied
         case .missingEntitlement: self = .notPermitted
         case .decode, .io: self = .ioError
         case .param: self = .invalidArgument
