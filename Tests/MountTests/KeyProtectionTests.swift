@@ -145,6 +145,8 @@ import TestSupport
         #expect(Self.boot(keychain, on: tpm) == .rolledBack)
         try Device.acceptRollback(at: keychain, passcode: Self.secure(Self.passcode), tcti: tpm.tcti)
         #expect(try Self.read(keychain, on: tpm) == "first")
+        let log = try String(contentsOfFile: keychain.path + "/audit.log", encoding: .utf8)
+        #expect(log.contains("accept-rollback"), "the acceptance is in the audit log")
     }
 
     enum RollbackRecordKey { static let name = "rollback" }
@@ -189,6 +191,24 @@ import TestSupport
         #expect(try Self.read(keychain, on: tpm, passcode: "5678") == "first")
         #expect(throws: KeychainError.authFailed) { try Self.read(keychain, on: tpm, passcode: Self.passcode) }
         #expect(RecoveryKey(typed: try Self.secure("not-a-recovery-key")) == nil)
+        let log = try String(contentsOfFile: keychain.path + "/audit.log", encoding: .utf8)
+        #expect(log.contains("recover"), "the recovery is in the audit log")
+    }
+
+    @Test func aPasscodeChangeSealsTheNewPasscodeToTheTPM() throws {
+        let scratch = try Scratch(), tpm = try SoftwareTPM()
+        let keychain = scratch.keychain()
+        _ = try Self.sealedKeychain(keychain, on: tpm)
+        do {
+            let device = try Device(directory: keychain, tcti: tpm.tcti)
+            defer { device.shutDown() }
+            #expect(throws: KeychainError.authFailed) {
+                try device.changePasscode(from: Self.secure("0000"), to: Self.secure("5678"))
+            }
+            try device.changePasscode(from: Self.secure(Self.passcode), to: Self.secure("5678"))
+        }
+        #expect(throws: KeychainError.authFailed) { try Self.read(keychain, on: tpm, passcode: Self.passcode) }
+        #expect(try Self.read(keychain, on: tpm, passcode: "5678") == "first")
     }
 
     @Test func aKeychainKeptInAFileMovesToTheTPM() throws {

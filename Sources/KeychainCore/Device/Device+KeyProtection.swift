@@ -211,6 +211,21 @@ extension Device {
     public static func recover(at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
                                tpm choice: TPMChoice = .whenPresent, kdf: KDFParameters = .interactive,
                                tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) {
+        try reseal(at: directory, recoveryKey: recoveryKey, newPasscode: newPasscode, tpm: choice, kdf: kdf, tcti: tcti)
+        try recordInLog(directory, tcti: tcti, AuditEvent(operation: "recover", result: "ok", subject: nil,
+                                                          detail: "with the recovery key"))
+    }
+
+    /// Records what a change made without a device did, through a device
+    /// booted on the result (which checks it whole, as any boot does).
+    private static func recordInLog(_ directory: KeychainDirectory, tcti: String?, _ event: AuditEvent) throws(KeychainError) {
+        let device = try Device(directory: directory, tcti: tcti)
+        device.audit.record(event)
+        device.shutDown()
+    }
+
+    private static func reseal(at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
+                               tpm choice: TPMChoice, kdf: KDFParameters, tcti: String?) throws(KeychainError) {
         Sodium.ensureInitialized()
         if let newPasscode, newPasscode.count == 0 { throw .param }
         guard directory.exists else { throw .noSuchKeychain }
@@ -276,6 +291,13 @@ extension Device {
     /// ``KeychainError/badRequest`` when the keychain is not behind its counter.
     public static func acceptRollback(at directory: KeychainDirectory, passcode: SecureBytes?,
                                       tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) {
+        let (from, to) = try rebindToCounter(at: directory, passcode: passcode, tcti: tcti)
+        try recordInLog(directory, tcti: tcti, AuditEvent(operation: "accept-rollback", result: "ok", subject: nil,
+                                                          detail: "state of counter \(from) accepted at \(to)"))
+    }
+
+    private static func rebindToCounter(at directory: KeychainDirectory, passcode: SecureBytes?,
+                                        tcti: String?) throws(KeychainError) -> (UInt64, UInt64) {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
         let lock = try takeKeychainLock(directory)
@@ -298,6 +320,7 @@ extension Device {
         ])
         try store.sync()
         try store.closeLog()
+        return (record.epoch, counter)
     }
 }
 
