@@ -53,8 +53,9 @@ let package = Package(
         .testTarget(
             name: "MountTests",
             dependencies: ["KeychainCore", "KeychainFS", "TestSupport"],
-            // Attack programs the service tests run as ordinary users.
-            resources: [.copy("Attacks")]
+            // Attack programs the service tests run as ordinary users; the
+            // golden keychain of format 5 with the software TPM state it was sealed by.
+            resources: [.copy("Attacks"), .copy("Fixtures")]
         ),
         // The keychainfs command as a user runs it: output, exit statuses, helpers.
         .testTarget(name: "CommandLineTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),

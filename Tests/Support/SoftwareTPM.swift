@@ -14,10 +14,17 @@ package final class SoftwareTPM: @unchecked Sendable {
     /// The TCTI configuration that reaches it, as `$TPM2TOOLS_TCTI` takes it.
     package var tcti: String { "swtpm:host=127.0.0.1,port=\(port)" }
 
-    package init() throws {
+    /// A new TPM, or, given `state`, a copy of the TPM whose state
+    /// directory that is (a committed fixture's: the copy is this test's).
+    package init(copyingState state: String? = nil) throws {
         var template = Array((NSTemporaryDirectory() + "kcfs-tpm-XXXXXX").utf8CString)
         guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
         stateDirectory = String(validatingCString: made)!
+        if let state {
+            for file in try FileManager.default.contentsOfDirectory(atPath: state) {
+                try FileManager.default.copyItem(atPath: state + "/" + file, toPath: stateDirectory + "/" + file)
+            }
+        }
         try start()
     }
 

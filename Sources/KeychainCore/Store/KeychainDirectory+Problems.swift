@@ -15,7 +15,7 @@ extension KeychainDirectory {
                 + "keychainfs (a row rolled back, removed or edited), or its device secret does not belong to it; "
                 + "restore it from a backup"
         case .tpmUnavailable:
-            return "the keychain at \(keychain.path) is sealed by a TPM, and none answers ($TPM2TOOLS_TCTI, else "
+            return "the keychain at \(keychain.path) is sealed by a TPM, and none answers now (absent or busy; $TPM2TOOLS_TCTI, else "
                 + "/dev/tpmrm0; the service's account needs the tss group): start it, or open the keychain on its "
                 + "machine; `keychainfs recover` opens it elsewhere with its recovery key"
         case .tpmMismatch:

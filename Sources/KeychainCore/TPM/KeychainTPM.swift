@@ -45,7 +45,7 @@ struct KeychainTPM: Sendable {
             case .authFailed: throw .authFailed
             case .lockedOut: throw .tpmLockedOut
             case .notThisTPM: throw .tpmMismatch
-            case .unavailable:
+            case .unavailable, .busy:
                 Diagnostics.log("\(error)")
                 throw .tpmUnavailable
             case .indexTaken, .failed:

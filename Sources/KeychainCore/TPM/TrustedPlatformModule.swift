@@ -17,6 +17,10 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
     case notThisTPM
     /// The NV index is taken already.
     case indexTaken
+    /// The TPM answered with a warning (TPM 2.0 Part 2, 6.6.3: retry,
+    /// yielded, testing, NV rate-limited or unavailable, out of memory):
+    /// nothing was done; a later try may work.
+    case busy(String, UInt32)
     /// Any other response code (TSS2_RC), with the call that got it.
     case failed(String, UInt32)
 
@@ -27,6 +31,7 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
         case .lockedOut: return "the TPM is in dictionary-attack lockout: it refuses every try for now"
         case .notThisTPM: return "the sealed key does not load in this TPM (another TPM, a cleared one, or a damaged blob)"
         case .indexTaken: return "the TPM's NV index is taken already"
+        case .busy(let call, let code): return "the TPM is busy (\(call): response 0x\(String(code, radix: 16))); try again"
         case .failed(let call, let code): return "\(call) failed: TPM response 0x\(String(code, radix: 16))"
         }
     }
@@ -50,6 +55,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let badAuth: UInt32 = 0x0A2        // TPM2_RC_BAD_AUTH (RC_FMT1 + 0x022)
         static let lockout: UInt32 = 0x921        // TPM2_RC_LOCKOUT (RC_WARN + 0x021)
         static let formatOne: UInt32 = 0x080      // TPM2_RC_FMT1
+        static let warning: UInt32 = 0x900        // TPM2_RC_WARN
         static let startupClear: UInt16 = 0x0000  // TPM2_SU_CLEAR
         static let tpmProperties: UInt32 = 6      // TPM2_CAP_TPM_PROPERTIES
         static let lockoutCounter: UInt32 = 0x20E // TPM2_PT_LOCKOUT_COUNTER (PT_VAR + 14)
@@ -112,6 +118,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         case Code.authFail, Code.badAuth: throw .authFailed
         case Code.lockout: throw .lockedOut
         case Code.nvDefined: throw .indexTaken
+        case let code where rc & 0xFF0000 == 0 && code & 0xF00 == Code.warning: throw .busy(call, rc)
         default: throw .failed(call, rc)
         }
     }
