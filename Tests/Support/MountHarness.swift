@@ -16,6 +16,8 @@ package struct ShellResult: CustomStringConvertible {
 /// still alive when the test ends, passed or failed.
 package final class MountHarness: @unchecked Sendable {
     package static let passcode = "1234"
+    /// A TCTI at which no TPM answers (the loopback's port 1 refuses at once).
+    package static let noTPM = "swtpm:host=127.0.0.1,port=1"
 
     package let root: String
     package let keychain: String
@@ -155,6 +157,10 @@ package final class MountHarness: @unchecked Sendable {
         environment["KC"] = keychain
         environment["R"] = root
         environment["LC_ALL"] = "C"
+        // No TPM unless a test brings its own (SoftwareTPM): a machine's
+        // real one would seal every test's keychain and keep an NV counter
+        // for each, and the tests must not depend on the machine.
+        environment["TPM2TOOLS_TCTI"] = MountHarness.noTPM
         environment.merge(extraEnvironment) { _, extra in extra }
         // Only where a test asks for it: a service installed on this machine is not the test's.
         environment["KEYCHAINFS_SERVICE"] = service?.socket ?? ""

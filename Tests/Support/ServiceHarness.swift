@@ -49,8 +49,9 @@ package final class ServiceHarness: @unchecked Sendable {
     private func start() throws {
         // prlimit sets the limit, then execs the service: the pid is the service's.
         let limited = descriptorLimit.map { ["/usr/bin/prlimit", "--nofile=\($0):\($0)", "--"] } ?? []
-        let variables = environment.isEmpty ? nil
-            : ProcessInfo.processInfo.environment.merging(environment) { _, ours in ours }.map { "\($0.key)=\($0.value)" }
+        // No TPM unless the test brings one (MountHarness.noTPM says why).
+        let variables = ProcessInfo.processInfo.environment.merging(["TPM2TOOLS_TCTI": MountHarness.noTPM]) { _, ours in ours }
+            .merging(environment) { _, ours in ours }.map { "\($0.key)=\($0.value)" }
         pid = try MountHarness.startReady(limited + [binary, "service", "--state-directory", stateDirectory,
                                                      "--socket", socket] + options, environment: variables)
     }
