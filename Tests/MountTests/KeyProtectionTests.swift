@@ -64,8 +64,12 @@ import TestSupport
     }
 
     static func boot(_ directory: KeychainDirectory, on tpm: SoftwareTPM) -> KeychainError? {
+        boot(directory, tcti: tpm.tcti)
+    }
+
+    static func boot(_ directory: KeychainDirectory, tcti: String) -> KeychainError? {
         do {
-            _ = try Device(directory: directory, tcti: tpm.tcti)
+            _ = try Device(directory: directory, tcti: tcti)
             return nil
         } catch {
             return error
@@ -252,6 +256,39 @@ import TestSupport
         try whole.prefix(whole.count - 20).write(to: URL(fileURLWithPath: path))
         #expect(Self.boot(keychain, on: tpm) == .tpmMismatch)
         try whole.write(to: URL(fileURLWithPath: path))
+        #expect(try Self.read(keychain, on: tpm) == "first")
+    }
+
+    @Test func aTakenCounterIndexIsPassedOverAndAllTakenIsSaid() throws {
+        let scratch = try Scratch(), tpm = try SoftwareTPM()
+        let taken: UInt32 = 0x0181_4B43, free: UInt32 = 0x0181_4B44
+        try TrustedPlatformModule(tcti: tpm.tcti).defineCounter(at: taken)
+        let keychain = scratch.keychain()
+        #expect(throws: KeychainError.io) {
+            try Device.createKeychain(at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
+                                      tpm: .required, tcti: tpm.tcti, counterIndexes: [taken])
+        }
+        #expect(!keychain.exists, "no half keychain is left")
+        let recovery = try Device.createKeychain(at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
+                                                 tpm: .required, tcti: tpm.tcti, counterIndexes: [taken, free])
+        #expect(recovery != nil)
+        let device = try Device(directory: keychain, tcti: tpm.tcti)
+        defer { device.shutDown() }
+        // Its counter is the free index's, which the lock then moves.
+        let counter = try #require(device.keyProtection.rollbackCounter)
+        #expect(try TrustedPlatformModule(tcti: tpm.tcti).counter(at: free) == counter)
+        device.lock()
+        #expect(try TrustedPlatformModule(tcti: tpm.tcti).counter(at: free) == counter + 1)
+    }
+
+    @Test func aBusyTPMIsSaidAndChangesNothing() throws {
+        let scratch = try Scratch(), tpm = try SoftwareTPM()
+        let keychain = scratch.keychain()
+        _ = try Self.sealedKeychain(keychain, on: tpm)
+        // The same TPM through a proxy that answers TPM2_Unseal (0x15e) with TPM_RC_RETRY.
+        let proxy = try #require(Bundle.module.path(forResource: "busy-tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
+        let busy = "cmd:/usr/bin/python3 \(proxy) \(tpm.port) 15e"
+        #expect(Self.boot(keychain, tcti: busy) == .tpmUnavailable)
         #expect(try Self.read(keychain, on: tpm) == "first")
     }
 }

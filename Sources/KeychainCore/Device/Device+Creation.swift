@@ -13,6 +13,16 @@ extension Device {
     public static func createKeychain(at directory: KeychainDirectory, passcode: SecureBytes?,
                                       kdf: KDFParameters = .interactive, tpm choice: TPMChoice = .whenPresent,
                                       tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> RecoveryKey? {
+        try createKeychain(at: directory, passcode: passcode, kdf: kdf, tpm: choice, tcti: tcti, counterIndexes: nil)
+    }
+
+    /// ``createKeychain(at:passcode:kdf:tpm:tcti:)`` with the NV indexes its
+    /// rollback counter may take (nil: chosen at random): for the test of an
+    /// index that is taken.
+    @discardableResult
+    package static func createKeychain(at directory: KeychainDirectory, passcode: SecureBytes?, kdf: KDFParameters,
+                                       tpm choice: TPMChoice, tcti: String?,
+                                       counterIndexes: [UInt32]?) throws(KeychainError) -> RecoveryKey? {
         Sodium.ensureInitialized()
         if let passcode, passcode.count == 0 { throw .param }
         if directory.exists { throw .duplicateKeychain }
@@ -35,7 +45,7 @@ extension Device {
         var recovery: RecoveryKey?
         if let tpm {
             fileContents = try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(secretBytes)))
-            let counter = try tpm.defineCounter()
+            let counter = try tpm.defineCounter(candidates: counterIndexes)
             secret.epoch.value = counter.value
             let key = RecoveryKey.generate()
             extraRecords = [

@@ -48,7 +48,10 @@ struct KeychainTPM: Sendable {
             case .unavailable, .busy:
                 Diagnostics.log("\(error)")
                 throw .tpmUnavailable
-            case .indexTaken, .failed:
+            case .indexTaken:
+                Diagnostics.log("every NV index tried for the keychain's rollback counter is taken on the TPM")
+                throw .io
+            case .failed:
                 Diagnostics.log("the TPM failed: \(error)")
                 throw .io
             }
@@ -81,15 +84,17 @@ struct KeychainTPM: Sendable {
     /// keychains of several users coexist with each other and with systemd.
     static let counterIndexes: ClosedRange<UInt32> = 0x0181_0000...0x01BF_FFFF
 
-    /// Defines a new counter at a free index; returns the index and its value.
-    func defineCounter() throws(KeychainError) -> (index: UInt32, value: UInt64) {
-        try use { tpm throws(TPMError) in
-            for attempt in 1...16 {
-                let index = UInt32.random(in: Self.counterIndexes)
+    /// Defines a new counter at a free index, tried among `candidates`
+    /// (nil: 16 at random in ``counterIndexes``, so a taken one is passed
+    /// over); returns the index and its value.
+    func defineCounter(candidates: [UInt32]? = nil) throws(KeychainError) -> (index: UInt32, value: UInt64) {
+        let indexes = candidates ?? (0..<16).map { _ in UInt32.random(in: Self.counterIndexes) }
+        return try use { tpm throws(TPMError) in
+            for index in indexes {
                 do throws(TPMError) {
                     try tpm.defineCounter(at: index)
                     return (index, try tpm.counter(at: index))
-                } catch .indexTaken where attempt < 16 {
+                } catch .indexTaken {
                     continue
                 }
             }
