@@ -266,6 +266,19 @@ final class BusConnection: @unchecked Sendable {
     }
 }
 
+/// A method call kept past its handler (a reply that waits for the person
+/// at a prompt): one more reference to the message, dropped with this.
+final class RetainedCall {
+    let call: BusCall
+
+    init(_ call: BusCall) {
+        _ = CSystemd_sd_bus_message_ref(call.message)
+        self.call = call
+    }
+
+    deinit { _ = CSystemd_sd_bus_message_unref(call.message) }
+}
+
 /// A method's reply, owned until it is released; sensitive (sd-bus wipes
 /// it when freed), since replies may carry secrets.
 final class BusReply {

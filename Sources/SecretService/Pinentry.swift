@@ -81,6 +81,37 @@ final class Pinentry {
         }
     }
 
+    /// The person's answer to a question of three buttons.
+    enum Choice: Equatable {
+        case ok, notOK, cancel
+    }
+
+    /// Asks a question with three buttons (CONFIRM after SETOK, SETNOTOK
+    /// and SETCANCEL, which every pinentry shows: curses, GTK, Qt); no
+    /// answer within `timeout` seconds, or any failure, is `cancel`.
+    func confirm(description: String, ok: String, notOK: String, cancel: String, timeout: Int) -> Choice {
+        do throws(Failure) {
+            try command("SETTITLE KeychainFS")
+            try command("SETDESC " + Self.escaped(description))
+            try command("SETOK " + Self.escaped(ok))
+            try command("SETNOTOK " + Self.escaped(notOK))
+            try command("SETCANCEL " + Self.escaped(cancel))
+            try command("SETTIMEOUT \(timeout)")
+            try send("CONFIRM")
+            while true {
+                let reply = try line()
+                if reply.starts(with: Array("OK".utf8)) { return .ok }
+                // GPG_ERR_NOT_CONFIRMED (114, in the pinentry source's
+                // 83886194): the "not OK" button; any other error, a
+                // cancel, a timeout or a closed window, is cancel.
+                if reply.starts(with: Array("ERR 83886194".utf8)) { return .notOK }
+                if reply.starts(with: Array("ERR".utf8)) { return .cancel }
+            }
+        } catch {
+            return .cancel
+        }
+    }
+
     /// Stops the program from another thread while `ask` waits for the
     /// user (a dismissed prompt, a client gone): `ask` then fails.
     func cancel() { kill(pid, SIGTERM) }

@@ -33,8 +33,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     static let itemAttributesProperty = "org.freedesktop.Secret.Item.Attributes"
     static let collectionLabelProperty = "org.freedesktop.Secret.Collection.Label"
 
-    private let store: SecretStore
-    fileprivate let bus: BusConnection
+    let store: SecretStore
+    let bus: BusConnection
     private var sessions: [String: TransferSession] = [:]
     private var nextSession = 1
     private var observer: Int?
@@ -233,24 +233,15 @@ public final class SecretServiceProvider: @unchecked Sendable {
             try requireSignature(call, "aoo")
             let paths = try call.arguments.objectPaths()
             let session = try self.session(try call.arguments.objectPath(), of: call)
-            var secrets: [(String, SecureBytes, String)] = []
-            for path in paths {
-                guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { continue }
-                // Locked, absent or not entitled: left out, as the spec's "secrets of the unlocked items".
-                if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
-                    secrets.append((path, value, contentType(of: group, identifier, for: call)))
-                }
+            let items = paths.compactMap { path -> (group: String, identifier: String)? in
+                guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { return nil }
+                return (group, identifier)
             }
-            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
-                try reply.open("a", "{o(oayays)}")
-                for (path, value, contentType) in secrets {
-                    try reply.open("e", "o(oayays)")
-                    try reply.objectPath(path)
-                    try session.append(value, contentType: contentType, to: reply)
-                    try reply.close()
-                }
-                try reply.close()
-            }
+            // Items of other programs the person denied are left out, as locked ones are.
+            try withConsent(call, to: "read the secrets of", items: items, denied: { [self] call, asked throws(BusError) in
+                let refused = Set(asked.map { ObjectPaths.item($0.group, $0.identifier) })
+                try replySecrets(call, items.filter { !refused.contains(ObjectPaths.item($0.group, $0.identifier)) }, session: session)
+            }) { [self] call throws(BusError) in try replySecrets(call, items, session: session) }
         case "CreateCollection":
             try requireSignature(call, "a{sv}s")
             let label: String
@@ -326,6 +317,29 @@ public final class SecretServiceProvider: @unchecked Sendable {
         }
     }
 
+    /// GetSecrets' answer: the secrets of the items that are unlocked and
+    /// whose group admits the caller; locked, absent or not entitled ones
+    /// left out, as the spec's "secrets of the unlocked items".
+    private func replySecrets(_ call: BusCall, _ items: [(group: String, identifier: String)],
+                              session: TransferSession) throws(BusError) {
+        var secrets: [(String, SecureBytes, String)] = []
+        for (group, identifier) in items {
+            if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
+                secrets.append((ObjectPaths.item(group, identifier), value, contentType(of: group, identifier, for: call)))
+            }
+        }
+        try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
+            try reply.open("a", "{o(oayays)}")
+            for (path, value, contentType) in secrets {
+                try reply.open("e", "o(oayays)")
+                try reply.objectPath(path)
+                try session.append(value, contentType: contentType, to: reply)
+                try reply.close()
+            }
+            try reply.close()
+        }
+    }
+
     // MARK: org.freedesktop.Secret.Collection
 
     private func answerCollection(_ call: BusCall, group: String) throws(BusError) {
@@ -352,10 +366,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
             try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
         case "CreateItem":
             try requireSignature(call, "a{sv}(oayays)b")
-            let path = try createItem(call, in: group)
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPath(path)
-                try reply.objectPath(ObjectPaths.none)
+            try createItem(call, in: group) { [self] call, path throws(BusError) in
+                try bus.reply(to: call.message) { (reply) throws(BusError) in
+                    try reply.objectPath(path)
+                    try reply.objectPath(ObjectPaths.none)
+                }
             }
         default:
             throw .unknownMethod("no method \(call.member) in \(Self.collectionInterface)")
@@ -370,7 +385,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// new item, named after its label (`keychainfs:identifier` names it
     /// exactly), made unique with " (2)", " (3)"... The class is the one
     /// `keychainfs:accessible` names, else the device's access mode.
-    private func createItem(_ call: BusCall, in group: String) throws(BusError) -> String {
+    /// The new item belongs to the caller (``ItemDetails/owner``); an item
+    /// it replaces keeps its owner, who must be the caller or allow it.
+    private func createItem(_ call: BusCall, in group: String,
+                            then answer: @escaping (BusCall, String) throws(BusError) -> Void) throws(BusError) {
         let properties = try call.arguments.properties()
         let (value, contentType) = try secret(from: call)
         let replace = try call.arguments.bool()
@@ -385,8 +403,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
             protectionClass = named
         }
         let stored = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
-        let details = ItemDetails(label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
+        var details = ItemDetails(label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
                                   attributes: stored)
+        // A process that cannot be taken for its program owns nothing.
+        if let caller = callerIdentity(call), caller.distrust == nil { details.owner = ProgramClaim(caller) }
         try validated(details)
         let named = attributes[Self.identifierAttribute]
         if let named, (try? ItemLimits.validate(name: named)) == nil {
@@ -396,10 +416,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
            let existing = try items(of: group, for: call).first(where: { item in
                (item.details?.attributes ?? [:]) == stored && item.attributes.matches(attributes.filter { $0.key != Self.accessibleAttribute })
            }) {
-            let reply = perform(.set(group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
-                                     details: details), for: call)
-            _ = try self.value(of: reply, at: existing.path, expectingValue: false)
-            return existing.path
+            let written = details
+            return try withConsent(call, to: "replace", items: [(group, existing.identifier)]) { [self] call throws(BusError) in
+                let reply = perform(.set(group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
+                                         details: written), for: call)
+                _ = try self.value(of: reply, at: existing.path, expectingValue: false)
+                try answer(call, existing.path)
+            }
         }
         for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
             let reply = perform(.set(group: group, identifier: identifier, value: value, protectionClass: protectionClass,
@@ -407,7 +430,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
             let path = ObjectPaths.item(group, identifier)
             _ = try self.value(of: reply, at: path, expectingValue: false)
-            return path
+            return try answer(call, path)
         }
         throw .failed("too many items are named after the label \(label)")
     }
@@ -422,10 +445,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
         case "GetSecret":
             try requireSignature(call, "o")
             let session = try self.session(try call.arguments.objectPath(), of: call)
-            let value = try value(of: perform(.get(group: group, identifier: identifier), for: call), at: call.path)
-            let contentType = contentType(of: group, identifier, for: call)
-            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
-                try session.append(value, contentType: contentType, to: reply)
+            try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
+                let value = try value(of: perform(.get(group: group, identifier: identifier), for: call), at: call.path)
+                let contentType = contentType(of: group, identifier, for: call)
+                try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
+                    try session.append(value, contentType: contentType, to: reply)
+                }
             }
         case "SetSecret":
             try requireSignature(call, "(oayays)")
@@ -440,14 +465,19 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 details?.modified = 0
                 try validated(details)
             }
-            let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: details),
-                                for: call)
-            _ = try self.value(of: reply, at: call.path, expectingValue: false)
-            try bus.reply(to: call.message) { _ throws(BusError) in }
+            let written = details
+            try withConsent(call, to: "change the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
+                let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
+                                    for: call)
+                _ = try self.value(of: reply, at: call.path, expectingValue: false)
+                try bus.reply(to: call.message) { _ throws(BusError) in }
+            }
         case "Delete":
             try requireSignature(call, "")
-            _ = try value(of: perform(.remove(group: group, identifier: identifier), for: call), at: call.path, expectingValue: false)
-            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+            try withConsent(call, to: "delete", items: [(group, identifier)]) { [self] call throws(BusError) in
+                _ = try value(of: perform(.remove(group: group, identifier: identifier), for: call), at: call.path, expectingValue: false)
+                try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+            }
         default:
             throw .unknownMethod("no method \(call.member) in \(Self.itemInterface)")
         }
@@ -573,9 +603,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
             try call.arguments.exit()
             details.modified = 0
             try validated(details)
-            let reply = perform(.setDetails(group: group, identifier: identifier, details: details), for: call)
-            _ = try value(of: reply, at: call.path, expectingValue: false)
-            try bus.reply(to: call.message) { _ throws(BusError) in }
+            let written = details
+            try withConsent(call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]) {
+                [self] call throws(BusError) in
+                let reply = perform(.setDetails(group: group, identifier: identifier, details: written), for: call)
+                _ = try value(of: reply, at: call.path, expectingValue: false)
+                try bus.reply(to: call.message) { _ throws(BusError) in }
+            }
         default:
             throw .unknownMethod("no method \(call.member) in \(Self.propertiesInterface)")
         }
@@ -711,17 +745,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     /// Carries out a request of the program behind the call's sender.
-    private func perform(_ request: DeviceRequest, for call: BusCall, audit: AuditPolicy = .always) -> DeviceReply {
+    func perform(_ request: DeviceRequest, for call: BusCall, audit: AuditPolicy = .always) -> DeviceReply {
         let sender = bus.senderProcess(of: call.message)
-        return store.perform(request, program: { [self] in
-            // The bus daemon's pid of the sender, checked against a pidfd:
-            // the process must still be the one that sent the call.
-            guard let sender, let pidfd = Pidfd.open(sender.pid) else { return nil }
-            defer { close(pidfd) }
-            guard var identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd) else { return nil }
-            if identity.distrust == nil { identity.distrust = connectionDoubt(call.sender, pid: sender.pid, identity) }
-            return identity
-        }, subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
+        // The bus daemon's pid of the sender, checked against a pidfd: the
+        // process must still be the one that sent the call.
+        return store.perform(request, program: { [self] in callerIdentity(call) },
+                             subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
     }
 }
 

@@ -14,6 +14,9 @@ public protocol SecretStore: AnyObject, Sendable {
     /// log with `subject` as `audit` says.
     func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
                  audit: AuditPolicy) -> DeviceReply
+    /// Adds `program` to the access list of an item with an owner (the
+    /// person's "Always allow"); a failure is logged.
+    func allow(_ program: ProgramClaim, group: String, identifier: String)
 }
 
 /// Which requests of the bus reach the audit log: every read of a value,

@@ -141,8 +141,11 @@ extension SecretServiceTests {
     }
 
     /// An item's Label and Attributes can be set (Seahorse renames items
-    /// so); its value stays. Locked, the change is refused and nothing changes.
-    @Test func anItemsLabelAndAttributesCanBeSet() {
+    /// so); its value stays. Locked, the change is refused and nothing
+    /// changes. The item is secret-tool's: the person allows Python once
+    /// for each change and read (ItemOwnershipTests has the questions).
+    @Test func anItemsLabelAndAttributesCanBeSet() throws {
+        try writeScriptedPinentry(answers: "")
         let set = onBus("""
             printf v | secret-tool store --label=old app mail
             /usr/bin/python3 - <<'PY'
@@ -157,7 +160,7 @@ extension SecretServiceTests {
             busctl --user call org.freedesktop.secrets /org/freedesktop/secrets/collection/default/old \\
                 org.freedesktop.DBus.Properties Set ssv org.freedesktop.Secret.Item Label s other 2>&1; echo "locked $?"
             secret-tool search app mail 2>&1 | grep '^label'
-            """)
+            """, environment: Self.pinentryEnvironment)
         #expect(set.stdout.hasPrefix("""
             new label [('app', 'mail'), ('keychainfs:accessible', 'whenUnlocked'), ('keychainfs:group', 'default'), \
             ('keychainfs:identifier', 'old'), ('user', 'ada')] b'v'

@@ -17,6 +17,12 @@ public struct ItemDetails: Sendable, Equatable {
     public var created: UInt64
     /// Seconds since the epoch when its value or details last changed.
     public var modified: UInt64
+    /// The program that made the item over the bus (issue 31): it alone
+    /// reads, changes and deletes it there without the person being asked.
+    /// Nil for an item made through a mount or the command line.
+    public var owner: ProgramClaim?
+    /// The programs the person allowed besides its owner ("Always allow").
+    public var allowed: [ProgramClaim] = []
 
     /// Details to write; times of 0 are stamped by the device when it
     /// writes them (`created` then keeps the replaced item's, if it had one).
@@ -41,11 +47,18 @@ public struct ItemDetails: Sendable, Equatable {
     /// And 32 KiB for the whole record, so that a `set` with details fits
     /// in one frame of the device's protocol beside a 1 MiB value.
     public static let maximumEncodedSize = 32 << 10
+    /// Programs an item's access list holds at most, besides its owner.
+    public static let maximumAllowed = 16
 
     /// ``KeychainError/param`` unless every field is within the bounds.
     public func validate() throws(KeychainError) {
-        guard attributes.count <= Self.maximumAttributes,
+        guard attributes.count <= Self.maximumAttributes, allowed.count <= Self.maximumAllowed,
               label.utf8.count <= Self.maximumText, contentType.utf8.count <= Self.maximumText else { throw .param }
+        for claim in [owner].compactMap({ $0 }) + allowed {
+            guard claim.digest.count == ExecutableDigest.size, claim.executable.hasPrefix("/"),
+                  claim.executable.utf8.count <= Self.maximumText, (claim.package?.utf8.count ?? 0) <= Self.maximumAttributeName,
+                  (claim.unit?.utf8.count ?? 0) <= Self.maximumAttributeName else { throw .param }
+        }
         for (name, value) in attributes {
             guard (1...Self.maximumAttributeName).contains(name.utf8.count), value.utf8.count <= Self.maximumText,
                   !name.utf8.contains(where: { $0 < 0x20 || $0 == 0x7f }) else { throw .param }
@@ -70,8 +83,17 @@ public struct ItemDetails: Sendable, Equatable {
     /// created, modified, the number of attributes, then name and value of
     /// each (``init(fields:)`` reads them back).
     package var fields: [String] {
-        [label, contentType, String(created), String(modified), String(attributes.count)]
-            + attributes.sorted { Self.precedes($0.key, $1.key) }.flatMap { [$0.key, $0.value] }
+        var fields = [label, contentType, String(created), String(modified), String(attributes.count)]
+        for (name, value) in attributes.sorted(by: { Self.precedes($0.key, $1.key) }) { fields += [name, value] }
+        fields.append(String((owner == nil ? 0 : 1) + allowed.count))
+        if let owner { fields += Self.claimFields(owner, role: "owner") }
+        for claim in allowed { fields += Self.claimFields(claim, role: "allowed") }
+        return fields
+    }
+
+    /// A claim as reply fields: role, executable, digest (hex), package, unit ("" when none).
+    private static func claimFields(_ claim: ProgramClaim, role: String) -> [String] {
+        [role, claim.executable, Hex.string(claim.digest), claim.package ?? "", claim.unit ?? ""]
     }
 
     /// Reads ``fields`` from the front of `fields`, removing them; nil when
@@ -90,17 +112,41 @@ public struct ItemDetails: Sendable, Equatable {
             attributes[fields[fields.startIndex]] = fields[fields.startIndex + 1]
             fields = fields.dropFirst(2)
         }
+        guard let claims = fields.first.flatMap({ Int($0) }), (0...Self.maximumAllowed + 1).contains(claims),
+              fields.count >= 1 + 5 * claims else { return nil }
+        fields = fields.dropFirst()
+        for _ in 0..<claims {
+            let part = Array(fields.prefix(5))
+            fields = fields.dropFirst(5)
+            guard let digest = Self.bytes(hex: part[2]) else { return nil }
+            let claim = ProgramClaim(executable: part[1], digest: digest, package: part[3].isEmpty ? nil : part[3],
+                                     unit: part[4].isEmpty ? nil : part[4])
+            switch part[0] {
+            case "owner" where owner == nil: owner = claim
+            case "allowed": allowed.append(claim)
+            default: return nil
+            }
+        }
+    }
+
+    private static func bytes(hex: String) -> [UInt8]? {
+        Hex.bytes(hex, count: ExecutableDigest.size)
     }
 
     /// `version u8 = 1 | label | content type | created u64 | modified u64 |
     /// count u32 | (name | value)*` sorted by name, each string as
     /// `u16 LE length | UTF-8`: one encoding per value, so a record's bytes
-    /// say exactly what it holds.
+    /// say exactly what it holds. Version 2, written only for an item with
+    /// an owner or an access list (issue 31), adds `| hasOwner u8 [| claim] |
+    /// allowed u8 | claim*`, a claim being `executable | sha256[32] |
+    /// hasPackage u8 [| package] | hasUnit u8 [| unit]`.
     static let encodingVersion: UInt8 = 1
+    static let ownedVersion: UInt8 = 2
 
     func encoded() -> [UInt8] {
         var writer = ByteWriter()
-        writer.append(Self.encodingVersion)
+        let owned = owner != nil || !allowed.isEmpty
+        writer.append(owned ? Self.ownedVersion : Self.encodingVersion)
         writer.appendPrefixed(label)
         writer.appendPrefixed(contentType)
         writer.append(created)
@@ -110,14 +156,44 @@ public struct ItemDetails: Sendable, Equatable {
             writer.appendPrefixed(name)
             writer.appendPrefixed(value)
         }
+        if owned {
+            writer.append(UInt8(owner == nil ? 0 : 1))
+            if let owner { Self.append(owner, to: &writer) }
+            writer.append(UInt8(allowed.count))
+            for claim in allowed { Self.append(claim, to: &writer) }
+        }
         return writer.bytes
+    }
+
+    private static func append(_ claim: ProgramClaim, to writer: inout ByteWriter) {
+        writer.appendPrefixed(claim.executable)
+        writer.append(claim.digest)
+        writer.append(UInt8(claim.package == nil ? 0 : 1))
+        if let package = claim.package { writer.appendPrefixed(package) }
+        writer.append(UInt8(claim.unit == nil ? 0 : 1))
+        if let unit = claim.unit { writer.appendPrefixed(unit) }
+    }
+
+    private static func readClaim(_ reader: inout ByteReader<[UInt8]>, malformed: KeychainError) throws(KeychainError) -> ProgramClaim {
+        let executable = try reader.readPrefixed()
+        let digest = try reader.read(ExecutableDigest.size)
+        func optional(_ reader: inout ByteReader<[UInt8]>) throws(KeychainError) -> String? {
+            switch try reader.readByte() {
+            case 0: return nil
+            case 1: return try reader.readPrefixed()
+            default: throw malformed
+            }
+        }
+        let package = try optional(&reader)
+        return ProgramClaim(executable: executable, digest: digest, package: package, unit: try optional(&reader))
     }
 
     /// Reads ``encoded()``; `malformed` for anything else, or for fields
     /// past the bounds (``validate()``).
     init(decoding bytes: [UInt8], malformed: KeychainError = .decode) throws(KeychainError) {
         var reader = ByteReader(bytes, malformed: malformed)
-        guard try reader.readByte() == Self.encodingVersion else { throw malformed }
+        let version = try reader.readByte()
+        guard version == Self.encodingVersion || version == Self.ownedVersion else { throw malformed }
         label = try reader.readPrefixed()
         contentType = try reader.readPrefixed()
         created = try reader.readUInt64()
@@ -132,6 +208,18 @@ public struct ItemDetails: Sendable, Equatable {
             guard previous.map({ Self.precedes($0, name) }) ?? true,
                   attributes.updateValue(try reader.readPrefixed(), forKey: name) == nil else { throw malformed }
             previous = name
+        }
+        if version == Self.ownedVersion {
+            switch try reader.readByte() {
+            case 0: owner = nil
+            case 1: owner = try Self.readClaim(&reader, malformed: malformed)
+            default: throw malformed
+            }
+            let count = try reader.readByte()
+            guard Int(count) <= Self.maximumAllowed else { throw malformed }
+            for _ in 0..<count { allowed.append(try Self.readClaim(&reader, malformed: malformed)) }
+            // One encoding per value: version 2 only when there is something to say.
+            guard owner != nil || !allowed.isEmpty else { throw malformed }
         }
         guard reader.isAtEnd else { throw malformed }
         do { try validate() } catch { throw malformed }

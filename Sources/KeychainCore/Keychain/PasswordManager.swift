@@ -258,6 +258,15 @@ public final class PasswordManager: Sendable {
         let now = UInt64(max(0, device.clock()))
         let old = try existing.flatMap { (row) throws(KeychainError) in try ItemCipher.openDetails(row, key: key) }
         guard var details = new ?? old else { return nil }
+        if new != nil {
+            // Whose the item is, is not the writer's to say (issue 31): an
+            // item keeps its owner and access list (none for one made
+            // through a mount or the command line); a new one gets the
+            // owner its writer names (the Secret Service names its caller)
+            // and an empty list. ``allow(_:forIdentifier:inGroup:)`` alone adds to it.
+            details.owner = existing == nil ? new?.owner : old?.owner
+            details.allowed = existing == nil ? [] : old?.allowed ?? []
+        }
         if details.created == 0 { details.created = old?.created ?? now }
         if touched, new?.modified ?? 0 == 0 { details.modified = now }
         return (details, key)
@@ -446,6 +455,32 @@ public final class PasswordManager: Sendable {
             return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
                                    protectionClass: current.protectionClass, generation: generation, key: key,
                                    details: try Self.details(of: current, replacedBy: details, touched: true, on: device))
+        }
+        forget(group: group, identifier: identifier)
+    }
+
+    /// Adds `program` to the access list of an item that has an owner (the
+    /// person's "Always allow" at a Secret Service prompt): it reads and
+    /// changes the item over the bus from then on without being asked. A
+    /// program already on the list is replaced (its new digest); the
+    /// owner, or an item without one, is left as it is. Local only: the
+    /// provider that asked the person is in the device's process.
+    public func allow(_ program: ProgramClaim, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+        let group = group ?? ItemLimits.defaultGroup
+        guard case .local(let device) = backend else { throw .badRequest }
+        try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
+            guard let current = existing else { throw .itemNotFound }
+            let detailsKey = device.secret.detailsKey
+            guard var details = try ItemCipher.openDetails(current, key: detailsKey), let owner = details.owner else { throw .badRequest }
+            if !owner.admits(ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0)) {
+                details.allowed.removeAll { Array($0.executable.utf8) == Array(program.executable.utf8) }
+                details.allowed.append(program)
+                if details.allowed.count > ItemDetails.maximumAllowed { details.allowed.removeFirst() }
+            }
+            let key = try device.classKey(current.protectionClass)
+            return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
+                                   protectionClass: current.protectionClass, generation: generation, key: key,
+                                   details: (details, detailsKey))
         }
         forget(group: group, identifier: identifier)
     }

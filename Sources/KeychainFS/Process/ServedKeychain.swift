@@ -366,6 +366,14 @@ extension ServedKeychain: SecretStore {
         return names
     }
 
+    func allow(_ program: ProgramClaim, group: String, identifier: String) {
+        do throws(KeychainError) {
+            try manager.allow(program, forIdentifier: identifier, inGroup: group)
+        } catch {
+            Diagnostics.log("could not add \(program.executable) to the access list of \(group)/\(identifier): \(error)")
+        }
+    }
+
     func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
                  audit policy: AuditPolicy) -> DeviceReply {
         // The program as it was read, for a denial's reason in the log.

@@ -1,0 +1,108 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A program that an item belongs to, or that its owner's person allowed
+/// (issue 31): as the Secret Service met it, by the executable the kernel
+/// named, its SHA-256, and, for an executable a Debian package installed
+/// (root's, writable by root alone), that package, so that an update of the
+/// package keeps the program's items. A program the user built or copied
+/// (a file the user can write) is its digest: another build is another
+/// program. Sealed with the item's details (``ItemDetails``).
+public struct ProgramClaim: Sendable, Equatable {
+    public var executable: String
+    public var digest: [UInt8]
+    /// The Debian package the executable belongs to, when root installed it.
+    public var package: String?
+    /// The systemd unit (or flatpak/snap scope) it ran in, for people to
+    /// read; not compared (a scope's name changes with every start).
+    public var unit: String?
+
+    public init(executable: String, digest: [UInt8], package: String? = nil, unit: String? = nil) {
+        self.executable = executable
+        self.digest = digest
+        self.package = package
+        self.unit = unit
+    }
+
+    /// The claim of `program` as it runs now (its package looked up).
+    public init(_ program: ProgramIdentity) {
+        self.init(executable: program.executable, digest: program.digest,
+                  package: PackageOwnership.package(of: program.executable), unit: program.unit)
+    }
+
+    /// Whether `program` is this program: the same executable path and the
+    /// same content, or, for a packaged one, the same path still installed
+    /// by the same package (an update). A process that cannot be taken for
+    /// its executable (``ProgramIdentity/distrust``: a tracer, another user
+    /// namespace, a bus connection shared with another process) is no one's.
+    /// A process running a JIT is taken as its program: a browser is one.
+    public func admits(_ program: ProgramIdentity) -> Bool {
+        guard program.distrust == nil, Array(program.executable.utf8) == Array(executable.utf8) else { return false }
+        if Crypto.constantTimeEqual(program.digest, digest) { return true }
+        guard let package else { return false }
+        return PackageOwnership.package(of: program.executable) == package
+    }
+
+    /// How a person reads it: the path, and the package or the digest's start.
+    public var described: String {
+        executable + (package.map { " (package \($0))" } ?? " (sha256 \(Hex.string(Array(digest.prefix(6))))…)")
+    }
+}
+
+/// Which Debian package installed a file, as `dpkg-query -S` says, for
+/// files that are root's and writable by root alone (in directories that
+/// are too); nil for any other file, which a user could replace. Cached by
+/// path, inode and change time: a lookup runs dpkg-query (tens of ms).
+public enum PackageOwnership {
+    private static let cache = Mutex<[String: (ino: UInt64, ctime: Int, package: String?)]>([:])
+
+    public static func package(of path: String) -> String? {
+        guard path.hasPrefix("/"), let info = rootOwned(path) else { return nil }
+        if let cached = cache.withLock({ $0[path] }), cached.ino == UInt64(info.st_ino), cached.ctime == info.st_ctim.tv_sec {
+            return cached.package
+        }
+        let package = query(path)
+        cache.withLock { $0[path] = (UInt64(info.st_ino), info.st_ctim.tv_sec, package) }
+        return package
+    }
+
+    /// The file's status when it and every directory above it are root's
+    /// and not writable by group or others.
+    private static func rootOwned(_ path: String) -> stat? {
+        var info = stat()
+        guard stat(path, &info) == 0, info.st_uid == 0, info.st_mode & 0o022 == 0, info.st_mode & S_IFMT == S_IFREG else {
+            return nil
+        }
+        var directory = path
+        while let slash = directory.lastIndex(of: "/"), slash != directory.startIndex {
+            directory = String(directory[..<slash])
+            var parent = stat()
+            guard stat(directory, &parent) == 0, parent.st_uid == 0, parent.st_mode & 0o022 == 0 else { return nil }
+        }
+        return info
+    }
+
+    private static func query(_ path: String) -> String? {
+        guard access("/usr/bin/dpkg-query", X_OK) == 0 else { return nil }
+        var ends: [Int32] = [0, 0]
+        guard pipe(&ends) == 0 else { return nil }
+        var options = Spawn.Options()
+        options.descriptors = [(1, ends[1])]
+        let started = Spawn.start(["/usr/bin/dpkg-query", "-S", path], options: options)
+        close(ends[1])
+        defer { close(ends[0]) }
+        guard let started else { return nil }
+        let output = (try? Descriptor.readAll(ends[0], limit: 1 << 16)) ?? []
+        guard Spawn.wait(started) == 0 else { return nil }
+        // "package[:arch]: /path" for the file itself (not a diversion line).
+        let suffix = ": " + path
+        for line in String(decoding: output, as: UTF8.self).split(separator: "\n").map(String.init) where line.hasSuffix(suffix) {
+            let names = line.dropLast(suffix.count)
+            guard !names.contains(","), !names.hasPrefix("diversion") else { return nil }
+            return String(names.split(separator: ":").first ?? names)
+        }
+        return nil
+    }
+}

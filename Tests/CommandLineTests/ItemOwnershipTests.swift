@@ -1,0 +1,153 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// Issue 31: on the bus, an item belongs to the program that made it. Two
+/// programs the test compiles against libsecret (app-a and app-b, the same
+/// source built twice: two executables, two digests) and a pinentry that
+/// answers the person's questions from a file: Deny, Allow once, Always
+/// allow. The creator is never asked; every answer does what it says; a
+/// denied program gets nothing but the item's path; nothing is lost.
+extension SecretServiceTests {
+    /// app-a and app-b in `$R`: `app store NAME VALUE` stores a password
+    /// under the attribute name=NAME (replacing its own), `app lookup NAME`
+    /// prints it, or `none`.
+    func buildApps() throws {
+        try """
+            #include <libsecret/secret.h>
+            #include <stdio.h>
+            #include <string.h>
+            static const SecretSchema schema = {
+                "org.example.App", SECRET_SCHEMA_NONE,
+                { { "name", SECRET_SCHEMA_ATTRIBUTE_STRING }, { NULL, 0 } } };
+            int main(int argc, char **argv) {
+                GError *error = NULL;
+                if (argc == 4 && strcmp(argv[1], "store") == 0) {
+                    secret_password_store_sync(&schema, SECRET_COLLECTION_DEFAULT, "App " APP, argv[3], NULL, &error,
+                                               "name", argv[2], NULL);
+                } else if (argc == 3 && strcmp(argv[1], "lookup") == 0) {
+                    gchar *password = secret_password_lookup_sync(&schema, NULL, &error, "name", argv[2], NULL);
+                    printf("%s\\n", password ? password : "none");
+                    secret_password_free(password);
+                } else {
+                    return 2;
+                }
+                if (error) { printf("error: %s\\n", error->message); return 1; }
+                return 0;
+            }
+            """.write(toFile: harness.root + "/app.c", atomically: true, encoding: .utf8)
+        let built = harness.sh("""
+            for app in a b; do
+                gcc -O1 -DAPP="\\"$app\\"" -o "$R/app-$app" "$R/app.c" $(pkg-config --cflags --libs libsecret-1) || exit 1
+            done
+            """)
+        #expect(built.succeeded, "\(built)")
+    }
+
+    /// A pinentry whose CONFIRM answers come from the lines of `$R/answers`
+    /// in turn (`once`: OK, `always`: the not-OK button, anything else or
+    /// none: cancel), logging each question to `$R/pinentry.log`.
+    func writeConsentPinentry(answers: [String]) throws {
+        try """
+            #!/bin/sh
+            echo "OK Pleased to meet you"
+            while read -r command rest; do
+                case "$command" in
+                SETDESC) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
+                CONFIRM) n=$(( $(cat "$R/confirmed" 2>/dev/null || echo 0) + 1 )); echo $n > "$R/confirmed"
+                         case "$(sed -n "${n}p" "$R/answers")" in
+                         once) echo OK ;;
+                         always) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
+                         *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
+                         esac ;;
+                BYE) echo OK; exit 0 ;;
+                *) echo OK ;;
+                esac
+            done
+            """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
+        chmod(harness.root + "/pinentry", 0o755)
+        try (answers.joined(separator: "\n") + "\n").write(toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
+    }
+
+    @Test func anItemIsItsCreatorsAndAnyOtherProgramIsAskedAbout() throws {
+        try buildApps()
+        try writeConsentPinentry(answers: ["deny", "once", "always"])
+        let used = onBus("""
+            "$R/app-a" store mail hunter2; echo "a stores $?"
+            "$R/app-a" lookup mail
+            "$R/app-b" lookup mail
+            "$R/app-b" lookup mail
+            "$R/app-b" lookup mail
+            "$R/app-b" lookup mail
+            "$R/app-a" lookup mail
+            wc -l < "$R/pinentry.log"
+            """, environment: Self.pinentryEnvironment)
+        // a is never asked; b: denied, allowed once, allowed always, then not asked again.
+        #expect(used.stdout == """
+            a stores 0
+            hunter2
+            none
+            hunter2
+            hunter2
+            hunter2
+            hunter2
+            3
+
+            """, "\(used)")
+        let question = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
+        #expect(question.contains(harness.root + "/app-b (sha256 ") && question.contains("wants to read the secrets of \"App a\" in default")
+                && question.contains("which belongs to " + harness.root + "/app-a"), "\(question)")
+        // Every question and answer is in the log, with the program that was asked about.
+        let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep ' ask ' | sed 's/.* ask \\([a-z-]*\\) .*exe=\\([^ ]*\\).*/\\1 \\2/'")
+        #expect(log.stdout == """
+            denied \(harness.root)/app-b
+            allowed-once \(harness.root)/app-b
+            allowed-always \(harness.root)/app-b
+
+            """, "\(log)")
+    }
+
+    @Test func aDeniedProgramFindsTheItemButNeverItsSecretNorChangesIt() throws {
+        try buildApps()
+        try writeConsentPinentry(answers: [])
+        let used = onBus("""
+            "$R/app-a" store mail hunter2
+            # Found by a search, as the spec wants; its secret left out.
+            secret-tool search --all name mail 2>&1 | grep -E '^(label|secret)'
+            "$R/app-b" store mail stolen; echo "b replaces: $?"
+            /usr/bin/python3 - <<'PY'
+            import secretstorage
+            conn = secretstorage.dbus_init()
+            item = next(secretstorage.get_default_collection(conn).search_items({'name': 'mail'}))
+            for change in (lambda: item.set_secret(b'stolen'), lambda: item.set_label('mine'), item.delete):
+                try:
+                    change()
+                    print('changed')
+                except Exception as error:
+                    print('refused:', type(error).__name__)
+            PY
+            "$R/app-a" lookup mail
+            """, environment: Self.pinentryEnvironment)
+        #expect(used.stdout.contains("label = App a\n"), "\(used)")
+        #expect(!used.stdout.contains("secret = hunter2"), "\(used)")
+        // app-b's store with the same attributes is a replace of a's item: refused, nothing lost.
+        #expect(used.stdout.contains("b replaces: 1"), "\(used)")
+        #expect(used.stdout.hasSuffix("""
+            refused: DBusErrorResponse
+            refused: DBusErrorResponse
+            refused: DBusErrorResponse
+            hunter2
+
+            """), "\(used)")
+    }
+
+    @Test func withNoWayToAskTheAnswerIsDeny() throws {
+        try buildApps()
+        let used = onBus("""
+            "$R/app-a" store mail hunter2
+            "$R/app-b" lookup mail
+            "$R/app-a" lookup mail
+            """, environment: "KEYCHAINFS_PINENTRY=/nonexistent/pinentry")
+        #expect(used.stdout == "none\nhunter2\n", "\(used)")
+    }
+}
