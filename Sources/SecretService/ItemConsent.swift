@@ -80,16 +80,22 @@ extension SecretServiceProvider {
         return identity
     }
 
-    /// The items among `items` whose owner must be asked about for the caller.
-    func itemsToAsk(_ items: [(group: String, identifier: String)], caller: ProgramIdentity?,
-                    call: BusCall) -> [ItemConsent.Asked] {
-        items.compactMap { item in
+    /// The items among `items` whose owner must be asked about for the
+    /// caller, and the caller as read: only when an item has an owner (most
+    /// have none, and reading a caller costs a scan of its processes).
+    func itemsToAsk(_ items: [(group: String, identifier: String)],
+                    call: BusCall) -> (asked: [ItemConsent.Asked], caller: ProgramIdentity?) {
+        var caller: ProgramIdentity??
+        let asked = items.compactMap { item -> ItemConsent.Asked? in
             guard case .ok(let fields) = perform(.details(group: item.group, identifier: item.identifier), for: call,
                                                   audit: .failures),
                   let details = (try? PasswordManager.details(fromFields: fields))?.first?.details,
-                  !ItemConsent.isFree(details, for: caller), let owner = details.owner else { return nil }
+                  let owner = details.owner else { return nil }
+            if caller == nil { caller = .some(callerIdentity(call)) }
+            guard !ItemConsent.isFree(details, for: caller ?? nil) else { return nil }
             return ItemConsent.Asked(group: item.group, identifier: item.identifier, label: details.label, owner: owner)
         }
+        return (asked, caller ?? nil)
     }
 
     /// Runs `body` for `call` once the person allowed the caller to use
@@ -100,8 +106,7 @@ extension SecretServiceProvider {
     func withConsent(_ call: BusCall, to verb: String, items: [(group: String, identifier: String)],
                      denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)? = nil,
                      _ body: @escaping (BusCall) throws(BusError) -> Void) throws(BusError) {
-        let caller = callerIdentity(call)
-        let asked = itemsToAsk(items, caller: caller, call: call)
+        let (asked, caller) = itemsToAsk(items, call: call)
         guard !asked.isEmpty else { return try body(call) }
         let claim = caller.map(ProgramClaim.init)
         let question = ItemConsent.question(asker: claim, items: asked, asking: verb)

@@ -25,7 +25,7 @@ struct KeychainFSCommand: ParsableCommand {
                       BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
                       RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
                       EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,
-                      DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self,
+                      DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self, AclCommand.self,
                       LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,
                       ClipboardClearCommand.self]
     )

@@ -150,4 +150,40 @@ extension SecretServiceTests {
             """, environment: "KEYCHAINFS_PINENTRY=/nonexistent/pinentry")
         #expect(used.stdout == "none\nhunter2\n", "\(used)")
     }
+
+    /// A program installed from a Debian package and then updated by it
+    /// (same path, new content, still root's and the package's) keeps its
+    /// item without a question; a copy of it elsewhere, a file the user
+    /// could replace, is another program and is asked about. The package is
+    /// made with dpkg-deb, installed and removed by the test.
+    @Test func aPackageUpdateOfTheCreatorKeepsItsItems() throws {
+        try buildApps()
+        try writeConsentPinentry(answers: [])
+        let package = "kcfs-test-owner-app"
+        defer { _ = harness.sh("dpkg -r \(package) >/dev/null 2>&1") }
+        let installed = harness.sh("""
+            for version in 1 2; do
+                root="$R/deb-$version"
+                mkdir -p "$root/DEBIAN" "$root/usr/libexec/\(package)"
+                printf 'Package: \(package)\nVersion: %s\nArchitecture: %s\nMaintainer: tests <tests@localhost>\nDescription: keychainfs test\n' \
+                    "$version" "$(dpkg --print-architecture)" > "$root/DEBIAN/control"
+                gcc -O1 -DAPP="\\"v$version\\"" -o "$root/usr/libexec/\(package)/app" "$R/app.c" $(pkg-config --cflags --libs libsecret-1) || exit 1
+                dpkg-deb --root-owner-group --build "$root" "$R/app-$version.deb" >/dev/null || exit 1
+            done
+            dpkg -i "$R/app-1.deb" >/dev/null
+            """)
+        #expect(installed.succeeded, "\(installed)")
+        let app = "/usr/libexec/\(package)/app"
+        let used = onBus("""
+            \(app) store mail hunter2
+            dpkg -i "$R/app-2.deb" >/dev/null
+            \(app) lookup mail
+            cp \(app) "$R/copied-app" && "$R/copied-app" lookup mail
+            "$K" acl "default/App v1"
+            """, environment: Self.pinentryEnvironment)
+        #expect(used.stdout.hasPrefix("hunter2\nnone\nowner: \(app) (package \(package))\n"), "\(used)")
+        // Only the copy was asked about.
+        let asked = (try? String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)) ?? ""
+        #expect(asked.split(separator: "\n").count == 1 && asked.hasPrefix(harness.root + "/copied-app"), "\(asked)")
+    }
 }

@@ -189,3 +189,68 @@ import Testing
         expectError(.decode) { try manager.details(forIdentifier: "alpha") }
     }
 }
+
+/// Issue 31: whose an item is on the bus, sealed with its details.
+extension ItemDetailsTests {
+    // MARK: Owner and access list (issue 31)
+
+    static let owner = ProgramClaim(executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32),
+                                    package: nil, unit: "app-chromium.scope")
+    static let other = ProgramClaim(executable: "/usr/bin/secret-tool", digest: Array(repeating: 2, count: 32))
+
+    @Test func theOwnerIsSetWhenTheItemIsMadeAndNoWriteChangesItOrItsList() throws {
+        let (_, manager) = try unlocked()
+        var made = Self.details
+        made.owner = Self.owner
+        made.allowed = [Self.other]  // a writer cannot put itself on the list
+        try manager.write(secure("v1"), identifier: "key", group: "default", protectionClass: .whenUnlocked, details: made)
+        var stored = try #require(try manager.details(forIdentifier: "key"))
+        #expect(stored.owner == Self.owner && stored.allowed.isEmpty)
+        // A replacing write naming another owner, or none, keeps the item's.
+        var claimed = Self.details
+        claimed.owner = Self.other
+        try manager.write(secure("v2"), identifier: "key", group: "default", protectionClass: .whenUnlocked, details: claimed)
+        try manager.setDetails(Self.details, forIdentifier: "key")
+        try manager.register("v3", forIdentifier: "key")
+        stored = try #require(try manager.details(forIdentifier: "key"))
+        #expect(stored.owner == Self.owner && stored.allowed.isEmpty)
+        // Only allow() adds to the list, once per program.
+        try manager.allow(Self.other, forIdentifier: "key")
+        try manager.allow(Self.other, forIdentifier: "key")
+        #expect(try manager.details(forIdentifier: "key")?.allowed == [Self.other])
+        // An item made without an owner (a mount, the command line) gets none from a later write.
+        try manager.register("plain", forIdentifier: "plain")
+        try manager.write(secure("p2"), identifier: "plain", group: "default", protectionClass: .whenUnlocked, details: claimed)
+        #expect(try manager.details(forIdentifier: "plain")?.owner == nil)
+        expectError(.badRequest) { try manager.allow(Self.other, forIdentifier: "plain") }
+    }
+
+    @Test func ownedDetailsEncodeAndReadBackAndVersionOneStaysForTheRest() throws {
+        var owned = Self.details
+        owned.owner = Self.owner
+        owned.allowed = [Self.other]
+        let bytes = owned.encoded()
+        #expect(bytes.first == 2)
+        #expect(try ItemDetails(decoding: bytes) == owned)
+        var fields = owned.fields[...]
+        #expect(ItemDetails(fields: &fields) == owned && fields.isEmpty)
+        #expect(Self.details.encoded().first == 1)
+        // Version 2 with nothing to say is a second encoding of a version-1 record: refused.
+        var empty = Self.details.encoded()
+        empty[0] = 2
+        expectError(.decode) { _ = try ItemDetails(decoding: empty + [0, 0]) }
+    }
+
+    @Test func aClaimAdmitsItsProgramOnlyByPathAndContentAndNeverAnUntrustedProcess() {
+        let claim = ProgramClaim(executable: "/opt/app", digest: Array(repeating: 7, count: 32))
+        #expect(claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
+        // Another build at the same path (no package: a file its user could replace).
+        #expect(!claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 8, count: 32), unit: nil, uid: 1000)))
+        #expect(!claim.admits(ProgramIdentity(executable: "/opt/app2", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
+        #expect(!claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
+                                              distrust: "its bus connection is shared with pid 1 (sh)")))
+        // A program running a JIT is still its program (a browser is one).
+        #expect(claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
+                                             runsAnonymousCode: true)))
+    }
+}

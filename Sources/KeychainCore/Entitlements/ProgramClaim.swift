@@ -45,6 +45,9 @@ public struct ProgramClaim: Sendable, Equatable {
         return PackageOwnership.package(of: program.executable) == package
     }
 
+    /// The SHA-256 in lowercase hex.
+    public var digestHex: String { Hex.string(digest) }
+
     /// How a person reads it: the path, and the package or the digest's start.
     public var described: String {
         executable + (package.map { " (package \($0))" } ?? " (sha256 \(Hex.string(Array(digest.prefix(6))))…)")

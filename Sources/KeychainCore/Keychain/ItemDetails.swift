@@ -55,9 +55,13 @@ public struct ItemDetails: Sendable, Equatable {
         guard attributes.count <= Self.maximumAttributes, allowed.count <= Self.maximumAllowed,
               label.utf8.count <= Self.maximumText, contentType.utf8.count <= Self.maximumText else { throw .param }
         for claim in [owner].compactMap({ $0 }) + allowed {
+            // A package or unit, when there is one, is 1-255 bytes: an
+            // empty one would be a second encoding of none (reply fields
+            // write none as "").
             guard claim.digest.count == ExecutableDigest.size, claim.executable.hasPrefix("/"),
-                  claim.executable.utf8.count <= Self.maximumText, (claim.package?.utf8.count ?? 0) <= Self.maximumAttributeName,
-                  (claim.unit?.utf8.count ?? 0) <= Self.maximumAttributeName else { throw .param }
+                  claim.executable.utf8.count <= Self.maximumText,
+                  claim.package.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
+                  claim.unit.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true else { throw .param }
         }
         for (name, value) in attributes {
             guard (1...Self.maximumAttributeName).contains(name.utf8.count), value.utf8.count <= Self.maximumText,
