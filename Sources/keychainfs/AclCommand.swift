@@ -7,13 +7,15 @@ import Glibc
 struct AclCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "acl",
-        abstract: "Show whose an item is on the Secret Service, and which other programs may use it.",
+        abstract: "Show whose an item is on the Secret Service and which other programs may use it; change that list.",
         discussion: """
             An item a program made over the bus belongs to it: it reads, changes and deletes it there \
             without a question; another program waits while pinentry asks you (Deny, Allow once, \
             Always allow), and Always allow puts it on the item's list shown here. An item made \
-            through a mount or the command line belongs to no program. Works while locked (the \
-            list is sealed with the item's details, not its value).
+            through a mount or the command line belongs to no program. Showing works while locked \
+            (the list is sealed with the item's details, not its value). --add and --remove change \
+            the list; they need the passcode (read from the terminal or one line of standard input, \
+            an empty line if the keychain has none) and the item unlocked.
             """)
 
     @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
@@ -24,7 +26,18 @@ struct AclCommand: ParsableCommand {
     @Flag(help: "Print {\"owner\", \"allowed\"}: each program as {\"executable\", \"sha256\", \"package\", \"unit\"} (owner null when none).")
     var json = false
 
+    @Option(name: .long, help: "Put the program at this executable on the item's list (its SHA-256, and its package, are pinned).")
+    var add: String?
+
+    @Option(name: .long, help: "Take every program at this executable off the item's list.")
+    var remove: String?
+
+    func validate() throws {
+        if add != nil && remove != nil { throw ValidationError("--add or --remove, not both") }
+    }
+
     func run() throws {
+        if let path = add ?? remove { return try change(path, removing: remove != nil) }
         let device = try RunningDevice(options.place)
         guard case .ok(let fields) = try device.send(.details(group: item.group, identifier: item.identifier), item: "\(item)") else {
             throw fail("unexpected reply from the device")
@@ -42,6 +55,28 @@ struct AclCommand: ParsableCommand {
         // Escaped: a path is another program's to choose.
         print("owner: " + LineEscaping.escaped(owner.described))
         for program in details?.allowed ?? [] { print("allowed: " + LineEscaping.escaped(program.described)) }
+    }
+
+    /// `--add` or `--remove`, as `grant` and `revoke`: the executable
+    /// resolved and opened here, as this user, and passed to the device.
+    private func change(_ path: String, removing: Bool) throws {
+        let passcode = try policyPasscode()
+        var resolved = absolutePath(path)
+        if let canonical = realpath(resolved, nil) {
+            resolved = String(cString: canonical)
+            free(canonical)
+        }
+        let file = removing ? -1 : open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+        defer { if file >= 0 { close(file) } }
+        let request = DeviceRequest.access(group: item.group, identifier: item.identifier, executable: resolved,
+                                           remove: removing, passcode: passcode)
+        let fields = try policyReply(request, keychain: options.place, passing: file >= 0 ? file : nil)
+        if removing {
+            print("took \(fields.first ?? "0") program(s) at \(shown(resolved)) off the list of \(item)")
+        } else {
+            guard fields.count == 2 else { throw fail("unexpected reply from the device") }
+            print("\(shown(fields[0])) (sha256 \(fields[1])) may use \(item) over the bus")
+        }
     }
 
     private static func json(_ claim: ProgramClaim) -> String {

@@ -7,7 +7,7 @@ import Glibc
 
 /// Sends a policy request to the keychain's running device, or, when none
 /// runs, carries it out on the keychain directly (as `passcode` does).
-private func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passing file: Int32? = nil) throws -> [String] {
+func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passing file: Int32? = nil) throws -> [String] {
     try place.requireExisting()
     let reply: DeviceReply
     if let answer = DeviceClient.send(request, to: try place.socketPath(), passing: file) {
@@ -30,8 +30,9 @@ private func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace
     case .keychainError(.authFailed, _):
         throw fail("the passcode is wrong (or wrong passcodes have locked changes out for now); nothing was changed",
                    status: ExitStatus.denied)
-    case .keychainError(.itemNotFound, _):
-        throw fail("no such rule: nothing was revoked", status: ExitStatus.absent)
+    case .keychainError(.itemNotFound, let message):
+        if case .revoke = request { throw fail("no such rule: nothing was revoked", status: ExitStatus.absent) }
+        throw fail(message, status: ExitStatus.absent)
     case .keychainError(_, let message), .systemError(_, let message):
         throw fail(message)
     case .value:
@@ -40,7 +41,7 @@ private func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace
 }
 
 /// The passcode that authorises a change of policy (an empty line for a keychain without one).
-private func policyPasscode() throws -> SecureBytes? {
+func policyPasscode() throws -> SecureBytes? {
     guard let passcode = Passcode.read(prompt: "Passcode (empty if none): ") else {
         throw fail("no passcode given (an empty line if the keychain has none); nothing was changed")
     }

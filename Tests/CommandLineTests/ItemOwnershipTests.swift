@@ -186,4 +186,53 @@ extension SecretServiceTests {
         let asked = (try? String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)) ?? ""
         #expect(asked.split(separator: "\n").count == 1 && asked.hasPrefix(harness.root + "/copied-app"), "\(asked)")
     }
+
+    /// The person edits an item's list with the passcode: `acl --add` lets
+    /// a program use the item with no question, `acl --remove` takes it off
+    /// again; a wrong passcode, an item of no program and a program not on
+    /// the list are each refused and change nothing.
+    @Test func aclAddAndRemoveChangeTheListWithThePasscode() throws {
+        try buildApps()
+        try writeConsentPinentry(answers: [])
+        let used = onBus("""
+            "$R/app-a" store mail hunter2
+            printf 0000 | "$K" acl "default/App a" --add "$R/app-b"; echo "wrong passcode $?"
+            "$R/app-b" lookup mail
+            printf '%s\\n' "$PASSCODE" | "$K" acl "default/App a" --add "$R/app-b" | sed "s|$R/||"
+            "$R/app-b" lookup mail
+            "$K" acl "default/App a" | sed "s|$R/||; s|sha256 [0-9a-f]*|sha256|"
+            "$K" acl "default/App a" --json | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["owner"]["executable"].endswith("app-a"), len(d["allowed"]))'
+            printf '%s\\n' "$PASSCODE" | "$K" acl "default/App a" --remove "$R/app-b" | sed "s|$R/||"
+            "$R/app-b" lookup mail
+            printf '%s\\n' "$PASSCODE" | "$K" acl "default/App a" --remove "$R/app-b" > "$R/out" 2>&1; echo "not on it $?"
+            sed "s|$R/||" "$R/out"
+            printf mine | "$K" set default/plain
+            printf '%s\\n' "$PASSCODE" | "$K" acl default/plain --add "$R/app-b" 2>&1 | sed "s|$R/||"
+            "$K" acl default/plain
+            """, environment: Self.pinentryEnvironment)
+        #expect(used.stdout == """
+            wrong passcode 4
+            none
+            app-b (sha256 \(try appDigest("app-b"))) may use default/App a over the bus
+            hunter2
+            owner: app-a (sha256…)
+            allowed: app-b (sha256…)
+            True 1
+            took 1 program(s) at app-b off the list of default/App a
+            none
+            not on it 2
+            keychainfs: no program at app-b is on the list of default/App a
+            keychainfs: default/plain belongs to no program (it was made through a mount or the command line): every program of yours may use it; there is no list to change
+            owner: none (made through a mount or the command line: any program of yours may use it over the bus)
+
+            """, "\(used)")
+        // Every change and every refusal is in the log.
+        let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep ' acl-' | cut -d' ' -f2,3")
+        #expect(log.stdout == "acl-add refused\nacl-add ok\nacl-remove ok\nacl-remove absent\nacl-add error\n", "\(log)")
+    }
+
+    /// The SHA-256 of one of the test's programs, in hex.
+    func appDigest(_ name: String) throws -> String {
+        harness.sh("sha256sum \"$R/\(name)\" | cut -d' ' -f1").stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
 }

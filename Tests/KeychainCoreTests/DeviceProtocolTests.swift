@@ -51,6 +51,8 @@ import Testing
         .grant(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234")),
         .grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil),
         .grant(group: "secure", executable: "/usr/bin/node", unit: nil, uid: nil, passcode: secret("1234"), allowJIT: true),
+        .access(group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", remove: false, passcode: secret("1234")),
+        .access(group: "default", identifier: "token", executable: "/opt/app", remove: true, passcode: nil),
         .revoke(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
                 passcode: secret("1234")),
         .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),

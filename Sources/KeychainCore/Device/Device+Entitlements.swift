@@ -95,4 +95,31 @@ extension Device {
         notify(.entitlementsChanged(group: group))
         return count
     }
+
+    // MARK: An item's access list (issue 31)
+
+    /// Puts `program` on the access list of an item that has an owner
+    /// (`keychainfs acl --add`), as the person's "Always allow" does. Needs
+    /// the passcode, as `grant` does: a program of the user cannot add itself.
+    public func allow(_ program: ProgramClaim, group: String, identifier: String, passcode: SecureBytes?,
+                      by subject: AuditSubject? = nil) throws(KeychainError) {
+        try audited("acl-add", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
+                    by: subject) { () throws(KeychainError) in
+            try withPasscode(passcode) { () throws(KeychainError) in
+                try PasswordManager(device: self).allow(program, forIdentifier: identifier, inGroup: group)
+            }
+        }
+    }
+
+    /// Takes every program at `executable` off an item's access list
+    /// (`keychainfs acl --remove`); returns how many. Needs the passcode.
+    @discardableResult
+    public func disallow(executable: String, group: String, identifier: String, passcode: SecureBytes?,
+                         by subject: AuditSubject? = nil) throws(KeychainError) -> Int {
+        try audited("acl-remove", group: group, detail: identifier + " " + executable, by: subject) { () throws(KeychainError) -> Int in
+            try withPasscode(passcode) { () throws(KeychainError) -> Int in
+                try PasswordManager(device: self).disallow(executable: executable, forIdentifier: identifier, inGroup: group)
+            }
+        }
+    }
 }

@@ -466,23 +466,46 @@ public final class PasswordManager: Sendable {
     /// owner, or an item without one, is left as it is. Local only: the
     /// provider that asked the person is in the device's process.
     public func allow(_ program: ProgramClaim, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+        _ = try changeAccess(forIdentifier: identifier, inGroup: group) { (details, owner) -> Int in
+            guard !owner.admits(ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0)) else { return 0 }
+            details.allowed.removeAll { Array($0.executable.utf8) == Array(program.executable.utf8) }
+            details.allowed.append(program)
+            if details.allowed.count > ItemDetails.maximumAllowed { details.allowed.removeFirst() }
+            return 1
+        }
+    }
+
+    /// Takes every program at `executable` off an item's access list;
+    /// returns how many (``KeychainError/itemNotFound`` when none was on it).
+    @discardableResult
+    public func disallow(executable: String, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> Int {
+        try changeAccess(forIdentifier: identifier, inGroup: group) { (details, _) throws(KeychainError) -> Int in
+            let before = details.allowed.count
+            details.allowed.removeAll { Array($0.executable.utf8) == Array(executable.utf8) }
+            guard details.allowed.count < before else { throw .itemNotFound }
+            return before - details.allowed.count
+        }
+    }
+
+    /// Changes the access list of an item with an owner (``KeychainError/badRequest``
+    /// for one without), sealed again with its row.
+    private func changeAccess(forIdentifier identifier: String, inGroup group: String?,
+                              _ change: (inout ItemDetails, ProgramClaim) throws(KeychainError) -> Int) throws(KeychainError) -> Int {
         let group = group ?? ItemLimits.defaultGroup
         guard case .local(let device) = backend else { throw .badRequest }
+        var count = 0
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             guard let current = existing else { throw .itemNotFound }
             let detailsKey = device.secret.detailsKey
             guard var details = try ItemCipher.openDetails(current, key: detailsKey), let owner = details.owner else { throw .badRequest }
-            if !owner.admits(ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0)) {
-                details.allowed.removeAll { Array($0.executable.utf8) == Array(program.executable.utf8) }
-                details.allowed.append(program)
-                if details.allowed.count > ItemDetails.maximumAllowed { details.allowed.removeFirst() }
-            }
+            count = try change(&details, owner)
             let key = try device.classKey(current.protectionClass)
             return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
                                    protectionClass: current.protectionClass, generation: generation, key: key,
                                    details: (details, detailsKey))
         }
         forget(group: group, identifier: identifier)
+        return count
     }
 
     /// Every item of `group` that has details, with them, sorted by identifier.

@@ -16,14 +16,10 @@ extension Device {
         do throws(KeychainError) {
             switch request {
             case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
-                if file == nil && !opensPaths {
-                    return .systemError(EINVAL, "the executable must come with the request, opened by you: "
-                                        + "the keychainfs service opens no path for a client")
-                }
-                let named = file.map { ProgramIdentities.executable(from: $0, path: executable) }
-                    ?? ProgramIdentities.executable(at: executable)
-                guard let program = named else {
-                    return .systemError(ENOENT, "cannot read the executable \(executable) (it must be a regular file the device can read)")
+                let program: (path: String, digest: [UInt8])
+                switch Self.namedExecutable(executable, file: file, opensPaths: opensPaths) {
+                case .success(let named): program = named
+                case .failure(let refusal): return refusal.reply
                 }
                 let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid,
                                            allowsJIT: allowJIT)
@@ -37,6 +33,30 @@ extension Device {
                 let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all,
                                               passcode: passcode, by: subject)
                 return .ok([String(count)])
+            case .access(let group, let identifier, let executable, let remove, let passcode):
+                do throws(KeychainError) {
+                    if remove {
+                        let count = try device.disallow(executable: executable, group: group, identifier: identifier,
+                                                        passcode: passcode, by: subject)
+                        return .ok([String(count)])
+                    }
+                    let program: (path: String, digest: [UInt8])
+                    switch Self.namedExecutable(executable, file: file, opensPaths: opensPaths) {
+                    case .success(let named): program = named
+                    case .failure(let refusal): return refusal.reply
+                    }
+                    let claim = ProgramClaim(executable: program.path, digest: program.digest,
+                                             package: PackageOwnership.package(of: program.path))
+                    try device.allow(claim, group: group, identifier: identifier, passcode: passcode, by: subject)
+                    return .ok([claim.executable, claim.digestHex])
+                } catch .badRequest {
+                    return .keychainError(.badRequest, "\(group)/\(identifier) belongs to no program (it was made through a mount "
+                                          + "or the command line): every program of yours may use it; there is no list to change")
+                } catch .interactionNotAllowed {
+                    return .keychainError(.interactionNotAllowed, "\(group)/\(identifier) is locked: unlock the keychain first")
+                } catch .itemNotFound where remove {
+                    return .keychainError(.itemNotFound, "no program at \(executable) is on the list of \(group)/\(identifier)")
+                }
             case .policy(let group):
                 let policies = device.entitlementPolicies
                 if let group, policies[group] == nil { return .ok([]) }
@@ -56,6 +76,30 @@ extension Device {
         } catch {
             return .keychainError(error, error.description)
         }
+    }
+}
+
+/// Why an executable a request names cannot be read, as the reply says it.
+struct ExecutableRefusal: Error {
+    let reply: DeviceReply
+}
+
+extension Device {
+    /// The executable a grant or an access change names: the file the
+    /// client passed (opened as the client), else, where the device may
+    /// open paths (not the service), the path itself.
+    static func namedExecutable(_ executable: String, file: Int32?,
+                                opensPaths: Bool) -> Result<(path: String, digest: [UInt8]), ExecutableRefusal> {
+        if file == nil && !opensPaths {
+            return .failure(ExecutableRefusal(reply: .systemError(EINVAL, "the executable must come with the request, opened by you: "
+                                                                  + "the keychainfs service opens no path for a client")))
+        }
+        let named = file.map { ProgramIdentities.executable(from: $0, path: executable) } ?? ProgramIdentities.executable(at: executable)
+        guard let program = named else {
+            return .failure(ExecutableRefusal(reply: .systemError(ENOENT, "cannot read the executable \(executable) "
+                                                                  + "(it must be a regular file the device can read)")))
+        }
+        return .success((program.path, program.digest))
     }
 }
 

@@ -62,6 +62,12 @@ public enum DeviceRequest: Equatable, Sendable {
     /// Remove rules of `group`, or (`all`) its whole policy (``Device/revoke(group:executable:unit:uid:all:passcode:)``).
     /// The reply's field is the number of rules removed.
     case revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?)
+    /// Add the executable at `executable` to the access list of the item
+    /// (issue 31: it may then use the item over the bus without a question),
+    /// or, with `remove`, take every program at that path off the list.
+    /// Needs the passcode, as `grant` does. The reply's fields: the
+    /// executable and its SHA-256 in hex (add), the number removed (remove).
+    case access(group: String, identifier: String, executable: String, remove: Bool, passcode: SecureBytes?)
     /// The rules of one group (or of every group with a policy), six fields
     /// each: group, executable, SHA-256 in hex, unit, uid, `jit` (the last three empty when not set).
     case policy(group: String?)
@@ -91,7 +97,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
         case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
-        case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32
+        case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32, access = 33
     }
 
     /// The request as a frame, in secret memory.
@@ -174,6 +180,9 @@ public enum DeviceRequest: Equatable, Sendable {
             operation = .revoke
             fields = [.text(group), .optionalText(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
                       .text(all ? "1" : "0"), .optionalSecret(passcode)]
+        case .access(let group, let identifier, let executable, let remove, let passcode):
+            operation = .access
+            fields = [.text(group), .text(identifier), .text(executable), .text(remove ? "1" : "0"), .optionalSecret(passcode)]
         case .policy(let group):
             operation = .policy
             fields = [.optionalText(group)]
@@ -285,6 +294,10 @@ public enum DeviceRequest: Equatable, Sendable {
             let group = try reader.text(), executable = try reader.optionalText(), unit = try reader.optionalText()
             let uid = try Self.uid(try reader.optionalText()), all = try Self.flag(try reader.text())
             self = .revoke(group: group, executable: executable, unit: unit, uid: uid, all: all,
+                           passcode: try reader.optionalSecret())
+        case .access:
+            let group = try reader.text(), identifier = try reader.text(), executable = try reader.text()
+            self = .access(group: group, identifier: identifier, executable: executable, remove: try Self.flag(try reader.text()),
                            passcode: try reader.optionalSecret())
         case .policy:
             self = .policy(group: try reader.optionalText())
