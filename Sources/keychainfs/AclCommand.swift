@@ -32,12 +32,17 @@ struct AclCommand: ParsableCommand {
     @Option(name: .long, help: "Take every program at this executable off the item's list.")
     var remove: String?
 
+    @Option(name: .long, help: "Make an item of no program (imported, or made through a mount) this executable's, as if it had made it.")
+    var claim: String?
+
     func validate() throws {
-        if add != nil && remove != nil { throw ValidationError("--add or --remove, not both") }
+        if [add, remove, claim].compactMap({ $0 }).count > 1 { throw ValidationError("one of --add, --remove and --claim") }
     }
 
     func run() throws {
-        if let path = add ?? remove { return try change(path, removing: remove != nil) }
+        if let path = add { return try change(path, .add) }
+        if let path = remove { return try change(path, .remove) }
+        if let path = claim { return try change(path, .claim) }
         let device = try RunningDevice(options.place)
         guard case .ok(let fields) = try device.send(.details(group: item.group, identifier: item.identifier), item: "\(item)") else {
             throw fail("unexpected reply from the device")
@@ -57,9 +62,10 @@ struct AclCommand: ParsableCommand {
         for program in details?.allowed ?? [] { print("allowed: " + LineEscaping.escaped(program.described)) }
     }
 
-    /// `--add` or `--remove`, as `grant` and `revoke`: the executable
-    /// resolved and opened here, as this user, and passed to the device.
-    private func change(_ path: String, removing: Bool) throws {
+    /// `--add`, `--remove` or `--claim`, as `grant` and `revoke`: the
+    /// executable resolved and opened here, as this user, and passed to the device.
+    private func change(_ path: String, _ change: AccessChange) throws {
+        let removing = change == .remove
         let passcode = try policyPasscode()
         var resolved = absolutePath(path)
         if let canonical = realpath(resolved, nil) {
@@ -69,13 +75,14 @@ struct AclCommand: ParsableCommand {
         let file = removing ? -1 : open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         defer { if file >= 0 { close(file) } }
         let request = DeviceRequest.access(group: item.group, identifier: item.identifier, executable: resolved,
-                                           remove: removing, passcode: passcode)
+                                           change: change, passcode: passcode)
         let fields = try policyReply(request, keychain: options.place, passing: file >= 0 ? file : nil)
         if removing {
             print("took \(fields.first ?? "0") program(s) at \(shown(resolved)) off the list of \(item)")
         } else {
             guard fields.count == 2 else { throw fail("unexpected reply from the device") }
-            print("\(shown(fields[0])) (sha256 \(fields[1])) may use \(item) over the bus")
+            print(change == .claim ? "\(item) belongs to \(shown(fields[0])) (sha256 \(fields[1])) now"
+                                   : "\(shown(fields[0])) (sha256 \(fields[1])) may use \(item) over the bus")
         }
     }
 

@@ -262,6 +262,11 @@ struct ImportSecretServiceCommand: ParsableCommand {
         // Every item line before the summary, where both go to one place.
         fflush(nil)
         printError("\(counts.imported) imported, \(counts.kept) kept, \(counts.failed) failed")
+        if counts.imported > 0 {
+            // Issue 31: who made them is not known here.
+            printError("imported items belong to no program: every program of yours reads them over the bus; "
+                       + "`keychainfs acl GROUP/ID --claim PROGRAM` makes one a program's, as if it had made it")
+        }
         if counts.failed > 0 { throw ExitStatus.failure }
     }
 

@@ -222,7 +222,7 @@ extension SecretServiceTests {
             none
             not on it 2
             keychainfs: no program at app-b is on the list of default/App a
-            keychainfs: default/plain belongs to no program (it was made through a mount or the command line): every program of yours may use it; there is no list to change
+            keychainfs: default/plain belongs to no program (it was made through a mount or the command line): every program of yours may use it; there is no list to change (--claim makes it a program's)
             owner: none (made through a mount or the command line: any program of yours may use it over the bus)
 
             """, "\(used)")

@@ -254,12 +254,17 @@ extension SecretServiceTests {
             secret-tool lookup service github.com username ada; echo " lookup $?"
             secret-tool search service imap 2>&1 | grep -E '^(label|attribute.user)'
             "$K" import secret-service 2>&1; echo "from itself $?"
+            # Claimed for secret-tool (issue 31), it stays secret-tool's to read.
+            printf '%s\\n' "$PASSCODE" | "$K" acl "default/GitHub token" --claim /usr/bin/secret-tool | cut -d' ' -f1-5
+            secret-tool lookup service github.com username ada; echo " claimed lookup $?"
+            "$K" acl "default/GitHub token"
             """)
         #expect(moved.stdout == """
             import 0
             2 imported, 0 kept, 0 failed
             imported Login/GitHub token -> default/GitHub token
             imported Login/Mail -> default/Mail
+            imported items belong to no program: every program of yours reads them over the bus; `keychainfs acl GROUP/ID --claim PROGRAM` makes one a program's, as if it had made it
             again 0
             0 imported, 2 kept, 0 failed
             kept     Login/GitHub token -> default/GitHub token (imported before; --force replaces it)
@@ -270,6 +275,9 @@ extension SecretServiceTests {
             attribute.user = bob
             keychainfs: the Secret Service on this bus is keychainfs itself: nothing to import
             from itself 1
+            default/GitHub token belongs to /usr/bin/secret-tool
+            pw1 claimed lookup 0
+            owner: /usr/bin/secret-tool (package libsecret-tools)
 
             """, "\(moved)")
     }

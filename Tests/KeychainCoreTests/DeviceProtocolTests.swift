@@ -51,8 +51,9 @@ import Testing
         .grant(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234")),
         .grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil),
         .grant(group: "secure", executable: "/usr/bin/node", unit: nil, uid: nil, passcode: secret("1234"), allowJIT: true),
-        .access(group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", remove: false, passcode: secret("1234")),
-        .access(group: "default", identifier: "token", executable: "/opt/app", remove: true, passcode: nil),
+        .access(group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", change: .add, passcode: secret("1234")),
+        .access(group: "default", identifier: "token", executable: "/opt/app", change: .remove, passcode: nil),
+        .access(group: "default", identifier: "imported", executable: "/usr/lib/chromium/chromium", change: .claim, passcode: nil),
         .revoke(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
                 passcode: secret("1234")),
         .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),
@@ -87,6 +88,20 @@ import Testing
             #expect(Int(raw.load(as: UInt32.self).littleEndian) == raw.count - 4)
             return try read(UnsafeRawBufferPointer(rebasing: raw[4...]))
         }
+    }
+
+    /// A client of the socket names no owner (issue 31): whatever its
+    /// details say of one is dropped before the device sees them.
+    @Test func aSocketClientsOwnerIsDropped() throws {
+        var details = ItemDetails(label: "Chromium Safe Storage", attributes: ["application": "chromium"])
+        details.owner = ProgramClaim(executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32))
+        details.allowed = [ProgramClaim(executable: "/tmp/evil", digest: Array(repeating: 2, count: 32))]
+        let planted = DeviceRequest.set(group: "default", identifier: "key", value: Self.secret("k"), condition: .ifAbsent, details: details)
+        guard case .set(_, _, _, _, _, let kept?) = planted.withoutOwner else { Issue.record("no details left"); return }
+        #expect(kept.owner == nil && kept.allowed.isEmpty && kept.label == details.label && kept.attributes == details.attributes)
+        guard case .setDetails(_, _, let changed) = DeviceRequest.setDetails(group: "default", identifier: "key", details: details)
+            .withoutOwner else { Issue.record("not a setDetails"); return }
+        #expect(changed.owner == nil && changed.allowed.isEmpty)
     }
 
     @Test func everyRequestKindIsCoveredHere() throws {

@@ -122,4 +122,18 @@ extension Device {
             }
         }
     }
+
+    /// Makes an item of no program `program`'s (`keychainfs acl --claim`):
+    /// an item imported from another provider, or made through a mount or
+    /// the command line, then answers over the bus as if `program` had made
+    /// it. Needs the passcode. ``KeychainError/badRequest`` when it has an owner.
+    public func claim(group: String, identifier: String, for program: ProgramClaim, passcode: SecureBytes?,
+                      by subject: AuditSubject? = nil) throws(KeychainError) {
+        try audited("acl-claim", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
+                    by: subject) { () throws(KeychainError) in
+            try withPasscode(passcode) { () throws(KeychainError) in
+                try PasswordManager(device: self).claim(identifier, inGroup: group, for: program)
+            }
+        }
+    }
 }

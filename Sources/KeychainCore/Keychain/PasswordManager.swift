@@ -487,6 +487,27 @@ public final class PasswordManager: Sendable {
         }
     }
 
+    /// Makes an item that belongs to no program `program`'s (its details
+    /// made for it when it has none): ``KeychainError/badRequest`` when it
+    /// has an owner. Local only, as ``allow(_:forIdentifier:inGroup:)``.
+    public func claim(_ identifier: String, inGroup group: String? = nil, for program: ProgramClaim) throws(KeychainError) {
+        let group = group ?? ItemLimits.defaultGroup
+        guard case .local(let device) = backend else { throw .badRequest }
+        try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
+            guard let current = existing else { throw .itemNotFound }
+            let detailsKey = device.secret.detailsKey
+            var details = try ItemCipher.openDetails(current, key: detailsKey) ?? ItemDetails(label: identifier, attributes: [:])
+            guard details.owner == nil else { throw .badRequest }
+            details.owner = program
+            details.allowed = []
+            let key = try device.classKey(current.protectionClass)
+            return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
+                                   protectionClass: current.protectionClass, generation: generation, key: key,
+                                   details: (details, detailsKey))
+        }
+        forget(group: group, identifier: identifier)
+    }
+
     /// Changes the access list of an item with an owner (``KeychainError/badRequest``
     /// for one without), sealed again with its row.
     private func changeAccess(forIdentifier identifier: String, inGroup group: String?,

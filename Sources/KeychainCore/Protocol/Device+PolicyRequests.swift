@@ -33,9 +33,9 @@ extension Device {
                 let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all,
                                               passcode: passcode, by: subject)
                 return .ok([String(count)])
-            case .access(let group, let identifier, let executable, let remove, let passcode):
+            case .access(let group, let identifier, let executable, let change, let passcode):
                 do throws(KeychainError) {
-                    if remove {
+                    if change == .remove {
                         let count = try device.disallow(executable: executable, group: group, identifier: identifier,
                                                         passcode: passcode, by: subject)
                         return .ok([String(count)])
@@ -47,14 +47,21 @@ extension Device {
                     }
                     let claim = ProgramClaim(executable: program.path, digest: program.digest,
                                              package: PackageOwnership.package(of: program.path))
-                    try device.allow(claim, group: group, identifier: identifier, passcode: passcode, by: subject)
+                    if change == .claim {
+                        try device.claim(group: group, identifier: identifier, for: claim, passcode: passcode, by: subject)
+                    } else {
+                        try device.allow(claim, group: group, identifier: identifier, passcode: passcode, by: subject)
+                    }
                     return .ok([claim.executable, claim.digestHex])
+                } catch .badRequest where change == .claim {
+                    return .keychainError(.badRequest, "\(group)/\(identifier) belongs to a program already (keychainfs acl shows which)")
                 } catch .badRequest {
                     return .keychainError(.badRequest, "\(group)/\(identifier) belongs to no program (it was made through a mount "
-                                          + "or the command line): every program of yours may use it; there is no list to change")
+                                          + "or the command line): every program of yours may use it; there is no list to change "
+                                          + "(--claim makes it a program's)")
                 } catch .interactionNotAllowed {
                     return .keychainError(.interactionNotAllowed, "\(group)/\(identifier) is locked: unlock the keychain first")
-                } catch .itemNotFound where remove {
+                } catch .itemNotFound where change == .remove {
                     return .keychainError(.itemNotFound, "no program at \(executable) is on the list of \(group)/\(identifier)")
                 }
             case .policy(let group):

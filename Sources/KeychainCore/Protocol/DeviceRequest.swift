@@ -62,12 +62,11 @@ public enum DeviceRequest: Equatable, Sendable {
     /// Remove rules of `group`, or (`all`) its whole policy (``Device/revoke(group:executable:unit:uid:all:passcode:)``).
     /// The reply's field is the number of rules removed.
     case revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?)
-    /// Add the executable at `executable` to the access list of the item
-    /// (issue 31: it may then use the item over the bus without a question),
-    /// or, with `remove`, take every program at that path off the list.
-    /// Needs the passcode, as `grant` does. The reply's fields: the
-    /// executable and its SHA-256 in hex (add), the number removed (remove).
-    case access(group: String, identifier: String, executable: String, remove: Bool, passcode: SecureBytes?)
+    /// Change who may use an item over the bus (issue 31, ``AccessChange``)
+    /// with the program at `executable`. Needs the passcode, as `grant`
+    /// does. The reply's fields: the executable and its SHA-256 in hex (add,
+    /// claim), the number removed (remove).
+    case access(group: String, identifier: String, executable: String, change: AccessChange, passcode: SecureBytes?)
     /// The rules of one group (or of every group with a policy), six fields
     /// each: group, executable, SHA-256 in hex, unit, uid, `jit` (the last three empty when not set).
     case policy(group: String?)
@@ -180,9 +179,9 @@ public enum DeviceRequest: Equatable, Sendable {
             operation = .revoke
             fields = [.text(group), .optionalText(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
                       .text(all ? "1" : "0"), .optionalSecret(passcode)]
-        case .access(let group, let identifier, let executable, let remove, let passcode):
+        case .access(let group, let identifier, let executable, let change, let passcode):
             operation = .access
-            fields = [.text(group), .text(identifier), .text(executable), .text(remove ? "1" : "0"), .optionalSecret(passcode)]
+            fields = [.text(group), .text(identifier), .text(executable), .text(change.rawValue), .optionalSecret(passcode)]
         case .policy(let group):
             operation = .policy
             fields = [.optionalText(group)]
@@ -297,7 +296,8 @@ public enum DeviceRequest: Equatable, Sendable {
                            passcode: try reader.optionalSecret())
         case .access:
             let group = try reader.text(), identifier = try reader.text(), executable = try reader.text()
-            self = .access(group: group, identifier: identifier, executable: executable, remove: try Self.flag(try reader.text()),
+            guard let change = AccessChange(rawValue: try reader.text()) else { throw .param }
+            self = .access(group: group, identifier: identifier, executable: executable, change: change,
                            passcode: try reader.optionalSecret())
         case .policy:
             self = .policy(group: try reader.optionalText())
@@ -334,6 +334,25 @@ public enum DeviceRequest: Equatable, Sendable {
         case .createGroup: return "create-group"
         case .removeGroup: return "remove-group"
         default: return nil
+        }
+    }
+
+    /// The request with no owner or access list in the details it carries
+    /// (issue 31): what a client of the socket sends is taken so.
+    public var withoutOwner: DeviceRequest {
+        switch self {
+        case .set(let group, let identifier, let value, let protectionClass, let condition, var details?)
+            where details.owner != nil || !details.allowed.isEmpty:
+            details.owner = nil
+            details.allowed = []
+            return .set(group: group, identifier: identifier, value: value, protectionClass: protectionClass, condition: condition,
+                        details: details)
+        case .setDetails(let group, let identifier, var details) where details.owner != nil || !details.allowed.isEmpty:
+            details.owner = nil
+            details.allowed = []
+            return .setDetails(group: group, identifier: identifier, details: details)
+        default:
+            return self
         }
     }
 
@@ -377,4 +396,15 @@ public enum DeviceRequest: Equatable, Sendable {
         guard text == "1" || text == "0" else { throw .param }
         return text == "1"
     }
+}
+
+/// What an ``DeviceRequest/access(group:identifier:executable:change:passcode:)`` does.
+public enum AccessChange: String, Sendable, Equatable, CaseIterable {
+    /// Put the program on the item's access list.
+    case add = "0"
+    /// Take every program at the path off the list.
+    case remove = "1"
+    /// Make an item of no program (imported, made through a mount or the
+    /// command line) the program's, as if it had made it over the bus.
+    case claim = "2"
 }

@@ -226,6 +226,10 @@ final class ServedKeychain: Sendable {
             return .ok([String(device.autoLock.after), String(device.autoLock.grace)])
         case .get, .set, .remove, .list, .info, .details, .setDetails, .setClass, .rename, .createGroup, .removeGroup,
              .lock, .unlock, .status, .sync:
+            // Whose an item is, is the Secret Service's to record, for the
+            // program that made it over the bus: a client of the socket
+            // names no owner (it could plant an item for another program).
+            let request = request.withoutOwner
             do throws(KeychainError) {
                 // The peer is identified only when a group with a policy asks.
                 let reply = try answerItemRequest(request, program: {
