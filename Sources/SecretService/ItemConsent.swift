@@ -87,7 +87,9 @@ extension SecretServiceProvider {
                     call: BusCall) -> (asked: [ItemConsent.Asked], caller: ProgramIdentity?) {
         var caller: ProgramIdentity??
         let asked = items.compactMap { item -> ItemConsent.Asked? in
-            guard case .ok(let fields) = perform(.details(group: item.group, identifier: item.identifier), for: call,
+            // A collection opened to every program (`policy GROUP --apps open`) asks nothing.
+            guard store.device.appsOwnItems(inGroup: item.group),
+                  case .ok(let fields) = perform(.details(group: item.group, identifier: item.identifier), for: call,
                                                   audit: .failures),
                   let details = (try? PasswordManager.details(fromFields: fields))?.first?.details,
                   let owner = details.owner else { return nil }

@@ -231,6 +231,34 @@ extension SecretServiceTests {
         #expect(log.stdout == "acl-add refused\nacl-add ok\nacl-remove ok\nacl-remove absent\nacl-add error\n", "\(log)")
     }
 
+    /// `policy GROUP --apps open` gives a collection gnome-keyring's
+    /// behaviour (every program reads its items, no question), with the
+    /// passcode; `--apps own` gives the items back to their owners.
+    @Test func aCollectionOpenedToEveryProgramAsksNothingUntilItIsOwnedAgain() throws {
+        try buildApps()
+        try writeConsentPinentry(answers: [])
+        let used = onBus("""
+            "$R/app-a" store mail hunter2
+            "$K" policy default
+            printf 0000 | "$K" policy default --apps open; echo "wrong passcode $?"
+            printf '%s\\n' "$PASSCODE" | "$K" policy default --apps open
+            "$R/app-b" lookup mail
+            printf '%s\\n' "$PASSCODE" | "$K" policy default --apps own
+            "$R/app-b" lookup mail
+            "$K" acl "default/App a" | cut -d' ' -f1
+            """, environment: Self.pinentryEnvironment)
+        #expect(used.stdout == """
+            default: apps own
+            wrong passcode 4
+            default: apps open
+            hunter2
+            default: apps own
+            none
+            owner:
+
+            """, "\(used)")
+    }
+
     /// The SHA-256 of one of the test's programs, in hex.
     func appDigest(_ name: String) throws -> String {
         harness.sh("sha256sum \"$R/\(name)\" | cut -d' ' -f1").stdout.trimmingCharacters(in: .whitespacesAndNewlines)

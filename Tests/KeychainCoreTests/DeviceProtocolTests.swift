@@ -54,6 +54,8 @@ import Testing
         .access(group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", change: .add, passcode: secret("1234")),
         .access(group: "default", identifier: "token", executable: "/opt/app", change: .remove, passcode: nil),
         .access(group: "default", identifier: "imported", executable: "/usr/lib/chromium/chromium", change: .claim, passcode: nil),
+        .apps(group: "default", open: true, passcode: secret("1234")),
+        .apps(group: "default", open: nil, passcode: nil),
         .revoke(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
                 passcode: secret("1234")),
         .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),

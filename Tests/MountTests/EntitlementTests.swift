@@ -139,7 +139,7 @@ import TestSupport
         let revoked = harness.sh("\"$K\" revoke secure --exe \"$R/granted-cat\" --keychain \"$KC\"",
                                  stdin: MountHarness.passcode + "\n")
         #expect(revoked.stdout == "revoked 1 rule of secure\n", "\(revoked)")
-        #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout == "secure (no program)\n")
+        #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout == "secure (no program)\nsecure: apps own\n")
         #expect(harness.run("granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
         let opened = harness.sh("\"$K\" revoke secure --all --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
         #expect(opened.succeeded, "\(opened)")

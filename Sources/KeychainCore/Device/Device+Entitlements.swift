@@ -136,4 +136,24 @@ extension Device {
             }
         }
     }
+
+    /// Whether the programs that make items of `group` over the bus own
+    /// them (the default), or the group's items are every program's
+    /// (`keychainfs policy GROUP --apps open`, gnome-keyring's way).
+    public func appsOwnItems(inGroup group: String) -> Bool {
+        !entitlements.withLock { $0.appsOpen.contains(group) }
+    }
+
+    /// Opens `group`'s items to every program over the bus, or gives them
+    /// back to their owners. Needs the passcode; the owners recorded stay.
+    public func setAppsOwnItems(_ own: Bool, inGroup group: String, passcode: SecureBytes?,
+                                by subject: AuditSubject? = nil) throws(KeychainError) {
+        try ItemLimits.validate(name: group)
+        _ = try audited("apps", group: group, detail: own ? "own" : "open", by: subject) { () throws(KeychainError) -> Int in
+            try changeEntitlements(group, passcode: passcode) { policy in
+                if own { policy.appsOpen.remove(group) } else { policy.appsOpen.insert(group) }
+                return 1
+            }
+        }
+    }
 }

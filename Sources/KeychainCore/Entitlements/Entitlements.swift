@@ -105,21 +105,29 @@ public struct EntitlementRule: Sendable, Equatable {
 /// version 2, written only when some rule allows JIT (one encoding per
 /// policy, and a keychain that uses no JIT rule still boots in builds that
 /// know only version 1); the MAC (keyed BLAKE2b under the device metadata
-/// key) over all before it.
+/// key) over all before it. Version 3 (issue 31), written only when some
+/// group's items are open to every program over the bus, has the flags
+/// byte in every rule and ends with `open u32 | name*` (sorted), those groups.
 struct EntitlementPolicy: Equatable, Sendable {
     static let recordKey = "entitlements"
     private static let versionWithFlags: UInt8 = 2
+    private static let versionWithOpenGroups: UInt8 = 3
     /// Bound to the rollback counter (``DeviceSecret/boundRecord(_:_:)``).
     static let macDomain = "kcfs-entitlements-v1"
 
     var groups: [String: [EntitlementRule]] = [:]
+    /// The groups whose items belong to no program over the bus
+    /// (`keychainfs policy GROUP --apps open`: gnome-keyring's behaviour).
+    var appsOpen: Set<String> = []
 
     init() {}
 
     func encoded(secret: DeviceSecret) -> [UInt8] {
         var writer = ByteWriter()
-        let flags = groups.values.contains { $0.contains(where: \.allowsJIT) }
-        writer.append(flags ? Self.versionWithFlags : 1)
+        let version = !appsOpen.isEmpty ? Self.versionWithOpenGroups
+            : groups.values.contains { $0.contains(where: \.allowsJIT) } ? Self.versionWithFlags : 1
+        let flags = version != 1
+        writer.append(version)
         writer.append(UInt32(groups.count))
         for group in groups.keys.sorted() {
             writer.appendPrefixed(group)
@@ -135,13 +143,17 @@ struct EntitlementPolicy: Equatable, Sendable {
                 if flags { writer.append(rule.allowsJIT ? UInt8(1) : 0) }
             }
         }
+        if version == Self.versionWithOpenGroups {
+            writer.append(UInt32(appsOpen.count))
+            for group in appsOpen.sorted() { writer.appendPrefixed(group) }
+        }
         return secret.boundRecord(Self.macDomain, writer.bytes)
     }
 
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
         var reader = ByteReader(try secret.boundBody(Self.macDomain, record))
         let version = try reader.readByte()
-        guard version == 1 || version == Self.versionWithFlags else { throw .decode }
+        guard (1...Self.versionWithOpenGroups).contains(version) else { throw .decode }
         var previous: String?
         for _ in 0..<(try reader.readUInt32()) {
             let group = try reader.readPrefixed()
@@ -162,9 +174,22 @@ struct EntitlementPolicy: Equatable, Sendable {
             }
             groups[group] = rules
         }
-        // Version 2 only for a policy that needs its flags.
-        let flags = groups.values.contains { $0.contains(where: \.allowsJIT) }
-        guard reader.isAtEnd, (version == Self.versionWithFlags) == flags else { throw .decode }
+        if version == Self.versionWithOpenGroups {
+            var previous: String?
+            for _ in 0..<(try reader.readUInt32()) {
+                let group = try reader.readPrefixed()
+                guard (try? ItemLimits.validate(name: group)) != nil, previous.map({ $0 < group }) ?? true else { throw .decode }
+                appsOpen.insert(group)
+                previous = group
+            }
+            // Version 3 only for a policy that opens some group.
+            guard !appsOpen.isEmpty else { throw .decode }
+        } else {
+            // Version 2 only for a policy that needs its flags.
+            let flags = groups.values.contains { $0.contains(where: \.allowsJIT) }
+            guard (version == Self.versionWithFlags) == flags else { throw .decode }
+        }
+        guard reader.isAtEnd else { throw .decode }
     }
 
     private static func isPresent(_ flag: UInt8) throws(KeychainError) -> Bool {

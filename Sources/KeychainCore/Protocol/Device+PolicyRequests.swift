@@ -64,6 +64,9 @@ extension Device {
                 } catch .itemNotFound where change == .remove {
                     return .keychainError(.itemNotFound, "no program at \(executable) is on the list of \(group)/\(identifier)")
                 }
+            case .apps(let group, let open, let passcode):
+                if let open { try device.setAppsOwnItems(!open, inGroup: group, passcode: passcode, by: subject) }
+                return .ok([device.appsOwnItems(inGroup: group) ? "own" : "open"])
             case .policy(let group):
                 let policies = device.entitlementPolicies
                 if let group, policies[group] == nil { return .ok([]) }

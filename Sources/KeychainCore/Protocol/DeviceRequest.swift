@@ -67,6 +67,11 @@ public enum DeviceRequest: Equatable, Sendable {
     /// does. The reply's fields: the executable and its SHA-256 in hex (add,
     /// claim), the number removed (remove).
     case access(group: String, identifier: String, executable: String, change: AccessChange, passcode: SecureBytes?)
+    /// Whether programs own the items they make in `group` over the bus
+    /// (`own`, the default) or its items are every program's (`open`):
+    /// set to `open` (with the passcode), or read (nil; the reply's field is
+    /// `own` or `open`).
+    case apps(group: String, open: Bool?, passcode: SecureBytes?)
     /// The rules of one group (or of every group with a policy), six fields
     /// each: group, executable, SHA-256 in hex, unit, uid, `jit` (the last three empty when not set).
     case policy(group: String?)
@@ -96,7 +101,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
         case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
-        case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32, access = 33
+        case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32, access = 33, apps = 34
     }
 
     /// The request as a frame, in secret memory.
@@ -182,6 +187,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case .access(let group, let identifier, let executable, let change, let passcode):
             operation = .access
             fields = [.text(group), .text(identifier), .text(executable), .text(change.rawValue), .optionalSecret(passcode)]
+        case .apps(let group, let open, let passcode):
+            operation = .apps
+            fields = [.text(group), .optionalText(open.map { $0 ? "1" : "0" }), .optionalSecret(passcode)]
         case .policy(let group):
             operation = .policy
             fields = [.optionalText(group)]
@@ -299,6 +307,10 @@ public enum DeviceRequest: Equatable, Sendable {
             guard let change = AccessChange(rawValue: try reader.text()) else { throw .param }
             self = .access(group: group, identifier: identifier, executable: executable, change: change,
                            passcode: try reader.optionalSecret())
+        case .apps:
+            let group = try reader.text()
+            let open = try reader.optionalText().map { (text) throws(KeychainError) in try Self.flag(text) }
+            self = .apps(group: group, open: open, passcode: try reader.optionalSecret())
         case .policy:
             self = .policy(group: try reader.optionalText())
         case .create:

@@ -191,7 +191,7 @@ final class ServedKeychain: Sendable {
             } catch {
                 return .keychainError(error, sentence(for: error))
             }
-        case .grant, .revoke, .policy, .access:
+        case .grant, .revoke, .policy, .access, .apps:
             // The service's account opens no path on a user's word: it could
             // hash, or tell the existence of, what only it can read (issue 29).
             return manager.localDevice.answer(policyRequest: request, by: subject(), executable: passed,
