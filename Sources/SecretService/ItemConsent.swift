@@ -129,7 +129,8 @@ extension SecretServiceProvider {
         for item in pending.asked {
             store.device.audit.record(AuditEvent(operation: "ask", result: answer.rawValue, group: item.group,
                                                  identifier: item.identifier, subject: pending.subject,
-                                                 detail: "to \(pending.verb); owner \(item.owner.described)"))
+                                                 detail: "to \(pending.verb); owner \(item.owner.executable)"
+                                                     + (item.owner.package.map { " package=" + $0 } ?? "")))
         }
         do throws(BusError) {
             switch answer {

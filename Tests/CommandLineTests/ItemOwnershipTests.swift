@@ -259,6 +259,48 @@ extension SecretServiceTests {
             """, "\(used)")
     }
 
+    /// The worked example of docs/SECRET-SERVICE.md: headless Chromium
+    /// (`--password-store=gnome-libsecret`, a page that sets a cookie, which
+    /// Chromium encrypts under its Safe Storage key) stores its key and owns
+    /// it; a second start reads it with no question; `secret-tool lookup`,
+    /// typed by the person, is asked about: denied, then allowed once.
+    @Test func chromiumOwnsItsSafeStorageKeyAndSecretToolIsAskedAboutIt() throws {
+        try writeConsentPinentry(answers: ["deny", "once"])
+        try """
+            <html><body><script>document.cookie = "session=1; max-age=100000; path=/";</script>cookie set</body></html>
+            """.write(toFile: harness.root + "/page.html", atomically: true, encoding: .utf8)
+        let used = onBus("""
+            /usr/bin/python3 -m http.server 0 --bind 127.0.0.1 --directory "$R" > "$R/http.log" 2>&1 &
+            server=$!
+            trap '"$K" stop; kill $server' EXIT
+            until port=$(sed -n 's/.*port \\([0-9]*\\).*/\\1/p' "$R/http.log" | head -1) && [ -n "$port" ]; do sleep 0.1; done
+            browse() {
+                timeout 120 chromium --headless=new --no-sandbox --disable-gpu --password-store=gnome-libsecret \
+                    --user-data-dir="$R/profile" --virtual-time-budget=2000 --dump-dom "http://127.0.0.1:$port/page.html" \
+                    2> "$R/chromium.err" | grep -o 'cookie set'
+            }
+            browse
+            "$K" acl "default/Chromium Safe Storage"
+            browse
+            test -e "$R/pinentry.log" && echo "asked after chromium's own reads" || echo "chromium was not asked about"
+            secret-tool lookup application chromium; echo "denied $?"
+            secret-tool lookup application chromium | wc -c | sed 's/^[1-9][0-9]*$/a key/'
+            """, environment: Self.pinentryEnvironment)
+        #expect(used.stdout == """
+            cookie set
+            owner: /usr/lib/chromium/chromium (package chromium)
+            cookie set
+            chromium was not asked about
+            denied 1
+            a key
+
+            """, "\(used)")
+        let asked = (try? String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)) ?? ""
+        #expect(asked.hasPrefix("/usr/bin/secret-tool (package libsecret-tools) wants to read the secrets of "
+                                + "\"Chromium Safe Storage\" in default, which belongs to /usr/lib/chromium/chromium (package chromium)"),
+                "\(asked)")
+    }
+
     /// The SHA-256 of one of the test's programs, in hex.
     func appDigest(_ name: String) throws -> String {
         harness.sh("sha256sum \"$R/\(name)\" | cut -d' ' -f1").stdout.trimmingCharacters(in: .whitespacesAndNewlines)
