@@ -37,7 +37,7 @@ let package = Package(
         // Fuzz targets for the parsers of untrusted bytes: a libFuzzer
         // harness when built by scripts/fuzz, a replayer of inputs otherwise.
         // Debug builds only (it reaches internals through @testable).
-        .executableTarget(name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS", "CFuse"]),
+        .executableTarget(name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS", "SecretService", "CFuse"]),
         // What the test targets share: the mount harness (a keychain, its
         // device and mounts, torn down whatever happens), fixtures, memory scans.
         .target(name: "TestSupport", dependencies: ["KeychainCore"], path: "Tests/Support"),
@@ -49,6 +49,8 @@ let package = Package(
         ),
         // Unit tests of the FUSE driver's own structures: no kernel.
         .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
+        // Unit tests of the Secret Service provider's own structures: no bus.
+        .testTarget(name: "SecretServiceUnitTests", dependencies: ["KeychainCore", "SecretService"]),
         // A real device: mounts, the device process, the library as its client.
         .testTarget(
             name: "MountTests",

@@ -7,6 +7,7 @@ import Glibc
 internal import CFuse
 @testable import KeychainCore
 @testable import KeychainFS
+@testable import SecretService
 
 /// The parsers that read bytes an attacker controls, each with the
 /// properties it must keep whatever the input. A broken property traps, so
@@ -43,6 +44,9 @@ enum FuzzTarget: String, CaseIterable {
     /// (behind a valid MAC) and the device-secret file; the first byte
     /// chooses which.
     case keyprotection
+    /// A Secret Service object path, as any program of the user can send
+    /// one (issue 31): one name per path and back.
+    case objectpath
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -59,6 +63,23 @@ enum FuzzTarget: String, CaseIterable {
         case .details: details(input)
         case .fuserequest: fuseRequest(input)
         case .keyprotection: keyProtection(input)
+        case .objectpath: objectPath(input)
+        }
+    }
+
+    private func objectPath(_ input: UnsafeRawBufferPointer) {
+        let text = String(decoding: input, as: UTF8.self)
+        switch ObjectPaths.object(at: text) {
+        case .collection(let group)?:
+            check(ObjectPaths.collection(group) == text, "a collection path is not the one its name makes")
+        case .item(let group, let identifier)?:
+            check(ObjectPaths.item(group, identifier) == text, "an item path is not the one its names make")
+        case .service?, .session?, .alias?, .prompt?, nil:
+            break
+        }
+        // Any text as a name: its element reads back as it.
+        if !text.isEmpty {
+            check(ObjectPaths.name(Substring(ObjectPaths.element(text))) == text, "a name does not read back from its element")
         }
     }
 
