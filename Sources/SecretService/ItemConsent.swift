@@ -88,7 +88,7 @@ extension SecretServiceProvider {
         var caller: ProgramIdentity??
         let asked = items.compactMap { item -> ItemConsent.Asked? in
             // A collection opened to every program (`policy GROUP --apps open`) asks nothing.
-            guard store.device.appsOwnItems(inGroup: item.group),
+            guard store.appsOwnItems(inGroup: item.group),
                   case .ok(let fields) = perform(.details(group: item.group, identifier: item.identifier), for: call,
                                                   audit: .failures),
                   let details = (try? PasswordManager.details(fromFields: fields))?.first?.details,
@@ -127,7 +127,7 @@ extension SecretServiceProvider {
     private func finish(_ pending: PendingConsent, _ given: ItemConsent.Answer) {
         let answer = given == .allowedAlways && pending.claim == nil ? .allowedOnce : given
         for item in pending.asked {
-            store.device.audit.record(AuditEvent(operation: "ask", result: answer.rawValue, group: item.group,
+            store.record(AuditEvent(operation: "ask", result: answer.rawValue, group: item.group,
                                                  identifier: item.identifier, subject: pending.subject,
                                                  detail: "to \(pending.verb); owner \(item.owner.executable)"
                                                      + (item.owner.package.map { " package=" + $0 } ?? "")))

@@ -81,17 +81,17 @@ public final class SecretServiceProvider: @unchecked Sendable {
         try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameLost',arg0='\(Self.busName)'") { [unowned self] _ in
             nameLost.store(true, ordering: .sequentiallyConsistent)
             let sentence = "lost \(Self.busName) on the session bus to another program: no longer serving the Secret Service"
-            store.device.secretServiceState = "lost: " + sentence
+            store.setSecretServiceState("lost: " + sentence)
             Diagnostics.log(sentence)
             SystemdNotify.send("STATUS=" + sentence)
         }
         try bus.requestName(Self.busName, replace: replace)
         try bus.start()
-        store.device.secretServiceState = "serving \(Self.busName)"
+        store.setSecretServiceState("serving \(Self.busName)")
         // The device's events, whoever made the change (a mount, the
         // socket, this bus): the observer runs on the committing thread and
         // only hands the event to the bus thread.
-        observer = store.device.addObserver { [weak self] event in
+        observer = store.addObserver { [weak self] event in
             guard let self else { return }
             bus.perform { [self] in signal(event) }
         }
@@ -103,8 +103,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// Releases the name and stops serving.
     public func stop() {
-        if let observer { store.device.removeObserver(observer) }
-        store.device.secretServiceState = nil
+        if let observer { store.removeObserver(observer) }
+        store.setSecretServiceState(nil)
         bus.stop()
     }
 
@@ -297,7 +297,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         case "Unlock":
             try requireSignature(call, "ao")
             let paths = try call.arguments.objectPaths()
-            guard store.device.isLocked else {
+            guard store.isLocked else {
                 try bus.reply(to: call.message) { (reply) throws(BusError) in
                     try reply.objectPaths(paths)
                     try reply.objectPath(ObjectPaths.none)
@@ -633,7 +633,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             }
             let item = ListedItem(group: group, identifier: identifier, protectionClass: protectionClass,
                                   details: try itemDetails(group, identifier, for: call))
-            return ["Locked": .bool(!store.device.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
+            return ["Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
                     "Label": .string(item.label), "Type": .string(item.contentType),
                     "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)]
         default:
@@ -644,7 +644,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     private func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
         // The listing below refuses a group the caller may not use, or that is gone.
         let items = try self.items(of: group, for: call).map(\.path)
-        return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.device.isLocked),
+        return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.isLocked),
                 "Created": .uint64(0), "Modified": .uint64(0)]
     }
 
@@ -662,7 +662,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             // A group whose policy does not admit the caller shows nothing.
             guard let items = try? self.items(of: group, for: call) else { continue }
             for item in items where item.attributes.matches(attributes) {
-                if store.device.isAvailable(item.protectionClass) { found.unlocked.append(item.path) } else { found.locked.append(item.path) }
+                if store.isAvailable(item.protectionClass) { found.unlocked.append(item.path) } else { found.locked.append(item.path) }
             }
         }
         return found

@@ -3,9 +3,22 @@ import KeychainCore
 /// What the Secret Service needs of the device: its keychain's requests,
 /// carried out as for every other client (the entitlement checks against
 /// the program asking, the audit log, the mounts told of the change), and
-/// its lock state and events.
+/// its lock state and events. The device itself stays behind it, so that a
+/// store of a test's own can stand in.
 public protocol SecretStore: AnyObject, Sendable {
-    var device: Device { get }
+    /// Whether the `whenUnlocked` keys are absent.
+    var isLocked: Bool { get }
+    /// Whether the key of `protectionClass` is in memory now.
+    func isAvailable(_ protectionClass: ProtectionClass) -> Bool
+    /// Whether programs own the items they make in `group` over the bus (issue 31).
+    func appsOwnItems(inGroup group: String) -> Bool
+    /// What the provider is doing, as `.control` and `STATUS=` say it (nil: not serving).
+    func setSecretServiceState(_ state: String?)
+    /// Calls `handler` after every lock, unlock and committed change; returns a token.
+    func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int
+    func removeObserver(_ token: Int)
+    /// Writes a line of the audit log (a question and its answer).
+    func record(_ event: AuditEvent)
     /// Every group's item identifiers: the device's own listing (no
     /// program asks), for what the provider has to know of at start.
     func itemNames() -> [String: [String]]

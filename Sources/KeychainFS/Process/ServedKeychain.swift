@@ -360,7 +360,13 @@ extension ServedKeychain {
 
 /// The Secret Service's requests are the device's, as the socket's are.
 extension ServedKeychain: SecretStore {
-    var device: Device { manager.localDevice }
+    var isLocked: Bool { manager.localDevice.isLocked }
+    func isAvailable(_ protectionClass: ProtectionClass) -> Bool { manager.localDevice.isAvailable(protectionClass) }
+    func appsOwnItems(inGroup group: String) -> Bool { manager.localDevice.appsOwnItems(inGroup: group) }
+    func setSecretServiceState(_ state: String?) { manager.localDevice.secretServiceState = state }
+    func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { manager.localDevice.addObserver(handler) }
+    func removeObserver(_ token: Int) { manager.localDevice.removeObserver(token) }
+    func record(_ event: AuditEvent) { manager.localDevice.audit.record(event) }
 
     func itemNames() -> [String: [String]] {
         var names: [String: [String]] = [:]
