@@ -76,7 +76,7 @@ struct PasscodeCommand: ParsableCommand {
         do {
             device = try Device(directory: keychain)
         } catch .keychainInUse {
-            throw fail("a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed")
+            throw fail(KeychainDirectory.heldByADevice)
         } catch {
             throw fail(keychain.sentence(for: error))
         }

@@ -41,16 +41,10 @@ struct RecoverCommand: ParsableCommand {
         }
         let passcode = noPasscode ? nil : try Passcode.readNew(
             prompt: "New passcode: ", missing: "no new passcode given; type one, or use --no-passcode")
-        do {
+        try directly(on: keychain, wrong: "that is not this keychain's recovery key; nothing was changed",
+                     notApplicable: "the keychain at \(keychain.path) has no recovery key (its keys were never sealed by a TPM)") {
+            () throws(KeychainError) in
             try Device.recover(at: keychain, recoveryKey: recoveryKey, newPasscode: passcode, tpm: noTPM ? .declined : .whenPresent)
-        } catch .authFailed {
-            throw fail("that is not this keychain's recovery key; nothing was changed", status: ExitStatus.of(.authFailed))
-        } catch .badRequest {
-            throw fail("the keychain at \(keychain.path) has no recovery key (its keys were never sealed by a TPM)")
-        } catch .keychainInUse {
-            throw fail("a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed")
-        } catch {
-            throw fail(keychain.sentence(for: error))
         }
         print("recovered the keychain at \(keychain.path)")
         RecoveryKeyNotice.showProtection(of: keychain)
@@ -58,17 +52,28 @@ struct RecoverCommand: ParsableCommand {
 
     private func accept(_ keychain: KeychainDirectory) throws {
         guard let typed = Passcode.read(prompt: "Passcode (empty if none): ") else { throw fail("no passcode given") }
-        do {
+        try directly(on: keychain, wrong: "the passcode is wrong; nothing was changed",
+                     notApplicable: "the keychain at \(keychain.path) is not behind its TPM counter; nothing was changed") {
+            () throws(KeychainError) in
             try Device.acceptRollback(at: keychain, passcode: typed.count > 0 ? typed : nil)
+        }
+        print("accepted the keychain at \(keychain.path) as it is now")
+    }
+
+    /// A change made on the keychain directly (no device may hold it), its
+    /// refusals said: a wrong secret, a keychain it does not apply to, a device that holds it.
+    private func directly(on keychain: KeychainDirectory, wrong: String, notApplicable: String,
+                          _ body: () throws(KeychainError) -> Void) throws {
+        do {
+            try body()
         } catch .authFailed {
-            throw fail("the passcode is wrong; nothing was changed", status: ExitStatus.of(.authFailed))
+            throw fail(wrong, status: ExitStatus.of(.authFailed))
         } catch .badRequest {
-            throw fail("the keychain at \(keychain.path) is not behind its TPM counter; nothing was changed")
+            throw fail(notApplicable)
         } catch .keychainInUse {
-            throw fail("a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed")
+            throw fail(KeychainDirectory.heldByADevice)
         } catch {
             throw fail(keychain.sentence(for: error))
         }
-        print("accepted the keychain at \(keychain.path) as it is now")
     }
 }

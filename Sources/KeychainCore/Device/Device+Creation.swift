@@ -26,14 +26,7 @@ extension Device {
         Sodium.ensureInitialized()
         if let passcode, passcode.count == 0 { throw .param }
         if directory.exists { throw .duplicateKeychain }
-        let tpm: KeychainTPM?
-        switch choice {
-        case .declined: tpm = nil
-        case .whenPresent: tpm = KeychainTPM.present(tcti: tcti)
-        case .required:
-            guard let found = KeychainTPM.present(tcti: tcti) else { throw .tpmUnavailable }
-            tpm = found
-        }
+        let tpm = try KeychainTPM.chosen(choice, tcti: tcti)
         try directory.prepareForCreation()
         let secretBytes = SecureBytes.random(count: Crypto.keySize)
         let secret = DeviceSecret(secret: secretBytes)

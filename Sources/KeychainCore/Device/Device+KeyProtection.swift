@@ -244,14 +244,7 @@ extension Device {
         }
         secret.epoch.value = oldEpoch
         let records = try BootRecords(store: store, secret: secret)
-        let tpm: KeychainTPM?
-        switch choice {
-        case .declined: tpm = nil
-        case .whenPresent: tpm = KeychainTPM.present(tcti: tcti)
-        case .required:
-            guard let found = KeychainTPM.present(tcti: tcti) else { throw .tpmUnavailable }
-            tpm = found
-        }
+        let tpm = try KeychainTPM.chosen(choice, tcti: tcti)
         var base = records.keybag
         base.kdf = kdf
         let bag = try SecretThread.run { () throws(KeychainError) -> Keybag in

@@ -1,4 +1,7 @@
 extension KeychainDirectory {
+    /// What a change made on a keychain directly says when a device holds it.
+    public static let heldByADevice = "a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed"
+
     /// A sentence a user can act on for a core error met while opening this keychain.
     public func sentence(for error: KeychainError) -> String {
         let keychain = self

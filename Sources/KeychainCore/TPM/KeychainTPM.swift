@@ -36,6 +36,19 @@ struct KeychainTPM: Sendable {
         (try? TrustedPlatformModule(tcti: tcti)).map { _ in KeychainTPM(tcti: tcti) }
     }
 
+    /// The TPM `choice` asks for at `tcti`: nil when declined, or when
+    /// none answers and one is merely welcome; ``KeychainError/tpmUnavailable``
+    /// when one is required and none answers.
+    static func chosen(_ choice: TPMChoice, tcti: String?) throws(KeychainError) -> KeychainTPM? {
+        switch choice {
+        case .declined: return nil
+        case .whenPresent: return present(tcti: tcti)
+        case .required:
+            guard let found = present(tcti: tcti) else { throw .tpmUnavailable }
+            return found
+        }
+    }
+
     /// Runs `body` with a connection; a TPM's refusal becomes the keychain's error.
     func use<R>(_ body: (TrustedPlatformModule) throws(TPMError) -> R) throws(KeychainError) -> R {
         do throws(TPMError) {
