@@ -35,18 +35,18 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     let store: SecretStore
     let bus: BusConnection
-    private var sessions: [String: TransferSession] = [:]
-    private var nextSession = 1
+    var sessions: [String: TransferSession] = [:]
+    var nextSession = 1
     private var observer: Int?
     /// The items clients have been told of (by signals or a listing at
     /// start): a `written` event of one of them is ItemChanged, of another
     /// ItemCreated (the device's events do not tell the two apart).
-    private var knownItems: Set<String> = []
-    private var prompts: [String: UnlockPrompt] = [:]
+    var knownItems: Set<String> = []
+    var prompts: [String: UnlockPrompt] = [:]
     /// The program behind each connection at its first policed request,
     /// and whether its process was then found to hold it alone (bus thread only).
-    fileprivate var firstIdentities: [String: (identity: ProgramIdentity, heldAlone: Bool)] = [:]
-    private var nextPrompt = 1
+    var firstIdentities: [String: (identity: ProgramIdentity, heldAlone: Bool)] = [:]
+    var nextPrompt = 1
 
     /// The bus it serves (nil: the one `$DBUS_SESSION_BUS_ADDRESS` named at its start).
     public let address: String?
@@ -113,7 +113,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// The spec's signals for one device event. Policed groups' item
     /// changes are announced too (names only, as `ls` shows them; the
     /// values stay behind the policy).
-    private func signal(_ event: DeviceEvent) {
+    func signal(_ event: DeviceEvent) {
         guard case .changed(let change) = event else { return }
         switch change {
         case .written(let group, let identifier):
@@ -130,14 +130,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
         }
     }
 
-    private func itemWritten(_ group: String, _ identifier: String) {
+    func itemWritten(_ group: String, _ identifier: String) {
         let path = ObjectPaths.item(group, identifier)
         let created = knownItems.insert(path).inserted
         emit(Self.collectionInterface, created ? "ItemCreated" : "ItemChanged", at: ObjectPaths.collection(group), naming: path)
         if created { collectionChanged(group) }
     }
 
-    private func itemRemoved(_ group: String, _ identifier: String) {
+    func itemRemoved(_ group: String, _ identifier: String) {
         let path = ObjectPaths.item(group, identifier)
         knownItems.remove(path)
         emit(Self.collectionInterface, "ItemDeleted", at: ObjectPaths.collection(group), naming: path)
@@ -145,12 +145,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     /// Its `Items` changed.
-    private func collectionChanged(_ group: String) {
+    func collectionChanged(_ group: String) {
         let collection = ObjectPaths.collection(group)
         emit(Self.serviceInterface, "CollectionChanged", at: ObjectPaths.service, naming: collection)
     }
 
-    private func emit(_ interface: String, _ member: String, at path: String, naming object: String) {
+    func emit(_ interface: String, _ member: String, at path: String, naming object: String) {
         bus.emit(path: path, interface: interface, member: member) { (signal) throws(BusError) in try signal.objectPath(object) }
     }
 
@@ -164,20 +164,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         }
         do throws(BusError) {
             guard let object = ObjectPaths.object(at: call.path) else { throw BusError.noSuchObject("no object at \(call.path)") }
-            if call.interface == Self.propertiesInterface {
-                try answerProperties(call, object: object)
-                return true
-            }
-            switch object {
-            case .service: try answerService(call)
-            case .collection(let group): try answerCollection(call, group: group)
-            case .alias(let alias):
-                guard let group = Self.group(ofAlias: alias) else { throw BusError.noSuchObject("no alias \(alias)") }
-                try answerCollection(call, group: group)
-            case .item(let group, let identifier): try answerItem(call, group: group, identifier: identifier)
-            case .session(let id): try answerSession(call, id: id)
-            case .prompt: try answerPrompt(call)
-            }
+            try dispatch(call, to: object)
         } catch {
             bus.reply(to: message, error: error)
         }
@@ -190,469 +177,17 @@ public final class SecretServiceProvider: @unchecked Sendable {
         alias == "default" || alias == "login" ? ItemLimits.defaultGroup : nil
     }
 
-    private func requireSignature(_ call: BusCall, _ signature: String) throws(BusError) {
+    func requireSignature(_ call: BusCall, _ signature: String) throws(BusError) {
         guard call.signature == signature else {
             throw .invalidArguments("\(call.member) takes (\(signature)), not (\(call.signature))")
         }
-    }
-
-    // MARK: org.freedesktop.Secret.Service
-
-    private func answerService(_ call: BusCall) throws(BusError) {
-        guard call.interface == Self.serviceInterface || call.interface.isEmpty else {
-            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
-        }
-        switch call.member {
-        case "OpenSession":
-            try requireSignature(call, "sv")
-            let algorithm = try call.arguments.string()
-            let path = ObjectPaths.sessionPrefix + String(nextSession)
-            let (session, output) = try TransferSession.open(algorithm: algorithm, input: call.arguments, owner: call.sender,
-                                                             path: path)
-            nextSession += 1
-            sessions[path] = session
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.open("v", output == nil ? "s" : "ay")
-                if let output {
-                    try reply.bytes(output)
-                } else {
-                    try reply.string("")
-                }
-                try reply.close()
-                try reply.objectPath(path)
-            }
-        case "SearchItems":
-            try requireSignature(call, "a{ss}")
-            let attributes = try call.arguments.stringDictionary()
-            let found = try search(attributes, in: nil, caller: call)
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPaths(found.unlocked)
-                try reply.objectPaths(found.locked)
-            }
-        case "GetSecrets":
-            try requireSignature(call, "aoo")
-            let paths = try call.arguments.objectPaths()
-            let session = try self.session(try call.arguments.objectPath(), of: call)
-            let items = paths.compactMap { path -> (group: String, identifier: String)? in
-                guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { return nil }
-                return (group, identifier)
-            }
-            // Items of other programs the person denied are left out, as locked ones are.
-            try withConsent(call, to: "read the secrets of", items: items, denied: { [self] call, asked throws(BusError) in
-                let refused = Set(asked.map { ObjectPaths.item($0.group, $0.identifier) })
-                try replySecrets(call, items.filter { !refused.contains(ObjectPaths.item($0.group, $0.identifier)) }, session: session)
-            }) { [self] call throws(BusError) in try replySecrets(call, items, session: session) }
-        case "CreateCollection":
-            try requireSignature(call, "a{sv}s")
-            let label: String
-            if case .string(let given)? = try call.arguments.properties()[Self.collectionLabelProperty] { label = given } else { label = "" }
-            let alias = try call.arguments.string()
-            let group: String
-            if !alias.isEmpty {
-                // The spec: a collection for a well-known alias that exists is returned as it is.
-                guard let aliased = Self.group(ofAlias: alias) else {
-                    throw .notSupported("aliases other than default and login cannot be made (they name the group default)")
-                }
-                group = aliased
-            } else {
-                guard (try? ItemLimits.validate(name: label)) != nil else {
-                    throw .invalidArguments("a collection's label is its access group's name: 1 to 255 bytes, no '/'")
-                }
-                group = label
-                // An existing group of that name is that collection.
-                switch perform(.createGroup(group), for: call) {
-                case .ok, .keychainError(.duplicateItem, _): break
-                case .keychainError(let error, let message): throw error == .missingEntitlement
-                    ? .accessDenied(message) : .failed(message)
-                default: throw .failed("cannot create the collection \(group)")
-                }
-            }
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPath(ObjectPaths.collection(group))
-                try reply.objectPath(ObjectPaths.none)
-            }
-        case "ReadAlias":
-            try requireSignature(call, "s")
-            let alias = try call.arguments.string()
-            let path = Self.group(ofAlias: alias).map(ObjectPaths.collection) ?? ObjectPaths.none
-            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(path) }
-        case "SetAlias":
-            // Aliases are fixed: `default` and `login` name the group
-            // default. Setting one to what it names already is done;
-            // anything else would have to outlive the device and is refused.
-            try requireSignature(call, "so")
-            let alias = try call.arguments.string(), path = try call.arguments.objectPath()
-            guard let group = Self.group(ofAlias: alias), path == ObjectPaths.collection(group) else {
-                throw .notSupported("aliases are fixed: default and login name the collection default")
-            }
-            try bus.reply(to: call.message) { _ throws(BusError) in }
-        case "Lock":
-            try requireSignature(call, "ao")
-            let paths = try call.arguments.objectPaths()
-            _ = perform(.lock, for: call)
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPaths(paths)
-                try reply.objectPath(ObjectPaths.none)
-            }
-        case "Unlock":
-            try requireSignature(call, "ao")
-            let paths = try call.arguments.objectPaths()
-            guard store.isLocked else {
-                try bus.reply(to: call.message) { (reply) throws(BusError) in
-                    try reply.objectPaths(paths)
-                    try reply.objectPath(ObjectPaths.none)
-                }
-                return
-            }
-            // Locked: the passcode is asked for when the client calls Prompt.
-            let path = ObjectPaths.promptPrefix + String(nextPrompt)
-            nextPrompt += 1
-            prompts[path] = UnlockPrompt(owner: call.sender, objects: paths)
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPaths([])
-                try reply.objectPath(path)
-            }
-        default:
-            throw .unknownMethod("no method \(call.member) in \(Self.serviceInterface)")
-        }
-    }
-
-    /// GetSecrets' answer: the secrets of the items that are unlocked and
-    /// whose group admits the caller; locked, absent or not entitled ones
-    /// left out, as the spec's "secrets of the unlocked items".
-    private func replySecrets(_ call: BusCall, _ items: [(group: String, identifier: String)],
-                              session: TransferSession) throws(BusError) {
-        var secrets: [(String, SecureBytes, String)] = []
-        for (group, identifier) in items {
-            if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
-                secrets.append((ObjectPaths.item(group, identifier), value, contentType(of: group, identifier, for: call)))
-            }
-        }
-        try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
-            try reply.open("a", "{o(oayays)}")
-            for (path, value, contentType) in secrets {
-                try reply.open("e", "o(oayays)")
-                try reply.objectPath(path)
-                try session.append(value, contentType: contentType, to: reply)
-                try reply.close()
-            }
-            try reply.close()
-        }
-    }
-
-    // MARK: org.freedesktop.Secret.Collection
-
-    private func answerCollection(_ call: BusCall, group: String) throws(BusError) {
-        guard call.interface == Self.collectionInterface || call.interface.isEmpty else {
-            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
-        }
-        try requireGroup(group, for: call)
-        switch call.member {
-        case "SearchItems":
-            try requireSignature(call, "a{ss}")
-            let found = try search(try call.arguments.stringDictionary(), in: group, caller: call)
-            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPaths(found.unlocked + found.locked) }
-        case "Delete":
-            try requireSignature(call, "")
-            // As rmdir: a group that holds items is refused, never emptied by one call.
-            switch perform(.removeGroup(group), for: call) {
-            case .ok: break
-            case .keychainError(.badRequest, _):
-                throw .failed("the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
-            case .keychainError(.missingEntitlement, let message): throw .accessDenied(message)
-            case .keychainError(_, let message), .systemError(_, let message): throw .failed(message)
-            default: throw .failed("cannot delete the collection \(group)")
-            }
-            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
-        case "CreateItem":
-            try requireSignature(call, "a{sv}(oayays)b")
-            try createItem(call, in: group) { [self] call, path throws(BusError) in
-                try bus.reply(to: call.message) { (reply) throws(BusError) in
-                    try reply.objectPath(path)
-                    try reply.objectPath(ObjectPaths.none)
-                }
-            }
-        default:
-            throw .unknownMethod("no method \(call.member) in \(Self.collectionInterface)")
-        }
-    }
-
-    /// The spec's CreateItem. With `replace`, the item of the collection
-    /// whose lookup attributes are exactly the ones given gets the new
-    /// value, label and type (one that also names `keychainfs:identifier`
-    /// must be that item; with no attribute of its program's, none is
-    /// replaced: an empty set would otherwise pick any item). Otherwise a
-    /// new item, named after its label (`keychainfs:identifier` names it
-    /// exactly), made unique with " (2)", " (3)"... The class is the one
-    /// `keychainfs:accessible` names, else the device's access mode.
-    /// The new item belongs to the caller (``ItemDetails/owner``); an item
-    /// it replaces keeps its owner, who must be the caller or allow it.
-    private func createItem(_ call: BusCall, in group: String,
-                            then answer: @escaping (BusCall, String) throws(BusError) -> Void) throws(BusError) {
-        let properties = try call.arguments.properties()
-        let (value, contentType) = try secret(from: call)
-        let replace = try call.arguments.bool()
-        var label = "", attributes: [String: String] = [:]
-        if case .string(let given)? = properties[Self.itemLabelProperty] { label = given }
-        if case .attributes(let given)? = properties[Self.itemAttributesProperty] { attributes = given }
-        var protectionClass: ProtectionClass?
-        if let name = attributes[Self.accessibleAttribute] {
-            guard let named = ProtectionClass(name: name) else {
-                throw .invalidArguments("\(Self.accessibleAttribute) names no protection class: \(name)")
-            }
-            protectionClass = named
-        }
-        let stored = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
-        var details = ItemDetails(label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
-                                  attributes: stored)
-        // A process that cannot be taken for its program owns nothing.
-        if let caller = callerIdentity(call), caller.distrust == nil { details.owner = ProgramClaim(caller) }
-        try validated(details)
-        let named = attributes[Self.identifierAttribute]
-        if let named, (try? ItemLimits.validate(name: named)) == nil {
-            throw .invalidArguments("\(Self.identifierAttribute) is no valid item name: 1 to 255 bytes, no '/'")
-        }
-        if replace, !stored.isEmpty || named != nil,
-           let existing = try items(of: group, for: call).first(where: { item in
-               (item.details?.attributes ?? [:]) == stored && item.attributes.matches(attributes.filter { $0.key != Self.accessibleAttribute })
-           }) {
-            let written = details
-            return try withConsent(call, to: "replace", items: [(group, existing.identifier)]) { [self] call throws(BusError) in
-                let reply = perform(.set(group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
-                                         details: written), for: call)
-                _ = try self.value(of: reply, at: existing.path, expectingValue: false)
-                try answer(call, existing.path)
-            }
-        }
-        for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
-            let reply = perform(.set(group: group, identifier: identifier, value: value, protectionClass: protectionClass,
-                                     condition: .ifAbsent, details: details), for: call)
-            if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
-            let path = ObjectPaths.item(group, identifier)
-            _ = try self.value(of: reply, at: path, expectingValue: false)
-            return try answer(call, path)
-        }
-        throw .failed("too many items are named after the label \(label)")
-    }
-
-    // MARK: org.freedesktop.Secret.Item
-
-    private func answerItem(_ call: BusCall, group: String, identifier: String) throws(BusError) {
-        guard call.interface == Self.itemInterface || call.interface.isEmpty else {
-            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
-        }
-        switch call.member {
-        case "GetSecret":
-            try requireSignature(call, "o")
-            let session = try self.session(try call.arguments.objectPath(), of: call)
-            try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
-                let value = try value(of: perform(.get(group: group, identifier: identifier), for: call), at: call.path)
-                let contentType = contentType(of: group, identifier, for: call)
-                try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
-                    try session.append(value, contentType: contentType, to: reply)
-                }
-            }
-        case "SetSecret":
-            try requireSignature(call, "(oayays)")
-            let (value, contentType) = try secret(from: call)
-            // A new content type is kept with the item's details (made for
-            // an item that had none); otherwise the item keeps its own.
-            let current = try itemDetails(group, identifier, for: call)
-            var details: ItemDetails?
-            if contentType != current?.contentType ?? ItemDetails.defaultContentType {
-                details = current ?? ItemDetails(label: identifier, attributes: [:])
-                details?.contentType = contentType
-                details?.modified = 0
-                try validated(details)
-            }
-            let written = details
-            try withConsent(call, to: "change the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
-                let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
-                                    for: call)
-                _ = try self.value(of: reply, at: call.path, expectingValue: false)
-                try bus.reply(to: call.message) { _ throws(BusError) in }
-            }
-        case "Delete":
-            try requireSignature(call, "")
-            try withConsent(call, to: "delete", items: [(group, identifier)]) { [self] call throws(BusError) in
-                _ = try value(of: perform(.remove(group: group, identifier: identifier), for: call), at: call.path, expectingValue: false)
-                try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
-            }
-        default:
-            throw .unknownMethod("no method \(call.member) in \(Self.itemInterface)")
-        }
-    }
-
-    // MARK: org.freedesktop.Secret.Session
-
-    private func answerSession(_ call: BusCall, id: String) throws(BusError) {
-        guard call.member == "Close", call.interface == Self.sessionInterface || call.interface.isEmpty else {
-            throw .unknownMethod("no method \(call.member) in \(Self.sessionInterface)")
-        }
-        try requireSignature(call, "")
-        _ = try session(call.path, of: call)
-        sessions[call.path] = nil
-        try bus.reply(to: call.message) { _ throws(BusError) in }
-    }
-
-    /// The next argument of `call`, a secret struct, opened in its
-    /// session (the caller's own), and its content type.
-    private func secret(from call: BusCall) throws(BusError) -> (value: SecureBytes, contentType: String) {
-        let secret = try call.arguments.secretStruct()
-        let session = try self.session(secret.session, of: call)
-        return (try session.open(secret.sealed, parameters: secret.parameters), secret.contentType)
-    }
-
-    /// The open session at `path`, which must be the caller's own.
-    private func session(_ path: String, of call: BusCall) throws(BusError) -> TransferSession {
-        guard let session = sessions[path], session.owner == call.sender else {
-            throw .noSession("no open session \(path) of this connection")
-        }
-        return session
-    }
-
-    // MARK: org.freedesktop.Secret.Prompt
-
-    private func answerPrompt(_ call: BusCall) throws(BusError) {
-        guard call.interface == Self.promptInterface || call.interface.isEmpty else {
-            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
-        }
-        guard let prompt = prompts[call.path], prompt.owner == call.sender else {
-            throw .noSuchObject("no prompt at \(call.path) for this connection")
-        }
-        switch call.member {
-        case "Prompt":
-            try requireSignature(call, "s")
-            _ = try call.arguments.string()  // the window to place it over: pinentry places itself
-            guard let program = Pinentry.program() else {
-                throw .failed("no pinentry program: install pinentry-curses or pinentry-gnome3, or set KEYCHAINFS_PINENTRY")
-            }
-            guard prompt.start() else { throw .failed("the prompt is showing already") }
-            let sender = bus.senderProcess(of: call.message)
-            let path = call.path
-            try bus.reply(to: call.message) { _ throws(BusError) in }
-            let started = Threads.start { [self] in
-                let unlocked = prompt.run(program: program, program: sender?.pid) { passcode in
-                    store.perform(.unlock(passcode: passcode), program: { nil },
-                                  subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } },
-                                  audit: .always)
-                }
-                bus.perform { [self] in completePrompt(path, dismissed: !unlocked, objects: unlocked ? prompt.objects : []) }
-            }
-            if started == nil { completePrompt(path, dismissed: true, objects: []) }
-        case "Dismiss":
-            try requireSignature(call, "")
-            try bus.reply(to: call.message) { _ throws(BusError) in }
-            if prompt.cancel() == false { completePrompt(call.path, dismissed: true, objects: []) }
-        default:
-            throw .unknownMethod("no method \(call.member) in \(Self.promptInterface)")
-        }
-    }
-
-    /// The spec's Completed(dismissed, result): the objects unlocked.
-    private func completePrompt(_ path: String, dismissed: Bool, objects: [String]) {
-        guard prompts.removeValue(forKey: path) != nil else { return }
-        bus.emit(path: path, interface: Self.promptInterface, member: "Completed") { (signal) throws(BusError) in
-            try signal.bool(dismissed)
-            try signal.variant(.objectPaths(objects))
-        }
-    }
-
-    // MARK: Properties
-
-    private func answerProperties(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
-        switch call.member {
-        case "Get":
-            try requireSignature(call, "ss")
-            let interface = try call.arguments.string(), name = try call.arguments.string()
-            guard let value = try properties(of: object, interface: interface, caller: call)[name] else {
-                throw .invalidArguments("no property \(name) in \(interface)")
-            }
-            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.variant(value) }
-        case "GetAll":
-            try requireSignature(call, "s")
-            let all = try properties(of: object, interface: try call.arguments.string(), caller: call)
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.open("a", "{sv}")
-                for (name, value) in all.sorted(by: { $0.key < $1.key }) {
-                    try reply.open("e", "sv")
-                    try reply.string(name)
-                    try reply.variant(value)
-                    try reply.close()
-                }
-                try reply.close()
-            }
-        case "Set":
-            try requireSignature(call, "ssv")
-            let interface = try call.arguments.string(), name = try call.arguments.string()
-            guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
-                  name == "Label" || name == "Attributes" else {
-                throw .notSupported("only an item's Label and Attributes can be set (a collection's label is its group's name)")
-            }
-            var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
-            let type = name == "Label" ? "s" : "a{ss}"
-            guard try call.arguments.peek()?.contents == type else { throw .invalidArguments("\(name) is of type \(type)") }
-            try call.arguments.enter("v", type)
-            if name == "Label" {
-                details.label = try call.arguments.string()
-            } else {
-                details.attributes = try call.arguments.stringDictionary(limit: ItemDetails.maximumAttributes,
-                                                                         textLimit: ItemDetails.maximumText)
-                    .filter { !$0.key.hasPrefix(Self.attributePrefix) }
-            }
-            try call.arguments.exit()
-            details.modified = 0
-            try validated(details)
-            let written = details
-            try withConsent(call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]) {
-                [self] call throws(BusError) in
-                let reply = perform(.setDetails(group: group, identifier: identifier, details: written), for: call)
-                _ = try value(of: reply, at: call.path, expectingValue: false)
-                try bus.reply(to: call.message) { _ throws(BusError) in }
-            }
-        default:
-            throw .unknownMethod("no method \(call.member) in \(Self.propertiesInterface)")
-        }
-    }
-
-    private func properties(of object: ObjectPaths.Object, interface: String,
-                            caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
-        switch object {
-        case .service where interface == Self.serviceInterface:
-            return ["Collections": .objectPaths(try groups(for: call).map(ObjectPaths.collection))]
-        case .collection(let group) where interface == Self.collectionInterface:
-            return try collectionProperties(group, caller: call)
-        case .alias(let alias) where interface == Self.collectionInterface:
-            guard let group = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
-            return try collectionProperties(group, caller: call)
-        case .item(let group, let identifier) where interface == Self.itemInterface:
-            let reply = perform(.info(group: group, identifier: identifier), for: call, audit: .failures)
-            guard case .ok(let fields) = reply, let className = fields.first, let protectionClass = ProtectionClass(name: className) else {
-                _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
-                throw .failed("unexpected reply from the device")
-            }
-            let item = ListedItem(group: group, identifier: identifier, protectionClass: protectionClass,
-                                  details: try itemDetails(group, identifier, for: call))
-            return ["Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
-                    "Label": .string(item.label), "Type": .string(item.contentType),
-                    "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)]
-        default:
-            return [:]
-        }
-    }
-
-    private func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
-        // The listing below refuses a group the caller may not use, or that is gone.
-        let items = try self.items(of: group, for: call).map(\.path)
-        return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.isLocked),
-                "Created": .uint64(0), "Modified": .uint64(0)]
     }
 
     // MARK: The keychain
 
     /// The items that carry every attribute asked for, unlocked (their key
     /// is there) and locked apart: a locked item is found, never "absent".
-    private func search(_ attributes: [String: String], in onlyGroup: String?,
+    func search(_ attributes: [String: String], in onlyGroup: String?,
                         caller call: BusCall) throws(BusError) -> (unlocked: [String], locked: [String]) {
         var found: (unlocked: [String], locked: [String]) = ([], [])
         let groups: [String]
@@ -668,7 +203,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         return found
     }
 
-    private func groups(for call: BusCall) throws(BusError) -> [String] {
+    func groups(for call: BusCall) throws(BusError) -> [String] {
         guard case .ok(let groups) = perform(.list(group: nil), for: call, audit: .failures) else {
             throw .failed("cannot list the collections")
         }
@@ -676,7 +211,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     /// The items of a group with their classes and details.
-    private func items(of group: String, for call: BusCall) throws(BusError) -> [ListedItem] {
+    func items(of group: String, for call: BusCall) throws(BusError) -> [ListedItem] {
         let fields = try listing(of: group, for: call)
         var details: [String: ItemDetails] = [:]
         if case .ok(let detailFields) = perform(.details(group: group, identifier: nil), for: call, audit: .failures),
@@ -691,7 +226,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     /// A group's listing as the device answers it: (identifier, class, size) fields.
-    private func listing(of group: String, for call: BusCall) throws(BusError) -> [String] {
+    func listing(of group: String, for call: BusCall) throws(BusError) -> [String] {
         switch perform(.list(group: group), for: call, audit: .failures) {
         case .ok(let fields):
             return fields
@@ -705,7 +240,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     /// The details of one item (nil: it has none).
-    private func itemDetails(_ group: String, _ identifier: String, for call: BusCall) throws(BusError) -> ItemDetails? {
+    func itemDetails(_ group: String, _ identifier: String, for call: BusCall) throws(BusError) -> ItemDetails? {
         let reply = perform(.details(group: group, identifier: identifier), for: call, audit: .failures)
         guard case .ok(let fields) = reply else {
             _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
@@ -717,22 +252,22 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// The content type a secret is sent with: the one kept with the
     /// item, else `text/plain`.
-    private func contentType(of group: String, _ identifier: String, for call: BusCall) -> String {
+    func contentType(of group: String, _ identifier: String, for call: BusCall) -> String {
         ((try? itemDetails(group, identifier, for: call)) ?? nil)?.contentType ?? ItemDetails.defaultContentType
     }
 
-    private func validated(_ details: ItemDetails?) throws(BusError) {
+    func validated(_ details: ItemDetails?) throws(BusError) {
         guard (try? details?.validate()) != nil else {
             throw .invalidArguments("at most \(ItemDetails.maximumAttributes) attributes; names of 1-\(ItemDetails.maximumAttributeName) bytes; values, label and content type of at most \(ItemDetails.maximumText) bytes; \(ItemDetails.maximumEncodedSize) bytes in all")
         }
     }
 
-    private func requireGroup(_ group: String, for call: BusCall) throws(BusError) {
+    func requireGroup(_ group: String, for call: BusCall) throws(BusError) {
         _ = try listing(of: group, for: call)
     }
 
     /// The value of a `get` reply, or the error the reply means on the bus.
-    private func value(of reply: DeviceReply, at path: String, expectingValue: Bool = true) throws(BusError) -> SecureBytes {
+    func value(of reply: DeviceReply, at path: String, expectingValue: Bool = true) throws(BusError) -> SecureBytes {
         switch reply {
         case .value(let value, _): return value
         case .ok where !expectingValue: return try! SecureBytes([])
@@ -804,7 +339,7 @@ struct ListedItem {
     var contentType: String { details?.contentType ?? ItemDetails.defaultContentType }
 }
 
-private extension Dictionary where Key == String, Value == String {
+extension Dictionary where Key == String, Value == String {
     /// Whether every pair of `wanted` is here.
     func matches(_ wanted: [String: String]) -> Bool {
         wanted.allSatisfy { self[$0.key] == $0.value }

@@ -1,0 +1,96 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `org.freedesktop.Secret.Collection` objects: one per access group.
+extension SecretServiceProvider {
+    /// `SearchItems` (a{ss}).
+    func searchCollection(_ call: BusCall, group: String) throws(BusError) {
+        let found = try search(try call.arguments.stringDictionary(), in: group, caller: call)
+        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPaths(found.unlocked + found.locked) }
+    }
+
+    /// `Delete` (no arguments).
+    func deleteCollection(_ call: BusCall, group: String) throws(BusError) {
+        // As rmdir: a group that holds items is refused, never emptied by one call.
+        switch perform(.removeGroup(group), for: call) {
+        case .ok: break
+        case .keychainError(.badRequest, _):
+            throw .failed("the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
+        case .keychainError(.missingEntitlement, let message): throw .accessDenied(message)
+        case .keychainError(_, let message), .systemError(_, let message): throw .failed(message)
+        default: throw .failed("cannot delete the collection \(group)")
+        }
+        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+    }
+
+    /// `CreateItem` (a{sv}(oayays)b).
+    func createItem(_ call: BusCall, group: String) throws(BusError) {
+        try createItem(call, in: group) { [self] call, path throws(BusError) in
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.objectPath(path)
+                try reply.objectPath(ObjectPaths.none)
+            }
+        }
+    }
+
+
+    /// The spec's CreateItem. With `replace`, the item of the collection
+    /// whose lookup attributes are exactly the ones given gets the new
+    /// value, label and type (one that also names `keychainfs:identifier`
+    /// must be that item; with no attribute of its program's, none is
+    /// replaced: an empty set would otherwise pick any item). Otherwise a
+    /// new item, named after its label (`keychainfs:identifier` names it
+    /// exactly), made unique with " (2)", " (3)"... The class is the one
+    /// `keychainfs:accessible` names, else the device's access mode.
+    /// The new item belongs to the caller (``ItemDetails/owner``); an item
+    /// it replaces keeps its owner, who must be the caller or allow it.
+    func createItem(_ call: BusCall, in group: String,
+                            then answer: @escaping (BusCall, String) throws(BusError) -> Void) throws(BusError) {
+        let properties = try call.arguments.properties()
+        let (value, contentType) = try secret(from: call)
+        let replace = try call.arguments.bool()
+        var label = "", attributes: [String: String] = [:]
+        if case .string(let given)? = properties[Self.itemLabelProperty] { label = given }
+        if case .attributes(let given)? = properties[Self.itemAttributesProperty] { attributes = given }
+        var protectionClass: ProtectionClass?
+        if let name = attributes[Self.accessibleAttribute] {
+            guard let named = ProtectionClass(name: name) else {
+                throw .invalidArguments("\(Self.accessibleAttribute) names no protection class: \(name)")
+            }
+            protectionClass = named
+        }
+        let stored = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
+        var details = ItemDetails(label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
+                                  attributes: stored)
+        // A process that cannot be taken for its program owns nothing.
+        if let caller = callerIdentity(call), caller.distrust == nil { details.owner = ProgramClaim(caller) }
+        try validated(details)
+        let named = attributes[Self.identifierAttribute]
+        if let named, (try? ItemLimits.validate(name: named)) == nil {
+            throw .invalidArguments("\(Self.identifierAttribute) is no valid item name: 1 to 255 bytes, no '/'")
+        }
+        if replace, !stored.isEmpty || named != nil,
+           let existing = try items(of: group, for: call).first(where: { item in
+               (item.details?.attributes ?? [:]) == stored && item.attributes.matches(attributes.filter { $0.key != Self.accessibleAttribute })
+           }) {
+            let written = details
+            return try withConsent(call, to: "replace", items: [(group, existing.identifier)]) { [self] call throws(BusError) in
+                let reply = perform(.set(group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
+                                         details: written), for: call)
+                _ = try self.value(of: reply, at: existing.path, expectingValue: false)
+                try answer(call, existing.path)
+            }
+        }
+        for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
+            let reply = perform(.set(group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                                     condition: .ifAbsent, details: details), for: call)
+            if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
+            let path = ObjectPaths.item(group, identifier)
+            _ = try self.value(of: reply, at: path, expectingValue: false)
+            return try answer(call, path)
+        }
+        throw .failed("too many items are named after the label \(label)")
+    }
+}

@@ -1,0 +1,49 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `org.freedesktop.Secret.Item` objects: one per item.
+extension SecretServiceProvider {
+    /// `GetSecret` (o).
+    func getSecret(_ call: BusCall, group: String, identifier: String) throws(BusError) {
+        let session = try self.session(try call.arguments.objectPath(), of: call)
+        try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
+            let value = try value(of: perform(.get(group: group, identifier: identifier), for: call), at: call.path)
+            let contentType = contentType(of: group, identifier, for: call)
+            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
+                try session.append(value, contentType: contentType, to: reply)
+            }
+        }
+    }
+
+    /// `SetSecret` ((oayays)).
+    func setSecret(_ call: BusCall, group: String, identifier: String) throws(BusError) {
+        let (value, contentType) = try secret(from: call)
+        // A new content type is kept with the item's details (made for
+        // an item that had none); otherwise the item keeps its own.
+        let current = try itemDetails(group, identifier, for: call)
+        var details: ItemDetails?
+        if contentType != current?.contentType ?? ItemDetails.defaultContentType {
+            details = current ?? ItemDetails(label: identifier, attributes: [:])
+            details?.contentType = contentType
+            details?.modified = 0
+            try validated(details)
+        }
+        let written = details
+        try withConsent(call, to: "change the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
+            let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
+                                for: call)
+            _ = try self.value(of: reply, at: call.path, expectingValue: false)
+            try bus.reply(to: call.message) { _ throws(BusError) in }
+        }
+    }
+
+    /// `Delete` (no arguments).
+    func deleteItem(_ call: BusCall, group: String, identifier: String) throws(BusError) {
+        try withConsent(call, to: "delete", items: [(group, identifier)]) { [self] call throws(BusError) in
+            _ = try value(of: perform(.remove(group: group, identifier: identifier), for: call), at: call.path, expectingValue: false)
+            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `org.freedesktop.DBus.Properties` of every object.
+extension SecretServiceProvider {
+    /// `Get` (ss).
+    func getProperty(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
+        let interface = try call.arguments.string(), name = try call.arguments.string()
+        guard let value = try properties(of: object, interface: interface, caller: call)[name] else {
+            throw .invalidArguments("no property \(name) in \(interface)")
+        }
+        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.variant(value) }
+    }
+
+    /// `GetAll` (s).
+    func getAllProperties(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
+        let all = try properties(of: object, interface: try call.arguments.string(), caller: call)
+        try bus.reply(to: call.message) { (reply) throws(BusError) in
+            try reply.open("a", "{sv}")
+            for (name, value) in all.sorted(by: { $0.key < $1.key }) {
+                try reply.open("e", "sv")
+                try reply.string(name)
+                try reply.variant(value)
+                try reply.close()
+            }
+            try reply.close()
+        }
+    }
+
+    /// `Set` (ssv).
+    func setProperty(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
+        let interface = try call.arguments.string(), name = try call.arguments.string()
+        guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
+              name == "Label" || name == "Attributes" else {
+            throw .notSupported("only an item's Label and Attributes can be set (a collection's label is its group's name)")
+        }
+        var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
+        let type = name == "Label" ? "s" : "a{ss}"
+        guard try call.arguments.peek()?.contents == type else { throw .invalidArguments("\(name) is of type \(type)") }
+        try call.arguments.enter("v", type)
+        if name == "Label" {
+            details.label = try call.arguments.string()
+        } else {
+            details.attributes = try call.arguments.stringDictionary(limit: ItemDetails.maximumAttributes,
+                                                                     textLimit: ItemDetails.maximumText)
+                .filter { !$0.key.hasPrefix(Self.attributePrefix) }
+        }
+        try call.arguments.exit()
+        details.modified = 0
+        try validated(details)
+        let written = details
+        try withConsent(call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]) {
+            [self] call throws(BusError) in
+            let reply = perform(.setDetails(group: group, identifier: identifier, details: written), for: call)
+            _ = try value(of: reply, at: call.path, expectingValue: false)
+            try bus.reply(to: call.message) { _ throws(BusError) in }
+        }
+    }
+
+
+    func properties(of object: ObjectPaths.Object, interface: String,
+                            caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
+        switch object {
+        case .service where interface == Self.serviceInterface:
+            return ["Collections": .objectPaths(try groups(for: call).map(ObjectPaths.collection))]
+        case .collection(let group) where interface == Self.collectionInterface:
+            return try collectionProperties(group, caller: call)
+        case .alias(let alias) where interface == Self.collectionInterface:
+            guard let group = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
+            return try collectionProperties(group, caller: call)
+        case .item(let group, let identifier) where interface == Self.itemInterface:
+            let reply = perform(.info(group: group, identifier: identifier), for: call, audit: .failures)
+            guard case .ok(let fields) = reply, let className = fields.first, let protectionClass = ProtectionClass(name: className) else {
+                _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
+                throw .failed("unexpected reply from the device")
+            }
+            let item = ListedItem(group: group, identifier: identifier, protectionClass: protectionClass,
+                                  details: try itemDetails(group, identifier, for: call))
+            return ["Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
+                    "Label": .string(item.label), "Type": .string(item.contentType),
+                    "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)]
+        default:
+            return [:]
+        }
+    }
+
+    func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
+        // The listing below refuses a group the caller may not use, or that is gone.
+        let items = try self.items(of: group, for: call).map(\.path)
+        return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.isLocked),
+                "Created": .uint64(0), "Modified": .uint64(0)]
+    }
+}

@@ -1,0 +1,156 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `org.freedesktop.Secret.Service` object (`/org/freedesktop/secrets`).
+extension SecretServiceProvider {
+    /// `OpenSession` (sv).
+    func openSession(_ call: BusCall) throws(BusError) {
+        let algorithm = try call.arguments.string()
+        let path = ObjectPaths.sessionPrefix + String(nextSession)
+        let (session, output) = try TransferSession.open(algorithm: algorithm, input: call.arguments, owner: call.sender,
+                                                         path: path)
+        nextSession += 1
+        sessions[path] = session
+        try bus.reply(to: call.message) { (reply) throws(BusError) in
+            try reply.open("v", output == nil ? "s" : "ay")
+            if let output {
+                try reply.bytes(output)
+            } else {
+                try reply.string("")
+            }
+            try reply.close()
+            try reply.objectPath(path)
+        }
+    }
+
+    /// `SearchItems` (a{ss}).
+    func searchItems(_ call: BusCall) throws(BusError) {
+        let attributes = try call.arguments.stringDictionary()
+        let found = try search(attributes, in: nil, caller: call)
+        try bus.reply(to: call.message) { (reply) throws(BusError) in
+            try reply.objectPaths(found.unlocked)
+            try reply.objectPaths(found.locked)
+        }
+    }
+
+    /// `GetSecrets` (aoo).
+    func getSecrets(_ call: BusCall) throws(BusError) {
+        let paths = try call.arguments.objectPaths()
+        let session = try self.session(try call.arguments.objectPath(), of: call)
+        let items = paths.compactMap { path -> (group: String, identifier: String)? in
+            guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { return nil }
+            return (group, identifier)
+        }
+        // Items of other programs the person denied are left out, as locked ones are.
+        try withConsent(call, to: "read the secrets of", items: items, denied: { [self] call, asked throws(BusError) in
+            let refused = Set(asked.map { ObjectPaths.item($0.group, $0.identifier) })
+            try replySecrets(call, items.filter { !refused.contains(ObjectPaths.item($0.group, $0.identifier)) }, session: session)
+        }) { [self] call throws(BusError) in try replySecrets(call, items, session: session) }
+    }
+
+    /// `CreateCollection` (a{sv}s).
+    func createCollection(_ call: BusCall) throws(BusError) {
+        let label: String
+        if case .string(let given)? = try call.arguments.properties()[Self.collectionLabelProperty] { label = given } else { label = "" }
+        let alias = try call.arguments.string()
+        let group: String
+        if !alias.isEmpty {
+            // The spec: a collection for a well-known alias that exists is returned as it is.
+            guard let aliased = Self.group(ofAlias: alias) else {
+                throw .notSupported("aliases other than default and login cannot be made (they name the group default)")
+            }
+            group = aliased
+        } else {
+            guard (try? ItemLimits.validate(name: label)) != nil else {
+                throw .invalidArguments("a collection's label is its access group's name: 1 to 255 bytes, no '/'")
+            }
+            group = label
+            // An existing group of that name is that collection.
+            switch perform(.createGroup(group), for: call) {
+            case .ok, .keychainError(.duplicateItem, _): break
+            case .keychainError(let error, let message): throw error == .missingEntitlement
+                ? .accessDenied(message) : .failed(message)
+            default: throw .failed("cannot create the collection \(group)")
+            }
+        }
+        try bus.reply(to: call.message) { (reply) throws(BusError) in
+            try reply.objectPath(ObjectPaths.collection(group))
+            try reply.objectPath(ObjectPaths.none)
+        }
+    }
+
+    /// `ReadAlias` (s).
+    func readAlias(_ call: BusCall) throws(BusError) {
+        let alias = try call.arguments.string()
+        let path = Self.group(ofAlias: alias).map(ObjectPaths.collection) ?? ObjectPaths.none
+        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(path) }
+    }
+
+    /// `SetAlias` (so).
+    func setAlias(_ call: BusCall) throws(BusError) {
+        // Aliases are fixed: `default` and `login` name the group
+        // default. Setting one to what it names already is done;
+        // anything else would have to outlive the device and is refused.
+        let alias = try call.arguments.string(), path = try call.arguments.objectPath()
+        guard let group = Self.group(ofAlias: alias), path == ObjectPaths.collection(group) else {
+            throw .notSupported("aliases are fixed: default and login name the collection default")
+        }
+        try bus.reply(to: call.message) { _ throws(BusError) in }
+    }
+
+    /// `Lock` (ao).
+    func lock(_ call: BusCall) throws(BusError) {
+        let paths = try call.arguments.objectPaths()
+        _ = perform(.lock, for: call)
+        try bus.reply(to: call.message) { (reply) throws(BusError) in
+            try reply.objectPaths(paths)
+            try reply.objectPath(ObjectPaths.none)
+        }
+    }
+
+    /// `Unlock` (ao).
+    func unlock(_ call: BusCall) throws(BusError) {
+        let paths = try call.arguments.objectPaths()
+        guard store.isLocked else {
+            try bus.reply(to: call.message) { (reply) throws(BusError) in
+                try reply.objectPaths(paths)
+                try reply.objectPath(ObjectPaths.none)
+            }
+            return
+        }
+        // Locked: the passcode is asked for when the client calls Prompt.
+        let path = ObjectPaths.promptPrefix + String(nextPrompt)
+        nextPrompt += 1
+        prompts[path] = UnlockPrompt(owner: call.sender, objects: paths)
+        try bus.reply(to: call.message) { (reply) throws(BusError) in
+            try reply.objectPaths([])
+            try reply.objectPath(path)
+        }
+    }
+
+
+    /// GetSecrets' answer: the secrets of the items that are unlocked and
+    /// whose group admits the caller; locked, absent or not entitled ones
+    /// left out, as the spec's "secrets of the unlocked items".
+    func replySecrets(_ call: BusCall, _ items: [(group: String, identifier: String)],
+                              session: TransferSession) throws(BusError) {
+        var secrets: [(String, SecureBytes, String)] = []
+        for (group, identifier) in items {
+            if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
+                secrets.append((ObjectPaths.item(group, identifier), value, contentType(of: group, identifier, for: call)))
+            }
+        }
+        try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
+            try reply.open("a", "{o(oayays)}")
+            for (path, value, contentType) in secrets {
+                try reply.open("e", "o(oayays)")
+                try reply.objectPath(path)
+                try session.append(value, contentType: contentType, to: reply)
+                try reply.close()
+            }
+            try reply.close()
+        }
+    }
+}
