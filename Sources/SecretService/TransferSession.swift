@@ -32,34 +32,44 @@ final class TransferSession {
             try input.enter("v", "s")
             _ = try input.string()
             try input.exit()
-            return (TransferSession(owner: owner, path: path, key: nil), nil)
+            return try server(algorithm: algorithm, peer: nil, owner: owner, path: path)
         case diffieHellman:
             try input.enter("v", "ay")
             let peer = try input.bytes()
             try input.exit()
-            guard (1...128).contains(peer.count) else { throw .invalidArguments("a DH public key has 1 to 128 bytes") }
-            let (publicKey, key) = try exchange(exponent: SecureBytes.random(count: 128), peer: peer)
-            return (TransferSession(owner: owner, path: path, key: key), publicKey)
+            return try server(algorithm: algorithm, peer: peer, owner: owner, path: path)
         default:
             throw .notSupported("the transfer algorithm \(algorithm) is not supported (\(plain) and \(diffieHellman) are)")
         }
+    }
+
+    /// The provider's end of a session, given the client's public key for
+    /// DH (nil for plain); with the output to send back.
+    static func server(algorithm: String, peer: [UInt8]?, owner: String,
+                       path: String) throws(BusError) -> (TransferSession, [UInt8]?) {
+        guard algorithm == diffieHellman else { return (TransferSession(owner: owner, path: path, key: nil), nil) }
+        guard let peer, (1...128).contains(peer.count) else { throw .invalidArguments("a DH public key has 1 to 128 bytes") }
+        let (publicKey, key) = try exchange(exponent: SecureBytes.random(count: 128), peer: peer)
+        return (TransferSession(owner: owner, path: path, key: key), publicKey)
     }
 
     /// Appends a secret as the spec's (oayays): session, parameters, value, content type.
     func append(_ value: SecureBytes, contentType: String, to reply: BusMessageWriter) throws(BusError) {
         try reply.open("r", "oayays")
         try reply.objectPath(path)
-        if let key {
-            let iv = Crypto.randomBytes(16)
-            let sealed = try Self.aes(encrypt: true, key: key, iv: iv, value)
-            try reply.bytes(iv)
-            try sealed.withUnsafeBytes { (raw) throws(BusError) in try reply.bytes(raw) }
-        } else {
-            try reply.bytes([])
-            try value.withUnsafeBytes { (raw) throws(BusError) in try reply.bytes(raw) }
-        }
+        let (parameters, sealed) = try seal(value)
+        try reply.bytes(parameters)
+        try sealed.withUnsafeBytes { (raw) throws(BusError) in try reply.bytes(raw) }
         try reply.string(contentType)
         try reply.close()
+    }
+
+    /// A secret as it crosses the bus in this session: its parameters (a
+    /// fresh IV for DH, none for plain) and its bytes.
+    func seal(_ value: SecureBytes) throws(BusError) -> (parameters: [UInt8], sealed: SecureBytes) {
+        guard let key else { return ([], value) }
+        let iv = Crypto.randomBytes(16)
+        return (iv, try Self.aes(encrypt: true, key: key, iv: iv, value))
     }
 
     /// The client's half of a DH session with another provider: a private
