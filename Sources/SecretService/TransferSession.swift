@@ -90,22 +90,69 @@ final class TransferSession {
     /// A plain client session at `path`.
     static func plainClient(path: String) -> TransferSession { TransferSession(owner: "", path: path, key: nil) }
 
-    /// Our public key for `exponent` and the AES key shared with `peer`'s:
-    /// the arithmetic, HKDF and the cleanup are libcrypto's (COpenSSL).
+    /// RFC 2409's second Oakley group (1024-bit MODP), whose generator is 2.
+    private static let prime: [UInt8] = {
+        let hex = Array(("FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
+                         + "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
+                         + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF").utf8)
+        return stride(from: 0, to: hex.count, by: 2).map { UInt8(String(decoding: hex[$0..<$0 + 2], as: UTF8.self), radix: 16)! }
+    }()
+
+    private static let unavailable = BusError.failed("the DH exchange failed (is libcrypto, libssl3, installed?)")
+
+    /// Our public key for `exponent` (g^x mod p) and the AES key shared with
+    /// `peer`'s: HKDF-SHA256 (RFC 5869) of the shared secret padded to 128
+    /// bytes, no salt, no info, as libsecret and gnome-keyring derive it.
+    /// The arithmetic and HKDF are libcrypto's; the shared secret lives in
+    /// secret memory, and the big numbers are cleared when freed.
     private static func exchange(exponent: SecureBytes, peer: [UInt8]) throws(BusError) -> (publicKey: [UInt8], key: SecureBytes) {
+        let key: SecureBytes, shared: SecureBytes
+        do {
+            key = try SecureBytes(count: 16)
+            shared = try SecureBytes(count: 128)
+        } catch {
+            throw .failed("no memory for the session key")
+        }
+        guard let context = COpenSSL_BN_CTX_new() else { throw unavailable }
+        var numbers: [OpaquePointer] = []
+        defer {
+            for number in numbers { COpenSSL_BN_clear_free(number) }
+            COpenSSL_BN_CTX_free(context)
+        }
+        func number(_ bytes: UnsafeRawBufferPointer) -> OpaquePointer? {
+            let made = COpenSSL_BN_bin2bn(bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(bytes.count), nil)
+            if let made { numbers.append(made) }
+            return made
+        }
+        func word(_ value: UInt) throws(BusError) -> OpaquePointer {
+            guard let made = COpenSSL_BN_new() else { throw unavailable }
+            numbers.append(made)
+            guard COpenSSL_BN_set_word(made, value) == 1 else { throw unavailable }
+            return made
+        }
+        guard let p = prime.withUnsafeBytes(number), let limit = prime.withUnsafeBytes(number),
+              let x = exponent.withUnsafeBytes(number), let peerKey = peer.withUnsafeBytes(number) else { throw unavailable }
+        let g = try word(2), y = try word(0), secret = try word(0)
+        guard COpenSSL_BN_sub_word(limit, 1) == 1 else { throw unavailable }
+        // A peer key of 0, 1 or p-1 (or more) would make the secret known.
+        guard COpenSSL_BN_num_bits(peerKey) >= 2, COpenSSL_BN_cmp(peerKey, limit) < 0 else {
+            throw .invalidArguments("the DH public key is not an element of the group (it is 0, 1, p-1 or larger)")
+        }
+        guard COpenSSL_BN_mod_exp(y, g, x, p, context) == 1, COpenSSL_BN_mod_exp(secret, peerKey, x, p, context) == 1 else {
+            throw unavailable
+        }
         var publicKey = [UInt8](repeating: 0, count: 128)
-        var publicLength = 0
-        let key: SecureBytes
-        do { key = try SecureBytes(count: 16) } catch { throw .failed("no memory for the session key") }
-        let status = exponent.withUnsafeBytes { exponent in
-            COpenSSL_dh_ietf1024(peer, peer.count, exponent.baseAddress?.assumingMemoryBound(to: UInt8.self), exponent.count,
-                                 &publicKey, &publicLength, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self))
-        }
-        switch status {
-        case 0: return (Array(publicKey[..<publicLength]), key)
-        case -2: throw .invalidArguments("the DH public key is not an element of the group (it is 0, 1, p-1 or larger)")
-        default: throw .failed("the DH exchange failed (is libcrypto, libssl3, installed?)")
-        }
+        let length = Int(COpenSSL_BN_bn2bin(y, &publicKey))
+        let sharedBase = shared.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self)
+        guard length > 0, COpenSSL_BN_bn2binpad(secret, sharedBase, 128) == 128 else { throw unavailable }
+        guard let kdf = COpenSSL_EVP_PKEY_CTX_new_id(COpenSSL_hkdf_id(), nil) else { throw unavailable }
+        defer { COpenSSL_EVP_PKEY_CTX_free(kdf) }
+        var keyLength = 16
+        guard COpenSSL_EVP_PKEY_derive_init(kdf) > 0, COpenSSL_EVP_PKEY_CTX_set_hkdf_md(kdf, COpenSSL_EVP_sha256()) > 0,
+              COpenSSL_EVP_PKEY_CTX_set1_hkdf_key(kdf, sharedBase, 128) > 0,
+              COpenSSL_EVP_PKEY_derive(kdf, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), &keyLength) > 0,
+              keyLength == 16 else { throw unavailable }
+        return (Array(publicKey[..<length]), key)
     }
 
     /// The value a client sent in this session.
@@ -119,23 +166,30 @@ final class TransferSession {
     }
 
     /// AES-128-CBC-PKCS7 of `input`, into secret memory either way (the
-    /// output of a decryption is the secret).
+    /// output of a decryption is the secret); a wrong key or tampered bytes
+    /// fail the padding check.
     private static func aes(encrypt: Bool, key: SecureBytes, iv: [UInt8], _ input: SecureBytes) throws(BusError) -> SecureBytes {
         let output: SecureBytes
         do { output = try SecureBytes(count: input.count + 16) } catch { throw .failed("no memory for the secret") }
-        var length = 0
-        let status = key.withUnsafeBytes { key in
+        guard input.count <= Int(Int32.max) - 16, let context = COpenSSL_EVP_CIPHER_CTX_new() else { throw unavailable }
+        // Freeing the context clears its key schedule.
+        defer { COpenSSL_EVP_CIPHER_CTX_free(context) }
+        var written: Int32 = 0, last: Int32 = 0
+        let out = output.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        let done = key.withUnsafeBytes { key in
             input.withUnsafeBytes { input in
-                COpenSSL_aes128_cbc(encrypt ? 1 : 0, key.baseAddress?.assumingMemoryBound(to: UInt8.self), iv,
-                                    input.baseAddress?.assumingMemoryBound(to: UInt8.self), input.count,
-                                    output.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), &length)
+                COpenSSL_EVP_CipherInit_ex(context, COpenSSL_EVP_aes_128_cbc(), nil, key.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                                           iv, encrypt ? 1 : 0) > 0
+                    && COpenSSL_EVP_CipherUpdate(context, out, &written, input.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                                                 Int32(input.count)) > 0
+                    && COpenSSL_EVP_CipherFinal_ex(context, out + Int(written), &last) > 0
             }
         }
-        guard status == 0 else {
+        guard done else {
             throw encrypt ? .failed("could not encrypt the secret") : .invalidArguments("the secret does not decrypt in this session")
         }
         do {
-            return try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: output.mutableBytes[..<length]))
+            return try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: output.mutableBytes[..<(Int(written) + Int(last))]))
         } catch {
             throw .failed("no memory for the secret")
         }
