@@ -91,12 +91,9 @@ final class TransferSession {
     static func plainClient(path: String) -> TransferSession { TransferSession(owner: "", path: path, key: nil) }
 
     /// RFC 2409's second Oakley group (1024-bit MODP), whose generator is 2.
-    private static let prime: [UInt8] = {
-        let hex = Array(("FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
-                         + "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
-                         + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF").utf8)
-        return stride(from: 0, to: hex.count, by: 2).map { UInt8(String(decoding: hex[$0..<$0 + 2], as: UTF8.self), radix: 16)! }
-    }()
+    private static let prime = Hex.bytes("FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
+                                         + "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
+                                         + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF", count: 128)!
 
     private static let unavailable = BusError.failed("the DH exchange failed (is libcrypto, libssl3, installed?)")
 

@@ -55,6 +55,11 @@ struct Fuzz {
 struct Replay {
     static func main() {
         let arguments = CommandLine.arguments
+        // The targets, one a line: what the scripts replay and fuzz.
+        if arguments.count == 2 && arguments[1] == "--list" {
+            for target in FuzzTarget.allCases { print(target.rawValue) }
+            return
+        }
         guard arguments.count >= 2, let target = FuzzTarget(rawValue: arguments[1]) else {
             complain("usage: keychainfs-fuzz TARGET FILE...; targets: \(FuzzTarget.allCases.map(\.rawValue))")
             exit(64)

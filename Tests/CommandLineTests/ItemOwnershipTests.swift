@@ -310,30 +310,10 @@ extension SecretServiceTests {
     @Test func aChildAskingOnTheOwnersBusConnectionIsNotTheOwner() throws {
         try buildApps()
         try writeConsentPinentry(answers: [])
-        try """
-            import os, sys, time
-            from jeepney import DBusAddress, new_method_call
-            from jeepney.io.blocking import open_dbus_connection
-            conn = open_dbus_connection(bus='SESSION')
-            os.set_inheritable(conn.sock.fileno(), True)
-            owner = sys.argv[1]
-            if os.fork() == 0:
-                parent = os.getppid()
-                while os.readlink('/proc/%d/exe' % parent) != owner:
-                    time.sleep(0.01)
-                service = DBusAddress('/org/freedesktop/secrets', bus_name='org.freedesktop.secrets',
-                                      interface='org.freedesktop.Secret.Service')
-                session = conn.send_and_get_reply(new_method_call(service, 'OpenSession', 'sv', ('plain', ('s', '')))).body[1]
-                found = conn.send_and_get_reply(new_method_call(service, 'SearchItems', 'a{ss}', ({'name': 'mail'},))).body[0]
-                item = DBusAddress(found[0], bus_name='org.freedesktop.secrets', interface='org.freedesktop.Secret.Item')
-                reply = conn.send_and_get_reply(new_method_call(item, 'GetSecret', 'o', (session,)))
-                print(reply.header.fields.get(4, 'no error'), b'hunter2' in repr(reply.body).encode(), flush=True)
-                os._exit(0)
-            os.execv(owner, [owner, 'wait'])
-            """.write(toFile: harness.root + "/race.py", atomically: true, encoding: .utf8)
+        try writeForkExecRace()
         let raced = onBus("""
             "$R/app-a" store mail hunter2
-            /usr/bin/python3 "$R/race.py" "$R/app-a"
+            /usr/bin/python3 "$R/race.py" "$R/app-a" name=mail hunter2 wait
             "$R/app-a" lookup mail
             """, environment: Self.pinentryEnvironment)
         #expect(raced.stdout == "org.freedesktop.DBus.Error.AccessDenied False\nhunter2\n", "\(raced)")

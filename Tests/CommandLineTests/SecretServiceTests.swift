@@ -519,35 +519,48 @@ import TestSupport
         #expect(harness.grant("secure", exe: harness.root + "/granted-sleep").succeeded)
         #expect(harness.grant("secure", exe: harness.root + "/granted-tool").succeeded)
         #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
-        try """
-            import os, sys, time
-            from jeepney import DBusAddress, new_method_call
-            from jeepney.io.blocking import open_dbus_connection
-            conn = open_dbus_connection(bus='SESSION')
-            os.set_inheritable(conn.sock.fileno(), True)
-            granted = sys.argv[1]
-            if os.fork() == 0:
-                parent = os.getppid()
-                while os.readlink('/proc/%d/exe' % parent) != granted:
-                    time.sleep(0.01)
-                service = DBusAddress('/org/freedesktop/secrets', bus_name='org.freedesktop.secrets',
-                                      interface='org.freedesktop.Secret.Service')
-                session = conn.send_and_get_reply(new_method_call(service, 'OpenSession', 'sv', ('plain', ('s', '')))).body[1]
-                item = DBusAddress('/org/freedesktop/secrets/collection/secure/token', bus_name='org.freedesktop.secrets',
-                                   interface='org.freedesktop.Secret.Item')
-                reply = conn.send_and_get_reply(new_method_call(item, 'GetSecret', 'o', (session,)))
-                print(reply.header.fields.get(4, 'no error'), b's3cret' in repr(reply.body).encode(), flush=True)
-                os._exit(0)
-            os.execv(granted, [granted, '2'])
-            """.write(toFile: harness.root + "/race.py", atomically: true, encoding: .utf8)
+        try writeForkExecRace()
         let raced = onBus("""
-            /usr/bin/python3 "$R/race.py" "$R/granted-sleep"
+            /usr/bin/python3 "$R/race.py" "$R/granted-sleep" /org/freedesktop/secrets/collection/secure/token s3cret 2
             "$R/granted-tool" lookup keychainfs:group secure keychainfs:identifier token; echo
             """)
         #expect(raced.stdout == "org.freedesktop.DBus.Error.AccessDenied False\ns3cret\n", "\(raced)")
         let log = harness.sh("\"$K\" log --keychain \"$KC\" --group secure").stdout
         #expect(log.contains("denied secure/token") && log.contains("its bus connection is shared with pid"), "\(log)")
         #expect(log.contains("exe=\(harness.root)/granted-tool"), "\(log)")
+    }
+
+    /// `$R/race.py PROGRAM ITEM SECRET ARGS...`: connects to the bus,
+    /// forks, and execs PROGRAM with ARGS; its child waits for the exec,
+    /// then asks on the shared connection for the secret of ITEM (an
+    /// object path, or `attribute=value` to search) and prints the error's
+    /// name (or `no error`) and whether SECRET came back.
+    func writeForkExecRace() throws {
+        try """
+            import os, sys, time
+            from jeepney import DBusAddress, new_method_call
+            from jeepney.io.blocking import open_dbus_connection
+            program, wanted, secret, arguments = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+            conn = open_dbus_connection(bus='SESSION')
+            os.set_inheritable(conn.sock.fileno(), True)
+            if os.fork() == 0:
+                parent = os.getppid()
+                while os.readlink('/proc/%d/exe' % parent) != program:
+                    time.sleep(0.01)
+                service = DBusAddress('/org/freedesktop/secrets', bus_name='org.freedesktop.secrets',
+                                      interface='org.freedesktop.Secret.Service')
+                session = conn.send_and_get_reply(new_method_call(service, 'OpenSession', 'sv', ('plain', ('s', '')))).body[1]
+                if wanted.startswith('/'):
+                    path = wanted
+                else:
+                    name, value = wanted.split('=', 1)
+                    path = conn.send_and_get_reply(new_method_call(service, 'SearchItems', 'a{ss}', ({name: value},))).body[0][0]
+                item = DBusAddress(path, bus_name='org.freedesktop.secrets', interface='org.freedesktop.Secret.Item')
+                reply = conn.send_and_get_reply(new_method_call(item, 'GetSecret', 'o', (session,)))
+                print(reply.header.fields.get(4, 'no error'), secret.encode() in repr(reply.body).encode(), flush=True)
+                os._exit(0)
+            os.execv(program, [program] + arguments)
+            """.write(toFile: harness.root + "/race.py", atomically: true, encoding: .utf8)
     }
 
     /// Bad input is an error and changes nothing.

@@ -29,9 +29,9 @@ import Testing
     }
 
     @Test func aPeerKeyOutsideTheGroupOrOfAWrongSizeIsRefused() throws {
-        let p = Array(hex: "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
-                      + "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
-                      + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF")
+        let p = try #require(Hex.bytes("FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
+                                       + "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
+                                       + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF", count: 128))
         var pMinusOne = p
         pMinusOne[pMinusOne.count - 1] -= 1
         for peer in [[0], [1], pMinusOne, p, [UInt8](repeating: 0xFF, count: 128)] as [[UInt8]] {
@@ -51,12 +51,5 @@ import Testing
         let (parameters, sealed) = try plain.seal(try Self.secret("v"))
         #expect(parameters.isEmpty && sealed.bytes() == Array("v".utf8))
         #expect(throws: BusError.self) { _ = try plain.open(try Self.secret("v"), parameters: [1]) }
-    }
-}
-
-private extension Array where Element == UInt8 {
-    init(hex: String) {
-        let digits = Array(hex.utf8)
-        self = stride(from: 0, to: digits.count, by: 2).map { UInt8(String(decoding: digits[$0..<$0 + 2], as: UTF8.self), radix: 16)! }
     }
 }

@@ -108,13 +108,12 @@ extension AuditLog {
     }
 
     static func storedAnchor(directory: KeychainDirectory, secret: DeviceSecret) throws(KeychainError) -> Anchor? {
-        let db = try SQLiteConnection(path: directory.databasePath, create: false)
-        defer { db.finishStatements() }
         // The anchor is bound to the rollback counter's epoch, if any.
-        let rollback = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, RollbackRecord.recordKey)
-        if try rollback.step() { secret.epoch.value = try RollbackRecord(decoding: rollback.blob(0), secret: secret).epoch }
-        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, anchorKey)
-        guard try query.step() else { return nil }
-        return try Anchor(decoding: query.blob(0), secret: secret)
+        if let rollback = try RawMetadata.read(directory, RollbackRecord.recordKey) {
+            secret.epoch.value = try RollbackRecord(decoding: rollback, secret: secret).epoch
+        }
+        return try RawMetadata.read(directory, anchorKey).map { (raw) throws(KeychainError) in
+            try Anchor(decoding: raw, secret: secret)
+        }
     }
 }

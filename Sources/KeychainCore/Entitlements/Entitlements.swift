@@ -81,7 +81,9 @@ public struct EntitlementRule: Sendable, Equatable {
         Self.sameBytes(executable, other.executable) && Self.sameBytes(unit, other.unit) && uid == other.uid
     }
 
-    private static func sameBytes(_ a: String?, _ b: String?) -> Bool {
+    /// Whether two paths (or units) are the same bytes: String's `==`
+    /// takes canonically equivalent spellings for one another.
+    static func sameBytes(_ a: String?, _ b: String?) -> Bool {
         switch (a, b) {
         case (nil, nil): return true
         case let (a?, b?): return a.utf8.elementsEqual(b.utf8)

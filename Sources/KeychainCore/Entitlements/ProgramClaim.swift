@@ -39,7 +39,7 @@ public struct ProgramClaim: Sendable, Equatable {
     /// namespace, a bus connection shared with another process) is no one's.
     /// A process running a JIT is taken as its program: a browser is one.
     public func admits(_ program: ProgramIdentity) -> Bool {
-        guard program.distrust == nil, Array(program.executable.utf8) == Array(executable.utf8) else { return false }
+        guard program.distrust == nil, EntitlementRule.sameBytes(program.executable, executable) else { return false }
         if Crypto.constantTimeEqual(program.digest, digest) { return true }
         guard let package else { return false }
         return PackageOwnership.package(of: program.executable) == package

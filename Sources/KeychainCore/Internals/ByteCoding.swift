@@ -97,8 +97,8 @@ struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int
 
 /// Lowercase hexadecimal, as `sha256sum` prints digests: the audit log's MACs
 /// and the entitlement rules' digests.
-enum Hex {
-    static func string(_ bytes: [UInt8]) -> String {
+package enum Hex {
+    package static func string(_ bytes: [UInt8]) -> String {
         var out: [UInt8] = []
         append(bytes, to: &out)
         return String(decoding: out, as: UTF8.self)
@@ -126,7 +126,7 @@ enum Hex {
     }
 
     /// The `count` bytes `text` spells; nil for any other length or a non-hex digit.
-    static func bytes(_ text: String, count: Int) -> [UInt8]? {
+    package static func bytes(_ text: String, count: Int) -> [UInt8]? {
         let digits = Array(text.utf8)
         guard digits.count == 2 * count else { return nil }
         var bytes: [UInt8] = []

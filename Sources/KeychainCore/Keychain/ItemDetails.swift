@@ -24,6 +24,14 @@ public struct ItemDetails: Sendable, Equatable {
     /// The programs the person allowed besides its owner ("Always allow").
     public var allowed: [ProgramClaim] = []
 
+    /// These details as an item of no program's: no owner, no access list.
+    public var ownerless: ItemDetails {
+        var details = self
+        details.owner = nil
+        details.allowed = []
+        return details
+    }
+
     /// Details to write; times of 0 are stamped by the device when it
     /// writes them (`created` then keeps the replaced item's, if it had one).
     public init(label: String, contentType: String = ItemDetails.defaultContentType, attributes: [String: String],
@@ -122,7 +130,7 @@ public struct ItemDetails: Sendable, Equatable {
         for _ in 0..<claims {
             let part = Array(fields.prefix(5))
             fields = fields.dropFirst(5)
-            guard let digest = Self.bytes(hex: part[2]) else { return nil }
+            guard let digest = Hex.bytes(part[2], count: ExecutableDigest.size) else { return nil }
             let claim = ProgramClaim(executable: part[1], digest: digest, package: part[3].isEmpty ? nil : part[3],
                                      unit: part[4].isEmpty ? nil : part[4])
             switch part[0] {
@@ -133,9 +141,7 @@ public struct ItemDetails: Sendable, Equatable {
         }
     }
 
-    private static func bytes(hex: String) -> [UInt8]? {
-        Hex.bytes(hex, count: ExecutableDigest.size)
-    }
+
 
     /// `version u8 = 1 | label | content type | created u64 | modified u64 |
     /// count u32 | (name | value)*` sorted by name, each string as

@@ -468,7 +468,7 @@ public final class PasswordManager: Sendable {
     public func allow(_ program: ProgramClaim, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
         _ = try changeAccess(forIdentifier: identifier, inGroup: group) { (details, owner) -> Int in
             guard !owner.admits(ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0)) else { return 0 }
-            details.allowed.removeAll { Array($0.executable.utf8) == Array(program.executable.utf8) }
+            details.allowed.removeAll { EntitlementRule.sameBytes($0.executable, program.executable) }
             details.allowed.append(program)
             if details.allowed.count > ItemDetails.maximumAllowed { details.allowed.removeFirst() }
             return 1
@@ -481,7 +481,7 @@ public final class PasswordManager: Sendable {
     public func disallow(executable: String, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> Int {
         try changeAccess(forIdentifier: identifier, inGroup: group) { (details, _) throws(KeychainError) -> Int in
             let before = details.allowed.count
-            details.allowed.removeAll { Array($0.executable.utf8) == Array(executable.utf8) }
+            details.allowed.removeAll { EntitlementRule.sameBytes($0.executable, executable) }
             guard details.allowed.count < before else { throw .itemNotFound }
             return before - details.allowed.count
         }

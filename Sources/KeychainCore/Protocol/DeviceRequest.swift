@@ -353,16 +353,11 @@ public enum DeviceRequest: Equatable, Sendable {
     /// (issue 31): what a client of the socket sends is taken so.
     public var withoutOwner: DeviceRequest {
         switch self {
-        case .set(let group, let identifier, let value, let protectionClass, let condition, var details?)
-            where details.owner != nil || !details.allowed.isEmpty:
-            details.owner = nil
-            details.allowed = []
+        case .set(let group, let identifier, let value, let protectionClass, let condition, let details?):
             return .set(group: group, identifier: identifier, value: value, protectionClass: protectionClass, condition: condition,
-                        details: details)
-        case .setDetails(let group, let identifier, var details) where details.owner != nil || !details.allowed.isEmpty:
-            details.owner = nil
-            details.allowed = []
-            return .setDetails(group: group, identifier: identifier, details: details)
+                        details: details.ownerless)
+        case .setDetails(let group, let identifier, let details):
+            return .setDetails(group: group, identifier: identifier, details: details.ownerless)
         default:
             return self
         }
