@@ -10,7 +10,9 @@ import Glibc
 final class UnlockPrompt: Sendable {
     let owner: String
     let objects: [String]
-    private let state = Mutex<(started: Bool, pinentry: Pinentry?)>((false, nil))
+    /// `cancelled` stays set: a client gone before its pinentry has said
+    /// hello (no `pinentry` yet to stop) must still see none shown.
+    private let state = Mutex<(started: Bool, cancelled: Bool, pinentry: Pinentry?)>((false, false, nil))
 
     init(owner: String, objects: [String]) {
         self.owner = owner
@@ -25,10 +27,12 @@ final class UnlockPrompt: Sendable {
         }
     }
 
-    /// Stops a pinentry that is showing; false when none is.
+    /// Stops a pinentry that is showing, or keeps one from showing;
+    /// false when none is showing yet.
     @discardableResult
     func cancel() -> Bool {
         state.withLock { state in
+            state.cancelled = true
             state.pinentry?.cancel()
             return state.pinentry != nil
         }
@@ -41,7 +45,16 @@ final class UnlockPrompt: Sendable {
     func run(program: String, program asker: pid_t?, unlock: (SecureBytes) -> DeviceReply) -> Bool {
         let pinentry: Pinentry
         do { pinentry = try Pinentry(program: program) } catch { return false }
-        state.withLock { $0.pinentry = pinentry }
+        // Cancelled while the pinentry started (its greeting not yet read):
+        // it ends here, never asking.
+        let cancelled = state.withLock { state in
+            if !state.cancelled { state.pinentry = pinentry }
+            return state.cancelled
+        }
+        guard !cancelled else {
+            pinentry.end()
+            return false
+        }
         defer {
             state.withLock { $0.pinentry = nil }
             pinentry.end()

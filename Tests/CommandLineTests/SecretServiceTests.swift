@@ -203,11 +203,15 @@ import TestSupport
     }
 
     /// A client that leaves while its prompt shows takes the prompt with
-    /// it: pinentry is ended, nothing is unlocked, and the next Unlock works.
-    @Test func aClientGoneDuringItsPromptEndsThePinentry() throws {
+    /// it: pinentry is ended, nothing is unlocked. Also when the client
+    /// leaves before its pinentry has even said hello (greetsLate: the
+    /// pinentry greets only once the client's process is gone).
+    @Test(arguments: [false, true])
+    func aClientGoneDuringItsPromptEndsThePinentry(greetsLate: Bool) throws {
         try """
             #!/bin/sh
             echo $$ > "$R/pinentry.pid"
+            \(greetsLate ? "read client < \"$R/client.pid\"; tail --pid=\"$client\" -f /dev/null" : "")
             echo "OK Pleased to meet you"
             while read -r command rest; do
                 case "$command" in
@@ -218,9 +222,9 @@ import TestSupport
             """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
         chmod(harness.root + "/pinentry", 0o755)
         let gone = onBus("""
-            mkfifo "$R/never" "$R/pinentry.pid"
-            pid=$(/usr/bin/python3 - "$R/pinentry.pid" <<'PY'
-            import sys
+            mkfifo "$R/never" "$R/pinentry.pid" "$R/client.pid"
+            pid=$(/usr/bin/python3 - "$R/pinentry.pid" \(greetsLate ? "\"$R/client.pid\"" : "") <<'PY'
+            import os, sys
             from jeepney import DBusAddress, new_method_call
             from jeepney.io.blocking import open_dbus_connection
             conn = open_dbus_connection(bus='SESSION')
@@ -231,6 +235,8 @@ import TestSupport
                 'org.freedesktop.Secret.Prompt'), 'Prompt', 's', ('',)))
             # The pinentry writes its pid into the FIFO as it starts: then it shows.
             print(open(sys.argv[1]).read().strip())
+            if len(sys.argv) > 2:
+                open(sys.argv[2], 'w').write(str(os.getpid()))
             PY
             )
             tail --pid="$pid" -f /dev/null
