@@ -14,14 +14,11 @@ extension SecretServiceProvider {
     /// `Delete` (no arguments).
     func deleteCollection(_ call: BusCall, group: String) throws(BusError) {
         // As rmdir: a group that holds items is refused, never emptied by one call.
-        switch perform(.removeGroup(group), for: call) {
-        case .ok: break
-        case .keychainError(.badRequest, _):
+        let reply = perform(.removeGroup(group), for: call)
+        if case .keychainError(.badRequest, _) = reply {
             throw .failed("the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
-        case .keychainError(.missingEntitlement, let message): throw .accessDenied(message)
-        case .keychainError(_, let message), .systemError(_, let message): throw .failed(message)
-        default: throw .failed("cannot delete the collection \(group)")
         }
+        try reply.fields(about: .collection(group: group))
         try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
     }
 
@@ -79,7 +76,7 @@ extension SecretServiceProvider {
             return try withConsent(call, to: "replace", items: [(group, existing.identifier)]) { [self] call throws(BusError) in
                 let reply = perform(.set(group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
                                          details: written), for: call)
-                _ = try self.value(of: reply, at: existing.path, expectingValue: false)
+                try reply.fields(about: .item(path: existing.path))
                 try answer(call, existing.path)
             }
         }
@@ -88,7 +85,7 @@ extension SecretServiceProvider {
                                      condition: .ifAbsent, details: details), for: call)
             if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
             let path = ObjectPaths.item(group, identifier)
-            _ = try self.value(of: reply, at: path, expectingValue: false)
+            try reply.fields(about: .item(path: path))
             return try answer(call, path)
         }
         throw .failed("too many items are named after the label \(label)")

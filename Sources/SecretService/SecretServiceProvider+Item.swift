@@ -9,7 +9,7 @@ extension SecretServiceProvider {
     func getSecret(_ call: BusCall, group: String, identifier: String) throws(BusError) {
         let session = try self.session(try call.arguments.objectPath(), of: call)
         try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
-            let value = try value(of: perform(.get(group: group, identifier: identifier), for: call), at: call.path)
+            let value = try perform(.get(group: group, identifier: identifier), for: call).secret(about: .item(path: call.path))
             let contentType = contentType(of: group, identifier, for: call)
             try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
                 try session.append(value, contentType: contentType, to: reply)
@@ -34,7 +34,7 @@ extension SecretServiceProvider {
         try withConsent(call, to: "change the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
             let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
                                 for: call)
-            _ = try self.value(of: reply, at: call.path, expectingValue: false)
+            try reply.fields(about: .item(path: call.path))
             try bus.reply(to: call.message) { _ throws(BusError) in }
         }
     }
@@ -42,7 +42,7 @@ extension SecretServiceProvider {
     /// `Delete` (no arguments).
     func deleteItem(_ call: BusCall, group: String, identifier: String) throws(BusError) {
         try withConsent(call, to: "delete", items: [(group, identifier)]) { [self] call throws(BusError) in
-            _ = try value(of: perform(.remove(group: group, identifier: identifier), for: call), at: call.path, expectingValue: false)
+            try perform(.remove(group: group, identifier: identifier), for: call).fields(about: .item(path: call.path))
             try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
         }
     }

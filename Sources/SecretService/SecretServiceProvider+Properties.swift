@@ -37,24 +37,18 @@ extension SecretServiceProvider {
             throw .notSupported("only an item's Label and Attributes can be set (a collection's label is its group's name)")
         }
         var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
-        let type = name == "Label" ? "s" : "a{ss}"
-        guard try call.arguments.peek()?.contents == type else { throw .invalidArguments("\(name) is of type \(type)") }
-        try call.arguments.enter("v", type)
-        if name == "Label" {
-            details.label = try call.arguments.string()
-        } else {
-            details.attributes = try call.arguments.stringDictionary(limit: ItemDetails.maximumAttributes,
-                                                                     textLimit: ItemDetails.maximumText)
-                .filter { !$0.key.hasPrefix(Self.attributePrefix) }
+        switch try call.arguments.itemProperty(name) {
+        case .string(let label): details.label = label
+        case .attributes(let attributes): details.attributes = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
+        case .bool, .uint64, .objectPaths: throw .notSupported("only an item's Label and Attributes can be set")
         }
-        try call.arguments.exit()
         details.modified = 0
         try validated(details)
         let written = details
         try withConsent(call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]) {
             [self] call throws(BusError) in
             let reply = perform(.setDetails(group: group, identifier: identifier, details: written), for: call)
-            _ = try value(of: reply, at: call.path, expectingValue: false)
+            try reply.fields(about: .item(path: call.path))
             try bus.reply(to: call.message) { _ throws(BusError) in }
         }
     }
@@ -72,9 +66,10 @@ extension SecretServiceProvider {
             return try collectionProperties(group, caller: call)
         case .item(let group, let identifier) where interface == Self.itemInterface:
             let reply = perform(.info(group: group, identifier: identifier), for: call, audit: .failures)
-            guard case .ok(let fields) = reply, let className = fields.first, let protectionClass = ProtectionClass(name: className) else {
-                _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
-                throw .failed("unexpected reply from the device")
+            let path = ObjectPaths.item(group, identifier)
+            guard let className = try reply.fields(about: .item(path: path)).first,
+                  let protectionClass = ProtectionClass(name: className) else {
+                throw BusError(reply: .ok([]), about: .item(path: path))
             }
             let item = ListedItem(group: group, identifier: identifier, protectionClass: protectionClass,
                                   details: try itemDetails(group, identifier, for: call))

@@ -68,12 +68,8 @@ extension SecretServiceProvider {
             }
             group = label
             // An existing group of that name is that collection.
-            switch perform(.createGroup(group), for: call) {
-            case .ok, .keychainError(.duplicateItem, _): break
-            case .keychainError(let error, let message): throw error == .missingEntitlement
-                ? .accessDenied(message) : .failed(message)
-            default: throw .failed("cannot create the collection \(group)")
-            }
+            let reply = perform(.createGroup(group), for: call)
+            if case .keychainError(.duplicateItem, _) = reply {} else { try reply.fields(about: .collection(group: group)) }
         }
         try bus.reply(to: call.message) { (reply) throws(BusError) in
             try reply.objectPath(ObjectPaths.collection(group))

@@ -204,10 +204,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     func groups(for call: BusCall) throws(BusError) -> [String] {
-        guard case .ok(let groups) = perform(.list(group: nil), for: call, audit: .failures) else {
-            throw .failed("cannot list the collections")
-        }
-        return groups
+        try perform(.list(group: nil), for: call, audit: .failures).fields(about: .collections)
     }
 
     /// The items of a group with their classes and details.
@@ -227,26 +224,16 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// A group's listing as the device answers it: (identifier, class, size) fields.
     func listing(of group: String, for call: BusCall) throws(BusError) -> [String] {
-        switch perform(.list(group: group), for: call, audit: .failures) {
-        case .ok(let fields):
-            return fields
-        case .keychainError(.missingEntitlement, _):
-            throw .accessDenied("this program is not entitled to the access group \(group)")
-        case .keychainError(.itemNotFound, _):
-            throw .noSuchObject("no collection \(group)")
-        default:
-            throw .failed("cannot list the collection \(group)")
-        }
+        try perform(.list(group: group), for: call, audit: .failures).fields(about: .collection(group: group))
     }
 
     /// The details of one item (nil: it has none).
     func itemDetails(_ group: String, _ identifier: String, for call: BusCall) throws(BusError) -> ItemDetails? {
         let reply = perform(.details(group: group, identifier: identifier), for: call, audit: .failures)
-        guard case .ok(let fields) = reply else {
-            _ = try value(of: reply, at: ObjectPaths.item(group, identifier))
-            throw .failed("unexpected reply from the device")
+        let fields = try reply.fields(about: .item(path: ObjectPaths.item(group, identifier)))
+        guard let found = try? PasswordManager.details(fromFields: fields) else {
+            throw BusError(reply: .ok([]), about: .item(path: ObjectPaths.item(group, identifier)))
         }
-        guard let found = try? PasswordManager.details(fromFields: fields) else { throw .failed("unexpected reply from the device") }
         return found.first?.details
     }
 
@@ -264,19 +251,6 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     func requireGroup(_ group: String, for call: BusCall) throws(BusError) {
         _ = try listing(of: group, for: call)
-    }
-
-    /// The value of a `get` reply, or the error the reply means on the bus.
-    func value(of reply: DeviceReply, at path: String, expectingValue: Bool = true) throws(BusError) -> SecureBytes {
-        switch reply {
-        case .value(let value, _): return value
-        case .ok where !expectingValue: return try! SecureBytes([])
-        case .keychainError(.interactionNotAllowed, _): throw .isLocked("\(path) is locked")
-        case .keychainError(.itemNotFound, _): throw .noSuchObject("no item at \(path)")
-        case .keychainError(.missingEntitlement, _): throw .accessDenied("this program is not entitled to the item's access group")
-        case .keychainError(_, let message), .systemError(_, let message): throw .failed(message)
-        default: throw .failed("unexpected reply from the device")
-        }
     }
 
     /// Carries out a request of the program behind the call's sender.

@@ -1,0 +1,59 @@
+import KeychainCore
+import Testing
+@testable import SecretService
+
+/// What a client of the bus is told when the device says no (issue 31): one
+/// mapping for every method, tested here without a bus or a device.
+@Suite struct ReplyErrorTests {
+    static let itemPath = "/org/freedesktop/secrets/collection/work/mail"
+    static let item = BusErrorSubject.item(path: itemPath)
+
+    @Test func aLockedItemIsIsLockedAndNamesThePath() {
+        let error = BusError(reply: .keychainError(.interactionNotAllowed, "the keychain is locked"), about: Self.item)
+        #expect(error.name == "org.freedesktop.Secret.Error.IsLocked")
+        #expect(error.message == "item at \(Self.itemPath) is locked")
+    }
+
+    @Test func anAbsentItemOrCollectionIsNoSuchObject() {
+        let item = BusError(reply: .keychainError(.itemNotFound, ""), about: Self.item)
+        let collection = BusError(reply: .keychainError(.itemNotFound, ""), about: .collection(group: "work"))
+        #expect(item == BusError("org.freedesktop.Secret.Error.NoSuchObject", "no item at \(Self.itemPath)"))
+        #expect(collection == BusError("org.freedesktop.Secret.Error.NoSuchObject", "no collection work"))
+    }
+
+    /// A policed group that does not admit the program: AccessDenied, never
+    /// NoSuchObject (the item is there; this program may not have it).
+    @Test func aProgramNotAdmittedIsAccessDenied() {
+        let item = BusError(reply: .keychainError(.missingEntitlement, "not entitled"), about: Self.item)
+        let collection = BusError(reply: .keychainError(.missingEntitlement, "not entitled"), about: .collection(group: "work"))
+        #expect(item.name == "org.freedesktop.DBus.Error.AccessDenied")
+        #expect(collection.message == "this program is not entitled to the access group work")
+    }
+
+    /// Every other refusal is Failed with the device's own sentence, which
+    /// says what happened (a wrong passcode, a full quota, a TPM gone).
+    @Test(arguments: [KeychainError.authFailed, .decode, .param, .nameTooLong, .valueTooLarge, .badRequest, .io,
+                      .duplicateItem, .quotaExceeded, .tpmUnavailable, .rolledBack])
+    func otherRefusalsAreFailedWithTheDevicesSentence(_ code: KeychainError) {
+        let error = BusError(reply: .keychainError(code, code.description), about: Self.item)
+        #expect(error == BusError("org.freedesktop.DBus.Error.Failed", code.description))
+        let system = BusError(reply: .systemError(28, "no space left on the device"), about: .collections)
+        #expect(system == BusError("org.freedesktop.DBus.Error.Failed", "no space left on the device"))
+    }
+
+    /// A reply of the wrong kind (another build at the other end) is
+    /// Failed, and a value it carried is not in the message.
+    @Test func anUnexpectedValueIsFailedWithoutTheValue() throws {
+        let reply = DeviceReply.value(try SecureBytes("hunter2-secret"), .whenUnlocked)
+        #expect(throws: BusError(reply: reply, about: Self.item)) { try reply.fields(about: Self.item) }
+        let error = BusError(reply: reply, about: Self.item)
+        #expect(error.name == "org.freedesktop.DBus.Error.Failed" && !error.description.contains("hunter2"))
+        #expect(throws: BusError(reply: .ok([]), about: Self.item)) { try DeviceReply.ok(["x"]).secret(about: Self.item) }
+    }
+
+    @Test func theAnswerWantedIsReturned() throws {
+        let value = try DeviceReply.value(try SecureBytes("s3cret"), .always).secret(about: Self.item)
+        #expect(value.bytes() == Array("s3cret".utf8))
+        #expect(try DeviceReply.ok(["a", "b"]).fields(about: .collections) == ["a", "b"])
+    }
+}
