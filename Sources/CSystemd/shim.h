@@ -37,6 +37,7 @@ CSYSTEMD_CALL(int, -ENOSYS, sd_bus_new, (sd_bus **bus), (bus))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_set_address, (sd_bus *bus, const char *address), (bus, address))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_set_bus_client, (sd_bus *bus, int b), (bus, b))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_start, (sd_bus *bus), (bus))
+CSYSTEMD_CALL(int, -ENOSYS, sd_bus_set_fd, (sd_bus *bus, int input_fd, int output_fd), (bus, input_fd, output_fd))
 CSYSTEMD_CALL(sd_bus *, NULL, sd_bus_unref, (sd_bus *bus), (bus))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_request_name, (sd_bus *bus, const char *name, uint64_t flags), (bus, name, flags))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_release_name, (sd_bus *bus, const char *name), (bus, name))
@@ -80,6 +81,8 @@ CSYSTEMD_CALL(int, -ENOSYS, sd_bus_message_peek_type, (sd_bus_message *m, char *
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_message_at_end, (sd_bus_message *m, int complete), (m, complete))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_message_skip, (sd_bus_message *m, const char *types), (m, types))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_message_rewind, (sd_bus_message *m, int complete), (m, complete))
+CSYSTEMD_CALL(int, -ENOSYS, sd_bus_message_seal, (sd_bus_message *m, uint64_t cookie, uint64_t timeout_usec),
+              (m, cookie, timeout_usec))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_message_new_method_return, (sd_bus_message *call, sd_bus_message **m), (call, m))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_message_new_method_error,
               (sd_bus_message *call, sd_bus_message **m, const sd_bus_error *e), (call, m, e))

@@ -164,6 +164,20 @@ struct BusMessageReader {
         return properties
     }
 
+    /// The new value of an item's settable property `name`, the `v` of
+    /// `Set`: the Label (`s`) or the Attributes (`a{ss}`, held to the
+    /// limits of an item's details).
+    func itemProperty(_ name: String) throws(BusError) -> PropertyValue {
+        let type = name == "Label" ? "s" : "a{ss}"
+        guard try peek()?.contents == type else { throw .invalidArguments("\(name) is of type \(type)") }
+        try enter("v", type)
+        let value: PropertyValue = name == "Label"
+            ? .string(try string())
+            : .attributes(try stringDictionary(limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText))
+        try exit()
+        return value
+    }
+
     /// The type signature of the next argument, or nil at the end.
     func peek() throws(BusError) -> (type: Character, contents: String?)? {
         var type: CChar = 0
@@ -199,6 +213,14 @@ struct BusMessageWriter {
 
     private func basic(_ type: Character, _ text: String) throws(BusError) {
         try check(text.withCString { CSystemd_sd_bus_message_append_basic(message, CChar(type.asciiValue!), $0) })
+    }
+
+    func signature(_ types: String) throws(BusError) { try basic("g", types) }
+
+    /// A fixed-size basic value of `type` (y n q i u x t d) from the
+    /// first bytes of `value`, in the machine's order as sd-bus reads it.
+    func basic(_ type: Character, _ value: inout UInt64) throws(BusError) {
+        try check(CSystemd_sd_bus_message_append_basic(message, CChar(type.asciiValue!), &value))
     }
 
     func bool(_ value: Bool) throws(BusError) {

@@ -47,6 +47,9 @@ enum FuzzTarget: String, CaseIterable {
     /// A Secret Service object path, as any program of the user can send
     /// one (issue 31): one name per path and back.
     case objectpath
+    /// A method call's arguments, read as each method's handler reads them
+    /// (issue 31): any program of the user can send any well-formed message.
+    case busmessage
 
     func run(_ input: UnsafeRawBufferPointer) {
         switch self {
@@ -64,6 +67,7 @@ enum FuzzTarget: String, CaseIterable {
         case .fuserequest: fuseRequest(input)
         case .keyprotection: keyProtection(input)
         case .objectpath: objectPath(input)
+        case .busmessage: if let broken = BusMessageFuzzing.violation(input) { fatalError("busmessage: \(broken)") }
         }
     }
 
