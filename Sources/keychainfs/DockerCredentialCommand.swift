@@ -6,7 +6,7 @@ import KeychainFS
 
 /// docker's credential helper (docker-credential-helpers' protocol): docker
 /// runs `docker-credential-keychainfs store|get|erase|list|version` (a link
-/// to this binary, which `./scripts/setup` makes) with JSON or a server URL
+/// to this binary, which the package installs) with JSON or a server URL
 /// on stdin, and reads JSON, or an error message, from stdout (status 1 on
 /// an error). Credentials are items of the `docker` group, one per server
 /// URL, holding `{"Username": ..., "Secret": ...}`.

@@ -7,7 +7,7 @@ import Glibc
 
 /// git's credential helper (gitcredentials(7), "custom helpers"): git runs
 /// `git-credential-keychainfs [OPTIONS] get|store|erase` (a link to this
-/// binary, which `./scripts/setup` makes) with `key=value` lines on stdin.
+/// binary, which the package installs) with `key=value` lines on stdin.
 /// Credentials are items of the `git` group, one per protocol, host and
 /// path, holding `username=...` and `password=...` lines.
 struct GitCredentialCommand: ParsableCommand {

@@ -19,10 +19,22 @@ import TestSupport
     }
 
     @Test func theReadmeQuickStartRunsAsWritten() throws {
+        try Self.runQuickStart(binary: nil)
+    }
+
+    /// Runs the quick start with `K` the installed `binary` (nil: as
+    /// written, the repository's build) and checks what its comments promise.
+    static func runQuickStart(binary: String?) throws {
         let harness = try MountHarness(passcode: nil)
         let home = harness.root + "/home"
         try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: false)
-        try Self.quickStart().write(toFile: harness.root + "/quickstart.sh", atomically: true, encoding: .utf8)
+        var script = try Self.quickStart()
+        if let binary {
+            let line = "K=\"$PWD/.build/release/keychainfs\"\n"
+            try #require(script.hasPrefix(line), "the quick start no longer starts with \(line)")
+            script = "K=\(binary)\n" + script.dropFirst(line.count)
+        }
+        try script.write(toFile: harness.root + "/quickstart.sh", atomically: true, encoding: .utf8)
         defer {
             // Whatever the script got to: no mount and no device left behind.
             _ = harness.sh("""

@@ -37,30 +37,6 @@ import TestSupport
                            arguments: [Self.unitDirectory]).succeeded)
     }
 
-    /// The service's units (scripts/systemd/system), as ./scripts/setup
-    /// installs them: they verify, run the binary setup installed as the
-    /// account setup made, with CAP_SYS_PTRACE its only capability.
-    @Test func theServiceUnitsVerify() throws {
-        let harness = try MountHarness()
-        let units = Self.unitDirectory + "/system"
-        let verified = harness.sh("cd \"$1\" && systemd-analyze verify --man=no ./keychainfs.socket ./keychainfs.service",
-                                  arguments: [units])
-        #expect(verified.succeeded && verified.stderr.isEmpty, "\(verified)")
-        let service = try String(contentsOfFile: units + "/keychainfs.service", encoding: .utf8)
-        let execStart = try #require(service.split(separator: "\n").first { $0.hasPrefix("ExecStart=") })
-        let binary = String(execStart.dropFirst("ExecStart=".count).split(separator: " ")[0])
-        var info = stat()
-        #expect(stat(binary, &info) == 0 && info.st_uid == 0 && info.st_mode & 0o022 == 0, "\(binary)")
-        #expect(getpwnam("keychainfs") != nil)
-        for line in ["User=keychainfs", "AmbientCapabilities=CAP_SYS_PTRACE", "CapabilityBoundingSet=CAP_SYS_PTRACE",
-                     "NoNewPrivileges=yes", "StateDirectoryMode=0700", "LimitNOFILE=65536", "WatchdogSec=30s",
-                     "Restart=on-failure"] {
-            #expect(service.contains(line + "\n"), "\(line)")
-        }
-        let socket = try String(contentsOfFile: units + "/keychainfs.socket", encoding: .utf8)
-        #expect(socket.contains("ListenStream=\(ServicePaths.defaultSocket)\n"))
-    }
-
     /// A datagram socket at `path`, as systemd's `$NOTIFY_SOCKET` is.
     static func notifySocket(at path: String) throws -> Int32 {
         let listener = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)

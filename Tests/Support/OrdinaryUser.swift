@@ -11,6 +11,8 @@ package final class OrdinaryUser: @unchecked Sendable {
     package let home: String
 
     package init() throws {
+        // Its mounts need /dev/fuse as a desktop has it.
+        MachineFixtures.fuseOpenToEveryone()
         name = "kcfs\(UInt32.random(in: 100_000...999_999_999))"
         let made = Spawn.run(["/usr/sbin/useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name])
         guard made == 0, let entry = getpwnam(name) else { throw HarnessError("useradd \(name) failed: status \(made)") }

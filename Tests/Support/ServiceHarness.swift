@@ -2,7 +2,8 @@ import Foundation
 import KeychainCore
 
 /// A keychainfs service for one test: started as root, as a systemd unit
-/// would (it becomes the `keychainfs` account that ./scripts/setup made),
+/// would (it becomes the `keychainfs` account, which the package makes and
+/// ``MachineFixtures/serviceAccount()`` makes where it is missing),
 /// with its own state directory and socket; stopped with SIGTERM when the
 /// test ends, passed or failed.
 package final class ServiceHarness: @unchecked Sendable {
@@ -28,9 +29,7 @@ package final class ServiceHarness: @unchecked Sendable {
         self.options = options
         self.environment = environment
         self.descriptorLimit = descriptorLimit
-        guard getpwnam("keychainfs") != nil else {
-            throw HarnessError("no keychainfs account: run ./scripts/setup (it creates it)")
-        }
+        try MachineFixtures.serviceAccount()
         var template = Array((NSTemporaryDirectory() + "kcfs-svc-XXXXXX").utf8CString)
         guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
         root = String(validatingCString: made)!

@@ -4,8 +4,8 @@ import KeychainCore
 import Glibc
 #endif
 
-/// The system account the keychainfs service runs as (`./scripts/setup`
-/// creates it): the only one that can read the state directory.
+/// The system account the keychainfs service runs as (the package's
+/// sysusers.d entry makes it): the only one that can read the state directory.
 public enum ServiceAccount {
     /// The account's name.
     public static let defaultName = "keychainfs"
@@ -15,7 +15,7 @@ public enum ServiceAccount {
     /// account, keeping CAP_SYS_PTRACE only (to identify callers).
     public static func become(_ name: String, stateDirectory: String) throws(MountError) {
         guard let entry = getpwnam(name) else {
-            throw MountError("no account \(name): create it (./scripts/setup does: useradd --system \(name))")
+            throw MountError("no account \(name): install the keychainfs package, whose sysusers.d entry makes it, or run: systemd-sysusers with that entry (scripts/debian/keychainfs.sysusers)")
         }
         let uid = entry.pointee.pw_uid, gid = entry.pointee.pw_gid
         guard uid != 0 else { throw MountError("the service must not run as root (\(name) is uid 0)") }

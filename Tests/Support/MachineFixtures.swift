@@ -1,0 +1,63 @@
+import Foundation
+import KeychainCore
+import Synchronization
+
+/// What some tests need of the machine beyond the repository, which
+/// ./scripts/setup does not make (it changes nothing outside the
+/// repository): made by the first test that needs it, the way the package
+/// makes it, and undone when the test process exits.
+package enum MachineFixtures {
+    /// The repository these tests belong to.
+    package static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().path
+
+    /// The undoing of each change made, run at exit in reverse order.
+    private static let undo = Mutex<[[String]]>([])
+
+    private static func registerUndo(_ command: [String]) {
+        undo.withLock { steps in
+            if steps.isEmpty { atexit { MachineFixtures.undoAll() } }
+            steps.append(command)
+        }
+    }
+
+    private static func undoAll() {
+        for command in undo.withLock({ $0 }).reversed() {
+            var quiet = Spawn.Options()
+            quiet.nullStandardStreams = true
+            _ = Spawn.run(command, options: quiet)
+        }
+    }
+
+    /// Service mode's account, made from the package's own sysusers.d
+    /// entry (scripts/debian/keychainfs.sysusers) when the machine has none.
+    package static func serviceAccount() throws {
+        try serviceAccountMade.get()
+    }
+
+    private static let serviceAccountMade: Result<Void, HarnessError> = {
+        guard getpwnam("keychainfs") == nil else { return .success(()) }
+        let sysusers = repository + "/scripts/debian/keychainfs.sysusers"
+        let status = Spawn.run(["/usr/bin/systemd-sysusers", sysusers])
+        guard status == 0, getpwnam("keychainfs") != nil else {
+            return .failure(HarnessError("systemd-sysusers \(sysusers) did not make the keychainfs account: status \(status)"))
+        }
+        registerUndo(["/usr/sbin/userdel", "keychainfs"])
+        return .success(())
+    }()
+
+    /// /dev/fuse open to every user, as the kernel creates it (mode 0666,
+    /// fs/fuse/dev.c) and udev leaves it; some containers make it 0600,
+    /// and then only root could mount. Put back as it was at exit.
+    package static func fuseOpenToEveryone() {
+        _ = fuseOpened
+    }
+
+    private static let fuseOpened: Void = {
+        var info = stat()
+        guard stat("/dev/fuse", &info) == 0, info.st_mode & 0o777 != 0o666 else { return }
+        let mode = String(info.st_mode & 0o777, radix: 8)
+        chmod("/dev/fuse", 0o666)
+        registerUndo(["/bin/chmod", mode, "/dev/fuse"])
+    }()
+}
