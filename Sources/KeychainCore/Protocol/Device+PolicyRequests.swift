@@ -80,7 +80,10 @@ extension Device {
                          rule.allowsJIT ? "jit" : ""]
                     }
                 })
-            default:
+            // Not a policy request: the device's other switches answer these.
+            case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
+                 .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
+                 .status, .sync, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
                 throw .param
             }
         } catch {

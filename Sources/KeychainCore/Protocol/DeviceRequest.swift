@@ -345,7 +345,10 @@ public enum DeviceRequest: Equatable, Sendable {
         case .list(let group): return group == nil ? nil : "list"
         case .createGroup: return "create-group"
         case .removeGroup: return "remove-group"
-        default: return nil
+        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .lock, .unlock, .status, .sync,
+             .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch,
+             .autoLock:
+            return nil
         }
     }
 
@@ -358,7 +361,10 @@ public enum DeviceRequest: Equatable, Sendable {
                         details: details.ownerless)
         case .setDetails(let group, let identifier, let details):
             return .setDetails(group: group, identifier: identifier, details: details.ownerless)
-        default:
+        case .set(_, _, _, _, _, nil), .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .details,
+             .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
+             .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog,
+             .stop, .watch, .autoLock:
             return self
         }
     }
@@ -372,7 +378,11 @@ public enum DeviceRequest: Equatable, Sendable {
             return group
         case .list(let group):
             return group
-        default:
+        // The group of these is not one an item request is about: a
+        // policy's (grant, revoke, apps) or access list's is checked by its passcode.
+        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .createGroup, .lock, .unlock,
+             .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog,
+             .stop, .watch, .autoLock:
             return nil
         }
     }

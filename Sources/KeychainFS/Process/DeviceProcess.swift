@@ -418,7 +418,9 @@ public final class DeviceProcess: Sendable {
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
             case .serveBus(let address, let replace):
                 return serveBus(keychain, address: address, replace: replace)
-            default:
+            case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
+                 .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status,
+                 .sync, .grant, .revoke, .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
                 let reply = keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
                                             passed: &passed, attachments: &attachments)
                 // "last" tells the client to wait for the device's exit, which a headless device does not do.

@@ -57,7 +57,9 @@ final class ServiceKeychains: Sendable {
             // its account could mount over what only it can reach (another
             // user's keychain directory). The user mounts (`attach`) and unmounts.
             return .systemError(EPERM, "the keychainfs service mounts nothing itself: `keychainfs mount` makes the mount and passes it")
-        default:
+        case .ping, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails, .serveBus, .remove, .list,
+             .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke,
+             .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
             break
         }
         switch existing {
