@@ -215,10 +215,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
            let found = try? PasswordManager.details(fromFields: detailFields) {
             for (identifier, itemDetails) in found { details[identifier] = itemDetails }
         }
-        return stride(from: 0, to: fields.count - fields.count % 3, by: 3).compactMap { index in
-            ProtectionClass(name: fields[index + 1]).map {
-                ListedItem(group: group, identifier: fields[index], protectionClass: $0, details: details[fields[index]])
-            }
+        guard let listed = try? ItemListing.items(fromFields: fields) else {
+            throw BusError(reply: .ok(fields), about: .collection(group: group))
+        }
+        return listed.map {
+            ListedItem(group: group, identifier: $0.identifier, protectionClass: $0.info.protectionClass, details: details[$0.identifier])
         }
     }
 

@@ -70,9 +70,10 @@ struct DockerCredentialCommand: ParsableCommand {
         default:  // list: every server URL with its username (which needs the key)
             let listing = try Self.check(DeviceClient.send(.list(group: Self.group), to: device), absentIsEmpty: true)
             var entries: [String] = []
-            for index in stride(from: 0, to: listing.count - 2, by: 3) {
-                guard let serverURL = ItemName.decoded(listing[index]) else { continue }
-                let stored = try Self.credentials(at: listing[index], device: device)
+            let items = try ItemListing.items(fromFields: listing)
+            for item in items {
+                guard let serverURL = ItemName.decoded(item.identifier) else { continue }
+                let stored = try Self.credentials(at: item.identifier, device: device)
                 entries.append("\(jsonString(serverURL)):\(jsonString(stored.username))")
             }
             print("{" + entries.joined(separator: ",") + "}")

@@ -120,21 +120,23 @@ extension RunningDevice {
         return fields
     }
 
-    func items(of group: String) throws -> [(identifier: String, protectionClass: String, size: String)] {
+    func items(of group: String) throws -> [ItemListing] {
         try itemRows(send(.list(group: group), item: group))
     }
 
     /// ``items(of:)``, or nil when the group's policy does not admit this program.
-    func itemsIfAdmitted(of group: String) throws -> [(identifier: String, protectionClass: String, size: String)]? {
+    func itemsIfAdmitted(of group: String) throws -> [ItemListing]? {
         let reply = try deliver(.list(group: group))
         if case .keychainError(.missingEntitlement, _)? = reply { return nil }
         return try itemRows(checked(reply, item: group))
     }
 
-    /// A group listing's fields, three per item.
-    private func itemRows(_ reply: DeviceReply) throws -> [(identifier: String, protectionClass: String, size: String)] {
-        guard case .ok(let fields) = reply else { throw fail("unexpected reply from the device") }
-        return stride(from: 0, to: fields.count - 2, by: 3).map { (fields[$0], fields[$0 + 1], fields[$0 + 2]) }
+    /// A group listing's items.
+    private func itemRows(_ reply: DeviceReply) throws -> [ItemListing] {
+        guard case .ok(let fields) = reply, let items = try? ItemListing.items(fromFields: fields) else {
+            throw fail("unexpected reply from the device")
+        }
+        return items
     }
 
     /// Stores a value as `set` does (the device's accessmode and migrate
@@ -300,10 +302,11 @@ struct ListCommand: ParsableCommand {
         }
         let items = try device.items(of: group)
         if json {
-            print("[" + items.map { "{\"identifier\": \(jsonString($0.0)), \"class\": \(jsonString($0.1)), \"size\": \($0.2)}" }
-                .joined(separator: ", ") + "]")
+            print("[" + items.map {
+                "{\"identifier\": \(jsonString($0.identifier)), \"class\": \(jsonString($0.info.protectionClass.name)), \"size\": \($0.info.size)}"
+            }.joined(separator: ", ") + "]")
         } else if !items.isEmpty {
-            print(items.map(\.0).joined(separator: "\n"))
+            print(items.map(\.identifier).joined(separator: "\n"))
         }
     }
 }

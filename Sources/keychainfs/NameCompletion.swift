@@ -30,11 +30,9 @@ enum NameCompletion {
             return groups.map { $0 + "/" }.filter { $0.hasPrefix(prefix) }
         }
         let group = String(prefix[..<slash])
-        // The reply is identifier, class, size for each item.
-        guard case .ok(let fields)? = DeviceClient.send(.list(group: group), to: socketPath) else { return [] }
-        return stride(from: 0, to: fields.count - fields.count % 3, by: 3)
-            .map { group + "/" + fields[$0] }
-            .filter { $0.hasPrefix(prefix) }
+        guard case .ok(let fields)? = DeviceClient.send(.list(group: group), to: socketPath),
+              let items = try? ItemListing.items(fromFields: fields) else { return [] }
+        return items.map { group + "/" + $0.identifier }.filter { $0.hasPrefix(prefix) }
     }
 
     /// The keychain the command line being completed names (`--keychain DIR`

@@ -141,4 +141,20 @@ import Testing
             try Self.body(of: try request.frame()) { body throws(KeychainError) in try DeviceRequest(body: body) }
         }
     }
+
+    /// A group's listing reads back through the reply frame as it was
+    /// sent; fields that are not whole triples of a name, a class and a
+    /// size are another build's: refused, never cut short or guessed.
+    @Test func aListingReadsBackAndAForeignOneIsRefused() throws {
+        let items = [ItemListing(identifier: "github.com", info: ItemInfo(protectionClass: .whenUnlocked, size: 6)),
+                     ItemListing(identifier: "wifi", info: ItemInfo(protectionClass: .alwaysThisDeviceOnly, size: 0))]
+        let reply = DeviceReply.ok(ItemListing.fields(items))
+        let parsed = try Self.body(of: try reply.frame()) { body throws(KeychainError) in try DeviceReply(body: body) }
+        guard case .ok(let fields) = parsed else { Issue.record("not ok: \(parsed)"); return }
+        #expect(try ItemListing.items(fromFields: fields) == items)
+        for foreign in [["github.com", "whenUnlocked"], ["github.com", "sometimes", "6"], ["github.com", "always", "-1"],
+                        ["github.com", "always", "six"]] {
+            #expect(throws: KeychainError.io) { try ItemListing.items(fromFields: foreign) }
+        }
+    }
 }

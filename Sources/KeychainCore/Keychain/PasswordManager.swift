@@ -574,13 +574,7 @@ public final class PasswordManager: Sendable {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
-            let fields = try remote.perform(.list(group: group))
-            guard fields.count % 3 == 0 else { throw .io }
-            return try stride(from: 0, to: fields.count, by: 3).map { (index) throws(KeychainError) in
-                guard let protectionClass = ProtectionClass(name: fields[index + 1]), let size = Int(fields[index + 2])
-                else { throw .io }
-                return (fields[index], ItemInfo(protectionClass: protectionClass, size: size))
-            }
+            return try ItemListing.items(fromFields: remote.perform(.list(group: group))).map { ($0.identifier, $0.info) }
         }
         return try device.store.list(group: group)
     }

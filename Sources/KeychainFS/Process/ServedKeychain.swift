@@ -278,7 +278,9 @@ extension ServedKeychain {
         case .rename(_, let from, let to, _):
             identifier = from
             detail = to
-        default:
+        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .list, .removeGroup, .lock,
+             .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog,
+             .verifyLog, .stop, .watch, .autoLock:
             break
         }
         manager.localDevice.audit.record(AuditEvent(operation: operation, result: result, group: group,
@@ -325,7 +327,7 @@ extension ServedKeychain {
             nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
         case .list(let group):
             guard let group else { return .ok(try manager.groups()) }
-            return .ok(try manager.items(inGroup: group).flatMap { [$0.identifier, $0.info.protectionClass.name, String($0.info.size)] })
+            return .ok(ItemListing.fields(try manager.items(inGroup: group).map { ItemListing(identifier: $0.identifier, info: $0.info) }))
         case .info(let group, let identifier):
             guard let info = try manager.info(forIdentifier: identifier, inGroup: group) else { throw .itemNotFound }
             return .ok([info.protectionClass.name, String(info.size)])
@@ -351,7 +353,9 @@ extension ServedKeychain {
             return .ok(status.fields)
         case .sync:
             try manager.sync()
-        default:
+        // Not a request of a manager's client: answer(_:) handles these before.
+        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .grant, .revoke, .access, .apps,
+             .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
             throw .param
         }
         return .ok([])
