@@ -50,7 +50,7 @@ let package = Package(
         // Unit tests of the FUSE driver's own structures: no kernel.
         .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
         // Unit tests of the Secret Service provider's own structures: no bus.
-        .testTarget(name: "SecretServiceUnitTests", dependencies: ["KeychainCore", "SecretService"]),
+        .testTarget(name: "SecretServiceUnitTests", dependencies: ["KeychainCore", "SecretService", "TestSupport"]),
         // A real device: mounts, the device process, the library as its client.
         .testTarget(
             name: "MountTests",

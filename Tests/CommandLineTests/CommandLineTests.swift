@@ -4,201 +4,203 @@ import KeychainFS
 import Testing
 import TestSupport
 
-/// What the command line tells a user who got something wrong.
-@Suite struct CommandLineTests {
-    @Test func shellCompletionsKnowEveryCommand() throws {
-        let harness = try MountHarness()
-        for shell in ["bash", "zsh", "fish"] {
-            let script = harness.sh("\"$K\" --generate-completion-script \(shell)")
-            #expect(script.succeeded)
-            for word in ["init", "mount", "unmount", "unlock", "status", "keychain", "foreground"] {
-                #expect(script.stdout.contains(word), "\(shell) completion lacks \(word)")
+extension SerialTests {
+    /// What the command line tells a user who got something wrong.
+    @Suite struct CommandLineTests {
+        @Test func shellCompletionsKnowEveryCommand() throws {
+            let harness = try MountHarness()
+            for shell in ["bash", "zsh", "fish"] {
+                let script = harness.sh("\"$K\" --generate-completion-script \(shell)")
+                #expect(script.succeeded)
+                for word in ["init", "mount", "unmount", "unlock", "status", "keychain", "foreground"] {
+                    #expect(script.stdout.contains(word), "\(shell) completion lacks \(word)")
+                }
             }
         }
-    }
 
-    /// Bash completes group and item names from the running device (as a
-    /// user's shell does, through the generated script), never a value, and
-    /// never starts a device for it.
-    @Test func bashCompletesGroupAndItemNamesFromTheRunningDevice() throws {
-        let harness = try MountHarness()
-        let complete = { (words: String) in
-            // The generated script is bash's; the harness runs sh.
-            harness.sh("bash -c \"$1\"", arguments: ["""
-                source <("$K" --generate-completion-script bash)
-                PATH="$(dirname "$K"):$PATH"
-                COMP_WORDS=(\(words)); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
-                COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
-                _keychainfs keychainfs "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
-                printf '%s\\n' "${COMPREPLY[@]}"
-                """]).stdout
+        /// Bash completes group and item names from the running device (as a
+        /// user's shell does, through the generated script), never a value, and
+        /// never starts a device for it.
+        @Test func bashCompletesGroupAndItemNamesFromTheRunningDevice() throws {
+            let harness = try MountHarness()
+            let complete = { (words: String) in
+                // The generated script is bash's; the harness runs sh.
+                harness.sh("bash -c \"$1\"", arguments: ["""
+                    source <("$K" --generate-completion-script bash)
+                    PATH="$(dirname "$K"):$PATH"
+                    COMP_WORDS=(\(words)); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+                    COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
+                    _keychainfs keychainfs "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+                    printf '%s\\n' "${COMPREPLY[@]}"
+                    """]).stdout
+            }
+            #expect(complete("keychainfs get --keychain \"$KC\" d") == "\n")
+            #expect(harness.sh("\"$K\" status --keychain \"$KC\"").stdout.hasPrefix("state: stopped"))
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+            for (item, value) in [("default/token", "v-token"), ("default/tea", "v-tea"), ("web/site", "v-site")] {
+                #expect(harness.sh("\"$K\" set \(item) --keychain \"$KC\"", stdin: value).succeeded)
+            }
+            #expect(complete("keychainfs get --keychain \"$KC\" d") == "default/\n")
+            #expect(complete("keychainfs get --keychain \"$KC\" default/t") == "default/tea\ndefault/token\n")
+            #expect(complete("keychainfs rm --keychain \"$KC\" default/to") == "default/token\n")
+            #expect(complete("keychainfs exec --keychain \"$KC\" --env DB=w") == "DB=web/\n")
+            #expect(complete("keychainfs ls --keychain \"$KC\" w") == "web\n")
+            let all = complete("keychainfs set --keychain \"$KC\" default/")
+            #expect(all == "default/tea\ndefault/token\n" && !all.contains("v-"), "\(all)")
         }
-        #expect(complete("keychainfs get --keychain \"$KC\" d") == "\n")
-        #expect(harness.sh("\"$K\" status --keychain \"$KC\"").stdout.hasPrefix("state: stopped"))
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
-        for (item, value) in [("default/token", "v-token"), ("default/tea", "v-tea"), ("web/site", "v-site")] {
-            #expect(harness.sh("\"$K\" set \(item) --keychain \"$KC\"", stdin: value).succeeded)
+
+        /// The man page ./scripts/setup installs has what --help lacks, and its
+        /// exit statuses are the ones the command says.
+        @Test func theManPageHasExitStatusEnvironmentFilesAndExamples() throws {
+            let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+                .deletingLastPathComponent().path
+            let page = repository + "/.build/release/share/man/man1/keychainfs.1"
+            // As a reader sees it: formatted (mdoc), the generic "exits 0 on success" gone.
+            let harness = try MountHarness(passcode: nil)
+            let formatted = harness.sh("groff -mandoc -Tutf8 -P-cbou \"$1\"", arguments: [page])
+            #expect(formatted.succeeded && formatted.stderr.isEmpty, "\(formatted)")
+            let shown = formatted.stdout
+            for section in ["EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"] {
+                #expect(shown.contains("\n" + section + "\n"), "\(section)")
+            }
+            #expect(shown.components(separatedBy: "EXIT STATUS").count == 2)
+            for name in [".control", ".events", "KEYCHAINFS_KEYCHAIN", "KEYCHAINFS_SERVICE", "autolock DURATION", "keychainfs unlock"] {
+                #expect(shown.contains(name), "\(name)")
+            }
+            for (status, meaning) in [("2", "absent"), ("3", "locked"), ("4", "denied"), ("5", "no device"), ("64", "a command line"),
+                                      ("127", "exec:")] {
+                #expect(shown.split(separator: "\n").contains { $0.hasPrefix("     \(status) ") && $0.contains(meaning) }, "\(status)")
+            }
         }
-        #expect(complete("keychainfs get --keychain \"$KC\" d") == "default/\n")
-        #expect(complete("keychainfs get --keychain \"$KC\" default/t") == "default/tea\ndefault/token\n")
-        #expect(complete("keychainfs rm --keychain \"$KC\" default/to") == "default/token\n")
-        #expect(complete("keychainfs exec --keychain \"$KC\" --env DB=w") == "DB=web/\n")
-        #expect(complete("keychainfs ls --keychain \"$KC\" w") == "web\n")
-        let all = complete("keychainfs set --keychain \"$KC\" default/")
-        #expect(all == "default/tea\ndefault/token\n" && !all.contains("v-"), "\(all)")
-    }
 
-    /// The man page ./scripts/setup installs has what --help lacks, and its
-    /// exit statuses are the ones the command says.
-    @Test func theManPageHasExitStatusEnvironmentFilesAndExamples() throws {
-        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().path
-        let page = repository + "/.build/release/share/man/man1/keychainfs.1"
-        // As a reader sees it: formatted (mdoc), the generic "exits 0 on success" gone.
-        let harness = try MountHarness(passcode: nil)
-        let formatted = harness.sh("groff -mandoc -Tutf8 -P-cbou \"$1\"", arguments: [page])
-        #expect(formatted.succeeded && formatted.stderr.isEmpty, "\(formatted)")
-        let shown = formatted.stdout
-        for section in ["EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"] {
-            #expect(shown.contains("\n" + section + "\n"), "\(section)")
+        /// A fresh account has no ~/.local/share: init creates what is missing
+        /// (0700, only what it creates), and a failure names the path and the cause.
+        @Test func initOnAFreshAccountCreatesTheMissingDirectories() throws {
+            let harness = try MountHarness()
+            let home = harness.root + "/home"
+            #expect(mkdir(home, 0o755) == 0)
+            let created = harness.sh("env -u XDG_DATA_HOME HOME=\"$1\" \"$K\" init", arguments: [home], stdin: "1234\n1234\n")
+            #expect(created.succeeded, "\(created)")
+            var info = stat()
+            for (path, mode) in [(".local", 0o700), (".local/share", 0o700), (".local/share/keychainfs", 0o700)] {
+                #expect(stat(home + "/" + path, &info) == 0 && info.st_mode & 0o777 == mode, "\(path)")
+            }
+            #expect(stat(home, &info) == 0 && info.st_mode & 0o777 == 0o755)  // not ours to change
+            #expect(access(home + "/.local/share/keychainfs/keychain.db", F_OK) == 0)
+            // A file where a directory must go: the message says which and why.
+            #expect(harness.sh("printf x > \"$1/blocker\"", arguments: [home]).succeeded)
+            let blocked = harness.sh("\"$K\" init --keychain \"$1/blocker/kc\"", arguments: [home], stdin: "1234\n1234\n")
+            #expect(!blocked.succeeded)
+            #expect(blocked.stderr.contains("cannot create the directory \(home)/blocker/kc: Not a directory"), "\(blocked)")
+            #expect(!blocked.stderr.contains("could not be read or written"), "a generic sentence: \(blocked)")
         }
-        #expect(shown.components(separatedBy: "EXIT STATUS").count == 2)
-        for name in [".control", ".events", "KEYCHAINFS_KEYCHAIN", "KEYCHAINFS_SERVICE", "autolock DURATION", "keychainfs unlock"] {
-            #expect(shown.contains(name), "\(name)")
+
+        @Test func helpfulErrors() throws {
+            let harness = try MountHarness()
+            let mountpoint = try harness.prepareMountpoint("mnt")
+            let noKeychain = harness.sh("\"$K\" mount \"$1\" --keychain \"$R/missing\"", arguments: [mountpoint])
+            #expect(noKeychain.status == 1)
+            #expect(noKeychain.stderr.contains("keychainfs init"))
+            let notMounted = harness.sh("\"$K\" unmount \"$1\"", arguments: [mountpoint])
+            #expect(notMounted.status == 1)
+            #expect(notMounted.stderr.contains("not mounted"))
+            #expect(harness.sh("touch \"$1/file\"", arguments: [mountpoint]).succeeded)
+            let notEmpty = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint])
+            #expect(notEmpty.stderr.contains("not empty"))
+            let missingDirectory = harness.sh("\"$K\" mount \"$R/nowhere\" --keychain \"$KC\"")
+            #expect(missingDirectory.stderr.contains("does not exist"))
+            let again = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "x\n")
+            #expect(again.stderr.contains("already exists"))
+            let noGroup = harness.sh("mkdir \"$R/g\" && \"$K\" mount \"$R/g\" --group nope --keychain \"$KC\"")
+            #expect(noGroup.stderr.contains("no access group nope"))
+            #expect(harness.sh("\"$K\" mount \"$R/g\" --group a/b --keychain \"$KC\"").status == 64)
         }
-        for (status, meaning) in [("2", "absent"), ("3", "locked"), ("4", "denied"), ("5", "no device"), ("64", "a command line"),
-                                  ("127", "exec:")] {
-            #expect(shown.split(separator: "\n").contains { $0.hasPrefix("     \(status) ") && $0.contains(meaning) }, "\(status)")
+
+        @Test func aMissingDevFuseIsReportedClearly() throws {
+            let harness = try MountHarness()
+            let mountpoint = try harness.prepareMountpoint("mnt")
+            // A private mount namespace whose /dev lacks fuse.
+            let result = harness.sh("unshare -m sh -c 'mount -t tmpfs none /dev && exec \"$K\" mount \"$1\" --foreground --keychain \"$KC\"' sh \"$1\"",
+                                    arguments: [mountpoint])
+            #expect(result.status == 1)
+            #expect(result.stderr.contains("/dev/fuse is missing"))
+            #expect(!harness.isMounted(mountpoint))
         }
-    }
 
-    /// A fresh account has no ~/.local/share: init creates what is missing
-    /// (0700, only what it creates), and a failure names the path and the cause.
-    @Test func initOnAFreshAccountCreatesTheMissingDirectories() throws {
-        let harness = try MountHarness()
-        let home = harness.root + "/home"
-        #expect(mkdir(home, 0o755) == 0)
-        let created = harness.sh("env -u XDG_DATA_HOME HOME=\"$1\" \"$K\" init", arguments: [home], stdin: "1234\n1234\n")
-        #expect(created.succeeded, "\(created)")
-        var info = stat()
-        for (path, mode) in [(".local", 0o700), (".local/share", 0o700), (".local/share/keychainfs", 0o700)] {
-            #expect(stat(home + "/" + path, &info) == 0 && info.st_mode & 0o777 == mode, "\(path)")
+        @Test func wrongPasscodeSaysSoAndStatusPrintsTheControlFile() throws {
+            let harness = try MountHarness()
+            let mnt = try harness.mount()
+            let wrong = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: "nope\n")
+            #expect(wrong.status == 4)
+            #expect(wrong.stderr.contains("wrong passcode"))
+            // A wrong passcode or password is "denied" (4) in every command that reads one.
+            let passcode = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "nope\n5678\n5678\n")
+            #expect(passcode.status == 4 && passcode.stderr.contains("wrong"), "\(passcode)")
+            let empty = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: "\n")
+            #expect(empty.status == 1 && empty.stderr.contains("no passcode given"), "\(empty)")
+            // Mounting it again where it is mounted says so.
+            let again = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt])
+            #expect(again.status == 1 && again.stderr.contains("already mounted"), "\(again)")
+            try harness.unlock(mnt)
+            let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
+            #expect(status.stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\n"))
+            #expect(harness.sh("\"$K\" lock \"$1\" && \"$K\" status \"$1\"", arguments: [mnt]).stdout.hasPrefix("state: locked\n"))
         }
-        #expect(stat(home, &info) == 0 && info.st_mode & 0o777 == 0o755)  // not ours to change
-        #expect(access(home + "/.local/share/keychainfs/keychain.db", F_OK) == 0)
-        // A file where a directory must go: the message says which and why.
-        #expect(harness.sh("printf x > \"$1/blocker\"", arguments: [home]).succeeded)
-        let blocked = harness.sh("\"$K\" init --keychain \"$1/blocker/kc\"", arguments: [home], stdin: "1234\n1234\n")
-        #expect(!blocked.succeeded)
-        #expect(blocked.stderr.contains("cannot create the directory \(home)/blocker/kc: Not a directory"), "\(blocked)")
-        #expect(!blocked.stderr.contains("could not be read or written"), "a generic sentence: \(blocked)")
-    }
 
-    @Test func helpfulErrors() throws {
-        let harness = try MountHarness()
-        let mountpoint = try harness.prepareMountpoint("mnt")
-        let noKeychain = harness.sh("\"$K\" mount \"$1\" --keychain \"$R/missing\"", arguments: [mountpoint])
-        #expect(noKeychain.status == 1)
-        #expect(noKeychain.stderr.contains("keychainfs init"))
-        let notMounted = harness.sh("\"$K\" unmount \"$1\"", arguments: [mountpoint])
-        #expect(notMounted.status == 1)
-        #expect(notMounted.stderr.contains("not mounted"))
-        #expect(harness.sh("touch \"$1/file\"", arguments: [mountpoint]).succeeded)
-        let notEmpty = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint])
-        #expect(notEmpty.stderr.contains("not empty"))
-        let missingDirectory = harness.sh("\"$K\" mount \"$R/nowhere\" --keychain \"$KC\"")
-        #expect(missingDirectory.stderr.contains("does not exist"))
-        let again = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "x\n")
-        #expect(again.stderr.contains("already exists"))
-        let noGroup = harness.sh("mkdir \"$R/g\" && \"$K\" mount \"$R/g\" --group nope --keychain \"$KC\"")
-        #expect(noGroup.stderr.contains("no access group nope"))
-        #expect(harness.sh("\"$K\" mount \"$R/g\" --group a/b --keychain \"$KC\"").status == 64)
-    }
-
-    @Test func aMissingDevFuseIsReportedClearly() throws {
-        let harness = try MountHarness()
-        let mountpoint = try harness.prepareMountpoint("mnt")
-        // A private mount namespace whose /dev lacks fuse.
-        let result = harness.sh("unshare -m sh -c 'mount -t tmpfs none /dev && exec \"$K\" mount \"$1\" --foreground --keychain \"$KC\"' sh \"$1\"",
-                                arguments: [mountpoint])
-        #expect(result.status == 1)
-        #expect(result.stderr.contains("/dev/fuse is missing"))
-        #expect(!harness.isMounted(mountpoint))
-    }
-
-    @Test func wrongPasscodeSaysSoAndStatusPrintsTheControlFile() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        let wrong = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: "nope\n")
-        #expect(wrong.status == 4)
-        #expect(wrong.stderr.contains("wrong passcode"))
-        // A wrong passcode or password is "denied" (4) in every command that reads one.
-        let passcode = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "nope\n5678\n5678\n")
-        #expect(passcode.status == 4 && passcode.stderr.contains("wrong"), "\(passcode)")
-        let empty = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: "\n")
-        #expect(empty.status == 1 && empty.stderr.contains("no passcode given"), "\(empty)")
-        // Mounting it again where it is mounted says so.
-        let again = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt])
-        #expect(again.status == 1 && again.stderr.contains("already mounted"), "\(again)")
-        try harness.unlock(mnt)
-        let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
-        #expect(status.stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\n"))
-        #expect(harness.sh("\"$K\" lock \"$1\" && \"$K\" status \"$1\"", arguments: [mnt]).stdout.hasPrefix("state: locked\n"))
-    }
-
-    @Test func passcodesNeverAppearInArgv() throws {
-        // There is no option that takes one: argument parsing refuses it.
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        #expect(harness.sh("\"$K\" unlock \"$1\" 1234", arguments: [mnt]).status == 64)
-        #expect(harness.status(mnt)["state"] == "locked")
-    }
-
-    @Test func aMistypedCommandGetsASuggestionAndVersionAnswers() throws {
-        let harness = try MountHarness()
-        let typo = harness.sh("\"$K\" mout \"$R/mnt\"")
-        #expect(typo.status == 64 && typo.stderr.contains("did you mean 'mount'?"), "\(typo)")
-        let unknown = harness.sh("\"$K\" frobnicate")
-        #expect(unknown.status == 64 && !unknown.stderr.contains("did you mean"), "\(unknown)")
-        let version = harness.sh("\"$K\" --version")
-        #expect(version.succeeded && version.stdout.hasPrefix("keychainfs ")
-                && version.stdout.contains("device protocol \(DeviceProtocol.version)"), "\(version)")
-    }
-
-    /// A new passcode is typed twice, at a terminal or on a pipe alike, and
-    /// is four characters at least; otherwise nothing is created.
-    @Test func aNewPasscodeIsConfirmedAndLongEnoughOnAPipeToo() throws {
-        let harness = try MountHarness()
-        for (stdin, says) in [("1234\n4321\n", "the two differ"), ("1234\n", "not confirmed"), ("12\n12\n", "at least 4")] {
-            let result = harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: stdin)
-            #expect(result.status == 1 && result.stderr.contains(says), "\(stdin.debugDescription): \(result)")
-            #expect(access(harness.root + "/new/keychain.db", F_OK) != 0)
+        @Test func passcodesNeverAppearInArgv() throws {
+            // There is no option that takes one: argument parsing refuses it.
+            let harness = try MountHarness()
+            let mnt = try harness.mount()
+            #expect(harness.sh("\"$K\" unlock \"$1\" 1234", arguments: [mnt]).status == 64)
+            #expect(harness.status(mnt)["state"] == "locked")
         }
-        #expect(harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: "1234\n1234\n").succeeded)
-        let backup = harness.sh("\"$K\" backup \"$R/b.kcbak\" --keychain \"$R/new\"", stdin: "1234\nbackup-pw\nbackup-pq\n")
-        #expect(backup.status == 1 && backup.stderr.contains("the two differ"), "\(backup)")
-        #expect(access(harness.root + "/b.kcbak", F_OK) != 0)
-    }
 
-    /// Every subcommand the top-level help lists answers `--help`, `exec`
-    /// too, whose other words are the command it runs.
-    @Test func everyCommandHasHelp() throws {
-        let harness = try MountHarness()
-        let top = harness.sh("\"$K\" --help").stdout
-        let listed = top.split(separator: "\n").drop { !$0.hasPrefix("SUBCOMMANDS:") }.dropFirst()
-            .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && !$0.hasPrefix("  See ") }.compactMap { $0.split(separator: " ").first.map(String.init) }
-        #expect(listed.contains("exec") && listed.contains("service") && listed.count >= 20, "\(listed)")
-        for command in listed where command != "help" {
-            let help = harness.sh("\"$K\" \"$1\" --help", arguments: [command])
-            #expect(help.succeeded && help.stdout.contains("USAGE"), "\(command): \(help)")
+        @Test func aMistypedCommandGetsASuggestionAndVersionAnswers() throws {
+            let harness = try MountHarness()
+            let typo = harness.sh("\"$K\" mout \"$R/mnt\"")
+            #expect(typo.status == 64 && typo.stderr.contains("did you mean 'mount'?"), "\(typo)")
+            let unknown = harness.sh("\"$K\" frobnicate")
+            #expect(unknown.status == 64 && !unknown.stderr.contains("did you mean"), "\(unknown)")
+            let version = harness.sh("\"$K\" --version")
+            #expect(version.succeeded && version.stdout.hasPrefix("keychainfs ")
+                    && version.stdout.contains("device protocol \(DeviceProtocol.version)"), "\(version)")
         }
-        // After `--`, `--help` is the command's own argument.
-        let passed = harness.sh("\"$K\" exec --keychain \"$KC\" -- --help")
-        #expect(passed.status == 127 && !passed.stdout.contains("USAGE"), "\(passed)")
+
+        /// A new passcode is typed twice, at a terminal or on a pipe alike, and
+        /// is four characters at least; otherwise nothing is created.
+        @Test func aNewPasscodeIsConfirmedAndLongEnoughOnAPipeToo() throws {
+            let harness = try MountHarness()
+            for (stdin, says) in [("1234\n4321\n", "the two differ"), ("1234\n", "not confirmed"), ("12\n12\n", "at least 4")] {
+                let result = harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: stdin)
+                #expect(result.status == 1 && result.stderr.contains(says), "\(stdin.debugDescription): \(result)")
+                #expect(access(harness.root + "/new/keychain.db", F_OK) != 0)
+            }
+            #expect(harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: "1234\n1234\n").succeeded)
+            let backup = harness.sh("\"$K\" backup \"$R/b.kcbak\" --keychain \"$R/new\"", stdin: "1234\nbackup-pw\nbackup-pq\n")
+            #expect(backup.status == 1 && backup.stderr.contains("the two differ"), "\(backup)")
+            #expect(access(harness.root + "/b.kcbak", F_OK) != 0)
+        }
+
+        /// Every subcommand the top-level help lists answers `--help`, `exec`
+        /// too, whose other words are the command it runs.
+        @Test func everyCommandHasHelp() throws {
+            let harness = try MountHarness()
+            let top = harness.sh("\"$K\" --help").stdout
+            let listed = top.split(separator: "\n").drop { !$0.hasPrefix("SUBCOMMANDS:") }.dropFirst()
+                .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && !$0.hasPrefix("  See ") }.compactMap { $0.split(separator: " ").first.map(String.init) }
+            #expect(listed.contains("exec") && listed.contains("service") && listed.count >= 20, "\(listed)")
+            for command in listed where command != "help" {
+                let help = harness.sh("\"$K\" \"$1\" --help", arguments: [command])
+                #expect(help.succeeded && help.stdout.contains("USAGE"), "\(command): \(help)")
+            }
+            // After `--`, `--help` is the command's own argument.
+            let passed = harness.sh("\"$K\" exec --keychain \"$KC\" -- --help")
+            #expect(passed.status == 127 && !passed.stdout.contains("USAGE"), "\(passed)")
+        }
     }
 }
 
-extension CommandLineTests {
+extension SerialTests.CommandLineTests {
     /// At a terminal the passcode is asked for without echo (twice for init).
     @Test func passcodesAtATerminalAreNotEchoedAndInitAsksTwice() throws {
         let harness = try MountHarness()
@@ -236,7 +238,7 @@ extension CommandLineTests {
     }
 }
 
-extension CommandLineTests {
+extension SerialTests.CommandLineTests {
     @Test func aTamperedKeychainIsRefusedWithAClearMessageAndLeftAsItWas() throws {
         let harness = try MountHarness()
         let mnt = try harness.mount()

@@ -8,7 +8,7 @@ import TestSupport
 /// answers the person's questions from a file: Deny, Allow once, Always
 /// allow. The creator is never asked; every answer does what it says; a
 /// denied program gets nothing but the item's path; nothing is lost.
-extension SecretServiceTests {
+extension SerialTests.SecretServiceTests {
     /// app-a and app-b in `$R`: `app store NAME VALUE` stores a password
     /// under the attribute name=NAME (replacing its own), `app lookup NAME`
     /// prints it, or `none`.

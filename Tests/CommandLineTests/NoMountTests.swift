@@ -3,87 +3,89 @@ import KeychainCore
 import Testing
 import TestSupport
 
-/// The device without a mount (issue 22): the first client that needs it
-/// starts it (booted, locked), as gpg-agent starts on first use; unlock,
-/// lock and status take the keychain as well as a mount point.
-@Suite struct NoMountTests {
-    @Test func clientsStartTheDeviceAndUnlockLockAndStatusNeedNoMount() throws {
-        let harness = try MountHarness()
-        func k(_ arguments: String, stdin: String? = nil) -> ShellResult {
-            harness.sh("\"$K\" \(arguments) --keychain \"$KC\"", stdin: stdin)
+extension SerialTests {
+    /// The device without a mount (issue 22): the first client that needs it
+    /// starts it (booted, locked), as gpg-agent starts on first use; unlock,
+    /// lock and status take the keychain as well as a mount point.
+    @Suite struct NoMountTests {
+        @Test func clientsStartTheDeviceAndUnlockLockAndStatusNeedNoMount() throws {
+            let harness = try MountHarness()
+            func k(_ arguments: String, stdin: String? = nil) -> ShellResult {
+                harness.sh("\"$K\" \(arguments) --keychain \"$KC\"", stdin: stdin)
+            }
+            #expect(k("status").stdout == "state: stopped\nmode: per-user\nkey-protection: file\n")
+            // The first client starts the device: booted, so locked.
+            let locked = k("set default/token", stdin: "v")
+            #expect(locked.status == 3 && locked.stderr.contains("locked"), "\(locked)")
+            #expect(k("status").stdout.hasPrefix("state: locked\nfirst-unlock: no\n"))
+            let wrong = k("unlock", stdin: "nope\n")
+            #expect(wrong.status == 4 && wrong.stderr.contains("wrong passcode"), "\(wrong)")
+            #expect(k("unlock", stdin: MountHarness.passcode + "\n").succeeded)
+            #expect(k("set default/token", stdin: "s3cret").succeeded)
+            #expect(k("get default/token").stdout == "s3cret")
+            #expect(k("status").stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\npasscode: yes\nfailed-attempts: 0\n"))
+            // A mount joins the running device and leaves it running.
+            let mnt = try harness.prepareMountpoint("mnt")
+            #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt]).succeeded)
+            #expect(readFile(mnt + "/default/token") == "s3cret")
+            #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
+            #expect(k("get default/token").stdout == "s3cret")
+            #expect(k("lock").succeeded)
+            #expect(k("get default/token").status == 3)
+            #expect(k("stop").succeeded)
+            #expect(k("status").stdout.hasPrefix("state: stopped"))
         }
-        #expect(k("status").stdout == "state: stopped\nmode: per-user\nkey-protection: file\n")
-        // The first client starts the device: booted, so locked.
-        let locked = k("set default/token", stdin: "v")
-        #expect(locked.status == 3 && locked.stderr.contains("locked"), "\(locked)")
-        #expect(k("status").stdout.hasPrefix("state: locked\nfirst-unlock: no\n"))
-        let wrong = k("unlock", stdin: "nope\n")
-        #expect(wrong.status == 4 && wrong.stderr.contains("wrong passcode"), "\(wrong)")
-        #expect(k("unlock", stdin: MountHarness.passcode + "\n").succeeded)
-        #expect(k("set default/token", stdin: "s3cret").succeeded)
-        #expect(k("get default/token").stdout == "s3cret")
-        #expect(k("status").stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\npasscode: yes\nfailed-attempts: 0\n"))
-        // A mount joins the running device and leaves it running.
-        let mnt = try harness.prepareMountpoint("mnt")
-        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt]).succeeded)
-        #expect(readFile(mnt + "/default/token") == "s3cret")
-        #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
-        #expect(k("get default/token").stdout == "s3cret")
-        #expect(k("lock").succeeded)
-        #expect(k("get default/token").status == 3)
-        #expect(k("stop").succeeded)
-        #expect(k("status").stdout.hasPrefix("state: stopped"))
-    }
 
-    /// git's `store` with no device running is not dropped unseen.
-    @Test func gitsStoreWithNoDeviceStartsItAndSaysItIsLocked() throws {
-        let harness = try MountHarness()
-        let store = harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
-                               stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n")
-        #expect(store.stderr.contains("locked"), "\(store)")
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
-        #expect(harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
-                           stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n").succeeded)
-        let get = harness.sh("\"$K\" git-credential get --keychain \"$KC\"", stdin: "protocol=https\nhost=example.com\n\n")
-        #expect(get.stdout.contains("password=pw"), "\(get)")
-    }
+        /// git's `store` with no device running is not dropped unseen.
+        @Test func gitsStoreWithNoDeviceStartsItAndSaysItIsLocked() throws {
+            let harness = try MountHarness()
+            let store = harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
+                                   stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n")
+            #expect(store.stderr.contains("locked"), "\(store)")
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+            #expect(harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
+                               stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n").succeeded)
+            let get = harness.sh("\"$K\" git-credential get --keychain \"$KC\"", stdin: "protocol=https\nhost=example.com\n\n")
+            #expect(get.stdout.contains("password=pw"), "\(get)")
+        }
 
-    /// `watch` and `autolock` take the keychain too: a watcher is one more
-    /// client of the device (it starts it, and keeps it running) and sees
-    /// what the command line and a mount change. Reads block on real
-    /// events; the auto-lock is waited for by its `will-lock` line.
-    @Test func watchAndAutoLockNeedNoMount() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.prepareMountpoint("mnt")
-        let watched = harness.sh("""
-            mkfifo "$R/events"
-            "$K" watch --keychain "$KC" > "$R/events" 2> "$R/watch.err" & watcher=$!
-            trap 'kill $watcher 2> /dev/null' EXIT
-            exec 3< "$R/events"
-            read -r state <&3
-            printf '%s\\n' "$2" | "$K" unlock --keychain "$KC"
-            printf s3cret | "$K" set default/token --keychain "$KC"
-            "$K" mount "$1" --keychain "$KC" && rm "$1/default/token" && "$K" unmount "$1"
-            "$K" autolock 8d --keychain "$KC" 2> "$R/bad.err"; echo "bad duration $?"; head -c 36 "$R/bad.err"; echo
-            "$K" autolock 1s --grace 0 --keychain "$KC"
-            lines="$state"
-            for n in 1 2 3 4 5; do read -r line <&3; lines="$lines|$line"; done
-            "$K" status --keychain "$KC" | grep autolock
-            "$K" stop --keychain "$KC"
-            wait $watcher; echo "watch status $?"; cat "$R/watch.err"
-            printf '%s\\n' "$lines"
-            """, arguments: [mnt, MountHarness.passcode])
-        let tab = "\t"
-        #expect(watched.stdout == """
-            bad duration 64
-            Error: The value '8d' is invalid for
-            autolock: 1
-            autolock-grace: 0
-            watch status 1
-            keychainfs: the device went away
-            locked|unlocked|written\(tab)default\(tab)token|removed\(tab)default\(tab)token|will-lock\(tab)0|locked
+        /// `watch` and `autolock` take the keychain too: a watcher is one more
+        /// client of the device (it starts it, and keeps it running) and sees
+        /// what the command line and a mount change. Reads block on real
+        /// events; the auto-lock is waited for by its `will-lock` line.
+        @Test func watchAndAutoLockNeedNoMount() throws {
+            let harness = try MountHarness()
+            let mnt = try harness.prepareMountpoint("mnt")
+            let watched = harness.sh("""
+                mkfifo "$R/events"
+                "$K" watch --keychain "$KC" > "$R/events" 2> "$R/watch.err" & watcher=$!
+                trap 'kill $watcher 2> /dev/null' EXIT
+                exec 3< "$R/events"
+                read -r state <&3
+                printf '%s\\n' "$2" | "$K" unlock --keychain "$KC"
+                printf s3cret | "$K" set default/token --keychain "$KC"
+                "$K" mount "$1" --keychain "$KC" && rm "$1/default/token" && "$K" unmount "$1"
+                "$K" autolock 8d --keychain "$KC" 2> "$R/bad.err"; echo "bad duration $?"; head -c 36 "$R/bad.err"; echo
+                "$K" autolock 1s --grace 0 --keychain "$KC"
+                lines="$state"
+                for n in 1 2 3 4 5; do read -r line <&3; lines="$lines|$line"; done
+                "$K" status --keychain "$KC" | grep autolock
+                "$K" stop --keychain "$KC"
+                wait $watcher; echo "watch status $?"; cat "$R/watch.err"
+                printf '%s\\n' "$lines"
+                """, arguments: [mnt, MountHarness.passcode])
+            let tab = "\t"
+            #expect(watched.stdout == """
+                bad duration 64
+                Error: The value '8d' is invalid for
+                autolock: 1
+                autolock-grace: 0
+                watch status 1
+                keychainfs: the device went away
+                locked|unlocked|written\(tab)default\(tab)token|removed\(tab)default\(tab)token|will-lock\(tab)0|locked
 
-            """, "\(watched)")
-        #expect(!watched.stdout.contains("s3cret"))
+                """, "\(watched)")
+            #expect(!watched.stdout.contains("s3cret"))
+        }
     }
 }

@@ -6,7 +6,7 @@ import TestSupport
 /// keyring, git's libsecret credential helper, each finding its items again
 /// by the attributes it gave them, through the bus, a mount and the command
 /// line alike.
-extension SecretServiceTests {
+extension SerialTests.SecretServiceTests {
     @Test func secretToolStoresReplacesLooksUpAndClearsItsOwnItems() throws {
         _ = try harness.prepareMountpoint("mnt")
         let used = onBus("""
@@ -205,7 +205,7 @@ extension SecretServiceTests {
 /// `keychainfs import secret-service` (issue 22): gnome-keyring's items
 /// move in whole, and once keychainfs serves the bus the programs that
 /// stored them find them by their own attributes.
-extension SecretServiceTests {
+extension SerialTests.SecretServiceTests {
     /// Runs `script` on a private session bus where gnome-keyring, as a
     /// session starts it (its login keyring made with a password on
     /// stdin), serves org.freedesktop.secrets. It runs in the foreground,

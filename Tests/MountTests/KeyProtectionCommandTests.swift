@@ -3,140 +3,142 @@ import KeychainCore
 import Testing
 import TestSupport
 
-/// Issue 30 through the command line and the service, as a user runs it.
-/// Item 5: a change of several steps (a bump of the TPM rollback
-/// counter, the move of a keychain to the TPM, a recovery) killed with
-/// SIGKILL at each step, through the command line as a user runs it. Every
-/// prefix boots the old or the new state, with every acknowledged write,
-/// or, for a recovery, is opened by running `recover` again: the hardware
-/// never keeps a user from their data.
-@Suite(.serialized) struct KeyProtectionCommandTests {
-    static let passcode = MountHarness.passcode
+extension SerialTests {
+    /// Issue 30 through the command line and the service, as a user runs it.
+    /// Item 5: a change of several steps (a bump of the TPM rollback
+    /// counter, the move of a keychain to the TPM, a recovery) killed with
+    /// SIGKILL at each step, through the command line as a user runs it. Every
+    /// prefix boots the old or the new state, with every acknowledged write,
+    /// or, for a recovery, is opened by running `recover` again: the hardware
+    /// never keeps a user from their data.
+    @Suite(.serialized) struct KeyProtectionCommandTests {
+        static let passcode = MountHarness.passcode
 
-    /// A keychain sealed by `tpm`, with `token` written and the device running.
-    static func sealedKeychain(on tpm: SoftwareTPM, crashAt step: String? = nil) throws -> MountHarness {
-        var environment = ["TPM2TOOLS_TCTI": tpm.tcti]
-        if let step { environment["KEYCHAINFS_CRASH_AT"] = step }
-        let harness = try MountHarness(environment: environment)
-        #expect(harness.status()["key-protection"] == "tpm2")
-        let unlocked = harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: passcode + "\n")
-        guard unlocked.succeeded else { throw HarnessError("unlock failed: \(unlocked)") }
-        let written = harness.sh("printf acknowledged | \"$K\" set --keychain \"$KC\" default/token")
-        guard written.succeeded else { throw HarnessError("set failed: \(written)") }
-        return harness
-    }
+        /// A keychain sealed by `tpm`, with `token` written and the device running.
+        static func sealedKeychain(on tpm: SoftwareTPM, crashAt step: String? = nil) throws -> MountHarness {
+            var environment = ["TPM2TOOLS_TCTI": tpm.tcti]
+            if let step { environment["KEYCHAINFS_CRASH_AT"] = step }
+            let harness = try MountHarness(environment: environment)
+            #expect(harness.status()["key-protection"] == "tpm2")
+            let unlocked = harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: passcode + "\n")
+            guard unlocked.succeeded else { throw HarnessError("unlock failed: \(unlocked)") }
+            let written = harness.sh("printf acknowledged | \"$K\" set --keychain \"$KC\" default/token")
+            guard written.succeeded else { throw HarnessError("set failed: \(written)") }
+            return harness
+        }
 
-    @Test(arguments: ["bump-begun", "bump-committed", "bump-counted"])
-    func aDeviceKilledAtAnyStepOfACounterBumpBootsWithEveryWrite(step: String) throws {
-        let tpm = try SoftwareTPM()
-        let harness = try Self.sealedKeychain(on: tpm, crashAt: step)
-        let before = try #require(harness.status()["rollback-counter"].flatMap { UInt64($0) })
-        // The lock bumps the counter; the device dies at `step` of it (the
-        // command still says locked, which a device that is gone is).
-        _ = harness.sh("\"$K\" lock --keychain \"$KC\"")
-        #expect(harness.status()["state"] == "stopped", "the device died at \(step)")
-        harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = nil
-        // A new device boots: the old epoch or the new one, and the write is there.
-        let unlocked = harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: Self.passcode + "\n")
-        #expect(unlocked.succeeded, "\(unlocked)")
-        #expect(harness.sh("\"$K\" get --keychain \"$KC\" default/token").stdout == "acknowledged")
-        let after = try #require(harness.status()["rollback-counter"].flatMap { UInt64($0) })
-        #expect(after == (step == "bump-begun" ? before : before + 1))
-        // And the next bump works on from there.
-        #expect(harness.sh("\"$K\" lock --keychain \"$KC\"").succeeded)
-        #expect(harness.status()["rollback-counter"].flatMap { UInt64($0) } == after + 1)
-    }
+        @Test(arguments: ["bump-begun", "bump-committed", "bump-counted"])
+        func aDeviceKilledAtAnyStepOfACounterBumpBootsWithEveryWrite(step: String) throws {
+            let tpm = try SoftwareTPM()
+            let harness = try Self.sealedKeychain(on: tpm, crashAt: step)
+            let before = try #require(harness.status()["rollback-counter"].flatMap { UInt64($0) })
+            // The lock bumps the counter; the device dies at `step` of it (the
+            // command still says locked, which a device that is gone is).
+            _ = harness.sh("\"$K\" lock --keychain \"$KC\"")
+            #expect(harness.status()["state"] == "stopped", "the device died at \(step)")
+            harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = nil
+            // A new device boots: the old epoch or the new one, and the write is there.
+            let unlocked = harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: Self.passcode + "\n")
+            #expect(unlocked.succeeded, "\(unlocked)")
+            #expect(harness.sh("\"$K\" get --keychain \"$KC\" default/token").stdout == "acknowledged")
+            let after = try #require(harness.status()["rollback-counter"].flatMap { UInt64($0) })
+            #expect(after == (step == "bump-begun" ? before : before + 1))
+            // And the next bump works on from there.
+            #expect(harness.sh("\"$K\" lock --keychain \"$KC\"").succeeded)
+            #expect(harness.status()["rollback-counter"].flatMap { UInt64($0) } == after + 1)
+        }
 
-    @Test func aMoveToTheTPMKilledAfterItsCommitIsFinishedAtTheNextBoot() throws {
-        let tpm = try SoftwareTPM()
-        let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
-        let created = harness.sh("\"$K\" init --no-tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
-        #expect(created.succeeded && created.stdout.contains("key protection: file"), "\(created)")
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
-        #expect(harness.sh("printf kept | \"$K\" set --keychain \"$KC\" default/token").succeeded)
-        #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
-        // Killed once the database says "sealed", before the device-secret file does.
-        harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = "seal-committed"
-        let killed = harness.sh("\"$K\" passcode --tpm --keychain \"$KC\"", stdin: "1234\n")
-        #expect(killed.status == 128 + SIGKILL, "\(killed)")
-        harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = nil
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
-        #expect(harness.sh("\"$K\" get --keychain \"$KC\" default/token").stdout == "kept")
-        #expect(harness.status()["key-protection"] == "tpm2")
-        let file = try Data(contentsOf: URL(fileURLWithPath: harness.keychain + "/device-secret"))
-        #expect(file.prefix(8) == Data("KCFSTPM2".utf8))
-    }
+        @Test func aMoveToTheTPMKilledAfterItsCommitIsFinishedAtTheNextBoot() throws {
+            let tpm = try SoftwareTPM()
+            let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
+            let created = harness.sh("\"$K\" init --no-tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(created.succeeded && created.stdout.contains("key protection: file"), "\(created)")
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
+            #expect(harness.sh("printf kept | \"$K\" set --keychain \"$KC\" default/token").succeeded)
+            #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
+            // Killed once the database says "sealed", before the device-secret file does.
+            harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = "seal-committed"
+            let killed = harness.sh("\"$K\" passcode --tpm --keychain \"$KC\"", stdin: "1234\n")
+            #expect(killed.status == 128 + SIGKILL, "\(killed)")
+            harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = nil
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
+            #expect(harness.sh("\"$K\" get --keychain \"$KC\" default/token").stdout == "kept")
+            #expect(harness.status()["key-protection"] == "tpm2")
+            let file = try Data(contentsOf: URL(fileURLWithPath: harness.keychain + "/device-secret"))
+            #expect(file.prefix(8) == Data("KCFSTPM2".utf8))
+        }
 
-    @Test func aRecoveryKilledAfterItsCommitIsDoneAgainWithTheSameKey() throws {
-        let tpm = try SoftwareTPM()
-        let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
-        let created = harness.sh("\"$K\" init --tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
-        #expect(created.succeeded, "\(created)")
-        let recoveryKey = try #require(created.stdout.split(separator: "\n").last.map(String.init))
-        #expect(recoveryKey.count == 71)
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
-        #expect(harness.sh("printf sealed | \"$K\" set --keychain \"$KC\" default/token").succeeded)
-        #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
-        try TrustedPlatformModule(tcti: tpm.tcti).clear()
-        let refused = harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n")
-        #expect(!refused.succeeded && refused.stderr.contains("keychainfs recover"), "\(refused)")
-        harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = "recover-committed"
-        let killed = harness.sh("\"$K\" recover --keychain \"$KC\"", stdin: recoveryKey + "\n5678\n5678\n")
-        #expect(killed.status == 128 + SIGKILL, "\(killed)")
-        harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = nil
-        let again = harness.sh("\"$K\" recover --keychain \"$KC\"", stdin: recoveryKey + "\n5678\n5678\n")
-        #expect(again.succeeded && again.stdout.contains("key protection: tpm2"), "\(again)")
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "5678\n").succeeded)
-        #expect(harness.sh("\"$K\" get --keychain \"$KC\" default/token").stdout == "sealed")
-        // A wrong recovery key is said, and changes nothing.
-        #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
-        let wrong = harness.sh("\"$K\" recover --keychain \"$KC\"",
-                               stdin: String(repeating: "cccccccc-", count: 7) + "cccccccc\n9999\n9999\n")
-        #expect(wrong.status != 0 && wrong.stderr.contains("not this keychain's recovery key"), "\(wrong)")
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "5678\n").succeeded)
-    }
+        @Test func aRecoveryKilledAfterItsCommitIsDoneAgainWithTheSameKey() throws {
+            let tpm = try SoftwareTPM()
+            let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
+            let created = harness.sh("\"$K\" init --tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(created.succeeded, "\(created)")
+            let recoveryKey = try #require(created.stdout.split(separator: "\n").last.map(String.init))
+            #expect(recoveryKey.count == 71)
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
+            #expect(harness.sh("printf sealed | \"$K\" set --keychain \"$KC\" default/token").succeeded)
+            #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
+            try TrustedPlatformModule(tcti: tpm.tcti).clear()
+            let refused = harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n")
+            #expect(!refused.succeeded && refused.stderr.contains("keychainfs recover"), "\(refused)")
+            harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = "recover-committed"
+            let killed = harness.sh("\"$K\" recover --keychain \"$KC\"", stdin: recoveryKey + "\n5678\n5678\n")
+            #expect(killed.status == 128 + SIGKILL, "\(killed)")
+            harness.extraEnvironment["KEYCHAINFS_CRASH_AT"] = nil
+            let again = harness.sh("\"$K\" recover --keychain \"$KC\"", stdin: recoveryKey + "\n5678\n5678\n")
+            #expect(again.succeeded && again.stdout.contains("key protection: tpm2"), "\(again)")
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "5678\n").succeeded)
+            #expect(harness.sh("\"$K\" get --keychain \"$KC\" default/token").stdout == "sealed")
+            // A wrong recovery key is said, and changes nothing.
+            #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
+            let wrong = harness.sh("\"$K\" recover --keychain \"$KC\"",
+                                   stdin: String(repeating: "cccccccc-", count: 7) + "cccccccc\n9999\n9999\n")
+            #expect(wrong.status != 0 && wrong.stderr.contains("not this keychain's recovery key"), "\(wrong)")
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "5678\n").succeeded)
+        }
 
-    @Test func initSaysHowTheKeysAreKeptAndStatusShowsItAsJSONToo() throws {
-        let tpm = try SoftwareTPM()
-        let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
-        // --tpm where none answers: nothing is created.
-        harness.extraEnvironment["TPM2TOOLS_TCTI"] = "swtpm:host=127.0.0.1,port=1"
-        let refused = harness.sh("\"$K\" init --tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
-        #expect(refused.status == 1 && refused.stderr.contains("no TPM answers"), "\(refused)")
-        #expect(!FileManager.default.fileExists(atPath: harness.keychain + "/keychain.db"))
-        // Without --tpm, a keychain is still made, and says how its keys are kept.
-        let inFile = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
-        #expect(inFile.succeeded && inFile.stdout.contains("key protection: file"), "\(inFile)")
-        try FileManager.default.removeItem(atPath: harness.keychain)
-        harness.extraEnvironment["TPM2TOOLS_TCTI"] = tpm.tcti
-        let sealed = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
-        #expect(sealed.succeeded && sealed.stdout.contains("key protection: tpm2"), "\(sealed)")
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
-        #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "0000\n").status == 4)
-        let json = harness.sh("\"$K\" status --json --keychain \"$KC\"").stdout
-        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any], "\(json)")
-        #expect(object["key-protection"] as? String == "tpm2")
-        #expect(object["tpm-lockout"] as? String == "1 of 3", "\(json)")
-        #expect(object["rollback-counter"] as? Int != nil, "\(json)")
-        // A mount's .control says the same.
-        let mountpoint = try harness.mount()
-        #expect(harness.status(mountpoint)["key-protection"] == "tpm2")
-        #expect(harness.status(mountpoint)["tpm-lockout"] == "1 of 3")
-    }
+        @Test func initSaysHowTheKeysAreKeptAndStatusShowsItAsJSONToo() throws {
+            let tpm = try SoftwareTPM()
+            let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
+            // --tpm where none answers: nothing is created.
+            harness.extraEnvironment["TPM2TOOLS_TCTI"] = "swtpm:host=127.0.0.1,port=1"
+            let refused = harness.sh("\"$K\" init --tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(refused.status == 1 && refused.stderr.contains("no TPM answers"), "\(refused)")
+            #expect(!FileManager.default.fileExists(atPath: harness.keychain + "/keychain.db"))
+            // Without --tpm, a keychain is still made, and says how its keys are kept.
+            let inFile = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(inFile.succeeded && inFile.stdout.contains("key protection: file"), "\(inFile)")
+            try FileManager.default.removeItem(atPath: harness.keychain)
+            harness.extraEnvironment["TPM2TOOLS_TCTI"] = tpm.tcti
+            let sealed = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(sealed.succeeded && sealed.stdout.contains("key protection: tpm2"), "\(sealed)")
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "0000\n").status == 4)
+            let json = harness.sh("\"$K\" status --json --keychain \"$KC\"").stdout
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any], "\(json)")
+            #expect(object["key-protection"] as? String == "tpm2")
+            #expect(object["tpm-lockout"] as? String == "1 of 3", "\(json)")
+            #expect(object["rollback-counter"] as? Int != nil, "\(json)")
+            // A mount's .control says the same.
+            let mountpoint = try harness.mount()
+            #expect(harness.status(mountpoint)["key-protection"] == "tpm2")
+            #expect(harness.status(mountpoint)["tpm-lockout"] == "1 of 3")
+        }
 
-    @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
-        let tpm = try SoftwareTPM()
-        let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
-        let harness = try MountHarness(as: try OrdinaryUser(), service: service, creating: false)
-        let created = harness.sh("\"$K\" init", stdin: "1234\n1234\n")
-        #expect(created.succeeded && created.stdout.contains("key protection: tpm2"), "\(created)")
-        let recoveryKey = try #require(created.stdout.split(separator: "\n").last.map(String.init))
-        #expect(recoveryKey.count == 71 && recoveryKey.split(separator: "-").count == 8)
-        #expect(harness.sh("\"$K\" unlock", stdin: "1234\n").succeeded)
-        let status = harness.sh("\"$K\" status").stdout
-        #expect(status.contains("key-protection: tpm2") && status.contains("rollback-counter: "), "\(status)")
-        let file = try Data(contentsOf: URL(fileURLWithPath: service.keychain(of: harness.user!) + "/device-secret"))
-        #expect(file.prefix(8) == Data("KCFSTPM2".utf8))
+        @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
+            let tpm = try SoftwareTPM()
+            let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
+            let harness = try MountHarness(as: try OrdinaryUser(), service: service, creating: false)
+            let created = harness.sh("\"$K\" init", stdin: "1234\n1234\n")
+            #expect(created.succeeded && created.stdout.contains("key protection: tpm2"), "\(created)")
+            let recoveryKey = try #require(created.stdout.split(separator: "\n").last.map(String.init))
+            #expect(recoveryKey.count == 71 && recoveryKey.split(separator: "-").count == 8)
+            #expect(harness.sh("\"$K\" unlock", stdin: "1234\n").succeeded)
+            let status = harness.sh("\"$K\" status").stdout
+            #expect(status.contains("key-protection: tpm2") && status.contains("rollback-counter: "), "\(status)")
+            let file = try Data(contentsOf: URL(fileURLWithPath: service.keychain(of: harness.user!) + "/device-secret"))
+            #expect(file.prefix(8) == Data("KCFSTPM2".utf8))
+        }
     }
 }
 

@@ -5,75 +5,77 @@ import Testing
 import TestSupport
 @testable import KeychainCore
 
-/// Promises kept under load and at the worst moments. Sizes are bounded for
-/// CI; `KEYCHAINFS_STRESS_SCALE=N` (scripts/stress) multiplies them.
-@Suite struct StressTests {
-    static let scale = Int(ProcessInfo.processInfo.environment["KEYCHAINFS_STRESS_SCALE"] ?? "") ?? 1
+extension SerialTests {
+    /// Promises kept under load and at the worst moments. Sizes are bounded for
+    /// CI; `KEYCHAINFS_STRESS_SCALE=N` (scripts/stress) multiplies them.
+    @Suite struct StressTests {
+        static let scale = Int(ProcessInfo.processInfo.environment["KEYCHAINFS_STRESS_SCALE"] ?? "") ?? 1
 
-    /// `kill -9` of the device at random moments under four writers: every
-    /// write whose close returned 0 reads back exactly, the one in flight
-    /// is the old or the new value, the database passes integrity_check, and
-    /// the next mount works at once.
-    @Test func killingTheDeviceAtRandomMomentsLosesNoAcknowledgedWrite() throws {
-        let harness = try MountHarness()
-        let mnt = harness.root + "/mnt"
-        var ledger = WriteLedger()
-        for round in 0..<(20 * Self.scale) {
-            let pid = try harness.mountForeground()
-            try harness.unlock(mnt)
-            // Every value acknowledged so far is there, exactly (or the in-flight one).
-            for (path, allowed) in ledger.allowedValues() {
-                let value = readFile(mnt + path)
-                #expect(allowed.contains(value), "round \(round): \(path) is \(value ?? "absent"), allowed \(allowed)")
+        /// `kill -9` of the device at random moments under four writers: every
+        /// write whose close returned 0 reads back exactly, the one in flight
+        /// is the old or the new value, the database passes integrity_check, and
+        /// the next mount works at once.
+        @Test func killingTheDeviceAtRandomMomentsLosesNoAcknowledgedWrite() throws {
+            let harness = try MountHarness()
+            let mnt = harness.root + "/mnt"
+            var ledger = WriteLedger()
+            for round in 0..<(20 * Self.scale) {
+                let pid = try harness.mountForeground()
+                try harness.unlock(mnt)
+                // Every value acknowledged so far is there, exactly (or the in-flight one).
+                for (path, allowed) in ledger.allowedValues() {
+                    let value = readFile(mnt + path)
+                    #expect(allowed.contains(value), "round \(round): \(path) is \(value ?? "absent"), allowed \(allowed)")
+                }
+                ledger.settle { readFile(mnt + $0) }
+                let writers = (0..<4).map { writer in
+                    WriterThread(mnt: mnt, writer: writer, round: round, ledger: ledger.shared)
+                }
+                usleep(UInt32.random(in: 20_000...150_000))  // a random moment: this is the experiment, not a wait
+                #expect(kill(pid, SIGKILL) == 0)
+                _ = Spawn.wait(pid)
+                writers.forEach { $0.join() }
+                ledger.collect()
+                #expect(try integrityCheck(harness.keychain) == "ok")
             }
-            ledger.settle { readFile(mnt + $0) }
-            let writers = (0..<4).map { writer in
-                WriterThread(mnt: mnt, writer: writer, round: round, ledger: ledger.shared)
-            }
-            usleep(UInt32.random(in: 20_000...150_000))  // a random moment: this is the experiment, not a wait
-            #expect(kill(pid, SIGKILL) == 0)
-            _ = Spawn.wait(pid)
-            writers.forEach { $0.join() }
-            ledger.collect()
-            #expect(try integrityCheck(harness.keychain) == "ok")
+            #expect(ledger.acknowledgedCount > 20 * Self.scale, "too few writes were acknowledged to test anything")
         }
-        #expect(ledger.acknowledgedCount > 20 * Self.scale, "too few writes were acknowledged to test anything")
-    }
 
-    /// Sixteen threads write, read, rename and delete across two groups
-    /// while another locks and unlocks: no torn value, no errno but EACCES
-    /// (locked) and ENOENT (renamed or removed), no hang, no descriptor left
-    /// open in the device.
-    @Test func sixteenThreadsAndALockTogglerSeeOnlyWholeValuesAndExpectedErrors() throws {
-        let (harness, mnt) = try MountHarness.unlockedMount()
-        #expect(mkdir(mnt + "/second", 0o700) == 0)
-        let pid = try #require(MountHarness.devicePid(mnt))
-        let descriptorsBefore = openDescriptors(pid)
-        let run = ChurnRun()
-        let done = DispatchGroup()
-        for worker in 0..<16 {
+        /// Sixteen threads write, read, rename and delete across two groups
+        /// while another locks and unlocks: no torn value, no errno but EACCES
+        /// (locked) and ENOENT (renamed or removed), no hang, no descriptor left
+        /// open in the device.
+        @Test func sixteenThreadsAndALockTogglerSeeOnlyWholeValuesAndExpectedErrors() throws {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            #expect(mkdir(mnt + "/second", 0o700) == 0)
+            let pid = try #require(MountHarness.devicePid(mnt))
+            let descriptorsBefore = openDescriptors(pid)
+            let run = ChurnRun()
+            let done = DispatchGroup()
+            for worker in 0..<16 {
+                done.enter()
+                Thread {
+                    churn(mnt: mnt, worker: worker, run: run)
+                    done.leave()
+                }.start()
+            }
             done.enter()
             Thread {
-                churn(mnt: mnt, worker: worker, run: run)
+                while !run.stop.load(ordering: .relaxed) {
+                    _ = writeErrno(mnt + "/.control", "lock\n")
+                    _ = writeErrno(mnt + "/.control", "unlock \(MountHarness.passcode)\n")
+                }
                 done.leave()
             }.start()
+            run.finish(after: 2 * Self.scale, threads: done)
+            #expect(openDescriptors(pid) == descriptorsBefore)
+            #expect(isRunning(pid))
+            withExtendedLifetime(harness) {}  // its deinit unmounts
         }
-        done.enter()
-        Thread {
-            while !run.stop.load(ordering: .relaxed) {
-                _ = writeErrno(mnt + "/.control", "lock\n")
-                _ = writeErrno(mnt + "/.control", "unlock \(MountHarness.passcode)\n")
-            }
-            done.leave()
-        }.start()
-        run.finish(after: 2 * Self.scale, threads: done)
-        #expect(openDescriptors(pid) == descriptorsBefore)
-        #expect(isRunning(pid))
-        withExtendedLifetime(harness) {}  // its deinit unmounts
     }
 }
 
-extension StressTests {
+extension SerialTests.StressTests {
     /// A name replaced atomically (`rename` over it) always exists: readers
     /// racing the replacements never see ENOENT, and never ESTALE (the
     /// kernel looks a name up again after one ESTALE, but only once, so

@@ -3,75 +3,77 @@ import KeychainCore
 import Testing
 import TestSupport
 
-/// The TPM layer of issue 30, against a software TPM per test: a secret
-/// sealed under an auth opens only with that auth, only on that TPM;
-/// wrong auths lock the TPM out, across a reboot; the NV counter only
-/// goes up and survives a reboot.
-@Suite struct TrustedPlatformModuleTests {
-    static func secret(_ text: String) throws -> SecureBytes { try SecureBytes(text) }
+extension SerialTests {
+    /// The TPM layer of issue 30, against a software TPM per test: a secret
+    /// sealed under an auth opens only with that auth, only on that TPM;
+    /// wrong auths lock the TPM out, across a reboot; the NV counter only
+    /// goes up and survives a reboot.
+    @Suite struct TrustedPlatformModuleTests {
+        static func secret(_ text: String) throws -> SecureBytes { try SecureBytes(text) }
 
-    @Test func aSealedSecretOpensOnlyWithItsAuth() throws {
-        let software = try SoftwareTPM()
-        let tpm = try TrustedPlatformModule(tcti: software.tcti)
-        let blob = try tpm.seal(try Self.secret("device secret of 32 bytes, exact"), auth: try Self.secret("right auth"))
-        #expect(blob.count > 100)
-        let opened = try tpm.unseal(blob, auth: try Self.secret("right auth"))
-        #expect(opened.withUnsafeBytes { Array($0) } == Array("device secret of 32 bytes, exact".utf8))
-        #expect(throws: TPMError.authFailed) { try tpm.unseal(blob, auth: try Self.secret("wrong auth")) }
-        // The wrong one was counted by the TPM itself.
-        #expect(try tpm.lockout().failures == 1)
-        // A damaged blob opens nothing.
-        #expect(throws: TPMError.notThisTPM) { try tpm.unseal(Array(blob.dropLast(7)), auth: try Self.secret("right auth")) }
-    }
-
-    @Test func wrongAuthsLockTheTPMOutEvenAcrossAReboot() throws {
-        let software = try SoftwareTPM()
-        var tpm = try TrustedPlatformModule(tcti: software.tcti)
-        let blob = try tpm.seal(try Self.secret("s"), auth: try Self.secret("1234"))
-        let limits = try tpm.lockout()
-        #expect(limits.maximum >= 1)
-        for _ in 0..<Int(limits.maximum) {
-            #expect(throws: TPMError.authFailed) { try tpm.unseal(blob, auth: try Self.secret("0000")) }
+        @Test func aSealedSecretOpensOnlyWithItsAuth() throws {
+            let software = try SoftwareTPM()
+            let tpm = try TrustedPlatformModule(tcti: software.tcti)
+            let blob = try tpm.seal(try Self.secret("device secret of 32 bytes, exact"), auth: try Self.secret("right auth"))
+            #expect(blob.count > 100)
+            let opened = try tpm.unseal(blob, auth: try Self.secret("right auth"))
+            #expect(opened.withUnsafeBytes { Array($0) } == Array("device secret of 32 bytes, exact".utf8))
+            #expect(throws: TPMError.authFailed) { try tpm.unseal(blob, auth: try Self.secret("wrong auth")) }
+            // The wrong one was counted by the TPM itself.
+            #expect(try tpm.lockout().failures == 1)
+            // A damaged blob opens nothing.
+            #expect(throws: TPMError.notThisTPM) { try tpm.unseal(Array(blob.dropLast(7)), auth: try Self.secret("right auth")) }
         }
-        // Now even the right passcode gets nothing: guesses are bounded in hardware.
-        #expect(throws: TPMError.lockedOut) { try tpm.unseal(blob, auth: try Self.secret("1234")) }
-        try software.restart()
-        tpm = try TrustedPlatformModule(tcti: software.tcti)
-        #expect(throws: TPMError.lockedOut) { try tpm.unseal(blob, auth: try Self.secret("1234")) }
-        #expect(try tpm.lockout().failures == limits.maximum)
-    }
 
-    @Test func aBlobSealedByAnotherTPMDoesNotLoad() throws {
-        let first = try SoftwareTPM(), second = try SoftwareTPM()
-        let blob = try TrustedPlatformModule(tcti: first.tcti).seal(try Self.secret("s"), auth: try Self.secret("1234"))
-        let other = try TrustedPlatformModule(tcti: second.tcti)
-        #expect(throws: TPMError.notThisTPM) { try other.unseal(blob, auth: try Self.secret("1234")) }
-        // And the right TPM still opens it.
-        let opened = try TrustedPlatformModule(tcti: first.tcti).unseal(blob, auth: try Self.secret("1234"))
-        #expect(opened.withUnsafeBytes { Array($0) } == Array("s".utf8))
-    }
+        @Test func wrongAuthsLockTheTPMOutEvenAcrossAReboot() throws {
+            let software = try SoftwareTPM()
+            var tpm = try TrustedPlatformModule(tcti: software.tcti)
+            let blob = try tpm.seal(try Self.secret("s"), auth: try Self.secret("1234"))
+            let limits = try tpm.lockout()
+            #expect(limits.maximum >= 1)
+            for _ in 0..<Int(limits.maximum) {
+                #expect(throws: TPMError.authFailed) { try tpm.unseal(blob, auth: try Self.secret("0000")) }
+            }
+            // Now even the right passcode gets nothing: guesses are bounded in hardware.
+            #expect(throws: TPMError.lockedOut) { try tpm.unseal(blob, auth: try Self.secret("1234")) }
+            try software.restart()
+            tpm = try TrustedPlatformModule(tcti: software.tcti)
+            #expect(throws: TPMError.lockedOut) { try tpm.unseal(blob, auth: try Self.secret("1234")) }
+            #expect(try tpm.lockout().failures == limits.maximum)
+        }
 
-    @Test func theCounterOnlyGoesUpAndSurvivesAReboot() throws {
-        let software = try SoftwareTPM()
-        var tpm = try TrustedPlatformModule(tcti: software.tcti)
-        let index: UInt32 = 0x0180_4B43
-        try tpm.defineCounter(at: index)
-        #expect(try tpm.counter(at: index) >= 1)
-        let first = try tpm.counter(at: index)
-        #expect(try tpm.increment(counter: index) == first + 1)
-        #expect(try tpm.increment(counter: index) == first + 2)
-        #expect(throws: TPMError.indexTaken) { try tpm.defineCounter(at: index) }
-        try software.restart()
-        tpm = try TrustedPlatformModule(tcti: software.tcti)
-        #expect(try tpm.counter(at: index) == first + 2)
-    }
+        @Test func aBlobSealedByAnotherTPMDoesNotLoad() throws {
+            let first = try SoftwareTPM(), second = try SoftwareTPM()
+            let blob = try TrustedPlatformModule(tcti: first.tcti).seal(try Self.secret("s"), auth: try Self.secret("1234"))
+            let other = try TrustedPlatformModule(tcti: second.tcti)
+            #expect(throws: TPMError.notThisTPM) { try other.unseal(blob, auth: try Self.secret("1234")) }
+            // And the right TPM still opens it.
+            let opened = try TrustedPlatformModule(tcti: first.tcti).unseal(blob, auth: try Self.secret("1234"))
+            #expect(opened.withUnsafeBytes { Array($0) } == Array("s".utf8))
+        }
 
-    @Test func noTPMIsSaidPlainly() {
-        #expect {
-            try TrustedPlatformModule(tcti: "swtpm:host=127.0.0.1,port=1")
-        } throws: { error in
-            guard case TPMError.unavailable = error else { return false }
-            return true
+        @Test func theCounterOnlyGoesUpAndSurvivesAReboot() throws {
+            let software = try SoftwareTPM()
+            var tpm = try TrustedPlatformModule(tcti: software.tcti)
+            let index: UInt32 = 0x0180_4B43
+            try tpm.defineCounter(at: index)
+            #expect(try tpm.counter(at: index) >= 1)
+            let first = try tpm.counter(at: index)
+            #expect(try tpm.increment(counter: index) == first + 1)
+            #expect(try tpm.increment(counter: index) == first + 2)
+            #expect(throws: TPMError.indexTaken) { try tpm.defineCounter(at: index) }
+            try software.restart()
+            tpm = try TrustedPlatformModule(tcti: software.tcti)
+            #expect(try tpm.counter(at: index) == first + 2)
+        }
+
+        @Test func noTPMIsSaidPlainly() {
+            #expect {
+                try TrustedPlatformModule(tcti: "swtpm:host=127.0.0.1,port=1")
+            } throws: { error in
+                guard case TPMError.unavailable = error else { return false }
+                return true
+            }
         }
     }
 }

@@ -3,107 +3,111 @@ import Foundation
 import Testing
 import TestSupport
 
-@Suite struct XattrTests {
-    @Test func classAttributesReadWhileLockedAndSettingReEncrypts() throws {
-        let (harness, mnt) = try MountHarness.unlockedMount()
-        let item = mnt + "/default/item"
-        #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
-        #expect(harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout.contains("user.keychain.accessible=\"whenUnlocked\""))
-        #expect(harness.sh("setfattr -n user.keychain.migratable -v no \"$1\"", arguments: [item]).succeeded)
-        #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
-                == "whenUnlockedThisDeviceOnly")
-        #expect(harness.sh("setfattr -n user.keychain.accessible -v alwaysThisDeviceOnly \"$1\"", arguments: [item]).succeeded)
-        #expect(harness.control(mnt, "lock").succeeded)
-        #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "v")
-        #expect(harness.sh("getfattr --only-values -n user.keychain.migratable \"$1\"", arguments: [item]).stdout == "no")
-        // Moving it back to a locked class needs that class's key.
-        let locked = harness.sh("setfattr -n user.keychain.accessible -v whenUnlocked \"$1\"", arguments: [item])
-        #expect(locked.stderr.contains("Permission denied"))
-        #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
-                == "alwaysThisDeviceOnly")
-    }
+extension SerialTests {
+    @Suite struct XattrTests {
+        @Test func classAttributesReadWhileLockedAndSettingReEncrypts() throws {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            let item = mnt + "/default/item"
+            #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
+            #expect(harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout.contains("user.keychain.accessible=\"whenUnlocked\""))
+            #expect(harness.sh("setfattr -n user.keychain.migratable -v no \"$1\"", arguments: [item]).succeeded)
+            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
+                    == "whenUnlockedThisDeviceOnly")
+            #expect(harness.sh("setfattr -n user.keychain.accessible -v alwaysThisDeviceOnly \"$1\"", arguments: [item]).succeeded)
+            #expect(harness.control(mnt, "lock").succeeded)
+            #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "v")
+            #expect(harness.sh("getfattr --only-values -n user.keychain.migratable \"$1\"", arguments: [item]).stdout == "no")
+            // Moving it back to a locked class needs that class's key.
+            let locked = harness.sh("setfattr -n user.keychain.accessible -v whenUnlocked \"$1\"", arguments: [item])
+            #expect(locked.stderr.contains("Permission denied"))
+            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
+                    == "alwaysThisDeviceOnly")
+        }
 
-    @Test func badAttributeNamesAndValuesChangeNothing() throws {
-        let (harness, mnt) = try MountHarness.unlockedMount()
-        let item = mnt + "/default/item"
-        #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
-        #expect(harness.sh("setfattr -n user.keychain.accessible -v sometimes \"$1\"", arguments: [item]).stderr.contains("Invalid argument"))
-        #expect(harness.sh("setfattr -n user.keychain.migratable -v maybe \"$1\"", arguments: [item]).stderr.contains("Invalid argument"))
-        #expect(harness.sh("setfattr -n user.other -v x \"$1\"", arguments: [item]).stderr.contains("Operation not supported"))
-        #expect(harness.sh("getfattr -n user.other \"$1\"", arguments: [item]).stderr.contains("No such attribute"))
-        #expect(harness.sh("setfattr -x user.keychain.accessible \"$1\"", arguments: [item]).stderr.contains("Operation not permitted"))
-        #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout == "whenUnlocked")
-        #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1/default\"", arguments: [mnt]).stderr.contains("No such attribute"))
+        @Test func badAttributeNamesAndValuesChangeNothing() throws {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            let item = mnt + "/default/item"
+            #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
+            #expect(harness.sh("setfattr -n user.keychain.accessible -v sometimes \"$1\"", arguments: [item]).stderr.contains("Invalid argument"))
+            #expect(harness.sh("setfattr -n user.keychain.migratable -v maybe \"$1\"", arguments: [item]).stderr.contains("Invalid argument"))
+            #expect(harness.sh("setfattr -n user.other -v x \"$1\"", arguments: [item]).stderr.contains("Operation not supported"))
+            #expect(harness.sh("getfattr -n user.other \"$1\"", arguments: [item]).stderr.contains("No such attribute"))
+            #expect(harness.sh("setfattr -x user.keychain.accessible \"$1\"", arguments: [item]).stderr.contains("Operation not permitted"))
+            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout == "whenUnlocked")
+            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1/default\"", arguments: [mnt]).stderr.contains("No such attribute"))
+        }
     }
 }
 
-@Suite struct ControlFileTests {
-    @Test func statusReportsTheDevice() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        var status = harness.status(mnt)
-        #expect(status["state"] == "locked")
-        #expect(status["first-unlock"] == "no")
-        #expect(status["accessmode"] == "whenUnlocked")
-        #expect(status["migrate"] == "yes")
-        // The mode says what it cannot protect against.
-        #expect(status["mode"] == "per-user")
-        #expect(status["mode-limits"]?.contains("any program of this user can read them") == true)
-        // And how the keys are kept: a file, open to offline guessing (issue 30).
-        #expect(status["key-protection"] == "file")
-        #expect(status["key-protection-limits"]?.contains("guessed offline") == true)
-        try harness.unlock(mnt)
-        #expect(harness.control(mnt, "accessmode afterFirstUnlock").succeeded)
-        #expect(harness.control(mnt, "migrate no").succeeded)
-        status = harness.status(mnt)
-        #expect(status["state"] == "unlocked")
-        #expect(status["first-unlock"] == "yes")
-        #expect(status["accessmode"] == "afterFirstUnlock")
-        #expect(status["migrate"] == "no")
-        #expect(harness.sh("printf v > \"$1/default/item\" && getfattr --only-values -n user.keychain.accessible \"$1/default/item\"",
-                           arguments: [mnt]).stdout == "afterFirstUnlockThisDeviceOnly")
-        #expect(harness.control(mnt, "purge").succeeded)
-        #expect(harness.control(mnt, "background").succeeded)
-        // Shells that truncate before writing (no atomic O_TRUNC) still reach the commands.
-        #expect(harness.sh("truncate -s 0 \"$1/.control\" && echo lock > \"$1/.control\"", arguments: [mnt]).succeeded)
-        #expect(harness.status(mnt)["state"] == "locked")
-    }
-
-    @Test(arguments: ["bogus", "lock now", "accessmode sometimes", "accessmode", "migrate maybe",
-                      "accessmode always\nbogus", "\n", "unlock"])
-    func badCommandsFailWithEINVALAndChangeNothing(_ command: String) throws {
-        let (harness, mnt) = try MountHarness.unlockedMount()
-        let before = harness.status(mnt)
-        // "unlock" alone is malformed only for a keychain with a passcode: a wrong passcode, EACCES.
-        #expect(writeErrno(mnt + "/.control", command) == (command == "unlock" ? EACCES : EINVAL))
-        #expect(harness.status(mnt).filter { $0.key != "failed-attempts" } == before.filter { $0.key != "failed-attempts" })
-        let shell = harness.sh("echo \"$2\" > \"$1/.control\"", arguments: [mnt, "bogus"])
-        #expect(shell.stderr.contains("Invalid argument") || shell.stderr.contains("I/O error"))
-    }
-
-    @Test func wrongPasscodesAreEACCESAndEscalateToALockout() throws {
-        let harness = try MountHarness()
-        let mnt = try harness.mount()
-        for attempt in 1...5 {
-            let result = harness.control(mnt, "unlock wrong\(attempt)")
-            #expect(result.stderr.contains("Permission denied"))
+extension SerialTests {
+    @Suite struct ControlFileTests {
+        @Test func statusReportsTheDevice() throws {
+            let harness = try MountHarness()
+            let mnt = try harness.mount()
+            var status = harness.status(mnt)
+            #expect(status["state"] == "locked")
+            #expect(status["first-unlock"] == "no")
+            #expect(status["accessmode"] == "whenUnlocked")
+            #expect(status["migrate"] == "yes")
+            // The mode says what it cannot protect against.
+            #expect(status["mode"] == "per-user")
+            #expect(status["mode-limits"]?.contains("any program of this user can read them") == true)
+            // And how the keys are kept: a file, open to offline guessing (issue 30).
+            #expect(status["key-protection"] == "file")
+            #expect(status["key-protection-limits"]?.contains("guessed offline") == true)
+            try harness.unlock(mnt)
+            #expect(harness.control(mnt, "accessmode afterFirstUnlock").succeeded)
+            #expect(harness.control(mnt, "migrate no").succeeded)
+            status = harness.status(mnt)
+            #expect(status["state"] == "unlocked")
+            #expect(status["first-unlock"] == "yes")
+            #expect(status["accessmode"] == "afterFirstUnlock")
+            #expect(status["migrate"] == "no")
+            #expect(harness.sh("printf v > \"$1/default/item\" && getfattr --only-values -n user.keychain.accessible \"$1/default/item\"",
+                               arguments: [mnt]).stdout == "afterFirstUnlockThisDeviceOnly")
+            #expect(harness.control(mnt, "purge").succeeded)
+            #expect(harness.control(mnt, "background").succeeded)
+            // Shells that truncate before writing (no atomic O_TRUNC) still reach the commands.
+            #expect(harness.sh("truncate -s 0 \"$1/.control\" && echo lock > \"$1/.control\"", arguments: [mnt]).succeeded)
+            #expect(harness.status(mnt)["state"] == "locked")
         }
-        let status = harness.status(mnt)
-        #expect(status["state"] == "locked")
-        #expect(status["failed-attempts"] == "5")
-        #expect(Int(status["retry-after"] ?? "") ?? 0 > 0)
-        // During the lockout even the right passcode is refused, and the CLI says why.
-        let refused = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: MountHarness.passcode + "\n")
-        #expect(!refused.succeeded)
-        #expect(refused.stderr.contains("more seconds"))
-        #expect(harness.status(mnt)["state"] == "locked")
-    }
 
-    @Test func keychainWithoutPasscodeUnlocksWithABareUnlock() throws {
-        let harness = try MountHarness(passcode: nil)
-        let mnt = try harness.mount()
-        #expect(harness.status(mnt)["passcode"] == "no")
-        #expect(harness.control(mnt, "unlock").succeeded)
-        #expect(harness.status(mnt)["state"] == "unlocked")
+        @Test(arguments: ["bogus", "lock now", "accessmode sometimes", "accessmode", "migrate maybe",
+                          "accessmode always\nbogus", "\n", "unlock"])
+        func badCommandsFailWithEINVALAndChangeNothing(_ command: String) throws {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            let before = harness.status(mnt)
+            // "unlock" alone is malformed only for a keychain with a passcode: a wrong passcode, EACCES.
+            #expect(writeErrno(mnt + "/.control", command) == (command == "unlock" ? EACCES : EINVAL))
+            #expect(harness.status(mnt).filter { $0.key != "failed-attempts" } == before.filter { $0.key != "failed-attempts" })
+            let shell = harness.sh("echo \"$2\" > \"$1/.control\"", arguments: [mnt, "bogus"])
+            #expect(shell.stderr.contains("Invalid argument") || shell.stderr.contains("I/O error"))
+        }
+
+        @Test func wrongPasscodesAreEACCESAndEscalateToALockout() throws {
+            let harness = try MountHarness()
+            let mnt = try harness.mount()
+            for attempt in 1...5 {
+                let result = harness.control(mnt, "unlock wrong\(attempt)")
+                #expect(result.stderr.contains("Permission denied"))
+            }
+            let status = harness.status(mnt)
+            #expect(status["state"] == "locked")
+            #expect(status["failed-attempts"] == "5")
+            #expect(Int(status["retry-after"] ?? "") ?? 0 > 0)
+            // During the lockout even the right passcode is refused, and the CLI says why.
+            let refused = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: MountHarness.passcode + "\n")
+            #expect(!refused.succeeded)
+            #expect(refused.stderr.contains("more seconds"))
+            #expect(harness.status(mnt)["state"] == "locked")
+        }
+
+        @Test func keychainWithoutPasscodeUnlocksWithABareUnlock() throws {
+            let harness = try MountHarness(passcode: nil)
+            let mnt = try harness.mount()
+            #expect(harness.status(mnt)["passcode"] == "no")
+            #expect(harness.control(mnt, "unlock").succeeded)
+            #expect(harness.status(mnt)["state"] == "unlocked")
+        }
     }
 }

@@ -2,106 +2,111 @@ import Foundation
 import KeychainCore
 import Synchronization
 import Testing
+import TestSupport
 @testable import SecretService
 
-/// A store of the test's own behind the provider (issue 31: `SecretStore`
-/// hides the device): the provider serves a private bus, and `secret-tool`,
-/// a real client, sees what the store answers, mapped as the spec says.
-/// No keychain, no device.
-@Suite(.serialized) struct FakeStoreProviderTests {
-    /// One item, `work/mail`; what each request gets is set by the test.
-    final class FakeStore: SecretStore, @unchecked Sendable {
-        let answers: Mutex<[String: DeviceReply]>
-        let asked = Mutex<[String]>([])
+/// It starts processes (a bus daemon, secret-tool): one at a time with the
+/// device tests, whose open files a child would inherit for an instant.
+extension SerialTests {
+    /// A store of the test's own behind the provider (issue 31: `SecretStore`
+    /// hides the device): the provider serves a private bus, and `secret-tool`,
+    /// a real client, sees what the store answers, mapped as the spec says.
+    /// No keychain, no device.
+    @Suite struct FakeStoreProviderTests {
+        /// One item, `work/mail`; what each request gets is set by the test.
+        final class FakeStore: SecretStore, @unchecked Sendable {
+            let answers: Mutex<[String: DeviceReply]>
+            let asked = Mutex<[String]>([])
 
-        init(get: DeviceReply, set: DeviceReply, remove: DeviceReply) {
-            answers = Mutex(["get": get, "set": set, "remove": remove])
-        }
-
-        var isLocked: Bool { false }
-        func isAvailable(_ protectionClass: ProtectionClass) -> Bool { true }
-        func appsOwnItems(inGroup group: String) -> Bool { false }
-        func setSecretServiceState(_ state: String?) {}
-        func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { 1 }
-        func removeObserver(_ token: Int) {}
-        func record(_ event: AuditEvent) {}
-        func itemNames() -> [String: [String]] { ["work": ["mail"]] }
-        func allow(_ program: ProgramClaim, group: String, identifier: String) {}
-
-        func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
-                     audit: AuditPolicy) -> DeviceReply {
-            let kind: String
-            switch request {
-            case .list(let group): return .ok(group == nil ? ["work"] : ["mail", ProtectionClass.whenUnlocked.name, "6"])
-            case .details, .info: return .ok(request.isInfo ? [ProtectionClass.whenUnlocked.name] : [])
-            case .get: kind = "get"
-            case .set: kind = "set"
-            case .remove: kind = "remove"
-            default: return .keychainError(.badRequest, "not in this test")
+            init(get: DeviceReply, set: DeviceReply, remove: DeviceReply) {
+                answers = Mutex(["get": get, "set": set, "remove": remove])
             }
-            asked.withLock { $0.append(kind) }
-            return answers.withLock { $0[kind]! }
-        }
-    }
 
-    /// A private session bus for the test, ended with it.
-    final class PrivateBus {
-        let directory: String
-        let daemon: Int32
-        let address: String
+            var isLocked: Bool { false }
+            func isAvailable(_ protectionClass: ProtectionClass) -> Bool { true }
+            func appsOwnItems(inGroup group: String) -> Bool { false }
+            func setSecretServiceState(_ state: String?) {}
+            func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { 1 }
+            func removeObserver(_ token: Int) {}
+            func record(_ event: AuditEvent) {}
+            func itemNames() -> [String: [String]] { ["work": ["mail"]] }
+            func allow(_ program: ProgramClaim, group: String, identifier: String) {}
 
-        init() throws {
-            directory = try #require(String(validatingCString: mkdtemp(strdup("/tmp/kcfs-fakebus-XXXXXX"))))
-            var ready: [Int32] = [0, 0]
-            #expect(pipe(&ready) == 0)
-            var options = Spawn.Options()
-            options.descriptors = [(1, ready[1])]
-            daemon = try #require(Spawn.start(["/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=1",
-                                               "--address=unix:path=\(directory)/bus"], options: options))
-            close(ready[1])
-            // The daemon prints its address once it listens: then it is ready.
-            let line = FileHandle(fileDescriptor: ready[0], closeOnDealloc: true).readLine()
-            address = line.trimmingCharacters(in: .whitespacesAndNewlines)
-        }
-
-        deinit {
-            kill(daemon, SIGTERM)
-            _ = Spawn.wait(daemon)
-            try? FileManager.default.removeItem(atPath: directory)
+            func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+                         audit: AuditPolicy) -> DeviceReply {
+                let kind: String
+                switch request {
+                case .list(let group): return .ok(group == nil ? ["work"] : ["mail", ProtectionClass.whenUnlocked.name, "6"])
+                case .details, .info: return .ok(request.isInfo ? [ProtectionClass.whenUnlocked.name] : [])
+                case .get: kind = "get"
+                case .set: kind = "set"
+                case .remove: kind = "remove"
+                default: return .keychainError(.badRequest, "not in this test")
+                }
+                asked.withLock { $0.append(kind) }
+                return answers.withLock { $0[kind]! }
+            }
         }
 
-        /// Runs `secret-tool` on this bus: (status, stdout, stderr).
-        func secretTool(_ arguments: [String], input: String = "") -> (status: Int32, stdout: String, stderr: String) {
-            let files = ["in", "out", "err"].map { directory + "/secret-tool." + $0 }
-            _ = FileManager.default.createFile(atPath: files[0], contents: Data(input.utf8))
-            let descriptors = zip(files, [O_RDONLY, O_WRONLY | O_CREAT | O_TRUNC, O_WRONLY | O_CREAT | O_TRUNC]).map { open($0, $1, 0o600) }
-            defer { descriptors.forEach { close($0) } }
-            var options = Spawn.Options()
-            options.descriptors = [(0, descriptors[0]), (1, descriptors[1]), (2, descriptors[2])]
-            options.environment = ["DBUS_SESSION_BUS_ADDRESS=\(address)", "PATH=/usr/bin:/bin", "HOME=\(directory)"]
-            let status = Spawn.start(["/usr/bin/secret-tool"] + arguments, options: options).map(Spawn.wait) ?? -1
-            let read = { (path: String) in (try? String(contentsOfFile: path, encoding: .utf8)) ?? "" }
-            return (status, read(files[1]), read(files[2]))
+        /// A private session bus for the test, ended with it.
+        final class PrivateBus {
+            let directory: String
+            let daemon: Int32
+            let address: String
+
+            init() throws {
+                directory = try #require(String(validatingCString: mkdtemp(strdup("/tmp/kcfs-fakebus-XXXXXX"))))
+                var ready: [Int32] = [0, 0]
+                #expect(pipe(&ready) == 0)
+                var options = Spawn.Options()
+                options.descriptors = [(1, ready[1])]
+                daemon = try #require(Spawn.start(["/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=1",
+                                                   "--address=unix:path=\(directory)/bus"], options: options))
+                close(ready[1])
+                // The daemon prints its address once it listens: then it is ready.
+                let line = FileHandle(fileDescriptor: ready[0], closeOnDealloc: true).readLine()
+                address = line.trimmingCharacters(in: .whitespacesAndNewlines)
+            }
+
+            deinit {
+                kill(daemon, SIGTERM)
+                _ = Spawn.wait(daemon)
+                try? FileManager.default.removeItem(atPath: directory)
+            }
+
+            /// Runs `secret-tool` on this bus: (status, stdout, stderr).
+            func secretTool(_ arguments: [String], input: String = "") -> (status: Int32, stdout: String, stderr: String) {
+                let files = ["in", "out", "err"].map { directory + "/secret-tool." + $0 }
+                _ = FileManager.default.createFile(atPath: files[0], contents: Data(input.utf8))
+                let descriptors = zip(files, [O_RDONLY, O_WRONLY | O_CREAT | O_TRUNC, O_WRONLY | O_CREAT | O_TRUNC]).map { open($0, $1, 0o600) }
+                defer { descriptors.forEach { close($0) } }
+                var options = Spawn.Options()
+                options.descriptors = [(0, descriptors[0]), (1, descriptors[1]), (2, descriptors[2])]
+                options.environment = ["DBUS_SESSION_BUS_ADDRESS=\(address)", "PATH=/usr/bin:/bin", "HOME=\(directory)"]
+                let status = Spawn.start(["/usr/bin/secret-tool"] + arguments, options: options).map(Spawn.wait) ?? -1
+                let read = { (path: String) in (try? String(contentsOfFile: path, encoding: .utf8)) ?? "" }
+                return (status, read(files[1]), read(files[2]))
+            }
         }
-    }
 
-    @Test func whatTheStoreAnswersIsWhatTheClientGets() throws {
-        let store = FakeStore(get: .value(try SecureBytes("from-the-fake"), .whenUnlocked),
-                              set: .keychainError(.quotaExceeded, KeychainError.quotaExceeded.description),
-                              remove: .keychainError(.missingEntitlement, "not entitled"))
-        let bus = try PrivateBus()
-        let provider = try SecretServiceProvider(store: store, replace: false, address: bus.address)
-        defer { provider.stop() }
+        @Test func whatTheStoreAnswersIsWhatTheClientGets() throws {
+            let store = FakeStore(get: .value(try SecureBytes("from-the-fake"), .whenUnlocked),
+                                  set: .keychainError(.quotaExceeded, KeychainError.quotaExceeded.description),
+                                  remove: .keychainError(.missingEntitlement, "not entitled"))
+            let bus = try PrivateBus()
+            let provider = try SecretServiceProvider(store: store, replace: false, address: bus.address)
+            defer { provider.stop() }
 
-        let lookup = bus.secretTool(["lookup", "keychainfs:identifier", "mail"])
-        #expect(lookup.status == 0 && lookup.stdout == "from-the-fake", "\(lookup)")
-        // The store's sentence, as Failed.
-        let store1 = bus.secretTool(["store", "--label", "Mail", "keychainfs:identifier", "mail"], input: "new value")
-        #expect(store1.status != 0 && store1.stderr.contains("as many items or bytes as its quota allows"), "\(store1)")
-        // A group's policy that does not admit the program: AccessDenied, nothing removed.
-        let clear = bus.secretTool(["clear", "keychainfs:identifier", "mail"])
-        #expect(clear.status != 0 && clear.stderr.contains("not entitled"), "\(clear)")
-        #expect(store.asked.withLock { $0 } == ["get", "set", "remove"])
+            let lookup = bus.secretTool(["lookup", "keychainfs:identifier", "mail"])
+            #expect(lookup.status == 0 && lookup.stdout == "from-the-fake", "\(lookup)")
+            // The store's sentence, as Failed.
+            let store1 = bus.secretTool(["store", "--label", "Mail", "keychainfs:identifier", "mail"], input: "new value")
+            #expect(store1.status != 0 && store1.stderr.contains("as many items or bytes as its quota allows"), "\(store1)")
+            // A group's policy that does not admit the program: AccessDenied, nothing removed.
+            let clear = bus.secretTool(["clear", "keychainfs:identifier", "mail"])
+            #expect(clear.status != 0 && clear.stderr.contains("not entitled"), "\(clear)")
+            #expect(store.asked.withLock { $0 } == ["get", "set", "remove"])
+        }
     }
 }
 
