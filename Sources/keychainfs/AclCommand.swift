@@ -45,7 +45,7 @@ struct AclCommand: ParsableCommand {
         if let path = claim { return try change(path, .claim) }
         let device = try RunningDevice(options.place)
         guard case .ok(let fields) = try device.send(.details(group: item.group, identifier: item.identifier), item: "\(item)") else {
-            throw fail("unexpected reply from the device")
+            throw DeviceAccess.unexpectedReply()
         }
         let details = try PasswordManager.details(fromFields: fields).first?.details
         if json {
@@ -80,7 +80,7 @@ struct AclCommand: ParsableCommand {
         if removing {
             print("took \(fields.first ?? "0") program(s) at \(shown(resolved)) off the list of \(item)")
         } else {
-            guard fields.count == 2 else { throw fail("unexpected reply from the device") }
+            guard fields.count == 2 else { throw DeviceAccess.unexpectedReply() }
             print(change == .claim ? "\(item) belongs to \(shown(fields[0])) (sha256 \(fields[1])) now"
                                    : "\(shown(fields[0])) (sha256 \(fields[1])) may use \(item) over the bus")
         }

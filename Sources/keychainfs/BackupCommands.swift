@@ -21,12 +21,7 @@ enum KeysHolder {
         try keychain.requireExisting()
         let socketPath = try keychain.deviceSocketPath()
         if DeviceClient.isServing(socketPath) { return .device(socketPath: socketPath) }
-        let manager: PasswordManager
-        do {
-            manager = PasswordManager(device: try Device(directory: keychain))
-        } catch {
-            throw fail(keychain.sentence(for: error))
-        }
+        let manager = PasswordManager(device: try DeviceAccess.openDirectly(keychain))
         let passcode = manager.localDevice.status.hasPasscode ? Passcode.read(prompt: "Keychain passcode: ") : nil
         do {
             try manager.localDevice.unlock(passcode: passcode)
@@ -139,7 +134,7 @@ struct BackupCommand: ParsableCommand {
             case .ok(let fields)?: count = fields.first ?? "?"
             case .keychainError(let error, _)?: throw fail(explain(error, file: path), status: ExitStatus.of(error))
             case .value?:
-                throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+                throw DeviceAccess.unexpectedReply()
             case .systemError(_, let message)?: throw fail(message)
             case nil: throw fail("the device went away; nothing was written")
             }
@@ -214,7 +209,7 @@ struct RestoreCommand: ParsableCommand {
             case .keychainError(.quotaExceeded, let message)?: throw fail(message)
             case .keychainError(let error, _)?: throw fail(explain(error, file: path), status: ExitStatus.of(error))
             case .value?:
-                throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+                throw DeviceAccess.unexpectedReply()
             case .systemError(_, let message)?: throw fail(message)
             case nil: throw fail("the device went away")
             }
@@ -229,7 +224,7 @@ struct RestoreCommand: ParsableCommand {
             guard summary.applied else { throw fail(RestoreSummary.conflictMessage(summary.conflicts)) }
             counts = [summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init)
         }
-        guard counts.count == 4 else { throw fail("unexpected reply from the device") }
+        guard counts.count == 4 else { throw DeviceAccess.unexpectedReply() }
         print("restored from \(path): \(counts[0]) added, \(counts[1]) replaced, \(counts[2]) unchanged, \(counts[3]) kept")
     }
 }

@@ -102,7 +102,7 @@ struct LockCommand: ParsableCommand {
             case .ok?, nil: return
             case .keychainError(let error, let message)?: throw fail("cannot lock: \(message)", status: ExitStatus.of(error))
             case .systemError(_, let message)?: throw fail("cannot lock: \(message)")
-            case .value?: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+            case .value?: throw DeviceAccess.unexpectedReply()
             }
         }
         _ = try mount.requireControl()
@@ -159,7 +159,7 @@ struct UnlockCommand: ParsableCommand {
         guard let socketPath = try target.deviceSocket(starting: true),
               case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
               let status = DeviceStatus(fields: fields) else {
-            throw fail("the device does not answer", status: ExitStatus.noDevice)
+            throw DeviceAccess.noAnswer()
         }
         var passcode: SecureBytes?
         if status.hasPasscode {
@@ -226,8 +226,8 @@ struct AutoLockCommand: ParsableCommand {
             case .ok?: return
             case .keychainError(let error, let message)?: throw fail("cannot set auto-lock: \(message)", status: ExitStatus.of(error))
             case .systemError(_, let message)?: throw fail("cannot set auto-lock: \(message)")
-            case .value?: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
-            case nil: throw fail("the device does not answer", status: ExitStatus.noDevice)
+            case .value?: throw DeviceAccess.unexpectedReply()
+            case nil: throw DeviceAccess.noAnswer()
             }
         }
         _ = try mount.requireControl()
@@ -287,7 +287,7 @@ struct StatusCommand: ParsableCommand {
         }
         guard case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
               let status = DeviceStatus(fields: fields) else {
-            throw fail("the device does not answer", status: ExitStatus.noDevice)
+            throw DeviceAccess.noAnswer()
         }
         var lines = ["state: \(status.isLocked ? "locked" : "unlocked")",
                      "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
@@ -321,14 +321,14 @@ struct WatchCommand: ParsableCommand {
         guard let mount = target.mount else {
             guard let socketPath = try target.deviceSocket(starting: true) else { return }
             guard let (reply, connection) = DeviceClient.follow(.watch, at: socketPath) else {
-                throw fail("the device does not answer", status: ExitStatus.noDevice)
+                throw DeviceAccess.noAnswer()
             }
             defer { close(connection) }
             switch reply {
             case .ok: break
             case .keychainError(let error, let message): throw fail("cannot watch: \(message)", status: ExitStatus.of(error))
             case .systemError(_, let message): throw fail("cannot watch: \(message)")
-            case .value: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+            case .value: throw DeviceAccess.unexpectedReply()
             }
             try copyToOutput(connection, ended: "the device went away")
             return

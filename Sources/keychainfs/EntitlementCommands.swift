@@ -14,12 +14,7 @@ func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passin
         reply = answer
     } else {
         guard case .directory(let keychain) = place else { throw fail("the keychainfs service went away", status: ExitStatus.noDevice) }
-        let device: Device
-        do {
-            device = try Device(directory: keychain)
-        } catch {
-            throw fail(keychain.sentence(for: error))
-        }
+        let device = try DeviceAccess.openDirectly(keychain)
         reply = device.answer(policyRequest: request, by: nil)
         // The log's newest line is anchored in the keychain, as a device anchors it when it stops.
         device.shutDown()
@@ -36,7 +31,7 @@ func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passin
     case .keychainError(_, let message), .systemError(_, let message):
         throw fail(message)
     case .value:
-        throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+        throw DeviceAccess.unexpectedReply()
     }
 }
 
@@ -109,7 +104,7 @@ struct GrantCommand: ParsableCommand {
                                           passcode: passcode, allowJIT: allowJIT)
         let passed: Int32? = file >= 0 ? file : nil
         let fields = try policyReply(request, keychain: options.place, passing: passed)
-        guard fields.count == 2 else { throw fail("unexpected reply from the device") }
+        guard fields.count == 2 else { throw DeviceAccess.unexpectedReply() }
         print("granted \(group) to \(shown(fields[0])) (sha256 \(fields[1]))"
               + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")
               + (allowJIT ? ", JIT code allowed" : ""))
@@ -189,7 +184,7 @@ struct PolicyCommand: ParsableCommand {
             return
         }
         let fields = try policyReply(.policy(group: group), keychain: options.place)
-        guard fields.count % 6 == 0 else { throw fail("unexpected reply from the device") }
+        guard fields.count % 6 == 0 else { throw DeviceAccess.unexpectedReply() }
         for start in stride(from: 0, to: fields.count, by: 6) {
             let rule = fields[start..<start + 6].map { LineEscaping.escaped($0) }
             if rule[1].isEmpty {

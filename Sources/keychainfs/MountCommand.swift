@@ -152,49 +152,6 @@ struct MountCommand: ParsableCommand {
     private func report(_ message: String) -> ExitCode { ReadyReport(readyFD).failure(message) }
 }
 
-/// Starts per-user device processes detached (own session, stdio on
-/// /dev/null) and waits for each one's word on a pipe: ready, or why not.
-enum DeviceLauncher {
-    /// Runs `keychainfs ARGUMENTS --ready-fd 3` detached; nil once it is
-    /// ready, else why not.
-    static func start(_ arguments: [String]) -> String? {
-        var pipeEnds: [Int32] = [0, 0]
-        guard pipe(&pipeEnds) == 0 else { return "cannot create a pipe" }
-        // Only the child's dup2'd copy (fd 3) may stay open in it.
-        for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
-        var spawnOptions = Spawn.Options()
-        spawnOptions.descriptors = [(3, pipeEnds[1])]
-        spawnOptions.nullStandardStreams = true
-        spawnOptions.newSession = true
-        let child = Spawn.start([selfExecutable()] + arguments + ["--ready-fd", "3"], options: spawnOptions)
-        close(pipeEnds[1])
-        defer { close(pipeEnds[0]) }
-        guard child != nil else { return "cannot start the device process" }
-        let answer = String(decoding: readLine(pipeEnds[0]), as: UTF8.self)
-        if answer.hasPrefix("ok") { return nil }
-        return answer.hasPrefix("error ") ? String(answer.dropFirst(6)).trimmingNewline
-            : "the device process exited before it was ready"
-    }
-
-    /// The socket of the keychain's device, started now (headless, locked,
-    /// as a device boots) when none runs: gpg-agent's way, so that no
-    /// command needs a mount first. Nil with why it could not start.
-    static func ensureRunning(_ keychain: KeychainDirectory) -> (socketPath: String?, problem: String?) {
-        let socketPath: String
-        do {
-            socketPath = try RuntimePaths.socketPath(for: keychain.path)
-        } catch {
-            return (nil, error.description)
-        }
-        if DeviceClient.isServing(socketPath) { return (socketPath, nil) }
-        guard keychain.exists else { return (nil, "no keychain at \(keychain.path); create one with `keychainfs init`") }
-        let problem = start(["start", "--foreground", "--keychain", keychain.path])
-        // Another client may have started it first: its device serves us too.
-        if problem == nil || DeviceClient.isServing(socketPath) { return (socketPath, nil) }
-        return (nil, problem)
-    }
-}
-
 /// How a device process says it is ready, or why not: to systemd
 /// (sd_notify), and to the parent that started it detached (a line on the
 /// pipe at `--ready-fd`), else as the command's own message.
@@ -320,7 +277,7 @@ struct StopCommand: ParsableCommand {
         case nil: return  // none runs: nothing to stop
         case .ok?: waitForDeviceExit(keychain)
         case .keychainError(_, let message)?, .systemError(_, let message)?: throw fail(message)
-        case .value?: throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+        case .value?: throw DeviceAccess.unexpectedReply()
         }
     }
 }

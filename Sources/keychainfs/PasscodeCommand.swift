@@ -43,18 +43,13 @@ struct PasscodeCommand: ParsableCommand {
         case .keychainError(let error, _)?:
             throw fail(Self.explain(error, retryAfter: nil), status: ExitStatus.of(error))
         case .value?:
-            throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+            throw DeviceAccess.unexpectedReply()
         case .systemError(_, let message)?:
             throw fail(message)
         case nil:
             // No device holds the keychain: change it directly.
             guard case .directory(let keychain) = place else { throw fail("the keychainfs service went away", status: ExitStatus.noDevice) }
-            let device: Device
-            do {
-                device = try Device(directory: keychain)
-            } catch {
-                throw fail(keychain.sentence(for: error))
-            }
+            let device = try DeviceAccess.openDirectly(keychain)
             // The log's newest line is anchored in the keychain, as a device anchors it when it stops.
             defer { device.shutDown() }
             do {

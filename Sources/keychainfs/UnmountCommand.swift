@@ -43,7 +43,7 @@ struct UnmountCommand: ParsableCommand {
         case .ok(let fields)?:
             if fields == ["last"] { waitForDeviceExit(KeychainDirectory(path: keychain)) }
         case .value?:
-            throw fail("unexpected reply from the device (a device of another keychainfs build?)")
+            throw DeviceAccess.unexpectedReply()
         case .keychainError(_, let message)?, .systemError(_, let message)?:
             throw fail("cannot unmount \(mountpoint): \(message)")
         }
