@@ -1,0 +1,46 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct AutoLockCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "autolock",
+        abstract: "Lock the device after a time without an item read or write (0: never).",
+        discussion: """
+            DURATION is seconds (300) or a number with a unit: s, m, h or d (5m, 1h, 7d), at most \
+            7d; 0 turns auto-lock off. The device says will-lock (keychainfs watch) and locks after \
+            the grace (default 10s). The setting is the running device's, for every mount and \
+            client of it; without a mount point the keychain's device is started if none runs. \
+            `keychainfs status` shows it.
+            """)
+
+    @Argument(help: "How long without an item access before the device locks: seconds, or a number with s, m, h or d (300, 5m, 1h; at most 7d; 0: never).")
+    var duration: AutoLockDuration
+
+    @OptionGroup var target: MountpointOrKeychain
+
+    @Option(name: .long, help: "Between will-lock and the lock.")
+    var grace: AutoLockDuration?
+
+    func run() throws {
+        guard let mount = target.mount else {
+            guard let socketPath = try target.deviceSocket(starting: true) else { return }
+            switch DeviceClient.send(.autoLock(after: duration.seconds, grace: grace?.seconds), to: socketPath) {
+            case .ok?: return
+            case .keychainError(let error, let message)?: throw fail("cannot set auto-lock: \(message)", status: ExitStatus.of(error))
+            case .systemError(_, let message)?: throw fail("cannot set auto-lock: \(message)")
+            case .value?: throw DeviceAccess.unexpectedReply()
+            case nil: throw DeviceAccess.noAnswer()
+            }
+        }
+        _ = try mount.requireControl()
+        // One write: both lines take effect, or neither (.control parses the whole write first).
+        var command = "autolock \(duration.seconds)\n"
+        if let grace { command += "autolock-grace \(grace.seconds)\n" }
+        let result = Array(command.utf8).withUnsafeBytes { DeviceStatusFile.send(mount.path, $0) }
+        guard result == 0 else { throw fail("cannot set auto-lock: \(String(cString: strerror(result)))") }
+    }
+}

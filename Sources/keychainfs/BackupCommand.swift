@@ -1,0 +1,84 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct BackupCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "backup",
+        abstract: "Write an encrypted backup of the migratable items.",
+        discussion: """
+            Items of a ThisDeviceOnly class are never in it, nor the items of a group with an \
+            entitlement policy unless named with --group, which needs the keychain's passcode. The \
+            backup password is read twice, from the terminal or two lines of standard input; when no \
+            device holds the keychain, its passcode is read first; through a running device, which \
+            must be unlocked, the passcode for --group is read after the backup password.
+            """
+    )
+
+    @Argument(help: "The backup file to write (mode 0600; replaced whole).")
+    var file: String
+
+    @OptionGroup var options: KeychainOptions
+
+    @Option(name: .customLong("group"), help: "Include this group although it has a policy (needs the passcode; repeatable).")
+    var policedGroups: [String] = []
+
+    func run() throws {
+        let path = absolutePath(file)
+        let holder = try KeysHolder.find(options.place)
+        defer { holder.finish() }
+        let password = try Passcode.readNew(prompt: "Backup password: ", missing: "no backup password given")
+        let passcode = policedGroups.isEmpty ? nil : holder.passcode(for: "to back up a policed group")
+        let count: String
+        switch holder {
+        case .device(let socketPath):
+            // The device writes into a file this user made: it may be
+            // another account's (the service), which must not write by path.
+            let partial: (fd: Int32, path: String)
+            do {
+                partial = try BackupFile.createPartial(for: path)
+            } catch {
+                throw fail("cannot create \(path).partial: \(String(cString: strerror(errno)))")
+            }
+            let reply = DeviceClient.send(.backup(path: path, password: password, policedGroups: policedGroups,
+                                                  passcode: passcode), to: socketPath, passing: partial.fd)
+            close(partial.fd)
+            if case .ok? = reply {
+                do {
+                    try BackupFile.moveIntoPlace(partial.path, path)
+                } catch {
+                    throw fail("cannot rename the backup into place at \(path)")
+                }
+            } else {
+                unlink(partial.path)
+            }
+            switch reply {
+            case .keychainError(.missingEntitlement, _)?:
+                throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
+            case .keychainError(.authFailed, _)?: throw fail(backupExplanation(.authFailed, file: ""), status: ExitStatus.denied)
+            case .keychainError(.param, _)? where !policedGroups.isEmpty:
+                throw fail("every --group must name a group with an entitlement policy; nothing was written")
+            case .ok(let fields)?: count = fields.first ?? "?"
+            case .keychainError(let error, _)?: throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
+            case .value?:
+                throw DeviceAccess.unexpectedReply()
+            case .systemError(_, let message)?: throw fail(message)
+            case nil: throw fail("the device went away; nothing was written")
+            }
+        case .local(let manager, _):
+            do {
+                let backup = try manager.backup(password: password, policedGroups: policedGroups, passcode: passcode)
+                try BackupFile.save(backup.bytes, to: path)
+                count = String(backup.count)
+            } catch KeychainError.param where !policedGroups.isEmpty {
+                throw fail("every --group must name a group with an entitlement policy; nothing was written")
+            } catch {
+                throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
+            }
+        }
+        print("backed up \(count) items to \(path) (ThisDeviceOnly items stay on this device)")
+    }
+}

@@ -1,0 +1,102 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `.control` file of a mount, read and written as a user would with cat and echo.
+enum DeviceStatusFile {
+    /// The status text as the device wrote it; nil when there is no control file.
+    static func text(_ mountpoint: String) -> [UInt8]? {
+        let fd = open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        return try? Descriptor.readAll(fd)
+    }
+
+    /// The `key: value` status lines, values unescaped; nil when there is
+    /// no control file. A key that appears twice is a forged line: the first wins.
+    static func read(_ mountpoint: String) -> [String: String]? {
+        guard let text = text(mountpoint) else { return nil }
+        var status: [String: String] = [:]
+        for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
+            let parts = line.split(separator: ":", maxSplits: 1)
+            guard parts.count == 2, status[String(parts[0])] == nil,
+                  let value = LineEscaping.unescaped(String(parts[1].dropFirst())) else { continue }
+            status[String(parts[0])] = value
+        }
+        return status
+    }
+
+    /// Writes one command; returns 0 or the errno of the write.
+    static func send(_ mountpoint: String, _ command: UnsafeRawBufferPointer) -> Int32 {
+        let fd = open(mountpoint + "/.control", O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else { return errno }
+        defer { close(fd) }
+        return write(fd, command.baseAddress, command.count) == command.count ? 0 : errno
+    }
+}
+
+/// A mount point, or, without one, the keychain itself (`--keychain`,
+/// `$KEYCHAINFS_KEYCHAIN`, the service, or the default), reached through
+/// its device's socket.
+struct MountpointOrKeychain: ParsableArguments {
+    @Argument(help: "A mount point of the keychain (without one: the keychain itself, through its device).")
+    var mountpoint: String?
+
+    @OptionGroup var options: KeychainOptions
+
+    /// The mount, when one was named.
+    var mount: MountpointArgument? { mountpoint.map { MountpointArgument(mountpoint: $0) } }
+
+    /// The socket of the keychain's device; with `starting`, a per-user
+    /// device is started when none runs. Nil when none runs (and none was started).
+    func deviceSocket(starting: Bool) throws -> String? {
+        let place = options.place
+        try place.requireExisting()
+        guard starting else {
+            let socketPath = try place.socketPath()
+            return DeviceClient.isServing(socketPath) ? socketPath : nil
+        }
+        let device = place.startedDevice()
+        guard let socketPath = device.socketPath else {
+            throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
+        }
+        return socketPath
+    }
+}
+
+struct MountpointArgument: ParsableArguments {
+    @Argument(help: "The mount point.")
+    var mountpoint: String
+
+    init() {}
+    init(mountpoint: String) { self.mountpoint = mountpoint }
+
+    var path: String { canonicalMountPoint(mountpoint) }
+
+    func requireControl() throws -> [String: String] {
+        guard let status = DeviceStatusFile.read(path) else { throw fail(missingControl) }
+        return status
+    }
+
+    /// Why there is no control file to talk to, and what to do.
+    var missingControl: String {
+        MountTable.isDeadMount(path)
+            ? "the device process serving \(path) has died; run `keychainfs unmount \(path)`, then mount again"
+            : "\(path) is not a keychainfs mount (no .control file)"
+    }
+}
+
+/// An auto-lock delay or grace as the user writes it (``Device/autoLockSeconds(_:)``).
+struct AutoLockDuration: ExpressibleByArgument {
+    let seconds: Int
+
+    init?(argument: String) {
+        guard let seconds = Device.autoLockSeconds(argument.utf8) else { return nil }
+        self.seconds = seconds
+    }
+
+    static var defaultValueDescription: String { "seconds, or a number with s, m, h or d (at most 7d)" }
+}

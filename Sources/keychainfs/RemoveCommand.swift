@@ -1,0 +1,20 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct RemoveCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm", abstract: "Delete an item (works while locked, as on iOS).")
+
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    var item: ItemAddress
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        _ = try RunningDevice(options.place).send(.remove(group: item.group, identifier: item.identifier), item: "\(item)")
+    }
+}

@@ -1,0 +1,82 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct RestoreCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "restore",
+        abstract: "Restore the items of an encrypted backup.",
+        discussion: """
+            Items come back with their classes. An item the keychain already holds with another \
+            value or class is a conflict: without --keep or --overwrite nothing is restored and the \
+            conflicts are listed. Restoring the same backup again changes nothing. The backup \
+            password is read from the terminal or one line of standard input (after the keychain's \
+            passcode when no device holds it). Writing into a group with an entitlement policy needs \
+            the keychain's passcode: through a running device it is read after the backup password \
+            when the keychain has a policed group.
+            """
+    )
+
+    @Argument(help: "The backup file.")
+    var file: String
+
+    @OptionGroup var options: KeychainOptions
+
+    @Flag(help: "Keep the keychain's item where the backup's differs.")
+    var keep = false
+
+    @Flag(help: "Replace the keychain's item where the backup's differs.")
+    var overwrite = false
+
+    func validate() throws {
+        if keep && overwrite { throw ValidationError("Give --keep or --overwrite, not both.") }
+    }
+
+    func run() throws {
+        let path = absolutePath(file)
+        let policy: RestoreConflictPolicy = keep ? .keep : overwrite ? .overwrite : .refuse
+        let holder = try KeysHolder.find(options.place)
+        defer { holder.finish() }
+        guard let password = Passcode.read(prompt: "Backup password: "), password.count > 0 else {
+            throw fail("no backup password given")
+        }
+        let passcode = holder.hasPolicedGroups ? holder.passcode(for: "for policed groups") : nil
+        let counts: [String]
+        switch holder {
+        case .device(let socketPath):
+            // Opened here, by this user: the device reads only what this user
+            // can read (O_NONBLOCK: a FIFO must not block the open).
+            let file = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+            guard file >= 0 else { throw fail("cannot read \(path): \(String(cString: strerror(errno)))") }
+            defer { close(file) }
+            switch DeviceClient.send(.restore(path: path, password: password, policy: policy, passcode: passcode),
+                                     to: socketPath, passing: file) {
+            case .ok(let fields)?: counts = fields
+            case .keychainError(.missingEntitlement, _)?:
+                throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
+            case .keychainError(.duplicateItem, let message)?: throw fail(message)
+            case .keychainError(.quotaExceeded, let message)?: throw fail(message)
+            case .keychainError(let error, _)?: throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
+            case .value?:
+                throw DeviceAccess.unexpectedReply()
+            case .systemError(_, let message)?: throw fail(message)
+            case nil: throw fail("the device went away")
+            }
+        case .local(let manager, _):
+            let summary: RestoreSummary
+            do {
+                summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy,
+                                              passcode: passcode)
+            } catch {
+                throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
+            }
+            guard summary.applied else { throw fail(RestoreSummary.conflictMessage(summary.conflicts)) }
+            counts = [summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init)
+        }
+        guard counts.count == 4 else { throw DeviceAccess.unexpectedReply() }
+        print("restored from \(path): \(counts[0]) added, \(counts[1]) replaced, \(counts[2]) unchanged, \(counts[3]) kept")
+    }
+}

@@ -1,0 +1,66 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct StatusCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "status", abstract: "Print the device status of a mount, or of the keychain's device.",
+        discussion: """
+            With a mount point: its .control file. Without: the keychain's device, through its \
+            socket (state: stopped when none runs: the keychain is locked). Either way key: value \
+            lines, among them key-protection (tpm2 or file) and, sealed by a TPM, tpm-lockout and \
+            rollback-counter; with --json one object of the same keys (numbers as numbers).
+            """)
+
+    @OptionGroup var target: MountpointOrKeychain
+
+    @Flag(help: "Print one JSON object of the same keys and values.")
+    var json = false
+
+    func run() throws {
+        let lines: [String]
+        if let mount = target.mount {
+            guard let text = DeviceStatusFile.text(mount.path) else { throw fail(mount.missingControl) }
+            lines = String(decoding: text, as: UTF8.self).split(separator: "\n").map(String.init)
+        } else {
+            lines = try deviceLines()
+        }
+        guard json else {
+            print(lines.joined(separator: "\n"))
+            return
+        }
+        let members = lines.compactMap { line -> String? in
+            let parts = line.split(separator: ":", maxSplits: 1)
+            guard parts.count == 2 else { return nil }
+            let value = String(parts[1].dropFirst())
+            return jsonString(String(parts[0])) + ": " + (Int64(value).map(String.init) ?? jsonString(value))
+        }
+        print("{" + members.joined(separator: ", ") + "}")
+    }
+
+    private func deviceLines() throws -> [String] {
+        let mode = if case .service = target.options.place { "service" } else { "per-user" }
+        guard let socketPath = try target.deviceSocket(starting: false) else {
+            var lines = ["state: stopped", "mode: \(mode)"]
+            // How the keys are kept is in the device-secret file (no TPM asked).
+            if case .directory(let keychain) = target.options.place, let protection = try? keychain.keyProtection() {
+                lines.append("key-protection: \(protection.rawValue)")
+            }
+            return lines
+        }
+        guard case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
+              let status = DeviceStatus(fields: fields) else {
+            throw DeviceAccess.noAnswer()
+        }
+        var lines = ["state: \(status.isLocked ? "locked" : "unlocked")",
+                     "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
+                     "passcode: \(status.hasPasscode ? "yes" : "no")",
+                     "failed-attempts: \(status.failedAttempts)"]
+        if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
+        lines += ["autolock: \(status.autoLockAfter)", "autolock-grace: \(status.autoLockGrace)", "mode: \(mode)"]
+        return lines + (status.keyProtection?.lines ?? [])
+    }
+}

@@ -1,0 +1,28 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct StopCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "stop",
+        abstract: "Stop the keychain's device: every mount of it is unmounted, its keys are gone."
+    )
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        guard case .directory(let keychain) = options.place else {
+            throw fail("the keychainfs service is stopped by its administrator (systemctl stop keychainfs)")
+        }
+        let socketPath = try keychain.deviceSocketPath()
+        switch DeviceClient.send(.stop, to: socketPath) {
+        case nil: return  // none runs: nothing to stop
+        case .ok?: waitForDeviceExit(keychain)
+        case .keychainError(_, let message)?, .systemError(_, let message)?: throw fail(message)
+        case .value?: throw DeviceAccess.unexpectedReply()
+        }
+    }
+}

@@ -1,0 +1,82 @@
+import ArgumentParser
+import KeychainCore
+import KeychainFS
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct UnlockCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "unlock",
+        abstract: "Unlock the device; the passcode is read from the terminal or one line of standard input."
+    )
+
+    @OptionGroup var target: MountpointOrKeychain
+
+    func run() throws {
+        guard let mount = target.mount else { return try unlockThroughTheSocket() }
+        let status = try mount.requireControl()
+        let command = SecureBuffer()
+        do {
+            try Array("unlock".utf8).withUnsafeBytes { try command.append($0) }
+            if status["passcode"] != "no" {
+                guard let passcode = Passcode.read(prompt: "Passcode: "), passcode.count > 0 else {
+                    throw fail("no passcode given: this keychain has one (an empty line is none)")
+                }
+                try Array(" ".utf8).withUnsafeBytes { try command.append($0) }
+                try passcode.withUnsafeBytes { try command.append($0) }
+            }
+            try Array("\n".utf8).withUnsafeBytes { try command.append($0) }
+        } catch let error as KeychainError {
+            throw fail("the passcode is too long: \(error)")
+        }
+        let result = command.withBytes(from: 0, length: command.count) { DeviceStatusFile.send(mount.path, $0) }
+        command.wipe()
+        guard result == 0 else {
+            if result == EACCES {
+                throw Self.wrongPasscode(retryAfter: DeviceStatusFile.read(mount.path)?["retry-after"].flatMap { Int64($0) })
+            }
+            throw fail("cannot unlock: \(String(cString: strerror(result)))")
+        }
+    }
+
+    /// A wrong passcode, through a mount or the socket alike: denied, and
+    /// how long unlocking is refused when a lockout began.
+    private static func wrongPasscode(retryAfter: Int64?) -> ExitCode {
+        guard let retryAfter, retryAfter > 0 else { return fail("not unlocked: wrong passcode", status: ExitStatus.denied) }
+        return fail("not unlocked: wrong passcode; unlocking is refused for \(retryAfter) more seconds after repeated failures",
+                    status: ExitStatus.denied)
+    }
+
+    /// Without a mount point: the device of the keychain, started if need be.
+    private func unlockThroughTheSocket() throws {
+        guard let socketPath = try target.deviceSocket(starting: true),
+              case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
+              let status = DeviceStatus(fields: fields) else {
+            throw DeviceAccess.noAnswer()
+        }
+        var passcode: SecureBytes?
+        if status.hasPasscode {
+            guard let typed = Passcode.read(prompt: "Passcode: "), typed.count > 0 else {
+                throw fail("no passcode given: this keychain has one (an empty line is none)")
+            }
+            passcode = typed
+        }
+        switch DeviceClient.send(.unlock(passcode: passcode), to: socketPath) {
+        case .ok?:
+            return
+        case .keychainError(.authFailed, _)?:
+            let after = DeviceClient.send(.status, to: socketPath).flatMap { reply -> DeviceStatus? in
+                guard case .ok(let fields) = reply else { return nil }
+                return DeviceStatus(fields: fields)
+            }
+            throw Self.wrongPasscode(retryAfter: after?.retryAfter)
+        case .keychainError(let error, let message)?:
+            throw fail("cannot unlock: \(message)", status: ExitStatus.of(error))
+        case .systemError(_, let message)?:
+            throw fail("cannot unlock: \(message)")
+        case .value?, nil:
+            throw fail("the device went away", status: ExitStatus.noDevice)
+        }
+    }
+}
