@@ -26,11 +26,14 @@ let package = Package(
         .systemLibrary(name: "CTSS", providers: [.apt(["libtss2-dev"])]),
         .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite", "CTSS"]),
         .target(name: "SecretService", dependencies: ["KeychainCore", "CSystemd", "COpenSSL", "CLinux"]),
-        .target(name: "KeychainFS", dependencies: ["KeychainCore", "SecretService", "CFuse", "CLinux"]),
+        .target(name: "KeychainFS", dependencies: ["KeychainCore", "CFuse", "CLinux"]),
+        // The device process: the per-user device and the service, serving
+        // mounts (KeychainFS) and the bus (SecretService).
+        .target(name: "KeychainDevice", dependencies: ["KeychainCore", "KeychainFS", "SecretService", "CFuse", "CLinux"]),
         .executableTarget(
             name: "keychainfs",
             dependencies: [
-                "KeychainCore", "KeychainFS", "SecretService",
+                "KeychainCore", "KeychainFS", "KeychainDevice", "SecretService",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -54,7 +57,7 @@ let package = Package(
         // A real device: mounts, the device process, the library as its client.
         .testTarget(
             name: "MountTests",
-            dependencies: ["KeychainCore", "KeychainFS", "TestSupport"],
+            dependencies: ["KeychainCore", "KeychainFS", "KeychainDevice", "TestSupport"],
             // Attack programs the service tests run as ordinary users; the
             // golden keychain of format 5 with the software TPM state it was sealed by.
             resources: [.copy("Attacks"), .copy("Fixtures")]

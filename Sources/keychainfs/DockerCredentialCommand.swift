@@ -2,6 +2,7 @@ import ArgumentParser
 import FoundationEssentials
 import Glibc
 import KeychainCore
+import KeychainDevice
 import KeychainFS
 
 /// docker's credential helper (docker-credential-helpers' protocol): docker

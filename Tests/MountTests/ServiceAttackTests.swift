@@ -1,5 +1,6 @@
 import Foundation
 import KeychainCore
+import KeychainDevice
 import KeychainFS
 import Testing
 import TestSupport

@@ -152,7 +152,9 @@ final class EventStream: Sendable {
 /// says so, as inotify does (IN_Q_OVERFLOW): dropping costs nothing, while
 /// 32 readers that never read used to cost every write a copy of each
 /// one's full queue (0.3 to 10.6 ms).
-struct EventQueue {
+package struct EventQueue {
+    package init() {}
+
     static let maximumQueued = 256 << 10
     private static let overflowLine = Array("overflow\n".utf8)
 
@@ -164,7 +166,7 @@ struct EventQueue {
     var isEmpty: Bool { queued.isEmpty }
 
     /// Queues a line (or the overflow line); false when the queue takes no more.
-    mutating func append(_ line: [UInt8]) -> Bool {
+    package mutating func append(_ line: [UInt8]) -> Bool {
         guard !overflowed else { return false }
         if queued.count + line.count > Self.maximumQueued {
             queued += Self.overflowLine
@@ -176,7 +178,7 @@ struct EventQueue {
     }
 
     /// Up to `size` queued bytes, removed; a queue read to its end may overflow again.
-    mutating func take(upTo size: Int) -> [UInt8] {
+    package mutating func take(upTo size: Int) -> [UInt8] {
         let count = min(size, queued.count)
         defer {
             queued.removeFirst(count)
@@ -189,7 +191,7 @@ struct EventQueue {
 extension DeviceEvent {
     /// The `.events` line of a device event (names escaped as status lines,
     /// fields separated by tabs), and the group it concerns.
-    var eventLine: (text: String, group: String?) {
+    package var eventLine: (text: String, group: String?) {
         func line(_ fields: String...) -> String { fields.map { LineEscaping.escaped($0) }.joined(separator: "\t") + "\n" }
         switch self {
         case .locked: return (line("locked"), nil)
@@ -209,12 +211,12 @@ extension DeviceEvent {
 }
 
 /// The open `.events` descriptors of one mount.
-final class EventStreams: Sendable {
+package final class EventStreams: Sendable {
     private let streams = Mutex<[UInt64: EventStream]>([:])
 
     func add(_ stream: EventStream) { streams.withLock { $0[stream.id] = stream } }
     func remove(_ stream: EventStream) { _ = streams.withLock { $0.removeValue(forKey: stream.id) } }
     var all: [EventStream] { streams.withLock { Array($0.values) } }
     /// Ends every stream (``EventStream/end()``).
-    func endAll() { all.forEach { $0.end() } }
+    package func endAll() { all.forEach { $0.end() } }
 }

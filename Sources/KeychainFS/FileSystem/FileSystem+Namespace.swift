@@ -162,7 +162,7 @@ extension NodeTable {
     /// namespace lock: `rm` in any mount, and removals through the device's
     /// socket, so that no descriptor left open on it can reach a later item
     /// of that name.
-    func removeItem(group: String, identifier: String, manager: PasswordManager) throws(KeychainError) {
+    package func removeItem(group: String, identifier: String, manager: PasswordManager) throws(KeychainError) {
         let node = Node.item(group: group, identifier: identifier)
         try namespace.withLock { () throws(KeychainError) in
             let last = try lastInfo(of: node, manager: manager)
@@ -174,7 +174,7 @@ extension NodeTable {
     /// Renames an item and moves its inode (detaching a replaced one) in one
     /// step under the namespace lock: `mv` in any mount, and renames through
     /// the device's socket.
-    func renameItem(group: String, from: String, to: String, replacing: Bool, manager: PasswordManager) throws(KeychainError) {
+    package func renameItem(group: String, from: String, to: String, replacing: Bool, manager: PasswordManager) throws(KeychainError) {
         let target = Node.item(group: group, identifier: to)
         try namespace.withLock { () throws(KeychainError) in
             let replaced = replacing && from != to ? try lastInfo(of: target, manager: manager) : nil

@@ -17,7 +17,7 @@ public final class FileSystem: Sendable {
     }
 
     let manager: PasswordManager
-    let scope: Scope
+    package let scope: Scope
     /// The device's inodes and open descriptors, shared by all its mounts.
     let nodes: NodeTable
     let owner: (uid: uid_t, gid: gid_t)
@@ -46,7 +46,7 @@ public final class FileSystem: Sendable {
     /// Handed to every mount's kernel by FuseMount: told of changes.
     let kernelCache: KernelCache
     /// The open `.events` descriptors of this mount.
-    let eventStreams = EventStreams()
+    package let eventStreams = EventStreams()
     /// The files every mount has at its root.
     static let specialFiles: [String: Node] = [".control": .control, ".events": .events]
 
@@ -55,7 +55,7 @@ public final class FileSystem: Sendable {
     /// Every mount of one device shares `nodes`.
     /// Its files belong to `owner` (the keychain's user: in service mode
     /// not the device's account).
-    init(manager: PasswordManager, group: String? = nil, nodes: NodeTable, owner: (uid: uid_t, gid: gid_t) = (getuid(), getgid()),
+    package init(manager: PasswordManager, group: String? = nil, nodes: NodeTable, owner: (uid: uid_t, gid: gid_t) = (getuid(), getgid()),
          isGroupMounted: @escaping @Sendable (String) -> Bool = { _ in false }) throws(KeychainError) {
         self.manager = manager
         self.nodes = nodes

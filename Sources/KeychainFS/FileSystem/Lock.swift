@@ -5,7 +5,7 @@ import Glibc
 /// A pthread mutex for state that holds non-Sendable secret buffers and is
 /// used while replying to the kernel (Synchronization.Mutex cannot lend its
 /// value across those calls without copying it out).
-final class Lock: @unchecked Sendable {
+package final class Lock: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
 
     init() {
@@ -18,7 +18,7 @@ final class Lock: @unchecked Sendable {
         mutex.deallocate()
     }
 
-    func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+    package func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         return try body()

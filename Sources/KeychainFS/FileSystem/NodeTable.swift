@@ -2,7 +2,7 @@ import KeychainCore
 import Synchronization
 
 /// What an inode number stands for. Groups are directories, identifiers files.
-enum Node: Hashable, Sendable {
+package enum Node: Hashable, Sendable {
     case root
     case control
     /// `.events`: the device's events, as lines (every mount's root).
@@ -21,7 +21,9 @@ enum Node: Hashable, Sendable {
 /// name then gets a new number. Numbers are never reused while the device
 /// lives. Shared across mounts, so that a removal through one mount detaches
 /// the inode that another mount's writer holds.
-final class NodeTable: Sendable {
+package final class NodeTable: Sendable {
+    package init() {}
+
     static let rootInode: UInt64 = 1
     static let controlInode: UInt64 = 2
     static let eventsInode: UInt64 = 3
@@ -116,7 +118,7 @@ final class NodeTable: Sendable {
     /// resolution of its inode together with its write: no commit can land
     /// between the removal of a name and the binding of a new item to it.
     /// Order: a descriptor's lock, then this one.
-    let namespace = Lock()
+    package let namespace = Lock()
 
     /// The inode currently bound to `node`, numbered on first sight.
     func inode(for node: Node) -> UInt64 {
@@ -307,7 +309,7 @@ final class NodeTable: Sendable {
     /// `origin` of a change of its own (each would wait for the other's lock).
     /// Changes through the socket (`origin` nil) hold no kernel lock and are
     /// told before the caller returns.
-    func forgetNames(_ changed: [Node], except origin: KernelCache?) {
+    package func forgetNames(_ changed: [Node], except origin: KernelCache?) {
         let others = caches.withLock { Array($0.values) }.filter { $0 !== origin }
         guard !others.isEmpty else { return }
         let names = others.flatMap { cache in

@@ -11,14 +11,14 @@ import Glibc
 /// requests of their own making, naming any uid and pid as the caller, and
 /// requests with lengths and counts that libfuse 3.14 trusts (issue 29).
 /// Only the kernel writes to a mounted connection's descriptor.
-enum FuseConnection {
+package enum FuseConnection {
     /// `/dev/fuse`'s device number: character device 10, 229 (the kernel's
     /// Documentation/admin-guide/devices.txt; FUSE_MINOR in fs/fuse/dev.c).
     static let major: UInt64 = 10
     static let minor: UInt64 = 229
 
     /// Why `descriptor` is not a connection to serve, in a sentence; nil when it is.
-    static func problem(with descriptor: Int32) -> String? {
+    package static func problem(with descriptor: Int32) -> String? {
         var info = stat()
         guard (try? nothingOrErrno { fstat(descriptor, &info) }) != nil else {
             return "the descriptor passed cannot be examined"

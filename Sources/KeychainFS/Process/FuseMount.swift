@@ -98,8 +98,8 @@ public struct MountError: Error, CustomStringConvertible {
 /// What the kernel of one mount may have cached of the device's names and
 /// attributes, and the way to make it forget them. Changes through another
 /// mount or the socket, and commits through this one, call it.
-final class KernelCache: Sendable {
-    let scope: FileSystem.Scope
+package final class KernelCache: Sendable {
+    package let scope: FileSystem.Scope
     private let session = Mutex<FuseSession<FileSystem>?>(nil)
     /// The inodes this kernel holds, with its reference counts.
     private let known = Mutex<[UInt64: UInt64]>([:])

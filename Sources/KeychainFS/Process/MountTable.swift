@@ -54,7 +54,7 @@ public enum MountTable {
     }
 
     /// fusermount3, setuid root, where Debian's fuse3 installs it: how a user mounts and unmounts.
-    static let fusermount = "/bin/fusermount3"
+    public static let fusermount = "/bin/fusermount3"
 
     /// Unmounts `path`: umount2 as root, `fusermount3 -u` otherwise. Returns 0 or an errno.
     public static func unmount(_ path: String, lazy: Bool) -> Int32 {

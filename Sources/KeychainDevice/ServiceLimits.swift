@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainFS
 
 /// What one user may hold of the service at once, so that one user's flood
 /// leaves the others served (issue 29). Each limit, when reached, is said

@@ -1,5 +1,6 @@
 internal import CLinux
 import KeychainCore
+import KeychainFS
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainFS
 import Synchronization
 #if canImport(Glibc)
 import Glibc
