@@ -216,10 +216,7 @@ public final class DeviceProcess: Sendable {
         var fds = [pollfd(fd: signals, events: Int16(POLLIN), revents: 0),
                    pollfd(fd: mountEnded, events: Int16(POLLIN), revents: 0)]
         while true {
-            if poll(&fds, 2, -1) < 0 {
-                if errno == EINTR { continue }
-                return false
-            }
+            guard (try? valueOrErrno({ poll(&fds, 2, -1) })) != nil else { return false }
             if fds[0].revents != 0 {
                 var info = signalfd_siginfo()
                 _ = read(signals, &info, MemoryLayout<signalfd_siginfo>.size)

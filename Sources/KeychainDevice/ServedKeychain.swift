@@ -113,7 +113,7 @@ final class ServedKeychain: Sendable {
         for mount in all { mount.fileSystem.eventStreams.endAll() }
         for mount in all {
             let result = mount.unmount(lazy: true)
-            if result != 0 { Diagnostics.log("could not unmount \(mount.mountpoint): errno \(result)") }
+            if result != 0 { Diagnostics.log("could not unmount \(mount.mountpoint): Errno.current.rawValue \(result)") }
         }
         for mount in all { mount.join() }
     }
@@ -201,7 +201,7 @@ final class ServedKeychain: Sendable {
             let name = rotated ? AuditLog.rotatedName : AuditLog.fileName
             let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else {
-                return errno == ENOENT ? .ok(["absent"]) : .systemError(errno, "cannot open the audit log: \(String(cString: strerror(errno)))")
+                return Errno.current.rawValue == ENOENT ? .ok(["absent"]) : .systemError(Errno.current.rawValue, "cannot open the audit log: \(Errno.current.description)")
             }
             attachments.descriptor = fd
             return .ok([])
@@ -215,7 +215,7 @@ final class ServedKeychain: Sendable {
         case .watch:
             guard let stream = SocketEventStream(client: client, device: manager.localDevice,
                                                  reader: ProgramIdentities.ofPeer(client)) else {
-                return .systemError(errno, "cannot follow the events: \(String(cString: strerror(errno)))")
+                return .systemError(Errno.current.rawValue, "cannot follow the events: \(Errno.current.description)")
             }
             attachments.events = stream
             return .ok([])

@@ -20,18 +20,18 @@ public enum ServiceAccount {
         }
         let uid = entry.pointee.pw_uid, gid = entry.pointee.pw_gid
         guard uid != 0 else { throw MountError("the service must not run as root (\(name) is uid 0)") }
-        if mkdir(stateDirectory, 0o700) != 0 && errno != EEXIST {
-            throw MountError("cannot create \(stateDirectory): \(String(cString: strerror(errno)))")
+        if mkdir(stateDirectory, 0o700) != 0 && Errno.current.rawValue != EEXIST {
+            throw MountError("cannot create \(stateDirectory): \(Errno.current.description)")
         }
         var info = stat()
         guard lstat(stateDirectory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
             throw MountError("\(stateDirectory) is not a directory")
         }
         guard chown(stateDirectory, uid, gid) == 0, chmod(stateDirectory, 0o700) == 0 else {
-            throw MountError("cannot give \(stateDirectory) to \(name): \(String(cString: strerror(errno)))")
+            throw MountError("cannot give \(stateDirectory) to \(name): \(Errno.current.description)")
         }
         guard CLinux_become_service_account(uid, gid) == 0 else {
-            throw MountError("cannot become \(name): \(String(cString: strerror(errno)))")
+            throw MountError("cannot become \(name): \(Errno.current.description)")
         }
     }
 

@@ -61,10 +61,7 @@ final class SocketEventStream: Sendable {
             if pending.isEmpty { pending = queue.withLock { $0.take(upTo: 64 << 10) } }
             let clientEvents = CLinux_POLLRDHUP | Int16(POLLIN) | (pending.isEmpty ? 0 : Int16(POLLOUT))
             var fds = [pollfd(fd: wake, events: Int16(POLLIN), revents: 0), pollfd(fd: client, events: clientEvents, revents: 0)]
-            if poll(&fds, 2, -1) < 0 {
-                if errno == EINTR { continue }
-                return
-            }
+            guard (try? valueOrErrno({ poll(&fds, 2, -1) })) != nil else { return }
             if fds[1].revents & (CLinux_POLLRDHUP | Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { return }
             if fds[0].revents != 0 {
                 var count: UInt64 = 0
@@ -74,7 +71,7 @@ final class SocketEventStream: Sendable {
                 let sent = pending.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)) }
                 if sent > 0 {
                     pending.removeFirst(sent)
-                } else if errno != EAGAIN && errno != EINTR {
+                } else if ![EAGAIN, EINTR].contains(Errno.current.rawValue) {
                     return
                 }
             }

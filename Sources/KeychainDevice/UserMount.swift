@@ -18,7 +18,7 @@ public enum UserMount {
         if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
         var ends: [Int32] = [0, 0]
         guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0 else {
-            throw MountError("cannot create a socket pair: \(String(cString: strerror(errno)))")
+            throw MountError("cannot create a socket pair: \(Errno.current.description)")
         }
         defer { close(ends[0]) }
         var options = Spawn.Options()

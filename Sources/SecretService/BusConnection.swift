@@ -50,7 +50,7 @@ final class BusConnection: @unchecked Sendable {
         let wake = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
         guard wake >= 0 else {
             _ = CSystemd_sd_bus_flush_close_unref(bus)
-            throw .failed("no eventfd: \(String(cString: strerror(errno)))")
+            throw .failed("no eventfd: \(Errno.current.description)")
         }
         self.bus = bus
         self.wake = wake
@@ -173,7 +173,7 @@ final class BusConnection: @unchecked Sendable {
             let milliseconds: Int32 = timeout == UInt64.max ? -1 : Int32(clamping: timeout / 1000)
             var fds = [pollfd(fd: fd, events: Int16(truncatingIfNeeded: CSystemd_sd_bus_get_events(bus)), revents: 0),
                        pollfd(fd: wake, events: Int16(POLLIN), revents: 0)]
-            if poll(&fds, 2, milliseconds) < 0 && errno != EINTR { return }
+            if poll(&fds, 2, milliseconds) < 0 && Errno.current.rawValue != EINTR { return }
             if fds[1].revents != 0 {
                 var count: UInt64 = 0
                 _ = read(wake, &count, 8)

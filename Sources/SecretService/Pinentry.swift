@@ -148,8 +148,7 @@ final class Pinentry {
             }
             var chunk = [UInt8](repeating: 0, count: 1024)
             defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
-            let count = chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
+            let count = (try? valueOrErrno { chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) } }) ?? -1
             guard count > 0, buffer.count + count <= 64 << 10 else { throw Failure(description: "pinentry went away") }
             buffer += chunk[..<count]
         }

@@ -42,7 +42,7 @@ struct BackupCommand: ParsableCommand {
             do {
                 partial = try BackupFile.createPartial(for: path)
             } catch {
-                throw fail("cannot create \(path).partial: \(String(cString: strerror(errno)))")
+                throw fail("cannot create \(path).partial: \(Errno.current.description)")
             }
             let reply = DeviceClient.send(.backup(path: path, password: password, policedGroups: policedGroups,
                                                   passcode: passcode), to: socketPath, passing: partial.fd)

@@ -33,9 +33,9 @@ enum DeviceStatusFile {
     /// Writes one command; returns 0 or the errno of the write.
     static func send(_ mountpoint: String, _ command: UnsafeRawBufferPointer) -> Int32 {
         let fd = open(mountpoint + "/.control", O_WRONLY | O_CLOEXEC)
-        guard fd >= 0 else { return errno }
+        guard fd >= 0 else { return Errno.current.rawValue }
         defer { close(fd) }
-        return write(fd, command.baseAddress, command.count) == command.count ? 0 : errno
+        return write(fd, command.baseAddress, command.count) == command.count ? 0 : Errno.current.rawValue
     }
 }
 

@@ -80,7 +80,7 @@ struct EditCommand: ParsableCommand {
         }
         var template = Array((runtime + "/edit.XXXXXX").utf8CString)
         guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != nil else {
-            throw fail("cannot create a directory in \(runtime): \(String(cString: strerror(errno)))")
+            throw fail("cannot create a directory in \(runtime): \(Errno.current.description)")
         }
         return String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }

@@ -61,6 +61,6 @@ struct ExecCommand: ParsableCommand {
         }
         let arguments = words.map { strdup($0) } + [nil]
         execvp(words[0], arguments)
-        throw fail("cannot run \(words[0]): \(String(cString: strerror(errno)))", status: ExitCode(127))
+        throw fail("cannot run \(words[0]): \(Errno.current.description)", status: ExitCode(127))
     }
 }

@@ -51,7 +51,7 @@ struct RestoreCommand: ParsableCommand {
             // Opened here, by this user: the device reads only what this user
             // can read (O_NONBLOCK: a FIFO must not block the open).
             let file = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-            guard file >= 0 else { throw fail("cannot read \(path): \(String(cString: strerror(errno)))") }
+            guard file >= 0 else { throw fail("cannot read \(path): \(Errno.current.description)") }
             defer { close(file) }
             switch DeviceClient.send(.restore(path: path, password: password, policy: policy, passcode: passcode),
                                      to: socketPath, passing: file) {

@@ -56,8 +56,8 @@ struct ServiceCommand: ParsableCommand {
                 listener = activated
             } else {
                 let parent = String(socket[..<socket.lastIndex(of: "/")!])
-                if !parent.isEmpty && mkdir(parent, 0o755) != 0 && errno != EEXIST {
-                    throw fail("cannot create \(parent): \(String(cString: strerror(errno)))")
+                if !parent.isEmpty && mkdir(parent, 0o755) != 0 && Errno.current.rawValue != EEXIST {
+                    throw fail("cannot create \(parent): \(Errno.current.description)")
                 }
                 if let problem = ServiceAccount.socketDirectoryProblem(parent.isEmpty ? "/" : parent, account: user) {
                     throw fail(problem)

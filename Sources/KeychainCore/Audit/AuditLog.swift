@@ -237,12 +237,12 @@ public final class AuditLog: Sendable {
     private func rotate(_ state: inout State) {
         let path = directory.path + "/" + Self.fileName
         guard rename(path, directory.path + "/" + Self.rotatedName) == 0 else {
-            Diagnostics.log("could not rotate the audit log: \(String(cString: strerror(errno)))")
+            Diagnostics.log("could not rotate the audit log: \(Errno.current.description)")
             return
         }
         let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
-            Diagnostics.log("could not start a new audit log: \(String(cString: strerror(errno)))")
+            Diagnostics.log("could not start a new audit log: \(Errno.current.description)")
             return
         }
         close(state.fd)

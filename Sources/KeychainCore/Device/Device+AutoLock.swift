@@ -74,7 +74,7 @@ extension Device {
             // happens meanwhile); this thread only sleeps through it.
             var left = timespec(tv_sec: grace, tv_nsec: 0)
             var rest = timespec()
-            while nanosleep(&left, &rest) != 0 && errno == EINTR { left = rest }
+            while nanosleep(&left, &rest) != 0 && Errno.current.rawValue == EINTR { left = rest }
         }
         guard autoLock.after > 0, !isLocked else { return .whenWoken }
         lockNow(by: nil, detail: "auto-lock after \(after) s idle")

@@ -41,7 +41,7 @@ package enum ProgramIdentities {
     private static func names(_ path: String, _ opened: stat) -> Bool {
         var named = stat()
         if stat(path, &named) == 0 { return named.st_dev == opened.st_dev && named.st_ino == opened.st_ino }
-        return errno == EACCES && !path.hasSuffix(" (deleted)")
+        return Errno.current.rawValue == EACCES && !path.hasSuffix(" (deleted)")
     }
 
     /// Who `thread` is, for the audit log: its process, uid, executable

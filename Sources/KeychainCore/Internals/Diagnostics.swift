@@ -15,7 +15,7 @@ public enum Diagnostics {
 /// A failed file operation: logs which operation on which path failed and
 /// why (errno's text), and returns ``KeychainError/io`` to throw. Read errno
 /// first thing: any later call may change it.
-func fileFailure(_ operation: String, _ path: String, errno code: Int32 = errno) -> KeychainError {
+func fileFailure(_ operation: String, _ path: String, errno code: Int32 = Errno.current.rawValue) -> KeychainError {
     Diagnostics.log("cannot \(operation) \(path): \(String(cString: strerror(code)))")
     return .io
 }

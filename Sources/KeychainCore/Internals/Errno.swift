@@ -12,6 +12,8 @@ package struct Errno: Error, RawRepresentable, Hashable, Sendable, CustomStringC
     package init(_ rawValue: Int32) { self.rawValue = rawValue }
 
     /// The calling thread's `errno` now: read it before any other call.
+    /// With ``valueOrErrno(retryOnInterrupt:_:)``, the only reads of
+    /// `errno` in the project (./scripts/test refuses any other).
     package static var current: Errno { Errno(errno) }
 
     /// strerror's sentence ("No such file or directory").

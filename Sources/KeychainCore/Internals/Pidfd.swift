@@ -23,10 +23,7 @@ package enum Pidfd {
     /// Whether the process ends within `milliseconds` (-1: however long it takes).
     package static func hasExited(_ pidfd: Int32, waitingUpTo milliseconds: Int32) -> Bool {
         var entry = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
-        while true {
-            let ready = poll(&entry, 1, milliseconds)
-            if ready < 0 && errno == EINTR { continue }
-            return ready != 0  // readable, or a pidfd poll cannot watch: gone either way
-        }
+        // Readable, or a pidfd poll cannot watch (an error): gone either way.
+        return (try? valueOrErrno { poll(&entry, 1, milliseconds) }) != 0
     }
 }

@@ -36,7 +36,7 @@ final class WakeableThread: Sendable {
             var timeout: Int32 = -1
             loop: while true {
                 var sleeper = pollfd(fd: sleepEnd, events: Int16(POLLIN), revents: 0)
-                if poll(&sleeper, 1, timeout) < 0 && errno != EINTR { break }
+                if poll(&sleeper, 1, timeout) < 0 && Errno.current.rawValue != EINTR { break }
                 // The owner closed its end: nothing will wake this thread again.
                 if sleeper.revents & Int16(POLLHUP) != 0 { break }
                 var drained = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))

@@ -318,11 +318,10 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
         var result = [UInt8](repeating: 0, count: range.count)
         var done = 0
         while done < range.count {
-            let read = result.withUnsafeMutableBytes { raw in
-                pread(fd, raw.baseAddress! + done, range.count - done, off_t(range.lowerBound + done))
+            let read = try? valueOrErrno {
+                result.withUnsafeMutableBytes { raw in pread(fd, raw.baseAddress! + done, range.count - done, off_t(range.lowerBound + done)) }
             }
-            if read < 0 && errno == EINTR { continue }
-            guard read > 0 else { throw .io }
+            guard let read, read > 0 else { throw .io }
             done += read
         }
         return result

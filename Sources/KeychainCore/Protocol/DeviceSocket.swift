@@ -196,8 +196,8 @@ public enum RuntimePaths {
                 throw RuntimePathError("XDG_RUNTIME_DIR (\(runtime)) is not a private directory of this user (it must be yours, mode 0700)")
             }
         }
-        if mkdir(base, 0o700) != 0 && errno != EEXIST {
-            throw RuntimePathError("cannot create the runtime directory \(base): \(String(cString: strerror(errno)))")
+        if mkdir(base, 0o700) != 0 && Errno.current.rawValue != EEXIST {
+            throw RuntimePathError("cannot create the runtime directory \(base): \(Errno.current.description)")
         }
         // Refuse a directory someone else made for us (e.g. in /tmp).
         var info = stat()

@@ -64,7 +64,7 @@ public struct KeychainDirectory: Sendable, Equatable {
         var prefix = ""
         for component in path.split(separator: "/") {
             prefix += "/" + component
-            if mkdir(prefix, 0o700) != 0 && errno != EEXIST { throw fileFailure("create the directory", prefix) }
+            if mkdir(prefix, 0o700) != 0 && Errno.current.rawValue != EEXIST { throw fileFailure("create the directory", prefix) }
         }
         // The directory may have existed with looser permissions.
         guard chmod(path, 0o700) == 0 else { throw fileFailure("make private (chmod 700)", path) }
@@ -80,10 +80,10 @@ public struct KeychainDirectory: Sendable, Equatable {
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw fileFailure("create", temporary) }
         let written = secret.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd) == 0 ? 0 : errno
+        let synced = fsync(fd) == 0 ? 0 : Errno.current.rawValue
         close(fd)
         guard written == secret.count, synced == 0 else {
-            let failure = fileFailure("write", temporary, errno: written < 0 ? errno : synced == 0 ? EIO : synced)
+            let failure = fileFailure("write", temporary, errno: written < 0 ? Errno.current.rawValue : synced == 0 ? EIO : synced)
             unlink(temporary)
             throw failure
         }
@@ -106,7 +106,7 @@ public struct KeychainDirectory: Sendable, Equatable {
         let fd = open(deviceSecretPath, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             Diagnostics.log("the keychain's device secret is missing at \(deviceSecretPath)")
-            throw errno == ENOENT ? .decode : .io
+            throw Errno.current.rawValue == ENOENT ? .decode : .io
         }
         defer { close(fd) }
         let buffer = try SecureBytes(count: DeviceSecretFile.maximumSize + 1)

@@ -250,10 +250,10 @@ extension FileSystem {
 
     /// Takes back an emptying that a flush committed for this descriptor,
     /// if the item still holds it. Call with the descriptor's lock held.
-    private func revertTruncation(_ file: OpenFile, because errno: Int32) {
+    private func revertTruncation(_ file: OpenFile, because code: Int32) {
         guard let receipt = file.pendingRevert else { return }
         file.pendingRevert = nil
-        if file.failure == 0 { file.failure = errno }
+        if file.failure == 0 { file.failure = code }
         do throws(KeychainError) {
             try manager.revert(receipt)
         } catch {

@@ -18,7 +18,7 @@ public enum MountTable {
     public static func isDeadMount(_ path: String) -> Bool {
         guard fileSystemTypes(mountedAt: path).last?.hasPrefix("fuse") == true else { return false }
         var info = statvfs()  // statfs(2) underneath
-        return statvfs(path, &info) != 0 && errno == ENOTCONN
+        return statvfs(path, &info) != 0 && Errno.current.rawValue == ENOTCONN
     }
 
     /// The types of the filesystems mounted at `path`, oldest first
@@ -59,7 +59,7 @@ public enum MountTable {
     /// Unmounts `path`: umount2 as root, `fusermount3 -u` otherwise. Returns 0 or an errno.
     public static func unmount(_ path: String, lazy: Bool) -> Int32 {
         if geteuid() == 0 {
-            return umount2(path, lazy ? Int32(MNT_DETACH) : 0) == 0 ? 0 : errno
+            return umount2(path, lazy ? Int32(MNT_DETACH) : 0) == 0 ? 0 : Errno.current.rawValue
         }
         let status = Spawn.run([fusermount, "-u", "-q"] + (lazy ? ["-z"] : []) + [path])
         return status == 0 ? 0 : EBUSY
@@ -79,7 +79,7 @@ public enum MountTable {
     public static func emptyDirectoryProblem(_ path: String) -> String? {
         var info = stat()
         guard stat(path, &info) == 0 else {
-            return errno == ENOENT ? "mount point \(path) does not exist" : "cannot use mount point \(path): \(String(cString: strerror(errno)))"
+            return Errno.current.rawValue == ENOENT ? "mount point \(path) does not exist" : "cannot use mount point \(path): \(Errno.current.description)"
         }
         guard info.st_mode & S_IFMT == S_IFDIR else { return "mount point \(path) is not a directory" }
         guard let dir = opendir(path) else { return "cannot read mount point \(path)" }
