@@ -320,7 +320,7 @@ extension ServedKeychain {
             } else {
                 found = try manager.itemsWithDetails(inGroup: group)
             }
-            return .ok(found.flatMap { [$0.identifier] + $0.details.fields })
+            return .ok(ItemDetails.listingFields(found))
         case .setDetails(let group, let identifier, let details):
             try manager.setDetails(details, forIdentifier: identifier, inGroup: group)
         case .remove(let group, let identifier):

@@ -91,7 +91,7 @@ extension SecretServiceProvider {
             guard store.appsOwnItems(inGroup: item.group),
                   case .ok(let fields) = perform(.details(group: item.group, identifier: item.identifier), for: call,
                                                   audit: .failures),
-                  let details = (try? PasswordManager.details(fromFields: fields))?.first?.details,
+                  let details = (try? ItemDetails.listed(fromFields: fields))?.first?.details,
                   let owner = details.owner else { return nil }
             if caller == nil { caller = .some(callerIdentity(call)) }
             guard !ItemConsent.isFree(details, for: caller ?? nil) else { return nil }

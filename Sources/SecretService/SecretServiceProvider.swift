@@ -212,7 +212,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         let fields = try listing(of: group, for: call)
         var details: [String: ItemDetails] = [:]
         if case .ok(let detailFields) = perform(.details(group: group, identifier: nil), for: call, audit: .failures),
-           let found = try? PasswordManager.details(fromFields: detailFields) {
+           let found = try? ItemDetails.listed(fromFields: detailFields) {
             for (identifier, itemDetails) in found { details[identifier] = itemDetails }
         }
         guard let listed = try? ItemListing.items(fromFields: fields) else {
@@ -232,7 +232,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     func itemDetails(_ group: String, _ identifier: String, for call: BusCall) throws(BusError) -> ItemDetails? {
         let reply = perform(.details(group: group, identifier: identifier), for: call, audit: .failures)
         let fields = try reply.fields(about: .item(path: ObjectPaths.item(group, identifier)))
-        guard let found = try? PasswordManager.details(fromFields: fields) else {
+        guard let found = try? ItemDetails.listed(fromFields: fields) else {
             throw BusError(reply: .ok([]), about: .item(path: ObjectPaths.item(group, identifier)))
         }
         return found.first?.details

@@ -47,7 +47,7 @@ struct AclCommand: ParsableCommand {
         guard case .ok(let fields) = try device.send(.details(group: item.group, identifier: item.identifier), item: "\(item)") else {
             throw DeviceAccess.unexpectedReply()
         }
-        let details = try PasswordManager.details(fromFields: fields).first?.details
+        let details = try ItemDetails.listed(fromFields: fields).first?.details
         if json {
             let allowed = (details?.allowed ?? []).map(Self.json).joined(separator: ", ")
             print("{\"owner\": \(details?.owner.map(Self.json) ?? "null"), \"allowed\": [\(allowed)]}")

@@ -126,7 +126,7 @@ extension RunningDevice {
         let reply = try deliver(.details(group: group, identifier: nil))
         if case .keychainError(.itemNotFound, _)? = reply { return [] }
         guard case .ok(let fields) = try checked(reply, item: group) else { throw DeviceAccess.unexpectedReply() }
-        return try PasswordManager.details(fromFields: fields)
+        return try ItemDetails.listed(fromFields: fields)
     }
 
     /// An item's value; nil when it does not exist (said by no message).

@@ -43,16 +43,16 @@ struct PolicyCommand: ParsableCommand {
             return
         }
         let fields = try policyReply(.policy(group: group), keychain: options.place)
-        guard fields.count % 6 == 0 else { throw DeviceAccess.unexpectedReply() }
-        for start in stride(from: 0, to: fields.count, by: 6) {
-            let rule = fields[start..<start + 6].map { LineEscaping.escaped($0) }
-            if rule[1].isEmpty {
-                print("\(rule[0]) (no program)")
+        guard let rows = try? PolicyListing.rows(fromFields: fields) else { throw DeviceAccess.unexpectedReply() }
+        for row in rows {
+            let group = LineEscaping.escaped(row.group)
+            guard let rule = row.rule else {
+                print("\(group) (no program)")
                 continue
             }
-            print([rule[0], rule[1], "sha256=" + rule[2]].joined(separator: " ")
-                  + (rule[3].isEmpty ? "" : " unit=" + rule[3]) + (rule[4].isEmpty ? "" : " uid=" + rule[4])
-                  + (rule[5].isEmpty ? "" : " allow-jit"))
+            print([group, LineEscaping.escaped(rule.executable), "sha256=" + rule.digestHex].joined(separator: " ")
+                  + (rule.unit.map { " unit=" + LineEscaping.escaped($0) } ?? "") + (rule.uid.map { " uid=\($0)" } ?? "")
+                  + (rule.allowsJIT ? " allow-jit" : ""))
         }
         if let group {
             let mode = try policyReply(.apps(group: group, open: nil, passcode: nil), keychain: options.place)

@@ -157,4 +157,26 @@ import Testing
             #expect(throws: KeychainError.io) { try ItemListing.items(fromFields: foreign) }
         }
     }
+
+    /// A policy listing, and the details of a group's items, read back
+    /// through the reply frame as sent; a foreign row is refused.
+    @Test func policyAndDetailsListingsReadBack() throws {
+        let rows = [PolicyListing(group: "TEAMID.shared", rule: EntitlementRule(executable: "/usr/bin/deploy",
+                                                                                digest: Array(repeating: 7, count: 32),
+                                                                                unit: "deploy.service", uid: 1000, allowsJIT: true)),
+                    PolicyListing(group: "TEAMID.shared", rule: EntitlementRule(executable: "/usr/bin/backup",
+                                                                                digest: Array(repeating: 9, count: 32))),
+                    PolicyListing(group: "closed", rule: nil)]
+        let reply = DeviceReply.ok(PolicyListing.fields(rows))
+        let parsed = try Self.body(of: try reply.frame()) { body throws(KeychainError) in try DeviceReply(body: body) }
+        guard case .ok(let fields) = parsed else { Issue.record("not ok: \(parsed)"); return }
+        #expect(try PolicyListing.rows(fromFields: fields) == rows)
+        for foreign in [["g", "/bin/x", "abcd", "", "", ""], ["g", "/bin/x", String(repeating: "0", count: 64), "", "-1", ""],
+                        ["g", "", "", "", "", "jit"], ["g", "/bin/x"]] {
+            #expect(throws: KeychainError.io) { try PolicyListing.rows(fromFields: foreign) }
+        }
+        let details = [(identifier: "github.com", details: ItemDetails(label: "GitHub", attributes: ["user": "ada"]))]
+        let listed = try ItemDetails.listed(fromFields: ItemDetails.listingFields(details))
+        #expect(listed.count == 1 && listed[0].identifier == "github.com" && listed[0].details == details[0].details)
+    }
 }

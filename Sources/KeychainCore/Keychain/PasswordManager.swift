@@ -431,7 +431,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard case .local(let device) = backend else {
-            let found = try Self.details(fromFields: try remote.perform(.details(group: group, identifier: identifier)))
+            let found = try ItemDetails.listed(fromFields: try remote.perform(.details(group: group, identifier: identifier)))
             return found.first?.details
         }
         guard let row = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
@@ -533,23 +533,12 @@ public final class PasswordManager: Sendable {
     public func itemsWithDetails(inGroup group: String) throws(KeychainError) -> [(identifier: String, details: ItemDetails)] {
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
-            return try Self.details(fromFields: try remote.perform(.details(group: group, identifier: nil)))
+            return try ItemDetails.listed(fromFields: try remote.perform(.details(group: group, identifier: nil)))
         }
         guard try device.store.groupExists(group) else { throw .itemNotFound }
         var found: [(identifier: String, details: ItemDetails)] = []
         for row in try device.store.rowsWithDetails(group: group) {
             if let details = try ItemCipher.openDetails(row, key: device.secret.detailsKey) { found.append((row.identifier, details)) }
-        }
-        return found
-    }
-
-    /// A `details` reply: per item its identifier, then ``ItemDetails/fields``.
-    package static func details(fromFields fields: [String]) throws(KeychainError) -> [(identifier: String, details: ItemDetails)] {
-        var rest = fields[...]
-        var found: [(identifier: String, details: ItemDetails)] = []
-        while let identifier = rest.popFirst() {
-            guard let details = ItemDetails(fields: &rest) else { throw .io }
-            found.append((identifier, details))
         }
         return found
     }

@@ -71,15 +71,12 @@ extension Device {
                 let policies = device.entitlementPolicies
                 if let group, policies[group] == nil { return .ok([]) }
                 let groups = group.map { [$0] } ?? policies.keys.sorted()
-                return .ok(groups.flatMap { group in
+                return .ok(PolicyListing.fields(groups.flatMap { group in
                     let rules = policies[group] ?? []
-                    // A policy without rules admits no program: shown as a group with an empty rule.
-                    if rules.isEmpty { return [group, "", "", "", "", ""] }
-                    return rules.flatMap { rule in
-                        [group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? "",
-                         rule.allowsJIT ? "jit" : ""]
-                    }
-                })
+                    // A policy without rules admits no program: shown as a group without a rule.
+                    if rules.isEmpty { return [PolicyListing(group: group, rule: nil)] }
+                    return rules.map { PolicyListing(group: group, rule: $0) }
+                }))
             // Not a policy request: the device's other switches answer these.
             case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
                  .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
