@@ -6,10 +6,10 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "KeychainCore", targets: ["KeychainCore"]),
-        .executable(name: "keychainfs", targets: ["keychainfs"]),
+        .executable(name: "keychainfs", targets: ["keychainfs"])
     ],
     dependencies: [
-        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2")
     ],
     targets: [
         .systemLibrary(name: "CSodium", providers: [.apt(["libsodium-dev"])]),
@@ -29,18 +29,20 @@ let package = Package(
         .target(name: "KeychainFS", dependencies: ["KeychainCore", "CFuse", "CLinux"]),
         // The device process: the per-user device and the service, serving
         // mounts (KeychainFS) and the bus (SecretService).
-        .target(name: "KeychainDevice", dependencies: ["KeychainCore", "KeychainFS", "SecretService", "CFuse", "CLinux"]),
+        .target(
+            name: "KeychainDevice", dependencies: ["KeychainCore", "KeychainFS", "SecretService", "CFuse", "CLinux"]),
         .executableTarget(
             name: "keychainfs",
             dependencies: [
                 "KeychainCore", "KeychainFS", "KeychainDevice", "SecretService",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser")
             ]
         ),
         // Fuzz targets for the parsers of untrusted bytes: a libFuzzer
         // harness when built by scripts/fuzz, a replayer of inputs otherwise.
         // Debug builds only (it reaches internals through @testable).
-        .executableTarget(name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS", "SecretService", "CFuse"]),
+        .executableTarget(
+            name: "keychainfs-fuzz", dependencies: ["KeychainCore", "KeychainFS", "SecretService", "CFuse"]),
         // What the test targets share: the mount harness (a keychain, its
         // device and mounts, torn down whatever happens), fixtures, memory scans.
         .target(name: "TestSupport", dependencies: ["KeychainCore"], path: "Tests/Support"),
@@ -63,7 +65,7 @@ let package = Package(
             resources: [.copy("Attacks"), .copy("Fixtures")]
         ),
         // The keychainfs command as a user runs it: output, exit statuses, helpers.
-        .testTarget(name: "CommandLineTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
+        .testTarget(name: "CommandLineTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"])
     ],
     swiftLanguageModes: [.v6]
 )

@@ -49,9 +49,10 @@ public final class DeviceProcess: Sendable {
         mountEnded = ended
         // Every connection is the user's own: no limit but the deadline.
         connections = ConnectionTable(perUser: nil, deadline: Self.connectionDeadline * 1000)
-        keychains = .perUser(try ServedKeychain(keychain: keychain, owner: (getuid(), getgid())) {
-            Self.signal(ended)
-        })
+        keychains = .perUser(
+            try ServedKeychain(keychain: keychain, owner: (getuid(), getgid())) {
+                Self.signal(ended)
+            })
     }
 
     /// The service of every user's keychain under `stateDirectory`
@@ -83,7 +84,6 @@ public final class DeviceProcess: Sendable {
 
     // MARK: Running
 
-
     /// Runs the per-user device: mounts `mountpoint`, reports through
     /// `ready`, then serves until the last mount is gone or a signal (or a
     /// `stop` request) asks it to stop. Without a mount point the device
@@ -93,8 +93,10 @@ public final class DeviceProcess: Sendable {
     /// `secretService` it also serves the Secret Service on the session bus
     /// (true: taking the name over from another provider). Returns the
     /// process exit status.
-    public func run(mountpoint: String?, group: String?, secretService: Bool? = nil,
-                    ready: (MountError?) -> Void) -> Int32 {
+    public func run(
+        mountpoint: String?, group: String?, secretService: Bool? = nil,
+        ready: (MountError?) -> Void
+    ) -> Int32 {
         guard case .perUser(let keychain) = keychains else { preconditionFailure("the service mounts nothing itself") }
         // Last, once every session has ended: a cleanly stopped device leaves
         // the keychain as one file (no -wal beside it).
@@ -150,8 +152,12 @@ public final class DeviceProcess: Sendable {
         secretService.withLock { current in
             if let serving = current, serving.isServing {
                 let servedAddress = serving.address ?? getenv("DBUS_SESSION_BUS_ADDRESS").map { String(cString: $0) }
-                return servedAddress == address ? .ok([])
-                    : .systemError(EBUSY, "the device serves the Secret Service on another session's bus: stop it first (keychainfs stop)")
+                return servedAddress == address
+                    ? .ok([])
+                    : .systemError(
+                        EBUSY,
+                        "the device serves the Secret Service on another session's bus: stop it first (keychainfs stop)"
+                    )
             }
             current?.stop()
             current = nil
@@ -213,8 +219,10 @@ public final class DeviceProcess: Sendable {
     /// Waits for a stopping signal (true), or until `isIdle` holds with no
     /// request in flight (true), or an error of poll (false).
     private func waitForTheEnd(_ signals: Int32, isIdle: () -> Bool) -> Bool {
-        var fds = [pollfd(fd: signals, events: Int16(POLLIN), revents: 0),
-                   pollfd(fd: mountEnded, events: Int16(POLLIN), revents: 0)]
+        var fds = [
+            pollfd(fd: signals, events: Int16(POLLIN), revents: 0),
+            pollfd(fd: mountEnded, events: Int16(POLLIN), revents: 0)
+        ]
         while true {
             guard (try? valueOrErrno({ poll(&fds, 2, -1) })) != nil else { return false }
             if fds[0].revents != 0 {
@@ -325,8 +333,12 @@ public final class DeviceProcess: Sendable {
             return
         }
         guard connections.admit(client, uid: credentials.uid) else {
-            refuse(client, .systemError(EAGAIN, "too many connections of your user at once "
-                                        + "(\(connections.perUser ?? 0)): close some, then try again"))
+            refuse(
+                client,
+                .systemError(
+                    EAGAIN,
+                    "too many connections of your user at once "
+                        + "(\(connections.perUser ?? 0)): close some, then try again"))
             return
         }
         // Each connection on a thread of its own, with deadlines: a peer
@@ -362,7 +374,8 @@ public final class DeviceProcess: Sendable {
         let reply = answer(client, from: credentials, attachments: &attachments)
         connections.enter(.replying, client)
         if let frame = try? reply.frame(),
-           DeviceProtocol.send(frame, to: client, passing: attachments.descriptor >= 0 ? attachments.descriptor : nil) {
+            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor >= 0 ? attachments.descriptor : nil)
+        {
             // A watcher is a client: the device stays while it follows.
             if let events = attachments.events {
                 connections.enter(.following, client)
@@ -379,7 +392,9 @@ public final class DeviceProcess: Sendable {
     /// Reads one request (its frame, which may hold passcodes, in secret
     /// memory) and has the peer's keychain carry it out. `credentials`
     /// are the peer's, as the kernel gave them when it was accepted.
-    private func answer(_ client: Int32, from credentials: PeerCredentials, attachments: inout ReplyAttachments) -> DeviceReply {
+    private func answer(_ client: Int32, from credentials: PeerCredentials, attachments: inout ReplyAttachments)
+        -> DeviceReply
+    {
         if case .perUser = keychains, credentials.uid != getuid() {
             return .systemError(EPERM, "not the owner of this keychain")
         }
@@ -391,8 +406,10 @@ public final class DeviceProcess: Sendable {
         let atConnect = policedAtConnect ? ProgramIdentities.ofPeer(client) : nil
         var descriptor: Int32 = -1
         guard let body = DeviceProtocol.receive(from: client, sentBy: credentials.pid, descriptor: &descriptor) else {
-            return .systemError(EINVAL, "no whole request arrived within \(Self.connectionDeadline) s "
-                                + "from the process that connected")
+            return .systemError(
+                EINVAL,
+                "no whole request arrived within \(Self.connectionDeadline) s "
+                    + "from the process that connected")
         }
         connections.enter(.answering, client)
         // Ours to close, unless `attach` takes it.
@@ -417,18 +434,20 @@ public final class DeviceProcess: Sendable {
             case .serveBus(let address, let replace):
                 return serveBus(keychain, address: address, replace: replace)
             case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
-                 .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status,
-                 .sync, .grant, .revoke, .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
-                let reply = keychain.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
-                                            passed: &passed, attachments: &attachments)
+                .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status,
+                .sync, .grant, .revoke, .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
+                let reply = keychain.answer(
+                    request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
+                    passed: &passed, attachments: &attachments)
                 // "last" tells the client to wait for the device's exit, which a headless device does not do.
                 if case .unmount = request, reply == .ok(["last"]), headless.withLock({ $0 }) { return .ok([]) }
                 return reply
             }
         case .service(let all):
-            return all.answer(request, from: credentials, existing: existing, client: client,
-                              policedAtConnect: policedAtConnect, atConnect: atConnect,
-                              passed: &passed, attachments: &attachments)
+            return all.answer(
+                request, from: credentials, existing: existing, client: client,
+                policedAtConnect: policedAtConnect, atConnect: atConnect,
+                passed: &passed, attachments: &attachments)
         }
     }
 

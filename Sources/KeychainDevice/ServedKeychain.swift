@@ -25,8 +25,10 @@ final class ServedKeychain: Sendable {
     private let serviceLimits: ServiceLimits?
 
     /// Boots the device of `keychain`: locked, before first unlock.
-    init(keychain: KeychainDirectory, owner: (uid: uid_t, gid: gid_t), serviceLimits: ServiceLimits? = nil,
-         mountEnded: @escaping @Sendable () -> Void) throws(MountError) {
+    init(
+        keychain: KeychainDirectory, owner: (uid: uid_t, gid: gid_t), serviceLimits: ServiceLimits? = nil,
+        mountEnded: @escaping @Sendable () -> Void
+    ) throws(MountError) {
         do {
             manager = PasswordManager(device: try Device(directory: keychain))
         } catch {
@@ -63,8 +65,9 @@ final class ServedKeychain: Sendable {
         }
         if let mountLimit = serviceLimits?.mountsPerUser, mounts.withLock({ $0.count }) >= mountLimit {
             if let connection { close(connection) }
-            throw MountError("you have \(mountLimit) mounts of this keychain already, the most the service allows: "
-                             + "unmount one first")
+            throw MountError(
+                "you have \(mountLimit) mounts of this keychain already, the most the service allows: "
+                    + "unmount one first")
         }
         if connection == nil {
             if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
@@ -74,18 +77,21 @@ final class ServedKeychain: Sendable {
         }
         let fileSystem: FileSystem
         do {
-            fileSystem = try FileSystem(manager: manager, group: group, nodes: nodes, owner: owner) { [weak self] candidate in
+            fileSystem = try FileSystem(manager: manager, group: group, nodes: nodes, owner: owner) {
+                [weak self] candidate in
                 self?.isGroupMounted(candidate) ?? false
             }
         } catch .itemNotFound {
             if let connection { close(connection) }
-            throw MountError("no access group \(group ?? "") in this keychain; create it with mkdir in a whole-keychain mount")
+            throw MountError(
+                "no access group \(group ?? "") in this keychain; create it with mkdir in a whole-keychain mount")
         } catch {
             if let connection { close(connection) }
             throw MountError("cannot mount group \(group ?? ""): \(error)")
         }
         let ended = mountEnded
-        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint, connection: connection) { [weak self] finished in
+        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint, connection: connection) {
+            [weak self] finished in
             _ = self?.mounts.withLock { mounts in
                 // A later mount at the same place (after a dead one) is not this one.
                 if mounts[finished.mountpoint] === finished { mounts.removeValue(forKey: finished.mountpoint) }
@@ -113,7 +119,9 @@ final class ServedKeychain: Sendable {
         for mount in all { mount.fileSystem.eventStreams.endAll() }
         for mount in all {
             let result = mount.unmount(lazy: true)
-            if result != 0 { Diagnostics.log("could not unmount \(mount.mountpoint): Errno.current.rawValue \(result)") }
+            if result != 0 {
+                Diagnostics.log("could not unmount \(mount.mountpoint): Errno.current.rawValue \(result)")
+            }
         }
         for mount in all { mount.join() }
     }
@@ -130,8 +138,10 @@ final class ServedKeychain: Sendable {
     /// `client` (checked by the caller). `passed` is the descriptor that came
     /// with it, the caller's to close unless `attach` takes it (and sets it
     /// nil). A descriptor for the reply, or the events that follow it, go to `attachments`.
-    func answer(_ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
-                passed: inout Int32?, attachments: inout ReplyAttachments) -> DeviceReply {
+    func answer(
+        _ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
+        passed: inout Int32?, attachments: inout ReplyAttachments
+    ) -> DeviceReply {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
         switch request {
         case .ping:
@@ -139,7 +149,10 @@ final class ServedKeychain: Sendable {
         case .stop:
             return .systemError(EINVAL, "only a per-user device stops on request")
         case .serveBus:
-            return .systemError(EINVAL, "the keychainfs service serves no session bus: --secret-service needs a per-user device (--keychain DIR)")
+            return .systemError(
+                EINVAL,
+                "the keychainfs service serves no session bus: --secret-service needs a per-user device (--keychain DIR)"
+            )
         case .create:
             return .keychainError(.duplicateKeychain, "a keychain already exists for this user")
         case .mount(let group, let mountpoint), .attach(let group, let mountpoint):
@@ -157,8 +170,11 @@ final class ServedKeychain: Sendable {
             do {
                 return .ok(try unmount(mountpoint) ? ["last"] : [])
             } catch {
-                let reason = error.rawValue == EBUSY ? "mount point is busy (files are open in it)"
-                    : error.rawValue == ENOENT ? "not mounted by this device" : String(cString: strerror(error.rawValue))
+                let reason =
+                    error.rawValue == EBUSY
+                    ? "mount point is busy (files are open in it)"
+                    : error.rawValue == ENOENT
+                        ? "not mounted by this device" : String(cString: strerror(error.rawValue))
                 return .systemError(error.rawValue, reason)
             }
         case .changePasscode(let old, let new):
@@ -171,8 +187,9 @@ final class ServedKeychain: Sendable {
         case .backup(let path, let password, let policedGroups, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
             do throws(KeychainError) {
-                let backup = try manager.backup(password: password, policedGroups: policedGroups, passcode: passcode,
-                                                by: subject())
+                let backup = try manager.backup(
+                    password: password, policedGroups: policedGroups, passcode: passcode,
+                    by: subject())
                 try BackupFile.write(backup.bytes, to: file, name: path)
                 return .ok([String(backup.count)])
             } catch {
@@ -181,10 +198,12 @@ final class ServedKeychain: Sendable {
         case .restore(let path, let password, let policy, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
             do throws(KeychainError) {
-                let copy = try BackupFileCopy(of: file, name: path, in: manager.localDevice.directory.path,
-                                              limit: serviceLimits?.restoreBytes)
-                let summary = try manager.restore(copy, password: password,
-                                                  policy: policy, passcode: passcode, by: subject())
+                let copy = try BackupFileCopy(
+                    of: file, name: path, in: manager.localDevice.directory.path,
+                    limit: serviceLimits?.restoreBytes)
+                let summary = try manager.restore(
+                    copy, password: password,
+                    policy: policy, passcode: passcode, by: subject())
                 guard summary.applied else {
                     return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
                 }
@@ -195,13 +214,16 @@ final class ServedKeychain: Sendable {
         case .grant, .revoke, .policy, .access, .apps:
             // The service's account opens no path on a user's word: it could
             // hash, or tell the existence of, what only it can read (issue 29).
-            return manager.localDevice.answer(policyRequest: request, by: subject(), executable: passed,
-                                              opensPaths: serviceLimits == nil)
+            return manager.localDevice.answer(
+                policyRequest: request, by: subject(), executable: passed,
+                opensPaths: serviceLimits == nil)
         case .auditLog(let rotated):
             let name = rotated ? AuditLog.rotatedName : AuditLog.fileName
             let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else {
-                return Errno.current.rawValue == ENOENT ? .ok(["absent"]) : .systemError(Errno.current.rawValue, "cannot open the audit log: \(Errno.current.description)")
+                return Errno.current.rawValue == ENOENT
+                    ? .ok(["absent"])
+                    : .systemError(Errno.current.rawValue, "cannot open the audit log: \(Errno.current.description)")
             }
             attachments.descriptor = fd
             return .ok([])
@@ -213,8 +235,11 @@ final class ServedKeychain: Sendable {
                 return .systemError(EIO, "cannot verify the audit log: \(error)")
             }
         case .watch:
-            guard let stream = SocketEventStream(client: client, device: manager.localDevice,
-                                                 reader: ProgramIdentities.ofPeer(client)) else {
+            guard
+                let stream = SocketEventStream(
+                    client: client, device: manager.localDevice,
+                    reader: ProgramIdentities.ofPeer(client))
+            else {
                 return .systemError(Errno.current.rawValue, "cannot follow the events: \(Errno.current.description)")
             }
             attachments.events = stream
@@ -226,17 +251,19 @@ final class ServedKeychain: Sendable {
             }
             return .ok([String(device.autoLock.after), String(device.autoLock.grace)])
         case .get, .set, .remove, .list, .info, .details, .setDetails, .setClass, .rename, .createGroup, .removeGroup,
-             .lock, .unlock, .status, .sync:
+            .lock, .unlock, .status, .sync:
             // Whose an item is, is the Secret Service's to record, for the
             // program that made it over the bus: a client of the socket
             // names no owner (it could plant an item for another program).
             let request = request.withoutOwner
             do throws(KeychainError) {
                 // The peer is identified only when a group with a policy asks.
-                let reply = try answerItemRequest(request, program: {
-                    let now = ProgramIdentities.ofPeer(client)
-                    return !policedAtConnect || now == atConnect ? now : nil
-                }, subject: subject)
+                let reply = try answerItemRequest(
+                    request,
+                    program: {
+                        let now = ProgramIdentities.ofPeer(client)
+                        return !policedAtConnect || now == atConnect ? now : nil
+                    }, subject: subject)
                 audit(request, result: "ok", subject: subject())
                 return reply
             } catch {
@@ -257,7 +284,8 @@ extension ServedKeychain {
             let tenths = bytes * 10 / (1 << 20)
             return "\(tenths / 10).\(tenths % 10)"
         }
-        return "your keychain in the service may hold \(limits.quota.items) items and \(mebibytes(limits.quota.bytes)) MiB "
+        return
+            "your keychain in the service may hold \(limits.quota.items) items and \(mebibytes(limits.quota.bytes)) MiB "
             + "(it holds \(use?.items ?? 0) items, \(mebibytes(use?.bytes ?? 0)) MiB), and restore a backup of "
             + "\(mebibytes(limits.restoreBytes)) MiB at most: remove some items first, or restore a smaller backup"
     }
@@ -270,7 +298,8 @@ extension ServedKeychain {
         switch request {
         case .createGroup(let name):
             group = name
-        case .get(_, let id), .set(_, let id, _, _, _, _), .remove(_, let id), .info(_, let id), .setClass(_, let id, _):
+        case .get(_, let id), .set(_, let id, _, _, _, _), .remove(_, let id), .info(_, let id),
+            .setClass(_, let id, _):
             identifier = id
         case .details(_, let id):
             identifier = id
@@ -280,20 +309,24 @@ extension ServedKeychain {
             identifier = from
             detail = to
         case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .list, .removeGroup, .lock,
-             .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog,
-             .verifyLog, .stop, .watch, .autoLock:
+            .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog,
+            .verifyLog, .stop, .watch, .autoLock:
             break
         }
-        manager.localDevice.audit.record(AuditEvent(operation: operation, result: result, group: group,
-                                                    identifier: identifier, subject: subject, detail: detail ?? doubt))
+        manager.localDevice.audit.record(
+            AuditEvent(
+                operation: operation, result: result, group: group,
+                identifier: identifier, subject: subject, detail: detail ?? doubt))
     }
 
     /// The requests of a ``PasswordManager`` that is a client of this
     /// device (and of `keychainfs get/set/rm/ls`): the manager's own
     /// operations, with the filesystem's namespace rules (a removed or
     /// replaced item's inode is detached, writes are serialised with commits).
-    func answerItemRequest(_ request: DeviceRequest, program: () -> ProgramIdentity?,
-                                       subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
+    func answerItemRequest(
+        _ request: DeviceRequest, program: () -> ProgramIdentity?,
+        subject: () -> AuditSubject?
+    ) throws(KeychainError) -> DeviceReply {
         // As through a mount: a group's policy decides per program (the peer),
         // when the request has arrived and again just before the reply.
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
@@ -309,9 +342,10 @@ extension ServedKeychain {
             return .value(item.value, item.protectionClass)
         case .set(let group, let identifier, let value, let protectionClass, let condition, let details):
             try nodes.namespace.withLock { () throws(KeychainError) in
-                _ = try manager.write(value, identifier: identifier, group: group,
-                                      protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition,
-                                      details: details)
+                _ = try manager.write(
+                    value, identifier: identifier, group: group,
+                    protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition,
+                    details: details)
             }
         case .details(let group, let identifier):
             let found: [(identifier: String, details: ItemDetails)]
@@ -328,7 +362,9 @@ extension ServedKeychain {
             nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
         case .list(let group):
             guard let group else { return .ok(try manager.groups()) }
-            return .ok(ItemListing.fields(try manager.items(inGroup: group).map { ItemListing(identifier: $0.identifier, info: $0.info) }))
+            return .ok(
+                ItemListing.fields(
+                    try manager.items(inGroup: group).map { ItemListing(identifier: $0.identifier, info: $0.info) }))
         case .info(let group, let identifier):
             guard let info = try manager.info(forIdentifier: identifier, inGroup: group) else { throw .itemNotFound }
             return .ok([info.protectionClass.name, String(info.size)])
@@ -356,7 +392,7 @@ extension ServedKeychain {
             try manager.sync()
         // Not a request of a manager's client: answer(_:) handles these before.
         case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .grant, .revoke, .access, .apps,
-             .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
+            .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
             throw .param
         }
         return .ok([])
@@ -369,7 +405,9 @@ extension ServedKeychain: SecretStore {
     func isAvailable(_ protectionClass: ProtectionClass) -> Bool { manager.localDevice.isAvailable(protectionClass) }
     func appsOwnItems(inGroup group: String) -> Bool { manager.localDevice.appsOwnItems(inGroup: group) }
     func setSecretServiceState(_ state: String?) { manager.localDevice.secretServiceState = state }
-    func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { manager.localDevice.addObserver(handler) }
+    func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int {
+        manager.localDevice.addObserver(handler)
+    }
     func removeObserver(_ token: Int) { manager.localDevice.removeObserver(token) }
     func record(_ event: AuditEvent) { manager.localDevice.audit.record(event) }
 
@@ -385,24 +423,30 @@ extension ServedKeychain: SecretStore {
         do throws(KeychainError) {
             try manager.allow(program, forIdentifier: identifier, inGroup: group)
         } catch {
-            Diagnostics.log("could not add \(program.executable) to the access list of \(group)/\(identifier): \(error)")
+            Diagnostics.log(
+                "could not add \(program.executable) to the access list of \(group)/\(identifier): \(error)")
         }
     }
 
-    func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
-                 audit policy: AuditPolicy) -> DeviceReply {
+    func perform(
+        _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+        audit policy: AuditPolicy
+    ) -> DeviceReply {
         // The program as it was read, for a denial's reason in the log.
         var seen: ProgramIdentity?
         do throws(KeychainError) {
-            let reply = try answerItemRequest(request, program: {
-                seen = program()
-                return seen
-            }, subject: subject)
+            let reply = try answerItemRequest(
+                request,
+                program: {
+                    seen = program()
+                    return seen
+                }, subject: subject)
             if policy == .always { audit(request, result: "ok", subject: subject()) }
             return reply
         } catch {
-            audit(request, result: AuditEvent.result(of: error), subject: subject(),
-                  doubt: error == .missingEntitlement ? seen?.doubt : nil)
+            audit(
+                request, result: AuditEvent.result(of: error), subject: subject(),
+                doubt: error == .missingEntitlement ? seen?.doubt : nil)
             return .keychainError(error, sentence(for: error))
         }
     }

@@ -16,7 +16,9 @@ public enum ServiceAccount {
     /// account, keeping CAP_SYS_PTRACE only (to identify callers).
     public static func become(_ name: String, stateDirectory: String) throws(MountError) {
         guard let entry = getpwnam(name) else {
-            throw MountError("no account \(name): install the keychainfs package, whose sysusers.d entry makes it, or run: systemd-sysusers with that entry (scripts/debian/keychainfs.sysusers)")
+            throw MountError(
+                "no account \(name): install the keychainfs package, whose sysusers.d entry makes it, or run: systemd-sysusers with that entry (scripts/debian/keychainfs.sysusers)"
+            )
         }
         let uid = entry.pointee.pw_uid, gid = entry.pointee.pw_gid
         guard uid != 0 else { throw MountError("the service must not run as root (\(name) is uid 0)") }
@@ -42,7 +44,9 @@ public enum ServiceAccount {
         guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
             return "the state directory \(path) does not exist"
         }
-        if info.st_uid != geteuid() { return "the state directory \(path) belongs to uid \(info.st_uid), not to the service (uid \(geteuid()))" }
+        if info.st_uid != geteuid() {
+            return "the state directory \(path) belongs to uid \(info.st_uid), not to the service (uid \(geteuid()))"
+        }
         if info.st_mode & 0o077 != 0 { return "the state directory \(path) is open to others; run `chmod 700 \(path)`" }
         return nil
     }
@@ -58,7 +62,8 @@ public enum ServiceAccount {
         }
         let accountUID = getpwnam(account).map { $0.pointee.pw_uid }
         if info.st_uid != 0 && info.st_uid != accountUID && info.st_uid != geteuid() {
-            return "the socket's directory \(path) belongs to uid \(info.st_uid): use a directory of root's or \(account)'s"
+            return
+                "the socket's directory \(path) belongs to uid \(info.st_uid): use a directory of root's or \(account)'s"
         }
         if info.st_mode & 0o022 != 0 {
             return "the socket's directory \(path) can be written by others; run `chmod go-w \(path)`"

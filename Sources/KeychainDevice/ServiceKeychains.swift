@@ -36,8 +36,9 @@ final class ServiceKeychains: Sendable {
             if let served = open[credentials.uid] { return served }
             let directory = directory(of: credentials.uid)
             guard directory.exists else { return nil }
-            let served = try ServedKeychain(keychain: directory, owner: (credentials.uid, credentials.gid),
-                                            serviceLimits: limits, mountEnded: mountEnded)
+            let served = try ServedKeychain(
+                keychain: directory, owner: (credentials.uid, credentials.gid),
+                serviceLimits: limits, mountEnded: mountEnded)
             open[credentials.uid] = served
             return served
         }
@@ -47,9 +48,11 @@ final class ServiceKeychains: Sendable {
     /// goes to their keychain (`existing`, as the device process looked it
     /// up when the peer connected), which must exist. `passed` is as for
     /// ``ServedKeychain/answer(_:client:policedAtConnect:atConnect:passed:attachments:)``.
-    func answer(_ request: DeviceRequest, from credentials: PeerCredentials, existing: Result<ServedKeychain?, MountError>,
-                client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
-                passed: inout Int32?, attachments: inout ReplyAttachments) -> DeviceReply {
+    func answer(
+        _ request: DeviceRequest, from credentials: PeerCredentials, existing: Result<ServedKeychain?, MountError>,
+        client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
+        passed: inout Int32?, attachments: inout ReplyAttachments
+    ) -> DeviceReply {
         switch request {
         case .create(let passcode):
             return create(for: credentials.uid, passcode: passcode)
@@ -57,10 +60,11 @@ final class ServiceKeychains: Sendable {
             // The service mounts, unmounts and stops nothing on a user's word:
             // its account could mount over what only it can reach (another
             // user's keychain directory). The user mounts (`attach`) and unmounts.
-            return .systemError(EPERM, "the keychainfs service mounts nothing itself: `keychainfs mount` makes the mount and passes it")
+            return .systemError(
+                EPERM, "the keychainfs service mounts nothing itself: `keychainfs mount` makes the mount and passes it")
         case .ping, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails, .serveBus, .remove, .list,
-             .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke,
-             .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
+            .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke,
+            .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
             break
         }
         switch existing {
@@ -68,22 +72,28 @@ final class ServiceKeychains: Sendable {
             return .systemError(EIO, error.description)
         case .success(nil):
             if case .ping = request { return .ok([]) }
-            return .keychainError(.noSuchKeychain, "you have no keychain in the keychainfs service; create one with `keychainfs init`")
+            return .keychainError(
+                .noSuchKeychain, "you have no keychain in the keychainfs service; create one with `keychainfs init`")
         case .success(let served?):
-            return served.answer(request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
-                                 passed: &passed, attachments: &attachments)
+            return served.answer(
+                request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
+                passed: &passed, attachments: &attachments)
         }
     }
 
     private func create(for uid: uid_t, passcode: SecureBytes?) -> DeviceReply {
         creating.withLock { _ in
             let directory = directory(of: uid)
-            if directory.exists { return .keychainError(.duplicateKeychain, "you have a keychain in the keychainfs service already") }
+            if directory.exists {
+                return .keychainError(.duplicateKeychain, "you have a keychain in the keychainfs service already")
+            }
             do throws(KeychainError) {
                 // Sealed by the TPM when the service's account reaches one
                 // (the `tss` group's /dev/tpmrm0): the recovery key goes to
                 // the user who created it, once, as a secret value.
-                guard let recovery = try Device.createKeychain(at: directory, passcode: passcode) else { return .ok([]) }
+                guard let recovery = try Device.createKeychain(at: directory, passcode: passcode) else {
+                    return .ok([])
+                }
                 return .value(recovery.formatted(), .always)
             } catch {
                 return .keychainError(error, "cannot create your keychain in the service: \(error)")

@@ -16,8 +16,10 @@ public struct ServiceLimits: Sendable {
     /// The largest backup file one user may restore.
     public var restoreBytes: Int
 
-    public init(connectionsPerUser: Int = 32, mountsPerUser: Int = 16,
-                quota: StoreQuota = StoreQuota(items: 10_000, bytes: 64 << 20), restoreBytes: Int = 64 << 20) {
+    public init(
+        connectionsPerUser: Int = 32, mountsPerUser: Int = 16,
+        quota: StoreQuota = StoreQuota(items: 10_000, bytes: 64 << 20), restoreBytes: Int = 64 << 20
+    ) {
         self.connectionsPerUser = connectionsPerUser
         self.mountsPerUser = mountsPerUser
         self.quota = quota

@@ -60,7 +60,10 @@ final class SocketEventStream: Sendable {
         while true {
             if pending.isEmpty { pending = queue.withLock { $0.take(upTo: 64 << 10) } }
             let clientEvents = CLinux_POLLRDHUP | Int16(POLLIN) | (pending.isEmpty ? 0 : Int16(POLLOUT))
-            var fds = [pollfd(fd: wake, events: Int16(POLLIN), revents: 0), pollfd(fd: client, events: clientEvents, revents: 0)]
+            var fds = [
+                pollfd(fd: wake, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: client, events: clientEvents, revents: 0)
+            ]
             guard (try? valueOrErrno({ poll(&fds, 2, -1) })) != nil else { return }
             if fds[1].revents & (CLinux_POLLRDHUP | Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { return }
             if fds[0].revents != 0 {
@@ -68,7 +71,9 @@ final class SocketEventStream: Sendable {
                 _ = read(wake, &count, 8)
             }
             if fds[1].revents & Int16(POLLOUT) != 0 && !pending.isEmpty {
-                let sent = pending.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)) }
+                let sent = pending.withUnsafeBytes {
+                    send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+                }
                 if sent > 0 {
                     pending.removeFirst(sent)
                 } else if ![EAGAIN, EINTR].contains(Errno.current.rawValue) {

@@ -24,8 +24,9 @@ public enum UserMount {
         var options = Spawn.Options()
         options.descriptors = [(3, ends[1])]
         options.environment = ["_FUSE_COMMFD=3", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
-        let child = Spawn.start([MountTable.fusermount, "-o", "fsname=keychainfs,subtype=keychainfs", "--", mountpoint],
-                                options: options)
+        let child = Spawn.start(
+            [MountTable.fusermount, "-o", "fsname=keychainfs,subtype=keychainfs", "--", mountpoint],
+            options: options)
         close(ends[1])
         guard let child else { throw MountError("cannot run \(MountTable.fusermount) (is fuse3 installed?)") }
         var byte: UInt8 = 0, sender: Int32 = 0, connection: Int32 = -1

@@ -84,9 +84,11 @@ final class BusConnection: @unchecked Sendable {
         let result = CSystemd_sd_bus_request_name(bus, name, flags)
         guard result >= 0 else {
             guard result == -EEXIST else { throw .failed("cannot own \(name): \(String(cString: strerror(-result)))") }
-            throw .failed(replace
-                ? "\(name) is owned by another program on this bus that allows no replacement (gnome-keyring: stop its secrets component first)"
-                : "\(name) is owned by another program on this bus (--replace takes it over where that program allows it)")
+            throw .failed(
+                replace
+                    ? "\(name) is owned by another program on this bus that allows no replacement (gnome-keyring: stop its secrets component first)"
+                    : "\(name) is owned by another program on this bus (--replace takes it over where that program allows it)"
+            )
         }
     }
 
@@ -103,7 +105,9 @@ final class BusConnection: @unchecked Sendable {
         }
         for register in [CSystemd_sd_bus_add_object, CSystemd_sd_bus_add_fallback] {
             let result = register(bus, &slot, prefix, callback, userdata)
-            guard result >= 0, let slot else { throw .failed("cannot serve \(prefix): \(String(cString: strerror(-result)))") }
+            guard result >= 0, let slot else {
+                throw .failed("cannot serve \(prefix): \(String(cString: strerror(-result)))")
+            }
             slots.append(slot)
         }
     }
@@ -112,11 +116,13 @@ final class BusConnection: @unchecked Sendable {
     func watch(_ rule: String, _ handler: @escaping (OpaquePointer) -> Void) throws(BusError) {
         let box = Unmanaged.passRetained(SignalHandler(handler))
         var slot: OpaquePointer?
-        let result = CSystemd_sd_bus_add_match(bus, &slot, rule, { message, userdata, _ in
-            guard let message, let userdata else { return 0 }
-            Unmanaged<SignalHandler>.fromOpaque(userdata).takeUnretainedValue().handler(message)
-            return 0
-        }, box.toOpaque())
+        let result = CSystemd_sd_bus_add_match(
+            bus, &slot, rule,
+            { message, userdata, _ in
+                guard let message, let userdata else { return 0 }
+                Unmanaged<SignalHandler>.fromOpaque(userdata).takeUnretainedValue().handler(message)
+                return 0
+            }, box.toOpaque())
         guard result >= 0, let slot else {
             box.release()
             throw .failed("cannot watch the bus: \(String(cString: strerror(-result)))")
@@ -167,12 +173,16 @@ final class BusConnection: @unchecked Sendable {
             repeat { result = CSystemd_sd_bus_process(bus, nil) } while result > 0
             // The bus went away (its daemon ended): nothing more to serve.
             if result < 0 { return }
-            for work in queued.withLock({ work in defer { work = [] }; return work }) { work() }
+            for work in queued.withLock({ work in
+                defer { work = [] }; return work
+            }) { work() }
             var timeout: UInt64 = 0
             _ = CSystemd_sd_bus_get_timeout(bus, &timeout)
             let milliseconds: Int32 = timeout == UInt64.max ? -1 : Int32(clamping: timeout / 1000)
-            var fds = [pollfd(fd: fd, events: Int16(truncatingIfNeeded: CSystemd_sd_bus_get_events(bus)), revents: 0),
-                       pollfd(fd: wake, events: Int16(POLLIN), revents: 0)]
+            var fds = [
+                pollfd(fd: fd, events: Int16(truncatingIfNeeded: CSystemd_sd_bus_get_events(bus)), revents: 0),
+                pollfd(fd: wake, events: Int16(POLLIN), revents: 0)
+            ]
             if poll(&fds, 2, milliseconds) < 0 && Errno.current.rawValue != EINTR { return }
             if fds[1].revents != 0 {
                 var count: UInt64 = 0
@@ -185,10 +195,13 @@ final class BusConnection: @unchecked Sendable {
     // MARK: Calls (a client's, before any start())
 
     /// Calls a method and waits for its reply; an error reply is thrown as it came.
-    func call(_ destination: String, _ path: String, _ interface: String, _ member: String,
-              _ build: (BusMessageWriter) throws(BusError) -> Void = { _ throws(BusError) in }) throws(BusError) -> BusReply {
+    func call(
+        _ destination: String, _ path: String, _ interface: String, _ member: String,
+        _ build: (BusMessageWriter) throws(BusError) -> Void = { _ throws(BusError) in }
+    ) throws(BusError) -> BusReply {
         var call: OpaquePointer?
-        guard CSystemd_sd_bus_message_new_method_call(bus, &call, destination, path, interface, member) >= 0, let call else {
+        guard CSystemd_sd_bus_message_new_method_call(bus, &call, destination, path, interface, member) >= 0, let call
+        else {
             throw .failed("cannot build a call of \(member)")
         }
         defer { _ = CSystemd_sd_bus_message_unref(call) }
@@ -210,7 +223,8 @@ final class BusConnection: @unchecked Sendable {
     func ownerProcess(of name: String) -> pid_t? {
         var creds: OpaquePointer?
         guard CSystemd_sd_bus_get_name_creds(bus, name, CSystemd_creds_pid | CSystemd_creds_augment, &creds) >= 0,
-              let creds else { return nil }
+            let creds
+        else { return nil }
         defer { _ = CSystemd_sd_bus_creds_unref(creds) }
         var pid: pid_t = 0
         return CSystemd_sd_bus_creds_get_pid(creds, &pid) >= 0 ? pid : nil
@@ -219,8 +233,10 @@ final class BusConnection: @unchecked Sendable {
     // MARK: Replies and signals (on the bus thread)
 
     /// Replies to `call` with the arguments `build` appends.
-    func reply(to call: OpaquePointer, sensitive: Bool = false,
-               _ build: (BusMessageWriter) throws(BusError) -> Void) throws(BusError) {
+    func reply(
+        to call: OpaquePointer, sensitive: Bool = false,
+        _ build: (BusMessageWriter) throws(BusError) -> Void
+    ) throws(BusError) {
         var reply: OpaquePointer?
         let made = CSystemd_sd_bus_message_new_method_return(call, &reply)
         guard made >= 0, let reply else { throw .failed("cannot build a reply") }
@@ -236,7 +252,9 @@ final class BusConnection: @unchecked Sendable {
             error.message.withCString { message in
                 var busError = sd_bus_error(name: name, message: message, _need_free: 0)
                 var reply: OpaquePointer?
-                guard CSystemd_sd_bus_message_new_method_error(call, &reply, &busError) >= 0, let reply else { return false }
+                guard CSystemd_sd_bus_message_new_method_error(call, &reply, &busError) >= 0, let reply else {
+                    return false
+                }
                 defer { _ = CSystemd_sd_bus_message_unref(reply) }
                 return CSystemd_sd_bus_send(bus, reply, nil) >= 0
             }
@@ -256,12 +274,17 @@ final class BusConnection: @unchecked Sendable {
     /// (GetConnectionCredentials): its pid and uid.
     func senderProcess(of message: OpaquePointer) -> (pid: pid_t, uid: uid_t)? {
         var creds: OpaquePointer?
-        guard CSystemd_sd_bus_query_sender_creds(message, CSystemd_creds_pid | CSystemd_creds_euid | CSystemd_creds_augment,
-                                                 &creds) >= 0, let creds else { return nil }
+        guard
+            CSystemd_sd_bus_query_sender_creds(
+                message, CSystemd_creds_pid | CSystemd_creds_euid | CSystemd_creds_augment,
+                &creds) >= 0, let creds
+        else { return nil }
         defer { _ = CSystemd_sd_bus_creds_unref(creds) }
         var pid: pid_t = 0
         var uid: uid_t = 0
-        guard CSystemd_sd_bus_creds_get_pid(creds, &pid) >= 0, CSystemd_sd_bus_creds_get_euid(creds, &uid) >= 0 else { return nil }
+        guard CSystemd_sd_bus_creds_get_pid(creds, &pid) >= 0, CSystemd_sd_bus_creds_get_euid(creds, &uid) >= 0 else {
+            return nil
+        }
         return (pid, uid)
     }
 }
@@ -303,8 +326,10 @@ struct BusCall {
     let sender: String
 
     init?(_ message: OpaquePointer) {
-        guard let path = CSystemd_sd_bus_message_get_path(message), let member = CSystemd_sd_bus_message_get_member(message),
-              let sender = CSystemd_sd_bus_message_get_sender(message) else { return nil }
+        guard let path = CSystemd_sd_bus_message_get_path(message),
+            let member = CSystemd_sd_bus_message_get_member(message),
+            let sender = CSystemd_sd_bus_message_get_sender(message)
+        else { return nil }
         self.message = message
         self.path = String(cString: path)
         self.member = String(cString: member)

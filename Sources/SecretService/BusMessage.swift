@@ -17,12 +17,22 @@ public struct BusError: Error, Equatable, CustomStringConvertible {
 
     public var description: String { "\(name): \(message)" }
 
-    static func invalidArguments(_ message: String) -> BusError { BusError("org.freedesktop.DBus.Error.InvalidArgs", message) }
+    static func invalidArguments(_ message: String) -> BusError {
+        BusError("org.freedesktop.DBus.Error.InvalidArgs", message)
+    }
     static func failed(_ message: String) -> BusError { BusError("org.freedesktop.DBus.Error.Failed", message) }
-    static func unknownMethod(_ message: String) -> BusError { BusError("org.freedesktop.DBus.Error.UnknownMethod", message) }
-    static func notSupported(_ message: String) -> BusError { BusError("org.freedesktop.DBus.Error.NotSupported", message) }
-    static func accessDenied(_ message: String) -> BusError { BusError("org.freedesktop.DBus.Error.AccessDenied", message) }
-    static func noSuchObject(_ message: String) -> BusError { BusError("org.freedesktop.Secret.Error.NoSuchObject", message) }
+    static func unknownMethod(_ message: String) -> BusError {
+        BusError("org.freedesktop.DBus.Error.UnknownMethod", message)
+    }
+    static func notSupported(_ message: String) -> BusError {
+        BusError("org.freedesktop.DBus.Error.NotSupported", message)
+    }
+    static func accessDenied(_ message: String) -> BusError {
+        BusError("org.freedesktop.DBus.Error.AccessDenied", message)
+    }
+    static func noSuchObject(_ message: String) -> BusError {
+        BusError("org.freedesktop.Secret.Error.NoSuchObject", message)
+    }
     static func isLocked(_ message: String) -> BusError { BusError("org.freedesktop.Secret.Error.IsLocked", message) }
     static func noSession(_ message: String) -> BusError { BusError("org.freedesktop.Secret.Error.NoSession", message) }
 
@@ -47,7 +57,9 @@ struct BusMessageReader {
 
     private func text(_ type: Character) throws(BusError) -> String {
         var pointer: UnsafePointer<CChar>?
-        let result = withUnsafeMutablePointer(to: &pointer) { CSystemd_sd_bus_message_read_basic(message, CChar(type.asciiValue!), $0) }
+        let result = withUnsafeMutablePointer(to: &pointer) {
+            CSystemd_sd_bus_message_read_basic(message, CChar(type.asciiValue!), $0)
+        }
         guard result > 0, let pointer else { throw .malformed(result == 0 ? -EBADMSG : result) }
         return String(cString: pointer)
     }
@@ -114,7 +126,9 @@ struct BusMessageReader {
     /// The spec's secret struct `(oayays)`: its session's path, the
     /// parameters (a DH session's IV), the value as sent (into secret
     /// memory) and the content type.
-    func secretStruct() throws(BusError) -> (session: String, parameters: [UInt8], sealed: SecureBytes, contentType: String) {
+    func secretStruct() throws(BusError) -> (
+        session: String, parameters: [UInt8], sealed: SecureBytes, contentType: String
+    ) {
         try enter("r", "oayays")
         let session = try objectPath(), parameters = try bytes(), sealed = try secretBytes(), contentType = try string()
         try exit()
@@ -154,7 +168,8 @@ struct BusMessageReader {
             case "t": properties[name] = .uint64(try uint64())
             case "ao": properties[name] = .objectPaths(try objectPaths())
             case "a{ss}":
-                properties[name] = .attributes(try stringDictionary(limit: attributeLimit, textLimit: ItemDetails.maximumText))
+                properties[name] = .attributes(
+                    try stringDictionary(limit: attributeLimit, textLimit: ItemDetails.maximumText))
             default: try skip(contents)
             }
             try exit()
@@ -171,9 +186,11 @@ struct BusMessageReader {
         let type = name == "Label" ? "s" : "a{ss}"
         guard try peek()?.contents == type else { throw .invalidArguments("\(name) is of type \(type)") }
         try enter("v", type)
-        let value: PropertyValue = name == "Label"
+        let value: PropertyValue =
+            name == "Label"
             ? .string(try string())
-            : .attributes(try stringDictionary(limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText))
+            : .attributes(
+                try stringDictionary(limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText))
         try exit()
         return value
     }
@@ -234,11 +251,15 @@ struct BusMessageWriter {
     }
 
     func bytes(_ bytes: UnsafeRawBufferPointer) throws(BusError) {
-        try check(CSystemd_sd_bus_message_append_array(message, CChar(UInt8(ascii: "y")), bytes.baseAddress, bytes.count))
+        try check(
+            CSystemd_sd_bus_message_append_array(message, CChar(UInt8(ascii: "y")), bytes.baseAddress, bytes.count))
     }
 
     func bytes(_ bytes: [UInt8]) throws(BusError) {
-        try check(bytes.withUnsafeBytes { CSystemd_sd_bus_message_append_array(message, CChar(UInt8(ascii: "y")), $0.baseAddress, $0.count) })
+        try check(
+            bytes.withUnsafeBytes {
+                CSystemd_sd_bus_message_append_array(message, CChar(UInt8(ascii: "y")), $0.baseAddress, $0.count)
+            })
     }
 
     func open(_ type: Character, _ contents: String) throws(BusError) {

@@ -44,7 +44,8 @@ public final class ForeignSecretService {
             throw .failed("the Secret Service on this bus is keychainfs itself: nothing to import")
         }
         let (exponent, publicKey) = try TransferSession.clientKeyPair()
-        let opened = try bus.call(Self.service, Self.root, SecretServiceProvider.serviceInterface, "OpenSession") { (call) throws(BusError) in
+        let opened = try bus.call(Self.service, Self.root, SecretServiceProvider.serviceInterface, "OpenSession") {
+            (call) throws(BusError) in
             try call.string(TransferSession.diffieHellman)
             try call.open("v", "ay")
             try call.bytes(publicKey)
@@ -66,11 +67,15 @@ public final class ForeignSecretService {
 
     /// Its collections, the default one first.
     public func collections() throws(BusError) -> [Collection] {
-        let aliased = try bus.call(Self.service, Self.root, SecretServiceProvider.serviceInterface, "ReadAlias") { (call) throws(BusError) in
+        let aliased = try bus.call(Self.service, Self.root, SecretServiceProvider.serviceInterface, "ReadAlias") {
+            (call) throws(BusError) in
             try call.string("default")
         }
         let defaultPath = try aliased.arguments.objectPath()
-        guard case .objectPaths(let paths)? = try properties(of: Self.root, SecretServiceProvider.serviceInterface)["Collections"] else {
+        guard
+            case .objectPaths(let paths)? = try properties(of: Self.root, SecretServiceProvider.serviceInterface)[
+                "Collections"]
+        else {
             throw .failed("the provider lists no Collections")
         }
         var collections: [Collection] = []
@@ -88,7 +93,10 @@ public final class ForeignSecretService {
     /// The items of an unlocked collection, with their details; an item
     /// whose details are past keychainfs's bounds is in `refused`.
     public func items(of collection: Collection) throws(BusError) -> (items: [Item], refused: [String]) {
-        guard case .objectPaths(let paths)? = try properties(of: collection.path, SecretServiceProvider.collectionInterface)["Items"] else {
+        guard
+            case .objectPaths(let paths)? = try properties(
+                of: collection.path, SecretServiceProvider.collectionInterface)["Items"]
+        else {
             throw .failed("the collection \(collection.label) lists no Items")
         }
         var items: [Item] = [], refused: [String] = []
@@ -111,16 +119,21 @@ public final class ForeignSecretService {
 
     /// An item's secret and its content type.
     public func secret(of item: Item) throws(BusError) -> (value: SecureBytes, contentType: String) {
-        let reply = try bus.call(Self.service, item.path, SecretServiceProvider.itemInterface, "GetSecret") { (call) throws(BusError) in
+        let reply = try bus.call(Self.service, item.path, SecretServiceProvider.itemInterface, "GetSecret") {
+            (call) throws(BusError) in
             try call.objectPath(session.path)
         }
         let secret = try reply.arguments.secretStruct()
         return (try session.open(secret.sealed, parameters: secret.parameters), secret.contentType)
     }
 
-    private func properties(of path: String, _ interface: String,
-                            attributeLimit: Int = ItemDetails.maximumAttributes) throws(BusError) -> [String: PropertyValue] {
-        let reply = try bus.call(Self.service, path, Self.properties, "GetAll") { (call) throws(BusError) in try call.string(interface) }
+    private func properties(
+        of path: String, _ interface: String,
+        attributeLimit: Int = ItemDetails.maximumAttributes
+    ) throws(BusError) -> [String: PropertyValue] {
+        let reply = try bus.call(Self.service, path, Self.properties, "GetAll") { (call) throws(BusError) in
+            try call.string(interface)
+        }
         return try reply.arguments.properties(attributeLimit: attributeLimit)
     }
 }

@@ -51,7 +51,8 @@ enum ItemConsent {
     static func question(asker: ProgramClaim?, items: [Asked], asking verb: String) -> String {
         // Escaped: a label or path of another program's must not forge the question's text.
         let who = asker.map { LineEscaping.escaped($0.described) } ?? "a program that cannot be identified"
-        let what = items.prefix(5).map { "\"\(LineEscaping.escaped($0.label))\" in \(LineEscaping.escaped($0.group))" }
+        let what =
+            items.prefix(5).map { "\"\(LineEscaping.escaped($0.label))\" in \(LineEscaping.escaped($0.group))" }
             .joined(separator: ", ")
             + (items.count > 5 ? " and \(items.count - 5) more" : "")
         let owners = Set(items.map { LineEscaping.escaped($0.owner.described) }).sorted().joined(separator: ", ")
@@ -62,7 +63,9 @@ enum ItemConsent {
     static func ask(_ description: String) -> Answer {
         guard let program = Pinentry.program(), let pinentry = try? Pinentry(program: program) else { return .denied }
         defer { pinentry.end() }
-        switch pinentry.confirm(description: description, ok: allowOnce, notOK: alwaysAllow, cancel: deny, timeout: timeout) {
+        switch pinentry.confirm(
+            description: description, ok: allowOnce, notOK: alwaysAllow, cancel: deny, timeout: timeout)
+        {
         case .ok: return .allowedOnce
         case .notOK: return .allowedAlways
         case .cancel: return .denied
@@ -75,7 +78,9 @@ extension SecretServiceProvider {
     func callerIdentity(_ call: BusCall) -> ProgramIdentity? {
         guard let sender = bus.senderProcess(of: call.message), let pidfd = Pidfd.open(sender.pid) else { return nil }
         defer { close(pidfd) }
-        guard var identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd) else { return nil }
+        guard var identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd) else {
+            return nil
+        }
         if identity.distrust == nil { identity.distrust = connectionDoubt(call.sender, pid: sender.pid, identity) }
         return identity
     }
@@ -83,16 +88,20 @@ extension SecretServiceProvider {
     /// The items among `items` whose owner must be asked about for the
     /// caller, and the caller as read: only when an item has an owner (most
     /// have none, and reading a caller costs a scan of its processes).
-    func itemsToAsk(_ items: [(group: String, identifier: String)],
-                    call: BusCall) -> (asked: [ItemConsent.Asked], caller: ProgramIdentity?) {
+    func itemsToAsk(
+        _ items: [(group: String, identifier: String)],
+        call: BusCall
+    ) -> (asked: [ItemConsent.Asked], caller: ProgramIdentity?) {
         var caller: ProgramIdentity??
         let asked = items.compactMap { item -> ItemConsent.Asked? in
             // A collection opened to every program (`policy GROUP --apps open`) asks nothing.
             guard store.appsOwnItems(inGroup: item.group),
-                  case .ok(let fields) = perform(.details(group: item.group, identifier: item.identifier), for: call,
-                                                  audit: .failures),
-                  let details = (try? ItemDetails.listed(fromFields: fields))?.first?.details,
-                  let owner = details.owner else { return nil }
+                case .ok(let fields) = perform(
+                    .details(group: item.group, identifier: item.identifier), for: call,
+                    audit: .failures),
+                let details = (try? ItemDetails.listed(fromFields: fields))?.first?.details,
+                let owner = details.owner
+            else { return nil }
             if caller == nil { caller = .some(callerIdentity(call)) }
             guard !ItemConsent.isFree(details, for: caller ?? nil) else { return nil }
             return ItemConsent.Asked(group: item.group, identifier: item.identifier, label: details.label, owner: owner)
@@ -105,17 +114,20 @@ extension SecretServiceProvider {
     /// thread of its own, and `body` then runs on the bus thread, which
     /// went on serving meanwhile. Denied: `denied` runs instead (nil: the
     /// call gets AccessDenied). Every question and answer is in the audit log.
-    func withConsent(_ call: BusCall, to verb: String, items: [(group: String, identifier: String)],
-                     denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)? = nil,
-                     _ body: @escaping (BusCall) throws(BusError) -> Void) throws(BusError) {
+    func withConsent(
+        _ call: BusCall, to verb: String, items: [(group: String, identifier: String)],
+        denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)? = nil,
+        _ body: @escaping (BusCall) throws(BusError) -> Void
+    ) throws(BusError) {
         let (asked, caller) = itemsToAsk(items, call: call)
         guard !asked.isEmpty else { return try body(call) }
         let claim = caller.map(ProgramClaim.init)
         let question = ItemConsent.question(asker: claim, items: asked, asking: verb)
         let subject = bus.senderProcess(of: call.message).map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) }
         // A program that cannot be identified is never allowed for good.
-        let pending = PendingConsent(call: RetainedCall(call), verb: verb, asked: asked, subject: subject,
-                                     claim: caller?.distrust == nil ? claim : nil, body: body, denied: denied)
+        let pending = PendingConsent(
+            call: RetainedCall(call), verb: verb, asked: asked, subject: subject,
+            claim: caller?.distrust == nil ? claim : nil, body: body, denied: denied)
         let started = Threads.start { [self] in
             let answer = ItemConsent.ask(question)
             bus.perform { [self] in finish(pending, answer) }
@@ -127,10 +139,12 @@ extension SecretServiceProvider {
     private func finish(_ pending: PendingConsent, _ given: ItemConsent.Answer) {
         let answer = given == .allowedAlways && pending.claim == nil ? .allowedOnce : given
         for item in pending.asked {
-            store.record(AuditEvent(operation: "ask", result: answer.rawValue, group: item.group,
-                                                 identifier: item.identifier, subject: pending.subject,
-                                                 detail: "to \(pending.verb); owner \(item.owner.executable)"
-                                                     + (item.owner.package.map { " package=" + $0 } ?? "")))
+            store.record(
+                AuditEvent(
+                    operation: "ask", result: answer.rawValue, group: item.group,
+                    identifier: item.identifier, subject: pending.subject,
+                    detail: "to \(pending.verb); owner \(item.owner.executable)"
+                        + (item.owner.package.map { " package=" + $0 } ?? "")))
         }
         do throws(BusError) {
             switch answer {
@@ -164,9 +178,11 @@ final class PendingConsent: @unchecked Sendable {
     let body: (BusCall) throws(BusError) -> Void
     let denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)?
 
-    init(call: RetainedCall, verb: String, asked: [ItemConsent.Asked], subject: AuditSubject?, claim: ProgramClaim?,
-         body: @escaping (BusCall) throws(BusError) -> Void,
-         denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)?) {
+    init(
+        call: RetainedCall, verb: String, asked: [ItemConsent.Asked], subject: AuditSubject?, claim: ProgramClaim?,
+        body: @escaping (BusCall) throws(BusError) -> Void,
+        denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)?
+    ) {
         self.call = call
         self.verb = verb
         self.asked = asked

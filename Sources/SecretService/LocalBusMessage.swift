@@ -19,7 +19,9 @@ final class LocalBusMessage {
     /// libsystemd is missing or refuses.
     init?(member: String = "Test", _ build: (BusMessageWriter) throws(BusError) -> Void) throws(BusError) {
         var ends: [Int32] = [0, 0]
-        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0 else { return nil }
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0 else {
+            return nil
+        }
         // The handshake's first bytes go to the other end while the bus starts.
         defer { close(ends[1]) }
         var bus: OpaquePointer?
@@ -31,12 +33,16 @@ final class LocalBusMessage {
         defer { _ = CSystemd_sd_bus_unref(bus) }
         var made: OpaquePointer?
         guard CSystemd_sd_bus_set_fd(bus, ends[0], ends[0]) >= 0, CSystemd_sd_bus_start(bus) >= 0,
-              CSystemd_sd_bus_message_new_method_call(bus, &made, "org.freedesktop.secrets", "/org/freedesktop/secrets",
-                                                      "org.freedesktop.Secret.Service", member) >= 0,
-              let made else { return nil }
+            CSystemd_sd_bus_message_new_method_call(
+                bus, &made, "org.freedesktop.secrets", "/org/freedesktop/secrets",
+                "org.freedesktop.Secret.Service", member) >= 0,
+            let made
+        else { return nil }
         message = made
         try build(BusMessageWriter(message: made))
-        guard CSystemd_sd_bus_message_seal(made, 1, 0) >= 0, CSystemd_sd_bus_message_rewind(made, 1) >= 0 else { return nil }
+        guard CSystemd_sd_bus_message_seal(made, 1, 0) >= 0, CSystemd_sd_bus_message_rewind(made, 1) >= 0 else {
+            return nil
+        }
     }
 
     deinit { _ = CSystemd_sd_bus_message_unref(message) }

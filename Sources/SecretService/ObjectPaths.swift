@@ -16,7 +16,8 @@ enum ObjectPaths {
         var out = ""
         for byte in name.utf8 {
             switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"):
                 out.unicodeScalars.append(UnicodeScalar(byte))
             default:
                 let hex = String(byte, radix: 16)
@@ -36,11 +37,15 @@ enum ObjectPaths {
                 bytes.append(byte)
                 continue
             }
-            guard rest.count >= 2, let value = UInt8(String(decoding: rest.prefix(2), as: UTF8.self), radix: 16) else { return nil }
+            guard rest.count >= 2, let value = UInt8(String(decoding: rest.prefix(2), as: UTF8.self), radix: 16) else {
+                return nil
+            }
             bytes.append(value)
             rest = rest.dropFirst(2)
         }
-        guard let name = String(validating: bytes, as: UTF8.self), !name.isEmpty, Self.element(name) == element else { return nil }
+        guard let name = String(validating: bytes, as: UTF8.self), !name.isEmpty, Self.element(name) == element else {
+            return nil
+        }
         return name
     }
 
@@ -69,7 +74,9 @@ enum ObjectPaths {
             default: return nil
             }
         }
-        for (prefix, make) in [(sessionPrefix, Object.session), (aliasPrefix, Object.alias), (promptPrefix, Object.prompt)]
+        for (prefix, make) in [
+            (sessionPrefix, Object.session), (aliasPrefix, Object.alias), (promptPrefix, Object.prompt)
+        ]
         where path.hasPrefix(prefix) {
             let rest = path.dropFirst(prefix.count)
             guard !rest.isEmpty, !rest.contains("/") else { return nil }

@@ -74,7 +74,9 @@ final class Pinentry {
                 try Self.unescape(reply.dropFirst(2), into: passcode)
                 reply.withUnsafeMutableBufferPointer { wipeMemory(UnsafeMutableRawBufferPointer($0)) }
             } else if reply.starts(with: Array("OK".utf8)) {
-                do { return .passcode(try passcode.snapshot()) } catch { throw Failure(description: "no memory for the passcode") }
+                do { return .passcode(try passcode.snapshot()) } catch {
+                    throw Failure(description: "no memory for the passcode")
+                }
             } else if reply.starts(with: Array("ERR".utf8)) {
                 return .cancelled
             }
@@ -129,11 +131,15 @@ final class Pinentry {
 
     private func command(_ text: String) throws(Failure) {
         try send(text)
-        guard try line().starts(with: Array("OK".utf8)) else { throw Failure(description: "pinentry refused \(text.prefix(8))") }
+        guard try line().starts(with: Array("OK".utf8)) else {
+            throw Failure(description: "pinentry refused \(text.prefix(8))")
+        }
     }
 
     private func send(_ text: String) throws(Failure) {
-        guard (try? Descriptor.writeAll(input, Array((text + "\n").utf8))) != nil else { throw Failure(description: "pinentry went away") }
+        guard (try? Descriptor.writeAll(input, Array((text + "\n").utf8))) != nil else {
+            throw Failure(description: "pinentry went away")
+        }
     }
 
     /// One line of the program's output, without its newline. Lines are
@@ -148,7 +154,8 @@ final class Pinentry {
             }
             var chunk = [UInt8](repeating: 0, count: 1024)
             defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
-            let count = (try? valueOrErrno { chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) } }) ?? -1
+            let count =
+                (try? valueOrErrno { chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) } }) ?? -1
             guard count > 0, buffer.count + count <= 64 << 10 else { throw Failure(description: "pinentry went away") }
             buffer += chunk[..<count]
         }
@@ -174,7 +181,8 @@ final class Pinentry {
             var byte = data[index]
             // Decoded by hand: no String may hold a digit of the passcode.
             if byte == UInt8(ascii: "%"), data.endIndex - index >= 3,
-               let high = hexValue(data[index + 1]), let low = hexValue(data[index + 2]) {
+                let high = hexValue(data[index + 1]), let low = hexValue(data[index + 2])
+            {
                 byte = high << 4 | low
                 index += 2
             }

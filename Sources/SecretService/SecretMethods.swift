@@ -24,8 +24,10 @@ struct SecretMethod: Sendable {
     let signature: String
     let handler: @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> Void
 
-    init(_ kind: Kind, _ interface: String, _ member: String, _ signature: String,
-         _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> Void) {
+    init(
+        _ kind: Kind, _ interface: String, _ member: String, _ signature: String,
+        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> Void
+    ) {
         self.kind = kind
         self.interface = interface
         self.member = member
@@ -37,23 +39,39 @@ struct SecretMethod: Sendable {
 
     /// The Secret Service API 0.2 as this provider answers it (docs/SECRET-SERVICE.md, "Methods").
     static let all: [SecretMethod] = [
-        SecretMethod(.service, Provider.serviceInterface, "OpenSession", "sv") { p, call, _ throws(BusError) in try p.openSession(call) },
-        SecretMethod(.service, Provider.serviceInterface, "SearchItems", "a{ss}") { p, call, _ throws(BusError) in try p.searchItems(call) },
-        SecretMethod(.service, Provider.serviceInterface, "GetSecrets", "aoo") { p, call, _ throws(BusError) in try p.getSecrets(call) },
+        SecretMethod(.service, Provider.serviceInterface, "OpenSession", "sv") { p, call, _ throws(BusError) in
+            try p.openSession(call)
+        },
+        SecretMethod(.service, Provider.serviceInterface, "SearchItems", "a{ss}") { p, call, _ throws(BusError) in
+            try p.searchItems(call)
+        },
+        SecretMethod(.service, Provider.serviceInterface, "GetSecrets", "aoo") { p, call, _ throws(BusError) in
+            try p.getSecrets(call)
+        },
         SecretMethod(.service, Provider.serviceInterface, "CreateCollection", "a{sv}s") { p, call, _ throws(BusError) in
             try p.createCollection(call)
         },
-        SecretMethod(.service, Provider.serviceInterface, "ReadAlias", "s") { p, call, _ throws(BusError) in try p.readAlias(call) },
-        SecretMethod(.service, Provider.serviceInterface, "SetAlias", "so") { p, call, _ throws(BusError) in try p.setAlias(call) },
-        SecretMethod(.service, Provider.serviceInterface, "Lock", "ao") { p, call, _ throws(BusError) in try p.lock(call) },
-        SecretMethod(.service, Provider.serviceInterface, "Unlock", "ao") { p, call, _ throws(BusError) in try p.unlock(call) },
-        SecretMethod(.collection, Provider.collectionInterface, "SearchItems", "a{ss}") { p, call, target throws(BusError) in
+        SecretMethod(.service, Provider.serviceInterface, "ReadAlias", "s") { p, call, _ throws(BusError) in
+            try p.readAlias(call)
+        },
+        SecretMethod(.service, Provider.serviceInterface, "SetAlias", "so") { p, call, _ throws(BusError) in
+            try p.setAlias(call)
+        },
+        SecretMethod(.service, Provider.serviceInterface, "Lock", "ao") { p, call, _ throws(BusError) in
+            try p.lock(call)
+        },
+        SecretMethod(.service, Provider.serviceInterface, "Unlock", "ao") { p, call, _ throws(BusError) in
+            try p.unlock(call)
+        },
+        SecretMethod(.collection, Provider.collectionInterface, "SearchItems", "a{ss}") {
+            p, call, target throws(BusError) in
             try p.searchCollection(call, group: target.group)
         },
         SecretMethod(.collection, Provider.collectionInterface, "Delete", "") { p, call, target throws(BusError) in
             try p.deleteCollection(call, group: target.group)
         },
-        SecretMethod(.collection, Provider.collectionInterface, "CreateItem", "a{sv}(oayays)b") { p, call, target throws(BusError) in
+        SecretMethod(.collection, Provider.collectionInterface, "CreateItem", "a{sv}(oayays)b") {
+            p, call, target throws(BusError) in
             try p.createItem(call, group: target.group)
         },
         SecretMethod(.item, Provider.itemInterface, "GetSecret", "o") { p, call, target throws(BusError) in
@@ -65,7 +83,9 @@ struct SecretMethod: Sendable {
         SecretMethod(.item, Provider.itemInterface, "Delete", "") { p, call, target throws(BusError) in
             try p.deleteItem(call, group: target.group, identifier: target.identifier)
         },
-        SecretMethod(.session, Provider.sessionInterface, "Close", "") { p, call, _ throws(BusError) in try p.closeSession(call) },
+        SecretMethod(.session, Provider.sessionInterface, "Close", "") { p, call, _ throws(BusError) in
+            try p.closeSession(call)
+        },
         SecretMethod(.prompt, Provider.promptInterface, "Prompt", "s") { p, call, target throws(BusError) in
             try p.showPrompt(call, prompt: target.prompt!)
         },
@@ -80,7 +100,7 @@ struct SecretMethod: Sendable {
         },
         SecretMethod(.properties, Provider.propertiesInterface, "Set", "ssv") { p, call, target throws(BusError) in
             try p.setProperty(call, object: target.object)
-        },
+        }
     ]
 }
 

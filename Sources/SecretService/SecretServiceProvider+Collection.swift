@@ -8,7 +8,9 @@ extension SecretServiceProvider {
     /// `SearchItems` (a{ss}).
     func searchCollection(_ call: BusCall, group: String) throws(BusError) {
         let found = try search(try call.arguments.stringDictionary(), in: group, caller: call)
-        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPaths(found.unlocked + found.locked) }
+        try bus.reply(to: call.message) { (reply) throws(BusError) in
+            try reply.objectPaths(found.unlocked + found.locked)
+        }
     }
 
     /// `Delete` (no arguments).
@@ -16,7 +18,8 @@ extension SecretServiceProvider {
         // As rmdir: a group that holds items is refused, never emptied by one call.
         let reply = perform(.removeGroup(group), for: call)
         if case .keychainError(.badRequest, _) = reply {
-            throw .failed("the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
+            throw .failed(
+                "the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
         }
         try reply.fields(about: .collection(group: group))
         try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
@@ -32,7 +35,6 @@ extension SecretServiceProvider {
         }
     }
 
-
     /// The spec's CreateItem. With `replace`, the item of the collection
     /// whose lookup attributes are exactly the ones given gets the new
     /// value, label and type (one that also names `keychainfs:identifier`
@@ -43,8 +45,10 @@ extension SecretServiceProvider {
     /// `keychainfs:accessible` names, else the device's access mode.
     /// The new item belongs to the caller (``ItemDetails/owner``); an item
     /// it replaces keeps its owner, who must be the caller or allow it.
-    func createItem(_ call: BusCall, in group: String,
-                            then answer: @escaping (BusCall, String) throws(BusError) -> Void) throws(BusError) {
+    func createItem(
+        _ call: BusCall, in group: String,
+        then answer: @escaping (BusCall, String) throws(BusError) -> Void
+    ) throws(BusError) {
         let properties = try call.arguments.properties()
         let (value, contentType) = try secret(from: call)
         let replace = try call.arguments.bool()
@@ -59,8 +63,9 @@ extension SecretServiceProvider {
             protectionClass = named
         }
         let stored = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
-        var details = ItemDetails(label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
-                                  attributes: stored)
+        var details = ItemDetails(
+            label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
+            attributes: stored)
         // A process that cannot be taken for its program owns nothing.
         if let caller = callerIdentity(call), caller.distrust == nil { details.owner = ProgramClaim(caller) }
         try validated(details)
@@ -69,20 +74,27 @@ extension SecretServiceProvider {
             throw .invalidArguments("\(Self.identifierAttribute) is no valid item name: 1 to 255 bytes, no '/'")
         }
         if replace, !stored.isEmpty || named != nil,
-           let existing = try items(of: group, for: call).first(where: { item in
-               (item.details?.attributes ?? [:]) == stored && item.attributes.matches(attributes.filter { $0.key != Self.accessibleAttribute })
-           }) {
+            let existing = try items(of: group, for: call).first(where: { item in
+                (item.details?.attributes ?? [:]) == stored
+                    && item.attributes.matches(attributes.filter { $0.key != Self.accessibleAttribute })
+            })
+        {
             let written = details
-            return try withConsent(call, to: "replace", items: [(group, existing.identifier)]) { [self] call throws(BusError) in
-                let reply = perform(.set(group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
-                                         details: written), for: call)
+            return try withConsent(call, to: "replace", items: [(group, existing.identifier)]) {
+                [self] call throws(BusError) in
+                let reply = perform(
+                    .set(
+                        group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
+                        details: written), for: call)
                 try reply.fields(about: .item(path: existing.path))
                 try answer(call, existing.path)
             }
         }
         for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
-            let reply = perform(.set(group: group, identifier: identifier, value: value, protectionClass: protectionClass,
-                                     condition: .ifAbsent, details: details), for: call)
+            let reply = perform(
+                .set(
+                    group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                    condition: .ifAbsent, details: details), for: call)
             if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
             let path = ObjectPaths.item(group, identifier)
             try reply.fields(about: .item(path: path))

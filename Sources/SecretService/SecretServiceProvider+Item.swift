@@ -9,7 +9,8 @@ extension SecretServiceProvider {
     func getSecret(_ call: BusCall, group: String, identifier: String) throws(BusError) {
         let session = try self.session(try call.arguments.objectPath(), of: call)
         try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
-            let value = try perform(.get(group: group, identifier: identifier), for: call).secret(about: .item(path: call.path))
+            let value = try perform(.get(group: group, identifier: identifier), for: call).secret(
+                about: .item(path: call.path))
             let contentType = contentType(of: group, identifier, for: call)
             try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
                 try session.append(value, contentType: contentType, to: reply)
@@ -31,9 +32,11 @@ extension SecretServiceProvider {
             try validated(details)
         }
         let written = details
-        try withConsent(call, to: "change the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
-            let reply = perform(.set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
-                                for: call)
+        try withConsent(call, to: "change the secret of", items: [(group, identifier)]) {
+            [self] call throws(BusError) in
+            let reply = perform(
+                .set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
+                for: call)
             try reply.fields(about: .item(path: call.path))
             try bus.reply(to: call.message) { _ throws(BusError) in }
         }

@@ -17,11 +17,13 @@ extension SecretServiceProvider {
         try bus.reply(to: call.message) { _ throws(BusError) in }
         let started = Threads.start { [self] in
             let unlocked = prompt.run(program: program, program: sender?.pid) { passcode in
-                store.perform(.unlock(passcode: passcode), program: { nil },
-                              subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } },
-                              audit: .always)
+                store.perform(
+                    .unlock(passcode: passcode), program: { nil },
+                    subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } },
+                    audit: .always)
             }
-            bus.perform { [self] in completePrompt(path, dismissed: !unlocked, objects: unlocked ? prompt.objects : []) }
+            bus.perform { [self] in completePrompt(path, dismissed: !unlocked, objects: unlocked ? prompt.objects : [])
+            }
         }
         if started == nil { completePrompt(path, dismissed: true, objects: []) }
     }
@@ -31,7 +33,6 @@ extension SecretServiceProvider {
         try bus.reply(to: call.message) { _ throws(BusError) in }
         if prompt.cancel() == false { completePrompt(call.path, dismissed: true, objects: []) }
     }
-
 
     /// The spec's Completed(dismissed, result): the objects unlocked.
     func completePrompt(_ path: String, dismissed: Bool, objects: [String]) {

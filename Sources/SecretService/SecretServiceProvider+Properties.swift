@@ -33,19 +33,24 @@ extension SecretServiceProvider {
     func setProperty(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
         let interface = try call.arguments.string(), name = try call.arguments.string()
         guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
-              name == "Label" || name == "Attributes" else {
-            throw .notSupported("only an item's Label and Attributes can be set (a collection's label is its group's name)")
+            name == "Label" || name == "Attributes"
+        else {
+            throw .notSupported(
+                "only an item's Label and Attributes can be set (a collection's label is its group's name)")
         }
         var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
         switch try call.arguments.itemProperty(name) {
         case .string(let label): details.label = label
-        case .attributes(let attributes): details.attributes = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
+        case .attributes(let attributes):
+            details.attributes = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
         case .bool, .uint64, .objectPaths: throw .notSupported("only an item's Label and Attributes can be set")
         }
         details.modified = 0
         try validated(details)
         let written = details
-        try withConsent(call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]) {
+        try withConsent(
+            call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]
+        ) {
             [self] call throws(BusError) in
             let reply = perform(.setDetails(group: group, identifier: identifier, details: written), for: call)
             try reply.fields(about: .item(path: call.path))
@@ -53,9 +58,10 @@ extension SecretServiceProvider {
         }
     }
 
-
-    func properties(of object: ObjectPaths.Object, interface: String,
-                            caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
+    func properties(
+        of object: ObjectPaths.Object, interface: String,
+        caller call: BusCall
+    ) throws(BusError) -> [String: PropertyValue] {
         switch object {
         case .service where interface == Self.serviceInterface:
             return ["Collections": .objectPaths(try groups(for: call).map(ObjectPaths.collection))]
@@ -68,14 +74,18 @@ extension SecretServiceProvider {
             let reply = perform(.info(group: group, identifier: identifier), for: call, audit: .failures)
             let path = ObjectPaths.item(group, identifier)
             guard let className = try reply.fields(about: .item(path: path)).first,
-                  let protectionClass = ProtectionClass(name: className) else {
+                let protectionClass = ProtectionClass(name: className)
+            else {
                 throw BusError(reply: .ok([]), about: .item(path: path))
             }
-            let item = ListedItem(group: group, identifier: identifier, protectionClass: protectionClass,
-                                  details: try itemDetails(group, identifier, for: call))
-            return ["Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
-                    "Label": .string(item.label), "Type": .string(item.contentType),
-                    "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)]
+            let item = ListedItem(
+                group: group, identifier: identifier, protectionClass: protectionClass,
+                details: try itemDetails(group, identifier, for: call))
+            return [
+                "Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
+                "Label": .string(item.label), "Type": .string(item.contentType),
+                "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)
+            ]
         default:
             return [:]
         }
@@ -84,7 +94,9 @@ extension SecretServiceProvider {
     func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {
         // The listing below refuses a group the caller may not use, or that is gone.
         let items = try self.items(of: group, for: call).map(\.path)
-        return ["Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.isLocked),
-                "Created": .uint64(0), "Modified": .uint64(0)]
+        return [
+            "Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.isLocked),
+            "Created": .uint64(0), "Modified": .uint64(0)
+        ]
     }
 }

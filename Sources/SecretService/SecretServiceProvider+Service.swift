@@ -9,8 +9,9 @@ extension SecretServiceProvider {
     func openSession(_ call: BusCall) throws(BusError) {
         let algorithm = try call.arguments.string()
         let path = ObjectPaths.sessionPrefix + String(nextSession)
-        let (session, output) = try TransferSession.open(algorithm: algorithm, input: call.arguments, owner: call.sender,
-                                                         path: path)
+        let (session, output) = try TransferSession.open(
+            algorithm: algorithm, input: call.arguments, owner: call.sender,
+            path: path)
         nextSession += 1
         sessions[path] = session
         try bus.reply(to: call.message) { (reply) throws(BusError) in
@@ -44,16 +45,25 @@ extension SecretServiceProvider {
             return (group, identifier)
         }
         // Items of other programs the person denied are left out, as locked ones are.
-        try withConsent(call, to: "read the secrets of", items: items, denied: { [self] call, asked throws(BusError) in
-            let refused = Set(asked.map { ObjectPaths.item($0.group, $0.identifier) })
-            try replySecrets(call, items.filter { !refused.contains(ObjectPaths.item($0.group, $0.identifier)) }, session: session)
-        }) { [self] call throws(BusError) in try replySecrets(call, items, session: session) }
+        try withConsent(
+            call, to: "read the secrets of", items: items,
+            denied: { [self] call, asked throws(BusError) in
+                let refused = Set(asked.map { ObjectPaths.item($0.group, $0.identifier) })
+                try replySecrets(
+                    call, items.filter { !refused.contains(ObjectPaths.item($0.group, $0.identifier)) },
+                    session: session)
+            }
+        ) { [self] call throws(BusError) in try replySecrets(call, items, session: session) }
     }
 
     /// `CreateCollection` (a{sv}s).
     func createCollection(_ call: BusCall) throws(BusError) {
         let label: String
-        if case .string(let given)? = try call.arguments.properties()[Self.collectionLabelProperty] { label = given } else { label = "" }
+        if case .string(let given)? = try call.arguments.properties()[Self.collectionLabelProperty] {
+            label = given
+        } else {
+            label = ""
+        }
         let alias = try call.arguments.string()
         let group: String
         if !alias.isEmpty {
@@ -69,7 +79,10 @@ extension SecretServiceProvider {
             group = label
             // An existing group of that name is that collection.
             let reply = perform(.createGroup(group), for: call)
-            if case .keychainError(.duplicateItem, _) = reply {} else { try reply.fields(about: .collection(group: group)) }
+            if case .keychainError(.duplicateItem, _) = reply {
+            } else {
+                try reply.fields(about: .collection(group: group))
+            }
         }
         try bus.reply(to: call.message) { (reply) throws(BusError) in
             try reply.objectPath(ObjectPaths.collection(group))
@@ -126,16 +139,18 @@ extension SecretServiceProvider {
         }
     }
 
-
     /// GetSecrets' answer: the secrets of the items that are unlocked and
     /// whose group admits the caller; locked, absent or not entitled ones
     /// left out, as the spec's "secrets of the unlocked items".
-    func replySecrets(_ call: BusCall, _ items: [(group: String, identifier: String)],
-                              session: TransferSession) throws(BusError) {
+    func replySecrets(
+        _ call: BusCall, _ items: [(group: String, identifier: String)],
+        session: TransferSession
+    ) throws(BusError) {
         var secrets: [(String, SecureBytes, String)] = []
         for (group, identifier) in items {
             if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
-                secrets.append((ObjectPaths.item(group, identifier), value, contentType(of: group, identifier, for: call)))
+                secrets.append(
+                    (ObjectPaths.item(group, identifier), value, contentType(of: group, identifier, for: call)))
             }
         }
         try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in

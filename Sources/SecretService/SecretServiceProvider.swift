@@ -60,10 +60,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
         bus = try BusConnection(address: address)
         try bus.serve(prefix: ObjectPaths.service) { [unowned self] message in handle(message) }
         // A session ends with the connection that opened it.
-        try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameOwnerChanged'") { [unowned self] message in
+        try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameOwnerChanged'") {
+            [unowned self] message in
             let arguments = BusMessageReader(message: message)
-            guard let name = try? arguments.string(), (try? arguments.string()) != nil, let owner = try? arguments.string(),
-                  owner.isEmpty else { return }
+            guard let name = try? arguments.string(), (try? arguments.string()) != nil,
+                let owner = try? arguments.string(),
+                owner.isEmpty
+            else { return }
             sessions = sessions.filter { $0.value.owner != name }
             firstIdentities[name] = nil
             // A client gone during a prompt: its pinentry goes too.
@@ -78,9 +81,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
         // The name is never given up on request (BusConnection.requestName);
         // lost all the same (the bus daemon's word), it is said where a
         // person looks: the log, the journal, and `isServing`.
-        try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameLost',arg0='\(Self.busName)'") { [unowned self] _ in
+        try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameLost',arg0='\(Self.busName)'") {
+            [unowned self] _ in
             nameLost.store(true, ordering: .sequentiallyConsistent)
-            let sentence = "lost \(Self.busName) on the session bus to another program: no longer serving the Secret Service"
+            let sentence =
+                "lost \(Self.busName) on the session bus to another program: no longer serving the Secret Service"
             store.setSecretServiceState("lost: " + sentence)
             Diagnostics.log(sentence)
             SystemdNotify.send("STATUS=" + sentence)
@@ -124,16 +129,22 @@ public final class SecretServiceProvider: @unchecked Sendable {
             itemRemoved(group, from)
             itemWritten(group, to)
         case .groupCreated(let group):
-            emit(Self.serviceInterface, "CollectionCreated", at: ObjectPaths.service, naming: ObjectPaths.collection(group))
+            emit(
+                Self.serviceInterface, "CollectionCreated", at: ObjectPaths.service,
+                naming: ObjectPaths.collection(group))
         case .groupRemoved(let group):
-            emit(Self.serviceInterface, "CollectionDeleted", at: ObjectPaths.service, naming: ObjectPaths.collection(group))
+            emit(
+                Self.serviceInterface, "CollectionDeleted", at: ObjectPaths.service,
+                naming: ObjectPaths.collection(group))
         }
     }
 
     func itemWritten(_ group: String, _ identifier: String) {
         let path = ObjectPaths.item(group, identifier)
         let created = knownItems.insert(path).inserted
-        emit(Self.collectionInterface, created ? "ItemCreated" : "ItemChanged", at: ObjectPaths.collection(group), naming: path)
+        emit(
+            Self.collectionInterface, created ? "ItemCreated" : "ItemChanged", at: ObjectPaths.collection(group),
+            naming: path)
         if created { collectionChanged(group) }
     }
 
@@ -151,7 +162,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     func emit(_ interface: String, _ member: String, at path: String, naming object: String) {
-        bus.emit(path: path, interface: interface, member: member) { (signal) throws(BusError) in try signal.objectPath(object) }
+        bus.emit(path: path, interface: interface, member: member) { (signal) throws(BusError) in
+            try signal.objectPath(object)
+        }
     }
 
     // MARK: Dispatch
@@ -159,11 +172,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
     private func handle(_ message: OpaquePointer) -> Bool {
         guard let call = BusCall(message) else { return false }
         // Introspection and peer calls are sd-bus's own.
-        guard call.interface != "org.freedesktop.DBus.Introspectable", call.interface != "org.freedesktop.DBus.Peer" else {
+        guard call.interface != "org.freedesktop.DBus.Introspectable", call.interface != "org.freedesktop.DBus.Peer"
+        else {
             return false
         }
         do throws(BusError) {
-            guard let object = ObjectPaths.object(at: call.path) else { throw BusError.noSuchObject("no object at \(call.path)") }
+            guard let object = ObjectPaths.object(at: call.path) else {
+                throw BusError.noSuchObject("no object at \(call.path)")
+            }
             try dispatch(call, to: object)
         } catch {
             bus.reply(to: message, error: error)
@@ -187,8 +203,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// The items that carry every attribute asked for, unlocked (their key
     /// is there) and locked apart: a locked item is found, never "absent".
-    func search(_ attributes: [String: String], in onlyGroup: String?,
-                        caller call: BusCall) throws(BusError) -> (unlocked: [String], locked: [String]) {
+    func search(
+        _ attributes: [String: String], in onlyGroup: String?,
+        caller call: BusCall
+    ) throws(BusError) -> (unlocked: [String], locked: [String]) {
         var found: (unlocked: [String], locked: [String]) = ([], [])
         let groups: [String]
         if let onlyGroup { groups = [onlyGroup] } else { groups = try self.groups(for: call) }
@@ -197,7 +215,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
             // A group whose policy does not admit the caller shows nothing.
             guard let items = try? self.items(of: group, for: call) else { continue }
             for item in items where item.attributes.matches(attributes) {
-                if store.isAvailable(item.protectionClass) { found.unlocked.append(item.path) } else { found.locked.append(item.path) }
+                if store.isAvailable(item.protectionClass) {
+                    found.unlocked.append(item.path)
+                } else {
+                    found.locked.append(item.path)
+                }
             }
         }
         return found
@@ -212,14 +234,17 @@ public final class SecretServiceProvider: @unchecked Sendable {
         let fields = try listing(of: group, for: call)
         var details: [String: ItemDetails] = [:]
         if case .ok(let detailFields) = perform(.details(group: group, identifier: nil), for: call, audit: .failures),
-           let found = try? ItemDetails.listed(fromFields: detailFields) {
+            let found = try? ItemDetails.listed(fromFields: detailFields)
+        {
             for (identifier, itemDetails) in found { details[identifier] = itemDetails }
         }
         guard let listed = try? ItemListing.items(fromFields: fields) else {
             throw BusError(reply: .ok(fields), about: .collection(group: group))
         }
         return listed.map {
-            ListedItem(group: group, identifier: $0.identifier, protectionClass: $0.info.protectionClass, details: details[$0.identifier])
+            ListedItem(
+                group: group, identifier: $0.identifier, protectionClass: $0.info.protectionClass,
+                details: details[$0.identifier])
         }
     }
 
@@ -246,7 +271,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     func validated(_ details: ItemDetails?) throws(BusError) {
         guard (try? details?.validate()) != nil else {
-            throw .invalidArguments("at most \(ItemDetails.maximumAttributes) attributes; names of 1-\(ItemDetails.maximumAttributeName) bytes; values, label and content type of at most \(ItemDetails.maximumText) bytes; \(ItemDetails.maximumEncodedSize) bytes in all")
+            throw .invalidArguments(
+                "at most \(ItemDetails.maximumAttributes) attributes; names of 1-\(ItemDetails.maximumAttributeName) bytes; values, label and content type of at most \(ItemDetails.maximumText) bytes; \(ItemDetails.maximumEncodedSize) bytes in all"
+            )
         }
     }
 
@@ -259,8 +286,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
         let sender = bus.senderProcess(of: call.message)
         // The bus daemon's pid of the sender, checked against a pidfd: the
         // process must still be the one that sent the call.
-        return store.perform(request, program: { [self] in callerIdentity(call) },
-                             subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
+        return store.perform(
+            request, program: { [self] in callerIdentity(call) },
+            subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
     }
 }
 
@@ -281,7 +309,8 @@ extension SecretServiceProvider {
     func connectionDoubt(_ sender: String, pid: pid_t, _ identity: ProgramIdentity) -> String? {
         if let first = firstIdentities[sender] {
             if first.identity.executable != identity.executable || first.identity.digest != identity.digest {
-                return "its program changed since its first request on this connection (it was \(first.identity.executable))"
+                return
+                    "its program changed since its first request on this connection (it was \(first.identity.executable))"
             }
             if first.heldAlone { return nil }
         }

@@ -25,8 +25,10 @@ public protocol SecretStore: AnyObject, Sendable {
     /// Carries out an item request of the program `program` (read lazily:
     /// only a group with an entitlement policy asks), recorded in the audit
     /// log with `subject` as `audit` says.
-    func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
-                 audit: AuditPolicy) -> DeviceReply
+    func perform(
+        _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+        audit: AuditPolicy
+    ) -> DeviceReply
     /// Adds `program` to the access list of an item with an owner (the
     /// person's "Always allow"); a failure is logged.
     func allow(_ program: ProgramClaim, group: String, identifier: String)

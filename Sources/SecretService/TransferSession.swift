@@ -25,8 +25,10 @@ final class TransferSession {
     /// A session for `algorithm`, given the client's input (a variant), and
     /// the output to send back (nil: the empty string of `plain`; our public
     /// key for DH).
-    static func open(algorithm: String, input: BusMessageReader, owner: String,
-                     path: String) throws(BusError) -> (TransferSession, [UInt8]?) {
+    static func open(
+        algorithm: String, input: BusMessageReader, owner: String,
+        path: String
+    ) throws(BusError) -> (TransferSession, [UInt8]?) {
         switch algorithm {
         case plain:
             try input.enter("v", "s")
@@ -39,16 +41,21 @@ final class TransferSession {
             try input.exit()
             return try server(algorithm: algorithm, peer: peer, owner: owner, path: path)
         default:
-            throw .notSupported("the transfer algorithm \(algorithm) is not supported (\(plain) and \(diffieHellman) are)")
+            throw .notSupported(
+                "the transfer algorithm \(algorithm) is not supported (\(plain) and \(diffieHellman) are)")
         }
     }
 
     /// The provider's end of a session, given the client's public key for
     /// DH (nil for plain); with the output to send back.
-    static func server(algorithm: String, peer: [UInt8]?, owner: String,
-                       path: String) throws(BusError) -> (TransferSession, [UInt8]?) {
+    static func server(
+        algorithm: String, peer: [UInt8]?, owner: String,
+        path: String
+    ) throws(BusError) -> (TransferSession, [UInt8]?) {
         guard algorithm == diffieHellman else { return (TransferSession(owner: owner, path: path, key: nil), nil) }
-        guard let peer, (1...128).contains(peer.count) else { throw .invalidArguments("a DH public key has 1 to 128 bytes") }
+        guard let peer, (1...128).contains(peer.count) else {
+            throw .invalidArguments("a DH public key has 1 to 128 bytes")
+        }
         let (publicKey, key) = try exchange(exponent: SecureBytes.random(count: 128), peer: peer)
         return (TransferSession(owner: owner, path: path, key: key), publicKey)
     }
@@ -83,7 +90,9 @@ final class TransferSession {
 
     /// The client's session at `path` once the provider sent its public key.
     static func client(path: String, exponent: SecureBytes, peer: [UInt8]) throws(BusError) -> TransferSession {
-        guard (1...128).contains(peer.count) else { throw .failed("the provider's DH public key is not 1 to 128 bytes") }
+        guard (1...128).contains(peer.count) else {
+            throw .failed("the provider's DH public key is not 1 to 128 bytes")
+        }
         return TransferSession(owner: "", path: path, key: try exchange(exponent: exponent, peer: peer).key)
     }
 
@@ -91,9 +100,10 @@ final class TransferSession {
     static func plainClient(path: String) -> TransferSession { TransferSession(owner: "", path: path, key: nil) }
 
     /// RFC 2409's second Oakley group (1024-bit MODP), whose generator is 2.
-    private static let prime = Hex.bytes("FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
-                                         + "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
-                                         + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF", count: 128)!
+    private static let prime = Hex.bytes(
+        "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
+            + "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
+            + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF", count: 128)!
 
     private static let unavailable = BusError.failed("the DH exchange failed (is libcrypto, libssl3, installed?)")
 
@@ -102,7 +112,9 @@ final class TransferSession {
     /// bytes, no salt, no info, as libsecret and gnome-keyring derive it.
     /// The arithmetic and HKDF are libcrypto's; the shared secret lives in
     /// secret memory, and the big numbers are cleared when freed.
-    private static func exchange(exponent: SecureBytes, peer: [UInt8]) throws(BusError) -> (publicKey: [UInt8], key: SecureBytes) {
+    private static func exchange(exponent: SecureBytes, peer: [UInt8]) throws(BusError) -> (
+        publicKey: [UInt8], key: SecureBytes
+    ) {
         let key: SecureBytes, shared: SecureBytes
         do {
             key = try SecureBytes(count: 16)
@@ -117,7 +129,8 @@ final class TransferSession {
             COpenSSL_BN_CTX_free(context)
         }
         func number(_ bytes: UnsafeRawBufferPointer) -> OpaquePointer? {
-            let made = COpenSSL_BN_bin2bn(bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(bytes.count), nil)
+            let made = COpenSSL_BN_bin2bn(
+                bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(bytes.count), nil)
             if let made { numbers.append(made) }
             return made
         }
@@ -128,14 +141,16 @@ final class TransferSession {
             return made
         }
         guard let p = prime.withUnsafeBytes(number), let limit = prime.withUnsafeBytes(number),
-              let x = exponent.withUnsafeBytes(number), let peerKey = peer.withUnsafeBytes(number) else { throw unavailable }
+            let x = exponent.withUnsafeBytes(number), let peerKey = peer.withUnsafeBytes(number)
+        else { throw unavailable }
         let g = try word(2), y = try word(0), secret = try word(0)
         guard COpenSSL_BN_sub_word(limit, 1) == 1 else { throw unavailable }
         // A peer key of 0, 1 or p-1 (or more) would make the secret known.
         guard COpenSSL_BN_num_bits(peerKey) >= 2, COpenSSL_BN_cmp(peerKey, limit) < 0 else {
             throw .invalidArguments("the DH public key is not an element of the group (it is 0, 1, p-1 or larger)")
         }
-        guard COpenSSL_BN_mod_exp(y, g, x, p, context) == 1, COpenSSL_BN_mod_exp(secret, peerKey, x, p, context) == 1 else {
+        guard COpenSSL_BN_mod_exp(y, g, x, p, context) == 1, COpenSSL_BN_mod_exp(secret, peerKey, x, p, context) == 1
+        else {
             throw unavailable
         }
         var publicKey = [UInt8](repeating: 0, count: 128)
@@ -146,9 +161,11 @@ final class TransferSession {
         defer { COpenSSL_EVP_PKEY_CTX_free(kdf) }
         var keyLength = 16
         guard COpenSSL_EVP_PKEY_derive_init(kdf) > 0, COpenSSL_EVP_PKEY_CTX_set_hkdf_md(kdf, COpenSSL_EVP_sha256()) > 0,
-              COpenSSL_EVP_PKEY_CTX_set1_hkdf_key(kdf, sharedBase, 128) > 0,
-              COpenSSL_EVP_PKEY_derive(kdf, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), &keyLength) > 0,
-              keyLength == 16 else { throw unavailable }
+            COpenSSL_EVP_PKEY_CTX_set1_hkdf_key(kdf, sharedBase, 128) > 0,
+            COpenSSL_EVP_PKEY_derive(kdf, key.mutableBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), &keyLength)
+                > 0,
+            keyLength == 16
+        else { throw unavailable }
         return (Array(publicKey[..<length]), key)
     }
 
@@ -165,7 +182,9 @@ final class TransferSession {
     /// AES-128-CBC-PKCS7 of `input`, into secret memory either way (the
     /// output of a decryption is the secret); a wrong key or tampered bytes
     /// fail the padding check.
-    private static func aes(encrypt: Bool, key: SecureBytes, iv: [UInt8], _ input: SecureBytes) throws(BusError) -> SecureBytes {
+    private static func aes(encrypt: Bool, key: SecureBytes, iv: [UInt8], _ input: SecureBytes) throws(BusError)
+        -> SecureBytes
+    {
         let output: SecureBytes
         do { output = try SecureBytes(count: input.count + 16) } catch { throw .failed("no memory for the secret") }
         guard input.count <= Int(Int32.max) - 16, let context = COpenSSL_EVP_CIPHER_CTX_new() else { throw unavailable }
@@ -175,18 +194,23 @@ final class TransferSession {
         let out = output.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self)
         let done = key.withUnsafeBytes { key in
             input.withUnsafeBytes { input in
-                COpenSSL_EVP_CipherInit_ex(context, COpenSSL_EVP_aes_128_cbc(), nil, key.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                                           iv, encrypt ? 1 : 0) > 0
-                    && COpenSSL_EVP_CipherUpdate(context, out, &written, input.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                                                 Int32(input.count)) > 0
+                COpenSSL_EVP_CipherInit_ex(
+                    context, COpenSSL_EVP_aes_128_cbc(), nil, key.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                    iv, encrypt ? 1 : 0) > 0
+                    && COpenSSL_EVP_CipherUpdate(
+                        context, out, &written, input.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                        Int32(input.count)) > 0
                     && COpenSSL_EVP_CipherFinal_ex(context, out + Int(written), &last) > 0
             }
         }
         guard done else {
-            throw encrypt ? .failed("could not encrypt the secret") : .invalidArguments("the secret does not decrypt in this session")
+            throw encrypt
+                ? .failed("could not encrypt the secret")
+                : .invalidArguments("the secret does not decrypt in this session")
         }
         do {
-            return try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: output.mutableBytes[..<(Int(written) + Int(last))]))
+            return try SecureBytes(
+                copying: UnsafeRawBufferPointer(rebasing: output.mutableBytes[..<(Int(written) + Int(last))]))
         } catch {
             throw .failed("no memory for the secret")
         }

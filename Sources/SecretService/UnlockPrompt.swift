@@ -62,8 +62,11 @@ final class UnlockPrompt: Sendable {
         let who = asker.flatMap { ProgramIdentities.subject(thread: $0, uid: getuid()).executable } ?? "a program"
         var error: String?
         for _ in 0..<Self.attempts {
-            guard case .passcode(let passcode)? = try? pinentry.ask(description: "\(who) asks to unlock your keychain.",
-                                                                    error: error) else { return false }
+            guard
+                case .passcode(let passcode)? = try? pinentry.ask(
+                    description: "\(who) asks to unlock your keychain.",
+                    error: error)
+            else { return false }
             switch unlock(passcode) {
             case .ok: return true
             case .keychainError(.authFailed, _): error = "Wrong passcode"

@@ -18,7 +18,8 @@ enum BusMessageFuzzing {
         let method = SecretMethod.all[Int(bytes.next()) % SecretMethod.all.count]
         // Mostly the method's own signature (what the dispatcher lets
         // through); sometimes any, to read a wrong one.
-        let types = bytes.next() % 8 == 0 ? [ArgumentType.arbitrary(&bytes, depth: 3)] : ArgumentType.parse(method.signature)
+        let types =
+            bytes.next() % 8 == 0 ? [ArgumentType.arbitrary(&bytes, depth: 3)] : ArgumentType.parse(method.signature)
         var budget = 4096
         let made: LocalBusMessage?
         do {
@@ -37,7 +38,9 @@ enum BusMessageFuzzing {
         do {
             switch method.signature {
             case "a{ss}":
-                if let broken = violation(of: try arguments.stringDictionary(), limit: 256, textLimit: 4096) { return broken }
+                if let broken = violation(of: try arguments.stringDictionary(), limit: 256, textLimit: 4096) {
+                    return broken
+                }
             case "a{sv}(oayays)b":
                 if let broken = violation(of: try arguments.properties()) { return broken }
                 _ = try arguments.secretStruct()
@@ -51,13 +54,16 @@ enum BusMessageFuzzing {
             case "ao": _ = try arguments.objectPaths()
             case "(oayays)": _ = try arguments.secretStruct()
             case "sv":
-                _ = try TransferSession.open(algorithm: try arguments.string(), input: arguments, owner: ":1.1",
-                                             path: ObjectPaths.sessionPrefix + "1")
+                _ = try TransferSession.open(
+                    algorithm: try arguments.string(), input: arguments, owner: ":1.1",
+                    path: ObjectPaths.sessionPrefix + "1")
             case "ssv":
                 _ = try arguments.string()
                 let property = try arguments.itemProperty(try arguments.string())
                 if case .attributes(let attributes) = property,
-                   let broken = violation(of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText) {
+                    let broken = violation(
+                        of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText)
+                {
                     return broken
                 }
             case "so":
@@ -80,7 +86,9 @@ enum BusMessageFuzzing {
 
     private static func violation(of properties: [String: PropertyValue]) -> String? {
         for case .attributes(let attributes) in properties.values {
-            if let broken = violation(of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText) {
+            if let broken = violation(
+                of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText)
+            {
                 return broken
             }
         }
@@ -88,7 +96,9 @@ enum BusMessageFuzzing {
     }
 
     private static func violation(of dictionary: [String: String], limit: Int, textLimit: Int) -> String? {
-        guard dictionary.count <= limit else { return "\(dictionary.count) attributes read where at most \(limit) are allowed" }
+        guard dictionary.count <= limit else {
+            return "\(dictionary.count) attributes read where at most \(limit) are allowed"
+        }
         guard dictionary.allSatisfy({ $0.key.utf8.count <= textLimit && $0.value.utf8.count <= textLimit }) else {
             return "an attribute of more than \(textLimit) bytes was read"
         }
@@ -110,7 +120,9 @@ struct FuzzBytes {
     }
 
     mutating func next<Number: FixedWidthInteger>(_: Number.Type) -> Number {
-        (0..<MemoryLayout<Number>.size).reduce(Number.zero) { number, _ in number << 8 | Number(truncatingIfNeeded: next()) }
+        (0..<MemoryLayout<Number>.size).reduce(Number.zero) { number, _ in
+            number << 8 | Number(truncatingIfNeeded: next())
+        }
     }
 
     /// A length: mostly short, sometimes past the readers' limits.
@@ -186,7 +198,9 @@ indirect enum ArgumentType {
         guard depth > 0, choice % 16 >= basics.count else { return .basic(basics[choice % basics.count]) }
         switch choice % 4 {
         case 0: return .array(arbitrary(&bytes, depth: depth - 1))
-        case 1: return .dictionary(key: basics[Int(bytes.next()) % basics.count], value: arbitrary(&bytes, depth: depth - 1))
+        case 1:
+            return .dictionary(
+                key: basics[Int(bytes.next()) % basics.count], value: arbitrary(&bytes, depth: depth - 1))
         case 2: return .structure((0...Int(bytes.next() % 3)).map { _ in arbitrary(&bytes, depth: depth - 1) })
         default: return .variant
         }
@@ -194,13 +208,17 @@ indirect enum ArgumentType {
 
     /// Appends a value of this type drawn from the bytes; `budget` bounds
     /// the values of one message.
-    func append(to writer: BusMessageWriter, from bytes: inout FuzzBytes, depth: Int, budget: inout Int) throws(BusError) {
+    func append(to writer: BusMessageWriter, from bytes: inout FuzzBytes, depth: Int, budget: inout Int)
+        throws(BusError)
+    {
         budget -= 1
         switch self {
         case .basic(let type): try Self.appendBasic(type, to: writer, from: &bytes)
         case .array(let element):
             try writer.open("a", element.signature)
-            for _ in 0..<(budget > 0 ? bytes.count() : 0) { try element.append(to: writer, from: &bytes, depth: depth, budget: &budget) }
+            for _ in 0..<(budget > 0 ? bytes.count() : 0) {
+                try element.append(to: writer, from: &bytes, depth: depth, budget: &budget)
+            }
             try writer.close()
         case .dictionary(let key, let value):
             let entry = String(key) + value.signature
@@ -224,13 +242,16 @@ indirect enum ArgumentType {
         }
     }
 
-    private static func appendBasic(_ type: Character, to writer: BusMessageWriter, from bytes: inout FuzzBytes) throws(BusError) {
+    private static func appendBasic(_ type: Character, to writer: BusMessageWriter, from bytes: inout FuzzBytes)
+        throws(BusError)
+    {
         switch type {
         case "s": try writer.string(bytes.text())
         case "o":
             // A group's name is never empty (an empty element is no path).
             let group = bytes.text() + "g"
-            try writer.objectPath(bytes.next() % 2 == 0 ? ObjectPaths.collection(group) : ObjectPaths.item(group, "item"))
+            try writer.objectPath(
+                bytes.next() % 2 == 0 ? ObjectPaths.collection(group) : ObjectPaths.item(group, "item"))
         case "g": try writer.signature(["s", "ay", "a{sv}", "(oayays)", ""][Int(bytes.next()) % 5])
         case "b": try writer.bool(bytes.next() % 2 == 1)
         case "t": try writer.uint64(bytes.next(UInt64.self))

@@ -83,11 +83,14 @@ enum FuzzTarget: String, CaseIterable {
         }
         // Any text as a name: its element reads back as it.
         if !text.isEmpty {
-            check(ObjectPaths.name(Substring(ObjectPaths.element(text))) == text, "a name does not read back from its element")
+            check(
+                ObjectPaths.name(Substring(ObjectPaths.element(text))) == text,
+                "a name does not read back from its element")
         }
     }
 
-    private static let recoveryKey = RecoveryKey(typed: try! SecureBytes(String(repeating: "vcvcvcvc-", count: 7) + "vcvcvcvc"))!
+    private static let recoveryKey = RecoveryKey(
+        typed: try! SecureBytes(String(repeating: "vcvcvcvc-", count: 7) + "vcvcvcvc"))!
 
     private func keyProtection(_ input: UnsafeRawBufferPointer) {
         guard let choice = input.first else { return }
@@ -105,11 +108,15 @@ enum FuzzTarget: String, CaseIterable {
         case 2:
             let record = rest + Self.secret.mac("kcfs-rollback-v1", rest)
             guard let decoded = try? RollbackRecord(decoding: record, secret: Self.secret) else { return }
-            check(decoded.encoded(secret: Self.secret) == record, "an accepted rollback record does not re-encode to itself")
+            check(
+                decoded.encoded(secret: Self.secret) == record,
+                "an accepted rollback record does not re-encode to itself")
         default:
             guard let contents = try? SecureBytes(rest), let file = try? DeviceSecretFile(contents) else { return }
             if case .sealed(let blob) = file {
-                check(DeviceSecretFile.encodeSealed(blob) == rest, "a sealed device-secret file does not re-encode to itself")
+                check(
+                    DeviceSecretFile.encodeSealed(blob) == rest,
+                    "a sealed device-secret file does not re-encode to itself")
             }
         }
     }
@@ -131,14 +138,17 @@ enum FuzzTarget: String, CaseIterable {
         do throws(KeychainError) {
             try ItemLimits.validate(name: name)
             check(!name.isEmpty && name.utf8.count <= ItemLimits.maximumNameLength, "accepted a bad length")
-            check(!name.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) || $0 == "/" },
-                  "accepted a control character or a slash")
+            check(
+                !name.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) || $0 == "/" },
+                "accepted a control character or a slash")
             check(!ItemLimits.reservedNames.contains(name), "accepted a reserved name")
         } catch {
             check(error == .param || error == .nameTooLong, "a validation error other than param")
         }
         let escaped = LineEscaping.escaped(name)
-        check(!escaped.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }, "escaping left a control character")
+        check(
+            !escaped.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) },
+            "escaping left a control character")
         check(LineEscaping.unescaped(escaped) == name, "escaping does not round-trip")
         _ = LineEscaping.unescaped(name)  // arbitrary input must not trap
     }
@@ -153,7 +163,9 @@ enum FuzzTarget: String, CaseIterable {
         let record = Array(input) + Self.secret.mac("kcfs-keybag-v1", Array(input))
         guard let bag = try? Keybag(decoding: record, secret: Self.secret) else { return }
         check(bag.formatVersion >= 1 && bag.formatVersion <= Keybag.tpmVersion, "accepted an unknown version")
-        check((bag.formatVersion == Keybag.tpmVersion) == (bag.tpmPasscodeObject != nil), "a TPM object outside version 5")
+        check(
+            (bag.formatVersion == Keybag.tpmVersion) == (bag.tpmPasscodeObject != nil), "a TPM object outside version 5"
+        )
         if bag.formatVersion >= Keybag.version {
             check(bag.encoded(secret: Self.secret) == record, "an accepted keybag does not re-encode to itself")
         }
@@ -168,7 +180,9 @@ enum FuzzTarget: String, CaseIterable {
     private func entitlements(_ input: UnsafeRawBufferPointer) {
         let record = Array(input) + Self.secret.mac("kcfs-entitlements-v1", Array(input))
         guard let decoded = try? EntitlementPolicy(decoding: record, secret: Self.secret) else { return }
-        check(decoded.groups.values.allSatisfy { $0.allSatisfy { $0.digest.count == ExecutableDigest.size } }, "a digest of the wrong size")
+        check(
+            decoded.groups.values.allSatisfy { $0.allSatisfy { $0.digest.count == ExecutableDigest.size } },
+            "a digest of the wrong size")
         check(decoded.encoded(secret: Self.secret) == record, "an accepted record does not re-encode to itself")
     }
 
@@ -195,7 +209,9 @@ enum FuzzTarget: String, CaseIterable {
         guard let request = try? DeviceRequest(body: input) else { return }
         guard let frame = try? request.frame() else { return check(false, "an accepted request cannot be framed") }
         frame.withUnsafeBytes { bytes in
-            check(bytes.count == input.count + 4 && bytes[4...].elementsEqual(input), "an accepted request does not re-frame to itself")
+            check(
+                bytes.count == input.count + 4 && bytes[4...].elementsEqual(input),
+                "an accepted request does not re-frame to itself")
         }
     }
 
@@ -227,8 +243,9 @@ enum FuzzTarget: String, CaseIterable {
             check(OneTimePassword.digitRange.contains(generator.digits), "accepted digits outside 6...8")
             check(OneTimePassword.periodRange.contains(generator.period), "accepted a period outside 1...86400")
             guard let code = try? generator.code(at: 1_234_567_890) else { return }
-            check(code.count == generator.digits && code.allSatisfy(\.isASCII) && code.allSatisfy(\.isNumber),
-                  "a code that is not exactly `digits` decimal digits")
+            check(
+                code.count == generator.digits && code.allSatisfy(\.isASCII) && code.allSatisfy(\.isNumber),
+                "a code that is not exactly `digits` decimal digits")
         } catch {
             check(!"\(error)".contains("\u{FFFD}"), "an error message quoting undecodable input")
         }
@@ -236,10 +253,14 @@ enum FuzzTarget: String, CaseIterable {
 
     private func details(_ input: UnsafeRawBufferPointer) {
         guard let details = try? ItemDetails(decoding: Array(input)) else { return }
-        check(details.encoded().elementsEqual(input), "accepted details do not encode to themselves (two encodings of one value)")
+        check(
+            details.encoded().elementsEqual(input),
+            "accepted details do not encode to themselves (two encodings of one value)")
         check((try? details.validate()) != nil, "accepted details past their bounds")
         var fields = details.fields[...]
-        check(ItemDetails(fields: &fields) == details && fields.isEmpty, "details do not read back from their reply fields")
+        check(
+            ItemDetails(fields: &fields) == details && fields.isEmpty,
+            "details do not read back from their reply fields")
     }
 
     private func check(_ condition: Bool, _ property: StaticString) {
@@ -257,16 +278,20 @@ extension FuzzTarget {
         let directory = KeychainDirectory(path: String(cString: made) + "/keychain")
         do {
             try Device.createKeychain(at: directory, passcode: nil)
-            let fileSystem = try FileSystem(manager: PasswordManager(device: try Device(directory: directory)), nodes: NodeTable())
+            let fileSystem = try FileSystem(
+                manager: PasswordManager(device: try Device(directory: directory)), nodes: NodeTable())
             var ops = FuseOperations.table()
             var arguments = [strdup("keychainfs")]
             defer { arguments.forEach { free($0) } }
             let session = arguments.withUnsafeMutableBufferPointer { argv -> OpaquePointer? in
                 var args = fuse_args(argc: 1, argv: argv.baseAddress, allocated: 0)
-                return fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size,
-                                        Unmanaged.passRetained(fileSystem).toOpaque())
+                return fuse_session_new(
+                    &args, &ops, MemoryLayout<fuse_lowlevel_ops>.size,
+                    Unmanaged.passRetained(fileSystem).toOpaque())
             }
-            guard let session, fuse_session_mount(session, "/dev/fd/\(fuseEnds[0])") == 0 else { fatalError("no session") }
+            guard let session, fuse_session_mount(session, "/dev/fd/\(fuseEnds[0])") == 0 else {
+                fatalError("no session")
+            }
             // FUSE_INIT, protocol 7.31, as the kernel sends it.
             var initArgument = [UInt8](repeating: 0, count: 64)
             initArgument.withUnsafeMutableBytes { raw in
@@ -311,7 +336,9 @@ extension FuzzTarget {
         var replies: [[UInt8]] = []
         var reply = [UInt8](repeating: 0, count: 1 << 17)
         while true {
-            let count = reply.withUnsafeMutableBytes { recv(fuseEnds[1], $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            let count = reply.withUnsafeMutableBytes {
+                recv(fuseEnds[1], $0.baseAddress, $0.count, Int32(MSG_DONTWAIT))
+            }
             guard count > 0 else { return replies }
             replies.append(Array(reply[..<count]))
         }
@@ -323,7 +350,9 @@ extension FuzzTarget {
         // first rule would refuse most inputs otherwise, and leave the rest untried.
         var request = Array(input)
         if request.count >= 4 {
-            request.withUnsafeMutableBytes { $0.storeBytes(of: UInt32(truncatingIfNeeded: input.count), toByteOffset: 0, as: UInt32.self) }
+            request.withUnsafeMutableBytes {
+                $0.storeBytes(of: UInt32(truncatingIfNeeded: input.count), toByteOffset: 0, as: UInt32.self)
+            }
         }
         guard request.withUnsafeBytes({ FuseRequestCheck.problem(in: $0) }) == nil else { return }
         check(request.count >= FuseRequestCheck.headerSize, "passed a request shorter than its header")
@@ -336,15 +365,20 @@ extension FuzzTarget {
             let error = reply.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 4, as: Int32.self) }
             guard error == 0 else { continue }
             func field(_ offset: Int) -> UInt64 {
-                reply.count >= offset + 8 ? reply.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: UInt64.self) } : 0
+                reply.count >= offset + 8
+                    ? reply.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: UInt64.self) } : 0
             }
             func release(_ releaseOpcode: UInt32, node: UInt64, handle: UInt64) {
-                Self.answered(Self.kernelRequest(releaseOpcode, node: node, withUnsafeBytes(of: handle, Array.init)
-                                                    + [UInt8](repeating: 0, count: 16)), in: session)
+                Self.answered(
+                    Self.kernelRequest(
+                        releaseOpcode, node: node,
+                        withUnsafeBytes(of: handle, Array.init)
+                            + [UInt8](repeating: 0, count: 16)), in: session)
             }
             func forget(_ entry: UInt64) {
                 guard entry != 0 else { return }
-                Self.answered(Self.kernelRequest(2, node: entry, withUnsafeBytes(of: UInt64(1), Array.init)), in: session)
+                Self.answered(
+                    Self.kernelRequest(2, node: entry, withUnsafeBytes(of: UInt64(1), Array.init)), in: session)
             }
             switch opcode {
             case 14: release(18, node: node, handle: field(16))  // OPEN: fuse_open_out.fh

@@ -23,20 +23,29 @@ struct AclCommand: ParsableCommand {
 
     @OptionGroup var options: KeychainOptions
 
-    @Flag(help: "Print {\"owner\", \"allowed\"}: each program as {\"executable\", \"sha256\", \"package\", \"unit\"} (owner null when none).")
+    @Flag(
+        help:
+            "Print {\"owner\", \"allowed\"}: each program as {\"executable\", \"sha256\", \"package\", \"unit\"} (owner null when none)."
+    )
     var json = false
 
-    @Option(name: .long, help: "Put the program at this executable on the item's list (its SHA-256, and its package, are pinned).")
+    @Option(
+        name: .long,
+        help: "Put the program at this executable on the item's list (its SHA-256, and its package, are pinned).")
     var add: String?
 
     @Option(name: .long, help: "Take every program at this executable off the item's list.")
     var remove: String?
 
-    @Option(name: .long, help: "Make an item of no program (imported, or made through a mount) this executable's, as if it had made it.")
+    @Option(
+        name: .long,
+        help: "Make an item of no program (imported, or made through a mount) this executable's, as if it had made it.")
     var claim: String?
 
     func validate() throws {
-        if [add, remove, claim].compactMap({ $0 }).count > 1 { throw ValidationError("one of --add, --remove and --claim") }
+        if [add, remove, claim].compactMap({ $0 }).count > 1 {
+            throw ValidationError("one of --add, --remove and --claim")
+        }
     }
 
     func run() throws {
@@ -44,7 +53,10 @@ struct AclCommand: ParsableCommand {
         if let path = remove { return try change(path, .remove) }
         if let path = claim { return try change(path, .claim) }
         let device = try RunningDevice(options.place)
-        guard case .ok(let fields) = try device.send(.details(group: item.group, identifier: item.identifier), item: "\(item)") else {
+        guard
+            case .ok(let fields) = try device.send(
+                .details(group: item.group, identifier: item.identifier), item: "\(item)")
+        else {
             throw DeviceAccess.unexpectedReply()
         }
         let details = try ItemDetails.listed(fromFields: fields).first?.details
@@ -54,7 +66,8 @@ struct AclCommand: ParsableCommand {
             return
         }
         guard let owner = details?.owner else {
-            print("owner: none (made through a mount or the command line: any program of yours may use it over the bus)")
+            print(
+                "owner: none (made through a mount or the command line: any program of yours may use it over the bus)")
             return
         }
         // Escaped: a path is another program's to choose.
@@ -74,15 +87,18 @@ struct AclCommand: ParsableCommand {
         }
         let file = removing ? -1 : open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         defer { if file >= 0 { close(file) } }
-        let request = DeviceRequest.access(group: item.group, identifier: item.identifier, executable: resolved,
-                                           change: change, passcode: passcode)
+        let request = DeviceRequest.access(
+            group: item.group, identifier: item.identifier, executable: resolved,
+            change: change, passcode: passcode)
         let fields = try policyReply(request, keychain: options.place, passing: file >= 0 ? file : nil)
         if removing {
             print("took \(fields.first ?? "0") program(s) at \(shown(resolved)) off the list of \(item)")
         } else {
             guard fields.count == 2 else { throw DeviceAccess.unexpectedReply() }
-            print(change == .claim ? "\(item) belongs to \(shown(fields[0])) (sha256 \(fields[1])) now"
-                                   : "\(shown(fields[0])) (sha256 \(fields[1])) may use \(item) over the bus")
+            print(
+                change == .claim
+                    ? "\(item) belongs to \(shown(fields[0])) (sha256 \(fields[1])) now"
+                    : "\(shown(fields[0])) (sha256 \(fields[1])) may use \(item) over the bus")
         }
     }
 

@@ -18,7 +18,10 @@ struct AutoLockCommand: ParsableCommand {
             `keychainfs status` shows it.
             """)
 
-    @Argument(help: "How long without an item access before the device locks: seconds, or a number with s, m, h or d (300, 5m, 1h; at most 7d; 0: never).")
+    @Argument(
+        help:
+            "How long without an item access before the device locks: seconds, or a number with s, m, h or d (300, 5m, 1h; at most 7d; 0: never)."
+    )
     var duration: AutoLockDuration
 
     @OptionGroup var target: MountpointOrKeychain
@@ -31,7 +34,8 @@ struct AutoLockCommand: ParsableCommand {
             guard let socketPath = try target.deviceSocket(starting: true) else { return }
             switch DeviceClient.send(.autoLock(after: duration.seconds, grace: grace?.seconds), to: socketPath) {
             case .ok?: return
-            case .keychainError(let error, let message)?: throw fail("cannot set auto-lock: \(message)", status: ExitStatus.of(error))
+            case .keychainError(let error, let message)?:
+                throw fail("cannot set auto-lock: \(message)", status: ExitStatus.of(error))
             case .systemError(_, let message)?: throw fail("cannot set auto-lock: \(message)")
             case .value?: throw DeviceAccess.unexpectedReply()
             case nil: throw DeviceAccess.noAnswer()

@@ -24,7 +24,9 @@ struct BackupCommand: ParsableCommand {
 
     @OptionGroup var options: KeychainOptions
 
-    @Option(name: .customLong("group"), help: "Include this group although it has a policy (needs the passcode; repeatable).")
+    @Option(
+        name: .customLong("group"),
+        help: "Include this group although it has a policy (needs the passcode; repeatable).")
     var policedGroups: [String] = []
 
     func run() throws {
@@ -44,8 +46,10 @@ struct BackupCommand: ParsableCommand {
             } catch {
                 throw fail("cannot create \(path).partial: \(Errno.current.description)")
             }
-            let reply = DeviceClient.send(.backup(path: path, password: password, policedGroups: policedGroups,
-                                                  passcode: passcode), to: socketPath, passing: partial.fd)
+            let reply = DeviceClient.send(
+                .backup(
+                    path: path, password: password, policedGroups: policedGroups,
+                    passcode: passcode), to: socketPath, passing: partial.fd)
             close(partial.fd)
             if case .ok? = reply {
                 do {
@@ -59,11 +63,13 @@ struct BackupCommand: ParsableCommand {
             switch reply {
             case .keychainError(.missingEntitlement, _)?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
-            case .keychainError(.authFailed, _)?: throw fail(backupExplanation(.authFailed, file: ""), status: ExitStatus.denied)
+            case .keychainError(.authFailed, _)?:
+                throw fail(backupExplanation(.authFailed, file: ""), status: ExitStatus.denied)
             case .keychainError(.param, _)? where !policedGroups.isEmpty:
                 throw fail("every --group must name a group with an entitlement policy; nothing was written")
             case .ok(let fields)?: count = fields.first ?? "?"
-            case .keychainError(let error, _)?: throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
+            case .keychainError(let error, _)?:
+                throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
             case .value?:
                 throw DeviceAccess.unexpectedReply()
             case .systemError(_, let message)?: throw fail(message)

@@ -26,8 +26,9 @@ struct Clipboard {
         }
         if let display = getenv("DISPLAY"), display.pointee != 0 {
             guard let xclip = findOnPath("xclip") else { throw fail("--clip on X11 needs xclip (Debian's xclip)") }
-            return Clipboard(copyCommand: [xclip, "-selection", "clipboard", "-in"],
-                             pasteCommand: [xclip, "-selection", "clipboard", "-out"])
+            return Clipboard(
+                copyCommand: [xclip, "-selection", "clipboard", "-in"],
+                pasteCommand: [xclip, "-selection", "clipboard", "-out"])
         }
         throw fail("--clip needs a desktop session: neither $WAYLAND_DISPLAY nor $DISPLAY is set")
     }
@@ -56,15 +57,21 @@ struct Clipboard {
     /// ``clearSeconds`` unless it changed meanwhile (`keychainfs
     /// clipboard-clear`, detached: it outlives us, as pass's does).
     func copyAndClearLater(_ value: SecureBytes, what: String) throws {
-        guard value.withUnsafeBytes({ copy($0) }) else { throw fail("could not copy \(what) to the clipboard (\(copyCommand[0]) failed)") }
+        guard value.withUnsafeBytes({ copy($0) }) else {
+            throw fail("could not copy \(what) to the clipboard (\(copyCommand[0]) failed)")
+        }
         // The clearer compares what the clipboard holds with the value it gets on
         // this pipe; in a session of its own, a closing terminal does not end it.
-        let clearer = startWithPipe([selfExecutable(), "clipboard-clear", "--after", String(Self.clearSeconds)], on: 0, newSession: true)
-        let handed = clearer.map { _, input in
-            defer { close(input) }
-            return value.withUnsafeBytes { (try? Descriptor.writeAll(input, $0)) != nil }
-        } ?? false
-        guard handed else { throw fail("copied \(what), but could not start the clearer: clear the clipboard yourself") }
+        let clearer = startWithPipe(
+            [selfExecutable(), "clipboard-clear", "--after", String(Self.clearSeconds)], on: 0, newSession: true)
+        let handed =
+            clearer.map { _, input in
+                defer { close(input) }
+                return value.withUnsafeBytes { (try? Descriptor.writeAll(input, $0)) != nil }
+            } ?? false
+        guard handed else {
+            throw fail("copied \(what), but could not start the clearer: clear the clipboard yourself")
+        }
         printError("Copied \(what) to the clipboard. It will be cleared in \(Self.clearSeconds) seconds.")
     }
 }
@@ -72,8 +79,10 @@ struct Clipboard {
 /// Starts `command` with its descriptor `childFD` (0 or 1) on a pipe and the
 /// other standard streams on /dev/null (stderr ours with `keepingStandardError`);
 /// returns it and our end of the pipe.
-func startWithPipe(_ command: [String], on childFD: Int32, newSession: Bool = false,
-                   keepingStandardError: Bool = false) -> (pid: pid_t, end: Int32)? {
+func startWithPipe(
+    _ command: [String], on childFD: Int32, newSession: Bool = false,
+    keepingStandardError: Bool = false
+) -> (pid: pid_t, end: Int32)? {
     var ends: [Int32] = [0, 0]
     guard pipe(&ends) == 0 else { return nil }
     let (theirs, ours) = childFD == 0 ? (ends[0], ends[1]) : (ends[1], ends[0])
@@ -95,7 +104,8 @@ func startWithPipe(_ command: [String], on childFD: Int32, newSession: Bool = fa
 /// still holds that value (another copy since then is the user's, and stays).
 struct ClipboardClearCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "clipboard-clear", abstract: "Clear the clipboard later (started by --clip).", shouldDisplay: false)
+        commandName: "clipboard-clear", abstract: "Clear the clipboard later (started by --clip).", shouldDisplay: false
+    )
 
     @Option(help: "Seconds to wait.")
     var after: Int

@@ -24,7 +24,8 @@ enum DeviceStatusFile {
         for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
             let parts = line.split(separator: ":", maxSplits: 1)
             guard parts.count == 2, status[String(parts[0])] == nil,
-                  let value = LineEscaping.unescaped(String(parts[1].dropFirst())) else { continue }
+                let value = LineEscaping.unescaped(String(parts[1].dropFirst()))
+            else { continue }
             status[String(parts[0])] = value
         }
         return status

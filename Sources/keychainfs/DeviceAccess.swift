@@ -85,11 +85,13 @@ final class RunningDevice {
             case .itemNotFound: throw fail("\(item) does not exist", status: ExitStatus.absent)
             // Only a create-only write (generate without --force) asks for this.
             case .duplicateItem: throw fail("\(item) already exists and was kept (--force replaces it)")
-            case .interactionNotAllowed: throw fail("the keychain is locked for \(item); unlock it first", status: ExitStatus.locked)
+            case .interactionNotAllowed:
+                throw fail("the keychain is locked for \(item); unlock it first", status: ExitStatus.locked)
             case .authFailed: throw fail(message, status: ExitStatus.denied)
             case .missingEntitlement:
-                throw fail("\(item): the program asking (\(CommandLine.arguments[0])) is not entitled to its access group",
-                           status: ExitStatus.denied)
+                throw fail(
+                    "\(item): the program asking (\(CommandLine.arguments[0])) is not entitled to its access group",
+                    status: ExitStatus.denied)
             default: throw fail("\(item): \(message)")
             }
         case .systemError(let code, let message)?:
@@ -111,9 +113,13 @@ extension RunningDevice {
 
     /// Stores a value; returns the core error that refused it (nil: stored)
     /// without a message, for callers that report per item.
-    func tryStore(_ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition,
-                  details: ItemDetails? = nil) throws -> KeychainError? {
-        switch try deliver(.set(group: item.group, identifier: item.identifier, value: value, condition: condition, details: details)) {
+    func tryStore(
+        _ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition,
+        details: ItemDetails? = nil
+    ) throws -> KeychainError? {
+        switch try deliver(
+            .set(group: item.group, identifier: item.identifier, value: value, condition: condition, details: details))
+        {
         case .ok?: return nil
         case .keychainError(let error, _)?: return error
         case .systemError(_, let message)?: throw fail("\(item): \(message)")
@@ -133,13 +139,17 @@ extension RunningDevice {
     func valueIfPresent(of item: ItemAddress) throws -> SecureBytes? {
         let reply = try deliver(.get(group: item.group, identifier: item.identifier))
         if case .keychainError(.itemNotFound, _)? = reply { return nil }
-        guard case .value(let value, _) = try checked(reply, item: "\(item)") else { throw DeviceAccess.unexpectedReply() }
+        guard case .value(let value, _) = try checked(reply, item: "\(item)") else {
+            throw DeviceAccess.unexpectedReply()
+        }
         return value
     }
 
     /// An item's value.
     func value(of item: ItemAddress) throws -> SecureBytes {
-        guard case .value(let value, _) = try send(.get(group: item.group, identifier: item.identifier), item: "\(item)") else {
+        guard
+            case .value(let value, _) = try send(.get(group: item.group, identifier: item.identifier), item: "\(item)")
+        else {
             throw DeviceAccess.unexpectedReply()
         }
         return value
@@ -147,7 +157,9 @@ extension RunningDevice {
 
     /// The groups, or a group's items as (identifier, class, size) (both work while locked).
     func groups() throws -> [String] {
-        guard case .ok(let fields) = try send(.list(group: nil), item: "the keychain") else { throw DeviceAccess.unexpectedReply() }
+        guard case .ok(let fields) = try send(.list(group: nil), item: "the keychain") else {
+            throw DeviceAccess.unexpectedReply()
+        }
         return fields
     }
 
@@ -173,7 +185,8 @@ extension RunningDevice {
     /// Stores a value as `set` does (the device's accessmode and migrate
     /// setting); `.ifAbsent` refuses to replace one, atomically.
     func store(_ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition = .always) throws {
-        _ = try send(.set(group: item.group, identifier: item.identifier, value: value, condition: condition), item: "\(item)")
+        _ = try send(
+            .set(group: item.group, identifier: item.identifier, value: value, condition: condition), item: "\(item)")
     }
 }
 
@@ -197,7 +210,8 @@ enum DeviceLauncher {
         guard child != nil else { return "cannot start the device process" }
         let answer = String(decoding: readLine(pipeEnds[0]), as: UTF8.self)
         if answer.hasPrefix("ok") { return nil }
-        return answer.hasPrefix("error ") ? String(answer.dropFirst(6)).trimmingNewline
+        return answer.hasPrefix("error ")
+            ? String(answer.dropFirst(6)).trimmingNewline
             : "the device process exited before it was ready"
     }
 
@@ -212,7 +226,9 @@ enum DeviceLauncher {
             return (nil, error.description)
         }
         if DeviceClient.isServing(socketPath) { return (socketPath, nil) }
-        guard keychain.exists else { return (nil, "no keychain at \(keychain.path); create one with `keychainfs init`") }
+        guard keychain.exists else {
+            return (nil, "no keychain at \(keychain.path); create one with `keychainfs init`")
+        }
         let problem = start(["start", "--foreground", "--keychain", keychain.path])
         // Another client may have started it first: its device serves us too.
         if problem == nil || DeviceClient.isServing(socketPath) { return (socketPath, nil) }

@@ -58,13 +58,19 @@ struct DockerCredentialCommand: ParsableCommand {
         switch action {
         case "store":
             let credentials = try Self.readCredentials()
-            let value = try SecureBytes("{\"Username\": \(jsonString(credentials.username)), \"Secret\": \(jsonString(credentials.secret))}")
-            try Self.check(DeviceClient.send(.set(group: Self.group, identifier: ItemName.encoded(credentials.serverURL),
-                                                  value: value), to: device))
+            let value = try SecureBytes(
+                "{\"Username\": \(jsonString(credentials.username)), \"Secret\": \(jsonString(credentials.secret))}")
+            try Self.check(
+                DeviceClient.send(
+                    .set(
+                        group: Self.group, identifier: ItemName.encoded(credentials.serverURL),
+                        value: value), to: device))
         case "get":
             let serverURL = try Self.readServerURL()
             let stored = try Self.credentials(at: ItemName.encoded(serverURL), device: device)
-            print("{\"ServerURL\":\(jsonString(serverURL)),\"Username\":\(jsonString(stored.username)),\"Secret\":\(jsonString(stored.secret))}")
+            print(
+                "{\"ServerURL\":\(jsonString(serverURL)),\"Username\":\(jsonString(stored.username)),\"Secret\":\(jsonString(stored.secret))}"
+            )
         case "erase":
             let identifier = ItemName.encoded(try Self.readServerURL())
             try Self.check(DeviceClient.send(.remove(group: Self.group, identifier: identifier), to: device))
@@ -109,7 +115,8 @@ struct DockerCredentialCommand: ParsableCommand {
         }
     }
 
-    private static func credentials(at identifier: String, device: String) throws -> (username: String, secret: String) {
+    private static func credentials(at identifier: String, device: String) throws -> (username: String, secret: String)
+    {
         let reply = DeviceClient.send(.get(group: group, identifier: identifier), to: device)
         guard case .value(let value, _)? = reply else {
             try check(reply)
@@ -150,7 +157,8 @@ struct DockerCredentialCommand: ParsableCommand {
     }
 
     private static func readServerURL() throws -> String {
-        let input = String(decoding: (try? Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)) ?? [], as: UTF8.self)
+        let input = String(
+            decoding: (try? Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)) ?? [], as: UTF8.self)
         guard let serverURL = normalized(input) else { throw Failure(message: "no credentials server URL") }
         return serverURL
     }

@@ -44,8 +44,10 @@ struct EditCommand: ParsableCommand {
             return (status, status == 0 ? try? scratch.value(of: item.identifier) : nil)
         }
         guard status == 0 else {
-            throw fail(status < 0 ? "the editor could not run or was killed; \(item) is unchanged"
-                                  : "the editor exited with status \(status); \(item) is unchanged")
+            throw fail(
+                status < 0
+                    ? "the editor could not run or was killed; \(item) is unchanged"
+                    : "the editor exited with status \(status); \(item) is unchanged")
         }
         guard var value = edited else { throw fail("the editor left no file \(item.identifier); \(item) is unchanged") }
         value = try Self.droppingAddedNewline(value, original: original)
@@ -71,7 +73,9 @@ struct EditCommand: ParsableCommand {
         if let entries = opendir(runtime) {
             defer { closedir(entries) }
             while let entry = readdir(entries) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                    String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+                }
                 guard name.hasPrefix("edit.") else { continue }
                 let path = runtime + "/" + name
                 if MountTable.isDeadMount(path) { _ = MountTable.unmount(path, lazy: true) }

@@ -16,7 +16,9 @@ struct ExecCommand: ParsableCommand {
             values reach the command's environment only (never an argument, never a log).
             """)
 
-    @Option(name: .customLong("env"), help: "NAME=GROUP/IDENTIFIER: put that item's value in $NAME.", completion: NameCompletion.environment)
+    @Option(
+        name: .customLong("env"), help: "NAME=GROUP/IDENTIFIER: put that item's value in $NAME.",
+        completion: NameCompletion.environment)
     var variables: [String] = []
 
     @OptionGroup var options: KeychainOptions
@@ -32,7 +34,8 @@ struct ExecCommand: ParsableCommand {
         guard !words.isEmpty else { throw ValidationError("Give the command to run after --.") }
         for variable in variables {
             let parts = variable.split(separator: "=", maxSplits: 1).map(String.init)
-            guard parts.count == 2, !parts[0].isEmpty, !parts[0].contains("="), ItemAddress(argument: parts[1]) != nil else {
+            guard parts.count == 2, !parts[0].isEmpty, !parts[0].contains("="), ItemAddress(argument: parts[1]) != nil
+            else {
                 throw ValidationError("--env takes NAME=GROUP/IDENTIFIER, not '\(variable)'.")
             }
         }

@@ -26,10 +26,12 @@ struct FindCommand: ParsableCommand {
             // A group whose policy does not admit this program is a note,
             // not a failure: the matches printed are the answer.
             guard let items = try device.itemsIfAdmitted(of: group) else {
-                printError("\(shown(group)): not searched (its policy does not admit \(shown(CommandLine.arguments[0])))")
+                printError(
+                    "\(shown(group)): not searched (its policy does not admit \(shown(CommandLine.arguments[0])))")
                 continue
             }
-            for item in items where patterns.contains(where: { Self.matches($0, group: group, identifier: item.identifier) }) {
+            for item in items
+            where patterns.contains(where: { Self.matches($0, group: group, identifier: item.identifier) }) {
                 print(shown(group + "/" + item.identifier))
                 found = true
             }
@@ -42,7 +44,8 @@ struct FindCommand: ParsableCommand {
 
     static func matches(_ pattern: String, group: String, identifier: String) -> Bool {
         if pattern.contains(where: { "*?[".contains($0) }) {
-            return fnmatch(pattern, group + "/" + identifier, caseFold) == 0 || fnmatch(pattern, identifier, caseFold) == 0
+            return fnmatch(pattern, group + "/" + identifier, caseFold) == 0
+                || fnmatch(pattern, identifier, caseFold) == 0
         }
         return (group + "/" + identifier).lowercased().contains(pattern.lowercased())
     }

@@ -62,7 +62,8 @@ struct GenerateCommand: ParsableCommand {
         do {
             if words {
                 let text = try readWordList()
-                password = try PasswordGenerator.words(count: length ?? 6, from: PasswordGenerator.wordList(from: text), separator: separator)
+                password = try PasswordGenerator.words(
+                    count: length ?? 6, from: PasswordGenerator.wordList(from: text), separator: separator)
             } else {
                 let chosen = Set(classes).subtracting(noSymbols ? [.symbols] : [])
                 password = try PasswordGenerator.characters(length: length ?? 25, classes: chosen)
@@ -72,7 +73,10 @@ struct GenerateCommand: ParsableCommand {
         }
         try RunningDevice(options.place).store(password, at: item, condition: force ? .always : .ifAbsent)
         if print {
-            guard password.withUnsafeBytes({ (try? Descriptor.writeAll(1, $0)) != nil }) && (try? Descriptor.writeAll(1, [10])) != nil else {
+            guard
+                password.withUnsafeBytes({ (try? Descriptor.writeAll(1, $0)) != nil })
+                    && (try? Descriptor.writeAll(1, [10])) != nil
+            else {
                 throw fail("stored \(item), but cannot write it to standard output")
             }
         }
@@ -85,7 +89,8 @@ struct GenerateCommand: ParsableCommand {
         let fd = open(wordlist, O_RDONLY | O_CLOEXEC)
         defer { if fd >= 0 { close(fd) } }
         guard fd >= 0, let bytes = try? Descriptor.readAll(fd, limit: limit), bytes.count < limit,
-              let text = String(validating: bytes, as: UTF8.self) else {
+            let text = String(validating: bytes, as: UTF8.self)
+        else {
             throw fail("cannot read the word list \(wordlist) (install wamerican, or give --wordlist)")
         }
         return text

@@ -18,7 +18,10 @@ struct GetCommand: ParsableCommand {
     @Flag(help: "Print {\"group\", \"identifier\", \"value\"} (a value that is not UTF-8 as \"base64\").")
     var json = false
 
-    @Flag(help: "Copy the value to the clipboard instead of printing it; cleared after 45 s ($KEYCHAINFS_CLIP_TIME) unless it changed.")
+    @Flag(
+        help:
+            "Copy the value to the clipboard instead of printing it; cleared after 45 s ($KEYCHAINFS_CLIP_TIME) unless it changed."
+    )
     var clip = false
 
     func validate() throws {
@@ -35,11 +38,16 @@ struct GetCommand: ParsableCommand {
     /// form, `--keychain` or an option included, takes the parser's path.
     static func runWithoutParser(_ arguments: [String]) -> Never? {
         // `get GROUP/ID` or `get GROUP/ID --keychain DIR`, nothing else.
-        guard arguments.count == 2 || (arguments.count == 4 && arguments[2] == "--keychain" && !arguments[3].hasPrefix("-")),
-              arguments[0] == "get", !arguments[1].hasPrefix("-"),
-              let item = ItemAddress(argument: arguments[1]) else { return nil }
+        guard
+            arguments.count == 2
+                || (arguments.count == 4 && arguments[2] == "--keychain" && !arguments[3].hasPrefix("-")),
+            arguments[0] == "get", !arguments[1].hasPrefix("-"),
+            let item = ItemAddress(argument: arguments[1])
+        else { return nil }
         do {
-            try printValue(of: item, from: KeychainOptions.place(named: arguments.count == 4 ? arguments[3] : nil), json: false, clip: false)
+            try printValue(
+                of: item, from: KeychainOptions.place(named: arguments.count == 4 ? arguments[3] : nil), json: false,
+                clip: false)
             Glibc.exit(0)
         } catch let status as ExitCode {
             Glibc.exit(status.rawValue)
@@ -55,11 +63,14 @@ struct GetCommand: ParsableCommand {
             try Clipboard.current().copyAndClearLater(value, what: "\(item)")
         } else if json {
             // The edge where a caller asked for text: the value becomes a String here only.
-            let field = value.string().map { "\"value\": " + jsonString($0) }
+            let field =
+                value.string().map { "\"value\": " + jsonString($0) }
                 ?? "\"base64\": \"" + base64(value.bytes()) + "\""
             print("{\"group\": \(jsonString(item.group)), \"identifier\": \(jsonString(item.identifier)), \(field)}")
         } else {
-            guard value.withUnsafeBytes({ (try? Descriptor.writeAll(1, $0)) != nil }) else { throw fail("cannot write the value to standard output") }
+            guard value.withUnsafeBytes({ (try? Descriptor.writeAll(1, $0)) != nil }) else {
+                throw fail("cannot write the value to standard output")
+            }
         }
     }
 }

@@ -53,9 +53,12 @@ struct GitCredentialCommand: ParsableCommand {
             guard let username = request["username"], let password = request["password"] else { return }
             guard let value = try? SecureBytes("username=\(username)\npassword=\(password)\n") else { return }
             if case .keychainError(let error, _)? = DeviceClient.send(
-                .set(group: Self.group, identifier: identifier, value: value), to: socketPath) {
-                Self.say(error == .interactionNotAllowed ? "the keychain is locked; the credentials were not stored"
-                                                         : "the credentials were not stored: \(error)")
+                .set(group: Self.group, identifier: identifier, value: value), to: socketPath)
+            {
+                Self.say(
+                    error == .interactionNotAllowed
+                        ? "the keychain is locked; the credentials were not stored"
+                        : "the credentials were not stored: \(error)")
             }
         default:  // erase
             // Only the credential git names: read it first (which needs the key).

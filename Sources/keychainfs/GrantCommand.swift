@@ -26,15 +26,18 @@ struct GrantCommand: ParsableCommand {
 
     @OptionGroup var program: ProgramOptions
 
-    @Flag(name: .customLong("allow-jit"),
-          help: "Admit the program while it runs code from anonymous memory (a JavaScript engine, a JVM).")
+    @Flag(
+        name: .customLong("allow-jit"),
+        help: "Admit the program while it runs code from anonymous memory (a JavaScript engine, a JVM).")
     var allowJIT = false
 
     @OptionGroup var options: KeychainOptions
 
     func validate() throws {
         guard program.executable != nil else { throw ValidationError("--exe is required: the program to allow") }
-        guard (try? ItemLimits.validate(name: group)) != nil else { throw ValidationError("not a valid group name: \(group)") }
+        guard (try? ItemLimits.validate(name: group)) != nil else {
+            throw ValidationError("not a valid group name: \(group)")
+        }
     }
 
     func run() throws {
@@ -49,13 +52,15 @@ struct GrantCommand: ParsableCommand {
         }
         let file = open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         defer { if file >= 0 { close(file) } }
-        let request = DeviceRequest.grant(group: group, executable: resolved, unit: program.unit, uid: program.uid,
-                                          passcode: passcode, allowJIT: allowJIT)
+        let request = DeviceRequest.grant(
+            group: group, executable: resolved, unit: program.unit, uid: program.uid,
+            passcode: passcode, allowJIT: allowJIT)
         let passed: Int32? = file >= 0 ? file : nil
         let fields = try policyReply(request, keychain: options.place, passing: passed)
         guard fields.count == 2 else { throw DeviceAccess.unexpectedReply() }
-        print("granted \(group) to \(shown(fields[0])) (sha256 \(fields[1]))"
-              + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")
-              + (allowJIT ? ", JIT code allowed" : ""))
+        print(
+            "granted \(group) to \(shown(fields[0])) (sha256 \(fields[1]))"
+                + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")
+                + (allowJIT ? ", JIT code allowed" : ""))
     }
 }

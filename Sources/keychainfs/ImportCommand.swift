@@ -50,7 +50,9 @@ struct ImportPassCommand: ParsableCommand {
         var counts = (imported: 0, kept: 0, failed: 0)
         if dryRun {
             for entry in entries {
-                let report = PassStore.address(of: entry, group: group).map { "\(shown(entry)) -> \($0)" } ?? "\(shown(entry)): no item name fits"
+                let report =
+                    PassStore.address(of: entry, group: group).map { "\(shown(entry)) -> \($0)" }
+                    ?? "\(shown(entry)): no item name fits"
                 print(report)
             }
             return
@@ -81,7 +83,9 @@ struct ImportPassCommand: ParsableCommand {
                 print("kept     \(shown(entry)) -> \(item) (it exists; --force replaces it)")
                 counts.kept += 1
             case .interactionNotAllowed?:
-                throw fail("the keychain locked during the import; \(counts.imported) imported before", status: ExitStatus.locked)
+                throw fail(
+                    "the keychain locked during the import; \(counts.imported) imported before",
+                    status: ExitStatus.locked)
             case let error?:
                 print("failed   \(shown(entry)) -> \(item): \(error)")
                 counts.failed += 1
@@ -95,8 +99,12 @@ struct ImportPassCommand: ParsableCommand {
 
     private func storeDirectory() throws -> String {
         if let directory { return absolutePath(directory) }
-        if let chosen = getenv("PASSWORD_STORE_DIR").map({ String(cString: $0) }), !chosen.isEmpty { return absolutePath(chosen) }
-        guard let home = getenv("HOME").map({ String(cString: $0) }) else { throw fail("HOME is not set; name the store") }
+        if let chosen = getenv("PASSWORD_STORE_DIR").map({ String(cString: $0) }), !chosen.isEmpty {
+            return absolutePath(chosen)
+        }
+        guard let home = getenv("HOME").map({ String(cString: $0) }) else {
+            throw fail("HOME is not set; name the store")
+        }
         return home + "/.password-store"
     }
 }
@@ -110,7 +118,9 @@ enum PassStore {
         defer { closedir(directory) }
         var found: [String] = []
         while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
             guard !name.hasPrefix(".") else { continue }
             let path = relative.isEmpty ? name : relative + "/" + name
             var info = stat()
@@ -136,9 +146,12 @@ enum PassStore {
         } else if parts.count == 1 {
             (groupName, identifier) = ("default", ItemName.encoded(last))
         } else {
-            (groupName, identifier) = (ItemName.encoded(parts[0]), ItemName.encoded(parts.dropFirst().joined(separator: "/")))
+            (groupName, identifier) = (
+                ItemName.encoded(parts[0]), ItemName.encoded(parts.dropFirst().joined(separator: "/"))
+            )
         }
-        guard (try? ItemLimits.validate(name: groupName)) != nil, (try? ItemLimits.validate(name: identifier)) != nil else { return nil }
+        guard (try? ItemLimits.validate(name: groupName)) != nil, (try? ItemLimits.validate(name: identifier)) != nil
+        else { return nil }
         return ItemAddress(group: groupName, identifier: identifier)
     }
 
@@ -148,13 +161,18 @@ enum PassStore {
             bytes.last == UInt8(ascii: "\n") && bytes.dropLast().firstIndex(of: UInt8(ascii: "\n")) == nil
         }
         guard oneLine else { return decrypted }
-        return try decrypted.withUnsafeBytes { try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0.dropLast())) }
+        return try decrypted.withUnsafeBytes {
+            try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0.dropLast()))
+        }
     }
 
     /// The plaintext of one entry, from gpg's stdout (a pipe) into secret
     /// memory; gpg's own messages and pinentry go to the terminal as usual.
     static func decrypt(_ file: String, with gpg: String) -> Result<SecureBytes, DecryptionProblem> {
-        guard let (child, output) = startWithPipe([gpg, "--quiet", "--yes", "--decrypt", file], on: 1, keepingStandardError: true) else {
+        guard
+            let (child, output) = startWithPipe(
+                [gpg, "--quiet", "--yes", "--decrypt", file], on: 1, keepingStandardError: true)
+        else {
             return .failure(DecryptionProblem("gpg could not be started"))
         }
         let decrypted = Result { () throws(SecretInputError) in try readSecret(from: output) }
@@ -209,11 +227,16 @@ struct ImportSecretServiceCommand: ParsableCommand {
         let source: ForeignSecretService
         do { source = try ForeignSecretService() } catch { throw fail(error.message) }
         let device = try RunningDevice(options.place)
-        if !dryRun, try device.isLocked() { throw fail("the keychain is locked; unlock it first", status: ExitStatus.locked) }
+        if !dryRun, try device.isLocked() {
+            throw fail("the keychain is locked; unlock it first", status: ExitStatus.locked)
+        }
         var counts = (imported: 0, kept: 0, failed: 0)
         do {
             for collection in try source.collections() {
-                guard let target = group ?? (collection.isDefault ? ItemLimits.defaultGroup : ItemLimits.name(from: collection.label)) else {
+                guard
+                    let target = group
+                        ?? (collection.isDefault ? ItemLimits.defaultGroup : ItemLimits.name(from: collection.label))
+                else {
                     print("failed   \(shown(collection.label)): no group name fits its label (--group names one)")
                     counts.failed += 1
                     continue
@@ -225,15 +248,21 @@ struct ImportSecretServiceCommand: ParsableCommand {
                 }
                 let (items, refused) = try source.items(of: collection)
                 for name in refused {
-                    print("failed   \(shown(collection.label))/\(shown(name)): its attributes or label are past keychainfs's bounds")
+                    print(
+                        "failed   \(shown(collection.label))/\(shown(name)): its attributes or label are past keychainfs's bounds"
+                    )
                     counts.failed += 1
                 }
                 var existing = try device.itemsWithDetails(of: target)
                 for item in items {
                     let from = "\(collection.label)/\(item.details.label)"
-                    let same = existing.first { $0.details.label == item.details.label && $0.details.attributes == item.details.attributes }
+                    let same = existing.first {
+                        $0.details.label == item.details.label && $0.details.attributes == item.details.attributes
+                    }
                     if let same, !force {
-                        print("kept     \(shown(from)) -> \(target)/\(same.identifier) (imported before; --force replaces it)")
+                        print(
+                            "kept     \(shown(from)) -> \(target)/\(same.identifier) (imported before; --force replaces it)"
+                        )
                         counts.kept += 1
                         continue
                     }
@@ -245,7 +274,9 @@ struct ImportSecretServiceCommand: ParsableCommand {
                     var details = item.details
                     let (value, contentType) = try source.secret(of: item)
                     details.contentType = contentType.isEmpty ? ItemDetails.defaultContentType : contentType
-                    switch try store(value, named: base, in: target, details: details, replacing: same != nil, on: device) {
+                    switch try store(
+                        value, named: base, in: target, details: details, replacing: same != nil, on: device)
+                    {
                     case .success(let identifier):
                         print("imported \(shown(from)) -> \(target)/\(identifier)")
                         counts.imported += 1
@@ -264,16 +295,19 @@ struct ImportSecretServiceCommand: ParsableCommand {
         printError("\(counts.imported) imported, \(counts.kept) kept, \(counts.failed) failed")
         if counts.imported > 0 {
             // Issue 31: who made them is not known here.
-            printError("imported items belong to no program: every program of yours reads them over the bus; "
-                       + "`keychainfs acl GROUP/ID --claim PROGRAM` makes one a program's, as if it had made it")
+            printError(
+                "imported items belong to no program: every program of yours reads them over the bus; "
+                    + "`keychainfs acl GROUP/ID --claim PROGRAM` makes one a program's, as if it had made it")
         }
         if counts.failed > 0 { throw ExitStatus.failure }
     }
 
     /// Stores an item under `base` (replacing it), or the first free name
     /// of ``ItemLimits/candidateNames(_:)``; the name used.
-    private func store(_ value: SecureBytes, named base: String, in group: String, details: ItemDetails, replacing: Bool,
-                       on device: RunningDevice) throws -> Result<String, KeychainError> {
+    private func store(
+        _ value: SecureBytes, named base: String, in group: String, details: ItemDetails, replacing: Bool,
+        on device: RunningDevice
+    ) throws -> Result<String, KeychainError> {
         for identifier in ItemLimits.candidateNames(base) {
             let item = ItemAddress(group: group, identifier: identifier)
             switch try device.tryStore(value, at: item, condition: replacing ? .always : .ifAbsent, details: details) {

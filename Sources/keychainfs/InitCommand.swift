@@ -25,7 +25,9 @@ struct InitCommand: ParsableCommand {
     @Flag(name: .customLong("no-tpm"), help: "Keep the device secret in a file even when a TPM answers.")
     var noTPM = false
 
-    @Flag(name: .customLong("tpm"), help: "Seal the keys to the TPM, and fail when none answers (default: when one does).")
+    @Flag(
+        name: .customLong("tpm"), help: "Seal the keys to the TPM, and fail when none answers (default: when one does)."
+    )
     var requireTPM = false
 
     func run() throws {
@@ -34,8 +36,12 @@ struct InitCommand: ParsableCommand {
         if directory.exists {
             throw fail("a keychain already exists at \(directory.path)")
         }
-        let passcode = noPasscode ? nil : try Passcode.readNew(
-            prompt: "New passcode: ", missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
+        let passcode =
+            noPasscode
+            ? nil
+            : try Passcode.readNew(
+                prompt: "New passcode: ",
+                missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
         let recovery: RecoveryKey?
         do {
             recovery = try Device.createKeychain(at: directory, passcode: passcode, tpm: tpmChoice)
@@ -56,8 +62,12 @@ struct InitCommand: ParsableCommand {
     /// Service mode: the service creates the keychain in its state directory.
     private func createInService(_ place: KeychainPlace) throws {
         try place.requireExisting()
-        let passcode = noPasscode ? nil : try Passcode.readNew(
-            prompt: "New passcode: ", missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
+        let passcode =
+            noPasscode
+            ? nil
+            : try Passcode.readNew(
+                prompt: "New passcode: ",
+                missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
         switch DeviceClient.send(.create(passcode: passcode), to: try place.socketPath()) {
         case .ok?:
             print("created \(place.name)")
@@ -83,19 +93,23 @@ enum RecoveryKeyNotice {
     /// After `recover`: whether the keychain is sealed now (the recovery key stays the same).
     static func showProtection(of keychain: KeychainDirectory) {
         let sealed = (try? keychain.keyProtection()) == .tpm2
-        print(sealed ? "key protection: tpm2 (sealed to this machine's TPM; the recovery key is unchanged)"
-                     : "key protection: file")
+        print(
+            sealed
+                ? "key protection: tpm2 (sealed to this machine's TPM; the recovery key is unchanged)"
+                : "key protection: file")
     }
 
     static func show(formatted key: SecureBytes?) {
         guard let key else {
-            print("key protection: file (no TPM sealed the keys: a copy of the keychain's files can be guessed at "
-                  + "offline; choose a long passcode)")
+            print(
+                "key protection: file (no TPM sealed the keys: a copy of the keychain's files can be guessed at "
+                    + "offline; choose a long passcode)")
             return
         }
         print("key protection: tpm2 (the keys are sealed by this machine's TPM)")
-        print("recovery key (shown once; keep it apart from this machine, `keychainfs recover` needs it "
-              + "after a TPM clear or on another machine):")
+        print(
+            "recovery key (shown once; keep it apart from this machine, `keychainfs recover` needs it "
+                + "after a TPM clear or on another machine):")
         // Straight to standard output: never through a String the heap
         // keeps (after what print buffered).
         fflush(nil)

@@ -19,7 +19,8 @@ struct ItemAddress: ExpressibleByArgument, CustomStringConvertible {
     init?(argument: String) {
         let parts = argument.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
         guard parts.count == 2, (try? ItemLimits.validate(name: parts[0])) != nil,
-              (try? ItemLimits.validate(name: parts[1])) != nil else { return nil }
+            (try? ItemLimits.validate(name: parts[1])) != nil
+        else { return nil }
         group = parts[0]
         identifier = parts[1]
     }
@@ -37,7 +38,10 @@ func jsonString(_ text: String) -> String {
         case "\n": out += "\\n"
         case "\t": out += "\\t"
         case "\r": out += "\\r"
-        case _ where scalar.value < 0x20: out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count) + String(scalar.value, radix: 16)
+        case _ where scalar.value < 0x20:
+            out +=
+                "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
+                + String(scalar.value, radix: 16)
         default: out.unicodeScalars.append(scalar)
         }
     }

@@ -11,7 +11,8 @@ enum ItemName {
         for scalar in text.unicodeScalars {
             let value = scalar.value
             if scalar == "%" || scalar == "/" || value < 0x20 || (0x7f...0x9f).contains(value)
-                || separators.unicodeScalars.contains(scalar) {
+                || separators.unicodeScalars.contains(scalar)
+            {
                 for byte in String(scalar).utf8 {
                     let hex = String(byte, radix: 16, uppercase: true)
                     out += "%" + (hex.count < 2 ? "0" : "") + hex
@@ -29,7 +30,9 @@ enum ItemName {
         var utf8 = Array(name.utf8)[...]
         while let byte = utf8.popFirst() {
             guard byte == UInt8(ascii: "%") else { bytes.append(byte); continue }
-            guard utf8.count >= 2, let value = UInt8(String(decoding: utf8.prefix(2), as: UTF8.self), radix: 16) else { return nil }
+            guard utf8.count >= 2, let value = UInt8(String(decoding: utf8.prefix(2), as: UTF8.self), radix: 16) else {
+                return nil
+            }
             bytes.append(value)
             utf8 = utf8.dropFirst(2)
         }

@@ -19,15 +19,17 @@ struct KeychainFSCommand: ParsableCommand {
             exec: 127 when the command cannot be run, otherwise the command's own status.
             """,
         version: "keychainfs \(KeychainFSCommand.version) (device protocol \(DeviceProtocol.version))",
-        subcommands: [InitCommand.self, MountCommand.self, UnmountCommand.self,
-                      LockCommand.self, UnlockCommand.self, StatusCommand.self, AutoLockCommand.self, PasscodeCommand.self,
-                      RecoverCommand.self,
-                      BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
-                      RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
-                      EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,
-                      DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self, AclCommand.self,
-                      LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,
-                      ClipboardClearCommand.self]
+        subcommands: [
+            InitCommand.self, MountCommand.self, UnmountCommand.self,
+            LockCommand.self, UnlockCommand.self, StatusCommand.self, AutoLockCommand.self, PasscodeCommand.self,
+            RecoverCommand.self,
+            BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
+            RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
+            EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,
+            DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self, AclCommand.self,
+            LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,
+            ClipboardClearCommand.self
+        ]
     )
 
     /// This build's version (docs/PROTOCOL.md says when the protocol changes).

@@ -6,7 +6,9 @@ import Glibc
 
 /// `--keychain DIR`, shared by the commands that open a keychain.
 struct KeychainOptions: ParsableArguments {
-    @Option(name: .long, help: "Use the keychain in this directory (default: $KEYCHAINFS_KEYCHAIN, else $XDG_DATA_HOME/keychainfs).")
+    @Option(
+        name: .long,
+        help: "Use the keychain in this directory (default: $KEYCHAINFS_KEYCHAIN, else $XDG_DATA_HOME/keychainfs).")
     var keychain: String?
 
     /// The keychain directory, made absolute so a detached device finds it
@@ -47,7 +49,8 @@ enum KeychainPlace {
         case .directory(let keychain):
             return DeviceLauncher.ensureRunning(keychain)
         case .service(let socketPath):
-            return DeviceClient.isServing(socketPath) ? (socketPath, nil)
+            return DeviceClient.isServing(socketPath)
+                ? (socketPath, nil)
                 : (nil, "the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)")
         }
     }
@@ -67,8 +70,9 @@ enum KeychainPlace {
         case .directory(let keychain): try keychain.requireExisting()
         case .service(let socketPath):
             guard DeviceClient.isServing(socketPath) else {
-                throw fail("the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)",
-                           status: ExitStatus.noDevice)
+                throw fail(
+                    "the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)",
+                    status: ExitStatus.noDevice)
             }
         }
     }

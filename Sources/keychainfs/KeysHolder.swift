@@ -27,8 +27,9 @@ enum KeysHolder {
         do {
             try manager.localDevice.unlock(passcode: passcode)
         } catch {
-            throw fail("the keychain's passcode is wrong, or wrong passcodes have locked unlocking out for now",
-                       status: ExitStatus.denied)
+            throw fail(
+                "the keychain's passcode is wrong, or wrong passcodes have locked unlocking out for now",
+                status: ExitStatus.denied)
         }
         return .local(manager, passcode: passcode)
     }
@@ -39,7 +40,8 @@ enum KeysHolder {
     func passcode(for purpose: String) -> SecureBytes? {
         switch self {
         case .local(_, let passcode): return passcode
-        case .device: return Passcode.read(prompt: "Keychain passcode (\(purpose)): ").flatMap { $0.count > 0 ? $0 : nil }
+        case .device:
+            return Passcode.read(prompt: "Keychain passcode (\(purpose)): ").flatMap { $0.count > 0 ? $0 : nil }
         }
     }
 
@@ -64,14 +66,16 @@ enum KeysHolder {
 /// A sentence for a failed backup or restore.
 func backupExplanation(_ error: KeychainError, file: String) -> String {
     switch error {
-    case .authFailed where file.isEmpty: return "the keychain's passcode is wrong, or wrong passcodes have locked it out for now"
+    case .authFailed where file.isEmpty:
+        return "the keychain's passcode is wrong, or wrong passcodes have locked it out for now"
     case .authFailed:
         return "wrong backup password or keychain passcode (or a damaged file header); nothing was restored"
     case .decode: return "\(file) is damaged, cut short or was altered; nothing was restored"
     case .param: return "\(file) is not a keychainfs backup"
     case .valueTooLarge: return "\(file) is larger than any backup keychainfs reads (1 GiB); nothing was restored"
     case .interactionNotAllowed: return "the keychain is locked: unlock it first (keychainfs unlock MOUNTPOINT)"
-    case .missingEntitlement: return "a policed group needs the keychain's passcode, and none was given; nothing was changed"
+    case .missingEntitlement:
+        return "a policed group needs the keychain's passcode, and none was given; nothing was changed"
     default: return "\(error)"
     }
 }

@@ -27,9 +27,11 @@ struct ListCommand: ParsableCommand {
         }
         let items = try device.items(of: group)
         if json {
-            print("[" + items.map {
-                "{\"identifier\": \(jsonString($0.identifier)), \"class\": \(jsonString($0.info.protectionClass.name)), \"size\": \($0.info.size)}"
-            }.joined(separator: ", ") + "]")
+            print(
+                "["
+                    + items.map {
+                        "{\"identifier\": \(jsonString($0.identifier)), \"class\": \(jsonString($0.info.protectionClass.name)), \"size\": \($0.info.size)}"
+                    }.joined(separator: ", ") + "]")
         } else if !items.isEmpty {
             print(items.map(\.identifier).joined(separator: "\n"))
         }

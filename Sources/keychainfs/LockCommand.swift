@@ -7,7 +7,8 @@ import Glibc
 #endif
 
 struct LockCommand: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "lock", abstract: "Lock the device (every mount of its keychain).")
+    static let configuration = CommandConfiguration(
+        commandName: "lock", abstract: "Lock the device (every mount of its keychain).")
 
     @OptionGroup var target: MountpointOrKeychain
 
@@ -17,7 +18,8 @@ struct LockCommand: ParsableCommand {
             guard let socketPath = try target.deviceSocket(starting: false) else { return }
             switch DeviceClient.send(.lock, to: socketPath) {
             case .ok?, nil: return
-            case .keychainError(let error, let message)?: throw fail("cannot lock: \(message)", status: ExitStatus.of(error))
+            case .keychainError(let error, let message)?:
+                throw fail("cannot lock: \(message)", status: ExitStatus.of(error))
             case .systemError(_, let message)?: throw fail("cannot lock: \(message)")
             case .value?: throw DeviceAccess.unexpectedReply()
             }

@@ -32,7 +32,9 @@ struct LogCommand: ParsableCommand {
     @OptionGroup var options: KeychainOptions
 
     func validate() throws {
-        guard !(verify && (follow || json || group != nil)) else { throw ValidationError("--verify takes no other option") }
+        guard !(verify && (follow || json || group != nil)) else {
+            throw ValidationError("--verify takes no other option")
+        }
     }
 
     func run() throws {
@@ -70,7 +72,9 @@ struct LogCommand: ParsableCommand {
         print("the audit log is intact: \(report.lines) lines")
         // Rotation is no tampering, but what it took is said: how much, and until when.
         if report.rotatedAway > 0 {
-            print("\(report.rotatedAway) older lines were rotated away, all before \(report.keptSince ?? "the oldest kept line")")
+            print(
+                "\(report.rotatedAway) older lines were rotated away, all before \(report.keptSince ?? "the oldest kept line")"
+            )
         }
     }
 
@@ -89,19 +93,23 @@ struct LogCommand: ParsableCommand {
         if let group, line.value("group") != group { return }
         var out: String
         if json {
-            out = "{" + line.fields.filter { $0.key != "prev" }.map { field in
-                let numeric = ["seq", "pid", "uid"].contains(field.key) && Int64(field.value) != nil
-                return jsonString(field.key) + ":" + (numeric ? field.value : jsonString(field.value))
-            }.joined(separator: ",") + "}"
+            out =
+                "{"
+                + line.fields.filter { $0.key != "prev" }.map { field in
+                    let numeric = ["seq", "pid", "uid"].contains(field.key) && Int64(field.value) != nil
+                    return jsonString(field.key) + ":" + (numeric ? field.value : jsonString(field.value))
+                }.joined(separator: ",") + "}"
         } else {
             // Names, paths and details are anyone's text: a program at
             // `/tmp/x exe=/usr/bin/app` must not print a second `exe=`.
             // Space-separated fields escape spaces; the detail, in
             // parentheses, escapes them.
             let item = [line.value("group"), line.value("id")].compactMap { $0 }.joined(separator: "/")
-            out = [line.value("time") ?? "", line.value("op") ?? "", line.value("result") ?? "",
-                   LineEscaping.escaped(item, also: " ")]
-                .filter { !$0.isEmpty }.joined(separator: " ")
+            out = [
+                line.value("time") ?? "", line.value("op") ?? "", line.value("result") ?? "",
+                LineEscaping.escaped(item, also: " ")
+            ]
+            .filter { !$0.isEmpty }.joined(separator: " ")
             if let detail = line.value("detail") { out += " (" + LineEscaping.escaped(detail, also: "()") + ")" }
             for key in ["pid", "uid", "exe", "unit"] {
                 if let value = line.value(key) { out += " \(key)=" + LineEscaping.escaped(value, also: " ") }
@@ -138,8 +146,9 @@ private struct LogFollower {
             return Glibc.open(directory + "/" + file, O_RDONLY | O_CLOEXEC)
         case .service(let socketPath):
             var received: Int32 = -1
-            let reply = DeviceClient.exchange(.auditLog(rotated: file == AuditLog.rotatedName), with: socketPath,
-                                              receiving: &received)
+            let reply = DeviceClient.exchange(
+                .auditLog(rotated: file == AuditLog.rotatedName), with: socketPath,
+                receiving: &received)
             guard case .ok? = reply else {
                 if received >= 0 { close(received) }
                 return -1

@@ -27,7 +27,11 @@ struct MountCommand: ParsableCommand {
     @Flag(name: .long, help: "Stay in the foreground as the device process (for systemd and tests).")
     var foreground = false
 
-    @Option(name: .long, help: "Lock the device after this long without an item read or write (`300`, `5m`, `1h`; as `keychainfs autolock`).")
+    @Option(
+        name: .long,
+        help:
+            "Lock the device after this long without an item read or write (`300`, `5m`, `1h`; as `keychainfs autolock`)."
+    )
     var autolock: AutoLockDuration?
 
     @Option(name: .customLong("ready-fd"), help: .hidden)
@@ -72,7 +76,9 @@ struct MountCommand: ParsableCommand {
             throw report("--foreground runs a per-user device; the keychainfs service runs as its own systemd unit")
         }
         guard !bus.secretService else {
-            throw report("the keychainfs service is not on your session bus: --secret-service needs a per-user device (--keychain DIR)")
+            throw report(
+                "the keychainfs service is not on your session bus: --secret-service needs a per-user device (--keychain DIR)"
+            )
         }
         try place.requireExisting()
         let connection: Int32
@@ -81,8 +87,9 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        let reply = DeviceClient.send(.attach(group: group, mountpoint: mountpoint), to: try place.socketPath(),
-                                      passing: connection)
+        let reply = DeviceClient.send(
+            .attach(group: group, mountpoint: mountpoint), to: try place.socketPath(),
+            passing: connection)
         close(connection)
         guard case .ok? = reply else {
             // The service did not take the connection: the mount would hang every user of it.
@@ -101,7 +108,9 @@ struct MountCommand: ParsableCommand {
             // The device is shared: its setting changes for every mount, as through .control.
             let command = Array("autolock \(autolock.seconds)\n".utf8)
             let result = command.withUnsafeBytes { DeviceStatusFile.send(mountpoint, $0) }
-            if result != 0 { throw report("mounted, but could not set auto-lock: \(String(cString: strerror(result)))") }
+            if result != 0 {
+                throw report("mounted, but could not set auto-lock: \(String(cString: strerror(result)))")
+            }
         }
         report(ok: ())
     }
@@ -132,7 +141,8 @@ struct MountCommand: ParsableCommand {
             return 1
         }
         if let autolock {
-            device.manager.localDevice.setAutoLock(after: autolock.seconds, grace: device.manager.localDevice.autoLock.grace)
+            device.manager.localDevice.setAutoLock(
+                after: autolock.seconds, grace: device.manager.localDevice.autoLock.grace)
         }
         return device.run(mountpoint: mountpoint, group: group, secretService: bus.replacing) { error in
             if let error { _ = report(error.description) } else { report(ok: ()) }
@@ -195,7 +205,8 @@ func readLine(_ fd: Int32) -> [UInt8] {
 func selfExecutable() -> String {
     var buffer = [CChar](repeating: 0, count: Int(PATH_MAX))
     let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
-    return count > 0 ? String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) : CommandLine.arguments[0]
+    return count > 0
+        ? String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) : CommandLine.arguments[0]
 }
 
 extension String {
@@ -204,11 +215,15 @@ extension String {
 
 /// `--secret-service [--replace]`, shared by `start` and `mount`.
 struct SecretServiceOptions: ParsableArguments {
-    @Flag(name: .customLong("secret-service"),
-          help: "Also serve the Secret Service (org.freedesktop.secrets) on this session's bus (docs/SECRET-SERVICE.md).")
+    @Flag(
+        name: .customLong("secret-service"),
+        help: "Also serve the Secret Service (org.freedesktop.secrets) on this session's bus (docs/SECRET-SERVICE.md).")
     var secretService = false
 
-    @Flag(help: "With --secret-service: take the name over from the program that has it, where that program allows it (gnome-keyring 42 does not).")
+    @Flag(
+        help:
+            "With --secret-service: take the name over from the program that has it, where that program allows it (gnome-keyring 42 does not)."
+    )
     var replace = false
 
     /// What `DeviceProcess.run` takes: nil for no bus, else whether to replace.

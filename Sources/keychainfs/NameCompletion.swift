@@ -31,7 +31,8 @@ enum NameCompletion {
         }
         let group = String(prefix[..<slash])
         guard case .ok(let fields)? = DeviceClient.send(.list(group: group), to: socketPath),
-              let items = try? ItemListing.items(fromFields: fields) else { return [] }
+            let items = try? ItemListing.items(fromFields: fields)
+        else { return [] }
         return items.map { group + "/" + $0.identifier }.filter { $0.hasPrefix(prefix) }
     }
 

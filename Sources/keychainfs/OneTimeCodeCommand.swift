@@ -29,7 +29,9 @@ struct OneTimeCodeCommand: ParsableCommand {
         let clipboard = clip ? try Clipboard.current() : nil
         let value = try RunningDevice(options.place).value(of: item)
         let code: String
-        do { code = try OneTimePassword(item: value).code(at: at ?? Int64(time(nil))) } catch { throw fail("\(item) \(error)") }
+        do { code = try OneTimePassword(item: value).code(at: at ?? Int64(time(nil))) } catch {
+            throw fail("\(item) \(error)")
+        }
         if let clipboard {
             try clipboard.copyAndClearLater(try SecureBytes(code), what: "the code of \(item)")
         } else {

@@ -56,8 +56,11 @@ enum Passcode {
         var byte: UInt8 = 0
         var sawAnything = false
         while buffer.count < maximumLength {
-            guard let count = try? withUnsafeMutableBytes(of: &byte, { (raw) throws(Errno) in try Descriptor.read(0, into: raw) }),
-                  count > 0 else { break }
+            guard
+                let count = try? withUnsafeMutableBytes(
+                    of: &byte, { (raw) throws(Errno) in try Descriptor.read(0, into: raw) }),
+                count > 0
+            else { break }
             sawAnything = true
             if byte == UInt8(ascii: "\n") { break }
             try? withUnsafeBytes(of: &byte) { try buffer.append($0) }

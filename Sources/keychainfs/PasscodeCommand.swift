@@ -23,8 +23,9 @@ struct PasscodeCommand: ParsableCommand {
     @Flag(name: .long, help: "Remove the passcode: unlocking needs none from then on.")
     var remove = false
 
-    @Flag(name: .customLong("tpm"),
-          help: "Seal a keychain kept in a file to the TPM (asks for the current passcode only; prints a recovery key).")
+    @Flag(
+        name: .customLong("tpm"),
+        help: "Seal a keychain kept in a file to the TPM (asks for the current passcode only; prints a recovery key).")
     var sealToTPM = false
 
     func run() throws {
@@ -36,8 +37,12 @@ struct PasscodeCommand: ParsableCommand {
             throw fail("no current passcode given (an empty line if the keychain has none)")
         }
         let old = current.count > 0 ? current : nil
-        let new = remove ? nil : try Passcode.readNew(
-            prompt: "New passcode: ", missing: "no new passcode given; type one, or use --remove to remove the passcode")
+        let new =
+            remove
+            ? nil
+            : try Passcode.readNew(
+                prompt: "New passcode: ",
+                missing: "no new passcode given; type one, or use --remove to remove the passcode")
         switch DeviceClient.send(.changePasscode(old: old, new: new), to: socketPath) {
         case .ok?:
             break
@@ -49,7 +54,9 @@ struct PasscodeCommand: ParsableCommand {
             throw fail(message)
         case nil:
             // No device holds the keychain: change it directly.
-            guard case .directory(let keychain) = place else { throw fail("the keychainfs service went away", status: ExitStatus.noDevice) }
+            guard case .directory(let keychain) = place else {
+                throw fail("the keychainfs service went away", status: ExitStatus.noDevice)
+            }
             let device = try DeviceAccess.openDirectly(keychain)
             // The log's newest line is anchored in the keychain, as a device anchors it when it stops.
             defer { device.shutDown() }
@@ -65,8 +72,9 @@ struct PasscodeCommand: ParsableCommand {
     /// `--tpm`: done on the keychain directly, so that no device holds it.
     private func moveToTPM(_ place: KeychainPlace) throws {
         guard case .directory(let keychain) = place else {
-            throw fail("the keychainfs service seals the keychains it creates when its account reaches a TPM; "
-                       + "a keychain of the service is moved by recreating it (backup, init, restore)")
+            throw fail(
+                "the keychainfs service seals the keychains it creates when its account reaches a TPM; "
+                    + "a keychain of the service is moved by recreating it (backup, init, restore)")
         }
         let device: Device
         do {

@@ -23,14 +23,20 @@ struct PolicyCommand: ParsableCommand {
     @Argument(help: "Only this access group.")
     var group: String?
 
-    @Option(name: .long, help: "own: a program owns the items it makes in GROUP over the bus (the default); open: every program may use them.")
+    @Option(
+        name: .long,
+        help:
+            "own: a program owns the items it makes in GROUP over the bus (the default); open: every program may use them."
+    )
     var apps: String?
 
     @OptionGroup var options: KeychainOptions
 
     func validate() throws {
         if let apps {
-            guard apps == "own" || apps == "open" else { throw ValidationError("--apps takes own or open, not '\(apps)'") }
+            guard apps == "own" || apps == "open" else {
+                throw ValidationError("--apps takes own or open, not '\(apps)'")
+            }
             guard group != nil else { throw ValidationError("--apps needs the group it is for") }
         }
     }
@@ -38,7 +44,8 @@ struct PolicyCommand: ParsableCommand {
     func run() throws {
         if let group, let apps {
             let passcode = try policyPasscode()
-            let fields = try policyReply(.apps(group: group, open: apps == "open", passcode: passcode), keychain: options.place)
+            let fields = try policyReply(
+                .apps(group: group, open: apps == "open", passcode: passcode), keychain: options.place)
             print("\(LineEscaping.escaped(group)): apps \(fields.first ?? apps)")
             return
         }
@@ -50,9 +57,11 @@ struct PolicyCommand: ParsableCommand {
                 print("\(group) (no program)")
                 continue
             }
-            print([group, LineEscaping.escaped(rule.executable), "sha256=" + rule.digestHex].joined(separator: " ")
-                  + (rule.unit.map { " unit=" + LineEscaping.escaped($0) } ?? "") + (rule.uid.map { " uid=\($0)" } ?? "")
-                  + (rule.allowsJIT ? " allow-jit" : ""))
+            print(
+                [group, LineEscaping.escaped(rule.executable), "sha256=" + rule.digestHex].joined(separator: " ")
+                    + (rule.unit.map { " unit=" + LineEscaping.escaped($0) } ?? "")
+                    + (rule.uid.map { " uid=\($0)" } ?? "")
+                    + (rule.allowsJIT ? " allow-jit" : ""))
         }
         if let group {
             let mode = try policyReply(.apps(group: group, open: nil, passcode: nil), keychain: options.place)

@@ -8,13 +8,16 @@ import Glibc
 
 /// Sends a policy request to the keychain's running device, or, when none
 /// runs, carries it out on the keychain directly (as `passcode` does).
-func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passing file: Int32? = nil) throws -> [String] {
+func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passing file: Int32? = nil) throws -> [String]
+{
     try place.requireExisting()
     let reply: DeviceReply
     if let answer = DeviceClient.send(request, to: try place.socketPath(), passing: file) {
         reply = answer
     } else {
-        guard case .directory(let keychain) = place else { throw fail("the keychainfs service went away", status: ExitStatus.noDevice) }
+        guard case .directory(let keychain) = place else {
+            throw fail("the keychainfs service went away", status: ExitStatus.noDevice)
+        }
         let device = try DeviceAccess.openDirectly(keychain)
         reply = device.answer(policyRequest: request, by: nil)
         // The log's newest line is anchored in the keychain, as a device anchors it when it stops.
@@ -24,8 +27,9 @@ func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passin
     case .ok(let fields):
         return fields
     case .keychainError(.authFailed, _):
-        throw fail("the passcode is wrong (or wrong passcodes have locked changes out for now); nothing was changed",
-                   status: ExitStatus.denied)
+        throw fail(
+            "the passcode is wrong (or wrong passcodes have locked changes out for now); nothing was changed",
+            status: ExitStatus.denied)
     case .keychainError(.itemNotFound, let message):
         if case .revoke = request { throw fail("no such rule: nothing was revoked", status: ExitStatus.absent) }
         throw fail(message, status: ExitStatus.absent)

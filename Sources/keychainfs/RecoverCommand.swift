@@ -26,7 +26,8 @@ struct RecoverCommand: ParsableCommand {
     @Flag(name: .long, help: "The recovered keychain unlocks without a passcode.")
     var noPasscode = false
 
-    @Flag(name: .customLong("accept-rollback"), help: "Accept an older copy of the keychain's files put back on purpose.")
+    @Flag(
+        name: .customLong("accept-rollback"), help: "Accept an older copy of the keychain's files put back on purpose.")
     var acceptRollback = false
 
     func run() throws {
@@ -37,14 +38,21 @@ struct RecoverCommand: ParsableCommand {
         if acceptRollback { return try accept(keychain) }
         guard let typed = Passcode.read(prompt: "Recovery key: ") else { throw fail("no recovery key given") }
         guard let recoveryKey = RecoveryKey(typed: typed) else {
-            throw fail("that is not a recovery key: 64 letters of cbdefghijklnrtuv, in groups of 8; nothing was changed")
+            throw fail(
+                "that is not a recovery key: 64 letters of cbdefghijklnrtuv, in groups of 8; nothing was changed")
         }
-        let passcode = noPasscode ? nil : try Passcode.readNew(
-            prompt: "New passcode: ", missing: "no new passcode given; type one, or use --no-passcode")
-        try directly(on: keychain, wrong: "that is not this keychain's recovery key; nothing was changed",
-                     notApplicable: "the keychain at \(keychain.path) has no recovery key (its keys were never sealed by a TPM)") {
+        let passcode =
+            noPasscode
+            ? nil
+            : try Passcode.readNew(
+                prompt: "New passcode: ", missing: "no new passcode given; type one, or use --no-passcode")
+        try directly(
+            on: keychain, wrong: "that is not this keychain's recovery key; nothing was changed",
+            notApplicable: "the keychain at \(keychain.path) has no recovery key (its keys were never sealed by a TPM)"
+        ) {
             () throws(KeychainError) in
-            try Device.recover(at: keychain, recoveryKey: recoveryKey, newPasscode: passcode, tpm: noTPM ? .declined : .whenPresent)
+            try Device.recover(
+                at: keychain, recoveryKey: recoveryKey, newPasscode: passcode, tpm: noTPM ? .declined : .whenPresent)
         }
         print("recovered the keychain at \(keychain.path)")
         RecoveryKeyNotice.showProtection(of: keychain)
@@ -52,8 +60,10 @@ struct RecoverCommand: ParsableCommand {
 
     private func accept(_ keychain: KeychainDirectory) throws {
         guard let typed = Passcode.read(prompt: "Passcode (empty if none): ") else { throw fail("no passcode given") }
-        try directly(on: keychain, wrong: "the passcode is wrong; nothing was changed",
-                     notApplicable: "the keychain at \(keychain.path) is not behind its TPM counter; nothing was changed") {
+        try directly(
+            on: keychain, wrong: "the passcode is wrong; nothing was changed",
+            notApplicable: "the keychain at \(keychain.path) is not behind its TPM counter; nothing was changed"
+        ) {
             () throws(KeychainError) in
             try Device.acceptRollback(at: keychain, passcode: typed.count > 0 ? typed : nil)
         }
@@ -62,8 +72,10 @@ struct RecoverCommand: ParsableCommand {
 
     /// A change made on the keychain directly (no device may hold it), its
     /// refusals said: a wrong secret, a keychain it does not apply to, a device that holds it.
-    private func directly(on keychain: KeychainDirectory, wrong: String, notApplicable: String,
-                          _ body: () throws(KeychainError) -> Void) throws {
+    private func directly(
+        on keychain: KeychainDirectory, wrong: String, notApplicable: String,
+        _ body: () throws(KeychainError) -> Void
+    ) throws {
         do {
             try body()
         } catch .authFailed {

@@ -53,14 +53,17 @@ struct RestoreCommand: ParsableCommand {
             let file = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
             guard file >= 0 else { throw fail("cannot read \(path): \(Errno.current.description)") }
             defer { close(file) }
-            switch DeviceClient.send(.restore(path: path, password: password, policy: policy, passcode: passcode),
-                                     to: socketPath, passing: file) {
+            switch DeviceClient.send(
+                .restore(path: path, password: password, policy: policy, passcode: passcode),
+                to: socketPath, passing: file)
+            {
             case .ok(let fields)?: counts = fields
             case .keychainError(.missingEntitlement, _)?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
             case .keychainError(.duplicateItem, let message)?: throw fail(message)
             case .keychainError(.quotaExceeded, let message)?: throw fail(message)
-            case .keychainError(let error, _)?: throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
+            case .keychainError(let error, _)?:
+                throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
             case .value?:
                 throw DeviceAccess.unexpectedReply()
             case .systemError(_, let message)?: throw fail(message)
@@ -69,8 +72,9 @@ struct RestoreCommand: ParsableCommand {
         case .local(let manager, _):
             let summary: RestoreSummary
             do {
-                summary = try manager.restore(try BackupFile.load(from: path), password: password, policy: policy,
-                                              passcode: passcode)
+                summary = try manager.restore(
+                    try BackupFile.load(from: path), password: password, policy: policy,
+                    passcode: passcode)
             } catch {
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
             }
@@ -78,6 +82,8 @@ struct RestoreCommand: ParsableCommand {
             counts = [summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init)
         }
         guard counts.count == 4 else { throw DeviceAccess.unexpectedReply() }
-        print("restored from \(path): \(counts[0]) added, \(counts[1]) replaced, \(counts[2]) unchanged, \(counts[3]) kept")
+        print(
+            "restored from \(path): \(counts[0]) added, \(counts[1]) replaced, \(counts[2]) unchanged, \(counts[3]) kept"
+        )
     }
 }

@@ -29,15 +29,21 @@ struct RevokeCommand: ParsableCommand {
 
     func validate() throws {
         let named = program.executable != nil || program.unit != nil || program.uid != nil
-        guard named != all else { throw ValidationError("name the rule (--exe, --unit, --uid) or give --all, not both") }
+        guard named != all else {
+            throw ValidationError("name the rule (--exe, --unit, --uid) or give --all, not both")
+        }
     }
 
     func run() throws {
         let passcode = try policyPasscode()
-        let fields = try policyReply(.revoke(group: group, executable: program.absoluteExecutable, unit: program.unit,
-                                             uid: program.uid, all: all, passcode: passcode), keychain: options.place)
+        let fields = try policyReply(
+            .revoke(
+                group: group, executable: program.absoluteExecutable, unit: program.unit,
+                uid: program.uid, all: all, passcode: passcode), keychain: options.place)
         let count = fields.first ?? "0"
-        print(all ? "removed the policy of \(group) (\(count) rules): every program may use it"
-                  : "revoked \(count) rule\(count == "1" ? "" : "s") of \(group)")
+        print(
+            all
+                ? "removed the policy of \(group) (\(count) rules): every program may use it"
+                : "revoked \(count) rule\(count == "1" ? "" : "s") of \(group)")
     }
 }

@@ -39,7 +39,8 @@ struct ServiceCommand: ParsableCommand {
     @Option(name: .customLong("items-per-user"), help: "How many items one user's keychain may hold.")
     var itemsPerUser = ServiceLimits().quota.items
 
-    @Option(name: .customLong("bytes-per-user"), help: "How many bytes of values and details one user's keychain may hold.")
+    @Option(
+        name: .customLong("bytes-per-user"), help: "How many bytes of values and details one user's keychain may hold.")
     var bytesPerUser = ServiceLimits().quota.bytes
 
     @Option(name: .customLong("restore-bytes-per-user"), help: "The largest backup file one user may restore.")
@@ -74,12 +75,14 @@ struct ServiceCommand: ParsableCommand {
         }
         if let problem = ServiceAccount.stateDirectoryProblem(stateDirectory) { throw fail(problem) }
         if !ServiceAccount.canIdentifyCallers {
-            printError("keychainfs: without CAP_SYS_PTRACE the service cannot identify callers of other users: "
-                       + "every caller of a policed group is refused")
+            printError(
+                "keychainfs: without CAP_SYS_PTRACE the service cannot identify callers of other users: "
+                    + "every caller of a policed group is refused")
         }
-        let limits = ServiceLimits(connectionsPerUser: connectionsPerUser, mountsPerUser: mountsPerUser,
-                                   quota: StoreQuota(items: itemsPerUser, bytes: bytesPerUser),
-                                   restoreBytes: restoreBytesPerUser)
+        let limits = ServiceLimits(
+            connectionsPerUser: connectionsPerUser, mountsPerUser: mountsPerUser,
+            quota: StoreQuota(items: itemsPerUser, bytes: bytesPerUser),
+            restoreBytes: restoreBytesPerUser)
         let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket, limits: limits)
         throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
     }

@@ -10,7 +10,8 @@ struct SetCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "set",
         abstract: "Add or replace an item; its value is all of standard input (never an argument).",
-        discussion: "The item gets the device's current accessmode and migrate setting, as a write through a mount does.")
+        discussion:
+            "The item gets the device's current accessmode and migrate setting, as a write through a mount does.")
 
     @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
     var item: ItemAddress

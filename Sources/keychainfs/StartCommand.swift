@@ -42,7 +42,9 @@ struct StartCommand: ParsableCommand {
                 if let problem = DeviceLauncher.ensureRunning(keychain).problem { throw fail(problem) }
                 return
             }
-            if let problem = DeviceLauncher.start(["start", "--foreground", "--keychain", keychain.path] + bus.arguments) {
+            if let problem = DeviceLauncher.start(
+                ["start", "--foreground", "--keychain", keychain.path] + bus.arguments)
+            {
                 throw fail(problem)
             }
             return
@@ -53,9 +55,10 @@ struct StartCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        throw ExitCode(device.run(mountpoint: nil, group: nil, secretService: bus.replacing) { error in
-            if let error { _ = report(error.description) } else { report(ok: ()) }
-        })
+        throw ExitCode(
+            device.run(mountpoint: nil, group: nil, secretService: bus.replacing) { error in
+                if let error { _ = report(error.description) } else { report(ok: ()) }
+            })
     }
 
     private func report(ok: ()) { ReadyReport(readyFD).ok() }

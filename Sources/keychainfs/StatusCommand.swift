@@ -53,13 +53,16 @@ struct StatusCommand: ParsableCommand {
             return lines
         }
         guard case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
-              let status = DeviceStatus(fields: fields) else {
+            let status = DeviceStatus(fields: fields)
+        else {
             throw DeviceAccess.noAnswer()
         }
-        var lines = ["state: \(status.isLocked ? "locked" : "unlocked")",
-                     "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
-                     "passcode: \(status.hasPasscode ? "yes" : "no")",
-                     "failed-attempts: \(status.failedAttempts)"]
+        var lines = [
+            "state: \(status.isLocked ? "locked" : "unlocked")",
+            "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
+            "passcode: \(status.hasPasscode ? "yes" : "no")",
+            "failed-attempts: \(status.failedAttempts)"
+        ]
         if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
         lines += ["autolock: \(status.autoLockAfter)", "autolock-grace: \(status.autoLockGrace)", "mode: \(mode)"]
         return lines + (status.keyProtection?.lines ?? [])

@@ -35,7 +35,8 @@ struct UnlockCommand: ParsableCommand {
         command.wipe()
         guard result == 0 else {
             if result == EACCES {
-                throw Self.wrongPasscode(retryAfter: DeviceStatusFile.read(mount.path)?["retry-after"].flatMap { Int64($0) })
+                throw Self.wrongPasscode(
+                    retryAfter: DeviceStatusFile.read(mount.path)?["retry-after"].flatMap { Int64($0) })
             }
             throw fail("cannot unlock: \(String(cString: strerror(result)))")
         }
@@ -44,16 +45,20 @@ struct UnlockCommand: ParsableCommand {
     /// A wrong passcode, through a mount or the socket alike: denied, and
     /// how long unlocking is refused when a lockout began.
     private static func wrongPasscode(retryAfter: Int64?) -> ExitCode {
-        guard let retryAfter, retryAfter > 0 else { return fail("not unlocked: wrong passcode", status: ExitStatus.denied) }
-        return fail("not unlocked: wrong passcode; unlocking is refused for \(retryAfter) more seconds after repeated failures",
-                    status: ExitStatus.denied)
+        guard let retryAfter, retryAfter > 0 else {
+            return fail("not unlocked: wrong passcode", status: ExitStatus.denied)
+        }
+        return fail(
+            "not unlocked: wrong passcode; unlocking is refused for \(retryAfter) more seconds after repeated failures",
+            status: ExitStatus.denied)
     }
 
     /// Without a mount point: the device of the keychain, started if need be.
     private func unlockThroughTheSocket() throws {
         guard let socketPath = try target.deviceSocket(starting: true),
-              case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
-              let status = DeviceStatus(fields: fields) else {
+            case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
+            let status = DeviceStatus(fields: fields)
+        else {
             throw DeviceAccess.noAnswer()
         }
         var passcode: SecureBytes?

@@ -33,7 +33,8 @@ struct WatchCommand: ParsableCommand {
             defer { close(connection) }
             switch reply {
             case .ok: break
-            case .keychainError(let error, let message): throw fail("cannot watch: \(message)", status: ExitStatus.of(error))
+            case .keychainError(let error, let message):
+                throw fail("cannot watch: \(message)", status: ExitStatus.of(error))
             case .systemError(_, let message): throw fail("cannot watch: \(message)")
             case .value: throw DeviceAccess.unexpectedReply()
             }
@@ -62,7 +63,11 @@ struct WatchCommand: ParsableCommand {
                 throw fail(error.description)
             }
             guard count > 0 else { throw fail(ended) }
-            guard buffer.withUnsafeBytes({ (try? Descriptor.writeAll(1, UnsafeRawBufferPointer(rebasing: $0[0..<count]))) != nil }) else {
+            guard
+                buffer.withUnsafeBytes({
+                    (try? Descriptor.writeAll(1, UnsafeRawBufferPointer(rebasing: $0[0..<count]))) != nil
+                })
+            else {
                 return
             }
         }

@@ -20,14 +20,17 @@ extension SerialTests {
             #expect(harness.control(mnt, "lock").succeeded)
             try harness.unlock(mnt)
             #expect(harness.sh("\"$K\" get default/open --keychain \"$KC\"").stdout == "open")
-            let revoked = harness.sh("\"$K\" revoke secure --all --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
+            let revoked = harness.sh(
+                "\"$K\" revoke secure --all --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
             #expect(revoked.succeeded)
 
             let lines = log(harness).stdout.split(separator: "\n").map(String.init)
             func has(_ words: String, exe: String) -> Bool {
                 lines.contains { $0.contains(" \(words)") && $0.contains(" exe=\(exe)") }
             }
-            #expect(has("create ok secure/token", exe: "/usr/bin/dash") || has("create ok secure/token", exe: "/usr/bin/bash"))
+            #expect(
+                has("create ok secure/token", exe: "/usr/bin/dash")
+                    || has("create ok secure/token", exe: "/usr/bin/bash"))
             #expect(has("grant ok secure (\(harness.root)/granted-cat sha256=", exe: harness.binary))
             #expect(has("read ok secure/token", exe: harness.root + "/granted-cat"))
             #expect(has("lookup denied secure/token", exe: harness.root + "/other-cat"))
@@ -53,9 +56,13 @@ extension SerialTests {
             #expect(readFile(mnt + "/default/open") == "open")
             #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
             #expect(log(harness, "--verify").succeeded)
-            #expect(harness.sh("cp \"$KC/audit.log\" \"$R/saved.log\" && sed -i '2s/result=ok/result=denied/' \"$KC/audit.log\"").succeeded)
+            #expect(
+                harness.sh(
+                    "cp \"$KC/audit.log\" \"$R/saved.log\" && sed -i '2s/result=ok/result=denied/' \"$KC/audit.log\""
+                ).succeeded)
             let edited = log(harness, "--verify")
-            #expect(edited.status == 1 && edited.stderr.contains("audit.log line 2: its MAC does not match"), "\(edited)")
+            #expect(
+                edited.status == 1 && edited.stderr.contains("audit.log line 2: its MAC does not match"), "\(edited)")
             #expect(harness.sh("head -n 1 \"$R/saved.log\" > \"$KC/audit.log\"").succeeded)
             let cut = log(harness, "--verify")
             #expect(cut.status == 1 && cut.stderr.contains("its end was cut"), "\(cut)")
@@ -66,10 +73,12 @@ extension SerialTests {
         /// off is seen.
         @Test func aCutIsFoundAfterCommandsThatRanWithoutADevice() throws {
             let harness = try MountHarness()
-            let backup = harness.sh("\"$K\" backup \"$R/b.kcbak\" --keychain \"$KC\"",
-                                    stdin: MountHarness.passcode + "\nbackup-pw\nbackup-pw\n")
+            let backup = harness.sh(
+                "\"$K\" backup \"$R/b.kcbak\" --keychain \"$KC\"",
+                stdin: MountHarness.passcode + "\nbackup-pw\nbackup-pw\n")
             #expect(backup.succeeded, "\(backup)")
-            let lines = (try String(contentsOfFile: harness.keychain + "/audit.log", encoding: .utf8)).split(separator: "\n")
+            let lines = (try String(contentsOfFile: harness.keychain + "/audit.log", encoding: .utf8)).split(
+                separator: "\n")
             #expect(lines.last?.contains("op=backup") == true, "\(lines)")
             #expect(log(harness, "--verify").succeeded)
             #expect(harness.sh("sed -i '$d' \"$KC/audit.log\"").succeeded)
@@ -81,7 +90,8 @@ extension SerialTests {
         /// (read through a FIFO: each read blocks until the line is there).
         @Test func followPrintsNewEventsAsTheyHappen() throws {
             let (harness, mnt) = try MountHarness.withPolicedGroup()
-            let followed = harness.sh("""
+            let followed = harness.sh(
+                """
                 mkfifo "$R/events"
                 "$K" log --follow --group secure --keychain "$KC" > "$R/events" & follower=$!
                 trap 'kill $follower 2> /dev/null' EXIT
@@ -95,7 +105,9 @@ extension SerialTests {
             let lines = followed.stdout.split(separator: "\n")
             #expect(lines.count == 2, "\(followed)")
             #expect(lines.first?.contains(" create ok secure/token ") == true)
-            #expect(lines.last?.contains(" read ok secure/token ") == true && lines.last?.contains("exe=/usr/bin/cat") == true)
+            #expect(
+                lines.last?.contains(" read ok secure/token ") == true
+                    && lines.last?.contains("exe=/usr/bin/cat") == true)
         }
 
         /// Names and paths are anyone's text: a program installed at
@@ -103,7 +115,8 @@ extension SerialTests {
         /// item renamed to `c) exe=y (` close the detail's parentheses.
         @Test func namesAndPathsCannotForgeFieldsOfTheTextLog() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            let ran = harness.sh("""
+            let ran = harness.sh(
+                """
                 mkdir -p "$R/d exe=/usr/bin" && cp /usr/bin/cat "$R/d exe=/usr/bin/app" &&
                 printf v > "$1/default/a exe=b" && "$R/d exe=/usr/bin/app" "$1/default/a exe=b" > /dev/null &&
                 mv "$1/default/a exe=b" "$1/default/c) exe=y ("
@@ -115,7 +128,8 @@ extension SerialTests {
             #expect(read?.contains(" exe=\(harness.root)/d\\x20exe=/usr/bin/app") == true, "\(lines)")
             #expect(read.map { $0.components(separatedBy: " exe=").count } == 2, "\(lines)")
             // The detail (the new name) cannot end its parentheses early.
-            #expect(lines.contains { $0.contains(" rename ok default/a\\x20exe=b (c\\x29 exe=y \\x28) pid=") }, "\(lines)")
+            #expect(
+                lines.contains { $0.contains(" rename ok default/a\\x20exe=b (c\\x29 exe=y \\x28) pid=") }, "\(lines)")
         }
     }
 }

@@ -10,10 +10,13 @@ extension SerialTests {
         /// ThisDeviceOnly item, and a second keychain (another device) with passcode 5678.
         static func prepared() throws -> (MountHarness, String, String) {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            #expect(harness.sh("""
-                printf 'ghp_token' > "$1/default/github.com" && mkdir "$1/TEAMID.shared" && printf 'db' > "$1/TEAMID.shared/db"
-                printf 'stays' > "$1/default/device-only" && setfattr -n user.keychain.migratable -v no "$1/default/device-only"
-                """, arguments: [mnt]).succeeded)
+            #expect(
+                harness.sh(
+                    """
+                    printf 'ghp_token' > "$1/default/github.com" && mkdir "$1/TEAMID.shared" && printf 'db' > "$1/TEAMID.shared/db"
+                    printf 'stays' > "$1/default/device-only" && setfattr -n user.keychain.migratable -v no "$1/default/device-only"
+                    """, arguments: [mnt]
+                ).succeeded)
             let other = harness.root + "/other"
             #expect(harness.sh("\"$K\" init --keychain \"$1\"", arguments: [other], stdin: "5678\n5678\n").succeeded)
             return (harness, mnt, other)
@@ -22,14 +25,17 @@ extension SerialTests {
         @Test func aBackupFromARunningDeviceRestoresOnAnotherDevice() throws {
             let (harness, _, other) = try Self.prepared()
             let backup = harness.root + "/keychain.kcbak"
-            let made = harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\nbackup-pw\n")
+            let made = harness.sh(
+                "\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\nbackup-pw\n")
             #expect(made.succeeded && made.stdout.hasPrefix("backed up 2 items"), "\(made)")
             var info = stat()
             #expect(stat(backup, &info) == 0 && info.st_mode & 0o777 == 0o600)
             // The other keychain has no device: the command opens it (its passcode first).
-            let restored = harness.sh("\"$K\" restore \"$1\" --keychain \"$2\"", arguments: [backup, other], stdin: "5678\nbackup-pw\n")
+            let restored = harness.sh(
+                "\"$K\" restore \"$1\" --keychain \"$2\"", arguments: [backup, other], stdin: "5678\nbackup-pw\n")
             #expect(restored.succeeded && restored.stdout.contains("2 added, 0 replaced, 0 unchanged"), "\(restored)")
-            let again = harness.sh("\"$K\" restore \"$1\" --keychain \"$2\"", arguments: [backup, other], stdin: "5678\nbackup-pw\n")
+            let again = harness.sh(
+                "\"$K\" restore \"$1\" --keychain \"$2\"", arguments: [backup, other], stdin: "5678\nbackup-pw\n")
             #expect(again.stdout.contains("0 added, 0 replaced, 2 unchanged"), "\(again)")
             let otherMount = try harness.prepareMountpoint("othermnt")
             #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$2\"", arguments: [otherMount, other]).succeeded)
@@ -37,41 +43,61 @@ extension SerialTests {
             #expect(readFile(otherMount + "/default/github.com") == "ghp_token")
             #expect(readFile(otherMount + "/TEAMID.shared/db") == "db")
             #expect(access(otherMount + "/default/device-only", F_OK) == -1)
-            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"",
-                               arguments: [otherMount + "/default/github.com"]).stdout == "whenUnlocked")
+            #expect(
+                harness.sh(
+                    "getfattr --only-values -n user.keychain.accessible \"$1\"",
+                    arguments: [otherMount + "/default/github.com"]
+                ).stdout == "whenUnlocked")
         }
 
         @Test func conflictsNeedAFlagAndBadBackupsChangeNothing() throws {
             let (harness, mnt, other) = try Self.prepared()
             let backup = harness.root + "/keychain.kcbak"
-            #expect(harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\nbackup-pw\n").succeeded)
+            #expect(
+                harness.sh(
+                    "\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\nbackup-pw\n"
+                ).succeeded)
             #expect(harness.sh("printf changed > \"$1/default/github.com\"", arguments: [mnt]).succeeded)
             // Into the running device (unlocked): no passcode to give, only the backup password.
-            let refused = harness.sh("\"$K\" restore \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n")
-            #expect(!refused.succeeded && refused.stderr.contains("1 items differ") && refused.stderr.contains("default/github.com"),
-                    "\(refused)")
+            let refused = harness.sh(
+                "\"$K\" restore \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n")
+            #expect(
+                !refused.succeeded && refused.stderr.contains("1 items differ")
+                    && refused.stderr.contains("default/github.com"),
+                "\(refused)")
             #expect(readFile(mnt + "/default/github.com") == "changed")
-            #expect(harness.sh("\"$K\" restore --keep \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n")
+            #expect(
+                harness.sh("\"$K\" restore --keep \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n")
                     .stdout.contains("1 kept"))
             #expect(readFile(mnt + "/default/github.com") == "changed")
-            #expect(harness.sh("\"$K\" restore --overwrite \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n")
-                    .stdout.contains("1 replaced"))
+            #expect(
+                harness.sh(
+                    "\"$K\" restore --overwrite \"$1\" --keychain \"$KC\"", arguments: [backup], stdin: "backup-pw\n"
+                )
+                .stdout.contains("1 replaced"))
             #expect(readFile(mnt + "/default/github.com") == "ghp_token")
 
             let cut = harness.root + "/cut.kcbak", foreign = harness.root + "/foreign.kcbak"
-            #expect(harness.sh("head -c 300 \"$1\" > \"$2\" && printf 'hello' > \"$3\"", arguments: [backup, cut, foreign]).succeeded)
+            #expect(
+                harness.sh("head -c 300 \"$1\" > \"$2\" && printf 'hello' > \"$3\"", arguments: [backup, cut, foreign])
+                    .succeeded)
             // A wrong password is "denied" (4), as a wrong passcode is everywhere.
             let cases: [(file: String, password: String, says: String, status: Int32)] = [
-                (backup, "wrong-pw", "wrong backup password", 4), (cut, "backup-pw", "damaged, cut short or was altered", 1),
-                (foreign, "backup-pw", "is not a keychainfs backup", 1),
+                (backup, "wrong-pw", "wrong backup password", 4),
+                (cut, "backup-pw", "damaged, cut short or was altered", 1),
+                (foreign, "backup-pw", "is not a keychainfs backup", 1)
             ]
             for bad in cases {
-                let result = harness.sh("\"$K\" restore \"$1\" --keychain \"$2\"", arguments: [bad.file, other], stdin: "5678\n\(bad.password)\n")
+                let result = harness.sh(
+                    "\"$K\" restore \"$1\" --keychain \"$2\"", arguments: [bad.file, other],
+                    stdin: "5678\n\(bad.password)\n")
                 #expect(result.status == bad.status && result.stderr.contains(bad.says), "\(result)")
             }
             // Locked: no backup.
             #expect(harness.control(mnt, "lock").succeeded)
-            let locked = harness.sh("\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [harness.root + "/locked.kcbak"], stdin: "backup-pw\nbackup-pw\n")
+            let locked = harness.sh(
+                "\"$K\" backup \"$1\" --keychain \"$KC\"", arguments: [harness.root + "/locked.kcbak"],
+                stdin: "backup-pw\nbackup-pw\n")
             #expect(!locked.succeeded && locked.stderr.contains("locked: unlock it first"), "\(locked)")
             #expect(access(harness.root + "/locked.kcbak", F_OK) == -1)
         }
@@ -103,16 +129,23 @@ extension SerialTests {
 
             // Another keychain (another device) holding secure/token = ATTACKER, backed up.
             let other = harness.root + "/other", otherMount = try harness.prepareMountpoint("othermnt")
-            #expect(harness.sh("\"$K\" init --keychain \"$1\" && \"$K\" mount \"$2\" --keychain \"$1\"",
-                               arguments: [other, otherMount], stdin: "5678\n5678\n").succeeded)
+            #expect(
+                harness.sh(
+                    "\"$K\" init --keychain \"$1\" && \"$K\" mount \"$2\" --keychain \"$1\"",
+                    arguments: [other, otherMount], stdin: "5678\n5678\n"
+                ).succeeded)
             try harness.unlock(otherMount, passcode: "5678")
-            #expect(harness.sh("mkdir \"$1/secure\" && printf ATTACKER > \"$1/secure/token\" && \"$K\" backup \"$R/crafted.kcbak\" --keychain \"$2\"",
-                               arguments: [otherMount, other], stdin: "pw12\npw12\n").succeeded)
+            #expect(
+                harness.sh(
+                    "mkdir \"$1/secure\" && printf ATTACKER > \"$1/secure/token\" && \"$K\" backup \"$R/crafted.kcbak\" --keychain \"$2\"",
+                    arguments: [otherMount, other], stdin: "pw12\npw12\n"
+                ).succeeded)
             func restore(stdin: String) -> ShellResult {
                 harness.sh("\"$K\" restore --overwrite \"$R/crafted.kcbak\" --keychain \"$KC\"", stdin: stdin)
             }
             let noPasscode = restore(stdin: "pw12\n")
-            #expect(!noPasscode.succeeded && noPasscode.stderr.contains("needs the keychain's passcode"), "\(noPasscode)")
+            #expect(
+                !noPasscode.succeeded && noPasscode.stderr.contains("needs the keychain's passcode"), "\(noPasscode)")
             let wrongPasscode = restore(stdin: "pw12\nnot-it\n")
             #expect(!wrongPasscode.succeeded && wrongPasscode.stderr.contains("keychain passcode"), "\(wrongPasscode)")
             // Counted (the right passcode of the backup above reset the count).
@@ -123,10 +156,12 @@ extension SerialTests {
             #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "ATTACKER")
 
             let log = harness.sh("\"$K\" log --keychain \"$KC\"").stdout
-            for line in [" backup ok (1 items; policed groups left out: secure)", " backup refused secure (policed groups)",
-                         " backup denied secure (policed groups)", " backup ok secure (1 items of a policed group)",
-                         " restore denied secure (into a policed group)", " restore refused secure (into a policed group)",
-                         " restore ok secure (into a policed group)"] {
+            for line in [
+                " backup ok (1 items; policed groups left out: secure)", " backup refused secure (policed groups)",
+                " backup denied secure (policed groups)", " backup ok secure (1 items of a policed group)",
+                " restore denied secure (into a policed group)", " restore refused secure (into a policed group)",
+                " restore ok secure (into a policed group)"
+            ] {
                 #expect(log.contains(line), "\(line) not in \(log)")
             }
         }
@@ -136,8 +171,11 @@ extension SerialTests {
         /// grow the device by as much (issue 21). Nothing changes either way.
         @Test func aForeignOrHugeFileIsRefusedBeforeItIsRead() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            #expect(harness.sh("printf v > \"$1/default/kept\" && truncate -s 512M \"$R/foreign\" && truncate -s 1100M \"$R/huge\" && mkfifo \"$R/fifo\"",
-                               arguments: [mnt]).succeeded)
+            #expect(
+                harness.sh(
+                    "printf v > \"$1/default/kept\" && truncate -s 512M \"$R/foreign\" && truncate -s 1100M \"$R/huge\" && mkfifo \"$R/fifo\"",
+                    arguments: [mnt]
+                ).succeeded)
             let device = try #require(MountHarness.devicePid(mnt))
             func peakKiB() -> Int? {
                 let status = (try? String(contentsOfFile: "/proc/\(device)/status", encoding: .utf8)) ?? ""
@@ -145,8 +183,10 @@ extension SerialTests {
                     .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true)[1]) }
             }
             let before = try #require(peakKiB())
-            for (file, says) in [("foreign", "is not a keychainfs backup"), ("huge", "larger than any backup"),
-                                 ("fifo", "is not a keychainfs backup")] {
+            for (file, says) in [
+                ("foreign", "is not a keychainfs backup"), ("huge", "larger than any backup"),
+                ("fifo", "is not a keychainfs backup")
+            ] {
                 let result = harness.sh("timeout 20 \"$K\" restore \"$R/\(file)\" --keychain \"$KC\"", stdin: "pw\n")
                 #expect(!result.succeeded && result.stderr.contains(says), "\(file): \(result)")
             }

@@ -13,13 +13,19 @@ extension SerialTests {
             #expect(harness.sh("printf 'line one\\nline two' | \"$K\" set default/token \(kc)").succeeded)
             #expect(readFile(mnt + "/default/token") == "line one\nline two")  // the mount sees it at once
             #expect(harness.sh("\"$K\" get default/token \(kc)").stdout == "line one\nline two")
-            #expect(harness.sh("\"$K\" get default/token --json \(kc)").stdout
+            #expect(
+                harness.sh("\"$K\" get default/token --json \(kc)").stdout
                     == "{\"group\": \"default\", \"identifier\": \"token\", \"value\": \"line one\\nline two\"}\n")
             // Not UTF-8: base64 in JSON.
-            #expect(harness.sh("printf '\\377\\376' | \"$K\" set default/zeros \(kc) && \"$K\" get default/zeros --json \(kc)").stdout
+            #expect(
+                harness.sh(
+                    "printf '\\377\\376' | \"$K\" set default/zeros \(kc) && \"$K\" get default/zeros --json \(kc)"
+                ).stdout
                     .contains("\"base64\": \"//4=\""))
             #expect(harness.sh("\"$K\" ls \(kc)").stdout == "default\n")
-            #expect(harness.sh("\"$K\" ls default --json \(kc)").stdout.contains("{\"identifier\": \"token\", \"class\": \"whenUnlocked\", \"size\": 17}"))
+            #expect(
+                harness.sh("\"$K\" ls default --json \(kc)").stdout.contains(
+                    "{\"identifier\": \"token\", \"class\": \"whenUnlocked\", \"size\": 17}"))
             // A value over 1 MiB on stdin: refused, the old value stays.
             let big = harness.sh("head -c 1048577 /dev/zero | \"$K\" set default/token \(kc)")
             #expect(big.status == 1 && big.stderr.contains("larger than 1 MiB"))
@@ -42,7 +48,8 @@ extension SerialTests {
         @Test func execPutsItemsInTheEnvironmentOrRunsNothing() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             #expect(harness.sh("printf s3cret > \"$1/default/token\"", arguments: [mnt]).succeeded)
-            let ran = harness.sh("\"$K\" exec --keychain \"$KC\" --env TOKEN=default/token -- sh -c 'printf \"%s\" \"$TOKEN\"'")
+            let ran = harness.sh(
+                "\"$K\" exec --keychain \"$KC\" --env TOKEN=default/token -- sh -c 'printf \"%s\" \"$TOKEN\"'")
             #expect(ran.succeeded && ran.stdout == "s3cret", "\(ran)")
             #expect(harness.sh("\"$K\" exec --keychain \"$KC\" --env T=default/token -- sh -c 'exit 7'").status == 7)
             let absent = harness.sh("\"$K\" exec --keychain \"$KC\" --env T=default/missing -- touch \"$R/ran\"")
@@ -63,7 +70,11 @@ extension SerialTests {
                 git config --global credential.useHttpPath true
                 """
             let request = "printf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\n\\n'"
-            #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\npassword=s3cret\\n\\n' | git credential approve").succeeded)
+            #expect(
+                harness.sh(
+                    git
+                        + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\npassword=s3cret\\n\\n' | git credential approve"
+                ).succeeded)
             #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "https:example.com:org%2Frepo.git\n")
             let filled = harness.sh(git + "\n\(request) | git credential fill")
             #expect(filled.succeeded && filled.stdout.contains("username=ada\npassword=s3cret\n"), "\(filled)")
@@ -71,19 +82,37 @@ extension SerialTests {
             #expect(harness.control(mnt, "lock").succeeded)
             let locked = harness.sh(git + "\n\(request) | git credential fill")
             #expect(!locked.succeeded && locked.stderr.contains("the keychain is locked"), "\(locked)")
-            #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject")
-                    .stderr.contains("nothing was erased"))
+            #expect(
+                harness.sh(
+                    git
+                        + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject"
+                )
+                .stderr.contains("nothing was erased"))
             try harness.unlock(mnt)
             #expect(harness.sh(git + "\n\(request) | git credential fill").stdout.contains("password=s3cret"))
-            #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject").succeeded)
+            #expect(
+                harness.sh(
+                    git
+                        + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject"
+                ).succeeded)
             #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "")
             // A port is not a path: host=example.com:8080's credential is not example.com/8080's.
-            #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com:8080\\nusername=ada\\npassword=port\\n\\n' | git credential approve").succeeded)
+            #expect(
+                harness.sh(
+                    git
+                        + "\nprintf 'protocol=https\\nhost=example.com:8080\\nusername=ada\\npassword=port\\n\\n' | git credential approve"
+                ).succeeded)
             #expect(harness.sh("ls \"$1/git\"", arguments: [mnt]).stdout == "https:example.com%3A8080\n")
-            let path = harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com\\npath=8080\\nusername=ada\\n\\n' | git credential fill")
+            let path = harness.sh(
+                git
+                    + "\nprintf 'protocol=https\\nhost=example.com\\npath=8080\\nusername=ada\\n\\n' | git credential fill"
+            )
             #expect(!path.stdout.contains("password=port"), "\(path)")
-            #expect(harness.sh(git + "\nprintf 'protocol=https\\nhost=example.com:8080\\nusername=ada\\n\\n' | git credential fill")
-                    .stdout.contains("password=port"))
+            #expect(
+                harness.sh(
+                    git + "\nprintf 'protocol=https\\nhost=example.com:8080\\nusername=ada\\n\\n' | git credential fill"
+                )
+                .stdout.contains("password=port"))
         }
 
         /// docker-credential-helpers' protocol, driven as docker drives it (no options, JSON on stdio).
@@ -93,22 +122,34 @@ extension SerialTests {
             #expect(mkdir(bin, 0o700) == 0 && symlink(harness.binary, bin + "/docker-credential-keychainfs") == 0)
             let helper = "KEYCHAINFS_KEYCHAIN=\"$KC\" \"$R/bin/docker-credential-keychainfs\""
             let url = "https://registry.example.com/v2/"
-            let stored = harness.sh("printf '%s' '{\"ServerURL\":\"\(url)\",\"Username\":\"ada\",\"Secret\":\"s3\\\"cret\"}' | \(helper) store")
+            let stored = harness.sh(
+                "printf '%s' '{\"ServerURL\":\"\(url)\",\"Username\":\"ada\",\"Secret\":\"s3\\\"cret\"}' | \(helper) store"
+            )
             #expect(stored.succeeded && stored.stdout.isEmpty, "\(stored)")
-            #expect(harness.sh("ls \"$1/docker\"", arguments: [mnt]).stdout == "https:%2F%2Fregistry.example.com%2Fv2%2F\n")
+            #expect(
+                harness.sh("ls \"$1/docker\"", arguments: [mnt]).stdout == "https:%2F%2Fregistry.example.com%2Fv2%2F\n")
             let got = harness.sh("printf '%s\\n' '\(url)' | \(helper) get")
-            #expect(got.succeeded && got.stdout == "{\"ServerURL\":\"\(url)\",\"Username\":\"ada\",\"Secret\":\"s3\\\"cret\"}\n", "\(got)")
+            #expect(
+                got.succeeded
+                    && got.stdout == "{\"ServerURL\":\"\(url)\",\"Username\":\"ada\",\"Secret\":\"s3\\\"cret\"}\n",
+                "\(got)")
             #expect(harness.sh("\(helper) list").stdout == "{\"\(url)\":\"ada\"}\n")
             // docker's own "not found" reply, on stdout with status 1.
             let missing = harness.sh("printf 'https://other.example.com' | \(helper) get")
             #expect(missing.status == 1 && missing.stdout == "credentials not found in native keychain\n")
             // One URL however docker spaces it: stored padded, found and erased plain.
-            #expect(harness.sh("printf '%s' '{\"ServerURL\":\" padded.example \",\"Username\":\"bo\",\"Secret\":\"p\"}' | \(helper) store").succeeded)
+            #expect(
+                harness.sh(
+                    "printf '%s' '{\"ServerURL\":\" padded.example \",\"Username\":\"bo\",\"Secret\":\"p\"}' | \(helper) store"
+                ).succeeded)
             #expect(harness.sh("printf 'padded.example\\n' | \(helper) get").stdout.contains("\"Username\":\"bo\""))
             #expect(harness.sh("printf ' padded.example' | \(helper) erase").succeeded)
-            #expect(harness.sh("printf 'padded.example' | \(helper) get").stdout == "credentials not found in native keychain\n")
+            #expect(
+                harness.sh("printf 'padded.example' | \(helper) get").stdout
+                    == "credentials not found in native keychain\n")
             // Bad input changes nothing.
-            #expect(harness.sh("printf '{\"ServerURL\":\"x\"}' | \(helper) store").stdout == "no credentials username\n")
+            #expect(
+                harness.sh("printf '{\"ServerURL\":\"x\"}' | \(helper) store").stdout == "no credentials username\n")
             #expect(harness.sh("printf 'not json' | \(helper) store").status == 1)
             #expect(harness.sh("\(helper) frobnicate").stdout == "Unknown credential action `frobnicate`\n")
             // Locked: an error that says so, never "not found" (docker would then ask for a login).

@@ -25,14 +25,19 @@ extension SerialTests {
             let harness = try MountHarness()
             let complete = { (words: String) in
                 // The generated script is bash's; the harness runs sh.
-                harness.sh("bash -c \"$1\"", arguments: ["""
-                    source <("$K" --generate-completion-script bash)
-                    PATH="$(dirname "$K"):$PATH"
-                    COMP_WORDS=(\(words)); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
-                    COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
-                    _keychainfs keychainfs "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
-                    printf '%s\\n' "${COMPREPLY[@]}"
-                    """]).stdout
+                harness.sh(
+                    "bash -c \"$1\"",
+                    arguments: [
+                        """
+                        source <("$K" --generate-completion-script bash)
+                        PATH="$(dirname "$K"):$PATH"
+                        COMP_WORDS=(\(words)); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+                        COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMPREPLY=()
+                        _keychainfs keychainfs "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+                        printf '%s\\n' "${COMPREPLY[@]}"
+                        """
+                    ]
+                ).stdout
             }
             #expect(complete("keychainfs get --keychain \"$KC\" d") == "\n")
             #expect(harness.sh("\"$K\" status --keychain \"$KC\"").stdout.hasPrefix("state: stopped"))
@@ -64,12 +69,19 @@ extension SerialTests {
                 #expect(shown.contains("\n" + section + "\n"), "\(section)")
             }
             #expect(shown.components(separatedBy: "EXIT STATUS").count == 2)
-            for name in [".control", ".events", "KEYCHAINFS_KEYCHAIN", "KEYCHAINFS_SERVICE", "autolock DURATION", "keychainfs unlock"] {
+            for name in [
+                ".control", ".events", "KEYCHAINFS_KEYCHAIN", "KEYCHAINFS_SERVICE", "autolock DURATION",
+                "keychainfs unlock"
+            ] {
                 #expect(shown.contains(name), "\(name)")
             }
-            for (status, meaning) in [("2", "absent"), ("3", "locked"), ("4", "denied"), ("5", "no device"), ("64", "a command line"),
-                                      ("127", "exec:")] {
-                #expect(shown.split(separator: "\n").contains { $0.hasPrefix("     \(status) ") && $0.contains(meaning) }, "\(status)")
+            for (status, meaning) in [
+                ("2", "absent"), ("3", "locked"), ("4", "denied"), ("5", "no device"), ("64", "a command line"),
+                ("127", "exec:")
+            ] {
+                #expect(
+                    shown.split(separator: "\n").contains { $0.hasPrefix("     \(status) ") && $0.contains(meaning) },
+                    "\(status)")
             }
         }
 
@@ -79,7 +91,8 @@ extension SerialTests {
             let harness = try MountHarness()
             let home = harness.root + "/home"
             #expect(mkdir(home, 0o755) == 0)
-            let created = harness.sh("env -u XDG_DATA_HOME HOME=\"$1\" \"$K\" init", arguments: [home], stdin: "1234\n1234\n")
+            let created = harness.sh(
+                "env -u XDG_DATA_HOME HOME=\"$1\" \"$K\" init", arguments: [home], stdin: "1234\n1234\n")
             #expect(created.succeeded, "\(created)")
             var info = stat()
             for (path, mode) in [(".local", 0o700), (".local/share", 0o700), (".local/share/keychainfs", 0o700)] {
@@ -89,9 +102,12 @@ extension SerialTests {
             #expect(access(home + "/.local/share/keychainfs/keychain.db", F_OK) == 0)
             // A file where a directory must go: the message says which and why.
             #expect(harness.sh("printf x > \"$1/blocker\"", arguments: [home]).succeeded)
-            let blocked = harness.sh("\"$K\" init --keychain \"$1/blocker/kc\"", arguments: [home], stdin: "1234\n1234\n")
+            let blocked = harness.sh(
+                "\"$K\" init --keychain \"$1/blocker/kc\"", arguments: [home], stdin: "1234\n1234\n")
             #expect(!blocked.succeeded)
-            #expect(blocked.stderr.contains("cannot create the directory \(home)/blocker/kc: Not a directory"), "\(blocked)")
+            #expect(
+                blocked.stderr.contains("cannot create the directory \(home)/blocker/kc: Not a directory"), "\(blocked)"
+            )
             #expect(!blocked.stderr.contains("could not be read or written"), "a generic sentence: \(blocked)")
         }
 
@@ -120,8 +136,9 @@ extension SerialTests {
             let harness = try MountHarness()
             let mountpoint = try harness.prepareMountpoint("mnt")
             // A private mount namespace whose /dev lacks fuse.
-            let result = harness.sh("unshare -m sh -c 'mount -t tmpfs none /dev && exec \"$K\" mount \"$1\" --foreground --keychain \"$KC\"' sh \"$1\"",
-                                    arguments: [mountpoint])
+            let result = harness.sh(
+                "unshare -m sh -c 'mount -t tmpfs none /dev && exec \"$K\" mount \"$1\" --foreground --keychain \"$KC\"' sh \"$1\"",
+                arguments: [mountpoint])
             #expect(result.status == 1)
             #expect(result.stderr.contains("/dev/fuse is missing"))
             #expect(!harness.isMounted(mountpoint))
@@ -144,7 +161,9 @@ extension SerialTests {
             try harness.unlock(mnt)
             let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
             #expect(status.stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\n"))
-            #expect(harness.sh("\"$K\" lock \"$1\" && \"$K\" status \"$1\"", arguments: [mnt]).stdout.hasPrefix("state: locked\n"))
+            #expect(
+                harness.sh("\"$K\" lock \"$1\" && \"$K\" status \"$1\"", arguments: [mnt]).stdout.hasPrefix(
+                    "state: locked\n"))
         }
 
         @Test func passcodesNeverAppearInArgv() throws {
@@ -162,7 +181,8 @@ extension SerialTests {
             let unknown = harness.sh("\"$K\" frobnicate")
             #expect(unknown.status == 64 && !unknown.stderr.contains("did you mean"), "\(unknown)")
             let version = harness.sh("\"$K\" --version")
-            #expect(version.succeeded && version.stdout.hasPrefix("keychainfs ")
+            #expect(
+                version.succeeded && version.stdout.hasPrefix("keychainfs ")
                     && version.stdout.contains("device protocol \(DeviceProtocol.version)"), "\(version)")
         }
 
@@ -170,13 +190,16 @@ extension SerialTests {
         /// is four characters at least; otherwise nothing is created.
         @Test func aNewPasscodeIsConfirmedAndLongEnoughOnAPipeToo() throws {
             let harness = try MountHarness()
-            for (stdin, says) in [("1234\n4321\n", "the two differ"), ("1234\n", "not confirmed"), ("12\n12\n", "at least 4")] {
+            for (stdin, says) in [
+                ("1234\n4321\n", "the two differ"), ("1234\n", "not confirmed"), ("12\n12\n", "at least 4")
+            ] {
                 let result = harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: stdin)
                 #expect(result.status == 1 && result.stderr.contains(says), "\(stdin.debugDescription): \(result)")
                 #expect(access(harness.root + "/new/keychain.db", F_OK) != 0)
             }
             #expect(harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: "1234\n1234\n").succeeded)
-            let backup = harness.sh("\"$K\" backup \"$R/b.kcbak\" --keychain \"$R/new\"", stdin: "1234\nbackup-pw\nbackup-pq\n")
+            let backup = harness.sh(
+                "\"$K\" backup \"$R/b.kcbak\" --keychain \"$R/new\"", stdin: "1234\nbackup-pw\nbackup-pq\n")
             #expect(backup.status == 1 && backup.stderr.contains("the two differ"), "\(backup)")
             #expect(access(harness.root + "/b.kcbak", F_OK) != 0)
         }
@@ -187,7 +210,9 @@ extension SerialTests {
             let harness = try MountHarness()
             let top = harness.sh("\"$K\" --help").stdout
             let listed = top.split(separator: "\n").drop { !$0.hasPrefix("SUBCOMMANDS:") }.dropFirst()
-                .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && !$0.hasPrefix("  See ") }.compactMap { $0.split(separator: " ").first.map(String.init) }
+                .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && !$0.hasPrefix("  See ") }.compactMap {
+                    $0.split(separator: " ").first.map(String.init)
+                }
             #expect(listed.contains("exec") && listed.contains("service") && listed.count >= 20, "\(listed)")
             for command in listed where command != "help" {
                 let help = harness.sh("\"$K\" \"$1\" --help", arguments: [command])
@@ -231,8 +256,9 @@ extension SerialTests.CommandLineTests {
             """
         let result = harness.sh("python3 -c \"$1\" \"$K\" \"$R/tty-keychain\"", arguments: [driver])
         #expect(result.stdout == "0 not-echoed 2\n", "\(result)")
-        let mismatch = harness.sh("python3 -c \"$(printf '%s' \"$1\" | sed 's/b\"tty-secret\", b\"tty-secret\"/b\"one\", b\"two\"/')\" \"$K\" \"$R/tty-keychain-2\"",
-                                  arguments: [driver])
+        let mismatch = harness.sh(
+            "python3 -c \"$(printf '%s' \"$1\" | sed 's/b\"tty-secret\", b\"tty-secret\"/b\"one\", b\"two\"/')\" \"$K\" \"$R/tty-keychain-2\"",
+            arguments: [driver])
         #expect(mismatch.stdout.hasPrefix("1 "), "\(mismatch)")
         #expect(!FileManager.default.fileExists(atPath: harness.root + "/tty-keychain-2/keychain.db"))
     }
@@ -250,7 +276,11 @@ extension SerialTests.CommandLineTests {
             db.execute("UPDATE items SET generation = generation - 1")
             db.commit()
             """
-        #expect(harness.sh("python3 -c \"$1\" \"$KC/keychain.db\" && sha256sum \"$KC/keychain.db\" > \"$R/before\"", arguments: [tamper]).succeeded)
+        #expect(
+            harness.sh(
+                "python3 -c \"$1\" \"$KC/keychain.db\" && sha256sum \"$KC/keychain.db\" > \"$R/before\"",
+                arguments: [tamper]
+            ).succeeded)
         let refused = harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt])
         #expect(refused.status == 1)
         #expect(refused.stderr.contains("integrity check"))

@@ -31,14 +31,17 @@ extension SerialTests {
 
         /// Scratch directories mounted in this test's runtime directory.
         func scratchMounts() -> Int {
-            Int(harness.sh("grep -c \" $XDG_RUNTIME_DIR/keychainfs/edit\\.\" /proc/mounts || true").stdout
-                .trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+            Int(
+                harness.sh("grep -c \" $XDG_RUNTIME_DIR/keychainfs/edit\\.\" /proc/mounts || true").stdout
+                    .trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
         }
 
         @Test func anEditorThatReplacesTheFileChangesTheValueAndLeavesNothingBehind() throws {
             #expect(k("set default/db", stdin: "old-password").succeeded)
             // What the editor sees: the value, in a private FUSE directory another user cannot open.
-            let sed = try editor("sed-editor", """
+            let sed = try editor(
+                "sed-editor",
+                """
                 cat "$1" > "$R/seen"
                 stat -c '%a %U' "$(dirname "$1")" "$1" >> "$R/seen"
                 grep " $(dirname "$1") " /proc/mounts | cut -d' ' -f1,3 >> "$R/seen"
@@ -59,15 +62,18 @@ extension SerialTests {
         @Test func anEditorWritingInPlaceKeepsANewlineTheValueHad() throws {
             #expect(k("set default/note", stdin: "line one\n").succeeded)
             let append = try editor("append-editor", "printf 'line two\\n' >> \"$1\"")
-            #expect(harness.sh("EDITOR=\"$1\" \"$K\" edit default/note --keychain \"$KC\"", arguments: [append]).succeeded)
+            #expect(
+                harness.sh("EDITOR=\"$1\" \"$K\" edit default/note --keychain \"$KC\"", arguments: [append]).succeeded)
             #expect(k("get default/note").stdout == "line one\nline two\n")
         }
 
         @Test func aFailedOrOversizeEditChangesNothing() throws {
             #expect(k("set default/db", stdin: "kept").succeeded)
             let failing = harness.sh("EDITOR='printf x >> \"$1\"; false' \"$K\" edit default/db --keychain \"$KC\"")
-            #expect(failing.status == 1 && failing.stderr == "keychainfs: the editor exited with status 1; default/db is unchanged\n",
-                    "\(failing)")
+            #expect(
+                failing.status == 1
+                    && failing.stderr == "keychainfs: the editor exited with status 1; default/db is unchanged\n",
+                "\(failing)")
             // Past 1 MiB the editor's own write fails (EFBIG), and so does it.
             let huge = try editor("huge-editor", "head -c 1100000 /dev/zero > \"$1\"")
             let oversize = harness.sh("EDITOR=\"$1\" \"$K\" edit default/db --keychain \"$KC\" 2>&1", arguments: [huge])
@@ -81,7 +87,8 @@ extension SerialTests {
 
         @Test func aNewItemIsCreatedUnlessLeftEmpty() throws {
             let write = try editor("write-editor", "printf 'fresh\\n' > \"$1\"")
-            #expect(harness.sh("EDITOR=\"$1\" \"$K\" edit default/new --keychain \"$KC\"", arguments: [write]).succeeded)
+            #expect(
+                harness.sh("EDITOR=\"$1\" \"$K\" edit default/new --keychain \"$KC\"", arguments: [write]).succeeded)
             #expect(k("get default/new").stdout == "fresh")
             let empty = harness.sh("EDITOR=true \"$K\" edit default/other --keychain \"$KC\"")
             #expect(empty.status == 1 && empty.stderr.contains("left empty"), "\(empty)")
@@ -91,7 +98,9 @@ extension SerialTests {
         /// An update never loses data: a value changed meanwhile is kept and the edit saved beside it.
         @Test func aValueChangedDuringTheEditIsKeptAndTheEditSavedBeside() throws {
             #expect(k("set default/db", stdin: "v1").succeeded)
-            let racing = try editor("racing-editor", """
+            let racing = try editor(
+                "racing-editor",
+                """
                 printf v2 | "$K" set default/db --keychain "$KC"
                 printf mine > "$1"
                 """)
@@ -105,12 +114,15 @@ extension SerialTests {
         /// the next edit clears it. Nothing of the value outlived the process.
         @Test func aKilledEditLeavesADeadMountThatTheNextEditClears() throws {
             #expect(k("set default/db", stdin: "v1").succeeded)
-            let killer = try editor("killer-editor", """
+            let killer = try editor(
+                "killer-editor",
+                """
                 p=$PPID
                 [ "$(cat /proc/$p/comm)" = keychainfs ] || p=$(awk '/^PPid/ { print $2 }' /proc/$p/status)
                 kill -9 "$p"
                 """)
-            let killed = harness.sh("EDITOR=\"$1\" \"$K\" edit default/db --keychain \"$KC\"; echo \"status $?\"", arguments: [killer])
+            let killed = harness.sh(
+                "EDITOR=\"$1\" \"$K\" edit default/db --keychain \"$KC\"; echo \"status $?\"", arguments: [killer])
             #expect(killed.stdout == "status 137\n", "\(killed)")
             #expect(scratchMounts() == 1)
             #expect(harness.sh("EDITOR=true \"$K\" edit default/db --keychain \"$KC\"").succeeded)

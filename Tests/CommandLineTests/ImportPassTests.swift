@@ -14,14 +14,15 @@ extension SerialTests {
 
         init() throws {
             harness = try MountHarness()
-            let made = harness.sh(environment + """
-                mkdir -m 700 "$GNUPGHOME"
-                gpg --batch --passphrase '' --quick-gen-key 'KeychainFS test <test@example.org>' default default never 2> /dev/null
-                pass init test@example.org > /dev/null
-                printf 'hunter2\\n' | pass insert -e web/github.com > /dev/null
-                printf 'top-secret\\n' | pass insert -e toplevel > /dev/null
-                printf 'pw\\nuser: ada\\notpauth://totp/x?secret=GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ&digits=8\\n' | pass insert -m email/work/imap > /dev/null
-                """)
+            let made = harness.sh(
+                environment + """
+                    mkdir -m 700 "$GNUPGHOME"
+                    gpg --batch --passphrase '' --quick-gen-key 'KeychainFS test <test@example.org>' default default never 2> /dev/null
+                    pass init test@example.org > /dev/null
+                    printf 'hunter2\\n' | pass insert -e web/github.com > /dev/null
+                    printf 'top-secret\\n' | pass insert -e toplevel > /dev/null
+                    printf 'pw\\nuser: ada\\notpauth://totp/x?secret=GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ&digits=8\\n' | pass insert -m email/work/imap > /dev/null
+                    """)
             guard made.succeeded else { throw HarnessError("could not make the store: \(made)") }
         }
 
@@ -40,12 +41,13 @@ extension SerialTests {
             unlock()
             let imported = k("import pass")
             #expect(imported.succeeded, "\(imported)")
-            #expect(imported.stdout == """
-                imported email/work/imap -> email/work%2Fimap
-                imported toplevel -> default/toplevel
-                imported web/github.com -> web/github.com
+            #expect(
+                imported.stdout == """
+                    imported email/work/imap -> email/work%2Fimap
+                    imported toplevel -> default/toplevel
+                    imported web/github.com -> web/github.com
 
-                """, "\(imported)")
+                    """, "\(imported)")
             #expect(imported.stderr == "3 imported, 0 kept, 0 failed\n")
             // A one-line entry is the password, as pass -c copies it; a longer one whole.
             #expect(k("get web/github.com").stdout == "hunter2")
@@ -59,8 +61,11 @@ extension SerialTests {
             unlock()
             #expect(k("set web/github.com", stdin: "mine").succeeded)
             let again = k("import pass")
-            #expect(again.succeeded && again.stdout.contains("kept     web/github.com -> web/github.com (it exists; --force replaces it)"),
-                    "\(again)")
+            #expect(
+                again.succeeded
+                    && again.stdout.contains(
+                        "kept     web/github.com -> web/github.com (it exists; --force replaces it)"),
+                "\(again)")
             #expect(again.stderr == "2 imported, 1 kept, 0 failed\n")
             #expect(k("get web/github.com").stdout == "mine")
             #expect(k("import pass --force").stderr == "3 imported, 0 kept, 0 failed\n")
@@ -77,26 +82,33 @@ extension SerialTests {
 
         @Test func lockedDryRunAndBrokenEntriesChangeNothingElse() {
             let locked = k("import pass")
-            #expect(locked.status == 3 && locked.stderr == "keychainfs: the keychain is locked; unlock it first\n", "\(locked)")
+            #expect(
+                locked.status == 3 && locked.stderr == "keychainfs: the keychain is locked; unlock it first\n",
+                "\(locked)")
             unlock()
-            #expect(k("import pass --dry-run").stdout == """
-                email/work/imap -> email/work%2Fimap
-                toplevel -> default/toplevel
-                web/github.com -> web/github.com
+            #expect(
+                k("import pass --dry-run").stdout == """
+                    email/work/imap -> email/work%2Fimap
+                    toplevel -> default/toplevel
+                    web/github.com -> web/github.com
 
-                """)
+                    """)
             #expect(k("get web/github.com").status == 2)
             // An entry gpg cannot decrypt is reported; the others are imported.
             #expect(harness.sh(environment + "printf 'not openpgp' > \"$PASSWORD_STORE_DIR/web/broken.gpg\"").succeeded)
-            let broken = harness.sh(environment + "\"$K\" import pass --keychain \"$KC\" 2> /dev/null; echo \"status $?\"")
+            let broken = harness.sh(
+                environment + "\"$K\" import pass --keychain \"$KC\" 2> /dev/null; echo \"status $?\"")
             #expect(broken.stdout.contains("failed   web/broken: gpg could not decrypt it (status 2)\n"), "\(broken)")
             #expect(broken.stdout.hasSuffix("status 1\n"))
             #expect(k("get web/github.com").stdout == "hunter2")
             // An entry whose file name holds a terminal escape sequence is
             // reported with it escaped: a store cannot write to the screen.
-            #expect(harness.sh(environment + """
-                cp "$PASSWORD_STORE_DIR/web/github.com.gpg" "$PASSWORD_STORE_DIR/web/evil$(printf '\\033')[2J.gpg"
-                """).succeeded)
+            #expect(
+                harness.sh(
+                    environment + """
+                        cp "$PASSWORD_STORE_DIR/web/github.com.gpg" "$PASSWORD_STORE_DIR/web/evil$(printf '\\033')[2J.gpg"
+                        """
+                ).succeeded)
             let escaped = k("import pass --dry-run")
             #expect(escaped.stdout.contains("web/evil\\x1b[2J") && !escaped.stdout.contains("\u{1b}"), "\(escaped)")
             let missing = k("import pass \"$R/nowhere\"")

@@ -14,31 +14,32 @@ extension SerialTests.SecretServiceTests {
     /// prints it, or `none`.
     func buildApps() throws {
         try """
-            #include <libsecret/secret.h>
-            #include <stdio.h>
-            #include <string.h>
-            static const SecretSchema schema = {
-                "org.example.App", SECRET_SCHEMA_NONE,
-                { { "name", SECRET_SCHEMA_ATTRIBUTE_STRING }, { NULL, 0 } } };
-            int main(int argc, char **argv) {
-                GError *error = NULL;
-                if (argc == 4 && strcmp(argv[1], "store") == 0) {
-                    secret_password_store_sync(&schema, SECRET_COLLECTION_DEFAULT, "App " APP, argv[3], NULL, &error,
-                                               "name", argv[2], NULL);
-                } else if (argc == 2 && strcmp(argv[1], "wait") == 0) {
-                    g_usleep(3 * G_USEC_PER_SEC);
-                } else if (argc == 3 && strcmp(argv[1], "lookup") == 0) {
-                    gchar *password = secret_password_lookup_sync(&schema, NULL, &error, "name", argv[2], NULL);
-                    printf("%s\\n", password ? password : "none");
-                    secret_password_free(password);
-                } else {
-                    return 2;
-                }
-                if (error) { printf("error: %s\\n", error->message); return 1; }
-                return 0;
+        #include <libsecret/secret.h>
+        #include <stdio.h>
+        #include <string.h>
+        static const SecretSchema schema = {
+            "org.example.App", SECRET_SCHEMA_NONE,
+            { { "name", SECRET_SCHEMA_ATTRIBUTE_STRING }, { NULL, 0 } } };
+        int main(int argc, char **argv) {
+            GError *error = NULL;
+            if (argc == 4 && strcmp(argv[1], "store") == 0) {
+                secret_password_store_sync(&schema, SECRET_COLLECTION_DEFAULT, "App " APP, argv[3], NULL, &error,
+                                           "name", argv[2], NULL);
+            } else if (argc == 2 && strcmp(argv[1], "wait") == 0) {
+                g_usleep(3 * G_USEC_PER_SEC);
+            } else if (argc == 3 && strcmp(argv[1], "lookup") == 0) {
+                gchar *password = secret_password_lookup_sync(&schema, NULL, &error, "name", argv[2], NULL);
+                printf("%s\\n", password ? password : "none");
+                secret_password_free(password);
+            } else {
+                return 2;
             }
-            """.write(toFile: harness.root + "/app.c", atomically: true, encoding: .utf8)
-        let built = harness.sh("""
+            if (error) { printf("error: %s\\n", error->message); return 1; }
+            return 0;
+        }
+        """.write(toFile: harness.root + "/app.c", atomically: true, encoding: .utf8)
+        let built = harness.sh(
+            """
             for app in a b; do
                 gcc -O1 -DAPP="\\"$app\\"" -o "$R/app-$app" "$R/app.c" $(pkg-config --cflags --libs libsecret-1) || exit 1
             done
@@ -51,30 +52,32 @@ extension SerialTests.SecretServiceTests {
     /// none: cancel), logging each question to `$R/pinentry.log`.
     func writeConsentPinentry(answers: [String]) throws {
         try """
-            #!/bin/sh
-            echo "OK Pleased to meet you"
-            while read -r command rest; do
-                case "$command" in
-                SETDESC) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
-                CONFIRM) n=$(( $(cat "$R/confirmed" 2>/dev/null || echo 0) + 1 )); echo $n > "$R/confirmed"
-                         case "$(sed -n "${n}p" "$R/answers")" in
-                         once) echo OK ;;
-                         always) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
-                         *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
-                         esac ;;
-                BYE) echo OK; exit 0 ;;
-                *) echo OK ;;
-                esac
-            done
-            """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
+        #!/bin/sh
+        echo "OK Pleased to meet you"
+        while read -r command rest; do
+            case "$command" in
+            SETDESC) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
+            CONFIRM) n=$(( $(cat "$R/confirmed" 2>/dev/null || echo 0) + 1 )); echo $n > "$R/confirmed"
+                     case "$(sed -n "${n}p" "$R/answers")" in
+                     once) echo OK ;;
+                     always) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
+                     *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
+                     esac ;;
+            BYE) echo OK; exit 0 ;;
+            *) echo OK ;;
+            esac
+        done
+        """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
         chmod(harness.root + "/pinentry", 0o755)
-        try (answers.joined(separator: "\n") + "\n").write(toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
+        try (answers.joined(separator: "\n") + "\n").write(
+            toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
     }
 
     @Test func anItemIsItsCreatorsAndAnyOtherProgramIsAskedAbout() throws {
         try buildApps()
         try writeConsentPinentry(answers: ["deny", "once", "always"])
-        let used = onBus("""
+        let used = onBus(
+            """
             "$R/app-a" store mail hunter2; echo "a stores $?"
             "$R/app-a" lookup mail
             "$R/app-b" lookup mail
@@ -85,34 +88,40 @@ extension SerialTests.SecretServiceTests {
             wc -l < "$R/pinentry.log"
             """, environment: Self.pinentryEnvironment)
         // a is never asked; b: denied, allowed once, allowed always, then not asked again.
-        #expect(used.stdout == """
-            a stores 0
-            hunter2
-            none
-            hunter2
-            hunter2
-            hunter2
-            hunter2
-            3
+        #expect(
+            used.stdout == """
+                a stores 0
+                hunter2
+                none
+                hunter2
+                hunter2
+                hunter2
+                hunter2
+                3
 
-            """, "\(used)")
+                """, "\(used)")
         let question = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
-        #expect(question.contains(harness.root + "/app-b (sha256 ") && question.contains("wants to read the secrets of \"App a\" in default")
+        #expect(
+            question.contains(harness.root + "/app-b (sha256 ")
+                && question.contains("wants to read the secrets of \"App a\" in default")
                 && question.contains("which belongs to " + harness.root + "/app-a"), "\(question)")
         // Every question and answer is in the log, with the program that was asked about.
-        let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep ' ask ' | sed 's/.* ask \\([a-z-]*\\) .*exe=\\([^ ]*\\).*/\\1 \\2/'")
-        #expect(log.stdout == """
-            denied \(harness.root)/app-b
-            allowed-once \(harness.root)/app-b
-            allowed-always \(harness.root)/app-b
+        let log = harness.sh(
+            "\"$K\" log --keychain \"$KC\" | grep ' ask ' | sed 's/.* ask \\([a-z-]*\\) .*exe=\\([^ ]*\\).*/\\1 \\2/'")
+        #expect(
+            log.stdout == """
+                denied \(harness.root)/app-b
+                allowed-once \(harness.root)/app-b
+                allowed-always \(harness.root)/app-b
 
-            """, "\(log)")
+                """, "\(log)")
     }
 
     @Test func aDeniedProgramFindsTheItemButNeverItsSecretNorChangesIt() throws {
         try buildApps()
         try writeConsentPinentry(answers: [])
-        let used = onBus("""
+        let used = onBus(
+            """
             "$R/app-a" store mail hunter2
             # Found by a search, as the spec wants; its secret left out.
             secret-tool search --all name mail 2>&1 | grep -E '^(label|secret)'
@@ -134,18 +143,21 @@ extension SerialTests.SecretServiceTests {
         #expect(!used.stdout.contains("secret = hunter2"), "\(used)")
         // app-b's store with the same attributes is a replace of a's item: refused, nothing lost.
         #expect(used.stdout.contains("b replaces: 1"), "\(used)")
-        #expect(used.stdout.hasSuffix("""
-            refused: DBusErrorResponse
-            refused: DBusErrorResponse
-            refused: DBusErrorResponse
-            hunter2
+        #expect(
+            used.stdout.hasSuffix(
+                """
+                refused: DBusErrorResponse
+                refused: DBusErrorResponse
+                refused: DBusErrorResponse
+                hunter2
 
-            """), "\(used)")
+                """), "\(used)")
     }
 
     @Test func withNoWayToAskTheAnswerIsDeny() throws {
         try buildApps()
-        let used = onBus("""
+        let used = onBus(
+            """
             "$R/app-a" store mail hunter2
             "$R/app-b" lookup mail
             "$R/app-a" lookup mail
@@ -163,7 +175,8 @@ extension SerialTests.SecretServiceTests {
         try writeConsentPinentry(answers: [])
         let package = "kcfs-test-owner-app"
         defer { _ = harness.sh("dpkg -r \(package) >/dev/null 2>&1") }
-        let installed = harness.sh("""
+        let installed = harness.sh(
+            """
             for version in 1 2; do
                 root="$R/deb-$version"
                 mkdir -p "$root/DEBIAN" "$root/usr/libexec/\(package)"
@@ -176,7 +189,8 @@ extension SerialTests.SecretServiceTests {
             """)
         #expect(installed.succeeded, "\(installed)")
         let app = "/usr/libexec/\(package)/app"
-        let used = onBus("""
+        let used = onBus(
+            """
             \(app) store mail hunter2
             dpkg -i "$R/app-2.deb" >/dev/null
             \(app) lookup mail
@@ -196,7 +210,8 @@ extension SerialTests.SecretServiceTests {
     @Test func aclAddAndRemoveChangeTheListWithThePasscode() throws {
         try buildApps()
         try writeConsentPinentry(answers: [])
-        let used = onBus("""
+        let used = onBus(
+            """
             "$R/app-a" store mail hunter2
             printf 0000 | "$K" acl "default/App a" --add "$R/app-b"; echo "wrong passcode $?"
             "$R/app-b" lookup mail
@@ -212,25 +227,27 @@ extension SerialTests.SecretServiceTests {
             printf '%s\\n' "$PASSCODE" | "$K" acl default/plain --add "$R/app-b" 2>&1 | sed "s|$R/||"
             "$K" acl default/plain
             """, environment: Self.pinentryEnvironment)
-        #expect(used.stdout == """
-            wrong passcode 4
-            none
-            app-b (sha256 \(try appDigest("app-b"))) may use default/App a over the bus
-            hunter2
-            owner: app-a (sha256…)
-            allowed: app-b (sha256…)
-            True 1
-            took 1 program(s) at app-b off the list of default/App a
-            none
-            not on it 2
-            keychainfs: no program at app-b is on the list of default/App a
-            keychainfs: default/plain belongs to no program (it was made through a mount or the command line): every program of yours may use it; there is no list to change (--claim makes it a program's)
-            owner: none (made through a mount or the command line: any program of yours may use it over the bus)
+        #expect(
+            used.stdout == """
+                wrong passcode 4
+                none
+                app-b (sha256 \(try appDigest("app-b"))) may use default/App a over the bus
+                hunter2
+                owner: app-a (sha256…)
+                allowed: app-b (sha256…)
+                True 1
+                took 1 program(s) at app-b off the list of default/App a
+                none
+                not on it 2
+                keychainfs: no program at app-b is on the list of default/App a
+                keychainfs: default/plain belongs to no program (it was made through a mount or the command line): every program of yours may use it; there is no list to change (--claim makes it a program's)
+                owner: none (made through a mount or the command line: any program of yours may use it over the bus)
 
-            """, "\(used)")
+                """, "\(used)")
         // Every change and every refusal is in the log.
         let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep ' acl-' | cut -d' ' -f2,3")
-        #expect(log.stdout == "acl-add refused\nacl-add ok\nacl-remove ok\nacl-remove absent\nacl-add error\n", "\(log)")
+        #expect(
+            log.stdout == "acl-add refused\nacl-add ok\nacl-remove ok\nacl-remove absent\nacl-add error\n", "\(log)")
     }
 
     /// `policy GROUP --apps open` gives a collection gnome-keyring's
@@ -239,7 +256,8 @@ extension SerialTests.SecretServiceTests {
     @Test func aCollectionOpenedToEveryProgramAsksNothingUntilItIsOwnedAgain() throws {
         try buildApps()
         try writeConsentPinentry(answers: [])
-        let used = onBus("""
+        let used = onBus(
+            """
             "$R/app-a" store mail hunter2
             "$K" policy default
             printf 0000 | "$K" policy default --apps open; echo "wrong passcode $?"
@@ -249,16 +267,17 @@ extension SerialTests.SecretServiceTests {
             "$R/app-b" lookup mail
             "$K" acl "default/App a" | cut -d' ' -f1
             """, environment: Self.pinentryEnvironment)
-        #expect(used.stdout == """
-            default: apps own
-            wrong passcode 4
-            default: apps open
-            hunter2
-            default: apps own
-            none
-            owner:
+        #expect(
+            used.stdout == """
+                default: apps own
+                wrong passcode 4
+                default: apps open
+                hunter2
+                default: apps own
+                none
+                owner:
 
-            """, "\(used)")
+                """, "\(used)")
     }
 
     /// The worked example of docs/SECRET-SERVICE.md: headless Chromium
@@ -269,9 +288,10 @@ extension SerialTests.SecretServiceTests {
     @Test func chromiumOwnsItsSafeStorageKeyAndSecretToolIsAskedAboutIt() throws {
         try writeConsentPinentry(answers: ["deny", "once"])
         try """
-            <html><body><script>document.cookie = "session=1; max-age=100000; path=/";</script>cookie set</body></html>
-            """.write(toFile: harness.root + "/page.html", atomically: true, encoding: .utf8)
-        let used = onBus("""
+        <html><body><script>document.cookie = "session=1; max-age=100000; path=/";</script>cookie set</body></html>
+        """.write(toFile: harness.root + "/page.html", atomically: true, encoding: .utf8)
+        let used = onBus(
+            """
             /usr/bin/python3 -m http.server 0 --bind 127.0.0.1 --directory "$R" > "$R/http.log" 2>&1 &
             server=$!
             trap '"$K" stop; kill $server' EXIT
@@ -288,19 +308,23 @@ extension SerialTests.SecretServiceTests {
             secret-tool lookup application chromium; echo "denied $?"
             secret-tool lookup application chromium | wc -c | sed 's/^[1-9][0-9]*$/a key/'
             """, environment: Self.pinentryEnvironment)
-        #expect(used.stdout == """
-            cookie set
-            owner: /usr/lib/chromium/chromium (package chromium)
-            cookie set
-            chromium was not asked about
-            denied 1
-            a key
+        #expect(
+            used.stdout == """
+                cookie set
+                owner: /usr/lib/chromium/chromium (package chromium)
+                cookie set
+                chromium was not asked about
+                denied 1
+                a key
 
-            """, "\(used)")
+                """, "\(used)")
         let asked = (try? String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)) ?? ""
-        #expect(asked.hasPrefix("/usr/bin/secret-tool (package libsecret-tools) wants to read the secrets of "
-                                + "\"Chromium Safe Storage\" in default, which belongs to /usr/lib/chromium/chromium (package chromium)"),
-                "\(asked)")
+        #expect(
+            asked.hasPrefix(
+                "/usr/bin/secret-tool (package libsecret-tools) wants to read the secrets of "
+                    + "\"Chromium Safe Storage\" in default, which belongs to /usr/lib/chromium/chromium (package chromium)"
+            ),
+            "\(asked)")
     }
 
     /// The exec race of issue 29, against an owner: a program connects,
@@ -311,7 +335,8 @@ extension SerialTests.SecretServiceTests {
         try buildApps()
         try writeConsentPinentry(answers: [])
         try writeForkExecRace()
-        let raced = onBus("""
+        let raced = onBus(
+            """
             "$R/app-a" store mail hunter2
             /usr/bin/python3 "$R/race.py" "$R/app-a" name=mail hunter2 wait
             "$R/app-a" lookup mail

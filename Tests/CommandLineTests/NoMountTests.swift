@@ -23,7 +23,8 @@ extension SerialTests {
             #expect(k("unlock", stdin: MountHarness.passcode + "\n").succeeded)
             #expect(k("set default/token", stdin: "s3cret").succeeded)
             #expect(k("get default/token").stdout == "s3cret")
-            #expect(k("status").stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\npasscode: yes\nfailed-attempts: 0\n"))
+            #expect(
+                k("status").stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\npasscode: yes\nfailed-attempts: 0\n"))
             // A mount joins the running device and leaves it running.
             let mnt = try harness.prepareMountpoint("mnt")
             #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt]).succeeded)
@@ -39,13 +40,18 @@ extension SerialTests {
         /// git's `store` with no device running is not dropped unseen.
         @Test func gitsStoreWithNoDeviceStartsItAndSaysItIsLocked() throws {
             let harness = try MountHarness()
-            let store = harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
-                                   stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n")
+            let store = harness.sh(
+                "\"$K\" git-credential store --keychain \"$KC\"",
+                stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n")
             #expect(store.stderr.contains("locked"), "\(store)")
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
-            #expect(harness.sh("\"$K\" git-credential store --keychain \"$KC\"",
-                               stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n").succeeded)
-            let get = harness.sh("\"$K\" git-credential get --keychain \"$KC\"", stdin: "protocol=https\nhost=example.com\n\n")
+            #expect(
+                harness.sh(
+                    "\"$K\" git-credential store --keychain \"$KC\"",
+                    stdin: "protocol=https\nhost=example.com\nusername=ada\npassword=pw\n\n"
+                ).succeeded)
+            let get = harness.sh(
+                "\"$K\" git-credential get --keychain \"$KC\"", stdin: "protocol=https\nhost=example.com\n\n")
             #expect(get.stdout.contains("password=pw"), "\(get)")
         }
 
@@ -56,7 +62,8 @@ extension SerialTests {
         @Test func watchAndAutoLockNeedNoMount() throws {
             let harness = try MountHarness()
             let mnt = try harness.prepareMountpoint("mnt")
-            let watched = harness.sh("""
+            let watched = harness.sh(
+                """
                 mkfifo "$R/events"
                 "$K" watch --keychain "$KC" > "$R/events" 2> "$R/watch.err" & watcher=$!
                 trap 'kill $watcher 2> /dev/null' EXIT
@@ -75,16 +82,17 @@ extension SerialTests {
                 printf '%s\\n' "$lines"
                 """, arguments: [mnt, MountHarness.passcode])
             let tab = "\t"
-            #expect(watched.stdout == """
-                bad duration 64
-                Error: The value '8d' is invalid for
-                autolock: 1
-                autolock-grace: 0
-                watch status 1
-                keychainfs: the device went away
-                locked|unlocked|written\(tab)default\(tab)token|removed\(tab)default\(tab)token|will-lock\(tab)0|locked
+            #expect(
+                watched.stdout == """
+                    bad duration 64
+                    Error: The value '8d' is invalid for
+                    autolock: 1
+                    autolock-grace: 0
+                    watch status 1
+                    keychainfs: the device went away
+                    locked|unlocked|written\(tab)default\(tab)token|removed\(tab)default\(tab)token|will-lock\(tab)0|locked
 
-                """, "\(watched)")
+                    """, "\(watched)")
             #expect(!watched.stdout.contains("s3cret"))
         }
     }

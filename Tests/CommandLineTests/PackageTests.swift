@@ -13,11 +13,14 @@ extension SerialTests {
 
         static func installed() -> Bool {
             let harness = try? MountHarness(passcode: nil)
-            return harness?.sh("dpkg-query -W -f='${Status}' keychainfs 2>/dev/null | grep -q 'install ok installed'").succeeded ?? false
+            return harness?.sh("dpkg-query -W -f='${Status}' keychainfs 2>/dev/null | grep -q 'install ok installed'")
+                .succeeded ?? false
         }
 
         @Test func thePackageInstallsWorksAndRemovesCleanly() throws {
-            try #require(!Self.installed(), "a keychainfs package is installed on this machine: this test installs and removes its own")
+            try #require(
+                !Self.installed(),
+                "a keychainfs package is installed on this machine: this test installs and removes its own")
             let harness = try MountHarness(passcode: nil)
             let hadAccount = getpwnam("keychainfs") != nil
             let hadState = FileManager.default.fileExists(atPath: "/var/lib/keychainfs")
@@ -35,9 +38,14 @@ extension SerialTests {
 
             // The command, its man page, its helper names.
             let version = harness.sh("\"$K\" --version").stdout
-            #expect(harness.sh("keychainfs --version").stdout == version && version.hasPrefix("keychainfs "), "\(version)")
-            #expect(harness.sh("for c in keychainfs git-credential-keychainfs docker-credential-keychainfs; do command -v $c; done").stdout
-                    == "/usr/bin/keychainfs\n/usr/bin/git-credential-keychainfs\n/usr/bin/docker-credential-keychainfs\n")
+            #expect(
+                harness.sh("keychainfs --version").stdout == version && version.hasPrefix("keychainfs "), "\(version)")
+            #expect(
+                harness.sh(
+                    "for c in keychainfs git-credential-keychainfs docker-credential-keychainfs; do command -v $c; done"
+                ).stdout
+                    == "/usr/bin/keychainfs\n/usr/bin/git-credential-keychainfs\n/usr/bin/docker-credential-keychainfs\n"
+            )
             #expect(harness.sh("man -w keychainfs").stdout == "/usr/share/man/man1/keychainfs.1.gz\n")
             let page = harness.sh("MANPAGER=cat MANWIDTH=80 man keychainfs 2>/dev/null | grep -c 'EXIT STATUS'")
             #expect(page.stdout == "1\n", "\(page)")
@@ -45,45 +53,64 @@ extension SerialTests {
             // The service's units verify, and run the installed binary, root's
             // and writable by nobody else (the service trusts it), as the account.
             let units = "/usr/lib/systemd/system"
-            let verified = harness.sh("systemd-analyze verify --man=no \"$1/keychainfs.socket\" \"$1/keychainfs.service\"",
-                                      arguments: [units])
+            let verified = harness.sh(
+                "systemd-analyze verify --man=no \"$1/keychainfs.socket\" \"$1/keychainfs.service\"",
+                arguments: [units])
             #expect(verified.succeeded && verified.stderr.isEmpty, "\(verified)")
             let service = try String(contentsOfFile: units + "/keychainfs.service", encoding: .utf8)
             #expect(service.contains("ExecStart=/usr/bin/keychainfs service\n"))
             var info = stat()
             #expect(stat("/usr/bin/keychainfs", &info) == 0 && info.st_uid == 0 && info.st_mode & 0o022 == 0)
-            for line in ["User=keychainfs", "AmbientCapabilities=CAP_SYS_PTRACE", "CapabilityBoundingSet=CAP_SYS_PTRACE",
-                         "NoNewPrivileges=yes", "StateDirectoryMode=0700", "LimitNOFILE=65536", "WatchdogSec=30s",
-                         "Restart=on-failure"] {
+            for line in [
+                "User=keychainfs", "AmbientCapabilities=CAP_SYS_PTRACE", "CapabilityBoundingSet=CAP_SYS_PTRACE",
+                "NoNewPrivileges=yes", "StateDirectoryMode=0700", "LimitNOFILE=65536", "WatchdogSec=30s",
+                "Restart=on-failure"
+            ] {
                 #expect(service.contains(line + "\n"), "\(line)")
             }
             let socket = try String(contentsOfFile: units + "/keychainfs.socket", encoding: .utf8)
             #expect(socket.contains("ListenStream=\(ServicePaths.defaultSocket)\n"))
-            let userUnits = harness.sh("grep -h '^ExecStart=' /usr/lib/systemd/user/keychainfs@.service /usr/lib/systemd/user/keychainfs-secrets.service")
-            #expect(userUnits.stdout == """
-                ExecStart=/usr/bin/keychainfs mount --foreground %f
-                ExecStart=/usr/bin/keychainfs start --foreground --secret-service
+            let userUnits = harness.sh(
+                "grep -h '^ExecStart=' /usr/lib/systemd/user/keychainfs@.service /usr/lib/systemd/user/keychainfs-secrets.service"
+            )
+            #expect(
+                userUnits.stdout == """
+                    ExecStart=/usr/bin/keychainfs mount --foreground %f
+                    ExecStart=/usr/bin/keychainfs start --foreground --secret-service
 
-                """, "\(userUnits)")
+                    """, "\(userUnits)")
 
             // The account and the service's directory; nothing enabled or started.
             let account = try #require(getpwnam("keychainfs"))
             #expect(String(cString: account.pointee.pw_shell) == "/usr/sbin/nologin" && account.pointee.pw_uid < 1000)
-            #expect(stat("/var/lib/keychainfs", &info) == 0 && info.st_mode & 0o777 == 0o700 && info.st_uid == account.pointee.pw_uid)
+            #expect(
+                stat("/var/lib/keychainfs", &info) == 0 && info.st_mode & 0o777 == 0o700
+                    && info.st_uid == account.pointee.pw_uid)
             // Enabled is a link in a .wants directory (systemctl enable makes one).
-            #expect(harness.sh("find /etc/systemd -path '*.wants/keychainfs*' | grep -q .").status == 1, "a unit was enabled")
+            #expect(
+                harness.sh("find /etc/systemd -path '*.wants/keychainfs*' | grep -q .").status == 1,
+                "a unit was enabled")
             #expect(!FileManager.default.fileExists(atPath: ServicePaths.defaultSocket))
-            #expect(!FileManager.default.fileExists(atPath: "/usr/share/dbus-1/services/org.freedesktop.secrets.service")
-                    || harness.sh("grep -q keychainfs /usr/share/dbus-1/services/org.freedesktop.secrets.service").status == 1)
+            #expect(
+                !FileManager.default.fileExists(atPath: "/usr/share/dbus-1/services/org.freedesktop.secrets.service")
+                    || harness.sh("grep -q keychainfs /usr/share/dbus-1/services/org.freedesktop.secrets.service")
+                        .status == 1
+            )
 
             // A new user's quick start, with the installed binary.
             try QuickStartTests.runQuickStart(binary: "/usr/bin/keychainfs")
 
             // Removal leaves the keychains: a user's, and one of the service's.
             let kept = harness.root + "/kept"
-            #expect(harness.sh("printf '1234\\n1234\\n' | keychainfs init --no-tpm --keychain \"$1\" >/dev/null 2>&1",
-                               arguments: [kept]).succeeded)
-            #expect(harness.sh("install -d -o keychainfs -m 0700 /var/lib/keychainfs/4242 && touch /var/lib/keychainfs/4242/keychain.db").succeeded)
+            #expect(
+                harness.sh(
+                    "printf '1234\\n1234\\n' | keychainfs init --no-tpm --keychain \"$1\" >/dev/null 2>&1",
+                    arguments: [kept]
+                ).succeeded)
+            #expect(
+                harness.sh(
+                    "install -d -o keychainfs -m 0700 /var/lib/keychainfs/4242 && touch /var/lib/keychainfs/4242/keychain.db"
+                ).succeeded)
             let removed = harness.sh("dpkg -r keychainfs 2>&1")
             #expect(removed.succeeded, "\(removed)")
             #expect(!FileManager.default.fileExists(atPath: "/usr/bin/keychainfs"))

@@ -22,7 +22,12 @@ extension SerialTests {
         /// RFC 6238's SHA-1 vector at T=59, through an item as pass-otp keeps it
         /// (password first, URI on a later line); then now, and the failures.
         @Test func otpPrintsTheCodeOfAnItemsOtpauthUri() {
-            #expect(k("set default/site", stdin: "hunter2\notpauth://totp/Example:ada?secret=GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ&digits=8&issuer=Example\n").succeeded)
+            #expect(
+                k(
+                    "set default/site",
+                    stdin:
+                        "hunter2\notpauth://totp/Example:ada?secret=GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ&digits=8&issuer=Example\n"
+                ).succeeded)
             #expect(k("otp default/site --at 59").stdout == "94287082\n")
             #expect(k("otp default/site --at 1111111109").stdout == "07081804\n")
             let now = k("otp default/site")
@@ -30,7 +35,8 @@ extension SerialTests {
 
             #expect(k("set default/plain", stdin: "hunter2").succeeded)
             let plain = k("otp default/plain")
-            #expect(plain.status == 1 && plain.stderr == "keychainfs: default/plain holds no otpauth:// URI\n", "\(plain)")
+            #expect(
+                plain.status == 1 && plain.stderr == "keychainfs: default/plain holds no otpauth:// URI\n", "\(plain)")
             #expect(k("set default/hotp", stdin: "otpauth://hotp/x?secret=GEZDGNBV&counter=3").succeeded)
             #expect(k("otp default/hotp").stderr.contains("only time-based codes"))
             #expect(k("otp default/absent").status == 2)
@@ -51,7 +57,9 @@ extension SerialTests {
 
             // An existing item is kept: generate is not a way to lose a password.
             let again = k("generate default/new 30")
-            #expect(again.status == 1 && again.stderr.contains("already exists and was kept (--force replaces it)"), "\(again)")
+            #expect(
+                again.status == 1 && again.stderr.contains("already exists and was kept (--force replaces it)"),
+                "\(again)")
             #expect(k("get default/new").stdout == stored)
 
             let printed = k("generate default/new 12 --force --print --no-symbols")
@@ -65,8 +73,10 @@ extension SerialTests {
 
         @Test func generateWordsMakesAPassphraseFromTheWordList() throws {
             let list = harness.root + "/words"
-            try (0..<2000).map { "word" + String($0, radix: 5).map { ["a", "b", "c", "d", "e"][$0.wholeNumberValue!] }.joined() }
-                .joined(separator: "\n").write(toFile: list, atomically: true, encoding: .utf8)
+            try (0..<2000).map {
+                "word" + String($0, radix: 5).map { ["a", "b", "c", "d", "e"][$0.wholeNumberValue!] }.joined()
+            }
+            .joined(separator: "\n").write(toFile: list, atomically: true, encoding: .utf8)
             let phrase = k("generate default/phrase 5 --words --wordlist \(list) --separator . --print")
             let words = phrase.stdout.dropLast().split(separator: ".", omittingEmptySubsequences: false)
             #expect(phrase.succeeded && words.count == 5 && words.allSatisfy { $0.hasPrefix("word") }, "\(phrase)")
@@ -81,7 +91,7 @@ extension SerialTests {
             ("default/x --words 2", "the number of words must be from 3 to 64"),
             ("default/x --words --wordlist /nonexistent", "cannot read the word list /nonexistent"),
             ("default/x --words --no-symbols", "--words makes a passphrase"),
-            ("default/x --classes vowels", "vowels"),
+            ("default/x --classes vowels", "vowels")
         ])
         func generateRefusesWhatItCannotMakeAndStoresNothing(arguments: String, message: String) {
             let result = k("generate \(arguments)")
@@ -124,12 +134,21 @@ extension SerialTests {
             }
             func clip(_ command: String, seconds: Int) -> (ShellResult, [pid_t]) {
                 let tag = "KCFS_TEST_CLIP=\(UUID().uuidString)"
-                let result = k(command, environment: "\(tag) DISPLAY=\(display.display) KEYCHAINFS_CLIP_TIME=\(seconds)")
-                return (result, processes(withEnvironment: tag).filter { (try? String(contentsOfFile: "/proc/\($0)/cmdline", encoding: .utf8))?.contains("clipboard-clear") == true })
+                let result = k(
+                    command, environment: "\(tag) DISPLAY=\(display.display) KEYCHAINFS_CLIP_TIME=\(seconds)")
+                return (
+                    result,
+                    processes(withEnvironment: tag).filter {
+                        (try? String(contentsOfFile: "/proc/\($0)/cmdline", encoding: .utf8))?.contains(
+                            "clipboard-clear") == true
+                    }
+                )
             }
 
             let (copied, clearers) = clip("get default/token --clip", seconds: 1)
-            #expect(copied.succeeded && copied.stdout.isEmpty && copied.stderr.contains("cleared in 1 seconds"), "\(copied)")
+            #expect(
+                copied.succeeded && copied.stdout.isEmpty && copied.stderr.contains("cleared in 1 seconds"), "\(copied)"
+            )
             #expect(xclip("-out").stdout == "s3cret")
             #expect(clearers.count == 1)
             for clearer in clearers { #expect(waitForExit(clearer, seconds: 20)) }
@@ -147,7 +166,9 @@ extension SerialTests {
             #expect(code.status == 1, "an item without a URI copies nothing: \(code)")
             #expect(xclip("-out").stdout == "mine")
             let noDisplay = k("get default/token --clip", environment: "DISPLAY= WAYLAND_DISPLAY=")
-            #expect(noDisplay.status == 1 && noDisplay.stderr.contains("needs a desktop session") && noDisplay.stdout.isEmpty, "\(noDisplay)")
+            #expect(
+                noDisplay.status == 1 && noDisplay.stderr.contains("needs a desktop session")
+                    && noDisplay.stdout.isEmpty, "\(noDisplay)")
         }
     }
 }

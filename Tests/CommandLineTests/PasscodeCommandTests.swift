@@ -9,10 +9,12 @@ extension SerialTests {
     @Suite struct PasscodeCommandTests {
         @Test func changingThePasscodeOfAStoppedKeychain() throws {
             let harness = try MountHarness()
-            let changed = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\nnew-passcode\n")
+            let changed = harness.sh(
+                "\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\nnew-passcode\n")
             #expect(changed.succeeded && changed.stdout == "changed the passcode\n", "\(changed)")
             let mnt = try harness.mount()
-            #expect(!harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: MountHarness.passcode + "\n").succeeded)
+            #expect(
+                !harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: MountHarness.passcode + "\n").succeeded)
             try harness.unlock(mnt, passcode: "new-passcode")
         }
 
@@ -23,7 +25,8 @@ extension SerialTests {
             let wrong = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "not-it\nnew-passcode\nnew-passcode\n")
             #expect(!wrong.succeeded && wrong.stderr.contains("current passcode is wrong"), "\(wrong)")
             #expect(harness.status(mnt)["failed-attempts"] == "1")
-            let changed = harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\nnew-passcode\n")
+            let changed = harness.sh(
+                "\"$K\" passcode --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\nnew-passcode\nnew-passcode\n")
             #expect(changed.succeeded, "\(changed)")
             #expect(harness.status(mnt)["failed-attempts"] == "0")
             #expect(readFile(mnt + "/default/item") == "kept")  // still unlocked
@@ -35,14 +38,16 @@ extension SerialTests {
 
         @Test func aPasscodeCanBeRemovedAndAddedAgain() throws {
             let harness = try MountHarness()
-            #expect(harness.sh("\"$K\" passcode --remove --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\n").stdout
+            #expect(
+                harness.sh("\"$K\" passcode --remove --keychain \"$KC\"", stdin: "\(MountHarness.passcode)\n").stdout
                     == "removed the passcode\n")
             let mnt = try harness.mount()
             #expect(harness.status(mnt)["passcode"] == "no")
             #expect(harness.control(mnt, "unlock").succeeded)
             #expect(harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "\nadded\nadded\n").succeeded)
             #expect(harness.status(mnt)["passcode"] == "yes")
-            #expect(harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "added\n\n").stderr.contains("use --remove"))
+            #expect(
+                harness.sh("\"$K\" passcode --keychain \"$KC\"", stdin: "added\n\n").stderr.contains("use --remove"))
         }
 
         /// The keybag is replaced in one transaction: a crash at any point
@@ -62,7 +67,8 @@ extension SerialTests {
                 options.environment = harness.environment()
                 options.descriptors = [(0, stdin)]
                 options.nullStandardStreams = true
-                let pid = try #require(Spawn.start([harness.binary, "passcode", "--keychain", keychain], options: options))
+                let pid = try #require(
+                    Spawn.start([harness.binary, "passcode", "--keychain", keychain], options: options))
                 close(stdin)
                 usleep(UInt32.random(in: 0...250_000))  // a random moment of the change: the experiment
                 kill(pid, SIGKILL)
@@ -75,7 +81,9 @@ extension SerialTests {
                 outcomes[newWorks ? "new" : "old", default: 0] += 1
             }
             // Both outcomes should occur; not required (timing), but say when they don't.
-            if outcomes.count < 2 { print("passcode kill test: every round ended with the \(outcomes.keys.first ?? "") passcode") }
+            if outcomes.count < 2 {
+                print("passcode kill test: every round ended with the \(outcomes.keys.first ?? "") passcode")
+            }
         }
     }
 }

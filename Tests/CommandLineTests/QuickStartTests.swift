@@ -15,7 +15,8 @@ extension SerialTests {
         static func quickStart() throws -> String {
             let readme = try String(contentsOfFile: repository + "/README.md", encoding: .utf8)
             let start = try #require(readme.range(of: "<!-- quickstart -->\n```sh\n"))
-            let end = try #require(readme.range(of: "```\n<!-- /quickstart -->", range: start.upperBound..<readme.endIndex))
+            let end = try #require(
+                readme.range(of: "```\n<!-- /quickstart -->", range: start.upperBound..<readme.endIndex))
             return String(readme[start.upperBound..<end.lowerBound])
         }
 
@@ -38,7 +39,8 @@ extension SerialTests {
             try script.write(toFile: harness.root + "/quickstart.sh", atomically: true, encoding: .utf8)
             defer {
                 // Whatever the script got to: no mount and no device left behind.
-                _ = harness.sh("""
+                _ = harness.sh(
+                    """
                     for m in "$1/shared" "$1/kc"; do fusermount3 -u -z "$m" 2>/dev/null; done
                     HOME="$1" "$K" stop; "$K" stop --keychain "$1/other-kc"
                     """, arguments: [home])
@@ -46,8 +48,11 @@ extension SerialTests {
             // The passcodes and passwords the commands ask for, in order: init
             // (twice), unlock, the backup password (twice), unlock, grant, the
             // other keychain's init (twice), then restore: its passcode, the backup password.
-            let answers = ["1234", "1234", "1234", "backup-pw", "backup-pw", "1234", "1234", "5678", "5678", "5678", "backup-pw"]
-            let run = harness.sh("""
+            let answers = [
+                "1234", "1234", "1234", "backup-pw", "backup-pw", "1234", "1234", "5678", "5678", "5678", "backup-pw"
+            ]
+            let run = harness.sh(
+                """
                 cd "$1" && env -u XDG_DATA_HOME -u KEYCHAINFS_KEYCHAIN HOME="$2" bash -e "$R/quickstart.sh"
                 """, arguments: [Self.repository, home], stdin: answers.joined(separator: "\n") + "\n")
             #expect(run.succeeded, "\(run)")
@@ -59,7 +64,8 @@ extension SerialTests {
             #expect(run.stderr.contains("Permission denied"))
             #expect(out.contains("api-token"))
             #expect(out.contains("default/example.org\n"))
-            #expect(out.split(separator: "\n").contains { $0.count == 6 && $0.allSatisfy(\.isNumber) }, "a one-time code")
+            #expect(
+                out.split(separator: "\n").contains { $0.count == 6 && $0.allSatisfy(\.isNumber) }, "a one-time code")
             #expect(run.stderr.contains("Operation not permitted"))
             #expect(out.contains("the audit log is intact"))
             #expect(out.contains("restored from") && out.contains("added"))

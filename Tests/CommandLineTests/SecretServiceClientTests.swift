@@ -9,7 +9,8 @@ import TestSupport
 extension SerialTests.SecretServiceTests {
     @Test func secretToolStoresReplacesLooksUpAndClearsItsOwnItems() throws {
         _ = try harness.prepareMountpoint("mnt")
-        let used = onBus("""
+        let used = onBus(
+            """
             printf pw1 | secret-tool store --label='GitHub token' service github.com username ada; echo "store $?"
             printf pw2 | secret-tool store --label='GitHub token' service github.com username ada; echo "replace $?"
             printf pw3 | secret-tool store --label='GitHub token' service github.com username bob; echo "another $?"
@@ -23,40 +24,42 @@ extension SerialTests.SecretServiceTests {
             secret-tool clear service github.com username bob; echo "clear $?"
             "$K" ls default
             """)
-        #expect(used.stdout == """
-            store 0
-            replace 0
-            another 0
-            pw2 lookup 0
-            GitHub token
-            GitHub token (2)
-            [/GitHub_20token]
-            [/GitHub_20token_20_282_29]
-            attribute.keychainfs:accessible = whenUnlocked
-            attribute.keychainfs:accessible = whenUnlocked
-            attribute.keychainfs:group = default
-            attribute.keychainfs:group = default
-            attribute.keychainfs:identifier = GitHub token
-            attribute.keychainfs:identifier = GitHub token (2)
-            attribute.service = github.com
-            attribute.service = github.com
-            attribute.username = ada
-            attribute.username = bob
-            label = GitHub token
-            label = GitHub token
-            pw2
-            from a mount lookup 0
-            clear 0
-            GitHub token
+        #expect(
+            used.stdout == """
+                store 0
+                replace 0
+                another 0
+                pw2 lookup 0
+                GitHub token
+                GitHub token (2)
+                [/GitHub_20token]
+                [/GitHub_20token_20_282_29]
+                attribute.keychainfs:accessible = whenUnlocked
+                attribute.keychainfs:accessible = whenUnlocked
+                attribute.keychainfs:group = default
+                attribute.keychainfs:group = default
+                attribute.keychainfs:identifier = GitHub token
+                attribute.keychainfs:identifier = GitHub token (2)
+                attribute.service = github.com
+                attribute.service = github.com
+                attribute.username = ada
+                attribute.username = bob
+                label = GitHub token
+                label = GitHub token
+                pw2
+                from a mount lookup 0
+                clear 0
+                GitHub token
 
-            """, "\(used)")
+                """, "\(used)")
     }
 
     /// `keychainfs:accessible` chooses the class: an `always` item reads
     /// while locked, a `whenUnlocked` one is found locked; a class that
     /// does not exist is refused and nothing is stored.
     @Test func anAttributeChoosesTheProtectionClass() throws {
-        let stored = onBus("""
+        let stored = onBus(
+            """
             printf wifi | secret-tool store --label=Wi-Fi keychainfs:accessible always ssid home; echo "store $?"
             printf x | secret-tool store --label=bad keychainfs:accessible sometimes ssid bad 2>&1; echo "bad $?"
             "$K" ls default
@@ -74,27 +77,32 @@ extension SerialTests.SecretServiceTests {
     /// a wrong one that counts and is logged with secret-tool as the program.
     @Test func storingIntoALockedKeychainAsksForThePasscodeFirst() throws {
         try writeScriptedPinentry(answers: "wrong-one\n" + MountHarness.passcode + "\n")
-        let stored = onBus("""
+        let stored = onBus(
+            """
             printf s3cret | secret-tool store --label=token service example; echo "store $?"
             "$K" status | grep '^state'
             "$K" get default/token; echo
             cat "$R/pinentry.log"
             """, locked: true, environment: Self.pinentryEnvironment)
-        #expect(stored.stdout == """
-            store 0
-            state: unlocked
-            s3cret
-            secret-tool asks to unlock your keychain.
-            secret-tool asks to unlock your keychain.
-            Wrong passcode
+        #expect(
+            stored.stdout == """
+                store 0
+                state: unlocked
+                s3cret
+                secret-tool asks to unlock your keychain.
+                secret-tool asks to unlock your keychain.
+                Wrong passcode
 
-            """, "\(stored)")
+                """, "\(stored)")
         let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep ' unlock ' | grep 'exe=/usr/bin/secret-tool'")
-        #expect(log.stdout.split(separator: "\n").count == 2 && log.stdout.contains(" unlock refused ") && log.stdout.contains(" unlock ok "), "\(log)")
+        #expect(
+            log.stdout.split(separator: "\n").count == 2 && log.stdout.contains(" unlock refused ")
+                && log.stdout.contains(" unlock ok "), "\(log)")
     }
 
     @Test func pythonsKeyringKeepsItsPasswords() {
-        let kept = onBus("""
+        let kept = onBus(
+            """
             /usr/bin/python3 - <<'PY'
             import keyring
             from keyring.backends import SecretService
@@ -115,11 +123,13 @@ extension SerialTests.SecretServiceTests {
     /// git ships, stores, fills (through git itself) and erases a credential.
     @Test func gitsLibsecretHelperStoresFillsAndErases() throws {
         let contrib = "/usr/share/doc/git/contrib/credential/libsecret/git-credential-libsecret.c"
-        let built = harness.sh("""
+        let built = harness.sh(
+            """
             gcc -O2 -o "$R/git-credential-libsecret" "\(contrib)" $(pkg-config --cflags --libs libsecret-1 glib-2.0)
             """)
         try #require(built.succeeded, "\(built)")
-        let credential = onBus("""
+        let credential = onBus(
+            """
             helper="$R/git-credential-libsecret"
             printf 'protocol=https\\nhost=git.example.com\\nusername=ada\\npassword=hunter2\\n\\n' | "$helper" store >/dev/null
             printf 'protocol=https\\nhost=git.example.com\\n\\n' | git -c credential.helper="$helper" credential fill
@@ -127,17 +137,18 @@ extension SerialTests.SecretServiceTests {
             printf 'protocol=https\\nhost=git.example.com\\nusername=ada\\n\\n' | "$helper" erase >/dev/null
             secret-tool lookup server git.example.com; echo "after erase $?"
             """)
-        #expect(credential.stdout == """
-            protocol=https
-            host=git.example.com
-            username=ada
-            password=hunter2
-            attribute.protocol = https
-            attribute.user = ada
-            label = Git: https://git.example.com/
-            after erase 1
+        #expect(
+            credential.stdout == """
+                protocol=https
+                host=git.example.com
+                username=ada
+                password=hunter2
+                attribute.protocol = https
+                attribute.user = ada
+                label = Git: https://git.example.com/
+                after erase 1
 
-            """, "\(credential)")
+                """, "\(credential)")
     }
 
     /// An item's Label and Attributes can be set (Seahorse renames items
@@ -146,7 +157,8 @@ extension SerialTests.SecretServiceTests {
     /// for each change and read (ItemOwnershipTests has the questions).
     @Test func anItemsLabelAndAttributesCanBeSet() throws {
         try writeScriptedPinentry(answers: "")
-        let set = onBus("""
+        let set = onBus(
+            """
             printf v | secret-tool store --label=old app mail
             /usr/bin/python3 - <<'PY'
             import secretstorage
@@ -161,18 +173,21 @@ extension SerialTests.SecretServiceTests {
                 org.freedesktop.DBus.Properties Set ssv org.freedesktop.Secret.Item Label s other 2>&1; echo "locked $?"
             secret-tool search app mail 2>&1 | grep '^label'
             """, environment: Self.pinentryEnvironment)
-        #expect(set.stdout.hasPrefix("""
-            new label [('app', 'mail'), ('keychainfs:accessible', 'whenUnlocked'), ('keychainfs:group', 'default'), \
-            ('keychainfs:identifier', 'old'), ('user', 'ada')] b'v'
+        #expect(
+            set.stdout.hasPrefix(
+                """
+                new label [('app', 'mail'), ('keychainfs:accessible', 'whenUnlocked'), ('keychainfs:group', 'default'), \
+                ('keychainfs:identifier', 'old'), ('user', 'ada')] b'v'
 
-            """), "\(set)")
+                """), "\(set)")
         #expect(set.stdout.contains("is locked") && set.stdout.hasSuffix("locked 1\nlabel = new label\n"), "\(set)")
     }
 
     /// Bad input to CreateItem is an error and stores nothing: too many or
     /// too large attributes, a label past the bound, a closed session.
     @Test func badItemsAreRefusedAndChangeNothing() {
-        let refused = onBus("""
+        let refused = onBus(
+            """
             /usr/bin/python3 - <<'PY'
             import secretstorage
             conn = secretstorage.dbus_init()
@@ -220,12 +235,14 @@ extension SerialTests.SecretServiceTests {
             gdbus wait --session --timeout 10 org.freedesktop.secrets || exit 97
 
             """
-        return harness.sh("PASSCODE=\"$2\" dbus-run-session -- sh -c \"$1\" 2> \"$R/bus.err\"; cat \"$R/bus.err\" >&2",
-                          arguments: [prelude + script, MountHarness.passcode])
+        return harness.sh(
+            "PASSCODE=\"$2\" dbus-run-session -- sh -c \"$1\" 2> \"$R/bus.err\"; cat \"$R/bus.err\" >&2",
+            arguments: [prelude + script, MountHarness.passcode])
     }
 
     @Test func importBringsGnomeKeyringsItemsOverWhole() {
-        let moved = onGnomeKeyringBus("""
+        let moved = onGnomeKeyringBus(
+            """
             printf pw1 | secret-tool store --label='GitHub token' service github.com username ada
             printf pw2 | secret-tool store --label=Mail service imap user bob
             printf '%s\\n' "$PASSCODE" | "$K" unlock || exit 98
@@ -259,32 +276,34 @@ extension SerialTests.SecretServiceTests {
             secret-tool lookup service github.com username ada; echo " claimed lookup $?"
             "$K" acl "default/GitHub token"
             """)
-        #expect(moved.stdout == """
-            import 0
-            2 imported, 0 kept, 0 failed
-            imported Login/GitHub token -> default/GitHub token
-            imported Login/Mail -> default/Mail
-            imported items belong to no program: every program of yours reads them over the bus; `keychainfs acl GROUP/ID --claim PROGRAM` makes one a program's, as if it had made it
-            again 0
-            0 imported, 2 kept, 0 failed
-            kept     Login/GitHub token -> default/GitHub token (imported before; --force replaces it)
-            kept     Login/Mail -> default/Mail (imported before; --force replaces it)
-            pw1
-            pw1 lookup 0
-            label = Mail
-            attribute.user = bob
-            keychainfs: the Secret Service on this bus is keychainfs itself: nothing to import
-            from itself 1
-            default/GitHub token belongs to /usr/bin/secret-tool
-            pw1 claimed lookup 0
-            owner: /usr/bin/secret-tool (package libsecret-tools)
+        #expect(
+            moved.stdout == """
+                import 0
+                2 imported, 0 kept, 0 failed
+                imported Login/GitHub token -> default/GitHub token
+                imported Login/Mail -> default/Mail
+                imported items belong to no program: every program of yours reads them over the bus; `keychainfs acl GROUP/ID --claim PROGRAM` makes one a program's, as if it had made it
+                again 0
+                0 imported, 2 kept, 0 failed
+                kept     Login/GitHub token -> default/GitHub token (imported before; --force replaces it)
+                kept     Login/Mail -> default/Mail (imported before; --force replaces it)
+                pw1
+                pw1 lookup 0
+                label = Mail
+                attribute.user = bob
+                keychainfs: the Secret Service on this bus is keychainfs itself: nothing to import
+                from itself 1
+                default/GitHub token belongs to /usr/bin/secret-tool
+                pw1 claimed lookup 0
+                owner: /usr/bin/secret-tool (package libsecret-tools)
 
-            """, "\(moved)")
+                """, "\(moved)")
     }
 
     /// A locked collection is reported, not read, and the import says it failed.
     @Test func importSkipsALockedCollection() {
-        let skipped = onGnomeKeyringBus("""
+        let skipped = onGnomeKeyringBus(
+            """
             printf pw1 | secret-tool store --label=token service example
             busctl --user call org.freedesktop.secrets /org/freedesktop/secrets org.freedesktop.Secret.Service \\
                 Lock ao 1 /org/freedesktop/secrets/collection/login >/dev/null
@@ -292,12 +311,14 @@ extension SerialTests.SecretServiceTests {
             "$K" import secret-service 2>&1; echo "import $?"
             "$K" ls default | wc -l
             """)
-        #expect(skipped.stdout.hasSuffix("""
-            failed   Login: locked (unlock it in its provider first)
-            0 imported, 0 kept, 1 failed
-            import 1
-            0
+        #expect(
+            skipped.stdout.hasSuffix(
+                """
+                failed   Login: locked (unlock it in its provider first)
+                0 imported, 0 kept, 1 failed
+                import 1
+                0
 
-            """), "\(skipped)")
+                """), "\(skipped)")
     }
 }

@@ -18,7 +18,8 @@ extension SerialTests {
         /// Unlocks the keychain, stores `value` at `item` and stops the device
         /// again: the test's bus starts its own.
         func store(_ value: String, at item: String) {
-            let stored = harness.sh("""
+            let stored = harness.sh(
+                """
                 printf '%s\\n' "$3" | "$K" unlock --keychain "$KC" && printf %s "$1" | "$K" set "$2" --keychain "$KC" &&
                 "$K" stop --keychain "$KC"
                 """, arguments: [value, item, MountHarness.passcode])
@@ -35,13 +36,15 @@ extension SerialTests {
                 \(locked ? "" : "printf '%s\\n' \"$PASSCODE\" | \"$K\" unlock || exit 98")
 
                 """
-            return harness.sh("PASSCODE=\"$2\" dbus-run-session -- sh -c \"$1\" 2> \"$R/bus.err\"; cat \"$R/bus.err\" >&2",
-                              arguments: [prelude + script, MountHarness.passcode])
+            return harness.sh(
+                "PASSCODE=\"$2\" dbus-run-session -- sh -c \"$1\" 2> \"$R/bus.err\"; cat \"$R/bus.err\" >&2",
+                arguments: [prelude + script, MountHarness.passcode])
         }
 
         @Test func secretToolFindsAndReadsItemsWrittenByTheCommandLineOrAMount() throws {
             let mnt = try harness.prepareMountpoint("mnt")
-            let found = onBus("""
+            let found = onBus(
+                """
                 printf s3cret | "$K" set default/api-token
                 "$K" mount "$R/mnt" && printf 'from a mount' > "$R/mnt/default/mounted" && "$K" unmount "$R/mnt"
                 secret-tool lookup keychainfs:identifier api-token; echo " rc $?"
@@ -49,22 +52,23 @@ extension SerialTests {
                 secret-tool lookup keychainfs:identifier absent; echo "absent rc $?"
                 secret-tool search --all keychainfs:group default 2>&1 | grep -E '^(\\[|label|attribute)' | sort
                 """)
-            #expect(found.stdout == """
-                s3cret rc 0
-                from a mount rc 0
-                absent rc 1
-                [/api_2dtoken]
-                [/mounted]
-                attribute.keychainfs:accessible = whenUnlocked
-                attribute.keychainfs:accessible = whenUnlocked
-                attribute.keychainfs:group = default
-                attribute.keychainfs:group = default
-                attribute.keychainfs:identifier = api-token
-                attribute.keychainfs:identifier = mounted
-                label = api-token
-                label = mounted
+            #expect(
+                found.stdout == """
+                    s3cret rc 0
+                    from a mount rc 0
+                    absent rc 1
+                    [/api_2dtoken]
+                    [/mounted]
+                    attribute.keychainfs:accessible = whenUnlocked
+                    attribute.keychainfs:accessible = whenUnlocked
+                    attribute.keychainfs:group = default
+                    attribute.keychainfs:group = default
+                    attribute.keychainfs:identifier = api-token
+                    attribute.keychainfs:identifier = mounted
+                    label = api-token
+                    label = mounted
 
-                """, "\(found)")
+                    """, "\(found)")
             _ = mnt
         }
 
@@ -74,19 +78,20 @@ extension SerialTests {
         /// stores meanwhile reaches the keychain (issue 29).
         @Test func noProgramOfTheSessionTakesTheNameFromTheDevice() throws {
             try """
-                import sys, time
-                from jeepney import DBusAddress, new_method_call
-                from jeepney.io.blocking import open_dbus_connection
-                conn = open_dbus_connection(bus='SESSION')
-                bus = DBusAddress('/org/freedesktop/DBus', bus_name='org.freedesktop.DBus', interface='org.freedesktop.DBus')
-                # DBUS_NAME_FLAG_REPLACE_EXISTING; 1 would be "primary owner", 2 "in queue".
-                reply = conn.send_and_get_reply(new_method_call(bus, 'RequestName', 'su', ('org.freedesktop.secrets', 2)))
-                print('request-name', reply.body[0], flush=True)
-                open(sys.argv[1], 'w').close()
-                time.sleep(3)
-                """.write(toFile: harness.root + "/thief.py", atomically: true, encoding: .utf8)
+            import sys, time
+            from jeepney import DBusAddress, new_method_call
+            from jeepney.io.blocking import open_dbus_connection
+            conn = open_dbus_connection(bus='SESSION')
+            bus = DBusAddress('/org/freedesktop/DBus', bus_name='org.freedesktop.DBus', interface='org.freedesktop.DBus')
+            # DBUS_NAME_FLAG_REPLACE_EXISTING; 1 would be "primary owner", 2 "in queue".
+            reply = conn.send_and_get_reply(new_method_call(bus, 'RequestName', 'su', ('org.freedesktop.secrets', 2)))
+            print('request-name', reply.body[0], flush=True)
+            open(sys.argv[1], 'w').close()
+            time.sleep(3)
+            """.write(toFile: harness.root + "/thief.py", atomically: true, encoding: .utf8)
             _ = try harness.prepareMountpoint("mnt")
-            let result = onBus("""
+            let result = onBus(
+                """
                 /usr/bin/python3 "$R/thief.py" "$R/thief-ready" > "$R/thief.out" &
                 until [ -e "$R/thief-ready" ]; do sleep 0.05; done
                 printf 'to the keychain' | secret-tool store --label=stolen service mail && "$K" get default/stolen
@@ -95,8 +100,9 @@ extension SerialTests {
                 cat "$R/thief.out"
                 "$K" mount "$R/mnt" && grep '^secret-service:' "$R/mnt/.control"; "$K" unmount "$R/mnt"
                 """)
-            #expect(result.stdout == "to the keychain\nrequest-name 2\nsecret-service: serving org.freedesktop.secrets\n",
-                    "\(result)")
+            #expect(
+                result.stdout == "to the keychain\nrequest-name 2\nsecret-service: serving org.freedesktop.secrets\n",
+                "\(result)")
         }
 
         /// The spec's signals come from the device's events, so a change made
@@ -104,23 +110,24 @@ extension SerialTests {
         /// watcher's match rule is in place before it says "ready".
         @Test func changesMadeAnywhereAreSignalledOnTheBus() throws {
             try """
-                import sys
-                from jeepney import MatchRule, message_bus
-                from jeepney.low_level import HeaderFields
-                from jeepney.io.blocking import open_dbus_connection
-                conn = open_dbus_connection(bus='SESSION')
-                # jeepney filters its queue by the rule too, and a signal's sender
-                # is the provider's unique name: match on the path, not the name.
-                rule = MatchRule(type='signal', path_namespace='/org/freedesktop/secrets')
-                with conn.filter(rule, bufsize=64) as signals:
-                    conn.send_and_get_reply(message_bus.AddMatch(rule))
-                    print('ready', flush=True)
-                    for _ in range(int(sys.argv[1])):
-                        signal = conn.recv_until_filtered(signals, timeout=10)
-                        fields = signal.header.fields
-                        print(fields[HeaderFields.member], fields[HeaderFields.path], signal.body[0], flush=True)
-                """.write(toFile: harness.root + "/watch.py", atomically: true, encoding: .utf8)
-            let signalled = onBus("""
+            import sys
+            from jeepney import MatchRule, message_bus
+            from jeepney.low_level import HeaderFields
+            from jeepney.io.blocking import open_dbus_connection
+            conn = open_dbus_connection(bus='SESSION')
+            # jeepney filters its queue by the rule too, and a signal's sender
+            # is the provider's unique name: match on the path, not the name.
+            rule = MatchRule(type='signal', path_namespace='/org/freedesktop/secrets')
+            with conn.filter(rule, bufsize=64) as signals:
+                conn.send_and_get_reply(message_bus.AddMatch(rule))
+                print('ready', flush=True)
+                for _ in range(int(sys.argv[1])):
+                    signal = conn.recv_until_filtered(signals, timeout=10)
+                    fields = signal.header.fields
+                    print(fields[HeaderFields.member], fields[HeaderFields.path], signal.body[0], flush=True)
+            """.write(toFile: harness.root + "/watch.py", atomically: true, encoding: .utf8)
+            let signalled = onBus(
+                """
                 mkfifo "$R/signals"
                 /usr/bin/python3 "$R/watch.py" 8 > "$R/signals" & watcher=$!
                 exec 3< "$R/signals"
@@ -131,17 +138,18 @@ extension SerialTests {
                 wait $watcher
                 """)
             let collection = "/org/freedesktop/secrets/collection/"
-            #expect(signalled.stdout == """
-                ItemCreated \(collection)default \(collection)default/new
-                CollectionChanged /org/freedesktop/secrets \(collection)default
-                ItemChanged \(collection)default \(collection)default/new
-                ItemDeleted \(collection)default \(collection)default/new
-                CollectionChanged /org/freedesktop/secrets \(collection)default
-                CollectionCreated /org/freedesktop/secrets \(collection)fresh
-                ItemCreated \(collection)fresh \(collection)fresh/one
-                CollectionChanged /org/freedesktop/secrets \(collection)fresh
+            #expect(
+                signalled.stdout == """
+                    ItemCreated \(collection)default \(collection)default/new
+                    CollectionChanged /org/freedesktop/secrets \(collection)default
+                    ItemChanged \(collection)default \(collection)default/new
+                    ItemDeleted \(collection)default \(collection)default/new
+                    CollectionChanged /org/freedesktop/secrets \(collection)default
+                    CollectionCreated /org/freedesktop/secrets \(collection)fresh
+                    ItemCreated \(collection)fresh \(collection)fresh/one
+                    CollectionChanged /org/freedesktop/secrets \(collection)fresh
 
-                """, "\(signalled)")
+                    """, "\(signalled)")
         }
 
         /// Unlock of a locked keychain returns a prompt; its Prompt runs
@@ -153,20 +161,20 @@ extension SerialTests {
         /// `$R/pinentry.log`; to be named by `pinentryEnvironment`.
         func writeScriptedPinentry(answers: String) throws {
             try """
-                #!/bin/sh
-                echo "OK Pleased to meet you"
-                n=0
-                while read -r command rest; do
-                    case "$command" in
-                    GETPIN) n=$((n + 1)); pin=$(sed -n "${n}p" "$R/answers")
-                            if [ -n "$pin" ]; then echo "D $pin"; echo OK; else echo "ERR 83886179 Operation cancelled"; fi ;;
-                    SETERROR) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
-                    SETDESC) echo "$rest" | sed 's|/.*/||' >> "$R/pinentry.log"; echo OK ;;
-                    BYE) echo OK; exit 0 ;;
-                    *) echo OK ;;
-                    esac
-                done
-                """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
+            #!/bin/sh
+            echo "OK Pleased to meet you"
+            n=0
+            while read -r command rest; do
+                case "$command" in
+                GETPIN) n=$((n + 1)); pin=$(sed -n "${n}p" "$R/answers")
+                        if [ -n "$pin" ]; then echo "D $pin"; echo OK; else echo "ERR 83886179 Operation cancelled"; fi ;;
+                SETERROR) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
+                SETDESC) echo "$rest" | sed 's|/.*/||' >> "$R/pinentry.log"; echo OK ;;
+                BYE) echo OK; exit 0 ;;
+                *) echo OK ;;
+                esac
+            done
+            """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
             chmod(harness.root + "/pinentry", 0o755)
             try answers.write(toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
         }
@@ -175,7 +183,8 @@ extension SerialTests {
 
         @Test func unlockAsksForThePasscodeThroughPinentry() throws {
             try writeScriptedPinentry(answers: "\n")
-            let prompted = onBus("""
+            let prompted = onBus(
+                """
                 /usr/bin/python3 - "$R/answers" "$PASSCODE" <<'PY'
                 import sys, secretstorage
                 conn = secretstorage.dbus_init()
@@ -187,17 +196,18 @@ extension SerialTests {
                 "$K" status | grep -E '^(state|failed)'
                 cat "$R/pinentry.log"
                 """, locked: true, environment: Self.pinentryEnvironment)
-            #expect(prompted.stdout == """
-                cancelled, dismissed: True locked: True
-                answered, dismissed: False locked: False
-                state: unlocked
-                failed-attempts: 0
-                python3.11 asks to unlock your keychain.
-                python3.11 asks to unlock your keychain.
-                python3.11 asks to unlock your keychain.
-                Wrong passcode
+            #expect(
+                prompted.stdout == """
+                    cancelled, dismissed: True locked: True
+                    answered, dismissed: False locked: False
+                    state: unlocked
+                    failed-attempts: 0
+                    python3.11 asks to unlock your keychain.
+                    python3.11 asks to unlock your keychain.
+                    python3.11 asks to unlock your keychain.
+                    Wrong passcode
 
-                """, "\(prompted)")
+                    """, "\(prompted)")
             // The wrong passcode and the right one, each with the program that asked.
             let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep 'unlock' | grep -c 'exe=/usr/bin/python3'")
             #expect(log.stdout == "2\n", "\(log)")
@@ -210,19 +220,20 @@ extension SerialTests {
         @Test(arguments: [false, true])
         func aClientGoneDuringItsPromptEndsThePinentry(greetsLate: Bool) throws {
             try """
-                #!/bin/sh
-                echo $$ > "$R/pinentry.pid"
-                \(greetsLate ? "read client < \"$R/client.pid\"; tail --pid=\"$client\" -f /dev/null" : "")
-                echo "OK Pleased to meet you"
-                while read -r command rest; do
-                    case "$command" in
-                    GETPIN) read -r never < "$R/never" ;;
-                    *) echo OK ;;
-                    esac
-                done
-                """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
+            #!/bin/sh
+            echo $$ > "$R/pinentry.pid"
+            \(greetsLate ? "read client < \"$R/client.pid\"; tail --pid=\"$client\" -f /dev/null" : "")
+            echo "OK Pleased to meet you"
+            while read -r command rest; do
+                case "$command" in
+                GETPIN) read -r never < "$R/never" ;;
+                *) echo OK ;;
+                esac
+            done
+            """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
             chmod(harness.root + "/pinentry", 0o755)
-            let gone = onBus("""
+            let gone = onBus(
+                """
                 mkfifo "$R/never" "$R/pinentry.pid" "$R/client.pid"
                 pid=$(/usr/bin/python3 - "$R/pinentry.pid" \(greetsLate ? "\"$R/client.pid\"" : "") <<'PY'
                 import os, sys
@@ -251,7 +262,8 @@ extension SerialTests {
         /// device that runs already cannot join a bus afterwards, and says so.
         @Test func aMountsDeviceCanServeTheBus() throws {
             _ = try harness.prepareMountpoint("mnt")
-            let served = harness.sh("""
+            let served = harness.sh(
+                """
                 dbus-run-session -- sh -c '
                     export KEYCHAINFS_KEYCHAIN="$KC"
                     "$K" mount "$R/mnt" --secret-service || exit 99
@@ -270,35 +282,38 @@ extension SerialTests {
         /// while it serves one, and taken once that one has gone.
         @Test func aDeviceAClientStartedServesTheBusWhenAsked() throws {
             try """
-                "$K" start --secret-service; echo "join $?"
-                secret-tool lookup keychainfs:identifier item; echo
-                "$K" start --secret-service; echo "again $?"
-                dbus-run-session -- sh -c '"$K" start --secret-service 2>&1; echo "other $?"' 2>/dev/null
-                """.write(toFile: harness.root + "/join.sh", atomically: true, encoding: .utf8)
-            let joined = harness.sh("""
+            "$K" start --secret-service; echo "join $?"
+            secret-tool lookup keychainfs:identifier item; echo
+            "$K" start --secret-service; echo "again $?"
+            dbus-run-session -- sh -c '"$K" start --secret-service 2>&1; echo "other $?"' 2>/dev/null
+            """.write(toFile: harness.root + "/join.sh", atomically: true, encoding: .utf8)
+            let joined = harness.sh(
+                """
                 export KEYCHAINFS_KEYCHAIN="$KC"
                 printf '%s\\n' "$1" | "$K" unlock && printf v | "$K" set default/item || exit 99
                 dbus-run-session -- sh "$R/join.sh" 2>/dev/null
                 dbus-run-session -- sh -c '"$K" start --secret-service; echo "next session $?"; secret-tool lookup keychainfs:identifier item' 2>/dev/null
                 echo; "$K" stop
                 """, arguments: [MountHarness.passcode])
-            #expect(joined.stdout == """
-                join 0
-                v
-                again 0
-                keychainfs: the device serves the Secret Service on another session's bus: stop it first (keychainfs stop)
-                other 1
-                next session 0
-                v
+            #expect(
+                joined.stdout == """
+                    join 0
+                    v
+                    again 0
+                    keychainfs: the device serves the Secret Service on another session's bus: stop it first (keychainfs stop)
+                    other 1
+                    next session 0
+                    v
 
-                """, "\(joined)")
+                    """, "\(joined)")
         }
 
         /// A collection is an access group: CreateCollection makes one named by
         /// its label (the default alias answers with the default group), Delete
         /// removes an empty one and refuses one that holds items.
         @Test func collectionsAreAccessGroups() {
-            let made = onBus("""
+            let made = onBus(
+                """
                 printf kept | "$K" set full/item
                 /usr/bin/python3 - <<'PY'
                 import secretstorage
@@ -318,16 +333,17 @@ extension SerialTests {
                 PY
                 "$K" ls; "$K" get full/item; echo
                 """)
-            #expect(made.stdout == """
-                /org/freedesktop/secrets/collection/team_2eapp team.app
-                /org/freedesktop/secrets/collection/default
-                DBusErrorResponse True
-                DBusErrorResponse True
-                default
-                full
-                kept
+            #expect(
+                made.stdout == """
+                    /org/freedesktop/secrets/collection/team_2eapp team.app
+                    /org/freedesktop/secrets/collection/default
+                    DBusErrorResponse True
+                    DBusErrorResponse True
+                    default
+                    full
+                    kept
 
-                """, "\(made)")
+                    """, "\(made)")
         }
 
         /// The shipped activation file, as it is: the bus starts the device
@@ -336,7 +352,8 @@ extension SerialTests {
         @Test func theBusStartsTheDeviceWhenAProgramFirstAsks() throws {
             let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
                 .deletingLastPathComponent().path
-            let activated = harness.sh("""
+            let activated = harness.sh(
+                """
                 export HOME="$R/home" KEYCHAINFS_KEYCHAIN="$KC"
                 mkdir -p "$HOME/.local/bin" "$R/services"
                 ln -s "$K" "$HOME/.local/bin/keychainfs"
@@ -364,7 +381,8 @@ extension SerialTests {
         /// a read fails with IsLocked.
         @Test func whileLockedItemsAreFoundLockedAndTheirSecretsRefused() {
             store("s3cret", at: "default/token")
-            let locked = onBus("""
+            let locked = onBus(
+                """
                 /usr/bin/python3 - <<'PY'
                 import secretstorage
                 from secretstorage.exceptions import LockedException
@@ -382,12 +400,13 @@ extension SerialTests {
                     print('LockedException')
                 PY
                 """, locked: true)
-            #expect(locked.stdout == """
-                unlocked [] locked ['/org/freedesktop/secrets/collection/default/token']
-                is locked True
-                LockedException
+            #expect(
+                locked.stdout == """
+                    unlocked [] locked ['/org/freedesktop/secrets/collection/default/token']
+                    is locked True
+                    LockedException
 
-                """, "\(locked)")
+                    """, "\(locked)")
         }
 
         /// secretstorage opens the DH session libsecret also asks for first
@@ -395,7 +414,8 @@ extension SerialTests {
         /// pyca/cryptography's AES); a plain session is asked for by hand.
         @Test func secretstorageReadsAndWritesSecretsInDhAndPlainSessions() {
             store("v1", at: "default/db")
-            let used = onBus("""
+            let used = onBus(
+                """
                 /usr/bin/python3 - <<'PY'
                 import secretstorage
                 from secretstorage.util import open_session
@@ -416,14 +436,15 @@ extension SerialTests {
                 PY
                 "$K" get default/db | wc -c
                 """)
-            #expect(used.stdout == """
-                encrypted True
-                default /org/freedesktop/secrets/aliases/default default
-                db b'v1'
-                plain b'' 10000 text/plain
-                10000
+            #expect(
+                used.stdout == """
+                    encrypted True
+                    default /org/freedesktop/secrets/aliases/default default
+                    db b'v1'
+                    plain b'' 10000 text/plain
+                    10000
 
-                """, "\(used)")
+                    """, "\(used)")
         }
 
         /// A DH public key outside the group, a wrong IV, a tampered secret:
@@ -432,7 +453,8 @@ extension SerialTests {
         /// one every time; a flipped ciphertext byte would pass 1 time in 256.)
         @Test func badSessionInputIsRefusedAndChangesNothing() {
             store("kept", at: "default/db")
-            let refused = onBus("""
+            let refused = onBus(
+                """
                 /usr/bin/python3 - <<'PY'
                 import secretstorage
                 from secretstorage.util import open_session, format_secret
@@ -465,21 +487,22 @@ extension SerialTests {
                 "$K" get default/db; echo
                 "$K" ls default
                 """)
-            #expect(refused.stdout == """
-                org.freedesktop.DBus.Error.InvalidArgs
-                org.freedesktop.DBus.Error.InvalidArgs
-                org.freedesktop.DBus.Error.InvalidArgs
-                org.freedesktop.DBus.Error.InvalidArgs
-                org.freedesktop.DBus.Error.InvalidArgs
-                org.freedesktop.Secret.Error.NoSession
-                ok
-                org.freedesktop.Secret.Error.NoSession
-                org.freedesktop.Secret.Error.NoSession
-                org.freedesktop.Secret.Error.NoSession
-                kept
-                db
+            #expect(
+                refused.stdout == """
+                    org.freedesktop.DBus.Error.InvalidArgs
+                    org.freedesktop.DBus.Error.InvalidArgs
+                    org.freedesktop.DBus.Error.InvalidArgs
+                    org.freedesktop.DBus.Error.InvalidArgs
+                    org.freedesktop.DBus.Error.InvalidArgs
+                    org.freedesktop.Secret.Error.NoSession
+                    ok
+                    org.freedesktop.Secret.Error.NoSession
+                    org.freedesktop.Secret.Error.NoSession
+                    org.freedesktop.Secret.Error.NoSession
+                    kept
+                    db
 
-                """, "\(refused)")
+                    """, "\(refused)")
         }
 
         /// A program the group's policy does not name gets an error, and the
@@ -490,7 +513,8 @@ extension SerialTests {
             #expect(harness.sh("cp /usr/bin/cat \"$R/granted-cat\"").succeeded)
             #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
             #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
-            let refused = onBus("""
+            let refused = onBus(
+                """
                 secret-tool lookup keychainfs:group secure; echo "lookup rc $?"
                 /usr/bin/python3 - <<'PY'
                 import secretstorage
@@ -506,11 +530,16 @@ extension SerialTests {
                     print(type(error).__name__, 'AccessDenied' in str(error))
                 PY
                 """)
-            #expect(refused.stdout == "lookup rc 1\nDBusErrorResponse True\nDBusErrorResponse True\n", "\(refused)")  // AccessDenied, not "absent"
+            // AccessDenied, not "absent".
+            #expect(refused.stdout == "lookup rc 1\nDBusErrorResponse True\nDBusErrorResponse True\n", "\(refused)")
             let log = harness.sh("\"$K\" log --keychain \"$KC\" --group secure")
             // secret-tool's search was refused the group's listing; Python's read of the item.
-            #expect(log.stdout.contains("list denied secure pid=") && log.stdout.contains("exe=/usr/bin/secret-tool"), "\(log)")
-            #expect(log.stdout.contains("denied secure/token pid=") && log.stdout.contains("exe=/usr/bin/python3"), "\(log)")
+            #expect(
+                log.stdout.contains("list denied secure pid=") && log.stdout.contains("exe=/usr/bin/secret-tool"),
+                "\(log)")
+            #expect(
+                log.stdout.contains("denied secure/token pid=") && log.stdout.contains("exe=/usr/bin/python3"), "\(log)"
+            )
             // CreateItem was refused at the group's listing: no write was tried.
             #expect(!log.stdout.contains("planted"), "\(log)")
         }
@@ -522,18 +551,22 @@ extension SerialTests {
         @Test func aChildAskingOnAGrantedProgramsBusConnectionIsRefused() throws {
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
             #expect(harness.sh("printf s3cret | \"$K\" set secure/token --keychain \"$KC\"").succeeded)
-            #expect(harness.sh("cp /usr/bin/sleep \"$R/granted-sleep\" && cp /usr/bin/secret-tool \"$R/granted-tool\"").succeeded)
+            #expect(
+                harness.sh("cp /usr/bin/sleep \"$R/granted-sleep\" && cp /usr/bin/secret-tool \"$R/granted-tool\"")
+                    .succeeded)
             #expect(harness.grant("secure", exe: harness.root + "/granted-sleep").succeeded)
             #expect(harness.grant("secure", exe: harness.root + "/granted-tool").succeeded)
             #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
             try writeForkExecRace()
-            let raced = onBus("""
+            let raced = onBus(
+                """
                 /usr/bin/python3 "$R/race.py" "$R/granted-sleep" /org/freedesktop/secrets/collection/secure/token s3cret 2
                 "$R/granted-tool" lookup keychainfs:group secure keychainfs:identifier token; echo
                 """)
             #expect(raced.stdout == "org.freedesktop.DBus.Error.AccessDenied False\ns3cret\n", "\(raced)")
             let log = harness.sh("\"$K\" log --keychain \"$KC\" --group secure").stdout
-            #expect(log.contains("denied secure/token") && log.contains("its bus connection is shared with pid"), "\(log)")
+            #expect(
+                log.contains("denied secure/token") && log.contains("its bus connection is shared with pid"), "\(log)")
             #expect(log.contains("exe=\(harness.root)/granted-tool"), "\(log)")
         }
 
@@ -544,35 +577,36 @@ extension SerialTests {
         /// name (or `no error`) and whether SECRET came back.
         func writeForkExecRace() throws {
             try """
-                import os, sys, time
-                from jeepney import DBusAddress, new_method_call
-                from jeepney.io.blocking import open_dbus_connection
-                program, wanted, secret, arguments = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-                conn = open_dbus_connection(bus='SESSION')
-                os.set_inheritable(conn.sock.fileno(), True)
-                if os.fork() == 0:
-                    parent = os.getppid()
-                    while os.readlink('/proc/%d/exe' % parent) != program:
-                        time.sleep(0.01)
-                    service = DBusAddress('/org/freedesktop/secrets', bus_name='org.freedesktop.secrets',
-                                          interface='org.freedesktop.Secret.Service')
-                    session = conn.send_and_get_reply(new_method_call(service, 'OpenSession', 'sv', ('plain', ('s', '')))).body[1]
-                    if wanted.startswith('/'):
-                        path = wanted
-                    else:
-                        name, value = wanted.split('=', 1)
-                        path = conn.send_and_get_reply(new_method_call(service, 'SearchItems', 'a{ss}', ({name: value},))).body[0][0]
-                    item = DBusAddress(path, bus_name='org.freedesktop.secrets', interface='org.freedesktop.Secret.Item')
-                    reply = conn.send_and_get_reply(new_method_call(item, 'GetSecret', 'o', (session,)))
-                    print(reply.header.fields.get(4, 'no error'), secret.encode() in repr(reply.body).encode(), flush=True)
-                    os._exit(0)
-                os.execv(program, [program] + arguments)
-                """.write(toFile: harness.root + "/race.py", atomically: true, encoding: .utf8)
+            import os, sys, time
+            from jeepney import DBusAddress, new_method_call
+            from jeepney.io.blocking import open_dbus_connection
+            program, wanted, secret, arguments = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+            conn = open_dbus_connection(bus='SESSION')
+            os.set_inheritable(conn.sock.fileno(), True)
+            if os.fork() == 0:
+                parent = os.getppid()
+                while os.readlink('/proc/%d/exe' % parent) != program:
+                    time.sleep(0.01)
+                service = DBusAddress('/org/freedesktop/secrets', bus_name='org.freedesktop.secrets',
+                                      interface='org.freedesktop.Secret.Service')
+                session = conn.send_and_get_reply(new_method_call(service, 'OpenSession', 'sv', ('plain', ('s', '')))).body[1]
+                if wanted.startswith('/'):
+                    path = wanted
+                else:
+                    name, value = wanted.split('=', 1)
+                    path = conn.send_and_get_reply(new_method_call(service, 'SearchItems', 'a{ss}', ({name: value},))).body[0][0]
+                item = DBusAddress(path, bus_name='org.freedesktop.secrets', interface='org.freedesktop.Secret.Item')
+                reply = conn.send_and_get_reply(new_method_call(item, 'GetSecret', 'o', (session,)))
+                print(reply.header.fields.get(4, 'no error'), secret.encode() in repr(reply.body).encode(), flush=True)
+                os._exit(0)
+            os.execv(program, [program] + arguments)
+            """.write(toFile: harness.root + "/race.py", atomically: true, encoding: .utf8)
         }
 
         /// Bad input is an error and changes nothing.
         @Test func unknownObjectsWrongSignaturesAndForeignSessionsAreErrors() {
-            let bad = onBus("""
+            let bad = onBus(
+                """
                 call() { out=$(busctl --user call org.freedesktop.secrets "$@" 2>&1); rc=$?; echo "$out rc $rc"; }
                 call /org/freedesktop/secrets/collection/default/no_5fsuch org.freedesktop.DBus.Properties Get ss org.freedesktop.Secret.Item Label
                 call /org/freedesktop/secrets/nowhere org.freedesktop.Secret.Service SearchItems 'a{ss}' 0
@@ -587,7 +621,9 @@ extension SerialTests {
             let lines = bad.stdout.split(separator: "\n").map(String.init)
             #expect(lines.count == 9, "\(bad)")
             if lines.count == 9 {
-                #expect(lines[0].contains("no item at /org/freedesktop/secrets/collection/default/no_5fsuch"), "\(lines[0])")
+                #expect(
+                    lines[0].contains("no item at /org/freedesktop/secrets/collection/default/no_5fsuch"), "\(lines[0])"
+                )
                 #expect(lines[1].contains("no object at"), "\(lines[1])")
                 #expect(lines[2].contains("SearchItems takes (a{ss}), not (s)"), "\(lines[2])")
                 #expect(lines[3].contains("not supported"), "\(lines[3])")

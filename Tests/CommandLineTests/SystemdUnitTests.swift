@@ -34,8 +34,11 @@ extension SerialTests {
             let verified = harness.sh(script, arguments: [Self.unitDirectory])
             #expect(verified.succeeded && verified.stderr.isEmpty, "\(verified)")
             // The unit really names the binary and mount point it is verified with.
-            #expect(harness.sh("grep -x 'ExecStart=%h/.local/bin/keychainfs mount --foreground %f' \"$1/keychainfs@.service\"",
-                               arguments: [Self.unitDirectory]).succeeded)
+            #expect(
+                harness.sh(
+                    "grep -x 'ExecStart=%h/.local/bin/keychainfs mount --foreground %f' \"$1/keychainfs@.service\"",
+                    arguments: [Self.unitDirectory]
+                ).succeeded)
         }
 
         /// A datagram socket at `path`, as systemd's `$NOTIFY_SOCKET` is.
@@ -45,7 +48,9 @@ extension SerialTests {
             address.sun_family = sa_family_t(AF_UNIX)
             withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
             let bound = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+                }
             }
             guard bound == 0 else {
                 close(listener)
@@ -89,8 +94,11 @@ extension SerialTests {
             setsockopt(listener, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
             let environment = ProcessInfo.processInfo.environment.merging(
                 ["NOTIFY_SOCKET": socketPath, "WATCHDOG_USEC": "200000"]) { $1 }.map { "\($0.key)=\($0.value)" }
-            let pid = try MountHarness.startReady([service.binary, "service", "--state-directory", service.stateDirectory,
-                                                   "--socket", service.socket], environment: environment)
+            let pid = try MountHarness.startReady(
+                [
+                    service.binary, "service", "--state-directory", service.stateDirectory,
+                    "--socket", service.socket
+                ], environment: environment)
             defer {
                 kill(pid, SIGTERM)
                 _ = Spawn.wait(pid)

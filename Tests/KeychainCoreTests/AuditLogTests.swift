@@ -25,8 +25,10 @@ import Testing
             let device = try keychain.device()
             expectError(.authFailed) { try device.unlock(passcode: secure("wrong-passcode"), by: Self.subject) }
             try device.unlock(passcode: secure(TemporaryKeychain.passcode), by: Self.subject)
-            device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "line\nbreak",
-                                           subject: Self.subject))
+            device.audit.record(
+                AuditEvent(
+                    operation: "read", result: "ok", group: "g", identifier: "line\nbreak",
+                    subject: Self.subject))
             device.lock(by: nil)
         }
         let all = try lines(keychain)
@@ -50,7 +52,9 @@ import Testing
         clock_gettime(CLOCK_REALTIME, &before)
         do {
             let device = try keychain.device()
-            for _ in 0..<3 { device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "i")) }
+            for _ in 0..<3 {
+                device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "i"))
+            }
             device.shutDown()
         }
         clock_gettime(CLOCK_REALTIME, &after)
@@ -59,7 +63,8 @@ import Testing
             var seconds = time.tv_sec
             gmtime_r(&seconds, &parts)
             func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-            return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))"
+            return
+                "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))"
         }
         let times = try lines(keychain).compactMap(AuditLine.init(parsing:)).compactMap { $0.value("time") }
         #expect(times.count >= 3)
@@ -94,11 +99,17 @@ import Testing
             device.shutDown()
         }
         let original = try lines(keychain)
-        write(keychain, original.enumerated().map { $0.offset == 2 ? $0.element.replacingFirst("result=ok", "result=denied") : $0.element })
-        #expect(try AuditLog.verify(directory: keychain.directory).problems
+        write(
+            keychain,
+            original.enumerated().map {
+                $0.offset == 2 ? $0.element.replacingFirst("result=ok", "result=denied") : $0.element
+            })
+        #expect(
+            try AuditLog.verify(directory: keychain.directory).problems
                 == ["audit.log line 3: its MAC does not match (the line was edited, or one before it)"])
         write(keychain, original.enumerated().filter { $0.offset != 1 }.map(\.element))
-        #expect(try AuditLog.verify(directory: keychain.directory).problems
+        #expect(
+            try AuditLog.verify(directory: keychain.directory).problems
                 == ["audit.log line 2: sequence 3 follows 1 (lines removed or reordered)"])
         write(keychain, [original[0], original[2], original[1], original[3], original[4]])
         #expect(try !AuditLog.verify(directory: keychain.directory).problems.isEmpty)
@@ -112,11 +123,14 @@ import Testing
         let keychain = try TemporaryKeychain()
         do {
             let device = try keychain.device()
-            for index in 0..<4 { device.audit.record(AuditEvent(operation: "read", result: "ok", identifier: "i\(index)")) }
+            for index in 0..<4 {
+                device.audit.record(AuditEvent(operation: "read", result: "ok", identifier: "i\(index)"))
+            }
             device.shutDown()
         }
         write(keychain, Array(try lines(keychain).prefix(2)))
-        #expect(try AuditLog.verify(directory: keychain.directory).problems
+        #expect(
+            try AuditLog.verify(directory: keychain.directory).problems
                 == ["the log ends at line 2, but the keychain recorded line 4: its end was cut"])
         // A device booted on the cut log continues from its last line, which
         // differs from the keychain's record of line 4 once the log gets there.
@@ -124,7 +138,8 @@ import Testing
             let device = try keychain.device()
             for _ in 0..<3 { device.audit.record(AuditEvent(operation: "read", result: "ok")) }
         }
-        #expect(try AuditLog.verify(directory: keychain.directory).problems
+        #expect(
+            try AuditLog.verify(directory: keychain.directory).problems
                 == ["audit.log line 4: differs from the line the keychain recorded as number 4"])
     }
 
@@ -132,7 +147,9 @@ import Testing
         let keychain = try TemporaryKeychain()
         let secret = DeviceSecret(secret: try keychain.directory.readDeviceSecret())
         let small = try AuditLog(directory: keychain.directory, key: secret.auditKey, anchor: nil, rotationSize: 1000)
-        for index in 0..<40 { small.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "item-\(index)")) }
+        for index in 0..<40 {
+            small.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "item-\(index)"))
+        }
         let current = try lines(keychain), rotated = try lines(keychain, AuditLog.rotatedName)
         #expect(current.count + rotated.count < 40)  // older rotations are gone: the log is bounded
         #expect(AuditLine(parsing: current[0])?.value("prev") != nil)
@@ -140,12 +157,17 @@ import Testing
         #expect(report.problems == [])
         // What rotation took is counted, and when it ended is said.
         let oldest = try #require(AuditLine(parsing: rotated[0]))
-        #expect(report.rotatedAway == 40 - UInt64(current.count + rotated.count) && report.rotatedAway == oldest.sequence - 1)
+        #expect(
+            report.rotatedAway == 40 - UInt64(current.count + rotated.count)
+                && report.rotatedAway == oldest.sequence - 1)
         #expect(report.keptSince == oldest.value("time"))
         #expect(AuditLog.VerifyReport(fields: report.fields)?.rotatedAway == report.rotatedAway)
         // The rotated file's last line removed: the current file no longer continues it.
         write(keychain, Array(rotated.dropLast()), AuditLog.rotatedName)
-        #expect(try AuditLog.verify(directory: keychain.directory).problems == ["audit.log line 1: does not continue audit.log.1"])
+        #expect(
+            try AuditLog.verify(directory: keychain.directory).problems == [
+                "audit.log line 1: does not continue audit.log.1"
+            ])
     }
 
     /// Identical denials in a row (the pid aside) are one line and a
@@ -157,9 +179,11 @@ import Testing
         for pid in 0..<10_000 {
             var subject = Self.subject
             subject.pid = Int32(pid)
-            device.audit.record(AuditEvent(operation: "read", result: "denied", group: "g", identifier: "i", subject: subject))
+            device.audit.record(
+                AuditEvent(operation: "read", result: "denied", group: "g", identifier: "i", subject: subject))
         }
-        device.audit.record(AuditEvent(operation: "read", result: "ok", group: "g", identifier: "i", subject: Self.subject))
+        device.audit.record(
+            AuditEvent(operation: "read", result: "ok", group: "g", identifier: "i", subject: Self.subject))
         device.shutDown()
         let parsed = try lines(keychain).compactMap(AuditLine.init(parsing:))
         #expect(parsed.map { $0.value("result") } == ["denied", "denied", "ok"])
@@ -176,10 +200,13 @@ import Testing
         let keychain = try TemporaryKeychain()
         let device = try keychain.device()
         let victim = AuditSubject(pid: 1, uid: 1000, executable: "/usr/bin/victim", unit: nil)
-        device.audit.record(AuditEvent(operation: "read", result: "denied", group: "secure", identifier: "first", subject: victim))
+        device.audit.record(
+            AuditEvent(operation: "read", result: "denied", group: "secure", identifier: "first", subject: victim))
         for index in 0..<24_000 {
-            device.audit.record(AuditEvent(operation: "read", result: "denied", group: "secure", identifier: "x\(index)",
-                                           subject: Self.subject))
+            device.audit.record(
+                AuditEvent(
+                    operation: "read", result: "denied", group: "secure", identifier: "x\(index)",
+                    subject: Self.subject))
         }
         device.shutDown()
         let parsed = try lines(keychain).compactMap(AuditLine.init(parsing:))

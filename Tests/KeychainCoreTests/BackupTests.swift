@@ -11,7 +11,7 @@ import Testing
         ("TEAMID.com.example.shared", "binary", .always, (0...255).map { UInt8($0) }),
         ("TEAMID.com.example.shared", "empty", .whenUnlocked, []),
         ("default", "device-only", .whenUnlockedThisDeviceOnly, Array("stays".utf8)),
-        ("default", "always-device-only", .alwaysThisDeviceOnly, Array("stays too".utf8)),
+        ("default", "always-device-only", .alwaysThisDeviceOnly, Array("stays too".utf8))
     ]
 
     /// A keychain holding `items`, unlocked.
@@ -20,8 +20,9 @@ import Testing
         let manager = try keychain.manager()
         try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         for item in items {
-            try manager.write(SecureBytes(item.value), identifier: item.identifier, group: item.group,
-                              protectionClass: item.protectionClass)
+            try manager.write(
+                SecureBytes(item.value), identifier: item.identifier, group: item.group,
+                protectionClass: item.protectionClass)
         }
         return (keychain, manager)
     }
@@ -41,8 +42,11 @@ import Testing
     /// A backup from before names had to be NFC may hold one that is not:
     /// restoring it is refused as a whole, before anything is written.
     @Test func aBackupHoldingANameNotInNFCIsRefusedAndWritesNothing() throws {
-        let items = [BackupItem(group: "default", identifier: "plain", protectionClass: .whenUnlocked, value: try secure("one")),
-                     BackupItem(group: "default", identifier: "cafe\u{301}", protectionClass: .whenUnlocked, value: try secure("two"))]
+        let items = [
+            BackupItem(group: "default", identifier: "plain", protectionClass: .whenUnlocked, value: try secure("one")),
+            BackupItem(
+                group: "default", identifier: "cafe\u{301}", protectionClass: .whenUnlocked, value: try secure("two"))
+        ]
         let bytes = try BackupFile.encode(items, password: secure(Self.password), kdf: .insecureFastForTests)
         let (_, target) = try Self.target()
         for policy in [RestoreConflictPolicy.refuse, .keep, .overwrite] {
@@ -56,21 +60,27 @@ import Testing
         let bytes = try Self.backup(source)
         var names: [String] = []
         try BackupFile.decode(bytes, password: secure(Self.password)) { names.append($0.group + "/" + $0.identifier) }
-        #expect(names.sorted() == ["TEAMID.com.example.shared/binary", "TEAMID.com.example.shared/empty",
-                                   "default/afu", "default/github.com"])
+        #expect(
+            names.sorted() == [
+                "TEAMID.com.example.shared/binary", "TEAMID.com.example.shared/empty",
+                "default/afu", "default/github.com"
+            ])
         let (_, target) = try Self.target()
         let summary = try target.restore(bytes, password: secure(Self.password), policy: .refuse)
         #expect(summary == RestoreSummary(added: 4))
         for item in Self.items {
             if item.protectionClass.isMigratable {
-                #expect(try target.info(forIdentifier: item.identifier, inGroup: item.group)?.protectionClass == item.protectionClass)
+                #expect(
+                    try target.info(forIdentifier: item.identifier, inGroup: item.group)?.protectionClass
+                        == item.protectionClass)
                 #expect(try target.key(forIdentifier: item.identifier, inGroup: item.group).bytes() == item.value)
             } else {
                 #expect(try target.info(forIdentifier: item.identifier, inGroup: item.group) == nil)
             }
         }
         // Again: nothing changes.
-        #expect(try target.restore(bytes, password: secure(Self.password), policy: .refuse) == RestoreSummary(unchanged: 4))
+        #expect(
+            try target.restore(bytes, password: secure(Self.password), policy: .refuse) == RestoreSummary(unchanged: 4))
     }
 
     /// Items the Secret Service made travel with their label, attributes and
@@ -78,10 +88,12 @@ import Testing
     @Test func detailsTravelWithTheirItems() throws {
         let (keychain, source) = try Self.source()
         keychain.clock.advance(500)
-        let details = ItemDetails(label: "Mail password", contentType: "text/plain",
-                                  attributes: ["xdg:schema": "org.gnome.Evolution", "user": "ada@example.org"])
-        try source.write(secure("imap-pw"), identifier: "Mail password", group: "default", protectionClass: .whenUnlocked,
-                         details: details)
+        let details = ItemDetails(
+            label: "Mail password", contentType: "text/plain",
+            attributes: ["xdg:schema": "org.gnome.Evolution", "user": "ada@example.org"])
+        try source.write(
+            secure("imap-pw"), identifier: "Mail password", group: "default", protectionClass: .whenUnlocked,
+            details: details)
         let stored = try #require(try source.details(forIdentifier: "Mail password"))
         let bytes = try Self.backup(source)
         let (_, target) = try Self.target()
@@ -89,10 +101,12 @@ import Testing
         #expect(try target.details(forIdentifier: "Mail password") == stored)
         #expect(try target.string(forIdentifier: "Mail password") == "imap-pw")
         #expect(try target.details(forIdentifier: "github.com") == nil)
-        #expect(try target.restore(bytes, password: secure(Self.password), policy: .refuse) == RestoreSummary(unchanged: 5))
+        #expect(
+            try target.restore(bytes, password: secure(Self.password), policy: .refuse) == RestoreSummary(unchanged: 5))
         // Other details for the same name are a conflict, as another value is.
-        try target.write(secure("imap-pw"), identifier: "Mail password", group: "default", protectionClass: .whenUnlocked,
-                         details: ItemDetails(label: "changed", attributes: [:]))
+        try target.write(
+            secure("imap-pw"), identifier: "Mail password", group: "default", protectionClass: .whenUnlocked,
+            details: ItemDetails(label: "changed", attributes: [:]))
         let refused = try target.restore(bytes, password: secure(Self.password), policy: .refuse)
         #expect(!refused.applied && refused.conflicts == ["default/Mail password"])
     }
@@ -137,7 +151,9 @@ import Testing
             var altered = bytes
             altered[position] ^= 0x01
             let error = restoring(altered)
-            #expect(error == .decode || error == .authFailed || error == .param, "byte \(position): \(String(describing: error))")
+            #expect(
+                error == .decode || error == .authFailed || error == .param,
+                "byte \(position): \(String(describing: error))")
         }
         #expect(restoring(bytes + [0]) == .decode)
         #expect(restoring(Array("not a backup at all, just text".utf8)) == .param)
@@ -179,7 +195,8 @@ import Testing
     @Test func theGoldenVersion1BackupStillRestores() throws {
         let path = Bundle.module.path(forResource: "golden-backup-v1", ofType: "kcbak", inDirectory: "Fixtures")!
         let (_, target) = try Self.target()
-        let summary = try target.restore(try BackupFile.load(from: path), password: secure(Self.password), policy: .refuse)
+        let summary = try target.restore(
+            try BackupFile.load(from: path), password: secure(Self.password), policy: .refuse)
         #expect(summary.added == 4)
         for item in Self.items where item.protectionClass.isMigratable {
             #expect(try target.key(forIdentifier: item.identifier, inGroup: item.group).bytes() == item.value)
@@ -190,6 +207,7 @@ import Testing
     @Test(.enabled(if: ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN_BACKUP"] != nil))
     func writeGoldenBackup() throws {
         let (_, source) = try Self.source()
-        try BackupFile.save(try Self.backup(source), to: ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN_BACKUP"]!)
+        try BackupFile.save(
+            try Self.backup(source), to: ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN_BACKUP"]!)
     }
 }

@@ -18,22 +18,28 @@ import Testing
         .changePasscode(old: secret("1234"), new: secret("56789")),
         .changePasscode(old: nil, new: nil),
         .backup(path: "/tmp/a.kcbak", password: secret("backup pw")),
-        .backup(path: "/tmp/p.kcbak", password: secret("pw"), policedGroups: ["secure", "team.app"], passcode: secret("1234")),
+        .backup(
+            path: "/tmp/p.kcbak", password: secret("pw"), policedGroups: ["secure", "team.app"],
+            passcode: secret("1234")),
         .restore(path: "/tmp/b.kcbak", password: secret("restore pw"), policy: .overwrite),
         .restore(path: "/tmp/d.kcbak", password: secret("restore pw"), policy: .overwrite, passcode: secret("1234")),
         .restore(path: "/tmp/c.kcbak", password: secret("pw"), policy: .keep),
         .get(group: "default", identifier: "github.com"),
-        .set(group: "git", identifier: "host", value: secret("v\u{0}alue\n"), protectionClass: .alwaysThisDeviceOnly,
-             condition: .ifAbsent),
+        .set(
+            group: "git", identifier: "host", value: secret("v\u{0}alue\n"), protectionClass: .alwaysThisDeviceOnly,
+            condition: .ifAbsent),
         .set(group: "default", identifier: "empty", value: secret(""), protectionClass: nil, condition: .always),
-        .set(group: "default", identifier: "Wi-Fi", value: secret("pw"), protectionClass: nil, condition: .always,
-             details: ItemDetails(label: "Home Wi-Fi", contentType: "text/plain",
-                                  attributes: ["xdg:schema": "org.example.Wifi", "ssid": "home", "note": ""], created: 5, modified: 7)),
+        .set(
+            group: "default", identifier: "Wi-Fi", value: secret("pw"), protectionClass: nil, condition: .always,
+            details: ItemDetails(
+                label: "Home Wi-Fi", contentType: "text/plain",
+                attributes: ["xdg:schema": "org.example.Wifi", "ssid": "home", "note": ""], created: 5, modified: 7)),
         .details(group: "default", identifier: nil),
         .details(group: "default", identifier: "Wi-Fi"),
         .serveBus(address: "unix:path=/run/user/1000/bus", replace: false),
         .serveBus(address: "unix:path=/tmp/b", replace: true),
-        .setDetails(group: "default", identifier: "Wi-Fi", details: ItemDetails(label: "renamed", attributes: ["ssid": "home"])),
+        .setDetails(
+            group: "default", identifier: "Wi-Fi", details: ItemDetails(label: "renamed", attributes: ["ssid": "home"])),
         .remove(group: "default", identifier: "old"),
         .list(group: nil),
         .list(group: "default"),
@@ -50,14 +56,20 @@ import Testing
         .sync,
         .grant(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234")),
         .grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil),
-        .grant(group: "secure", executable: "/usr/bin/node", unit: nil, uid: nil, passcode: secret("1234"), allowJIT: true),
-        .access(group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", change: .add, passcode: secret("1234")),
+        .grant(
+            group: "secure", executable: "/usr/bin/node", unit: nil, uid: nil, passcode: secret("1234"), allowJIT: true),
+        .access(
+            group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", change: .add,
+            passcode: secret("1234")),
         .access(group: "default", identifier: "token", executable: "/opt/app", change: .remove, passcode: nil),
-        .access(group: "default", identifier: "imported", executable: "/usr/lib/chromium/chromium", change: .claim, passcode: nil),
+        .access(
+            group: "default", identifier: "imported", executable: "/usr/lib/chromium/chromium", change: .claim,
+            passcode: nil),
         .apps(group: "default", open: true, passcode: secret("1234")),
         .apps(group: "default", open: nil, passcode: nil),
-        .revoke(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
-                passcode: secret("1234")),
+        .revoke(
+            group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
+            passcode: secret("1234")),
         .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),
         .policy(group: nil),
         .policy(group: "secure"),
@@ -72,7 +84,7 @@ import Testing
         .watch,
         .autoLock(after: 300, grace: nil),
         .autoLock(after: nil, grace: 0),
-        .autoLock(after: nil, grace: nil),
+        .autoLock(after: nil, grace: nil)
     ]
 
     static let replies: [DeviceReply] = [
@@ -81,11 +93,12 @@ import Testing
         .keychainError(.interactionNotAllowed, "the device is locked"),
         .systemError(16, "mount point is busy"),
         .value(secret("s3cret"), .whenUnlockedThisDeviceOnly),
-        .value(secret(""), .always),
+        .value(secret(""), .always)
     ]
 
     /// The body of a frame: after its u32 length.
-    static func body<R>(of frame: SecureBytes, _ read: (UnsafeRawBufferPointer) throws(KeychainError) -> R) throws -> R {
+    static func body<R>(of frame: SecureBytes, _ read: (UnsafeRawBufferPointer) throws(KeychainError) -> R) throws -> R
+    {
         try frame.withUnsafeBytes { raw in
             #expect(Int(raw.load(as: UInt32.self).littleEndian) == raw.count - 4)
             return try read(UnsafeRawBufferPointer(rebasing: raw[4...]))
@@ -98,11 +111,20 @@ import Testing
         var details = ItemDetails(label: "Chromium Safe Storage", attributes: ["application": "chromium"])
         details.owner = ProgramClaim(executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32))
         details.allowed = [ProgramClaim(executable: "/tmp/evil", digest: Array(repeating: 2, count: 32))]
-        let planted = DeviceRequest.set(group: "default", identifier: "key", value: Self.secret("k"), condition: .ifAbsent, details: details)
-        guard case .set(_, _, _, _, _, let kept?) = planted.withoutOwner else { Issue.record("no details left"); return }
-        #expect(kept.owner == nil && kept.allowed.isEmpty && kept.label == details.label && kept.attributes == details.attributes)
-        guard case .setDetails(_, _, let changed) = DeviceRequest.setDetails(group: "default", identifier: "key", details: details)
-            .withoutOwner else { Issue.record("not a setDetails"); return }
+        let planted = DeviceRequest.set(
+            group: "default", identifier: "key", value: Self.secret("k"), condition: .ifAbsent, details: details)
+        guard case .set(_, _, _, _, _, let kept?) = planted.withoutOwner else {
+            Issue.record("no details left"); return
+        }
+        #expect(
+            kept.owner == nil && kept.allowed.isEmpty && kept.label == details.label
+                && kept.attributes == details.attributes)
+        guard
+            case .setDetails(_, _, let changed) = DeviceRequest.setDetails(
+                group: "default", identifier: "key", details: details
+            )
+            .withoutOwner
+        else { Issue.record("not a setDetails"); return }
         #expect(changed.owner == nil && changed.allowed.isEmpty)
     }
 
@@ -112,7 +134,9 @@ import Testing
     }
 
     @Test(arguments: requests) func aRequestReadsBackAsItWasSent(_ request: DeviceRequest) throws {
-        let parsed = try Self.body(of: try request.frame()) { body throws(KeychainError) in try DeviceRequest(body: body) }
+        let parsed = try Self.body(of: try request.frame()) { body throws(KeychainError) in
+            try DeviceRequest(body: body)
+        }
         #expect(parsed == request)
     }
 
@@ -146,14 +170,18 @@ import Testing
     /// sent; fields that are not whole triples of a name, a class and a
     /// size are another build's: refused, never cut short or guessed.
     @Test func aListingReadsBackAndAForeignOneIsRefused() throws {
-        let items = [ItemListing(identifier: "github.com", info: ItemInfo(protectionClass: .whenUnlocked, size: 6)),
-                     ItemListing(identifier: "wifi", info: ItemInfo(protectionClass: .alwaysThisDeviceOnly, size: 0))]
+        let items = [
+            ItemListing(identifier: "github.com", info: ItemInfo(protectionClass: .whenUnlocked, size: 6)),
+            ItemListing(identifier: "wifi", info: ItemInfo(protectionClass: .alwaysThisDeviceOnly, size: 0))
+        ]
         let reply = DeviceReply.ok(ItemListing.fields(items))
         let parsed = try Self.body(of: try reply.frame()) { body throws(KeychainError) in try DeviceReply(body: body) }
         guard case .ok(let fields) = parsed else { Issue.record("not ok: \(parsed)"); return }
         #expect(try ItemListing.items(fromFields: fields) == items)
-        for foreign in [["github.com", "whenUnlocked"], ["github.com", "sometimes", "6"], ["github.com", "always", "-1"],
-                        ["github.com", "always", "six"]] {
+        for foreign in [
+            ["github.com", "whenUnlocked"], ["github.com", "sometimes", "6"], ["github.com", "always", "-1"],
+            ["github.com", "always", "six"]
+        ] {
             #expect(throws: KeychainError.io) { try ItemListing.items(fromFields: foreign) }
         }
     }
@@ -161,18 +189,28 @@ import Testing
     /// A policy listing, and the details of a group's items, read back
     /// through the reply frame as sent; a foreign row is refused.
     @Test func policyAndDetailsListingsReadBack() throws {
-        let rows = [PolicyListing(group: "TEAMID.shared", rule: EntitlementRule(executable: "/usr/bin/deploy",
-                                                                                digest: Array(repeating: 7, count: 32),
-                                                                                unit: "deploy.service", uid: 1000, allowsJIT: true)),
-                    PolicyListing(group: "TEAMID.shared", rule: EntitlementRule(executable: "/usr/bin/backup",
-                                                                                digest: Array(repeating: 9, count: 32))),
-                    PolicyListing(group: "closed", rule: nil)]
+        let rows = [
+            PolicyListing(
+                group: "TEAMID.shared",
+                rule: EntitlementRule(
+                    executable: "/usr/bin/deploy",
+                    digest: Array(repeating: 7, count: 32),
+                    unit: "deploy.service", uid: 1000, allowsJIT: true)),
+            PolicyListing(
+                group: "TEAMID.shared",
+                rule: EntitlementRule(
+                    executable: "/usr/bin/backup",
+                    digest: Array(repeating: 9, count: 32))),
+            PolicyListing(group: "closed", rule: nil)
+        ]
         let reply = DeviceReply.ok(PolicyListing.fields(rows))
         let parsed = try Self.body(of: try reply.frame()) { body throws(KeychainError) in try DeviceReply(body: body) }
         guard case .ok(let fields) = parsed else { Issue.record("not ok: \(parsed)"); return }
         #expect(try PolicyListing.rows(fromFields: fields) == rows)
-        for foreign in [["g", "/bin/x", "abcd", "", "", ""], ["g", "/bin/x", String(repeating: "0", count: 64), "", "-1", ""],
-                        ["g", "", "", "", "", "jit"], ["g", "/bin/x"]] {
+        for foreign in [
+            ["g", "/bin/x", "abcd", "", "", ""], ["g", "/bin/x", String(repeating: "0", count: 64), "", "-1", ""],
+            ["g", "", "", "", "", "jit"], ["g", "/bin/x"]
+        ] {
             #expect(throws: KeychainError.io) { try PolicyListing.rows(fromFields: foreign) }
         }
         let details = [(identifier: "github.com", details: ItemDetails(label: "GitHub", attributes: ["user": "ada"]))]

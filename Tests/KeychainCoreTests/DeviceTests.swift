@@ -161,11 +161,13 @@ import Testing
         try manager.removeGroup("g")
         try manager.createGroup("h")
         // The first write into "g" made the group: its creation comes first.
-        #expect(events.withLock { $0 } == [
-            .unlocked, .changed(.groupCreated("g")), .changed(.written(group: "g", identifier: "a")),
-            .changed(.renamed(group: "g", from: "a", to: "b")),
-            .changed(.removed(group: "g", identifier: "b")), .changed(.groupRemoved("g")), .changed(.groupCreated("h")),
-        ])
+        #expect(
+            events.withLock { $0 } == [
+                .unlocked, .changed(.groupCreated("g")), .changed(.written(group: "g", identifier: "a")),
+                .changed(.renamed(group: "g", from: "a", to: "b")),
+                .changed(.removed(group: "g", identifier: "b")), .changed(.groupRemoved("g")),
+                .changed(.groupCreated("h"))
+            ])
     }
 
     @Test func onlyOneDeviceHoldsAKeychainAtATime() throws {
@@ -234,7 +236,8 @@ extension DeviceTests {
         defer { try? FileManager.default.removeItem(atPath: root) }
         let directory = KeychainDirectory(path: root + "/keychain")
         #expect(mkdir(directory.path, 0o700) == 0)
-        #expect(FileManager.default.createFile(atPath: directory.deviceSecretPath, contents: Data(repeating: 7, count: 32)))
+        #expect(
+            FileManager.default.createFile(atPath: directory.deviceSecretPath, contents: Data(repeating: 7, count: 32)))
         try Device.createKeychain(at: directory, passcode: secure("p"), kdf: .insecureFastForTests, tpm: .declined)
         let device = try Device(directory: directory)
         try device.unlock(passcode: secure("p"))

@@ -9,7 +9,9 @@ import Testing
     static let digestB = [UInt8](repeating: 0xb2, count: ExecutableDigest.size)
     static let ruleA = EntitlementRule(executable: "/usr/bin/app-a", digest: digestA)
 
-    static func program(_ executable: String, _ digest: [UInt8], unit: String? = nil, uid: UInt32 = 1000) -> ProgramIdentity {
+    static func program(_ executable: String, _ digest: [UInt8], unit: String? = nil, uid: UInt32 = 1000)
+        -> ProgramIdentity
+    {
         ProgramIdentity(executable: executable, digest: digest, unit: unit, uid: uid)
     }
 
@@ -17,7 +19,7 @@ import Testing
         let a = Self.program("/usr/bin/app-a", Self.digestA, unit: "a.service")
         #expect(Self.ruleA.admits(a))
         #expect(!Self.ruleA.admits(Self.program("/usr/bin/app-a", Self.digestB)))  // replaced binary
-        #expect(!Self.ruleA.admits(Self.program("/tmp/app-a", Self.digestA)))      // a copy elsewhere
+        #expect(!Self.ruleA.admits(Self.program("/tmp/app-a", Self.digestA)))  // a copy elsewhere
         let inUnit = EntitlementRule(executable: "/usr/bin/app-a", digest: Self.digestA, unit: "a.service", uid: 1000)
         #expect(inUnit.admits(a))
         #expect(!inUnit.admits(Self.program("/usr/bin/app-a", Self.digestA, unit: "b.service")))
@@ -29,12 +31,15 @@ import Testing
     /// path that only looks the same (`e` + U+0301 for `é`, K for the
     /// Kelvin sign) is a copy elsewhere, though Swift calls the strings equal.
     @Test func aCopyAtACanonicallyEquivalentPathIsNotAdmitted() {
-        for (granted, copy) in [("/opt/caf\u{E9}/app", "/opt/cafe\u{301}/app"), ("/opt/Kit/app", "/opt/\u{212A}it/app")] {
+        for (granted, copy) in [("/opt/caf\u{E9}/app", "/opt/cafe\u{301}/app"), ("/opt/Kit/app", "/opt/\u{212A}it/app")]
+        {
             #expect(granted == copy)  // what String's == says
             let rule = EntitlementRule(executable: granted, digest: Self.digestA, unit: "a.service")
             #expect(rule.admits(Self.program(granted, Self.digestA, unit: "a.service")))
             #expect(!rule.admits(Self.program(copy, Self.digestA, unit: "a.service")))
-            #expect(!rule.matches(executable: copy, unit: nil, uid: nil) && rule.matches(executable: granted, unit: nil, uid: nil))
+            #expect(
+                !rule.matches(executable: copy, unit: nil, uid: nil)
+                    && rule.matches(executable: granted, unit: nil, uid: nil))
             // A grant for the look-alike is another rule, not a replacement of this one.
             let other = EntitlementRule(executable: copy, digest: Self.digestB, unit: "a.service")
             #expect(!other.namesSameProgram(as: rule) && rule.namesSameProgram(as: rule))
@@ -70,7 +75,8 @@ import Testing
         try device.grant(Self.ruleA, toGroup: "shared", passcode: secure(TemporaryKeychain.passcode))
         #expect(device.status.failedAttempts == 0)
         expectError(.authFailed) {
-            try device.revoke(group: "shared", executable: nil, unit: nil, uid: nil, all: true, passcode: secure("wrong"))
+            try device.revoke(
+                group: "shared", executable: nil, unit: nil, uid: nil, all: true, passcode: secure("wrong"))
         }
         #expect(device.entitlementRules(forGroup: "shared") == [Self.ruleA])
     }
@@ -84,22 +90,33 @@ import Testing
             try device.grant(Self.ruleA, toGroup: "shared", passcode: passcode)
             try device.grant(ruleB, toGroup: "shared", passcode: passcode)
             // Granting the same program again (a rebuilt binary) replaces its digest.
-            try device.grant(EntitlementRule(executable: "/usr/bin/app-a", digest: Self.digestB), toGroup: "shared",
-                             passcode: passcode)
+            try device.grant(
+                EntitlementRule(executable: "/usr/bin/app-a", digest: Self.digestB), toGroup: "shared",
+                passcode: passcode)
         }
         let device = try keychain.device()
-        #expect(device.entitlementRules(forGroup: "shared")
+        #expect(
+            device.entitlementRules(forGroup: "shared")
                 == [ruleB, EntitlementRule(executable: "/usr/bin/app-a", digest: Self.digestB)])
         expectError(.itemNotFound) {
-            try device.revoke(group: "shared", executable: "/usr/bin/none", unit: nil, uid: nil, all: false, passcode: passcode)
+            try device.revoke(
+                group: "shared", executable: "/usr/bin/none", unit: nil, uid: nil, all: false, passcode: passcode)
         }
-        #expect(try device.revoke(group: "shared", executable: "/usr/bin/app-a", unit: nil, uid: nil, all: false,
-                                  passcode: passcode) == 1)
-        #expect(try device.revoke(group: "shared", executable: nil, unit: "b.service", uid: nil, all: false,
-                                  passcode: passcode) == 1)
+        #expect(
+            try device.revoke(
+                group: "shared", executable: "/usr/bin/app-a", unit: nil, uid: nil, all: false,
+                passcode: passcode) == 1)
+        #expect(
+            try device.revoke(
+                group: "shared", executable: nil, unit: "b.service", uid: nil, all: false,
+                passcode: passcode) == 1)
         #expect(device.entitlementRules(forGroup: "shared") == [])
-        expectError(.missingEntitlement) { try device.checkEntitlement("shared") { Self.program("/usr/bin/app-b", Self.digestB) } }
-        #expect(try device.revoke(group: "shared", executable: nil, unit: nil, uid: nil, all: true, passcode: passcode) == 0)
+        expectError(.missingEntitlement) {
+            try device.checkEntitlement("shared") { Self.program("/usr/bin/app-b", Self.digestB) }
+        }
+        #expect(
+            try device.revoke(group: "shared", executable: nil, unit: nil, uid: nil, all: true, passcode: passcode) == 0
+        )
         #expect(device.entitlementRules(forGroup: "shared") == nil)
     }
 
@@ -109,7 +126,8 @@ import Testing
         let passcode = try secure(TemporaryKeychain.passcode)
         expectError(.param) { try device.grant(Self.ruleA, toGroup: "a/b", passcode: passcode) }
         expectError(.param) {
-            try device.grant(EntitlementRule(executable: "relative", digest: Self.digestA), toGroup: "g", passcode: passcode)
+            try device.grant(
+                EntitlementRule(executable: "relative", digest: Self.digestA), toGroup: "g", passcode: passcode)
         }
         expectError(.param) {
             try device.grant(EntitlementRule(executable: "/x", digest: [1, 2]), toGroup: "g", passcode: passcode)
@@ -132,7 +150,7 @@ import Testing
         changingByte(6, ofMetaRecord: "entitlements"),
         "DELETE FROM meta WHERE key = 'entitlements'",
         // The MAC is over the record only: another record's bytes do not pass.
-        "UPDATE meta SET value = (SELECT value FROM meta WHERE key = 'lockout') WHERE key = 'entitlements'",
+        "UPDATE meta SET value = (SELECT value FROM meta WHERE key = 'lockout') WHERE key = 'entitlements'"
     ])
     func aTamperedOrMissingPolicyStopsTheBoot(_ sql: String) throws {
         let keychain = try TemporaryKeychain()
@@ -151,12 +169,16 @@ import Testing
     @Test func recordsRoundTripAndRejectTrailingBytes() throws {
         let secret = DeviceSecret(secret: try SecureBytes([UInt8](repeating: 3, count: Crypto.keySize)))
         var policy = EntitlementPolicy()
-        policy.groups = ["a": [Self.ruleA, EntitlementRule(executable: "/b", digest: Self.digestB, unit: "u.scope", uid: 7)],
-                         "empty": []]
+        policy.groups = [
+            "a": [Self.ruleA, EntitlementRule(executable: "/b", digest: Self.digestB, unit: "u.scope", uid: 7)],
+            "empty": []
+        ]
         let record = policy.encoded(secret: secret)
         #expect(try EntitlementPolicy(decoding: record, secret: secret) == policy)
         let body = Array(record.dropLast(Crypto.macSize)) + [0]
-        expectError(.decode) { try EntitlementPolicy(decoding: body + secret.mac("kcfs-entitlements-v1", body), secret: secret) }
+        expectError(.decode) {
+            try EntitlementPolicy(decoding: body + secret.mac("kcfs-entitlements-v1", body), secret: secret)
+        }
         #expect(record.first == 1)  // no rule needs flags: still version 1, bootable by older builds
     }
 
@@ -173,9 +195,12 @@ import Testing
         // A version 2 record without a JIT rule is not the one encoding of its policy.
         var plain = Array(record.dropLast(Crypto.macSize))
         plain[plain.count - 1] = 0  // the last rule's flags
-        expectError(.decode) { try EntitlementPolicy(decoding: plain + secret.mac("kcfs-entitlements-v1", plain), secret: secret) }
+        expectError(.decode) {
+            try EntitlementPolicy(decoding: plain + secret.mac("kcfs-entitlements-v1", plain), secret: secret)
+        }
 
-        var node = ProgramIdentity(executable: "/usr/bin/node", digest: Self.digestB, unit: nil, uid: 1000, runsAnonymousCode: true)
+        var node = ProgramIdentity(
+            executable: "/usr/bin/node", digest: Self.digestB, unit: nil, uid: 1000, runsAnonymousCode: true)
         #expect(jit.admits(node))
         #expect(!EntitlementRule(executable: "/usr/bin/node", digest: Self.digestB).admits(node))
         node.distrust = "it is being traced by process 1"

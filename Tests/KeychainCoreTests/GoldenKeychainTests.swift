@@ -15,13 +15,14 @@ import Testing
         ("TEAMID.com.example.shared", "db-password", .whenUnlockedThisDeviceOnly, Array("db-secret\n".utf8)),
         ("TEAMID.com.example.shared", "afu-tdo", .afterFirstUnlockThisDeviceOnly, Array("afu-tdo-value".utf8)),
         ("TEAMID.com.example.shared", "always-tdo", .alwaysThisDeviceOnly, binary),
-        ("TEAMID.com.example.shared", "empty", .whenUnlocked, []),
+        ("TEAMID.com.example.shared", "empty", .whenUnlocked, [])
     ]
 
     /// From format 4: an item the Secret Service made, with its details.
-    static let detailed = ItemDetails(label: "Golden label", contentType: "text/plain",
-                                      attributes: ["xdg:schema": "org.example.Golden", "user": "ada"], created: 1_700_000_000,
-                                      modified: 1_700_000_001)
+    static let detailed = ItemDetails(
+        label: "Golden label", contentType: "text/plain",
+        attributes: ["xdg:schema": "org.example.Golden", "user": "ada"], created: 1_700_000_000,
+        modified: 1_700_000_001)
 
     static func fixture(_ name: String = "golden-v1") -> String {
         Bundle.module.path(forResource: name, ofType: nil, inDirectory: "Fixtures")!
@@ -38,7 +39,8 @@ import Testing
         expectError(.authFailed) { try manager.localDevice.unlock(passcode: secure("not the passcode")) }
         try manager.localDevice.unlock(passcode: secure(Self.passcode))
         for item in Self.items {
-            #expect(try manager.info(forIdentifier: item.identifier, inGroup: item.group)
+            #expect(
+                try manager.info(forIdentifier: item.identifier, inGroup: item.group)
                     == ItemInfo(protectionClass: item.protectionClass, size: item.value.count))
             #expect(try manager.key(forIdentifier: item.identifier, inGroup: item.group).bytes() == item.value)
         }
@@ -57,8 +59,9 @@ import Testing
         do {
             let manager = try keychain.manager()
             try manager.localDevice.unlock(passcode: secure(Self.passcode))
-            try manager.write(secure("v"), identifier: "with-details", group: "default", protectionClass: .whenUnlocked,
-                              details: Self.detailed)
+            try manager.write(
+                secure("v"), identifier: "with-details", group: "default", protectionClass: .whenUnlocked,
+                details: Self.detailed)
             try manager.register("changed", forIdentifier: "github.com")
         }
         let rebooted = try keychain.manager()
@@ -78,12 +81,14 @@ import Testing
             let manager = PasswordManager(device: try Device(directory: target))
             try manager.localDevice.unlock(passcode: secure(Self.passcode))
             for item in Self.items {
-                try manager.write(SecureBytes(item.value), identifier: item.identifier, group: item.group,
-                                  protectionClass: item.protectionClass)
+                try manager.write(
+                    SecureBytes(item.value), identifier: item.identifier, group: item.group,
+                    protectionClass: item.protectionClass)
             }
             try manager.createGroup("empty-group")
-            try manager.write(secure("detailed-value"), identifier: "detailed", group: "default", protectionClass: .whenUnlocked,
-                              details: Self.detailed)
+            try manager.write(
+                secure("detailed-value"), identifier: "detailed", group: "default", protectionClass: .whenUnlocked,
+                details: Self.detailed)
         }
         let db = try SQLiteConnection(path: target.databasePath, create: false)
         try db.execute("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE")

@@ -5,8 +5,12 @@ import Testing
 /// beside the value, readable while locked, carried over every change of
 /// the value, sealed and bound to their row (docs/FORMAT.md, "Item details").
 @Suite struct ItemDetailsTests {
-    static let details = ItemDetails(label: "GitHub token", attributes: ["service": "github.com", "username": "ada",
-                                                                          "xdg:schema": "org.freedesktop.Secret.Generic"])
+    static let details = ItemDetails(
+        label: "GitHub token",
+        attributes: [
+            "service": "github.com", "username": "ada",
+            "xdg:schema": "org.freedesktop.Secret.Generic"
+        ])
 
     func unlocked() throws -> (TemporaryKeychain, PasswordManager) {
         let keychain = try TemporaryKeychain()
@@ -18,8 +22,9 @@ import Testing
     @Test func detailsAreStoredWithTheValueAndStampedWithTheirTimes() throws {
         let (keychain, manager) = try unlocked()
         keychain.clock.advance(1_000)
-        try manager.write(secure("ghp_1"), identifier: "GitHub token", group: "default", protectionClass: .whenUnlocked,
-                          details: Self.details)
+        try manager.write(
+            secure("ghp_1"), identifier: "GitHub token", group: "default", protectionClass: .whenUnlocked,
+            details: Self.details)
         let stored = try #require(try manager.details(forIdentifier: "GitHub token"))
         #expect(stored.label == "GitHub token" && stored.attributes == Self.details.attributes)
         #expect(stored.contentType == "text/plain")
@@ -36,7 +41,8 @@ import Testing
     /// details: the item keeps them (a write stamps its time).
     @Test func everyChangeOfTheValueKeepsTheDetails() throws {
         let (keychain, manager) = try unlocked()
-        try manager.write(secure("v1"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
+        try manager.write(
+            secure("v1"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
         let created = try #require(try manager.details(forIdentifier: "token")).created
         keychain.clock.advance(60)
         try manager.register("v2", forIdentifier: "token")
@@ -48,8 +54,9 @@ import Testing
         #expect(kept.label == "GitHub token" && kept.attributes == Self.details.attributes)
         #expect(try manager.string(forIdentifier: "renamed") == "v2")
         // New details replace the old ones but keep the creation time.
-        try manager.write(secure("v3"), identifier: "renamed", group: "default", protectionClass: .afterFirstUnlock,
-                          details: ItemDetails(label: "new", attributes: ["a": "b"]))
+        try manager.write(
+            secure("v3"), identifier: "renamed", group: "default", protectionClass: .afterFirstUnlock,
+            details: ItemDetails(label: "new", attributes: ["a": "b"]))
         kept = try #require(try manager.details(forIdentifier: "renamed"))
         #expect(kept.label == "new" && kept.attributes == ["a": "b"] && kept.created == created)
     }
@@ -58,7 +65,8 @@ import Testing
     /// creation time kept; a locked item's details cannot change.
     @Test func detailsAloneCanBeReplaced() throws {
         let (keychain, manager) = try unlocked()
-        try manager.write(secure("v"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
+        try manager.write(
+            secure("v"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
         let created = try #require(try manager.details(forIdentifier: "token")).created
         keychain.clock.advance(30)
         try manager.setDetails(ItemDetails(label: "relabelled", attributes: ["k": "v"]), forIdentifier: "token")
@@ -80,7 +88,8 @@ import Testing
     /// find locked items), while the value stays locked.
     @Test func detailsAreReadableWhileLocked() throws {
         let (_, manager) = try unlocked()
-        try manager.write(secure("v"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
+        try manager.write(
+            secure("v"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
         manager.localDevice.lock()
         #expect(try manager.details(forIdentifier: "token")?.attributes == Self.details.attributes)
         expectError(.interactionNotAllowed) { try manager.key(forIdentifier: "token") }
@@ -89,27 +98,32 @@ import Testing
     /// A write that fails leaves value and details as they were.
     @Test func aFailedWriteChangesNeitherValueNorDetails() throws {
         let (_, manager) = try unlocked()
-        try manager.write(secure("v"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
+        try manager.write(
+            secure("v"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: Self.details)
         let before = try manager.details(forIdentifier: "token")
         var huge = Self.details
         huge.attributes["big"] = String(repeating: "x", count: ItemDetails.maximumText + 1)
         expectError(.param) {
-            try manager.write(secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: huge)
+            try manager.write(
+                secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: huge)
         }
         var many = Self.details
         for index in 0...ItemDetails.maximumAttributes { many.attributes["a\(index)"] = "v" }
         expectError(.param) {
-            try manager.write(secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: many)
+            try manager.write(
+                secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: many)
         }
         var large = Self.details
         for index in 0..<9 { large.attributes["a\(index)"] = String(repeating: "x", count: ItemDetails.maximumText) }
         expectError(.param) {
-            try manager.write(secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: large)
+            try manager.write(
+                secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked, details: large)
         }
         manager.localDevice.lock()
         expectError(.interactionNotAllowed) {
-            try manager.write(secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked,
-                              details: ItemDetails(label: "x", attributes: [:]))
+            try manager.write(
+                secure("other"), identifier: "token", group: "default", protectionClass: .whenUnlocked,
+                details: ItemDetails(label: "x", attributes: [:]))
         }
         try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
         #expect(try manager.details(forIdentifier: "token") == before)
@@ -117,8 +131,9 @@ import Testing
     }
 
     @Test func theEncodingReadsBackAndRefusesAnythingElse() throws {
-        let details = ItemDetails(label: "l", contentType: "application/octet-stream", attributes: ["b": "2", "a": "1", "é": ""],
-                                  created: 1, modified: 2)
+        let details = ItemDetails(
+            label: "l", contentType: "application/octet-stream", attributes: ["b": "2", "a": "1", "é": ""],
+            created: 1, modified: 2)
         let encoded = details.encoded()
         #expect(try ItemDetails(decoding: encoded) == details)
         // Every cut, and one byte more, is malformed.
@@ -151,10 +166,12 @@ import Testing
         let keychain = try TemporaryKeychain()
         let manager = try keychain.manager()
         try manager.localDevice.unlock(passcode: secure(TemporaryKeychain.passcode))
-        try manager.write(secure("alpha-secret"), identifier: "alpha", group: "default", protectionClass: .whenUnlocked,
-                          details: ItemDetails(label: "alpha", attributes: ["who": "alpha"]))
-        try manager.write(secure("beta-secret"), identifier: "beta", group: "default", protectionClass: .whenUnlocked,
-                          details: ItemDetails(label: "beta", attributes: ["who": "beta"]))
+        try manager.write(
+            secure("alpha-secret"), identifier: "alpha", group: "default", protectionClass: .whenUnlocked,
+            details: ItemDetails(label: "alpha", attributes: ["who": "alpha"]))
+        try manager.write(
+            secure("beta-secret"), identifier: "beta", group: "default", protectionClass: .whenUnlocked,
+            details: ItemDetails(label: "beta", attributes: ["who": "beta"]))
         return keychain
     }
 
@@ -172,20 +189,22 @@ import Testing
     }
 
     @Test func detailsSwappedBetweenRowsFailToOpen() throws {
-        let manager = try booted(after: """
-            UPDATE items SET details = (SELECT details FROM items WHERE ident = 'beta') WHERE ident = 'alpha'
-            """, try prepared())
+        let manager = try booted(
+            after: """
+                UPDATE items SET details = (SELECT details FROM items WHERE ident = 'beta') WHERE ident = 'alpha'
+                """, try prepared())
         expectError(.decode) { try manager.details(forIdentifier: "alpha") }
         expectError(.decode) { try manager.itemsWithDetails(inGroup: "default") }
         #expect(try manager.details(forIdentifier: "beta")?.label == "beta")
     }
 
     @Test func aFlippedDetailsByteFailsToOpen() throws {
-        let manager = try booted(after: """
-            UPDATE items SET details = substr(details, 1, 30) ||
-                (CASE WHEN substr(details, 31, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(details, 32)
-            WHERE ident = 'alpha'
-            """, try prepared())
+        let manager = try booted(
+            after: """
+                UPDATE items SET details = substr(details, 1, 30) ||
+                    (CASE WHEN substr(details, 31, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(details, 32)
+                WHERE ident = 'alpha'
+                """, try prepared())
         expectError(.decode) { try manager.details(forIdentifier: "alpha") }
     }
 }
@@ -194,8 +213,9 @@ import Testing
 extension ItemDetailsTests {
     // MARK: Owner and access list (issue 31)
 
-    static let owner = ProgramClaim(executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32),
-                                    package: nil, unit: "app-chromium.scope")
+    static let owner = ProgramClaim(
+        executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32),
+        package: nil, unit: "app-chromium.scope")
     static let other = ProgramClaim(executable: "/usr/bin/secret-tool", digest: Array(repeating: 2, count: 32))
 
     @Test func theOwnerIsSetWhenTheItemIsMadeAndNoWriteChangesItOrItsList() throws {
@@ -203,13 +223,15 @@ extension ItemDetailsTests {
         var made = Self.details
         made.owner = Self.owner
         made.allowed = [Self.other]  // a writer cannot put itself on the list
-        try manager.write(secure("v1"), identifier: "key", group: "default", protectionClass: .whenUnlocked, details: made)
+        try manager.write(
+            secure("v1"), identifier: "key", group: "default", protectionClass: .whenUnlocked, details: made)
         var stored = try #require(try manager.details(forIdentifier: "key"))
         #expect(stored.owner == Self.owner && stored.allowed.isEmpty)
         // A replacing write naming another owner, or none, keeps the item's.
         var claimed = Self.details
         claimed.owner = Self.other
-        try manager.write(secure("v2"), identifier: "key", group: "default", protectionClass: .whenUnlocked, details: claimed)
+        try manager.write(
+            secure("v2"), identifier: "key", group: "default", protectionClass: .whenUnlocked, details: claimed)
         try manager.setDetails(Self.details, forIdentifier: "key")
         try manager.register("v3", forIdentifier: "key")
         stored = try #require(try manager.details(forIdentifier: "key"))
@@ -220,7 +242,8 @@ extension ItemDetailsTests {
         #expect(try manager.details(forIdentifier: "key")?.allowed == [Self.other])
         // An item made without an owner (a mount, the command line) gets none from a later write.
         try manager.register("plain", forIdentifier: "plain")
-        try manager.write(secure("p2"), identifier: "plain", group: "default", protectionClass: .whenUnlocked, details: claimed)
+        try manager.write(
+            secure("p2"), identifier: "plain", group: "default", protectionClass: .whenUnlocked, details: claimed)
         #expect(try manager.details(forIdentifier: "plain")?.owner == nil)
         expectError(.badRequest) { try manager.allow(Self.other, forIdentifier: "plain") }
     }
@@ -243,14 +266,26 @@ extension ItemDetailsTests {
 
     @Test func aClaimAdmitsItsProgramOnlyByPathAndContentAndNeverAnUntrustedProcess() {
         let claim = ProgramClaim(executable: "/opt/app", digest: Array(repeating: 7, count: 32))
-        #expect(claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
+        #expect(
+            claim.admits(
+                ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
         // Another build at the same path (no package: a file its user could replace).
-        #expect(!claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 8, count: 32), unit: nil, uid: 1000)))
-        #expect(!claim.admits(ProgramIdentity(executable: "/opt/app2", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
-        #expect(!claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
-                                              distrust: "its bus connection is shared with pid 1 (sh)")))
+        #expect(
+            !claim.admits(
+                ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 8, count: 32), unit: nil, uid: 1000)))
+        #expect(
+            !claim.admits(
+                ProgramIdentity(executable: "/opt/app2", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
+        #expect(
+            !claim.admits(
+                ProgramIdentity(
+                    executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
+                    distrust: "its bus connection is shared with pid 1 (sh)")))
         // A program running a JIT is still its program (a browser is one).
-        #expect(claim.admits(ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
-                                             runsAnonymousCode: true)))
+        #expect(
+            claim.admits(
+                ProgramIdentity(
+                    executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
+                    runsAnonymousCode: true)))
     }
 }

@@ -27,9 +27,12 @@ import TestSupport
             let classKeys = try [ProtectionClass.whenUnlocked, .whenUnlockedThisDeviceOnly].map {
                 try bag.unwrap($0, secret: secret, passcodeKey: passcodeKey)
             }
-            return try [stretched] + ([passcodeKey] + classKeys).map { key in
-                try key.withKey { try SecureBytes(copying: UnsafeRawBufferPointer(start: $0, count: Crypto.keySize)) }
-            }
+            return try [stretched]
+                + ([passcodeKey] + classKeys).map { key in
+                    try key.withKey {
+                        try SecureBytes(copying: UnsafeRawBufferPointer(start: $0, count: Crypto.keySize))
+                    }
+                }
         }
 
         let device = try Device(directory: directory)
@@ -42,8 +45,14 @@ import TestSupport
         #expect(!device.isLocked)
         device.lock()
 
-        let patterns = [("passcode", passcode)] + zip(["stretched passcode", "passcode key", "whenUnlocked key",
-                                                        "whenUnlockedThisDeviceOnly key"], secrets).map { ($0, $1) }
+        let patterns =
+            [("passcode", passcode)]
+            + zip(
+                [
+                    "stretched passcode", "passcode key", "whenUnlocked key",
+                    "whenUnlockedThisDeviceOnly key"
+                ], secrets
+            ).map { ($0, $1) }
         // A canary: a plain copy that the scan must find, so that it cannot pass by seeing nothing.
         let canary = SecureBytes.random(count: 32)
         let canaryCopy = canary.bytes()
@@ -66,13 +75,15 @@ private final class ParkedWorker: @unchecked Sendable {
     init(_ work: @escaping () throws -> Void) {
         self.work = work
         let context = Unmanaged.passRetained(self)
-        let started = pthread_create(&thread, nil, { raw in
-            let worker = Unmanaged<ParkedWorker>.fromOpaque(raw!).takeRetainedValue()
-            do { try worker.work() } catch { worker.error = error }
-            worker.done.signal()
-            worker.release.wait()
-            return nil
-        }, context.toOpaque())
+        let started = pthread_create(
+            &thread, nil,
+            { raw in
+                let worker = Unmanaged<ParkedWorker>.fromOpaque(raw!).takeRetainedValue()
+                do { try worker.work() } catch { worker.error = error }
+                worker.done.signal()
+                worker.release.wait()
+                return nil
+            }, context.toOpaque())
         precondition(started == 0)
     }
 

@@ -31,7 +31,9 @@ import Testing
         }
         #expect(device.status.failedAttempts == 5 && device.status.retryAfter > 0)
         // Locked out: even the right passcode is refused, and nothing changed.
-        expectError(.authFailed) { try device.changePasscode(from: secure(TemporaryKeychain.passcode), to: secure("new")) }
+        expectError(.authFailed) {
+            try device.changePasscode(from: secure(TemporaryKeychain.passcode), to: secure("new"))
+        }
         keychain.clock.advance(3600)
         try device.unlock(passcode: secure(TemporaryKeychain.passcode))
     }
@@ -56,35 +58,47 @@ import Testing
             .unmount(mountpoint: "/m"), .changePasscode(old: nil, new: try secure("n")),
             .changePasscode(old: try secure("o"), new: nil),
             .get(group: "default", identifier: "t"), .set(group: "g", identifier: "t", value: try secure("v")),
-            .set(group: "g", identifier: "t", value: try secure(""), protectionClass: .alwaysThisDeviceOnly, condition: .ifAbsent),
-            .remove(group: "g", identifier: "t"), .list(group: nil), .list(group: "g"), .info(group: "g", identifier: "t"),
+            .set(
+                group: "g", identifier: "t", value: try secure(""), protectionClass: .alwaysThisDeviceOnly,
+                condition: .ifAbsent),
+            .remove(group: "g", identifier: "t"), .list(group: nil), .list(group: "g"),
+            .info(group: "g", identifier: "t"),
             .setClass(group: "g", identifier: "t", protectionClass: .afterFirstUnlock),
-            .rename(group: "g", from: "a", to: "b", replacing: true), .rename(group: "g", from: "a", to: "b", replacing: false),
+            .rename(group: "g", from: "a", to: "b", replacing: true),
+            .rename(group: "g", from: "a", to: "b", replacing: false),
             .createGroup("g"), .removeGroup("g"), .lock, .unlock(passcode: nil), .unlock(passcode: try secure("1234")),
-            .status, .sync,
+            .status, .sync
         ]
         for request in requests {
             let frame = try request.frame()
-            let decoded = try frame.withUnsafeBytes { try DeviceRequest(body: UnsafeRawBufferPointer(rebasing: $0[4...])) }
+            let decoded = try frame.withUnsafeBytes {
+                try DeviceRequest(body: UnsafeRawBufferPointer(rebasing: $0[4...]))
+            }
             #expect(try decoded.frame() == frame)
             #expect(frame.withUnsafeBytes { Int($0.load(as: UInt32.self)) } == frame.count - 4)
         }
-        for reply in [DeviceReply.ok(["last"]), .keychainError(.authFailed, "wrong passcode"), .systemError(EBUSY, "busy"),
-                      .value(try secure("v"), .whenUnlockedThisDeviceOnly)] {
+        for reply in [
+            DeviceReply.ok(["last"]), .keychainError(.authFailed, "wrong passcode"), .systemError(EBUSY, "busy"),
+            .value(try secure("v"), .whenUnlockedThisDeviceOnly)
+        ] {
             let frame = try reply.frame()
-            #expect(try frame.withUnsafeBytes { try DeviceReply(body: UnsafeRawBufferPointer(rebasing: $0[4...])) } == reply)
+            #expect(
+                try frame.withUnsafeBytes { try DeviceReply(body: UnsafeRawBufferPointer(rebasing: $0[4...])) } == reply
+            )
         }
         // Every bad frame but the first two speaks this build's version, so
         // that each is refused for its own fault.
         let v = DeviceProtocol.version
-        for bad: [UInt8] in [[], [v &+ 1, 1, 0, 0, 0, 0], [v, 99, 0, 0, 0, 0], [v, 3, 0, 0, 0, 0, 9, 0, 0, 0, 65],
-                             [v, 1, 0, 0, 0, 0, 0], [v, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                             // A path with a NUL (a C string would end there), and a non-canonical policy.
-                             [v, 3, 0, 0, 0, 0, 3, 0, 0, 0, 97, 0, 98],
-                             [v, 6, 0, 0, 0, 0, 2, 0, 0, 0, 47, 102, 1, 1, 0, 0, 0, 112, 2, 0, 0, 0, 48, 50],
-                             // rename's flag must be exactly "0" or "1"; a class must be a class's name.
-                             [v, 13, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 98, 1, 0, 0, 0, 50],
-                             [v, 12, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 120]] {
+        for bad: [UInt8] in [
+            [], [v &+ 1, 1, 0, 0, 0, 0], [v, 99, 0, 0, 0, 0], [v, 3, 0, 0, 0, 0, 9, 0, 0, 0, 65],
+            [v, 1, 0, 0, 0, 0, 0], [v, 4, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            // A path with a NUL (a C string would end there), and a non-canonical policy.
+            [v, 3, 0, 0, 0, 0, 3, 0, 0, 0, 97, 0, 98],
+            [v, 6, 0, 0, 0, 0, 2, 0, 0, 0, 47, 102, 1, 1, 0, 0, 0, 112, 2, 0, 0, 0, 48, 50],
+            // rename's flag must be exactly "0" or "1"; a class must be a class's name.
+            [v, 13, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 98, 1, 0, 0, 0, 50],
+            [v, 12, 0, 0, 0, 0, 1, 0, 0, 0, 103, 1, 0, 0, 0, 97, 1, 0, 0, 0, 120]
+        ] {
             #expect(throws: KeychainError.param) { try bad.withUnsafeBytes { try DeviceRequest(body: $0) } }
         }
     }

@@ -4,9 +4,11 @@ import Testing
 @Suite struct PasswordGeneratorTests {
     typealias Class = PasswordGenerator.CharacterClass
 
-    @Test(arguments: [
-        (4, Set(Class.allCases)), (25, Set(Class.allCases)), (25, [.lower, .upper, .digits]), (12, [.digits]), (4096, [.symbols, .lower]),
-    ] as [(Int, Set<Class>)])
+    @Test(
+        arguments: [
+            (4, Set(Class.allCases)), (25, Set(Class.allCases)), (25, [.lower, .upper, .digits]), (12, [.digits]),
+            (4096, [.symbols, .lower])
+        ] as [(Int, Set<Class>)])
     func aPasswordHasTheLengthAndEveryClassAskedForAndNothingElse(length: Int, classes: Set<Class>) throws {
         for _ in 0..<(length > 100 ? 5 : 200) {
             let password = try PasswordGenerator.characters(length: length, classes: classes).bytes()
@@ -20,19 +22,25 @@ import Testing
 
     @Test func everyCharacterOfTheAlphabetTurnsUp() throws {
         var seen = Set<UInt8>()
-        for _ in 0..<100 { seen.formUnion(try PasswordGenerator.characters(length: 100, classes: Set(Class.allCases)).bytes()) }
+        for _ in 0..<100 {
+            seen.formUnion(try PasswordGenerator.characters(length: 100, classes: Set(Class.allCases)).bytes())
+        }
         #expect(seen.count == 26 + 26 + 10 + 32)
     }
 
     @Test func twoPasswordsDiffer() throws {
         let classes = Set(Class.allCases)
-        #expect(try PasswordGenerator.characters(length: 25, classes: classes) != PasswordGenerator.characters(length: 25, classes: classes))
+        #expect(
+            try PasswordGenerator.characters(length: 25, classes: classes)
+                != PasswordGenerator.characters(length: 25, classes: classes))
     }
 
-    @Test(arguments: [
-        (3, Set(Class.allCases), GeneratorError.badLength), (4097, [.lower], .badLength),
-        (10, [], .noClasses), (5, Set(Class.allCases).subtracting([.lower, .upper]), nil), (4, Set(Class.allCases), nil),
-    ] as [(Int, Set<Class>, GeneratorError?)])
+    @Test(
+        arguments: [
+            (3, Set(Class.allCases), GeneratorError.badLength), (4097, [.lower], .badLength),
+            (10, [], .noClasses), (5, Set(Class.allCases).subtracting([.lower, .upper]), nil),
+            (4, Set(Class.allCases), nil)
+        ] as [(Int, Set<Class>, GeneratorError?)])
     func impossibleRequestsSaySo(length: Int, classes: Set<Class>, expected: GeneratorError?) {
         if let expected {
             #expect(throws: expected) { try PasswordGenerator.characters(length: length, classes: classes) }
@@ -42,7 +50,10 @@ import Testing
     }
 
     @Test func aPassphraseIsWordsOfTheListJoinedBySeparator() throws {
-        let words = PasswordGenerator.wordList(from: (0..<1500).map { "word" + String($0, radix: 5).map { ["a", "b", "c", "d", "e"][$0.wholeNumberValue!] }.joined() }.joined(separator: "\n"))
+        let words = PasswordGenerator.wordList(
+            from: (0..<1500).map {
+                "word" + String($0, radix: 5).map { ["a", "b", "c", "d", "e"][$0.wholeNumberValue!] }.joined()
+            }.joined(separator: "\n"))
         let phrase = try #require(try PasswordGenerator.words(count: 6, from: words, separator: "-").string())
         let parts = phrase.split(separator: "-", omittingEmptySubsequences: false).map(String.init)
         #expect(parts.count == 6)
@@ -55,6 +66,8 @@ import Testing
     }
 
     @Test func aShortListIsRefused() {
-        #expect(throws: GeneratorError.shortWordList(3)) { try PasswordGenerator.words(count: 6, from: ["abc", "def", "ghi"], separator: " ") }
+        #expect(throws: GeneratorError.shortWordList(3)) {
+            try PasswordGenerator.words(count: 6, from: ["abc", "def", "ghi"], separator: " ")
+        }
     }
 }

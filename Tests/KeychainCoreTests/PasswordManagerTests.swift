@@ -60,7 +60,8 @@ import Testing
         manager.migrate = false
         try manager.register("two", forIdentifier: "item", inGroup: "TEAMID.com.example.shared")
         #expect(try manager.string(forIdentifier: "item", inGroup: "TEAMID.com.example.shared") == "two")
-        #expect(try manager.info(forIdentifier: "item", inGroup: "TEAMID.com.example.shared")?.protectionClass
+        #expect(
+            try manager.info(forIdentifier: "item", inGroup: "TEAMID.com.example.shared")?.protectionClass
                 == .afterFirstUnlockThisDeviceOnly)
         #expect(try manager.groups() == ["TEAMID.com.example.shared", "default"])
     }
@@ -100,8 +101,10 @@ import Testing
         #expect(try manager.string(forIdentifier: "item") == "small")
     }
 
-    @Test(arguments: ["", ".", "..", ".control", ".events", "a/b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
-                      "del\u{7F}", "c1\u{85}control", "x\nstate: unlocked\nkeychain: elsewhere"])
+    @Test(arguments: [
+        "", ".", "..", ".control", ".events", "a/b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
+        "del\u{7F}", "c1\u{85}control", "x\nstate: unlocked\nkeychain: elsewhere"
+    ])
     func badNamesAreRefusedWithParam(_ name: String) throws {
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
@@ -137,7 +140,9 @@ import Testing
     }
 
     @Test func statusEscapingKeepsAnyTextOnOneLineAndRoundTrips() {
-        for text in ["plain", "/home/a b/kc", "x\nstate: unlocked", "back\\slash\\n", "tab\t", "\u{01}\u{7F}\u{85}", "日本"] {
+        for text in [
+            "plain", "/home/a b/kc", "x\nstate: unlocked", "back\\slash\\n", "tab\t", "\u{01}\u{7F}\u{85}", "日本"
+        ] {
             let escaped = LineEscaping.escaped(text)
             #expect(!escaped.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) })
             #expect(LineEscaping.unescaped(escaped) == text)
@@ -274,14 +279,17 @@ extension PasswordManagerTests {
     @Test func conditionalWritesLeaveExistingOrDeletedItemsAlone() throws {
         let keychain = try TemporaryKeychain()
         let manager = try unlockedManager(keychain)
-        try manager.write(secure("first"), identifier: "item", group: "default", protectionClass: .always, condition: .ifAbsent)
+        try manager.write(
+            secure("first"), identifier: "item", group: "default", protectionClass: .always, condition: .ifAbsent)
         expectError(.duplicateItem) {
-            try manager.write(secure("second"), identifier: "item", group: "default", protectionClass: .always, condition: .ifAbsent)
+            try manager.write(
+                secure("second"), identifier: "item", group: "default", protectionClass: .always, condition: .ifAbsent)
         }
         #expect(try manager.string(forIdentifier: "item") == "first")
         try manager.deleteKey(forIdentifier: "item")
         expectError(.itemNotFound) {
-            try manager.write(secure("third"), identifier: "item", group: "default", protectionClass: .always, condition: .ifPresent)
+            try manager.write(
+                secure("third"), identifier: "item", group: "default", protectionClass: .always, condition: .ifPresent)
         }
         expectError(.itemNotFound) { try manager.key(forIdentifier: "item") }
     }

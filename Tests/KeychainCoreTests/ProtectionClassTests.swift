@@ -33,10 +33,13 @@ import Testing
         try check(rebooted, protectionClass, .unlocked, value)
     }
 
-    private func check(_ manager: PasswordManager, _ protectionClass: ProtectionClass, _ phase: Phase,
-                       _ value: String) throws {
+    private func check(
+        _ manager: PasswordManager, _ protectionClass: ProtectionClass, _ phase: Phase,
+        _ value: String
+    ) throws {
         // Listing and size work whatever the lock state.
-        #expect(try manager.info(forIdentifier: "item", inGroup: "g")
+        #expect(
+            try manager.info(forIdentifier: "item", inGroup: "g")
                 == ItemInfo(protectionClass: protectionClass, size: value.utf8.count))
         #expect(try manager.identifiers(inGroup: "g") == ["item"])
         if Self.readable(protectionClass, in: phase) {
@@ -54,7 +57,9 @@ import Testing
         for protectionClass in ProtectionClass.allCases {
             #expect(ProtectionClass(name: protectionClass.name) == protectionClass)
             #expect(protectionClass.isMigratable == !protectionClass.name.hasSuffix("ThisDeviceOnly"))
-            #expect(ProtectionClass(mode: protectionClass.mode, migratable: protectionClass.isMigratable) == protectionClass)
+            #expect(
+                ProtectionClass(mode: protectionClass.mode, migratable: protectionClass.isMigratable) == protectionClass
+            )
         }
         #expect(ProtectionClass(name: "sometimes") == nil)
     }

@@ -9,15 +9,19 @@ import Testing
         let identifier: [UInt8]
         let protectionClass: Int64
         let generation: Int64
-        var identity: RowIdentity { RowIdentity(low: UInt64(generation) &* 0x9E37_79B9_7F4A_7C15, high: UInt64(identifier.count)) }
+        var identity: RowIdentity {
+            RowIdentity(low: UInt64(generation) &* 0x9E37_79B9_7F4A_7C15, high: UInt64(identifier.count))
+        }
     }
 
     /// 6,000 rows with names of 1 to 255 bytes: about 30 slots of 64 KiB,
     /// so the four slots go round several times.
     static let rows: [Row] = (0..<6000).map { index in
         let length = 1 + (index * 37) % 255
-        return Row(group: Array("group-\(index % 7)".utf8), identifier: [UInt8](repeating: UInt8(65 + index % 26), count: length),
-                   protectionClass: Int64(index % 6), generation: Int64(index + 1))
+        return Row(
+            group: Array("group-\(index % 7)".utf8),
+            identifier: [UInt8](repeating: UInt8(65 + index % 26), count: length),
+            protectionClass: Int64(index % 6), generation: Int64(index + 1))
     }
 
     func key() -> SecureBytes { try! SecureBytes(Crypto.randomBytes(Crypto.keySize)) }
@@ -31,8 +35,9 @@ import Testing
             row.group.withUnsafeBytes { group in
                 row.identifier.withUnsafeBytes { identifier in
                     message.withUnsafeMutableBytes {
-                        ItemSetState.writeRowMessage(to: $0.baseAddress!, group: group, identifier: identifier,
-                                                     protectionClass: row.protectionClass, generation: row.generation)
+                        ItemSetState.writeRowMessage(
+                            to: $0.baseAddress!, group: group, identifier: identifier,
+                            protectionClass: row.protectionClass, generation: row.generation)
                     }
                 }
             }
@@ -43,14 +48,18 @@ import Testing
         return digest
     }
 
-    func piped(_ key: SecureBytes, _ rows: [Row], concurrent: Bool) -> (digest: [UInt8], generations: [RowIdentity: Int64]) {
-        let pipeline = RowDigestPipeline(keyed: Crypto.KeyedHash(key: key.pointer.assumingMemoryBound(to: UInt8.self)),
-                                         expectedRows: rows.count, concurrent: concurrent)
+    func piped(_ key: SecureBytes, _ rows: [Row], concurrent: Bool) -> (
+        digest: [UInt8], generations: [RowIdentity: Int64]
+    ) {
+        let pipeline = RowDigestPipeline(
+            keyed: Crypto.KeyedHash(key: key.pointer.assumingMemoryBound(to: UInt8.self)),
+            expectedRows: rows.count, concurrent: concurrent)
         for row in rows {
             row.group.withUnsafeBytes { group in
                 row.identifier.withUnsafeBytes { identifier in
-                    pipeline.add(row.identity, group: group, identifier: identifier,
-                                 protectionClass: row.protectionClass, generation: row.generation)
+                    pipeline.add(
+                        row.identity, group: group, identifier: identifier,
+                        protectionClass: row.protectionClass, generation: row.generation)
                 }
             }
         }
@@ -70,8 +79,9 @@ import Testing
     @Test func oneChangedRowChangesTheDigest() {
         let key = key()
         var changed = Self.rows
-        changed[4321] = Row(group: changed[4321].group, identifier: changed[4321].identifier,
-                            protectionClass: changed[4321].protectionClass, generation: changed[4321].generation + 1)
+        changed[4321] = Row(
+            group: changed[4321].group, identifier: changed[4321].identifier,
+            protectionClass: changed[4321].protectionClass, generation: changed[4321].generation + 1)
         #expect(piped(key, changed, concurrent: true).digest != piped(key, Self.rows, concurrent: true).digest)
     }
 

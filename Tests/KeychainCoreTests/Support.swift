@@ -14,7 +14,8 @@ final class TemporaryKeychain: @unchecked Sendable {
     init(passcode: String? = TemporaryKeychain.passcode, kdf: KDFParameters = .insecureFastForTests) throws {
         root = try makeTemporaryDirectory()
         directory = KeychainDirectory(path: root + "/keychain")
-        try Device.createKeychain(at: directory, passcode: passcode.map { try SecureBytes($0) }, kdf: kdf, tpm: .declined)
+        try Device.createKeychain(
+            at: directory, passcode: passcode.map { try SecureBytes($0) }, kdf: kdf, tpm: .declined)
     }
 
     /// Copies a keychain fixture into a fresh temporary directory.
@@ -67,8 +68,10 @@ func changingByte(_ position: Int, ofMetaRecord key: String) -> String {
 }
 
 /// Expects `body` to throw exactly `expected`.
-func expectError<R>(_ expected: KeychainError, sourceLocation: SourceLocation = #_sourceLocation,
-                    _ body: () throws -> R) {
+func expectError<R>(
+    _ expected: KeychainError, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () throws -> R
+) {
     do {
         let result = try body()
         Issue.record("expected \(expected), got a result: \(result)", sourceLocation: sourceLocation)

@@ -31,10 +31,12 @@ import Testing
 
     @Test func flippedCiphertextByteFailsTheRead() throws {
         let keychain = try prepared()
-        let manager = try boot(after: """
-            UPDATE items SET sealed = (CASE WHEN substr(sealed, 1, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(sealed, 2)
-            WHERE ident = 'alpha' AND grp = 'default'
-            """, keychain).get()
+        let manager = try boot(
+            after: """
+                UPDATE items SET sealed = (CASE WHEN substr(sealed, 1, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(sealed, 2)
+                WHERE ident = 'alpha' AND grp = 'default'
+                """, keychain
+        ).get()
         expectError(.decode) { try manager.key(forIdentifier: "alpha") }
         // The other rows still read.
         #expect(try manager.string(forIdentifier: "beta") == "beta-secret")
@@ -42,11 +44,13 @@ import Testing
 
     @Test func ciphertextSwappedBetweenIdentifiersFailsTheRead() throws {
         let keychain = try prepared()
-        let manager = try boot(after: """
-            UPDATE items SET nonce = (SELECT nonce FROM items WHERE ident = 'beta'),
-                             sealed = (SELECT sealed FROM items WHERE ident = 'beta')
-            WHERE ident = 'alpha' AND grp = 'default'
-            """, keychain).get()
+        let manager = try boot(
+            after: """
+                UPDATE items SET nonce = (SELECT nonce FROM items WHERE ident = 'beta'),
+                                 sealed = (SELECT sealed FROM items WHERE ident = 'beta')
+                WHERE ident = 'alpha' AND grp = 'default'
+                """, keychain
+        ).get()
         expectError(.decode) { try manager.key(forIdentifier: "alpha") }
     }
 
@@ -80,7 +84,7 @@ import Testing
         "DELETE FROM meta WHERE key = 'lockout'",
         // Names no keychainfs could write: refused, never a crash of the boot check.
         "UPDATE items SET ident = printf('%.256c', 'x') WHERE ident = 'alpha' AND grp = 'default'",
-        "UPDATE items SET grp = printf('%.70000c', 'x') WHERE ident = 'alpha' AND grp = 'other'",
+        "UPDATE items SET grp = printf('%.70000c', 'x') WHERE ident = 'alpha' AND grp = 'other'"
     ])
     func tamperingIsCaughtAtBoot(_ sql: String) throws {
         let keychain = try prepared()
@@ -98,11 +102,13 @@ import Testing
             try manager.register("changed-password", forIdentifier: "alpha")
         }
         #expect(throws: KeychainError.decode) {
-            try boot(after: """
-                UPDATE items SET class = (SELECT class FROM saved), generation = (SELECT generation FROM saved),
-                                 nonce = (SELECT nonce FROM saved), sealed = (SELECT sealed FROM saved)
-                WHERE ident = 'alpha' AND grp = 'default'
-                """, keychain).get()
+            try boot(
+                after: """
+                    UPDATE items SET class = (SELECT class FROM saved), generation = (SELECT generation FROM saved),
+                                     nonce = (SELECT nonce FROM saved), sealed = (SELECT sealed FROM saved)
+                    WHERE ident = 'alpha' AND grp = 'default'
+                    """, keychain
+            ).get()
         }
     }
 
@@ -115,7 +121,9 @@ import Testing
             let manager = try keychain.manager()
             try manager.deleteKey(forIdentifier: "beta")  // works while locked
         }
-        #expect(throws: KeychainError.decode) { try boot(after: "INSERT INTO items SELECT * FROM saved", keychain).get() }
+        #expect(throws: KeychainError.decode) {
+            try boot(after: "INSERT INTO items SELECT * FROM saved", keychain).get()
+        }
     }
 
     @Test func everyMutationKeepsTheStateConsistent() throws {
@@ -128,7 +136,8 @@ import Testing
             try manager.renameKey(forIdentifier: "gamma", to: "beta", replacing: true)
             try manager.setProtectionClass(.alwaysThisDeviceOnly, forIdentifier: "beta")
             try manager.deleteKey(forIdentifier: "alpha", inGroup: "other")
-            try manager.write(secure("x"), identifier: "new", group: "g", protectionClass: .always, condition: .ifAbsent)
+            try manager.write(
+                secure("x"), identifier: "new", group: "g", protectionClass: .always, condition: .ifAbsent)
         }
         let manager = try boot(after: "SELECT 1", keychain).get()
         #expect(try manager.string(forIdentifier: "beta") == "v2")
@@ -159,9 +168,11 @@ import Testing
 
     /// The counter once lived in the clear: setting it back let a later write
     /// reuse an old generation, so that an old row could be put back unseen.
-    @Test(arguments: ["UPDATE meta SET value = 1 WHERE key = 'generation'",
-                      "UPDATE meta SET value = 9223372036854775807 WHERE key = 'generation'",
-                      "DELETE FROM meta WHERE key = 'generation'"])
+    @Test(arguments: [
+        "UPDATE meta SET value = 1 WHERE key = 'generation'",
+        "UPDATE meta SET value = 9223372036854775807 WHERE key = 'generation'",
+        "DELETE FROM meta WHERE key = 'generation'"
+    ])
     func theGenerationCounterCannotBeSetBack(_ sql: String) throws {
         let keychain = try prepared()
         try keychain.withRawDatabase { db in
@@ -183,11 +194,13 @@ import Testing
         }
         #expect(Set(generations).count == generations.count, "generations reused: \(generations)")
         #expect(throws: KeychainError.decode) {
-            try boot(after: """
-                UPDATE items SET generation = (SELECT generation FROM saved), nonce = (SELECT nonce FROM saved),
-                                 sealed = (SELECT sealed FROM saved)
-                WHERE ident = 'alpha' AND grp = 'default'
-                """, keychain).get()
+            try boot(
+                after: """
+                    UPDATE items SET generation = (SELECT generation FROM saved), nonce = (SELECT nonce FROM saved),
+                                     sealed = (SELECT sealed FROM saved)
+                    WHERE ident = 'alpha' AND grp = 'default'
+                    """, keychain
+            ).get()
         }
     }
 
@@ -222,7 +235,7 @@ import Testing
         WHERE ident = 'alpha' AND grp = 'default'
         """,
         // The row removed: "absent" would be a lie, it is tampering.
-        "DELETE FROM items WHERE ident = 'alpha' AND grp = 'default'",
+        "DELETE FROM items WHERE ident = 'alpha' AND grp = 'default'"
     ])
     func aRowChangedWhileTheDeviceRunsIsNotServed(_ sql: String) throws {
         let keychain = try prepared()

@@ -22,9 +22,11 @@ import Testing
     @Test func requestsAsTheKernelSendsThemPass() {
         #expect(Self.problem(Self.request(1, Array("default\0".utf8))) == nil)  // LOOKUP
         #expect(Self.problem(Self.request(3, [UInt8](repeating: 0, count: 16))) == nil)  // GETATTR
-        let write = Self.le32(0) + Self.le32(0) + Self.le32(0) + Self.le32(0) + Self.le32(3) + [UInt8](repeating: 0, count: 20)
+        let write =
+            Self.le32(0) + Self.le32(0) + Self.le32(0) + Self.le32(0) + Self.le32(3) + [UInt8](repeating: 0, count: 20)
         #expect(Self.problem(Self.request(16, write + Array("abc".utf8))) == nil)  // WRITE of 3 bytes
-        let setxattr = Self.le32(4) + Self.le32(0) + Array("user.keychain.accessible\0".utf8) + Array("always".utf8.prefix(4))
+        let setxattr =
+            Self.le32(4) + Self.le32(0) + Array("user.keychain.accessible\0".utf8) + Array("always".utf8.prefix(4))
         #expect(Self.problem(Self.request(21, setxattr)) == nil)
         #expect(Self.problem(Self.request(42, Self.le32(1) + Self.le32(0) + [UInt8](repeating: 0, count: 16))) == nil)
         #expect(Self.problem(Self.request(4242, [])) == nil)  // unknown: libfuse answers ENOSYS unread
@@ -37,7 +39,8 @@ import Testing
         #expect(Self.problem(Self.request(4, [UInt8](repeating: 0, count: 87))) != nil)  // SETATTR cut short
         let setxattr = Self.le32(1_000_000) + Self.le32(0) + Array("user.keychain.accessible\0x".utf8)
         #expect(Self.problem(Self.request(21, setxattr))?.contains("1000000") == true)
-        #expect(Self.problem(Self.request(42, Self.le32(100_000) + Self.le32(0) + [UInt8](repeating: 0, count: 16))) != nil)
+        #expect(
+            Self.problem(Self.request(42, Self.le32(100_000) + Self.le32(0) + [UInt8](repeating: 0, count: 16))) != nil)
         let write = [UInt8](repeating: 0, count: 16) + Self.le32(1 << 20) + [UInt8](repeating: 0, count: 20)
         #expect(Self.problem(Self.request(16, write + Array("abc".utf8))) != nil)
         #expect(Self.problem(Self.request(45, [UInt8](repeating: 0, count: 16) + Array("a\0b".utf8))) != nil)

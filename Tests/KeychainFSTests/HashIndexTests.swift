@@ -14,7 +14,8 @@ import Testing
     }
 
     @Test func collidingKeysFindTheirOwnInodes() {
-        let a = Colliding(name: "a", bucket: 1), b = Colliding(name: "b", bucket: 1), c = Colliding(name: "c", bucket: 2)
+        let a = Colliding(name: "a", bucket: 1), b = Colliding(name: "b", bucket: 1),
+            c = Colliding(name: "c", bucket: 2)
         var entries: [UInt64: Colliding] = [10: a, 11: b, 12: c]
         var index = HashIndex<Colliding>()
         for (inode, key) in entries.sorted(by: { $0.key < $1.key }) { index.insert(key, boundTo: inode) }

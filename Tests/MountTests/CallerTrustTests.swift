@@ -18,7 +18,8 @@ extension SerialTests {
             let harness = try MountHarness(as: try OrdinaryUser(), service: inService ? try ServiceHarness() : nil)
             let mnt = try harness.mount()
             try harness.unlock(mnt)
-            let setup = harness.sh("""
+            let setup = harness.sh(
+                """
                 mkdir "$1/secure" && printf s3cret > "$1/secure/token" && cp /usr/bin/cat "$R/granted-cat"
                 """, arguments: [mnt])
             guard setup.succeeded else { throw HarnessError("setup failed: \(setup)") }
@@ -32,28 +33,39 @@ extension SerialTests {
 
         /// Compiles `source` (C) with gcc as the keychain's user into `$R/NAME`.
         static func compile(_ harness: MountHarness, _ name: String, _ source: String, options: String = "") throws {
-            let built = harness.sh("cat > \"$R/\(name).c\" && gcc -O1 -Wall \(options) -o \"$R/\(name)\" \"$R/\(name).c\"",
-                                   stdin: source)
+            let built = harness.sh(
+                "cat > \"$R/\(name).c\" && gcc -O1 -Wall \(options) -o \"$R/\(name)\" \"$R/\(name).c\"",
+                stdin: source)
             guard built.succeeded else { throw HarnessError("gcc \(name) failed: \(built)") }
         }
 
-        static func expectRefused(_ result: ShellResult, _ attack: String, sourceLocation: SourceLocation = #_sourceLocation) {
-            #expect(!result.stdout.contains("s3cret"), "\(attack) read the value: \(result)", sourceLocation: sourceLocation)
-            #expect(result.stderr.contains("Operation not permitted"), "\(attack): \(result)", sourceLocation: sourceLocation)
+        static func expectRefused(
+            _ result: ShellResult, _ attack: String, sourceLocation: SourceLocation = #_sourceLocation
+        ) {
+            #expect(
+                !result.stdout.contains("s3cret"), "\(attack) read the value: \(result)", sourceLocation: sourceLocation
+            )
+            #expect(
+                result.stderr.contains("Operation not permitted"), "\(attack): \(result)",
+                sourceLocation: sourceLocation)
         }
 
         /// The audit log's denials, as text.
         static func denials(_ harness: MountHarness) -> [Substring] {
-            harness.sh("\"$K\" log" + harness.keychainOption).stdout.split(separator: "\n").filter { $0.contains("denied") }
+            harness.sh("\"$K\" log" + harness.keychainOption).stdout.split(separator: "\n").filter {
+                $0.contains("denied")
+            }
         }
 
         @Test(arguments: [false, true]) func codeLoadedIntoTheGrantedProgramIsRefused(inService: Bool) throws {
             let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
             try Self.compile(harness, "evil.so", "void kcfs_evil(void) {}\n", options: "-shared -fPIC")
-            Self.expectRefused(harness.sh("LD_PRELOAD=\"$R/evil.so\" \"$R/granted-cat\" \"$1/secure/token\"", arguments: [mnt]),
-                               "LD_PRELOAD")
+            Self.expectRefused(
+                harness.sh("LD_PRELOAD=\"$R/evil.so\" \"$R/granted-cat\" \"$1/secure/token\"", arguments: [mnt]),
+                "LD_PRELOAD")
             // A system library swapped for a copy the user could have edited.
-            let swapped = harness.sh("""
+            let swapped = harness.sh(
+                """
                 mkdir "$R/lib" && cp "$(ldd "$R/granted-cat" | awk '/libc.so/ {print $3}')" "$R/lib/" &&
                 LD_LIBRARY_PATH="$R/lib" "$R/granted-cat" "$1/secure/token"
                 """, arguments: [mnt])
@@ -69,15 +81,19 @@ extension SerialTests {
         /// `/proc/PID/exe` anywhere (PR_SET_MM): its executable proves nothing there.
         @Test(arguments: [false, true]) func theGrantedProgramInAnotherUserNamespaceIsRefused(inService: Bool) throws {
             let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
-            Self.expectRefused(harness.sh("unshare --user --map-root-user \"$R/granted-cat\" \"$1/secure/token\"",
-                                          arguments: [mnt]), "user namespace")
+            Self.expectRefused(
+                harness.sh(
+                    "unshare --user --map-root-user \"$R/granted-cat\" \"$1/secure/token\"",
+                    arguments: [mnt]), "user namespace")
             #expect(Self.denials(harness).contains { $0.contains("another user namespace") })
         }
 
         /// A tracer can make the granted program do anything.
         @Test(arguments: [false, true]) func aTracedGrantedProgramIsRefused(inService: Bool) throws {
             let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
-            try Self.compile(harness, "tracer", """
+            try Self.compile(
+                harness, "tracer",
+                """
                 #include <signal.h>
                 #include <sys/ptrace.h>
                 #include <sys/wait.h>
@@ -94,15 +110,19 @@ extension SerialTests {
                     return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
                 }
                 """)
-            Self.expectRefused(harness.sh("\"$R/tracer\" \"$R/granted-cat\" \"$1/secure/token\"", arguments: [mnt]), "ptrace")
+            Self.expectRefused(
+                harness.sh("\"$R/tracer\" \"$R/granted-cat\" \"$1/secure/token\"", arguments: [mnt]), "ptrace")
             #expect(Self.denials(harness).contains { $0.contains("being traced") })
         }
 
         /// Code written into anonymous memory is no executable's: refused unless
         /// the rule was granted with `--allow-jit` (a JavaScript engine, a JVM).
-        @Test(arguments: [false, true]) func aProgramRunningAnonymousCodeNeedsARuleThatAllowsJIT(inService: Bool) throws {
+        @Test(arguments: [false, true]) func aProgramRunningAnonymousCodeNeedsARuleThatAllowsJIT(inService: Bool) throws
+        {
             let (harness, mnt) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
-            try Self.compile(harness, "jit", """
+            try Self.compile(
+                harness, "jit",
+                """
                 #include <fcntl.h>
                 #include <stdio.h>
                 #include <string.h>
@@ -127,7 +147,7 @@ extension SerialTests {
             #expect(Self.denials(harness).contains { $0.contains("anonymous memory") })
             let allowed = harness.grant("secure", exe: harness.root + "/jit", options: "--allow-jit")
             #expect(allowed.succeeded && allowed.stdout.hasSuffix("JIT code allowed\n"), "\(allowed)")
-            #expect(harness.sh("\"$K\" policy secure" + harness.keychainOption).stdout.contains("/jit sha256=") )
+            #expect(harness.sh("\"$K\" policy secure" + harness.keychainOption).stdout.contains("/jit sha256="))
             #expect(harness.sh("\"$K\" policy secure" + harness.keychainOption).stdout.contains(" allow-jit\n"))
             #expect(harness.run("jit", mnt + "/secure/token").stdout == "s3cret")
             // The rule of the granted cat still admits no anonymous code.
@@ -141,7 +161,9 @@ extension SerialTests {
         @Test(arguments: [false, true]) func aSocketRequestFinishedByAnotherProcessIsRefused(inService: Bool) throws {
             let (harness, _) = try Self.policedKeychainOfAnOrdinaryUser(inService: inService)
             #expect(harness.grant("secure", exe: harness.binary).succeeded)  // keychainfs itself may ask too
-            try Self.compile(harness, "race", """
+            try Self.compile(
+                harness, "race",
+                """
                 #include <stdint.h>
                 #include <stdio.h>
                 #include <string.h>
@@ -183,7 +205,8 @@ extension SerialTests {
                 }
                 """, options: "-DVERSION=\(DeviceProtocol.version)")
             let socket = harness.service?.socket ?? "$(ls \"$XDG_RUNTIME_DIR\"/keychainfs/*.sock)"
-            let attack = harness.sh("""
+            let attack = harness.sh(
+                """
                 "$R/race" "\(socket)" "$R/granted-cat" | tr -c '[:print:]' .
                 """)
             #expect(!attack.stdout.contains("s3cret"), "\(attack)")

@@ -11,8 +11,11 @@ extension SerialTests {
             let harness = try MountHarness()
             let whole = try harness.mount("whole")
             try harness.unlock(whole)
-            #expect(harness.sh("mkdir \"$1/TEAMID.com.example.shared\" && printf pw > \"$1/TEAMID.com.example.shared/db\" && printf other > \"$1/default/x\"",
-                               arguments: [whole]).succeeded)
+            #expect(
+                harness.sh(
+                    "mkdir \"$1/TEAMID.com.example.shared\" && printf pw > \"$1/TEAMID.com.example.shared/db\" && printf other > \"$1/default/x\"",
+                    arguments: [whole]
+                ).succeeded)
             let shared = try harness.mount("shared", group: "TEAMID.com.example.shared")
             #expect(MountHarness.devicePid(whole) == MountHarness.devicePid(shared))
             // Only that group is reachable, its items at the root.
@@ -29,7 +32,10 @@ extension SerialTests {
             // A group that is the root of a mount cannot be removed from under it.
             #expect(harness.sh("rm \"$1/db\"", arguments: [shared]).succeeded)
             #expect(rmdir(whole + "/TEAMID.com.example.shared") == -1 && errno == EBUSY)
-            #expect(harness.sh("\"$K\" unmount \"$1\" && rmdir \"$2/TEAMID.com.example.shared\"", arguments: [shared, whole]).succeeded)
+            #expect(
+                harness.sh(
+                    "\"$K\" unmount \"$1\" && rmdir \"$2/TEAMID.com.example.shared\"", arguments: [shared, whole]
+                ).succeeded)
         }
 
         @Test func theDeviceExitsWithItsLastMountAndUnmountWaitsForIt() throws {
@@ -59,7 +65,9 @@ extension SerialTests {
             let mnt = harness.root + "/mnt"
             try harness.unlock(mnt)
             for index in 0..<20 {
-                #expect(harness.sh("printf \"value-$2\" > \"$1/default/item-$2\"", arguments: [mnt, String(index)]).succeeded)
+                #expect(
+                    harness.sh("printf \"value-$2\" > \"$1/default/item-$2\"", arguments: [mnt, String(index)])
+                        .succeeded)
             }
 
             #expect(kill(pid, SIGKILL) == 0)
@@ -68,7 +76,9 @@ extension SerialTests {
             try harness.mount()
             try harness.unlock(mnt)
             for index in 0..<20 {
-                #expect(harness.sh("cat \"$1/default/item-$2\"", arguments: [mnt, String(index)]).stdout == "value-\(index)")
+                #expect(
+                    harness.sh("cat \"$1/default/item-$2\"", arguments: [mnt, String(index)]).stdout == "value-\(index)"
+                )
             }
 
         }
@@ -95,8 +105,10 @@ extension SerialTests {
             #expect(stat(mnt, &info) == 0)  // caches the root's attributes
             #expect(kill(pid, SIGKILL) == 0)
             _ = Spawn.wait(pid)
-            let result = command == "mount"
-                ? harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\" && cat \"$1/.control\" >/dev/null", arguments: [mnt])
+            let result =
+                command == "mount"
+                ? harness.sh(
+                    "\"$K\" mount \"$1\" --keychain \"$KC\" && cat \"$1/.control\" >/dev/null", arguments: [mnt])
                 : harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt])
             #expect(result.succeeded, "\(result)")
             #expect(harness.isMounted(mnt) == (command == "mount"))
@@ -119,7 +131,8 @@ extension SerialTests {
             let harness = try MountHarness()
             let mountpoint = try harness.prepareMountpoint("mnt")
             // The detached device must not hold the caller's stdout open.
-            let result = harness.sh("out=$(\"$K\" mount \"$1\" --keychain \"$KC\") && echo captured", arguments: [mountpoint])
+            let result = harness.sh(
+                "out=$(\"$K\" mount \"$1\" --keychain \"$KC\") && echo captured", arguments: [mountpoint])
             #expect(result.stdout == "captured\n")
         }
 
@@ -133,10 +146,12 @@ extension SerialTests.DeviceProcessTests {
         #expect(harness.sh("printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
         // The temporary directory itself is private; let the other user reach the mount point.
         #expect(chmod(harness.root, 0o711) == 0)
-        let other = harness.sh("setpriv --reuid=65534 --regid=65534 --clear-groups cat \"$1/default/item\"", arguments: [mnt])
+        let other = harness.sh(
+            "setpriv --reuid=65534 --regid=65534 --clear-groups cat \"$1/default/item\"", arguments: [mnt])
         #expect(!other.succeeded)
         #expect(other.stderr.contains("Permission denied"))
-        #expect(harness.sh("setpriv --reuid=65534 --regid=65534 --clear-groups ls \"$1\"", arguments: [mnt]).stderr
+        #expect(
+            harness.sh("setpriv --reuid=65534 --regid=65534 --clear-groups ls \"$1\"", arguments: [mnt]).stderr
                 .contains("Permission denied"))
     }
 
@@ -172,7 +187,11 @@ extension SerialTests.DeviceProcessTests {
     @Test func theDetachedDeviceDoesNotPinItsStartingDirectory() throws {
         let harness = try MountHarness()
         let mountpoint = try harness.prepareMountpoint("mnt")
-        #expect(harness.sh("mkdir \"$R/start\" && cd \"$R/start\" && \"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint]).succeeded)
+        #expect(
+            harness.sh(
+                "mkdir \"$R/start\" && cd \"$R/start\" && \"$K\" mount \"$1\" --keychain \"$KC\"",
+                arguments: [mountpoint]
+            ).succeeded)
         let pid = try #require(MountHarness.devicePid(mountpoint))
         let cwd = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd")
         #expect(cwd == "/")

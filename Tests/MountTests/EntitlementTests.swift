@@ -13,9 +13,12 @@ extension SerialTests {
             let (harness, mnt) = try MountHarness.withPolicedGroup()
             let granted = harness.grant("secure", exe: harness.root + "/granted-cat")
             let digest = harness.sh("sha256sum \"$R/granted-cat\" | cut -d' ' -f1").stdout.dropLast()
-            #expect(granted.succeeded && granted.stdout == "granted secure to \(harness.root)/granted-cat (sha256 \(digest))\n",
-                    "\(granted)")
-            #expect(harness.sh("\"$K\" policy --keychain \"$KC\"").stdout
+            #expect(
+                granted.succeeded
+                    && granted.stdout == "granted secure to \(harness.root)/granted-cat (sha256 \(digest))\n",
+                "\(granted)")
+            #expect(
+                harness.sh("\"$K\" policy --keychain \"$KC\"").stdout
                     == "secure \(harness.root)/granted-cat sha256=\(digest)\n")
 
             #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
@@ -36,12 +39,15 @@ extension SerialTests {
             #expect(stat(mnt + "/secure/token", &info) == -1 && errno == EPERM)
             #expect(opendir(mnt + "/secure") == nil && errno == EPERM)
             #expect(getxattr(mnt + "/secure/token", "user.keychain.accessible", nil, 0) == -1 && errno == EPERM)
-            #expect(renameat2(AT_FDCWD, mnt + "/secure/token", AT_FDCWD, mnt + "/secure/moved", 0) == -1 && errno == EPERM)
+            #expect(
+                renameat2(AT_FDCWD, mnt + "/secure/token", AT_FDCWD, mnt + "/secure/moved", 0) == -1 && errno == EPERM)
             #expect(unlink(mnt + "/secure/token") == -1 && errno == EPERM)
             #expect(writeErrno(mnt + "/secure/token", "overwritten") == EPERM)
-            for tool in ["ls \"$1/secure\"", "getfattr -n user.keychain.accessible \"$1/secure/token\"",
-                         "mv \"$1/secure/token\" \"$1/secure/moved\"", "rm -f \"$1/secure/token\"",
-                         "printf overwritten > \"$1/secure/token\"", "rmdir \"$1/secure\""] {
+            for tool in [
+                "ls \"$1/secure\"", "getfattr -n user.keychain.accessible \"$1/secure/token\"",
+                "mv \"$1/secure/token\" \"$1/secure/moved\"", "rm -f \"$1/secure/token\"",
+                "printf overwritten > \"$1/secure/token\"", "rmdir \"$1/secure\""
+            ] {
                 let result = harness.sh(tool, arguments: [mnt])
                 #expect(!result.succeeded && result.stderr.contains("Operation not permitted"), "\(tool): \(result)")
             }
@@ -88,8 +94,9 @@ extension SerialTests {
             // Not a regular file: refused at once, through the running device (a FIFO used to wedge it).
             for (kind, make) in [("FIFO", "mkfifo \"$R/fifo\""), ("directory", "mkdir \"$R/dir\"")] {
                 let path = harness.root + (kind == "FIFO" ? "/fifo" : "/dir")
-                let refused = harness.sh(make + " && printf '%s\\n' \"$2\" | timeout 10 \"$K\" grant secure --exe \"$1\" --keychain \"$KC\"",
-                                         arguments: [path, MountHarness.passcode])
+                let refused = harness.sh(
+                    make + " && printf '%s\\n' \"$2\" | timeout 10 \"$K\" grant secure --exe \"$1\" --keychain \"$KC\"",
+                    arguments: [path, MountHarness.passcode])
                 #expect(!refused.succeeded && refused.status != 124, "\(kind) (124: timed out): \(refused)")
                 #expect(refused.stderr.contains("must be a regular file"), "\(kind): \(refused)")
             }
@@ -134,15 +141,20 @@ extension SerialTests {
         @Test func revokingTheLastRuleAdmitsNoProgramAndAllOpensTheGroupAgain() throws {
             let (harness, mnt) = try MountHarness.withPolicedGroup()
             #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
-            let absent = harness.sh("\"$K\" revoke secure --exe \"$R/other-cat\" --keychain \"$KC\"",
-                                    stdin: MountHarness.passcode + "\n")
+            let absent = harness.sh(
+                "\"$K\" revoke secure --exe \"$R/other-cat\" --keychain \"$KC\"",
+                stdin: MountHarness.passcode + "\n")
             #expect(absent.status == 2, "\(absent)")
-            let revoked = harness.sh("\"$K\" revoke secure --exe \"$R/granted-cat\" --keychain \"$KC\"",
-                                     stdin: MountHarness.passcode + "\n")
+            let revoked = harness.sh(
+                "\"$K\" revoke secure --exe \"$R/granted-cat\" --keychain \"$KC\"",
+                stdin: MountHarness.passcode + "\n")
             #expect(revoked.stdout == "revoked 1 rule of secure\n", "\(revoked)")
-            #expect(harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout == "secure (no program)\nsecure: apps own\n")
+            #expect(
+                harness.sh("\"$K\" policy secure --keychain \"$KC\"").stdout
+                    == "secure (no program)\nsecure: apps own\n")
             #expect(harness.run("granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
-            let opened = harness.sh("\"$K\" revoke secure --all --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
+            let opened = harness.sh(
+                "\"$K\" revoke secure --all --keychain \"$KC\"", stdin: MountHarness.passcode + "\n")
             #expect(opened.succeeded, "\(opened)")
             #expect(harness.run("other-cat", mnt + "/secure/token").stdout == "s3cret")
         }
@@ -162,15 +174,19 @@ extension SerialTests {
         @Test(.enabled(if: CgroupScope.isAvailable)) func aRuleWithAUnitAdmitsTheProgramOnlyInThatUnit() throws {
             let (harness, mnt) = try MountHarness.withPolicedGroup()
             let scope = try CgroupScope()
-            #expect(harness.grant("secure", exe: harness.root + "/granted-cat", options: "--unit \(scope.name)").succeeded)
+            #expect(
+                harness.grant("secure", exe: harness.root + "/granted-cat", options: "--unit \(scope.name)").succeeded)
             #expect(harness.sh("\"$K\" policy --keychain \"$KC\"").stdout.hasSuffix(" unit=\(scope.name)\n"))
             #expect(harness.run("granted-cat", mnt + "/secure/token").stderr.contains("Operation not permitted"))
-            let inside = harness.sh("echo $$ > \"$2/cgroup.procs\" && exec \"$R/granted-cat\" \"$1/secure/token\"",
-                                    arguments: [mnt, scope.path])
+            let inside = harness.sh(
+                "echo $$ > \"$2/cgroup.procs\" && exec \"$R/granted-cat\" \"$1/secure/token\"",
+                arguments: [mnt, scope.path])
             #expect(inside.stdout == "s3cret", "\(inside)")
         }
     }
 }
 
 /// getxattr(2), which Swift's Glibc module does not import.
-private let getxattr = libcFunction("getxattr", as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeMutableRawPointer?, Int) -> Int).self)
+private let getxattr = libcFunction(
+    "getxattr",
+    as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeMutableRawPointer?, Int) -> Int).self)

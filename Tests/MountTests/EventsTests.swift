@@ -12,7 +12,8 @@ extension SerialTests {
         @Test func watchSeesLockUnlockAndItemChangesMadeThroughAnotherMount() throws {
             let (harness, first) = try MountHarness.unlockedMount()
             let second = try harness.mount("second")
-            let watched = harness.sh("""
+            let watched = harness.sh(
+                """
                 mkfifo "$R/events"
                 "$K" watch "$1" > "$R/events" & watcher=$!
                 trap 'kill $watcher 2> /dev/null' EXIT
@@ -30,9 +31,12 @@ extension SerialTests {
                 """, arguments: [first, second, MountHarness.passcode])
             let tab = "\t"
             // Creating and then writing are two commits.
-            #expect(watched.stdout == ["unlocked", "written\(tab)default\(tab)item", "written\(tab)default\(tab)item",
-                                       "renamed\(tab)default\(tab)item\(tab)renamed", "removed\(tab)default\(tab)renamed",
-                                       "will-lock\(tab)0", "locked", "unlocked"].joined(separator: "|") + "\n", "\(watched)")
+            #expect(
+                watched.stdout == [
+                    "unlocked", "written\(tab)default\(tab)item", "written\(tab)default\(tab)item",
+                    "renamed\(tab)default\(tab)item\(tab)renamed", "removed\(tab)default\(tab)renamed",
+                    "will-lock\(tab)0", "locked", "unlocked"
+                ].joined(separator: "|") + "\n", "\(watched)")
             #expect(!watched.stdout.contains("secret"))
         }
 
@@ -42,7 +46,8 @@ extension SerialTests {
             #expect(fd >= 0)
             defer { close(fd) }
             var buffer = [UInt8](repeating: 0, count: 4096)
-            #expect(read(fd, &buffer, buffer.count) == 9 && String(decoding: buffer[0..<9], as: UTF8.self) == "unlocked\n")
+            #expect(
+                read(fd, &buffer, buffer.count) == 9 && String(decoding: buffer[0..<9], as: UTF8.self) == "unlocked\n")
             #expect(read(fd, &buffer, buffer.count) == -1 && errno == EAGAIN)
             var idle = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             #expect(poll(&idle, 1, 0) == 0)
@@ -71,7 +76,8 @@ extension SerialTests {
             #expect(fd >= 0)
             defer { close(fd) }
             // 255-byte names: each `written` line is 271 bytes; 1,100 of them pass 256 KiB.
-            let writes = harness.sh("""
+            let writes = harness.sh(
+                """
                 i=1000; while [ $i -lt 2100 ]; do printf v > "$1/default/$i$(printf '%0251d' 0)"; i=$((i + 1)); done
                 """, arguments: [mnt])
             #expect(writes.succeeded, "\(writes)")
@@ -110,7 +116,8 @@ extension SerialTests {
         @Test func stoppingTheDeviceEndsTheReadersOfEvents() throws {
             let harness = try MountHarness()
             let pid = try harness.mountForeground()
-            let watched = harness.sh("""
+            let watched = harness.sh(
+                """
                 mkfifo "$R/events"
                 "$K" watch "$1" > "$R/events" 2> "$R/watch.err" & watcher=$!
                 trap 'kill $watcher 2> /dev/null' EXIT
@@ -139,7 +146,8 @@ extension SerialTests {
                 #expect(harness.status(mnt)["autolock"] == "45", "\(bad)")
             }
             #expect(harness.control(mnt, "autolock 0").succeeded)
-            let locked = harness.sh("""
+            let locked = harness.sh(
+                """
                 exec 3< "$1/.events"
                 read -r state <&3
                 printf 'autolock-grace 1\\nautolock 1\\n' > "$1/.control"
@@ -168,10 +176,11 @@ extension SerialTests {
         /// Item changes of a group with an entitlement policy reach only the
         /// programs it admits; lock state reaches everyone.
         @Test func itemChangesOfAPolicedGroupReachOnlyEntitledReaders() throws {
-                let (harness, mnt) = try MountHarness.withPolicedGroup()
+            let (harness, mnt) = try MountHarness.withPolicedGroup()
             #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
             #expect(harness.grant("secure", exe: harness.binary).succeeded)
-            let seen = harness.sh("""
+            let seen = harness.sh(
+                """
                 mkfifo "$R/entitled"
                 "$R/granted-cat" "$1/.events" > "$R/entitled" & reader=$!
                 trap 'kill $reader 2> /dev/null' EXIT

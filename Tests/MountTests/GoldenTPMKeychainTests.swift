@@ -17,7 +17,7 @@ extension SerialTests {
             ("github.com", .whenUnlocked, "ghp_golden_whenUnlocked"),
             ("afu", .afterFirstUnlock, "afu-value"),
             ("always", .always, "always-value"),
-            ("tdo", .whenUnlockedThisDeviceOnly, "tdo-value"),
+            ("tdo", .whenUnlockedThisDeviceOnly, "tdo-value")
         ]
 
         static var fixture: String {
@@ -29,7 +29,9 @@ extension SerialTests {
             let target = root + "/keychain"
             try FileManager.default.copyItem(atPath: fixture + "/keychain", toPath: target)
             chmod(target, 0o700)
-            for file in try FileManager.default.contentsOfDirectory(atPath: target) { chmod(target + "/" + file, 0o600) }
+            for file in try FileManager.default.contentsOfDirectory(atPath: target) {
+                chmod(target + "/" + file, 0o600)
+            }
             return KeychainDirectory(path: target)
         }
 
@@ -43,7 +45,9 @@ extension SerialTests {
                 defer { device.shutDown() }
                 let manager = PasswordManager(device: device)
                 #expect(try manager.string(forIdentifier: "always") == "always-value")
-                #expect(throws: KeychainError.authFailed) { try device.unlock(passcode: SecureBytes("not the passcode")) }
+                #expect(throws: KeychainError.authFailed) {
+                    try device.unlock(passcode: SecureBytes("not the passcode"))
+                }
                 try device.unlock(passcode: SecureBytes(Self.passcode))
                 for item in Self.items {
                     #expect(try manager.string(forIdentifier: item.identifier) == item.value)
@@ -55,12 +59,14 @@ extension SerialTests {
             let other = try SoftwareTPM()
             #expect(throws: KeychainError.tpmMismatch) { try Device(directory: keychain, tcti: other.tcti) }
             let key = try #require(RecoveryKey(typed: SecureBytes(Self.recoveryKey)))
-            try Device.recover(at: keychain, recoveryKey: key, newPasscode: SecureBytes("5678"),
-                               kdf: .insecureFastForTests, tcti: other.tcti)
+            try Device.recover(
+                at: keychain, recoveryKey: key, newPasscode: SecureBytes("5678"),
+                kdf: .insecureFastForTests, tcti: other.tcti)
             let device = try Device(directory: keychain, tcti: other.tcti)
             defer { device.shutDown() }
             try device.unlock(passcode: SecureBytes("5678"))
-            #expect(try PasswordManager(device: device).string(forIdentifier: "github.com") == "ghp_golden_whenUnlocked")
+            #expect(
+                try PasswordManager(device: device).string(forIdentifier: "github.com") == "ghp_golden_whenUnlocked")
         }
 
         /// Writes the fixture: `KEYCHAINFS_WRITE_GOLDEN_TPM=DIR swift test --filter writeGoldenTPMKeychain`
@@ -71,16 +77,18 @@ extension SerialTests {
             let root = ProcessInfo.processInfo.environment["KEYCHAINFS_WRITE_GOLDEN_TPM"]!
             let tpm = try SoftwareTPM()
             let keychain = KeychainDirectory(path: root + "/keychain")
-            let recovery = try Device.createKeychain(at: keychain, passcode: SecureBytes(Self.passcode), kdf: .interactive,
-                                                     tpm: .required, tcti: tpm.tcti)
+            let recovery = try Device.createKeychain(
+                at: keychain, passcode: SecureBytes(Self.passcode), kdf: .interactive,
+                tpm: .required, tcti: tpm.tcti)
             do {
                 let device = try Device(directory: keychain, tcti: tpm.tcti)
                 defer { device.shutDown() }
                 try device.unlock(passcode: SecureBytes(Self.passcode))
                 let manager = PasswordManager(device: device)
                 for item in Self.items {
-                    try manager.write(SecureBytes(item.value), identifier: item.identifier, group: "default",
-                                      protectionClass: item.protectionClass)
+                    try manager.write(
+                        SecureBytes(item.value), identifier: item.identifier, group: "default",
+                        protectionClass: item.protectionClass)
                 }
             }
             tpm.stop()

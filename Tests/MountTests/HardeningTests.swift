@@ -40,7 +40,9 @@ extension SerialTests {
             #expect(rename(mnt + "/default/" + nfc, mnt + "/default/" + nfd) == -1 && errno == EINVAL)
             #expect(readFile(mnt + "/default/" + nfc) == "one")
             let listing = harness.sh("ls -A \"$1\" \"$2\"", arguments: [mnt, mnt + "/default"]).stdout
-            #expect(Array(listing.utf8) == Array("\(mnt):\n.control\n.events\ndefault\n\n\(mnt)/default:\n\(nfc)\n".utf8), "\(listing)")
+            #expect(
+                Array(listing.utf8) == Array("\(mnt):\n.control\n.events\ndefault\n\n\(mnt)/default:\n\(nfc)\n".utf8),
+                "\(listing)")
         }
 
         @Test func unsupportedRenameAndXattrFlagsAreRefused() throws {
@@ -66,7 +68,7 @@ extension SerialTests {
             let cases: [(path: String, mode: mode_t, fix: String)] = [
                 (harness.keychain, 0o755, "chmod 700 \(harness.keychain)"),
                 (harness.keychain + "/device-secret", 0o644, "chmod 600 \(harness.keychain)/device-secret"),
-                (harness.keychain + "/keychain.db", 0o666, "chmod 600 \(harness.keychain)/keychain.db"),
+                (harness.keychain + "/keychain.db", 0o666, "chmod 600 \(harness.keychain)/keychain.db")
             ]
             for loose in cases {
                 #expect(chmod(loose.path, loose.mode) == 0)
@@ -83,7 +85,8 @@ extension SerialTests {
             let mountpoint = try harness.prepareMountpoint("mnt")
             let open = harness.root + "/open-run"
             #expect(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0)
-            let refused = harness.sh("XDG_RUNTIME_DIR=\"$2\" \"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint, open])
+            let refused = harness.sh(
+                "XDG_RUNTIME_DIR=\"$2\" \"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mountpoint, open])
             #expect(!refused.succeeded && refused.stderr.contains("XDG_RUNTIME_DIR"), "\(refused)")
             #expect(!harness.isMounted(mountpoint))
         }
@@ -92,12 +95,17 @@ extension SerialTests {
         /// `keychain.db` alone (with its device secret) holds every write.
         @Test func aCleanlyUnmountedKeychainIsOneFile() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            #expect(harness.sh("printf first > \"$1/default/a\" && printf latest > \"$1/default/a\"", arguments: [mnt]).succeeded)
+            #expect(
+                harness.sh("printf first > \"$1/default/a\" && printf latest > \"$1/default/a\"", arguments: [mnt])
+                    .succeeded)
             #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
             #expect(access(harness.keychain + "/keychain.db-wal", F_OK) == -1)
             #expect(access(harness.keychain + "/keychain.db-shm", F_OK) == -1)
             let copy = harness.root + "/copy"
-            #expect(harness.sh("mkdir -m 700 \"$1\" && cp \"$KC/keychain.db\" \"$KC/device-secret\" \"$1/\"", arguments: [copy]).succeeded)
+            #expect(
+                harness.sh(
+                    "mkdir -m 700 \"$1\" && cp \"$KC/keychain.db\" \"$KC/device-secret\" \"$1/\"", arguments: [copy]
+                ).succeeded)
             let copied = try harness.prepareMountpoint("copied")
             #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$2\"", arguments: [copied, copy]).succeeded)
             try harness.unlock(copied)
@@ -116,7 +124,9 @@ extension SerialTests {
             address.sun_family = sa_family_t(AF_UNIX)
             withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8) + [0]) }
             let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(silent, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    connect(silent, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+                }
             }
             #expect(connected == 0)
             // While it stays silent, another mount joins the device and works.
@@ -131,8 +141,10 @@ extension SerialTests {
             let (harness, mnt) = try MountHarness.unlockedMount()
             // Page-aligned, so that the kernel cuts exactly after whole lines.
             let size = 1 << 20, line = Array("migrate no     \n".utf8)
-            let buffer = UnsafeMutableRawBufferPointer(start: mmap(nil, size + 4096, PROT_READ | PROT_WRITE,
-                                                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), count: size + 4096)
+            let buffer = UnsafeMutableRawBufferPointer(
+                start: mmap(
+                    nil, size + 4096, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), count: size + 4096)
             defer { munmap(buffer.baseAddress, buffer.count) }
             for offset in stride(from: 0, to: size, by: line.count) {
                 UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + line.count]).copyBytes(from: line)
@@ -152,9 +164,13 @@ extension SerialTests {
         /// A rejected line that carried a passcode leaves no copy of it in the device.
         @Test func rejectedControlLinesLeaveNoPasscodeInTheDevice() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            let passcode = (0..<256).map { _ in "abcdefghijklmnopqrstuvwxyz0123456789".randomElement()! }.map(String.init).joined()
-            for line in [" unlock \(passcode)", "UNLOCK \(passcode)", "unlock\t\(passcode)", "lock \(passcode)",
-                         "unlock \(passcode)\nbogus"] {
+            let passcode = (0..<256).map { _ in "abcdefghijklmnopqrstuvwxyz0123456789".randomElement()! }.map(
+                String.init
+            ).joined()
+            for line in [
+                " unlock \(passcode)", "UNLOCK \(passcode)", "unlock\t\(passcode)", "lock \(passcode)",
+                "unlock \(passcode)\nbogus"
+            ] {
                 #expect(writeErrno(mnt + "/.control", line + "\n") == EINVAL, "\(line.prefix(8))")
             }
             let pid = try #require(MountHarness.devicePid(mnt))

@@ -43,7 +43,9 @@ extension SerialTests {
                 let result = harness.sh("getfattr -n \"$2\" \"$1/default/item\"", arguments: [mnt, name])
                 #expect(result.stderr.contains("Operation not supported"), "\(name): \(result)")
             }
-            #expect(harness.sh("getfattr -n user.other \"$1/default/item\"", arguments: [mnt]).stderr.contains("No such attribute"))
+            #expect(
+                harness.sh("getfattr -n user.other \"$1/default/item\"", arguments: [mnt]).stderr.contains(
+                    "No such attribute"))
             #expect(harness.sh("ls -l \"$1/default\"", arguments: [mnt]).stdout.contains("-rw------- 1"))
         }
 

@@ -91,8 +91,9 @@ extension SerialTests {
             #expect(harness.sh("\"$K\" get --keychain \"$KC\" default/token").stdout == "sealed")
             // A wrong recovery key is said, and changes nothing.
             #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
-            let wrong = harness.sh("\"$K\" recover --keychain \"$KC\"",
-                                   stdin: String(repeating: "cccccccc-", count: 7) + "cccccccc\n9999\n9999\n")
+            let wrong = harness.sh(
+                "\"$K\" recover --keychain \"$KC\"",
+                stdin: String(repeating: "cccccccc-", count: 7) + "cccccccc\n9999\n9999\n")
             #expect(wrong.status != 0 && wrong.stderr.contains("not this keychain's recovery key"), "\(wrong)")
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "5678\n").succeeded)
         }
@@ -115,7 +116,8 @@ extension SerialTests {
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "0000\n").status == 4)
             let json = harness.sh("\"$K\" status --json --keychain \"$KC\"").stdout
-            let object = try #require(try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any], "\(json)")
+            let object = try #require(
+                try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any], "\(json)")
             #expect(object["key-protection"] as? String == "tpm2")
             #expect(object["tpm-lockout"] as? String == "1 of 3", "\(json)")
             #expect(object["rollback-counter"] as? Int != nil, "\(json)")
@@ -136,7 +138,8 @@ extension SerialTests {
             #expect(harness.sh("\"$K\" unlock", stdin: "1234\n").succeeded)
             let status = harness.sh("\"$K\" status").stdout
             #expect(status.contains("key-protection: tpm2") && status.contains("rollback-counter: "), "\(status)")
-            let file = try Data(contentsOf: URL(fileURLWithPath: service.keychain(of: harness.user!) + "/device-secret"))
+            let file = try Data(
+                contentsOf: URL(fileURLWithPath: service.keychain(of: harness.user!) + "/device-secret"))
             #expect(file.prefix(8) == Data("KCFSTPM2".utf8))
         }
     }

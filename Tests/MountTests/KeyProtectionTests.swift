@@ -25,7 +25,9 @@ extension SerialTests {
             }
             deinit { try? FileManager.default.removeItem(atPath: root) }
 
-            func keychain(_ name: String = "keychain") -> KeychainDirectory { KeychainDirectory(path: root + "/" + name) }
+            func keychain(_ name: String = "keychain") -> KeychainDirectory {
+                KeychainDirectory(path: root + "/" + name)
+            }
 
             /// A copy of every file of `keychain`, as a thief or a backup takes it.
             func copy(_ keychain: KeychainDirectory, to name: String) throws -> KeychainDirectory {
@@ -43,10 +45,13 @@ extension SerialTests {
         }
 
         /// A sealed keychain on `tpm` with one item, its recovery key.
-        static func sealedKeychain(_ directory: KeychainDirectory, on tpm: SoftwareTPM,
-                                   value: String = "first") throws -> RecoveryKey {
-            let recovery = try Device.createKeychain(at: directory, passcode: secure(passcode), kdf: .insecureFastForTests,
-                                                     tpm: .required, tcti: tpm.tcti)
+        static func sealedKeychain(
+            _ directory: KeychainDirectory, on tpm: SoftwareTPM,
+            value: String = "first"
+        ) throws -> RecoveryKey {
+            let recovery = try Device.createKeychain(
+                at: directory, passcode: secure(passcode), kdf: .insecureFastForTests,
+                tpm: .required, tcti: tpm.tcti)
             guard let recovery else { throw HarnessError("a keychain sealed by a TPM has a recovery key") }
             let device = try Device(directory: directory, tcti: tpm.tcti)
             try device.unlock(passcode: secure(passcode))
@@ -57,7 +62,9 @@ extension SerialTests {
             return recovery
         }
 
-        static func read(_ directory: KeychainDirectory, on tpm: SoftwareTPM, passcode: String = passcode) throws -> String {
+        static func read(_ directory: KeychainDirectory, on tpm: SoftwareTPM, passcode: String = passcode) throws
+            -> String
+        {
             let device = try Device(directory: directory, tcti: tpm.tcti)
             defer { device.shutDown() }
             try device.unlock(passcode: secure(passcode))
@@ -166,8 +173,10 @@ extension SerialTests {
                            (sys.argv[3], sys.argv[3]))
                 db.commit()
                 """
-            let result = Spawn.run(["/usr/bin/python3", "-c", script, target.path + "/keychain.db",
-                                    source.path + "/keychain.db", key])
+            let result = Spawn.run([
+                "/usr/bin/python3", "-c", script, target.path + "/keychain.db",
+                source.path + "/keychain.db", key
+            ])
             guard result == 0 else { throw HarnessError("python3's sqlite3 failed (\(result))") }
         }
 
@@ -181,17 +190,20 @@ extension SerialTests {
             // Another keychain's recovery key opens nothing and changes nothing.
             let other = try Self.sealedKeychain(scratch.keychain("other"), on: tpm)
             #expect(throws: KeychainError.authFailed) {
-                try Device.recover(at: keychain, recoveryKey: other, newPasscode: Self.secure("5678"),
-                                   kdf: .insecureFastForTests, tcti: tpm.tcti)
+                try Device.recover(
+                    at: keychain, recoveryKey: other, newPasscode: Self.secure("5678"),
+                    kdf: .insecureFastForTests, tcti: tpm.tcti)
             }
-            #expect(try Data(contentsOf: URL(fileURLWithPath: keychain.path + "/keychain.db"))
+            #expect(
+                try Data(contentsOf: URL(fileURLWithPath: keychain.path + "/keychain.db"))
                     == Data(contentsOf: URL(fileURLWithPath: untouched.path + "/keychain.db")))
             // The key as the user typed it back: upper case, other dashes.
             let typed = String(decoding: recovery.formatted().bytes(), as: UTF8.self).uppercased()
                 .replacingOccurrences(of: "-", with: " ")
             let parsed = try #require(RecoveryKey(typed: Self.secure(typed)))
-            try Device.recover(at: keychain, recoveryKey: parsed, newPasscode: Self.secure("5678"),
-                               kdf: .insecureFastForTests, tcti: tpm.tcti)
+            try Device.recover(
+                at: keychain, recoveryKey: parsed, newPasscode: Self.secure("5678"),
+                kdf: .insecureFastForTests, tcti: tpm.tcti)
             #expect(try keychain.keyProtection() == .tpm2)
             #expect(try Self.read(keychain, on: tpm, passcode: "5678") == "first")
             #expect(throws: KeychainError.authFailed) { try Self.read(keychain, on: tpm, passcode: Self.passcode) }
@@ -219,8 +231,9 @@ extension SerialTests {
         @Test func aKeychainKeptInAFileMovesToTheTPM() throws {
             let scratch = try Scratch(), tpm = try SoftwareTPM(), elsewhere = try SoftwareTPM()
             let keychain = scratch.keychain()
-            let none = try Device.createKeychain(at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
-                                                 tpm: .declined, tcti: tpm.tcti)
+            let none = try Device.createKeychain(
+                at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
+                tpm: .declined, tcti: tpm.tcti)
             #expect(none == nil)
             #expect(try keychain.keyProtection() == .file)
             let recovery: RecoveryKey
@@ -230,7 +243,9 @@ extension SerialTests {
                 #expect(device.keyProtection == KeyProtectionStatus(protection: .file))
                 try device.unlock(passcode: Self.secure(Self.passcode))
                 try PasswordManager(device: device).register("kept", forIdentifier: "token")
-                #expect(throws: KeychainError.authFailed) { try device.moveToTPM(passcode: Self.secure("0000"), tcti: tpm.tcti) }
+                #expect(throws: KeychainError.authFailed) {
+                    try device.moveToTPM(passcode: Self.secure("0000"), tcti: tpm.tcti)
+                }
                 #expect(try keychain.keyProtection() == .file)
                 recovery = try device.moveToTPM(passcode: Self.secure(Self.passcode), tcti: tpm.tcti)
                 #expect(device.keyProtection.protection == .tpm2)
@@ -243,8 +258,9 @@ extension SerialTests {
             let stolen = try scratch.copy(keychain, to: "stolen")
             #expect(Self.boot(stolen, on: elsewhere) == .tpmMismatch)
             // And its recovery key works like one made at init.
-            try Device.recover(at: stolen, recoveryKey: recovery, newPasscode: Self.secure("5678"),
-                               kdf: .insecureFastForTests, tcti: elsewhere.tcti)
+            try Device.recover(
+                at: stolen, recoveryKey: recovery, newPasscode: Self.secure("5678"),
+                kdf: .insecureFastForTests, tcti: elsewhere.tcti)
             #expect(try Self.read(stolen, on: elsewhere, passcode: "5678") == "kept")
         }
 
@@ -266,12 +282,14 @@ extension SerialTests {
             try TrustedPlatformModule(tcti: tpm.tcti).defineCounter(at: taken)
             let keychain = scratch.keychain()
             #expect(throws: KeychainError.io) {
-                try Device.createKeychain(at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
-                                          tpm: .required, tcti: tpm.tcti, counterIndexes: [taken])
+                try Device.createKeychain(
+                    at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
+                    tpm: .required, tcti: tpm.tcti, counterIndexes: [taken])
             }
             #expect(!keychain.exists, "no half keychain is left")
-            let recovery = try Device.createKeychain(at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
-                                                     tpm: .required, tcti: tpm.tcti, counterIndexes: [taken, free])
+            let recovery = try Device.createKeychain(
+                at: keychain, passcode: Self.secure(Self.passcode), kdf: .insecureFastForTests,
+                tpm: .required, tcti: tpm.tcti, counterIndexes: [taken, free])
             #expect(recovery != nil)
             let device = try Device(directory: keychain, tcti: tpm.tcti)
             defer { device.shutDown() }
@@ -287,7 +305,8 @@ extension SerialTests {
             let keychain = scratch.keychain()
             _ = try Self.sealedKeychain(keychain, on: tpm)
             // The same TPM through a proxy that answers TPM2_Unseal (0x15e) with TPM_RC_RETRY.
-            let proxy = try #require(Bundle.module.path(forResource: "busy-tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
+            let proxy = try #require(
+                Bundle.module.path(forResource: "busy-tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
             let busy = "cmd:/usr/bin/python3 \(proxy) \(tpm.port) 15e"
             #expect(Self.boot(keychain, tcti: busy) == .tpmUnavailable)
             #expect(try Self.read(keychain, on: tpm) == "first")

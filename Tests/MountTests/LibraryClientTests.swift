@@ -19,8 +19,10 @@ extension SerialTests {
             return try body()
         }
 
-        private func expectError(_ expected: KeychainError, sourceLocation: SourceLocation = #_sourceLocation,
-                                 _ body: () throws -> Void) {
+        private func expectError(
+            _ expected: KeychainError, sourceLocation: SourceLocation = #_sourceLocation,
+            _ body: () throws -> Void
+        ) {
             do {
                 try body()
                 Issue.record("expected \(expected), got success", sourceLocation: sourceLocation)
@@ -43,14 +45,19 @@ extension SerialTests {
                 #expect(try manager.string(forIdentifier: "other") == "from the mount")
                 #expect(try manager.validKey("s3cret", forIdentifier: "github.com"))
                 #expect(try !manager.validKey("wrong", forIdentifier: "github.com"))
-                #expect(try manager.info(forIdentifier: "github.com") == ItemInfo(protectionClass: .whenUnlocked, size: 6))
+                #expect(
+                    try manager.info(forIdentifier: "github.com") == ItemInfo(protectionClass: .whenUnlocked, size: 6))
                 #expect(try manager.info(forIdentifier: "missing") == nil)
 
                 // The manager's own settings choose the class, as a local manager's do.
                 manager.accessMode = .always
                 manager.migrate = false
                 try manager.register("kept", forIdentifier: "device-only")
-                #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1/default/device-only\"", arguments: [mnt])
+                #expect(
+                    harness.sh(
+                        "getfattr --only-values -n user.keychain.accessible \"$1/default/device-only\"",
+                        arguments: [mnt]
+                    )
                     .stdout == "alwaysThisDeviceOnly")
                 try manager.setProtectionClass(.afterFirstUnlock, forIdentifier: "device-only")
                 #expect(try manager.item(forIdentifier: "device-only").protectionClass == .afterFirstUnlock)
@@ -73,8 +80,9 @@ extension SerialTests {
                 // Bad input: refused with the core's errors, nothing changed.
                 expectError(.param) { try manager.register("x", forIdentifier: "a\nb") }
                 expectError(.valueTooLarge) {
-                    try manager.register(try SecureBytes([UInt8](repeating: 1, count: ItemLimits.maximumValueSize + 1)),
-                                         forIdentifier: "github.com")
+                    try manager.register(
+                        try SecureBytes([UInt8](repeating: 1, count: ItemLimits.maximumValueSize + 1)),
+                        forIdentifier: "github.com")
                 }
                 #expect(try manager.string(forIdentifier: "github.com") == "s3cret")
 

@@ -23,7 +23,10 @@ extension SerialTests {
             #expect(harness.sh("printf secret > \"$1/default/manager\"", arguments: [mnt]).succeeded)
             #expect(harness.sh("\"$K\" lock \"$1\"", arguments: [mnt]).succeeded)
             #expect(harness.sh("cat \"$1/default/manager\"", arguments: [mnt]).stdout == "secret")
-            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1/default/manager\"", arguments: [mnt]).stdout == "always")
+            #expect(
+                harness.sh(
+                    "getfattr --only-values -n user.keychain.accessible \"$1/default/manager\"", arguments: [mnt]
+                ).stdout == "always")
         }
 
         @Test func lockedIsEACCESAbsentIsENOENTAndListingAndStatStillWork() throws {
@@ -34,7 +37,9 @@ extension SerialTests {
             #expect(openErrno(mnt + "/default/absent", O_RDONLY) == ENOENT)
             #expect(harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout == "item\n")
             #expect(harness.sh("stat -c %s \"$1/default/item\"", arguments: [mnt]).stdout == "5\n")
-            #expect(harness.sh("getfattr --only-values -n user.keychain.migratable \"$1/default/item\"", arguments: [mnt]).stdout == "yes")
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.migratable \"$1/default/item\"", arguments: [mnt])
+                    .stdout == "yes")
         }
 
         /// SSKeychain's bug, through the filesystem: the failed write changes nothing.
@@ -45,12 +50,15 @@ extension SerialTests {
             let write = harness.sh("printf new > \"$1/default/item\"", arguments: [mnt])
             #expect(!write.succeeded)
             #expect(write.stderr.contains("Permission denied"))
-            #expect(harness.sh("printf new >> \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
+            #expect(
+                harness.sh("printf new >> \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
             #expect(openErrno(mnt + "/default/created-while-locked", O_WRONLY | O_CREAT) == EACCES)
-            #expect(harness.sh("truncate -s 0 \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
+            #expect(
+                harness.sh("truncate -s 0 \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
             // Writing needs the key of the item's current class too, not only of the class it would get.
             #expect(harness.control(mnt, "accessmode always").succeeded)
-            #expect(harness.sh("printf new > \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
+            #expect(
+                harness.sh("printf new > \"$1/default/item\"", arguments: [mnt]).stderr.contains("Permission denied"))
             #expect(harness.sh("stat -c %s \"$1/default/item\"", arguments: [mnt]).stdout == "3\n")
             try harness.unlock(mnt)
             #expect(harness.sh("cat \"$1/default/item\"", arguments: [mnt]).stdout == "old")
@@ -80,28 +88,40 @@ extension SerialTests {
 
         /// Every class across lock, remount (a reboot of the device) and unlock.
         @Test func everyClassAcrossLockAndRemount() throws {
-            let classes = ["whenUnlocked", "afterFirstUnlock", "always",
-                           "whenUnlockedThisDeviceOnly", "afterFirstUnlockThisDeviceOnly", "alwaysThisDeviceOnly"]
+            let classes = [
+                "whenUnlocked", "afterFirstUnlock", "always",
+                "whenUnlockedThisDeviceOnly", "afterFirstUnlockThisDeviceOnly", "alwaysThisDeviceOnly"
+            ]
             let harness = try MountHarness()
             var mnt = try harness.mount()
             try harness.unlock(mnt)
             for name in classes {
-                #expect(harness.sh("printf %s \"$2\" > \"$1/default/$2\" && setfattr -n user.keychain.accessible -v \"$2\" \"$1/default/$2\"",
-                                   arguments: [mnt, name]).succeeded)
+                #expect(
+                    harness.sh(
+                        "printf %s \"$2\" > \"$1/default/$2\" && setfattr -n user.keychain.accessible -v \"$2\" \"$1/default/$2\"",
+                        arguments: [mnt, name]
+                    ).succeeded)
             }
             #expect(harness.control(mnt, "lock").succeeded)
             for name in classes {
                 let readable = !name.hasPrefix("whenUnlocked")
-                #expect(harness.sh("cat \"$1/default/$2\"", arguments: [mnt, name]).succeeded == readable, "\(name) after lock")
+                #expect(
+                    harness.sh("cat \"$1/default/$2\"", arguments: [mnt, name]).succeeded == readable,
+                    "\(name) after lock")
             }
             #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
             mnt = try harness.mount()
             #expect(harness.status(mnt)["first-unlock"] == "no")
             for name in classes {
                 let readable = name.hasPrefix("always")
-                #expect(harness.sh("cat \"$1/default/$2\"", arguments: [mnt, name]).succeeded == readable, "\(name) after reboot")
-                #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1/default/$2\"",
-                                   arguments: [mnt, name]).stdout == name)
+                #expect(
+                    harness.sh("cat \"$1/default/$2\"", arguments: [mnt, name]).succeeded == readable,
+                    "\(name) after reboot")
+                #expect(
+                    harness.sh(
+                        "getfattr --only-values -n user.keychain.accessible \"$1/default/$2\"",
+                        arguments: [mnt, name]
+                    ).stdout == name)
             }
             try harness.unlock(mnt)
             for name in classes {

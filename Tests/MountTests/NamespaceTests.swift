@@ -17,7 +17,8 @@ extension SerialTests {
 
         @Test func mvRenamesWithinAGroupAndNeedsTheKey() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            #expect(harness.sh("printf a > \"$1/default/a\" && printf b > \"$1/default/b\"", arguments: [mnt]).succeeded)
+            #expect(
+                harness.sh("printf a > \"$1/default/a\" && printf b > \"$1/default/b\"", arguments: [mnt]).succeeded)
             #expect(harness.sh("mv \"$1/default/a\" \"$1/default/c\"", arguments: [mnt]).succeeded)
             #expect(harness.sh("ls \"$1/default\" && cat \"$1/default/c\"", arguments: [mnt]).stdout == "b\nc\na")
             // rename(2) replaces an existing target.
@@ -33,18 +34,27 @@ extension SerialTests {
             let (harness, mnt) = try MountHarness.unlockedMount()
             #expect(harness.sh("mkdir \"$1/other\" && printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)
             #expect(rename(mnt + "/default/item", mnt + "/other/item") == -1 && errno == EXDEV)
-            #expect(harness.sh("mv \"$1/default/item\" \"$1/other/item\" && cat \"$1/other/item\" && ls \"$1/default\"",
-                               arguments: [mnt]).stdout == "v")
+            #expect(
+                harness.sh(
+                    "mv \"$1/default/item\" \"$1/other/item\" && cat \"$1/other/item\" && ls \"$1/default\"",
+                    arguments: [mnt]
+                ).stdout == "v")
         }
 
         @Test func mkdirAndRmdirManageGroups() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            #expect(harness.sh("mkdir \"$1/TEAMID.com.example.shared\" && ls \"$1\"", arguments: [mnt]).stdout
+            #expect(
+                harness.sh("mkdir \"$1/TEAMID.com.example.shared\" && ls \"$1\"", arguments: [mnt]).stdout
                     == "TEAMID.com.example.shared\ndefault\n")
-            #expect(harness.sh("mkdir \"$1/TEAMID.com.example.shared\"", arguments: [mnt]).stderr.contains("File exists"))
+            #expect(
+                harness.sh("mkdir \"$1/TEAMID.com.example.shared\"", arguments: [mnt]).stderr.contains("File exists"))
             #expect(harness.sh("printf v > \"$1/TEAMID.com.example.shared/item\"", arguments: [mnt]).succeeded)
             #expect(harness.sh("rmdir \"$1/TEAMID.com.example.shared\"", arguments: [mnt]).stderr.contains("not empty"))
-            #expect(harness.sh("rm \"$1/TEAMID.com.example.shared/item\" && rmdir \"$1/TEAMID.com.example.shared\"", arguments: [mnt]).succeeded)
+            #expect(
+                harness.sh(
+                    "rm \"$1/TEAMID.com.example.shared/item\" && rmdir \"$1/TEAMID.com.example.shared\"",
+                    arguments: [mnt]
+                ).succeeded)
             #expect(rmdir(mnt + "/default") == -1 && errno == EBUSY)
             #expect(mkdir(mnt + "/default/nested", 0o700) == -1 && errno == EPERM)
             #expect(harness.sh("ls \"$1\"", arguments: [mnt]).stdout == "default\n")
@@ -85,7 +95,9 @@ extension SerialTests.NamespaceTests {
     /// A listing longer than one readdir reply comes back whole, once each.
     @Test func largeGroupsListEveryItemOnce() throws {
         let (harness, mnt) = try MountHarness.unlockedMount()
-        let made = harness.sh("i=0; while [ $i -lt 600 ]; do printf v > \"$1/default/item-$i\" || exit 1; i=$((i+1)); done", arguments: [mnt])
+        let made = harness.sh(
+            "i=0; while [ $i -lt 600 ]; do printf v > \"$1/default/item-$i\" || exit 1; i=$((i+1)); done",
+            arguments: [mnt])
         #expect(made.succeeded)
         let listing = harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout.split(separator: "\n")
         #expect(listing.count == 600)

@@ -42,8 +42,11 @@ extension SerialTests {
         @Test func renamingOverAnItemDetachesItsOpenWriter() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let target = mnt + "/default/target"
-            #expect(harness.sh("printf old > \"$1\" && printf replacement > \"$2\"",
-                               arguments: [target, mnt + "/default/source"]).succeeded)
+            #expect(
+                harness.sh(
+                    "printf old > \"$1\" && printf replacement > \"$2\"",
+                    arguments: [target, mnt + "/default/source"]
+                ).succeeded)
             let fd = open(target, O_WRONLY | O_TRUNC)
             #expect(write(fd, "stale", 5) == 5)
             #expect(rename(mnt + "/default/source", target) == 0)
@@ -97,7 +100,8 @@ extension SerialTests {
             #expect(harness.sh("stat -c %s \"$1\" && cat \"$1\"", arguments: [item]).stdout == "0\n")
             #expect(close(duplicate) == 0)
             // And as shells do it, many times over.
-            let loop = harness.sh("""
+            let loop = harness.sh(
+                """
                 for i in $(seq 100); do
                     printf abc > "$1"; : > "$1"
                     [ "$(stat -c %s "$1")" = 0 ] || { echo "not empty at $i"; exit 1; }
@@ -182,7 +186,8 @@ extension SerialTests {
         @Test func filePrograms() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let source = harness.root + "/source"
-            let setup = harness.sh("""
+            let setup = harness.sh(
+                """
                 mkdir -m 700 "$1" && printf 'alpha\\n' > "$1/a" && head -c 2000 /dev/urandom > "$1/b" && chmod 600 "$1/a" "$1/b"
                 """, arguments: [source])
             #expect(setup.succeeded, "\(setup)")
@@ -190,14 +195,16 @@ extension SerialTests {
                 ("rsync", "rsync -a \"$1/\" \"$2/rsync/\""),
                 ("cp -a", "cp -a \"$1/a\" \"$1/b\" \"$2/cp/\""),
                 ("install", "install -m 600 \"$1/a\" \"$1/b\" \"$2/install/\""),
-                ("tar", "tar -C \"$1\" -cf \"$1/../archive.tar\" a b && tar -C \"$2/tar\" -xf \"$1/../archive.tar\""),
+                ("tar", "tar -C \"$1\" -cf \"$1/../archive.tar\" a b && tar -C \"$2/tar\" -xf \"$1/../archive.tar\"")
             ]
             for (name, command) in runs {
                 let group = mnt + "/" + (name == "cp -a" ? "cp" : name)
                 #expect(mkdir(group, 0o700) == 0)
                 let result = harness.sh(command, arguments: [source, mnt])
                 #expect(result.succeeded && result.stderr.isEmpty, "\(name): \(result)")
-                #expect(harness.sh("cmp \"$1/a\" \"$2/a\" && cmp \"$1/b\" \"$2/b\"", arguments: [source, group]).succeeded, "\(name)")
+                #expect(
+                    harness.sh("cmp \"$1/a\" \"$2/a\" && cmp \"$1/b\" \"$2/b\"", arguments: [source, group]).succeeded,
+                    "\(name)")
             }
             let edited = harness.sh("sed -i 's/alpha/beta/' \"$1/rsync/a\" && cat \"$1/rsync/a\"", arguments: [mnt])
             #expect(edited.succeeded && edited.stdout == "beta\n" && edited.stderr.isEmpty, "\(edited)")

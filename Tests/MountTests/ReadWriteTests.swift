@@ -10,20 +10,28 @@ extension SerialTests {
             let (harness, mnt) = try MountHarness.unlockedMount()
             #expect(harness.sh("echo x > \"$1/default/echoed\"", arguments: [mnt]).succeeded)
             #expect(harness.sh("echo -n x > \"$1/default/bare\"", arguments: [mnt]).succeeded)
-            #expect(harness.sh("stat -c %s \"$1/default/echoed\" \"$1/default/bare\"", arguments: [mnt]).stdout == "2\n1\n")
-            #expect(harness.sh("head -c 300 /dev/urandom > \"$R/random\" && cp \"$R/random\" \"$1/default/binary\" && cmp \"$R/random\" \"$1/default/binary\"",
-                               arguments: [mnt]).succeeded)
+            #expect(
+                harness.sh("stat -c %s \"$1/default/echoed\" \"$1/default/bare\"", arguments: [mnt]).stdout == "2\n1\n")
+            #expect(
+                harness.sh(
+                    "head -c 300 /dev/urandom > \"$R/random\" && cp \"$R/random\" \"$1/default/binary\" && cmp \"$R/random\" \"$1/default/binary\"",
+                    arguments: [mnt]
+                ).succeeded)
         }
 
         @Test func appendTruncateAndEmptying() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"
-            #expect(harness.sh("printf abc > \"$1\" && printf def >> \"$1\" && printf g >> \"$1\"", arguments: [item]).succeeded)
+            #expect(
+                harness.sh("printf abc > \"$1\" && printf def >> \"$1\" && printf g >> \"$1\"", arguments: [item])
+                    .succeeded)
             #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "abcdefg")
             #expect(harness.sh("truncate -s 2 \"$1\"", arguments: [item]).succeeded)
             #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "ab")
-            #expect(harness.sh("truncate -s 4 \"$1\" && od -An -tx1 \"$1\"", arguments: [item]).stdout
-                    .split(separator: " ").joined(separator: " ").trimmingCharacters(in: .whitespacesAndNewlines) == "61 62 00 00")
+            #expect(
+                harness.sh("truncate -s 4 \"$1\" && od -An -tx1 \"$1\"", arguments: [item]).stdout
+                    .split(separator: " ").joined(separator: " ").trimmingCharacters(in: .whitespacesAndNewlines)
+                    == "61 62 00 00")
             #expect(harness.sh(": > \"$1\"", arguments: [item]).succeeded)
             #expect(harness.sh("stat -c %s \"$1\"", arguments: [item]).stdout == "0\n")
             #expect(harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout == "item\n")
@@ -33,8 +41,11 @@ extension SerialTests {
         /// any data; that flush must not commit an empty value.
         @Test func shellRedirectionThroughDuplicatedDescriptorsKeepsTheValue() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
-            #expect(harness.sh("sh -c 'echo first > \"$1\"' sh \"$1\" && sh -c 'exec 3> \"$1\"; echo second >&3; exec 3>&-' sh \"$1\"",
-                               arguments: [mnt + "/default/item"]).succeeded)
+            #expect(
+                harness.sh(
+                    "sh -c 'echo first > \"$1\"' sh \"$1\" && sh -c 'exec 3> \"$1\"; echo second >&3; exec 3>&-' sh \"$1\"",
+                    arguments: [mnt + "/default/item"]
+                ).succeeded)
             #expect(harness.sh("cat \"$1\"", arguments: [mnt + "/default/item"]).stdout == "second\n")
         }
 

@@ -27,7 +27,8 @@ extension SerialTests {
         static func footprint(_ pid: pid_t) -> (connectionThreads: Int, descriptors: Int) {
             let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
             let connections = tasks.filter {
-                (try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)) == DeviceProcess.connectionThreadName + "\n"
+                (try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)) == DeviceProcess
+                    .connectionThreadName + "\n"
             }
             let descriptors = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
             return (connections.count, descriptors)
@@ -53,8 +54,9 @@ extension SerialTests {
             let attack = try Self.attackProgram(harness)
             let before = Self.footprint(service.pid)
             let kinds = ["socketpair", "pipe", "file", "devnull", "unmounted-fuse", "directory", "eventfd"]
-            let result = harness.sh("/usr/bin/python3 \"$1\" attach \"$2\" " + kinds.joined(separator: " "),
-                                    arguments: [attack, service.socket])
+            let result = harness.sh(
+                "/usr/bin/python3 \"$1\" attach \"$2\" " + kinds.joined(separator: " "),
+                arguments: [attack, service.socket])
             #expect(result.succeeded, "\(result)")
             let lines = result.stdout.split(separator: "\n")
             #expect(lines.count == kinds.count, "\(result)")
@@ -62,8 +64,9 @@ extension SerialTests {
                 // A system error (2), EINVAL, with a sentence.
                 #expect(line.hasPrefix("\(kind) 2 \(EINVAL) ") && line.contains("/dev/fuse"), "\(line)")
             }
-            #expect(Self.eventually { Self.footprint(service.pid) == before },
-                    "left behind: \(Self.footprint(service.pid)) against \(before)")
+            #expect(
+                Self.eventually { Self.footprint(service.pid) == before },
+                "left behind: \(Self.footprint(service.pid)) against \(before)")
             // The user's own mount is served as before.
             #expect(harness.sh("cat \"$1/default/token\"", arguments: [mnt]).stdout == "s3cret")
         }
@@ -79,54 +82,68 @@ extension SerialTests {
             let user = try #require(owner.user)
             // Where other users can reach it (the harness's own directory is the owner's alone).
             let shared = service.root + "/shared"
-            try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: false,
-                                                    attributes: [.posixPermissions: 0o755])
+            try FileManager.default.createDirectory(
+                atPath: shared, withIntermediateDirectories: false,
+                attributes: [.posixPermissions: 0o755])
             try user.own(shared)
             // Root made it: root takes it away, whatever happens.
             defer { umount2(shared, Int32(MNT_DETACH)) }
             let root = try MountHarness(service: service)
-            let passed = root.sh("/usr/bin/python3 \"$1\" attach-allow-other \"$2\" \"$3\" \"$4\" \"$5\"",
-                                 arguments: [attack, service.socket, shared, String(user.uid), String(user.gid)])
+            let passed = root.sh(
+                "/usr/bin/python3 \"$1\" attach-allow-other \"$2\" \"$3\" \"$4\" \"$5\"",
+                arguments: [attack, service.socket, shared, String(user.uid), String(user.gid)])
             #expect(passed.stdout == "0 0 \n", "\(passed)")
             #expect(owner.sh("cat \"$1/default/token\"", arguments: [shared]).stdout == "s3cret")
             let other = try MountHarness(passcode: nil, as: try OrdinaryUser(), service: service)
             try FileManager.default.copyItem(atPath: "/usr/bin/cat", toPath: other.root + "/private-reader")
             try other.user!.own(other.root + "/private-reader")
-            for script in ["\"$R/private-reader\" \"$1/default/token\"", "ls \"$1\"", "cat \"$1/.control\"",
-                           "printf x > \"$1/default/new\""] {
+            for script in [
+                "\"$R/private-reader\" \"$1/default/token\"", "ls \"$1\"", "cat \"$1/.control\"",
+                "printf x > \"$1/default/new\""
+            ] {
                 let refused = other.sh(script, arguments: [shared])
-                #expect(!refused.succeeded && refused.stderr.contains("Permission denied") && !refused.stdout.contains("s3cret"),
-                        "\(script): \(refused)")
+                #expect(
+                    !refused.succeeded && refused.stderr.contains("Permission denied")
+                        && !refused.stdout.contains("s3cret"),
+                    "\(script): \(refused)")
             }
             #expect(owner.sh("\"$K\" get default/new").status == 2)
             let log = owner.sh("\"$K\" log").stdout
-            #expect(log.contains("request denied (not the keychain's user)") && log.contains("uid=\(other.user!.uid)"), "\(log)")
+            #expect(
+                log.contains("request denied (not the keychain's user)") && log.contains("uid=\(other.user!.uid)"),
+                "\(log)")
             #expect(!log.contains("private-reader"), "\(log)")
         }
 
         /// The victim of a flood is served: their `get` over the socket and
         /// their `cat` through their mount each answer, rightly, within 1 s.
-        static func expectServed(_ victim: MountHarness, _ mnt: String, while attack: String,
-                                 sourceLocation: SourceLocation = #_sourceLocation) {
+        static func expectServed(
+            _ victim: MountHarness, _ mnt: String, while attack: String,
+            sourceLocation: SourceLocation = #_sourceLocation
+        ) {
             for script in ["\"$K\" get default/token", "cat \"$1/default/token\""] {
                 let started = Date()
                 let result = victim.sh(script, arguments: [mnt])
                 let took = Date().timeIntervalSince(started)
-                #expect(result.stdout == "s3cret" && took < 1, "during \(attack): \(script) took \(took) s: \(result)",
-                        sourceLocation: sourceLocation)
+                #expect(
+                    result.stdout == "s3cret" && took < 1, "during \(attack): \(script) took \(took) s: \(result)",
+                    sourceLocation: sourceLocation)
             }
         }
 
         /// Runs the attack program's flood (`connections` idle ones held
         /// `holding` seconds, and a slow sender) as `attacker`, and `during`
         /// once the connections are in place; returns the flood's report.
-        static func flood(_ service: ServiceHarness, from attacker: MountHarness, connections: Int, holding: Int,
-                          during: () -> Void) throws -> ShellResult {
+        static func flood(
+            _ service: ServiceHarness, from attacker: MountHarness, connections: Int, holding: Int,
+            during: () -> Void
+        ) throws -> ShellResult {
             let attack = try attackProgram(attacker)
             let ready = attacker.root + "/flood-ready"
             let flood = Thread.detachedResult {
-                attacker.sh("/usr/bin/python3 \"$1\" flood \"$2\" \"$3\" \"$4\" \"$5\"",
-                            arguments: [attack, service.socket, String(connections), String(holding), ready])
+                attacker.sh(
+                    "/usr/bin/python3 \"$1\" flood \"$2\" \"$3\" \"$4\" \"$5\"",
+                    arguments: [attack, service.socket, String(connections), String(holding), ready])
             }
             #expect(eventually(within: 25) { access(ready, F_OK) == 0 }, "the flood never got its connections")
             during()
@@ -164,8 +181,9 @@ extension SerialTests {
             Self.expectServed(victim, mnt, while: "1,000 attach attempts")
             let attached = attaches.value()
             #expect(attached.stdout == "2 \(EINVAL):1000\n", "\(attached)")
-            #expect(Self.eventually { Self.footprint(service.pid) == before },
-                    "left behind: \(Self.footprint(service.pid)) against \(before)")
+            #expect(
+                Self.eventually { Self.footprint(service.pid) == before },
+                "left behind: \(Self.footprint(service.pid)) against \(before)")
         }
 
         /// Out of descriptors (here 64, and no limit per user), the service
@@ -193,14 +211,17 @@ extension SerialTests {
             let attack = try Self.attackProgram(attacker)
             let victimFiles = service.keychain(of: victim.user!)
             for target in [victimFiles + "/device-secret", victimFiles + "/no-such-file"] {
-                let granted = attacker.sh("/usr/bin/python3 \"$1\" grant \"$2\" default \"$3\" \"$4\"",
-                                          arguments: [attack, service.socket, target, MountHarness.passcode])
-                #expect(granted.stdout.hasPrefix("2 \(EINVAL) ") && granted.stdout.contains("opens no path"), "\(granted)")
+                let granted = attacker.sh(
+                    "/usr/bin/python3 \"$1\" grant \"$2\" default \"$3\" \"$4\"",
+                    arguments: [attack, service.socket, target, MountHarness.passcode])
+                #expect(
+                    granted.stdout.hasPrefix("2 \(EINVAL) ") && granted.stdout.contains("opens no path"), "\(granted)")
             }
             #expect(attacker.sh("\"$K\" policy").stdout.isEmpty)
             // A grant of a file the user opens is still made.
-            let own = attacker.sh("cp /usr/bin/cat \"$R/mine\" && \"$K\" grant default --exe \"$R/mine\"",
-                                  stdin: MountHarness.passcode + "\n")
+            let own = attacker.sh(
+                "cp /usr/bin/cat \"$R/mine\" && \"$K\" grant default --exe \"$R/mine\"",
+                stdin: MountHarness.passcode + "\n")
             #expect(own.succeeded, "\(own)")
         }
 
@@ -216,8 +237,9 @@ extension SerialTests {
             chmod(open, 0o777)
             let root = try MountHarness()
             for (directory, problem) in [(theirs, "belongs to uid \(user.uid)"), (open, "can be written by others")] {
-                let started = root.sh("\"$K\" service --state-directory \"$1\" --socket \"$2/socket\"",
-                                      arguments: [service.stateDirectory, directory])
+                let started = root.sh(
+                    "\"$K\" service --state-directory \"$1\" --socket \"$2/socket\"",
+                    arguments: [service.stateDirectory, directory])
                 #expect(started.status == 1 && started.stderr.contains(problem), "\(started)")
                 #expect(access(directory + "/socket", F_OK) != 0)
             }
@@ -227,27 +249,35 @@ extension SerialTests {
         /// bytes, and restores a backup of at most so many bytes: reaching a
         /// limit says so, keeps every old value, and frees up as items go.
         @Test func eachUsersQuotaSaysSoWhenReached() throws {
-            let service = try ServiceHarness(options: ["--items-per-user", "3", "--bytes-per-user", "4096",
-                                                       "--restore-bytes-per-user", "2000"])
+            let service = try ServiceHarness(options: [
+                "--items-per-user", "3", "--bytes-per-user", "4096",
+                "--restore-bytes-per-user", "2000"
+            ])
             let (harness, mnt) = try ServiceModeTests.userOfAService(service)  // default/token
             #expect(harness.sh("printf a | \"$K\" set default/a && printf b | \"$K\" set default/b").succeeded)
             let fourth = harness.sh("printf c | \"$K\" set default/c")
-            #expect(fourth.status == 1 && fourth.stderr.contains("may hold 3 items") && fourth.stderr.contains("it holds 3 items"),
-                    "\(fourth)")
+            #expect(
+                fourth.status == 1 && fourth.stderr.contains("may hold 3 items")
+                    && fourth.stderr.contains("it holds 3 items"),
+                "\(fourth)")
             let through = harness.sh("printf d > \"$1/default/d\"", arguments: [mnt])
             #expect(!through.succeeded && through.stderr.contains("Disk quota exceeded"), "\(through)")
             // Replacing needs no room; the old values are all there.
             #expect(harness.sh("printf A | \"$K\" set default/a").succeeded)
-            #expect(harness.sh("cat \"$1/default/a\" \"$1/default/b\" \"$1/default/token\"", arguments: [mnt]).stdout == "Abs3cret")
+            #expect(
+                harness.sh("cat \"$1/default/a\" \"$1/default/b\" \"$1/default/token\"", arguments: [mnt]).stdout
+                    == "Abs3cret")
             #expect(harness.sh("\"$K\" get default/c").status == 2)
             // Bytes: a value that would take the keychain past 4096 bytes.
             #expect(harness.sh("rm \"$1/default/b\"", arguments: [mnt]).succeeded)
             let big = harness.sh("head -c 5000 /dev/zero | \"$K\" set default/big")
-            #expect(big.status == 1 && big.stderr.contains("4.0 MiB") == false && big.stderr.contains("may hold"), "\(big)")
+            #expect(
+                big.status == 1 && big.stderr.contains("4.0 MiB") == false && big.stderr.contains("may hold"), "\(big)")
             #expect(harness.sh("printf c | \"$K\" set default/c").succeeded, "room again once an item went")
             // A restore larger than the limit is refused before it is read.
-            let restore = harness.sh("head -c 3000 /dev/urandom > \"$R/big.kcbak\" && \"$K\" restore \"$R/big.kcbak\"",
-                                     stdin: "pw\n")
+            let restore = harness.sh(
+                "head -c 3000 /dev/urandom > \"$R/big.kcbak\" && \"$K\" restore \"$R/big.kcbak\"",
+                stdin: "pw\n")
             #expect(restore.status != 0 && restore.stderr.contains("restore a backup of 0.0 MiB at most"), "\(restore)")
         }
 
@@ -260,9 +290,13 @@ extension SerialTests {
             let second = try harness.mount("second")
             let third = try harness.prepareMountpoint("third")
             let refused = harness.sh("\"$K\" mount \"$1\"", arguments: [third])
-            #expect(!refused.succeeded && refused.stderr.contains("you have 2 mounts of this keychain already"), "\(refused)")
+            #expect(
+                !refused.succeeded && refused.stderr.contains("you have 2 mounts of this keychain already"),
+                "\(refused)")
             #expect(!harness.isMounted(third))
-            #expect(harness.sh("cat \"$1/default/token\" \"$2/default/token\"", arguments: [first, second]).stdout == "s3crets3cret")
+            #expect(
+                harness.sh("cat \"$1/default/token\" \"$2/default/token\"", arguments: [first, second]).stdout
+                    == "s3crets3cret")
             #expect(harness.sh("\"$K\" unmount \"$1\" && \"$K\" mount \"$2\"", arguments: [second, third]).succeeded)
             #expect(harness.sh("cat \"$1/default/token\"", arguments: [third]).stdout == "s3cret")
         }

@@ -69,7 +69,9 @@ extension SerialTests {
         @Test func theUserCanNeitherTraceNorSignalNorReadTheService() throws {
             let service = try ServiceHarness()
             let (harness, _) = try Self.userOfAService(service)
-            try CallerTrustTests.compile(harness, "attach", """
+            try CallerTrustTests.compile(
+                harness, "attach",
+                """
                 #include <stdio.h>
                 #include <stdlib.h>
                 #include <sys/ptrace.h>
@@ -94,7 +96,8 @@ extension SerialTests {
         @Test func thePolicyOfAGroupHoldsForCallersTheServiceIdentifies() throws {
             let service = try ServiceHarness()
             let (harness, mnt) = try Self.userOfAService(service)
-            let setup = harness.sh("""
+            let setup = harness.sh(
+                """
                 mkdir "$1/secure" && printf policed > "$1/secure/token" && cp /usr/bin/cat "$R/granted-cat"
                 """, arguments: [mnt])
             #expect(setup.succeeded, "\(setup)")
@@ -180,8 +183,11 @@ extension SerialTests {
             var options = Spawn.Options()
             options.descriptors = [(3, listener)]
             options.nullStandardStreams = true
-            let started = Spawn.start(["/bin/sh", "-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" service --state-directory \"$1\"",
-                                       service.binary, service.stateDirectory], options: options)
+            let started = Spawn.start(
+                [
+                    "/bin/sh", "-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" service --state-directory \"$1\"",
+                    service.binary, service.stateDirectory
+                ], options: options)
             close(listener)
             let pid = try #require(started)
             defer {

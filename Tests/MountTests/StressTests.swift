@@ -25,7 +25,8 @@ extension SerialTests {
                 // Every value acknowledged so far is there, exactly (or the in-flight one).
                 for (path, allowed) in ledger.allowedValues() {
                     let value = readFile(mnt + path)
-                    #expect(allowed.contains(value), "round \(round): \(path) is \(value ?? "absent"), allowed \(allowed)")
+                    #expect(
+                        allowed.contains(value), "round \(round): \(path) is \(value ?? "absent"), allowed \(allowed)")
                 }
                 ledger.settle { readFile(mnt + $0) }
                 let writers = (0..<4).map { writer in
@@ -102,7 +103,8 @@ extension SerialTests.StressTests {
                     sequence += 1
                     let temporary = mnt + "/default/tmp-\(worker)"
                     guard store(temporary, "value \(worker)-\(sequence)") == 0,
-                          rename(temporary, mnt + "/default/x") == 0 else {
+                        rename(temporary, mnt + "/default/x") == 0
+                    else {
                         run.failures.withLock { $0.append("replace: errno \(errno)") }
                         break
                     }
@@ -200,7 +202,8 @@ private final class WriterThread: @unchecked Sendable {
             var sequence = 0
             while true {
                 let path = "/default/w\(writer)-\(sequence % 5)"
-                let value = "round \(round) writer \(writer) write \(sequence) " + String(repeating: "v", count: sequence % 300)
+                let value =
+                    "round \(round) writer \(writer) write \(sequence) " + String(repeating: "v", count: sequence % 300)
                 ledger.lock.withLock { ledger.inFlight[path] = value }
                 let fd = open(mnt + path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
                 if fd < 0 { break }
@@ -255,11 +258,13 @@ private final class ChurnRun: Sendable {
     func finish(after seconds: Int, threads: DispatchGroup, sourceLocation: SourceLocation = #_sourceLocation) {
         usleep(UInt32(seconds * 1_000_000))
         stop.store(true, ordering: .relaxed)
-        #expect(threads.wait(timeout: .now() + 30) == .success, "a filesystem call hung", sourceLocation: sourceLocation)
+        #expect(
+            threads.wait(timeout: .now() + 30) == .success, "a filesystem call hung", sourceLocation: sourceLocation)
         let failures = failures.withLock { $0 }
         let count = operations.load(ordering: .relaxed)
-        #expect(failures.count == 0, "\(failures.count) failures in \(count) operations: \(failures.prefix(10))",
-                sourceLocation: sourceLocation)
+        #expect(
+            failures.count == 0, "\(failures.count) failures in \(count) operations: \(failures.prefix(10))",
+            sourceLocation: sourceLocation)
         #expect(count > 100, sourceLocation: sourceLocation)
     }
 }

@@ -14,7 +14,8 @@ extension SerialTests {
         @Test func aSealedSecretOpensOnlyWithItsAuth() throws {
             let software = try SoftwareTPM()
             let tpm = try TrustedPlatformModule(tcti: software.tcti)
-            let blob = try tpm.seal(try Self.secret("device secret of 32 bytes, exact"), auth: try Self.secret("right auth"))
+            let blob = try tpm.seal(
+                try Self.secret("device secret of 32 bytes, exact"), auth: try Self.secret("right auth"))
             #expect(blob.count > 100)
             let opened = try tpm.unseal(blob, auth: try Self.secret("right auth"))
             #expect(opened.withUnsafeBytes { Array($0) } == Array("device secret of 32 bytes, exact".utf8))
@@ -22,7 +23,9 @@ extension SerialTests {
             // The wrong one was counted by the TPM itself.
             #expect(try tpm.lockout().failures == 1)
             // A damaged blob opens nothing.
-            #expect(throws: TPMError.notThisTPM) { try tpm.unseal(Array(blob.dropLast(7)), auth: try Self.secret("right auth")) }
+            #expect(throws: TPMError.notThisTPM) {
+                try tpm.unseal(Array(blob.dropLast(7)), auth: try Self.secret("right auth"))
+            }
         }
 
         @Test func wrongAuthsLockTheTPMOutEvenAcrossAReboot() throws {
@@ -44,7 +47,8 @@ extension SerialTests {
 
         @Test func aBlobSealedByAnotherTPMDoesNotLoad() throws {
             let first = try SoftwareTPM(), second = try SoftwareTPM()
-            let blob = try TrustedPlatformModule(tcti: first.tcti).seal(try Self.secret("s"), auth: try Self.secret("1234"))
+            let blob = try TrustedPlatformModule(tcti: first.tcti).seal(
+                try Self.secret("s"), auth: try Self.secret("1234"))
             let other = try TrustedPlatformModule(tcti: second.tcti)
             #expect(throws: TPMError.notThisTPM) { try other.unseal(blob, auth: try Self.secret("1234")) }
             // And the right TPM still opens it.

@@ -9,18 +9,26 @@ extension SerialTests {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"
             #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
-            #expect(harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout.contains("user.keychain.accessible=\"whenUnlocked\""))
+            #expect(
+                harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout.contains(
+                    "user.keychain.accessible=\"whenUnlocked\""))
             #expect(harness.sh("setfattr -n user.keychain.migratable -v no \"$1\"", arguments: [item]).succeeded)
-            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
                     == "whenUnlockedThisDeviceOnly")
-            #expect(harness.sh("setfattr -n user.keychain.accessible -v alwaysThisDeviceOnly \"$1\"", arguments: [item]).succeeded)
+            #expect(
+                harness.sh("setfattr -n user.keychain.accessible -v alwaysThisDeviceOnly \"$1\"", arguments: [item])
+                    .succeeded)
             #expect(harness.control(mnt, "lock").succeeded)
             #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "v")
-            #expect(harness.sh("getfattr --only-values -n user.keychain.migratable \"$1\"", arguments: [item]).stdout == "no")
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.migratable \"$1\"", arguments: [item]).stdout
+                    == "no")
             // Moving it back to a locked class needs that class's key.
             let locked = harness.sh("setfattr -n user.keychain.accessible -v whenUnlocked \"$1\"", arguments: [item])
             #expect(locked.stderr.contains("Permission denied"))
-            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
                     == "alwaysThisDeviceOnly")
         }
 
@@ -28,13 +36,25 @@ extension SerialTests {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"
             #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
-            #expect(harness.sh("setfattr -n user.keychain.accessible -v sometimes \"$1\"", arguments: [item]).stderr.contains("Invalid argument"))
-            #expect(harness.sh("setfattr -n user.keychain.migratable -v maybe \"$1\"", arguments: [item]).stderr.contains("Invalid argument"))
-            #expect(harness.sh("setfattr -n user.other -v x \"$1\"", arguments: [item]).stderr.contains("Operation not supported"))
+            #expect(
+                harness.sh("setfattr -n user.keychain.accessible -v sometimes \"$1\"", arguments: [item]).stderr
+                    .contains("Invalid argument"))
+            #expect(
+                harness.sh("setfattr -n user.keychain.migratable -v maybe \"$1\"", arguments: [item]).stderr.contains(
+                    "Invalid argument"))
+            #expect(
+                harness.sh("setfattr -n user.other -v x \"$1\"", arguments: [item]).stderr.contains(
+                    "Operation not supported"))
             #expect(harness.sh("getfattr -n user.other \"$1\"", arguments: [item]).stderr.contains("No such attribute"))
-            #expect(harness.sh("setfattr -x user.keychain.accessible \"$1\"", arguments: [item]).stderr.contains("Operation not permitted"))
-            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout == "whenUnlocked")
-            #expect(harness.sh("getfattr --only-values -n user.keychain.accessible \"$1/default\"", arguments: [mnt]).stderr.contains("No such attribute"))
+            #expect(
+                harness.sh("setfattr -x user.keychain.accessible \"$1\"", arguments: [item]).stderr.contains(
+                    "Operation not permitted"))
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
+                    == "whenUnlocked")
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.accessible \"$1/default\"", arguments: [mnt]).stderr
+                    .contains("No such attribute"))
         }
     }
 }
@@ -63,23 +83,31 @@ extension SerialTests {
             #expect(status["first-unlock"] == "yes")
             #expect(status["accessmode"] == "afterFirstUnlock")
             #expect(status["migrate"] == "no")
-            #expect(harness.sh("printf v > \"$1/default/item\" && getfattr --only-values -n user.keychain.accessible \"$1/default/item\"",
-                               arguments: [mnt]).stdout == "afterFirstUnlockThisDeviceOnly")
+            #expect(
+                harness.sh(
+                    "printf v > \"$1/default/item\" && getfattr --only-values -n user.keychain.accessible \"$1/default/item\"",
+                    arguments: [mnt]
+                ).stdout == "afterFirstUnlockThisDeviceOnly")
             #expect(harness.control(mnt, "purge").succeeded)
             #expect(harness.control(mnt, "background").succeeded)
             // Shells that truncate before writing (no atomic O_TRUNC) still reach the commands.
-            #expect(harness.sh("truncate -s 0 \"$1/.control\" && echo lock > \"$1/.control\"", arguments: [mnt]).succeeded)
+            #expect(
+                harness.sh("truncate -s 0 \"$1/.control\" && echo lock > \"$1/.control\"", arguments: [mnt]).succeeded)
             #expect(harness.status(mnt)["state"] == "locked")
         }
 
-        @Test(arguments: ["bogus", "lock now", "accessmode sometimes", "accessmode", "migrate maybe",
-                          "accessmode always\nbogus", "\n", "unlock"])
+        @Test(arguments: [
+            "bogus", "lock now", "accessmode sometimes", "accessmode", "migrate maybe",
+            "accessmode always\nbogus", "\n", "unlock"
+        ])
         func badCommandsFailWithEINVALAndChangeNothing(_ command: String) throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let before = harness.status(mnt)
             // "unlock" alone is malformed only for a keychain with a passcode: a wrong passcode, EACCES.
             #expect(writeErrno(mnt + "/.control", command) == (command == "unlock" ? EACCES : EINVAL))
-            #expect(harness.status(mnt).filter { $0.key != "failed-attempts" } == before.filter { $0.key != "failed-attempts" })
+            #expect(
+                harness.status(mnt).filter { $0.key != "failed-attempts" }
+                    == before.filter { $0.key != "failed-attempts" })
             let shell = harness.sh("echo \"$2\" > \"$1/.control\"", arguments: [mnt, "bogus"])
             #expect(shell.stderr.contains("Invalid argument") || shell.stderr.contains("I/O error"))
         }

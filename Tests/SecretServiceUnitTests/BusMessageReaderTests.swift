@@ -25,7 +25,9 @@ import Testing
         let many = Dictionary(uniqueKeysWithValues: (0..<257).map { ("key\($0)", "value") })
         let tooMany = try Self.message { (writer) throws(BusError) in try writer.stringDictionary(many) }
         #expect(throws: BusError.self) { try tooMany.arguments.stringDictionary() }
-        let long = try Self.message { (writer) throws(BusError) in try writer.stringDictionary(["k": String(repeating: "v", count: 4097)]) }
+        let long = try Self.message { (writer) throws(BusError) in
+            try writer.stringDictionary(["k": String(repeating: "v", count: 4097)])
+        }
         let error = #expect(throws: BusError.self) { try long.arguments.stringDictionary() }
         #expect(error?.name == Self.invalidArguments)
     }
@@ -35,9 +37,11 @@ import Testing
     @Test func propertiesKeepTheirTypesAndSkipOthers() throws {
         let message = try Self.message { (writer) throws(BusError) in
             try writer.open("a", "{sv}")
-            for (name, value) in [("org.freedesktop.Secret.Item.Label", PropertyValue.string("Mail")),
-                                  ("org.freedesktop.Secret.Item.Attributes", .attributes(["user": "ana"])),
-                                  ("locked", .bool(true)), ("created", .uint64(7)), ("items", .objectPaths(["/a/b"]))] {
+            for (name, value) in [
+                ("org.freedesktop.Secret.Item.Label", PropertyValue.string("Mail")),
+                ("org.freedesktop.Secret.Item.Attributes", .attributes(["user": "ana"])),
+                ("locked", .bool(true)), ("created", .uint64(7)), ("items", .objectPaths(["/a/b"]))
+            ] {
                 try writer.open("e", "sv")
                 try writer.string(name)
                 try writer.variant(value)
@@ -59,15 +63,20 @@ import Testing
         }
         let arguments = message.arguments
         let properties = try arguments.properties()
-        #expect(properties == ["org.freedesktop.Secret.Item.Label": .string("Mail"),
-                               "org.freedesktop.Secret.Item.Attributes": .attributes(["user": "ana"]),
-                               "locked": .bool(true), "created": .uint64(7), "items": .objectPaths(["/a/b"])])
+        #expect(
+            properties == [
+                "org.freedesktop.Secret.Item.Label": .string("Mail"),
+                "org.freedesktop.Secret.Item.Attributes": .attributes(["user": "ana"]),
+                "locked": .bool(true), "created": .uint64(7), "items": .objectPaths(["/a/b"])
+            ])
         #expect(try arguments.string() == "after")
         let tooMany = try Self.message { (writer) throws(BusError) in
             try writer.open("a", "{sv}")
             try writer.open("e", "sv")
             try writer.string("org.freedesktop.Secret.Item.Attributes")
-            try writer.variant(.attributes(Dictionary(uniqueKeysWithValues: (0...ItemDetails.maximumAttributes).map { ("k\($0)", "v") })))
+            try writer.variant(
+                .attributes(
+                    Dictionary(uniqueKeysWithValues: (0...ItemDetails.maximumAttributes).map { ("k\($0)", "v") })))
             try writer.close()
             try writer.close()
         }

@@ -32,11 +32,14 @@ extension SerialTests {
             func itemNames() -> [String: [String]] { ["work": ["mail"]] }
             func allow(_ program: ProgramClaim, group: String, identifier: String) {}
 
-            func perform(_ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
-                         audit: AuditPolicy) -> DeviceReply {
+            func perform(
+                _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+                audit: AuditPolicy
+            ) -> DeviceReply {
                 let kind: String
                 switch request {
-                case .list(let group): return .ok(group == nil ? ["work"] : ["mail", ProtectionClass.whenUnlocked.name, "6"])
+                case .list(let group):
+                    return .ok(group == nil ? ["work"] : ["mail", ProtectionClass.whenUnlocked.name, "6"])
                 case .details, .info: return .ok(request.isInfo ? [ProtectionClass.whenUnlocked.name] : [])
                 case .get: kind = "get"
                 case .set: kind = "set"
@@ -60,8 +63,12 @@ extension SerialTests {
                 #expect(pipe(&ready) == 0)
                 var options = Spawn.Options()
                 options.descriptors = [(1, ready[1])]
-                daemon = try #require(Spawn.start(["/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=1",
-                                                   "--address=unix:path=\(directory)/bus"], options: options))
+                daemon = try #require(
+                    Spawn.start(
+                        [
+                            "/usr/bin/dbus-daemon", "--session", "--nofork", "--print-address=1",
+                            "--address=unix:path=\(directory)/bus"
+                        ], options: options))
                 close(ready[1])
                 // The daemon prints its address once it listens: then it is ready.
                 let line = FileHandle(fileDescriptor: ready[0], closeOnDealloc: true).readLine()
@@ -75,10 +82,13 @@ extension SerialTests {
             }
 
             /// Runs `secret-tool` on this bus: (status, stdout, stderr).
-            func secretTool(_ arguments: [String], input: String = "") -> (status: Int32, stdout: String, stderr: String) {
+            func secretTool(_ arguments: [String], input: String = "") -> (
+                status: Int32, stdout: String, stderr: String
+            ) {
                 let files = ["in", "out", "err"].map { directory + "/secret-tool." + $0 }
                 _ = FileManager.default.createFile(atPath: files[0], contents: Data(input.utf8))
-                let descriptors = zip(files, [O_RDONLY, O_WRONLY | O_CREAT | O_TRUNC, O_WRONLY | O_CREAT | O_TRUNC]).map { open($0, $1, 0o600) }
+                let descriptors = zip(files, [O_RDONLY, O_WRONLY | O_CREAT | O_TRUNC, O_WRONLY | O_CREAT | O_TRUNC]).map
+                { open($0, $1, 0o600) }
                 defer { descriptors.forEach { close($0) } }
                 var options = Spawn.Options()
                 options.descriptors = [(0, descriptors[0]), (1, descriptors[1]), (2, descriptors[2])]
@@ -90,9 +100,10 @@ extension SerialTests {
         }
 
         @Test func whatTheStoreAnswersIsWhatTheClientGets() throws {
-            let store = FakeStore(get: .value(try SecureBytes("from-the-fake"), .whenUnlocked),
-                                  set: .keychainError(.quotaExceeded, KeychainError.quotaExceeded.description),
-                                  remove: .keychainError(.missingEntitlement, "not entitled"))
+            let store = FakeStore(
+                get: .value(try SecureBytes("from-the-fake"), .whenUnlocked),
+                set: .keychainError(.quotaExceeded, KeychainError.quotaExceeded.description),
+                remove: .keychainError(.missingEntitlement, "not entitled"))
             let bus = try PrivateBus()
             let provider = try SecretServiceProvider(store: store, replace: false, address: bus.address)
             defer { provider.stop() }
@@ -100,8 +111,10 @@ extension SerialTests {
             let lookup = bus.secretTool(["lookup", "keychainfs:identifier", "mail"])
             #expect(lookup.status == 0 && lookup.stdout == "from-the-fake", "\(lookup)")
             // The store's sentence, as Failed.
-            let store1 = bus.secretTool(["store", "--label", "Mail", "keychainfs:identifier", "mail"], input: "new value")
-            #expect(store1.status != 0 && store1.stderr.contains("as many items or bytes as its quota allows"), "\(store1)")
+            let store1 = bus.secretTool(
+                ["store", "--label", "Mail", "keychainfs:identifier", "mail"], input: "new value")
+            #expect(
+                store1.status != 0 && store1.stderr.contains("as many items or bytes as its quota allows"), "\(store1)")
             // A group's policy that does not admit the program: AccessDenied, nothing removed.
             let clear = bus.secretTool(["clear", "keychainfs:identifier", "mail"])
             #expect(clear.status != 0 && clear.stderr.contains("not entitled"), "\(clear)")

@@ -25,15 +25,18 @@ import Testing
     /// NoSuchObject (the item is there; this program may not have it).
     @Test func aProgramNotAdmittedIsAccessDenied() {
         let item = BusError(reply: .keychainError(.missingEntitlement, "not entitled"), about: Self.item)
-        let collection = BusError(reply: .keychainError(.missingEntitlement, "not entitled"), about: .collection(group: "work"))
+        let collection = BusError(
+            reply: .keychainError(.missingEntitlement, "not entitled"), about: .collection(group: "work"))
         #expect(item.name == "org.freedesktop.DBus.Error.AccessDenied")
         #expect(collection.message == "this program is not entitled to the access group work")
     }
 
     /// Every other refusal is Failed with the device's own sentence, which
     /// says what happened (a wrong passcode, a full quota, a TPM gone).
-    @Test(arguments: [KeychainError.authFailed, .decode, .param, .nameTooLong, .valueTooLarge, .badRequest, .io,
-                      .duplicateItem, .quotaExceeded, .tpmUnavailable, .rolledBack])
+    @Test(arguments: [
+        KeychainError.authFailed, .decode, .param, .nameTooLong, .valueTooLarge, .badRequest, .io,
+        .duplicateItem, .quotaExceeded, .tpmUnavailable, .rolledBack
+    ])
     func otherRefusalsAreFailedWithTheDevicesSentence(_ code: KeychainError) {
         let error = BusError(reply: .keychainError(code, code.description), about: Self.item)
         #expect(error == BusError("org.freedesktop.DBus.Error.Failed", code.description))
@@ -48,7 +51,9 @@ import Testing
         #expect(throws: BusError(reply: reply, about: Self.item)) { try reply.fields(about: Self.item) }
         let error = BusError(reply: reply, about: Self.item)
         #expect(error.name == "org.freedesktop.DBus.Error.Failed" && !error.description.contains("hunter2"))
-        #expect(throws: BusError(reply: .ok([]), about: Self.item)) { try DeviceReply.ok(["x"]).secret(about: Self.item) }
+        #expect(throws: BusError(reply: .ok([]), about: Self.item)) {
+            try DeviceReply.ok(["x"]).secret(about: Self.item)
+        }
     }
 
     @Test func theAnswerWantedIsReturned() throws {

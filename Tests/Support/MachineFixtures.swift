@@ -8,7 +8,8 @@ import Synchronization
 /// makes it, and undone when the test process exits.
 package enum MachineFixtures {
     /// The repository these tests belong to.
-    package static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    package static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .deletingLastPathComponent()
         .deletingLastPathComponent().path
 
     /// The undoing of each change made, run at exit in reverse order.
@@ -40,7 +41,8 @@ package enum MachineFixtures {
         let sysusers = repository + "/scripts/debian/keychainfs.sysusers"
         let status = Spawn.run(["/usr/bin/systemd-sysusers", sysusers])
         guard status == 0, getpwnam("keychainfs") != nil else {
-            return .failure(HarnessError("systemd-sysusers \(sysusers) did not make the keychainfs account: status \(status)"))
+            return .failure(
+                HarnessError("systemd-sysusers \(sysusers) did not make the keychainfs account: status \(status)"))
         }
         registerUndo(["/usr/sbin/userdel", "keychainfs"])
         return .success(())

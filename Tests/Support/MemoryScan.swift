@@ -11,13 +11,16 @@ public enum MemoryScan {
     /// inside `excluded` (where the patterns themselves live, when scanning
     /// this process). The chunk window is wiped after every chunk, so that
     /// the scan leaves no copy of what it read.
-    public static func find(_ patterns: [(name: String, bytes: UnsafeRawBufferPointer)], in pid: pid_t? = nil,
-                            excluding excluded: [Range<UInt>] = []) -> [String] {
+    public static func find(
+        _ patterns: [(name: String, bytes: UnsafeRawBufferPointer)], in pid: pid_t? = nil,
+        excluding excluded: [Range<UInt>] = []
+    ) -> [String] {
         let process = pid.map(String.init) ?? "self"
         let chunkSize = 1 << 20, overlap = 256
         let window = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize + overlap, alignment: 16)
         defer { window.deallocate() }
-        let windowRange = UInt(bitPattern: window.baseAddress)..<(UInt(bitPattern: window.baseAddress) + UInt(window.count))
+        let windowRange =
+            UInt(bitPattern: window.baseAddress)..<(UInt(bitPattern: window.baseAddress) + UInt(window.count))
         let mem = open("/proc/\(process)/mem", O_RDONLY | O_CLOEXEC)
         guard mem >= 0 else { return ["cannot open /proc/\(process)/mem: errno \(errno)"] }
         defer { close(mem) }
@@ -50,11 +53,15 @@ public enum MemoryScan {
     }
 
     private static func matches(of needle: UnsafeRawBufferPointer, in haystack: UnsafeRawBufferPointer) -> [Int] {
-        guard let base = haystack.baseAddress, let first = needle.first, haystack.count >= needle.count else { return [] }
+        guard let base = haystack.baseAddress, let first = needle.first, haystack.count >= needle.count else {
+            return []
+        }
         var result: [Int] = []
         var offset = 0
         while offset <= haystack.count - needle.count {
-            guard let hit = memchr(base + offset, Int32(first), haystack.count - needle.count + 1 - offset) else { break }
+            guard let hit = memchr(base + offset, Int32(first), haystack.count - needle.count + 1 - offset) else {
+                break
+            }
             let position = base.distance(to: UnsafeRawPointer(hit))
             if memcmp(base + position, needle.baseAddress!, needle.count) == 0 { result.append(position) }
             offset = position + 1

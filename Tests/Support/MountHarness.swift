@@ -7,7 +7,9 @@ package struct ShellResult: CustomStringConvertible {
     package var stdout: String
     package var stderr: String
     package var succeeded: Bool { status == 0 }
-    package var description: String { "status \(status), stdout \(stdout.debugDescription), stderr \(stderr.debugDescription)" }
+    package var description: String {
+        "status \(status), stdout \(stdout.debugDescription), stderr \(stderr.debugDescription)"
+    }
 }
 
 /// A keychain in a temporary directory with its own runtime directory, the
@@ -36,8 +38,10 @@ package final class MountHarness: @unchecked Sendable {
     /// A keychain of `user` (nil: of this process's user), in a new temporary
     /// directory, or, with `service`, the user's keychain in that service;
     /// not created yet when `creating` is false (a test that runs `init` itself).
-    package init(passcode: String? = MountHarness.passcode, as user: OrdinaryUser? = nil,
-                 service: ServiceHarness? = nil, environment extra: [String: String] = [:], creating: Bool = true) throws {
+    package init(
+        passcode: String? = MountHarness.passcode, as user: OrdinaryUser? = nil,
+        service: ServiceHarness? = nil, environment extra: [String: String] = [:], creating: Bool = true
+    ) throws {
         extraEnvironment = extra
         var template = Array((NSTemporaryDirectory() + "kcfs-fs-XXXXXX").utf8CString)
         guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
@@ -56,11 +60,13 @@ package final class MountHarness: @unchecked Sendable {
         }
         self.user = user
         self.service = service
-        try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
+        try FileManager.default.createDirectory(
+            atPath: runtime, withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700])
         try user?.own(root)
         guard creating else { return }
-        let created = passcode.map { sh("\"$K\" init" + keychainOption, stdin: $0 + "\n" + $0 + "\n") }
+        let created =
+            passcode.map { sh("\"$K\" init" + keychainOption, stdin: $0 + "\n" + $0 + "\n") }
             ?? sh("\"$K\" init --no-passcode" + keychainOption)
         guard created.succeeded else { throw HarnessError("init failed: \(created)") }
     }
@@ -103,8 +109,9 @@ package final class MountHarness: @unchecked Sendable {
     @discardableResult
     package func mount(_ name: String = "mnt", group: String? = nil) throws -> String {
         let mountpoint = try prepareMountpoint(name)
-        let result = sh("\"$K\" mount \"$1\"" + keychainOption + (group.map { " --group '\($0)'" } ?? ""),
-                        arguments: [mountpoint])
+        let result = sh(
+            "\"$K\" mount \"$1\"" + keychainOption + (group.map { " --group '\($0)'" } ?? ""),
+            arguments: [mountpoint])
         guard result.succeeded else { throw HarnessError("mount failed: \(result)") }
         return mountpoint
     }
@@ -122,8 +129,9 @@ package final class MountHarness: @unchecked Sendable {
     /// returns its pid once the mount is ready.
     package func mountForeground(_ name: String = "mnt", environment extra: [String] = []) throws -> pid_t {
         let mountpoint = try prepareMountpoint(name)
-        return try Self.startReady([binary, "mount", mountpoint, "--foreground", "--keychain", keychain],
-                                   environment: environment() + extra)
+        return try Self.startReady(
+            [binary, "mount", mountpoint, "--foreground", "--keychain", keychain],
+            environment: environment() + extra)
     }
 
     /// Starts a device process (`ARGUMENTS --ready-fd 3`) and returns its
@@ -185,11 +193,13 @@ package final class MountHarness: @unchecked Sendable {
         defer { [inFD, outFD, errFD].forEach { close($0) } }
         options.descriptors = [(0, inFD), (1, outFD), (2, errFD)]
         let asUser = user.map { ["/usr/sbin/runuser", "-u", $0.name, "--"] } ?? []
-        let status = Spawn.run(asUser + ["/usr/bin/timeout", "-k", "5", "30", "/bin/sh", "-c", script, "sh"] + arguments,
-                               options: options)
-        return ShellResult(status: status,
-                           stdout: (try? String(contentsOfFile: output, encoding: .utf8)) ?? "",
-                           stderr: (try? String(contentsOfFile: errors, encoding: .utf8)) ?? "")
+        let status = Spawn.run(
+            asUser + ["/usr/bin/timeout", "-k", "5", "30", "/bin/sh", "-c", script, "sh"] + arguments,
+            options: options)
+        return ShellResult(
+            status: status,
+            stdout: (try? String(contentsOfFile: output, encoding: .utf8)) ?? "",
+            stderr: (try? String(contentsOfFile: errors, encoding: .utf8)) ?? "")
     }
 
     package func unlock(_ mountpoint: String, passcode: String = MountHarness.passcode) throws {
@@ -205,7 +215,9 @@ package final class MountHarness: @unchecked Sendable {
     package func status(_ mountpoint: String) -> [String: String] {
         var status: [String: String] = [:]
         // Another user's FUSE mount is closed to root too (no allow_other).
-        let text = user == nil ? (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
+        let text =
+            user == nil
+            ? (try? String(contentsOfFile: mountpoint + "/.control", encoding: .utf8)) ?? ""
             : sh("cat \"$1/.control\"", arguments: [mountpoint]).stdout
         for line in text.split(separator: "\n") {
             let parts = line.split(separator: ":", maxSplits: 1)
@@ -216,7 +228,9 @@ package final class MountHarness: @unchecked Sendable {
 
     package func isMounted(_ mountpoint: String) -> Bool {
         let mounts = (try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? ""
-        return mounts.split(separator: "\n").contains { $0.split(separator: " ").dropFirst().first.map(String.init) == mountpoint }
+        return mounts.split(separator: "\n").contains {
+            $0.split(separator: " ").dropFirst().first.map(String.init) == mountpoint
+        }
     }
 
     package static func devicePid(_ mountpoint: String) -> pid_t? {
@@ -232,7 +246,6 @@ package struct HarnessError: Error, CustomStringConvertible {
     package let description: String
     package init(_ description: String) { self.description = description }
 }
-
 
 /// errno of one write(2) of `bytes` to `path` (0 when all were written).
 package func writeErrno(_ path: String, _ bytes: String) -> Int32 {
@@ -255,7 +268,8 @@ package func openErrno(_ path: String, _ flags: Int32) -> Int32 {
 /// whoever inherited the detached device) counts as gone.
 package func isRunning(_ pid: pid_t) -> Bool {
     guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-          let close = stat.lastIndex(of: ")") else { return false }
+        let close = stat.lastIndex(of: ")")
+    else { return false }
     return stat[stat.index(close, offsetBy: 2)] != "Z"
 }
 
@@ -267,6 +281,9 @@ package func libcFunction<Function>(_ name: String, as type: Function.Type) -> F
 }
 
 /// renameat2(2) with its flags.
-package let renameat2 = libcFunction("renameat2", as: (@convention(c) (Int32, UnsafePointer<CChar>, Int32, UnsafePointer<CChar>, UInt32) -> Int32).self)
+package let renameat2 = libcFunction(
+    "renameat2", as: (@convention(c) (Int32, UnsafePointer<CChar>, Int32, UnsafePointer<CChar>, UInt32) -> Int32).self)
 /// setxattr(2) with its flags (`XATTR_CREATE` 1, `XATTR_REPLACE` 2).
-package let setxattr = libcFunction("setxattr", as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeRawPointer, Int, Int32) -> Int32).self)
+package let setxattr = libcFunction(
+    "setxattr",
+    as: (@convention(c) (UnsafePointer<CChar>, UnsafePointer<CChar>, UnsafeRawPointer, Int, Int32) -> Int32).self)

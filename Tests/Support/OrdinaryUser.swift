@@ -15,7 +15,9 @@ package final class OrdinaryUser: @unchecked Sendable {
         MachineFixtures.fuseOpenToEveryone()
         name = "kcfs\(UInt32.random(in: 100_000...999_999_999))"
         let made = Spawn.run(["/usr/sbin/useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name])
-        guard made == 0, let entry = getpwnam(name) else { throw HarnessError("useradd \(name) failed: status \(made)") }
+        guard made == 0, let entry = getpwnam(name) else {
+            throw HarnessError("useradd \(name) failed: status \(made)")
+        }
         uid = entry.pointee.pw_uid
         gid = entry.pointee.pw_gid
         home = String(cString: entry.pointee.pw_dir)
@@ -24,11 +26,13 @@ package final class OrdinaryUser: @unchecked Sendable {
     deinit {
         // Its device and anything an attack left running, then the account.
         _ = Spawn.run(["/usr/bin/pkill", "-KILL", "-u", name])
-        _ = Spawn.run(["/usr/sbin/userdel", "--remove", name], options: {
-            var quiet = Spawn.Options()
-            quiet.nullStandardStreams = true  // "mail spool not found"
-            return quiet
-        }())
+        _ = Spawn.run(
+            ["/usr/sbin/userdel", "--remove", name],
+            options: {
+                var quiet = Spawn.Options()
+                quiet.nullStandardStreams = true  // "mail spool not found"
+                return quiet
+            }())
     }
 
     /// Gives `path` (and, for a directory, everything in it) to this user.

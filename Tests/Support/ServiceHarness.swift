@@ -24,8 +24,10 @@ package final class ServiceHarness: @unchecked Sendable {
 
     /// `started`: false for a test that starts the service its own way
     /// (socket activation), at ``socket`` with ``stateDirectory``.
-    package init(started: Bool = true, options: [String] = [], descriptorLimit: Int? = nil,
-                 environment: [String: String] = [:]) throws {
+    package init(
+        started: Bool = true, options: [String] = [], descriptorLimit: Int? = nil,
+        environment: [String: String] = [:]
+    ) throws {
         self.options = options
         self.environment = environment
         self.descriptorLimit = descriptorLimit
@@ -49,10 +51,15 @@ package final class ServiceHarness: @unchecked Sendable {
         // prlimit sets the limit, then execs the service: the pid is the service's.
         let limited = descriptorLimit.map { ["/usr/bin/prlimit", "--nofile=\($0):\($0)", "--"] } ?? []
         // No TPM unless the test brings one (MountHarness.noTPM says why).
-        let variables = ProcessInfo.processInfo.environment.merging(["TPM2TOOLS_TCTI": MountHarness.noTPM]) { _, ours in ours }
-            .merging(environment) { _, ours in ours }.map { "\($0.key)=\($0.value)" }
-        pid = try MountHarness.startReady(limited + [binary, "service", "--state-directory", stateDirectory,
-                                                     "--socket", socket] + options, environment: variables)
+        let variables = ProcessInfo.processInfo.environment.merging(["TPM2TOOLS_TCTI": MountHarness.noTPM]) { _, ours in
+            ours
+        }
+        .merging(environment) { _, ours in ours }.map { "\($0.key)=\($0.value)" }
+        pid = try MountHarness.startReady(
+            limited + [
+                binary, "service", "--state-directory", stateDirectory,
+                "--socket", socket
+            ] + options, environment: variables)
     }
 
     /// Starts the service again after ``stop()``: same state, same socket.

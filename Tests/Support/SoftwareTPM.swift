@@ -53,12 +53,15 @@ package final class SoftwareTPM: @unchecked Sendable {
             let candidate = Int.random(in: 20_000...60_000) & ~1
             var options = Spawn.Options()
             options.nullStandardStreams = true
-            guard let started = Spawn.start([
-                "/usr/bin/swtpm", "socket", "--tpm2",
-                "--server", "type=tcp,port=\(candidate),bindaddr=127.0.0.1",
-                "--ctrl", "type=tcp,port=\(candidate + 1),bindaddr=127.0.0.1",
-                "--tpmstate", "dir=\(stateDirectory)", "--flags", "not-need-init,startup-clear",
-            ], options: options) else { throw HarnessError("cannot run swtpm (apt install swtpm)") }
+            guard
+                let started = Spawn.start(
+                    [
+                        "/usr/bin/swtpm", "socket", "--tpm2",
+                        "--server", "type=tcp,port=\(candidate),bindaddr=127.0.0.1",
+                        "--ctrl", "type=tcp,port=\(candidate + 1),bindaddr=127.0.0.1",
+                        "--tpmstate", "dir=\(stateDirectory)", "--flags", "not-need-init,startup-clear"
+                    ], options: options)
+            else { throw HarnessError("cannot run swtpm (apt install swtpm)") }
             let deadline = Date().addingTimeInterval(5)
             while Date() < deadline {
                 if Self.accepts(port: candidate) {
@@ -84,7 +87,9 @@ package final class SoftwareTPM: @unchecked Sendable {
         address.sin_port = in_port_t(UInt16(port).bigEndian)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
         } == 0
     }
 }

@@ -46,7 +46,8 @@ package func processes(withEnvironment entry: String) -> [pid_t] {
     let wanted = Array(entry.utf8)
     return ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { name in
         guard let pid = pid_t(name), pid != getpid(),
-              let environ = FileManager.default.contents(atPath: "/proc/\(name)/environ") else { return nil }
+            let environ = FileManager.default.contents(atPath: "/proc/\(name)/environ")
+        else { return nil }
         return environ.split(separator: 0).contains { Array($0) == wanted } ? pid : nil
     }
 }

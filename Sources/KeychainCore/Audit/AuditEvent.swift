@@ -30,8 +30,10 @@ public struct AuditEvent: Sendable, Equatable {
     /// More about it: a rename's target, a rule's executable.
     public var detail: String?
 
-    public init(operation: String, result: String, group: String? = nil, identifier: String? = nil,
-                subject: AuditSubject? = nil, detail: String? = nil) {
+    public init(
+        operation: String, result: String, group: String? = nil, identifier: String? = nil,
+        subject: AuditSubject? = nil, detail: String? = nil
+    ) {
         self.operation = operation
         self.result = result
         self.group = group

@@ -22,12 +22,15 @@ public struct AuditLine: Sendable, Equatable {
         // Values are escaped: the last tab starts the MAC field.
         guard let tab = line.lastIndex(of: "\t"), line[line.index(after: tab)...].hasPrefix("mac=") else { return nil }
         body = String(line[..<tab])
-        guard let mac = Hex.bytes(String(line[line.index(tab, offsetBy: 5)...]), count: Crypto.macSize) else { return nil }
+        guard let mac = Hex.bytes(String(line[line.index(tab, offsetBy: 5)...]), count: Crypto.macSize) else {
+            return nil
+        }
         self.mac = mac
         var fields: [(key: String, value: String)] = []
         for field in body.split(separator: "\t", omittingEmptySubsequences: false) {
             guard let equals = field.firstIndex(of: "="),
-                  let value = LineEscaping.unescaped(String(field[field.index(after: equals)...])) else { return nil }
+                let value = LineEscaping.unescaped(String(field[field.index(after: equals)...]))
+            else { return nil }
             fields.append((String(field[..<equals]), value))
         }
         guard fields.first?.key == "seq", let sequence = UInt64(fields[0].value) else { return nil }

@@ -29,7 +29,9 @@ extension AuditLog {
                 problems.append("\(name) cannot be read")
                 continue
             }
-            if !bytes.isEmpty && bytes.last != UInt8(ascii: "\n") { problems.append("\(name): the last line is incomplete") }
+            if !bytes.isEmpty && bytes.last != UInt8(ascii: "\n") {
+                problems.append("\(name): the last line is incomplete")
+            }
             for (index, raw) in bytes.split(separator: UInt8(ascii: "\n")).enumerated() {
                 let where_ = "\(name) line \(index + 1)"
                 guard let line = AuditLine(parsing: String(decoding: raw, as: UTF8.self)) else {
@@ -42,7 +44,8 @@ extension AuditLog {
                 var chainedFrom = previous
                 if index == 0 {
                     guard let prev = line.value("prev").flatMap({ Hex.bytes($0, count: Crypto.macSize) }) else {
-                        problems.append("\(where_): the file's first line does not say what it continues (its start was cut)")
+                        problems.append(
+                            "\(where_): the file's first line does not say what it continues (its start was cut)")
                         previous = (line.sequence, line.mac)
                         continue
                     }
@@ -53,24 +56,32 @@ extension AuditLog {
                 }
                 if let from = chainedFrom {
                     if from.sequence + 1 != line.sequence {
-                        problems.append("\(where_): sequence \(line.sequence) follows \(from.sequence) (lines removed or reordered)")
-                    } else if Array(line.body.utf8).withUnsafeBytes({ chain(key: chainKey, previous: from.mac, body: $0) }) != line.mac {
+                        problems.append(
+                            "\(where_): sequence \(line.sequence) follows \(from.sequence) (lines removed or reordered)"
+                        )
+                    } else if Array(line.body.utf8).withUnsafeBytes({
+                        chain(key: chainKey, previous: from.mac, body: $0)
+                    }) != line.mac {
                         problems.append("\(where_): its MAC does not match (the line was edited, or one before it)")
                     }
                 }
                 if let anchor, line.sequence == anchor.sequence, line.mac != anchor.mac {
-                    problems.append("\(where_): differs from the line the keychain recorded as number \(anchor.sequence)")
+                    problems.append(
+                        "\(where_): differs from the line the keychain recorded as number \(anchor.sequence)")
                 }
                 previous = (line.sequence, line.mac)
             }
         }
         if let anchor, anchor.sequence > (previous?.sequence ?? 0) {
-            problems.append("the log ends at line \(previous?.sequence ?? 0), but the keychain recorded line \(anchor.sequence): its end was cut")
+            problems.append(
+                "the log ends at line \(previous?.sequence ?? 0), but the keychain recorded line \(anchor.sequence): its end was cut"
+            )
         }
         // Rotation drops the oldest file whole: what it held is counted
         // by the sequence numbers, and ended where the oldest kept line starts.
-        return VerifyReport(lines: checked, problems: problems,
-                            rotatedAway: (oldest?.sequence ?? 1) - 1, keptSince: oldest?.value("time"))
+        return VerifyReport(
+            lines: checked, problems: problems,
+            rotatedAway: (oldest?.sequence ?? 1) - 1, keptSince: oldest?.value("time"))
     }
 
     /// What ``verify(directory:)`` found.
@@ -99,8 +110,9 @@ extension AuditLog {
         public init?(fields: [String]) {
             guard let lines = fields.first.flatMap({ Int($0) }) else { return nil }
             if fields.count >= 3, let rotated = UInt64(fields[1]) {
-                self.init(lines: lines, problems: Array(fields.dropFirst(3)), rotatedAway: rotated,
-                          keptSince: fields[2].isEmpty ? nil : fields[2])
+                self.init(
+                    lines: lines, problems: Array(fields.dropFirst(3)), rotatedAway: rotated,
+                    keptSince: fields[2].isEmpty ? nil : fields[2])
             } else {
                 self.init(lines: lines, problems: Array(fields.dropFirst()), rotatedAway: 0, keptSince: nil)
             }

@@ -111,7 +111,8 @@ public final class AuditLog: Sendable {
             for (program, folded) in suppressed.sorted(by: { $0.value.since < $1.value.since })
             where all || now - folded.since >= 10 {
                 var event = folded.event
-                event.detail = "and \(folded.count) more denials of this program, past \(Int(AuditLog.denialsPerSecond)) a second"
+                event.detail =
+                    "and \(folded.count) more denials of this program, past \(Int(AuditLog.denialsPerSecond)) a second"
                 lines.append(event)
                 suppressed[program] = nil
             }
@@ -131,8 +132,10 @@ public final class AuditLog: Sendable {
 
     /// Opens the log to append to it, continuing the chain from its last
     /// line (or from `anchor` when the file is empty or missing).
-    init(directory: KeychainDirectory, key: SecureBytes, anchor: Anchor?,
-         rotationSize: Int = AuditLog.rotationSize) throws(KeychainError) {
+    init(
+        directory: KeychainDirectory, key: SecureBytes, anchor: Anchor?,
+        rotationSize: Int = AuditLog.rotationSize
+    ) throws(KeychainError) {
         self.directory = directory
         self.rotationSize = rotationSize
         chainKey = Crypto.KeyedHash(key: key.pointer.assumingMemoryBound(to: UInt8.self))
@@ -184,7 +187,9 @@ public final class AuditLog: Sendable {
 
     /// The lines ``DenialFolding/owed(now:all:)`` says are due.
     private func writeOwed(at now: timespec, all: Bool, to state: inout State) {
-        for owed in state.denials.owed(now: Self.seconds(now), all: all) { append(Self.tail(of: owed), at: now, to: &state) }
+        for owed in state.denials.owed(now: Self.seconds(now), all: all) {
+            append(Self.tail(of: owed), at: now, to: &state)
+        }
     }
 
     private static func seconds(_ time: timespec) -> Double { Double(time.tv_sec) + Double(time.tv_nsec) / 1e9 }
@@ -256,13 +261,14 @@ public final class AuditLog: Sendable {
     static func chain(key: Crypto.KeyedHash, previous: [UInt8], body: UnsafeRawBufferPointer) -> [UInt8] {
         var mac = [UInt8](repeating: 0, count: Crypto.macSize)
         macDomainBytes.withUnsafeBytes { domain in
-            previous.withUnsafeBytes { previous in mac.withUnsafeMutableBytes { key.mac(domain, previous, body, into: $0) } }
+            previous.withUnsafeBytes { previous in
+                mac.withUnsafeMutableBytes { key.mac(domain, previous, body, into: $0) }
+            }
         }
         return mac
     }
 
     private static let macDomainBytes = Array(macDomain.utf8)
-
 
     /// The last complete line of a file (reads only its end).
     private static func lastLine(_ path: String) -> String? {
@@ -273,7 +279,9 @@ public final class AuditLog: Sendable {
         guard fstat(fd, &info) == 0, info.st_size > 0 else { return nil }
         let window = min(Int(info.st_size), 64 << 10)
         var bytes = [UInt8](repeating: 0, count: window)
-        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, window, off_t(Int(info.st_size) - window)) }
+        let count = bytes.withUnsafeMutableBytes {
+            pread(fd, $0.baseAddress, window, off_t(Int(info.st_size) - window))
+        }
         guard count == window, bytes.last == UInt8(ascii: "\n") else { return nil }
         let lines = bytes.dropLast().split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
         return lines.last.map { String(decoding: $0, as: UTF8.self) }

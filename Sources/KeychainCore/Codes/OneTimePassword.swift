@@ -23,9 +23,13 @@ public struct OneTimePassword: Sendable {
     public static let periodRange = 1...86_400
 
     /// A generator for a raw key.
-    public init(key: SecureBytes, algorithm: Algorithm = .sha1, digits: Int = 6, period: Int = 30) throws(OneTimePasswordError) {
+    public init(key: SecureBytes, algorithm: Algorithm = .sha1, digits: Int = 6, period: Int = 30)
+        throws(OneTimePasswordError)
+    {
         guard Self.digitRange.contains(digits) else { throw .badParameter(name: "digits", expected: "6, 7 or 8") }
-        guard Self.periodRange.contains(period) else { throw .badParameter(name: "period", expected: "seconds from 1 to 86400") }
+        guard Self.periodRange.contains(period) else {
+            throw .badParameter(name: "period", expected: "seconds from 1 to 86400")
+        }
         guard key.count > 0 else { throw .missingSecret }
         self.key = key
         self.algorithm = algorithm
@@ -36,7 +40,8 @@ public struct OneTimePassword: Sendable {
     /// The generator an item's value describes: its first line that is an
     /// `otpauth://` URI (so a pass entry with the password on line one works).
     public init(item value: SecureBytes) throws(OneTimePasswordError) {
-        let uri: KeyURI = try value.withUnsafeBytes { (bytes) throws(OneTimePasswordError) in try KeyURI(firstIn: bytes) }
+        let uri: KeyURI = try value.withUnsafeBytes { (bytes) throws(OneTimePasswordError) in try KeyURI(firstIn: bytes)
+        }
         try self.init(key: uri.key, algorithm: uri.algorithm, digits: uri.digits, period: uri.period)
     }
 
@@ -53,23 +58,27 @@ public struct OneTimePassword: Sendable {
 
     /// HOTP (RFC 4226 section 5.3): HMAC of the big-endian counter, dynamic
     /// truncation to 31 bits, the low `digits` decimal digits.
-    static func hotp(key: SecureBytes, counter: UInt64, algorithm: Algorithm, digits: Int) throws(OneTimePasswordError) -> String {
+    static func hotp(key: SecureBytes, counter: UInt64, algorithm: Algorithm, digits: Int) throws(OneTimePasswordError)
+        -> String
+    {
         var message = [UInt8](repeating: 0, count: 8)
         for index in 0..<8 { message[index] = UInt8(truncatingIfNeeded: counter >> (56 - 8 * UInt64(index))) }
         var mac = [UInt8](repeating: 0, count: Int(EVP_MAX_MD_SIZE))
         defer { mac.withUnsafeMutableBytes { wipeMemory($0) } }
         var macLength: UInt32 = 0
-        let digest = switch algorithm {
-        case .sha1: "EVP_sha1"
-        case .sha256: "EVP_sha256"
-        case .sha512: "EVP_sha512"
-        }
+        let digest =
+            switch algorithm {
+            case .sha1: "EVP_sha1"
+            case .sha256: "EVP_sha256"
+            case .sha512: "EVP_sha512"
+            }
         let status = key.withUnsafeBytes { raw in
             COpenSSL_hmac(digest, raw.baseAddress, Int32(raw.count), message, message.count, &mac, &macLength)
         }
         guard status == 0, macLength >= 20 else { throw .noCrypto }
         let offset = Int(mac[Int(macLength) - 1] & 0x0f)
-        let binary = UInt32(mac[offset] & 0x7f) << 24 | UInt32(mac[offset + 1]) << 16
+        let binary =
+            UInt32(mac[offset] & 0x7f) << 24 | UInt32(mac[offset + 1]) << 16
             | UInt32(mac[offset + 2]) << 8 | UInt32(mac[offset + 3])
         var modulus: UInt32 = 1
         for _ in 0..<digits { modulus *= 10 }
@@ -90,7 +99,8 @@ public enum OneTimePasswordError: Error, Equatable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .noURI: "holds no otpauth:// URI"
-        case .notTimeBased(let type): "holds an otpauth://\(type) URI; only time-based codes (otpauth://totp) are supported"
+        case .notTimeBased(let type):
+            "holds an otpauth://\(type) URI; only time-based codes (otpauth://totp) are supported"
         case .missingSecret: "its otpauth:// URI has no secret"
         case .badSecret: "its otpauth:// URI's secret is not base32 (RFC 4648)"
         case .badParameter(let name, let expected): "its otpauth:// URI's \(name) must be \(expected)"
@@ -113,7 +123,10 @@ struct KeyURI {
         // Index ranges into the secret memory itself: no line is copied to the heap.
         let newline = UInt8(ascii: "\n"), carriageReturn = UInt8(ascii: "\r")
         let line = Self.ranges(of: value, in: 0..<value.count, separatedBy: newline)
-            .map { $0.upperBound > $0.lowerBound && value[$0.upperBound - 1] == carriageReturn ? $0.lowerBound..<($0.upperBound - 1) : $0 }
+            .map {
+                $0.upperBound > $0.lowerBound && value[$0.upperBound - 1] == carriageReturn
+                    ? $0.lowerBound..<($0.upperBound - 1) : $0
+            }
             .first { $0.count >= scheme.count && zip(value[$0], scheme).allSatisfy { lowercased($0) == $1 } }
         guard let line else { throw .noURI }
         let rest = (line.lowerBound + scheme.count)..<line.upperBound
@@ -131,7 +144,10 @@ struct KeyURI {
             switch name {
             case "secret": key = try Self.base32(percentDecoding: UnsafeRawBufferPointer(rebasing: text))
             case "algorithm":
-                guard let algorithm = OneTimePassword.Algorithm(rawValue: String(decoding: text, as: UTF8.self).uppercased()) else {
+                guard
+                    let algorithm = OneTimePassword.Algorithm(
+                        rawValue: String(decoding: text, as: UTF8.self).uppercased())
+                else {
                     throw .badParameter(name: "algorithm", expected: "SHA1, SHA256 or SHA512")
                 }
                 self.algorithm = algorithm
@@ -146,7 +162,9 @@ struct KeyURI {
     }
 
     /// The non-empty ranges between separators within `range`.
-    private static func ranges(of bytes: UnsafeRawBufferPointer, in range: Range<Int>, separatedBy separator: UInt8) -> [Range<Int>] {
+    private static func ranges(of bytes: UnsafeRawBufferPointer, in range: Range<Int>, separatedBy separator: UInt8)
+        -> [Range<Int>]
+    {
         var ranges: [Range<Int>] = []
         var start = range.lowerBound
         for index in range where bytes[index] == separator {
@@ -175,7 +193,8 @@ struct KeyURI {
             var byte = text[index]
             index += 1
             if byte == UInt8(ascii: "%") {
-                guard index + 2 <= text.count, let high = hexValue(text[index]), let low = hexValue(text[index + 1]) else { throw .badSecret }
+                guard index + 2 <= text.count, let high = hexValue(text[index]), let low = hexValue(text[index + 1])
+                else { throw .badSecret }
                 byte = high << 4 | low
                 index += 2
             }
@@ -194,7 +213,8 @@ struct KeyURI {
                 count += 1
             }
         }
-        guard let key = try? SecureBytes(copying: UnsafeRawBufferPointer(rebasing: scratch.mutableBytes[0..<count])) else { throw .badSecret }
+        guard let key = try? SecureBytes(copying: UnsafeRawBufferPointer(rebasing: scratch.mutableBytes[0..<count]))
+        else { throw .badSecret }
         return key
     }
 }

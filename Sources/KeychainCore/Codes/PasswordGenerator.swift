@@ -52,7 +52,8 @@ public enum PasswordGenerator {
 
     /// `count` words drawn uniformly from `words`, joined by `separator`
     /// (diceware, with the computer's dice).
-    public static func words(count: Int, from words: [String], separator: String) throws(GeneratorError) -> SecureBytes {
+    public static func words(count: Int, from words: [String], separator: String) throws(GeneratorError) -> SecureBytes
+    {
         guard wordCountRange.contains(count) else { throw .badWordCount }
         guard words.count >= minimumWordListSize else { throw .shortWordList(words.count) }
         Sodium.ensureInitialized()
@@ -79,9 +80,10 @@ public enum PasswordGenerator {
         var seen = Set<String>()
         return text.split(whereSeparator: \.isNewline).compactMap { line in
             guard let word = line.split(whereSeparator: { $0 == " " || $0 == "\t" }).last.map(String.init),
-                  (3...9).contains(word.utf8.count),
-                  word.utf8.allSatisfy({ (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) }),
-                  seen.insert(word).inserted else { return nil }
+                (3...9).contains(word.utf8.count),
+                word.utf8.allSatisfy({ (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) }),
+                seen.insert(word).inserted
+            else { return nil }
             return word
         }
     }
@@ -103,11 +105,14 @@ public enum GeneratorError: Error, Equatable, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case .badLength: "the length must be from \(PasswordGenerator.lengthRange.lowerBound) to \(PasswordGenerator.lengthRange.upperBound) characters"
-        case .badWordCount: "the number of words must be from \(PasswordGenerator.wordCountRange.lowerBound) to \(PasswordGenerator.wordCountRange.upperBound)"
+        case .badLength:
+            "the length must be from \(PasswordGenerator.lengthRange.lowerBound) to \(PasswordGenerator.lengthRange.upperBound) characters"
+        case .badWordCount:
+            "the number of words must be from \(PasswordGenerator.wordCountRange.lowerBound) to \(PasswordGenerator.wordCountRange.upperBound)"
         case .noClasses: "no character class left to draw from"
         case .tooShortForClasses: "the length is shorter than the number of character classes it must contain"
-        case .shortWordList(let count): "the word list has \(count) usable words (3 to 9 lowercase letters); at least \(PasswordGenerator.minimumWordListSize) are needed"
+        case .shortWordList(let count):
+            "the word list has \(count) usable words (3 to 9 lowercase letters); at least \(PasswordGenerator.minimumWordListSize) are needed"
         }
     }
 }

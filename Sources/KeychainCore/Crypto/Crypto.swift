@@ -17,8 +17,10 @@ package enum Crypto {
     }
 
     /// Encrypts `plaintext` under `key`; returns ciphertext followed by the 16-byte tag.
-    static func seal(_ plaintext: UnsafeRawBufferPointer, key: UnsafePointer<UInt8>,
-                     nonce: [UInt8], associatedData: [UInt8]) -> [UInt8] {
+    static func seal(
+        _ plaintext: UnsafeRawBufferPointer, key: UnsafePointer<UInt8>,
+        nonce: [UInt8], associatedData: [UInt8]
+    ) -> [UInt8] {
         precondition(nonce.count == nonceSize)
         var sealed = [UInt8](repeating: 0, count: plaintext.count + tagSize)
         var sealedCount: UInt64 = 0
@@ -32,8 +34,10 @@ package enum Crypto {
 
     /// Decrypts and authenticates into secret memory; ``KeychainError/decode``
     /// if the bytes, nonce, associated data or key are not the ones sealed.
-    static func open(_ sealed: [UInt8], key: UnsafePointer<UInt8>,
-                     nonce: [UInt8], associatedData: [UInt8]) throws(KeychainError) -> SecureBytes {
+    static func open(
+        _ sealed: [UInt8], key: UnsafePointer<UInt8>,
+        nonce: [UInt8], associatedData: [UInt8]
+    ) throws(KeychainError) -> SecureBytes {
         guard sealed.count >= tagSize, nonce.count == nonceSize else { throw .decode }
         let plaintext = try SecureBytes(count: sealed.count - tagSize)
         var plaintextCount: UInt64 = 0
@@ -45,13 +49,16 @@ package enum Crypto {
     }
 
     /// Argon2id of a passcode (libsodium's crypto_pwhash, algorithm ARGON2ID13).
-    static func stretch(passcode: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(KeychainError) -> SecureBytes {
+    static func stretch(passcode: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(KeychainError)
+        -> SecureBytes
+    {
         precondition(salt.count == saltSize)
         let output = try SecureBytes(count: keySize)
         let status = passcode.withUnsafeBytes { secret in
-            crypto_pwhash(output.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(keySize),
-                          secret.baseAddress!.assumingMemoryBound(to: CChar.self), UInt64(secret.count),
-                          salt, parameters.opsLimit, Int(parameters.memLimit), crypto_pwhash_ALG_ARGON2ID13)
+            crypto_pwhash(
+                output.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(keySize),
+                secret.baseAddress!.assumingMemoryBound(to: CChar.self), UInt64(secret.count),
+                salt, parameters.opsLimit, Int(parameters.memLimit), crypto_pwhash_ALG_ARGON2ID13)
         }
         // crypto_pwhash fails only when it cannot allocate memLimit bytes.
         guard status == 0 else { throw .io }
@@ -72,8 +79,10 @@ package enum Crypto {
         return out
     }
 
-    private static func blake2b(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer],
-                                into output: UnsafeMutableRawBufferPointer) {
+    private static func blake2b(
+        key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer],
+        into output: UnsafeMutableRawBufferPointer
+    ) {
         // The state is a 64-byte-aligned struct Swift imports as opaque: own
         // its memory, and wipe it, since it holds the key.
         let stateSize = crypto_generichash_statebytes()
@@ -96,8 +105,9 @@ package enum Crypto {
         let out = try! SecureBytes(count: keySize)
         let status = context.withUTF8Buffer { ctx in
             ctx.withMemoryRebound(to: CChar.self) { ctx in
-                crypto_kdf_derive_from_key(out.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keySize,
-                                           id, ctx.baseAddress!, master)
+                crypto_kdf_derive_from_key(
+                    out.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keySize,
+                    id, ctx.baseAddress!, master)
             }
         }
         precondition(status == 0)
@@ -112,8 +122,9 @@ package enum Crypto {
         precondition(key.count == shortHashKeySize)
         var words: (UInt64, UInt64) = (0, 0)
         withUnsafeMutableBytes(of: &words) { out in
-            _ = crypto_shorthash_siphashx24(out.baseAddress!.assumingMemoryBound(to: UInt8.self),
-                                            message.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(message.count), key)
+            _ = crypto_shorthash_siphashx24(
+                out.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                message.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(message.count), key)
         }
         return words
     }
@@ -163,7 +174,8 @@ extension Crypto {
 
         init(key: UnsafePointer<UInt8>) {
             memory = try! SecureBytes(count: 2 * Self.stateSize + macSize)
-            precondition(Int(bitPattern: memory.pointer) % 64 == 0, "the secret arena's slots are aligned to their size")
+            precondition(
+                Int(bitPattern: memory.pointer) % 64 == 0, "the secret arena's slots are aligned to their size")
             crypto_generichash_init(OpaquePointer(absorbed), key, keySize, macSize)
         }
 
@@ -173,10 +185,12 @@ extension Crypto {
             defer { sodium_memzero(working, Self.stateSize) }
             working.copyMemory(from: absorbed, byteCount: Self.stateSize)
             for part in parts {
-                crypto_generichash_update(OpaquePointer(working), part.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                                          UInt64(part.count))
+                crypto_generichash_update(
+                    OpaquePointer(working), part.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                    UInt64(part.count))
             }
-            crypto_generichash_final(OpaquePointer(working), output.baseAddress!.assumingMemoryBound(to: UInt8.self), macSize)
+            crypto_generichash_final(
+                OpaquePointer(working), output.baseAddress!.assumingMemoryBound(to: UInt8.self), macSize)
         }
 
         /// XORs the MAC of `message` into `output` (``macSize`` bytes).

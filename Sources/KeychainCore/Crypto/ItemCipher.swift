@@ -15,14 +15,19 @@ enum ItemCipher {
     private static let domain = Array("kcfs-item".utf8)
     private static let detailsDomain = Array("kcfs-details".utf8)
 
-    static func associatedData(group: String, identifier: String, protectionClass: ProtectionClass,
-                               generation: Int64, hasDetails: Bool = false) -> [UInt8] {
-        associatedData(domain, hasDetails ? formatVersionWithDetails : formatVersion, group: group, identifier: identifier,
-                       protectionClass: protectionClass, generation: generation)
+    static func associatedData(
+        group: String, identifier: String, protectionClass: ProtectionClass,
+        generation: Int64, hasDetails: Bool = false
+    ) -> [UInt8] {
+        associatedData(
+            domain, hasDetails ? formatVersionWithDetails : formatVersion, group: group, identifier: identifier,
+            protectionClass: protectionClass, generation: generation)
     }
 
-    private static func associatedData(_ domain: [UInt8], _ format: UInt8, group: String, identifier: String,
-                                       protectionClass: ProtectionClass, generation: Int64) -> [UInt8] {
+    private static func associatedData(
+        _ domain: [UInt8], _ format: UInt8, group: String, identifier: String,
+        protectionClass: ProtectionClass, generation: Int64
+    ) -> [UInt8] {
         // Sized once: this runs on every read, and a growing array reallocated four times.
         var writer = ByteWriter(capacity: domain.count + 1 + 1 + 8 + 2 + group.utf8.count + 2 + identifier.utf8.count)
         writer.append(domain)
@@ -36,30 +41,37 @@ enum ItemCipher {
 
     /// Seals `value` (and `details`, under the device's `detailsKey`) as the
     /// row of `group`/`identifier` with `generation`.
-    static func seal(_ value: SecureBytes, group: String, identifier: String, protectionClass: ProtectionClass,
-                     generation: Int64, key: GuardedKey, details: (ItemDetails, key: GuardedKey)? = nil,
-                     nonce: [UInt8] = Crypto.randomBytes(Crypto.nonceSize)) -> SealedItem {
-        let ad = associatedData(group: group, identifier: identifier, protectionClass: protectionClass, generation: generation,
-                                hasDetails: details != nil)
+    static func seal(
+        _ value: SecureBytes, group: String, identifier: String, protectionClass: ProtectionClass,
+        generation: Int64, key: GuardedKey, details: (ItemDetails, key: GuardedKey)? = nil,
+        nonce: [UInt8] = Crypto.randomBytes(Crypto.nonceSize)
+    ) -> SealedItem {
+        let ad = associatedData(
+            group: group, identifier: identifier, protectionClass: protectionClass, generation: generation,
+            hasDetails: details != nil)
         let sealed = key.withKey { key in
             value.withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
         }
         let sealedDetails = details.map { details, detailsKey in
             let nonce = Crypto.randomBytes(Crypto.nonceSize)
-            let ad = associatedData(detailsDomain, 1, group: group, identifier: identifier,
-                                    protectionClass: protectionClass, generation: generation)
-            return nonce + detailsKey.withKey { key in
-                details.encoded().withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
-            }
+            let ad = associatedData(
+                detailsDomain, 1, group: group, identifier: identifier,
+                protectionClass: protectionClass, generation: generation)
+            return nonce
+                + detailsKey.withKey { key in
+                    details.encoded().withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
+                }
         }
-        return SealedItem(group: group, identifier: identifier, protectionClass: protectionClass,
-                          generation: generation, nonce: nonce, sealed: sealed, details: sealedDetails)
+        return SealedItem(
+            group: group, identifier: identifier, protectionClass: protectionClass,
+            generation: generation, nonce: nonce, sealed: sealed, details: sealedDetails)
     }
 
     /// The plaintext, or ``KeychainError/decode`` when the row is not what was sealed there.
     static func open(_ item: SealedItem, key: GuardedKey) throws(KeychainError) -> SecureBytes {
-        let ad = associatedData(group: item.group, identifier: item.identifier, protectionClass: item.protectionClass,
-                                generation: item.generation, hasDetails: item.details != nil)
+        let ad = associatedData(
+            group: item.group, identifier: item.identifier, protectionClass: item.protectionClass,
+            generation: item.generation, hasDetails: item.details != nil)
         do {
             return try key.withKey { key throws(KeychainError) in
                 try Crypto.open(item.sealed, key: key, nonce: item.nonce, associatedData: ad)
@@ -76,12 +88,14 @@ enum ItemCipher {
     static func openDetails(_ item: SealedItem, key: GuardedKey) throws(KeychainError) -> ItemDetails? {
         guard let sealed = item.details else { return nil }
         guard sealed.count >= Crypto.nonceSize + Crypto.tagSize else { throw .decode }
-        let ad = associatedData(detailsDomain, 1, group: item.group, identifier: item.identifier,
-                                protectionClass: item.protectionClass, generation: item.generation)
+        let ad = associatedData(
+            detailsDomain, 1, group: item.group, identifier: item.identifier,
+            protectionClass: item.protectionClass, generation: item.generation)
         do {
             let plaintext = try key.withKey { key throws(KeychainError) in
-                try Crypto.open(Array(sealed.dropFirst(Crypto.nonceSize)), key: key,
-                                nonce: Array(sealed.prefix(Crypto.nonceSize)), associatedData: ad)
+                try Crypto.open(
+                    Array(sealed.dropFirst(Crypto.nonceSize)), key: key,
+                    nonce: Array(sealed.prefix(Crypto.nonceSize)), associatedData: ad)
             }
             return try ItemDetails(decoding: plaintext.bytes())
         } catch {

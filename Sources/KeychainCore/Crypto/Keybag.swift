@@ -49,7 +49,9 @@ struct DeviceSecret: Sendable {
     /// The body of an ``authenticatedRecord(_:_:)``: ``KeychainError/decode``
     /// unless its MAC holds (and its body is `length` bytes, when given).
     func authenticatedBody(_ domain: String, _ record: [UInt8], length: Int? = nil) throws(KeychainError) -> [UInt8] {
-        guard record.count > Crypto.macSize, length.map({ record.count == $0 + Crypto.macSize }) ?? true else { throw .decode }
+        guard record.count > Crypto.macSize, length.map({ record.count == $0 + Crypto.macSize }) ?? true else {
+            throw .decode
+        }
         let body = Array(record.dropLast(Crypto.macSize))
         guard Crypto.constantTimeEqual(mac(domain, body), Array(record.suffix(Crypto.macSize))) else { throw .decode }
         return body
@@ -131,8 +133,10 @@ struct Keybag {
     /// New random class keys, wrapped for `passcode` (nil: a keychain
     /// without one), its KEK entangled with `tpm` when given. Returns the
     /// keys of the passcode classes too (for a recovery record).
-    static func create(secret: DeviceSecret, passcode: SecureBytes?, kdf: KDFParameters,
-                       tpm: KeychainTPM? = nil) throws(KeychainError) -> (Keybag, [ProtectionClass: GuardedKey]) {
+    static func create(
+        secret: DeviceSecret, passcode: SecureBytes?, kdf: KDFParameters,
+        tpm: KeychainTPM? = nil
+    ) throws(KeychainError) -> (Keybag, [ProtectionClass: GuardedKey]) {
         var bag = Keybag(hasPasscode: passcode != nil, kdf: kdf, salt: [])
         let passcodeKey = try bag.enroll(secret: secret, passcode: passcode, tpm: tpm)
         var keys: [ProtectionClass: GuardedKey] = [:]
@@ -151,16 +155,20 @@ struct Keybag {
     /// given. The class keys stay the same (no item is re-encrypted) and the
     /// `always` classes are untouched. ``KeychainError/decode`` or
     /// ``KeychainError/authFailed`` when `oldPasscode` is wrong.
-    func rewrapped(secret: DeviceSecret, oldPasscode: SecureBytes?, newPasscode: SecureBytes?, tpm: KeychainTPM?,
-                   sealingTPM: KeychainTPM?) throws(KeychainError) -> Keybag {
+    func rewrapped(
+        secret: DeviceSecret, oldPasscode: SecureBytes?, newPasscode: SecureBytes?, tpm: KeychainTPM?,
+        sealingTPM: KeychainTPM?
+    ) throws(KeychainError) -> Keybag {
         let keys = try unwrapPasscodeClasses(secret: secret, passcode: oldPasscode, tpm: tpm)
         return try rewrapped(secret: secret, classKeys: keys, newPasscode: newPasscode, sealingTPM: sealingTPM)
     }
 
     /// The keybag with the passcode classes' `classKeys` wrapped under
     /// `newPasscode` (`keychainfs recover` has them from the recovery key).
-    func rewrapped(secret: DeviceSecret, classKeys: [ProtectionClass: GuardedKey], newPasscode: SecureBytes?,
-                   sealingTPM: KeychainTPM?) throws(KeychainError) -> Keybag {
+    func rewrapped(
+        secret: DeviceSecret, classKeys: [ProtectionClass: GuardedKey], newPasscode: SecureBytes?,
+        sealingTPM: KeychainTPM?
+    ) throws(KeychainError) -> Keybag {
         var bag = self
         let newKey = try bag.enroll(secret: secret, passcode: newPasscode, tpm: sealingTPM)
         for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
@@ -174,8 +182,10 @@ struct Keybag {
     }
 
     /// The keys of the passcode classes, given the passcode.
-    func unwrapPasscodeClasses(secret: DeviceSecret, passcode: SecureBytes?,
-                               tpm: KeychainTPM?) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
+    func unwrapPasscodeClasses(
+        secret: DeviceSecret, passcode: SecureBytes?,
+        tpm: KeychainTPM?
+    ) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
         let passcodeKey = try passcodeKey(secret: secret, passcode: passcode, tpm: tpm)
         var keys: [ProtectionClass: GuardedKey] = [:]
         for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
@@ -186,7 +196,9 @@ struct Keybag {
 
     /// Sets this keybag up for `passcode` (nil: none): a fresh salt and, with
     /// `tpm`, a fresh TPM object; returns the passcode KEK.
-    private mutating func enroll(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError) -> GuardedKey {
+    private mutating func enroll(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError)
+        -> GuardedKey
+    {
         formatVersion = Keybag.version
         hasPasscode = passcode != nil
         salt = Crypto.randomBytes(Crypto.saltSize)
@@ -195,7 +207,9 @@ struct Keybag {
         let stretched = try Crypto.stretch(passcode: passcode, salt: salt, parameters: kdf)
         let tpmSecret = SecureBytes.random(count: Crypto.keySize)
         let auth = Self.tpmAuth(stretched)
-        tpmPasscodeObject = try tpm.use { module throws(TPMError) in try module.seal(tpmSecret, auth: auth, guarded: true) }
+        tpmPasscodeObject = try tpm.use { module throws(TPMError) in
+            try module.seal(tpmSecret, auth: auth, guarded: true)
+        }
         return Self.entangledKey(secret: secret, stretched: stretched, tpmSecret: tpmSecret)
     }
 
@@ -209,18 +223,23 @@ struct Keybag {
         }
     }
 
-    private static func entangledKey(secret: DeviceSecret, stretched: SecureBytes, tpmSecret: SecureBytes) -> GuardedKey {
+    private static func entangledKey(secret: DeviceSecret, stretched: SecureBytes, tpmSecret: SecureBytes) -> GuardedKey
+    {
         let derived = secret.wrapKey.withKey { key in
             Array("kcfs-passcode-kek-tpm-v1".utf8).withUnsafeBytes { d in
-                stretched.withUnsafeBytes { s in tpmSecret.withUnsafeBytes { t in Crypto.deriveKey(key: key, [d, s, t]) } }
+                stretched.withUnsafeBytes { s in
+                    tpmSecret.withUnsafeBytes { t in Crypto.deriveKey(key: key, [d, s, t]) }
+                }
             }
         }
         return GuardedKey(copying: derived)
     }
 
     /// Seals one class key under its wrapping key, with a fresh nonce.
-    private mutating func wrap(_ classKey: SecureBytes, as protectionClass: ProtectionClass, secret: DeviceSecret,
-                               passcodeKey: GuardedKey?) throws(KeychainError) {
+    private mutating func wrap(
+        _ classKey: SecureBytes, as protectionClass: ProtectionClass, secret: DeviceSecret,
+        passcodeKey: GuardedKey?
+    ) throws(KeychainError) {
         let nonce = Crypto.randomBytes(Crypto.nonceSize)
         let sealed = try withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) { key in
             classKey.withUnsafeBytes { plain in
@@ -236,7 +255,9 @@ struct Keybag {
     /// wrong one is ``KeychainError/authFailed``, counted by the TPM). Tied
     /// to this device, so the passcode cannot be brute-forced from the
     /// database alone, nor, with a TPM, from every file of the keychain.
-    func passcodeKey(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError) -> GuardedKey {
+    func passcodeKey(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError)
+        -> GuardedKey
+    {
         let stretched: SecureBytes
         let domain: String
         if hasPasscode {
@@ -263,8 +284,10 @@ struct Keybag {
         return GuardedKey(copying: derived)
     }
 
-    private func withWrappingKey<R>(for protectionClass: ProtectionClass, secret: DeviceSecret, passcodeKey: GuardedKey?,
-                                    _ body: (UnsafePointer<UInt8>) throws(KeychainError) -> R) throws(KeychainError) -> R {
+    private func withWrappingKey<R>(
+        for protectionClass: ProtectionClass, secret: DeviceSecret, passcodeKey: GuardedKey?,
+        _ body: (UnsafePointer<UInt8>) throws(KeychainError) -> R
+    ) throws(KeychainError) -> R {
         if protectionClass.mode == .always {
             return try secret.wrapKey.withKey(body)
         }
@@ -273,10 +296,14 @@ struct Keybag {
     }
 
     /// Unwraps one class key; ``KeychainError/decode`` if the wrapping key is wrong.
-    func unwrap(_ protectionClass: ProtectionClass, secret: DeviceSecret, passcodeKey: GuardedKey?) throws(KeychainError) -> GuardedKey {
+    func unwrap(_ protectionClass: ProtectionClass, secret: DeviceSecret, passcodeKey: GuardedKey?)
+        throws(KeychainError) -> GuardedKey
+    {
         guard let entry = wrapped[protectionClass] else { throw .decode }
-        let plain = try withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) { key throws(KeychainError) in
-            try Crypto.open(entry.sealed, key: key, nonce: entry.nonce, associatedData: Self.associatedData(protectionClass))
+        let plain = try withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) {
+            key throws(KeychainError) in
+            try Crypto.open(
+                entry.sealed, key: key, nonce: entry.nonce, associatedData: Self.associatedData(protectionClass))
         }
         guard plain.count == Crypto.keySize else { throw .decode }
         return GuardedKey(copying: plain)

@@ -25,16 +25,19 @@ extension Device {
     /// leading zero), or with a unit `s`, `m`, `h` or `d` (`300`, `5m`,
     /// `1h`), at most ``maximumAutoLockSeconds``; nil for anything else.
     public static func autoLockSeconds<Text: Collection<UInt8>>(_ text: Text) -> Int? {
-        let unit: Int? = switch text.isEmpty ? 0 : text[text.index(text.startIndex, offsetBy: text.count - 1)] {
-        case UInt8(ascii: "s"): 1
-        case UInt8(ascii: "m"): 60
-        case UInt8(ascii: "h"): 3600
-        case UInt8(ascii: "d"): 86400
-        default: nil
-        }
+        let unit: Int? =
+            switch text.isEmpty ? 0 : text[text.index(text.startIndex, offsetBy: text.count - 1)] {
+            case UInt8(ascii: "s"): 1
+            case UInt8(ascii: "m"): 60
+            case UInt8(ascii: "h"): 3600
+            case UInt8(ascii: "d"): 86400
+            default: nil
+            }
         let digits = text.prefix(text.count - (unit == nil ? 0 : 1))
-        guard !digits.isEmpty, digits.count <= 7, digits.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }),
-              digits.first != UInt8(ascii: "0") || digits.count == 1 else { return nil }
+        guard !digits.isEmpty, digits.count <= 7,
+            digits.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }),
+            digits.first != UInt8(ascii: "0") || digits.count == 1
+        else { return nil }
         let value = digits.reduce(0) { $0 * 10 + Int($1 - UInt8(ascii: "0")) } * (unit ?? 1)
         return value <= maximumAutoLockSeconds ? value : nil
     }

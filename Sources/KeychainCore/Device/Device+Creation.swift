@@ -10,9 +10,11 @@ extension Device {
     /// passcode entangled with it and a rollback counter defined: the
     /// recovery key is returned, to be shown once (nil: kept in a file).
     @discardableResult
-    public static func createKeychain(at directory: KeychainDirectory, passcode: SecureBytes?,
-                                      kdf: KDFParameters = .interactive, tpm choice: TPMChoice = .whenPresent,
-                                      tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> RecoveryKey? {
+    public static func createKeychain(
+        at directory: KeychainDirectory, passcode: SecureBytes?,
+        kdf: KDFParameters = .interactive, tpm choice: TPMChoice = .whenPresent,
+        tcti: String? = TrustedPlatformModule.configuredTCTI
+    ) throws(KeychainError) -> RecoveryKey? {
         try createKeychain(at: directory, passcode: passcode, kdf: kdf, tpm: choice, tcti: tcti, counterIndexes: nil)
     }
 
@@ -20,9 +22,11 @@ extension Device {
     /// rollback counter may take (nil: chosen at random): for the test of an
     /// index that is taken.
     @discardableResult
-    package static func createKeychain(at directory: KeychainDirectory, passcode: SecureBytes?, kdf: KDFParameters,
-                                       tpm choice: TPMChoice, tcti: String?,
-                                       counterIndexes: [UInt32]?) throws(KeychainError) -> RecoveryKey? {
+    package static func createKeychain(
+        at directory: KeychainDirectory, passcode: SecureBytes?, kdf: KDFParameters,
+        tpm choice: TPMChoice, tcti: String?,
+        counterIndexes: [UInt32]?
+    ) throws(KeychainError) -> RecoveryKey? {
         Sodium.ensureInitialized()
         if let passcode, passcode.count == 0 { throw .param }
         if directory.exists { throw .duplicateKeychain }
@@ -42,8 +46,11 @@ extension Device {
             secret.epoch.value = counter.value
             let key = RecoveryKey.generate()
             extraRecords = [
-                (RollbackRecord.recordKey, RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)),
-                (RecoveryKey.recordKey, try key.sealRecord(deviceSecret: secretBytes, classKeys: classKeys)),
+                (
+                    RollbackRecord.recordKey,
+                    RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)
+                ),
+                (RecoveryKey.recordKey, try key.sealRecord(deviceSecret: secretBytes, classKeys: classKeys))
             ]
             recovery = key
         }
@@ -65,7 +72,9 @@ extension Device {
         // sqlite creates files with the umask's mode; the SPEC wants them private
         // (sqlite gives the -wal and -shm files the database file's mode).
         guard chmod(temporary, 0o600) == 0 else { throw fileFailure("make private (chmod 600)", temporary) }
-        guard rename(temporary, directory.databasePath) == 0 else { throw fileFailure("rename into place", directory.databasePath) }
+        guard rename(temporary, directory.databasePath) == 0 else {
+            throw fileFailure("rename into place", directory.databasePath)
+        }
         return recovery
     }
 }

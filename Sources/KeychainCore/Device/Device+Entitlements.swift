@@ -37,21 +37,24 @@ extension Device {
     /// keychain's access control needs the keychain password: a program
     /// running as the user cannot grant itself. Granting a rule the group
     /// already has changes nothing.
-    public func grant(_ rule: EntitlementRule, toGroup group: String, passcode: SecureBytes?,
-                      by subject: AuditSubject? = nil) throws(KeychainError) {
+    public func grant(
+        _ rule: EntitlementRule, toGroup group: String, passcode: SecureBytes?,
+        by subject: AuditSubject? = nil
+    ) throws(KeychainError) {
         try ItemLimits.validate(name: group)
         guard rule.digest.count == ExecutableDigest.size, rule.executable.hasPrefix("/") else { throw .param }
-        let detail = rule.executable + " sha256=" + rule.digestHex + (rule.unit.map { " unit=" + $0 } ?? "")
+        let detail =
+            rule.executable + " sha256=" + rule.digestHex + (rule.unit.map { " unit=" + $0 } ?? "")
             + (rule.allowsJIT ? " allow-jit" : "")
             + (rule.uid.map { " uid=\($0)" } ?? "")
         _ = try audited("grant", group: group, detail: detail, by: subject) { () throws(KeychainError) in
             try changeEntitlements(group, passcode: passcode) { policy in
-            var rules = policy.groups[group] ?? []
-            // A new grant of the same program (a rebuilt binary) replaces its digest.
-            rules.removeAll { $0.namesSameProgram(as: rule) }
-            rules.append(rule)
-            policy.groups[group] = rules
-            return 1
+                var rules = policy.groups[group] ?? []
+                // A new grant of the same program (a rebuilt binary) replaces its digest.
+                rules.removeAll { $0.namesSameProgram(as: rule) }
+                rules.append(rule)
+                policy.groups[group] = rules
+                return 1
             }
         }
     }
@@ -62,27 +65,34 @@ extension Device {
     /// leaves a policy that admits no program. Needs the passcode. Returns
     /// how many rules were removed.
     @discardableResult
-    public func revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool,
-                       passcode: SecureBytes?, by subject: AuditSubject? = nil) throws(KeychainError) -> Int {
-        let detail = all ? "all" : [executable, unit.map { "unit=" + $0 }, uid.map { "uid=\($0)" }].compactMap { $0 }
-            .joined(separator: " ")
+    public func revoke(
+        group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool,
+        passcode: SecureBytes?, by subject: AuditSubject? = nil
+    ) throws(KeychainError) -> Int {
+        let detail =
+            all
+            ? "all"
+            : [executable, unit.map { "unit=" + $0 }, uid.map { "uid=\($0)" }].compactMap { $0 }
+                .joined(separator: " ")
         return try audited("revoke", group: group, detail: detail, by: subject) { () throws(KeychainError) -> Int in
             try changeEntitlements(group, passcode: passcode) { policy throws(KeychainError) -> Int in
-            guard let rules = policy.groups[group] else { throw .itemNotFound }
-            if all {
-                policy.groups[group] = nil
-                return rules.count
-            }
-            let kept = rules.filter { !$0.matches(executable: executable, unit: unit, uid: uid) }
-            guard kept.count < rules.count else { throw .itemNotFound }
-            policy.groups[group] = kept
-            return rules.count - kept.count
+                guard let rules = policy.groups[group] else { throw .itemNotFound }
+                if all {
+                    policy.groups[group] = nil
+                    return rules.count
+                }
+                let kept = rules.filter { !$0.matches(executable: executable, unit: unit, uid: uid) }
+                guard kept.count < rules.count else { throw .itemNotFound }
+                policy.groups[group] = kept
+                return rules.count - kept.count
             }
         }
     }
 
-    func changeEntitlements(_ group: String, passcode: SecureBytes?,
-                                    _ change: (inout EntitlementPolicy) throws(KeychainError) -> Int) throws(KeychainError) -> Int {
+    func changeEntitlements(
+        _ group: String, passcode: SecureBytes?,
+        _ change: (inout EntitlementPolicy) throws(KeychainError) -> Int
+    ) throws(KeychainError) -> Int {
         let count = try withPasscode(passcode) { () throws(KeychainError) -> Int in
             var policy = entitlements.withLock { $0 }
             let count = try change(&policy)
@@ -101,10 +111,14 @@ extension Device {
     /// Puts `program` on the access list of an item that has an owner
     /// (`keychainfs acl --add`), as the person's "Always allow" does. Needs
     /// the passcode, as `grant` does: a program of the user cannot add itself.
-    public func allow(_ program: ProgramClaim, group: String, identifier: String, passcode: SecureBytes?,
-                      by subject: AuditSubject? = nil) throws(KeychainError) {
-        try audited("acl-add", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
-                    by: subject) { () throws(KeychainError) in
+    public func allow(
+        _ program: ProgramClaim, group: String, identifier: String, passcode: SecureBytes?,
+        by subject: AuditSubject? = nil
+    ) throws(KeychainError) {
+        try audited(
+            "acl-add", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
+            by: subject
+        ) { () throws(KeychainError) in
             try withPasscode(passcode) { () throws(KeychainError) in
                 try PasswordManager(device: self).allow(program, forIdentifier: identifier, inGroup: group)
             }
@@ -114,11 +128,15 @@ extension Device {
     /// Takes every program at `executable` off an item's access list
     /// (`keychainfs acl --remove`); returns how many. Needs the passcode.
     @discardableResult
-    public func disallow(executable: String, group: String, identifier: String, passcode: SecureBytes?,
-                         by subject: AuditSubject? = nil) throws(KeychainError) -> Int {
-        try audited("acl-remove", group: group, detail: identifier + " " + executable, by: subject) { () throws(KeychainError) -> Int in
+    public func disallow(
+        executable: String, group: String, identifier: String, passcode: SecureBytes?,
+        by subject: AuditSubject? = nil
+    ) throws(KeychainError) -> Int {
+        try audited("acl-remove", group: group, detail: identifier + " " + executable, by: subject) {
+            () throws(KeychainError) -> Int in
             try withPasscode(passcode) { () throws(KeychainError) -> Int in
-                try PasswordManager(device: self).disallow(executable: executable, forIdentifier: identifier, inGroup: group)
+                try PasswordManager(device: self).disallow(
+                    executable: executable, forIdentifier: identifier, inGroup: group)
             }
         }
     }
@@ -127,10 +145,14 @@ extension Device {
     /// an item imported from another provider, or made through a mount or
     /// the command line, then answers over the bus as if `program` had made
     /// it. Needs the passcode. ``KeychainError/badRequest`` when it has an owner.
-    public func claim(group: String, identifier: String, for program: ProgramClaim, passcode: SecureBytes?,
-                      by subject: AuditSubject? = nil) throws(KeychainError) {
-        try audited("acl-claim", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
-                    by: subject) { () throws(KeychainError) in
+    public func claim(
+        group: String, identifier: String, for program: ProgramClaim, passcode: SecureBytes?,
+        by subject: AuditSubject? = nil
+    ) throws(KeychainError) {
+        try audited(
+            "acl-claim", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
+            by: subject
+        ) { () throws(KeychainError) in
             try withPasscode(passcode) { () throws(KeychainError) in
                 try PasswordManager(device: self).claim(identifier, inGroup: group, for: program)
             }
@@ -146,10 +168,13 @@ extension Device {
 
     /// Opens `group`'s items to every program over the bus, or gives them
     /// back to their owners. Needs the passcode; the owners recorded stay.
-    public func setAppsOwnItems(_ own: Bool, inGroup group: String, passcode: SecureBytes?,
-                                by subject: AuditSubject? = nil) throws(KeychainError) {
+    public func setAppsOwnItems(
+        _ own: Bool, inGroup group: String, passcode: SecureBytes?,
+        by subject: AuditSubject? = nil
+    ) throws(KeychainError) {
         try ItemLimits.validate(name: group)
-        _ = try audited("apps", group: group, detail: own ? "own" : "open", by: subject) { () throws(KeychainError) -> Int in
+        _ = try audited("apps", group: group, detail: own ? "own" : "open", by: subject) {
+            () throws(KeychainError) -> Int in
             try changeEntitlements(group, passcode: passcode) { policy in
                 if own { policy.appsOpen.remove(group) } else { policy.appsOpen.insert(group) }
                 return 1

@@ -15,8 +15,10 @@ public struct KeyProtectionStatus: Sendable, Equatable {
     /// The rollback counter's value the keychain's state is bound to.
     public var rollbackCounter: UInt64?
 
-    public init(protection: KeyProtection, tpmFailures: UInt32? = nil, tpmMaximumFailures: UInt32? = nil,
-                tpmRecoverySeconds: UInt32? = nil, rollbackCounter: UInt64? = nil) {
+    public init(
+        protection: KeyProtection, tpmFailures: UInt32? = nil, tpmMaximumFailures: UInt32? = nil,
+        tpmRecoverySeconds: UInt32? = nil, rollbackCounter: UInt64? = nil
+    ) {
         self.protection = protection
         self.tpmFailures = tpmFailures
         self.tpmMaximumFailures = tpmMaximumFailures
@@ -31,15 +33,17 @@ public struct KeyProtectionStatus: Sendable, Equatable {
         var lines = ["key-protection: \(protection.rawValue)"]
         switch protection {
         case .file:
-            lines.append("key-protection-limits: the device secret is a file beside the database: with a copy of both, "
-                         + "a passcode can be guessed offline at Argon2id's pace (65 to 90 ms a guess on one core): "
-                         + "every 4-digit passcode within 15 minutes, every 6-digit one within a day; choose a long "
-                         + "passcode, or seal the keys to a TPM (`keychainfs passcode --tpm`)")
+            lines.append(
+                "key-protection-limits: the device secret is a file beside the database: with a copy of both, "
+                    + "a passcode can be guessed offline at Argon2id's pace (65 to 90 ms a guess on one core): "
+                    + "every 4-digit passcode within 15 minutes, every 6-digit one within a day; choose a long "
+                    + "passcode, or seal the keys to a TPM (`keychainfs passcode --tpm`)")
         case .tpm2:
-            lines.append("key-protection-limits: the keys are sealed by this machine's TPM: a copy of the files opens "
-                         + "nowhere else, passcode guesses go through the TPM and its lockout, an older copy put back "
-                         + "is refused (writes of the last \(RollbackRecord.writeBumpInterval / 60) minutes before a lock "
-                         + "aside); root on this machine can still ask the TPM")
+            lines.append(
+                "key-protection-limits: the keys are sealed by this machine's TPM: a copy of the files opens "
+                    + "nowhere else, passcode guesses go through the TPM and its lockout, an older copy put back "
+                    + "is refused (writes of the last \(RollbackRecord.writeBumpInterval / 60) minutes before a lock "
+                    + "aside); root on this machine can still ask the TPM")
             if let failures = tpmFailures, let maximum = tpmMaximumFailures {
                 lines.append("tpm-lockout: \(failures) of \(maximum)")
             }
@@ -69,8 +73,10 @@ extension Device {
     /// (``RollbackRecord``): returns the TPM and the counter's NV index (nil,
     /// nil for a keychain kept in a file). A keychain sealed by a TPM must
     /// have the record: one removed to escape the check is tampering.
-    static func checkRollback(_ directory: KeychainDirectory, store: ItemStore, secret: DeviceSecret,
-                              sealedBy: KeychainTPM?, tcti: String?) throws(KeychainError) -> (KeychainTPM?, UInt32?) {
+    static func checkRollback(
+        _ directory: KeychainDirectory, store: ItemStore, secret: DeviceSecret,
+        sealedBy: KeychainTPM?, tcti: String?
+    ) throws(KeychainError) -> (KeychainTPM?, UInt32?) {
         guard let raw = try store.metadata(RollbackRecord.recordKey) else {
             guard sealedBy == nil else {
                 Diagnostics.log("the keychain is sealed by a TPM, but its rollback record is missing")
@@ -92,7 +98,8 @@ extension Device {
             // A move to the TPM committed in the database before its
             // device-secret file was replaced: finish it.
             let plain = try directory.readDeviceSecret(tcti: tcti)
-            try directory.writeDeviceSecret(try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(plain))))
+            try directory.writeDeviceSecret(
+                try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(plain))))
         }
         return (tpm, record.index)
     }
@@ -103,8 +110,9 @@ extension Device {
     public var keyProtection: KeyProtectionStatus {
         guard let tpm = sealingTPM.withLock({ $0 }) else { return KeyProtectionStatus(protection: .file) }
         let lockout = tpm.lockout()
-        return KeyProtectionStatus(protection: .tpm2, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
-                                   tpmRecoverySeconds: lockout?.recoverySeconds, rollbackCounter: secret.epoch.value)
+        return KeyProtectionStatus(
+            protection: .tpm2, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
+            tpmRecoverySeconds: lockout?.recoverySeconds, rollbackCounter: secret.epoch.value)
     }
 
     // MARK: The rollback counter
@@ -132,9 +140,14 @@ extension Device {
                     return
                 }
                 CrashPoint.reach("bump-begun")
-                try store.rebind(secret: secret, from: epoch, to: epoch + 1, writing: [
-                    (RollbackRecord.recordKey, RollbackRecord(index: index, epoch: epoch + 1).encoded(secret: secret)),
-                ])
+                try store.rebind(
+                    secret: secret, from: epoch, to: epoch + 1,
+                    writing: [
+                        (
+                            RollbackRecord.recordKey,
+                            RollbackRecord(index: index, epoch: epoch + 1).encoded(secret: secret)
+                        )
+                    ])
                 try store.sync()
                 CrashPoint.reach("bump-committed")
                 try tpm.increment(counter: index)
@@ -166,12 +179,15 @@ extension Device {
     /// entangled with it, a rollback counter defined, and a recovery key
     /// made, which is returned to be shown once. Needs the passcode (a wrong
     /// one is a failed attempt like a wrong unlock).
-    public func moveToTPM(passcode: SecureBytes?, tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> RecoveryKey {
+    public func moveToTPM(passcode: SecureBytes?, tcti: String? = TrustedPlatformModule.configuredTCTI)
+        throws(KeychainError) -> RecoveryKey
+    {
         guard sealingTPM.withLock({ $0 }) == nil else { throw .duplicateKeychain }
         guard let tpm = KeychainTPM.present(tcti: tcti) else { throw .tpmUnavailable }
         let plain = try directory.readDeviceSecret(tcti: tcti)
-        let classKeys = try passcodeAttempt({ () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
-                                            then: { (keys) throws(KeychainError) in keys })
+        let classKeys = try passcodeAttempt(
+            { () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
+            then: { (keys) throws(KeychainError) in keys })
         let bag = keybag, secret = secret
         let sealed = try SecretThread.run { () throws(KeychainError) -> Keybag in
             try bag.rewrapped(secret: secret, classKeys: classKeys, newPasscode: passcode, sealingTPM: tpm)
@@ -181,11 +197,16 @@ extension Device {
         let sealedSecret = try tpm.sealDeviceSecret(plain)
         let counter = try tpm.defineCounter()
         try boundWrites.withLock { _ throws(KeychainError) in
-            try store.rebind(secret: secret, from: nil, to: counter.value, writing: [
-                (Keybag.recordKey, sealed.encoded(secret: secret)),
-                (RecoveryKey.recordKey, recoveryRecord),
-                (RollbackRecord.recordKey, RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)),
-            ])
+            try store.rebind(
+                secret: secret, from: nil, to: counter.value,
+                writing: [
+                    (Keybag.recordKey, sealed.encoded(secret: secret)),
+                    (RecoveryKey.recordKey, recoveryRecord),
+                    (
+                        RollbackRecord.recordKey,
+                        RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)
+                    )
+                ])
             try store.sync()
             // Committed: a crash from here boots and finishes the move
             // (``checkRollback(_:store:secret:sealedBy:tcti:)``).
@@ -208,24 +229,33 @@ extension Device {
     /// is ``TPMChoice/whenPresent``). No device may hold the keychain. The
     /// recovery key stays the same (the class keys and the device secret do).
     /// ``KeychainError/authFailed``: not this keychain's recovery key.
-    public static func recover(at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
-                               tpm choice: TPMChoice = .whenPresent, kdf: KDFParameters = .interactive,
-                               tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) {
+    public static func recover(
+        at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
+        tpm choice: TPMChoice = .whenPresent, kdf: KDFParameters = .interactive,
+        tcti: String? = TrustedPlatformModule.configuredTCTI
+    ) throws(KeychainError) {
         try reseal(at: directory, recoveryKey: recoveryKey, newPasscode: newPasscode, tpm: choice, kdf: kdf, tcti: tcti)
-        try recordInLog(directory, tcti: tcti, AuditEvent(operation: "recover", result: "ok", subject: nil,
-                                                          detail: "with the recovery key"))
+        try recordInLog(
+            directory, tcti: tcti,
+            AuditEvent(
+                operation: "recover", result: "ok", subject: nil,
+                detail: "with the recovery key"))
     }
 
     /// Records what a change made without a device did, through a device
     /// booted on the result (which checks it whole, as any boot does).
-    private static func recordInLog(_ directory: KeychainDirectory, tcti: String?, _ event: AuditEvent) throws(KeychainError) {
+    private static func recordInLog(_ directory: KeychainDirectory, tcti: String?, _ event: AuditEvent)
+        throws(KeychainError)
+    {
         let device = try Device(directory: directory, tcti: tcti)
         device.audit.record(event)
         device.shutDown()
     }
 
-    private static func reseal(at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
-                               tpm choice: TPMChoice, kdf: KDFParameters, tcti: String?) throws(KeychainError) {
+    private static func reseal(
+        at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
+        tpm choice: TPMChoice, kdf: KDFParameters, tcti: String?
+    ) throws(KeychainError) {
         Sodium.ensureInitialized()
         if let newPasscode, newPasscode.count == 0 { throw .param }
         guard directory.exists else { throw .noSuchKeychain }
@@ -252,14 +282,18 @@ extension Device {
         }
         var writes: [(key: String, value: [UInt8]?)] = [
             (Keybag.recordKey, bag.encoded(secret: secret)),
-            (LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret)),
+            (LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
         ]
         let file: SecureBytes
         let newEpoch: UInt64?
         if let tpm {
             let counter = try tpm.defineCounter()
             newEpoch = counter.value
-            writes.append((RollbackRecord.recordKey, RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)))
+            writes.append(
+                (
+                    RollbackRecord.recordKey,
+                    RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)
+                ))
             file = try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(plain)))
         } else {
             newEpoch = nil
@@ -282,15 +316,22 @@ extension Device {
     /// TPM's current counter, so that it boots. Needs the passcode, checked
     /// through the TPM (counted by its lockout). No device may hold it.
     /// ``KeychainError/badRequest`` when the keychain is not behind its counter.
-    public static func acceptRollback(at directory: KeychainDirectory, passcode: SecureBytes?,
-                                      tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) {
+    public static func acceptRollback(
+        at directory: KeychainDirectory, passcode: SecureBytes?,
+        tcti: String? = TrustedPlatformModule.configuredTCTI
+    ) throws(KeychainError) {
         let (from, to) = try rebindToCounter(at: directory, passcode: passcode, tcti: tcti)
-        try recordInLog(directory, tcti: tcti, AuditEvent(operation: "accept-rollback", result: "ok", subject: nil,
-                                                          detail: "state of counter \(from) accepted at \(to)"))
+        try recordInLog(
+            directory, tcti: tcti,
+            AuditEvent(
+                operation: "accept-rollback", result: "ok", subject: nil,
+                detail: "state of counter \(from) accepted at \(to)"))
     }
 
-    private static func rebindToCounter(at directory: KeychainDirectory, passcode: SecureBytes?,
-                                        tcti: String?) throws(KeychainError) -> (UInt64, UInt64) {
+    private static func rebindToCounter(
+        at directory: KeychainDirectory, passcode: SecureBytes?,
+        tcti: String?
+    ) throws(KeychainError) -> (UInt64, UInt64) {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
         let lock = try takeKeychainLock(directory)
@@ -308,9 +349,11 @@ extension Device {
         _ = try SecretThread.run { () throws(KeychainError) in
             try bag.unwrapPasscodeClasses(secret: secret, passcode: passcode, tpm: tpm)
         }
-        try store.rebind(secret: secret, from: record.epoch, to: counter, writing: [
-            (RollbackRecord.recordKey, RollbackRecord(index: record.index, epoch: counter).encoded(secret: secret)),
-        ])
+        try store.rebind(
+            secret: secret, from: record.epoch, to: counter,
+            writing: [
+                (RollbackRecord.recordKey, RollbackRecord(index: record.index, epoch: counter).encoded(secret: secret))
+            ])
         try store.sync()
         try store.closeLog()
         return (record.epoch, counter)

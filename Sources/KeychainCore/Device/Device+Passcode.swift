@@ -6,15 +6,19 @@ import Glibc
 /// Passcode checks and changes, and the lockout after wrong passcodes.
 extension Device {
     /// Runs `body` and records its outcome in the audit log.
-    func audited<R>(_ operation: String, group: String? = nil, detail: String? = nil, by subject: AuditSubject?,
-                    _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+    func audited<R>(
+        _ operation: String, group: String? = nil, detail: String? = nil, by subject: AuditSubject?,
+        _ body: () throws(KeychainError) -> R
+    ) throws(KeychainError) -> R {
         do throws(KeychainError) {
             let result = try body()
             audit.record(AuditEvent(operation: operation, result: "ok", group: group, subject: subject, detail: detail))
             return result
         } catch {
-            audit.record(AuditEvent(operation: operation, result: AuditEvent.result(of: error), group: group,
-                                    subject: subject, detail: detail))
+            audit.record(
+                AuditEvent(
+                    operation: operation, result: AuditEvent.result(of: error), group: group,
+                    subject: subject, detail: detail))
             throw error
         }
     }
@@ -29,15 +33,17 @@ extension Device {
     public func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
         if let new, new.count == 0 { throw .param }
         let tpm = sealingTPM.withLock { $0 }
-        try passcodeAttempt({ () throws(KeychainError) -> Keybag in
-            let bag = keybag, secret = secret
-            return try SecretThread.run { () throws(KeychainError) -> Keybag in
-                try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new, tpm: tpm, sealingTPM: tpm)
-            }
-        }, then: { (changed) throws(KeychainError) in
-            try store.setMetadata(Keybag.recordKey, changed.encoded(secret: secret))
-            currentKeybag.withLock { $0 = changed }
-        })
+        try passcodeAttempt(
+            { () throws(KeychainError) -> Keybag in
+                let bag = keybag, secret = secret
+                return try SecretThread.run { () throws(KeychainError) -> Keybag in
+                    try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new, tpm: tpm, sealingTPM: tpm)
+                }
+            },
+            then: { (changed) throws(KeychainError) in
+                try store.setMetadata(Keybag.recordKey, changed.encoded(secret: secret))
+                currentKeybag.withLock { $0 = changed }
+            })
         bumpRollbackCounter("passcode change")
     }
 
@@ -45,8 +51,9 @@ extension Device {
     /// passcode): a wrong one is a failed attempt like a wrong unlock
     /// (``KeychainError/authFailed``, counted, refused during a lockout).
     func withPasscode<R>(_ passcode: SecureBytes?, _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
-        try passcodeAttempt({ () throws(KeychainError) in _ = try unwrapPasscodeClasses(passcode) },
-                            then: { _ throws(KeychainError) -> R in try body() })
+        try passcodeAttempt(
+            { () throws(KeychainError) in _ = try unwrapPasscodeClasses(passcode) },
+            then: { _ throws(KeychainError) -> R in try body() })
     }
 
     /// Checks `passcode` where a policed group needs the keychain's:
@@ -65,8 +72,10 @@ extension Device {
     /// towards the lockout; then `body` gets what `derive` made. All of it
     /// under `unlockAttempt`, so that concurrent attempts cannot all pass
     /// the check before any failure is counted.
-    func passcodeAttempt<Derived, R>(_ derive: () throws(KeychainError) -> Derived,
-                                     then body: (Derived) throws(KeychainError) -> R) throws(KeychainError) -> R {
+    func passcodeAttempt<Derived, R>(
+        _ derive: () throws(KeychainError) -> Derived,
+        then body: (Derived) throws(KeychainError) -> R
+    ) throws(KeychainError) -> R {
         try unlockAttempt.withLock { _ throws(KeychainError) -> R in
             let now = clock()
             if try lockoutRecord().deadline > now { throw .authFailed }

@@ -63,9 +63,11 @@ public final class Device: Sendable {
     ///   - clock: wall-clock seconds; the lockout deadline is persisted in it,
     ///     so that restarting the process does not reset it.
     ///   - tcti: the TPM of a TPM-sealed keychain (nil: `$TPM2TOOLS_TCTI`, else `/dev/tpmrm0`).
-    public init(directory: KeychainDirectory, policy: LockoutPolicy = .iOS,
-                clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) },
-                tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) {
+    public init(
+        directory: KeychainDirectory, policy: LockoutPolicy = .iOS,
+        clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) },
+        tcti: String? = TrustedPlatformModule.configuredTCTI
+    ) throws(KeychainError) {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
         if let problem = directory.permissionProblem() {
@@ -76,7 +78,8 @@ public final class Device: Sendable {
         do throws(KeychainError) {
             let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
             let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
-            let (tpm, counter) = try Self.checkRollback(directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
+            let (tpm, counter) = try Self.checkRollback(
+                directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
             let records = try BootRecords(store: store, secret: secret)
             audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: records.auditAnchor)
             var keys: [ProtectionClass: GuardedKey] = [:]
@@ -131,9 +134,10 @@ public final class Device: Sendable {
         let record = (try? lockoutRecord()) ?? LockoutRecord()
         let (after, grace) = autoLock
         return state.withLock { state in
-            DeviceStatus(isLocked: state.isLocked, hasUnlockedSinceBoot: state.hasUnlockedSinceBoot,
-                         retryAfter: max(0, record.deadline - clock()), failedAttempts: record.failures,
-                         hasPasscode: keybag.hasPasscode, autoLockAfter: after, autoLockGrace: grace)
+            DeviceStatus(
+                isLocked: state.isLocked, hasUnlockedSinceBoot: state.hasUnlockedSinceBoot,
+                retryAfter: max(0, record.deadline - clock()), failedAttempts: record.failures,
+                hasPasscode: keybag.hasPasscode, autoLockAfter: after, autoLockGrace: grace)
         }
     }
 
@@ -152,14 +156,15 @@ public final class Device: Sendable {
     }
 
     func unlockKeys(passcode: SecureBytes?) throws(KeychainError) {
-        try passcodeAttempt({ () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
-                            then: { (unwrapped) throws(KeychainError) in
-            state.withLock { state in
-                state.keys.merge(unwrapped) { _, new in new }
-                state.isLocked = false
-                state.hasUnlockedSinceBoot = true
-            }
-        })
+        try passcodeAttempt(
+            { () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
+            then: { (unwrapped) throws(KeychainError) in
+                state.withLock { state in
+                    state.keys.merge(unwrapped) { _, new in new }
+                    state.isLocked = false
+                    state.hasUnlockedSinceBoot = true
+                }
+            })
         noteAccess()
         wakeAutoLock()
     }
@@ -286,4 +291,3 @@ public final class Device: Sendable {
         }
     }
 }
-

@@ -53,7 +53,9 @@ enum CallerTrust {
         }
         defer { closedir(tasks) }
         while let entry = readdir(tasks) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
             guard let task = pid_t(name) else { continue }
             // A thread that ended meanwhile has no status: nothing to trace.
             guard let status = ProgramIdentities.readProcFile(task, "status", limit: 8 << 10) else { continue }
@@ -70,7 +72,9 @@ enum CallerTrust {
     /// and only executable lines are looked at: this runs for every
     /// request to a policed group.
     private static func codeProblem(_ thread: pid_t, executable: stat) -> (problem: String?, runsAnonymousCode: Bool) {
-        guard let maps = ProgramIdentities.readProcFile(thread, "maps", limit: 16 << 20), !maps.isEmpty else { return ("its memory map cannot be read", false) }
+        guard let maps = ProgramIdentities.readProcFile(thread, "maps", limit: 16 << 20), !maps.isEmpty else {
+            return ("its memory map cannot be read", false)
+        }
         var anonymous = false
         let problem = maps.withUnsafeBufferPointer { bytes -> String? in
             var lineStart = 0
@@ -79,9 +83,12 @@ enum CallerTrust {
                 defer { lineStart = lineEnd + 1 }
                 var fields = MapsLine(bytes[lineStart..<lineEnd])
                 guard fields.skip(), let permissions = fields.next() else { return "its memory map cannot be read" }
-                guard permissions.count >= 3, permissions[permissions.startIndex + 2] == UInt8(ascii: "x") else { continue }
+                guard permissions.count >= 3, permissions[permissions.startIndex + 2] == UInt8(ascii: "x") else {
+                    continue
+                }
                 guard fields.skip(), let deviceField = fields.next(), let inodeField = fields.next(),
-                      let device = deviceNumber(deviceField), let inode = decimal(inodeField) else {
+                    let device = deviceNumber(deviceField), let inode = decimal(inodeField)
+                else {
                     return "its memory map cannot be read"
                 }
                 let path = fields.rest
@@ -92,13 +99,14 @@ enum CallerTrust {
                 }
                 if device == UInt64(executable.st_dev) && inode == UInt64(executable.st_ino) { continue }
                 var info = stat()
-                let found = path.withContiguousStorageIfAvailable { raw in
-                    withUnsafeTemporaryAllocation(of: CChar.self, capacity: raw.count + 1) { name in
-                        raw.withMemoryRebound(to: CChar.self) { _ = name.initialize(fromContentsOf: $0) }
-                        name[raw.count] = 0
-                        return stat(name.baseAddress!, &info) == 0
-                    }
-                } ?? false
+                let found =
+                    path.withContiguousStorageIfAvailable { raw in
+                        withUnsafeTemporaryAllocation(of: CChar.self, capacity: raw.count + 1) { name in
+                            raw.withMemoryRebound(to: CChar.self) { _ = name.initialize(fromContentsOf: $0) }
+                            name[raw.count] = 0
+                            return stat(name.baseAddress!, &info) == 0
+                        }
+                    } ?? false
                 let name = { String(decoding: path, as: UTF8.self) }
                 // The path must still name the mapped file (a replaced or deleted one cannot be judged).
                 guard found, UInt64(info.st_dev) == device, UInt64(info.st_ino) == inode else {
@@ -171,8 +179,9 @@ enum CallerTrust {
     /// `major:minor` in hexadecimal, as glibc's `makedev` packs it into `st_dev`.
     private static func deviceNumber(_ field: Slice<UnsafeBufferPointer<UInt8>>) -> UInt64? {
         guard let colon = field.firstIndex(of: UInt8(ascii: ":")),
-              let major = hexadecimal(field[field.startIndex..<colon]),
-              let minor = hexadecimal(field[(colon + 1)..<field.endIndex]) else { return nil }
+            let major = hexadecimal(field[field.startIndex..<colon]),
+            let minor = hexadecimal(field[(colon + 1)..<field.endIndex])
+        else { return nil }
         return (major & 0xffff_f000) << 32 | (major & 0xfff) << 8 | (minor & 0xffff_ff00) << 12 | (minor & 0xff)
     }
 }
@@ -191,7 +200,9 @@ enum ProcStatus {
                 var value: Int32 = 0
                 var sawDigit = false
                 for byte in line.dropFirst(keyBytes.count) {
-                    if byte == UInt8(ascii: "\t") || byte == UInt8(ascii: " ") { if sawDigit { break } else { continue } }
+                    if byte == UInt8(ascii: "\t") || byte == UInt8(ascii: " ") {
+                        if sawDigit { break } else { continue }
+                    }
                     guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) else { return nil }
                     sawDigit = true
                     value = value &* 10 &+ Int32(byte - UInt8(ascii: "0"))

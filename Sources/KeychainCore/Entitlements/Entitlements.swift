@@ -23,8 +23,10 @@ public struct ProgramIdentity: Sendable, Equatable {
     /// written there): only a rule granted with `--allow-jit` admits it.
     public var runsAnonymousCode: Bool
 
-    public init(executable: String, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil,
-                runsAnonymousCode: Bool = false) {
+    public init(
+        executable: String, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil,
+        runsAnonymousCode: Bool = false
+    ) {
         self.executable = executable
         self.digest = digest
         self.unit = unit
@@ -66,7 +68,8 @@ public struct EntitlementRule: Sendable, Equatable {
     /// `/opt/café` spelled with `e` + U+0301 for the one with U+00E9, and a
     /// copy of the binary there would pass for the granted one.
     public func admits(_ program: ProgramIdentity) -> Bool {
-        program.distrust == nil && (!program.runsAnonymousCode || allowsJIT) && Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
+        program.distrust == nil && (!program.runsAnonymousCode || allowsJIT)
+            && Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
             && (unit == nil || Self.sameBytes(program.unit, unit)) && (uid == nil || program.uid == uid)
     }
 
@@ -126,7 +129,9 @@ struct EntitlementPolicy: Equatable, Sendable {
 
     func encoded(secret: DeviceSecret) -> [UInt8] {
         var writer = ByteWriter()
-        let version = !appsOpen.isEmpty ? Self.versionWithOpenGroups
+        let version =
+            !appsOpen.isEmpty
+            ? Self.versionWithOpenGroups
             : groups.values.contains { $0.contains(where: \.allowsJIT) } ? Self.versionWithFlags : 1
         let flags = version != 1
         writer.append(version)
@@ -161,7 +166,8 @@ struct EntitlementPolicy: Equatable, Sendable {
             let group = try reader.readPrefixed()
             // One canonical encoding: valid names, each once, in order. Legacy
             // names: a record from before names had to be NFC still boots.
-            guard (try? ItemLimits.validate(name: group, legacy: true)) != nil, previous.map({ $0 < group }) ?? true else { throw .decode }
+            guard (try? ItemLimits.validate(name: group, legacy: true)) != nil, previous.map({ $0 < group }) ?? true
+            else { throw .decode }
             previous = group
             var rules: [EntitlementRule] = []
             for _ in 0..<(try reader.readUInt32()) {
@@ -172,7 +178,8 @@ struct EntitlementPolicy: Equatable, Sendable {
                 // Only bit 0 is defined: one encoding per rule.
                 let allowsJIT = version == 1 ? false : try Self.isPresent(try reader.readByte())
                 guard executable.hasPrefix("/"), unit?.isEmpty != true else { throw .decode }
-                rules.append(EntitlementRule(executable: executable, digest: digest, unit: unit, uid: uid, allowsJIT: allowsJIT))
+                rules.append(
+                    EntitlementRule(executable: executable, digest: digest, unit: unit, uid: uid, allowsJIT: allowsJIT))
             }
             groups[group] = rules
         }
@@ -180,7 +187,9 @@ struct EntitlementPolicy: Equatable, Sendable {
             var previous: String?
             for _ in 0..<(try reader.readUInt32()) {
                 let group = try reader.readPrefixed()
-                guard (try? ItemLimits.validate(name: group)) != nil, previous.map({ $0 < group }) ?? true else { throw .decode }
+                guard (try? ItemLimits.validate(name: group)) != nil, previous.map({ $0 < group }) ?? true else {
+                    throw .decode
+                }
                 appsOpen.insert(group)
                 previous = group
             }
@@ -215,7 +224,9 @@ public enum ExecutableDigest {
                 return nil
             }
             if count == 0 { break }
-            buffer.withUnsafeBytes { _ = crypto_hash_sha256_update(&state, $0.bindMemory(to: UInt8.self).baseAddress, UInt64(count)) }
+            buffer.withUnsafeBytes {
+                _ = crypto_hash_sha256_update(&state, $0.bindMemory(to: UInt8.self).baseAddress, UInt64(count))
+            }
             offset += off_t(count)
         }
         var digest = [UInt8](repeating: 0, count: size)

@@ -23,8 +23,10 @@ package struct ProcessIdentity: Sendable, Equatable {
         // The `Tgid:` line is among the first few (proc(5)); read bytes, not Strings: this runs per audited request.
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { buffer in
             let count = read(fd, buffer.baseAddress, buffer.count)
-            guard count > 0, let process = ProcStatus.number("Tgid:", in: UnsafeBufferPointer(rebasing: buffer[0..<count])),
-                  process > 0 else { return thread }
+            guard count > 0,
+                let process = ProcStatus.number("Tgid:", in: UnsafeBufferPointer(rebasing: buffer[0..<count])),
+                process > 0
+            else { return thread }
             return process
         }
     }
@@ -40,4 +42,3 @@ package struct ProcessIdentity: Sendable, Equatable {
         thread == other.thread || process == other.process
     }
 }
-

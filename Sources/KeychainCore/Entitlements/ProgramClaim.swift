@@ -28,8 +28,9 @@ public struct ProgramClaim: Sendable, Equatable {
 
     /// The claim of `program` as it runs now (its package looked up).
     public init(_ program: ProgramIdentity) {
-        self.init(executable: program.executable, digest: program.digest,
-                  package: PackageOwnership.package(of: program.executable), unit: program.unit)
+        self.init(
+            executable: program.executable, digest: program.digest,
+            package: PackageOwnership.package(of: program.executable), unit: program.unit)
     }
 
     /// Whether `program` is this program: the same executable path and the
@@ -63,7 +64,9 @@ public enum PackageOwnership {
 
     public static func package(of path: String) -> String? {
         guard path.hasPrefix("/"), let info = rootOwned(path) else { return nil }
-        if let cached = cache.withLock({ $0[path] }), cached.ino == UInt64(info.st_ino), cached.ctime == info.st_ctim.tv_sec {
+        if let cached = cache.withLock({ $0[path] }), cached.ino == UInt64(info.st_ino),
+            cached.ctime == info.st_ctim.tv_sec
+        {
             return cached.package
         }
         let package = query(path)
@@ -75,7 +78,8 @@ public enum PackageOwnership {
     /// and not writable by group or others.
     private static func rootOwned(_ path: String) -> stat? {
         var info = stat()
-        guard stat(path, &info) == 0, info.st_uid == 0, info.st_mode & 0o022 == 0, info.st_mode & S_IFMT == S_IFREG else {
+        guard stat(path, &info) == 0, info.st_uid == 0, info.st_mode & 0o022 == 0, info.st_mode & S_IFMT == S_IFREG
+        else {
             return nil
         }
         var directory = path
@@ -101,7 +105,8 @@ public enum PackageOwnership {
         guard Spawn.wait(started) == 0 else { return nil }
         // "package[:arch]: /path" for the file itself (not a diversion line).
         let suffix = ": " + path
-        for line in String(decoding: output, as: UTF8.self).split(separator: "\n").map(String.init) where line.hasSuffix(suffix) {
+        for line in String(decoding: output, as: UTF8.self).split(separator: "\n").map(String.init)
+        where line.hasSuffix(suffix) {
             let names = line.dropLast(suffix.count)
             guard !names.contains(","), !names.hasPrefix("diversion") else { return nil }
             return String(names.split(separator: ":").first ?? names)

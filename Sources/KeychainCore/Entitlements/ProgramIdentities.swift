@@ -28,8 +28,9 @@ package enum ProgramIdentities {
             // or replaced since it started is not the one at its path.
             guard names(path, opened), let digest = digest(of: fd, info: opened) else { return nil }
             let trust = CallerTrust.assess(thread: thread, executable: opened)
-            return ProgramIdentity(executable: path, digest: digest, unit: unit(of: thread), uid: uid,
-                                   distrust: trust.problem, runsAnonymousCode: trust.runsAnonymousCode)
+            return ProgramIdentity(
+                executable: path, digest: digest, unit: unit(of: thread), uid: uid,
+                distrust: trust.problem, runsAnonymousCode: trust.runsAnonymousCode)
         }
     }
 
@@ -57,8 +58,11 @@ package enum ProgramIdentities {
             guard let facts = cache[thread], now - facts.readAt < 1 else { return nil }
             return facts
         }
-        let facts = known ?? ThreadFacts(process: ProcessIdentity(thread: thread, uid: uid).process, unit: unit(of: thread),
-                                         readAt: now, executable: nil)
+        let facts =
+            known
+            ?? ThreadFacts(
+                process: ProcessIdentity(thread: thread, uid: uid).process, unit: unit(of: thread),
+                readAt: now, executable: nil)
         if known == nil {
             threads.withLock { cache in
                 if cache.count >= 4096 { cache.removeAll() }
@@ -132,7 +136,8 @@ package enum ProgramIdentities {
     package static func executable(from fd: Int32, path: String) -> (path: String, digest: [UInt8])? {
         var info = stat()
         guard path.hasPrefix("/"), fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG,
-              let digest = digest(of: fd, info: info) else {
+            let digest = digest(of: fd, info: info)
+        else {
             return nil
         }
         return (path, digest)
@@ -196,7 +201,8 @@ package enum ProgramIdentities {
     /// Calls `body` with `/proc/THREAD/LEAF` as a C string built on the
     /// stack: this runs for every audited request, where an interpolated
     /// String cost more than the `readlink` it names (callgrind).
-    package static func withProcPath<R>(_ thread: pid_t, _ leaf: StaticString, _ body: (UnsafePointer<CChar>) -> R) -> R {
+    package static func withProcPath<R>(_ thread: pid_t, _ leaf: StaticString, _ body: (UnsafePointer<CChar>) -> R) -> R
+    {
         let prefix: StaticString = "/proc/"
         // "/proc/" + at most 10 digits + "/" + leaf + NUL.
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 18 + leaf.utf8CodeUnitCount) { path in
@@ -248,7 +254,8 @@ package enum ProgramIdentities {
             defer { lineStart = lineEnd + 1 }
             // cgroups(7): `hierarchy-ID:controller-list:cgroup-path`.
             guard let first = file[lineStart..<lineEnd].firstIndex(of: UInt8(ascii: ":")),
-                  let second = file[(first + 1)..<lineEnd].firstIndex(of: UInt8(ascii: ":")) else { continue }
+                let second = file[(first + 1)..<lineEnd].firstIndex(of: UInt8(ascii: ":"))
+            else { continue }
             let controllers = file[(first + 1)..<second]
             if controllers.isEmpty {
                 if let unit = unit(inCgroupPath: file[(second + 1)..<lineEnd]) { return unit }

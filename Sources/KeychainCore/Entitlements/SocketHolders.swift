@@ -16,7 +16,9 @@ package enum SocketHolders {
     /// that cannot be told.
     package static func peerAddress(of fd: Int32) -> [UInt8]? {
         var info = stat()
-        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK, let netlink = diagnosticSocket() else { return nil }
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK, let netlink = diagnosticSocket() else {
+            return nil
+        }
         defer { close(netlink) }
         return peerAddress(ofSocket: UInt32(truncatingIfNeeded: info.st_ino), netlink)
     }
@@ -34,7 +36,8 @@ package enum SocketHolders {
             return "its connection cannot be examined (/proc)"
         }
         defer { close(proc) }
-        let connections = Set(socketInodes(of: String(pid), in: proc).filter { peerAddress(ofSocket: $0, netlink) == address })
+        let connections = Set(
+            socketInodes(of: String(pid), in: proc).filter { peerAddress(ofSocket: $0, netlink) == address })
         guard !connections.isEmpty else { return "it holds no connection to the bus" }
         // Processes of other users are passed over: a program of this user
         // does not run them (it could only hand them the descriptor), and a
@@ -51,8 +54,10 @@ package enum SocketHolders {
         var info = stat()
         while let entry = readdir(processes) {
             let name = entryName(entry)
-            guard let other = pid_t(name), other != pid, fstatat(proc, name, &info, 0) == 0, info.st_uid == owner.st_uid,
-                  !connections.isDisjoint(with: socketInodes(of: name, in: proc)) else { continue }
+            guard let other = pid_t(name), other != pid, fstatat(proc, name, &info, 0) == 0,
+                info.st_uid == owner.st_uid,
+                !connections.isDisjoint(with: socketInodes(of: name, in: proc))
+            else { continue }
             let executable = ProgramIdentities.linkTarget("/proc/\(other)/exe") ?? "?"
             return "its bus connection is shared with pid \(other) (\(executable))"
         }
@@ -73,7 +78,9 @@ package enum SocketHolders {
         var info = stat()
         while let entry = readdir(listing) {
             let found = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: 256) { $0.pointee != 0x2E && fstatat(descriptors, $0, &info, 0) == 0 }
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) {
+                    $0.pointee != 0x2E && fstatat(descriptors, $0, &info, 0) == 0
+                }
             }
             if found, info.st_mode & S_IFMT == S_IFSOCK { inodes.append(UInt32(truncatingIfNeeded: info.st_ino)) }
         }
@@ -91,13 +98,17 @@ package enum SocketHolders {
     }
 
     private static func diagnosticSocket() -> Int32? {
-        try? valueOrErrno { socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG)) }
+        try? valueOrErrno {
+            socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG))
+        }
     }
 
     private static func query(_ netlink: Int32, _ inode: UInt32) -> (peer: UInt32, address: [UInt8])? {
         var peer: UInt32 = 0, length = 0
         var name = [CChar](repeating: 0, count: 128)
-        guard (try? nothingOrErrno({ CLinux_unix_socket_peer(netlink, inode, &peer, &name, name.count, &length) })) != nil else {
+        guard
+            (try? nothingOrErrno({ CLinux_unix_socket_peer(netlink, inode, &peer, &name, name.count, &length) })) != nil
+        else {
             return nil
         }
         return (peer, name.prefix(length).map { UInt8(bitPattern: $0) })

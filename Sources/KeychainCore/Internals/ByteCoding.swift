@@ -73,7 +73,8 @@ struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int
         return bytes[offset]
     }
 
-    private mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError) -> I {
+    private mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError) -> I
+    {
         try take(MemoryLayout<I>.size).reversed().reduce(I(0)) { $0 << 8 | I($1) }
     }
 
@@ -132,7 +133,9 @@ package enum Hex {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(count)
         for index in stride(from: 0, to: digits.count, by: 2) {
-            guard let byte = UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16) else { return nil }
+            guard let byte = UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16) else {
+                return nil
+            }
             bytes.append(byte)
         }
         return bytes

@@ -6,8 +6,10 @@ import Glibc
 /// retried, failures thrown as ``Errno`` (through ``valueOrErrno(retryOnInterrupt:_:)``).
 package enum Descriptor {
     /// One `read` (or `pread` at `offset`): the bytes read, 0 at the end of input.
-    package static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer,
-                             at offset: off_t? = nil) throws(Errno) -> Int {
+    package static func read(
+        _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer,
+        at offset: off_t? = nil
+    ) throws(Errno) -> Int {
         try valueOrErrno {
             if let offset { return pread(fd, buffer.baseAddress, buffer.count, offset) }
             return Glibc.read(fd, buffer.baseAddress, buffer.count)

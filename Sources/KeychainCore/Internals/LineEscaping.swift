@@ -11,7 +11,9 @@ public enum LineEscaping {
             case "\\": out += "\\\\"
             case "\n": out += "\\n"
             case "\t": out += "\\t"
-            case _ where scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value) || separators.unicodeScalars.contains(scalar):
+            case _
+            where scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value)
+                || separators.unicodeScalars.contains(scalar):
                 let hex = String(scalar.value, radix: 16)
                 out += "\\x" + (hex.count < 2 ? "0" : "") + hex
             default: out.unicodeScalars.append(scalar)
@@ -32,8 +34,9 @@ public enum LineEscaping {
             case "t": out.append("\t")
             case "x":
                 guard let high = scalars.next(), let low = scalars.next(),
-                      let value = UInt32(String(high) + String(low), radix: 16),
-                      let decoded = Unicode.Scalar(value) else { return nil }
+                    let value = UInt32(String(high) + String(low), radix: 16),
+                    let decoded = Unicode.Scalar(value)
+                else { return nil }
                 out.append(decoded)
             default: return nil
             }

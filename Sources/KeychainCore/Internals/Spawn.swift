@@ -58,7 +58,9 @@ package enum Spawn {
         var pid: Int32 = 0
         let status = argv.withUnsafeBufferPointer { argv in
             if let envp {
-                return envp.withUnsafeBufferPointer { posix_spawn(&pid, arguments[0], &actions, &attributes, argv.baseAddress!, $0.baseAddress!) }
+                return envp.withUnsafeBufferPointer {
+                    posix_spawn(&pid, arguments[0], &actions, &attributes, argv.baseAddress!, $0.baseAddress!)
+                }
             }
             return posix_spawn(&pid, arguments[0], &actions, &attributes, argv.baseAddress!, environ)
         }

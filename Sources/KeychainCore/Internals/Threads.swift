@@ -16,8 +16,10 @@ package enum Threads {
     ///
     /// `stack`: run on this memory instead of a stack of pthread's (see
     /// ``SecretThread``).
-    package static func start(blockingSignals: Bool = false, stack: UnsafeMutableRawBufferPointer? = nil,
-                              _ body: @escaping @Sendable () -> Void) -> pthread_t? {
+    package static func start(
+        blockingSignals: Bool = false, stack: UnsafeMutableRawBufferPointer? = nil,
+        _ body: @escaping @Sendable () -> Void
+    ) -> pthread_t? {
         var previous = sigset_t()
         if blockingSignals {
             var all = sigset_t()
@@ -31,10 +33,14 @@ package enum Threads {
         if let stack, pthread_attr_setstack(&attributes, stack.baseAddress, stack.count) != 0 { return nil }
         let box = Unmanaged.passRetained(Body(body))
         var thread = pthread_t()
-        guard pthread_create(&thread, &attributes, { raw in
-            Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue().run()
-            return nil
-        }, box.toOpaque()) == 0 else {
+        guard
+            pthread_create(
+                &thread, &attributes,
+                { raw in
+                    Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue().run()
+                    return nil
+                }, box.toOpaque()) == 0
+        else {
             box.release()
             return nil
         }

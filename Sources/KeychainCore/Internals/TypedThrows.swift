@@ -6,7 +6,9 @@ extension Array {
     }
 
     /// `withUnsafeMutableBytes` that keeps the body's typed error.
-    package mutating func withMutableBytes<R, E: Error>(_ body: (UnsafeMutableRawBufferPointer) throws(E) -> R) throws(E) -> R {
+    package mutating func withMutableBytes<R, E: Error>(_ body: (UnsafeMutableRawBufferPointer) throws(E) -> R)
+        throws(E) -> R
+    {
         try withUnsafeMutableBytes { raw in Result { () throws(E) in try body(raw) } }.get()
     }
 }

@@ -32,23 +32,27 @@ final class WakeableThread: Sendable {
             _ = fcntl(end, F_SETFL, O_NONBLOCK)  // a wake-up never blocks its caller
         }
         let sleepEnd = ends[0]
-        guard let thread = Threads.start(blockingSignals: true, {
-            var timeout: Int32 = -1
-            loop: while true {
-                var sleeper = pollfd(fd: sleepEnd, events: Int16(POLLIN), revents: 0)
-                if poll(&sleeper, 1, timeout) < 0 && Errno.current.rawValue != EINTR { break }
-                // The owner closed its end: nothing will wake this thread again.
-                if sleeper.revents & Int16(POLLHUP) != 0 { break }
-                var drained = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
-                while read(sleepEnd, &drained, MemoryLayout.size(ofValue: drained)) > 0 {}
-                switch step() {
-                case .after(let milliseconds): timeout = max(0, milliseconds)
-                case .whenWoken: timeout = -1
-                case .stop: break loop
-                }
-            }
-            close(sleepEnd)
-        }) else {
+        guard
+            let thread = Threads.start(
+                blockingSignals: true,
+                {
+                    var timeout: Int32 = -1
+                    loop: while true {
+                        var sleeper = pollfd(fd: sleepEnd, events: Int16(POLLIN), revents: 0)
+                        if poll(&sleeper, 1, timeout) < 0 && Errno.current.rawValue != EINTR { break }
+                        // The owner closed its end: nothing will wake this thread again.
+                        if sleeper.revents & Int16(POLLHUP) != 0 { break }
+                        var drained = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+                        while read(sleepEnd, &drained, MemoryLayout.size(ofValue: drained)) > 0 {}
+                        switch step() {
+                        case .after(let milliseconds): timeout = max(0, milliseconds)
+                        case .whenWoken: timeout = -1
+                        case .stop: break loop
+                        }
+                    }
+                    close(sleepEnd)
+                })
+        else {
             close(ends[0])
             close(ends[1])
             Diagnostics.log("could not start the \(purpose) thread")

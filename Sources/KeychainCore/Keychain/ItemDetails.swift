@@ -34,8 +34,10 @@ public struct ItemDetails: Sendable, Equatable {
 
     /// Details to write; times of 0 are stamped by the device when it
     /// writes them (`created` then keeps the replaced item's, if it had one).
-    public init(label: String, contentType: String = ItemDetails.defaultContentType, attributes: [String: String],
-                created: UInt64 = 0, modified: UInt64 = 0) {
+    public init(
+        label: String, contentType: String = ItemDetails.defaultContentType, attributes: [String: String],
+        created: UInt64 = 0, modified: UInt64 = 0
+    ) {
         self.label = label
         self.contentType = contentType
         self.attributes = attributes
@@ -61,19 +63,22 @@ public struct ItemDetails: Sendable, Equatable {
     /// ``KeychainError/param`` unless every field is within the bounds.
     public func validate() throws(KeychainError) {
         guard attributes.count <= Self.maximumAttributes, allowed.count <= Self.maximumAllowed,
-              label.utf8.count <= Self.maximumText, contentType.utf8.count <= Self.maximumText else { throw .param }
+            label.utf8.count <= Self.maximumText, contentType.utf8.count <= Self.maximumText
+        else { throw .param }
         for claim in [owner].compactMap({ $0 }) + allowed {
             // A package or unit, when there is one, is 1-255 bytes: an
             // empty one would be a second encoding of none (reply fields
             // write none as "").
             guard claim.digest.count == ExecutableDigest.size, claim.executable.hasPrefix("/"),
-                  claim.executable.utf8.count <= Self.maximumText,
-                  claim.package.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
-                  claim.unit.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true else { throw .param }
+                claim.executable.utf8.count <= Self.maximumText,
+                claim.package.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
+                claim.unit.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true
+            else { throw .param }
         }
         for (name, value) in attributes {
             guard (1...Self.maximumAttributeName).contains(name.utf8.count), value.utf8.count <= Self.maximumText,
-                  !name.utf8.contains(where: { $0 < 0x20 || $0 == 0x7f }) else { throw .param }
+                !name.utf8.contains(where: { $0 < 0x20 || $0 == 0x7f })
+            else { throw .param }
         }
         guard encoded().count <= Self.maximumEncodedSize else { throw .param }
     }
@@ -112,8 +117,9 @@ public struct ItemDetails: Sendable, Equatable {
     /// they are not what ``fields`` makes.
     package init?(fields: inout ArraySlice<String>) {
         guard fields.count >= 5, let created = UInt64(fields[fields.startIndex + 2]),
-              let modified = UInt64(fields[fields.startIndex + 3]), let count = Int(fields[fields.startIndex + 4]),
-              (0...Self.maximumAttributes).contains(count), fields.count >= 5 + 2 * count else { return nil }
+            let modified = UInt64(fields[fields.startIndex + 3]), let count = Int(fields[fields.startIndex + 4]),
+            (0...Self.maximumAttributes).contains(count), fields.count >= 5 + 2 * count
+        else { return nil }
         label = fields[fields.startIndex]
         contentType = fields[fields.startIndex + 1]
         self.created = created
@@ -125,14 +131,16 @@ public struct ItemDetails: Sendable, Equatable {
             fields = fields.dropFirst(2)
         }
         guard let claims = fields.first.flatMap({ Int($0) }), (0...Self.maximumAllowed + 1).contains(claims),
-              fields.count >= 1 + 5 * claims else { return nil }
+            fields.count >= 1 + 5 * claims
+        else { return nil }
         fields = fields.dropFirst()
         for _ in 0..<claims {
             let part = Array(fields.prefix(5))
             fields = fields.dropFirst(5)
             guard let digest = Hex.bytes(part[2], count: ExecutableDigest.size) else { return nil }
-            let claim = ProgramClaim(executable: part[1], digest: digest, package: part[3].isEmpty ? nil : part[3],
-                                     unit: part[4].isEmpty ? nil : part[4])
+            let claim = ProgramClaim(
+                executable: part[1], digest: digest, package: part[3].isEmpty ? nil : part[3],
+                unit: part[4].isEmpty ? nil : part[4])
             switch part[0] {
             case "owner" where owner == nil: owner = claim
             case "allowed": allowed.append(claim)
@@ -140,8 +148,6 @@ public struct ItemDetails: Sendable, Equatable {
             }
         }
     }
-
-
 
     /// `version u8 = 1 | label | content type | created u64 | modified u64 |
     /// count u32 | (name | value)*` sorted by name, each string as
@@ -184,7 +190,9 @@ public struct ItemDetails: Sendable, Equatable {
         if let unit = claim.unit { writer.appendPrefixed(unit) }
     }
 
-    private static func readClaim(_ reader: inout ByteReader<[UInt8]>, malformed: KeychainError) throws(KeychainError) -> ProgramClaim {
+    private static func readClaim(_ reader: inout ByteReader<[UInt8]>, malformed: KeychainError) throws(KeychainError)
+        -> ProgramClaim
+    {
         let executable = try reader.readPrefixed()
         let digest = try reader.read(ExecutableDigest.size)
         func optional(_ reader: inout ByteReader<[UInt8]>) throws(KeychainError) -> String? {
@@ -216,7 +224,8 @@ public struct ItemDetails: Sendable, Equatable {
             // Sorted, each name once: one encoding per value.
             let name = try reader.readPrefixed()
             guard previous.map({ Self.precedes($0, name) }) ?? true,
-                  attributes.updateValue(try reader.readPrefixed(), forKey: name) == nil else { throw malformed }
+                attributes.updateValue(try reader.readPrefixed(), forKey: name) == nil
+            else { throw malformed }
             previous = name
         }
         if version == Self.ownedVersion {

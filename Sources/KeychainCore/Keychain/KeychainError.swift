@@ -75,11 +75,13 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .keychainInUse: return "another process holds this keychain's keys"
         case .insecurePermissions: return "the keychain's files are owned or readable by someone else"
         case .quotaExceeded: return "the keychain holds as many items or bytes as its quota allows; remove some first"
-        case .tpmUnavailable: return "the keychain's keys are sealed by a TPM, and no TPM answers now (absent, or busy: try again)"
+        case .tpmUnavailable:
+            return "the keychain's keys are sealed by a TPM, and no TPM answers now (absent, or busy: try again)"
         case .tpmMismatch:
             return "the keychain's keys are sealed by another TPM (or by this one before it was cleared); "
                 + "`keychainfs recover` opens it with its recovery key"
-        case .tpmLockedOut: return "the TPM refuses passcode tries for now (its dictionary-attack lockout after wrong passcodes)"
+        case .tpmLockedOut:
+            return "the TPM refuses passcode tries for now (its dictionary-attack lockout after wrong passcodes)"
         case .rolledBack: return "the keychain is older than its TPM counter: an older copy of its files was put back"
         default: return "keychain error \(rawValue)"
         }

@@ -46,9 +46,11 @@ extension PasswordManager {
     /// Recorded in the audit log, one line per policed group included.
     /// Needs the class keys of the items it holds: while locked,
     /// ``KeychainError/interactionNotAllowed`` and no backup.
-    public func backup(password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil,
-                       by subject: AuditSubject? = nil,
-                       kdf: KDFParameters = .moderate) throws(KeychainError) -> (bytes: [UInt8], count: Int) {
+    public func backup(
+        password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil,
+        by subject: AuditSubject? = nil,
+        kdf: KDFParameters = .moderate
+    ) throws(KeychainError) -> (bytes: [UInt8], count: Int) {
         guard password.count > 0 else { throw .param }
         let device = localDevice
         let named = Set(policedGroups)
@@ -56,8 +58,10 @@ extension PasswordManager {
             for group in named where !device.hasEntitlementPolicy(group) { throw KeychainError.param }
             if !named.isEmpty { try device.confirmPasscode(passcode) }
         } catch {
-            device.audit.record(AuditEvent(operation: "backup", result: AuditEvent.result(of: error),
-                                           group: named.sorted().first, subject: subject, detail: "policed groups"))
+            device.audit.record(
+                AuditEvent(
+                    operation: "backup", result: AuditEvent.result(of: error),
+                    group: named.sorted().first, subject: subject, detail: "policed groups"))
             throw error
         }
         defer { purge() }  // the values read for it are not a "last access"
@@ -70,18 +74,25 @@ extension PasswordManager {
             }
             for (identifier, info) in try items(inGroup: group) where info.protectionClass.isMigratable {
                 let value = try key(forIdentifier: identifier, inGroup: group)
-                migratable.append(BackupItem(group: group, identifier: identifier, protectionClass: info.protectionClass, value: value,
-                                             details: try details(forIdentifier: identifier, inGroup: group)))
+                migratable.append(
+                    BackupItem(
+                        group: group, identifier: identifier, protectionClass: info.protectionClass, value: value,
+                        details: try details(forIdentifier: identifier, inGroup: group)))
             }
         }
         let bytes = try BackupFile.encode(migratable, password: password, kdf: kdf)
         for group in named.sorted() {
             let count = migratable.count { $0.group == group }
-            device.audit.record(AuditEvent(operation: "backup", result: "ok", group: group, subject: subject,
-                                           detail: "\(count) items of a policed group"))
+            device.audit.record(
+                AuditEvent(
+                    operation: "backup", result: "ok", group: group, subject: subject,
+                    detail: "\(count) items of a policed group"))
         }
-        device.audit.record(AuditEvent(operation: "backup", result: "ok", subject: subject, detail: "\(migratable.count) items"
-            + (skipped.isEmpty ? "" : "; policed groups left out: " + skipped.joined(separator: ", "))))
+        device.audit.record(
+            AuditEvent(
+                operation: "backup", result: "ok", subject: subject,
+                detail: "\(migratable.count) items"
+                    + (skipped.isEmpty ? "" : "; policed groups left out: " + skipped.joined(separator: ", "))))
         return (bytes, migratable.count)
     }
 
@@ -96,8 +107,10 @@ extension PasswordManager {
     /// ``KeychainError/authFailed`` for a wrong one), and nothing is
     /// written then. Recorded in the audit log. Needs the key of every
     /// class it writes (``KeychainError/interactionNotAllowed`` while locked).
-    public func restore(_ backup: some BackupBytes, password: SecureBytes, policy: RestoreConflictPolicy,
-                        passcode: SecureBytes? = nil, by subject: AuditSubject? = nil) throws(KeychainError) -> RestoreSummary {
+    public func restore(
+        _ backup: some BackupBytes, password: SecureBytes, policy: RestoreConflictPolicy,
+        passcode: SecureBytes? = nil, by subject: AuditSubject? = nil
+    ) throws(KeychainError) -> RestoreSummary {
         defer { purge() }
         let device = localDevice
         var summary = RestoreSummary()
@@ -119,8 +132,10 @@ extension PasswordManager {
                 try device.confirmPasscode(passcode)
             } catch {
                 for group in policedWrites.sorted() {
-                    device.audit.record(AuditEvent(operation: "restore", result: AuditEvent.result(of: error), group: group,
-                                                   subject: subject, detail: "into a policed group"))
+                    device.audit.record(
+                        AuditEvent(
+                            operation: "restore", result: AuditEvent.result(of: error), group: group,
+                            subject: subject, detail: "into a policed group"))
                 }
                 throw error
             }
@@ -128,25 +143,31 @@ extension PasswordManager {
         try BackupFile.decode(backup, password: password) { (item) throws(KeychainError) in
             switch try differs(item) {
             case nil:
-                try write(item.value, identifier: item.identifier, group: item.group,
-                          protectionClass: item.protectionClass, condition: .ifAbsent, details: item.details)
+                try write(
+                    item.value, identifier: item.identifier, group: item.group,
+                    protectionClass: item.protectionClass, condition: .ifAbsent, details: item.details)
                 summary.added += 1
             case false?:
                 summary.unchanged += 1
             case true? where policy == .overwrite:
-                try write(item.value, identifier: item.identifier, group: item.group, protectionClass: item.protectionClass,
-                          details: item.details)
+                try write(
+                    item.value, identifier: item.identifier, group: item.group, protectionClass: item.protectionClass,
+                    details: item.details)
                 summary.replaced += 1
             case true?:
                 summary.kept += 1
             }
         }
         for group in policedWrites.sorted() {
-            device.audit.record(AuditEvent(operation: "restore", result: "ok", group: group, subject: subject,
-                                           detail: "into a policed group"))
+            device.audit.record(
+                AuditEvent(
+                    operation: "restore", result: "ok", group: group, subject: subject,
+                    detail: "into a policed group"))
         }
-        device.audit.record(AuditEvent(operation: "restore", result: "ok", subject: subject,
-                                       detail: "\(summary.added) added, \(summary.replaced) replaced"))
+        device.audit.record(
+            AuditEvent(
+                operation: "restore", result: "ok", subject: subject,
+                detail: "\(summary.added) added, \(summary.replaced) replaced"))
         return summary
     }
 
@@ -157,7 +178,8 @@ extension PasswordManager {
         if info.protectionClass != item.protectionClass { return true }
         // An item without details in the backup leaves the keychain's
         // item its own (a write with no details keeps them).
-        if let details = item.details, try self.details(forIdentifier: item.identifier, inGroup: item.group) != details {
+        if let details = item.details, try self.details(forIdentifier: item.identifier, inGroup: item.group) != details
+        {
             return true
         }
         return try key(forIdentifier: item.identifier, inGroup: item.group) != item.value
@@ -319,7 +341,9 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
         var done = 0
         while done < range.count {
             let read = try? valueOrErrno {
-                result.withUnsafeMutableBytes { raw in pread(fd, raw.baseAddress! + done, range.count - done, off_t(range.lowerBound + done)) }
+                result.withUnsafeMutableBytes { raw in
+                    pread(fd, raw.baseAddress! + done, range.count - done, off_t(range.lowerBound + done))
+                }
             }
             guard let read, read > 0 else { throw .io }
             done += read

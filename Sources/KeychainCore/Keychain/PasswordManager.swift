@@ -61,7 +61,9 @@ public final class PasswordManager: Sendable {
     /// The keychain at `directory` (an absolute path, as the device was
     /// given): through its running device when one holds it, otherwise by
     /// booting its device in this process (locked, before first unlock).
-    public static func open(_ directory: KeychainDirectory = .defaultLocation()) throws(KeychainError) -> PasswordManager {
+    public static func open(_ directory: KeychainDirectory = .defaultLocation()) throws(KeychainError)
+        -> PasswordManager
+    {
         if let connection = DeviceConnection(keychain: directory) {
             return PasswordManager(connection: connection)
         }
@@ -98,7 +100,9 @@ public final class PasswordManager: Sendable {
 
     /// The device of a manager made with ``init(device:)`` (the filesystem's and the tests').
     package var localDevice: Device {
-        guard case .local(let device) = backend else { preconditionFailure("a client of a running device has no local device") }
+        guard case .local(let device) = backend else {
+            preconditionFailure("a client of a running device has no local device")
+        }
         return device
     }
 
@@ -182,12 +186,17 @@ public final class PasswordManager: Sendable {
     /// `registerKey:forIdentifier:inGroup:`). The item gets the class of the
     /// current ``accessMode`` and ``migrate``. Needs the key of the item's
     /// current class and of the new one; on any failure the old value stays.
-    public func register(_ key: SecureBytes, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
-        try write(key, identifier: identifier, group: group ?? ItemLimits.defaultGroup, protectionClass: classForNewWrites)
+    public func register(_ key: SecureBytes, forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError)
+    {
+        try write(
+            key, identifier: identifier, group: group ?? ItemLimits.defaultGroup, protectionClass: classForNewWrites)
     }
 
     /// Adds or replaces a key given as a string (stored as its UTF-8 bytes).
-    public func register(_ key: String, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+    public func register(_ key: String, forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError)
+    {
         try register(try SecureBytes(key), forIdentifier: identifier, inGroup: group)
     }
 
@@ -216,19 +225,24 @@ public final class PasswordManager: Sendable {
     /// path), with `details` (``ItemDetails``; nil: a replaced item keeps
     /// its own, with the time of this change).
     @discardableResult
-    public func write(_ value: SecureBytes, identifier: String, group: String, protectionClass: ProtectionClass,
-                      condition: WriteCondition = .always, details: ItemDetails? = nil) throws(KeychainError) -> WriteReceipt {
+    public func write(
+        _ value: SecureBytes, identifier: String, group: String, protectionClass: ProtectionClass,
+        condition: WriteCondition = .always, details: ItemDetails? = nil
+    ) throws(KeychainError) -> WriteReceipt {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
         try details?.validate()
         guard case .local(let device) = backend else {
-            try remote.perform(.set(group: group, identifier: identifier, value: value,
-                                    protectionClass: protectionClass, condition: condition, details: details))
+            try remote.perform(
+                .set(
+                    group: group, identifier: identifier, value: value,
+                    protectionClass: protectionClass, condition: condition, details: details))
             return WriteReceipt(group: group, identifier: identifier, replaced: nil, generation: 0)
         }
         let key = try device.classKey(protectionClass)
-        let written = try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
+        let written = try device.store.write(group: group, identifier: identifier) {
+            existing, generation throws(KeychainError) in
             // Replacing an item needs its current class key too: a locked
             // device must not let its `whenUnlocked` secrets be overwritten.
             if let existing {
@@ -237,12 +251,14 @@ public final class PasswordManager: Sendable {
             } else if condition == .ifPresent {
                 throw .itemNotFound
             }
-            return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
-                                   generation: generation, key: key,
-                                   details: try Self.details(of: existing, replacedBy: details, touched: true, on: device))
+            return ItemCipher.seal(
+                value, group: group, identifier: identifier, protectionClass: protectionClass,
+                generation: generation, key: key,
+                details: try Self.details(of: existing, replacedBy: details, touched: true, on: device))
         }
         forget(group: group, identifier: identifier)
-        return WriteReceipt(group: group, identifier: identifier, replaced: written.replaced, generation: written.generation)
+        return WriteReceipt(
+            group: group, identifier: identifier, replaced: written.replaced, generation: written.generation)
     }
 
     /// The details a row written now carries, with the key that seals
@@ -250,8 +266,10 @@ public final class PasswordManager: Sendable {
     /// through a mount keeps what the Secret Service stored). Times left 0
     /// in `new` are stamped: `created` with the replaced item's, else now;
     /// `modified` now, as on every change of the value when `touched`.
-    private static func details(of existing: SealedItem?, replacedBy new: ItemDetails?, touched: Bool,
-                                on device: Device) throws(KeychainError) -> (ItemDetails, key: GuardedKey)? {
+    private static func details(
+        of existing: SealedItem?, replacedBy new: ItemDetails?, touched: Bool,
+        on device: Device
+    ) throws(KeychainError) -> (ItemDetails, key: GuardedKey)? {
         // Most writes (a mount's, the command line's) have none: nothing to do on that path.
         guard new != nil || existing?.details != nil else { return nil }
         let key = device.secret.detailsKey
@@ -280,31 +298,38 @@ public final class PasswordManager: Sendable {
     public func revert(_ receipt: WriteReceipt) throws(KeychainError) -> Bool {
         guard let previous = receipt.replaced, case .local(let device) = backend else { return false }
         defer { forget(group: receipt.group, identifier: receipt.identifier) }
-        return try device.store.revert(group: receipt.group, identifier: receipt.identifier,
-                                       written: receipt.generation, previous: previous)
+        return try device.store.revert(
+            group: receipt.group, identifier: receipt.identifier,
+            written: receipt.generation, previous: previous)
     }
 
     /// The key of `identifier` (UYLPasswordManager's `keyForIdentifier:`).
     /// Throws ``KeychainError/itemNotFound`` when there is none and
     /// ``KeychainError/interactionNotAllowed`` when its class is locked.
-    public func key(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> SecureBytes {
+    public func key(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> SecureBytes
+    {
         try item(forIdentifier: identifier, inGroup: group).value
     }
 
     /// The key and the class it is stored under, from one read of the store.
     public func item(forIdentifier identifier: String, inGroup group: String? = nil)
-        throws(KeychainError) -> (value: SecureBytes, protectionClass: ProtectionClass) {
+        throws(KeychainError) -> (value: SecureBytes, protectionClass: ProtectionClass)
+    {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard case .local(let device) = backend else {
-            guard case .value(let value, let protectionClass) = try remote.send(.get(group: group, identifier: identifier))
+            guard
+                case .value(let value, let protectionClass) = try remote.send(
+                    .get(group: group, identifier: identifier))
             else { throw .io }
             return (value, protectionClass)
         }
         let epoch = device.lockEpoch
         if let hit = cache.withLock({ entry -> (SecureBytes, ProtectionClass)? in
-            guard let entry, entry.epoch == epoch, entry.group == group, entry.identifier == identifier else { return nil }
+            guard let entry, entry.epoch == epoch, entry.group == group, entry.identifier == identifier else {
+                return nil
+            }
             return (entry.value, entry.protectionClass)
         }) {
             return hit
@@ -324,7 +349,9 @@ public final class PasswordManager: Sendable {
     /// Whether the stored key equals `key`, compared in constant time; with a
     /// nil `key`, whether an item exists at all (UYLPasswordManager's `validKey:`).
     /// A locked item throws rather than answering false.
-    public func validKey(_ key: SecureBytes?, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> Bool {
+    public func validKey(_ key: SecureBytes?, forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError) -> Bool
+    {
         guard let key else {
             return try info(forIdentifier: identifier, inGroup: group) != nil
         }
@@ -338,9 +365,12 @@ public final class PasswordManager: Sendable {
     }
 
     /// As ``validKey(_:forIdentifier:inGroup:)`` with a string.
-    public func validKey(_ key: String?, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> Bool {
-        try validKey(try key.map { (key: String) throws(KeychainError) in try SecureBytes(key) },
-                     forIdentifier: identifier, inGroup: group)
+    public func validKey(_ key: String?, forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError) -> Bool
+    {
+        try validKey(
+            try key.map { (key: String) throws(KeychainError) in try SecureBytes(key) },
+            forIdentifier: identifier, inGroup: group)
     }
 
     /// Deletes the key of `identifier`. Works while locked, as on iOS.
@@ -357,7 +387,8 @@ public final class PasswordManager: Sendable {
     }
 
     /// The class and exact size of an item, or nil; needs no key.
-    public func info(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> ItemInfo? {
+    public func info(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> ItemInfo?
+    {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
@@ -376,8 +407,10 @@ public final class PasswordManager: Sendable {
     }
 
     /// Re-encrypts an item under another class. Needs both class keys.
-    public func setProtectionClass(_ protectionClass: ProtectionClass, forIdentifier identifier: String,
-                                   inGroup group: String? = nil) throws(KeychainError) {
+    public func setProtectionClass(
+        _ protectionClass: ProtectionClass, forIdentifier identifier: String,
+        inGroup group: String? = nil
+    ) throws(KeychainError) {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
@@ -390,9 +423,10 @@ public final class PasswordManager: Sendable {
             // Opened inside the transaction, so no concurrent write slips between.
             guard let current = existing else { throw .itemNotFound }
             let value = try ItemCipher.open(current, key: try device.classKey(current.protectionClass))
-            return ItemCipher.seal(value, group: group, identifier: identifier, protectionClass: protectionClass,
-                                   generation: generation, key: newKey,
-                                   details: try Self.details(of: current, replacedBy: nil, touched: false, on: device))
+            return ItemCipher.seal(
+                value, group: group, identifier: identifier, protectionClass: protectionClass,
+                generation: generation, key: newKey,
+                details: try Self.details(of: current, replacedBy: nil, touched: false, on: device))
         }
         forget(group: group, identifier: identifier)
     }
@@ -400,8 +434,10 @@ public final class PasswordManager: Sendable {
     /// Renames an item within its group. Needs its class key (the identifier
     /// is bound into the ciphertext). Replaces an existing target only when
     /// `replacing` is true (as rename(2)); otherwise ``KeychainError/duplicateItem``.
-    public func renameKey(forIdentifier identifier: String, to newIdentifier: String, inGroup group: String? = nil,
-                          replacing: Bool = false) throws(KeychainError) {
+    public func renameKey(
+        forIdentifier identifier: String, to newIdentifier: String, inGroup group: String? = nil,
+        replacing: Bool = false
+    ) throws(KeychainError) {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
@@ -414,9 +450,10 @@ public final class PasswordManager: Sendable {
             old, generation throws(KeychainError) in
             let key = try device.classKey(old.protectionClass)
             let value = try ItemCipher.open(old, key: key)
-            return ItemCipher.seal(value, group: group, identifier: newIdentifier, protectionClass: old.protectionClass,
-                                   generation: generation, key: key,
-                                   details: try Self.details(of: old, replacedBy: nil, touched: false, on: device))
+            return ItemCipher.seal(
+                value, group: group, identifier: newIdentifier, protectionClass: old.protectionClass,
+                generation: generation, key: key,
+                details: try Self.details(of: old, replacedBy: nil, touched: false, on: device))
         }
         forget(group: group, identifier: identifier)
         forget(group: group, identifier: newIdentifier)
@@ -426,12 +463,15 @@ public final class PasswordManager: Sendable {
 
     /// The details of an item (nil: it has none), as the Secret Service
     /// stored them; ``KeychainError/itemNotFound`` when there is no item.
-    public func details(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> ItemDetails? {
+    public func details(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError)
+        -> ItemDetails?
+    {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard case .local(let device) = backend else {
-            let found = try ItemDetails.listed(fromFields: try remote.perform(.details(group: group, identifier: identifier)))
+            let found = try ItemDetails.listed(
+                fromFields: try remote.perform(.details(group: group, identifier: identifier)))
             return found.first?.details
         }
         guard let row = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
@@ -440,7 +480,9 @@ public final class PasswordManager: Sendable {
 
     /// Replaces an item's details; its value stays as it is. Needs the key
     /// of its class (the value is sealed again with the row).
-    public func setDetails(_ details: ItemDetails, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+    public func setDetails(_ details: ItemDetails, forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError)
+    {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
@@ -452,9 +494,10 @@ public final class PasswordManager: Sendable {
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             guard let current = existing else { throw .itemNotFound }
             let key = try device.classKey(current.protectionClass)
-            return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
-                                   protectionClass: current.protectionClass, generation: generation, key: key,
-                                   details: try Self.details(of: current, replacedBy: details, touched: true, on: device))
+            return ItemCipher.seal(
+                try ItemCipher.open(current, key: key), group: group, identifier: identifier,
+                protectionClass: current.protectionClass, generation: generation, key: key,
+                details: try Self.details(of: current, replacedBy: details, touched: true, on: device))
         }
         forget(group: group, identifier: identifier)
     }
@@ -465,9 +508,14 @@ public final class PasswordManager: Sendable {
     /// program already on the list is replaced (its new digest); the
     /// owner, or an item without one, is left as it is. Local only: the
     /// provider that asked the person is in the device's process.
-    public func allow(_ program: ProgramClaim, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
+    public func allow(_ program: ProgramClaim, forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError)
+    {
         _ = try changeAccess(forIdentifier: identifier, inGroup: group) { (details, owner) -> Int in
-            guard !owner.admits(ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0)) else { return 0 }
+            guard
+                !owner.admits(
+                    ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0))
+            else { return 0 }
             details.allowed.removeAll { EntitlementRule.sameBytes($0.executable, program.executable) }
             details.allowed.append(program)
             if details.allowed.count > ItemDetails.maximumAllowed { details.allowed.removeFirst() }
@@ -478,7 +526,9 @@ public final class PasswordManager: Sendable {
     /// Takes every program at `executable` off an item's access list;
     /// returns how many (``KeychainError/itemNotFound`` when none was on it).
     @discardableResult
-    public func disallow(executable: String, forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> Int {
+    public func disallow(executable: String, forIdentifier identifier: String, inGroup group: String? = nil)
+        throws(KeychainError) -> Int
+    {
         try changeAccess(forIdentifier: identifier, inGroup: group) { (details, _) throws(KeychainError) -> Int in
             let before = details.allowed.count
             details.allowed.removeAll { EntitlementRule.sameBytes($0.executable, executable) }
@@ -490,47 +540,58 @@ public final class PasswordManager: Sendable {
     /// Makes an item that belongs to no program `program`'s (its details
     /// made for it when it has none): ``KeychainError/badRequest`` when it
     /// has an owner. Local only, as ``allow(_:forIdentifier:inGroup:)``.
-    public func claim(_ identifier: String, inGroup group: String? = nil, for program: ProgramClaim) throws(KeychainError) {
+    public func claim(_ identifier: String, inGroup group: String? = nil, for program: ProgramClaim)
+        throws(KeychainError)
+    {
         let group = group ?? ItemLimits.defaultGroup
         guard case .local(let device) = backend else { throw .badRequest }
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             guard let current = existing else { throw .itemNotFound }
             let detailsKey = device.secret.detailsKey
-            var details = try ItemCipher.openDetails(current, key: detailsKey) ?? ItemDetails(label: identifier, attributes: [:])
+            var details =
+                try ItemCipher.openDetails(current, key: detailsKey) ?? ItemDetails(label: identifier, attributes: [:])
             guard details.owner == nil else { throw .badRequest }
             details.owner = program
             details.allowed = []
             let key = try device.classKey(current.protectionClass)
-            return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
-                                   protectionClass: current.protectionClass, generation: generation, key: key,
-                                   details: (details, detailsKey))
+            return ItemCipher.seal(
+                try ItemCipher.open(current, key: key), group: group, identifier: identifier,
+                protectionClass: current.protectionClass, generation: generation, key: key,
+                details: (details, detailsKey))
         }
         forget(group: group, identifier: identifier)
     }
 
     /// Changes the access list of an item with an owner (``KeychainError/badRequest``
     /// for one without), sealed again with its row.
-    private func changeAccess(forIdentifier identifier: String, inGroup group: String?,
-                              _ change: (inout ItemDetails, ProgramClaim) throws(KeychainError) -> Int) throws(KeychainError) -> Int {
+    private func changeAccess(
+        forIdentifier identifier: String, inGroup group: String?,
+        _ change: (inout ItemDetails, ProgramClaim) throws(KeychainError) -> Int
+    ) throws(KeychainError) -> Int {
         let group = group ?? ItemLimits.defaultGroup
         guard case .local(let device) = backend else { throw .badRequest }
         var count = 0
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             guard let current = existing else { throw .itemNotFound }
             let detailsKey = device.secret.detailsKey
-            guard var details = try ItemCipher.openDetails(current, key: detailsKey), let owner = details.owner else { throw .badRequest }
+            guard var details = try ItemCipher.openDetails(current, key: detailsKey), let owner = details.owner else {
+                throw .badRequest
+            }
             count = try change(&details, owner)
             let key = try device.classKey(current.protectionClass)
-            return ItemCipher.seal(try ItemCipher.open(current, key: key), group: group, identifier: identifier,
-                                   protectionClass: current.protectionClass, generation: generation, key: key,
-                                   details: (details, detailsKey))
+            return ItemCipher.seal(
+                try ItemCipher.open(current, key: key), group: group, identifier: identifier,
+                protectionClass: current.protectionClass, generation: generation, key: key,
+                details: (details, detailsKey))
         }
         forget(group: group, identifier: identifier)
         return count
     }
 
     /// Every item of `group` that has details, with them, sorted by identifier.
-    public func itemsWithDetails(inGroup group: String) throws(KeychainError) -> [(identifier: String, details: ItemDetails)] {
+    public func itemsWithDetails(inGroup group: String) throws(KeychainError) -> [(
+        identifier: String, details: ItemDetails
+    )] {
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
             return try ItemDetails.listed(fromFields: try remote.perform(.details(group: group, identifier: nil)))
@@ -538,7 +599,9 @@ public final class PasswordManager: Sendable {
         guard try device.store.groupExists(group) else { throw .itemNotFound }
         var found: [(identifier: String, details: ItemDetails)] = []
         for row in try device.store.rowsWithDetails(group: group) {
-            if let details = try ItemCipher.openDetails(row, key: device.secret.detailsKey) { found.append((row.identifier, details)) }
+            if let details = try ItemCipher.openDetails(row, key: device.secret.detailsKey) {
+                found.append((row.identifier, details))
+            }
         }
         return found
     }
@@ -563,7 +626,9 @@ public final class PasswordManager: Sendable {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
-            return try ItemListing.items(fromFields: remote.perform(.list(group: group))).map { ($0.identifier, $0.info) }
+            return try ItemListing.items(fromFields: remote.perform(.list(group: group))).map {
+                ($0.identifier, $0.info)
+            }
         }
         return try device.store.list(group: group)
     }
@@ -603,7 +668,7 @@ public final class PasswordManager: Sendable {
             defer { entry = nil }
             return entry
         }
-        _ = dropped // released (and wiped) here, outside the lock
+        _ = dropped  // released (and wiped) here, outside the lock
     }
 
     /// What iOS does when the app goes to the background: purge the cache.
@@ -614,14 +679,17 @@ public final class PasswordManager: Sendable {
     /// Whether the cache holds a value (for tests and the status report).
     public var isCacheEmpty: Bool { cache.withLock { $0 == nil } }
 
-    private func remember(_ value: SecureBytes, group: String, identifier: String,
-                          protectionClass: ProtectionClass, epoch: UInt64) {
+    private func remember(
+        _ value: SecureBytes, group: String, identifier: String,
+        protectionClass: ProtectionClass, epoch: UInt64
+    ) {
         guard case .local(let device) = backend else { return }
         cache.withLock { entry in
             // A lock that happened while we decrypted must not be outlived by the plaintext.
             guard device.lockEpoch == epoch else { entry = nil; return }
-            entry = CacheEntry(group: group, identifier: identifier, value: value,
-                               protectionClass: protectionClass, epoch: epoch)
+            entry = CacheEntry(
+                group: group, identifier: identifier, value: value,
+                protectionClass: protectionClass, epoch: epoch)
         }
     }
 

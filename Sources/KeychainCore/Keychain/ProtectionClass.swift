@@ -118,7 +118,8 @@ public enum ItemLimits {
         text._withNFCCodeUnits { units.append($0) }
         var name = ""
         for character in String(decoding: units, as: UTF8.self) {
-            let cleaned = character.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) || $0 == "/" }
+            let cleaned =
+                character.unicodeScalars.contains { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) || $0 == "/" }
                 ? "_" : String(character)
             guard name.utf8.count + cleaned.utf8.count <= maximumNameLength else { break }
             name += cleaned
@@ -140,7 +141,8 @@ public enum ItemLimits {
 
     /// `clean`: no `/`, no C0 control (NUL included), no DEL, no C1 control
     /// (U+0080...U+009F, UTF-8 `C2 80`...`C2 9F`). `ascii`: no byte above 0x7F.
-    private static func scanName<C: RandomAccessCollection>(_ bytes: C) -> (clean: Bool, ascii: Bool) where C.Element == UInt8 {
+    private static func scanName<C: RandomAccessCollection>(_ bytes: C) -> (clean: Bool, ascii: Bool)
+    where C.Element == UInt8 {
         var previous: UInt8 = 0
         var high: UInt8 = 0
         for byte in bytes {

@@ -57,8 +57,12 @@ public struct TypedKeychain: Sendable {
         guard let bytes = try secret(forKey: key) else { return nil }
         do {
             return try bytes.withUnsafeBytes { raw in
-                try JSONDecoder().decode(Value.self, from: Data(bytesNoCopy: UnsafeMutableRawPointer(mutating: raw.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!),
-                                                                  count: raw.count, deallocator: .none))
+                try JSONDecoder().decode(
+                    Value.self,
+                    from: Data(
+                        bytesNoCopy: UnsafeMutableRawPointer(
+                            mutating: raw.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!),
+                        count: raw.count, deallocator: .none))
             }
         } catch {
             throw .decode

@@ -7,7 +7,9 @@ extension ItemDetails {
 
     /// The items and details a reply's fields list; `.io` for fields that
     /// do not read as such (another build answered).
-    package static func listed(fromFields fields: [String]) throws(KeychainError) -> [(identifier: String, details: ItemDetails)] {
+    package static func listed(fromFields fields: [String]) throws(KeychainError) -> [(
+        identifier: String, details: ItemDetails
+    )] {
         var rest = fields[...]
         var found: [(identifier: String, details: ItemDetails)] = []
         while let identifier = rest.popFirst() {

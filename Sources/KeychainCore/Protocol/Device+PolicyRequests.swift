@@ -10,8 +10,10 @@ extension Device {
     /// `opensPaths` false (the service, whose account can read what its
     /// users cannot): a grant must come with its file, and a revoke's path
     /// is taken as the client resolved it; no path of a client's is opened.
-    public func answer(policyRequest request: DeviceRequest, by subject: AuditSubject?,
-                       executable file: Int32? = nil, opensPaths: Bool = true) -> DeviceReply {
+    public func answer(
+        policyRequest request: DeviceRequest, by subject: AuditSubject?,
+        executable file: Int32? = nil, opensPaths: Bool = true
+    ) -> DeviceReply {
         let device = self
         do throws(KeychainError) {
             switch request {
@@ -21,23 +23,27 @@ extension Device {
                 case .success(let named): program = named
                 case .failure(let refusal): return refusal.reply
                 }
-                let rule = EntitlementRule(executable: program.path, digest: program.digest, unit: unit, uid: uid,
-                                           allowsJIT: allowJIT)
+                let rule = EntitlementRule(
+                    executable: program.path, digest: program.digest, unit: unit, uid: uid,
+                    allowsJIT: allowJIT)
                 try device.grant(rule, toGroup: group, passcode: passcode, by: subject)
                 return .ok([rule.executable, rule.digestHex])
             case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
                 // A binary removed since it was granted is named as it was.
-                let resolved = opensPaths
+                let resolved =
+                    opensPaths
                     ? executable.map { path in realpath(path, nil).map { String(cString: $0, freeing: true) } ?? path }
                     : executable
-                let count = try device.revoke(group: group, executable: resolved, unit: unit, uid: uid, all: all,
-                                              passcode: passcode, by: subject)
+                let count = try device.revoke(
+                    group: group, executable: resolved, unit: unit, uid: uid, all: all,
+                    passcode: passcode, by: subject)
                 return .ok([String(count)])
             case .access(let group, let identifier, let executable, let change, let passcode):
                 do throws(KeychainError) {
                     if change == .remove {
-                        let count = try device.disallow(executable: executable, group: group, identifier: identifier,
-                                                        passcode: passcode, by: subject)
+                        let count = try device.disallow(
+                            executable: executable, group: group, identifier: identifier,
+                            passcode: passcode, by: subject)
                         return .ok([String(count)])
                     }
                     let program: (path: String, digest: [UInt8])
@@ -45,24 +51,31 @@ extension Device {
                     case .success(let named): program = named
                     case .failure(let refusal): return refusal.reply
                     }
-                    let claim = ProgramClaim(executable: program.path, digest: program.digest,
-                                             package: PackageOwnership.package(of: program.path))
+                    let claim = ProgramClaim(
+                        executable: program.path, digest: program.digest,
+                        package: PackageOwnership.package(of: program.path))
                     if change == .claim {
-                        try device.claim(group: group, identifier: identifier, for: claim, passcode: passcode, by: subject)
+                        try device.claim(
+                            group: group, identifier: identifier, for: claim, passcode: passcode, by: subject)
                     } else {
                         try device.allow(claim, group: group, identifier: identifier, passcode: passcode, by: subject)
                     }
                     return .ok([claim.executable, claim.digestHex])
                 } catch .badRequest where change == .claim {
-                    return .keychainError(.badRequest, "\(group)/\(identifier) belongs to a program already (keychainfs acl shows which)")
+                    return .keychainError(
+                        .badRequest, "\(group)/\(identifier) belongs to a program already (keychainfs acl shows which)")
                 } catch .badRequest {
-                    return .keychainError(.badRequest, "\(group)/\(identifier) belongs to no program (it was made through a mount "
-                                          + "or the command line): every program of yours may use it; there is no list to change "
-                                          + "(--claim makes it a program's)")
+                    return .keychainError(
+                        .badRequest,
+                        "\(group)/\(identifier) belongs to no program (it was made through a mount "
+                            + "or the command line): every program of yours may use it; there is no list to change "
+                            + "(--claim makes it a program's)")
                 } catch .interactionNotAllowed {
-                    return .keychainError(.interactionNotAllowed, "\(group)/\(identifier) is locked: unlock the keychain first")
+                    return .keychainError(
+                        .interactionNotAllowed, "\(group)/\(identifier) is locked: unlock the keychain first")
                 } catch .itemNotFound where change == .remove {
-                    return .keychainError(.itemNotFound, "no program at \(executable) is on the list of \(group)/\(identifier)")
+                    return .keychainError(
+                        .itemNotFound, "no program at \(executable) is on the list of \(group)/\(identifier)")
                 }
             case .apps(let group, let open, let passcode):
                 if let open { try device.setAppsOwnItems(!open, inGroup: group, passcode: passcode, by: subject) }
@@ -71,16 +84,18 @@ extension Device {
                 let policies = device.entitlementPolicies
                 if let group, policies[group] == nil { return .ok([]) }
                 let groups = group.map { [$0] } ?? policies.keys.sorted()
-                return .ok(PolicyListing.fields(groups.flatMap { group in
-                    let rules = policies[group] ?? []
-                    // A policy without rules admits no program: shown as a group without a rule.
-                    if rules.isEmpty { return [PolicyListing(group: group, rule: nil)] }
-                    return rules.map { PolicyListing(group: group, rule: $0) }
-                }))
+                return .ok(
+                    PolicyListing.fields(
+                        groups.flatMap { group in
+                            let rules = policies[group] ?? []
+                            // A policy without rules admits no program: shown as a group without a rule.
+                            if rules.isEmpty { return [PolicyListing(group: group, rule: nil)] }
+                            return rules.map { PolicyListing(group: group, rule: $0) }
+                        }))
             // Not a policy request: the device's other switches answer these.
             case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
-                 .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
-                 .status, .sync, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
+                .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
+                .status, .sync, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
                 throw .param
             }
         } catch {
@@ -98,16 +113,28 @@ extension Device {
     /// The executable a grant or an access change names: the file the
     /// client passed (opened as the client), else, where the device may
     /// open paths (not the service), the path itself.
-    static func namedExecutable(_ executable: String, file: Int32?,
-                                opensPaths: Bool) -> Result<(path: String, digest: [UInt8]), ExecutableRefusal> {
+    static func namedExecutable(
+        _ executable: String, file: Int32?,
+        opensPaths: Bool
+    ) -> Result<(path: String, digest: [UInt8]), ExecutableRefusal> {
         if file == nil && !opensPaths {
-            return .failure(ExecutableRefusal(reply: .systemError(EINVAL, "the executable must come with the request, opened by you: "
-                                                                  + "the keychainfs service opens no path for a client")))
+            return .failure(
+                ExecutableRefusal(
+                    reply: .systemError(
+                        EINVAL,
+                        "the executable must come with the request, opened by you: "
+                            + "the keychainfs service opens no path for a client")))
         }
-        let named = file.map { ProgramIdentities.executable(from: $0, path: executable) } ?? ProgramIdentities.executable(at: executable)
+        let named =
+            file.map { ProgramIdentities.executable(from: $0, path: executable) }
+            ?? ProgramIdentities.executable(at: executable)
         guard let program = named else {
-            return .failure(ExecutableRefusal(reply: .systemError(ENOENT, "cannot read the executable \(executable) "
-                                                                  + "(it must be a regular file the device can read)")))
+            return .failure(
+                ExecutableRefusal(
+                    reply: .systemError(
+                        ENOENT,
+                        "cannot read the executable \(executable) "
+                            + "(it must be a regular file the device can read)")))
         }
         return .success((program.path, program.digest))
     }

@@ -10,7 +10,8 @@ final class DeviceConnection: Sendable {
     /// The device holding the keychain at `keychain`, if one answers on its socket.
     init?(keychain: KeychainDirectory) {
         guard let socketPath = try? RuntimePaths.socketPath(for: keychain.path),
-              DeviceClient.isServing(socketPath) else { return nil }
+            DeviceClient.isServing(socketPath)
+        else { return nil }
         self.socketPath = socketPath
     }
 
@@ -51,28 +52,39 @@ extension DeviceStatus {
     /// failure count, its maximum, its recovery seconds and the rollback
     /// counter (each empty when unknown).
     public var fields: [String] {
-        let base = [isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts),
-                    hasPasscode ? "1" : "0", String(autoLockAfter), String(autoLockGrace)]
+        let base = [
+            isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts),
+            hasPasscode ? "1" : "0", String(autoLockAfter), String(autoLockGrace)
+        ]
         guard let keys = keyProtection else { return base }
-        return base + [keys.protection.rawValue, keys.tpmFailures.map(String.init) ?? "",
-                       keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
-                       keys.rollbackCounter.map(String.init) ?? ""]
+        return base + [
+            keys.protection.rawValue, keys.tpmFailures.map(String.init) ?? "",
+            keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
+            keys.rollbackCounter.map(String.init) ?? ""
+        ]
     }
 
     /// Parses ``fields``; nil for anything else.
     public init?(fields: [String]) {
-        guard fields.count == 7 || fields.count == 12, let retryAfter = Int64(fields[2]), let failedAttempts = UInt64(fields[3]),
-              let after = Int(fields[5]), let grace = Int(fields[6]) else { return nil }
+        guard fields.count == 7 || fields.count == 12, let retryAfter = Int64(fields[2]),
+            let failedAttempts = UInt64(fields[3]),
+            let after = Int(fields[5]), let grace = Int(fields[6])
+        else { return nil }
         let flags = [fields[0], fields[1], fields[4]]
         guard flags.allSatisfy({ $0 == "0" || $0 == "1" }) else { return nil }
-        self.init(isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
-                  failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
+        self.init(
+            isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
+            failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
         guard fields.count == 12 else { return }
         guard let protection = KeyProtection(rawValue: fields[7]) else { return nil }
-        func number<N: FixedWidthInteger>(_ field: String) -> N?? { field.isEmpty ? .some(nil) : N(field).map { .some($0) } }
+        func number<N: FixedWidthInteger>(_ field: String) -> N?? {
+            field.isEmpty ? .some(nil) : N(field).map { .some($0) }
+        }
         guard let failures: UInt32? = number(fields[8]), let maximum: UInt32? = number(fields[9]),
-              let recovery: UInt32? = number(fields[10]), let counter: UInt64? = number(fields[11]) else { return nil }
-        keyProtection = KeyProtectionStatus(protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
-                                            tpmRecoverySeconds: recovery, rollbackCounter: counter)
+            let recovery: UInt32? = number(fields[10]), let counter: UInt64? = number(fields[11])
+        else { return nil }
+        keyProtection = KeyProtectionStatus(
+            protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
+            tpmRecoverySeconds: recovery, rollbackCounter: counter)
     }
 }

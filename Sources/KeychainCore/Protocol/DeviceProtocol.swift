@@ -43,7 +43,9 @@ enum FrameField {
             }
             if let failure { throw failure }
         }
-        func appendLength(_ count: Int) throws(KeychainError) { try append(withUnsafeBytes(of: UInt32(count).littleEndian, Array.init)) }
+        func appendLength(_ count: Int) throws(KeychainError) {
+            try append(withUnsafeBytes(of: UInt32(count).littleEndian, Array.init))
+        }
         try append([DeviceProtocol.version, kind])
         try append(withUnsafeBytes(of: code.littleEndian, Array.init))
         for field in fields {
@@ -65,7 +67,9 @@ enum FrameField {
         guard body <= DeviceProtocol.maximumBody else { throw .param }
         let frame = try SecureBytes(count: 4 + body)
         frame.mutableBytes.storeBytes(of: UInt32(body).littleEndian, toByteOffset: 0, as: UInt32.self)
-        buffer.withBytes(from: 0, length: body) { UnsafeMutableRawBufferPointer(rebasing: frame.mutableBytes[4...]).copyMemory(from: $0) }
+        buffer.withBytes(from: 0, length: body) {
+            UnsafeMutableRawBufferPointer(rebasing: frame.mutableBytes[4...]).copyMemory(from: $0)
+        }
         buffer.wipe()
         return frame
     }
@@ -125,7 +129,8 @@ extension DeviceProtocol {
         if length.withUnsafeMutableBytes({ readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor) }) {
             let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
             if count <= maximumBody, let buffer = try? SecureBytes(count: count),
-               readExactly(fd, into: buffer.mutableBytes, sentBy: sender, descriptor: &descriptor) {
+                readExactly(fd, into: buffer.mutableBytes, sentBy: sender, descriptor: &descriptor)
+            {
                 body = buffer
             }
         }
@@ -136,8 +141,10 @@ extension DeviceProtocol {
         return body
     }
 
-    private static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?,
-                                    descriptor: inout Int32) -> Bool {
+    private static func readExactly(
+        _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?,
+        descriptor: inout Int32
+    ) -> Bool {
         var offset = 0
         while offset < buffer.count {
             var from: Int32 = 0, passed: Int32 = -1
@@ -162,9 +169,13 @@ extension DeviceProtocol {
         frame.withUnsafeBytes { bytes in
             var rest = bytes
             if let descriptor {
-                guard let sent = try? valueOrErrno(retryOnInterrupt: true, {
-                    CLinux_send_with_descriptor(fd, bytes.baseAddress, bytes.count, descriptor)
-                }) else { return false }
+                guard
+                    let sent = try? valueOrErrno(
+                        retryOnInterrupt: true,
+                        {
+                            CLinux_send_with_descriptor(fd, bytes.baseAddress, bytes.count, descriptor)
+                        })
+                else { return false }
                 rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
             }
             return (try? Descriptor.writeAll(fd, rest)) != nil

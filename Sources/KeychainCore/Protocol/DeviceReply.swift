@@ -15,7 +15,8 @@ public enum DeviceReply: Equatable, Sendable {
         case .value(let value, let protectionClass):
             return try FrameField.frame(kind: 3, code: 0, [.optionalSecret(value), .text(protectionClass.name)])
         case .ok(let fields): return try FrameField.frame(kind: 0, code: 0, fields.map(FrameField.text))
-        case .keychainError(let error, let message): return try FrameField.frame(kind: 1, code: error.rawValue, [.text(message)])
+        case .keychainError(let error, let message):
+            return try FrameField.frame(kind: 1, code: error.rawValue, [.text(message)])
         case .systemError(let code, let message): return try FrameField.frame(kind: 2, code: code, [.text(message)])
         }
     }
@@ -26,8 +27,10 @@ public enum DeviceReply: Equatable, Sendable {
         guard try reader.readByte() == DeviceProtocol.version else { throw .param }
         let kind = try reader.readByte(), code = try reader.readInt32()
         if kind == 3 {
-            guard code == 0, let value = try reader.optionalSecret(), let protectionClass = ProtectionClass(name: try reader.text()),
-                  reader.isAtEnd else { throw .param }
+            guard code == 0, let value = try reader.optionalSecret(),
+                let protectionClass = ProtectionClass(name: try reader.text()),
+                reader.isAtEnd
+            else { throw .param }
             self = .value(value, protectionClass)
             return
         }

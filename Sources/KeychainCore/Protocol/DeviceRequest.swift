@@ -20,9 +20,10 @@ public enum DeviceRequest: Equatable, Sendable {
     /// Add or replace an item under `protectionClass` (nil: the device's
     /// current access mode and migrate setting), as `condition` allows,
     /// with `details` (nil: an item replaced keeps its own).
-    case set(group: String, identifier: String, value: SecureBytes,
-             protectionClass: ProtectionClass? = nil, condition: PasswordManager.WriteCondition = .always,
-             details: ItemDetails? = nil)
+    case set(
+        group: String, identifier: String, value: SecureBytes,
+        protectionClass: ProtectionClass? = nil, condition: PasswordManager.WriteCondition = .always,
+        details: ItemDetails? = nil)
     /// The details of one item, or of every item of `group` that has some:
     /// per item its identifier, then ``ItemDetails/fields`` (needs no key).
     case details(group: String, identifier: String?)
@@ -58,7 +59,8 @@ public enum DeviceRequest: Equatable, Sendable {
     /// and hashes it), optionally only in `unit` and as `uid`, to use `group`
     /// (``Device/grant(_:toGroup:passcode:)``), with JIT code when `allowJIT`.
     /// The reply's field is the digest.
-    case grant(group: String, executable: String, unit: String?, uid: UInt32?, passcode: SecureBytes?, allowJIT: Bool = false)
+    case grant(
+        group: String, executable: String, unit: String?, uid: UInt32?, passcode: SecureBytes?, allowJIT: Bool = false)
     /// Remove rules of `group`, or (`all`) its whole policy (``Device/revoke(group:executable:unit:uid:all:passcode:)``).
     /// The reply's field is the number of rules removed.
     case revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?)
@@ -123,8 +125,10 @@ public enum DeviceRequest: Equatable, Sendable {
         case .backup(let path, let password, let policedGroups, let passcode):
             operation = .backup
             // Names hold no newline (ItemLimits): one text carries the list.
-            fields = [.text(path), .optionalSecret(password), .text(policedGroups.joined(separator: "\n")),
-                      .optionalSecret(passcode)]
+            fields = [
+                .text(path), .optionalSecret(password), .text(policedGroups.joined(separator: "\n")),
+                .optionalSecret(passcode)
+            ]
         case .restore(let path, let password, let policy, let passcode):
             operation = .restore
             fields = [.text(path), .optionalSecret(password), .text(String(policy.rawValue)), .optionalSecret(passcode)]
@@ -133,10 +137,14 @@ public enum DeviceRequest: Equatable, Sendable {
             fields = [.text(group), .text(identifier)]
         case .set(let group, let identifier, let value, let protectionClass, let condition, let details):
             operation = .set
-            fields = [.text(group), .text(identifier), .optionalSecret(value), .optionalText(protectionClass?.name),
-                      .text(condition.rawValue), .optionalSecret(try details.map { (details) throws(KeychainError) in
-                          try SecureBytes(details.encoded())
-                      })]
+            fields = [
+                .text(group), .text(identifier), .optionalSecret(value), .optionalText(protectionClass?.name),
+                .text(condition.rawValue),
+                .optionalSecret(
+                    try details.map { (details) throws(KeychainError) in
+                        try SecureBytes(details.encoded())
+                    })
+            ]
         case .details(let group, let identifier):
             operation = .details
             fields = [.text(group), .optionalText(identifier)]
@@ -178,15 +186,21 @@ public enum DeviceRequest: Equatable, Sendable {
             operation = .sync
         case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
             operation = .grant
-            fields = [.text(group), .text(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
-                      .optionalSecret(passcode), .text(allowJIT ? "1" : "0")]
+            fields = [
+                .text(group), .text(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
+                .optionalSecret(passcode), .text(allowJIT ? "1" : "0")
+            ]
         case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
             operation = .revoke
-            fields = [.text(group), .optionalText(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
-                      .text(all ? "1" : "0"), .optionalSecret(passcode)]
+            fields = [
+                .text(group), .optionalText(executable), .optionalText(unit), .optionalText(uid.map { String($0) }),
+                .text(all ? "1" : "0"), .optionalSecret(passcode)
+            ]
         case .access(let group, let identifier, let executable, let change, let passcode):
             operation = .access
-            fields = [.text(group), .text(identifier), .text(executable), .text(change.rawValue), .optionalSecret(passcode)]
+            fields = [
+                .text(group), .text(identifier), .text(executable), .text(change.rawValue), .optionalSecret(passcode)
+            ]
         case .apps(let group, let open, let passcode):
             operation = .apps
             fields = [.text(group), .optionalText(open.map { $0 ? "1" : "0" }), .optionalSecret(passcode)]
@@ -218,8 +232,10 @@ public enum DeviceRequest: Equatable, Sendable {
     /// Parses a request body (``DeviceProtocol/version`` only).
     public init(body: UnsafeRawBufferPointer) throws(KeychainError) {
         var reader = ByteReader(frame: body)
-        guard try reader.readByte() == DeviceProtocol.version, let operation = Operation(rawValue: try reader.readByte()),
-              try reader.readInt32() == 0 else { throw .param }
+        guard try reader.readByte() == DeviceProtocol.version,
+            let operation = Operation(rawValue: try reader.readByte()),
+            try reader.readInt32() == 0
+        else { throw .param }
         switch operation {
         case .ping:
             self = .ping
@@ -233,16 +249,19 @@ public enum DeviceRequest: Equatable, Sendable {
             let path = try reader.text()
             guard let password = try reader.optionalSecret() else { throw .param }
             let list = try reader.text()
-            let policedGroups = list.isEmpty ? [] : list.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            let policedGroups =
+                list.isEmpty ? [] : list.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
             // One spelling per request: no empty or repeated name.
             guard !policedGroups.contains(""), Set(policedGroups).count == policedGroups.count else { throw .param }
-            self = .backup(path: path, password: password, policedGroups: policedGroups, passcode: try reader.optionalSecret())
+            self = .backup(
+                path: path, password: password, policedGroups: policedGroups, passcode: try reader.optionalSecret())
         case .restore:
             let path = try reader.text()
             let passwordField = try reader.optionalSecret(), policyText = try reader.text()
             // Only the canonical spelling ("2", not "02"): a request means one thing only.
             guard let password = passwordField,
-                  let policy = RestoreConflictPolicy.allCases.first(where: { String($0.rawValue) == policyText }) else {
+                let policy = RestoreConflictPolicy.allCases.first(where: { String($0.rawValue) == policyText })
+            else {
                 throw .param
             }
             self = .restore(path: path, password: password, policy: policy, passcode: try reader.optionalSecret())
@@ -251,13 +270,17 @@ public enum DeviceRequest: Equatable, Sendable {
         case .set:
             let group = try reader.text(), identifier = try reader.text()
             guard let value = try reader.optionalSecret() else { throw .param }
-            let protectionClass = try reader.optionalText().map { (name) throws(KeychainError) in try Self.protectionClass(name) }
+            let protectionClass = try reader.optionalText().map { (name) throws(KeychainError) in
+                try Self.protectionClass(name)
+            }
             guard let condition = PasswordManager.WriteCondition(rawValue: try reader.text()) else { throw .param }
             let details = try reader.optionalSecret().map { (encoded) throws(KeychainError) in
                 try ItemDetails(decoding: encoded.bytes(), malformed: .param)
             }
-            self = .set(group: group, identifier: identifier, value: value, protectionClass: protectionClass, condition: condition,
-                        details: details)
+            self = .set(
+                group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                condition: condition,
+                details: details)
         case .details:
             self = .details(group: try reader.text(), identifier: try reader.optionalText())
         case .serveBus:
@@ -266,7 +289,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case .setDetails:
             let group = try reader.text(), identifier = try reader.text()
             guard let encoded = try reader.optionalSecret() else { throw .param }
-            self = .setDetails(group: group, identifier: identifier, details: try ItemDetails(decoding: encoded.bytes(), malformed: .param))
+            self = .setDetails(
+                group: group, identifier: identifier,
+                details: try ItemDetails(decoding: encoded.bytes(), malformed: .param))
         case .remove:
             self = .remove(group: try reader.text(), identifier: try reader.text())
         case .list:
@@ -274,8 +299,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case .info:
             self = .info(group: try reader.text(), identifier: try reader.text())
         case .setClass:
-            self = .setClass(group: try reader.text(), identifier: try reader.text(),
-                             protectionClass: try Self.protectionClass(try reader.text()))
+            self = .setClass(
+                group: try reader.text(), identifier: try reader.text(),
+                protectionClass: try Self.protectionClass(try reader.text()))
         case .rename:
             let group = try reader.text(), from = try reader.text(), to = try reader.text()
             self = .rename(group: group, from: from, to: to, replacing: try Self.flag(try reader.text()))
@@ -295,18 +321,21 @@ public enum DeviceRequest: Equatable, Sendable {
             let group = try reader.text(), executable = try reader.text(), unit = try reader.optionalText()
             let uid = try Self.uid(try reader.optionalText())
             let passcode = try reader.optionalSecret()
-            self = .grant(group: group, executable: executable, unit: unit, uid: uid, passcode: passcode,
-                          allowJIT: try Self.flag(try reader.text()))
+            self = .grant(
+                group: group, executable: executable, unit: unit, uid: uid, passcode: passcode,
+                allowJIT: try Self.flag(try reader.text()))
         case .revoke:
             let group = try reader.text(), executable = try reader.optionalText(), unit = try reader.optionalText()
             let uid = try Self.uid(try reader.optionalText()), all = try Self.flag(try reader.text())
-            self = .revoke(group: group, executable: executable, unit: unit, uid: uid, all: all,
-                           passcode: try reader.optionalSecret())
+            self = .revoke(
+                group: group, executable: executable, unit: unit, uid: uid, all: all,
+                passcode: try reader.optionalSecret())
         case .access:
             let group = try reader.text(), identifier = try reader.text(), executable = try reader.text()
             guard let change = AccessChange(rawValue: try reader.text()) else { throw .param }
-            self = .access(group: group, identifier: identifier, executable: executable, change: change,
-                           passcode: try reader.optionalSecret())
+            self = .access(
+                group: group, identifier: identifier, executable: executable, change: change,
+                passcode: try reader.optionalSecret())
         case .apps:
             let group = try reader.text()
             let open = try reader.optionalText().map { (text) throws(KeychainError) in try Self.flag(text) }
@@ -326,7 +355,8 @@ public enum DeviceRequest: Equatable, Sendable {
         case .watch:
             self = .watch
         case .autoLock:
-            self = .autoLock(after: try Self.seconds(try reader.optionalText()), grace: try Self.seconds(try reader.optionalText()))
+            self = .autoLock(
+                after: try Self.seconds(try reader.optionalText()), grace: try Self.seconds(try reader.optionalText()))
         }
         guard reader.isAtEnd else { throw .param }
     }
@@ -346,8 +376,8 @@ public enum DeviceRequest: Equatable, Sendable {
         case .createGroup: return "create-group"
         case .removeGroup: return "remove-group"
         case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .lock, .unlock, .status, .sync,
-             .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch,
-             .autoLock:
+            .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch,
+            .autoLock:
             return nil
         }
     }
@@ -357,14 +387,16 @@ public enum DeviceRequest: Equatable, Sendable {
     public var withoutOwner: DeviceRequest {
         switch self {
         case .set(let group, let identifier, let value, let protectionClass, let condition, let details?):
-            return .set(group: group, identifier: identifier, value: value, protectionClass: protectionClass, condition: condition,
-                        details: details.ownerless)
+            return .set(
+                group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                condition: condition,
+                details: details.ownerless)
         case .setDetails(let group, let identifier, let details):
             return .setDetails(group: group, identifier: identifier, details: details.ownerless)
         case .set(_, _, _, _, _, nil), .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .details,
-             .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
-             .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog,
-             .stop, .watch, .autoLock:
+            .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
+            .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog,
+            .stop, .watch, .autoLock:
             return self
         }
     }
@@ -372,17 +404,18 @@ public enum DeviceRequest: Equatable, Sendable {
     /// The access group an item request is about (nil: none, or all of them).
     public var group: String? {
         switch self {
-        case .get(let group, _), .set(let group, _, _, _, _, _), .remove(let group, _), .info(let group, _), .details(let group, _),
-             .setDetails(let group, _, _),
-             .setClass(let group, _, _), .rename(let group, _, _, _), .removeGroup(let group):
+        case .get(let group, _), .set(let group, _, _, _, _, _), .remove(let group, _), .info(let group, _),
+            .details(let group, _),
+            .setDetails(let group, _, _),
+            .setClass(let group, _, _), .rename(let group, _, _, _), .removeGroup(let group):
             return group
         case .list(let group):
             return group
         // The group of these is not one an item request is about: a
         // policy's (grant, revoke, apps) or access list's is checked by its passcode.
         case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .createGroup, .lock, .unlock,
-             .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog,
-             .stop, .watch, .autoLock:
+            .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog, .verifyLog,
+            .stop, .watch, .autoLock:
             return nil
         }
     }
@@ -402,7 +435,8 @@ public enum DeviceRequest: Equatable, Sendable {
     /// An auto-lock duration in canonical decimal seconds, or nil.
     private static func seconds(_ text: String?) throws(KeychainError) -> Int? {
         guard let text else { return nil }
-        guard let seconds = Int(text), String(seconds) == text, (0...Device.maximumAutoLockSeconds).contains(seconds) else {
+        guard let seconds = Int(text), String(seconds) == text, (0...Device.maximumAutoLockSeconds).contains(seconds)
+        else {
             throw .param
         }
         return seconds

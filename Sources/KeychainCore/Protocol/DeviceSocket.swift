@@ -28,7 +28,9 @@ package enum UnixSocket {
     }
 
     /// Calls `body` with `address` as the `sockaddr` that bind and connect take.
-    private static func withSocketAddress(_ address: sockaddr_un, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32 {
+    private static func withSocketAddress(_ address: sockaddr_un, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32)
+        -> Int32
+    {
         withUnsafePointer(to: address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
@@ -62,7 +64,8 @@ package enum UnixSocket {
     /// the first at descriptor 3), made to pass credentials; nil without one.
     package static func activated() throws(Errno) -> Int32? {
         guard let pid = getenv("LISTEN_PID").flatMap({ Int32(String(cString: $0)) }), pid == getpid(),
-              let count = getenv("LISTEN_FDS").flatMap({ Int(String(cString: $0)) }), count >= 1 else { return nil }
+            let count = getenv("LISTEN_FDS").flatMap({ Int(String(cString: $0)) }), count >= 1
+        else { return nil }
         let fd: Int32 = 3
         unsetenv("LISTEN_PID")
         unsetenv("LISTEN_FDS")
@@ -96,7 +99,9 @@ public enum DeviceClient {
 
     /// Sends one request to the device listening at `socketPath` and waits
     /// for its reply; nil when no device listens or it went away unanswered.
-    public static func send(_ request: DeviceRequest, to socketPath: String, passing descriptor: Int32? = nil) -> DeviceReply? {
+    public static func send(_ request: DeviceRequest, to socketPath: String, passing descriptor: Int32? = nil)
+        -> DeviceReply?
+    {
         var received: Int32 = -1
         defer { if received >= 0 { close(received) } }
         return exchange(request, with: socketPath, passing: descriptor, receiving: &received)
@@ -104,8 +109,10 @@ public enum DeviceClient {
 
     /// ``send(_:to:passing:)``, and in `received` the descriptor the device
     /// passed back with its reply (-1: none); the caller owns it.
-    public static func exchange(_ request: DeviceRequest, with socketPath: String, passing descriptor: Int32? = nil,
-                                receiving received: inout Int32) -> DeviceReply? {
+    public static func exchange(
+        _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32? = nil,
+        receiving received: inout Int32
+    ) -> DeviceReply? {
         var listening = false
         return exchange(request, with: socketPath, passing: descriptor, receiving: &received, listening: &listening)
     }
@@ -129,25 +136,31 @@ public enum DeviceClient {
     /// Sends `request` and returns the device's reply with the connection,
     /// which then carries what follows the reply (`watch`); the caller
     /// closes it. Nil when no device answered.
-    public static func follow(_ request: DeviceRequest, at socketPath: String) -> (reply: DeviceReply, connection: Int32)? {
+    public static func follow(_ request: DeviceRequest, at socketPath: String) -> (
+        reply: DeviceReply, connection: Int32
+    )? {
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd),
-              let body = DeviceProtocol.receive(from: fd),
-              let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) }) else {
+            let body = DeviceProtocol.receive(from: fd),
+            let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
+        else {
             close(fd)
             return nil
         }
         return (reply, fd)
     }
 
-    private static func exchange(_ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
-                                 receiving received: inout Int32, listening: inout Bool) -> DeviceReply? {
+    private static func exchange(
+        _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
+        receiving received: inout Int32, listening: inout Bool
+    ) -> DeviceReply? {
         received = -1
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         listening = true
         defer { close(fd) }
         guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd, passing: descriptor),
-              let body = DeviceProtocol.receive(from: fd, sentBy: nil, descriptor: &received) else { return nil }
+            let body = DeviceProtocol.receive(from: fd, sentBy: nil, descriptor: &received)
+        else { return nil }
         return body.withUnsafeBytes { try? DeviceReply(body: $0) }
     }
 }
@@ -173,7 +186,8 @@ public enum RuntimePaths {
         let hex = String(hash, radix: 16)
         let path = directory + "/" + String(repeating: "0", count: 16 - hex.count) + hex + ".sock"
         guard path.utf8.count <= UnixSocket.maximumPathLength else {
-            throw RuntimePathError("the socket path \(path) is longer than 107 bytes; set XDG_RUNTIME_DIR to a shorter directory")
+            throw RuntimePathError(
+                "the socket path \(path) is longer than 107 bytes; set XDG_RUNTIME_DIR to a shorter directory")
         }
         return path
     }
@@ -192,8 +206,11 @@ public enum RuntimePaths {
             // user's, or one others can write, could hold a socket of theirs.
             var info = stat()
             guard stat(runtime, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
-                  info.st_mode & 0o077 == 0 else {
-                throw RuntimePathError("XDG_RUNTIME_DIR (\(runtime)) is not a private directory of this user (it must be yours, mode 0700)")
+                info.st_mode & 0o077 == 0
+            else {
+                throw RuntimePathError(
+                    "XDG_RUNTIME_DIR (\(runtime)) is not a private directory of this user (it must be yours, mode 0700)"
+                )
             }
         }
         if mkdir(base, 0o700) != 0 && Errno.current.rawValue != EEXIST {
@@ -202,7 +219,8 @@ public enum RuntimePaths {
         // Refuse a directory someone else made for us (e.g. in /tmp).
         var info = stat()
         guard lstat(base, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
-              info.st_mode & 0o077 == 0 else {
+            info.st_mode & 0o077 == 0
+        else {
             throw RuntimePathError("the runtime directory \(base) is not a private directory of this user")
         }
         return base

@@ -22,7 +22,8 @@ public struct ItemListing: Equatable, Sendable {
     public static func items(fromFields fields: [String]) throws(KeychainError) -> [ItemListing] {
         guard fields.count % 3 == 0 else { throw .io }
         return try stride(from: 0, to: fields.count, by: 3).map { (index) throws(KeychainError) in
-            guard let protectionClass = ProtectionClass(name: fields[index + 1]), let size = Int(fields[index + 2]), size >= 0
+            guard let protectionClass = ProtectionClass(name: fields[index + 1]), let size = Int(fields[index + 2]),
+                size >= 0
             else { throw .io }
             return ItemListing(identifier: fields[index], info: ItemInfo(protectionClass: protectionClass, size: size))
         }

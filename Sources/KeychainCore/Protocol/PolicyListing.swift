@@ -14,8 +14,10 @@ public struct PolicyListing: Equatable, Sendable {
     public static func fields(_ rows: [PolicyListing]) -> [String] {
         rows.flatMap { row in
             guard let rule = row.rule else { return [row.group, "", "", "", "", ""] }
-            return [row.group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? "",
-                    rule.allowsJIT ? "jit" : ""]
+            return [
+                row.group, rule.executable, rule.digestHex, rule.unit ?? "", rule.uid.map { String($0) } ?? "",
+                rule.allowsJIT ? "jit" : ""
+            ]
         }
     }
 
@@ -37,9 +39,12 @@ public struct PolicyListing: Equatable, Sendable {
                 guard let parsed = UInt32(row[4]) else { throw .io }
                 uid = parsed
             }
-            return PolicyListing(group: row[0], rule: EntitlementRule(executable: row[1], digest: digest,
-                                                                      unit: row[3].isEmpty ? nil : row[3], uid: uid,
-                                                                      allowsJIT: row[5] == "jit"))
+            return PolicyListing(
+                group: row[0],
+                rule: EntitlementRule(
+                    executable: row[1], digest: digest,
+                    unit: row[3].isEmpty ? nil : row[3], uid: uid,
+                    allowsJIT: row[5] == "jit"))
         }
     }
 }

@@ -82,7 +82,8 @@ final class SecretArena: Sendable {
 
     private static func mapSecretRegion(bytes: Int, state: inout State) -> UnsafeMutableRawPointer {
         guard let raw = mmap(nil, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
-              raw != MAP_FAILED else {
+            raw != MAP_FAILED
+        else {
             preconditionFailure("out of memory mapping \(bytes) bytes for secrets")
         }
         // MADV_DONTDUMP: never part of a core dump, even where dumps are enabled.
@@ -91,8 +92,9 @@ final class SecretArena: Sendable {
             state.lockedBytes += bytes
         } else {
             if state.unlockedBytes == 0 {
-                Diagnostics.log("cannot mlock secret memory past RLIMIT_MEMLOCK (\(state.lockedBytes) bytes locked): "
-                                + "further secrets may reach swap; raise the limit (ulimit -l)")
+                Diagnostics.log(
+                    "cannot mlock secret memory past RLIMIT_MEMLOCK (\(state.lockedBytes) bytes locked): "
+                        + "further secrets may reach swap; raise the limit (ulimit -l)")
             }
             state.unlockedBytes += bytes
         }

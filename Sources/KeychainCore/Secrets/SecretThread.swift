@@ -43,7 +43,8 @@ enum SecretThread {
 
     private static func runOnOwnStack<R, E: Error>(_ job: Job<R, E>) -> Bool {
         guard let stack = mmap(nil, stackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0),
-              stack != MAP_FAILED else { return false }
+            stack != MAP_FAILED
+        else { return false }
         defer {
             sodium_memzero(stack, stackSize)
             munlock(stack, stackSize)

@@ -37,7 +37,9 @@ public final class SecureBuffer {
         guard !overflow, end <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
         try reserve(end)
         if offset > count { (pointer + count).initializeMemory(as: UInt8.self, repeating: 0, count: offset - count) }
-        if let base = bytes.baseAddress, bytes.count > 0 { (pointer + offset).copyMemory(from: base, byteCount: bytes.count) }
+        if let base = bytes.baseAddress, bytes.count > 0 {
+            (pointer + offset).copyMemory(from: base, byteCount: bytes.count)
+        }
         count = max(count, end)
         slot.used = max(slot.used, count)
     }

@@ -72,8 +72,10 @@ public enum BackupFile {
 
     /// Writes `items` (migratable ones only: a caller's mistake otherwise)
     /// as a backup under `password`.
-    public static func encode(_ items: [BackupItem], password: SecureBytes,
-                              kdf: KDFParameters = .moderate) throws(KeychainError) -> [UInt8] {
+    public static func encode(
+        _ items: [BackupItem], password: SecureBytes,
+        kdf: KDFParameters = .moderate
+    ) throws(KeychainError) -> [UInt8] {
         Sodium.ensureInitialized()
         let salt = Crypto.randomBytes(Crypto.saltSize)
         let keys = try Keys(password: password, salt: salt, kdf: kdf)
@@ -104,11 +106,15 @@ public enum BackupFile {
         return writer.bytes
     }
 
-    private static func seal(_ plaintext: SecureBytes, kind: Kind, index: Int, header: [UInt8], keys: Keys,
-                             into writer: inout ByteWriter) {
+    private static func seal(
+        _ plaintext: SecureBytes, kind: Kind, index: Int, header: [UInt8], keys: Keys,
+        into writer: inout ByteWriter
+    ) {
         let nonce = Crypto.randomBytes(Crypto.nonceSize)
         let sealed = keys.sealing.withKey { key in
-            plaintext.withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: associatedData(header, kind, index)) }
+            plaintext.withUnsafeBytes {
+                Crypto.seal($0, key: key, nonce: nonce, associatedData: associatedData(header, kind, index))
+            }
         }
         writer.append(kind.rawValue)
         writer.append(nonce)
@@ -129,8 +135,10 @@ public enum BackupFile {
     /// unknown version), ``KeychainError/authFailed`` for a wrong password,
     /// ``KeychainError/decode`` for a damaged, cut or altered one. Nothing is
     /// handed out before the whole file was checked.
-    public static func decode(_ bytes: some BackupBytes, password: SecureBytes,
-                              _ body: (BackupItem) throws(KeychainError) -> Void) throws(KeychainError) {
+    public static func decode(
+        _ bytes: some BackupBytes, password: SecureBytes,
+        _ body: (BackupItem) throws(KeychainError) -> Void
+    ) throws(KeychainError) {
         Sodium.ensureInitialized()
         guard bytes.count >= headerSize else { throw .param }
         let header = try bytes.bytes(0..<headerSize)
@@ -153,13 +161,16 @@ public enum BackupFile {
                 let (kind, record) = try open(bytes, at: &offset, header: header, keys: keys, index: index)
                 if kind == .end {
                     var end = ByteReader(record.bytes())
-                    guard try end.readUInt64() == UInt64(index), end.isAtEnd, offset == bytes.count else { throw .decode }
+                    guard try end.readUInt64() == UInt64(index), end.isAtEnd, offset == bytes.count else {
+                        throw .decode
+                    }
                     break
                 }
                 guard kind == .item else { throw .decode }
                 var meta = ByteReader(record.bytes())
                 guard let protectionClass = ProtectionClass(rawValue: Int64(try meta.readByte())),
-                      protectionClass.isMigratable else { throw .decode }
+                    protectionClass.isMigratable
+                else { throw .decode }
                 let group = try meta.readPrefixed(), identifier = try meta.readPrefixed()
                 var details: ItemDetails?
                 if fileVersion >= 2, try meta.readByte() == 1 {
@@ -169,16 +180,20 @@ public enum BackupFile {
                 let (valueKind, value) = try open(bytes, at: &offset, header: header, keys: keys, index: index)
                 guard valueKind == .value else { throw .decode }
                 if pass == 1 {
-                    try body(BackupItem(group: group, identifier: identifier, protectionClass: protectionClass, value: value,
-                                        details: details))
+                    try body(
+                        BackupItem(
+                            group: group, identifier: identifier, protectionClass: protectionClass, value: value,
+                            details: details))
                 }
                 index += 1
             }
         }
     }
 
-    private static func open(_ bytes: some BackupBytes, at offset: inout Int, header: [UInt8], keys: Keys,
-                             index: Int) throws(KeychainError) -> (Kind, SecureBytes) {
+    private static func open(
+        _ bytes: some BackupBytes, at offset: inout Int, header: [UInt8], keys: Keys,
+        index: Int
+    ) throws(KeychainError) -> (Kind, SecureBytes) {
         let fixed = 1 + Crypto.nonceSize + 4
         guard bytes.count - offset >= fixed else { throw .decode }
         let prefix = try bytes.bytes(offset..<(offset + fixed))
@@ -186,7 +201,9 @@ public enum BackupFile {
         let nonce = Array(prefix[1..<(1 + Crypto.nonceSize)])
         var lengthReader = ByteReader(Array(prefix[(1 + Crypto.nonceSize)...]))
         let length = Int(try lengthReader.readUInt32())
-        guard length <= ItemLimits.maximumValueSize + Crypto.tagSize, bytes.count - offset - fixed >= length else { throw .decode }
+        guard length <= ItemLimits.maximumValueSize + Crypto.tagSize, bytes.count - offset - fixed >= length else {
+            throw .decode
+        }
         let sealed = try bytes.bytes((offset + fixed)..<(offset + fixed + length))
         offset += fixed + length
         let plaintext = try keys.sealing.withKey { (key) throws(KeychainError) in

@@ -36,9 +36,10 @@ struct ItemSetState: Sendable {
             identifier.withUTF8 { identifier in
                 let length = Self.rowMessageLength(group: group.count, identifier: identifier.count)
                 return withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
-                    Self.writeRowMessage(to: message.baseAddress!, group: UnsafeRawBufferPointer(group),
-                                         identifier: UnsafeRawBufferPointer(identifier),
-                                         protectionClass: protectionClass, generation: generation)
+                    Self.writeRowMessage(
+                        to: message.baseAddress!, group: UnsafeRawBufferPointer(group),
+                        identifier: UnsafeRawBufferPointer(identifier),
+                        protectionClass: protectionClass, generation: generation)
                     return rowKey.withKey { Crypto.mac(key: $0, [UnsafeRawBufferPointer(message)]) }
                 }
             }
@@ -46,8 +47,9 @@ struct ItemSetState: Sendable {
     }
 
     /// The longest row message: two names of at most 255 bytes.
-    static let maximumRowMessageLength = rowMessageLength(group: ItemLimits.maximumNameLength,
-                                                          identifier: ItemLimits.maximumNameLength)
+    static let maximumRowMessageLength = rowMessageLength(
+        group: ItemLimits.maximumNameLength,
+        identifier: ItemLimits.maximumNameLength)
 
     static func rowMessageLength(group: Int, identifier: Int) -> Int {
         rowDomain.count + 8 + 8 + 2 + group + 2 + identifier
@@ -55,12 +57,16 @@ struct ItemSetState: Sendable {
 
     /// A row's message: domain | class u64 LE | generation u64 LE |
     /// u16-prefixed group | u16-prefixed identifier.
-    static func writeRowMessage(to base: UnsafeMutableRawPointer, group: UnsafeRawBufferPointer,
-                                identifier: UnsafeRawBufferPointer, protectionClass: Int64, generation: Int64) {
+    static func writeRowMessage(
+        to base: UnsafeMutableRawPointer, group: UnsafeRawBufferPointer,
+        identifier: UnsafeRawBufferPointer, protectionClass: Int64, generation: Int64
+    ) {
         precondition(group.count <= Int(UInt16.max) && identifier.count <= Int(UInt16.max))
         rowDomain.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-        base.storeBytes(of: UInt64(bitPattern: protectionClass).littleEndian, toByteOffset: rowDomain.count, as: UInt64.self)
-        base.storeBytes(of: UInt64(bitPattern: generation).littleEndian, toByteOffset: rowDomain.count + 8, as: UInt64.self)
+        base.storeBytes(
+            of: UInt64(bitPattern: protectionClass).littleEndian, toByteOffset: rowDomain.count, as: UInt64.self)
+        base.storeBytes(
+            of: UInt64(bitPattern: generation).littleEndian, toByteOffset: rowDomain.count + 8, as: UInt64.self)
         func store(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Int {
             base.storeBytes(of: UInt16(bytes.count).littleEndian, toByteOffset: offset, as: UInt16.self)
             if bytes.count > 0 { (base + offset + 2).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
@@ -73,8 +79,10 @@ struct ItemSetState: Sendable {
     /// second thread while `body` goes on reading them (``RowDigestPipeline``);
     /// returns the XOR of the rows' digests and their generations.
     func digestingConcurrently<E: Error>(expectedRows: Int, _ body: (RowDigestPipeline) throws(E) -> Void)
-        throws(E) -> (digest: [UInt8], generations: [RowIdentity: Int64]) {
-        let pipeline = RowDigestPipeline(keyed: rowKey.withKey { Crypto.KeyedHash(key: $0) }, expectedRows: expectedRows)
+        throws(E) -> (digest: [UInt8], generations: [RowIdentity: Int64])
+    {
+        let pipeline = RowDigestPipeline(
+            keyed: rowKey.withKey { Crypto.KeyedHash(key: $0) }, expectedRows: expectedRows)
         do throws(E) {
             try body(pipeline)
         } catch {
@@ -85,8 +93,9 @@ struct ItemSetState: Sendable {
     }
 
     func rowDigest(_ row: SealedItem) -> [UInt8] {
-        rowDigest(group: row.group, identifier: row.identifier, protectionClass: row.protectionClass.rawValue,
-                  generation: row.generation)
+        rowDigest(
+            group: row.group, identifier: row.identifier, protectionClass: row.protectionClass.rawValue,
+            generation: row.generation)
     }
 
     /// What the record holds.

@@ -120,7 +120,9 @@ final class ItemStore: Sendable {
             let base = message.baseAddress!
             base.storeBytes(of: UInt16(group.count).littleEndian, as: UInt16.self)
             if group.count > 0 { (base + 2).copyMemory(from: group.baseAddress!, byteCount: group.count) }
-            if identifier.count > 0 { (base + 2 + group.count).copyMemory(from: identifier.baseAddress!, byteCount: identifier.count) }
+            if identifier.count > 0 {
+                (base + 2 + group.count).copyMemory(from: identifier.baseAddress!, byteCount: identifier.count)
+            }
             let words = Crypto.shortHash128(UnsafeRawBufferPointer(message), key: identityKey)
             return RowIdentity(low: words.0, high: words.1)
         }
@@ -146,7 +148,8 @@ final class ItemStore: Sendable {
         try db.execute("PRAGMA secure_delete=ON")
         if create {
             try db.transaction { () throws(KeychainError) in
-                try db.execute("""
+                try db.execute(
+                    """
                     CREATE TABLE meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
                     CREATE TABLE groups(name TEXT PRIMARY KEY) WITHOUT ROWID;
                     CREATE TABLE items(
@@ -176,7 +179,9 @@ final class ItemStore: Sendable {
         connection = Mutex(db)
     }
 
-    private func withConnection<R: Sendable>(_ body: (SQLiteConnection) throws(KeychainError) -> R) throws(KeychainError) -> R {
+    private func withConnection<R: Sendable>(_ body: (SQLiteConnection) throws(KeychainError) -> R)
+        throws(KeychainError) -> R
+    {
         try connection.withLock { (db: inout SQLiteConnection) throws(KeychainError) -> R in
             defer { db.finishStatements() }
             do throws(KeychainError) {
@@ -197,7 +202,8 @@ final class ItemStore: Sendable {
     /// ``KeychainError/quotaExceeded``; one that frees room always passes.
     func setQuota(_ limit: StoreQuota) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
-            let use = try db.statement("SELECT count(*), COALESCE(SUM(LENGTH(sealed) + COALESCE(LENGTH(details), 0)), 0) FROM items")
+            let use = try db.statement(
+                "SELECT count(*), COALESCE(SUM(LENGTH(sealed) + COALESCE(LENGTH(details), 0)), 0) FROM items")
             guard try use.step() else { throw .io }
             quota.withLock { $0 = QuotaState(limit: limit, items: Int(use.int64(0)), bytes: Int(use.int64(1))) }
         }
@@ -215,7 +221,8 @@ final class ItemStore: Sendable {
             guard var current = state else { return }
             let base = current.pending ?? (current.items, current.bytes)
             let items = base.items - old.count + new.count, size = base.bytes - bytes(old) + bytes(new)
-            if (items > current.limit.items && items > base.items) || (size > current.limit.bytes && size > base.bytes) {
+            if (items > current.limit.items && items > base.items) || (size > current.limit.bytes && size > base.bytes)
+            {
                 throw .quotaExceeded
             }
             current.pending = (items, size)
@@ -243,8 +250,10 @@ final class ItemStore: Sendable {
 
     func setMetadata(_ key: String, _ value: [UInt8]) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
-            try db.statement("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-                .bind(1, key).bind(2, value).run()
+            try db.statement(
+                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+            )
+            .bind(1, key).bind(2, value).run()
         }
     }
 
@@ -255,8 +264,10 @@ final class ItemStore: Sendable {
     /// connection stays held until `secret`'s epoch says `new`, so that no
     /// item write seals its state record for the old epoch after the commit.
     /// A key mapped to nil in `records` is removed.
-    func rebind(secret: DeviceSecret, from old: UInt64?, to new: UInt64?,
-                writing records: [(key: String, value: [UInt8]?)]) throws(KeychainError) {
+    func rebind(
+        secret: DeviceSecret, from old: UInt64?, to new: UInt64?,
+        writing records: [(key: String, value: [UInt8]?)]
+    ) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
             try db.transaction { () throws(KeychainError) in
                 for (key, domain) in RollbackRecord.boundRecords {
@@ -264,12 +275,16 @@ final class ItemStore: Sendable {
                     guard try query.step() else { continue }  // no audit anchor yet
                     let body = try secret.authenticatedBody(DeviceSecret.boundDomain(domain, epoch: old), query.blob(0))
                     try db.statement("UPDATE meta SET value = ? WHERE key = ?")
-                        .bind(1, secret.authenticatedRecord(DeviceSecret.boundDomain(domain, epoch: new), body)).bind(2, key).run()
+                        .bind(1, secret.authenticatedRecord(DeviceSecret.boundDomain(domain, epoch: new), body)).bind(
+                            2, key
+                        ).run()
                 }
                 for (key, value) in records {
                     if let value {
-                        try db.statement("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-                            .bind(1, key).bind(2, value).run()
+                        try db.statement(
+                            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+                        )
+                        .bind(1, key).bind(2, value).run()
                     } else {
                         try db.statement("DELETE FROM meta WHERE key = ?").bind(1, key).run()
                     }
@@ -290,7 +305,9 @@ final class ItemStore: Sendable {
     func item(group: String, identifier: String) throws(KeychainError) -> SealedItem? {
         let key = identity(group: group, identifier: identifier)
         if let row = recentRow(key) { return row }
-        let row = try withConnection { db throws(KeychainError) in try checkedRow(db, group: group, identifier: identifier) }
+        let row = try withConnection { db throws(KeychainError) in
+            try checkedRow(db, group: group, identifier: identifier)
+        }
         if let row {
             // Unless a commit replaced it meanwhile.
             known.withLock { rows in if rows.generations[key] == row.generation { rows.remember(key, row) } }
@@ -314,7 +331,9 @@ final class ItemStore: Sendable {
     }
 
     private static func info(class raw: Int64, sealedLength: Int64) throws(KeychainError) -> ItemInfo {
-        guard let protectionClass = ProtectionClass(rawValue: raw), sealedLength >= Crypto.tagSize else { throw .decode }
+        guard let protectionClass = ProtectionClass(rawValue: raw), sealedLength >= Crypto.tagSize else {
+            throw .decode
+        }
         return ItemInfo(protectionClass: protectionClass, size: Int(sealedLength) - Crypto.tagSize)
     }
 
@@ -325,9 +344,12 @@ final class ItemStore: Sendable {
     /// first, so no failure can leave the item missing.
     /// Returns the row replaced (nil if none) and the generation written.
     @discardableResult
-    func write(group: String, identifier: String,
-               seal: (_ existing: SealedItem?, _ generation: Int64) throws(KeychainError) -> SealedItem)
-        throws(KeychainError) -> (replaced: SealedItem?, generation: Int64) {
+    func write(
+        group: String, identifier: String,
+        seal: (_ existing: SealedItem?, _ generation: Int64) throws(KeychainError) -> SealedItem
+    )
+        throws(KeychainError) -> (replaced: SealedItem?, generation: Int64)
+    {
         let written = try withConnection { db throws(KeychainError) in
             let written = try db.transaction { () throws(KeychainError) in
                 let existing = try checkedRow(db, group: group, identifier: identifier)
@@ -350,13 +372,15 @@ final class ItemStore: Sendable {
     }
 
     private func upsert(_ db: SQLiteConnection, _ row: SealedItem) throws(KeychainError) {
-        try db.statement("""
+        try db.statement(
+            """
             INSERT INTO items(grp, ident, class, generation, nonce, sealed, details) VALUES (?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT(grp, ident) DO UPDATE SET class = excluded.class,
                 generation = excluded.generation, nonce = excluded.nonce, sealed = excluded.sealed, details = excluded.details
-            """)
-            .bind(1, row.group).bind(2, row.identifier).bind(3, row.protectionClass.rawValue)
-            .bind(4, row.generation).bind(5, row.nonce).bind(6, row.sealed).bind(7, row.details).run()
+            """
+        )
+        .bind(1, row.group).bind(2, row.identifier).bind(3, row.protectionClass.rawValue)
+        .bind(4, row.generation).bind(5, row.nonce).bind(6, row.sealed).bind(7, row.details).run()
     }
 
     /// Puts `previous` back in place of the row of generation `written`,
@@ -367,7 +391,8 @@ final class ItemStore: Sendable {
         let reverted = try withConnection { db throws(KeychainError) in
             let reverted = try db.transaction { () throws(KeychainError) -> Bool in
                 guard let current = try checkedRow(db, group: group, identifier: identifier),
-                      current.generation == written else { return false }
+                    current.generation == written
+                else { return false }
                 var record = try loadState(db)
                 try saveState(db, &record, removing: [current], adding: [previous])
                 try upsert(db, previous)
@@ -380,20 +405,27 @@ final class ItemStore: Sendable {
         return reverted
     }
 
-    private func currentRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
-        let query = try db.statement("SELECT class, generation, nonce, sealed, details FROM items WHERE grp = ? AND ident = ?")
-            .bind(1, group).bind(2, identifier)
+    private func currentRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError)
+        -> SealedItem?
+    {
+        let query = try db.statement(
+            "SELECT class, generation, nonce, sealed, details FROM items WHERE grp = ? AND ident = ?"
+        )
+        .bind(1, group).bind(2, identifier)
         guard try query.step() else { return nil }
         guard let protectionClass = ProtectionClass(rawValue: query.int64(0)) else { throw .decode }
-        return SealedItem(group: group, identifier: identifier, protectionClass: protectionClass,
-                          generation: query.int64(1), nonce: query.blob(2), sealed: query.blob(3),
-                          details: query.isNull(4) ? nil : query.blob(4))
+        return SealedItem(
+            group: group, identifier: identifier, protectionClass: protectionClass,
+            generation: query.int64(1), nonce: query.blob(2), sealed: query.blob(3),
+            details: query.isNull(4) ? nil : query.blob(4))
     }
 
     /// The row as stored, checked against the generation this device
     /// expects there: ``KeychainError/decode`` for a row replaced, removed or
     /// added outside keychainfs while the device runs.
-    private func checkedRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) -> SealedItem? {
+    private func checkedRow(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError)
+        -> SealedItem?
+    {
         let row = try currentRow(db, group: group, identifier: identifier)
         try requireExpected(row?.generation, group: group, identifier: identifier)
         return row
@@ -404,7 +436,8 @@ final class ItemStore: Sendable {
     private func requireExpected(_ generation: Int64?, group: String, identifier: String) throws(KeychainError) {
         let key = identity(group: group, identifier: identifier)
         guard generation == known.withLock({ $0.generations[key] }) else {
-            Diagnostics.log("an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
+            Diagnostics.log(
+                "an item's row was changed outside keychainfs while the device ran (rolled back, removed or added)")
             throw .decode
         }
     }
@@ -431,8 +464,10 @@ final class ItemStore: Sendable {
     /// Moves an item to a new identifier in one transaction, re-sealed by
     /// `reseal` (the identifier is part of the associated data). Replaces an
     /// existing target only when `replacing` is true.
-    func rename(group: String, from source: String, to target: String, replacing: Bool,
-                reseal: (SealedItem, Int64) throws(KeychainError) -> SealedItem) throws(KeychainError) {
+    func rename(
+        group: String, from source: String, to target: String, replacing: Bool,
+        reseal: (SealedItem, Int64) throws(KeychainError) -> SealedItem
+    ) throws(KeychainError) {
         let renamed = try withConnection { db throws(KeychainError) -> Bool in
             let moved = try db.transaction { () throws(KeychainError) -> SealedItem? in
                 guard let old = try checkedRow(db, group: group, identifier: source) else { throw .itemNotFound }
@@ -443,12 +478,14 @@ final class ItemStore: Sendable {
                 let row = try reseal(old, try advance(&record))
                 try saveState(db, &record, removing: [old] + [replaced].compactMap { $0 }, adding: [row])
                 try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, target).run()
-                try db.statement("""
+                try db.statement(
+                    """
                     UPDATE items SET ident = ?, class = ?, generation = ?, nonce = ?, sealed = ?, details = ?
                     WHERE grp = ? AND ident = ?
-                    """)
-                    .bind(1, row.identifier).bind(2, row.protectionClass.rawValue).bind(3, row.generation)
-                    .bind(4, row.nonce).bind(5, row.sealed).bind(6, row.details).bind(7, group).bind(8, source).run()
+                    """
+                )
+                .bind(1, row.identifier).bind(2, row.protectionClass.rawValue).bind(3, row.generation)
+                .bind(4, row.nonce).bind(5, row.sealed).bind(6, row.details).bind(7, group).bind(8, source).run()
                 return row
             }
             if let moved {
@@ -467,7 +504,8 @@ final class ItemStore: Sendable {
                 guard let existing = try checkedRow(db, group: group, identifier: identifier) else { return false }
                 var record = try loadState(db)
                 try saveState(db, &record, removing: [existing], adding: [])
-                try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, identifier).run()
+                try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, identifier)
+                    .run()
                 return true
             }
             if deleted { expect(group, identifier, nil) }
@@ -490,8 +528,10 @@ final class ItemStore: Sendable {
     }
 
     /// XORs rows out of and into the state and stores it, inside the caller's transaction.
-    private func saveState(_ db: SQLiteConnection, _ record: inout ItemSetState.Record,
-                           removing old: [SealedItem], adding new: [SealedItem]) throws(KeychainError) {
+    private func saveState(
+        _ db: SQLiteConnection, _ record: inout ItemSetState.Record,
+        removing old: [SealedItem], adding new: [SealedItem]
+    ) throws(KeychainError) {
         try proposeUse(removing: old, adding: new)
         for row in old + new { ItemSetState.xor(&record.digest, state.rowDigest(row)) }
         try db.statement("UPDATE meta SET value = ? WHERE key = ?")
@@ -511,36 +551,48 @@ final class ItemStore: Sendable {
             let count = try db.statement("SELECT count(*) FROM items")
             let expectedRows = try count.step() ? Int(count.int64(0)) : 0
             let rows = try db.statement("SELECT grp, ident, class, generation FROM items")
-            let (digest, generations) = try state.digestingConcurrently(expectedRows: expectedRows) { (pipeline) throws(KeychainError) in
+            let (digest, generations) = try state.digestingConcurrently(expectedRows: expectedRows) {
+                (pipeline) throws(KeychainError) in
                 while try rows.step() {
                     guard rows.isInteger(2), rows.isInteger(3) else {
                         return try refuse("an item's row holds a non-integer class or generation")
                     }
                     let group = rows.textBytes(0), identifier = rows.textBytes(1)
-                    guard group.count <= ItemLimits.maximumNameLength, identifier.count <= ItemLimits.maximumNameLength else {
-                        return try refuse("an item's row holds a name longer than \(ItemLimits.maximumNameLength) bytes")
+                    guard group.count <= ItemLimits.maximumNameLength, identifier.count <= ItemLimits.maximumNameLength
+                    else {
+                        return try refuse(
+                            "an item's row holds a name longer than \(ItemLimits.maximumNameLength) bytes")
                     }
                     let generation = rows.int64(3)
-                    pipeline.add(identity(group: group, identifier: identifier), group: group, identifier: identifier,
-                                 protectionClass: rows.int64(2), generation: generation)
+                    pipeline.add(
+                        identity(group: group, identifier: identifier), group: group, identifier: identifier,
+                        protectionClass: rows.int64(2), generation: generation)
                     newest = max(newest, generation)
                 }
             }
             let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
             let stored = try query.step() ? try state.record(from: query.blob(0)) : nil
             if let stored, !Crypto.constantTimeEqual(stored.digest, digest) {
-                return try refuse("the keychain's items do not match their authenticated state: a row was rolled back, removed or added outside keychainfs")
+                return try refuse(
+                    "the keychain's items do not match their authenticated state: a row was rolled back, removed or added outside keychainfs"
+                )
             }
             if let last = stored?.generation {
-                guard newest <= last else { return try refuse("an item's row claims a generation that was never handed out") }
+                guard newest <= last else {
+                    return try refuse("an item's row claims a generation that was never handed out")
+                }
             } else {
-                guard legacy else { return try refuse("the keychain's authenticated state record is missing or outdated") }
+                guard legacy else {
+                    return try refuse("the keychain's authenticated state record is missing or outdated")
+                }
                 // Format 1 kept the counter in the clear: the upgrade trusts it once.
                 let counter = try db.statement("SELECT value FROM meta WHERE key = 'generation'")
                 let last = max(newest, try counter.step() ? counter.int64(0) : 0)
-                try db.statement("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-                    .bind(1, ItemSetState.recordKey)
-                    .bind(2, state.sealed(ItemSetState.Record(digest: digest, generation: last))).run()
+                try db.statement(
+                    "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+                )
+                .bind(1, ItemSetState.recordKey)
+                .bind(2, state.sealed(ItemSetState.Record(digest: digest, generation: last))).run()
             }
             known.withLock { $0 = KnownRows(generations: generations) }
         }
@@ -570,15 +622,18 @@ final class ItemStore: Sendable {
     /// against the generation this device expects, as every read is.
     func rowsWithDetails(group: String) throws(KeychainError) -> [SealedItem] {
         try withConnection { db throws(KeychainError) in
-            let query = try db.statement("""
+            let query = try db.statement(
+                """
                 SELECT ident, class, generation, details FROM items WHERE grp = ? AND details IS NOT NULL ORDER BY ident
-                """).bind(1, group)
+                """
+            ).bind(1, group)
             var rows: [SealedItem] = []
             while try query.step() {
                 let identifier = query.text(0)
                 guard let protectionClass = ProtectionClass(rawValue: query.int64(1)) else { throw .decode }
-                let row = SealedItem(group: group, identifier: identifier, protectionClass: protectionClass,
-                                     generation: query.int64(2), nonce: [], sealed: [], details: query.blob(3))
+                let row = SealedItem(
+                    group: group, identifier: identifier, protectionClass: protectionClass,
+                    generation: query.int64(2), nonce: [], sealed: [], details: query.blob(3))
                 try requireExpected(row.generation, group: group, identifier: identifier)
                 rows.append(row)
             }

@@ -1,13 +1,15 @@
 extension KeychainDirectory {
     /// What a change made on a keychain directly says when a device holds it.
-    public static let heldByADevice = "a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed"
+    public static let heldByADevice =
+        "a device holds the keychain: unmount it (or `keychainfs stop`) first; nothing was changed"
 
     /// A sentence a user can act on for a core error met while opening this keychain.
     public func sentence(for error: KeychainError) -> String {
         let keychain = self
         switch error {
         case .insecurePermissions:
-            return "refusing to use the keychain: " + (keychain.permissionProblem() ?? "its permissions changed; check them")
+            return "refusing to use the keychain: "
+                + (keychain.permissionProblem() ?? "its permissions changed; check them")
         case .noSuchKeychain:
             return "no keychain at \(keychain.path); create one with `keychainfs init --keychain \(keychain.path)`"
         case .keychainInUse:
@@ -18,14 +20,16 @@ extension KeychainDirectory {
                 + "keychainfs (a row rolled back, removed or edited), or its device secret does not belong to it; "
                 + "restore it from a backup"
         case .tpmUnavailable:
-            return "the keychain at \(keychain.path) is sealed by a TPM, and none answers now (absent or busy; $TPM2TOOLS_TCTI, else "
+            return
+                "the keychain at \(keychain.path) is sealed by a TPM, and none answers now (absent or busy; $TPM2TOOLS_TCTI, else "
                 + "/dev/tpmrm0; the service's account needs the tss group): start it, or open the keychain on its "
                 + "machine; `keychainfs recover` opens it elsewhere with its recovery key"
         case .tpmMismatch:
             return "the keychain at \(keychain.path) is sealed by another TPM, or by this one before it was cleared: "
                 + "`keychainfs recover --keychain \(keychain.path)` opens it with its recovery key and seals it to this TPM"
         case .rolledBack:
-            return "the keychain at \(keychain.path) is older than its TPM rollback counter: an older copy of its files "
+            return
+                "the keychain at \(keychain.path) is older than its TPM rollback counter: an older copy of its files "
                 + "was put back. If you put it back yourself, `keychainfs recover --accept-rollback --keychain "
                 + "\(keychain.path)` accepts it with the passcode; otherwise it was tampered with"
         default:

@@ -40,17 +40,23 @@ public struct KeychainDirectory: Sendable, Equatable {
         let me = geteuid()
         var info = stat()
         guard stat(path, &info) == 0 else { return nil }  // missing: reported as such elsewhere
-        if info.st_uid != me { return "the keychain directory \(path) belongs to uid \(info.st_uid), not to you (uid \(me))" }
-        if info.st_mode & 0o077 != 0 {
-            return "the keychain directory \(path) is accessible to others (mode \(String(info.st_mode & 0o777, radix: 8))); run `chmod 700 \(path)`"
+        if info.st_uid != me {
+            return "the keychain directory \(path) belongs to uid \(info.st_uid), not to you (uid \(me))"
         }
-        for file in [databasePath, databasePath + "-wal", databasePath + "-shm", deviceSecretPath, lockFilePath,
-                     path + "/" + AuditLog.fileName, path + "/" + AuditLog.rotatedName] {
+        if info.st_mode & 0o077 != 0 {
+            return
+                "the keychain directory \(path) is accessible to others (mode \(String(info.st_mode & 0o777, radix: 8))); run `chmod 700 \(path)`"
+        }
+        for file in [
+            databasePath, databasePath + "-wal", databasePath + "-shm", deviceSecretPath, lockFilePath,
+            path + "/" + AuditLog.fileName, path + "/" + AuditLog.rotatedName
+        ] {
             guard lstat(file, &info) == 0 else { continue }
             if info.st_mode & S_IFMT != S_IFREG { return "\(file) is not a regular file" }
             if info.st_uid != me { return "\(file) belongs to uid \(info.st_uid), not to you (uid \(me))" }
             if info.st_mode & 0o077 != 0 {
-                return "\(file) is accessible to others (mode \(String(info.st_mode & 0o777, radix: 8))); run `chmod 600 \(file)`"
+                return
+                    "\(file) is accessible to others (mode \(String(info.st_mode & 0o777, radix: 8))); run `chmod 600 \(file)`"
             }
         }
         return nil
@@ -64,7 +70,9 @@ public struct KeychainDirectory: Sendable, Equatable {
         var prefix = ""
         for component in path.split(separator: "/") {
             prefix += "/" + component
-            if mkdir(prefix, 0o700) != 0 && Errno.current.rawValue != EEXIST { throw fileFailure("create the directory", prefix) }
+            if mkdir(prefix, 0o700) != 0 && Errno.current.rawValue != EEXIST {
+                throw fileFailure("create the directory", prefix)
+            }
         }
         // The directory may have existed with looser permissions.
         guard chmod(path, 0o700) == 0 else { throw fileFailure("make private (chmod 700)", path) }
@@ -83,7 +91,8 @@ public struct KeychainDirectory: Sendable, Equatable {
         let synced = fsync(fd) == 0 ? 0 : Errno.current.rawValue
         close(fd)
         guard written == secret.count, synced == 0 else {
-            let failure = fileFailure("write", temporary, errno: written < 0 ? Errno.current.rawValue : synced == 0 ? EIO : synced)
+            let failure = fileFailure(
+                "write", temporary, errno: written < 0 ? Errno.current.rawValue : synced == 0 ? EIO : synced)
             unlink(temporary)
             throw failure
         }

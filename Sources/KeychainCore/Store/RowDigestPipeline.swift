@@ -65,8 +65,10 @@ final class RowDigestPipeline: @unchecked Sendable {
     private static let headerSize = 2 + MemoryLayout<RowIdentity>.size + 8
 
     /// Adds one row (its names as UTF-8 bytes).
-    func add(_ identity: RowIdentity, group: UnsafeRawBufferPointer, identifier: UnsafeRawBufferPointer,
-             protectionClass: Int64, generation: Int64) {
+    func add(
+        _ identity: RowIdentity, group: UnsafeRawBufferPointer, identifier: UnsafeRawBufferPointer,
+        protectionClass: Int64, generation: Int64
+    ) {
         let length = ItemSetState.rowMessageLength(group: group.count, identifier: identifier.count)
         precondition(length <= ItemSetState.maximumRowMessageLength, "names are checked before they are added")
         if fill + Self.headerSize + length > Self.slotSize { handOver() }
@@ -74,8 +76,9 @@ final class RowDigestPipeline: @unchecked Sendable {
         base.storeBytes(of: UInt16(length), as: UInt16.self)
         base.storeBytes(of: identity, toByteOffset: 2, as: RowIdentity.self)
         base.storeBytes(of: generation, toByteOffset: 2 + MemoryLayout<RowIdentity>.size, as: Int64.self)
-        ItemSetState.writeRowMessage(to: base + Self.headerSize, group: group, identifier: identifier,
-                                     protectionClass: protectionClass, generation: generation)
+        ItemSetState.writeRowMessage(
+            to: base + Self.headerSize, group: group, identifier: identifier,
+            protectionClass: protectionClass, generation: generation)
         fill += Self.headerSize + length
     }
 
@@ -127,7 +130,8 @@ final class RowDigestPipeline: @unchecked Sendable {
                 let row = base + offset
                 let length = Int(row.loadUnaligned(as: UInt16.self))
                 let identity = row.loadUnaligned(fromByteOffset: 2, as: RowIdentity.self)
-                generations[identity] = row.loadUnaligned(fromByteOffset: 2 + MemoryLayout<RowIdentity>.size, as: Int64.self)
+                generations[identity] = row.loadUnaligned(
+                    fromByteOffset: 2 + MemoryLayout<RowIdentity>.size, as: Int64.self)
                 keyed.xorDigest(of: UnsafeRawBufferPointer(start: row + Self.headerSize, count: length), into: digest)
                 offset += Self.headerSize + length
             }

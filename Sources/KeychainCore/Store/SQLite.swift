@@ -130,7 +130,10 @@ final class Statement {
 
     @discardableResult
     func bind(_ index: Int32, _ blob: [UInt8]) -> Statement {
-        blob.withUnsafeBytes { _ = CSQLite_bind_blob_transient(raw, index, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count)) }
+        blob.withUnsafeBytes {
+            _ = CSQLite_bind_blob_transient(
+                raw, index, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count))
+        }
         return self
     }
 

@@ -146,7 +146,8 @@ enum DeviceSecretFile {
         }
         let bytes = contents.bytes()
         guard bytes.count > Self.magic.count + 1, Array(bytes.prefix(Self.magic.count)) == Self.magic,
-              bytes[Self.magic.count] == Self.version else {
+            bytes[Self.magic.count] == Self.version
+        else {
             Diagnostics.log("the keychain's device secret is damaged")
             throw .decode
         }

@@ -40,9 +40,13 @@ public struct RecoveryKey: Sendable {
         let valid = typed.withUnsafeBytes { text -> Bool in
             let out = key.mutableBytes
             for character in text {
-                if character == UInt8(ascii: "-") || character == UInt8(ascii: " ") || character == UInt8(ascii: "\t") { continue }
+                if character == UInt8(ascii: "-") || character == UInt8(ascii: " ") || character == UInt8(ascii: "\t") {
+                    continue
+                }
                 let lower = character | 0x20
-                guard let value = Self.alphabet.firstIndex(of: lower), nibbles < 2 * Crypto.keySize else { return false }
+                guard let value = Self.alphabet.firstIndex(of: lower), nibbles < 2 * Crypto.keySize else {
+                    return false
+                }
                 if nibbles % 2 == 0 {
                     out[nibbles / 2] = UInt8(value) << 4
                 } else {
@@ -77,15 +81,19 @@ public struct RecoveryKey: Sendable {
     /// sealed(device secret[32] | the passcode classes' keys, 32 bytes each)`,
     /// XChaCha20-Poly1305 under a key derived from this recovery key. The
     /// `always` classes need no more than the device secret.
-    func sealRecord(deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey]) throws(KeychainError) -> [UInt8] {
+    func sealRecord(deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey]) throws(KeychainError)
+        -> [UInt8]
+    {
         let plain = try SecureBytes(count: Crypto.keySize * (1 + Self.passcodeClasses.count))
         let out = plain.mutableBytes
         deviceSecret.withUnsafeBytes { out.copyMemory(from: $0) }
         for (index, protectionClass) in Self.passcodeClasses.enumerated() {
             guard let classKey = classKeys[protectionClass] else { throw .param }
             classKey.withKey { key in
-                UnsafeMutableRawBufferPointer(rebasing: out[(index + 1) * Crypto.keySize ..< (index + 2) * Crypto.keySize])
-                    .copyMemory(from: UnsafeRawBufferPointer(start: key, count: Crypto.keySize))
+                UnsafeMutableRawBufferPointer(
+                    rebasing: out[(index + 1) * Crypto.keySize..<(index + 2) * Crypto.keySize]
+                )
+                .copyMemory(from: UnsafeRawBufferPointer(start: key, count: Crypto.keySize))
             }
         }
         let nonce = Crypto.randomBytes(Crypto.nonceSize)
@@ -97,7 +105,9 @@ public struct RecoveryKey: Sendable {
 
     /// What ``sealRecord(deviceSecret:classKeys:)`` sealed; ``KeychainError/authFailed``
     /// when this is not the keychain's recovery key, ``KeychainError/decode`` for a damaged record.
-    func openRecord(_ record: [UInt8]) throws(KeychainError) -> (deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey]) {
+    func openRecord(_ record: [UInt8]) throws(KeychainError) -> (
+        deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey]
+    ) {
         let expected = 1 + Crypto.nonceSize + Crypto.keySize * (1 + Self.passcodeClasses.count) + Crypto.tagSize
         guard record.count == expected, record[0] == Self.recordVersion else { throw .decode }
         let nonce = Array(record[1...Crypto.nonceSize])
@@ -116,7 +126,8 @@ public struct RecoveryKey: Sendable {
         var keys: [ProtectionClass: GuardedKey] = [:]
         try plain.withUnsafeBytes { (bytes) throws(KeychainError) in
             for (index, protectionClass) in Self.passcodeClasses.enumerated() {
-                let slice = UnsafeRawBufferPointer(rebasing: bytes[(index + 1) * Crypto.keySize ..< (index + 2) * Crypto.keySize])
+                let slice = UnsafeRawBufferPointer(
+                    rebasing: bytes[(index + 1) * Crypto.keySize..<(index + 2) * Crypto.keySize])
                 keys[protectionClass] = GuardedKey(copying: try SecureBytes(copying: slice))
             }
         }

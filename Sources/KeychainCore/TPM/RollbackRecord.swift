@@ -21,7 +21,7 @@ struct RollbackRecord: Equatable {
     static let boundRecords: [(key: String, domain: String)] = [
         (ItemSetState.recordKey, ItemSetState.macDomainV2),
         (EntitlementPolicy.recordKey, EntitlementPolicy.macDomain),
-        (AuditLog.anchorKey, AuditLog.anchorDomain),
+        (AuditLog.anchorKey, AuditLog.anchorDomain)
     ]
 
     /// Writes since the last bump do not bump again before this many seconds
@@ -56,14 +56,17 @@ struct RollbackRecord: Equatable {
     func check(against tpm: KeychainTPM) throws(KeychainError) {
         let counter = try tpm.counter(at: index)
         if epoch < counter {
-            Diagnostics.log("the keychain's state is from rollback counter \(epoch), but the TPM's counter is at \(counter): "
-                + "an older copy of its files was put back")
+            Diagnostics.log(
+                "the keychain's state is from rollback counter \(epoch), but the TPM's counter is at \(counter): "
+                    + "an older copy of its files was put back")
             throw .rolledBack
         }
         if epoch == counter + 1 {
             try tpm.increment(counter: index)
         } else if epoch != counter {
-            Diagnostics.log("the keychain's rollback counter (\(epoch)) is ahead of the TPM's (\(counter)): it is not this TPM's keychain")
+            Diagnostics.log(
+                "the keychain's rollback counter (\(epoch)) is ahead of the TPM's (\(counter)): it is not this TPM's keychain"
+            )
             throw .decode
         }
     }

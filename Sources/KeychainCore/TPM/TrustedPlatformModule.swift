@@ -29,9 +29,11 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
         case .unavailable(let why): return "no TPM: \(why)"
         case .authFailed: return "the TPM refused the authorization (counted against its lockout)"
         case .lockedOut: return "the TPM is in dictionary-attack lockout: it refuses every try for now"
-        case .notThisTPM: return "the sealed key does not load in this TPM (another TPM, a cleared one, or a damaged blob)"
+        case .notThisTPM:
+            return "the sealed key does not load in this TPM (another TPM, a cleared one, or a damaged blob)"
         case .indexTaken: return "the TPM's NV index is taken already"
-        case .busy(let call, let code): return "the TPM is busy (\(call): response 0x\(String(code, radix: 16))); try again"
+        case .busy(let call, let code):
+            return "the TPM is busy (\(call): response 0x\(String(code, radix: 16))); try again"
         case .failed(let call, let code): return "\(call) failed: TPM response 0x\(String(code, radix: 16))"
         }
     }
@@ -47,20 +49,20 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     /// Response codes and constants of TPM 2.0 Part 2 (6.6, 6.13, 6.5),
     /// which tpm2-tss declares as casting macros Swift cannot import.
     private enum Code {
-        static let initialize: UInt32 = 0x100     // TPM2_RC_INITIALIZE (RC_VER1 + 0x000)
-        static let nvDefined: UInt32 = 0x14C      // TPM2_RC_NV_DEFINED (RC_VER1 + 0x04C)
-        static let authFail: UInt32 = 0x08E       // TPM2_RC_AUTH_FAIL (RC_FMT1 + 0x00E)
-        static let size: UInt32 = 0x095           // TPM2_RC_SIZE (RC_FMT1 + 0x015)
-        static let integrity: UInt32 = 0x09F      // TPM2_RC_INTEGRITY (RC_FMT1 + 0x01F)
-        static let badAuth: UInt32 = 0x0A2        // TPM2_RC_BAD_AUTH (RC_FMT1 + 0x022)
-        static let lockout: UInt32 = 0x921        // TPM2_RC_LOCKOUT (RC_WARN + 0x021)
-        static let formatOne: UInt32 = 0x080      // TPM2_RC_FMT1
-        static let warning: UInt32 = 0x900        // TPM2_RC_WARN
+        static let initialize: UInt32 = 0x100  // TPM2_RC_INITIALIZE (RC_VER1 + 0x000)
+        static let nvDefined: UInt32 = 0x14C  // TPM2_RC_NV_DEFINED (RC_VER1 + 0x04C)
+        static let authFail: UInt32 = 0x08E  // TPM2_RC_AUTH_FAIL (RC_FMT1 + 0x00E)
+        static let size: UInt32 = 0x095  // TPM2_RC_SIZE (RC_FMT1 + 0x015)
+        static let integrity: UInt32 = 0x09F  // TPM2_RC_INTEGRITY (RC_FMT1 + 0x01F)
+        static let badAuth: UInt32 = 0x0A2  // TPM2_RC_BAD_AUTH (RC_FMT1 + 0x022)
+        static let lockout: UInt32 = 0x921  // TPM2_RC_LOCKOUT (RC_WARN + 0x021)
+        static let formatOne: UInt32 = 0x080  // TPM2_RC_FMT1
+        static let warning: UInt32 = 0x900  // TPM2_RC_WARN
         static let startupClear: UInt16 = 0x0000  // TPM2_SU_CLEAR
-        static let tpmProperties: UInt32 = 6      // TPM2_CAP_TPM_PROPERTIES
-        static let lockoutCounter: UInt32 = 0x20E // TPM2_PT_LOCKOUT_COUNTER (PT_VAR + 14)
-        static let maxAuthFail: UInt32 = 0x20F    // TPM2_PT_MAX_AUTH_FAIL
-        static let lockoutInterval: UInt32 = 0x210 // TPM2_PT_LOCKOUT_INTERVAL
+        static let tpmProperties: UInt32 = 6  // TPM2_CAP_TPM_PROPERTIES
+        static let lockoutCounter: UInt32 = 0x20E  // TPM2_PT_LOCKOUT_COUNTER (PT_VAR + 14)
+        static let maxAuthFail: UInt32 = 0x20F  // TPM2_PT_MAX_AUTH_FAIL
+        static let lockoutInterval: UInt32 = 0x210  // TPM2_PT_LOCKOUT_INTERVAL
     }
 
     // Used by one thread at a time: the device's boot and unlock are serialised.
@@ -83,7 +85,9 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         setenv("TSS2_LOG", "all+NONE", 0)
         var tcti: OpaquePointer?
         var rc = CTSS_Tss2_TctiLdr_Initialize(configuration, &tcti)
-        guard rc == 0, let tcti else { throw .unavailable("cannot reach \(configuration ?? "the default TCTI") (0x\(String(rc, radix: 16)))") }
+        guard rc == 0, let tcti else {
+            throw .unavailable("cannot reach \(configuration ?? "the default TCTI") (0x\(String(rc, radix: 16)))")
+        }
         var context: OpaquePointer?
         rc = CTSS_Esys_Initialize(&context, tcti)
         guard rc == 0, context != nil else {
@@ -124,7 +128,9 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     }
 
     /// Runs `body` with the storage primary key and a salted session, flushed after.
-    private func withPrimaryAndSession<R>(_ body: (_ primary: UInt32, _ session: UInt32) throws(TPMError) -> R) throws(TPMError) -> R {
+    private func withPrimaryAndSession<R>(_ body: (_ primary: UInt32, _ session: UInt32) throws(TPMError) -> R)
+        throws(TPMError) -> R
+    {
         var primary: UInt32 = 0, session: UInt32 = 0
         try check(CTSS_create_primary(context, &primary), "CreatePrimary")
         defer { _ = CTSS_Esys_FlushContext(context, primary) }
@@ -145,9 +151,11 @@ public final class TrustedPlatformModule: @unchecked Sendable {
             let rc = secret.withUnsafeBytes { data in
                 auth.withUnsafeBytes { auth in
                     blob.withUnsafeMutableBytes { out in
-                        CTSS_seal(context, primary, session, data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
-                                  auth.baseAddress?.assumingMemoryBound(to: UInt8.self), auth.count, guarded ? 0 : 1,
-                                  out.baseAddress?.assumingMemoryBound(to: UInt8.self), out.count, &length)
+                        CTSS_seal(
+                            context, primary, session, data.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                            data.count,
+                            auth.baseAddress?.assumingMemoryBound(to: UInt8.self), auth.count, guarded ? 0 : 1,
+                            out.baseAddress?.assumingMemoryBound(to: UInt8.self), out.count, &length)
                     }
                 }
             }
@@ -161,7 +169,9 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     public func unseal(_ blob: [UInt8], auth: SecureBytes) throws(TPMError) -> SecureBytes {
         try withPrimaryAndSession { (primary, session) throws(TPMError) in
             var object: UInt32 = 0
-            let loaded = blob.withUnsafeBytes { CTSS_load(context, primary, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count, &object) }
+            let loaded = blob.withUnsafeBytes {
+                CTSS_load(context, primary, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count, &object)
+            }
             guard loaded == 0 else {
                 // A blob made under another storage seed fails its integrity check.
                 let code = Self.base(loaded)
@@ -170,8 +180,11 @@ public final class TrustedPlatformModule: @unchecked Sendable {
                 throw .notThisTPM
             }
             defer { _ = CTSS_Esys_FlushContext(context, object) }
-            try check(auth.withUnsafeBytes { CTSS_set_auth(context, object, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count) },
-                      "TR_SetAuth")
+            try check(
+                auth.withUnsafeBytes {
+                    CTSS_set_auth(context, object, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count)
+                },
+                "TR_SetAuth")
             var data: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
             try check(CTSS_Esys_Unseal(context, object, session, &data), "Unseal")
             guard let data else { throw .failed("Unseal", 0) }
@@ -199,8 +212,10 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         try check(CTSS_Esys_GetCapability(context, Code.tpmProperties, Code.lockoutCounter, 3, &data), "GetCapability")
         guard let data else { throw .failed("GetCapability", 0) }
         defer { CTSS_Esys_Free(data) }
-        return (CTSS_property(data, Code.lockoutCounter), CTSS_property(data, Code.maxAuthFail),
-                CTSS_property(data, Code.lockoutInterval))
+        return (
+            CTSS_property(data, Code.lockoutCounter), CTSS_property(data, Code.maxAuthFail),
+            CTSS_property(data, Code.lockoutInterval)
+        )
     }
 
     /// TPM2_Clear under the platform hierarchy (empty auth: a software TPM;

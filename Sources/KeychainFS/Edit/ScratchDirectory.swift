@@ -51,7 +51,8 @@ public final class ScratchDirectory: Sendable {
         guard fuse_session_mount(made, path) == 0 else {
             fuse_session_destroy(made)
             userdata.release()
-            throw MountError("could not mount a private directory at \(path) (is /dev/fuse usable and fusermount3 installed?)")
+            throw MountError(
+                "could not mount a private directory at \(path) (is /dev/fuse usable and fusermount3 installed?)")
         }
         session = FuseSession(made, userdata: userdata)
         let session = session

@@ -66,7 +66,9 @@ enum ScratchOperations {
         }
     }
 
-    static func setAttributes(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ wanted: UnsafeMutablePointer<stat>?, _ toSet: Int32) {
+    static func setAttributes(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ wanted: UnsafeMutablePointer<stat>?, _ toSet: Int32
+    ) {
         serve(req) { files throws(Errno) in
             guard let wanted else { throw Errno(EINVAL) }
             var attributes = try files.withState { (state) throws(Errno) -> stat in
@@ -107,8 +109,10 @@ enum ScratchOperations {
         }
     }
 
-    static func create(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
-                       _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func create(
+        _ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { files throws(Errno) in
             guard let fi else { throw Errno(EINVAL) }
             guard parent == rootInode else { throw Errno(ENOTDIR) }
@@ -139,7 +143,9 @@ enum ScratchOperations {
         }
     }
 
-    static func write(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ buffer: UnsafePointer<CChar>?, _ size: Int, _ offset: off_t) {
+    static func write(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ buffer: UnsafePointer<CChar>?, _ size: Int, _ offset: off_t
+    ) {
         // The request buffer held plaintext: wipe it once copied.
         let request = UnsafeMutableRawBufferPointer(start: UnsafeMutableRawPointer(mutating: buffer), count: size)
         defer { wipeMemory(request) }
@@ -181,8 +187,10 @@ enum ScratchOperations {
         }
     }
 
-    static func rename(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ newParent: fuse_ino_t,
-                       _ newName: UnsafePointer<CChar>?, _ flags: UInt32) {
+    static func rename(
+        _ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ newParent: fuse_ino_t,
+        _ newName: UnsafePointer<CChar>?, _ flags: UInt32
+    ) {
         serve(req) { files throws(Errno) in
             guard parent == rootInode, newParent == rootInode else { throw Errno(ENOTDIR) }
             // RENAME_EXCHANGE and RENAME_WHITEOUT: nothing an editor needs.
@@ -207,7 +215,8 @@ enum ScratchOperations {
     static func readDirectory(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ size: Int, _ offset: off_t) {
         serve(req) { files throws(Errno) in
             guard inode == rootInode else { throw Errno(ENOTDIR) }
-            let entries = [(".", rootInode), ("..", rootInode)] + files.withState { $0.byName.sorted { $0.key < $1.key } }
+            let entries =
+                [(".", rootInode), ("..", rootInode)] + files.withState { $0.byName.sorted { $0.key < $1.key } }
             var reply = [CChar](repeating: 0, count: size)
             var used = 0
             for index in min(Int(offset), entries.count)..<entries.count {
@@ -216,7 +225,8 @@ enum ScratchOperations {
                 attributes.st_ino = __ino_t(entries[index].1)
                 attributes.st_mode = index < 2 ? S_IFDIR : S_IFREG
                 let needed = reply.withUnsafeMutableBufferPointer { buffer in
-                    fuse_add_direntry(req, buffer.baseAddress! + used, size - used, entries[index].0, &attributes, off_t(index + 1))
+                    fuse_add_direntry(
+                        req, buffer.baseAddress! + used, size - used, entries[index].0, &attributes, off_t(index + 1))
                 }
                 if used + needed > size { break }
                 used += needed

@@ -96,7 +96,7 @@ extension FileSystem {
             "accessmode: \(manager.accessMode.rawValue)",
             "migrate: \(manager.migrate ? "yes" : "no")",
             "passcode: \(status.hasPasscode ? "yes" : "no")",
-            "failed-attempts: \(status.failedAttempts)",
+            "failed-attempts: \(status.failedAttempts)"
         ]
         if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
         let autoLock = manager.localDevice.autoLock
@@ -107,20 +107,24 @@ extension FileSystem {
         // said where a user looks, not only in the docs.
         if owner.uid == geteuid() {
             lines.append("mode: per-user")
-            lines.append("mode-limits: the keychain's files belong to this user: any program of this user can read them "
-                         + "(and so the always items), edit or roll back the audit log and the policy; entitlements hold "
-                         + "only for what goes through the device")
+            lines.append(
+                "mode-limits: the keychain's files belong to this user: any program of this user can read them "
+                    + "(and so the always items), edit or roll back the audit log and the policy; entitlements hold "
+                    + "only for what goes through the device")
         } else {
             lines.append("mode: service")
-            lines.append("mode-limits: the keychain's files belong to the service's account: programs of this user "
-                         + "reach items only through the device, which decides per program; root and the service's "
-                         + "account can read everything")
+            lines.append(
+                "mode-limits: the keychain's files belong to the service's account: programs of this user "
+                    + "reach items only through the device, which decides per program; root and the service's "
+                    + "account can read everything")
         }
         lines += manager.localDevice.keyProtection.lines
         // Escaped: a path or name must never forge a status line.
         lines.append("keychain: \(LineEscaping.escaped(manager.localDevice.directory.path))")
         if case .group(let group) = scope { lines.append("group: \(LineEscaping.escaped(group))") }
-        if let bus = manager.localDevice.secretServiceState { lines.append("secret-service: \(LineEscaping.escaped(bus))") }
+        if let bus = manager.localDevice.secretServiceState {
+            lines.append("secret-service: \(LineEscaping.escaped(bus))")
+        }
         return Array((lines.joined(separator: "\n") + "\n").utf8)
     }
 
@@ -139,8 +143,10 @@ extension FileSystem {
             case .background: manager.background()
             case .accessMode(let mode): manager.accessMode = mode
             case .migrate(let migrate): manager.migrate = migrate
-            case .autoLock(let seconds): manager.localDevice.setAutoLock(after: seconds, grace: manager.localDevice.autoLock.grace)
-            case .autoLockGrace(let seconds): manager.localDevice.setAutoLock(after: manager.localDevice.autoLock.after, grace: seconds)
+            case .autoLock(let seconds):
+                manager.localDevice.setAutoLock(after: seconds, grace: manager.localDevice.autoLock.grace)
+            case .autoLockGrace(let seconds):
+                manager.localDevice.setAutoLock(after: manager.localDevice.autoLock.after, grace: seconds)
             }
         }
     }

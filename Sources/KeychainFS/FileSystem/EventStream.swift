@@ -69,7 +69,9 @@ final class EventStream: Sendable {
             defer { state.poll = nil }
             return (answers, state.poll)
         }
-        for (request, bytes) in answers { bytes.withUnsafeBytes { _ = fuse_reply_buf(request.raw, $0.baseAddress, $0.count) } }
+        for (request, bytes) in answers {
+            bytes.withUnsafeBytes { _ = fuse_reply_buf(request.raw, $0.baseAddress, $0.count) }
+        }
         if let poll {
             fuse_lowlevel_notify_poll(poll.raw)
             fuse_pollhandle_destroy(poll.raw)
@@ -81,10 +83,14 @@ final class EventStream: Sendable {
         // Registered before the request is parked, outside the lock: if the
         // interrupt came already, libfuse calls back at once.
         if !nonblocking {
-            fuse_req_interrupt_func(request, { request, data in
-                guard let request, let stream = EventStream.registry.withLock({ $0[UInt64(UInt(bitPattern: data))] }) else { return }
-                stream.interrupt(request)
-            }, UnsafeMutableRawPointer(bitPattern: UInt(id)))
+            fuse_req_interrupt_func(
+                request,
+                { request, data in
+                    guard let request,
+                        let stream = EventStream.registry.withLock({ $0[UInt64(UInt(bitPattern: data))] })
+                    else { return }
+                    stream.interrupt(request)
+                }, UnsafeMutableRawPointer(bitPattern: UInt(id)))
         }
         enum Answer { case bytes([UInt8]), error(Int32), parked }
         let answer = state.withLock { state -> Answer in
@@ -192,7 +198,9 @@ extension DeviceEvent {
     /// The `.events` line of a device event (names escaped as status lines,
     /// fields separated by tabs), and the group it concerns.
     package var eventLine: (text: String, group: String?) {
-        func line(_ fields: String...) -> String { fields.map { LineEscaping.escaped($0) }.joined(separator: "\t") + "\n" }
+        func line(_ fields: String...) -> String {
+            fields.map { LineEscaping.escaped($0) }.joined(separator: "\t") + "\n"
+        }
         switch self {
         case .locked: return (line("locked"), nil)
         case .unlocked: return (line("unlocked"), nil)

@@ -22,7 +22,9 @@ extension FileSystem {
         }
         try requireEntitlement(group, caller: caller, operation: "remove", identifier: name)
         try audited("remove", group: group, identifier: name, caller: caller) { () throws(Errno) in
-            try core { () throws(KeychainError) in try nodes.removeItem(group: group, identifier: name, manager: manager) }
+            try core { () throws(KeychainError) in
+                try nodes.removeItem(group: group, identifier: name, manager: manager)
+            }
         }
         nodes.forgetNames([.item(group: group, identifier: name)], except: kernelCache)
     }
@@ -50,8 +52,10 @@ extension FileSystem {
     /// `mv` within a group. Across groups EXDEV (the group is bound into the
     /// ciphertext; `mv` then copies and deletes, which works through our
     /// read and write). Needs the item's class key (EACCES without it).
-    func rename(parent: Node, name: String, newParent: Node, newName: String, flags: UInt32,
-                caller: ProcessIdentity) throws(Errno) {
+    func rename(
+        parent: Node, name: String, newParent: Node, newName: String, flags: UInt32,
+        caller: ProcessIdentity
+    ) throws(Errno) {
         if Self.specialFiles[name] != nil || Self.specialFiles[newName] != nil { throw Errno(EPERM) }
         // RENAME_EXCHANGE is not offered, RENAME_WHITEOUT is for overlay
         // filesystems, and an unknown flag must not be taken for a plain rename.
@@ -66,11 +70,13 @@ extension FileSystem {
         try requireEntitlement(group, caller: caller, operation: "rename", identifier: name)
         try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(Errno) in
             try core { () throws(KeychainError) in
-                try nodes.renameItem(group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0,
-                                     manager: manager)
+                try nodes.renameItem(
+                    group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0,
+                    manager: manager)
             }
         }
-        nodes.forgetNames([.item(group: group, identifier: name), .item(group: group, identifier: newName)], except: kernelCache)
+        nodes.forgetNames(
+            [.item(group: group, identifier: name), .item(group: group, identifier: newName)], except: kernelCache)
     }
 
     /// chmod, chown and fchmod that change nothing succeed, so that programs
@@ -105,8 +111,12 @@ extension FileSystem {
     func extendedAttribute(_ name: String, of node: Node) throws(Errno) -> String {
         try checkNamespace(name)
         guard case .item(let group, let identifier) = node,
-              name == Self.accessibleAttribute || name == Self.migratableAttribute else { throw Errno(ENODATA) }
-        guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
+            name == Self.accessibleAttribute || name == Self.migratableAttribute
+        else { throw Errno(ENODATA) }
+        guard
+            let info = try core({ () throws(KeychainError) in
+                try manager.info(forIdentifier: identifier, inGroup: group)
+            })
         else { throw Errno(ENOENT) }
         if name == Self.accessibleAttribute { return info.protectionClass.name }
         return info.protectionClass.isMigratable ? "yes" : "no"
@@ -136,7 +146,9 @@ extension FileSystem {
         // setxattr(2): XATTR_CREATE fails on an existing attribute, and both
         // class attributes of an item always exist; XATTR_REPLACE needs one
         // to exist, which they do. Anything else is not a flag.
-        guard flags & ~(xattrCreate | xattrReplace) == 0, flags != xattrCreate | xattrReplace else { throw Errno(EINVAL) }
+        guard flags & ~(xattrCreate | xattrReplace) == 0, flags != xattrCreate | xattrReplace else {
+            throw Errno(EINVAL)
+        }
         if flags & xattrCreate != 0 && extendedAttributeNames(of: node).contains(name) { throw Errno(EEXIST) }
         let newClass: ProtectionClass
         switch name {
@@ -145,7 +157,10 @@ extension FileSystem {
             newClass = parsed
         case Self.migratableAttribute:
             guard value == "yes" || value == "no" else { throw Errno(EINVAL) }
-            guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
+            guard
+                let info = try core({ () throws(KeychainError) in
+                    try manager.info(forIdentifier: identifier, inGroup: group)
+                })
             else { throw Errno(ENOENT) }
             newClass = ProtectionClass(mode: info.protectionClass.mode, migratable: value == "yes")
         default:
@@ -174,7 +189,9 @@ extension NodeTable {
     /// Renames an item and moves its inode (detaching a replaced one) in one
     /// step under the namespace lock: `mv` in any mount, and renames through
     /// the device's socket.
-    package func renameItem(group: String, from: String, to: String, replacing: Bool, manager: PasswordManager) throws(KeychainError) {
+    package func renameItem(group: String, from: String, to: String, replacing: Bool, manager: PasswordManager)
+        throws(KeychainError)
+    {
         let target = Node.item(group: group, identifier: to)
         try namespace.withLock { () throws(KeychainError) in
             let replaced = replacing && from != to ? try lastInfo(of: target, manager: manager) : nil

@@ -12,14 +12,17 @@ extension FileSystem {
     /// (nil: the one bound to the name now); if it was detached meanwhile,
     /// registering the descriptor fails with ESTALE and the kernel looks the
     /// name up again.
-    func openItem(group: String, identifier: String, inode: UInt64? = nil, flags: Int32,
-                  opener: ProcessIdentity) throws(Errno) -> OpenFile {
+    func openItem(
+        group: String, identifier: String, inode: UInt64? = nil, flags: Int32,
+        opener: ProcessIdentity
+    ) throws(Errno) -> OpenFile {
         let operation = flags & O_ACCMODE == O_RDONLY ? "read" : "write"
         try requireEntitlement(group, caller: opener, operation: operation, identifier: identifier)
         return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(Errno) in
-            let file = try opening(group: group, identifier: identifier,
-                                   inode: inode ?? nodes.inode(for: .item(group: group, identifier: identifier)),
-                                   flags: flags, opener: opener)
+            let file = try opening(
+                group: group, identifier: identifier,
+                inode: inode ?? nodes.inode(for: .item(group: group, identifier: identifier)),
+                flags: flags, opener: opener)
             // Once more just before the reply: a process that let a tracer or
             // foreign code in while the value was being decrypted gets nothing.
             try recheckEntitlement(group, caller: opener)
@@ -64,7 +67,8 @@ extension FileSystem {
             }
             guard case .item(let group, let identifier) = node else { throw Errno(EISDIR) }
             do throws(Errno) {
-                let file = try openItem(group: group, identifier: identifier, inode: target, flags: flags, opener: opener)
+                let file = try openItem(
+                    group: group, identifier: identifier, inode: target, flags: flags, opener: opener)
                 return (file, try nodes.add(file))
             } catch .stale {
                 continue  // detached again meanwhile: follow the name once more
@@ -76,49 +80,63 @@ extension FileSystem {
         throw Errno(ESTALE)
     }
 
-    private func opening(group: String, identifier: String, inode: UInt64, flags: Int32,
-                         opener: ProcessIdentity) throws(Errno) -> OpenFile {
+    private func opening(
+        group: String, identifier: String, inode: UInt64, flags: Int32,
+        opener: ProcessIdentity
+    ) throws(Errno) -> OpenFile {
         let truncates = flags & O_TRUNC != 0
         if flags & O_ACCMODE == O_RDONLY || !truncates {
             // One read of the store and one decryption (or the cache): the
             // value for readers, the starting content for writers that keep it.
-            let item = try core { () throws(KeychainError) in try manager.item(forIdentifier: identifier, inGroup: group) }
+            let item = try core { () throws(KeychainError) in
+                try manager.item(forIdentifier: identifier, inGroup: group)
+            }
             if flags & O_ACCMODE == O_RDONLY {
-                return OpenFile(inode: inode, value: item.value, buffer: nil, appends: false,
-                                protectionClass: item.protectionClass, targetClass: nil, opener: opener)
+                return OpenFile(
+                    inode: inode, value: item.value, buffer: nil, appends: false,
+                    protectionClass: item.protectionClass, targetClass: nil, opener: opener)
             }
             let buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: item.value) }
             return try writer(inode: inode, buffer: buffer, current: item.protectionClass, flags: flags, opener: opener)
         }
         // O_TRUNC: the old value is not needed, only that its key is there.
-        guard let info = try core({ () throws(KeychainError) in try manager.info(forIdentifier: identifier, inGroup: group) })
+        guard
+            let info = try core({ () throws(KeychainError) in
+                try manager.info(forIdentifier: identifier, inGroup: group)
+            })
         else { throw Errno(ENOENT) }
         guard manager.localDevice.isAvailable(info.protectionClass) else { throw Errno(EACCES) }
-        let file = try writer(inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags, opener: opener)
+        let file = try writer(
+            inode: inode, buffer: SecureBuffer(), current: info.protectionClass, flags: flags, opener: opener)
         file.noteTruncation()
         return file
     }
 
     /// A writing descriptor; EACCES unless the class its commit will give is available too.
-    private func writer(inode: UInt64, buffer: SecureBuffer, current: ProtectionClass, flags: Int32,
-                        opener: ProcessIdentity) throws(Errno) -> OpenFile {
+    private func writer(
+        inode: UInt64, buffer: SecureBuffer, current: ProtectionClass, flags: Int32,
+        opener: ProcessIdentity
+    ) throws(Errno) -> OpenFile {
         let target = manager.classForNewWrites
         guard manager.localDevice.isAvailable(target) else { throw Errno(EACCES) }
-        return OpenFile(inode: inode, value: nil, buffer: buffer, appends: flags & O_APPEND != 0,
-                        protectionClass: current, targetClass: target, opener: opener)
+        return OpenFile(
+            inode: inode, value: nil, buffer: buffer, appends: flags & O_APPEND != 0,
+            protectionClass: current, targetClass: target, opener: opener)
     }
 
     /// Creates an empty item at once (as creat(2) makes a file exist), with
     /// the class of the current access mode. EEXIST if it appeared meanwhile
     /// and `O_EXCL` was asked; otherwise that item is opened instead.
-    func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(Errno) -> OpenFile {
+    func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(Errno) -> OpenFile
+    {
         try requireEntitlement(group, caller: opener, operation: "create", identifier: identifier)
         let target = manager.classForNewWrites
         let inode: UInt64
         do throws(KeychainError) {
             inode = try nodes.namespace.withLock { () throws(KeychainError) in
-                try manager.write(try SecureBytes([]), identifier: identifier, group: group,
-                                  protectionClass: target, condition: .ifAbsent)
+                try manager.write(
+                    try SecureBytes([]), identifier: identifier, group: group,
+                    protectionClass: target, condition: .ifAbsent)
                 return nodes.inode(for: .item(group: group, identifier: identifier))
             }
         } catch .duplicateItem {
@@ -226,10 +244,12 @@ extension FileSystem {
                 // A rename moved the inode to the item's current name; a
                 // removal detached it (nil): the data goes nowhere (POSIX),
                 // and must never reach an item made later under the name.
-                let receipt = try nodes.namespace.withLock { () throws(KeychainError) -> PasswordManager.WriteReceipt? in
+                let receipt = try nodes.namespace.withLock {
+                    () throws(KeychainError) -> PasswordManager.WriteReceipt? in
                     guard case .item(let group, let identifier)? = nodes.node(for: file.inode) else { return nil }
-                    return try manager.write(try buffer.snapshot(), identifier: identifier, group: group,
-                                             protectionClass: manager.classForNewWrites, condition: .ifPresent)
+                    return try manager.write(
+                        try buffer.snapshot(), identifier: identifier, group: group,
+                        protectionClass: manager.classForNewWrites, condition: .ifPresent)
                 }
                 // Only an emptying before any data can need taking back.
                 file.pendingRevert = file.dirty || final ? nil : receipt
@@ -264,8 +284,9 @@ extension FileSystem {
     /// `truncate(path)`: rewrites the stored value at once, under the keys
     /// that a write needs.
     func truncate(group: String, identifier: String, to size: Int, caller: ProcessIdentity) throws(Errno) {
-        let file = try openItem(group: group, identifier: identifier,
-                                flags: size == 0 ? O_WRONLY | O_TRUNC : O_WRONLY, opener: caller)
+        let file = try openItem(
+            group: group, identifier: identifier,
+            flags: size == 0 ? O_WRONLY | O_TRUNC : O_WRONLY, opener: caller)
         try truncate(file, to: size)
         try commit(file, final: true)
     }

@@ -55,8 +55,11 @@ public final class FileSystem: Sendable {
     /// Every mount of one device shares `nodes`.
     /// Its files belong to `owner` (the keychain's user: in service mode
     /// not the device's account).
-    package init(manager: PasswordManager, group: String? = nil, nodes: NodeTable, owner: (uid: uid_t, gid: gid_t) = (getuid(), getgid()),
-         isGroupMounted: @escaping @Sendable (String) -> Bool = { _ in false }) throws(KeychainError) {
+    package init(
+        manager: PasswordManager, group: String? = nil, nodes: NodeTable,
+        owner: (uid: uid_t, gid: gid_t) = (getuid(), getgid()),
+        isGroupMounted: @escaping @Sendable (String) -> Bool = { _ in false }
+    ) throws(KeychainError) {
         self.manager = manager
         self.nodes = nodes
         self.isGroupMounted = isGroupMounted
@@ -70,7 +73,8 @@ public final class FileSystem: Sendable {
         let kernelCache = KernelCache(scope: scope)
         self.kernelCache = kernelCache
         // Weak: the device holds this closure; a strong capture would keep it alive forever.
-        lockObserver = manager.localDevice.addObserver { [nodes, eventStreams, weak device = manager.localDevice] event in
+        lockObserver = manager.localDevice.addObserver {
+            [nodes, eventStreams, weak device = manager.localDevice] event in
             if let device { Self.deliver(event, to: eventStreams, device: device) }
             switch event {
             case .locked:
@@ -169,9 +173,11 @@ public final class FileSystem: Sendable {
         case .group(let name):
             guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw Errno(ENOENT) }
         case .item(let group, let identifier):
-            guard let item = try core({ () throws(KeychainError) in
-                try manager.info(forIdentifier: identifier, inGroup: group)
-            }) else { throw Errno(ENOENT) }
+            guard
+                let item = try core({ () throws(KeychainError) in
+                    try manager.info(forIdentifier: identifier, inGroup: group)
+                })
+            else { throw Errno(ENOENT) }
             size = item.size
         case .root, .control, .events:
             break
@@ -270,8 +276,10 @@ public final class FileSystem: Sendable {
     /// The entries of a directory, `.` and `..` first, with the sizes of
     /// items as listed (one query for the whole directory).
     func listing(of node: Node) throws(Errno) -> [DirectoryListing.Entry] {
-        var entries: [DirectoryListing.Entry] = [.init(name: ".", node: node, mode: S_IFDIR),
-                                                 .init(name: "..", node: .root, mode: S_IFDIR)]
+        var entries: [DirectoryListing.Entry] = [
+            .init(name: ".", node: node, mode: S_IFDIR),
+            .init(name: "..", node: .root, mode: S_IFDIR)
+        ]
         if node == .root {
             entries.append(.init(name: ".control", node: .control, mode: S_IFREG))
             entries.append(.init(name: ".events", node: .events, mode: S_IFREG))
@@ -282,8 +290,10 @@ public final class FileSystem: Sendable {
             }
         } else if let group = itemGroup(of: node) {
             for item in try core({ () throws(KeychainError) in try manager.items(inGroup: group) }) {
-                entries.append(.init(name: item.identifier, node: .item(group: group, identifier: item.identifier),
-                                     mode: S_IFREG, size: item.info.size))
+                entries.append(
+                    .init(
+                        name: item.identifier, node: .item(group: group, identifier: item.identifier),
+                        mode: S_IFREG, size: item.info.size))
             }
         } else {
             throw Errno(ENOTDIR)
@@ -304,8 +314,10 @@ public final class FileSystem: Sendable {
     /// or a rule of it admits the program). The program is identified only
     /// for a group with a policy.
     /// A denial is recorded in the audit log as `operation` on `identifier`.
-    func requireEntitlement(_ group: String, caller: ProcessIdentity, operation: String,
-                            identifier: String? = nil) throws(Errno) {
+    func requireEntitlement(
+        _ group: String, caller: ProcessIdentity, operation: String,
+        identifier: String? = nil
+    ) throws(Errno) {
         var program: ProgramIdentity?
         do throws(KeychainError) {
             try manager.localDevice.checkEntitlement(group) {
@@ -314,8 +326,9 @@ public final class FileSystem: Sendable {
             }
         } catch {
             // Why a granted executable was not trusted, when that was the reason.
-            audit(operation, group: group, identifier: identifier, detail: program?.doubt, caller: caller,
-                  result: AuditEvent.result(of: error))
+            audit(
+                operation, group: group, identifier: identifier, detail: program?.doubt, caller: caller,
+                result: AuditEvent.result(of: error))
             throw Errno(error)
         }
     }
@@ -357,30 +370,38 @@ public final class FileSystem: Sendable {
     /// word (its executable's path is that user's to keep).
     func requireOwner(uid: uid_t, pid: pid_t) throws(Errno) {
         guard uid != owner.uid else { return }
-        manager.localDevice.audit.record(AuditEvent(
-            operation: "request", result: "denied",
-            subject: AuditSubject(pid: pid, uid: uid, executable: nil, unit: nil),
-            detail: "not the keychain's user"))
+        manager.localDevice.audit.record(
+            AuditEvent(
+                operation: "request", result: "denied",
+                subject: AuditSubject(pid: pid, uid: uid, executable: nil, unit: nil),
+                detail: "not the keychain's user"))
         throw Errno(EACCES)
     }
 
     /// Records an access to an item (or its denial) with who asked.
-    func audit(_ operation: String, group: String, identifier: String?, detail: String? = nil, caller: ProcessIdentity,
-               result: String) {
-        manager.localDevice.audit.record(AuditEvent(
-            operation: operation, result: result, group: group, identifier: identifier,
-            subject: caller.auditSubject, detail: detail))
+    func audit(
+        _ operation: String, group: String, identifier: String?, detail: String? = nil, caller: ProcessIdentity,
+        result: String
+    ) {
+        manager.localDevice.audit.record(
+            AuditEvent(
+                operation: operation, result: result, group: group, identifier: identifier,
+                subject: caller.auditSubject, detail: detail))
     }
 
     /// Runs an item operation and records its outcome.
-    func audited<R>(_ operation: String, group: String, identifier: String, detail: String? = nil,
-                    caller: ProcessIdentity, _ body: () throws(Errno) -> R) throws(Errno) -> R {
+    func audited<R>(
+        _ operation: String, group: String, identifier: String, detail: String? = nil,
+        caller: ProcessIdentity, _ body: () throws(Errno) -> R
+    ) throws(Errno) -> R {
         do throws(Errno) {
             let result = try body()
             audit(operation, group: group, identifier: identifier, detail: detail, caller: caller, result: "ok")
             return result
         } catch {
-            audit(operation, group: group, identifier: identifier, detail: detail, caller: caller, result: error.auditResult)
+            audit(
+                operation, group: group, identifier: identifier, detail: detail, caller: caller,
+                result: error.auditResult)
             throw error
         }
     }

@@ -53,11 +53,15 @@ package final class NodeTable: Sendable {
     }
 
     private struct State {
-        var entries: [UInt64: Entry] = [NodeTable.rootInode: Entry(node: .root),
-                                        NodeTable.controlInode: Entry(node: .control),
-                                        NodeTable.eventsInode: Entry(node: .events)]
-        var byNode = HashIndex<Node>([.root: NodeTable.rootInode, .control: NodeTable.controlInode,
-                                .events: NodeTable.eventsInode])
+        var entries: [UInt64: Entry] = [
+            NodeTable.rootInode: Entry(node: .root),
+            NodeTable.controlInode: Entry(node: .control),
+            NodeTable.eventsInode: Entry(node: .events)
+        ]
+        var byNode = HashIndex<Node>([
+            .root: NodeTable.rootInode, .control: NodeTable.controlInode,
+            .events: NodeTable.eventsInode
+        ])
         var opened: [UInt64: Opened] = [:]
         var next: UInt64 = 4
 

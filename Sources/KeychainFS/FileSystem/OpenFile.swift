@@ -44,8 +44,10 @@ final class OpenFile: @unchecked Sendable {
     /// The device locked away a key this descriptor needs.
     private(set) var revoked = false
 
-    init(inode: UInt64, value: SecureBytes?, buffer: SecureBuffer?, appends: Bool,
-         protectionClass: ProtectionClass?, targetClass: ProtectionClass?, opener: ProcessIdentity) {
+    init(
+        inode: UInt64, value: SecureBytes?, buffer: SecureBuffer?, appends: Bool,
+        protectionClass: ProtectionClass?, targetClass: ProtectionClass?, opener: ProcessIdentity
+    ) {
         self.inode = inode
         self.value = value
         self.buffer = buffer

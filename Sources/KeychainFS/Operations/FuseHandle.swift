@@ -21,7 +21,8 @@ enum FuseHandle {
     /// The object behind a handle, still owned by the handle.
     static func object<T: AnyObject>(_ handle: UInt64, as type: T.Type) -> T? {
         guard live.withLock({ $0[handle] == ObjectIdentifier(type) }),
-              let raw = UnsafeRawPointer(bitPattern: UInt(handle)) else { return nil }
+            let raw = UnsafeRawPointer(bitPattern: UInt(handle))
+        else { return nil }
         return Unmanaged<T>.fromOpaque(raw).takeUnretainedValue()
     }
 
@@ -29,7 +30,8 @@ enum FuseHandle {
     @discardableResult
     static func take<T: AnyObject>(_ handle: UInt64, as type: T.Type) -> T? {
         guard live.withLock({ $0[handle] == ObjectIdentifier(type) ? $0.removeValue(forKey: handle) : nil }) != nil,
-              let raw = UnsafeRawPointer(bitPattern: UInt(handle)) else { return nil }
+            let raw = UnsafeRawPointer(bitPattern: UInt(handle))
+        else { return nil }
         return Unmanaged<T>.fromOpaque(raw).takeRetainedValue()
     }
 }

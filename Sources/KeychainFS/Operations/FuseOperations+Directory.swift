@@ -21,7 +21,9 @@ extension FuseOperations {
         }
     }
 
-    static func readDirectory(_ req: fuse_req_t?, _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func readDirectory(
+        _ req: fuse_req_t?, _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         replyListing(req, fi, size: size, offset: offset) { fs, _, listed, room, roomSize, next in
             var info = stat()
             info.st_ino = ino_t(fs.nodes.inode(for: listed.node))
@@ -30,7 +32,9 @@ extension FuseOperations {
         }
     }
 
-    static func readDirectoryPlus(_ req: fuse_req_t?, _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func readDirectoryPlus(
+        _ req: fuse_req_t?, _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         replyListing(req, fi, size: size, offset: offset) { fs, listing, listed, room, roomSize, next in
             // An entry without a number (ino 0) is a bare name: the
             // kernel takes no reference and keeps what it has. So are
@@ -40,7 +44,8 @@ extension FuseOperations {
             var entry = fuse_entry_param()
             entry.attr.st_mode = listed.mode
             if let known = fs.nodes.existingInode(for: listed.node),
-               listed.name == "." || listed.name == ".." || fs.kernelCache.knows(known) {
+                listed.name == "." || listed.name == ".." || fs.kernelCache.knows(known)
+            {
                 entry.attr.st_ino = ino_t(known)
             } else {
                 entry = fs.entry(listed: listed, current: fs.nodes.changeCount == listing.changeCount)
@@ -63,8 +68,10 @@ extension FuseOperations {
     /// entry (the filesystem, the listing, the entry, the room left and its
     /// size, the entry's next offset) and returns the bytes it needs; more than
     /// the room means it did not fit, and the reply ends before it.
-    private static func replyListing(_ req: fuse_req_t?, _ fi: UnsafeMutablePointer<fuse_file_info>?, size: Int, offset: off_t,
-                              add: (FileSystem, DirectoryListing, DirectoryListing.Entry, UnsafeMutablePointer<CChar>, Int, off_t) -> Int) {
+    private static func replyListing(
+        _ req: fuse_req_t?, _ fi: UnsafeMutablePointer<fuse_file_info>?, size: Int, offset: off_t,
+        add: (FileSystem, DirectoryListing, DirectoryListing.Entry, UnsafeMutablePointer<CChar>, Int, off_t) -> Int
+    ) {
         serve(req) { fs throws(Errno) in
             guard let fi, let listing = FuseHandle.object(fi.pointee.fh, as: DirectoryListing.self) else {
                 throw Errno(EBADF)

@@ -42,13 +42,17 @@ extension FuseOperations {
             if let node = fs.nodes.node(for: inode) {
                 try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "stat")
             }
-            var info = try fs.attributes(ofInode: inode, file: fi.flatMap { NodeTable.file($0.pointee.fh) },
-                                         caller: caller(req))
+            var info = try fs.attributes(
+                ofInode: inode, file: fi.flatMap { NodeTable.file($0.pointee.fh) },
+                caller: caller(req))
             fuse_reply_attr(req, &info, fs.attributeTimeout(ofInode: inode))
         }
     }
 
-    static func setAttributes(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>?, _ toSet: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func setAttributes(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>?, _ toSet: Int32,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { fs throws(Errno) in
             guard let attr else { throw Errno(EINVAL) }
             let file = fi.flatMap { NodeTable.file($0.pointee.fh) }
@@ -81,7 +85,9 @@ extension FuseOperations {
             // all the owner's): nothing here is executable.
             let node = try fs.node(inode)
             try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "access")
-            if mask & X_OK != 0, node == .control || node == .events || { if case .item = node { return true } else { return false } }() {
+            if mask & X_OK != 0,
+                node == .control || node == .events || { if case .item = node { return true } else { return false } }()
+            {
                 throw Errno(EACCES)
             }
             fuse_reply_err(req, 0)

@@ -28,11 +28,15 @@ extension FuseOperations {
         }
     }
 
-    static func rename(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ newParent: fuse_ino_t, _ newName: UnsafePointer<CChar>?, _ flags: UInt32) {
+    static func rename(
+        _ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ newParent: fuse_ino_t,
+        _ newName: UnsafePointer<CChar>?, _ flags: UInt32
+    ) {
         serve(req) { fs throws(Errno) in
-            try fs.rename(parent: try fs.node(parent), name: try kernelName(name),
-                          newParent: try fs.node(newParent), newName: try kernelName(newName), flags: UInt32(flags),
-                          caller: caller(req))
+            try fs.rename(
+                parent: try fs.node(parent), name: try kernelName(name),
+                newParent: try fs.node(newParent), newName: try kernelName(newName), flags: UInt32(flags),
+                caller: caller(req))
             fuse_reply_err(req, 0)
         }
     }

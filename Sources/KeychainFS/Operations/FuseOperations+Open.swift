@@ -10,7 +10,9 @@ extension FuseOperations {
         serve(req) { fs throws(Errno) in
             guard let fi else { throw Errno(EINVAL) }
             // A detached item: the open raced the removal or replacement of its name (openDescriptor).
-            guard let node = fs.nodes.node(for: inode) ?? fs.nodes.detachedItem(inode)?.node else { throw Errno(ESTALE) }
+            guard let node = fs.nodes.node(for: inode) ?? fs.nodes.detachedItem(inode)?.node else {
+                throw Errno(ESTALE)
+            }
             fi.pointee.direct_io = 1
             fi.pointee.keep_cache = 0
             switch node {
@@ -26,7 +28,9 @@ extension FuseOperations {
                 // Said again if it changed before the stream was listening (a repeated
                 // state line is harmless, a wrong last one is not).
                 let device = fs.manager.localDevice
-                func stateLine(_ locked: Bool) -> [UInt8] { Array((locked ? DeviceEvent.locked : .unlocked).eventLine.text.utf8) }
+                func stateLine(_ locked: Bool) -> [UInt8] {
+                    Array((locked ? DeviceEvent.locked : .unlocked).eventLine.text.utf8)
+                }
                 let locked = device.isLocked
                 stream.deliver(stateLine(locked))
                 fs.eventStreams.add(stream)
@@ -45,7 +49,10 @@ extension FuseOperations {
         }
     }
 
-    static func create(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func create(
+        _ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { fs throws(Errno) in
             guard let fi else { throw Errno(EINVAL) }
             guard mode & S_IFMT == S_IFREG || mode & S_IFMT == 0 else { throw Errno(EPERM) }

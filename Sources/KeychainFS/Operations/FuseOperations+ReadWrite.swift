@@ -6,7 +6,10 @@ import Glibc
 
 /// Data: read, write, poll.
 extension FuseOperations {
-    static func read(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func read(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ size: Int, _ offset: off_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         serve(req) { fs throws(Errno) in
             guard let fi else { throw Errno(EBADF) }
             if inode == NodeTable.controlInode {
@@ -19,7 +22,9 @@ extension FuseOperations {
                 return
             }
             if inode == NodeTable.eventsInode {
-                guard let req, let stream = FuseHandle.object(fi.pointee.fh, as: EventStream.self) else { throw Errno(EBADF) }
+                guard let req, let stream = FuseHandle.object(fi.pointee.fh, as: EventStream.self) else {
+                    throw Errno(EBADF)
+                }
                 return stream.read(req, size: size, nonblocking: fi.pointee.flags & O_NONBLOCK != 0)
             }
             guard let file = NodeTable.file(fi.pointee.fh) else { throw Errno(EBADF) }
@@ -29,7 +34,10 @@ extension FuseOperations {
         }
     }
 
-    static func write(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ buf: UnsafePointer<CChar>?, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+    static func write(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ buf: UnsafePointer<CChar>?, _ size: Int, _ offset: off_t,
+        _ fi: UnsafeMutablePointer<fuse_file_info>?
+    ) {
         // The request buffer held plaintext (or a passcode): wipe it
         // whatever happens, once copied.
         let request = UnsafeMutableRawBufferPointer(start: UnsafeMutableRawPointer(mutating: buf), count: size)
@@ -46,9 +54,12 @@ extension FuseOperations {
         }
     }
 
-    static func poll(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?, _ handle: OpaquePointer?) {
+    static func poll(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?, _ handle: OpaquePointer?
+    ) {
         if inode == NodeTable.eventsInode, let req, let fi,
-           let stream = FuseHandle.object(fi.pointee.fh, as: EventStream.self) {
+            let stream = FuseHandle.object(fi.pointee.fh, as: EventStream.self)
+        {
             return stream.poll(req, handle: handle)
         }
         // Everything else is always ready, as a regular file is (an

@@ -6,7 +6,10 @@ import Glibc
 
 /// Extended attributes: the item's class and migratability.
 extension FuseOperations {
-    static func setExtendedAttribute(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ value: UnsafePointer<CChar>?, _ size: Int, _ flags: Int32) {
+    static func setExtendedAttribute(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ value: UnsafePointer<CChar>?,
+        _ size: Int, _ flags: Int32
+    ) {
         serve(req) { fs throws(Errno) in
             let bytes = UnsafeRawBufferPointer(start: value, count: size)
             guard let text = String(validating: bytes, as: UTF8.self) else { throw Errno(EINVAL) }
@@ -16,31 +19,41 @@ extension FuseOperations {
                 return try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
             }
             // Setting an attribute gives the item another class: a change worth recording.
-            try fs.audited("set-class", group: group, identifier: identifier, detail: name + "=" + text,
-                           caller: caller(req)) { () throws(Errno) in
+            try fs.audited(
+                "set-class", group: group, identifier: identifier, detail: name + "=" + text,
+                caller: caller(req)
+            ) { () throws(Errno) in
                 try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
             }
             fuse_reply_err(req, 0)
         }
     }
 
-    static func getExtendedAttribute(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ size: Int) {
+    static func getExtendedAttribute(
+        _ req: fuse_req_t?, _ inode: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ size: Int
+    ) {
         serve(req) { fs throws(Errno) in
-            let value = Array(try fs.extendedAttribute(try kernelName(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")).utf8)
+            let value = Array(
+                try fs.extendedAttribute(
+                    try kernelName(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")
+                ).utf8)
             try replyXattr(req, value, size: size)
         }
     }
 
     static func listExtendedAttributes(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ size: Int) {
         serve(req) { fs throws(Errno) in
-            let names = fs.extendedAttributeNames(of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")).flatMap { Array($0.utf8) + [UInt8(0)] }
+            let names = fs.extendedAttributeNames(
+                of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr")
+            ).flatMap { Array($0.utf8) + [UInt8(0)] }
             try replyXattr(req, names, size: size)
         }
     }
 
     static func removeExtendedAttribute(_ req: fuse_req_t?, _ inode: fuse_ino_t, _ name: UnsafePointer<CChar>?) {
         serve(req) { fs throws(Errno) in
-            try fs.removeExtendedAttribute(try kernelName(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr"))
+            try fs.removeExtendedAttribute(
+                try kernelName(name), of: try fs.entitledNode(inode, caller: caller(req), operation: "xattr"))
         }
     }
 

@@ -87,14 +87,14 @@ enum FuseOperations {
     }
 }
 
-
 extension FileSystem {
     /// A lookup, create or mkdir reply, handing the node's number to the kernel.
     func entry(for node: Node) throws(Errno) -> fuse_entry_param {
         let inode = nodes.lookedUp(node, by: kernelCache)
         do throws(Errno) {
-            return entry(node: node, attributes: try attributes(of: node, inode: inode),
-                         attributeTimeout: newInodeAttributeTimeout(for: node, inode: inode))
+            return entry(
+                node: node, attributes: try attributes(of: node, inode: inode),
+                attributeTimeout: newInodeAttributeTimeout(for: node, inode: inode))
         } catch {
             nodes.forget(inode, count: 1, by: kernelCache)  // no reply carries it
             throw error
@@ -106,8 +106,10 @@ extension FileSystem {
     /// (`current`); otherwise for no time, and the kernel asks again.
     func entry(listed: DirectoryListing.Entry, current: Bool) -> fuse_entry_param {
         let inode = nodes.lookedUp(listed.node, by: kernelCache)
-        return entry(node: listed.node, attributes: attributes(of: listed.node, inode: inode, size: listed.size),
-                     attributeTimeout: current || listed.mode == S_IFDIR ? newInodeAttributeTimeout(for: listed.node, inode: inode) : 0)
+        return entry(
+            node: listed.node, attributes: attributes(of: listed.node, inode: inode, size: listed.size),
+            attributeTimeout: current || listed.mode == S_IFDIR
+                ? newInodeAttributeTimeout(for: listed.node, inode: inode) : 0)
     }
 
     private func entry(node: Node, attributes: stat, attributeTimeout: Double) -> fuse_entry_param {

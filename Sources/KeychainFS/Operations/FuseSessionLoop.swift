@@ -41,10 +41,13 @@ final class FuseSessionLoop: Sendable {
     private func startWorker() {
         workers.withLock { workers in
             guard workers.started < Self.maximumWorkers,
-                  let thread = Threads.start(blockingSignals: true, { [self] in
-                      _ = CLinux_name_thread("kcfs-fuse")
-                      work()
-                  }) else { return }
+                let thread = Threads.start(
+                    blockingSignals: true,
+                    { [self] in
+                        _ = CLinux_name_thread("kcfs-fuse")
+                        work()
+                    })
+            else { return }
             workers.started += 1
             workers.idle += 1
             workers.threads.append(thread)
@@ -96,7 +99,8 @@ final class FuseSessionLoop: Sendable {
         reply.withUnsafeMutableBytes { out in
             out.storeBytes(of: UInt32(16).littleEndian, toByteOffset: 0, as: UInt32.self)
             out.storeBytes(of: Int32(-EIO).littleEndian, toByteOffset: 4, as: Int32.self)
-            out.storeBytes(of: request.loadUnaligned(fromByteOffset: 8, as: UInt64.self), toByteOffset: 8, as: UInt64.self)
+            out.storeBytes(
+                of: request.loadUnaligned(fromByteOffset: 8, as: UInt64.self), toByteOffset: 8, as: UInt64.self)
         }
         _ = reply.withUnsafeBytes { write(fuse_session_fd(session), $0.baseAddress, 16) }
     }

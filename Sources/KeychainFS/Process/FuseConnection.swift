@@ -45,7 +45,8 @@ package enum FuseConnection {
         // Still mounted: a connection whose mount went away polls as an error.
         var state = pollfd(fd: descriptor, events: Int16(POLLIN | POLLOUT), revents: 0)
         guard (try? valueOrErrno { Glibc.poll(&state, 1, 0) }) != nil,
-              state.revents & Int16(POLLERR | POLLHUP | POLLNVAL) == 0 else {
+            state.revents & Int16(POLLERR | POLLHUP | POLLNVAL) == 0
+        else {
             return "the FUSE connection passed has ended (its mount is gone)"
         }
         return nil

@@ -23,8 +23,10 @@ public final class FuseMount: Sendable {
     /// it: libfuse takes `/dev/fd/N` for "mounted by the caller"
     /// (fuse_session_mount), closes it when the session ends, and never
     /// unmounts it (the mount is its user's, who unmounts it).
-    public init(fileSystem: FileSystem, mountpoint: String, connection: Int32? = nil,
-                onFinish: @escaping @Sendable (FuseMount) -> Void) throws(MountError) {
+    public init(
+        fileSystem: FileSystem, mountpoint: String, connection: Int32? = nil,
+        onFinish: @escaping @Sendable (FuseMount) -> Void
+    ) throws(MountError) {
         self.fileSystem = fileSystem
         self.mountpoint = mountpoint
         var ops = FuseOperations.table()
@@ -54,10 +56,12 @@ public final class FuseMount: Sendable {
         session = FuseSession(made, userdata: userdata)
         fileSystem.kernelCache.attach(session)
         fileSystem.nodes.register(fileSystem.kernelCache)
-        guard let thread = Threads.start({ [self] in
-            serve()
-            onFinish(self)
-        }) else {
+        guard
+            let thread = Threads.start({ [self] in
+                serve()
+                onFinish(self)
+            })
+        else {
             fileSystem.nodes.unregister(fileSystem.kernelCache)
             session.tearDown()
             throw MountError("could not start the FUSE loop thread")
@@ -73,10 +77,12 @@ public final class FuseMount: Sendable {
 
     /// Waits for the loop thread to end.
     public func join() {
-        guard let thread = loopThread.withLock({ value -> pthread_t? in
-            defer { value = nil }
-            return value
-        }) else { return }
+        guard
+            let thread = loopThread.withLock({ value -> pthread_t? in
+                defer { value = nil }
+                return value
+            })
+        else { return }
         pthread_join(thread, nil)
     }
 

@@ -32,7 +32,8 @@ public enum MountTable {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
             // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
             guard fields.count > 6, unescapeMountField(fields[4]) == path,
-                  let separator = fields.firstIndex(of: "-"), separator + 1 < fields.count else { return nil }
+                let separator = fields.firstIndex(of: "-"), separator + 1 < fields.count
+            else { return nil }
             return String(fields[separator + 1])
         }
     }
@@ -43,7 +44,8 @@ public enum MountTable {
         var utf8 = Array(field.utf8)[...]
         while let byte = utf8.popFirst() {
             if byte == UInt8(ascii: "\\"), utf8.count >= 3,
-               let value = UInt8(String(decoding: utf8.prefix(3), as: UTF8.self), radix: 8) {
+                let value = UInt8(String(decoding: utf8.prefix(3), as: UTF8.self), radix: 8)
+            {
                 bytes.append(value)
                 utf8 = utf8.dropFirst(3)
             } else {
@@ -79,13 +81,16 @@ public enum MountTable {
     public static func emptyDirectoryProblem(_ path: String) -> String? {
         var info = stat()
         guard stat(path, &info) == 0 else {
-            return Errno.current.rawValue == ENOENT ? "mount point \(path) does not exist" : "cannot use mount point \(path): \(Errno.current.description)"
+            return Errno.current.rawValue == ENOENT
+                ? "mount point \(path) does not exist" : "cannot use mount point \(path): \(Errno.current.description)"
         }
         guard info.st_mode & S_IFMT == S_IFDIR else { return "mount point \(path) is not a directory" }
         guard let dir = opendir(path) else { return "cannot read mount point \(path)" }
         defer { closedir(dir) }
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
             if name != "." && name != ".." { return "mount point \(path) is not empty" }
         }
         return nil
