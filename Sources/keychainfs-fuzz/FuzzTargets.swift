@@ -269,12 +269,35 @@ enum FuzzTarget: String, CaseIterable {
 }
 
 extension FuzzTarget {
+    /// The temporary directory of the keychain behind ``fuseSession``.
+    private nonisolated(unsafe) static var fuseKeychainRoot: String?
+
+    /// Removes it: the keychain's files (one directory, no subdirectory), then the two directories.
+    static func removeFuseKeychain() {
+        guard let root = fuseKeychainRoot else { return }
+        let keychain = root + "/keychain"
+        if let directory = opendir(keychain) {
+            while let entry = readdir(directory) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                    String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+                }
+                if name != "." && name != ".." { unlink(keychain + "/" + name) }
+            }
+            closedir(directory)
+        }
+        rmdir(keychain)
+        rmdir(root)
+    }
+
     /// A session of the device's operations over a filesystem of a keychain
     /// made for the run; its replies come back on the other end of a
     /// socket pair (`fuseReplies`), one message each. INIT already done.
     private nonisolated(unsafe) static let fuseSession: OpaquePointer = {
         var template = Array("/tmp/kcfs-fuzz-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { fatalError("mkdtemp") }
+        fuseKeychainRoot = String(cString: made)
+        // Gone when the run ends (libFuzzer exits; a crash leaves it, with the input).
+        atexit { FuzzTarget.removeFuseKeychain() }
         let directory = KeychainDirectory(path: String(cString: made) + "/keychain")
         do {
             try Device.createKeychain(at: directory, passcode: nil)
