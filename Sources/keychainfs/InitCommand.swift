@@ -36,12 +36,7 @@ struct InitCommand: ParsableCommand {
         if directory.exists {
             throw fail("a keychain already exists at \(directory.path)")
         }
-        let passcode =
-            noPasscode
-            ? nil
-            : try Passcode.readNew(
-                prompt: "New passcode: ",
-                missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
+        let passcode = try newPasscode()
         let recovery: RecoveryKey?
         do {
             recovery = try Device.createKeychain(at: directory, passcode: passcode, tpm: tpmChoice)
@@ -57,17 +52,20 @@ struct InitCommand: ParsableCommand {
         RecoveryKeyNotice.show(recovery)
     }
 
+    /// The passcode the new keychain gets, typed twice (nil: --no-passcode).
+    private func newPasscode() throws -> SecureBytes? {
+        guard !noPasscode else { return nil }
+        return try Passcode.readNew(
+            prompt: "New passcode: ",
+            missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
+    }
+
     private var tpmChoice: TPMChoice { noTPM ? .declined : requireTPM ? .required : .whenPresent }
 
     /// Service mode: the service creates the keychain in its state directory.
     private func createInService(_ place: KeychainPlace) throws {
         try place.requireExisting()
-        let passcode =
-            noPasscode
-            ? nil
-            : try Passcode.readNew(
-                prompt: "New passcode: ",
-                missing: "no passcode given; type one, or use --no-passcode for a keychain without one")
+        let passcode = try newPasscode()
         switch DeviceClient.send(.create(passcode: passcode), to: try place.socketPath()) {
         case .ok?:
             print("created \(place.name)")
