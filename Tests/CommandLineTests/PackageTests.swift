@@ -11,17 +11,15 @@ extension SerialTests {
     @Suite(.serialized) struct PackageTests {
         static let repository = MachineFixtures.repository
 
-        static func installed() -> Bool {
-            let harness = try? MountHarness(passcode: nil)
-            return harness?.sh("dpkg-query -W -f='${Status}' keychainfs 2>/dev/null | grep -q 'install ok installed'")
-                .succeeded ?? false
+        static func installed(_ harness: MountHarness) -> Bool {
+            harness.sh("dpkg-query -W -f='${Status}' keychainfs 2>/dev/null | grep -q 'install ok installed'").succeeded
         }
 
         @Test func thePackageInstallsWorksAndRemovesCleanly() throws {
-            try #require(
-                !Self.installed(),
-                "a keychainfs package is installed on this machine: this test installs and removes its own")
             let harness = try MountHarness(passcode: nil)
+            try #require(
+                !Self.installed(harness),
+                "a keychainfs package is installed on this machine: this test installs and removes its own")
             let hadAccount = getpwnam("keychainfs") != nil
             let hadState = FileManager.default.fileExists(atPath: "/var/lib/keychainfs")
             defer {
@@ -119,7 +117,7 @@ extension SerialTests {
             #expect(purged.succeeded && purged.stderr.contains("left in /var/lib/keychainfs"), "\(purged)")
             #expect(FileManager.default.fileExists(atPath: "/var/lib/keychainfs/4242/keychain.db"))
             #expect(FileManager.default.fileExists(atPath: kept + "/keychain.db"))
-            #expect(!Self.installed())
+            #expect(!Self.installed(harness))
         }
     }
 }

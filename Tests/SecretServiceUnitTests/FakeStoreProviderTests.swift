@@ -40,7 +40,8 @@ extension SerialTests {
                 switch request {
                 case .list(let group):
                     return .ok(group == nil ? ["work"] : ["mail", ProtectionClass.whenUnlocked.name, "6"])
-                case .details, .info: return .ok(request.isInfo ? [ProtectionClass.whenUnlocked.name] : [])
+                case .details: return .ok([])
+                case .info: return .ok([ProtectionClass.whenUnlocked.name])
                 case .get: kind = "get"
                 case .set: kind = "set"
                 case .remove: kind = "remove"
@@ -130,12 +131,5 @@ extension FileHandle {
         var byte: UInt8 = 0
         while Glibc.read(fileDescriptor, &byte, 1) == 1, byte != UInt8(ascii: "\n") { line.append(byte) }
         return String(decoding: line, as: UTF8.self)
-    }
-}
-
-extension DeviceRequest {
-    var isInfo: Bool {
-        if case .info = self { return true }
-        return false
     }
 }
