@@ -22,8 +22,10 @@ public enum ServiceAccount {
         }
         let uid = entry.pointee.pw_uid, gid = entry.pointee.pw_gid
         guard uid != 0 else { throw MountError("the service must not run as root (\(name) is uid 0)") }
-        if mkdir(stateDirectory, 0o700) != 0 && Errno.current.rawValue != EEXIST {
-            throw MountError("cannot create \(stateDirectory): \(Errno.current.description)")
+        do {
+            try makeDirectoryUnlessPresent(stateDirectory, mode: 0o700)
+        } catch {
+            throw MountError("cannot create \(stateDirectory): \(error)")
         }
         var info = stat()
         guard lstat(stateDirectory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {

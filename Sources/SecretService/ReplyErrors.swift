@@ -27,9 +27,13 @@ extension BusError {
         case .keychainError(_, let message), .systemError(_, let message):
             self = .failed(message)
         case .ok, .value:
-            self = .failed("unexpected reply from the device (another keychainfs build?)")
+            self = .unexpectedReply
         }
     }
+
+    /// A reply of the wrong kind, or fields that do not read as the
+    /// method's answer: another keychainfs build at the other end.
+    static let unexpectedReply = BusError.failed("unexpected reply from the device (another keychainfs build?)")
 
     private static func naming(_ subject: BusErrorSubject) -> String {
         switch subject {

@@ -76,7 +76,7 @@ extension SecretServiceProvider {
             guard let className = try reply.fields(about: .item(path: path)).first,
                 let protectionClass = ProtectionClass(name: className)
             else {
-                throw BusError(reply: .ok([]), about: .item(path: path))
+                throw .unexpectedReply
             }
             let item = ListedItem(
                 group: group, identifier: identifier, protectionClass: protectionClass,

@@ -239,7 +239,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             for (identifier, itemDetails) in found { details[identifier] = itemDetails }
         }
         guard let listed = try? ItemListing.items(fromFields: fields) else {
-            throw BusError(reply: .ok(fields), about: .collection(group: group))
+            throw .unexpectedReply
         }
         return listed.map {
             ListedItem(
@@ -258,7 +258,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         let reply = perform(.details(group: group, identifier: identifier), for: call, audit: .failures)
         let fields = try reply.fields(about: .item(path: ObjectPaths.item(group, identifier)))
         guard let found = try? ItemDetails.listed(fromFields: fields) else {
-            throw BusError(reply: .ok([]), about: .item(path: ObjectPaths.item(group, identifier)))
+            throw .unexpectedReply
         }
         return found.first?.details
     }

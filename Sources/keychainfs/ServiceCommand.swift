@@ -57,8 +57,12 @@ struct ServiceCommand: ParsableCommand {
                 listener = activated
             } else {
                 let parent = String(socket[..<socket.lastIndex(of: "/")!])
-                if !parent.isEmpty && mkdir(parent, 0o755) != 0 && Errno.current.rawValue != EEXIST {
-                    throw fail("cannot create \(parent): \(Errno.current.description)")
+                if !parent.isEmpty {
+                    do {
+                        try makeDirectoryUnlessPresent(parent, mode: 0o755)
+                    } catch {
+                        throw fail("cannot create \(parent): \(error)")
+                    }
                 }
                 if let problem = ServiceAccount.socketDirectoryProblem(parent.isEmpty ? "/" : parent, account: user) {
                     throw fail(problem)

@@ -54,3 +54,13 @@ package func valueOrErrno<I: FixedWidthInteger>(retryOnInterrupt: Bool = true, _
 package func nothingOrErrno<I: FixedWidthInteger>(retryOnInterrupt: Bool = true, _ call: () -> I) throws(Errno) {
     _ = try valueOrErrno(retryOnInterrupt: retryOnInterrupt, call)
 }
+
+/// mkdir(2) content with a directory there already (EEXIST): every "create
+/// it unless it is there" of the project, with the reason when it is not.
+package func makeDirectoryUnlessPresent(_ path: String, mode: mode_t) throws(Errno) {
+    do {
+        try nothingOrErrno { mkdir(path, mode) }
+    } catch  where error == .exists {
+        return
+    }
+}

@@ -543,23 +543,13 @@ public final class PasswordManager: Sendable {
     public func claim(_ identifier: String, inGroup group: String? = nil, for program: ProgramClaim)
         throws(KeychainError)
     {
-        let group = group ?? ItemLimits.defaultGroup
-        guard case .local(let device) = backend else { throw .badRequest }
-        try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
-            guard let current = existing else { throw .itemNotFound }
-            let detailsKey = device.secret.detailsKey
-            var details =
-                try ItemCipher.openDetails(current, key: detailsKey) ?? ItemDetails(label: identifier, attributes: [:])
+        try resealDetails(forIdentifier: identifier, inGroup: group) { (found) throws(KeychainError) in
+            var details = found ?? ItemDetails(label: identifier, attributes: [:])
             guard details.owner == nil else { throw .badRequest }
             details.owner = program
             details.allowed = []
-            let key = try device.classKey(current.protectionClass)
-            return ItemCipher.seal(
-                try ItemCipher.open(current, key: key), group: group, identifier: identifier,
-                protectionClass: current.protectionClass, generation: generation, key: key,
-                details: (details, detailsKey))
+            return details
         }
-        forget(group: group, identifier: identifier)
     }
 
     /// Changes the access list of an item with an owner (``KeychainError/badRequest``
@@ -568,16 +558,28 @@ public final class PasswordManager: Sendable {
         forIdentifier identifier: String, inGroup group: String?,
         _ change: (inout ItemDetails, ProgramClaim) throws(KeychainError) -> Int
     ) throws(KeychainError) -> Int {
+        var count = 0
+        try resealDetails(forIdentifier: identifier, inGroup: group) { (found) throws(KeychainError) in
+            guard var details = found, let owner = details.owner else { throw .badRequest }
+            count = try change(&details, owner)
+            return details
+        }
+        return count
+    }
+
+    /// Seals an item again with the details `change` makes of the ones it
+    /// has (nil: none); its value and class stay. Local only: owners and
+    /// access lists are never set through the socket.
+    private func resealDetails(
+        forIdentifier identifier: String, inGroup group: String?,
+        _ change: (ItemDetails?) throws(KeychainError) -> ItemDetails
+    ) throws(KeychainError) {
         let group = group ?? ItemLimits.defaultGroup
         guard case .local(let device) = backend else { throw .badRequest }
-        var count = 0
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
             guard let current = existing else { throw .itemNotFound }
             let detailsKey = device.secret.detailsKey
-            guard var details = try ItemCipher.openDetails(current, key: detailsKey), let owner = details.owner else {
-                throw .badRequest
-            }
-            count = try change(&details, owner)
+            let details = try change(try ItemCipher.openDetails(current, key: detailsKey))
             let key = try device.classKey(current.protectionClass)
             return ItemCipher.seal(
                 try ItemCipher.open(current, key: key), group: group, identifier: identifier,
@@ -585,7 +587,6 @@ public final class PasswordManager: Sendable {
                 details: (details, detailsKey))
         }
         forget(group: group, identifier: identifier)
-        return count
     }
 
     /// Every item of `group` that has details, with them, sorted by identifier.

@@ -213,8 +213,10 @@ public enum RuntimePaths {
                 )
             }
         }
-        if mkdir(base, 0o700) != 0 && Errno.current.rawValue != EEXIST {
-            throw RuntimePathError("cannot create the runtime directory \(base): \(Errno.current.description)")
+        do {
+            try makeDirectoryUnlessPresent(base, mode: 0o700)
+        } catch {
+            throw RuntimePathError("cannot create the runtime directory \(base): \(error)")
         }
         // Refuse a directory someone else made for us (e.g. in /tmp).
         var info = stat()

@@ -70,8 +70,10 @@ public struct KeychainDirectory: Sendable, Equatable {
         var prefix = ""
         for component in path.split(separator: "/") {
             prefix += "/" + component
-            if mkdir(prefix, 0o700) != 0 && Errno.current.rawValue != EEXIST {
-                throw fileFailure("create the directory", prefix)
+            do {
+                try makeDirectoryUnlessPresent(prefix, mode: 0o700)
+            } catch {
+                throw fileFailure("create the directory", prefix, errno: error.rawValue)
             }
         }
         // The directory may have existed with looser permissions.
