@@ -31,15 +31,9 @@ struct AutoLockCommand: ParsableCommand {
 
     func run() throws {
         guard let mount = target.mount else {
-            guard let socketPath = try target.deviceSocket(starting: true) else { return }
-            switch DeviceClient.send(.autoLock(after: duration.seconds, grace: grace?.seconds), to: socketPath) {
-            case .ok?: return
-            case .keychainError(let error, let message)?:
-                throw fail("cannot set auto-lock: \(message)", status: ExitStatus.of(error))
-            case .systemError(_, let message)?: throw fail("cannot set auto-lock: \(message)")
-            case .value?: throw DeviceAccess.unexpectedReply()
-            case nil: throw DeviceAccess.noAnswer()
-            }
+            try target.device().perform(
+                .autoLock(after: duration.seconds, grace: grace?.seconds), doing: "cannot set auto-lock")
+            return
         }
         _ = try mount.requireControl()
         // One write: both lines take effect, or neither (.control parses the whole write first).

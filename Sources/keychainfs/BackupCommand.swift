@@ -37,7 +37,7 @@ struct BackupCommand: ParsableCommand {
         let passcode = policedGroups.isEmpty ? nil : holder.passcode(for: "to back up a policed group")
         let count: String
         switch holder {
-        case .device(let socketPath):
+        case .device(let device):
             // The device writes into a file this user made: it may be
             // another account's (the service), which must not write by path.
             let partial: (fd: Int32, path: String)
@@ -46,10 +46,9 @@ struct BackupCommand: ParsableCommand {
             } catch {
                 throw fail("cannot create \(path).partial: \(Errno.current.description)")
             }
-            let reply = DeviceClient.send(
-                .backup(
-                    path: path, password: password, policedGroups: policedGroups,
-                    passcode: passcode), to: socketPath, passing: partial.fd)
+            let reply = try device.reply(
+                to: .backup(path: path, password: password, policedGroups: policedGroups, passcode: passcode),
+                passing: partial.fd)
             close(partial.fd)
             if case .ok? = reply {
                 do {
@@ -70,10 +69,8 @@ struct BackupCommand: ParsableCommand {
             case .ok(let fields)?: count = fields.first ?? "?"
             case .keychainError(let error, _)?:
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
-            case .value?:
-                throw DeviceAccess.unexpectedReply()
-            case .systemError(_, let message)?: throw fail(message)
-            case nil: throw fail("the device went away; nothing was written")
+            case .value?, .systemError?, nil:
+                throw DeviceAccess.failure(reply, about: .action("cannot back up"))
             }
         case .local(let manager, _):
             do {

@@ -52,20 +52,18 @@ struct MountpointOrKeychain: ParsableArguments {
     /// The mount, when one was named.
     var mount: MountpointArgument? { mountpoint.map { MountpointArgument(mountpoint: $0) } }
 
-    /// The socket of the keychain's device; with `starting`, a per-user
-    /// device is started when none runs. Nil when none runs (and none was started).
-    func deviceSocket(starting: Bool) throws -> String? {
+    /// The keychain's device, started by its first request when none runs.
+    func device() throws -> RunningDevice {
         let place = options.place
         try place.requireExisting()
-        guard starting else {
-            let socketPath = try place.socketPath()
-            return DeviceClient.isServing(socketPath) ? socketPath : nil
-        }
-        let device = place.startedDevice()
-        guard let socketPath = device.socketPath else {
-            throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
-        }
-        return socketPath
+        return try RunningDevice(place)
+    }
+
+    /// The keychain's device when one runs (none is started for this).
+    func runningDevice() throws -> RunningDevice? {
+        let place = options.place
+        try place.requireExisting()
+        return try RunningDevice.running(place)
     }
 }
 

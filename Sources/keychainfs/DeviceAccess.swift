@@ -7,16 +7,127 @@ import Glibc
 #endif
 
 // The command line's one way to a keychain's device (issue 32): which
-// device (KeychainPlace, in KeychainOptions.swift), starting it on demand
-// (DeviceLauncher), the request and the map from its reply to a message and
-// an exit status (RunningDevice), and the keychain opened in this process
-// when no device holds it (DeviceAccess.openDirectly).
+// keychain (KeychainPlace), starting its device on demand (DeviceLauncher),
+// the requests (RunningDevice), the one map from a reply to a message and an
+// exit status (DeviceAccess.explanation), and the keychain opened in this
+// process when no device holds it (DeviceAccess.openDirectly). No other file
+// of the command line talks to a device (./scripts/test checks it).
 
-/// What every command says when the device's reply is not one it can use.
+/// Where a command finds the keychain: a directory of this user, served
+/// by this user's own device process, or the user's keychain in the
+/// keychainfs service (docs/SECURITY.md, "Two modes").
+enum KeychainPlace {
+    case directory(KeychainDirectory)
+    case service(socketPath: String)
+
+    /// The socket of the device that serves it; fails the command when the
+    /// runtime directory cannot hold it.
+    func socketPath() throws -> String {
+        switch self {
+        case .directory(let keychain): return try keychain.deviceSocketPath()
+        case .service(let socketPath): return socketPath
+        }
+    }
+
+    /// The socket of a device that answers for this keychain: the service,
+    /// or this user's own device, started now (headless, locked as a
+    /// device boots) when none runs, as gpg-agent starts on first use.
+    /// Nil with why there is none.
+    func startedDevice() -> (socketPath: String?, problem: String?) {
+        switch self {
+        case .directory(let keychain):
+            return DeviceLauncher.ensureRunning(keychain)
+        case .service(let socketPath):
+            return DeviceClient.isServing(socketPath)
+                ? (socketPath, nil)
+                : (nil, "the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)")
+        }
+    }
+
+    /// The keychain in a sentence's words.
+    var name: String {
+        switch self {
+        case .directory(let keychain): return "the keychain at \(keychain.path)"
+        case .service: return "your keychain in the keychainfs service"
+        }
+    }
+
+    /// Fails the command unless the keychain exists (for the service: unless
+    /// the service answers; it says itself when the user has no keychain).
+    func requireExisting() throws {
+        switch self {
+        case .directory(let keychain): try keychain.requireExisting()
+        case .service(let socketPath):
+            guard DeviceClient.isServing(socketPath) else {
+                throw fail(
+                    "the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)",
+                    status: ExitStatus.noDevice)
+            }
+        }
+    }
+}
+
+/// The one map from a device's reply to what the user is told, and the
+/// keychain opened in this process when no device holds it.
 enum DeviceAccess {
+    /// What a failure's sentence names.
+    enum Subject {
+        /// An item or a group: "pc/x does not exist".
+        case item(String)
+        /// What the command was doing: "cannot lock: …".
+        case action(String)
+        /// Nothing: the device's own sentence.
+        case device
+
+        func sentence(_ message: String) -> String {
+            switch self {
+            case .item(let item): return "\(item): \(message)"
+            case .action(let action): return "\(action): \(message)"
+            case .device: return message
+            }
+        }
+    }
+
+    /// The message and exit status of a reply the command cannot use: none
+    /// at all, a refusal, or a kind the request never gets (another build
+    /// answered). Commands match the replies they expect and give the rest here.
+    static func explanation(of reply: DeviceReply?, about subject: Subject) -> (message: String, status: ExitCode) {
+        switch reply {
+        case nil:
+            return ("the device went away", ExitStatus.noDevice)
+        case .ok?, .value?:
+            return ("unexpected reply from the device (a device of another keychainfs build?)", ExitStatus.failure)
+        case .systemError(let code, let message)?:
+            return (subject.sentence(message), code == ENOENT ? ExitStatus.absent : ExitStatus.failure)
+        case .keychainError(let error, let message)?:
+            guard case .item(let item) = subject else { return (subject.sentence(message), ExitStatus.of(error)) }
+            switch error {
+            case .itemNotFound: return ("\(item) does not exist", ExitStatus.absent)
+            // Only a create-only write (generate without --force) asks for this.
+            case .duplicateItem:
+                return ("\(item) already exists and was kept (--force replaces it)", ExitStatus.failure)
+            case .interactionNotAllowed:
+                return ("the keychain is locked for \(item); unlock it first", ExitStatus.locked)
+            case .authFailed: return (message, ExitStatus.denied)
+            case .missingEntitlement:
+                return (
+                    "\(item): the program asking (\(CommandLine.arguments[0])) is not entitled to its access group",
+                    ExitStatus.denied
+                )
+            default: return (subject.sentence(message), ExitStatus.of(error))
+            }
+        }
+    }
+
+    /// ``explanation(of:about:)`` said on standard error, as the command's failure.
+    static func failure(_ reply: DeviceReply?, about subject: Subject) -> ExitCode {
+        let explanation = explanation(of: reply, about: subject)
+        return fail(explanation.message, status: explanation.status)
+    }
+
     /// A reply of a kind the request never gets: another build answered.
     static func unexpectedReply() -> ExitCode {
-        fail("unexpected reply from the device (a device of another keychainfs build?)")
+        failure(.ok([]), about: .device)
     }
 
     /// No reply at all: the device went away, or never answered.
@@ -37,11 +148,13 @@ enum DeviceAccess {
 }
 
 /// The running device of a keychain, for the commands that are its clients
-/// (no mount point needed; the device checks that the peer is its user),
-/// started when the first request finds none listening.
+/// (no mount point needed; the device checks that the peer is its user):
+/// started when the first request finds none listening, or, made with
+/// ``init(listeningAt:)`` or ``running(_:)``, only the one that listens now.
 final class RunningDevice {
-    private let place: KeychainPlace
     private let socketPath: String
+    /// The keychain whose device is started when none listens; nil: none is.
+    private let place: KeychainPlace?
     private var startAttempted = false
 
     /// Exits with ``ExitStatus/absent`` when there is no keychain.
@@ -53,51 +166,99 @@ final class RunningDevice {
         socketPath = try place.socketPath()
     }
 
-    /// The reply to `request`: sent to the device that listens, or to one
-    /// started for it when none does (``ExitStatus/noDevice`` when it cannot be started).
-    fileprivate func deliver(_ request: DeviceRequest) throws -> DeviceReply? {
+    /// The device at `socketPath`, never one started for a request.
+    init(listeningAt socketPath: String) {
+        self.socketPath = socketPath
+        place = nil
+    }
+
+    /// The device at `socketPath` when one answers there now.
+    static func running(at socketPath: String) -> RunningDevice? {
+        DeviceClient.isServing(socketPath) ? RunningDevice(listeningAt: socketPath) : nil
+    }
+
+    /// The keychain's device when one answers now (none is started).
+    static func running(_ place: KeychainPlace) throws -> RunningDevice? {
+        running(at: try place.socketPath())
+    }
+
+    /// Starts the keychain's device, once, when this one may
+    /// (``ExitStatus/noDevice`` when it cannot be started); whether it did.
+    private func startOnce() throws -> Bool {
+        guard let place, !startAttempted else { return false }
+        startAttempted = true
+        let device = place.startedDevice()
+        guard device.socketPath != nil else {
+            throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
+        }
+        return true
+    }
+
+    /// The device's reply to `request`; nil when none came. A request that
+    /// passes a descriptor goes to a device that listens now.
+    func reply(to request: DeviceRequest, passing descriptor: Int32? = nil) throws -> DeviceReply? {
+        if let descriptor { return DeviceClient.send(request, to: socketPath, passing: descriptor) }
         switch DeviceClient.deliver(request, to: socketPath) {
         case .answered(let reply): return reply
         case .unanswered: return nil
-        case .notListening:
-            guard !startAttempted else { return nil }
-            startAttempted = true
-            let device = place.startedDevice()
-            guard device.socketPath != nil else {
-                throw fail("no device for \(place.name): \(device.problem ?? "")", status: ExitStatus.noDevice)
-            }
-            return try deliver(request)
+        case .notListening: return try startOnce() ? reply(to: request) : nil
         }
     }
 
-    /// Sends a request; a failure becomes the message and exit status the user gets.
+    /// ``reply(to:passing:)``, and the descriptor the device passed back
+    /// with it (-1: none; the caller owns it).
+    func reply(to request: DeviceRequest, receiving descriptor: inout Int32) -> DeviceReply? {
+        DeviceClient.exchange(request, with: socketPath, receiving: &descriptor)
+    }
+
+    /// The reply to `request` and the connection that carries what follows
+    /// it (`watch`; the caller closes it); nil when no device answered.
+    func follow(_ request: DeviceRequest) throws -> (reply: DeviceReply, connection: Int32)? {
+        if let followed = DeviceClient.follow(request, at: socketPath) { return followed }
+        return try startOnce() ? DeviceClient.follow(request, at: socketPath) : nil
+    }
+
+    /// Sends a request about `item`; a failure becomes the message and exit status the user gets.
     func send(_ request: DeviceRequest, item: String) throws -> DeviceReply {
-        try checked(try deliver(request), item: item)
+        try checked(try reply(to: request), item: item)
     }
 
     /// A reply as ``send(_:item:)`` gives it: a failure becomes the message and exit status.
     func checked(_ reply: DeviceReply?, item: String) throws -> DeviceReply {
         switch reply {
-        case nil:
-            throw fail("the device went away", status: ExitStatus.noDevice)
-        case .keychainError(let error, let message)?:
-            switch error {
-            case .itemNotFound: throw fail("\(item) does not exist", status: ExitStatus.absent)
-            // Only a create-only write (generate without --force) asks for this.
-            case .duplicateItem: throw fail("\(item) already exists and was kept (--force replaces it)")
-            case .interactionNotAllowed:
-                throw fail("the keychain is locked for \(item); unlock it first", status: ExitStatus.locked)
-            case .authFailed: throw fail(message, status: ExitStatus.denied)
-            case .missingEntitlement:
-                throw fail(
-                    "\(item): the program asking (\(CommandLine.arguments[0])) is not entitled to its access group",
-                    status: ExitStatus.denied)
-            default: throw fail("\(item): \(message)")
-            }
-        case .systemError(let code, let message)?:
-            throw fail("\(item): \(message)", status: code == ENOENT ? ExitStatus.absent : ExitStatus.failure)
-        case let reply?:
-            return reply
+        case let reply? where reply.isSuccess: return reply
+        default: throw DeviceAccess.failure(reply, about: .item(item))
+        }
+    }
+
+    /// Carries out a request that answers `ok`, and returns its fields; a
+    /// failure is said as "`action`: why".
+    @discardableResult
+    func perform(_ request: DeviceRequest, doing action: String, passing descriptor: Int32? = nil) throws -> [String] {
+        let reply = try reply(to: request, passing: descriptor)
+        guard case .ok(let fields)? = reply else { throw DeviceAccess.failure(reply, about: .action(action)) }
+        return fields
+    }
+
+    /// The device's status.
+    func status() throws -> DeviceStatus {
+        guard let status = try statusIfAnswered() else { throw DeviceAccess.noAnswer() }
+        return status
+    }
+
+    /// The device's status; nil, said by no message, when none came.
+    func statusIfAnswered() throws -> DeviceStatus? {
+        guard case .ok(let fields)? = try reply(to: .status) else { return nil }
+        return DeviceStatus(fields: fields)
+    }
+}
+
+extension DeviceReply {
+    /// An answer, not a refusal.
+    fileprivate var isSuccess: Bool {
+        switch self {
+        case .ok, .value: return true
+        case .keychainError, .systemError: return false
         }
     }
 }
@@ -105,10 +266,7 @@ final class RunningDevice {
 extension RunningDevice {
     /// Whether the keychain is locked (`whenUnlocked` keys absent).
     func isLocked() throws -> Bool {
-        guard case .ok(let fields)? = try deliver(.status), let status = DeviceStatus(fields: fields) else {
-            throw DeviceAccess.noAnswer()
-        }
-        return status.isLocked
+        try status().isLocked
     }
 
     /// Stores a value; returns the core error that refused it (nil: stored)
@@ -117,19 +275,19 @@ extension RunningDevice {
         _ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition,
         details: ItemDetails? = nil
     ) throws -> KeychainError? {
-        switch try deliver(
-            .set(group: item.group, identifier: item.identifier, value: value, condition: condition, details: details))
-        {
+        let reply = try reply(
+            to: .set(
+                group: item.group, identifier: item.identifier, value: value, condition: condition, details: details))
+        switch reply {
         case .ok?: return nil
         case .keychainError(let error, _)?: return error
-        case .systemError(_, let message)?: throw fail("\(item): \(message)")
-        case .value?, nil: throw fail("the device went away", status: ExitStatus.noDevice)
+        case .systemError?, .value?, nil: throw DeviceAccess.failure(reply, about: .item("\(item)"))
         }
     }
 
     /// The items of `group` that have details (none when there is no such group).
     func itemsWithDetails(of group: String) throws -> [(identifier: String, details: ItemDetails)] {
-        let reply = try deliver(.details(group: group, identifier: nil))
+        let reply = try reply(to: .details(group: group, identifier: nil))
         if case .keychainError(.itemNotFound, _)? = reply { return [] }
         guard case .ok(let fields) = try checked(reply, item: group) else { throw DeviceAccess.unexpectedReply() }
         return try ItemDetails.listed(fromFields: fields)
@@ -137,14 +295,13 @@ extension RunningDevice {
 
     /// An item's value; nil when it does not exist (said by no message).
     func valueIfPresent(of item: ItemAddress) throws -> SecureBytes? {
-        let reply = try deliver(.get(group: item.group, identifier: item.identifier))
+        let reply = try reply(to: .get(group: item.group, identifier: item.identifier))
         if case .keychainError(.itemNotFound, _)? = reply { return nil }
         guard case .value(let value, _) = try checked(reply, item: "\(item)") else {
             throw DeviceAccess.unexpectedReply()
         }
         return value
     }
-
     /// An item's value.
     func value(of item: ItemAddress) throws -> SecureBytes {
         guard
@@ -169,7 +326,7 @@ extension RunningDevice {
 
     /// ``items(of:)``, or nil when the group's policy does not admit this program.
     func itemsIfAdmitted(of group: String) throws -> [ItemListing]? {
-        let reply = try deliver(.list(group: group))
+        let reply = try reply(to: .list(group: group))
         if case .keychainError(.missingEntitlement, _)? = reply { return nil }
         return try itemRows(checked(reply, item: group))
     }

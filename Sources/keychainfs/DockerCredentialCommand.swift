@@ -61,10 +61,8 @@ struct DockerCredentialCommand: ParsableCommand {
             let value = try SecureBytes(
                 "{\"Username\": \(jsonString(credentials.username)), \"Secret\": \(jsonString(credentials.secret))}")
             try Self.check(
-                DeviceClient.send(
-                    .set(
-                        group: Self.group, identifier: ItemName.encoded(credentials.serverURL),
-                        value: value), to: device))
+                device.reply(
+                    to: .set(group: Self.group, identifier: ItemName.encoded(credentials.serverURL), value: value)))
         case "get":
             let serverURL = try Self.readServerURL()
             let stored = try Self.credentials(at: ItemName.encoded(serverURL), device: device)
@@ -73,9 +71,9 @@ struct DockerCredentialCommand: ParsableCommand {
             )
         case "erase":
             let identifier = ItemName.encoded(try Self.readServerURL())
-            try Self.check(DeviceClient.send(.remove(group: Self.group, identifier: identifier), to: device))
+            try Self.check(device.reply(to: .remove(group: Self.group, identifier: identifier)))
         default:  // list: every server URL with its username (which needs the key)
-            let listing = try Self.check(DeviceClient.send(.list(group: Self.group), to: device), absentIsEmpty: true)
+            let listing = try Self.check(device.reply(to: .list(group: Self.group)), absentIsEmpty: true)
             var entries: [String] = []
             let items = try ItemListing.items(fromFields: listing)
             for item in items {
@@ -87,17 +85,19 @@ struct DockerCredentialCommand: ParsableCommand {
         }
     }
 
-    /// The device's socket (started, locked, when none runs, as gpg-agent
+    /// The keychain's device (started, locked, when none runs, as gpg-agent
     /// starts on first use), or a failure saying why there is none.
-    private static func device(_ place: KeychainPlace) throws -> String {
-        let device = place.startedDevice()
-        guard let socketPath = device.socketPath else {
-            throw Failure(message: "no keychainfs device for \(place.name): \(device.problem ?? "")")
+    private static func device(_ place: KeychainPlace) throws -> RunningDevice {
+        let started = place.startedDevice()
+        guard let socketPath = started.socketPath else {
+            throw Failure(message: "no keychainfs device for \(place.name): \(started.problem ?? "")")
         }
-        return socketPath
+        return RunningDevice(listeningAt: socketPath)
     }
 
-    /// The fields of an `ok` reply; every other reply becomes the failure docker shows.
+    /// The fields of an `ok` reply; every other reply becomes the failure
+    /// docker shows: its own words for an absent item, which docker
+    /// recognises, else the device's sentence.
     @discardableResult
     private static func check(_ reply: DeviceReply?, absentIsEmpty: Bool = false) throws -> [String] {
         switch reply {
@@ -108,19 +108,18 @@ struct DockerCredentialCommand: ParsableCommand {
             throw Failure(message: notFound)
         case .keychainError(.interactionNotAllowed, _)?:
             throw Failure(message: "the keychain is locked; unlock it to use docker credentials")
-        case .keychainError(_, let message)?, .systemError(_, let message)?:
-            throw Failure(message: message)
-        case .value?, nil:
-            throw Failure(message: "the keychainfs device went away")
+        case .keychainError?, .systemError?, .value?, nil:
+            throw Failure(message: DeviceAccess.explanation(of: reply, about: .device).message)
         }
     }
 
-    private static func credentials(at identifier: String, device: String) throws -> (username: String, secret: String)
-    {
-        let reply = DeviceClient.send(.get(group: group, identifier: identifier), to: device)
+    private static func credentials(at identifier: String, device: RunningDevice) throws -> (
+        username: String, secret: String
+    ) {
+        let reply = try device.reply(to: .get(group: group, identifier: identifier))
         guard case .value(let value, _)? = reply else {
             try check(reply)
-            throw Failure(message: "the keychainfs device went away")
+            throw Failure(message: DeviceAccess.explanation(of: reply, about: .device).message)
         }
         guard let stored = value.withUnsafeBytes({ try? JSONDecoder().decode(Stored.self, from: Data($0)) }) else {
             throw Failure(message: "the item \(group)/\(identifier) does not hold docker credentials")

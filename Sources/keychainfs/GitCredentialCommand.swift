@@ -34,13 +34,15 @@ struct GitCredentialCommand: ParsableCommand {
         guard let proto = request["protocol"], let host = request["host"] else { return }
         let identifier = Self.identifier(protocol: proto, host: host, path: request["path"])
         // None runs: start it (locked), so that a `store` is never dropped unseen.
-        let device = options.place.startedDevice()
-        guard let socketPath = device.socketPath else {
-            return Self.say("no device for the keychain (\(device.problem ?? "")); git credentials are not available")
+        let started = options.place.startedDevice()
+        guard let socketPath = started.socketPath else {
+            return Self.say("no device for the keychain (\(started.problem ?? "")); git credentials are not available")
         }
+        // git reads no status: every refusal is a sentence on standard error, and the answer is empty.
+        let device = RunningDevice(listeningAt: socketPath)
         switch action {
         case "get":
-            switch DeviceClient.send(.get(group: Self.group, identifier: identifier), to: socketPath) {
+            switch try device.reply(to: .get(group: Self.group, identifier: identifier)) {
             case .value(let value, _)?:
                 if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
                 _ = value.withUnsafeBytes { try? Descriptor.writeAll(1, $0) }
@@ -52,8 +54,8 @@ struct GitCredentialCommand: ParsableCommand {
         case "store":
             guard let username = request["username"], let password = request["password"] else { return }
             guard let value = try? SecureBytes("username=\(username)\npassword=\(password)\n") else { return }
-            if case .keychainError(let error, _)? = DeviceClient.send(
-                .set(group: Self.group, identifier: identifier, value: value), to: socketPath)
+            if case .keychainError(let error, _)? = try device.reply(
+                to: .set(group: Self.group, identifier: identifier, value: value))
             {
                 Self.say(
                     error == .interactionNotAllowed
@@ -62,10 +64,10 @@ struct GitCredentialCommand: ParsableCommand {
             }
         default:  // erase
             // Only the credential git names: read it first (which needs the key).
-            switch DeviceClient.send(.get(group: Self.group, identifier: identifier), to: socketPath) {
+            switch try device.reply(to: .get(group: Self.group, identifier: identifier)) {
             case .value(let value, _)?:
                 if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
-                _ = DeviceClient.send(.remove(group: Self.group, identifier: identifier), to: socketPath)
+                _ = try device.reply(to: .remove(group: Self.group, identifier: identifier))
             case .keychainError(.interactionNotAllowed, _)?:
                 Self.say("the keychain is locked; nothing was erased")
             default:

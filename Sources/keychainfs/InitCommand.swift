@@ -66,17 +66,16 @@ struct InitCommand: ParsableCommand {
     private func createInService(_ place: KeychainPlace) throws {
         try place.requireExisting()
         let passcode = try newPasscode()
-        switch DeviceClient.send(.create(passcode: passcode), to: try place.socketPath()) {
+        let reply = try RunningDevice(listeningAt: try place.socketPath()).reply(to: .create(passcode: passcode))
+        switch reply {
         case .ok?:
             print("created \(place.name)")
             RecoveryKeyNotice.show(nil)
         case .value(let key, _)?:
             print("created \(place.name)")
             RecoveryKeyNotice.show(formatted: key)
-        case .keychainError(_, let message)?, .systemError(_, let message)?:
-            throw fail(message)
-        case nil:
-            throw fail("the keychainfs service did not answer; no keychain was created", status: ExitStatus.noDevice)
+        case .keychainError?, .systemError?, nil:
+            throw DeviceAccess.failure(reply, about: .action("no keychain was created"))
         }
     }
 }

@@ -24,60 +24,6 @@ struct KeychainOptions: ParsableArguments {
     }
 }
 
-/// Where a command finds the keychain: a directory of this user, served
-/// by this user's own device process, or the user's keychain in the
-/// keychainfs service (docs/SECURITY.md, "Two modes").
-enum KeychainPlace {
-    case directory(KeychainDirectory)
-    case service(socketPath: String)
-
-    /// The socket of the device that serves it; fails the command when the
-    /// runtime directory cannot hold it.
-    func socketPath() throws -> String {
-        switch self {
-        case .directory(let keychain): return try keychain.deviceSocketPath()
-        case .service(let socketPath): return socketPath
-        }
-    }
-
-    /// The socket of a device that answers for this keychain: the service,
-    /// or this user's own device, started now (headless, locked as a
-    /// device boots) when none runs, as gpg-agent starts on first use.
-    /// Nil with why there is none.
-    func startedDevice() -> (socketPath: String?, problem: String?) {
-        switch self {
-        case .directory(let keychain):
-            return DeviceLauncher.ensureRunning(keychain)
-        case .service(let socketPath):
-            return DeviceClient.isServing(socketPath)
-                ? (socketPath, nil)
-                : (nil, "the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)")
-        }
-    }
-
-    /// The keychain in a sentence's words.
-    var name: String {
-        switch self {
-        case .directory(let keychain): return "the keychain at \(keychain.path)"
-        case .service: return "your keychain in the keychainfs service"
-        }
-    }
-
-    /// Fails the command unless the keychain exists (for the service: unless
-    /// the service answers; it says itself when the user has no keychain).
-    func requireExisting() throws {
-        switch self {
-        case .directory(let keychain): try keychain.requireExisting()
-        case .service(let socketPath):
-            guard DeviceClient.isServing(socketPath) else {
-                throw fail(
-                    "the keychainfs service does not answer at \(socketPath) (systemctl start keychainfs.socket)",
-                    status: ExitStatus.noDevice)
-            }
-        }
-    }
-}
-
 extension KeychainOptions {
     /// The service, when one is installed and no keychain directory was
     /// named (`--keychain`, `$KEYCHAINFS_KEYCHAIN`); this user's own

@@ -10,18 +10,17 @@ import Glibc
 /// running device (which must be unlocked), or on the keychain itself when
 /// no device holds it (unlocked here with its passcode, read first).
 enum KeysHolder {
-    case device(socketPath: String)
+    case device(RunningDevice)
     /// The keychain opened here, and the passcode that unlocked it.
     case local(PasswordManager, passcode: SecureBytes?)
 
     static func find(_ place: KeychainPlace) throws -> KeysHolder {
         guard case .directory(let keychain) = place else {
             try place.requireExisting()
-            return .device(socketPath: try place.socketPath())
+            return .device(RunningDevice(listeningAt: try place.socketPath()))
         }
         try keychain.requireExisting()
-        let socketPath = try keychain.deviceSocketPath()
-        if DeviceClient.isServing(socketPath) { return .device(socketPath: socketPath) }
+        if let device = try RunningDevice.running(place) { return .device(device) }
         let manager = PasswordManager(device: try DeviceAccess.openDirectly(keychain))
         let passcode = manager.localDevice.status.hasPasscode ? Passcode.read(prompt: "Keychain passcode: ") : nil
         do {
@@ -56,8 +55,8 @@ enum KeysHolder {
     var hasPolicedGroups: Bool {
         switch self {
         case .local(let manager, _): return manager.localDevice.hasEntitlementPolicies
-        case .device(let socketPath):
-            if case .ok(let fields)? = DeviceClient.send(.policy(group: nil), to: socketPath) { return !fields.isEmpty }
+        case .device(let device):
+            if case .ok(let fields)? = try? device.reply(to: .policy(group: nil)) { return !fields.isEmpty }
             return false
         }
     }

@@ -15,14 +15,12 @@ struct LockCommand: ParsableCommand {
     func run() throws {
         guard let mount = target.mount else {
             // No device runs: the keychain is locked already.
-            guard let socketPath = try target.deviceSocket(starting: false) else { return }
-            switch DeviceClient.send(.lock, to: socketPath) {
-            case .ok?, nil: return
-            case .keychainError(let error, let message)?:
-                throw fail("cannot lock: \(message)", status: ExitStatus.of(error))
-            case .systemError(_, let message)?: throw fail("cannot lock: \(message)")
-            case .value?: throw DeviceAccess.unexpectedReply()
-            }
+            guard let device = try target.runningDevice() else { return }
+            let reply = try device.reply(to: .lock)
+            // A device that went away unanswered has taken its keys with it.
+            if reply == nil { return }
+            guard case .ok? = reply else { throw DeviceAccess.failure(reply, about: .action("cannot lock")) }
+            return
         }
         _ = try mount.requireControl()
         let result = Array("lock\n".utf8).withUnsafeBytes { DeviceStatusFile.send(mount.path, $0) }

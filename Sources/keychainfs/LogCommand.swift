@@ -41,9 +41,9 @@ struct LogCommand: ParsableCommand {
         let place = options.place
         try place.requireExisting()
         guard case .directory(let keychain) = place else {
-            let socketPath = try place.socketPath()
-            if verify { return try report(verifyReply(socketPath)) }
-            return try show(LogFollower(source: .service(socketPath: socketPath)))
+            let service = RunningDevice(listeningAt: try place.socketPath())
+            if verify { return try report(verifyReply(service)) }
+            return try show(LogFollower(source: .service(service)))
         }
         if verify {
             do {
@@ -56,12 +56,10 @@ struct LogCommand: ParsableCommand {
     }
 
     /// The service's verification of this user's log.
-    private func verifyReply(_ socketPath: String) throws -> AuditLog.VerifyReport {
-        let reply = DeviceClient.send(.verifyLog, to: socketPath)
-        if case .ok(let fields)? = reply, let report = AuditLog.VerifyReport(fields: fields) { return report }
-        if case .keychainError(_, let message)? = reply { throw fail(message) }
-        if case .systemError(_, let message)? = reply { throw fail(message) }
-        throw fail("the keychainfs service did not answer", status: ExitStatus.noDevice)
+    private func verifyReply(_ service: RunningDevice) throws -> AuditLog.VerifyReport {
+        let fields = try service.perform(.verifyLog, doing: "cannot verify the audit log")
+        guard let report = AuditLog.VerifyReport(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+        return report
     }
 
     private func report(_ report: AuditLog.VerifyReport) throws {
@@ -128,7 +126,7 @@ struct LogCommand: ParsableCommand {
 private struct LogFollower {
     enum Source {
         case directory(String)
-        case service(socketPath: String)
+        case service(RunningDevice)
     }
 
     let source: Source
@@ -144,11 +142,9 @@ private struct LogFollower {
         switch source {
         case .directory(let directory):
             return Glibc.open(directory + "/" + file, O_RDONLY | O_CLOEXEC)
-        case .service(let socketPath):
+        case .service(let service):
             var received: Int32 = -1
-            let reply = DeviceClient.exchange(
-                .auditLog(rotated: file == AuditLog.rotatedName), with: socketPath,
-                receiving: &received)
+            let reply = service.reply(to: .auditLog(rotated: file == AuditLog.rotatedName), receiving: &received)
             guard case .ok? = reply else {
                 if received >= 0 { close(received) }
                 return -1

@@ -57,9 +57,9 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        if DeviceClient.isServing(socketPath) {
-            if let problem = bus.joinBus(of: socketPath) { throw report(problem) }
-            if try join(socketPath, mountpoint: mountpoint) { return }
+        if let running = RunningDevice.running(at: socketPath) {
+            if let problem = bus.joinBus(of: running) { throw report(problem) }
+            if try join(running, mountpoint: mountpoint) { return }
             // The device was exiting (its last mount had just gone): start the next one.
             waitForDeviceExit(keychain)
         }
@@ -87,17 +87,13 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw report(error.description)
         }
-        let reply = DeviceClient.send(
-            .attach(group: group, mountpoint: mountpoint), to: try place.socketPath(),
-            passing: connection)
+        let reply = try RunningDevice(listeningAt: try place.socketPath()).reply(
+            to: .attach(group: group, mountpoint: mountpoint), passing: connection)
         close(connection)
         guard case .ok? = reply else {
             // The service did not take the connection: the mount would hang every user of it.
             _ = MountTable.unmount(mountpoint, lazy: true)
-            switch reply {
-            case .keychainError(_, let message)?, .systemError(_, let message)?: throw report(message)
-            default: throw report("the keychainfs service did not answer; nothing was mounted")
-            }
+            throw report(DeviceAccess.explanation(of: reply, about: .action("nothing was mounted")).message)
         }
         try finishMount(mountpoint)
     }
@@ -117,17 +113,16 @@ struct MountCommand: ParsableCommand {
 
     /// Asks the running device process to serve one more mount; false if it
     /// went away without answering.
-    private func join(_ socketPath: String, mountpoint: String) throws -> Bool {
-        switch DeviceClient.send(.mount(group: group, mountpoint: mountpoint), to: socketPath) {
+    private func join(_ device: RunningDevice, mountpoint: String) throws -> Bool {
+        let reply = try device.reply(to: .mount(group: group, mountpoint: mountpoint))
+        switch reply {
         case nil:
             return false
         case .ok?:
             try finishMount(mountpoint)
             return true
-        case .value?:
-            throw report("unexpected reply from the device (a device of another keychainfs build?)")
-        case .keychainError(_, let message)?, .systemError(_, let message)?:
-            throw report(message)
+        case .value?, .keychainError?, .systemError?:
+            throw report(DeviceAccess.explanation(of: reply, about: .device).message)
         }
     }
 
@@ -232,18 +227,16 @@ struct SecretServiceOptions: ParsableArguments {
     /// The same options for the device process started detached.
     var arguments: [String] { secretService ? ["--secret-service"] + (replace ? ["--replace"] : []) : [] }
 
-    /// With --secret-service, asks the device that runs at `socketPath` to
+    /// With --secret-service, asks the running `device` to
     /// serve this session's bus ($DBUS_SESSION_BUS_ADDRESS) as well; the
     /// problem, if any, in a sentence. Nothing to do without the flag.
-    func joinBus(of socketPath: String) -> String? {
+    func joinBus(of device: RunningDevice) -> String? {
         guard secretService else { return nil }
         guard let address = getenv("DBUS_SESSION_BUS_ADDRESS").map({ String(cString: $0) }), !address.isEmpty else {
             return "no session bus: DBUS_SESSION_BUS_ADDRESS is not set"
         }
-        switch DeviceClient.send(.serveBus(address: address, replace: replace), to: socketPath) {
-        case .ok?: return nil
-        case .keychainError(_, let message)?, .systemError(_, let message)?: return message
-        case .value?, nil: return "the device did not answer"
-        }
+        let reply = try? device.reply(to: .serveBus(address: address, replace: replace))
+        guard case .ok? = reply else { return DeviceAccess.explanation(of: reply, about: .device).message }
+        return nil
     }
 }

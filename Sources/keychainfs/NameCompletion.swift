@@ -25,12 +25,14 @@ enum NameCompletion {
 
     static func candidates(for prefix: String, words: [String]) -> [String] {
         guard let socketPath = try? keychain(in: words).socketPath() else { return [] }
+        // Only a device that runs: a completion starts none, and says nothing.
+        let device = RunningDevice(listeningAt: socketPath)
         guard let slash = prefix.firstIndex(of: "/") else {
-            guard case .ok(let groups)? = DeviceClient.send(.list(group: nil), to: socketPath) else { return [] }
+            guard case .ok(let groups)? = try? device.reply(to: .list(group: nil)) else { return [] }
             return groups.map { $0 + "/" }.filter { $0.hasPrefix(prefix) }
         }
         let group = String(prefix[..<slash])
-        guard case .ok(let fields)? = DeviceClient.send(.list(group: group), to: socketPath),
+        guard case .ok(let fields)? = try? device.reply(to: .list(group: group)),
             let items = try? ItemListing.items(fromFields: fields)
         else { return [] }
         return items.map { group + "/" + $0.identifier }.filter { $0.hasPrefix(prefix) }

@@ -32,7 +32,7 @@ struct PasscodeCommand: ParsableCommand {
         let place = options.place
         try place.requireExisting()
         if sealToTPM { return try moveToTPM(place) }
-        let socketPath = try place.socketPath()
+        let device = RunningDevice(listeningAt: try place.socketPath())
         guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
             throw fail("no current passcode given (an empty line if the keychain has none)")
         }
@@ -43,15 +43,14 @@ struct PasscodeCommand: ParsableCommand {
             : try Passcode.readNew(
                 prompt: "New passcode: ",
                 missing: "no new passcode given; type one, or use --remove to remove the passcode")
-        switch DeviceClient.send(.changePasscode(old: old, new: new), to: socketPath) {
+        let reply = try device.reply(to: .changePasscode(old: old, new: new))
+        switch reply {
         case .ok?:
             break
         case .keychainError(let error, _)?:
             throw fail(Self.explain(error, retryAfter: nil), status: ExitStatus.of(error))
-        case .value?:
-            throw DeviceAccess.unexpectedReply()
-        case .systemError(_, let message)?:
-            throw fail(message)
+        case .value?, .systemError?:
+            throw DeviceAccess.failure(reply, about: .action("the passcode was not changed"))
         case nil:
             // No device holds the keychain: change it directly.
             guard case .directory(let keychain) = place else {

@@ -12,7 +12,7 @@ func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passin
 {
     try place.requireExisting()
     let reply: DeviceReply
-    if let answer = DeviceClient.send(request, to: try place.socketPath(), passing: file) {
+    if let answer = try RunningDevice(listeningAt: try place.socketPath()).reply(to: request, passing: file) {
         reply = answer
     } else {
         guard case .directory(let keychain) = place else {
@@ -33,10 +33,8 @@ func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passin
     case .keychainError(.itemNotFound, let message):
         if case .revoke = request { throw fail("no such rule: nothing was revoked", status: ExitStatus.absent) }
         throw fail(message, status: ExitStatus.absent)
-    case .keychainError(_, let message), .systemError(_, let message):
-        throw fail(message)
-    case .value:
-        throw DeviceAccess.unexpectedReply()
+    case .keychainError, .systemError, .value:
+        throw DeviceAccess.failure(reply, about: .device)
     }
 }
 

@@ -47,16 +47,15 @@ struct RestoreCommand: ParsableCommand {
         let passcode = holder.hasPolicedGroups ? holder.passcode(for: "for policed groups") : nil
         let counts: [String]
         switch holder {
-        case .device(let socketPath):
+        case .device(let device):
             // Opened here, by this user: the device reads only what this user
             // can read (O_NONBLOCK: a FIFO must not block the open).
             let file = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
             guard file >= 0 else { throw fail("cannot read \(path): \(Errno.current.description)") }
             defer { close(file) }
-            switch DeviceClient.send(
-                .restore(path: path, password: password, policy: policy, passcode: passcode),
-                to: socketPath, passing: file)
-            {
+            let reply = try device.reply(
+                to: .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file)
+            switch reply {
             case .ok(let fields)?: counts = fields
             case .keychainError(.missingEntitlement, _)?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
@@ -64,10 +63,8 @@ struct RestoreCommand: ParsableCommand {
             case .keychainError(.quotaExceeded, let message)?: throw fail(message)
             case .keychainError(let error, _)?:
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
-            case .value?:
-                throw DeviceAccess.unexpectedReply()
-            case .systemError(_, let message)?: throw fail(message)
-            case nil: throw fail("the device went away")
+            case .value?, .systemError?, nil:
+                throw DeviceAccess.failure(reply, about: .action("cannot restore"))
             }
         case .local(let manager, _):
             let summary: RestoreSummary

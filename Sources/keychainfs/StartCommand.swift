@@ -33,8 +33,8 @@ struct StartCommand: ParsableCommand {
         }
         // A device that runs already (a client started it) serves this
         // session's bus from now on: D-Bus activation, too, finds it so.
-        if bus.secretService, let socketPath = try? keychain.deviceSocketPath(), DeviceClient.isServing(socketPath) {
-            if let problem = bus.joinBus(of: socketPath) { throw fail(problem) }
+        if bus.secretService, let running = try RunningDevice.running(options.place) {
+            if let problem = bus.joinBus(of: running) { throw fail(problem) }
             return
         }
         guard foreground else {

@@ -44,7 +44,7 @@ struct StatusCommand: ParsableCommand {
 
     private func deviceLines() throws -> [String] {
         let mode = if case .service = target.options.place { "service" } else { "per-user" }
-        guard let socketPath = try target.deviceSocket(starting: false) else {
+        guard let device = try target.runningDevice() else {
             var lines = ["state: stopped", "mode: \(mode)"]
             // How the keys are kept is in the device-secret file (no TPM asked).
             if case .directory(let keychain) = target.options.place, let protection = try? keychain.keyProtection() {
@@ -52,11 +52,7 @@ struct StatusCommand: ParsableCommand {
             }
             return lines
         }
-        guard case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
-            let status = DeviceStatus(fields: fields)
-        else {
-            throw DeviceAccess.noAnswer()
-        }
+        let status = try device.status()
         var lines = [
             "state: \(status.isLocked ? "locked" : "unlocked")",
             "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",

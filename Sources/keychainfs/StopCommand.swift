@@ -18,12 +18,11 @@ struct StopCommand: ParsableCommand {
         guard case .directory(let keychain) = options.place else {
             throw fail("the keychainfs service is stopped by its administrator (systemctl stop keychainfs)")
         }
-        let socketPath = try keychain.deviceSocketPath()
-        switch DeviceClient.send(.stop, to: socketPath) {
+        let reply = try RunningDevice(listeningAt: try keychain.deviceSocketPath()).reply(to: .stop)
+        switch reply {
         case nil: return  // none runs: nothing to stop
         case .ok?: waitForDeviceExit(keychain)
-        case .keychainError(_, let message)?, .systemError(_, let message)?: throw fail(message)
-        case .value?: throw DeviceAccess.unexpectedReply()
+        default: throw DeviceAccess.failure(reply, about: .action("cannot stop the device"))
         }
     }
 }

@@ -55,12 +55,8 @@ struct UnlockCommand: ParsableCommand {
 
     /// Without a mount point: the device of the keychain, started if need be.
     private func unlockThroughTheSocket() throws {
-        guard let socketPath = try target.deviceSocket(starting: true),
-            case .ok(let fields)? = DeviceClient.send(.status, to: socketPath),
-            let status = DeviceStatus(fields: fields)
-        else {
-            throw DeviceAccess.noAnswer()
-        }
+        let device = try target.device()
+        let status = try device.status()
         var passcode: SecureBytes?
         if status.hasPasscode {
             guard let typed = Passcode.read(prompt: "Passcode: "), typed.count > 0 else {
@@ -68,21 +64,14 @@ struct UnlockCommand: ParsableCommand {
             }
             passcode = typed
         }
-        switch DeviceClient.send(.unlock(passcode: passcode), to: socketPath) {
+        let reply = try device.reply(to: .unlock(passcode: passcode))
+        switch reply {
         case .ok?:
             return
         case .keychainError(.authFailed, _)?:
-            let after = DeviceClient.send(.status, to: socketPath).flatMap { reply -> DeviceStatus? in
-                guard case .ok(let fields) = reply else { return nil }
-                return DeviceStatus(fields: fields)
-            }
-            throw Self.wrongPasscode(retryAfter: after?.retryAfter)
-        case .keychainError(let error, let message)?:
-            throw fail("cannot unlock: \(message)", status: ExitStatus.of(error))
-        case .systemError(_, let message)?:
-            throw fail("cannot unlock: \(message)")
-        case .value?, nil:
-            throw fail("the device went away", status: ExitStatus.noDevice)
+            throw Self.wrongPasscode(retryAfter: try device.statusIfAnswered()?.retryAfter)
+        default:
+            throw DeviceAccess.failure(reply, about: .action("cannot unlock"))
         }
     }
 }

@@ -35,18 +35,17 @@ struct UnmountCommand: ParsableCommand {
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
             return
         }
-        let socketPath = try keychainSocketPath(keychain)
-        switch DeviceClient.send(.unmount(mountpoint: mountpoint), to: socketPath) {
+        let reply = try RunningDevice(listeningAt: try keychainSocketPath(keychain)).reply(
+            to: .unmount(mountpoint: mountpoint))
+        switch reply {
         case nil:
             // No device answers: unmount directly.
             let result = MountTable.unmount(mountpoint, lazy: false)
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
         case .ok(let fields)?:
             if fields == ["last"] { waitForDeviceExit(KeychainDirectory(path: keychain)) }
-        case .value?:
-            throw DeviceAccess.unexpectedReply()
-        case .keychainError(_, let message)?, .systemError(_, let message)?:
-            throw fail("cannot unmount \(mountpoint): \(message)")
+        case .value?, .keychainError?, .systemError?:
+            throw DeviceAccess.failure(reply, about: .action("cannot unmount \(mountpoint)"))
         }
     }
 }

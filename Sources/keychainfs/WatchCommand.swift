@@ -26,18 +26,9 @@ struct WatchCommand: ParsableCommand {
 
     func run() throws {
         guard let mount = target.mount else {
-            guard let socketPath = try target.deviceSocket(starting: true) else { return }
-            guard let (reply, connection) = DeviceClient.follow(.watch, at: socketPath) else {
-                throw DeviceAccess.noAnswer()
-            }
+            guard let (reply, connection) = try target.device().follow(.watch) else { throw DeviceAccess.noAnswer() }
             defer { close(connection) }
-            switch reply {
-            case .ok: break
-            case .keychainError(let error, let message):
-                throw fail("cannot watch: \(message)", status: ExitStatus.of(error))
-            case .systemError(_, let message): throw fail("cannot watch: \(message)")
-            case .value: throw DeviceAccess.unexpectedReply()
-            }
+            guard case .ok = reply else { throw DeviceAccess.failure(reply, about: .action("cannot watch")) }
             try copyToOutput(connection, ended: "the device went away")
             return
         }
