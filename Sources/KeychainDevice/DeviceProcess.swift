@@ -440,7 +440,9 @@ public final class DeviceProcess: Sendable {
                     request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
                     passed: &passed, attachments: &attachments)
                 // "last" tells the client to wait for the device's exit, which a headless device does not do.
-                if case .unmount = request, reply == .ok(["last"]), headless.withLock({ $0 }) { return .ok([]) }
+                if case .unmount = request, reply == .ok(UnmountOutcome.last.fields), headless.withLock({ $0 }) {
+                    return .ok(UnmountOutcome.othersRemain.fields)
+                }
                 return reply
             }
         case .service(let all):

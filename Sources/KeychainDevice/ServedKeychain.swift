@@ -168,7 +168,7 @@ final class ServedKeychain: Sendable {
             }
         case .unmount(let mountpoint):
             do {
-                return .ok(try unmount(mountpoint) ? ["last"] : [])
+                return .ok((try unmount(mountpoint) ? UnmountOutcome.last : .othersRemain).fields)
             } catch {
                 let reason =
                     error.rawValue == EBUSY
@@ -191,7 +191,7 @@ final class ServedKeychain: Sendable {
                     password: password, policedGroups: policedGroups, passcode: passcode,
                     by: subject())
                 try BackupFile.write(backup.bytes, to: file, name: path)
-                return .ok([String(backup.count)])
+                return .ok(ReplyCount(backup.count).fields)
             } catch {
                 return .keychainError(error, sentence(for: error))
             }
@@ -207,7 +207,7 @@ final class ServedKeychain: Sendable {
                 guard summary.applied else {
                     return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
                 }
-                return .ok([summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init))
+                return .ok(summary.fields)
             } catch {
                 return .keychainError(error, sentence(for: error))
             }
@@ -367,7 +367,7 @@ extension ServedKeychain {
                     try manager.items(inGroup: group).map { ItemListing(identifier: $0.identifier, info: $0.info) }))
         case .info(let group, let identifier):
             guard let info = try manager.info(forIdentifier: identifier, inGroup: group) else { throw .itemNotFound }
-            return .ok([info.protectionClass.name, String(info.size)])
+            return .ok(info.fields)
         case .setClass(let group, let identifier, let protectionClass):
             try manager.setProtectionClass(protectionClass, forIdentifier: identifier, inGroup: group)
         case .rename(let group, let from, let to, let replacing):

@@ -92,13 +92,14 @@ struct AclCommand: ParsableCommand {
             change: change, passcode: passcode)
         let fields = try policyReply(request, keychain: options.place, passing: file >= 0 ? file : nil)
         if removing {
-            print("took \(fields.first ?? "0") program(s) at \(shown(resolved)) off the list of \(item)")
+            guard let count = try? ReplyCount(fields: fields).count else { throw DeviceAccess.unexpectedReply() }
+            print("took \(count) program(s) at \(shown(resolved)) off the list of \(item)")
         } else {
-            guard fields.count == 2 else { throw DeviceAccess.unexpectedReply() }
+            guard let pinned = try? PinnedProgram(fields: fields) else { throw DeviceAccess.unexpectedReply() }
             print(
                 change == .claim
-                    ? "\(item) belongs to \(shown(fields[0])) (sha256 \(fields[1])) now"
-                    : "\(shown(fields[0])) (sha256 \(fields[1])) may use \(item) over the bus")
+                    ? "\(item) belongs to \(shown(pinned.executable)) (sha256 \(pinned.digestHex)) now"
+                    : "\(shown(pinned.executable)) (sha256 \(pinned.digestHex)) may use \(item) over the bus")
         }
     }
 

@@ -35,7 +35,7 @@ struct BackupCommand: ParsableCommand {
         defer { holder.finish() }
         let password = try Passcode.readNew(prompt: "Backup password: ", missing: "no backup password given")
         let passcode = policedGroups.isEmpty ? nil : holder.passcode(for: "to back up a policed group")
-        let count: String
+        let count: Int
         switch holder {
         case .device(let device):
             // The device writes into a file this user made: it may be
@@ -66,7 +66,9 @@ struct BackupCommand: ParsableCommand {
                 throw fail(backupExplanation(.authFailed, file: ""), status: ExitStatus.denied)
             case .keychainError(.param, _)? where !policedGroups.isEmpty:
                 throw fail("every --group must name a group with an entitlement policy; nothing was written")
-            case .ok(let fields)?: count = fields.first ?? "?"
+            case .ok(let fields)?:
+                guard let written = try? ReplyCount(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+                count = written.count
             case .keychainError(let error, _)?:
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
             case .value?, .systemError?, nil:
@@ -76,7 +78,7 @@ struct BackupCommand: ParsableCommand {
             do {
                 let backup = try manager.backup(password: password, policedGroups: policedGroups, passcode: passcode)
                 try BackupFile.save(backup.bytes, to: path)
-                count = String(backup.count)
+                count = backup.count
             } catch KeychainError.param where !policedGroups.isEmpty {
                 throw fail("every --group must name a group with an entitlement policy; nothing was written")
             } catch {

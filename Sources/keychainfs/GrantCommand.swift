@@ -57,9 +57,9 @@ struct GrantCommand: ParsableCommand {
             passcode: passcode, allowJIT: allowJIT)
         let passed: Int32? = file >= 0 ? file : nil
         let fields = try policyReply(request, keychain: options.place, passing: passed)
-        guard fields.count == 2 else { throw DeviceAccess.unexpectedReply() }
+        guard let pinned = try? PinnedProgram(fields: fields) else { throw DeviceAccess.unexpectedReply() }
         print(
-            "granted \(group) to \(shown(fields[0])) (sha256 \(fields[1]))"
+            "granted \(group) to \(shown(pinned.executable)) (sha256 \(pinned.digestHex))"
                 + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")
                 + (allowJIT ? ", JIT code allowed" : ""))
     }

@@ -46,7 +46,8 @@ struct PolicyCommand: ParsableCommand {
             let passcode = try policyPasscode()
             let fields = try policyReply(
                 .apps(group: group, open: apps == "open", passcode: passcode), keychain: options.place)
-            print("\(LineEscaping.escaped(group)): apps \(fields.first ?? apps)")
+            guard let setting = try? GroupApps(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+            print("\(LineEscaping.escaped(group)): apps \(setting.rawValue)")
             return
         }
         let fields = try policyReply(.policy(group: group), keychain: options.place)

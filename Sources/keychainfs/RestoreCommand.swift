@@ -45,7 +45,7 @@ struct RestoreCommand: ParsableCommand {
             throw fail("no backup password given")
         }
         let passcode = holder.hasPolicedGroups ? holder.passcode(for: "for policed groups") : nil
-        let counts: [String]
+        let summary: RestoreSummary
         switch holder {
         case .device(let device):
             // Opened here, by this user: the device reads only what this user
@@ -56,7 +56,9 @@ struct RestoreCommand: ParsableCommand {
             let reply = try device.reply(
                 to: .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file)
             switch reply {
-            case .ok(let fields)?: counts = fields
+            case .ok(let fields)?:
+                guard let applied = try? RestoreSummary(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+                summary = applied
             case .keychainError(.missingEntitlement, _)?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
             case .keychainError(.duplicateItem, let message)?: throw fail(message)
@@ -67,7 +69,6 @@ struct RestoreCommand: ParsableCommand {
                 throw DeviceAccess.failure(reply, about: .action("cannot restore"))
             }
         case .local(let manager, _):
-            let summary: RestoreSummary
             do {
                 summary = try manager.restore(
                     try BackupFile.load(from: path), password: password, policy: policy,
@@ -76,11 +77,9 @@ struct RestoreCommand: ParsableCommand {
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
             }
             guard summary.applied else { throw fail(RestoreSummary.conflictMessage(summary.conflicts)) }
-            counts = [summary.added, summary.replaced, summary.unchanged, summary.kept].map(String.init)
         }
-        guard counts.count == 4 else { throw DeviceAccess.unexpectedReply() }
         print(
-            "restored from \(path): \(counts[0]) added, \(counts[1]) replaced, \(counts[2]) unchanged, \(counts[3]) kept"
+            "restored from \(path): \(summary.added) added, \(summary.replaced) replaced, \(summary.unchanged) unchanged, \(summary.kept) kept"
         )
     }
 }

@@ -36,14 +36,14 @@ struct RevokeCommand: ParsableCommand {
 
     func run() throws {
         let passcode = try policyPasscode()
-        let fields = try policyReply(
+        let reply = try policyReply(
             .revoke(
                 group: group, executable: program.absoluteExecutable, unit: program.unit,
                 uid: program.uid, all: all, passcode: passcode), keychain: options.place)
-        let count = fields.first ?? "0"
+        guard let count = try? ReplyCount(fields: reply).count else { throw DeviceAccess.unexpectedReply() }
         print(
             all
                 ? "removed the policy of \(group) (\(count) rules): every program may use it"
-                : "revoked \(count) rule\(count == "1" ? "" : "s") of \(group)")
+                : "revoked \(count) rule\(count == 1 ? "" : "s") of \(group)")
     }
 }

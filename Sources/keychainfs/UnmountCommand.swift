@@ -43,7 +43,8 @@ struct UnmountCommand: ParsableCommand {
             let result = MountTable.unmount(mountpoint, lazy: false)
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
         case .ok(let fields)?:
-            if fields == ["last"] { waitForDeviceExit(KeychainDirectory(path: keychain)) }
+            guard let outcome = try? UnmountOutcome(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+            if outcome == .last { waitForDeviceExit(KeychainDirectory(path: keychain)) }
         case .value?, .keychainError?, .systemError?:
             throw DeviceAccess.failure(reply, about: .action("cannot unmount \(mountpoint)"))
         }

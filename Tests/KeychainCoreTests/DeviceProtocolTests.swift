@@ -217,4 +217,46 @@ import Testing
         let listed = try ItemDetails.listed(fromFields: ItemDetails.listingFields(details))
         #expect(listed.count == 1 && listed[0].identifier == "github.com" && listed[0].details == details[0].details)
     }
+    /// The fields of an `ok` reply read back through the frame as sent.
+    static func readBack(_ fields: [String]) throws -> [String] {
+        let parsed = try body(of: try DeviceReply.ok(fields).frame()) { body throws(KeychainError) in
+            try DeviceReply(body: body)
+        }
+        guard case .ok(let read) = parsed else { throw KeychainError.io }
+        return read
+    }
+
+    /// The small results (an item's info, a pinned program, a count, a
+    /// restore's summary, a group's apps setting, an unmount's outcome)
+    /// read back as sent; fields of another shape are another build's.
+    @Test func smallResultsReadBackAndForeignOnesAreRefused() throws {
+        let info = ItemInfo(protectionClass: .afterFirstUnlockThisDeviceOnly, size: 4096)
+        #expect(try ItemInfo(fields: Self.readBack(info.fields)) == info)
+        let pinned = PinnedProgram(executable: "/usr/bin/deploy", digest: Array(0..<32))
+        #expect(try PinnedProgram(fields: Self.readBack(pinned.fields)) == pinned)
+        #expect(try ReplyCount(fields: Self.readBack(ReplyCount(17).fields)) == ReplyCount(17))
+        var summary = RestoreSummary()
+        (summary.added, summary.replaced, summary.unchanged, summary.kept) = (3, 1, 4, 1)
+        #expect(try RestoreSummary(fields: Self.readBack(summary.fields)) == summary)
+        for apps in [GroupApps.own, .open] { #expect(try GroupApps(fields: Self.readBack(apps.fields)) == apps) }
+        for outcome in [UnmountOutcome.othersRemain, .last] {
+            #expect(try UnmountOutcome(fields: Self.readBack(outcome.fields)) == outcome)
+        }
+        let foreign: [(String, () throws -> Void)] = [
+            ("info without a size", { _ = try ItemInfo(fields: ["always"]) }),
+            ("info of no class", { _ = try ItemInfo(fields: ["sometimes", "3"]) }),
+            ("a negative size", { _ = try ItemInfo(fields: ["always", "-3"]) }),
+            ("a short digest", { _ = try PinnedProgram(fields: ["/bin/x", "abcd"]) }),
+            ("a digest not in hex", { _ = try PinnedProgram(fields: ["/bin/x", String(repeating: "z", count: 64)]) }),
+            ("no count", { _ = try ReplyCount(fields: []) }),
+            ("a negative count", { _ = try ReplyCount(fields: ["-1"]) }),
+            ("three counts of four", { _ = try RestoreSummary(fields: ["1", "2", "3"]) }),
+            ("a count not a number", { _ = try RestoreSummary(fields: ["1", "2", "3", "x"]) }),
+            ("apps neither own nor open", { _ = try GroupApps(fields: ["shared"]) }),
+            ("an unmount's unknown word", { _ = try UnmountOutcome(fields: ["first"]) })
+        ]
+        for (what, decode) in foreign {
+            #expect(throws: KeychainError.io, "\(what)") { try decode() }
+        }
+    }
 }

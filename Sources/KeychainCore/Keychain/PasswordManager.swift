@@ -399,9 +399,7 @@ public final class PasswordManager: Sendable {
             } catch .itemNotFound {
                 return nil
             }
-            guard fields.count == 2, let protectionClass = ProtectionClass(name: fields[0]), let size = Int(fields[1])
-            else { throw .io }
-            return ItemInfo(protectionClass: protectionClass, size: size)
+            return try ItemInfo(fields: fields)
         }
         return try device.store.info(group: group, identifier: identifier)
     }

@@ -27,7 +27,7 @@ extension Device {
                     executable: program.path, digest: program.digest, unit: unit, uid: uid,
                     allowsJIT: allowJIT)
                 try device.grant(rule, toGroup: group, passcode: passcode, by: subject)
-                return .ok([rule.executable, rule.digestHex])
+                return .ok(PinnedProgram(executable: rule.executable, digest: rule.digest).fields)
             case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
                 // A binary removed since it was granted is named as it was.
                 let resolved =
@@ -37,14 +37,14 @@ extension Device {
                 let count = try device.revoke(
                     group: group, executable: resolved, unit: unit, uid: uid, all: all,
                     passcode: passcode, by: subject)
-                return .ok([String(count)])
+                return .ok(ReplyCount(count).fields)
             case .access(let group, let identifier, let executable, let change, let passcode):
                 do throws(KeychainError) {
                     if change == .remove {
                         let count = try device.disallow(
                             executable: executable, group: group, identifier: identifier,
                             passcode: passcode, by: subject)
-                        return .ok([String(count)])
+                        return .ok(ReplyCount(count).fields)
                     }
                     let program: (path: String, digest: [UInt8])
                     switch Self.namedExecutable(executable, file: file, opensPaths: opensPaths) {
@@ -60,7 +60,7 @@ extension Device {
                     } else {
                         try device.allow(claim, group: group, identifier: identifier, passcode: passcode, by: subject)
                     }
-                    return .ok([claim.executable, claim.digestHex])
+                    return .ok(PinnedProgram(executable: claim.executable, digest: claim.digest).fields)
                 } catch .badRequest where change == .claim {
                     return .keychainError(
                         .badRequest, "\(group)/\(identifier) belongs to a program already (keychainfs acl shows which)")
@@ -79,7 +79,7 @@ extension Device {
                 }
             case .apps(let group, let open, let passcode):
                 if let open { try device.setAppsOwnItems(!open, inGroup: group, passcode: passcode, by: subject) }
-                return .ok([device.appsOwnItems(inGroup: group) ? "own" : "open"])
+                return .ok((device.appsOwnItems(inGroup: group) ? GroupApps.own : .open).fields)
             case .policy(let group):
                 let policies = device.entitlementPolicies
                 if let group, policies[group] == nil { return .ok([]) }
