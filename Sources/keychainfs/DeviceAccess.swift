@@ -136,12 +136,15 @@ enum DeviceAccess {
     }
 
     /// The keychain opened in this process, for the commands that carry on
-    /// without a device (passcode, policy, backup); a keychain another
-    /// process holds, or one that cannot be opened, is the message the user gets.
-    static func openDirectly(_ keychain: KeychainDirectory) throws -> Device {
+    /// without a device (passcode, policy, backup) and those that work only
+    /// so (`passcode --tpm`, which says `held` when a device holds it); a
+    /// keychain another process holds, or one that cannot be opened, is the
+    /// message the user gets.
+    static func openDirectly(_ keychain: KeychainDirectory, held: String? = nil) throws -> Device {
         do {
             return try Device(directory: keychain)
         } catch {
+            if error == .keychainInUse, let held { throw fail(held) }
             throw fail(keychain.sentence(for: error))
         }
     }

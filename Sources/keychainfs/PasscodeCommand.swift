@@ -75,14 +75,7 @@ struct PasscodeCommand: ParsableCommand {
                 "the keychainfs service seals the keychains it creates when its account reaches a TPM; "
                     + "a keychain of the service is moved by recreating it (backup, init, restore)")
         }
-        let device: Device
-        do {
-            device = try Device(directory: keychain)
-        } catch .keychainInUse {
-            throw fail(KeychainDirectory.heldByADevice)
-        } catch {
-            throw fail(keychain.sentence(for: error))
-        }
+        let device = try DeviceAccess.openDirectly(keychain, held: KeychainDirectory.heldByADevice)
         defer { device.shutDown() }
         guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
             throw fail("no current passcode given (an empty line if the keychain has none)")

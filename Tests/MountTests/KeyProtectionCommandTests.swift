@@ -68,6 +68,22 @@ extension SerialTests {
             #expect(file.prefix(8) == Data("KCFSTPM2".utf8))
         }
 
+        /// `passcode --tpm` works on the keychain itself: while a device
+        /// holds it, the command says to stop that device, and nothing changes.
+        @Test func aMoveToTheTPMWhileADeviceRunsIsRefusedAndChangesNothing() throws {
+            let tpm = try SoftwareTPM()
+            let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
+            #expect(harness.sh("\"$K\" init --no-tpm --keychain \"$KC\"", stdin: "1234\n1234\n").succeeded)
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
+            let refused = harness.sh("\"$K\" passcode --tpm --keychain \"$KC\"", stdin: "1234\n")
+            #expect(refused.status == 1, "\(refused)")
+            #expect(
+                refused.stderr == "keychainfs: a device holds the keychain: unmount it (or `keychainfs stop`) first; "
+                    + "nothing was changed\n", "\(refused)")
+            #expect(harness.status()["key-protection"] == "file")
+            #expect(harness.status()["state"] == "unlocked")
+        }
+
         @Test func aRecoveryKilledAfterItsCommitIsDoneAgainWithTheSameKey() throws {
             let tpm = try SoftwareTPM()
             let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti], creating: false)
