@@ -43,6 +43,11 @@ public struct BusError: Error, Equatable, CustomStringConvertible {
     }
 }
 
+/// The spec's secret struct as a client sent it: its session's path, the
+/// parameters (a DH session's IV), the value as sealed in that session,
+/// and the content type.
+typealias SentSecret = (session: String, parameters: [UInt8], sealed: SecureBytes, contentType: String)
+
 /// Reads a message's arguments in order, each as the type the method's
 /// signature says; a mismatch is ``BusError/invalidArguments(_:)``.
 struct BusMessageReader {
@@ -126,9 +131,7 @@ struct BusMessageReader {
     /// The spec's secret struct `(oayays)`: its session's path, the
     /// parameters (a DH session's IV), the value as sent (into secret
     /// memory) and the content type.
-    func secretStruct() throws(BusError) -> (
-        session: String, parameters: [UInt8], sealed: SecureBytes, contentType: String
-    ) {
+    func secretStruct() throws(BusError) -> SentSecret {
         try enter("r", "oayays")
         let session = try objectPath(), parameters = try bytes(), sealed = try secretBytes(), contentType = try string()
         try exit()
@@ -160,37 +163,32 @@ struct BusMessageReader {
         var properties: [String: PropertyValue] = [:]
         while try enterElement("e", "sv") {
             let name = try string()
-            guard let contents = try peek()?.contents else { throw .invalidArguments("a property without a value") }
-            try enter("v", contents)
-            switch contents {
-            case "s": properties[name] = .string(try string())
-            case "b": properties[name] = .bool(try bool())
-            case "t": properties[name] = .uint64(try uint64())
-            case "ao": properties[name] = .objectPaths(try objectPaths())
-            case "a{ss}":
-                properties[name] = .attributes(
-                    try stringDictionary(limit: attributeLimit, textLimit: ItemDetails.maximumText))
-            default: try skip(contents)
-            }
-            try exit()
+            if let value = try variant(attributeLimit: attributeLimit) { properties[name] = value }
             try exit()
         }
         try exit()
         return properties
     }
 
-    /// The new value of an item's settable property `name`, the `v` of
-    /// `Set`: the Label (`s`) or the Attributes (`a{ss}`, held to the
-    /// limits of an item's details).
-    func itemProperty(_ name: String) throws(BusError) -> PropertyValue {
-        let type = name == "Label" ? "s" : "a{ss}"
-        guard try peek()?.contents == type else { throw .invalidArguments("\(name) is of type \(type)") }
-        try enter("v", type)
-        let value: PropertyValue =
-            name == "Label"
-            ? .string(try string())
-            : .attributes(
-                try stringDictionary(limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText))
+    /// A `v`: its value when it is of a type ``PropertyValue`` holds, nil
+    /// (read past) for any other. `a{ss}` values are held to
+    /// `attributeLimit` pairs of at most ``ItemDetails/maximumText`` bytes.
+    func variant(attributeLimit: Int = ItemDetails.maximumAttributes) throws(BusError) -> PropertyValue? {
+        guard let contents = try peek()?.contents else { throw .invalidArguments("a variant without a value") }
+        try enter("v", contents)
+        let value: PropertyValue?
+        switch contents {
+        case "s": value = .string(try string())
+        case "b": value = .bool(try bool())
+        case "t": value = .uint64(try uint64())
+        case "ao": value = .objectPaths(try objectPaths())
+        case "ay": value = .bytes(try bytes())
+        case "a{ss}":
+            value = .attributes(try stringDictionary(limit: attributeLimit, textLimit: ItemDetails.maximumText))
+        default:
+            try skip(contents)
+            value = nil
+        }
         try exit()
         return value
     }
@@ -295,18 +293,21 @@ struct BusMessageWriter {
         case .bool(let flag): try bool(flag)
         case .uint64(let number): try uint64(number)
         case .objectPaths(let paths): try objectPaths(paths)
+        case .bytes(let data): try bytes(data)
         case .attributes(let attributes): try stringDictionary(attributes)
         }
         try close()
     }
 }
 
-/// The values the Secret Service's properties take.
+/// The values the Secret Service's properties and variant arguments take
+/// (`ay`: a DH session's public key, `OpenSession`'s input).
 enum PropertyValue: Equatable {
     case string(String)
     case bool(Bool)
     case uint64(UInt64)
     case objectPaths([String])
+    case bytes([UInt8])
     case attributes([String: String])
 
     var signature: String {
@@ -315,7 +316,19 @@ enum PropertyValue: Equatable {
         case .bool: "b"
         case .uint64: "t"
         case .objectPaths: "ao"
+        case .bytes: "ay"
         case .attributes: "a{ss}"
+        }
+    }
+
+    /// The new value of an item's settable property `name`, the `v` of
+    /// `Set`: the Label (`s`) or the Attributes (`a{ss}`, read to the
+    /// limits of an item's details); any other type is refused.
+    static func itemProperty(_ name: String, _ value: PropertyValue?) throws(BusError) -> PropertyValue {
+        switch value {
+        case .string(let label)? where name == "Label": return .string(label)
+        case .attributes(let attributes)? where name == "Attributes": return .attributes(attributes)
+        default: throw .invalidArguments("\(name) is of type \(name == "Label" ? "s" : "a{ss}")")
         }
     }
 }

@@ -6,8 +6,8 @@ import Glibc
 /// The `org.freedesktop.Secret.Collection` objects: one per access group.
 extension SecretServiceProvider {
     /// `SearchItems` (a{ss}).
-    func searchCollection(_ call: BusCall, group: String) throws(BusError) {
-        let found = try search(try call.arguments.stringDictionary(), in: group, caller: call)
+    func searchCollection(_ call: BusCall, group: String, attributes: [String: String]) throws(BusError) {
+        let found = try search(attributes, in: group, caller: call)
         try bus.reply(to: call.message) { (reply) throws(BusError) in
             try reply.objectPaths(found.unlocked + found.locked)
         }
@@ -26,8 +26,8 @@ extension SecretServiceProvider {
     }
 
     /// `CreateItem` (a{sv}(oayays)b).
-    func createItem(_ call: BusCall, group: String) throws(BusError) {
-        try createItem(call, in: group) { [self] call, path throws(BusError) in
+    func createItem(_ call: BusCall, group: String, _ item: NewItem) throws(BusError) {
+        try createItem(call, item, in: group) { [self] call, path throws(BusError) in
             try bus.reply(to: call.message) { (reply) throws(BusError) in
                 try reply.objectPath(path)
                 try reply.objectPath(ObjectPaths.none)
@@ -46,12 +46,11 @@ extension SecretServiceProvider {
     /// The new item belongs to the caller (``ItemDetails/owner``); an item
     /// it replaces keeps its owner, who must be the caller or allow it.
     func createItem(
-        _ call: BusCall, in group: String,
+        _ call: BusCall, _ item: NewItem, in group: String,
         then answer: @escaping (BusCall, String) throws(BusError) -> Void
     ) throws(BusError) {
-        let properties = try call.arguments.properties()
-        let (value, contentType) = try secret(from: call)
-        let replace = try call.arguments.bool()
+        let properties = item.properties, replace = item.replace
+        let (value, contentType) = try secret(item.secret, of: call)
         var label = "", attributes: [String: String] = [:]
         if case .string(let given)? = properties[Self.itemLabelProperty] { label = given }
         if case .attributes(let given)? = properties[Self.itemAttributesProperty] { attributes = given }

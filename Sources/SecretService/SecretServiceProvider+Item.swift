@@ -6,8 +6,8 @@ import Glibc
 /// The `org.freedesktop.Secret.Item` objects: one per item.
 extension SecretServiceProvider {
     /// `GetSecret` (o).
-    func getSecret(_ call: BusCall, group: String, identifier: String) throws(BusError) {
-        let session = try self.session(try call.arguments.objectPath(), of: call)
+    func getSecret(_ call: BusCall, group: String, identifier: String, session sessionPath: String) throws(BusError) {
+        let session = try self.session(sessionPath, of: call)
         try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
             let value = try perform(.get(group: group, identifier: identifier), for: call).secret(
                 about: .item(path: call.path))
@@ -19,8 +19,8 @@ extension SecretServiceProvider {
     }
 
     /// `SetSecret` ((oayays)).
-    func setSecret(_ call: BusCall, group: String, identifier: String) throws(BusError) {
-        let (value, contentType) = try secret(from: call)
+    func setSecret(_ call: BusCall, group: String, identifier: String, _ sent: SentSecret) throws(BusError) {
+        let (value, contentType) = try secret(sent, of: call)
         // A new content type is kept with the item's details (made for
         // an item that had none); otherwise the item keeps its own.
         let current = try itemDetails(group, identifier, for: call)

@@ -7,7 +7,6 @@ import Glibc
 extension SecretServiceProvider {
     /// `Prompt` (s).
     func showPrompt(_ call: BusCall, prompt: UnlockPrompt) throws(BusError) {
-        _ = try call.arguments.string()  // the window to place it over: pinentry places itself
         guard let program = Pinentry.program() else {
             throw .failed("no pinentry program: install pinentry-curses or pinentry-gnome3, or set KEYCHAINFS_PINENTRY")
         }

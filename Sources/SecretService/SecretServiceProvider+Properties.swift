@@ -6,8 +6,7 @@ import Glibc
 /// `org.freedesktop.DBus.Properties` of every object.
 extension SecretServiceProvider {
     /// `Get` (ss).
-    func getProperty(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
-        let interface = try call.arguments.string(), name = try call.arguments.string()
+    func getProperty(_ call: BusCall, object: ObjectPaths.Object, interface: String, name: String) throws(BusError) {
         guard let value = try properties(of: object, interface: interface, caller: call)[name] else {
             throw .invalidArguments("no property \(name) in \(interface)")
         }
@@ -15,8 +14,8 @@ extension SecretServiceProvider {
     }
 
     /// `GetAll` (s).
-    func getAllProperties(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
-        let all = try properties(of: object, interface: try call.arguments.string(), caller: call)
+    func getAllProperties(_ call: BusCall, object: ObjectPaths.Object, interface: String) throws(BusError) {
+        let all = try properties(of: object, interface: interface, caller: call)
         try bus.reply(to: call.message) { (reply) throws(BusError) in
             try reply.open("a", "{sv}")
             for (name, value) in all.sorted(by: { $0.key < $1.key }) {
@@ -30,8 +29,9 @@ extension SecretServiceProvider {
     }
 
     /// `Set` (ssv).
-    func setProperty(_ call: BusCall, object: ObjectPaths.Object) throws(BusError) {
-        let interface = try call.arguments.string(), name = try call.arguments.string()
+    func setProperty(
+        _ call: BusCall, object: ObjectPaths.Object, interface: String, name: String, value: PropertyValue?
+    ) throws(BusError) {
         guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
             name == "Label" || name == "Attributes"
         else {
@@ -39,11 +39,11 @@ extension SecretServiceProvider {
                 "only an item's Label and Attributes can be set (a collection's label is its group's name)")
         }
         var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
-        switch try call.arguments.itemProperty(name) {
+        switch try PropertyValue.itemProperty(name, value) {
         case .string(let label): details.label = label
         case .attributes(let attributes):
             details.attributes = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
-        case .bool, .uint64, .objectPaths: throw .notSupported("only an item's Label and Attributes can be set")
+        case .bool, .uint64, .objectPaths, .bytes: throw .notSupported("only an item's Label and Attributes can be set")
         }
         details.modified = 0
         try validated(details)

@@ -6,12 +6,10 @@ import Glibc
 /// The `org.freedesktop.Secret.Service` object (`/org/freedesktop/secrets`).
 extension SecretServiceProvider {
     /// `OpenSession` (sv).
-    func openSession(_ call: BusCall) throws(BusError) {
-        let algorithm = try call.arguments.string()
+    func openSession(_ call: BusCall, algorithm: String, input: PropertyValue?) throws(BusError) {
         let path = ObjectPaths.sessionPrefix + String(nextSession)
         let (session, output) = try TransferSession.open(
-            algorithm: algorithm, input: call.arguments, owner: call.sender,
-            path: path)
+            algorithm: algorithm, input: input, owner: call.sender, path: path)
         nextSession += 1
         sessions[path] = session
         try bus.reply(to: call.message) { (reply) throws(BusError) in
@@ -27,8 +25,7 @@ extension SecretServiceProvider {
     }
 
     /// `SearchItems` (a{ss}).
-    func searchItems(_ call: BusCall) throws(BusError) {
-        let attributes = try call.arguments.stringDictionary()
+    func searchItems(_ call: BusCall, attributes: [String: String]) throws(BusError) {
         let found = try search(attributes, in: nil, caller: call)
         try bus.reply(to: call.message) { (reply) throws(BusError) in
             try reply.objectPaths(found.unlocked)
@@ -37,9 +34,8 @@ extension SecretServiceProvider {
     }
 
     /// `GetSecrets` (aoo).
-    func getSecrets(_ call: BusCall) throws(BusError) {
-        let paths = try call.arguments.objectPaths()
-        let session = try self.session(try call.arguments.objectPath(), of: call)
+    func getSecrets(_ call: BusCall, items paths: [String], session sessionPath: String) throws(BusError) {
+        let session = try self.session(sessionPath, of: call)
         let items = paths.compactMap { path -> (group: String, identifier: String)? in
             guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { return nil }
             return (group, identifier)
@@ -57,14 +53,13 @@ extension SecretServiceProvider {
     }
 
     /// `CreateCollection` (a{sv}s).
-    func createCollection(_ call: BusCall) throws(BusError) {
+    func createCollection(_ call: BusCall, properties: [String: PropertyValue], alias: String) throws(BusError) {
         let label: String
-        if case .string(let given)? = try call.arguments.properties()[Self.collectionLabelProperty] {
+        if case .string(let given)? = properties[Self.collectionLabelProperty] {
             label = given
         } else {
             label = ""
         }
-        let alias = try call.arguments.string()
         let group: String
         if !alias.isEmpty {
             // The spec: a collection for a well-known alias that exists is returned as it is.
@@ -91,18 +86,16 @@ extension SecretServiceProvider {
     }
 
     /// `ReadAlias` (s).
-    func readAlias(_ call: BusCall) throws(BusError) {
-        let alias = try call.arguments.string()
+    func readAlias(_ call: BusCall, alias: String) throws(BusError) {
         let path = Self.group(ofAlias: alias).map(ObjectPaths.collection) ?? ObjectPaths.none
         try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(path) }
     }
 
     /// `SetAlias` (so).
-    func setAlias(_ call: BusCall) throws(BusError) {
+    func setAlias(_ call: BusCall, alias: String, path: String) throws(BusError) {
         // Aliases are fixed: `default` and `login` name the group
         // default. Setting one to what it names already is done;
         // anything else would have to outlive the device and is refused.
-        let alias = try call.arguments.string(), path = try call.arguments.objectPath()
         guard let group = Self.group(ofAlias: alias), path == ObjectPaths.collection(group) else {
             throw .notSupported("aliases are fixed: default and login name the collection default")
         }
@@ -110,8 +103,7 @@ extension SecretServiceProvider {
     }
 
     /// `Lock` (ao).
-    func lock(_ call: BusCall) throws(BusError) {
-        let paths = try call.arguments.objectPaths()
+    func lock(_ call: BusCall, objects paths: [String]) throws(BusError) {
         _ = perform(.lock, for: call)
         try bus.reply(to: call.message) { (reply) throws(BusError) in
             try reply.objectPaths(paths)
@@ -120,8 +112,7 @@ extension SecretServiceProvider {
     }
 
     /// `Unlock` (ao).
-    func unlock(_ call: BusCall) throws(BusError) {
-        let paths = try call.arguments.objectPaths()
+    func unlock(_ call: BusCall, objects paths: [String]) throws(BusError) {
         guard store.isLocked else {
             try bus.reply(to: call.message) { (reply) throws(BusError) in
                 try reply.objectPaths(paths)

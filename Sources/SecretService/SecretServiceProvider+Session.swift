@@ -12,10 +12,9 @@ extension SecretServiceProvider {
         try bus.reply(to: call.message) { _ throws(BusError) in }
     }
 
-    /// The next argument of `call`, a secret struct, opened in its
-    /// session (the caller's own), and its content type.
-    func secret(from call: BusCall) throws(BusError) -> (value: SecureBytes, contentType: String) {
-        let secret = try call.arguments.secretStruct()
+    /// A secret struct `call` sent, opened in its session (the caller's
+    /// own), and its content type.
+    func secret(_ secret: SentSecret, of call: BusCall) throws(BusError) -> (value: SecureBytes, contentType: String) {
         let session = try self.session(secret.session, of: call)
         return (try session.open(secret.sealed, parameters: secret.parameters), secret.contentType)
     }

@@ -22,23 +22,22 @@ final class TransferSession {
         self.key = key
     }
 
-    /// A session for `algorithm`, given the client's input (a variant), and
+    /// A session for `algorithm`, given the client's input (the variant's
+    /// value; nil for a type no property takes), and
     /// the output to send back (nil: the empty string of `plain`; our public
     /// key for DH).
     static func open(
-        algorithm: String, input: BusMessageReader, owner: String,
+        algorithm: String, input: PropertyValue?, owner: String,
         path: String
     ) throws(BusError) -> (TransferSession, [UInt8]?) {
         switch algorithm {
         case plain:
-            try input.enter("v", "s")
-            _ = try input.string()
-            try input.exit()
+            guard case .string? = input else { throw .invalidArguments("\(plain) takes an empty string (s)") }
             return try server(algorithm: algorithm, peer: nil, owner: owner, path: path)
         case diffieHellman:
-            try input.enter("v", "ay")
-            let peer = try input.bytes()
-            try input.exit()
+            guard case .bytes(let peer)? = input else {
+                throw .invalidArguments("\(diffieHellman) takes the client's public key (ay)")
+            }
             return try server(algorithm: algorithm, peer: peer, owner: owner, path: path)
         default:
             throw .notSupported(

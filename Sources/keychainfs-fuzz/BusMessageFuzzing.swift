@@ -5,11 +5,12 @@
 
 /// The fuzz target `busmessage` (issue 31): any program of the user can
 /// send the provider any well-formed message, so each method's arguments
-/// are read here, exactly as its handler reads them, from messages whose
-/// types and values come from the fuzzer's bytes. sd-bus checks the wire
-/// format as a message arrives; what reaches the reader is a well-formed
-/// message of any signature, with variants of any type, arrays of any
-/// length and texts of any size. That is what is made here.
+/// are read here by the method's own reader (``SecretMethod/readArguments``,
+/// the one its handler gets them from), from messages whose types and
+/// values come from the fuzzer's bytes. sd-bus checks the wire format as
+/// a message arrives; what reaches the reader is a well-formed message of
+/// any signature, with variants of any type, arrays of any length and
+/// texts of any size. That is what is made here.
 enum BusMessageFuzzing {
     /// Reads one message made from `input`; a sentence if a reader broke
     /// a rule (a limit not kept), nil otherwise. A crash is a finding too.
@@ -30,69 +31,37 @@ enum BusMessageFuzzing {
             return nil  // sd-bus refused to make it (a text that is not UTF-8): it would never arrive
         }
         guard let made else { return nil }
-        return violation(reading: made.arguments, as: method)
-    }
-
-    /// The reads of each method's handler, in its order.
-    private static func violation(reading arguments: BusMessageReader, as method: SecretMethod) -> String? {
+        let arguments: Any
         do {
-            switch method.signature {
-            case "a{ss}":
-                if let broken = violation(of: try arguments.stringDictionary(), limit: 256, textLimit: 4096) {
-                    return broken
-                }
-            case "a{sv}(oayays)b":
-                if let broken = violation(of: try arguments.properties()) { return broken }
-                _ = try arguments.secretStruct()
-                _ = try arguments.bool()
-            case "a{sv}s":
-                if let broken = violation(of: try arguments.properties()) { return broken }
-                _ = try arguments.string()
-            case "aoo":
-                _ = try arguments.objectPaths()
-                _ = try arguments.objectPath()
-            case "ao": _ = try arguments.objectPaths()
-            case "(oayays)": _ = try arguments.secretStruct()
-            case "sv":
-                _ = try TransferSession.open(
-                    algorithm: try arguments.string(), input: arguments, owner: ":1.1",
-                    path: ObjectPaths.sessionPrefix + "1")
-            case "ssv":
-                _ = try arguments.string()
-                let property = try arguments.itemProperty(try arguments.string())
-                if case .attributes(let attributes) = property,
-                    let broken = violation(
-                        of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText)
-                {
-                    return broken
-                }
-            case "so":
-                _ = try arguments.string()
-                _ = try arguments.objectPath()
-            case "ss":
-                _ = try arguments.string()
-                _ = try arguments.string()
-            case "s": _ = try arguments.string()
-            case "o": _ = try arguments.objectPath()
-            case "": break
-            default: return "the method \(method.member) takes \(method.signature), which no read here covers"
-            }
-            try arguments.requireEnd()
+            arguments = try method.readArguments(made.arguments)
+            try made.arguments.requireEnd()
         } catch {
             return nil  // refused with an error reply: what a bad message should get
         }
-        return nil
+        return violation(in: arguments)
     }
 
-    private static func violation(of properties: [String: PropertyValue]) -> String? {
-        for case .attributes(let attributes) in properties.values {
-            if let broken = violation(
-                of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText)
-            {
-                return broken
-            }
+    /// A limit broken anywhere in what a reader returned: lookup
+    /// attributes past 256 pairs or 4096 bytes, an item's attributes (in
+    /// properties or a variant) past an item's limits. A session request
+    /// runs the real key exchange, with whatever key was sent.
+    private static func violation(in arguments: Any) -> String? {
+        switch arguments {
+        case let attributes as [String: String]:
+            return violation(of: attributes, limit: 256, textLimit: 4096)
+        case .attributes(let attributes) as PropertyValue:
+            return violation(of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText)
+        case let properties as [String: PropertyValue]:
+            return properties.values.lazy.compactMap { violation(in: $0) }.first
+        case let request as (algorithm: String, input: PropertyValue?):
+            _ = try? TransferSession.open(
+                algorithm: request.algorithm, input: request.input, owner: ":1.1",
+                path: ObjectPaths.sessionPrefix + "1")
+            return request.input.flatMap { violation(in: $0) }
+        default:
+            // A tuple or a struct of arguments: each of them.
+            return Mirror(reflecting: arguments).children.lazy.compactMap { violation(in: $0.value) }.first
         }
-        return nil
     }
 
     private static func violation(of dictionary: [String: String], limit: Int, textLimit: Int) -> String? {
@@ -223,9 +192,16 @@ indirect enum ArgumentType {
         case .dictionary(let key, let value):
             let entry = String(key) + value.signature
             try writer.open("a", "{\(entry)}")
-            for _ in 0..<(budget > 0 ? bytes.count() : 0) {
+            for index in 0..<(budget > 0 ? bytes.count() : 0) {
                 try writer.open("e", entry)
-                try Self.appendBasic(key, to: writer, from: &bytes)
+                // Text keys made distinct, as a client's many attributes
+                // are: a count limit is met by the count sent, not lost to
+                // keys that repeat once the fuzzer's bytes run out.
+                if key == "s" {
+                    try writer.string(bytes.text() + String(index))
+                } else {
+                    try Self.appendBasic(key, to: writer, from: &bytes)
+                }
                 try value.append(to: writer, from: &bytes, depth: depth, budget: &budget)
                 try writer.close()
             }

@@ -119,9 +119,43 @@ import Testing
     /// `Set`: a Label must be `s` and Attributes `a{ss}`, held to an item's limits.
     @Test func anItemPropertyMustHaveItsType() throws {
         let label = try Self.message { (writer) throws(BusError) in try writer.variant(.string("New label")) }
-        #expect(try label.arguments.itemProperty("Label") == .string("New label"))
+        #expect(try PropertyValue.itemProperty("Label", label.arguments.variant()) == .string("New label"))
         let wrong = try Self.message { (writer) throws(BusError) in try writer.variant(.bool(true)) }
-        let error = #expect(throws: BusError.self) { try wrong.arguments.itemProperty("Attributes") }
+        let error = #expect(throws: BusError.self) {
+            try PropertyValue.itemProperty("Attributes", wrong.arguments.variant())
+        }
         #expect(error == BusError(Self.invalidArguments, "Attributes is of type a{ss}"))
+        let tooMany = try Self.message { (writer) throws(BusError) in
+            let attributes = Dictionary(
+                uniqueKeysWithValues: (0...ItemDetails.maximumAttributes).map { ("k\($0)", "v") })
+            try writer.variant(.attributes(attributes))
+        }
+        let refused = #expect(throws: BusError.self) { _ = try tooMany.arguments.variant() }
+        #expect(refused?.name == Self.invalidArguments)
+    }
+
+    /// `OpenSession`: its row reads the algorithm and the variant, and the
+    /// session takes `plain` with a string and DH with a key (`ay`) only.
+    @Test func aSessionIsOpenedFromItsRowsArguments() throws {
+        let openSession = try #require(SecretMethod.all.first { $0.member == "OpenSession" })
+        for (algorithm, input, opens) in [
+            (TransferSession.plain, PropertyValue.string(""), true),
+            (TransferSession.plain, .bytes([2]), false),
+            (TransferSession.diffieHellman, .bytes([2]), true),
+            (TransferSession.diffieHellman, .string(""), false),
+            ("no-such-algorithm", .string(""), false)
+        ] {
+            let call = try Self.message { (writer) throws(BusError) in
+                try writer.string(algorithm)
+                try writer.variant(input)
+            }
+            let request = try #require(
+                try openSession.readArguments(call.arguments) as? (algorithm: String, input: PropertyValue?))
+            #expect(request.algorithm == algorithm && request.input == input)
+            let opened = try? TransferSession.open(
+                algorithm: request.algorithm, input: request.input, owner: ":1.1",
+                path: ObjectPaths.sessionPrefix + "1")
+            #expect((opened != nil) == opens, "\(algorithm) with \(input)")
+        }
     }
 }
