@@ -237,8 +237,8 @@ final class RunningDevice {
     /// Carries out a request that answers `ok`, and returns its fields; a
     /// failure is said as "`action`: why".
     @discardableResult
-    func perform(_ request: DeviceRequest, doing action: String, passing descriptor: Int32? = nil) throws -> [String] {
-        let reply = try reply(to: request, passing: descriptor)
+    func perform(_ request: DeviceRequest, doing action: String) throws -> [String] {
+        let reply = try reply(to: request)
         guard case .ok(let fields)? = reply else { throw DeviceAccess.failure(reply, about: .action(action)) }
         return fields
     }
