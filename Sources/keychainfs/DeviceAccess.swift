@@ -96,7 +96,7 @@ enum DeviceAccess {
         case nil:
             return ("the device went away", ExitStatus.noDevice)
         case .ok?, .value?:
-            return ("unexpected reply from the device (a device of another keychainfs build?)", ExitStatus.failure)
+            return (unexpectedReplySentence, ExitStatus.failure)
         case .systemError(let code, let message)?:
             return (subject.sentence(message), code == ENOENT ? ExitStatus.absent : ExitStatus.failure)
         case .keychainError(let error, let message)?:
@@ -127,8 +127,11 @@ enum DeviceAccess {
 
     /// A reply of a kind the request never gets: another build answered.
     static func unexpectedReply() -> ExitCode {
-        failure(.ok([]), about: .device)
+        fail(unexpectedReplySentence)
     }
+
+    private static let unexpectedReplySentence =
+        "unexpected reply from the device (a device of another keychainfs build?)"
 
     /// No reply at all: the device went away, or never answered.
     static func noAnswer() -> ExitCode {
@@ -208,8 +211,8 @@ final class RunningDevice {
         }
     }
 
-    /// ``reply(to:passing:)``, and the descriptor the device passed back
-    /// with it (-1: none; the caller owns it).
+    /// The reply of a device that listens now (none is started), and the
+    /// descriptor it passed back with it (-1: none; the caller owns it).
     func reply(to request: DeviceRequest, receiving descriptor: inout Int32) -> DeviceReply? {
         DeviceClient.exchange(request, with: socketPath, receiving: &descriptor)
     }
