@@ -98,6 +98,14 @@ public final class DeviceProcess: Sendable {
         ready: (MountError?) -> Void
     ) -> Int32 {
         guard case .perUser(let keychain) = keychains else { preconditionFailure("the service mounts nothing itself") }
+        // Nobody chooses the device's judge (issue 37): a caller's loader
+        // variables would run its code where every secret is.
+        if let problem = DeviceJudge.startProblem() {
+            ready(MountError(problem))
+            return 1
+        }
+        // Read now, while the process that started the device waits for `ready`.
+        let judge = DeviceJudge.current
         // Last, once every session has ended: a cleanly stopped device leaves
         // the keychain as one file (no -wal beside it).
         defer { keychain.manager.localDevice.shutDown() }
@@ -135,13 +143,28 @@ public final class DeviceProcess: Sendable {
             }
         }
         ready(nil)
+        recordLifecycle(keychain, "device-start", judge.auditDetail + (secretService != nil ? "; serves the bus" : ""))
         let stopped = waitForTheEnd(signals) { mountpoint != nil && !keychain.hasMounts }
+        // No question outlives the device that would read its answer.
+        Pinentry.endAll()
         self.secretService.withLock { provider in
             provider?.stop()
             provider = nil
         }
         keychain.unmountAll()
+        recordLifecycle(keychain, "device-stop", stopped ? "stopped" : "ended by an error")
         return stopped ? 0 : 1
+    }
+
+    /// A start, stop or bus of the device in its audit log, with the
+    /// device's own process as the subject (issue 37: nothing else records them).
+    private func recordLifecycle(
+        _ keychain: ServedKeychain, _ operation: String, _ detail: String, by subject: AuditSubject? = nil
+    ) {
+        keychain.manager.localDevice.audit.record(
+            AuditEvent(
+                operation: operation, result: "ok",
+                subject: subject ?? ProgramIdentities.subject(thread: getpid(), uid: getuid()), detail: detail))
     }
 
     /// Serves the Secret Service on the bus at `address` from now on (a
@@ -432,7 +455,11 @@ public final class DeviceProcess: Sendable {
             case .create:
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
             case .serveBus(let address, let replace):
-                return serveBus(keychain, address: address, replace: replace)
+                let reply = serveBus(keychain, address: address, replace: replace)
+                recordLifecycle(
+                    keychain, "serve-bus", reply == .ok([]) ? "serves the session bus" : "refused",
+                    by: ProgramIdentities.subject(ofPeer: client))
+                return reply
             case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
                 .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status,
                 .sync, .grant, .revoke, .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:

@@ -189,11 +189,11 @@ final class ServedKeychain: Sendable {
             do throws(KeychainError) {
                 let backup = try manager.backup(
                     password: password, policedGroups: policedGroups, passcode: passcode,
-                    by: subject())
+                    by: subject(), consent: peerConsent(client))
                 try BackupFile.write(backup.bytes, to: file, name: path)
                 return .ok(ReplyCount(backup.count).fields)
             } catch {
-                return .keychainError(error, sentence(for: error))
+                return .keychainError(error, sentence(for: error, about: request))
             }
         case .restore(let path, let password, let policy, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
@@ -203,13 +203,13 @@ final class ServedKeychain: Sendable {
                     limit: serviceLimits?.restoreBytes)
                 let summary = try manager.restore(
                     copy, password: password,
-                    policy: policy, passcode: passcode, by: subject())
+                    policy: policy, passcode: passcode, by: subject(), consent: peerConsent(client))
                 guard summary.applied else {
                     return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
                 }
                 return .ok(summary.fields)
             } catch {
-                return .keychainError(error, sentence(for: error))
+                return .keychainError(error, sentence(for: error, about: request))
             }
         case .grant, .revoke, .policy, .access, .apps:
             // The service's account opens no path on a user's word: it could
@@ -258,26 +258,47 @@ final class ServedKeychain: Sendable {
             let request = request.withoutOwner
             do throws(KeychainError) {
                 // The peer is identified only when a group with a policy asks.
+                let program = {
+                    let now = ProgramIdentities.ofPeer(client)
+                    return !policedAtConnect || now == atConnect ? now : nil
+                }
                 let reply = try answerItemRequest(
-                    request,
-                    program: {
-                        let now = ProgramIdentities.ofPeer(client)
-                        return !policedAtConnect || now == atConnect ? now : nil
-                    }, subject: subject)
+                    request, program: program, subject: subject,
+                    consent: ConsentCaller(program: program, subject: subject))
                 audit(request, result: "ok", subject: subject())
                 return reply
             } catch {
                 audit(request, result: AuditEvent.result(of: error), subject: subject())
-                return .keychainError(error, sentence(for: error))
+                return .keychainError(error, sentence(for: error, about: request))
             }
         }
     }
 }
 
 extension ServedKeychain {
+    /// The peer of `client` as the owner rule asks about it.
+    func peerConsent(_ client: Int32) -> ConsentCaller {
+        ConsentCaller(
+            program: { ProgramIdentities.ofPeer(client) }, subject: { ProgramIdentities.subject(ofPeer: client) })
+    }
+
     /// A core error in a sentence for the keychain's user: a quota says
     /// what it is and what is used of it.
-    func sentence(for error: KeychainError) -> String {
+    func sentence(for error: KeychainError, about request: DeviceRequest? = nil) -> String {
+        if error == .ownerDenied, case .backup? = request {
+            return "the keychain holds items other programs own, and the person did not allow this program to "
+                + "back them up (or could not be asked): no backup was written"
+        }
+        if error == .ownerDenied, case .restore? = request {
+            return "the backup would replace items other programs own, and the person did not allow this program "
+                + "to (or could not be asked): nothing was restored"
+        }
+        if error == .ownerDenied, let request, let group = request.group,
+            let identifier = request.ownedIdentifiers.first,
+            let owner = (try? manager.details(forIdentifier: identifier, inGroup: group))?.owner
+        {
+            return ItemConsent.deniedSentence(item: group + "/" + identifier, owner: owner)
+        }
         guard error == .quotaExceeded, let limits = serviceLimits else { return error.description }
         let use = manager.localDevice.quotaUse
         let mebibytes = { (bytes: Int) -> String in
@@ -325,11 +346,18 @@ extension ServedKeychain {
     /// replaced item's inode is detached, writes are serialised with commits).
     func answerItemRequest(
         _ request: DeviceRequest, program: () -> ProgramIdentity?,
-        subject: () -> AuditSubject?
+        subject: () -> AuditSubject?, consent: ConsentCaller?
     ) throws(KeychainError) -> DeviceReply {
         // As through a mount: a group's policy decides per program (the peer),
         // when the request has arrived and again just before the reply.
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
+        // And the owner rule (issue 37): an item another program owns is the
+        // person's to allow, through the socket as over the bus. `consent`
+        // nil: the Secret Service asked the person already.
+        if let consent, let group = request.group, let verb = request.consentVerb {
+            try manager.requireConsent(
+                group: group, identifiers: request.ownedIdentifiers, verb: verb, caller: consent)
+        }
         let reply = try carryOut(request, subject: subject)
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
         return reply
@@ -387,6 +415,7 @@ extension ServedKeychain {
         case .status:
             var status = try manager.status
             status.keyProtection = manager.localDevice.keyProtection
+            status.judge = DeviceJudge.current
             return .ok(status.fields)
         case .sync:
             try manager.sync()
@@ -409,7 +438,7 @@ extension ServedKeychain: SecretStore {
         manager.localDevice.addObserver(handler)
     }
     func removeObserver(_ token: Int) { manager.localDevice.removeObserver(token) }
-    func record(_ event: AuditEvent) { manager.localDevice.audit.record(event) }
+    func answer(_ question: ConsentQuestion) -> ItemConsent.Answer { manager.answer(question) }
 
     func itemNames() -> [String: [String]] {
         var names: [String: [String]] = [:]
@@ -417,15 +446,6 @@ extension ServedKeychain: SecretStore {
             names[group] = ((try? manager.items(inGroup: group)) ?? []).map(\.identifier)
         }
         return names
-    }
-
-    func allow(_ program: ProgramClaim, group: String, identifier: String) {
-        do throws(KeychainError) {
-            try manager.allow(program, forIdentifier: identifier, inGroup: group)
-        } catch {
-            Diagnostics.log(
-                "could not add \(program.executable) to the access list of \(group)/\(identifier): \(error)")
-        }
     }
 
     func perform(
@@ -440,7 +460,7 @@ extension ServedKeychain: SecretStore {
                 program: {
                     seen = program()
                     return seen
-                }, subject: subject)
+                }, subject: subject, consent: nil)
             if policy == .always { audit(request, result: "ok", subject: subject()) }
             return reply
         } catch {

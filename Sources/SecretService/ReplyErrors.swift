@@ -24,6 +24,8 @@ extension BusError {
             self = .noSuchObject("no \(Self.naming(subject))")
         case .keychainError(.missingEntitlement, _):
             self = .accessDenied("this program is not entitled to \(Self.groupNaming(subject))")
+        case .keychainError(.ownerDenied, _):
+            self = .accessDenied("the person denied this program an item another program owns")
         case .keychainError(_, let message), .systemError(_, let message):
             self = .failed(message)
         case .ok, .value:

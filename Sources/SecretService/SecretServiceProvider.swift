@@ -203,23 +203,44 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// The items that carry every attribute asked for, unlocked (their key
     /// is there) and locked apart: a locked item is found, never "absent".
+    /// The caller's own items come first, then those whose list it is on,
+    /// then the rest (issue 37): libsecret's lookup reads the first match,
+    /// so an item another program planted with the caller's attributes, in
+    /// any collection, never answers the lookup of a program that owns one.
     func search(
         _ attributes: [String: String], in onlyGroup: String?,
         caller call: BusCall
     ) throws(BusError) -> (unlocked: [String], locked: [String]) {
-        var found: (unlocked: [String], locked: [String]) = ([], [])
+        var matches: [ListedItem] = []
         let groups: [String]
         if let onlyGroup { groups = [onlyGroup] } else { groups = try self.groups(for: call) }
         for group in groups {
             if let wanted = attributes[Self.groupAttribute], wanted != group { continue }
             // A group whose policy does not admit the caller shows nothing.
             guard let items = try? self.items(of: group, for: call) else { continue }
-            for item in items where item.attributes.matches(attributes) {
-                if store.isAvailable(item.protectionClass) {
-                    found.unlocked.append(item.path)
-                } else {
-                    found.locked.append(item.path)
-                }
+            matches += items.filter { $0.attributes.matches(attributes) }
+        }
+        if matches.contains(where: { $0.details?.owner != nil }) {
+            // Only the order depends on it (the secret still needs the owner
+            // rule), so the caller's executable is enough: no scan of who
+            // holds its connection.
+            let caller = bus.senderProcess(of: call.message).flatMap {
+                ProgramIdentities.of(thread: $0.pid, uid: $0.uid)
+            }
+            let rank = { (item: ListedItem) -> Int in
+                guard let caller, let details = item.details, let owner = details.owner else { return 2 }
+                if owner.admits(caller) { return 0 }
+                return details.allowed.contains { $0.admits(caller) } ? 1 : 2
+            }
+            matches = matches.enumerated().sorted { (rank($0.element), $0.offset) < (rank($1.element), $1.offset) }
+                .map(\.element)
+        }
+        var found: (unlocked: [String], locked: [String]) = ([], [])
+        for item in matches {
+            if store.isAvailable(item.protectionClass) {
+                found.unlocked.append(item.path)
+            } else {
+                found.locked.append(item.path)
             }
         }
         return found

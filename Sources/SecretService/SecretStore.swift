@@ -17,8 +17,6 @@ public protocol SecretStore: AnyObject, Sendable {
     /// Calls `handler` after every lock, unlock and committed change; returns a token.
     func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int
     func removeObserver(_ token: Int)
-    /// Writes a line of the audit log (a question and its answer).
-    func record(_ event: AuditEvent)
     /// Every group's item identifiers: the device's own listing (no
     /// program asks), for what the provider has to know of at start.
     func itemNames() -> [String: [String]]
@@ -29,9 +27,10 @@ public protocol SecretStore: AnyObject, Sendable {
         _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
         audit: AuditPolicy
     ) -> DeviceReply
-    /// Adds `program` to the access list of an item with an owner (the
-    /// person's "Always allow"); a failure is logged.
-    func allow(_ program: ProgramClaim, group: String, identifier: String)
+    /// Puts a question of the owner rule to the person (blocking the
+    /// calling thread), records it and its answer, and puts the program on
+    /// the items' lists for "Always allow": the core's, as at every door.
+    func answer(_ question: ConsentQuestion) -> ItemConsent.Answer
 }
 
 /// Which requests of the bus reach the audit log: every read of a value,

@@ -64,6 +64,8 @@ struct BackupCommand: ParsableCommand {
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
             case .keychainError(.authFailed, _)?:
                 throw fail(backupExplanation(.authFailed, file: ""), status: ExitStatus.denied)
+            case .keychainError(.ownerDenied, let message)?:
+                throw fail("cannot back up: " + message, status: ExitStatus.denied)
             case .keychainError(.param, _)? where !policedGroups.isEmpty:
                 throw fail("every --group must name a group with an entitlement policy; nothing was written")
             case .ok(let fields)?:

@@ -108,7 +108,8 @@ enum DeviceAccess {
                 return ("\(item) already exists and was kept (--force replaces it)", ExitStatus.failure)
             case .interactionNotAllowed:
                 return ("the keychain is locked for \(item); unlock it first", ExitStatus.locked)
-            case .authFailed: return (message, ExitStatus.denied)
+            // The device's sentence names the item, its owner and what to do.
+            case .authFailed, .ownerDenied: return (message, ExitStatus.denied)
             case .missingEntitlement:
                 return (
                     "\(item): the program asking (\(CommandLine.arguments[0])) is not entitled to its access group",

@@ -98,7 +98,7 @@ enum ExitStatus {
         switch error {
         case .itemNotFound, .noSuchKeychain: return absent
         case .interactionNotAllowed: return locked
-        case .authFailed, .tpmLockedOut, .missingEntitlement: return denied
+        case .authFailed, .tpmLockedOut, .missingEntitlement, .ownerDenied: return denied
         case .notAvailable: return noDevice
         default: return failure
         }

@@ -105,12 +105,12 @@ struct LogCommand: ParsableCommand {
             let item = [line.value("group"), line.value("id")].compactMap { $0 }.joined(separator: "/")
             out = [
                 line.value("time") ?? "", line.value("op") ?? "", line.value("result") ?? "",
-                LineEscaping.escaped(item, also: " ")
+                LineEscaping.shown(item, also: " ")
             ]
             .filter { !$0.isEmpty }.joined(separator: " ")
-            if let detail = line.value("detail") { out += " (" + LineEscaping.escaped(detail, also: "()") + ")" }
+            if let detail = line.value("detail") { out += " (" + LineEscaping.shown(detail, also: "()") + ")" }
             for key in ["pid", "uid", "exe", "unit"] {
-                if let value = line.value(key) { out += " \(key)=" + LineEscaping.escaped(value, also: " ") }
+                if let value = line.value(key) { out += " \(key)=" + LineEscaping.shown(value, also: " ") }
             }
         }
         // Written at once: a follower reading through a pipe sees every event as it happens.

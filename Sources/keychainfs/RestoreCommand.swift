@@ -59,6 +59,8 @@ struct RestoreCommand: ParsableCommand {
             case .ok(let fields)?:
                 guard let applied = try? RestoreSummary(fields: fields) else { throw DeviceAccess.unexpectedReply() }
                 summary = applied
+            case .keychainError(.ownerDenied, let message)?:
+                throw fail("cannot restore: " + message, status: ExitStatus.denied)
             case .keychainError(.missingEntitlement, _)?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
             case .keychainError(.duplicateItem, let message)?: throw fail(message)

@@ -61,6 +61,6 @@ struct StatusCommand: ParsableCommand {
         ]
         if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
         lines += ["autolock: \(status.autoLockAfter)", "autolock-grace: \(status.autoLockGrace)", "mode: \(mode)"]
-        return lines + (status.keyProtection?.lines ?? [])
+        return lines + (status.keyProtection?.lines ?? []) + (status.judge?.lines ?? [])
     }
 }

@@ -9,41 +9,8 @@ import TestSupport
 /// allow. The creator is never asked; every answer does what it says; a
 /// denied program gets nothing but the item's path; nothing is lost.
 extension SerialTests.SecretServiceTests {
-    /// app-a and app-b in `$R`: `app store NAME VALUE` stores a password
-    /// under the attribute name=NAME (replacing its own), `app lookup NAME`
-    /// prints it, or `none`.
     func buildApps() throws {
-        try """
-        #include <libsecret/secret.h>
-        #include <stdio.h>
-        #include <string.h>
-        static const SecretSchema schema = {
-            "org.example.App", SECRET_SCHEMA_NONE,
-            { { "name", SECRET_SCHEMA_ATTRIBUTE_STRING }, { NULL, 0 } } };
-        int main(int argc, char **argv) {
-            GError *error = NULL;
-            if (argc == 4 && strcmp(argv[1], "store") == 0) {
-                secret_password_store_sync(&schema, SECRET_COLLECTION_DEFAULT, "App " APP, argv[3], NULL, &error,
-                                           "name", argv[2], NULL);
-            } else if (argc == 2 && strcmp(argv[1], "wait") == 0) {
-                g_usleep(3 * G_USEC_PER_SEC);
-            } else if (argc == 3 && strcmp(argv[1], "lookup") == 0) {
-                gchar *password = secret_password_lookup_sync(&schema, NULL, &error, "name", argv[2], NULL);
-                printf("%s\\n", password ? password : "none");
-                secret_password_free(password);
-            } else {
-                return 2;
-            }
-            if (error) { printf("error: %s\\n", error->message); return 1; }
-            return 0;
-        }
-        """.write(toFile: harness.root + "/app.c", atomically: true, encoding: .utf8)
-        let built = harness.sh(
-            """
-            for app in a b; do
-                gcc -O1 -DAPP="\\"$app\\"" -o "$R/app-$app" "$R/app.c" $(pkg-config --cflags --libs libsecret-1) || exit 1
-            done
-            """)
+        let built = try harness.buildLibsecretApps()
         #expect(built.succeeded, "\(built)")
     }
 

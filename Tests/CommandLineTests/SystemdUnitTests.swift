@@ -11,8 +11,9 @@ extension SerialTests {
             .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("scripts/systemd").path
 
-        /// `systemd-analyze verify` of each unit, instantiated for a mount point,
-        /// with the binary where the units expect it (~/.local/bin).
+        /// `systemd-analyze verify` of each unit, instantiated for a mount
+        /// point; the copies name the built binary instead of the installed
+        /// /usr/bin/keychainfs that the shipped units run.
         @Test func theShippedUnitsVerify() throws {
             let harness = try MountHarness()
             guard harness.sh("command -v systemd-analyze").succeeded else {
@@ -23,12 +24,12 @@ extension SerialTests {
             let script = """
                 export HOME="$R/home"
                 mkdir -p "$HOME/.local/bin" "$R/units"
-                ln -s "$K" "$HOME/.local/bin/keychainfs"
                 printf '#!/bin/sh\\n' > "$HOME/.local/bin/my-app" && chmod 700 "$HOME/.local/bin/my-app"
                 instance=$(systemd-escape --path "$R/kc")
-                cp "$1/keychainfs@.service" "$R/units/keychainfs@$instance.service"
-                cp "$1/keychainfs-exec-example@.service" "$R/units/keychainfs-exec-example@$instance.service"
-                cp "$1/keychainfs-secrets.service" "$R/units/"
+                built() { sed "s|/usr/bin/keychainfs |$K |" "$1/$2"; }
+                built "$1" keychainfs@.service > "$R/units/keychainfs@$instance.service"
+                built "$1" keychainfs-exec-example@.service > "$R/units/keychainfs-exec-example@$instance.service"
+                built "$1" keychainfs-secrets.service > "$R/units/keychainfs-secrets.service"
                 cd "$R/units" && systemd-analyze verify --man=no ./*.service
                 """
             let verified = harness.sh(script, arguments: [Self.unitDirectory])
@@ -36,7 +37,7 @@ extension SerialTests {
             // The unit really names the binary and mount point it is verified with.
             #expect(
                 harness.sh(
-                    "grep -x 'ExecStart=%h/.local/bin/keychainfs mount --foreground %f' \"$1/keychainfs@.service\"",
+                    "grep -x 'ExecStart=/usr/bin/keychainfs mount --foreground %f' \"$1/keychainfs@.service\"",
                     arguments: [Self.unitDirectory]
                 ).succeeded)
         }

@@ -28,9 +28,8 @@ extension SerialTests {
             func setSecretServiceState(_ state: String?) {}
             func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { 1 }
             func removeObserver(_ token: Int) {}
-            func record(_ event: AuditEvent) {}
             func itemNames() -> [String: [String]] { ["work": ["mail"]] }
-            func allow(_ program: ProgramClaim, group: String, identifier: String) {}
+            func answer(_ question: ConsentQuestion) -> ItemConsent.Answer { .denied }
 
             func perform(
                 _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,

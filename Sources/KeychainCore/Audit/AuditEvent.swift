@@ -46,7 +46,7 @@ public struct AuditEvent: Sendable, Equatable {
     public static func result(of error: KeychainError?) -> String {
         switch error {
         case nil: return "ok"
-        case .missingEntitlement?: return "denied"
+        case .missingEntitlement?, .ownerDenied?: return "denied"
         case .interactionNotAllowed?: return "locked"
         case .itemNotFound?: return "absent"
         case .authFailed?, .tpmLockedOut?: return "refused"

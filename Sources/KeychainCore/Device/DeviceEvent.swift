@@ -17,6 +17,9 @@ public struct DeviceStatus: Sendable, Equatable {
     /// How the keys are kept (issue 30); asked of the TPM, so filled in
     /// only where a status is shown (the `status` request, `.control`).
     public var keyProtection: KeyProtectionStatus?
+    /// Who decides at the device (issue 37): filled in where a status is
+    /// shown, beside ``keyProtection``.
+    public var judge: DeviceJudge?
 }
 
 /// A change of the device's lock state or of its items, for observers

@@ -37,6 +37,11 @@ package struct ProcessIdentity: Sendable, Equatable {
     /// Who made the request, for the audit log.
     package var auditSubject: AuditSubject { ProgramIdentities.subject(thread: thread, uid: uid) }
 
+    /// The caller as the owner rule asks about it (issue 37).
+    package var consentCaller: ConsentCaller {
+        ConsentCaller(program: { program }, subject: { auditSubject })
+    }
+
     /// Whether two requests came from the same process.
     package func sameProcess(as other: ProcessIdentity) -> Bool {
         thread == other.thread || process == other.process

@@ -69,26 +69,23 @@ public enum PackageOwnership {
         {
             return cached.package
         }
-        let package = query(path)
+        // Debian's merged /usr: dpkg knows /bin/cat, the kernel names /usr/bin/cat.
+        let package = query(path) ?? mergedAlias(of: path).flatMap(query)
         cache.withLock { $0[path] = (UInt64(info.st_ino), info.st_ctim.tv_sec, package) }
         return package
     }
 
-    /// The file's status when it and every directory above it are root's
-    /// and not writable by group or others.
-    private static func rootOwned(_ path: String) -> stat? {
-        var info = stat()
-        guard stat(path, &info) == 0, info.st_uid == 0, info.st_mode & 0o022 == 0, info.st_mode & S_IFMT == S_IFREG
-        else {
-            return nil
+    private static func rootOwned(_ path: String) -> stat? { RootControlledFile.status(of: path) }
+
+    /// `/bin/X` for `/usr/bin/X` (and sbin, lib) where `/bin` is a link
+    /// into `/usr`, as on every Debian since 12.
+    private static func mergedAlias(of path: String) -> String? {
+        for top in ["bin", "sbin", "lib", "lib64"] where path.hasPrefix("/usr/\(top)/") {
+            var info = stat()
+            guard lstat("/" + top, &info) == 0, info.st_mode & S_IFMT == S_IFLNK else { return nil }
+            return String(path.dropFirst(4))
         }
-        var directory = path
-        while let slash = directory.lastIndex(of: "/"), slash != directory.startIndex {
-            directory = String(directory[..<slash])
-            var parent = stat()
-            guard stat(directory, &parent) == 0, parent.st_uid == 0, parent.st_mode & 0o022 == 0 else { return nil }
-        }
-        return info
+        return nil
     }
 
     private static func query(_ path: String) -> String? {

@@ -22,6 +22,26 @@ public enum LineEscaping {
         return out
     }
 
+    /// `text` as ``escaped(_:also:)`` writes it, for a person to read: also
+    /// every character that would hide or reorder text (Unicode's format
+    /// characters such as U+202E, separators other than the space such as
+    /// U+2028, private use, unassigned) as `\u{X}`. One way only: for a
+    /// terminal, never for a file that is read back (issue 37).
+    public static func shown(_ text: String, also separators: String = "") -> String {
+        var out = ""
+        for scalar in escaped(text, also: separators).unicodeScalars {
+            switch scalar.properties.generalCategory {
+            case .format, .lineSeparator, .paragraphSeparator, .privateUse, .unassigned, .surrogate:
+                out += "\\u{" + String(scalar.value, radix: 16) + "}"
+            case .spaceSeparator where scalar != " ":
+                out += "\\u{" + String(scalar.value, radix: 16) + "}"
+            default:
+                out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
+    }
+
     /// The text ``escaped(_:)`` was given; nil for a malformed escape.
     public static func unescaped(_ text: String) -> String? {
         var out = String.UnicodeScalarView()

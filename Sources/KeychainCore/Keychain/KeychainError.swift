@@ -49,7 +49,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .nameTooLong, .valueTooLarge: return KeychainError.param.rawValue
         case .keychainInUse: return KeychainError.badRequest.rawValue
         case .insecurePermissions, .tpmUnavailable, .tpmMismatch: return KeychainError.io.rawValue
-        case .tpmLockedOut: return KeychainError.authFailed.rawValue
+        case .tpmLockedOut, .ownerDenied: return KeychainError.authFailed.rawValue
         case .rolledBack: return KeychainError.decode.rawValue
         default: return rawValue
         }
@@ -83,6 +83,8 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .tpmLockedOut:
             return "the TPM refuses passcode tries for now (its dictionary-attack lockout after wrong passcodes)"
         case .rolledBack: return "the keychain is older than its TPM counter: an older copy of its files was put back"
+        case .ownerDenied:
+            return "the item belongs to another program, and you did not allow this one (or could not be asked)"
         default: return "keychain error \(rawValue)"
         }
     }
@@ -105,4 +107,8 @@ extension KeychainError {
     /// The keychain's state is older than its TPM rollback counter: an older
     /// copy of its files was put back (errSecDecode family).
     public static let rolledBack = KeychainError(rawValue: -909_006)
+    /// The item belongs to another program (issue 37), and the person did
+    /// not allow the caller: they denied it, or could not be asked
+    /// (errSecAuthFailed family, as macOS answers a denied keychain prompt).
+    public static let ownerDenied = KeychainError(rawValue: -909_007)
 }

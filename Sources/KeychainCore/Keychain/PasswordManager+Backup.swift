@@ -46,10 +46,24 @@ extension PasswordManager {
     /// Recorded in the audit log, one line per policed group included.
     /// Needs the class keys of the items it holds: while locked,
     /// ``KeychainError/interactionNotAllowed`` and no backup.
+    ///
+    /// At a door (`consent`: who asked), items that other programs own
+    /// (issue 37) go into the backup only when the person allows it, as a
+    /// read of each would need: ``KeychainError/ownerDenied`` and no backup
+    /// otherwise, so that no program gets another's secret through a file.
     public func backup(
         password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil,
         by subject: AuditSubject? = nil,
         kdf: KDFParameters = .moderate
+    ) throws(KeychainError) -> (bytes: [UInt8], count: Int) {
+        try backup(
+            password: password, policedGroups: policedGroups, passcode: passcode, by: subject, kdf: kdf, consent: nil)
+    }
+
+    package func backup(
+        password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil,
+        by subject: AuditSubject? = nil,
+        kdf: KDFParameters = .moderate, consent: ConsentCaller?
     ) throws(KeychainError) -> (bytes: [UInt8], count: Int) {
         guard password.count > 0 else { throw .param }
         let device = localDevice
@@ -63,6 +77,9 @@ extension PasswordManager {
                     operation: "backup", result: AuditEvent.result(of: error),
                     group: named.sorted().first, subject: subject, detail: "policed groups"))
             throw error
+        }
+        if let consent {
+            try requireConsentToBackUp(skipping: { device.hasEntitlementPolicy($0) && !named.contains($0) }, consent)
         }
         defer { purge() }  // the values read for it are not a "last access"
         var migratable: [BackupItem] = []
@@ -96,6 +113,37 @@ extension PasswordManager {
         return (bytes, migratable.count)
     }
 
+    /// One question for every owned item a backup would hold that
+    /// `consent`'s program does not own and is not on the list of.
+    private func requireConsentToBackUp(
+        skipping skipped: (String) -> Bool, _ consent: ConsentCaller
+    ) throws(KeychainError) {
+        let device = localDevice
+        var program: ProgramIdentity??
+        var asked: [ItemConsent.Asked] = []
+        for group in try groups() where !skipped(group) && device.appsOwnItems(inGroup: group) {
+            for (identifier, details) in try itemsWithDetails(inGroup: group) {
+                guard let owner = details.owner,
+                    try info(forIdentifier: identifier, inGroup: group)?.protectionClass.isMigratable == true
+                else { continue }
+                if program == nil { program = .some(consent.program()) }
+                guard !ItemConsent.isFree(details, for: program ?? nil) else { continue }
+                asked.append(
+                    ItemConsent.Asked(group: group, identifier: identifier, label: details.label, owner: owner))
+            }
+        }
+        guard !asked.isEmpty else { return }
+        let question = Self.question(
+            asked: asked, verb: "back up", program: program ?? nil, subject: consent.subject())
+        guard answer(question) != .denied else {
+            device.audit.record(
+                AuditEvent(
+                    operation: "backup", result: "denied", subject: consent.subject(),
+                    detail: "\(asked.count) items of other programs"))
+            throw .ownerDenied
+        }
+    }
+
     /// Restores a backup's items with their classes. With
     /// ``RestoreConflictPolicy/refuse`` and any item that differs, writes
     /// nothing (the summary lists the conflicts). A wrong password, or a
@@ -107,20 +155,35 @@ extension PasswordManager {
     /// ``KeychainError/authFailed`` for a wrong one), and nothing is
     /// written then. Recorded in the audit log. Needs the key of every
     /// class it writes (``KeychainError/interactionNotAllowed`` while locked).
+    ///
+    /// A restore never carries an owner or an access list (issue 37): a
+    /// crafted backup must not plant an item that a program then trusts as
+    /// its own. Restored items belong to no program until the person claims
+    /// them (`keychainfs acl --claim`, with the passcode). Replacing an item
+    /// another program owns needs the person's leave at a door (`consent`).
     public func restore(
         _ backup: some BackupBytes, password: SecureBytes, policy: RestoreConflictPolicy,
         passcode: SecureBytes? = nil, by subject: AuditSubject? = nil
+    ) throws(KeychainError) -> RestoreSummary {
+        try restore(backup, password: password, policy: policy, passcode: passcode, by: subject, consent: nil)
+    }
+
+    package func restore(
+        _ backup: some BackupBytes, password: SecureBytes, policy: RestoreConflictPolicy,
+        passcode: SecureBytes? = nil, by subject: AuditSubject? = nil, consent: ConsentCaller?
     ) throws(KeychainError) -> RestoreSummary {
         defer { purge() }
         let device = localDevice
         var summary = RestoreSummary()
         var differing: Set<String> = []
         var policedWrites: Set<String> = []
+        var replaced: [String: [String]] = [:]
         try BackupFile.decode(backup, password: password) { (item) throws(KeychainError) in
             let difference = try differs(item)
             if difference == true { differing.insert(item.group + "/" + item.identifier) }
             let writes = difference == nil || (difference == true && policy == .overwrite)
             if writes && device.hasEntitlementPolicy(item.group) { policedWrites.insert(item.group) }
+            if difference == true && policy == .overwrite { replaced[item.group, default: []].append(item.identifier) }
         }
         summary.conflicts = differing.sorted()
         if policy == .refuse && !differing.isEmpty {
@@ -140,7 +203,15 @@ extension PasswordManager {
                 throw error
             }
         }
-        try BackupFile.decode(backup, password: password) { (item) throws(KeychainError) in
+        if let consent {
+            for (group, identifiers) in replaced.sorted(by: { $0.key < $1.key }) {
+                try requireConsent(
+                    group: group, identifiers: identifiers, verb: "replace from a backup", caller: consent)
+            }
+        }
+        try BackupFile.decode(backup, password: password) { (original) throws(KeychainError) in
+            var item = original
+            item.details = original.details?.ownerless
             switch try differs(item) {
             case nil:
                 try write(
@@ -178,7 +249,9 @@ extension PasswordManager {
         if info.protectionClass != item.protectionClass { return true }
         // An item without details in the backup leaves the keychain's
         // item its own (a write with no details keeps them).
-        if let details = item.details, try self.details(forIdentifier: item.identifier, inGroup: item.group) != details
+        // Whose the item is never comes from a backup: only the rest is compared.
+        if let details = item.details?.ownerless,
+            try self.details(forIdentifier: item.identifier, inGroup: item.group)?.ownerless != details
         {
             return true
         }

@@ -50,7 +50,8 @@ extension DeviceStatus {
     /// after, failed attempts, has passcode, auto-lock delay and grace;
     /// then, when known, the key protection (`tpm2` or `file`), the TPM's
     /// failure count, its maximum, its recovery seconds and the rollback
-    /// counter (each empty when unknown).
+    /// counter (each empty when unknown); then, when known, who decides
+    /// (``DeviceJudge/fields``).
     public var fields: [String] {
         let base = [
             isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts),
@@ -61,12 +62,12 @@ extension DeviceStatus {
             keys.protection.rawValue, keys.tpmFailures.map(String.init) ?? "",
             keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
             keys.rollbackCounter.map(String.init) ?? ""
-        ]
+        ] + (judge?.fields ?? [])
     }
 
     /// Parses ``fields``; nil for anything else.
     public init?(fields: [String]) {
-        guard fields.count == 7 || fields.count == 12, let retryAfter = Int64(fields[2]),
+        guard [7, 12, 15].contains(fields.count), let retryAfter = Int64(fields[2]),
             let failedAttempts = UInt64(fields[3]),
             let after = Int(fields[5]), let grace = Int(fields[6])
         else { return nil }
@@ -75,7 +76,7 @@ extension DeviceStatus {
         self.init(
             isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
             failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
-        guard fields.count == 12 else { return }
+        guard fields.count >= 12 else { return }
         guard let protection = KeyProtection(rawValue: fields[7]) else { return nil }
         func number<N: FixedWidthInteger>(_ field: String) -> N?? {
             field.isEmpty ? .some(nil) : N(field).map { .some($0) }
@@ -86,5 +87,6 @@ extension DeviceStatus {
         keyProtection = KeyProtectionStatus(
             protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
             tpmRecoverySeconds: recovery, rollbackCounter: counter)
+        if fields.count == 15 { judge = DeviceJudge(fields: fields[12...]) }
     }
 }

@@ -401,6 +401,42 @@ public enum DeviceRequest: Equatable, Sendable {
         }
     }
 
+    /// What the request does to an item another program may own, as the
+    /// person's question says it (issue 37); nil for a request that hands
+    /// out no secret and changes no item (a listing, details, the device's own).
+    public var consentVerb: String? {
+        switch self {
+        case .get: "read the secret of"
+        case .set: "change the secret of"
+        case .remove: "delete"
+        case .rename: "rename or replace"
+        case .setClass: "change the protection of"
+        case .setDetails: "change the label or attributes of"
+        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .details, .list, .info,
+            .createGroup, .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy,
+            .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
+            nil
+        }
+    }
+
+    /// The items of ``group`` whose owner the request needs the leave of:
+    /// the item it reads or changes, and the one a rename would replace.
+    public var ownedIdentifiers: [String] {
+        switch self {
+        case .get(_, let identifier), .set(_, let identifier, _, _, _, _), .remove(_, let identifier),
+            .setClass(_, let identifier, _), .setDetails(_, let identifier, _), .info(_, let identifier):
+            [identifier]
+        case .details(_, let identifier):
+            identifier.map { [$0] } ?? []
+        case .rename(_, let from, let to, _):
+            [from, to]
+        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .list, .createGroup,
+            .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach,
+            .auditLog, .verifyLog, .stop, .watch, .autoLock:
+            []
+        }
+    }
+
     /// The access group an item request is about (nil: none, or all of them).
     public var group: String? {
         switch self {

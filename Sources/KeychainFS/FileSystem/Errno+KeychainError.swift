@@ -10,7 +10,8 @@ extension Errno {
         switch error {
         case .itemNotFound, .noSuchKeychain: self = .noSuchFile
         case .duplicateItem: self = .exists
-        case .interactionNotAllowed, .authFailed, .tpmLockedOut, .insecurePermissions: self = .permissionDenied
+        case .interactionNotAllowed, .authFailed, .tpmLockedOut, .insecurePermissions, .ownerDenied:
+            self = .permissionDenied
         case .missingEntitlement: self = .notPermitted
         case .decode, .io: self = .ioError
         case .param: self = .invalidArgument

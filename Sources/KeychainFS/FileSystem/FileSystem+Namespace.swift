@@ -21,6 +21,7 @@ extension FileSystem {
             throw Errno(parent == .root ? EISDIR : ENOTDIR)
         }
         try requireEntitlement(group, caller: caller, operation: "remove", identifier: name)
+        try requireConsent(group, [name], verb: "delete", caller: caller, operation: "remove")
         try audited("remove", group: group, identifier: name, caller: caller) { () throws(Errno) in
             try core { () throws(KeychainError) in
                 try nodes.removeItem(group: group, identifier: name, manager: manager)
@@ -68,6 +69,7 @@ extension FileSystem {
         }
         guard itemGroup(of: newParent) == group else { throw Errno(EXDEV) }
         try requireEntitlement(group, caller: caller, operation: "rename", identifier: name)
+        try requireConsent(group, [name, newName], verb: "rename or replace", caller: caller, operation: "rename")
         try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(Errno) in
             try core { () throws(KeychainError) in
                 try nodes.renameItem(

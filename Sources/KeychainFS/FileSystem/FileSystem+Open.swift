@@ -18,6 +18,9 @@ extension FileSystem {
     ) throws(Errno) -> OpenFile {
         let operation = flags & O_ACCMODE == O_RDONLY ? "read" : "write"
         try requireEntitlement(group, caller: opener, operation: operation, identifier: identifier)
+        try requireConsent(
+            group, [identifier], verb: operation == "read" ? "read the secret of" : "change the secret of",
+            caller: opener, operation: operation)
         return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(Errno) in
             let file = try opening(
                 group: group, identifier: identifier,

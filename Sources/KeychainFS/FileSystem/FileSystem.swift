@@ -333,6 +333,25 @@ public final class FileSystem: Sendable {
         }
     }
 
+    /// EACCES unless `caller` may `verb` the items `identifiers` of
+    /// `group`: the owner rule (issue 37), the same as on the bus and the
+    /// socket. An item another program owns is the person's to allow, and
+    /// asking blocks only this request's worker. A denial is recorded as
+    /// `operation`, beside the question and its answer.
+    func requireConsent(
+        _ group: String, _ identifiers: [String], verb: String, caller: ProcessIdentity, operation: String
+    ) throws(Errno) {
+        do throws(KeychainError) {
+            try manager.requireConsent(
+                group: group, identifiers: identifiers, verb: verb, caller: caller.consentCaller)
+        } catch {
+            audit(
+                operation, group: group, identifier: identifiers.first, caller: caller,
+                result: AuditEvent.result(of: error))
+            throw Errno(error)
+        }
+    }
+
     /// The entitlement check again, unrecorded (the caller records the
     /// outcome): what was true when a request arrived must still be true
     /// when its reply hands out a value.

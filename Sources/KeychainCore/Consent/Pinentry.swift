@@ -1,38 +1,74 @@
-import KeychainCore
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// A passcode asked for through pinentry, the program GnuPG uses (its
-/// Assuan protocol: SETDESC, SETPROMPT, SETERROR, GETPIN). The program is
-/// `$KEYCHAINFS_PINENTRY`, else `pinentry` on the PATH; it runs with the
-/// device's environment (the session's DISPLAY, WAYLAND_DISPLAY or tty).
-/// The passcode goes from its pipe into secret memory; it never becomes a
-/// string.
-final class Pinentry {
-    let pid: pid_t
+/// Assuan protocol: SETDESC, SETPROMPT, SETERROR, GETPIN). It is the
+/// device's judge (it answers "Allow" for the person), so no caller
+/// chooses it: the program is ``program()``, a file only root can change.
+/// It runs with the device's environment (the session's DISPLAY,
+/// WAYLAND_DISPLAY or tty). The passcode goes from its pipe into secret
+/// memory; it never becomes a string. Every pinentry the process runs is
+/// ended by ``endAll()`` when the device stops, and none is waited on past
+/// its deadline, whether or not it honours SETTIMEOUT (issue 37).
+package final class Pinentry {
+    package let pid: pid_t
     private let input: Int32
     private let output: Int32
     private var buffer: [UInt8] = []
     private var ended = false
+    /// When the program is ended whatever it does (nil: never).
+    private var deadline: Int64?
 
-    enum Answer {
+    package enum Answer {
         case passcode(SecureBytes)
         case cancelled
     }
 
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
+    package struct Failure: Error, CustomStringConvertible {
+        package let description: String
     }
 
-    /// The program to run, or nil when none is installed.
-    static func program() -> String? {
-        if let chosen = getenv("KEYCHAINFS_PINENTRY").map({ String(cString: $0) }), !chosen.isEmpty { return chosen }
-        let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/local/bin:/usr/bin:/bin"
-        return path.split(separator: ":").map { "\($0)/pinentry" }.first { access($0, X_OK) == 0 }
+    /// Debian's pinentry (the alternative `pinentry` points to, curses,
+    /// GNOME or Qt as installed): the default judge.
+    package static let defaultProgram = "/usr/bin/pinentry"
+
+    /// The program to run, or nil when none is usable: `$KEYCHAINFS_PINENTRY`
+    /// only when it is an absolute path that root controls (the file and
+    /// every directory above it root's and writable by nobody else, a
+    /// sticky directory such as /tmp allowed), else ``defaultProgram``. A
+    /// program of the user that set the variable (or `dbus-update-activation-environment`)
+    /// before the device started cannot make its own program the judge.
+    package static func program() -> String? {
+        if let chosen = getenv("KEYCHAINFS_PINENTRY").map({ String(cString: $0) }), !chosen.isEmpty,
+            RootControlledFile.isExecutable(chosen)
+        {
+            return chosen
+        }
+        return RootControlledFile.isExecutable(defaultProgram) ? defaultProgram : nil
     }
 
-    init(program: String) throws(Failure) {
+    /// Why `$KEYCHAINFS_PINENTRY` is not used, for `status` and the log; nil when it is, or is unset.
+    package static var refusedChoice: String? {
+        guard let chosen = getenv("KEYCHAINFS_PINENTRY").map({ String(cString: $0) }), !chosen.isEmpty,
+            !RootControlledFile.isExecutable(chosen)
+        else { return nil }
+        return "KEYCHAINFS_PINENTRY=\(LineEscaping.escaped(chosen)) ignored: only a program that root controls "
+            + "(root's file in root's directories, writable by nobody else) may ask for the person"
+    }
+
+    /// The pids of every pinentry running now, for ``endAll()``.
+    private static let running = Mutex<Set<pid_t>>([])
+
+    /// Ends every pinentry this process started (`keychainfs stop`): a
+    /// question nobody will read the answer to must not stay on the screen.
+    package static func endAll() {
+        for pid in running.withLock({ $0 }) { kill(pid, SIGTERM) }
+    }
+
+    /// Starts `program`; it is ended `seconds` after it starts at the latest.
+    package init(program: String, endingAfter seconds: Int? = nil) throws(Failure) {
         var toChild: [Int32] = [0, 0], fromChild: [Int32] = [0, 0]
         // Close-on-exec: Spawn dup2s the child's ends into place and closes the rest.
         guard pipe(&toChild) == 0, pipe(&fromChild) == 0 else {
@@ -50,8 +86,10 @@ final class Pinentry {
             throw Failure(description: "cannot run \(program)")
         }
         pid = started
+        Self.running.withLock { _ = $0.insert(started) }
         input = toChild[1]
         output = fromChild[0]
+        deadline = seconds.map { MonotonicClock.milliseconds() + Int64($0) * 1000 }
         guard let greeting = try? line(), greeting.starts(with: Array("OK".utf8)) else {
             end()
             throw Failure(description: "\(program) does not speak the pinentry protocol")
@@ -61,7 +99,7 @@ final class Pinentry {
     deinit { end() }
 
     /// Asks once; `error` is shown above the field (a wrong passcode before).
-    func ask(description: String, error: String?) throws(Failure) -> Answer {
+    package func ask(description: String, error: String?) throws(Failure) -> Answer {
         try command("SETTITLE KeychainFS")
         try command("SETDESC " + Self.escaped(description))
         try command("SETPROMPT Passcode:")
@@ -84,19 +122,19 @@ final class Pinentry {
     }
 
     /// The person's answer to a question of three buttons.
-    enum Choice: Equatable {
+    package enum Choice: Equatable {
         case ok, notOK, cancel
     }
 
     /// Asks a question with three buttons (CONFIRM after SETOK, SETNOTOK
-    /// and SETCANCEL, which every pinentry shows: curses, GTK, Qt); no
+    /// and SETCANCEL; `notOK` nil: two), which curses, GTK and Qt show; no
     /// answer within `timeout` seconds, or any failure, is `cancel`.
-    func confirm(description: String, ok: String, notOK: String, cancel: String, timeout: Int) -> Choice {
+    package func confirm(description: String, ok: String, notOK: String?, cancel: String, timeout: Int) -> Choice {
         do throws(Failure) {
             try command("SETTITLE KeychainFS")
             try command("SETDESC " + Self.escaped(description))
             try command("SETOK " + Self.escaped(ok))
-            try command("SETNOTOK " + Self.escaped(notOK))
+            if let notOK { try command("SETNOTOK " + Self.escaped(notOK)) }
             try command("SETCANCEL " + Self.escaped(cancel))
             try command("SETTIMEOUT \(timeout)")
             try send("CONFIRM")
@@ -116,10 +154,10 @@ final class Pinentry {
 
     /// Stops the program from another thread while `ask` waits for the
     /// user (a dismissed prompt, a client gone): `ask` then fails.
-    func cancel() { kill(pid, SIGTERM) }
+    package func cancel() { kill(pid, SIGTERM) }
 
     /// Ends the program.
-    func end() {
+    package func end() {
         guard !ended else { return }
         ended = true
         _ = try? send("BYE")
@@ -127,6 +165,7 @@ final class Pinentry {
         close(output)
         kill(pid, SIGTERM)
         _ = Spawn.wait(pid)
+        Self.running.withLock { _ = $0.remove(pid) }
     }
 
     private func command(_ text: String) throws(Failure) {
@@ -151,6 +190,15 @@ final class Pinentry {
                 buffer.withUnsafeMutableBytes { wipeMemory(UnsafeMutableRawBufferPointer(rebasing: $0[...newline])) }
                 buffer.removeFirst(newline + 1)
                 return line
+            }
+            if let deadline {
+                // A pinentry that ignores SETTIMEOUT is not waited on past it.
+                let left = deadline - MonotonicClock.milliseconds()
+                var entry = pollfd(fd: output, events: Int16(POLLIN), revents: 0)
+                guard left > 0, (try? valueOrErrno({ poll(&entry, 1, Int32(clamping: left)) })) ?? 0 > 0 else {
+                    kill(pid, SIGTERM)
+                    throw Failure(description: "pinentry gave no answer in time")
+                }
             }
             var chunk = [UInt8](repeating: 0, count: 1024)
             defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }

@@ -1,0 +1,101 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What decides who gets a secret at this device, as `status` shows it
+/// (issue 37): the pinentry that answers for the person, the processes
+/// that started the device, and whether a program of the user could
+/// replace the device's own program. None of it comes from a caller: the
+/// device takes nothing of a caller's environment that would decide.
+public struct DeviceJudge: Sendable, Equatable {
+    /// The pinentry that asks the person (nil: none, so every question is denied).
+    public var pinentry: String?
+    /// The device's own process and the two that started it (`keychainfs ← keychainfs ← bash`).
+    public var startedBy: String
+    /// The device's executable, when a program of the user could replace it
+    /// (a build tree, ~/.local/bin); nil when root controls it.
+    public var replaceableProgram: String?
+
+    public init(pinentry: String?, startedBy: String, replaceableProgram: String?) {
+        self.pinentry = pinentry
+        self.startedBy = startedBy
+        self.replaceableProgram = replaceableProgram
+    }
+
+    /// This process's judge. Who started it is read once, at first use
+    /// (the device reads it as it starts: its parent may leave later).
+    package static var current: DeviceJudge {
+        DeviceJudge(pinentry: Pinentry.program(), startedBy: startChain, replaceableProgram: replaceableSelf)
+    }
+
+    package static let startChain: String = ProcessChain.names(from: getpid()).joined(separator: " ← ")
+
+    private static let replaceableSelf: String? = {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        guard length > 0 else { return nil }
+        let path = String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return RootControlledFile.status(of: path) == nil ? path : nil
+    }()
+
+    /// The variables that make the dynamic loader run a caller's code
+    /// inside the device (ld.so(8)): a device started with one would hand
+    /// every secret to that code, so it refuses to start.
+    package static let loaderVariables = ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT"]
+
+    /// Why this process must not serve as a device; nil when it may.
+    package static func startProblem() -> String? {
+        let set = loaderVariables.filter { getenv($0).map { $0.pointee != 0 } ?? false }
+        guard !set.isEmpty else { return nil }
+        return "the device does not start with \(set.joined(separator: ", ")) set: the loader would run the "
+            + "caller's code inside it, where every secret is; start it without (env -u \(set[0]) keychainfs ...)"
+    }
+
+    /// One line for the audit log.
+    package var auditDetail: String {
+        "started by \(startedBy); pinentry \(pinentry ?? "none")"
+            + (replaceableProgram.map { "; program replaceable by the user: \($0)" } ?? "")
+    }
+
+    /// The status fields: pinentry (empty: none), who started it, the replaceable program (empty: none).
+    public var fields: [String] { [pinentry ?? "", startedBy, replaceableProgram ?? ""] }
+
+    public init(fields: ArraySlice<String>) {
+        let values = Array(fields)
+        self.init(
+            pinentry: values[0].isEmpty ? nil : values[0], startedBy: values[1],
+            replaceableProgram: values[2].isEmpty ? nil : values[2])
+    }
+
+    /// What `status` says of it, with what a program of the user can still do here.
+    public var lines: [String] {
+        var lines = [
+            "pinentry: "
+                + (pinentry.map { LineEscaping.escaped($0) }
+                    ?? "none (questions about other programs' items are denied)"),
+            "started-by: " + LineEscaping.escaped(startedBy)
+        ]
+        if let replaceableProgram {
+            lines.append(
+                "device-program: \(LineEscaping.escaped(replaceableProgram)) (any program of yours can replace it; "
+                    + "install the package for /usr/bin/keychainfs)")
+        }
+        lines.append("per-user-limit: " + Self.perUserLimit)
+        return lines
+    }
+
+    /// What a program running as the user can still do, in one line (docs/SECURITY.md).
+    static var perUserLimit: String {
+        let fd = open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC)
+        defer { if fd >= 0 { close(fd) } }
+        let text = fd >= 0 ? (try? Descriptor.readAll(fd, limit: 16)) ?? [] : []
+        let scope = Int(String(decoding: text.filter { $0 != UInt8(ascii: "\n") }, as: UTF8.self))
+        let tracing =
+            switch scope {
+            case 0?, nil: "a program of yours can read your programs' memory (ptrace: Yama scope 0 or absent)"
+            case 1?: "a program of yours can read the memory of the programs it starts (Yama scope 1)"
+            default: "no program of yours can read another's memory (Yama scope \(scope!))"
+            }
+        return tracing + ", and can show a window that asks for your passcode (docs/SECURITY.md)"
+    }
+}

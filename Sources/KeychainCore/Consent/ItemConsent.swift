@@ -1,0 +1,234 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whose an item's secret is (issues 31 and 37): an item a program made
+/// over the bus belongs to it. Its owner, and the programs the person
+/// allowed for good, use it without a question; any other program, at any
+/// door (the bus, the socket's commands, the mount), waits while pinentry
+/// asks the person: Deny, Allow once, Always allow. No way to ask (no
+/// pinentry, a timeout, a closed window, too many questions at once) is
+/// Deny. Listings still show the item; only its secret and its changes are
+/// the owner's. Items made through a mount or the command line belong to
+/// no program (docs/SECRET-SERVICE.md, "Whose an item is").
+public enum ItemConsent {
+    /// Seconds the person has to answer; the pinentry is ended after them.
+    package static let timeout = 60
+
+    /// The three buttons, in pinentry's order: OK is the default (Enter),
+    /// as macOS's "Allow"; Escape is Deny.
+    package static let allowOnce = "Allow once"
+    package static let alwaysAllow = "Always allow"
+    package static let deny = "Deny"
+
+    /// What the person said, as the audit log writes it.
+    public enum Answer: String, Sendable {
+        case allowedOnce = "allowed-once"
+        case allowedAlways = "allowed-always"
+        case denied
+    }
+
+    /// An item another program's request touches, and its owner.
+    package struct Asked: Sendable, Hashable {
+        package let group: String
+        package let identifier: String
+        package let label: String
+        package let owner: ProgramClaim
+
+        package init(group: String, identifier: String, label: String, owner: ProgramClaim) {
+            self.group = group
+            self.identifier = identifier
+            self.label = label
+            self.owner = owner
+        }
+
+        package static func == (a: Asked, b: Asked) -> Bool { a.group == b.group && a.identifier == b.identifier }
+        package func hash(into hasher: inout Hasher) {
+            hasher.combine(group)
+            hasher.combine(identifier)
+        }
+    }
+
+    /// Whether `program` uses the item of `details` without a question:
+    /// an item without an owner, its owner, or a program on its list.
+    package static func isFree(_ details: ItemDetails?, for program: ProgramIdentity?) -> Bool {
+        guard let owner = details?.owner else { return true }
+        guard let program else { return false }
+        return owner.admits(program) || details?.allowed.contains { $0.admits(program) } == true
+    }
+
+    /// The longest question, in characters: the true sentence comes first
+    /// and whole, and nothing a program chose can push it off the screen.
+    package static let maximumQuestion = 900
+
+    /// The question, naming the program (its path, and its package where
+    /// dpkg knows it), who ran it, the items (label, collection) and their
+    /// owner. Every part a program or a person chose is escaped and cut
+    /// (``ConsentText``), so that none can forge the sentence.
+    package static func question(
+        asker: ProgramClaim?, unidentified reason: String?, chain: [String], deputy: Bool, items: [Asked],
+        asking verb: String
+    ) -> String {
+        let who =
+            asker.map { ConsentText.shown($0.described, limit: 200) }
+            ?? "a program that cannot be identified"
+        let what =
+            items.prefix(3).map {
+                "\"\(ConsentText.shown($0.label, limit: 60))\" in \(ConsentText.shown($0.group, limit: 60))"
+            }
+            .joined(separator: ", ") + (items.count > 3 ? " and \(items.count - 3) more" : "")
+        let owners = Set(items.map { ConsentText.shown($0.owner.described, limit: 200) }).sorted()
+        var text =
+            "\(who) wants to \(verb) \(what), which belongs to "
+            + owners.prefix(2).joined(separator: ", ") + (owners.count > 2 ? " and others" : "") + "."
+        if let reason { text += " It is not trusted as its program: \(ConsentText.shown(reason, limit: 120))." }
+        if chain.count > 1 {
+            text +=
+                " It was started by "
+                + chain.dropFirst().map { ConsentText.shown($0, limit: 40) }
+                .joined(separator: " ← ") + "."
+        }
+        if deputy {
+            text += " It acts for whatever ran it, so it can be allowed only once."
+        }
+        return String(text.prefix(maximumQuestion))
+    }
+
+    /// What a caller that was not allowed is told (never a value): whose
+    /// the item is, and how the person can allow a program for good.
+    package static func deniedSentence(item: String, owner: ProgramClaim) -> String {
+        "\(item) belongs to \(ConsentText.shown(owner.described, limit: 200)): the person denied this program, "
+            + "or could not be asked (no pinentry that root installed, or no answer within \(timeout) s); "
+            + "`keychainfs acl \(item) --add PROGRAM` lets a program use it with the passcode"
+    }
+
+    /// Asks through pinentry on the calling thread (which it blocks for
+    /// ``timeout`` seconds at most); `always` says whether "Always allow"
+    /// is offered.
+    package static func ask(_ description: String, always: Bool) -> Answer {
+        guard let program = Pinentry.program(), let pinentry = try? Pinentry(program: program, endingAfter: timeout)
+        else { return .denied }
+        defer { pinentry.end() }
+        switch pinentry.confirm(
+            description: description, ok: allowOnce, notOK: always ? alwaysAllow : nil, cancel: deny,
+            timeout: timeout)
+        {
+        case .ok: return .allowedOnce
+        case .notOK: return always ? .allowedAlways : .denied
+        case .cancel: return .denied
+        }
+    }
+}
+
+/// Text a program chose (a label, a path), as a question shows it: every
+/// character that is not printable text escaped, so that nothing in it
+/// can break a line, reorder the text or pass for a quote. Unicode's
+/// categories C (controls, formats such as U+202E, surrogates, private
+/// use, unassigned) and Z other than the space (U+2028 and U+2029 are
+/// line breaks in GTK and Qt), the backslash and the double quote.
+package enum ConsentText {
+    package static func shown(_ text: String, limit: Int) -> String {
+        var out = ""
+        for scalar in text.unicodeScalars {
+            // Cut by what is shown: an escape counts for every character it takes.
+            guard out.unicodeScalars.count < limit else {
+                out += "…"
+                break
+            }
+            switch scalar {
+            case "\\": out += "\\\\"
+            case "\"": out += "\\\""
+            case " ": out += " "
+            default:
+                if isShown(scalar) {
+                    out.unicodeScalars.append(scalar)
+                } else {
+                    out += "\\u{" + String(scalar.value, radix: 16) + "}"
+                }
+            }
+        }
+        return out
+    }
+
+    private static func isShown(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.properties.generalCategory {
+        case .control, .format, .surrogate, .privateUse, .unassigned, .spaceSeparator, .lineSeparator,
+            .paragraphSeparator:
+            return false
+        default:
+            return true
+        }
+    }
+}
+
+/// The processes behind a caller, as a person reads them: the program,
+/// its parent and its grandparent (`keychainfs ← bash ← sshd`), so that
+/// the person can tell their own typing from a script's.
+package enum ProcessChain {
+    package static func names(from pid: pid_t, depth: Int = 3) -> [String] {
+        var names: [String] = []
+        var current = pid
+        for _ in 0..<depth where current > 0 {
+            guard let (name, parent) = nameAndParent(current) else { break }
+            names.append(name)
+            current = parent
+        }
+        return names
+    }
+
+    private static func executableName(_ pid: pid_t) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = ProgramIdentities.withProcPath(pid, "exe") { path in
+            buffer.withUnsafeMutableBufferPointer { readlink(path, $0.baseAddress!, $0.count - 1) }
+        }
+        let bytes = buffer.prefix(max(0, length)).map { UInt8(bitPattern: $0) }
+        guard length > 0, let name = bytes.split(separator: UInt8(ascii: "/")).last else { return nil }
+        return String(decoding: name, as: UTF8.self)
+    }
+
+    /// The process's command name and its parent, from `/proc/PID/stat`
+    /// (proc(5): the name is in parentheses and may hold any byte, so the
+    /// fields are read after the last one).
+    private static func nameAndParent(_ pid: pid_t) -> (String, pid_t)? {
+        let fd = ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) }
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        guard let bytes = try? Descriptor.readAll(fd, limit: 4096),
+            let open = bytes.firstIndex(of: UInt8(ascii: "(")), let close = bytes.lastIndex(of: UInt8(ascii: ")")),
+            open < close
+        else { return nil }
+        // The executable's name where it can be read (the kernel cuts `comm` at 15 bytes).
+        let name =
+            executableName(pid) ?? String(decoding: bytes[(open + 1)..<close], as: UTF8.self)
+        let fields = bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
+        guard fields.count > 1, let parent = Int32(String(decoding: fields[1], as: UTF8.self)) else { return nil }
+        return (name, parent)
+    }
+}
+
+/// Programs that act for whatever runs them (issue 37): a person who
+/// allows one for good allows every script that runs it. They are
+/// allowed once at most, never always: the command line of KeychainFS
+/// itself, libsecret's and D-Bus's own tools, and the interpreters, whose
+/// executable says nothing of the script they run.
+package enum Deputies {
+    static let names: Set<String> = [
+        "keychainfs", "secret-tool", "busctl", "gdbus", "dbus-send", "qdbus", "sh", "dash", "bash", "zsh", "fish",
+        "env", "python", "python3", "perl", "ruby", "node", "nodejs", "lua", "php", "tclsh", "wish", "osascript"
+    ]
+
+    package static func isDeputy(_ executable: String) -> Bool {
+        var name = Substring(executable.split(separator: "/").last ?? "")
+        // python3.11, perl5.36, lua5.4: the interpreter by its versioned name.
+        while let last = name.last, last.isNumber || last == "." { name = name.dropLast() }
+        if names.contains(String(name)) { return true }
+        return EntitlementRule.sameBytes(executable, ownExecutable)
+    }
+
+    /// This program (the device runs as `keychainfs`, wherever installed).
+    private static let ownExecutable: String? = {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        return length > 0 ? String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+    }()
+}

@@ -1,0 +1,196 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Who is asking, as a door knows it: the program (read lazily: most
+/// items have no owner, and reading a caller costs a scan of its
+/// processes) and who it is for the audit log (its pid names the
+/// process chain of the question).
+package struct ConsentCaller {
+    package let program: () -> ProgramIdentity?
+    package let subject: () -> AuditSubject?
+
+    package init(program: @escaping () -> ProgramIdentity?, subject: @escaping () -> AuditSubject?) {
+        self.program = program
+        self.subject = subject
+    }
+}
+
+/// A question to put to the person: made where the request arrived, asked
+/// on a thread that may wait (``PasswordManager/answer(_:)``).
+public struct ConsentQuestion: Sendable {
+    package let asked: [ItemConsent.Asked]
+    package let verb: String
+    package let text: String
+    package let subject: AuditSubject?
+    /// The program to put on the items' lists if the person says "Always
+    /// allow"; nil when it may be allowed only once (a deputy, or a
+    /// process that cannot be taken for its executable).
+    package let claim: ProgramClaim?
+    /// Concurrent questions with the same key wait for one answer.
+    let key: String
+    let asker: String
+}
+
+/// The owner rule (issue 37), the same at every door: the bus, every
+/// socket command and the mount call it before they hand out or change an
+/// item, with the program that asked.
+extension PasswordManager {
+    /// The question to put to the person before `caller` may `verb` the
+    /// items `identifiers` of `group`; nil when none needs asking (they
+    /// have no owner, the caller is their owner or on their list, or the
+    /// group is open to every program).
+    package func consentQuestion(
+        group: String, identifiers: [String], verb: String, caller: ConsentCaller
+    ) -> ConsentQuestion? {
+        let device = localDevice
+        guard device.appsOwnItems(inGroup: group) else { return nil }
+        var program: ProgramIdentity??
+        var asked: [ItemConsent.Asked] = []
+        for identifier in identifiers {
+            guard let details = try? details(forIdentifier: identifier, inGroup: group),
+                let owner = details.owner
+            else { continue }
+            if program == nil { program = .some(caller.program()) }
+            guard !ItemConsent.isFree(details, for: program ?? nil) else { continue }
+            asked.append(ItemConsent.Asked(group: group, identifier: identifier, label: details.label, owner: owner))
+        }
+        guard !asked.isEmpty else { return nil }
+        return Self.question(asked: asked, verb: verb, program: program ?? nil, subject: caller.subject())
+    }
+
+    /// The question of `asked` for `program`, which `subject` names in the log.
+    package static func question(
+        asked: [ItemConsent.Asked], verb: String, program: ProgramIdentity?, subject: AuditSubject?
+    ) -> ConsentQuestion {
+        let claim = program.map(ProgramClaim.init)
+        let deputy = program.map { Deputies.isDeputy($0.executable) } ?? false
+        let chain = subject.map { ProcessChain.names(from: $0.pid) } ?? []
+        let text = ItemConsent.question(
+            asker: claim, unidentified: program?.distrust, chain: chain, deputy: deputy, items: asked, asking: verb)
+        // Never for good: a deputy, a process that cannot be taken for its
+        // executable, or one running code from anonymous memory.
+        let trusted = program.map { $0.distrust == nil && !$0.runsAnonymousCode && !deputy } ?? false
+        let asker = claim.map { $0.executable + "\u{0}" + $0.digestHex } ?? "unidentified"
+        let items = asked.map { $0.group + "/" + $0.identifier }.sorted().joined(separator: "\u{0}")
+        return ConsentQuestion(
+            asked: asked, verb: verb, text: text, subject: subject, claim: trusted ? claim : nil,
+            key: asker + "\u{1}" + verb + "\u{1}" + items, asker: asker)
+    }
+
+    /// Puts `question` to the person (blocking the calling thread until
+    /// they answer, or ``ItemConsent/timeout``), records the question and
+    /// its answer in the audit log, and puts the program on the items'
+    /// lists for "Always allow".
+    package func answer(_ question: ConsentQuestion) -> ItemConsent.Answer {
+        let given = ConsentQuestions.shared.ask(question)
+        let answer = given.answer == .allowedAlways && question.claim == nil ? .allowedOnce : given.answer
+        for item in question.asked {
+            localDevice.audit.record(
+                AuditEvent(
+                    operation: "ask", result: answer.rawValue, group: item.group,
+                    identifier: item.identifier, subject: question.subject,
+                    detail: "to \(question.verb); owner \(item.owner.executable)"
+                        + (item.owner.package.map { " package=" + $0 } ?? "")
+                        + (given.unasked.map { "; not asked: " + $0 } ?? "")))
+        }
+        if answer == .allowedAlways, let claim = question.claim {
+            for item in question.asked {
+                do throws(KeychainError) {
+                    try allow(claim, forIdentifier: item.identifier, inGroup: item.group)
+                } catch {
+                    Diagnostics.log(
+                        "could not add \(claim.executable) to the access list of \(item.group)/\(item.identifier): "
+                            + error.description)
+                }
+            }
+        }
+        return answer
+    }
+
+    /// ``KeychainError/ownerDenied`` unless `caller` may `verb` the items
+    /// of `group` (asking the person when the rule says so).
+    package func requireConsent(
+        group: String, identifiers: [String], verb: String, caller: ConsentCaller
+    ) throws(KeychainError) {
+        guard let question = consentQuestion(group: group, identifiers: identifiers, verb: verb, caller: caller)
+        else { return }
+        guard answer(question) != .denied else { throw .ownerDenied }
+    }
+}
+
+/// The questions being asked now: one per program and item set at a
+/// time (concurrent calls wait for the same answer), a few per program,
+/// and a few in all. Past that a call is denied without asking, and the
+/// log says so: a flood of calls starts no flood of pinentries.
+package final class ConsentQuestions: Sendable {
+    static let shared = ConsentQuestions(asker: ItemConsent.ask)
+
+    /// Questions one program may have open at once, and all programs.
+    package static let perProgram = 3
+    package static let overall = 8
+
+    /// Puts a question to the person: pinentry, or a test's stand-in.
+    private let asker: @Sendable (String, Bool) -> ItemConsent.Answer
+    /// Calls placed so far (asked, waiting or refused), for tests.
+    private let placed = Atomic<Int>(0)
+    package var arrivals: Int { placed.load(ordering: .acquiring) }
+
+    package init(asker: @escaping @Sendable (_ question: String, _ always: Bool) -> ItemConsent.Answer) {
+        self.asker = asker
+    }
+
+    private final class Pending: @unchecked Sendable {
+        // Guarded by the table's mutex; `done` is posted once the answer is set.
+        var answer: ItemConsent.Answer?
+        var waiters = 0
+        let done = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
+        init() { sem_init(done, 0, 0) }
+        deinit {
+            sem_destroy(done)
+            done.deallocate()
+        }
+    }
+
+    private let pending = Mutex<[String: Pending]>([:])
+
+    /// The answer, and why the person was not asked when they were not.
+    package func ask(_ question: ConsentQuestion) -> (answer: ItemConsent.Answer, unasked: String?) {
+        enum Role {
+            case asker(Pending)
+            case waiter(Pending)
+            case refused(String)
+        }
+        let role = pending.withLock { table -> Role in
+            defer { placed.add(1, ordering: .releasing) }
+            if let open = table[question.key] {
+                open.waiters += 1
+                return .waiter(open)
+            }
+            if table.count >= Self.overall { return .refused("too many questions are open") }
+            if table.keys.count(where: { $0.hasPrefix(question.asker + "\u{1}") }) >= Self.perProgram {
+                return .refused("this program has too many questions open")
+            }
+            let open = Pending()
+            table[question.key] = open
+            return .asker(open)
+        }
+        switch role {
+        case .refused(let reason):
+            return (.denied, reason)
+        case .waiter(let open):
+            while sem_wait(open.done) != 0 && Errno.current.rawValue == EINTR {}
+            return (pending.withLock { _ in open.answer } ?? .denied, nil)
+        case .asker(let open):
+            let answer = asker(question.text, question.claim != nil)
+            let waiters = pending.withLock { table in
+                open.answer = answer
+                table.removeValue(forKey: question.key)
+                return open.waiters
+            }
+            for _ in 0..<waiters { sem_post(open.done) }
+            return (answer, nil)
+        }
+    }
+}

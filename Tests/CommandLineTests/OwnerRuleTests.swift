@@ -1,0 +1,246 @@
+import Foundation
+import Testing
+import TestSupport
+
+extension SerialTests {
+    /// Issue 37: an item a program made over the bus is its own on every
+    /// door, not only the bus. Each test is an attack of the issue, run as
+    /// an ordinary user the test makes (the attacker is a program of the
+    /// keychain's own user), with app-a owning an item and the pinentry the
+    /// device takes as its judge (root's file) answering for the person.
+    @Suite struct OwnerRuleTests {
+        let harness: MountHarness
+        let judge: JudgePinentry
+
+        init() throws {
+            harness = try MountHarness(as: try OrdinaryUser())
+            judge = try JudgePinentry()
+            let built = try harness.buildLibsecretApps()
+            #expect(built.succeeded, "\(built)")
+        }
+
+        /// `keychainfs get`, `set`, `rm` and `backup`, and `cat`, a write,
+        /// `rm`, `mv` and `setfattr` through a mount: each is asked about,
+        /// and a denial leaves the owner's item as it was (EACCES through
+        /// the mount, exit 4 and a sentence saying whose it is from the
+        /// command line). Before issue 37 every one of them went through
+        /// without a question.
+        @Test func everyDoorAsksAboutAnItemAnotherProgramOwns() throws {
+            _ = try harness.prepareMountpoint("mnt")
+            try JudgePinentry.answer([], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                "$K" get "default/App a" 2> "$R/get.err"; echo "get $?"
+                printf stolen | "$K" set "default/App a"; echo "set $?"
+                "$K" rm "default/App a"; echo "rm $?"
+                printf 'pw-1234\\npw-1234\\n' | "$K" backup "$R/copy.kcb"; echo "backup $? $(ls "$R" | grep -c kcb)"
+                "$K" mount "$R/mnt" || exit 97
+                cat "$R/mnt/default/App a"; echo "cat $?"
+                (printf stolen > "$R/mnt/default/App a") 2>/dev/null; echo "write $?"
+                rm "$R/mnt/default/App a"; echo "rm $?"
+                mv "$R/mnt/default/App a" "$R/mnt/default/mine"; echo "mv $?"
+                setfattr -n user.keychain.accessible -v always "$R/mnt/default/App a"; echo "setfattr $?"
+                ls "$R/mnt/default"
+                "$K" unmount "$R/mnt"
+                "$R/app-a" lookup mail
+                sed "s|$R/||g" "$R/get.err"
+                """, environment: judge.environment)
+            #expect(
+                used.stderr.contains("keychainfs: cannot back up: the keychain holds items other programs own"),
+                "\(used)")
+            #expect(
+                used.stdout.contains(
+                    "\nkeychainfs: default/App a belongs to app-a (sha256 ")
+                    && used.stdout.contains(
+                        "the person denied this program, or could not be asked (no pinentry that root installed, "
+                            + "or no answer within 60 s)"),
+                "\(used)")
+            #expect(
+                used.stdout.hasPrefix(
+                    """
+                    get 4
+                    set 4
+                    rm 4
+                    backup 4 0
+                    cat 1
+                    write 2
+                    rm 1
+                    mv 1
+                    setfattr 1
+                    App a
+                    hunter2
+
+                    """), "\(used)")
+            for refused in ["cat: ", "rm: cannot remove", "mv: cannot move", "setfattr: "] {
+                #expect(
+                    used.stderr.split(separator: "\n").contains {
+                        $0.hasPrefix(refused) && $0.hasSuffix("Permission denied")
+                    }, "\(refused) \(used.stderr)")
+            }
+            // Nine questions, each denied and in the log with the program asked about.
+            let log = harness.sh(
+                "\"$K\" log --keychain \"$KC\" | grep ' ask denied ' | sed 's/.*exe=\\([^ ]*\\).*/\\1/' | xargs -n1 basename"
+            )
+            #expect(
+                log.stdout == "keychainfs\nkeychainfs\nkeychainfs\nkeychainfs\ncat\ndash\nrm\nmv\nsetfattr\n", "\(log)")
+        }
+
+        /// Allowed once, the person's own `keychainfs get` prints the key.
+        /// The question names who ran it, and a deputy (keychainfs itself,
+        /// which acts for whatever runs it) is never offered "Always allow";
+        /// `cat` is.
+        @Test func theQuestionNamesWhoRanTheProgramAndDeputiesAreAllowedOnceAtMost() throws {
+            _ = try harness.prepareMountpoint("mnt")
+            try JudgePinentry.answer(["once", "always", "once"], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                "$K" get "default/App a"; echo " get $?"
+                "$K" mount "$R/mnt" || exit 97
+                cat "$R/mnt/default/App a"; echo " cat $?"
+                cat "$R/mnt/default/App a"; echo " cat $?"
+                "$K" unmount "$R/mnt"
+                "$K" get "default/App a"; echo " get $?"
+                "$K" acl "default/App a" | sed "s|sha256 [0-9a-f]*|sha256|"
+                """, environment: judge.environment)
+            #expect(
+                used.stdout == """
+                    hunter2 get 0
+                    hunter2 cat 0
+                    hunter2 cat 0
+                    hunter2 get 0
+                    owner: \(harness.root)/app-a (sha256…)
+                    allowed: /usr/bin/cat (package coreutils)
+
+                    """, "\(used)")
+            let questions = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
+                .split(separator: "\n")
+            #expect(questions.count == 3, "\(questions)")
+            #expect(
+                questions.first?.hasPrefix(harness.root + "/bin/keychainfs (sha256 ") == true
+                    && questions.first?.contains(" wants to read the secret of \"App a\" in default, which belongs to ")
+                        == true
+                    && questions.first?.contains(". It was started by dash ← dbus-run-session.") == true
+                    && questions.first?.hasSuffix("It acts for whatever ran it, so it can be allowed only once.")
+                        == true,
+                "\(questions)")
+            #expect(questions[1].hasPrefix("/usr/bin/cat (package coreutils) wants to read"), "\(questions)")
+            // Buttons: once for keychainfs (no "Always allow"), twice with it (cat; keychainfs again).
+            let buttons = try String(contentsOfFile: harness.root + "/buttons.log", encoding: .utf8)
+            #expect(buttons.components(separatedBy: "SETNOTOK Always allow").count - 1 == 1, "\(buttons)")
+        }
+
+        /// The judge is nobody's to choose: `KEYCHAINFS_PINENTRY` naming a
+        /// program the user could write (the attacker's relay that answers
+        /// "Always allow") is not run; with no pinentry that root controls
+        /// answering, the answer is Deny. `status` names the pinentry, who
+        /// started the device, that its program is one the user could
+        /// replace, and what a program of the user can still do.
+        @Test func aPinentryFromTheCallersEnvironmentIsNeverTheJudge() throws {
+            try """
+            #!/bin/sh
+            echo OK; touch "$R/evil-ran"
+            while read -r command rest; do
+                case "$command" in CONFIRM) echo "ERR 83886194 Not confirmed" ;; BYE) exit 0 ;; *) echo OK ;; esac
+            done
+            """.write(toFile: harness.root + "/evil", atomically: true, encoding: .utf8)
+            chmod(harness.root + "/evil", 0o755)
+            try harness.user?.own(harness.root + "/evil")
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                "$R/app-b" lookup mail
+                [ -e "$R/evil-ran" ] && echo "evil ran" || echo "evil never ran"
+                "$K" status | grep -E '^(pinentry|started-by|device-program|per-user-limit):' | sed "s|$R/||g"
+                """, environment: "KEYCHAINFS_PINENTRY=\"$R/evil\" PATH=/nonexistent:$PATH")
+            let lines = used.stdout.split(separator: "\n").map(String.init)
+            #expect(Array(lines.prefix(2)) == ["none", "evil never ran"], "\(used)")
+            #expect(lines.contains { $0.hasPrefix("pinentry: ") && !$0.contains("evil") }, "\(used)")
+            #expect(lines.contains("started-by: keychainfs ← keychainfs ← dash"), "\(used)")
+            #expect(
+                lines.contains(
+                    "device-program: bin/keychainfs (any program of yours can replace it; "
+                        + "install the package for /usr/bin/keychainfs)"), "\(used)")
+            #expect(lines.contains { $0.hasPrefix("per-user-limit: ") }, "\(used)")
+            // The start and the question are in the log, with the pinentry the device used.
+            let log = harness.sh(
+                "\"$K\" log --keychain \"$KC\" | grep -E ' (device-start|device-stop|ask) ' | cut -d' ' -f2,3")
+            #expect(log.stdout == "device-start ok\nask denied\ndevice-stop ok\n", "\(log)")
+            #expect(
+                harness.sh("\"$K\" log --keychain \"$KC\" | grep ' device-start '").stdout.contains(
+                    "started by keychainfs ← keychainfs ← dash; pinentry "))
+        }
+
+        /// A device started with a library preloaded (the attacker's
+        /// `LD_PRELOAD=evil.so keychainfs ls`, which the person's later
+        /// `start --secret-service` would have joined) does not start.
+        @Test func aDeviceRefusesToStartWithALibraryPreloaded() {
+            let started = harness.sh(
+                """
+                export KEYCHAINFS_KEYCHAIN="$KC"
+                printf 'void f(void) {}' | gcc -shared -fPIC -x c -o "$R/evil.so" - || exit 97
+                LD_PRELOAD="$R/evil.so" "$K" ls default; echo "ls $?"
+                LD_LIBRARY_PATH="$R" "$K" start; echo "start $?"
+                "$K" status | head -1
+                "$K" start && "$K" status | head -1 && "$K" stop
+                """)
+            #expect(
+                started.stdout == "ls 5\nstart 1\nstate: stopped\nstate: locked\n", "\(started)")
+            #expect(
+                started.stderr.contains(
+                    "the device does not start with LD_PRELOAD set: the loader would run the caller's code inside it"),
+                "\(started)")
+            #expect(started.stderr.contains("the device does not start with LD_LIBRARY_PATH set"), "\(started)")
+        }
+
+        /// A restore never carries an owner: a backup that holds app-a's
+        /// item (the person allowed the backup) restores it as nobody's;
+        /// and a restore that would replace app-a's item is asked about, and
+        /// denied changes nothing.
+        @Test func aRestorePlantsNoOwnerAndReplacesNoOwnedItemUnasked() throws {
+            try JudgePinentry.answer(["once"], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                printf 'pw-1234\\npw-1234\\n' | "$K" backup "$R/copy.kcb" >/dev/null; echo "backup $?"
+                printf '%s\\n%s\\n' "$PASSCODE" "$PASSCODE" | "$K" init --keychain "$R/kc2" >/dev/null 2>&1
+                printf '%s\\n' "$PASSCODE" | "$K" unlock --keychain "$R/kc2"
+                printf 'pw-1234\\n' | "$K" restore "$R/copy.kcb" --keychain "$R/kc2"
+                "$K" acl "default/App a" --keychain "$R/kc2"
+                "$K" stop --keychain "$R/kc2"
+                "$R/app-a" store mail newer
+                printf 'pw-1234\\n' | "$K" restore "$R/copy.kcb" --overwrite; echo "overwrite $?"
+                "$R/app-a" lookup mail
+                """, environment: judge.environment)
+            let lines = used.stdout.split(separator: "\n").map(String.init)
+            #expect(lines.first == "backup 0", "\(used)")
+            #expect(
+                lines.contains(
+                    "owner: none (made through a mount or the command line: any program of yours may use it over the bus)"
+                ),
+                "\(used)")
+            #expect(Array(lines.suffix(2)) == ["overwrite 4", "newer"], "\(used)")
+        }
+
+        /// `keychainfs stop` ends the pinentry it started for a question,
+        /// even one that ignores SETTIMEOUT: no question stays on screen
+        /// after the device that would read its answer.
+        @Test func stopEndsThePinentryOfAQuestion() throws {
+            try JudgePinentry.answer(["hang"], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                mkfifo "$R/asked"
+                "$K" get "default/App a" > "$R/get.out" 2>&1 &
+                pinentry=$(cat "$R/asked")
+                kill -0 "$pinentry" && echo asking
+                "$K" stop; echo "stop $?"
+                wait $!; echo "get $?"
+                kill -0 "$pinentry" 2>/dev/null && echo "pinentry left" || echo "pinentry ended"
+                """, environment: judge.environment)
+            #expect(used.stdout.hasPrefix("asking\nstop 0\nget "), "\(used)")
+            #expect(used.stdout.hasSuffix("pinentry ended\n"), "\(used)")
+        }
+    }
+}

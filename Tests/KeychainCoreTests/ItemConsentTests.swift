@@ -1,0 +1,202 @@
+import Synchronization
+import Testing
+@testable import KeychainCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whose an item is (issues 31 and 37), as the core decides it for every
+/// door before asking anyone: who uses an item freely, what the person is
+/// asked, and how many questions may be open at once.
+@Suite struct ItemConsentTests {
+    static let chromium = ProgramClaim(
+        executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32),
+        package: "chromium")
+    static let tool = ProgramClaim(
+        executable: "/usr/bin/secret-tool", digest: Array(repeating: 2, count: 32),
+        package: "libsecret-tools")
+
+    static func program(_ claim: ProgramClaim, distrust: String? = nil) -> ProgramIdentity {
+        ProgramIdentity(executable: claim.executable, digest: claim.digest, unit: nil, uid: 1000, distrust: distrust)
+    }
+
+    static func details(owner: ProgramClaim?, allowed: [ProgramClaim] = []) -> ItemDetails {
+        var details = ItemDetails(label: "Chromium Safe Storage", attributes: ["application": "chromium"])
+        details.owner = owner
+        details.allowed = allowed
+        return details
+    }
+
+    @Test func theOwnerAndTheAllowedUseAnItemFreelyAndNoOneElse() {
+        let owned = Self.details(owner: Self.chromium)
+        #expect(ItemConsent.isFree(owned, for: Self.program(Self.chromium)))
+        #expect(!ItemConsent.isFree(owned, for: Self.program(Self.tool)))
+        #expect(!ItemConsent.isFree(owned, for: nil), "a caller that cannot be read is asked about")
+        #expect(
+            ItemConsent.isFree(Self.details(owner: Self.chromium, allowed: [Self.tool]), for: Self.program(Self.tool)))
+        // The exec race: a process that cannot be taken for the owner is not the owner.
+        #expect(
+            !ItemConsent.isFree(
+                owned, for: Self.program(Self.chromium, distrust: "its bus connection is shared with pid 7 (sh)")))
+        // An item of no program, or without details, is every program's.
+        #expect(ItemConsent.isFree(Self.details(owner: nil), for: Self.program(Self.tool)))
+        #expect(ItemConsent.isFree(nil, for: nil))
+    }
+
+    static func question(
+        asker: ProgramClaim?, items: [ItemConsent.Asked], asking verb: String, chain: [String] = [],
+        deputy: Bool = false
+    ) -> String {
+        ItemConsent.question(
+            asker: asker, unidentified: nil, chain: chain, deputy: deputy, items: items, asking: verb)
+    }
+
+    @Test func theQuestionNamesTheProgramWhoRanItTheItemsAndTheOwner() {
+        let asked = [
+            ItemConsent.Asked(group: "default", identifier: "key", label: "Chromium Safe Storage", owner: Self.chromium)
+        ]
+        #expect(
+            Self.question(asker: Self.tool, items: asked, asking: "read the secret of")
+                == "/usr/bin/secret-tool (package libsecret-tools) wants to read the secret of \"Chromium Safe Storage\" in default, "
+                + "which belongs to /usr/lib/chromium/chromium (package chromium).")
+        // Who ran it, so that a person tells their own typing from a script's; a deputy is said to be one.
+        #expect(
+            Self.question(
+                asker: Self.tool, items: asked, asking: "read the secret of",
+                chain: ["secret-tool", "bash", "gnome-terminal-server"], deputy: true
+            ).hasSuffix(
+                "It was started by bash ← gnome-terminal-server. It acts for whatever ran it, so it can be allowed only once."
+            ))
+        // Many items: three named, the rest counted.
+        let many = (1...7).map {
+            ItemConsent.Asked(group: "g", identifier: "i\($0)", label: "i\($0)", owner: Self.chromium)
+        }
+        #expect(Self.question(asker: Self.tool, items: many, asking: "read the secrets of").contains("and 4 more"))
+    }
+
+    /// The attacks of issue 37 on the question's text: a line break of
+    /// any kind (C0, U+2028, U+2029), a bidi override, a quote that ends
+    /// the label early, and a text so long that the true sentence scrolls
+    /// away. None of them changes the first sentence.
+    @Test func noLabelOrPathForgesTheQuestion() {
+        let forgedOwner =
+            "x\" in default, which belongs to /usr/bin/secret-tool (package libsecret-tools). Allow"
+        let forged = [
+            ItemConsent.Asked(group: "default", identifier: "x", label: forgedOwner, owner: Self.chromium),
+            ItemConsent.Asked(
+                group: "default", identifier: "y", label: "a\nb\u{2028}c\u{2029}d\u{202E}e\u{200B}f\u{00A0}g",
+                owner: Self.chromium)
+        ]
+        let text = Self.question(asker: nil, items: forged, asking: "delete")
+        #expect(text.hasPrefix("a program that cannot be identified wants to delete \"x\\\" in default, which"))
+        #expect(text.contains("\"a\\u{a}b\\u{2028}c\\u{2029}d\\u{202e}e\\u{200b}f\\u{a0}g\""), "\(text)")
+        #expect(text.hasSuffix("which belongs to /usr/lib/chromium/chromium (package chromium)."), "\(text)")
+        for scalar in text.unicodeScalars {
+            #expect(scalar == " " || !scalar.properties.generalCategory.isHidden, "\(scalar.value)")
+        }
+        // A path with 140 paragraph breaks and a forged sentence: escaped, cut, and the true sentence first.
+        let sneaky = ProgramClaim(
+            executable: "/tmp/x" + String(repeating: "\u{2029}", count: 140)
+                + "/usr/lib/chromium/chromium (package chromium) wants",
+            digest: Array(repeating: 3, count: 32))
+        let long = Self.question(asker: sneaky, items: Array(forged.prefix(1)), asking: "read the secret of")
+        #expect(long.count <= ItemConsent.maximumQuestion)
+        #expect(long.hasPrefix("/tmp/x\\u{2029}\\u{2029}"), "\(long)")
+        #expect(long.contains("wants to read the secret of \"x\\\" in default"), "\(long)")
+        #expect(!long.unicodeScalars.contains("\u{2029}"))
+    }
+
+    /// Concurrent calls of one program about the same items wait for one
+    /// answer; a program gets a few questions open at once, and everyone a
+    /// few more; past that, calls are denied without asking (issue 37's
+    /// flood: 200 calls started 200 pinentries).
+    @Test func concurrentCallsShareOneQuestionAndAFloodIsDeniedUnasked() throws {
+        let gate = Gate()
+        let asked = Atomic<Int>(0)
+        let questions = ConsentQuestions { _, _ in
+            asked.add(1, ordering: .relaxed)
+            gate.wait()
+            return .allowedOnce
+        }
+        let answers = Mutex<[String]>([])
+        var threads: [pthread_t] = []
+        // 20 calls about one item, then 4 more items of the same program, then 6 other programs.
+        let calls =
+            Array(repeating: ("/usr/bin/a", "one"), count: 20) + [("/usr/bin/a", "two"), ("/usr/bin/a", "three")]
+            + [("/usr/bin/a", "four"), ("/usr/bin/a", "five")] + (1...6).map { ("/usr/bin/p\($0)", "one") }
+        for (program, item) in calls {
+            let started = Threads.start {
+                let (answer, unasked) = questions.ask(Self.question(program, item))
+                answers.withLock {
+                    $0.append(program + " " + item + " " + answer.rawValue + (unasked.map { " " + $0 } ?? ""))
+                }
+            }
+            threads.append(try #require(started))
+            // Each call is placed (asked, waiting or refused) before the next: the order above is the experiment.
+            while questions.arrivals < threads.count { sched_yield() }
+        }
+        for _ in calls { gate.post() }
+        for thread in threads { pthread_join(thread, nil) }
+        let all = answers.withLock { $0 }
+        #expect(all.count == calls.count)
+        #expect(all.filter { $0 == "/usr/bin/a one allowed-once" }.count == 20, "\(all)")
+        // Three questions for /usr/bin/a (one, two, three: the first three open), eight in all.
+        #expect(asked.load(ordering: .relaxed) == ConsentQuestions.overall, "\(all)")
+        #expect(all.contains("/usr/bin/a four denied this program has too many questions open"), "\(all)")
+        #expect(all.filter { $0.hasSuffix("too many questions are open") }.count == 1, "\(all)")
+    }
+
+    static func question(_ program: String, _ item: String) -> ConsentQuestion {
+        PasswordManager.question(
+            asked: [ItemConsent.Asked(group: "g", identifier: item, label: item, owner: Self.chromium)],
+            verb: "read the secret of",
+            program: ProgramIdentity(executable: program, digest: Array(repeating: 9, count: 32), unit: nil, uid: 1000),
+            subject: nil)
+    }
+
+    /// A pinentry that ignores SETTIMEOUT and never answers is ended at the
+    /// device's own deadline: the question is Deny, and no process is left.
+    @Test func aPinentryThatNeverAnswersIsEndedAtTheDeadline() throws {
+        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-pinentry-XXXXXX")).map { String(cString: $0) })
+        defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
+        let script = directory + "/silent"
+        let text = "#!/bin/sh\necho OK\nwhile read -r command rest; do [ \"$command\" = CONFIRM ] || echo OK; done\n"
+        let fd = open(script, O_WRONLY | O_CREAT | O_TRUNC, 0o755)
+        _ = text.withCString { write(fd, $0, strlen($0)) }
+        close(fd)
+        // As in the device (DeviceProcess): a pinentry gone is an error, not a signal.
+        signal(SIGPIPE, SIG_IGN)
+        let pinentry = try Pinentry(program: script, endingAfter: 1)
+        let started = MonotonicClock.seconds()
+        let choice = pinentry.confirm(description: "d", ok: "o", notOK: nil, cancel: "c", timeout: 1)
+        #expect(choice == .cancel)
+        #expect(MonotonicClock.seconds() - started < 10)
+        pinentry.end()
+        #expect(kill(pinentry.pid, 0) != 0, "the pinentry is gone")
+    }
+}
+
+/// A semaphore the test's stand-in for the person waits on.
+private final class Gate: @unchecked Sendable {
+    private let semaphore = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
+    init() { sem_init(semaphore, 0, 0) }
+    deinit {
+        sem_destroy(semaphore)
+        semaphore.deallocate()
+    }
+    func wait() { while sem_wait(semaphore) != 0 {} }
+    func post() { sem_post(semaphore) }
+}
+
+extension Unicode.GeneralCategory {
+    /// What the question escapes: controls, formats, separators.
+    fileprivate var isHidden: Bool {
+        switch self {
+        case .control, .format, .surrogate, .privateUse, .unassigned, .spaceSeparator, .lineSeparator,
+            .paragraphSeparator:
+            true
+        default: false
+        }
+    }
+}
