@@ -43,7 +43,8 @@ extension SecretServiceProvider {
     /// new item, named after its label (`keychainfs:identifier` names it
     /// exactly), made unique with " (2)", " (3)"... The class is the one
     /// `keychainfs:accessible` names, else the device's access mode.
-    /// The new item belongs to the caller (``ItemDetails/owner``); an item
+    /// The new item belongs to the caller (``ItemDetails/owner``), or to
+    /// ``ProgramClaim/unidentified`` when the caller cannot be identified; an item
     /// it replaces keeps its owner, who must be the caller or allow it.
     func createItem(
         _ call: BusCall, _ item: NewItem, in group: String,
@@ -65,8 +66,14 @@ extension SecretServiceProvider {
         var details = ItemDetails(
             label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
             attributes: stored)
-        // A process that cannot be taken for its program owns nothing.
-        if let caller = callerIdentity(call), caller.distrust == nil { details.owner = ProgramClaim(caller) }
+        // A process that cannot be taken for its program makes an item of
+        // "unidentified", which every program is asked about (issue 37):
+        // never one of no program, which every program would use unasked.
+        if let caller = callerIdentity(call), caller.distrust == nil {
+            details.owner = ProgramClaim(caller)
+        } else {
+            details.owner = .unidentified
+        }
         try validated(details)
         let named = attributes[Self.identifierAttribute]
         if let named, (try? ItemLimits.validate(name: named)) == nil {

@@ -223,6 +223,69 @@ extension SerialTests {
             #expect(Array(lines.suffix(2)) == ["overwrite 4", "newer"], "\(used)")
         }
 
+        /// Shadow items: an item of no program, given app-a's attributes
+        /// (made with `keychainfs set`, its attributes set over the bus)
+        /// and named to come first, answered app-a's own lookup with the
+        /// attacker's value (libsecret reads the first match). The caller's
+        /// own items now come first. An item a traced creator makes belongs
+        /// to "a program that could not be identified", never to no
+        /// program, so everyone is asked about it, the creator too.
+        @Test func aPlantedItemNeverAnswersTheOwnersLookupAndAnUnidentifiedCreatorOwnsNothingFree() throws {
+            try JudgePinentry.answer([], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                printf evil | "$K" set default/0-shadow
+                /usr/bin/python3 - <<'PY'
+                import secretstorage
+                conn = secretstorage.dbus_init()
+                item = next(secretstorage.get_default_collection(conn).search_items({'keychainfs:identifier': '0-shadow'}))
+                item.set_attributes({'name': 'mail', 'xdg:schema': 'org.example.App'})
+                PY
+                "$R/app-a" lookup mail
+                strace -f -o /dev/null "$R/app-a" store traced v1; echo "traced store $?"
+                "$K" acl "default/App a (2)"
+                "$R/app-a" lookup traced
+                """, environment: judge.environment)
+            #expect(
+                used.stdout == """
+                    hunter2
+                    traced store 0
+                    owner: a program that could not be identified
+                    none
+
+                    """, "\(used)")
+            let asked = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
+            #expect(asked.contains("which belongs to a program that could not be identified."), "\(asked)")
+        }
+
+        /// pinentry-gnome3 draws no third button (its source: "XXX: Add
+        /// support for the third option"), so "Always allow" could not be
+        /// chosen there. A pinentry that says it is gnome3 is asked twice:
+        /// Allow or Deny, then always or only this time. With a flavour that
+        /// draws three buttons, one question.
+        @Test func alwaysAllowCanBeChosenWithAPinentryOfTwoButtons() throws {
+            for (flavor, answers, questions) in [("gnome3", ["once", "once"], 2), ("gnome3:curses", ["always"], 1)] {
+                try flavor.write(toFile: harness.root + "/flavor", atomically: true, encoding: .utf8)
+                try harness.user?.own(harness.root + "/flavor")
+                try JudgePinentry.answer(answers, in: harness)
+                unlink(harness.root + "/buttons.log")
+                let used = harness.onBus(
+                    """
+                    "$R/app-a" store \(flavor) hunter2
+                    "$R/app-b" lookup \(flavor)
+                    "$R/app-b" lookup \(flavor)
+                    cat "$R/confirmed"
+                    grep -c NOTOK "$R/buttons.log"
+                    """, environment: judge.environment)
+                #expect(
+                    used.stdout == "hunter2\nhunter2\n\(questions)\n\(flavor == "gnome3" ? 0 : 1)\n",
+                    "\(flavor): \(used)")
+            }
+            let asked = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
+            #expect(asked.contains(" Allow it every time from now on, without asking?"), "\(asked)")
+        }
+
         /// `keychainfs stop` ends the pinentry it started for a question,
         /// even one that ignores SETTIMEOUT: no question stays on screen
         /// after the device that would read its answer.

@@ -85,6 +85,8 @@ package final class JudgePinentry: @unchecked Sendable {
             case "$command" in
             SETDESC) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
             SETOK|SETNOTOK|SETCANCEL) echo "$command $rest" >> "$R/buttons.log"; echo OK ;;
+            # The flavour a test gives it in $R/flavor (pinentry's GETINFO flavor), none otherwise.
+            GETINFO) [ "$rest" = flavor ] && [ -e "$R/flavor" ] && echo "D $(cat "$R/flavor")"; echo OK ;;
             CONFIRM) n=$(( $(cat "$R/confirmed" 2>/dev/null || echo 0) + 1 )); echo $n > "$R/confirmed"
                      case "$(sed -n "${n}p" "$R/answers" 2>/dev/null)" in
                      once) echo OK ;;

@@ -102,21 +102,35 @@ public enum ItemConsent {
             + "`keychainfs acl \(item) --add PROGRAM` lets a program use it with the passcode"
     }
 
+    /// The second question, where a pinentry draws two buttons.
+    package static let alwaysQuestion = "Allow it every time from now on, without asking?"
+    package static let onlyThisTime = "Only this time"
+
     /// Asks through pinentry on the calling thread (which it blocks for
     /// ``timeout`` seconds at most); `always` says whether "Always allow"
-    /// is offered.
+    /// is offered. A pinentry that draws no third button (pinentry-gnome3)
+    /// is asked twice: Allow or Deny, then, once allowed, always or only
+    /// this time, so that "Always allow" can be chosen with every flavour.
     package static func ask(_ description: String, always: Bool) -> Answer {
         guard let program = Pinentry.program(), let pinentry = try? Pinentry(program: program, endingAfter: timeout)
         else { return .denied }
         defer { pinentry.end() }
-        switch pinentry.confirm(
-            description: description, ok: allowOnce, notOK: always ? alwaysAllow : nil, cancel: deny,
-            timeout: timeout)
-        {
-        case .ok: return .allowedOnce
-        case .notOK: return always ? .allowedAlways : .denied
-        case .cancel: return .denied
+        guard always, !pinentry.drawsThirdButton else {
+            let choice = pinentry.confirm(
+                description: description, ok: allowOnce, notOK: always ? alwaysAllow : nil, cancel: deny,
+                timeout: timeout)
+            switch choice {
+            case .ok: return .allowedOnce
+            case .notOK: return always ? .allowedAlways : .denied
+            case .cancel: return .denied
+            }
         }
+        guard pinentry.confirm(description: description, ok: "Allow", notOK: nil, cancel: deny, timeout: timeout) == .ok
+        else { return .denied }
+        let again = pinentry.confirm(
+            description: description + " " + alwaysQuestion, ok: alwaysAllow, notOK: nil, cancel: onlyThisTime,
+            timeout: timeout)
+        return again == .ok ? .allowedAlways : .allowedOnce
     }
 }
 

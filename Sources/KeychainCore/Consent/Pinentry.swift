@@ -152,6 +152,32 @@ package final class Pinentry {
         }
     }
 
+    /// What the program says it is (`GETINFO flavor`: `curses`, `gtk2`,
+    /// `qt`, `gnome3`, and `gnome3:curses` when GNOME's falls back to the
+    /// terminal); nil when it does not say.
+    package func flavor() -> String? {
+        guard (try? send("GETINFO flavor")) != nil else { return nil }
+        var flavor: String?
+        while let reply = try? line() {
+            if reply.starts(with: Array("D ".utf8)) {
+                flavor = String(decoding: reply.dropFirst(2), as: UTF8.self)
+            } else {
+                return reply.starts(with: Array("OK".utf8)) ? flavor : nil
+            }
+        }
+        return nil
+    }
+
+    /// Whether CONFIRM shows a third button (SETNOTOK). pinentry-gnome3
+    /// does not: its gcr prompt has two, and its source leaves the third
+    /// option out ("XXX: Add support for the third option"); curses, GTK 2
+    /// and Qt draw it. GNOME's falling back to curses draws it too.
+    package var drawsThirdButton: Bool {
+        guard let flavor = flavor() else { return true }
+        let parts = flavor.split(separator: ":")
+        return parts.first != "gnome3" || parts.dropFirst().contains("curses")
+    }
+
     /// Stops the program from another thread while `ask` waits for the
     /// user (a dismissed prompt, a client gone): `ask` then fails.
     package func cancel() { kill(pid, SIGTERM) }

@@ -51,8 +51,18 @@ public struct ProgramClaim: Sendable, Equatable {
 
     /// How a person reads it: the path, and the package or the digest's start.
     public var described: String {
-        executable + (package.map { " (package \($0))" } ?? " (sha256 \(Hex.string(Array(digest.prefix(6))))…)")
+        if self == .unidentified { return "a program that could not be identified" }
+        return executable
+            + (package.map { " (package \($0))" } ?? " (sha256 \(Hex.string(Array(digest.prefix(6))))…)")
     }
+
+    /// The owner of an item whose creator could not be taken for its
+    /// executable (traced, in another namespace, on a shared connection;
+    /// issue 37): no program matches it (no file's SHA-256 is zero), so
+    /// every program is asked about the item. Such an item never has no
+    /// owner, which would make it every program's.
+    public static let unidentified = ProgramClaim(
+        executable: "/(unidentified)", digest: [UInt8](repeating: 0, count: 32))
 }
 
 /// Which Debian package installed a file, as `dpkg-query -S` says, for
