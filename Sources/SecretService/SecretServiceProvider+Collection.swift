@@ -69,7 +69,7 @@ extension SecretServiceProvider {
         // A process that cannot be taken for its program makes an item of
         // "unidentified", which every program is asked about (issue 37):
         // never one of no program, which every program would use unasked.
-        if let caller = callerIdentity(call), caller.distrust == nil {
+        if let caller = callerIdentity(call), caller.distrust == nil, !caller.runsUnidentifiableScript {
             details.owner = ProgramClaim(caller)
         } else {
             details.owner = .unidentified

@@ -286,6 +286,70 @@ extension SerialTests {
             #expect(asked.contains(" Allow it every time from now on, without asking?"), "\(asked)")
         }
 
+        /// An interpreter is its script: items made through Python's
+        /// secretstorage belonged to python3, so every Python script read
+        /// them silently. Now they are the script's; another script, code
+        /// from standard input and a script run with PYTHONPATH set (code
+        /// loaded into the interpreter) are each asked about.
+        @Test func anInterpretersItemIsItsScripts() throws {
+            try """
+            import sys, secretstorage
+            collection = secretstorage.get_default_collection(secretstorage.dbus_init())
+            if sys.argv[1] == 'store':
+                collection.create_item('py', {'app': 'py'}, b'snake', replace=True)
+            else:
+                try:
+                    print(next(collection.search_items({'app': 'py'})).get_secret().decode())
+                except Exception as error:
+                    print('refused')
+            """.write(toFile: harness.root + "/mine.py", atomically: true, encoding: .utf8)
+            try harness.user?.own(harness.root + "/mine.py")
+            try JudgePinentry.answer([], in: harness)
+            let used = harness.onBus(
+                """
+                cp "$R/mine.py" "$R/other.py"
+                /usr/bin/python3 "$R/mine.py" store
+                /usr/bin/python3 "$R/mine.py" read
+                /usr/bin/python3 "$R/other.py" read
+                /usr/bin/python3 - read < "$R/mine.py"
+                PYTHONPATH="$R" /usr/bin/python3 "$R/mine.py" read
+                "$K" acl default/py | sed "s|$R/||; s|sha256 [0-9a-f]*…|sha256…|g"
+                """, environment: judge.environment)
+            #expect(
+                used.stdout == """
+                    snake
+                    refused
+                    refused
+                    refused
+                    owner: /usr/bin/python3.11 (package python3.11-minimal) running mine.py (sha256…)
+
+                    """, "\(used)")
+            let asked = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
+                .split(separator: "\n")
+            #expect(asked.count == 3, "\(asked)")
+            #expect(asked.first?.contains("running \(harness.root)/other.py (sha256 ") == true, "\(asked)")
+            #expect(asked.dropFirst().first?.contains("it runs code from its standard input") == true, "\(asked)")
+            #expect(asked.last?.contains("PYTHONPATH is set, which loads code into python") == true, "\(asked)")
+        }
+
+        /// A library that copies itself into anonymous memory to hide its
+        /// file passed for its host program: anonymous executable memory
+        /// was allowed for owners, as a JIT. Now only a program that ran a
+        /// JIT when it made the item matches with one.
+        @Test func codeInAnonymousMemoryIsNotTheOwnerUnlessTheOwnerWasAJit() throws {
+            try JudgePinentry.answer([], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                "$R/app-a" jit lookup mail
+                "$R/app-a" jit store jitted v
+                "$R/app-a" jit lookup jitted
+                "$R/app-a" lookup jitted
+                wc -l < "$R/pinentry.log"
+                """, environment: judge.environment)
+            #expect(used.stdout == "none\nv\nv\n1\n", "\(used)")
+        }
+
         /// `keychainfs stop` ends the pinentry it started for a question,
         /// even one that ignores SETTIMEOUT: no question stays on screen
         /// after the device that would read its answer.

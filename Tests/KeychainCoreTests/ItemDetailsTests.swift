@@ -289,3 +289,70 @@ extension ItemDetailsTests {
                     runsAnonymousCode: true)))
     }
 }
+
+/// Issue 37: an interpreter is its script, and a JIT is recorded.
+extension ItemDetailsTests {
+    static func python(_ script: ScriptIdentity?, anonymous: Bool = false) -> ProgramIdentity {
+        var program = ProgramIdentity(
+            executable: "/usr/bin/python3.11", digest: Array(repeating: 5, count: 32), unit: nil, uid: 1000,
+            runsAnonymousCode: anonymous)
+        program.script = script
+        return program
+    }
+
+    @Test func anInterpretersClaimIsItsScriptAndAJitIsRecorded() {
+        let mine = ScriptIdentity.file(path: "/home/u/mine.py", digest: Array(repeating: 1, count: 32))
+        let claim = ProgramClaim(Self.python(mine))
+        #expect(claim.script == ProgramScript(path: "/home/u/mine.py", digest: Array(repeating: 1, count: 32)))
+        #expect(claim.jit == false)
+        #expect(claim.admits(Self.python(mine)))
+        // Another script, the same script edited, code on the command line: not the owner.
+        #expect(!claim.admits(Self.python(.file(path: "/home/u/other.py", digest: Array(repeating: 1, count: 32)))))
+        #expect(!claim.admits(Self.python(.file(path: "/home/u/mine.py", digest: Array(repeating: 2, count: 32)))))
+        #expect(!claim.admits(Self.python(.unidentifiable("it runs code given on its command line (-c)"))))
+        #expect(!claim.admits(Self.python(nil)))
+        // Code from anonymous memory is not the owner unless the owner ran a JIT when recorded.
+        #expect(!claim.admits(Self.python(mine, anonymous: true)))
+        var jit = claim
+        jit.jit = true
+        #expect(jit.admits(Self.python(mine, anonymous: true)))
+        // A claim from before issue 37 (no script, JIT not recorded) is no interpreter's with a script.
+        let legacy = ProgramClaim(executable: "/usr/bin/python3.11", digest: Array(repeating: 5, count: 32))
+        #expect(!legacy.admits(Self.python(mine)))
+        #expect(claim.described.hasSuffix(" running /home/u/mine.py (sha256 010101010101…)"))
+    }
+
+    @Test func identifiedClaimsEncodeAsVersionThreeAndReadBack() throws {
+        var owned = Self.details
+        owned.owner = ProgramClaim(
+            executable: "/usr/bin/python3.11", digest: Array(repeating: 5, count: 32), package: "python3.11-minimal",
+            script: ProgramScript(path: "/home/u/mine.py", digest: Array(repeating: 1, count: 32)), jit: false)
+        owned.allowed = [
+            Self.other, ProgramClaim(executable: "/opt/node", digest: Array(repeating: 3, count: 32), jit: true)
+        ]
+        let bytes = owned.encoded()
+        #expect(bytes.first == 3)
+        #expect(try ItemDetails(decoding: bytes) == owned)
+        var fields = owned.fields[...]
+        #expect(ItemDetails(fields: &fields) == owned && fields.isEmpty)
+        // Claims that say nothing more stay version 2; version 3 saying nothing more is refused.
+        var plain = Self.details
+        plain.owner = Self.owner
+        #expect(plain.encoded().first == 2)
+        // (The version-2 record ends with the list's count: the owner's flags go before it.)
+        var second = plain.encoded()
+        second[0] = 3
+        second.insert(2, at: second.count - 1)
+        expectError(.decode) { _ = try ItemDetails(decoding: second) }
+        second[second.count - 2] = 0
+        #expect(try ItemDetails(decoding: second).owner?.jit == false)
+        // Unknown flag bits, and a JIT "not recorded" beside one, are refused.
+        for flags: UInt8 in [8, 3] {
+            var record = Self.details
+            record.owner = ProgramClaim(executable: "/opt/app", digest: Array(repeating: 7, count: 32), jit: false)
+            var encoded = record.encoded()
+            encoded[encoded.count - 2] = flags
+            expectError(.decode) { _ = try ItemDetails(decoding: encoded) }
+        }
+    }
+}

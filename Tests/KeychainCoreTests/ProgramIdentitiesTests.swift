@@ -45,3 +45,68 @@ import Foundation
         #expect(ProgramIdentities.unit(of: getpid()) == ProgramIdentities.unit(ofCgroupFile: Array(file.utf8)))
     }
 }
+
+/// Issue 37: an interpreter's script, read from its command line the way
+/// the interpreter reads it.
+@Suite struct InterpreterScriptTests {
+    @Test func theScriptIsTheFirstArgumentThatIsNoOption() {
+        let python = Interpreters.kind(of: "/usr/bin/python3.11")
+        #expect(python != nil && Interpreters.kind(of: "/usr/bin/cat") == nil)
+        guard let python, let shell = Interpreters.kind(of: "/bin/dash"),
+            let node = Interpreters.kind(of: "/usr/bin/node")
+        else { return }
+        let cases: [([String], Interpreters.Kind, Interpreters.ScriptArgument)] = [
+            (["python3", "x.py", "-c", "y"], python, .path("x.py")),
+            (["python3", "-u", "-W", "ignore", "x.py"], python, .path("x.py")),
+            (["python3", "-c", "print(1)"], python, .inline("-c")),
+            (["python3", "-Bc", "print(1)"], python, .inline("-Bc")),
+            (["python3", "-m", "keyring", "get", "a", "b"], python, .inline("-m")),
+            (["python3"], python, .none),
+            (["python3", "-"], python, .none),
+            (["python3", "--", "-x.py"], python, .path("-x.py")),
+            (["sh", "-e", "script.sh"], shell, .path("script.sh")),
+            (["sh", "-ec", "echo"], shell, .inline("-ec")),
+            (["sh", "-o", "errexit", "s.sh"], shell, .path("s.sh")),
+            (["node", "--require", "/tmp/evil.js", "app.js"], node, .path("app.js")),
+            (["node", "-e", "1"], node, .inline("-e"))
+        ]
+        for (arguments, kind, expected) in cases {
+            #expect(Interpreters.scriptArgument(arguments, kind: kind) == expected, "\(arguments)")
+        }
+    }
+
+    /// This test's own process is no interpreter; a shell it starts is, with
+    /// its script file, and with `-c` it is code nobody can name.
+    @Test func aRunningShellIsReadWithItsScript() throws {
+        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-script-XXXXXX")).map { String(cString: $0) })
+        defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
+        try "read line\n".write(toFile: directory + "/wait.sh", atomically: true, encoding: .utf8)
+        chmod(directory + "/wait.sh", 0o644)
+        for (arguments, expectFile) in [
+            (["/bin/sh", directory + "/wait.sh"], true), (["/bin/sh", "-c", "read line"], false)
+        ] {
+            var ends: [Int32] = [0, 0]
+            #expect(pipe(&ends) == 0)
+            var options = Spawn.Options()
+            options.descriptors = [(0, ends[0])]
+            let pid = try #require(Spawn.start(arguments, options: options))
+            close(ends[0])
+            // The shell is running once /proc names its executable.
+            while ProgramIdentities.of(thread: pid, uid: getuid())?.executable.hasSuffix("dash") != true {
+                sched_yield()
+            }
+            let identity = try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
+            close(ends[1])
+            _ = Spawn.wait(pid)
+            if expectFile {
+                guard case .file(let path, let digest)? = identity.script else {
+                    Issue.record("\(String(describing: identity.script))")
+                    continue
+                }
+                #expect(path == directory + "/wait.sh" && digest.count == 32)
+            } else {
+                #expect(identity.script == .unidentifiable("it runs code given on its command line (-c)"))
+            }
+        }
+    }
+}

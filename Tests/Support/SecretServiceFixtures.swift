@@ -8,18 +8,27 @@ import KeychainCore
 extension MountHarness {
     /// app-a and app-b in `$R`: `app store NAME VALUE` stores a password
     /// under the attribute name=NAME (replacing its own), `app lookup NAME`
-    /// prints it, or `none`. The same source built twice: two executables,
-    /// two digests.
+    /// prints it, or `none`; `app jit ...` does the same with executable
+    /// anonymous memory mapped, as a JIT has. The same source built twice:
+    /// two executables, two digests.
     package func buildLibsecretApps() throws -> ShellResult {
         try """
         #include <libsecret/secret.h>
         #include <stdio.h>
         #include <string.h>
+        #include <sys/mman.h>
         static const SecretSchema schema = {
             "org.example.App", SECRET_SCHEMA_NONE,
             { { "name", SECRET_SCHEMA_ATTRIBUTE_STRING }, { NULL, 0 } } };
         int main(int argc, char **argv) {
             GError *error = NULL;
+            if (argc > 1 && strcmp(argv[1], "jit") == 0) {
+                /* Code in anonymous memory, as a JIT (or a library hiding its file) has it. */
+                if (mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                    == MAP_FAILED) return 3;
+                argv++;
+                argc--;
+            }
             if (argc == 4 && strcmp(argv[1], "store") == 0) {
                 secret_password_store_sync(&schema, SECRET_COLLECTION_DEFAULT, "App " APP, argv[3], NULL, &error,
                                            "name", argv[2], NULL);

@@ -65,13 +65,20 @@ extension PasswordManager {
         asked: [ItemConsent.Asked], verb: String, program: ProgramIdentity?, subject: AuditSubject?
     ) -> ConsentQuestion {
         let claim = program.map(ProgramClaim.init)
-        let deputy = program.map { Deputies.isDeputy($0.executable) } ?? false
+        // An interpreter running a script file is that script, no deputy (issue 37).
+        var deputy = program.map { Deputies.isDeputy($0.executable) } ?? false
+        var unidentified = program?.distrust
+        switch program?.script {
+        case .file?: deputy = false
+        case .unidentifiable(let why)?: unidentified = unidentified ?? why
+        case nil: break
+        }
         let chain = subject.map { ProcessChain.names(from: $0.pid) } ?? []
         let text = ItemConsent.question(
-            asker: claim, unidentified: program?.distrust, chain: chain, deputy: deputy, items: asked, asking: verb)
+            asker: claim, unidentified: unidentified, chain: chain, deputy: deputy, items: asked, asking: verb)
         // Never for good: a deputy, a process that cannot be taken for its
         // executable, or one running code from anonymous memory.
-        let trusted = program.map { $0.distrust == nil && !$0.runsAnonymousCode && !deputy } ?? false
+        let trusted = program.map { unidentified == nil && !$0.runsAnonymousCode && !deputy } ?? false
         let asker = claim.map { $0.executable + "\u{0}" + $0.digestHex } ?? "unidentified"
         let items = asked.map { $0.group + "/" + $0.identifier }.sorted().joined(separator: "\u{0}")
         return ConsentQuestion(

@@ -22,6 +22,8 @@ public struct ProgramIdentity: Sendable, Equatable {
     /// It runs code from anonymous executable memory (a JIT, or code
     /// written there): only a rule granted with `--allow-jit` admits it.
     public var runsAnonymousCode: Bool
+    /// For an interpreter, the script it runs (issue 37); nil for any other program.
+    public var script: ScriptIdentity?
 
     public init(
         executable: String, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil,
@@ -33,6 +35,14 @@ public struct ProgramIdentity: Sendable, Equatable {
         self.uid = uid
         self.distrust = distrust
         self.runsAnonymousCode = runsAnonymousCode
+    }
+
+    /// An interpreter running code that no file names (`python3 -c`,
+    /// standard input, a module by name, a script others may write, an
+    /// environment that loads code): no owner matches it (issue 37).
+    public var runsUnidentifiableScript: Bool {
+        if case .unidentifiable? = script { return true }
+        return false
     }
 
     /// Why a rule that names this executable may still refuse it, for the audit log.

@@ -18,29 +18,59 @@ public struct ProgramClaim: Sendable, Equatable {
     /// The systemd unit (or flatpak/snap scope) it ran in, for people to
     /// read; not compared (a scope's name changes with every start).
     public var unit: String?
+    /// The script an interpreter ran (issue 37): `python3 x.py` is x.py as
+    /// much as python3. Nil for a program that is no interpreter.
+    public var script: ProgramScript?
+    /// Whether the program ran code from anonymous executable memory (a
+    /// JIT: a browser, node) when it was recorded; nil for a claim recorded
+    /// before issue 37, which did not say (and then admits either).
+    public var jit: Bool?
 
-    public init(executable: String, digest: [UInt8], package: String? = nil, unit: String? = nil) {
+    public init(
+        executable: String, digest: [UInt8], package: String? = nil, unit: String? = nil,
+        script: ProgramScript? = nil, jit: Bool? = nil
+    ) {
         self.executable = executable
         self.digest = digest
         self.package = package
         self.unit = unit
+        self.script = script
+        self.jit = jit
     }
 
     /// The claim of `program` as it runs now (its package looked up).
     public init(_ program: ProgramIdentity) {
+        var script: ProgramScript?
+        if case .file(let path, let digest)? = program.script { script = ProgramScript(path: path, digest: digest) }
         self.init(
             executable: program.executable, digest: program.digest,
-            package: PackageOwnership.package(of: program.executable), unit: program.unit)
+            package: PackageOwnership.package(of: program.executable), unit: program.unit, script: script,
+            jit: program.runsAnonymousCode)
     }
 
     /// Whether `program` is this program: the same executable path and the
     /// same content, or, for a packaged one, the same path still installed
-    /// by the same package (an update). A process that cannot be taken for
+    /// by the same package (an update); for an interpreter, running the
+    /// same script (path and content). A process that cannot be taken for
     /// its executable (``ProgramIdentity/distrust``: a tracer, another user
-    /// namespace, a bus connection shared with another process) is no one's.
-    /// A process running a JIT is taken as its program: a browser is one.
+    /// namespace, a bus connection shared with another process) is no
+    /// one's; nor is one running code from anonymous memory, unless the
+    /// program did when it was recorded (a browser's JIT): a library that
+    /// copies itself into anonymous memory to hide its file is not the
+    /// program (issue 37).
     public func admits(_ program: ProgramIdentity) -> Bool {
         guard program.distrust == nil, EntitlementRule.sameBytes(program.executable, executable) else { return false }
+        guard !program.runsAnonymousCode || jit != false else { return false }
+        switch program.script {
+        case nil:
+            guard script == nil else { return false }
+        case .file(let path, let digest)?:
+            guard let script, EntitlementRule.sameBytes(path, script.path),
+                Crypto.constantTimeEqual(digest, script.digest)
+            else { return false }
+        case .unidentifiable?:
+            return false
+        }
         if Crypto.constantTimeEqual(program.digest, digest) { return true }
         guard let package else { return false }
         return PackageOwnership.package(of: program.executable) == package
@@ -54,6 +84,7 @@ public struct ProgramClaim: Sendable, Equatable {
         if self == .unidentified { return "a program that could not be identified" }
         return executable
             + (package.map { " (package \($0))" } ?? " (sha256 \(Hex.string(Array(digest.prefix(6))))…)")
+            + (script.map { " running \($0.path) (sha256 \(Hex.string(Array($0.digest.prefix(6))))…)" } ?? "")
     }
 
     /// The owner of an item whose creator could not be taken for its
@@ -63,6 +94,17 @@ public struct ProgramClaim: Sendable, Equatable {
     /// owner, which would make it every program's.
     public static let unidentified = ProgramClaim(
         executable: "/(unidentified)", digest: [UInt8](repeating: 0, count: 32))
+}
+
+/// The script an interpreter ran: its path and SHA-256.
+public struct ProgramScript: Sendable, Equatable {
+    public var path: String
+    public var digest: [UInt8]
+
+    public init(path: String, digest: [UInt8]) {
+        self.path = path
+        self.digest = digest
+    }
 }
 
 /// Which Debian package installed a file, as `dpkg-query -S` says, for

@@ -28,9 +28,12 @@ package enum ProgramIdentities {
             // or replaced since it started is not the one at its path.
             guard names(path, opened), let digest = digest(of: fd, info: opened) else { return nil }
             let trust = CallerTrust.assess(thread: thread, executable: opened)
-            return ProgramIdentity(
+            var identity = ProgramIdentity(
                 executable: path, digest: digest, unit: unit(of: thread), uid: uid,
                 distrust: trust.problem, runsAnonymousCode: trust.runsAnonymousCode)
+            // An interpreter is its script too (issue 37).
+            identity.script = Interpreters.kind(of: path).map { Interpreters.script(of: thread, kind: $0, uid: uid) }
+            return identity
         }
     }
 
@@ -166,7 +169,7 @@ package enum ProgramIdentities {
     /// Distinct executables are few; a full cache is simply emptied.
     private static let digestCacheLimit = 256
 
-    private static func digest(of fd: Int32, info: stat) -> [UInt8]? {
+    static func digest(of fd: Int32, info: stat) -> [UInt8]? {
         let version = FileVersion(info)
         if let known = digests.withLock({ $0[version] }) { return known }
         guard let digest = ExecutableDigest.of(fd) else { return nil }

@@ -72,7 +72,11 @@ public struct ItemDetails: Sendable, Equatable {
             guard claim.digest.count == ExecutableDigest.size, claim.executable.hasPrefix("/"),
                 claim.executable.utf8.count <= Self.maximumText,
                 claim.package.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
-                claim.unit.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true
+                claim.unit.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
+                claim.script.map({
+                    $0.path.hasPrefix("/") && $0.path.utf8.count <= Self.maximumText
+                        && $0.digest.count == ExecutableDigest.size
+                }) ?? true
             else { throw .param }
         }
         for (name, value) in attributes {
@@ -108,10 +112,18 @@ public struct ItemDetails: Sendable, Equatable {
         return fields
     }
 
-    /// A claim as reply fields: role, executable, digest (hex), package, unit ("" when none).
+    /// A claim as reply fields: role, executable, digest (hex), package,
+    /// unit, JIT (`1`, `0`, or "" when not recorded), script path and
+    /// script digest (hex) ("" when none).
     private static func claimFields(_ claim: ProgramClaim, role: String) -> [String] {
-        [role, claim.executable, Hex.string(claim.digest), claim.package ?? "", claim.unit ?? ""]
+        [
+            role, claim.executable, Hex.string(claim.digest), claim.package ?? "", claim.unit ?? "",
+            claim.jit.map { $0 ? "1" : "0" } ?? "", claim.script?.path ?? "",
+            claim.script.map { Hex.string($0.digest) } ?? ""
+        ]
     }
+
+    static let claimFieldCount = 8
 
     /// Reads ``fields`` from the front of `fields`, removing them; nil when
     /// they are not what ``fields`` makes.
@@ -131,16 +143,24 @@ public struct ItemDetails: Sendable, Equatable {
             fields = fields.dropFirst(2)
         }
         guard let claims = fields.first.flatMap({ Int($0) }), (0...Self.maximumAllowed + 1).contains(claims),
-            fields.count >= 1 + 5 * claims
+            fields.count >= 1 + Self.claimFieldCount * claims
         else { return nil }
         fields = fields.dropFirst()
         for _ in 0..<claims {
-            let part = Array(fields.prefix(5))
-            fields = fields.dropFirst(5)
-            guard let digest = Hex.bytes(part[2], count: ExecutableDigest.size) else { return nil }
+            let part = Array(fields.prefix(Self.claimFieldCount))
+            fields = fields.dropFirst(Self.claimFieldCount)
+            guard let digest = Hex.bytes(part[2], count: ExecutableDigest.size), ["", "0", "1"].contains(part[5])
+            else { return nil }
+            var script: ProgramScript?
+            if !part[6].isEmpty {
+                guard let scriptDigest = Hex.bytes(part[7], count: ExecutableDigest.size) else { return nil }
+                script = ProgramScript(path: part[6], digest: scriptDigest)
+            } else if !part[7].isEmpty {
+                return nil
+            }
             let claim = ProgramClaim(
                 executable: part[1], digest: digest, package: part[3].isEmpty ? nil : part[3],
-                unit: part[4].isEmpty ? nil : part[4])
+                unit: part[4].isEmpty ? nil : part[4], script: script, jit: part[5].isEmpty ? nil : part[5] == "1")
             switch part[0] {
             case "owner" where owner == nil: owner = claim
             case "allowed": allowed.append(claim)
@@ -156,13 +176,19 @@ public struct ItemDetails: Sendable, Equatable {
     /// an owner or an access list (issue 31), adds `| hasOwner u8 [| claim] |
     /// allowed u8 | claim*`, a claim being `executable | sha256[32] |
     /// hasPackage u8 [| package] | hasUnit u8 [| unit]`.
+    /// Version 3 (issue 37), written only when a claim records a script
+    /// or whether its program ran a JIT, adds to each claim `| flags u8
+    /// [| script path | script sha256[32]]`: bit 0 the JIT, bit 1 "not
+    /// recorded" (a claim from version 2), bit 2 a script follows.
     static let encodingVersion: UInt8 = 1
     static let ownedVersion: UInt8 = 2
+    static let identifiedVersion: UInt8 = 3
 
     func encoded() -> [UInt8] {
         var writer = ByteWriter()
         let owned = owner != nil || !allowed.isEmpty
-        writer.append(owned ? Self.ownedVersion : Self.encodingVersion)
+        let identified = ([owner].compactMap { $0 } + allowed).contains { $0.jit != nil || $0.script != nil }
+        writer.append(identified ? Self.identifiedVersion : owned ? Self.ownedVersion : Self.encodingVersion)
         writer.appendPrefixed(label)
         writer.appendPrefixed(contentType)
         writer.append(created)
@@ -174,25 +200,36 @@ public struct ItemDetails: Sendable, Equatable {
         }
         if owned {
             writer.append(UInt8(owner == nil ? 0 : 1))
-            if let owner { Self.append(owner, to: &writer) }
+            if let owner { Self.append(owner, to: &writer, identified: identified) }
             writer.append(UInt8(allowed.count))
-            for claim in allowed { Self.append(claim, to: &writer) }
+            for claim in allowed { Self.append(claim, to: &writer, identified: identified) }
         }
         return writer.bytes
     }
 
-    private static func append(_ claim: ProgramClaim, to writer: inout ByteWriter) {
+    private static let jitFlag: UInt8 = 1
+    private static let jitUnknownFlag: UInt8 = 2
+    private static let scriptFlag: UInt8 = 4
+
+    private static func append(_ claim: ProgramClaim, to writer: inout ByteWriter, identified: Bool) {
         writer.appendPrefixed(claim.executable)
         writer.append(claim.digest)
         writer.append(UInt8(claim.package == nil ? 0 : 1))
         if let package = claim.package { writer.appendPrefixed(package) }
         writer.append(UInt8(claim.unit == nil ? 0 : 1))
         if let unit = claim.unit { writer.appendPrefixed(unit) }
+        guard identified else { return }
+        let jit = claim.jit.map { $0 ? jitFlag : 0 } ?? jitUnknownFlag
+        writer.append(jit | (claim.script == nil ? 0 : scriptFlag))
+        if let script = claim.script {
+            writer.appendPrefixed(script.path)
+            writer.append(script.digest)
+        }
     }
 
-    private static func readClaim(_ reader: inout ByteReader<[UInt8]>, malformed: KeychainError) throws(KeychainError)
-        -> ProgramClaim
-    {
+    private static func readClaim(
+        _ reader: inout ByteReader<[UInt8]>, identified: Bool, malformed: KeychainError
+    ) throws(KeychainError) -> ProgramClaim {
         let executable = try reader.readPrefixed()
         let digest = try reader.read(ExecutableDigest.size)
         func optional(_ reader: inout ByteReader<[UInt8]>) throws(KeychainError) -> String? {
@@ -203,7 +240,19 @@ public struct ItemDetails: Sendable, Equatable {
             }
         }
         let package = try optional(&reader)
-        return ProgramClaim(executable: executable, digest: digest, package: package, unit: try optional(&reader))
+        var claim = ProgramClaim(executable: executable, digest: digest, package: package, unit: try optional(&reader))
+        guard identified else { return claim }
+        let flags = try reader.readByte()
+        // One encoding per value: known bits only, and "not recorded" never beside a JIT.
+        guard flags & ~(jitFlag | jitUnknownFlag | scriptFlag) == 0, flags & (jitFlag | jitUnknownFlag) != 3 else {
+            throw malformed
+        }
+        claim.jit = flags & jitUnknownFlag != 0 ? nil : flags & jitFlag != 0
+        if flags & scriptFlag != 0 {
+            claim.script = ProgramScript(
+                path: try reader.readPrefixed(), digest: try reader.read(ExecutableDigest.size))
+        }
+        return claim
     }
 
     /// Reads ``encoded()``; `malformed` for anything else, or for fields
@@ -211,7 +260,10 @@ public struct ItemDetails: Sendable, Equatable {
     init(decoding bytes: [UInt8], malformed: KeychainError = .decode) throws(KeychainError) {
         var reader = ByteReader(bytes, malformed: malformed)
         let version = try reader.readByte()
-        guard version == Self.encodingVersion || version == Self.ownedVersion else { throw malformed }
+        guard [Self.encodingVersion, Self.ownedVersion, Self.identifiedVersion].contains(version) else {
+            throw malformed
+        }
+        let identified = version == Self.identifiedVersion
         label = try reader.readPrefixed()
         contentType = try reader.readPrefixed()
         created = try reader.readUInt64()
@@ -228,17 +280,21 @@ public struct ItemDetails: Sendable, Equatable {
             else { throw malformed }
             previous = name
         }
-        if version == Self.ownedVersion {
+        if version != Self.encodingVersion {
             switch try reader.readByte() {
             case 0: owner = nil
-            case 1: owner = try Self.readClaim(&reader, malformed: malformed)
+            case 1: owner = try Self.readClaim(&reader, identified: identified, malformed: malformed)
             default: throw malformed
             }
             let count = try reader.readByte()
             guard Int(count) <= Self.maximumAllowed else { throw malformed }
-            for _ in 0..<count { allowed.append(try Self.readClaim(&reader, malformed: malformed)) }
-            // One encoding per value: version 2 only when there is something to say.
+            for _ in 0..<count {
+                allowed.append(try Self.readClaim(&reader, identified: identified, malformed: malformed))
+            }
+            // One encoding per value: version 2 only when there is something to say, 3 only when a claim says more.
             guard owner != nil || !allowed.isEmpty else { throw malformed }
+            let says = ([owner].compactMap { $0 } + allowed).contains { $0.jit != nil || $0.script != nil }
+            guard says == identified else { throw malformed }
         }
         guard reader.isAtEnd else { throw malformed }
         do { try validate() } catch { throw malformed }

@@ -514,7 +514,11 @@ public final class PasswordManager: Sendable {
                 !owner.admits(
                     ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0))
             else { return 0 }
-            details.allowed.removeAll { EntitlementRule.sameBytes($0.executable, program.executable) }
+            // The same program again (a new build, a new digest); an interpreter's other scripts stay.
+            details.allowed.removeAll {
+                EntitlementRule.sameBytes($0.executable, program.executable)
+                    && EntitlementRule.sameBytes($0.script?.path, program.script?.path)
+            }
             details.allowed.append(program)
             if details.allowed.count > ItemDetails.maximumAllowed { details.allowed.removeFirst() }
             return 1

@@ -21,7 +21,9 @@ public enum DeviceProtocol {
     /// 3: service mode (`create`, `attach`, `auditLog`, `verifyLog`); the
     /// files of `backup` and `restore` are passed as descriptors.
     /// 4: `watch`, `autoLock`. 5: items' details (`set`'s field, `details`).
-    public static let version: UInt8 = 5
+    /// 6: a claim in `details` records its script and JIT; `status` says
+    /// who decides (issue 37).
+    public static let version: UInt8 = 6
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }

@@ -1,0 +1,147 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What an interpreter runs (issue 37): its executable says nothing of the
+/// script, so `python3 x.py` and `python3 y.py` would be one program. For
+/// an interpreter the owner rule reads the script too, from the process's
+/// command line: a file is its path and SHA-256; code given on the command
+/// line, read from standard input, a module run by name, a file others may
+/// write, or an environment that loads code into the interpreter
+/// (`PYTHONPATH`, `NODE_OPTIONS`...) is an identity no owner matches, so
+/// such a process is asked about every time, and allowed once at most.
+public enum ScriptIdentity: Sendable, Equatable {
+    /// A script file: its path (as the kernel resolves it) and its SHA-256.
+    case file(path: String, digest: [UInt8])
+    /// No file a person could name, or one that cannot be trusted: why.
+    case unidentifiable(String)
+}
+
+/// The interpreters the owner rule knows, and how each takes its script.
+package enum Interpreters {
+    /// How an interpreter's command line names its code: the options that
+    /// give code inline, those that take a value, and the variables that
+    /// load code into it from elsewhere.
+    struct Kind {
+        let name: String
+        let inline: Set<String>
+        let takesValue: Set<String>
+        let injecting: [String]
+    }
+
+    static let python = Kind(
+        name: "python", inline: ["-c", "-m"], takesValue: ["-W", "-X", "-Q"],
+        injecting: ["PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE"])
+    static let perl = Kind(
+        name: "perl", inline: ["-e", "-E"], takesValue: ["-I", "-M", "-m", "-x"],
+        injecting: ["PERL5LIB", "PERL5OPT", "PERLLIB", "PERL5DB"])
+    static let ruby = Kind(
+        name: "ruby", inline: ["-e"], takesValue: ["-I", "-r", "-C", "-E"], injecting: ["RUBYOPT", "RUBYLIB"])
+    static let node = Kind(
+        name: "node", inline: ["-e", "--eval", "-p", "--print"], takesValue: ["-r", "--require", "--import"],
+        injecting: ["NODE_OPTIONS", "NODE_PATH"])
+    static let shell = Kind(
+        name: "sh", inline: ["-c"], takesValue: ["-o", "+o"], injecting: ["BASH_ENV", "ENV", "SHELLOPTS"])
+    static let lua = Kind(name: "lua", inline: ["-e"], takesValue: ["-l"], injecting: ["LUA_INIT", "LUA_PATH"])
+    static let php = Kind(name: "php", inline: ["-r"], takesValue: ["-c", "-d"], injecting: ["PHP_INI_SCAN_DIR"])
+
+    /// The kind of the interpreter at `executable`, by its name without a
+    /// version (`python3.11`, `perl5.36`); nil for any other program.
+    static func kind(of executable: String) -> Kind? {
+        var name = Substring(executable.split(separator: "/").last ?? "")
+        while let last = name.last, last.isNumber || last == "." { name = name.dropLast() }
+        switch name {
+        case "python", "pypy": return python
+        case "perl": return perl
+        case "ruby": return ruby
+        case "node", "nodejs": return node
+        case "sh", "dash", "bash", "zsh", "ksh", "mksh", "fish": return shell
+        case "lua", "luajit": return lua
+        case "php": return php
+        default: return nil
+        }
+    }
+
+    /// Whether `executable` is an interpreter the rule knows.
+    package static func isInterpreter(_ executable: String) -> Bool { kind(of: executable) != nil }
+
+    /// The script of `thread`, an interpreter of `kind` running as `uid`.
+    static func script(of thread: pid_t, kind: Kind, uid: uid_t) -> ScriptIdentity {
+        guard let cmdline = ProgramIdentities.readProcFile(thread, "cmdline", limit: 64 << 10) else {
+            return .unidentifiable("its command line cannot be read")
+        }
+        let arguments = cmdline.split(separator: 0, omittingEmptySubsequences: false).dropLast().map {
+            String(decoding: $0, as: UTF8.self)
+        }
+        if let environment = ProgramIdentities.readProcFile(thread, "environ", limit: 1 << 20) {
+            for entry in environment.split(separator: 0) {
+                let name = String(decoding: entry.prefix { $0 != UInt8(ascii: "=") }, as: UTF8.self)
+                if kind.injecting.contains(name) && entry.count > name.utf8.count + 1 {
+                    return .unidentifiable("\(name) is set, which loads code into \(kind.name)")
+                }
+            }
+        }
+        switch scriptArgument(arguments, kind: kind) {
+        case .inline(let option):
+            return .unidentifiable("it runs code given on its command line (\(option))")
+        case .none:
+            return .unidentifiable("it runs code from its standard input")
+        case .path(let path):
+            return file(path, of: thread, uid: uid)
+        }
+    }
+
+    enum ScriptArgument: Equatable {
+        case path(String)
+        case inline(String)
+        case none
+    }
+
+    /// The script an interpreter's arguments name: the first argument
+    /// that is not an option (or not a value of one), or the one after `--`.
+    static func scriptArgument(_ arguments: [String], kind: Kind) -> ScriptArgument {
+        var index = 1
+        while index < arguments.count {
+            let argument = arguments[index]
+            if argument == "--" { return index + 1 < arguments.count ? .path(arguments[index + 1]) : .none }
+            guard argument.hasPrefix("-") || (kind.name == "sh" && argument.hasPrefix("+")), argument != "-" else {
+                return argument == "-" ? .none : .path(argument)
+            }
+            // `-c`, and a bundle holding it (`sh -ec`, `python3 -Bc`), gives code inline.
+            let option = String(argument.prefix(2))
+            if kind.inline.contains(argument) || kind.inline.contains(option)
+                || (!argument.hasPrefix("--") && argument.dropFirst().contains { kind.inline.contains("-\($0)") })
+            {
+                return .inline(argument)
+            }
+            if kind.takesValue.contains(argument) { index += 1 }
+            index += 1
+        }
+        return .none
+    }
+
+    /// A script file, resolved against the process's working directory:
+    /// its path and digest when only its owner (or root) may write it.
+    static func file(_ named: String, of thread: pid_t, uid: uid_t) -> ScriptIdentity {
+        var path = named
+        if !path.hasPrefix("/") {
+            guard let directory = ProgramIdentities.withProcPath(thread, "cwd", { ProgramIdentities.linkTarget($0) })
+            else { return .unidentifiable("its working directory cannot be read") }
+            path = (directory == "/" ? "" : directory) + "/" + path
+        }
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+        guard fd >= 0 else { return .unidentifiable("its script \(path) cannot be read") }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            return .unidentifiable("its script \(path) is not a file")
+        }
+        guard info.st_uid == uid || info.st_uid == 0, info.st_mode & 0o022 == 0 else {
+            return .unidentifiable("its script \(path) may be written by others")
+        }
+        guard let digest = ProgramIdentities.digest(of: fd, info: info) else {
+            return .unidentifiable("its script \(path) cannot be read")
+        }
+        return .file(path: path, digest: digest)
+    }
+}
