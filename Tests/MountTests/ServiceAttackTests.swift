@@ -16,7 +16,11 @@ extension SerialTests {
             let source = try #require(Bundle.module.path(forResource: "kcattack", ofType: "py", inDirectory: "Attacks"))
             let copy = harness.root + "/kcattack.py"
             try? FileManager.default.removeItem(atPath: copy)
-            try FileManager.default.copyItem(atPath: source, toPath: copy)
+            // Frames of this build's protocol version.
+            let text = try String(contentsOfFile: source, encoding: .utf8)
+                .replacingOccurrences(
+                    of: "PROTOCOL_VERSION = 0\n", with: "PROTOCOL_VERSION = \(DeviceProtocol.version)\n")
+            try text.write(toFile: copy, atomically: true, encoding: .utf8)
             chmod(copy, 0o644)
             return copy
         }

@@ -2,11 +2,14 @@
 # (docs/PROTOCOL.md) as any local program can.
 import ctypes, os, resource, select, socket, struct, sys, threading, time
 
+# The device protocol's version: the test writes the build's own in its copy.
+PROTOCOL_VERSION = 0
+
 def field(data):
     return struct.pack('<I', len(data)) + data
 
 def frame(kind, fields):
-    body = bytes([5, kind]) + struct.pack('<i', 0) + b''.join(fields)
+    body = bytes([PROTOCOL_VERSION, kind]) + struct.pack('<i', 0) + b''.join(fields)
     return struct.pack('<I', len(body)) + body
 
 def answer(raw):
