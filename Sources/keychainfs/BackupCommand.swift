@@ -87,6 +87,6 @@ struct BackupCommand: ParsableCommand {
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
             }
         }
-        print("backed up \(count) items to \(path) (ThisDeviceOnly items stay on this device)")
+        print("backed up \(count) item\(count == 1 ? "" : "s") to \(path) (ThisDeviceOnly items stay on this device)")
     }
 }

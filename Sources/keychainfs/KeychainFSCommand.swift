@@ -55,6 +55,13 @@ struct KeychainFSCommand: ParsableCommand {
                 printError("keychainfs: " + problem)
                 Glibc.exit(64)
             }
+            // No command is a usage error (issue 39: it printed the help and
+            // exited 0, so a script's `keychainfs "$cmd"` with an empty
+            // variable passed for success). The help goes to standard error.
+            if arguments.isEmpty {
+                printError(helpMessage())
+                Glibc.exit(64)
+            }
             main(arguments)
         }
     }

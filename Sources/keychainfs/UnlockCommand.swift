@@ -17,6 +17,9 @@ struct UnlockCommand: ParsableCommand {
     func run() throws {
         guard let mount = target.mount else { return try unlockThroughTheSocket() }
         let status = try mount.requireControl()
+        if let retryAfter = status["retry-after"].flatMap({ Int64($0) }), retryAfter > 0 {
+            throw Self.lockedOut(retryAfter)
+        }
         let command = SecureBuffer()
         do {
             try Array("unlock".utf8).withUnsafeBytes { try command.append($0) }
@@ -43,20 +46,29 @@ struct UnlockCommand: ParsableCommand {
     }
 
     /// A wrong passcode, through a mount or the socket alike: denied, and
-    /// how long unlocking is refused when a lockout began.
+    /// how long unlocking is refused when this one began a lockout.
     private static func wrongPasscode(retryAfter: Int64?) -> ExitCode {
         guard let retryAfter, retryAfter > 0 else {
             return fail("not unlocked: wrong passcode", status: ExitStatus.denied)
         }
         return fail(
-            "not unlocked: wrong passcode; unlocking is refused for \(retryAfter) more seconds after repeated failures",
+            "not unlocked: wrong passcode; after repeated failures unlocking is refused for \(retryAfter) more seconds",
             status: ExitStatus.denied)
+    }
+
+    /// Asked during a lockout: the device would refuse any passcode
+    /// without trying it, so none is asked for, and none is called wrong.
+    private static func lockedOut(_ retryAfter: Int64) -> ExitCode {
+        fail(
+            "not unlocked: unlocking is locked out for \(retryAfter) more seconds after repeated wrong passcodes; "
+                + "no passcode was tried (try again then)", status: ExitStatus.denied)
     }
 
     /// Without a mount point: the device of the keychain, started if need be.
     private func unlockThroughTheSocket() throws {
         let device = try target.device()
         let status = try device.status()
+        if status.retryAfter > 0 { throw Self.lockedOut(status.retryAfter) }
         var passcode: SecureBytes?
         if status.hasPasscode {
             guard let typed = Passcode.read(prompt: "Passcode: "), typed.count > 0 else {

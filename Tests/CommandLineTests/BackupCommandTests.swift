@@ -113,7 +113,7 @@ extension SerialTests {
                 harness.sh("\"$K\" backup \"$R/\(name)\" --keychain \"$KC\" \(options)", stdin: stdin)
             }
             let plain = backup("plain.kcbak", stdin: "pw12\npw12\n")
-            #expect(plain.succeeded && plain.stdout.hasPrefix("backed up 1 items"), "\(plain)")
+            #expect(plain.succeeded && plain.stdout.hasPrefix("backed up 1 item to "), "\(plain)")
             let wrong = backup("wrong.kcbak", "--group secure", stdin: "pw12\npw12\nnot-it\n")
             #expect(!wrong.succeeded && wrong.stderr.contains("passcode is wrong"), "\(wrong)")
             #expect(harness.status(mnt)["failed-attempts"] == "1")

@@ -130,6 +130,9 @@ extension SerialTests {
             let noGroup = harness.sh("mkdir \"$R/g\" && \"$K\" mount \"$R/g\" --group nope --keychain \"$KC\"")
             #expect(noGroup.stderr.contains("no access group nope"))
             #expect(harness.sh("\"$K\" mount \"$R/g\" --group a/b --keychain \"$KC\"").status == 64)
+            // No command at all is a usage error too, the help on standard error (issue 39).
+            let bare = harness.sh("\"$K\"")
+            #expect(bare.status == 64 && bare.stdout.isEmpty && bare.stderr.contains("SUBCOMMANDS"), "\(bare)")
         }
 
         @Test func aMissingDevFuseIsReportedClearly() throws {

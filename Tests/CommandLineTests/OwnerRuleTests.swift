@@ -103,6 +103,11 @@ extension SerialTests {
                 "$K" unmount "$R/mnt"
                 "$K" get "default/App a"; echo " get $?"
                 "$K" acl "default/App a" | sed "s|sha256 [0-9a-f]*|sha256|"
+                # Taken off the list, cat is asked again (no answer left: denied), whatever the mount remembered.
+                "$K" mount "$R/mnt" && cat "$R/mnt/default/App a" >/dev/null && echo "cat still reads"
+                printf '%s\\n' "$PASSCODE" | "$K" acl "default/App a" --remove /usr/bin/cat >/dev/null
+                cat "$R/mnt/default/App a" 2>/dev/null; echo "cat $?"
+                "$K" unmount "$R/mnt"
                 """, environment: judge.environment)
             #expect(
                 used.stdout == """
@@ -112,11 +117,13 @@ extension SerialTests {
                     hunter2 get 0
                     owner: \(harness.root)/app-a (sha256…)
                     allowed: /usr/bin/cat (package coreutils)
+                    cat still reads
+                    cat 1
 
                     """, "\(used)")
             let questions = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
                 .split(separator: "\n")
-            #expect(questions.count == 3, "\(questions)")
+            #expect(questions.count == 4, "\(questions)")
             #expect(
                 questions.first?.hasPrefix(harness.root + "/bin/keychainfs (sha256 ") == true
                     && questions.first?.contains(" wants to read the secret of \"App a\" in default, which belongs to ")
@@ -126,9 +133,9 @@ extension SerialTests {
                         == true,
                 "\(questions)")
             #expect(questions[1].hasPrefix("/usr/bin/cat (package coreutils) wants to read"), "\(questions)")
-            // Buttons: once for keychainfs (no "Always allow"), twice with it (cat; keychainfs again).
+            // "Always allow" offered to cat (twice), never to keychainfs (twice asked).
             let buttons = try String(contentsOfFile: harness.root + "/buttons.log", encoding: .utf8)
-            #expect(buttons.components(separatedBy: "SETNOTOK Always allow").count - 1 == 1, "\(buttons)")
+            #expect(buttons.components(separatedBy: "SETNOTOK Always allow").count - 1 == 2, "\(buttons)")
         }
 
         /// The judge is nobody's to choose: `KEYCHAINFS_PINENTRY` naming a

@@ -123,11 +123,19 @@ extension SerialTests {
             #expect(status["state"] == "locked")
             #expect(status["failed-attempts"] == "5")
             #expect(Int(status["retry-after"] ?? "") ?? 0 > 0)
-            // During the lockout even the right passcode is refused, and the CLI says why.
-            let refused = harness.sh("\"$K\" unlock \"$1\"", arguments: [mnt], stdin: MountHarness.passcode + "\n")
-            #expect(!refused.succeeded)
-            #expect(refused.stderr.contains("more seconds"))
+            // During the lockout even the right passcode is refused, and the CLI says why, never
+            // calling it wrong (issue 39: it was never tried), through the mount and the socket alike.
+            for target in [mnt, "--keychain " + harness.keychain] {
+                let refused = harness.sh("\"$K\" unlock \(target)", stdin: MountHarness.passcode + "\n")
+                #expect(refused.status == 4, "\(refused)")
+                #expect(
+                    refused.stderr.contains("unlocking is locked out for ")
+                        && refused.stderr.contains("no passcode was tried")
+                        && !refused.stderr.contains("wrong passcode;"),
+                    "\(refused)")
+            }
             #expect(harness.status(mnt)["state"] == "locked")
+            #expect(harness.status(mnt)["failed-attempts"] == "5")
         }
 
         @Test func keychainWithoutPasscodeUnlocksWithABareUnlock() throws {

@@ -49,7 +49,7 @@ extension PasswordManager {
         var program: ProgramIdentity??
         var asked: [ItemConsent.Asked] = []
         for identifier in identifiers {
-            guard let details = try? details(forIdentifier: identifier, inGroup: group),
+            guard let details = try? detailsForConsent(identifier, inGroup: group),
                 let owner = details.owner
             else { continue }
             if program == nil { program = .some(caller.program()) }

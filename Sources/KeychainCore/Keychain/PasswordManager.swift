@@ -37,15 +37,33 @@ public final class PasswordManager: Sendable {
         var value: SecureBytes
         var protectionClass: ProtectionClass
         var epoch: UInt64
+        /// Its details, once known (the owner rule asks for them at every
+        /// open): `.some(nil)` when the row has none, nil when not read yet.
+        var details: ItemDetails?? = nil
+        /// Which remembered access this is: details read meanwhile are noted only in the same one.
+        var serial: UInt64 = 0
     }
     private let cache = Mutex<CacheEntry?>(nil)
+    private let cacheSerial = Atomic<UInt64>(0)
     private let observer = Mutex<Int?>(nil)
 
     /// A manager over `device`. The cache is purged whenever the device locks.
     public init(device: Device) {
         backend = .local(device)
         let token = device.addObserver { [weak self] event in
-            if event == .locked { self?.purge() }
+            switch event {
+            case .locked: self?.purge()
+            // A change made by another manager of the device (an access
+            // list edited with `acl`): what this one remembered of the item
+            // (its details, for the owner rule) is stale.
+            case .changed(.written(let group, let identifier)), .changed(.removed(let group, let identifier)):
+                self?.forgetDetails(group: group, identifier: identifier)
+            case .changed(.renamed(let group, let from, let to)):
+                self?.forgetDetails(group: group, identifier: from)
+                self?.forgetDetails(group: group, identifier: to)
+            case .unlocked, .changed(.groupCreated), .changed(.groupRemoved), .entitlementsChanged, .willLock:
+                break
+            }
         }
         observer.withLock { $0 = token }
     }
@@ -336,7 +354,9 @@ public final class PasswordManager: Sendable {
         }
         guard let item = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
         let value = try ItemCipher.open(item, key: try device.classKey(item.protectionClass))
-        remember(value, group: group, identifier: identifier, protectionClass: item.protectionClass, epoch: epoch)
+        remember(
+            value, group: group, identifier: identifier, protectionClass: item.protectionClass, epoch: epoch,
+            details: item.details == nil ? .some(nil) : nil)
         return (value, item.protectionClass)
     }
 
@@ -684,7 +704,7 @@ public final class PasswordManager: Sendable {
 
     private func remember(
         _ value: SecureBytes, group: String, identifier: String,
-        protectionClass: ProtectionClass, epoch: UInt64
+        protectionClass: ProtectionClass, epoch: UInt64, details: ItemDetails??
     ) {
         guard case .local(let device) = backend else { return }
         cache.withLock { entry in
@@ -692,7 +712,36 @@ public final class PasswordManager: Sendable {
             guard device.lockEpoch == epoch else { entry = nil; return }
             entry = CacheEntry(
                 group: group, identifier: identifier, value: value,
-                protectionClass: protectionClass, epoch: epoch)
+                protectionClass: protectionClass, epoch: epoch, details: details,
+                serial: cacheSerial.add(1, ordering: .relaxed).newValue)
+        }
+    }
+
+    /// The details of an item as the owner rule reads them at every door:
+    /// from the cache of the last access when it knows them (a `cat` read
+    /// again costs no query), else from the store, noted in that cache.
+    func detailsForConsent(_ identifier: String, inGroup group: String) throws(KeychainError) -> ItemDetails? {
+        let (known, serial) = cache.withLock { entry -> (ItemDetails??, UInt64?) in
+            guard let entry, entry.group == group, entry.identifier == identifier else { return (nil, nil) }
+            return (entry.details, entry.serial)
+        }
+        if let known { return known }
+        let details = try self.details(forIdentifier: identifier, inGroup: group)
+        cache.withLock { entry in
+            // Only the very entry seen before the read: a change meanwhile replaced or dropped it (`forget`).
+            if let serial, entry?.serial == serial { entry?.details = .some(details) }
+        }
+        return details
+    }
+
+    /// Drops what the cache knows of an item's details (the value stays:
+    /// a change of the value itself goes through ``forget(group:identifier:)``).
+    private func forgetDetails(group: String, identifier: String) {
+        cache.withLock { entry in
+            if entry?.group == group && entry?.identifier == identifier {
+                entry?.details = nil
+                entry?.serial = cacheSerial.add(1, ordering: .relaxed).newValue
+            }
         }
     }
 
