@@ -14,30 +14,12 @@ extension SerialTests.SecretServiceTests {
         #expect(built.succeeded, "\(built)")
     }
 
-    /// A pinentry whose CONFIRM answers come from the lines of `$R/answers`
-    /// in turn (`once`: OK, `always`: the not-OK button, anything else or
-    /// none: cancel), logging each question to `$R/pinentry.log`.
+    /// The tests' pinentry (``JudgePinentry/script``) in `$R`, a directory
+    /// root controls here (the tests run as root), answering `answers`.
     func writeConsentPinentry(answers: [String]) throws {
-        try """
-        #!/bin/sh
-        echo "OK Pleased to meet you"
-        while read -r command rest; do
-            case "$command" in
-            SETDESC) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
-            CONFIRM) n=$(( $(cat "$R/confirmed" 2>/dev/null || echo 0) + 1 )); echo $n > "$R/confirmed"
-                     case "$(sed -n "${n}p" "$R/answers")" in
-                     once) echo OK ;;
-                     always) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
-                     *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
-                     esac ;;
-            BYE) echo OK; exit 0 ;;
-            *) echo OK ;;
-            esac
-        done
-        """.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
+        try JudgePinentry.script.write(toFile: harness.root + "/pinentry", atomically: true, encoding: .utf8)
         chmod(harness.root + "/pinentry", 0o755)
-        try (answers.joined(separator: "\n") + "\n").write(
-            toFile: harness.root + "/answers", atomically: true, encoding: .utf8)
+        try JudgePinentry.answer(answers, in: harness)
     }
 
     @Test func anItemIsItsCreatorsAndAnyOtherProgramIsAskedAbout() throws {

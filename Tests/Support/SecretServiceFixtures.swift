@@ -87,7 +87,12 @@ package final class JudgePinentry: @unchecked Sendable {
         guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed") }
         directory = String(cString: made)
         chmod(directory, 0o755)
-        try """
+        try Self.script.write(toFile: path, atomically: true, encoding: .utf8)
+        chmod(path, 0o755)
+    }
+
+    /// The program: CONFIRM answers from `$R/answers`, questions to `$R/pinentry.log`.
+    package static let script = """
         #!/bin/sh
         echo "OK Pleased to meet you"
         while read -r command rest; do
@@ -108,9 +113,7 @@ package final class JudgePinentry: @unchecked Sendable {
             *) echo OK ;;
             esac
         done
-        """.write(toFile: path, atomically: true, encoding: .utf8)
-        chmod(path, 0o755)
-    }
+        """
 
     deinit { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
 

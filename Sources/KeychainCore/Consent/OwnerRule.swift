@@ -48,16 +48,44 @@ extension PasswordManager {
         guard device.appsOwnItems(inGroup: group) else { return nil }
         var program: ProgramIdentity??
         var asked: [ItemConsent.Asked] = []
-        for identifier in identifiers {
-            guard let details = try? detailsForConsent(identifier, inGroup: group),
-                let owner = details.owner
-            else { continue }
+        for identifier in identifiers where mayHaveOwner(identifier, inGroup: group) {
+            let changes = ownerIndex.withLock { $0.changes }
+            let details = try? detailsForConsent(identifier, inGroup: group)
+            ownerIndex.withLock {
+                $0.resolve(group, identifier, owned: details?.owner != nil, ifNoChangeSince: changes)
+            }
+            guard let details, let owner = details.owner else { continue }
             if program == nil { program = .some(caller.program()) }
             guard !ItemConsent.isFree(details, for: program ?? nil) else { continue }
             asked.append(ItemConsent.Asked(group: group, identifier: identifier, label: details.label, owner: owner))
         }
         guard !asked.isEmpty else { return nil }
         return Self.question(asked: asked, verb: verb, program: program ?? nil, subject: caller.subject())
+    }
+
+    /// Whether the item may have an owner: false for the items the index
+    /// knows to have none (most: every item made through a mount or the
+    /// command line), which the rule then lets through without a query.
+    /// The index is read from the store at first use (each item's details
+    /// once) and kept by the device's change events; an item changed since
+    /// is looked at again.
+    func mayHaveOwner(_ identifier: String, inGroup group: String) -> Bool {
+        let key = OwnerIndex.key(group, identifier)
+        if let known = ownerIndex.withLock({ $0.loaded ? $0.mayHaveOwner(key) : nil }) { return known }
+        var owned = Set<String>()
+        for group in (try? groups()) ?? [] {
+            for (identifier, details) in (try? itemsWithDetails(inGroup: group)) ?? [] where details.owner != nil {
+                owned.insert(OwnerIndex.key(group, identifier))
+            }
+        }
+        return ownerIndex.withLock { index in
+            if !index.loaded {
+                index.owned = owned
+                // A change that raced the reading stays to be looked at (it is in `unchecked`).
+                index.loaded = true
+            }
+            return index.mayHaveOwner(key)
+        }
     }
 
     /// The question of `asked` for `program`, which `subject` names in the log.
@@ -124,6 +152,41 @@ extension PasswordManager {
         guard let question = consentQuestion(group: group, identifiers: identifiers, verb: verb, caller: caller)
         else { return }
         guard answer(question) != .denied else { throw .ownerDenied }
+    }
+}
+
+/// The items of a keychain that have an owner, as the owner rule needs to
+/// know at every open (issue 37): `owned` as read from the store, and the
+/// items changed since (`unchecked`), which are read again when asked about.
+struct OwnerIndex: Sendable {
+    var loaded = false
+    var owned: Set<String> = []
+    var unchecked: Set<String> = []
+    var changes: UInt64 = 0
+
+    static func key(_ group: String, _ identifier: String) -> String { group + "\u{0}" + identifier }
+
+    func mayHaveOwner(_ key: String) -> Bool { owned.contains(key) || unchecked.contains(key) }
+
+    mutating func changed(_ group: String, _ identifier: String) {
+        unchecked.insert(Self.key(group, identifier))
+        changes &+= 1
+    }
+
+    /// What a read of the item's details found, kept unless something
+    /// changed meanwhile (then it stays to be looked at again).
+    mutating func resolve(_ group: String, _ identifier: String, owned isOwned: Bool, ifNoChangeSince seen: UInt64) {
+        guard changes == seen else { return }
+        let key = Self.key(group, identifier)
+        unchecked.remove(key)
+        if isOwned { owned.insert(key) } else { owned.remove(key) }
+    }
+
+    mutating func removed(_ group: String, _ identifier: String) {
+        let key = Self.key(group, identifier)
+        owned.remove(key)
+        unchecked.remove(key)
+        changes &+= 1
     }
 }
 

@@ -45,6 +45,9 @@ public final class PasswordManager: Sendable {
     }
     private let cache = Mutex<CacheEntry?>(nil)
     private let cacheSerial = Atomic<UInt64>(0)
+    /// Which items have an owner (issue 37), so that the owner rule costs
+    /// no query for the others (``mayHaveOwner(_:inGroup:)``).
+    let ownerIndex = Mutex(OwnerIndex())
     private let observer = Mutex<Int?>(nil)
 
     /// A manager over `device`. The cache is purged whenever the device locks.
@@ -56,11 +59,19 @@ public final class PasswordManager: Sendable {
             // A change made by another manager of the device (an access
             // list edited with `acl`): what this one remembered of the item
             // (its details, for the owner rule) is stale.
-            case .changed(.written(let group, let identifier)), .changed(.removed(let group, let identifier)):
+            case .changed(.written(let group, let identifier)):
                 self?.forgetDetails(group: group, identifier: identifier)
+                self?.ownerIndex.withLock { $0.changed(group, identifier) }
+            case .changed(.removed(let group, let identifier)):
+                self?.forgetDetails(group: group, identifier: identifier)
+                self?.ownerIndex.withLock { $0.removed(group, identifier) }
             case .changed(.renamed(let group, let from, let to)):
                 self?.forgetDetails(group: group, identifier: from)
                 self?.forgetDetails(group: group, identifier: to)
+                self?.ownerIndex.withLock {
+                    $0.removed(group, from)
+                    $0.changed(group, to)
+                }
             case .unlocked, .changed(.groupCreated), .changed(.groupRemoved), .entitlementsChanged, .willLock:
                 break
             }
