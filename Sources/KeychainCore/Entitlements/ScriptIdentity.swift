@@ -48,9 +48,18 @@ package enum Interpreters {
     /// The kind of the interpreter at `executable`, by its name without a
     /// version (`python3.11`, `perl5.36`); nil for any other program.
     static func kind(of executable: String) -> Kind? {
-        var name = Substring(executable.split(separator: "/").last ?? "")
-        while let last = name.last, last.isNumber || last == "." { name = name.dropLast() }
-        switch name {
+        // Bytes, no allocation: this runs for every identified caller.
+        let bytes = executable.utf8
+        let start = bytes.lastIndex(of: UInt8(ascii: "/")).map { bytes.index(after: $0) } ?? bytes.startIndex
+        var end = bytes.endIndex
+        while end > start, let last = bytes[bytes.index(before: end)...].first,
+            (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(last) || last == UInt8(ascii: ".")
+        {
+            end = bytes.index(before: end)
+        }
+        // The longest name below has six letters.
+        guard end > start, bytes.distance(from: start, to: end) <= 6 else { return nil }
+        switch Substring(executable[start..<end]) {
         case "python", "pypy": return python
         case "perl": return perl
         case "ruby": return ruby
