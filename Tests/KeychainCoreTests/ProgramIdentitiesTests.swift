@@ -91,10 +91,10 @@ import Foundation
             options.descriptors = [(0, ends[0])]
             let pid = try #require(Spawn.start(arguments, options: options))
             close(ends[0])
-            // The shell is running once /proc names its executable.
-            while ProgramIdentities.of(thread: pid, uid: getuid())?.executable.hasSuffix("dash") != true {
-                sched_yield()
-            }
+            // The shell is running once /proc shows its whole command line (execve names the new
+            // executable before it sets up the arguments: fs/exec.c begin_new_exec, then create_elf_tables).
+            let expected = Array(arguments.joined(separator: "\0").utf8) + [0]
+            while ProgramIdentities.readProcFile(pid, "cmdline", limit: 4096) != expected { sched_yield() }
             let identity = try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
             close(ends[1])
             _ = Spawn.wait(pid)
