@@ -27,21 +27,17 @@ extension SecretServiceProvider {
         _ items: [(group: String, identifier: String)],
         call: BusCall
     ) -> (asked: [ItemConsent.Asked], caller: ProgramIdentity?) {
-        var caller: ProgramIdentity??
-        let asked = items.compactMap { item -> ItemConsent.Asked? in
+        let candidates = items.compactMap { item -> (group: String, identifier: String, details: ItemDetails?)? in
             // A collection opened to every program (`policy GROUP --apps open`) asks nothing.
             guard store.appsOwnItems(inGroup: item.group),
                 case .ok(let fields) = perform(
                     .details(group: item.group, identifier: item.identifier), for: call,
-                    audit: .failures),
-                let details = (try? ItemDetails.listed(fromFields: fields))?.first?.details,
-                let owner = details.owner
+                    audit: .failures)
             else { return nil }
-            if caller == nil { caller = .some(callerIdentity(call)) }
-            guard !ItemConsent.isFree(details, for: caller ?? nil) else { return nil }
-            return ItemConsent.Asked(group: item.group, identifier: item.identifier, label: details.label, owner: owner)
+            return (item.group, item.identifier, (try? ItemDetails.listed(fromFields: fields))?.first?.details)
         }
-        return (asked, caller ?? nil)
+        let (asked, caller) = ItemConsent.asked(among: candidates) { callerIdentity(call) }
+        return (asked, caller)
     }
 
     /// Runs `body` for `call` once the person allowed the caller to use

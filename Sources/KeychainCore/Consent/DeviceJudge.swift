@@ -30,13 +30,9 @@ public struct DeviceJudge: Sendable, Equatable {
 
     package static let startChain: String = ProcessChain.names(from: getpid()).joined(separator: " ← ")
 
-    private static let replaceableSelf: String? = {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
-        guard length > 0 else { return nil }
-        let path = String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        return RootControlledFile.status(of: path) == nil ? path : nil
-    }()
+    private static let replaceableSelf: String? = ProgramIdentities.linkTarget("/proc/self/exe").flatMap {
+        RootControlledFile.status(of: $0) == nil ? $0 : nil
+    }
 
     /// The variables that make the dynamic loader run a caller's code
     /// inside the device (ld.so(8)): a device started with one would hand

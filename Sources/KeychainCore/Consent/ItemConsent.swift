@@ -57,6 +57,25 @@ public enum ItemConsent {
         return owner.admits(program) || details?.allowed.contains { $0.admits(program) } == true
     }
 
+    /// The items among `candidates` that the caller must be asked about
+    /// (it is neither their owner nor on their list), and the caller as
+    /// read: `program` is called once, and only when an item has an owner
+    /// (most have none, and reading a caller costs a scan of its processes).
+    /// Every door's list of questions is made here.
+    package static func asked(
+        among candidates: [(group: String, identifier: String, details: ItemDetails?)],
+        program read: () -> ProgramIdentity?
+    ) -> (asked: [Asked], program: ProgramIdentity?) {
+        var program: ProgramIdentity??
+        let asked = candidates.compactMap { item -> Asked? in
+            guard let details = item.details, let owner = details.owner else { return nil }
+            if program == nil { program = .some(read()) }
+            guard !isFree(details, for: program ?? nil) else { return nil }
+            return Asked(group: item.group, identifier: item.identifier, label: details.label, owner: owner)
+        }
+        return (asked, program ?? nil)
+    }
+
     /// The longest question, in characters: the true sentence comes first
     /// and whole, and nothing a program chose can push it off the screen.
     package static let maximumQuestion = 900
@@ -115,7 +134,7 @@ public enum ItemConsent {
         guard let program = Pinentry.program(), let pinentry = try? Pinentry(program: program, endingAfter: timeout)
         else { return .denied }
         defer { pinentry.end() }
-        guard always, !pinentry.drawsThirdButton else {
+        guard always, !pinentry.drawsThirdButton() else {
             let choice = pinentry.confirm(
                 description: description, ok: allowOnce, notOK: always ? alwaysAllow : nil, cancel: deny,
                 timeout: timeout)
@@ -154,25 +173,16 @@ package enum ConsentText {
             case "\"": out += "\\\""
             case " ": out += " "
             default:
-                if isShown(scalar) {
-                    out.unicodeScalars.append(scalar)
-                } else {
+                if LineEscaping.hidesText(scalar) {
                     out += "\\u{" + String(scalar.value, radix: 16) + "}"
+                } else {
+                    out.unicodeScalars.append(scalar)
                 }
             }
         }
         return out
     }
 
-    private static func isShown(_ scalar: Unicode.Scalar) -> Bool {
-        switch scalar.properties.generalCategory {
-        case .control, .format, .surrogate, .privateUse, .unassigned, .spaceSeparator, .lineSeparator,
-            .paragraphSeparator:
-            return false
-        default:
-            return true
-        }
-    }
 }
 
 /// The processes behind a caller, as a person reads them: the program,
@@ -191,13 +201,10 @@ package enum ProcessChain {
     }
 
     private static func executableName(_ pid: pid_t) -> String? {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let length = ProgramIdentities.withProcPath(pid, "exe") { path in
-            buffer.withUnsafeMutableBufferPointer { readlink(path, $0.baseAddress!, $0.count - 1) }
-        }
-        let bytes = buffer.prefix(max(0, length)).map { UInt8(bitPattern: $0) }
-        guard length > 0, let name = bytes.split(separator: UInt8(ascii: "/")).last else { return nil }
-        return String(decoding: name, as: UTF8.self)
+        guard let path = ProgramIdentities.withProcPath(pid, "exe", { ProgramIdentities.linkTarget($0) }),
+            let name = path.split(separator: "/").last
+        else { return nil }
+        return String(name)
     }
 
     /// The process's command name and its parent, from `/proc/PID/stat`
@@ -223,26 +230,19 @@ package enum ProcessChain {
 /// Programs that act for whatever runs them (issue 37): a person who
 /// allows one for good allows every script that runs it. They are
 /// allowed once at most, never always: the command line of KeychainFS
-/// itself, libsecret's and D-Bus's own tools, and the interpreters, whose
-/// executable says nothing of the script they run.
+/// itself, libsecret's and D-Bus's own tools, and the interpreters
+/// (``Interpreters``), unless they run a script file, which is then the
+/// program.
 package enum Deputies {
-    static let names: Set<String> = [
-        "keychainfs", "secret-tool", "busctl", "gdbus", "dbus-send", "qdbus", "sh", "dash", "bash", "zsh", "fish",
-        "env", "python", "python3", "perl", "ruby", "node", "nodejs", "lua", "php", "tclsh", "wish", "osascript"
+    static let tools: Set<Substring> = [
+        "keychainfs", "secret-tool", "busctl", "gdbus", "dbus-send", "qdbus", "env", "tclsh", "wish", "osascript"
     ]
 
     package static func isDeputy(_ executable: String) -> Bool {
-        var name = Substring(executable.split(separator: "/").last ?? "")
-        // python3.11, perl5.36, lua5.4: the interpreter by its versioned name.
-        while let last = name.last, last.isNumber || last == "." { name = name.dropLast() }
-        if names.contains(String(name)) { return true }
-        return EntitlementRule.sameBytes(executable, ownExecutable)
+        tools.contains(Interpreters.commandName(of: executable)) || Interpreters.isInterpreter(executable)
+            || EntitlementRule.sameBytes(executable, ownExecutable)
     }
 
     /// This program (the device runs as `keychainfs`, wherever installed).
-    private static let ownExecutable: String? = {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
-        return length > 0 ? String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
-    }()
+    private static let ownExecutable: String? = ProgramIdentities.linkTarget("/proc/self/exe")
 }

@@ -44,23 +44,26 @@ extension PasswordManager {
     package func consentQuestion(
         group: String, identifiers: [String], verb: String, caller: ConsentCaller
     ) -> ConsentQuestion? {
-        let device = localDevice
-        guard device.appsOwnItems(inGroup: group) else { return nil }
-        var program: ProgramIdentity??
-        var asked: [ItemConsent.Asked] = []
-        for identifier in identifiers where mayHaveOwner(identifier, inGroup: group) {
+        guard localDevice.appsOwnItems(inGroup: group) else { return nil }
+        let candidates = identifiers.filter { mayHaveOwner($0, inGroup: group) }.map { identifier in
             let changes = ownerIndex.withLock { $0.changes }
             let details = try? detailsForConsent(identifier, inGroup: group)
             ownerIndex.withLock {
                 $0.resolve(group, identifier, owned: details?.owner != nil, ifNoChangeSince: changes)
             }
-            guard let details, let owner = details.owner else { continue }
-            if program == nil { program = .some(caller.program()) }
-            guard !ItemConsent.isFree(details, for: program ?? nil) else { continue }
-            asked.append(ItemConsent.Asked(group: group, identifier: identifier, label: details.label, owner: owner))
+            return (group: group, identifier: identifier, details: details)
         }
+        return question(among: candidates, verb: verb, caller: caller)
+    }
+
+    /// The question about those of `candidates` that `caller` must be asked about; nil when none.
+    func question(
+        among candidates: [(group: String, identifier: String, details: ItemDetails?)], verb: String,
+        caller: ConsentCaller
+    ) -> ConsentQuestion? {
+        let (asked, program) = ItemConsent.asked(among: candidates, program: caller.program)
         guard !asked.isEmpty else { return nil }
-        return Self.question(asked: asked, verb: verb, program: program ?? nil, subject: caller.subject())
+        return Self.question(asked: asked, verb: verb, program: program, subject: caller.subject())
     }
 
     /// Whether the item may have an owner: false for the items the index

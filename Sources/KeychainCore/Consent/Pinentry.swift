@@ -49,15 +49,6 @@ package final class Pinentry {
         return RootControlledFile.isExecutable(defaultProgram) ? defaultProgram : nil
     }
 
-    /// Why `$KEYCHAINFS_PINENTRY` is not used, for `status` and the log; nil when it is, or is unset.
-    package static var refusedChoice: String? {
-        guard let chosen = getenv("KEYCHAINFS_PINENTRY").map({ String(cString: $0) }), !chosen.isEmpty,
-            !RootControlledFile.isExecutable(chosen)
-        else { return nil }
-        return "KEYCHAINFS_PINENTRY=\(LineEscaping.escaped(chosen)) ignored: only a program that root controls "
-            + "(root's file in root's directories, writable by nobody else) may ask for the person"
-    }
-
     /// The pids of every pinentry running now, for ``endAll()``.
     private static let running = Mutex<Set<pid_t>>([])
 
@@ -172,7 +163,7 @@ package final class Pinentry {
     /// does not: its gcr prompt has two, and its source leaves the third
     /// option out ("XXX: Add support for the third option"); curses, GTK 2
     /// and Qt draw it. GNOME's falling back to curses draws it too.
-    package var drawsThirdButton: Bool {
+    package func drawsThirdButton() -> Bool {
         guard let flavor = flavor() else { return true }
         let parts = flavor.split(separator: ":")
         return parts.first != "gnome3" || parts.dropFirst().contains("curses")

@@ -48,18 +48,10 @@ package enum Interpreters {
     /// The kind of the interpreter at `executable`, by its name without a
     /// version (`python3.11`, `perl5.36`); nil for any other program.
     static func kind(of executable: String) -> Kind? {
-        // Bytes, no allocation: this runs for every identified caller.
-        let bytes = executable.utf8
-        let start = bytes.lastIndex(of: UInt8(ascii: "/")).map { bytes.index(after: $0) } ?? bytes.startIndex
-        var end = bytes.endIndex
-        while end > start, let last = bytes[bytes.index(before: end)...].first,
-            (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(last) || last == UInt8(ascii: ".")
-        {
-            end = bytes.index(before: end)
-        }
+        let name = commandName(of: executable)
         // The longest name below has six letters.
-        guard end > start, bytes.distance(from: start, to: end) <= 6 else { return nil }
-        switch Substring(executable[start..<end]) {
+        guard !name.isEmpty, name.utf8.count <= 6 else { return nil }
+        switch name {
         case "python", "pypy": return python
         case "perl": return perl
         case "ruby": return ruby
@@ -69,6 +61,21 @@ package enum Interpreters {
         case "php": return php
         default: return nil
         }
+    }
+
+    /// The name of the program at `executable` without a version
+    /// (`python3.11` is `python`, `perl5.36` is `perl`). Bytes, no
+    /// allocation: this runs for every identified caller.
+    static func commandName(of executable: String) -> Substring {
+        let bytes = executable.utf8
+        let start = bytes.lastIndex(of: UInt8(ascii: "/")).map { bytes.index(after: $0) } ?? bytes.startIndex
+        var end = bytes.endIndex
+        while end > start, let last = bytes[bytes.index(before: end)...].first,
+            (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(last) || last == UInt8(ascii: ".")
+        {
+            end = bytes.index(before: end)
+        }
+        return Substring(executable[start..<end])
     }
 
     /// Whether `executable` is an interpreter the rule knows.

@@ -30,16 +30,25 @@ public enum LineEscaping {
     public static func shown(_ text: String, also separators: String = "") -> String {
         var out = ""
         for scalar in escaped(text, also: separators).unicodeScalars {
-            switch scalar.properties.generalCategory {
-            case .format, .lineSeparator, .paragraphSeparator, .privateUse, .unassigned, .surrogate:
+            if hidesText(scalar) {
                 out += "\\u{" + String(scalar.value, radix: 16) + "}"
-            case .spaceSeparator where scalar != " ":
-                out += "\\u{" + String(scalar.value, radix: 16) + "}"
-            default:
+            } else {
                 out.unicodeScalars.append(scalar)
             }
         }
         return out
+    }
+
+    /// Whether a person could not see `scalar` for what it is: Unicode's
+    /// categories C (controls, formats such as U+202E, surrogates, private
+    /// use, unassigned) and Z but the space (U+2028 and U+2029 break lines
+    /// in GTK and Qt). What ``shown(_:also:)`` and a consent question escape.
+    package static func hidesText(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.properties.generalCategory {
+        case .control, .format, .surrogate, .privateUse, .unassigned, .lineSeparator, .paragraphSeparator: true
+        case .spaceSeparator: scalar != " "
+        default: false
+        }
     }
 
     /// The text ``escaped(_:)`` was given; nil for a malformed escape.

@@ -187,7 +187,7 @@ public struct ItemDetails: Sendable, Equatable {
     func encoded() -> [UInt8] {
         var writer = ByteWriter()
         let owned = owner != nil || !allowed.isEmpty
-        let identified = ([owner].compactMap { $0 } + allowed).contains { $0.jit != nil || $0.script != nil }
+        let identified = claimsSayMore
         writer.append(identified ? Self.identifiedVersion : owned ? Self.ownedVersion : Self.encodingVersion)
         writer.appendPrefixed(label)
         writer.appendPrefixed(contentType)
@@ -205,6 +205,11 @@ public struct ItemDetails: Sendable, Equatable {
             for claim in allowed { Self.append(claim, to: &writer, identified: identified) }
         }
         return writer.bytes
+    }
+
+    /// Whether a claim records what version 2 cannot: a script, or whether its program ran a JIT.
+    private var claimsSayMore: Bool {
+        ([owner].compactMap { $0 } + allowed).contains { $0.jit != nil || $0.script != nil }
     }
 
     private static let jitFlag: UInt8 = 1
@@ -293,8 +298,7 @@ public struct ItemDetails: Sendable, Equatable {
             }
             // One encoding per value: version 2 only when there is something to say, 3 only when a claim says more.
             guard owner != nil || !allowed.isEmpty else { throw malformed }
-            let says = ([owner].compactMap { $0 } + allowed).contains { $0.jit != nil || $0.script != nil }
-            guard says == identified else { throw malformed }
+            guard claimsSayMore == identified else { throw malformed }
         }
         guard reader.isAtEnd else { throw malformed }
         do { try validate() } catch { throw malformed }

@@ -119,27 +119,21 @@ extension PasswordManager {
         skipping skipped: (String) -> Bool, _ consent: ConsentCaller
     ) throws(KeychainError) {
         let device = localDevice
-        var program: ProgramIdentity??
-        var asked: [ItemConsent.Asked] = []
+        var candidates: [(group: String, identifier: String, details: ItemDetails?)] = []
         for group in try groups() where !skipped(group) && device.appsOwnItems(inGroup: group) {
-            for (identifier, details) in try itemsWithDetails(inGroup: group) {
-                guard let owner = details.owner,
-                    try info(forIdentifier: identifier, inGroup: group)?.protectionClass.isMigratable == true
+            for (identifier, details) in try itemsWithDetails(inGroup: group) where details.owner != nil {
+                // Only what a backup holds: ThisDeviceOnly items stay on the device.
+                guard try info(forIdentifier: identifier, inGroup: group)?.protectionClass.isMigratable == true
                 else { continue }
-                if program == nil { program = .some(consent.program()) }
-                guard !ItemConsent.isFree(details, for: program ?? nil) else { continue }
-                asked.append(
-                    ItemConsent.Asked(group: group, identifier: identifier, label: details.label, owner: owner))
+                candidates.append((group, identifier, details))
             }
         }
-        guard !asked.isEmpty else { return }
-        let question = Self.question(
-            asked: asked, verb: "back up", program: program ?? nil, subject: consent.subject())
+        guard let question = question(among: candidates, verb: "back up", caller: consent) else { return }
         guard answer(question) != .denied else {
             device.audit.record(
                 AuditEvent(
                     operation: "backup", result: "denied", subject: consent.subject(),
-                    detail: "\(asked.count) items of other programs"))
+                    detail: "\(question.asked.count) items of other programs"))
             throw .ownerDenied
         }
     }

@@ -424,15 +424,14 @@ public enum DeviceRequest: Equatable, Sendable {
     public var ownedIdentifiers: [String] {
         switch self {
         case .get(_, let identifier), .set(_, let identifier, _, _, _, _), .remove(_, let identifier),
-            .setClass(_, let identifier, _), .setDetails(_, let identifier, _), .info(_, let identifier):
+            .setClass(_, let identifier, _), .setDetails(_, let identifier, _):
             [identifier]
-        case .details(_, let identifier):
-            identifier.map { [$0] } ?? []
         case .rename(_, let from, let to, _):
             [from, to]
-        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .list, .createGroup,
-            .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach,
-            .auditLog, .verifyLog, .stop, .watch, .autoLock:
+        // No ``consentVerb``: nothing to ask about.
+        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .details, .list, .info,
+            .createGroup, .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy,
+            .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
             []
         }
     }
