@@ -256,21 +256,17 @@ final class ServedKeychain: Sendable {
             // program that made it over the bus: a client of the socket
             // names no owner (it could plant an item for another program).
             let request = request.withoutOwner
-            do throws(KeychainError) {
-                // The peer is identified only when a group with a policy asks.
-                let program = {
-                    let now = ProgramIdentities.ofPeer(client)
-                    return !policedAtConnect || now == atConnect ? now : nil
+            // The peer is identified only when a group with a policy asks.
+            let program = { () -> ProgramIdentity? in
+                guard var now = ProgramIdentities.ofPeer(client) else { return nil }
+                if policedAtConnect, now.distrust == nil, now != atConnect {
+                    now.distrust = "it runs another program than the one that connected"
                 }
-                let reply = try answerItemRequest(
-                    request, program: program, subject: subject,
-                    consent: ConsentCaller(program: program, subject: subject))
-                audit(request, result: "ok", subject: subject())
-                return reply
-            } catch {
-                audit(request, result: AuditEvent.result(of: error), subject: subject())
-                return .keychainError(error, sentence(for: error, about: request))
+                return now
             }
+            return answerAudited(
+                request, program: program, subject: subject,
+                consent: ConsentCaller(program: program, subject: subject), auditOK: true)
         }
     }
 }
@@ -452,6 +448,18 @@ extension ServedKeychain: SecretStore {
         _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
         audit policy: AuditPolicy
     ) -> DeviceReply {
+        answerAudited(request, program: program, subject: subject, consent: nil, auditOK: policy == .always)
+    }
+}
+
+extension ServedKeychain {
+    /// Answers an item request and records it: always when refused (with
+    /// why the program was not taken for its executable, when that was
+    /// the reason), when done only if `auditOK`.
+    func answerAudited(
+        _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+        consent: ConsentCaller?, auditOK: Bool
+    ) -> DeviceReply {
         // The program as it was read, for a denial's reason in the log.
         var seen: ProgramIdentity?
         do throws(KeychainError) {
@@ -460,14 +468,14 @@ extension ServedKeychain: SecretStore {
                 program: {
                     seen = program()
                     return seen
-                }, subject: subject, consent: nil)
-            if policy == .always { audit(request, result: "ok", subject: subject()) }
+                }, subject: subject, consent: consent)
+            if auditOK { audit(request, result: "ok", subject: subject()) }
             return reply
         } catch {
             audit(
                 request, result: AuditEvent.result(of: error), subject: subject(),
                 doubt: error == .missingEntitlement ? seen?.doubt : nil)
-            return .keychainError(error, sentence(for: error))
+            return .keychainError(error, sentence(for: error, about: request))
         }
     }
 }

@@ -96,14 +96,21 @@ package enum ProgramIdentities {
 
     /// The identity of a socket peer; nil unless the process that connected
     /// still runs once it was read (so its pid was not reused meanwhile).
+    /// Distrusted unless that process holds its connection alone and
+    /// close-on-exec (``SocketHolders/relayProblem(of:connection:)``).
     package static func ofPeer(_ socket: Int32) -> ProgramIdentity? {
         guard let credentials = peerCredentials(socket) else { return nil }
         var pidfd: Int32 = -1
         var pidfdLength = socklen_t(MemoryLayout<Int32>.size)
         guard getsockopt(socket, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0, pidfd >= 0 else { return nil }
         defer { close(pidfd) }
-        guard let identity = of(thread: credentials.pid, uid: credentials.uid), Pidfd.isAlive(pidfd) else {
+        guard var identity = of(thread: credentials.pid, uid: credentials.uid), Pidfd.isAlive(pidfd) else {
             return nil
+        }
+        // What the process that connected runs now is not who wrote the
+        // request when its connection outlives an exec or is shared (issue 37).
+        if identity.distrust == nil {
+            identity.distrust = SocketHolders.relayProblem(of: credentials.pid, connection: socket)
         }
         return identity
     }

@@ -39,6 +39,49 @@ package enum SocketHolders {
         let connections = Set(
             socketInodes(of: String(pid), in: proc).filter { peerAddress(ofSocket: $0, netlink) == address })
         guard !connections.isEmpty else { return "it holds no connection to the bus" }
+        return otherHolder(of: connections, besides: pid, in: proc, connection: "bus connection")
+    }
+
+    /// Why the device's end `client` of a socket connection may carry
+    /// another program's words than those of `pid`, the process that
+    /// connected (issue 37): another process holds the other end too (a
+    /// child forked after connecting, a process it was passed to), or `pid`
+    /// holds it without close-on-exec, so that the program it runs next
+    /// inherits it (a granted `cat` that relays what its parent wrote, and
+    /// the reply to whoever reads the other copy). A client of ours opens
+    /// its connection with SOCK_CLOEXEC and keeps it to itself; an exec
+    /// closes such a connection, so whatever the process runs after one
+    /// can neither finish a request nor read its reply. nil when `pid`
+    /// alone holds the connection, close-on-exec.
+    package static func relayProblem(of pid: Int32, connection client: Int32) -> String? {
+        var info = stat()
+        guard fstat(client, &info) == 0, let netlink = diagnosticSocket() else {
+            return "its connection cannot be examined (sock_diag)"
+        }
+        defer { close(netlink) }
+        guard let own = query(netlink, UInt32(truncatingIfNeeded: info.st_ino)), own.peer != 0 else {
+            return "its connection cannot be examined (sock_diag)"
+        }
+        guard let proc = try? valueOrErrno({ open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) else {
+            return "its connection cannot be examined (/proc)"
+        }
+        defer { close(proc) }
+        let held = descriptors(of: String(pid), in: proc).filter { $0.inode == own.peer }
+        guard !held.isEmpty else { return "it holds no connection to the device (it may have run another program)" }
+        if let inherited = held.first(where: {
+            DescriptorInfo(String(pid), descriptor: String($0.number), in: proc)?.closesOnExec != true
+        }) {
+            return "its connection (descriptor \(inherited.number)) would pass to the next program it runs "
+                + "(no close-on-exec)"
+        }
+        return otherHolder(of: [own.peer], besides: pid, in: proc, connection: "connection")
+    }
+
+    /// The first process of `pid`'s user but `pid` that holds one of
+    /// `connections`, as a reason; nil when none does.
+    private static func otherHolder(
+        of connections: Set<UInt32>, besides pid: Int32, in proc: Int32, connection: String
+    ) -> String? {
         // Processes of other users are passed over: a program of this user
         // does not run them (it could only hand them the descriptor), and a
         // per-user device could not read their descriptors anyway.
@@ -59,32 +102,100 @@ package enum SocketHolders {
                 !connections.isDisjoint(with: socketInodes(of: name, in: proc))
             else { continue }
             let executable = ProgramIdentities.linkTarget("/proc/\(other)/exe") ?? "?"
-            return "its bus connection is shared with pid \(other) (\(executable))"
+            return "its \(connection) is shared with pid \(other) (\(executable))"
         }
         return nil
     }
 
-    /// The inodes of the sockets among the descriptors of the process
-    /// `/proc/NAME` (none when they cannot be read): a stat of each
-    /// `fd/N` (the socket itself), one call, rather than its link's text.
-    private static func socketInodes(of name: String, in proc: Int32) -> [UInt32] {
-        let descriptors = openat(proc, name + "/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard descriptors >= 0, let listing = fdopendir(descriptors) else {
-            if descriptors >= 0 { close(descriptors) }
-            return []
-        }
-        defer { closedir(listing) }
-        var inodes: [UInt32] = []
-        var info = stat()
-        while let entry = readdir(listing) {
-            let found = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: 256) {
-                    $0.pointee != 0x2E && fstatat(descriptors, $0, &info, 0) == 0
+    /// What `/proc/NAME/fdinfo/N` says of a descriptor (proc(5)): its
+    /// open flags (octal), the mount and inode of its file. A process that
+    /// serves other users reads it with CAP_SYS_PTRACE (the kernel asks
+    /// for ptrace access), where `/proc/PID/fd` would need
+    /// CAP_DAC_READ_SEARCH, which reads every file.
+    private struct DescriptorInfo {
+        var flags: Int32?
+        var mountID: Int?
+        var inode: UInt64?
+
+        init?(_ name: String, descriptor: String, in proc: Int32) {
+            let fd = openat(proc, "\(name)/fdinfo/\(descriptor)", O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            defer { close(fd) }
+            guard let text = try? Descriptor.readAll(fd, limit: 4096) else { return nil }
+            for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
+                let parts = line.split(separator: ":", maxSplits: 1)
+                guard parts.count == 2 else { continue }
+                let value = parts[1].trimmingPrefix { $0 == " " || $0 == "\t" }
+                switch parts[0] {
+                case "flags": flags = Int32(value, radix: 8)
+                case "mnt_id": mountID = Int(value)
+                case "ino": inode = UInt64(value)
+                default: break
                 }
             }
-            if found, info.st_mode & S_IFMT == S_IFSOCK { inodes.append(UInt32(truncatingIfNeeded: info.st_ino)) }
         }
-        return inodes
+
+        var closesOnExec: Bool { (flags ?? 0) & O_CLOEXEC != 0 }
+    }
+
+    /// The mount of every socket (sockfs), as fdinfo names it: that of a socket of our own.
+    private static let socketMount: Int? = {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        guard let proc = try? valueOrErrno({ open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) else { return nil }
+        defer { close(proc) }
+        return DescriptorInfo("self", descriptor: String(fd), in: proc)?.mountID
+    }()
+
+    /// The inodes of the sockets among the descriptors of the process
+    /// `/proc/NAME` (none when they cannot be read).
+    private static func socketInodes(of name: String, in proc: Int32) -> [UInt32] {
+        descriptors(of: name, in: proc).map(\.inode)
+    }
+
+    /// The socket descriptors of the process `/proc/NAME`, with their
+    /// sockets' inodes: a stat of each `fd/N` (the socket itself), one
+    /// call, rather than its link's text; where `fd` is closed to us
+    /// (another user's process, to the service), each `fdinfo/N`.
+    private static func descriptors(of name: String, in proc: Int32) -> [(number: Int32, inode: UInt32)] {
+        var sockets: [(number: Int32, inode: UInt32)] = []
+        var info = stat()
+        let opened = listing(name + "/fd", in: proc) { directory, entry in
+            let found = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) {
+                    $0.pointee != 0x2E && fstatat(directory, $0, &info, 0) == 0
+                }
+            }
+            if found, info.st_mode & S_IFMT == S_IFSOCK, let number = Int32(entryName(entry)) {
+                sockets.append((number, UInt32(truncatingIfNeeded: info.st_ino)))
+            }
+        }
+        guard !opened, let socketMount else { return sockets }
+        _ = listing(name + "/fdinfo", in: proc) { _, entry in
+            let descriptor = entryName(entry)
+            guard let number = Int32(descriptor),
+                let described = DescriptorInfo(name, descriptor: descriptor, in: proc),
+                described.mountID == socketMount, let inode = described.inode
+            else { return }
+            sockets.append((number, UInt32(truncatingIfNeeded: inode)))
+        }
+        return sockets
+    }
+
+    /// Calls `body` with each entry of the directory `path` under `proc`;
+    /// false when it cannot be opened.
+    private static func listing(
+        _ path: String, in proc: Int32, _ body: (Int32, UnsafeMutablePointer<dirent>) -> Void
+    ) -> Bool {
+        let directory = openat(proc, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard directory >= 0, let entries = fdopendir(directory) else {
+            if directory >= 0 { close(directory) }
+            return false
+        }
+        defer { closedir(entries) }
+        while let entry = readdir(entries) { body(directory, entry) }
+        return true
     }
 
     private static func entryName(_ entry: UnsafeMutablePointer<dirent>) -> String {
