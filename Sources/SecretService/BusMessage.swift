@@ -203,6 +203,14 @@ struct BusMessageReader {
         return (Character(UnicodeScalar(UInt8(bitPattern: type))), contents.map { String(cString: $0) })
     }
 
+    /// A descriptor the message carries (`h`); the message owns it, and
+    /// closes it with itself.
+    func unixFD() throws(BusError) -> Int32 {
+        var fd: Int32 = -1
+        try check(CSystemd_sd_bus_message_read_basic(message, CChar(UInt8(ascii: "h")), &fd))
+        return fd
+    }
+
     func skip(_ types: String) throws(BusError) {
         try check(CSystemd_sd_bus_message_skip(message, types))
     }

@@ -60,10 +60,13 @@ enum ObjectPaths {
         case session(String)
         case alias(String)
         case prompt(String)
+        /// The Secret portal's backend (``SecretServiceProvider/portalPath``).
+        case portal
     }
 
     static func object(at path: String) -> Object? {
         if path == service { return .service }
+        if path == SecretServiceProvider.portalPath { return .portal }
         if path.hasPrefix(collectionPrefix) {
             let parts = path.dropFirst(collectionPrefix.count).split(separator: "/", omittingEmptySubsequences: false)
             switch parts.count {

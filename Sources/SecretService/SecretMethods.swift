@@ -7,7 +7,7 @@
 struct SecretMethod: Sendable {
     /// What kind of object a method is called on.
     enum Kind: Sendable {
-        case service, collection, item, session, prompt
+        case service, collection, item, session, prompt, portal
         /// `org.freedesktop.DBus.Properties`, on any object.
         case properties
     }
@@ -183,6 +183,17 @@ struct SecretMethod: Sendable {
         ) { p, call, target, change throws(BusError) in
             try p.setProperty(
                 call, object: target.object, interface: change.interface, name: change.name, value: change.value)
+        },
+        SecretMethod(
+            .portal, Provider.portalInterface, "RetrieveSecret", "osha{sv}",
+            reading: { (arguments) throws(BusError) in
+                let handle = try arguments.objectPath(), appID = try arguments.string()
+                let fd = try arguments.unixFD()
+                try arguments.skip("a{sv}")  // the portal passes no option the backend uses
+                return (handle: handle, appID: appID, fd: fd)
+            }
+        ) { p, call, _, request throws(BusError) in
+            try p.retrieveSecret(call, appID: request.appID, fd: request.fd)
         }
     ]
 }
@@ -223,6 +234,8 @@ extension SecretServiceProvider {
                 kind = .session
             case .prompt:
                 kind = .prompt
+            case .portal:
+                kind = .portal
             }
         }
         let methods = SecretMethod.all.filter { $0.kind == kind }
@@ -238,7 +251,7 @@ extension SecretServiceProvider {
                 throw .noSuchObject("no prompt at \(call.path) for this connection")
             }
             target.prompt = prompt
-        case .service, .item, .session, .properties:
+        case .service, .item, .session, .properties, .portal:
             break
         }
         guard let method = methods.first(where: { $0.member == call.member }) else {

@@ -59,6 +59,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         self.address = address
         bus = try BusConnection(address: address)
         try bus.serve(prefix: ObjectPaths.service) { [unowned self] message in handle(message) }
+        try bus.serve(prefix: Self.portalPath) { [unowned self] message in handle(message) }
         // A session ends with the connection that opened it.
         try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameOwnerChanged'") {
             [unowned self] message in

@@ -78,6 +78,8 @@ enum FuzzTarget: String, CaseIterable {
             check(ObjectPaths.collection(group) == text, "a collection path is not the one its name makes")
         case .item(let group, let identifier)?:
             check(ObjectPaths.item(group, identifier) == text, "an item path is not the one its names make")
+        case .portal?:
+            check(text == SecretServiceProvider.portalPath, "the portal's object is at another path")
         case .service?, .session?, .alias?, .prompt?, nil:
             break
         }

@@ -47,7 +47,7 @@ enum CallerTrust {
 
     /// ptrace attaches to threads one by one, and a tracer of any of them
     /// can write the process's code: every thread's `TracerPid` must be 0.
-    private static func tracerProblem(_ thread: pid_t) -> String? {
+    static func tracerProblem(_ thread: pid_t) -> String? {
         guard let tasks = ProgramIdentities.withProcPath(thread, "task", { opendir($0) }) else {
             return "its threads cannot be listed"
         }

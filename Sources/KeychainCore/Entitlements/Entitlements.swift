@@ -243,4 +243,12 @@ public enum ExecutableDigest {
         crypto_hash_sha256_final(&state, &digest)
         return digest
     }
+
+    /// The digest of `bytes`: what a sandboxed app's name stands on, in
+    /// place of an executable's (``SandboxApp``).
+    public static func of(bytes: [UInt8]) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: size)
+        _ = crypto_hash_sha256(&digest, bytes, UInt64(bytes.count))
+        return digest
+    }
 }

@@ -82,6 +82,7 @@ public struct ProgramClaim: Sendable, Equatable {
     /// How a person reads it: the path, and the package or the digest's start.
     public var described: String {
         if self == .unidentified { return "a program that could not be identified" }
+        if let app = SandboxApp(claimName: executable) { return app.described }
         return executable
             + (package.map { " (package \($0))" } ?? " (sha256 \(Hex.string(Array(digest.prefix(6))))…)")
             + (script.map { " running \($0.path) (sha256 \(Hex.string(Array($0.digest.prefix(6))))…)" } ?? "")

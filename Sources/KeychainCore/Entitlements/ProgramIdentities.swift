@@ -18,6 +18,15 @@ package enum ProgramIdentities {
     /// executable is unreadable or not the file its path names now).
     package static func of(thread: pid_t, uid: uid_t) -> ProgramIdentity? {
         guard thread > 0 else { return nil }
+        // A sandboxed app is its app id (issue 37): its executable names
+        // a file of its sandbox, which an update replaces.
+        if let sandboxed = SandboxApps.app(of: thread) {
+            let name = sandboxed.app.claimName
+            return ProgramIdentity(
+                executable: name, digest: ExecutableDigest.of(bytes: Array(name.utf8)), unit: unit(of: thread),
+                uid: uid,
+                distrust: sandboxed.problem)
+        }
         return withProcPath(thread, "exe") { exe -> ProgramIdentity? in
             let fd = open(exe, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { return nil }

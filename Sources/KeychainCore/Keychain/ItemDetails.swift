@@ -69,7 +69,8 @@ public struct ItemDetails: Sendable, Equatable {
             // A package or unit, when there is one, is 1-255 bytes: an
             // empty one would be a second encoding of none (reply fields
             // write none as "").
-            guard claim.digest.count == ExecutableDigest.size, claim.executable.hasPrefix("/"),
+            guard claim.digest.count == ExecutableDigest.size,
+                claim.executable.hasPrefix("/") || SandboxApp(claimName: claim.executable) != nil,
                 claim.executable.utf8.count <= Self.maximumText,
                 claim.package.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
                 claim.unit.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,

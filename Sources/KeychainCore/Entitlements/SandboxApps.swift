@@ -1,0 +1,184 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A sandboxed app, named by what its sandbox says of it, which the app
+/// cannot change (issue 37): a Flatpak by the app id in its
+/// `/.flatpak-info`, a snap by its AppArmor label. Its executable names
+/// nothing (`/app/bin/x` is any app's path, and an update replaces it), so
+/// the app is its name: its items are its own whichever build made them.
+public enum SandboxApp: Sendable, Equatable {
+    case flatpak(String)
+    case snap(String)
+
+    /// How a claim or an identity names it, in place of an executable's
+    /// path: `flatpak:ID`, `snap:NAME` (no path starts so).
+    public var claimName: String {
+        switch self {
+        case .flatpak(let id): "flatpak:" + id
+        case .snap(let name): "snap:" + name
+        }
+    }
+
+    public init?(claimName: String) {
+        if claimName.hasPrefix("flatpak:"), SandboxApps.isFlatpakAppID(claimName.dropFirst(8)) {
+            self = .flatpak(String(claimName.dropFirst(8)))
+        } else if claimName.hasPrefix("snap:"), SandboxApps.isSnapName(claimName.dropFirst(5)) {
+            self = .snap(String(claimName.dropFirst(5)))
+        } else {
+            return nil
+        }
+    }
+
+    /// How a person reads it in a question or a listing.
+    public var described: String {
+        switch self {
+        case .flatpak(let id): "the Flatpak app \(id)"
+        case .snap(let name): "the snap \(name)"
+        }
+    }
+}
+
+/// Which sandboxed app a process is, from `/proc`.
+enum SandboxApps {
+    /// The app `thread` runs as, and why it cannot be taken for it (nil
+    /// when nothing says so); nil when it runs in no sandbox we know.
+    static func app(of thread: pid_t) -> (app: SandboxApp, problem: String?)? {
+        if let label = appArmorLabel(of: thread), let name = snapName(fromLabel: label) {
+            // AppArmor confines the snap to its label: it cannot take another.
+            return (.snap(name), tracerProblem(thread))
+        }
+        guard inOtherMountNamespace(thread) else { return nil }
+        let info = ProgramIdentities.withProcPath(thread, "root") { root -> [UInt8]? in
+            let directory = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            guard directory >= 0 else { return nil }
+            defer { close(directory) }
+            let fd = openat(directory, ".flatpak-info", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            defer { close(fd) }
+            var status = stat()
+            guard fstat(fd, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
+            return try? Descriptor.readAll(fd, limit: 64 << 10)
+        }
+        guard let info, let id = flatpakAppID(fromInfo: String(decoding: info, as: UTF8.self)) else { return nil }
+        return (.flatpak(id), sandboxProblem(thread) ?? tracerProblem(thread))
+    }
+
+    // MARK: Flatpak
+
+    /// The `name` of the `[Application]` group of a `.flatpak-info` (a
+    /// GKeyFile, as flatpak writes it); nil when there is none or it is no app id.
+    static func flatpakAppID(fromInfo text: String) -> String? {
+        var group = ""
+        for raw in text.split(separator: "\n", omittingEmptySubsequences: true) {
+            let line = raw.trimmingCharacters(in: " \t\r")
+            if line.hasPrefix("[") && line.hasSuffix("]") {
+                group = String(line.dropFirst().dropLast())
+            } else if group == "Application", let equals = line.firstIndex(of: "="),
+                line[..<equals].trimmingCharacters(in: " \t") == "name"
+            {
+                let id = line[line.index(after: equals)...].trimmingCharacters(in: " \t")
+                return isFlatpakAppID(id[...]) ? id : nil
+            }
+        }
+        return nil
+    }
+
+    /// flatpak's rule for an app id: at most 255 bytes, three elements or
+    /// more, separated by dots, of ASCII letters, digits, `_` and `-`, none
+    /// empty or starting with a digit.
+    static func isFlatpakAppID(_ id: Substring) -> Bool {
+        guard id.utf8.count <= 255 else { return false }
+        let elements = id.split(separator: ".", omittingEmptySubsequences: false)
+        return elements.count >= 3
+            && elements.allSatisfy { element in
+                guard let first = element.unicodeScalars.first, !("0"..."9").contains(first) else { return false }
+                return element.unicodeScalars.allSatisfy {
+                    $0.isASCII
+                        && (("a"..."z").contains($0) || ("A"..."Z").contains($0) || ("0"..."9").contains($0)
+                            || $0 == "_" || $0 == "-")
+                }
+            }
+    }
+
+    /// Whether the process sees another mount namespace than ours: only
+    /// there can its `/.flatpak-info` be its sandbox's.
+    private static func inOtherMountNamespace(_ thread: pid_t) -> Bool {
+        var theirs = stat(), ours = stat()
+        guard ProgramIdentities.withProcPath(thread, "ns/mnt", { stat($0, &theirs) }) == 0,
+            stat("/proc/self/ns/mnt", &ours) == 0
+        else { return false }
+        return theirs.st_dev != ours.st_dev || theirs.st_ino != ours.st_ino
+    }
+
+    /// Why the process may have written its own `/.flatpak-info`: a
+    /// capability in its namespace would let it mount another file there.
+    /// An app that makes a namespace of its own inside the sandbox holds
+    /// none once it runs a program, and flatpak's seccomp filter forbids
+    /// making one (docs/SECURITY.md, "What a program of yours can still do").
+    private static func sandboxProblem(_ thread: pid_t) -> String? {
+        guard let status = ProgramIdentities.readProcFile(thread, "status", limit: 8 << 10),
+            let capabilities = hexField("CapEff:", in: status)
+        else { return "its sandbox cannot be examined" }
+        return capabilities == 0 ? nil : "it holds capabilities in its sandbox"
+    }
+
+    /// A hexadecimal field of `/proc/PID/status` (`CapEff:\t0000000000000000`).
+    private static func hexField(_ key: String, in status: [UInt8]) -> UInt64? {
+        for line in String(decoding: status, as: UTF8.self).split(separator: "\n") where line.hasPrefix(key) {
+            return UInt64(line.dropFirst(key.count).trimmingCharacters(in: " \t"), radix: 16)
+        }
+        return nil
+    }
+
+    private static func tracerProblem(_ thread: pid_t) -> String? { CallerTrust.tracerProblem(thread) }
+
+    // MARK: Snap
+
+    /// The AppArmor label of the process (Linux 5.8's `attr/apparmor/current`, or the older `attr/current`).
+    private static func appArmorLabel(of thread: pid_t) -> String? {
+        let label =
+            ProgramIdentities.readProcFile(thread, "attr/apparmor/current", limit: 4096)
+            ?? ProgramIdentities.readProcFile(thread, "attr/current", limit: 4096)
+        return label.map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// The snap a label confines: `snap.NAME.APP (enforce)` (or a hook's,
+    /// `snap.NAME.hook.HOOK`). A label in complain mode confines nothing: no snap.
+    static func snapName(fromLabel label: String) -> String? {
+        let trimmed = label.trimmingCharacters(in: " \n\0")
+        guard trimmed.hasSuffix(" (enforce)") else { return nil }
+        let profile = trimmed.dropLast(" (enforce)".count)
+        let parts = profile.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count >= 3, parts[0] == "snap", isSnapName(parts[1]) else { return nil }
+        return String(parts[1])
+    }
+
+    /// snapd's rule for a name: lowercase letters, digits and `-`, at most
+    /// 40, at least one letter, no `-` at either end or twice in a row
+    /// (an instance key, `_x`, is allowed after it).
+    static func isSnapName(_ name: Substring) -> Bool {
+        let base = name.split(separator: "_", maxSplits: 1, omittingEmptySubsequences: false)
+        guard let snap = base.first, !snap.isEmpty, snap.count <= 40, !snap.hasPrefix("-"), !snap.hasSuffix("-"),
+            !snap.contains("--"), snap.contains(where: { ("a"..."z").contains($0) })
+        else { return false }
+        let allowed: (Character) -> Bool = { ("a"..."z").contains($0) || ("0"..."9").contains($0) || $0 == "-" }
+        guard snap.allSatisfy(allowed) else { return false }
+        if base.count == 2 {
+            let key = base[1]
+            return !key.isEmpty && key.count <= 10
+                && key.allSatisfy { ("a"..."z").contains($0) || ("0"..."9").contains($0) }
+        }
+        return true
+    }
+}
+
+extension StringProtocol {
+    /// The text without `characters` at either end.
+    fileprivate func trimmingCharacters(in characters: String) -> String {
+        let set = Set(characters)
+        guard let first = firstIndex(where: { !set.contains($0) }) else { return "" }
+        let last = lastIndex(where: { !set.contains($0) })!
+        return String(self[first...last])
+    }
+}
