@@ -95,6 +95,14 @@ extension SerialTests {
                         .status == 1
             )
 
+            // The Secret portal's backend, where xdg-desktop-portal reads
+            // backends: the same file its test ran Debian's portal with.
+            #expect(
+                (try? String(contentsOfFile: "/usr/share/xdg-desktop-portal/portals/keychainfs.portal", encoding: .utf8))
+                    == (try? String(
+                        contentsOfFile: Self.repository + "/scripts/xdg-desktop-portal/keychainfs.portal",
+                        encoding: .utf8)))
+
             // A new user's quick start, with the installed binary.
             try QuickStartTests.runQuickStart(binary: "/usr/bin/keychainfs")
 

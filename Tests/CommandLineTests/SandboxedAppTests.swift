@@ -23,7 +23,8 @@ extension SerialTests {
         /// `sandbox APP-ID PROGRAM ARGS...` runs PROGRAM as /app/bin/app in a
         /// sandbox of the app APP-ID, with the session bus's socket, a data
         /// directory of the app's own (`$R/data-APP-ID`, its
-        /// XDG_DATA_HOME), and `SANDBOX_BIND` (more bwrap arguments).
+        /// XDG_DATA_HOME), and `SANDBOX_BIND` (more bwrap arguments);
+        /// `SANDBOX_RUN` runs another program of the sandbox in its place.
         static let sandbox = """
             sandbox() {
                 id=$1 program=$2; shift 2
@@ -37,7 +38,7 @@ extension SerialTests {
                 bwrap --unshare-user --unshare-pid --unshare-ipc --die-with-parent --dev /dev --proc /proc \\
                     --tmpfs /tmp --ro-bind "$R/info-$id" /.flatpak-info --ro-bind "$program" /app/bin/app \\
                     --bind "$bus" "$bus" --bind "$R/data-$id" /data --setenv XDG_DATA_HOME /data --setenv HOME /data \\
-                    $libraries $SANDBOX_BIND /app/bin/app "$@"
+                    $libraries $SANDBOX_BIND ${SANDBOX_RUN:-/app/bin/app} "$@"
             }
 
             """
@@ -46,7 +47,42 @@ extension SerialTests {
         /// app, another build (app-b) in another sandbox of it, reads it
         /// unasked; another app's sandbox, the same app-a outside any
         /// sandbox, and `keychainfs get` are asked (the person denies).
+        /// A nested namespace inside another app's sandbox, where that app
+        /// mounts a `/.flatpak-info` of its own naming the mail app, is
+        /// nobody's (bubblewrap lets a sandbox make namespaces; flatpak's
+        /// seccomp filter does not, and this holds without it).
         @Test func aFlatpakAppsItemsAreItsOwnAndEveryOtherProgramIsAsked() throws {
+            let nester = harness.sh(
+                "cat > \"$R/nest.c\" && gcc -static -O1 -Wall -o \"$R/nest\" \"$R/nest.c\"",
+                stdin: """
+                    #define _GNU_SOURCE
+                    #include <fcntl.h>
+                    #include <sched.h>
+                    #include <stdio.h>
+                    #include <sys/mount.h>
+                    #include <unistd.h>
+                    /* nest APP-ID PROGRAM ARGS...: PROGRAM in a user and mount namespace made inside the
+                       sandbox, where a /.flatpak-info naming APP-ID covers the sandbox's own. */
+                    static void put(const char *path, const char *text) {
+                        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                        if (fd >= 0) { dprintf(fd, "%s", text); close(fd); }
+                    }
+                    int main(int argc, char **argv) {
+                        char map[64], info[512];
+                        unsigned uid = getuid(), gid = getgid();
+                        if (argc < 3 || unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) { perror("unshare"); return 2; }
+                        snprintf(map, sizeof map, "%u %u 1", uid, uid); put("/proc/self/uid_map", map);
+                        put("/proc/self/setgroups", "deny");
+                        snprintf(map, sizeof map, "%u %u 1", gid, gid); put("/proc/self/gid_map", map);
+                        mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+                        snprintf(info, sizeof info, "[Application]\\nname=%s\\n", argv[1]);
+                        put("/tmp/info", info);
+                        if (mount("/tmp/info", "/.flatpak-info", NULL, MS_BIND, NULL) != 0) { perror("mount"); return 3; }
+                        execv(argv[2], argv + 2);
+                        return 127;
+                    }
+                    """)
+            #expect(nester.succeeded, "\(nester)")
             try JudgePinentry.answer([], in: harness)
             let used = harness.onBus(
                 Self.sandbox + """
@@ -57,6 +93,8 @@ extension SerialTests {
                     echo "another app: $(sandbox org.example.Evil "$R/app-a" lookup mail)"
                     echo "outside any sandbox: $("$R/app-a" lookup mail)"
                     "$K" get "default/App a" > /dev/null 2>&1; echo "keychainfs get: $?"
+                    echo "forged inside a sandbox: $(SANDBOX_BIND="--ro-bind $R/nest /app/bin/nest" SANDBOX_RUN=/app/bin/nest \\
+                        sandbox org.example.Evil "$R/app-a" org.example.Mail /app/bin/app lookup mail 2>&1)"
                     "$K" acl "default/App a"
                     """, environment: judge.environment)
             #expect(
@@ -68,6 +106,7 @@ extension SerialTests {
                     keychainfs get: 4
 
                     """), "\(used)")
+            #expect(used.stdout.contains("forged inside a sandbox: none\n"), "\(used)")
             #expect(used.stdout.contains("owner: the Flatpak app org.example.Mail\n"), "\(used)")
             let questions = try String(contentsOfFile: harness.root + "/pinentry.log", encoding: .utf8)
                 .split(separator: "\n")

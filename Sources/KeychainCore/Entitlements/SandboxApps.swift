@@ -48,7 +48,9 @@ enum SandboxApps {
             // AppArmor confines the snap to its label: it cannot take another.
             return (.snap(name), tracerProblem(thread))
         }
-        guard inOtherMountNamespace(thread) else { return nil }
+        guard let mountNamespace = mountNamespace(of: thread), let ours = ownMountNamespace,
+            mountNamespace != ours
+        else { return nil }
         let info = ProgramIdentities.withProcPath(thread, "root") { root -> [UInt8]? in
             let directory = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
             guard directory >= 0 else { return nil }
@@ -61,7 +63,10 @@ enum SandboxApps {
             return try? Descriptor.readAll(fd, limit: 64 << 10)
         }
         guard let info, let id = flatpakAppID(fromInfo: String(decoding: info, as: UTF8.self)) else { return nil }
-        return (.flatpak(id), sandboxProblem(thread) ?? tracerProblem(thread))
+        return (
+            .flatpak(id),
+            sandboxProblem(thread) ?? nestingProblem(thread, in: mountNamespace, host: ours) ?? tracerProblem(thread)
+        )
     }
 
     // MARK: Flatpak
@@ -101,21 +106,56 @@ enum SandboxApps {
             }
     }
 
-    /// Whether the process sees another mount namespace than ours: only
-    /// there can its `/.flatpak-info` be its sandbox's.
-    private static func inOtherMountNamespace(_ thread: pid_t) -> Bool {
-        var theirs = stat(), ours = stat()
-        guard ProgramIdentities.withProcPath(thread, "ns/mnt", { stat($0, &theirs) }) == 0,
-            stat("/proc/self/ns/mnt", &ours) == 0
-        else { return false }
-        return theirs.st_dev != ours.st_dev || theirs.st_ino != ours.st_ino
+    /// A mount namespace, as the kernel names it (device and inode of `ns/mnt`).
+    private struct Namespace: Equatable {
+        let device: UInt64
+        let inode: UInt64
+    }
+
+    /// The device's own: only a process in another one can see a
+    /// `/.flatpak-info` of its sandbox's.
+    private static let ownMountNamespace: Namespace? = {
+        var info = stat()
+        guard stat("/proc/self/ns/mnt", &info) == 0 else { return nil }
+        return Namespace(device: UInt64(info.st_dev), inode: UInt64(info.st_ino))
+    }()
+
+    private static func mountNamespace(of process: pid_t) -> Namespace? {
+        var info = stat()
+        guard ProgramIdentities.withProcPath(process, "ns/mnt", { stat($0, &info) }) == 0 else { return nil }
+        return Namespace(device: UInt64(info.st_dev), inode: UInt64(info.st_ino))
+    }
+
+    /// Why the sandbox the process runs in may be one it made itself,
+    /// inside the sandbox of another app: an app that makes a user and
+    /// mount namespace of its own (where bubblewrap's sandbox allows one)
+    /// can mount any `/.flatpak-info` there, then drop its capabilities
+    /// and run a program. A sandbox that flatpak (bubblewrap) made is
+    /// entered once, from the host: every ancestor of the process up to
+    /// the first in the host's mount namespace (bubblewrap's own, outside)
+    /// is in the process's mount namespace (bubblewrap's init inside, the
+    /// app's own processes). An ancestor in a third one is the sandbox
+    /// that made the process's; and a process whose parent is gone is
+    /// reparented to its sandbox's init or subreaper, so the chain cannot
+    /// skip that sandbox.
+    private static func nestingProblem(_ thread: pid_t, in sandbox: Namespace, host: Namespace) -> String? {
+        var current = thread
+        for _ in 0..<64 {
+            guard let status = ProgramIdentities.readProcFile(current, "status", limit: 8 << 10),
+                let parent = ProcStatus.number("PPid:", in: status), parent > 0,
+                let namespace = mountNamespace(of: parent)
+            else { return "its sandbox cannot be examined" }
+            if namespace == host { return nil }
+            if namespace != sandbox { return "it runs in a namespace made inside another sandbox" }
+            current = parent
+        }
+        return "its sandbox cannot be examined"
     }
 
     /// Why the process may have written its own `/.flatpak-info`: a
     /// capability in its namespace would let it mount another file there.
-    /// An app that makes a namespace of its own inside the sandbox holds
-    /// none once it runs a program, and flatpak's seccomp filter forbids
-    /// making one (docs/SECURITY.md, "What a program of yours can still do").
+    /// (An app that made a namespace of its own holds none once it runs a
+    /// program: ``nestingProblem(_:in:host:)`` tells that one.)
     private static func sandboxProblem(_ thread: pid_t) -> String? {
         guard let status = ProgramIdentities.readProcFile(thread, "status", limit: 8 << 10),
             let capabilities = hexField("CapEff:", in: status)
