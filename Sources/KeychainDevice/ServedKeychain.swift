@@ -266,7 +266,9 @@ final class ServedKeychain: Sendable {
             }
             return answerAudited(
                 request, program: program, subject: subject,
-                consent: ConsentCaller(program: program, subject: subject), auditOK: true)
+                consent: ConsentCaller(
+                    program: program, subject: subject, waiting: { ClientPresence.socketOpen(client) }),
+                auditOK: true)
         }
     }
 }
@@ -275,7 +277,8 @@ extension ServedKeychain {
     /// The peer of `client` as the owner rule asks about it.
     func peerConsent(_ client: Int32) -> ConsentCaller {
         ConsentCaller(
-            program: { ProgramIdentities.ofPeer(client) }, subject: { ProgramIdentities.subject(ofPeer: client) })
+            program: { ProgramIdentities.ofPeer(client) }, subject: { ProgramIdentities.subject(ofPeer: client) },
+            waiting: { ClientPresence.socketOpen(client) })
     }
 
     /// A core error in a sentence for the keychain's user: a quota says

@@ -53,13 +53,21 @@ extension SecretServiceProvider {
         let (asked, caller) = itemsToAsk(items, call: call)
         guard !asked.isEmpty else { return try body(call) }
         let subject = bus.senderProcess(of: call.message).map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) }
-        let question = PasswordManager.question(asked: asked, verb: verb, program: caller, subject: subject)
+        var question = PasswordManager.question(asked: asked, verb: verb, program: caller, subject: subject)
+        // Its pinentry ends when the caller leaves the bus (issue 37).
+        let sender = call.sender, waiting = waitingCallers
+        waiting.enter(sender)
+        question.waiting = { waiting.waits(sender) }
         let pending = PendingConsent(call: RetainedCall(call), asked: asked, body: body, denied: denied)
-        let started = Threads.start { [self] in
+        let started = Threads.start { [self, question] in
             let answer = store.answer(question)
+            waiting.leave(sender)
             bus.perform { [self] in finish(pending, answer) }
         }
-        if started == nil { throw .failed("cannot ask the person now") }
+        if started == nil {
+            waiting.leave(sender)
+            throw .failed("cannot ask the person now")
+        }
     }
 
     /// The person answered (the log and the list are written): on the bus thread, the call.
@@ -98,4 +106,31 @@ final class PendingConsent: @unchecked Sendable {
         self.body = body
         self.denied = denied
     }
+}
+
+/// The bus names of callers that wait for the person's answer, and which
+/// of them left the bus meanwhile (NameOwnerChanged): a question is for
+/// nobody once its caller's name is gone. Names are unique per connection
+/// and never reused, so a name left is left for good.
+final class WaitingCallers: Sendable {
+    private let state = Mutex<(waiting: [String: Int], left: Set<String>)>(([:], []))
+
+    func enter(_ name: String) { state.withLock { $0.waiting[name, default: 0] += 1 } }
+
+    func leave(_ name: String) {
+        state.withLock { state in
+            let count = (state.waiting[name] ?? 1) - 1
+            state.waiting[name] = count > 0 ? count : nil
+            if count <= 0 { state.left.remove(name) }
+        }
+    }
+
+    /// The name left the bus: its questions are for nobody now.
+    func departed(_ name: String) {
+        state.withLock { state in
+            if state.waiting[name] != nil { state.left.insert(name) }
+        }
+    }
+
+    func waits(_ name: String) -> Bool { state.withLock { !$0.left.contains(name) } }
 }

@@ -43,6 +43,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// ItemCreated (the device's events do not tell the two apart).
     var knownItems: Set<String> = []
     var prompts: [String: UnlockPrompt] = [:]
+    /// Callers waiting for the person's answer to an owner question.
+    let waitingCallers = WaitingCallers()
     /// The program behind each connection at its first policed request,
     /// and whether its process was then found to hold it alone (bus thread only).
     var firstIdentities: [String: (identity: ProgramIdentity, heldAlone: Bool)] = [:]
@@ -70,6 +72,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             else { return }
             sessions = sessions.filter { $0.value.owner != name }
             firstIdentities[name] = nil
+            waitingCallers.departed(name)
             // A client gone during a prompt: its pinentry goes too.
             for (path, prompt) in prompts where prompt.owner == name {
                 prompt.cancel()

@@ -360,6 +360,48 @@ extension SerialTests {
         /// `keychainfs stop` ends the pinentry it started for a question,
         /// even one that ignores SETTIMEOUT: no question stays on screen
         /// after the device that would read its answer.
+        /// A question is for the client that asked: once it leaves (killed
+        /// or stopped by its person: `keychainfs get`, a `cat` that waits in
+        /// the mount, a libsecret program that waits on the bus), the device ends the
+        /// pinentry at once instead of leaving it on the screen for 60 s,
+        /// and the answer is Deny (issue 37).
+        @Test func thePinentryEndsWhenItsClientLeaves() throws {
+            _ = try harness.prepareMountpoint("mnt")
+            try JudgePinentry.answer(["hang", "hang", "hang"], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                "$K" mount "$R/mnt" || exit 97
+                mkfifo "$R/asked"
+                for door in socket mount bus; do
+                    case $door in
+                    socket) "$K" get "default/App a" > /dev/null 2>&1 & ;;
+                    mount) cat "$R/mnt/default/App a" > /dev/null 2>&1 & ;;
+                    bus) "$R/app-b" lookup mail > /dev/null 2>&1 & ;;
+                    esac
+                    client=$!
+                    pinentry=$(cat "$R/asked")
+                    started=$(date +%s)
+                    # TERM: a shell's background job ignores SIGINT (POSIX), as Ctrl-C would reach it.
+                    kill $client
+                    if timeout 8 tail --pid="$pinentry" -f /dev/null; then
+                        echo "$door: ended after $(( $(date +%s) - started )) s"
+                    else
+                        echo "$door: the pinentry is still there"; kill "$pinentry"
+                    fi
+                    wait $client
+                done
+                "$K" unmount "$R/mnt"
+                "$K" log --keychain "$KC" | grep -c ' ask denied '
+                """, environment: judge.environment)
+            let lines = used.stdout.split(separator: "\n").map(String.init)
+            #expect(lines.count == 4 && lines.last == "3", "\(used)")
+            for (door, line) in zip(["socket", "mount", "bus"], lines) {
+                let seconds = line.hasPrefix(door + ": ended after ") ? Int(line.split(separator: " ")[3]) : nil
+                #expect(seconds.map { $0 < 10 } == true, "\(door): \(used)")
+            }
+        }
+
         @Test func stopEndsThePinentryOfAQuestion() throws {
             try JudgePinentry.answer(["hang"], in: harness)
             let used = harness.onBus(

@@ -114,7 +114,7 @@ import Glibc
     @Test func concurrentCallsShareOneQuestionAndAFloodIsDeniedUnasked() throws {
         let gate = Gate()
         let asked = Atomic<Int>(0)
-        let questions = ConsentQuestions { _, _ in
+        let questions = ConsentQuestions { _, _, _ in
             asked.add(1, ordering: .relaxed)
             gate.wait()
             return .allowedOnce
@@ -145,6 +145,61 @@ import Glibc
         #expect(asked.load(ordering: .relaxed) == ConsentQuestions.overall, "\(all)")
         #expect(all.contains("/usr/bin/a four denied this program has too many questions open"), "\(all)")
         #expect(all.filter { $0.hasSuffix("too many questions are open") }.count == 1, "\(all)")
+    }
+
+    /// A question is abandoned once every caller waiting for it has left,
+    /// not when the first one does: another caller of the same program
+    /// about the same items still wants the answer.
+    @Test func aQuestionIsAbandonedOnlyWhenEveryCallerLeft() throws {
+        let first = Atomic<Bool>(true), second = Atomic<Bool>(true)
+        let seen = Mutex<[Bool]>([])
+        let placed = Gate(), release = Gate()
+        let questions = ConsentQuestions { _, _, abandoned in
+            placed.wait()
+            seen.withLock { $0.append(abandoned()) }
+            first.store(false, ordering: .relaxed)
+            seen.withLock { $0.append(abandoned()) }
+            second.store(false, ordering: .relaxed)
+            seen.withLock { $0.append(abandoned()) }
+            return .denied
+        }
+        var asker = Self.question("/usr/bin/a", "one"), waiter = asker
+        asker.waiting = { first.load(ordering: .relaxed) }
+        waiter.waiting = { second.load(ordering: .relaxed) }
+        let asking = asker, waiting = waiter
+        let threads = [
+            try #require(Threads.start { _ = questions.ask(asking) }),
+            try #require(
+                Threads.start {
+                    while questions.arrivals < 1 { sched_yield() }
+                    _ = questions.ask(waiting)
+                    release.post()
+                })
+        ]
+        while questions.arrivals < 2 { sched_yield() }
+        placed.post()
+        release.wait()
+        for thread in threads { pthread_join(thread, nil) }
+        #expect(seen.withLock { $0 } == [false, false, true])
+    }
+
+    /// Nobody waits any more: the pinentry is ended at once (its next
+    /// look, a quarter of a second), long before its 60 s, and the answer is cancel.
+    @Test func aPinentryIsEndedOnceNobodyWaitsForItsAnswer() throws {
+        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-pinentry-XXXXXX")).map { String(cString: $0) })
+        defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
+        let script = directory + "/silent"
+        let text = "#!/bin/sh\necho OK\nwhile read -r command rest; do [ \"$command\" = CONFIRM ] || echo OK; done\n"
+        let fd = open(script, O_WRONLY | O_CREAT | O_TRUNC, 0o755)
+        _ = text.withCString { write(fd, $0, strlen($0)) }
+        close(fd)
+        signal(SIGPIPE, SIG_IGN)
+        let pinentry = try Pinentry(program: script, endingAfter: 60, unless: { true })
+        let started = MonotonicClock.seconds()
+        #expect(pinentry.confirm(description: "d", ok: "o", notOK: nil, cancel: "c", timeout: 60) == .cancel)
+        #expect(MonotonicClock.seconds() - started < 10)
+        pinentry.end()
+        #expect(kill(pinentry.pid, 0) != 0, "the pinentry is gone")
     }
 
     static func question(_ program: String, _ item: String) -> ConsentQuestion {

@@ -130,8 +130,11 @@ public enum ItemConsent {
     /// is offered. A pinentry that draws no third button (pinentry-gnome3)
     /// is asked twice: Allow or Deny, then, once allowed, always or only
     /// this time, so that "Always allow" can be chosen with every flavour.
-    package static func ask(_ description: String, always: Bool) -> Answer {
-        guard let program = Pinentry.program(), let pinentry = try? Pinentry(program: program, endingAfter: timeout)
+    package static func ask(
+        _ description: String, always: Bool, abandoned: @escaping @Sendable () -> Bool = { false }
+    ) -> Answer {
+        guard let program = Pinentry.program(),
+            let pinentry = try? Pinentry(program: program, endingAfter: timeout, unless: abandoned)
         else { return .denied }
         defer { pinentry.end() }
         guard always, !pinentry.drawsThirdButton() else {

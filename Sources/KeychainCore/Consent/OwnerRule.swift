@@ -10,10 +10,17 @@ import Glibc
 package struct ConsentCaller {
     package let program: () -> ProgramIdentity?
     package let subject: () -> AuditSubject?
+    /// Whether the caller still waits for the answer (``ClientPresence``):
+    /// once none of the callers of a question waits, its pinentry is ended.
+    package let waiting: @Sendable () -> Bool
 
-    package init(program: @escaping () -> ProgramIdentity?, subject: @escaping () -> AuditSubject?) {
+    package init(
+        program: @escaping () -> ProgramIdentity?, subject: @escaping () -> AuditSubject?,
+        waiting: @escaping @Sendable () -> Bool = { true }
+    ) {
         self.program = program
         self.subject = subject
+        self.waiting = waiting
     }
 }
 
@@ -31,6 +38,8 @@ public struct ConsentQuestion: Sendable {
     /// Concurrent questions with the same key wait for one answer.
     let key: String
     let asker: String
+    /// Whether its caller still waits for the answer.
+    package var waiting: @Sendable () -> Bool = { true }
 }
 
 /// The owner rule (issue 37), the same at every door: the bus, every
@@ -63,7 +72,9 @@ extension PasswordManager {
     ) -> ConsentQuestion? {
         let (asked, program) = ItemConsent.asked(among: candidates, program: caller.program)
         guard !asked.isEmpty else { return nil }
-        return Self.question(asked: asked, verb: verb, program: program, subject: caller.subject())
+        var question = Self.question(asked: asked, verb: verb, program: program, subject: caller.subject())
+        question.waiting = caller.waiting
+        return question
     }
 
     /// Whether the item may have an owner: false for the items the index
@@ -204,13 +215,18 @@ package final class ConsentQuestions: Sendable {
     package static let perProgram = 3
     package static let overall = 8
 
-    /// Puts a question to the person: pinentry, or a test's stand-in.
-    private let asker: @Sendable (String, Bool) -> ItemConsent.Answer
+    /// Puts a question to the person: pinentry, or a test's stand-in. The
+    /// last argument tells whether every caller of the question left.
+    private let asker: @Sendable (String, Bool, @escaping @Sendable () -> Bool) -> ItemConsent.Answer
     /// Calls placed so far (asked, waiting or refused), for tests.
     private let placed = Atomic<Int>(0)
     package var arrivals: Int { placed.load(ordering: .acquiring) }
 
-    package init(asker: @escaping @Sendable (_ question: String, _ always: Bool) -> ItemConsent.Answer) {
+    package init(
+        asker:
+            @escaping @Sendable (_ question: String, _ always: Bool, _ abandoned: @escaping @Sendable () -> Bool)
+            -> ItemConsent.Answer
+    ) {
         self.asker = asker
     }
 
@@ -218,6 +234,8 @@ package final class ConsentQuestions: Sendable {
         // Guarded by the table's mutex; `done` is posted once the answer is set.
         var answer: ItemConsent.Answer?
         var waiters = 0
+        /// Whether each caller (the asker first) still waits.
+        var callers: [@Sendable () -> Bool] = []
         let done = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
         init() { sem_init(done, 0, 0) }
         deinit {
@@ -239,6 +257,7 @@ package final class ConsentQuestions: Sendable {
             defer { placed.add(1, ordering: .releasing) }
             if let open = table[question.key] {
                 open.waiters += 1
+                open.callers.append(question.waiting)
                 return .waiter(open)
             }
             if table.count >= Self.overall { return .refused("too many questions are open") }
@@ -246,6 +265,7 @@ package final class ConsentQuestions: Sendable {
                 return .refused("this program has too many questions open")
             }
             let open = Pending()
+            open.callers = [question.waiting]
             table[question.key] = open
             return .asker(open)
         }
@@ -256,7 +276,10 @@ package final class ConsentQuestions: Sendable {
             while sem_wait(open.done) != 0 && Errno.current.rawValue == EINTR {}
             return (pending.withLock { _ in open.answer } ?? .denied, nil)
         case .asker(let open):
-            let answer = asker(question.text, question.claim != nil)
+            let abandoned: @Sendable () -> Bool = { [self] in
+                !pending.withLock { _ in open.callers }.contains { $0() }
+            }
+            let answer = asker(question.text, question.claim != nil, abandoned)
             let waiters = pending.withLock { table in
                 open.answer = answer
                 table.removeValue(forKey: question.key)

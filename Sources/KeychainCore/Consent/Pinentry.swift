@@ -20,6 +20,10 @@ package final class Pinentry {
     private var ended = false
     /// When the program is ended whatever it does (nil: never).
     private var deadline: Int64?
+    /// Whether whoever the question is for has left: then the program is
+    /// ended (looked at every ``abandonCheck`` ms while it is waited on).
+    private let abandoned: @Sendable () -> Bool
+    private static let abandonCheck: Int64 = 250
 
     package enum Answer {
         case passcode(SecureBytes)
@@ -58,8 +62,12 @@ package final class Pinentry {
         for pid in running.withLock({ $0 }) { kill(pid, SIGTERM) }
     }
 
-    /// Starts `program`; it is ended `seconds` after it starts at the latest.
-    package init(program: String, endingAfter seconds: Int? = nil) throws(Failure) {
+    /// Starts `program`; it is ended `seconds` after it starts at the
+    /// latest, or once `abandoned` says that nobody waits for it.
+    package init(
+        program: String, endingAfter seconds: Int? = nil, unless abandoned: @escaping @Sendable () -> Bool = { false }
+    ) throws(Failure) {
+        self.abandoned = abandoned
         var toChild: [Int32] = [0, 0], fromChild: [Int32] = [0, 0]
         // Close-on-exec: Spawn dup2s the child's ends into place and closes the rest.
         guard pipe(&toChild) == 0, pipe(&fromChild) == 0 else {
@@ -208,13 +216,20 @@ package final class Pinentry {
                 buffer.removeFirst(newline + 1)
                 return line
             }
-            if let deadline {
-                // A pinentry that ignores SETTIMEOUT is not waited on past it.
-                let left = deadline - MonotonicClock.milliseconds()
-                var entry = pollfd(fd: output, events: Int16(POLLIN), revents: 0)
-                guard left > 0, (try? valueOrErrno({ poll(&entry, 1, Int32(clamping: left)) })) ?? 0 > 0 else {
+            while true {
+                // A pinentry that ignores SETTIMEOUT is not waited on past
+                // it, nor once nobody waits for its answer.
+                let left = deadline.map { $0 - MonotonicClock.milliseconds() } ?? Int64.max
+                guard left > 0 else {
                     kill(pid, SIGTERM)
                     throw Failure(description: "pinentry gave no answer in time")
+                }
+                var entry = pollfd(fd: output, events: Int16(POLLIN), revents: 0)
+                let ready = (try? valueOrErrno({ poll(&entry, 1, Int32(min(left, Self.abandonCheck))) })) ?? 0
+                if ready > 0 { break }
+                if abandoned() {
+                    kill(pid, SIGTERM)
+                    throw Failure(description: "nobody waits for the answer any more")
                 }
             }
             var chunk = [UInt8](repeating: 0, count: 1024)

@@ -39,7 +39,9 @@ package struct ProcessIdentity: Sendable, Equatable {
 
     /// The caller as the owner rule asks about it (issue 37).
     package var consentCaller: ConsentCaller {
-        ConsentCaller(program: { program }, subject: { auditSubject })
+        ConsentCaller(
+            program: { program }, subject: { auditSubject },
+            waiting: { [thread] in ClientPresence.uninterrupted(thread: thread) })
     }
 
     /// Whether two requests came from the same process.
