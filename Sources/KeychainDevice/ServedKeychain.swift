@@ -432,7 +432,28 @@ extension ServedKeychain: SecretStore {
     var isLocked: Bool { manager.localDevice.isLocked }
     func isAvailable(_ protectionClass: ProtectionClass) -> Bool { manager.localDevice.isAvailable(protectionClass) }
     func appsOwnItems(inGroup group: String) -> Bool { manager.localDevice.appsOwnItems(inGroup: group) }
-    func setSecretServiceState(_ state: String?) { manager.localDevice.secretServiceState = state }
+    /// The provider's state, and an audit line each time the bus name is
+    /// gained, lost to another program or released (issue 37: who answers
+    /// on the bus is part of who decides).
+    func setSecretServiceState(_ state: String?) {
+        let device = manager.localDevice
+        let before = device.secretServiceState
+        device.secretServiceState = state
+        let detail: String?
+        switch (before, state) {
+        case (let old, let new?) where old != new:
+            detail = new.hasPrefix("lost: ") ? "lost \(SecretServiceProvider.busName) to another program" : new
+        case (_?, nil):
+            detail = "released \(SecretServiceProvider.busName)"
+        default:
+            detail = nil
+        }
+        guard let detail else { return }
+        device.audit.record(
+            AuditEvent(
+                operation: "bus-name", result: "ok", subject: ProgramIdentities.subject(thread: getpid(), uid: getuid()),
+                detail: detail))
+    }
     func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int {
         manager.localDevice.addObserver(handler)
     }

@@ -174,6 +174,12 @@ extension SerialTests {
             let log = harness.sh(
                 "\"$K\" log --keychain \"$KC\" | grep -E ' (device-start|device-stop|ask) ' | cut -d' ' -f2,3")
             #expect(log.stdout == "device-start ok\nask denied\ndevice-stop ok\n", "\(log)")
+            // Gaining and giving up the bus name are in the log too.
+            let bus = harness.sh("\"$K\" log --keychain \"$KC\" | grep ' bus-name ' | cut -d' ' -f2-5")
+            #expect(
+                bus.stdout
+                    == "bus-name ok (serving org.freedesktop.secrets)\nbus-name ok (released org.freedesktop.secrets)\n",
+                "\(bus)")
             #expect(
                 harness.sh("\"$K\" log --keychain \"$KC\" | grep ' device-start '").stdout.contains(
                     "started by keychainfs ← keychainfs ← dash; pinentry "))
