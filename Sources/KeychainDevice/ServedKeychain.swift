@@ -451,7 +451,8 @@ extension ServedKeychain: SecretStore {
         guard let detail else { return }
         device.audit.record(
             AuditEvent(
-                operation: "bus-name", result: "ok", subject: ProgramIdentities.subject(thread: getpid(), uid: getuid()),
+                operation: "bus-name", result: "ok",
+                subject: ProgramIdentities.subject(thread: getpid(), uid: getuid()),
                 detail: detail))
     }
     func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int {

@@ -13,10 +13,8 @@ extension SerialTests {
         let judge: JudgePinentry
 
         init() throws {
-            harness = try MountHarness(as: try OrdinaryUser())
-            judge = try JudgePinentry()
-            let built = try harness.buildLibsecretApps()
-            #expect(built.succeeded, "\(built)")
+            let fixture = try OwnerRuleFixture()
+            (harness, judge) = (fixture.harness, fixture.judge)
         }
 
         /// `keychainfs get`, `set`, `rm` and `backup`, and `cat`, a write,

@@ -186,13 +186,9 @@ import Glibc
     /// Nobody waits any more: the pinentry is ended at once (its next
     /// look, a quarter of a second), long before its 60 s, and the answer is cancel.
     @Test func aPinentryIsEndedOnceNobodyWaitsForItsAnswer() throws {
-        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-pinentry-XXXXXX")).map { String(cString: $0) })
+        let directory = try Self.silentPinentry()
         defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
         let script = directory + "/silent"
-        let text = "#!/bin/sh\necho OK\nwhile read -r command rest; do [ \"$command\" = CONFIRM ] || echo OK; done\n"
-        let fd = open(script, O_WRONLY | O_CREAT | O_TRUNC, 0o755)
-        _ = text.withCString { write(fd, $0, strlen($0)) }
-        close(fd)
         signal(SIGPIPE, SIG_IGN)
         let pinentry = try Pinentry(program: script, endingAfter: 60, unless: { true })
         let started = MonotonicClock.seconds()
@@ -200,6 +196,17 @@ import Glibc
         #expect(MonotonicClock.seconds() - started < 10)
         pinentry.end()
         #expect(kill(pinentry.pid, 0) != 0, "the pinentry is gone")
+    }
+
+    /// A directory holding `silent`, a pinentry that never answers CONFIRM
+    /// and ignores SETTIMEOUT; the caller removes it.
+    static func silentPinentry() throws -> String {
+        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-pinentry-XXXXXX")).map { String(cString: $0) })
+        let text = "#!/bin/sh\necho OK\nwhile read -r command rest; do [ \"$command\" = CONFIRM ] || echo OK; done\n"
+        let fd = open(directory + "/silent", O_WRONLY | O_CREAT | O_TRUNC, 0o755)
+        _ = text.withCString { write(fd, $0, strlen($0)) }
+        close(fd)
+        return directory
     }
 
     static func question(_ program: String, _ item: String) -> ConsentQuestion {
@@ -213,13 +220,9 @@ import Glibc
     /// A pinentry that ignores SETTIMEOUT and never answers is ended at the
     /// device's own deadline: the question is Deny, and no process is left.
     @Test func aPinentryThatNeverAnswersIsEndedAtTheDeadline() throws {
-        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-pinentry-XXXXXX")).map { String(cString: $0) })
+        let directory = try Self.silentPinentry()
         defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
         let script = directory + "/silent"
-        let text = "#!/bin/sh\necho OK\nwhile read -r command rest; do [ \"$command\" = CONFIRM ] || echo OK; done\n"
-        let fd = open(script, O_WRONLY | O_CREAT | O_TRUNC, 0o755)
-        _ = text.withCString { write(fd, $0, strlen($0)) }
-        close(fd)
         // As in the device (DeviceProcess): a pinentry gone is an error, not a signal.
         signal(SIGPIPE, SIG_IGN)
         let pinentry = try Pinentry(program: script, endingAfter: 1)

@@ -31,6 +31,16 @@ extension SerialTests {
             return (harness, mnt)
         }
 
+        /// C: `field(out, text)` appends one text field of a frame
+        /// (docs/PROTOCOL.md: a 4-byte length, then the bytes) and says how long it is.
+        static let frameField = """
+            static size_t field(unsigned char *out, const char *text) {
+                uint32_t length = strlen(text);
+                memcpy(out, &length, 4); memcpy(out + 4, text, length);
+                return 4 + length;
+            }
+            """
+
         /// Compiles `source` (C) with gcc as the keychain's user into `$R/NAME`.
         static func compile(_ harness: MountHarness, _ name: String, _ source: String, options: String = "") throws {
             let built = harness.sh(
@@ -184,11 +194,7 @@ extension SerialTests {
                 #include <unistd.h>
                 /* relay SOCKET PROGRAM DEVICE-PID KIND [FIELD...]: PROGRAM writes the frame (docs/PROTOCOL.md) into
                    the connection it inherits; a child reads the reply. A device pid (0: none) is stopped meanwhile. */
-                static size_t field(unsigned char *out, const char *text) {
-                    uint32_t length = strlen(text);
-                    memcpy(out, &length, 4); memcpy(out + 4, text, length);
-                    return 4 + length;
-                }
+                \(Self.frameField)
                 int main(int argc, char **argv) {
                     unsigned char frame[256]; size_t body = 0;
                     unsigned char *b = frame + 4;
@@ -279,11 +285,7 @@ extension SerialTests {
                 #include <sys/un.h>
                 #include <unistd.h>
                 /* race SOCKET PROGRAM: a `get secure/token` frame (docs/PROTOCOL.md). */
-                static size_t field(unsigned char *out, const char *text) {
-                    uint32_t length = strlen(text);
-                    memcpy(out, &length, 4); memcpy(out + 4, text, length);
-                    return 4 + length;
-                }
+                \(Self.frameField)
                 int main(int argc, char **argv) {
                     unsigned char frame[256]; size_t body = 0;
                     unsigned char *b = frame + 4;

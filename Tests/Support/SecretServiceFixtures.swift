@@ -70,6 +70,21 @@ extension MountHarness {
     }
 }
 
+/// What the tests of whose an item is start from (issue 37): an ordinary
+/// user's keychain, the judge that answers for the person, and app-a and
+/// app-b built.
+package struct OwnerRuleFixture {
+    package let harness: MountHarness
+    package let judge: JudgePinentry
+
+    package init() throws {
+        harness = try MountHarness(as: try OrdinaryUser())
+        judge = try JudgePinentry()
+        let built = try harness.buildLibsecretApps()
+        guard built.succeeded else { throw HarnessError("cannot build the libsecret apps: \(built)") }
+    }
+}
+
 /// A pinentry that the device takes as its judge: a file root controls
 /// (issue 37), in a directory of its own that goes with this value. Its
 /// CONFIRM answers come from the lines of `$R/answers` in turn (`once`: OK,
