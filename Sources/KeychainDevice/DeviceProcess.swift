@@ -30,6 +30,8 @@ public final class DeviceProcess: Sendable {
     private let headless = Mutex(false)
     /// The Secret Service this device serves, if any.
     private let secretService = Mutex<SecretServiceProvider?>(nil)
+    /// The login sessions it follows (issue 39), when logind runs.
+    private let loginSessions = Mutex<LoginSessions?>(nil)
     /// The socket connections being served, and their limits.
     private let connections: ConnectionTable
 
@@ -144,6 +146,7 @@ public final class DeviceProcess: Sendable {
         }
         ready(nil)
         recordLifecycle(keychain, "device-start", judge.auditDetail + (secretService != nil ? "; serves the bus" : ""))
+        followLoginSessions(keychain)
         let stopped = waitForTheEnd(signals) { mountpoint != nil && !keychain.hasMounts }
         // No question outlives the device that would read its answer.
         Pinentry.endAll()
@@ -151,9 +154,34 @@ public final class DeviceProcess: Sendable {
             provider?.stop()
             provider = nil
         }
+        loginSessions.withLock { $0 = nil }
         keychain.unmountAll()
         recordLifecycle(keychain, "device-stop", stopped ? "stopped" : "ended by an error")
         return stopped ? 0 : 1
+    }
+
+    /// The user's login sessions as the device's lock screen (issue 39):
+    /// followed from a thread of their own, since reaching the system bus
+    /// may take a moment, and only where logind runs (the log says which).
+    private func followLoginSessions(_ keychain: ServedKeychain) {
+        let device = keychain.manager.localDevice
+        let actions = LoginSessions.Actions(
+            lock: { reason, afterGrace in device.lockForSession(reason: reason, grace: afterGrace ? nil : 0) },
+            cancelLock: { device.cancelSessionLock() })
+        guard
+            let started = Threads.start(
+                blockingSignals: true,
+                { [self] in
+                    do throws(BusError) {
+                        let sessions = try LoginSessions(uid: getuid(), actions: actions)
+                        loginSessions.withLock { $0 = sessions }
+                        recordLifecycle(keychain, "session", "follows the login sessions of uid \(getuid())")
+                    } catch {
+                        recordLifecycle(keychain, "session", "follows no login session: \(error.message)")
+                    }
+                })
+        else { return }
+        pthread_detach(started)
     }
 
     /// A start, stop or bus of the device in its audit log, with the

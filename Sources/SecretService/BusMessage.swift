@@ -76,6 +76,12 @@ struct BusMessageReader {
         return value
     }
 
+    func uint32() throws(BusError) -> UInt32 {
+        var value: UInt32 = 0
+        try check(CSystemd_sd_bus_message_read_basic(message, CChar(UInt8(ascii: "u")), &value))
+        return value
+    }
+
     func bool() throws(BusError) -> Bool {
         var value: Int32 = 0
         let result = CSystemd_sd_bus_message_read_basic(message, CChar(UInt8(ascii: "b")), &value)

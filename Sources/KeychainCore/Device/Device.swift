@@ -44,6 +44,8 @@ public final class Device: Sendable {
     let lastAccess = Atomic<Int64>(0)
     /// Started with the first auto-lock setting; woken when the settings or the lock state change.
     let autoLockThread = Mutex<WakeableThread?>(nil)
+    /// Bumped by every session lock and its cancel: a pending lock is made only if it is still the latest.
+    let sessionLockGeneration = Atomic<UInt64>(0)
     /// Held across one unlock attempt: the lockout check, the derivation and
     /// the record of its outcome are one step, so concurrent attempts cannot
     /// all pass the check before any failure is counted.

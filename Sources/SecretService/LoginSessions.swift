@@ -1,0 +1,182 @@
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The user's login sessions, as logind tells them on the system bus
+/// (`org.freedesktop.login1`), followed for the device (issue 39): the
+/// desktop session is the device's lock screen.
+///
+/// - A session of the user that locks (its `Lock` signal, or `LockedHint`
+///   becoming true, which screen lockers set) locks the keychain after the
+///   auto-lock grace; one that unlocks within the grace (`Unlock`,
+///   `LockedHint` false) keeps it unlocked. Nothing here unlocks the
+///   keychain: that takes the passcode.
+/// - `PrepareForSleep(true)` locks at once, under a delay inhibitor taken
+///   beforehand, so that the keys are gone before the machine sleeps; the
+///   inhibitor is taken again on resume.
+/// - A session of the user that ends (`SessionRemoved`) locks at once.
+///
+/// Only logind can own its name on the system bus (its bus policy), so
+/// only logind's signals are followed.
+public final class LoginSessions: @unchecked Sendable {
+    /// What the device does: lock after the grace (`grace` false: at once), or not.
+    public struct Actions: Sendable {
+        public var lock: @Sendable (_ reason: String, _ afterGrace: Bool) -> Void
+        public var cancelLock: @Sendable () -> Void
+
+        public init(
+            lock: @escaping @Sendable (_ reason: String, _ afterGrace: Bool) -> Void,
+            cancelLock: @escaping @Sendable () -> Void
+        ) {
+            self.lock = lock
+            self.cancelLock = cancelLock
+        }
+    }
+
+    static let name = "org.freedesktop.login1"
+    static let managerPath = "/org/freedesktop/login1"
+    static let managerInterface = "org.freedesktop.login1.Manager"
+    static let sessionInterface = "org.freedesktop.login1.Session"
+    static let userInterface = "org.freedesktop.login1.User"
+
+    private let bus: BusConnection
+    private let uid: UInt32
+    private let actions: Actions
+    /// The user's sessions' object paths, as last read (bus thread only).
+    private var sessions: Set<String> = []
+    /// The delay inhibitor held until the next sleep (bus thread only).
+    private var inhibitor: Int32 = -1
+
+    /// The system bus: `$DBUS_SYSTEM_BUS_ADDRESS`, else the standard socket (dbus's own default).
+    public static var systemBusAddress: String {
+        getenv("DBUS_SYSTEM_BUS_ADDRESS").map { String(cString: $0) } ?? "unix:path=/run/dbus/system_bus_socket"
+    }
+
+    /// Follows the sessions of `uid`; throws when there is no system bus or no logind on it.
+    public init(uid: UInt32, actions: Actions) throws(BusError) {
+        bus = try BusConnection(address: Self.systemBusAddress)
+        self.uid = uid
+        self.actions = actions
+        guard bus.ownerProcess(of: Self.name) != nil else { throw .failed("no logind on the system bus") }
+        let from = "type='signal',sender='\(Self.name)',"
+        try bus.watch(from + "interface='\(Self.sessionInterface)',member='Lock'") { [unowned self] message in
+            if isOurs(BusCall(message)?.path) { actions.lock("the session locked", true) }
+        }
+        try bus.watch(from + "interface='\(Self.sessionInterface)',member='Unlock'") { [unowned self] message in
+            if isOurs(BusCall(message)?.path) { actions.cancelLock() }
+        }
+        try bus.watch(
+            from + "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',"
+                + "arg0='\(Self.sessionInterface)'"
+        ) { [unowned self] message in
+            guard let locked = Self.lockedHint(in: message), isOurs(BusCall(message)?.path) else { return }
+            if locked { actions.lock("the session set LockedHint", true) } else { actions.cancelLock() }
+        }
+        try bus.watch(from + "interface='\(Self.managerInterface)',member='PrepareForSleep'") {
+            [unowned self] message in
+            guard let sleeping = try? BusMessageReader(message: message).bool() else { return }
+            if sleeping {
+                actions.lock("the machine goes to sleep", false)
+                releaseInhibitor()
+            } else {
+                takeInhibitor()
+            }
+        }
+        try bus.watch(from + "interface='\(Self.managerInterface)',member='SessionRemoved'") {
+            [unowned self] message in
+            let arguments = BusMessageReader(message: message)
+            guard (try? arguments.string()) != nil, let path = try? arguments.objectPath(), sessions.contains(path)
+            else { return }
+            sessions.remove(path)
+            actions.lock("the session ended", false)
+        }
+        sessions = readSessions()
+        takeInhibitor()
+        try bus.start()
+    }
+
+    deinit {
+        bus.stop()
+        if inhibitor >= 0 { close(inhibitor) }
+    }
+
+    /// Whether `path` is a session of the user: the sessions read at the
+    /// start, read again for a path not among them (a session begun since).
+    private func isOurs(_ path: String?) -> Bool {
+        guard let path else { return false }
+        if sessions.contains(path) { return true }
+        sessions = readSessions()
+        return sessions.contains(path)
+    }
+
+    /// The user's sessions (`ListSessions`, those of `uid`); none when logind does not say.
+    private func readSessions() -> Set<String> {
+        guard let reply = try? bus.call(Self.name, Self.managerPath, Self.managerInterface, "ListSessions") else {
+            return []
+        }
+        // a(susso): id, uid, user name, seat, object path.
+        let arguments = reply.arguments
+        var found: Set<String> = []
+        do throws(BusError) {
+            try arguments.enter("a", "(susso)")
+            while try arguments.enterElement("r", "susso") {
+                _ = try arguments.string()
+                let owner = try arguments.uint32()
+                _ = try arguments.string()
+                _ = try arguments.string()
+                let path = try arguments.objectPath()
+                if owner == uid { found.insert(path) }
+                try arguments.exit()
+            }
+        } catch {
+            return found
+        }
+        return found
+    }
+
+    /// `LockedHint` among the changed properties of a PropertiesChanged
+    /// (s interface, a{sv} changed, as invalidated); nil when it is not there.
+    private static func lockedHint(in message: OpaquePointer) -> Bool? {
+        let arguments = BusMessageReader(message: message)
+        do throws(BusError) {
+            _ = try arguments.string()
+            try arguments.enter("a", "{sv}")
+            while try arguments.enterElement("e", "sv") {
+                let name = try arguments.string()
+                if name == "LockedHint" {
+                    try arguments.enter("v", "b")
+                    return try arguments.bool()
+                }
+                try arguments.skip("v")
+                try arguments.exit()
+            }
+        } catch {
+            return nil
+        }
+        return nil
+    }
+
+    /// A delay inhibitor of sleep: logind waits (up to its InhibitDelayMaxSec)
+    /// until it is closed, which the device does once it has locked.
+    private func takeInhibitor() {
+        guard inhibitor < 0,
+            let reply = try? bus.call(
+                Self.name, Self.managerPath, Self.managerInterface, "Inhibit",
+                { (call) throws(BusError) in
+                    try call.string("sleep")
+                    try call.string("KeychainFS")
+                    try call.string("Lock the keychain before the machine sleeps")
+                    try call.string("delay")
+                }),
+            let fd = try? reply.arguments.unixFD()
+        else { return }
+        inhibitor = fcntl(fd, F_DUPFD_CLOEXEC, 3)
+    }
+
+    private func releaseInhibitor() {
+        if inhibitor >= 0 { close(inhibitor) }
+        inhibitor = -1
+    }
+}

@@ -1,0 +1,108 @@
+import Foundation
+import Testing
+import TestSupport
+
+extension SerialTests {
+    /// Issue 39: the desktop session is the device's lock screen. logind is
+    /// python3-dbusmock's logind template on a private system bus (the
+    /// test's own `dbus-daemon`), with a session of the keychain's ordinary
+    /// user; the device follows it as it would the real one.
+    @Suite struct LoginSessionTests {
+        let harness: MountHarness
+
+        init() throws {
+            harness = try MountHarness(as: try OrdinaryUser())
+        }
+
+        /// Runs `script` with a private system bus and a mock logind on it
+        /// (a session `c1` of the user), an unlocked device following it with
+        /// a grace of 1 s, mounted at `$R/mnt`, and its events on fd 3.
+        func withSession(_ script: String) throws -> ShellResult {
+            _ = try harness.prepareMountpoint("mnt")
+            return harness.sh(
+                """
+                PASSCODE=$1
+                export KEYCHAINFS_KEYCHAIN="$KC" DBUS_SYSTEM_BUS_ADDRESS="unix:path=$R/system_bus"
+                dbus-daemon --session --fork --address="$DBUS_SYSTEM_BUS_ADDRESS" --print-pid > "$R/bus.pid" || exit 96
+                /usr/bin/python3 -m dbusmock --system --template logind > "$R/logind.log" 2>&1 &
+                logind=$!
+                trap 'kill $logind $watcher 2> /dev/null; "$K" unmount "$R/mnt" 2> /dev/null; "$K" stop 2> /dev/null; kill $(cat "$R/bus.pid")' EXIT
+                gdbus wait --system --timeout 20 org.freedesktop.login1 || exit 95
+                mock() { gdbus call --system -d org.freedesktop.login1 "$@" > /dev/null; }
+                mock -o /org/freedesktop/login1 -m org.freedesktop.DBus.Mock.AddSession c1 seat0 $(id -u) $(id -un) true
+                session() { method=$1; shift; mock -o /org/freedesktop/login1/session/c1 -m org.freedesktop.login1.Session.$method "$@"; }
+                emit() { mock -o /org/freedesktop/login1 -m org.freedesktop.DBus.Mock.EmitSignal \\
+                    org.freedesktop.login1.Manager "$@"; }
+                unlock() { printf '%s\\n' "$PASSCODE" | "$K" unlock > /dev/null; }
+                "$K" mount "$R/mnt" || exit 97
+                # The device follows the sessions from a thread of its own: wait for its word.
+                for n in $(seq 100); do "$K" log | grep -q ' session ok ' && break; sleep 0.1; done
+                "$K" log | grep ' session ' | cut -d' ' -f2-3
+                unlock && printf s3cret > "$R/mnt/default/x" && "$K" autolock 0 --grace 1 > /dev/null
+                mkfifo "$R/events"
+                "$K" watch "$R/mnt" > "$R/events" & watcher=$!
+                exec 3< "$R/events"
+                read -r state <&3; echo "$state"
+                \(script)
+                """, arguments: [MountHarness.passcode])
+        }
+
+        /// The session's Lock signal: `will-lock 1`, then the lock after the
+        /// grace; a read through the mount is EACCES (locked, not absent).
+        /// An Unlock within the grace keeps the keys; LockedHint (what screen
+        /// lockers set) does as Lock does; the machine going to sleep and the
+        /// session ending lock at once. Nothing of the session unlocks.
+        @Test func theSessionLocksTheKeychain() throws {
+            let used = try withSession(
+                """
+                session Lock
+                read -r line <&3; echo "$line"; read -r line <&3; echo "$line"
+                cat "$R/mnt/default/x" 2>&1 | sed 's/.*: //'
+                session Unlock
+                "$K" status | head -1
+                unlock; read -r line <&3; echo "$line"
+                session Lock; read -r line <&3; echo "$line"; session Unlock
+                # Past the grace, nothing more came: the lock was called off.
+                timeout 2 head -n 1 <&3; echo "after the grace: $?"
+                cat "$R/mnt/default/x"; echo
+                session SetLockedHint true
+                read -r line <&3; echo "$line"; read -r line <&3; echo "$line"
+                unlock; read -r line <&3
+                gdbus call --system -d org.freedesktop.login1 -o /org/freedesktop/login1 \\
+                    -m org.freedesktop.login1.Manager.ListInhibitors | grep -o "'sleep', 'KeychainFS', [^,]*, 'delay'"
+                emit PrepareForSleep b "[<true>]"
+                read -r line <&3; echo "$line"; read -r line <&3; echo "$line"
+                unlock; read -r line <&3; emit PrepareForSleep b "[<false>]"
+                emit SessionRemoved so "[<'c1'>, <objectpath '/org/freedesktop/login1/session/c1'>]"
+                read -r line <&3; echo "$line"; read -r line <&3; echo "$line"
+                "$K" log | grep ' lock ok ' | sed 's/.*lock ok (\\([^)]*\\)).*/\\1/'
+                """)
+            let tab = "\t"
+            #expect(
+                used.stdout == """
+                    session ok
+                    unlocked
+                    will-lock\(tab)1
+                    locked
+                    Permission denied
+                    state: locked
+                    unlocked
+                    will-lock\(tab)1
+                    after the grace: 124
+                    s3cret
+                    will-lock\(tab)1
+                    locked
+                    'sleep', 'KeychainFS', 'Lock the keychain before the machine sleeps', 'delay'
+                    will-lock\(tab)0
+                    locked
+                    will-lock\(tab)0
+                    locked
+                    the session locked
+                    the session set LockedHint
+                    the machine goes to sleep
+                    the session ended
+
+                    """, "\(used)")
+        }
+    }
+}
