@@ -460,6 +460,10 @@ extension ServedKeychain: SecretStore {
     }
     func removeObserver(_ token: Int) { manager.localDevice.removeObserver(token) }
     func answer(_ question: ConsentQuestion) -> ItemConsent.Answer { manager.answer(question) }
+    func record(_ operation: String, result: String, subject: AuditSubject?, detail: String) {
+        manager.localDevice.audit.record(
+            AuditEvent(operation: operation, result: result, subject: subject, detail: detail))
+    }
 
     func itemNames() -> [String: [String]] {
         var names: [String: [String]] = [:]

@@ -45,7 +45,9 @@ final class BusConnection: @unchecked Sendable {
             result = CSystemd_sd_bus_open_user(&bus)
         }
         guard result >= 0, let bus else {
-            throw .failed("cannot connect to the session bus: \(String(cString: strerror(-result)))")
+            throw .failed(
+                "cannot connect to \(address.map { "the bus at " + $0 } ?? "the session bus"): "
+                    + String(cString: strerror(-result)))
         }
         let wake = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
         guard wake >= 0 else {
@@ -84,11 +86,22 @@ final class BusConnection: @unchecked Sendable {
         let result = CSystemd_sd_bus_request_name(bus, name, flags)
         guard result >= 0 else {
             guard result == -EEXIST else { throw .failed("cannot own \(name): \(String(cString: strerror(-result)))") }
+            // Named, so that the advice fits the owner (issue 39: the first
+            // refusal suggested --replace, which gnome-keyring then refused).
+            let owner = ownerProcess(of: name).flatMap { ProgramIdentities.linkTarget("/proc/\($0)/exe") }
+            let who =
+                owner.map { "\(name) is owned by \($0) on this bus" }
+                ?? "\(name) is owned by another program on this bus"
+            if owner?.hasSuffix("/gnome-keyring-daemon") == true {
+                throw .failed(
+                    who + ", which allows no replacement: stop gnome-keyring's secrets first "
+                        + "(`systemctl --user mask --now gnome-keyring-daemon.service gnome-keyring-daemon.socket`; "
+                        + "SECRET-SERVICE.md, \"Running it\")")
+            }
             throw .failed(
                 replace
-                    ? "\(name) is owned by another program on this bus that allows no replacement (gnome-keyring: stop its secrets component first)"
-                    : "\(name) is owned by another program on this bus (--replace takes it over where that program allows it)"
-            )
+                    ? who + ", which allows no replacement: stop it first"
+                    : who + " (--replace takes it over where that program allows it)")
         }
     }
 

@@ -8,6 +8,12 @@ extension SecretServiceProvider {
     /// `Prompt` (s).
     func showPrompt(_ call: BusCall, prompt: UnlockPrompt) throws(BusError) {
         guard let program = Pinentry.program() else {
+            store.record(
+                "unlock-prompt", result: "failed",
+                subject: bus.senderProcess(of: call.message).map {
+                    ProgramIdentities.subject(thread: $0.pid, uid: $0.uid)
+                },
+                detail: "no pinentry that root installed")
             throw .failed("no pinentry program: install pinentry-curses or pinentry-gnome3, or set KEYCHAINFS_PINENTRY")
         }
         guard prompt.start() else { throw .failed("the prompt is showing already") }
@@ -15,12 +21,14 @@ extension SecretServiceProvider {
         let path = call.path
         try bus.reply(to: call.message) { _ throws(BusError) in }
         let started = Threads.start { [self] in
-            let unlocked = prompt.run(program: program, program: sender?.pid) { passcode in
-                store.perform(
-                    .unlock(passcode: passcode), program: { nil },
-                    subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } },
-                    audit: .always)
+            let subject = { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }
+            let failure = prompt.run(program: program, program: sender?.pid) { passcode in
+                store.perform(.unlock(passcode: passcode), program: { nil }, subject: subject, audit: .always)
             }
+            // The client sees only a dismissed prompt (secret-tool exits 1
+            // and says nothing): the log says why (issue 39).
+            if let failure { store.record("unlock-prompt", result: "failed", subject: subject(), detail: failure) }
+            let unlocked = failure == nil
             bus.perform { [self] in completePrompt(path, dismissed: !unlocked, objects: unlocked ? prompt.objects : [])
             }
         }

@@ -31,6 +31,9 @@ public protocol SecretStore: AnyObject, Sendable {
     /// calling thread), records it and its answer, and puts the program on
     /// the items' lists for "Always allow": the core's, as at every door.
     func answer(_ question: ConsentQuestion) -> ItemConsent.Answer
+    /// Records what the provider did on its own in the audit log (an
+    /// unlock prompt that failed, and why).
+    func record(_ operation: String, result: String, subject: AuditSubject?, detail: String)
 }
 
 /// Which requests of the bus reach the audit log: every read of a value,

@@ -41,10 +41,15 @@ final class UnlockPrompt: Sendable {
     static let attempts = 3
 
     /// Asks (on the calling thread, which it blocks) until `unlock` takes a
-    /// passcode; returns whether the device was unlocked.
-    func run(program: String, program asker: pid_t?, unlock: (SecureBytes) -> DeviceReply) -> Bool {
+    /// passcode; nil when the device was unlocked, else why not (for the log:
+    /// a client sees only a dismissed prompt).
+    func run(program: String, program asker: pid_t?, unlock: (SecureBytes) -> DeviceReply) -> String? {
         let pinentry: Pinentry
-        do { pinentry = try Pinentry(program: program) } catch { return false }
+        do {
+            pinentry = try Pinentry(program: program)
+        } catch {
+            return "the pinentry could not ask: \(error.description); no display or terminal?"
+        }
         // Cancelled while the pinentry started (its greeting not yet read):
         // it ends here, never asking.
         let cancelled = state.withLock { state in
@@ -53,7 +58,7 @@ final class UnlockPrompt: Sendable {
         }
         guard !cancelled else {
             pinentry.end()
-            return false
+            return "dismissed by the client"
         }
         defer {
             state.withLock { $0.pinentry = nil }
@@ -62,18 +67,20 @@ final class UnlockPrompt: Sendable {
         let who = asker.flatMap { ProgramIdentities.subject(thread: $0, uid: getuid()).executable } ?? "a program"
         var error: String?
         for _ in 0..<Self.attempts {
-            guard
-                case .passcode(let passcode)? = try? pinentry.ask(
-                    description: "\(who) asks to unlock your keychain.",
-                    error: error)
-            else { return false }
+            let answer: Pinentry.Answer
+            do throws(Pinentry.Failure) {
+                answer = try pinentry.ask(description: "\(who) asks to unlock your keychain.", error: error)
+            } catch {
+                return "the pinentry could not ask: \(error.description); no display or terminal?"
+            }
+            guard case .passcode(let passcode) = answer else { return "the person cancelled" }
             switch unlock(passcode) {
-            case .ok: return true
+            case .ok: return nil
             case .keychainError(.authFailed, _): error = "Wrong passcode"
             case .keychainError(_, let message), .systemError(_, let message): error = message
-            default: return false
+            default: return "the device did not unlock"
             }
         }
-        return false
+        return "\(Self.attempts) wrong passcodes"
     }
 }

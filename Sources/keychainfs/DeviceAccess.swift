@@ -99,6 +99,8 @@ enum DeviceAccess {
             return (unexpectedReplySentence, ExitStatus.failure)
         case .systemError(let code, let message)?:
             return (subject.sentence(message), code == ENOENT ? ExitStatus.absent : ExitStatus.failure)
+        case .keychainError(.noSuchKeychain, let message)?:
+            return (subject.sentence(message) + personalKeychainHint, ExitStatus.absent)
         case .keychainError(let error, let message)?:
             guard case .item(let item) = subject else { return (subject.sentence(message), ExitStatus.of(error)) }
             switch error {
@@ -136,7 +138,18 @@ enum DeviceAccess {
 
     /// No reply at all: the device went away, or never answered.
     static func noAnswer() -> ExitCode {
-        fail("the device does not answer", status: ExitStatus.noDevice)
+        fail("the device does not answer" + personalKeychainHint, status: ExitStatus.noDevice)
+    }
+
+    /// Where the service answers for the user but the user has a keychain
+    /// of their own too (issue 39: service mode hid it, and nothing said
+    /// where it went): how to name it.
+    static var personalKeychainHint: String {
+        guard getenv("KEYCHAINFS_KEYCHAIN") == nil, ServicePaths.socket() != nil else { return "" }
+        let own = KeychainDirectory.defaultLocation()
+        guard own.exists else { return "" }
+        return "; the keychainfs service answers for you now, and your own keychain at \(own.path) is used only "
+            + "when named: --keychain \(own.path), or KEYCHAINFS_KEYCHAIN"
     }
 
     /// The keychain opened in this process, for the commands that carry on

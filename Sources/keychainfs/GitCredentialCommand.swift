@@ -17,7 +17,8 @@ struct GitCredentialCommand: ParsableCommand {
         abstract: "git's credential helper: `git config credential.helper keychainfs`.",
         discussion: """
             Needs git-credential-keychainfs (a link to keychainfs) on PATH. While the keychain is \
-            locked, get answers nothing and erase erases nothing; both say so on standard error. \
+            locked, get answers nothing and erase erases nothing; both say so on standard error; \
+            a store says so too, and exits 3 (locked). \
             Without a running device, the same.
             """)
 
@@ -61,6 +62,8 @@ struct GitCredentialCommand: ParsableCommand {
                     error == .interactionNotAllowed
                         ? "the keychain is locked; the credentials were not stored"
                         : "the credentials were not stored: \(error)")
+                // A store that did not happen is no success (`git credential approve` shows the status).
+                throw ExitStatus.of(error)
             }
         default:  // erase
             // Only the credential git names: read it first (which needs the key).

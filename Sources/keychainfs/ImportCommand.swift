@@ -269,6 +269,7 @@ struct ImportSecretServiceCommand: ParsableCommand {
                     let base = same?.identifier ?? ItemLimits.name(from: item.details.label) ?? "item"
                     if dryRun {
                         print("import   \(shown(from)) -> \(target)/\(base)")
+                        counts.imported += 1
                         continue
                     }
                     var details = item.details
@@ -292,6 +293,10 @@ struct ImportSecretServiceCommand: ParsableCommand {
         }
         // Every item line before the summary, where both go to one place.
         fflush(nil)
+        guard !dryRun else {
+            // Nothing was stored: say what would be, not "0 imported" after a list of imports.
+            return printError("would import \(counts.imported), keep \(counts.kept) (a dry run: nothing was stored)")
+        }
         printError("\(counts.imported) imported, \(counts.kept) kept, \(counts.failed) failed")
         if counts.imported > 0 {
             // Issue 31: who made them is not known here.

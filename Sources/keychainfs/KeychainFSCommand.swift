@@ -28,6 +28,7 @@ struct KeychainFSCommand: ParsableCommand {
             EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,
             DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self, AclCommand.self,
             LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,
+            DesktopCommand.self,
             ClipboardClearCommand.self
         ]
     )
@@ -50,6 +51,7 @@ struct KeychainFSCommand: ParsableCommand {
         case "git-credential-keychainfs": GitCredentialCommand.main(arguments)
         case "docker-credential-keychainfs": DockerCredentialCommand.main(arguments)
         default:
+            let arguments = keychainFirst(arguments)
             _ = GetCommand.runWithoutParser(arguments)
             if let first = arguments.first, !first.hasPrefix("-"), let problem = unknownCommand(first) {
                 printError("keychainfs: " + problem)
@@ -64,6 +66,32 @@ struct KeychainFSCommand: ParsableCommand {
             }
             main(arguments)
         }
+    }
+
+    /// `--keychain DIR COMMAND ...` as `COMMAND ... --keychain DIR`: the
+    /// keychain named first, as `git -C DIR` and `pass` take it, is every
+    /// command's option (issue 39: `keychainfs --keychain DIR init` was
+    /// "Unknown option"). Only before a known command: anything else is
+    /// left for the parser to refuse.
+    static func keychainFirst(_ arguments: [String]) -> [String] {
+        var arguments = arguments
+        let named: [String]
+        if arguments.count >= 3, arguments[0] == "--keychain" {
+            named = Array(arguments[0...1])
+            arguments.removeFirst(2)
+        } else if arguments.count >= 2, arguments[0].hasPrefix("--keychain=") {
+            named = [arguments[0]]
+            arguments.removeFirst()
+        } else {
+            return arguments
+        }
+        guard let command = arguments.first, !command.hasPrefix("-"), unknownCommand(command) == nil else {
+            return named + arguments
+        }
+        // Last, where a nested command (`import pass`) takes it too, but
+        // before a `--` (what follows is exec's program and its arguments).
+        let end = arguments.firstIndex(of: "--") ?? arguments.endIndex
+        return Array(arguments[..<end]) + named + arguments[end...]
     }
 
     /// Why `word` names no subcommand, with the nearest one when a typo

@@ -212,7 +212,9 @@ extension String {
 struct SecretServiceOptions: ParsableArguments {
     @Flag(
         name: .customLong("secret-service"),
-        help: "Also serve the Secret Service (org.freedesktop.secrets) on this session's bus (docs/SECRET-SERVICE.md).")
+        help:
+            "Also serve the Secret Service (org.freedesktop.secrets) on this session's bus (SECRET-SERVICE.md, in /usr/share/doc/keychainfs)."
+    )
     var secretService = false
 
     @Flag(

@@ -9,7 +9,8 @@ import Glibc
 struct SetCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "set",
-        abstract: "Add or replace an item; its value is all of standard input (never an argument).",
+        abstract:
+            "Add or replace an item; its value is all of standard input (never an argument), or one line typed twice, unseen, at a terminal.",
         discussion:
             "The item gets the device's current accessmode and migrate setting, as a write through a mount does.")
 
@@ -21,6 +22,19 @@ struct SetCommand: ParsableCommand {
     func run() throws {
         let device = try RunningDevice(options.place)
         let value: SecureBytes
+        if isatty(0) == 1 {
+            // Typed at a terminal: without echo, one line (its newline is
+            // the end of the value, not part of it), twice, as `pass
+            // insert` asks; a pipe or a file still gives every byte.
+            guard let first = Passcode.read(prompt: "Value of \(item): "), first.count > 0 else {
+                throw fail("no value was typed; nothing was written")
+            }
+            guard let again = Passcode.read(prompt: "Repeat the value: "), again == first else {
+                throw fail("the two values differ; nothing was written")
+            }
+            try device.store(first, at: item)
+            return
+        }
         do {
             value = try readSecret(from: 0)
         } catch .read(let error) {

@@ -88,6 +88,14 @@ extension SerialTests {
                         + "\nprintf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\n\\n' | git credential reject"
                 )
                 .stderr.contains("nothing was erased"))
+            // A store while locked says so, and the helper's status says it
+            // too (git's own approve ignores a helper's status; issue 39).
+            let store =
+                "printf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\npassword=new\\n\\n'"
+            let approved = harness.sh(git + "\n\(store) | git credential approve")
+            #expect(approved.stderr.contains("the keychain is locked; the credentials were not stored"), "\(approved)")
+            let helper = harness.sh(git + "\n\(store) | git-credential-keychainfs --keychain \"$KC\" store")
+            #expect(helper.status == 3, "\(helper)")
             try harness.unlock(mnt)
             #expect(harness.sh(git + "\n\(request) | git credential fill").stdout.contains("password=s3cret"))
             #expect(

@@ -201,6 +201,12 @@ extension SerialTests {
                 #expect(access(harness.root + "/new/keychain.db", F_OK) != 0)
             }
             #expect(harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: "1234\n1234\n").succeeded)
+            // The keychain may come first, before the command (issue 39), as `git -C` does.
+            let first = harness.sh("\"$K\" --keychain \"$R/first\" init", stdin: "1234\n1234\n")
+            #expect(first.succeeded && FileManager.default.fileExists(atPath: harness.root + "/first/keychain.db"))
+            let status = harness.sh(
+                "\"$K\" --keychain=\"$R/first\" status | head -1; \"$K\" --keychain \"$R/first\" stop")
+            #expect(status.stdout == "state: stopped\n", "\(status)")
             let backup = harness.sh(
                 "\"$K\" backup \"$R/b.kcbak\" --keychain \"$R/new\"", stdin: "1234\nbackup-pw\nbackup-pq\n")
             #expect(backup.status == 1 && backup.stderr.contains("the two differ"), "\(backup)")
@@ -289,5 +295,55 @@ extension SerialTests.CommandLineTests {
         #expect(refused.stderr.contains("integrity check"))
         #expect(!harness.isMounted(mnt))
         #expect(harness.sh("sha256sum -c \"$R/before\"").succeeded)
+    }
+}
+
+extension SerialTests.CommandLineTests {
+    /// Issue 39: a value typed at a terminal is not echoed, is one line
+    /// (the Enter that ends it is not stored) and is asked twice; `get` to
+    /// a terminal ends with a newline, and to a pipe gives the bytes alone.
+    @Test func aValueTypedAtATerminalIsUnseenOneLineAndGetEndsItsLine() throws {
+        let harness = try MountHarness()
+        let mnt = try harness.mount()
+        try harness.unlock(mnt)
+        // Python's pty module plays the terminal: ANSWERS (comma-separated)
+        // typed at each prompt; prints the exit code and what it showed.
+        let driver = """
+            import os, pty, sys
+            pid, fd = pty.fork()
+            if pid == 0:
+                os.execv(sys.argv[1], sys.argv[1:])
+            shown, pending = b"", [a.encode() for a in os.environ.get("ANSWERS", "").split(",") if a]
+            while True:
+                try:
+                    chunk = os.read(fd, 1024)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+                if pending and shown.rstrip().endswith(b":"):
+                    os.write(fd, pending.pop(0) + b"\\n")
+                    shown += b"<typed>"
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status), repr(shown.decode(errors="replace")))
+            """
+        let typed = harness.sh(
+            """
+            ANSWERS=tty-value,tty-value python3 -c "$1" "$K" set default/typed --keychain "$KC"
+            ANSWERS=one,two python3 -c "$1" "$K" set default/other --keychain "$KC"
+            python3 -c "$1" "$K" get default/typed --keychain "$KC"
+            "$K" get default/typed --keychain "$KC" | od -c | head -1
+            "$K" get default/other --keychain "$KC" 2>&1
+            """, arguments: [driver])
+        let lines = typed.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.count == 5, "\(typed)")
+        #expect(
+            lines.first == "0 'Value of default/typed: \\r\\n<typed>\\r\\nRepeat the value: \\r\\n<typed>\\r\\n'",
+            "\(typed)")
+        #expect(lines.dropFirst().first?.hasPrefix("1 ") == true && lines[1].contains("the two values differ"))
+        #expect(lines.dropFirst(2).first == "0 'tty-value\\r\\n'", "\(typed)")
+        #expect(lines.dropFirst(3).first == "0000000   t   t   y   -   v   a   l   u   e", "\(typed)")
+        #expect(lines.last?.contains("does not exist") == true, "\(typed)")
     }
 }

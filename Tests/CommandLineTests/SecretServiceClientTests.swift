@@ -251,6 +251,7 @@ extension SerialTests.SecretServiceTests {
             printf pw1 | secret-tool store --label='GitHub token' service github.com username ada
             printf pw2 | secret-tool store --label=Mail service imap user bob
             printf '%s\\n' "$PASSCODE" | "$K" unlock || exit 98
+            "$K" import secret-service --dry-run 2>&1 | sort
             "$K" import secret-service > "$R/first" 2>&1; echo "import $?"; sort "$R/first"
             "$K" import secret-service > "$R/again" 2>&1; echo "again $?"; sort "$R/again"
             "$K" get "default/GitHub token"; echo
@@ -283,6 +284,9 @@ extension SerialTests.SecretServiceTests {
             """)
         #expect(
             moved.stdout == """
+                import   Login/GitHub token -> default/GitHub token
+                import   Login/Mail -> default/Mail
+                would import 2, keep 0 (a dry run: nothing was stored)
                 import 0
                 2 imported, 0 kept, 0 failed
                 imported Login/GitHub token -> default/GitHub token

@@ -158,7 +158,8 @@ extension SerialTests {
             while read -r command rest; do
                 case "$command" in
                 GETPIN) n=$((n + 1)); pin=$(sed -n "${n}p" "$R/answers")
-                        if [ -n "$pin" ]; then echo "D $pin"; echo OK; else echo "ERR 83886179 Operation cancelled"; fi ;;
+                        if [ "$pin" = FAIL ]; then echo "ERR 83918950 Inappropriate ioctl for device <Pinentry>"
+                        elif [ -n "$pin" ]; then echo "D $pin"; echo OK; else echo "ERR 83886179 Operation cancelled"; fi ;;
                 SETERROR) echo "$rest" >> "$R/pinentry.log"; echo OK ;;
                 SETDESC) echo "$rest" | sed 's|/.*/||' >> "$R/pinentry.log"; echo OK ;;
                 BYE) echo OK; exit 0 ;;
@@ -186,6 +187,10 @@ extension SerialTests {
                 PY
                 "$K" status | grep -E '^(state|failed)'
                 cat "$R/pinentry.log"
+                # A pinentry that cannot ask (no terminal, no display): dismissed, and the log says why.
+                "$K" lock && echo FAIL > "$R/answers"
+                /usr/bin/python3 -c 'import secretstorage; c = secretstorage.dbus_init(); print("failed, dismissed:", secretstorage.get_default_collection(c).unlock())'
+                "$K" log --keychain "$KC" | grep ' unlock-prompt failed ' | sed 's/^[^ ]* //; s/ pid=.*//' 
                 """, locked: true, environment: Self.pinentryEnvironment)
             #expect(
                 prompted.stdout == """
@@ -197,10 +202,13 @@ extension SerialTests {
                     python3.11 asks to unlock your keychain.
                     python3.11 asks to unlock your keychain.
                     Wrong passcode
+                    failed, dismissed: True
+                    unlock-prompt failed (the person cancelled)
+                    unlock-prompt failed (the pinentry could not ask: pinentry: Inappropriate ioctl for device <Pinentry>; no display or terminal?)
 
                     """, "\(prompted)")
             // The wrong passcode and the right one, each with the program that asked.
-            let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep 'unlock' | grep -c 'exe=/usr/bin/python3'")
+            let log = harness.sh("\"$K\" log --keychain \"$KC\" | grep ' unlock ' | grep -c 'exe=/usr/bin/python3'")
             #expect(log.stdout == "2\n", "\(log)")
         }
 

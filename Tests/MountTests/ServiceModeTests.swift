@@ -47,6 +47,26 @@ extension SerialTests {
             #expect(verified.succeeded && verified.stdout.contains("intact"), "\(verified)")
         }
 
+        /// A user who had a keychain of their own before the service came
+        /// is told where it went, and how to name it (issue 39: `get` said
+        /// only "you have no keychain in the keychainfs service").
+        @Test func aUsersOwnKeychainIsNamedWhenTheServiceHasNone() throws {
+            let service = try ServiceHarness()
+            let harness = try MountHarness(as: try OrdinaryUser(), service: service, creating: false)
+            let own = harness.sh(
+                """
+                export XDG_DATA_HOME="$R/data"
+                printf '1234\\n1234\\n' | KEYCHAINFS_SERVICE= "$K" init --keychain "$XDG_DATA_HOME/keychainfs" > /dev/null
+                "$K" get default/token; echo "get $?"
+                """)
+            #expect(
+                own.stderr.contains("you have no keychain in the keychainfs service")
+                    && own.stderr.contains(
+                        "your own keychain at \(harness.root)/data/keychainfs is used only when named: --keychain "),
+                "\(own)")
+            #expect(own.stdout == "get 2\n", "\(own)")
+        }
+
         @Test func eachUserReachesOnlyTheirOwnKeychain() throws {
             let service = try ServiceHarness()
             let (first, mnt) = try Self.userOfAService(service)

@@ -30,6 +30,7 @@ extension SerialTests {
             func removeObserver(_ token: Int) {}
             func itemNames() -> [String: [String]] { ["work": ["mail"]] }
             func answer(_ question: ConsentQuestion) -> ItemConsent.Answer { .denied }
+            func record(_ operation: String, result: String, subject: AuditSubject?, detail: String) {}
 
             func perform(
                 _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,

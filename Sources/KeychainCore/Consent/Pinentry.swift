@@ -114,8 +114,14 @@ package final class Pinentry {
                 do { return .passcode(try passcode.snapshot()) } catch {
                     throw Failure(description: "no memory for the passcode")
                 }
-            } else if reply.starts(with: Array("ERR".utf8)) {
+            } else if reply.starts(with: Array("ERR 83886179".utf8)) {
+                // GPG_ERR_CANCELED: the person's Cancel, or Escape.
                 return .cancelled
+            } else if reply.starts(with: Array("ERR".utf8)) {
+                // Any other error is the pinentry's own (no terminal, no display): said, not taken for a Cancel.
+                let said = String(
+                    decoding: reply.dropFirst(4).drop { $0 != UInt8(ascii: " ") }.dropFirst(), as: UTF8.self)
+                throw Failure(description: "pinentry: " + said)
             }
         }
     }

@@ -204,7 +204,7 @@ package enum ProgramIdentities {
     /// Where the symbolic link at `path` points. `reusing` is returned
     /// instead of a new String when the target is the same (the common case
     /// of an audited thread asking again): no allocation per request.
-    static func linkTarget(_ path: UnsafePointer<CChar>, reusing known: String? = nil) -> String? {
+    package static func linkTarget(_ path: UnsafePointer<CChar>, reusing known: String? = nil) -> String? {
         withUnsafeTemporaryAllocation(of: CChar.self, capacity: Int(PATH_MAX) + 1) { buffer -> String? in
             let count = readlink(path, buffer.baseAddress!, buffer.count)
             guard count > 0, count < buffer.count else { return nil }
