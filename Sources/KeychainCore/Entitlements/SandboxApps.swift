@@ -44,13 +44,16 @@ enum SandboxApps {
     /// The app `thread` runs as, and why it cannot be taken for it (nil
     /// when nothing says so); nil when it runs in no sandbox we know.
     static func app(of thread: pid_t) -> (app: SandboxApp, problem: String?)? {
+        // Both kinds of sandbox have a mount namespace of their own (snap-confine
+        // makes one per snap): a process in the device's is none, for one stat
+        // (this runs for every identification, a policed read's among them).
+        guard let mountNamespace = mountNamespace(of: thread), let ours = ownMountNamespace,
+            mountNamespace != ours
+        else { return nil }
         if let label = appArmorLabel(of: thread), let name = snapName(fromLabel: label) {
             // AppArmor confines the snap to its label: it cannot take another.
             return (.snap(name), tracerProblem(thread))
         }
-        guard let mountNamespace = mountNamespace(of: thread), let ours = ownMountNamespace,
-            mountNamespace != ours
-        else { return nil }
         let info = ProgramIdentities.withProcPath(thread, "root") { root -> [UInt8]? in
             let directory = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
             guard directory >= 0 else { return nil }
