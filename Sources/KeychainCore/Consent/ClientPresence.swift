@@ -23,14 +23,8 @@ package enum ClientPresence {
     /// less those it blocks or ignores): it asked to stop waiting.
     package static func uninterrupted(thread: Int32) -> Bool {
         guard let status = ProgramIdentities.readProcFile(thread, "status", limit: 8 << 10) else { return false }
-        var masks: [String: UInt64] = [:]
-        for line in String(decoding: status, as: UTF8.self).split(separator: "\n") {
-            for key in ["SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:"] where line.hasPrefix(key) {
-                masks[key] = UInt64(line.dropFirst(key.count).filter { !$0.isWhitespace }, radix: 16)
-            }
-        }
-        guard let own = masks["SigPnd:"], let shared = masks["ShdPnd:"], let blocked = masks["SigBlk:"],
-            let ignored = masks["SigIgn:"]
+        guard let own = ProcStatus.mask("SigPnd:", in: status), let shared = ProcStatus.mask("ShdPnd:", in: status),
+            let blocked = ProcStatus.mask("SigBlk:", in: status), let ignored = ProcStatus.mask("SigIgn:", in: status)
         else { return false }
         // SIGKILL (bit 8) is neither blockable nor ignorable.
         let kill: UInt64 = 1 << 8

@@ -188,6 +188,15 @@ enum CallerTrust {
 
 /// Fields of `/proc/PID/status` (proc(5)): `Name:\tvalue` lines.
 enum ProcStatus {
+    /// The hexadecimal value of the line starting with `key` (the
+    /// capability and signal masks: `CapEff:\t0000000000000000`).
+    static func mask(_ key: String, in status: [UInt8]) -> UInt64? {
+        for line in String(decoding: status, as: UTF8.self).split(separator: "\n") where line.hasPrefix(key) {
+            return UInt64(line.dropFirst(key.count).filter { !$0.isWhitespace }, radix: 16)
+        }
+        return nil
+    }
+
     /// The decimal value of the line starting with `key` (e.g. `Tgid:`), read as bytes.
     static func number<Bytes: RandomAccessCollection<UInt8>>(_ key: StaticString, in status: Bytes) -> Int32?
     where Bytes.Index == Int {

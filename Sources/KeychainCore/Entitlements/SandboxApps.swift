@@ -161,17 +161,9 @@ enum SandboxApps {
     /// program: ``nestingProblem(_:in:host:)`` tells that one.)
     private static func sandboxProblem(_ thread: pid_t) -> String? {
         guard let status = ProgramIdentities.readProcFile(thread, "status", limit: 8 << 10),
-            let capabilities = hexField("CapEff:", in: status)
+            let capabilities = ProcStatus.mask("CapEff:", in: status)
         else { return "its sandbox cannot be examined" }
         return capabilities == 0 ? nil : "it holds capabilities in its sandbox"
-    }
-
-    /// A hexadecimal field of `/proc/PID/status` (`CapEff:\t0000000000000000`).
-    private static func hexField(_ key: String, in status: [UInt8]) -> UInt64? {
-        for line in String(decoding: status, as: UTF8.self).split(separator: "\n") where line.hasPrefix(key) {
-            return UInt64(line.dropFirst(key.count).trimmingCharacters(in: " \t"), radix: 16)
-        }
-        return nil
     }
 
     private static func tracerProblem(_ thread: pid_t) -> String? { CallerTrust.tracerProblem(thread) }
