@@ -73,10 +73,25 @@ CTSS_ESYS(Esys_Load, (ESYS_CONTEXT *context, ESYS_TR parent, TPM2B_PRIVATE const
           (context, parent, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE, private, public, object))
 CTSS_ESYS(Esys_Unseal, (ESYS_CONTEXT *context, ESYS_TR object, ESYS_TR session, TPM2B_SENSITIVE_DATA **data),
           (context, object, session, ESYS_TR_NONE, ESYS_TR_NONE, data))
-CTSS_ESYS(Esys_NV_Increment, (ESYS_CONTEXT *context, ESYS_TR index),
-          (context, index, index, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE))
-CTSS_ESYS(Esys_NV_Read, (ESYS_CONTEXT *context, ESYS_TR index, UINT16 size, TPM2B_MAX_NV_BUFFER **data),
-          (context, index, index, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE, size, 0, data))
+// NV_Increment and NV_Read authorized by the index itself, in `session`
+// (ESYS_TR_PASSWORD for an empty auth, else an HMAC session).
+CTSS_ESYS(Esys_NV_Increment, (ESYS_CONTEXT *context, ESYS_TR index, ESYS_TR session),
+          (context, index, index, session, ESYS_TR_NONE, ESYS_TR_NONE))
+CTSS_ESYS(Esys_NV_Read, (ESYS_CONTEXT *context, ESYS_TR index, ESYS_TR session, UINT16 size, TPM2B_MAX_NV_BUFFER **data),
+          (context, index, index, session, ESYS_TR_NONE, ESYS_TR_NONE, size, 0, data))
+CTSS_ESYS(Esys_NV_ReadPublic, (ESYS_CONTEXT *context, ESYS_TR index, TPM2B_NV_PUBLIC **info, TPM2B_NAME **name),
+          (context, index, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, info, name))
+// Defined under the owner hierarchy (its auth in a password session, as
+// tpm2-tools does); `encrypting` carries the new index's auth encrypted.
+CTSS_ESYS(Esys_NV_DefineSpace, (ESYS_CONTEXT *context, ESYS_TR encrypting, TPM2B_AUTH const *auth,
+                                TPM2B_NV_PUBLIC const *info, ESYS_TR *index),
+          (context, ESYS_TR_RH_OWNER, ESYS_TR_PASSWORD, encrypting, ESYS_TR_NONE, auth, info, index))
+CTSS_ESYS(Esys_NV_UndefineSpace, (ESYS_CONTEXT *context, ESYS_TR index),
+          (context, ESYS_TR_RH_OWNER, index, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE))
+CTSS_ESYS(Esys_TR_GetName, (ESYS_CONTEXT *context, ESYS_TR handle, TPM2B_NAME **name), (context, handle, name))
+CTSS_ESYS(Esys_StartAuthSession, (ESYS_CONTEXT *context, ESYS_TR salt, TPMT_SYM_DEF const *symmetric, ESYS_TR *session),
+          (context, salt, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, NULL, TPM2_SE_HMAC, symmetric,
+           TPM2_ALG_SHA256, session))
 CTSS_ESYS(Esys_GetCapability, (ESYS_CONTEXT *context, TPM2_CAP capability, UINT32 property, UINT32 count,
                                TPMS_CAPABILITY_DATA **data),
           (context, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, capability, property, count, NULL, data))
@@ -107,25 +122,6 @@ static inline TSS2_RC CTSS_create_primary(ESYS_CONTEXT *context, ESYS_TR *primar
     if (!function) return CTSS_MISSING;
     return function(context, ESYS_TR_RH_OWNER, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE,
                     &sensitive, &template, &outside, &pcrs, primary, NULL, NULL, NULL, NULL);
-}
-
-// An HMAC session salted with `primary` (its secret is sent encrypted to
-// that key), SHA-256, whose command and response parameters are encrypted
-// with AES-128-CFB: a passcode-derived auth, a secret being sealed or
-// unsealed never cross the bus to the TPM in the clear.
-static inline TSS2_RC CTSS_start_salted_session(ESYS_CONTEXT *context, ESYS_TR primary, ESYS_TR *session) {
-    TPMT_SYM_DEF symmetric = {0};
-    symmetric.algorithm = TPM2_ALG_AES;
-    symmetric.keyBits.aes = 128;
-    symmetric.mode.aes = TPM2_ALG_CFB;
-    __typeof__(&Esys_StartAuthSession) function =
-        (__typeof__(&Esys_StartAuthSession))CTSS_symbol("libtss2-esys.so.0", "Esys_StartAuthSession");
-    if (!function) return CTSS_MISSING;
-    TSS2_RC rc = function(context, primary, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, NULL,
-                          TPM2_SE_HMAC, &symmetric, TPM2_ALG_SHA256, session);
-    if (rc != TSS2_RC_SUCCESS) return rc;
-    return CTSS_Esys_TRSess_SetAttributes(context, *session,
-        TPMA_SESSION_DECRYPT | TPMA_SESSION_ENCRYPT | TPMA_SESSION_CONTINUESESSION, 0xff);
 }
 
 // Seals `data` (at most 128 bytes) under `primary` as a keyed-hash object
@@ -202,23 +198,6 @@ static inline TSS2_RC CTSS_set_auth(ESYS_CONTEXT *context, ESYS_TR handle, const
     TSS2_RC rc = CTSS_Esys_TR_SetAuth(context, handle, &value);
     memset(&value, 0, sizeof value);
     return rc;
-}
-
-// Defines an 8-byte NV counter at `index`, owner-authorized (empty owner
-// auth), readable and incremented with its own empty auth, outside the
-// dictionary-attack logic.
-static inline TSS2_RC CTSS_define_counter(ESYS_CONTEXT *context, TPM2_HANDLE index, ESYS_TR *handle) {
-    TPM2B_AUTH auth = {0};
-    TPM2B_NV_PUBLIC info = {0};
-    info.nvPublic.nvIndex = index;
-    info.nvPublic.nameAlg = TPM2_ALG_SHA256;
-    info.nvPublic.attributes = (TPM2_NT_COUNTER << TPMA_NV_TPM2_NT_SHIFT) | TPMA_NV_OWNERWRITE | TPMA_NV_OWNERREAD
-        | TPMA_NV_AUTHWRITE | TPMA_NV_AUTHREAD | TPMA_NV_NO_DA;
-    info.nvPublic.dataSize = 8;
-    __typeof__(&Esys_NV_DefineSpace) function =
-        (__typeof__(&Esys_NV_DefineSpace))CTSS_symbol("libtss2-esys.so.0", "Esys_NV_DefineSpace");
-    if (!function) return CTSS_MISSING;
-    return function(context, ESYS_TR_RH_OWNER, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE, &auth, &info, handle);
 }
 
 // The 8-byte big-endian value of an NV read, as a number.

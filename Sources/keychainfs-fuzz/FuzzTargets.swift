@@ -108,16 +108,19 @@ enum FuzzTarget: String, CaseIterable {
                 check(opened.deviceSecret.count == Crypto.keySize, "a recovery record opened to a wrong size")
             }
         case 2:
-            let record = rest + Self.secret.mac("kcfs-rollback-v1", rest)
+            // Both versions: the first byte picks the domain it is MACed in.
+            guard let version = rest.first else { return }
+            let body = Array(rest.dropFirst())
+            let record = body + Self.secret.mac(version & 1 == 0 ? "kcfs-rollback-v1" : "kcfs-rollback-v2", body)
             guard let decoded = try? RollbackRecord(decoding: record, secret: Self.secret) else { return }
             check(
                 decoded.encoded(secret: Self.secret) == record,
                 "an accepted rollback record does not re-encode to itself")
         default:
             guard let contents = try? SecureBytes(rest), let file = try? DeviceSecretFile(contents) else { return }
-            if case .sealed(let blob) = file {
+            if case .sealed(let blob, let storageKey?) = file {
                 check(
-                    DeviceSecretFile.encodeSealed(blob) == rest,
+                    DeviceSecretFile.encodeSealed(blob, storageKey: storageKey) == rest,
                     "a sealed device-secret file does not re-encode to itself")
             }
         }

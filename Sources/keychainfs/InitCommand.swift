@@ -43,13 +43,19 @@ struct InitCommand: ParsableCommand {
         } catch .io {
             // The core has just said which path failed, and why.
             throw fail("no keychain was created at \(directory.path)")
-        } catch .tpmUnavailable {
+        } catch .tpmUnavailable where requireTPM {
             throw fail("no keychain was created: no TPM answers (--tpm); leave it out to keep the keys in a file")
+        } catch .tpmUnavailable {
+            // Only a TPM that was named ($TPM2TOOLS_TCTI) is missed this way.
+            throw fail(
+                "no keychain was created: no TPM answers at $TPM2TOOLS_TCTI "
+                    + "(\(TrustedPlatformModule.configuredTCTI ?? "")); unset it for the default TPM, or keep the "
+                    + "keys in a file with --no-tpm")
         } catch {
             throw fail("cannot create the keychain at \(directory.path): \(error)")
         }
         print("created a keychain at \(directory.path)")
-        RecoveryKeyNotice.show(recovery)
+        RecoveryKeyNotice.show(recovery, declined: noTPM)
     }
 
     /// The passcode the new keychain gets, typed twice (nil: --no-passcode).
@@ -83,8 +89,11 @@ struct InitCommand: ParsableCommand {
 /// What `init`, `passcode --tpm` and `recover` say about how the keys are
 /// kept, with the recovery key shown once when a TPM sealed them.
 enum RecoveryKeyNotice {
-    static func show(_ recovery: RecoveryKey?) {
+    /// `declined`: the user asked for a file (--no-tpm); otherwise a
+    /// keychain without a TPM says why there was none.
+    static func show(_ recovery: RecoveryKey?, declined: Bool = true) {
         show(formatted: recovery?.formatted())
+        if recovery == nil, !declined { print("no TPM: \(KeyProtection.whyNoTPM())") }
     }
 
     /// After `recover`: whether the keychain is sealed now (the recovery key stays the same).

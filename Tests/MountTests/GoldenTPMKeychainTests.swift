@@ -40,6 +40,8 @@ extension SerialTests {
             let tpm = try SoftwareTPM(copyingState: Self.fixture + "/tpm-state")
             let keychain = try Self.copiedKeychain(into: scratch.root)
             #expect(try keychain.keyProtection() == .tpm2)
+            let legacyCounter = try TPMTools.counterIndexes(on: tpm)
+            #expect(legacyCounter.count == 1)
             do {
                 let device = try Device(directory: keychain, tcti: tpm.tcti)
                 defer { device.shutDown() }
@@ -55,9 +57,20 @@ extension SerialTests {
                 }
                 #expect(device.keyProtection.protection == .tpm2)
             }
+            // Its first boot (issue 38) pinned the storage key in the device-secret
+            // file, gave it a counter of its own and freed the one made before.
+            let file = try Data(contentsOf: URL(fileURLWithPath: keychain.path + "/device-secret"))
+            #expect(file.prefix(9) == Data("KCFSTPM2".utf8) + [2])
+            let counters = try TPMTools.counterIndexes(on: tpm)
+            #expect(counters.count == 1 && counters != legacyCounter, "\(counters) after \(legacyCounter)")
+            #expect(KeyProtectionTests.boot(keychain, on: tpm) == nil)
+            // The fixture as it was, put back, is behind: its counter is gone.
+            try FileManager.default.createDirectory(atPath: scratch.root + "/older", withIntermediateDirectories: false)
+            let older = try Self.copiedKeychain(into: scratch.root + "/older")
+            #expect(KeyProtectionTests.boot(older, on: tpm) == .rollbackCounterGone)
             // On another TPM it opens nothing; its recovery key opens it there.
             let other = try SoftwareTPM()
-            #expect(throws: KeychainError.tpmMismatch) { try Device(directory: keychain, tcti: other.tcti) }
+            #expect(throws: KeychainError.tpmStorageKeyChanged) { try Device(directory: keychain, tcti: other.tcti) }
             let key = try #require(RecoveryKey(typed: SecureBytes(Self.recoveryKey)))
             try Device.recover(
                 at: keychain, recoveryKey: key, newPasscode: SecureBytes("5678"),

@@ -56,19 +56,28 @@ extension SerialTests {
             #expect(opened.withUnsafeBytes { Array($0) } == Array("s".utf8))
         }
 
-        @Test func theCounterOnlyGoesUpAndSurvivesAReboot() throws {
+        @Test func theCounterOnlyGoesUpSurvivesARebootAndAnswersOnlyItsAuth() throws {
             let software = try SoftwareTPM()
             var tpm = try TrustedPlatformModule(tcti: software.tcti)
             let index: UInt32 = 0x0180_4B43
-            try tpm.defineCounter(at: index)
-            #expect(try tpm.counter(at: index) >= 1)
-            let first = try tpm.counter(at: index)
-            #expect(try tpm.increment(counter: index) == first + 1)
-            #expect(try tpm.increment(counter: index) == first + 2)
-            #expect(throws: TPMError.indexTaken) { try tpm.defineCounter(at: index) }
+            let auth = try Self.secret("counter-auth")
+            let name = try tpm.defineCounter(at: index, auth: auth)
+            let counter = CounterReference(index: index, name: name, auth: auth)
+            let first = try tpm.value(of: counter)
+            #expect(first >= 1)
+            #expect(try tpm.increment(counter) == first + 1)
+            #expect(try tpm.increment(counter) == first + 2)
+            #expect(throws: TPMError.indexTaken) { try tpm.defineCounter(at: index, auth: auth) }
+            // Another auth moves nothing, and reads nothing.
+            let guessed = CounterReference(index: index, name: name, auth: try Self.secret("guessed"))
+            #expect(throws: TPMError.authFailed) { try tpm.increment(guessed) }
+            #expect(throws: TPMError.authFailed) { try tpm.value(of: guessed) }
             try software.restart()
             tpm = try TrustedPlatformModule(tcti: software.tcti)
-            #expect(try tpm.counter(at: index) == first + 2)
+            #expect(try tpm.value(of: counter) == first + 2)
+            // Freed, it is gone; defined again, it has the same name only if made alike, and starts no lower.
+            try tpm.undefine(counter)
+            #expect(throws: TPMError.counterMissing) { try tpm.value(of: counter) }
         }
 
         @Test func noTPMIsSaidPlainly() {

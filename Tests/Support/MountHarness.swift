@@ -18,7 +18,9 @@ package struct ShellResult: CustomStringConvertible {
 /// still alive when the test ends, passed or failed.
 package final class MountHarness: @unchecked Sendable {
     package static let passcode = "1234"
-    /// A TCTI at which no TPM answers (the loopback's port 1 refuses at once).
+    /// A TCTI at which no TPM answers (the loopback's port 1 refuses at once),
+    /// with `KEYCHAINFS_TPM=none`, which makes `init` keep the keys in a file
+    /// rather than fail at a TPM named that does not answer (issue 38).
     package static let noTPM = "swtpm:host=127.0.0.1,port=1"
 
     package let root: String
@@ -169,6 +171,7 @@ package final class MountHarness: @unchecked Sendable {
         // real one would seal every test's keychain and keep an NV counter
         // for each, and the tests must not depend on the machine.
         environment["TPM2TOOLS_TCTI"] = MountHarness.noTPM
+        if extraEnvironment["TPM2TOOLS_TCTI"] == nil { environment["KEYCHAINFS_TPM"] = "none" }
         environment.merge(extraEnvironment) { _, extra in extra }
         // Only where a test asks for it: a service installed on this machine is not the test's.
         environment["KEYCHAINFS_SERVICE"] = service?.socket ?? ""

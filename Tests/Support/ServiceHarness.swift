@@ -51,9 +51,10 @@ package final class ServiceHarness: @unchecked Sendable {
         // prlimit sets the limit, then execs the service: the pid is the service's.
         let limited = descriptorLimit.map { ["/usr/bin/prlimit", "--nofile=\($0):\($0)", "--"] } ?? []
         // No TPM unless the test brings one (MountHarness.noTPM says why).
-        let variables = ProcessInfo.processInfo.environment.merging(["TPM2TOOLS_TCTI": MountHarness.noTPM]) { _, ours in
-            ours
-        }
+        let noTPM = environment["TPM2TOOLS_TCTI"] == nil ? ["KEYCHAINFS_TPM": "none"] : [:]
+        let variables = ProcessInfo.processInfo.environment.merging(
+            ["TPM2TOOLS_TCTI": MountHarness.noTPM].merging(noTPM) { _, ours in ours }
+        ) { _, ours in ours }
         .merging(environment) { _, ours in ours }.map { "\($0.key)=\($0.value)" }
         pid = try MountHarness.startReady(
             limited + [

@@ -93,3 +93,35 @@ package final class SoftwareTPM: @unchecked Sendable {
         } == 0
     }
 }
+
+/// tpm2-tools (Debian's `tpm2-tools`) against a software TPM, as anyone
+/// who reaches a TPM can run them: the attacks of issue 38.
+package enum TPMTools {
+    /// Runs `script` with `sh -c`, `$TPM2TOOLS_TCTI` naming `tpm`; stdout and stderr together.
+    package static func run(_ script: String, on tpm: SoftwareTPM) throws -> (status: Int32, output: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", script]
+        var environment = ProcessInfo.processInfo.environment
+        environment["TPM2TOOLS_TCTI"] = tpm.tcti
+        environment["TSS2_LOG"] = "all+NONE"
+        process.environment = environment
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+
+    /// The NV indexes defined in the owner range keychains take (0x01810000 and up), in order.
+    package static func counterIndexes(on tpm: SoftwareTPM) throws -> [UInt32] {
+        let listed = try run("tpm2_getcap handles-nv-index", on: tpm)
+        guard listed.status == 0 else { throw HarnessError("tpm2_getcap failed: \(listed.output)") }
+        return listed.output.split(separator: "\n").compactMap { line in
+            let hex = line.trimmingCharacters(in: CharacterSet(charactersIn: "- ")).dropFirst(2)
+            return UInt32(hex, radix: 16)
+        }.filter { $0 >= 0x0181_0000 && $0 <= 0x01BF_FFFF }.sorted()
+    }
+}

@@ -19,6 +19,9 @@ struct DeviceSecret: Sendable {
     /// Seals the items' details (``ItemDetails``): always available, as
     /// names are, so that a search finds locked items.
     let detailsKey: GuardedKey
+    /// The auth of the keychain's TPM rollback counter (issue 38): only
+    /// the holder of the device secret reads and increments it.
+    let counterAuth: SecureBytes
     /// The TPM rollback counter's value that the state, policy and audit
     /// anchor records are bound to (nil: a keychain without a counter):
     /// it is part of their MACs' domain, so a record from before a bump
@@ -33,6 +36,7 @@ struct DeviceSecret: Sendable {
         rowDigestKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 3, context: "kcfsdev1") })
         auditKey = master.withKey { Crypto.subkey(of: $0, id: 4, context: "kcfsdev1") }
         detailsKey = GuardedKey(copying: master.withKey { Crypto.subkey(of: $0, id: 5, context: "kcfsdev1") })
+        counterAuth = master.withKey { Crypto.subkey(of: $0, id: 6, context: "kcfsdev1") }
     }
 
     func mac(_ domain: String, _ record: [UInt8]) -> [UInt8] {
@@ -63,23 +67,41 @@ struct DeviceSecret: Sendable {
         epoch.map { "\(domain)@\($0)" } ?? domain
     }
 
+    /// The epoch `domain`'s record carries now: the current ``epoch``, or
+    /// none for a record bound only since issue 38 in a keychain whose
+    /// rollback record is still version 1.
+    func epoch(of domain: String) -> UInt64? {
+        let (value, bindsAll) = epoch.state
+        return bindsAll || !RollbackRecord.isLateBound(domain) ? value : nil
+    }
+
     /// An ``authenticatedRecord(_:_:)`` bound to the current ``epoch``.
     func boundRecord(_ domain: String, _ body: [UInt8]) -> [UInt8] {
-        authenticatedRecord(Self.boundDomain(domain, epoch: epoch.value), body)
+        authenticatedRecord(Self.boundDomain(domain, epoch: epoch(of: domain)), body)
     }
 
     /// The body of a ``boundRecord(_:_:)`` of the current ``epoch``.
     func boundBody(_ domain: String, _ record: [UInt8], length: Int? = nil) throws(KeychainError) -> [UInt8] {
-        try authenticatedBody(Self.boundDomain(domain, epoch: epoch.value), record, length: length)
+        try authenticatedBody(Self.boundDomain(domain, epoch: epoch(of: domain)), record, length: length)
     }
 }
 
 /// The rollback counter's value a keychain's bound records carry: set at
 /// boot from the ``RollbackRecord`` and by each bump, while the store's
-/// connection is held (an item write reads it inside its transaction).
+/// connection is held (an item write reads it inside its transaction);
+/// and whether every record of ``RollbackRecord/boundRecords`` carries it
+/// (false in a version-1 keychain until its first boot upgrades it).
 final class RollbackEpoch: Sendable {
-    private let current = Mutex<UInt64?>(nil)
+    private let current = Mutex<(value: UInt64?, bindsAll: Bool)>((nil, true))
     var value: UInt64? {
+        get { current.withLock { $0.value } }
+        set { current.withLock { $0.value = newValue } }
+    }
+    var bindsAll: Bool {
+        get { current.withLock { $0.bindsAll } }
+        set { current.withLock { $0.bindsAll = newValue } }
+    }
+    var state: (value: UInt64?, bindsAll: Bool) {
         get { current.withLock { $0 } }
         set { current.withLock { $0 = newValue } }
     }
@@ -106,7 +128,9 @@ struct Keybag {
     /// The first version that requires the `state` and `lockout` records.
     static let stateVersion: UInt8 = 2
     static let recordKey = "keybag"
-    private static let macDomain = "kcfs-keybag-v1"
+    /// Bound to the rollback counter (``DeviceSecret/boundRecord(_:_:)``)
+    /// since issue 38: an older keybag (an older passcode) fails beside newer records.
+    static let macDomain = "kcfs-keybag-v1"
 
     /// The format this record was written in (``version`` for new ones).
     var formatVersion = Keybag.version
@@ -331,13 +355,13 @@ struct Keybag {
             writer.append(UInt16(object.count))
             writer.append(object)
         }
-        return secret.authenticatedRecord(Self.macDomain, writer.bytes)
+        return secret.boundRecord(Self.macDomain, writer.bytes)
     }
 
     /// Parses and authenticates the record: ``KeychainError/decode`` when it
     /// was altered or belongs to another device secret.
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-        var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record))
+        var reader = ByteReader(try secret.boundBody(Self.macDomain, record))
         formatVersion = try reader.readByte()
         guard (1...Self.tpmVersion).contains(formatVersion) else { throw .decode }
         // Only the two canonical values: a record means one thing only.

@@ -30,27 +30,37 @@ extension Device {
         Sodium.ensureInitialized()
         if let passcode, passcode.count == 0 { throw .param }
         if directory.exists { throw .duplicateKeychain }
-        let tpm = try KeychainTPM.chosen(choice, tcti: tcti)
+        var tpm = try KeychainTPM.chosen(choice, tcti: tcti)
         try directory.prepareForCreation()
         let secretBytes = SecureBytes.random(count: Crypto.keySize)
         let secret = DeviceSecret(secret: secretBytes)
-        let (bag, classKeys) = try SecretThread.run { () throws(KeychainError) in
-            try Keybag.create(secret: secret, passcode: passcode, kdf: kdf, tpm: tpm)
-        }
         var fileContents = secretBytes
+        if let chosen = tpm {
+            // Sealed first: the storage key it is sealed under is pinned
+            // before the passcode's object is sealed under it too.
+            let sealed = try chosen.sealDeviceSecret(secretBytes)
+            tpm?.storageKey = sealed.storageKey
+            fileContents = try SecureBytes(DeviceSecretFile.encodeSealed(sealed.blob, storageKey: sealed.storageKey))
+        }
+        let sealingTPM = tpm
+        let (bag, classKeys) = try SecretThread.run { () throws(KeychainError) in
+            try Keybag.create(secret: secret, passcode: passcode, kdf: kdf, tpm: sealingTPM)
+        }
         var extraRecords: [(String, [UInt8])] = []
         var recovery: RecoveryKey?
         if let tpm {
-            fileContents = try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(secretBytes)))
-            let counter = try tpm.defineCounter(candidates: counterIndexes)
+            let counter = try tpm.defineCounter(auth: secret.counterAuth, candidates: counterIndexes)
             secret.epoch.value = counter.value
             let key = RecoveryKey.generate()
             extraRecords = [
                 (
                     RollbackRecord.recordKey,
-                    RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)
+                    RollbackRecord(counter: counter.counter, epoch: counter.value).encoded(secret: secret)
                 ),
-                (RecoveryKey.recordKey, try key.sealRecord(deviceSecret: secretBytes, classKeys: classKeys))
+                (
+                    RecoveryKey.recordKey,
+                    try key.sealRecord(deviceSecret: secretBytes, classKeys: classKeys, binding: secret)
+                )
             ]
             recovery = key
         }
@@ -103,6 +113,9 @@ struct BootRecords {
             }
             if keybag.formatVersion < Keybag.detailsVersion { try store.addDetailsColumn() }
             try store.setMetadata(Keybag.recordKey, keybag.encoded(secret: secret))
+        }
+        if let recovery = try store.metadata(RecoveryKey.recordKey) {
+            try Device.verifyRecoveryBinding(recovery, secret: secret)
         }
         guard let entitlementRecord = try store.metadata(EntitlementPolicy.recordKey) else {
             // Deleting it would open every group to every program.

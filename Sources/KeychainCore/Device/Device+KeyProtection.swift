@@ -12,23 +12,37 @@ public struct KeyProtectionStatus: Sendable, Equatable {
     public var tpmFailures: UInt32?
     public var tpmMaximumFailures: UInt32?
     public var tpmRecoverySeconds: UInt32?
+    /// Whether the TPM's lockout hierarchy has an auth: without one, anyone
+    /// who reaches the TPM can clear its count or stop its counting.
+    public var tpmLockoutAuthSet: Bool?
     /// The rollback counter's value the keychain's state is bound to.
     public var rollbackCounter: UInt64?
 
     public init(
         protection: KeyProtection, tpmFailures: UInt32? = nil, tpmMaximumFailures: UInt32? = nil,
-        tpmRecoverySeconds: UInt32? = nil, rollbackCounter: UInt64? = nil
+        tpmRecoverySeconds: UInt32? = nil, tpmLockoutAuthSet: Bool? = nil, rollbackCounter: UInt64? = nil
     ) {
         self.protection = protection
         self.tpmFailures = tpmFailures
         self.tpmMaximumFailures = tpmMaximumFailures
         self.tpmRecoverySeconds = tpmRecoverySeconds
+        self.tpmLockoutAuthSet = tpmLockoutAuthSet
         self.rollbackCounter = rollbackCounter
     }
 
+    /// The TPM's lockout as far as it is known.
+    var tpmLockout: TPMLockoutState? {
+        guard let tpmFailures, let tpmMaximumFailures, let tpmRecoverySeconds, let tpmLockoutAuthSet else { return nil }
+        return TPMLockoutState(
+            failures: tpmFailures, maximum: tpmMaximumFailures, recoverySeconds: tpmRecoverySeconds,
+            lockoutAuthSet: tpmLockoutAuthSet)
+    }
+
     /// As `status` and `.control` show it: `key-protection`, then what it
-    /// protects against (`key-protection-limits`), the TPM's lockout and
-    /// the rollback counter. Said where a user looks, not only in the docs.
+    /// protects against (`key-protection-limits`), the TPM's lockout, what
+    /// holds it (`tpm-lockout-guard`) and the rollback counter. Said where
+    /// a user looks, not only in the docs, and only what holds now: a TPM
+    /// whose counting is switched off is not said to limit guesses.
     public var lines: [String] {
         var lines = ["key-protection: \(protection.rawValue)"]
         switch protection {
@@ -39,15 +53,30 @@ public struct KeyProtectionStatus: Sendable, Equatable {
                     + "every 4-digit passcode within 15 minutes, every 6-digit one within a day; choose a long "
                     + "passcode, or seal the keys to a TPM (`keychainfs passcode --tpm`)")
         case .tpm2:
+            let guesses: String
+            switch tpmLockout {
+            case .some(let lockout) where !lockout.limitsGuesses:
+                guesses =
+                    "passcode guesses go through the TPM, but its lockout is switched off (\(lockout.maximum) tries, "
+                    + "\(lockout.recoverySeconds) s to forget one): they are limited only by its speed"
+            case .some(let lockout) where !lockout.lockoutAuthSet:
+                guesses =
+                    "passcode guesses go through the TPM and its lockout, which anyone who reaches the TPM "
+                    + "can reset (its lockout auth is empty)"
+            case .some: guesses = "passcode guesses go through the TPM and its lockout"
+            case .none: guesses = "passcode guesses go through the TPM (which does not answer now)"
+            }
             lines.append(
                 "key-protection-limits: the keys are sealed by this machine's TPM: a copy of the files opens "
-                    + "nowhere else, passcode guesses go through the TPM and its lockout, an older copy put back "
-                    + "is refused (writes of the last \(RollbackRecord.writeBumpInterval / 60) minutes before a lock "
-                    + "aside); root on this machine can still ask the TPM")
+                    + "nowhere else, \(guesses); an older copy put back is refused, except for writes of "
+                    + "the last \(RollbackRecord.idleBindSeconds) s (\(RollbackRecord.maximumWindowSeconds) s "
+                    + "while writes go on), which are bound to the counter after that and at every lock; "
+                    + "root on this machine can still ask the TPM")
             if let failures = tpmFailures, let maximum = tpmMaximumFailures {
                 lines.append("tpm-lockout: \(failures) of \(maximum)")
             }
             if let seconds = tpmRecoverySeconds { lines.append("tpm-lockout-recovery: \(seconds)") }
+            if let set = tpmLockoutAuthSet { lines.append("tpm-lockout-auth: \(set ? "set" : "empty")") }
             if let counter = rollbackCounter { lines.append("rollback-counter: \(counter)") }
         }
         return lines
@@ -70,13 +99,14 @@ extension Device {
     // MARK: Boot
 
     /// The keychain's rollback counter checked against the TPM at boot
-    /// (``RollbackRecord``): returns the TPM and the counter's NV index (nil,
-    /// nil for a keychain kept in a file). A keychain sealed by a TPM must
-    /// have the record: one removed to escape the check is tampering.
+    /// (``RollbackRecord``): returns the TPM and the counter (nil, nil for
+    /// a keychain kept in a file). A keychain sealed by a TPM must have the
+    /// record: one removed to escape the check is tampering. A version-1
+    /// keychain gets a counter of its own (``upgradeCounter(_:secret:from:tpm:)``).
     static func checkRollback(
         _ directory: KeychainDirectory, store: ItemStore, secret: DeviceSecret,
         sealedBy: KeychainTPM?, tcti: String?
-    ) throws(KeychainError) -> (KeychainTPM?, UInt32?) {
+    ) throws(KeychainError) -> (KeychainTPM?, CounterReference?) {
         guard let raw = try store.metadata(RollbackRecord.recordKey) else {
             guard sealedBy == nil else {
                 Diagnostics.log("the keychain is sealed by a TPM, but its rollback record is missing")
@@ -84,24 +114,56 @@ extension Device {
             }
             return (nil, nil)
         }
-        let record: RollbackRecord
-        do throws(KeychainError) {
-            record = try RollbackRecord(decoding: raw, secret: secret)
-        } catch {
-            Diagnostics.log("the rollback record failed authentication")
-            throw error
-        }
-        let tpm = sealedBy ?? KeychainTPM(tcti: tcti)
-        try record.check(against: tpm)
-        secret.epoch.value = record.epoch
+        let record = try decodeRollbackRecord(raw, secret: secret)
+        var tpm = sealedBy ?? KeychainTPM(tcti: tcti)
+        try record.check(against: tpm, secret: secret)
+        secret.epoch.state = (record.epoch, !record.isLegacy)
         if sealedBy == nil {
             // A move to the TPM committed in the database before its
             // device-secret file was replaced: finish it.
             let plain = try directory.readDeviceSecret(tcti: tcti)
+            let sealed = try tpm.sealDeviceSecret(plain)
             try directory.writeDeviceSecret(
-                try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(plain))))
+                try SecureBytes(DeviceSecretFile.encodeSealed(sealed.blob, storageKey: sealed.storageKey)))
+            tpm.storageKey = sealed.storageKey
         }
-        return (tpm, record.index)
+        guard record.isLegacy else { return (tpm, record.counter(secret: secret)) }
+        return (tpm, try upgradeCounter(store, secret: secret, from: record, tpm: tpm))
+    }
+
+    static func decodeRollbackRecord(_ raw: [UInt8], secret: DeviceSecret) throws(KeychainError) -> RollbackRecord {
+        do throws(KeychainError) {
+            return try RollbackRecord(decoding: raw, secret: secret)
+        } catch {
+            Diagnostics.log("the rollback record failed authentication")
+            throw error
+        }
+    }
+
+    /// Gives a keychain whose rollback record is version 1 (issue 30) a
+    /// counter only its device reads and moves, recorded by name, and binds
+    /// its keybag, lockout and recovery records to it (issue 38), in one
+    /// transaction from `record`'s epoch. The old counter is then moved on
+    /// once, so that every copy from before is behind it even where it
+    /// cannot be freed, and freed. Returns the new counter.
+    static func upgradeCounter(_ store: ItemStore, secret: DeviceSecret, from record: RollbackRecord, tpm: KeychainTPM)
+        throws(KeychainError) -> CounterReference
+    {
+        let (counter, value) = try tpm.defineCounter(auth: secret.counterAuth)
+        try store.rebind(
+            secret: secret, from: record.epoch, to: value,
+            writing: [
+                (RollbackRecord.recordKey, RollbackRecord(counter: counter, epoch: value).encoded(secret: secret))
+            ])
+        try store.sync()
+        let old = record.counter(secret: secret)
+        do throws(KeychainError) {
+            try tpm.increment(old)
+        } catch {
+            Diagnostics.log("could not move the older rollback counter on: \(error)")
+        }
+        tpm.release(old)
+        return counter
     }
 
     // MARK: Status
@@ -112,7 +174,8 @@ extension Device {
         let lockout = tpm.lockout()
         return KeyProtectionStatus(
             protection: .tpm2, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
-            tpmRecoverySeconds: lockout?.recoverySeconds, rollbackCounter: secret.epoch.value)
+            tpmRecoverySeconds: lockout?.recoverySeconds, tpmLockoutAuthSet: lockout?.lockoutAuthSet,
+            rollbackCounter: secret.epoch.value)
     }
 
     // MARK: The rollback counter
@@ -128,13 +191,17 @@ extension Device {
     /// then the counter incremented. A failure is logged, never thrown: the
     /// lock, unmount or change that asked for it has happened.
     func bumpRollbackCounter(_ reason: String) {
-        guard let tpm = sealingTPM.withLock({ $0 }), let index = rollbackCounter.withLock({ $0?.index }) else { return }
+        guard let tpm = sealingTPM.withLock({ $0 }), let counter = rollbackCounter.withLock({ $0 }) else {
+            return
+        }
         boundWrites.withLock { _ in
+            // Every write committed so far is in the state this bump binds.
+            unboundWrites.withLock { $0 = nil }
             do throws(KeychainError) {
                 guard let epoch = secret.epoch.value else { return }
-                var counted = try tpm.counter(at: index)
+                var counted = try tpm.value(of: counter)
                 // An earlier bump committed, but its increment failed.
-                if counted + 1 == epoch { counted = try tpm.increment(counter: index) }
+                if counted + 1 == epoch { counted = try tpm.increment(counter) }
                 guard counted == epoch else {
                     Diagnostics.log("the TPM's rollback counter (\(counted)) does not match the keychain's (\(epoch))")
                     return
@@ -145,31 +212,49 @@ extension Device {
                     writing: [
                         (
                             RollbackRecord.recordKey,
-                            RollbackRecord(index: index, epoch: epoch + 1).encoded(secret: secret)
+                            RollbackRecord(counter: counter, epoch: epoch + 1).encoded(secret: secret)
                         )
                     ])
                 try store.sync()
                 CrashPoint.reach("bump-committed")
-                try tpm.increment(counter: index)
+                try tpm.increment(counter)
                 CrashPoint.reach("bump-counted")
-                rollbackCounter.withLock { $0?.lastBump = clock() }
             } catch {
                 Diagnostics.log("could not advance the TPM rollback counter (\(reason)): \(error)")
             }
         }
     }
 
-    /// After a committed write: bumps the counter when the last bump is
-    /// ``RollbackRecord/writeBumpInterval`` old (TPM NV memory wears, and
-    /// real TPMs rate-limit NV writes, so not on every write).
+    /// After a committed write: the counter is bumped once writes pause
+    /// for ``RollbackRecord/idleBindSeconds``, or once the first unbound
+    /// write is ``RollbackRecord/maximumWindowSeconds`` old, by a thread of
+    /// its own (not on every write: TPM NV memory wears, and real TPMs
+    /// rate-limit NV writes; at most one bump a minute comes from writes).
     func noteWriteForRollback() {
-        let now = clock()
-        let due = rollbackCounter.withLock { counter -> Bool in
-            guard let last = counter?.lastBump, now - last >= RollbackRecord.writeBumpInterval else { return false }
-            counter?.lastBump = now  // claimed: concurrent writers do not bump too
-            return true
+        guard rollbackCounter.withLock({ $0 }) != nil else { return }
+        let now = MonotonicClock.milliseconds()
+        unboundWrites.withLock { $0 = ($0?.first ?? now, now) }
+        let thread = rollbackThread.withLock { thread -> WakeableThread? in
+            if thread == nil {
+                thread = WakeableThread("rollback counter") { [weak self] in
+                    guard let device = self else { return .stop }
+                    return device.rollbackStep()
+                }
+            }
+            return thread
         }
-        if due { bumpRollbackCounter("writes") }
+        thread?.wake()
+    }
+
+    /// Bumps the counter when the unbound writes are due; returns when to look again.
+    func rollbackStep() -> WakeableThread.Next {
+        guard let (first, last) = unboundWrites.withLock({ $0 }) else { return .whenWoken }
+        let due = min(
+            last + RollbackRecord.idleBindSeconds * 1000, first + RollbackRecord.maximumWindowSeconds * 1000)
+        let remaining = due - MonotonicClock.milliseconds()
+        guard remaining <= 0 else { return .after(milliseconds: Int32(clamping: remaining)) }
+        bumpRollbackCounter("writes")
+        return .after(milliseconds: 0)  // writes made during the bump are looked at again
     }
 
     // MARK: Sealing an existing keychain
@@ -183,19 +268,20 @@ extension Device {
         throws(KeychainError) -> RecoveryKey
     {
         guard sealingTPM.withLock({ $0 }) == nil else { throw .duplicateKeychain }
-        guard let tpm = KeychainTPM.present(tcti: tcti) else { throw .tpmUnavailable }
+        guard var tpm = KeychainTPM.present(tcti: tcti) else { throw .tpmUnavailable }
         let plain = try directory.readDeviceSecret(tcti: tcti)
         let classKeys = try passcodeAttempt(
             { () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
             then: { (keys) throws(KeychainError) in keys })
-        let bag = keybag, secret = secret
+        let sealedSecret = try tpm.sealDeviceSecret(plain)
+        tpm.storageKey = sealedSecret.storageKey
+        let bag = keybag, secret = secret, sealingTPM = tpm
         let sealed = try SecretThread.run { () throws(KeychainError) -> Keybag in
-            try bag.rewrapped(secret: secret, classKeys: classKeys, newPasscode: passcode, sealingTPM: tpm)
+            try bag.rewrapped(secret: secret, classKeys: classKeys, newPasscode: passcode, sealingTPM: sealingTPM)
         }
         let recovery = RecoveryKey.generate()
-        let recoveryRecord = try recovery.sealRecord(deviceSecret: plain, classKeys: classKeys)
-        let sealedSecret = try tpm.sealDeviceSecret(plain)
-        let counter = try tpm.defineCounter()
+        let recoveryRecord = try recovery.sealRecord(deviceSecret: plain, classKeys: classKeys, binding: secret)
+        let counter = try tpm.defineCounter(auth: secret.counterAuth)
         try boundWrites.withLock { _ throws(KeychainError) in
             try store.rebind(
                 secret: secret, from: nil, to: counter.value,
@@ -204,18 +290,19 @@ extension Device {
                     (RecoveryKey.recordKey, recoveryRecord),
                     (
                         RollbackRecord.recordKey,
-                        RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)
+                        RollbackRecord(counter: counter.counter, epoch: counter.value).encoded(secret: secret)
                     )
                 ])
             try store.sync()
             // Committed: a crash from here boots and finishes the move
             // (``checkRollback(_:store:secret:sealedBy:tcti:)``).
             CrashPoint.reach("seal-committed")
-            try directory.writeDeviceSecret(try SecureBytes(DeviceSecretFile.encodeSealed(sealedSecret)))
+            try directory.writeDeviceSecret(
+                try SecureBytes(DeviceSecretFile.encodeSealed(sealedSecret.blob, storageKey: sealedSecret.storageKey)))
         }
         currentKeybag.withLock { $0 = sealed }
-        sealingTPM.withLock { $0 = tpm }
-        rollbackCounter.withLock { $0 = (counter.index, clock()) }
+        self.sealingTPM.withLock { $0 = tpm }
+        rollbackCounter.withLock { $0 = counter.counter }
         audit.record(AuditEvent(operation: "seal", result: "ok", subject: nil, detail: "tpm2"))
         return recovery
     }
@@ -269,36 +356,44 @@ extension Device {
         let (plain, classKeys) = try recoveryKey.openRecord(recoveryRecord)
         let secret = DeviceSecret(secret: plain)
         let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
-        let oldEpoch = try store.metadata(RollbackRecord.recordKey).map { (raw) throws(KeychainError) in
-            try RollbackRecord(decoding: raw, secret: secret).epoch
+        let oldRecord = try store.metadata(RollbackRecord.recordKey).map { (raw) throws(KeychainError) in
+            try decodeRollbackRecord(raw, secret: secret)
         }
-        secret.epoch.value = oldEpoch
+        let oldEpoch = oldRecord?.epoch
+        secret.epoch.state = (oldEpoch, !(oldRecord?.isLegacy ?? false))
+        try verifyRecoveryBinding(recoveryRecord, secret: secret)
         let records = try BootRecords(store: store, secret: secret)
-        let tpm = try KeychainTPM.chosen(choice, tcti: tcti)
+        var tpm = try KeychainTPM.chosen(choice, tcti: tcti)
+        let file: SecureBytes
+        if let chosen = tpm {
+            let sealed = try chosen.sealDeviceSecret(plain)
+            tpm?.storageKey = sealed.storageKey
+            file = try SecureBytes(DeviceSecretFile.encodeSealed(sealed.blob, storageKey: sealed.storageKey))
+        } else {
+            file = plain
+        }
         var base = records.keybag
         base.kdf = kdf
+        let sealingTPM = tpm
         let bag = try SecretThread.run { () throws(KeychainError) -> Keybag in
-            try base.rewrapped(secret: secret, classKeys: classKeys, newPasscode: newPasscode, sealingTPM: tpm)
+            try base.rewrapped(secret: secret, classKeys: classKeys, newPasscode: newPasscode, sealingTPM: sealingTPM)
         }
         var writes: [(key: String, value: [UInt8]?)] = [
             (Keybag.recordKey, bag.encoded(secret: secret)),
             (LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
         ]
-        let file: SecureBytes
         let newEpoch: UInt64?
         if let tpm {
-            let counter = try tpm.defineCounter()
+            let counter = try tpm.defineCounter(auth: secret.counterAuth)
             newEpoch = counter.value
             writes.append(
                 (
                     RollbackRecord.recordKey,
-                    RollbackRecord(index: counter.index, epoch: counter.value).encoded(secret: secret)
+                    RollbackRecord(counter: counter.counter, epoch: counter.value).encoded(secret: secret)
                 ))
-            file = try SecureBytes(DeviceSecretFile.encodeSealed(try tpm.sealDeviceSecret(plain)))
         } else {
             newEpoch = nil
             writes.append((RollbackRecord.recordKey, nil))
-            file = plain
         }
         // The database first: a crash before the file is replaced leaves a
         // keychain that `recover` opens again (its recovery record is unchanged).
@@ -307,6 +402,24 @@ extension Device {
         CrashPoint.reach("recover-committed")
         try directory.writeDeviceSecret(file)
         try store.closeLog()
+        // The counter left behind is freed when this TPM still has it as it
+        // was made (recovered on the same TPM: a forgotten passcode). One
+        // recorded without a name is left: after a TPM clear its index may
+        // be another program's now.
+        if let oldRecord, !oldRecord.isLegacy, let tpm = tpm ?? KeychainTPM.present(tcti: tcti) {
+            tpm.release(oldRecord.counter(secret: secret))
+        }
+    }
+
+    /// Refuses a recovery record older than the records beside it: the
+    /// recovery key of an older copy opens nothing here.
+    static func verifyRecoveryBinding(_ record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
+        do throws(KeychainError) {
+            try RecoveryKey.verifyBinding(record, secret: secret)
+        } catch {
+            Diagnostics.log("the recovery record failed authentication")
+            throw error
+        }
     }
 
     // MARK: Rollback on purpose
@@ -340,23 +453,32 @@ extension Device {
         guard let tpm = sealedBy else { throw .badRequest }
         let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
         guard let raw = try store.metadata(RollbackRecord.recordKey) else { throw .decode }
-        let record = try RollbackRecord(decoding: raw, secret: secret)
-        let counter = try tpm.counter(at: record.index)
+        let record = try decodeRollbackRecord(raw, secret: secret)
+        let counter = try tpm.value(of: record.counter(secret: secret))
         guard record.epoch < counter else { throw .badRequest }
-        secret.epoch.value = record.epoch
+        secret.epoch.state = (record.epoch, !record.isLegacy)
         let records = try BootRecords(store: store, secret: secret)
         let bag = records.keybag
         _ = try SecretThread.run { () throws(KeychainError) in
             try bag.unwrapPasscodeClasses(secret: secret, passcode: passcode, tpm: tpm)
         }
-        try store.rebind(
-            secret: secret, from: record.epoch, to: counter,
-            writing: [
-                (RollbackRecord.recordKey, RollbackRecord(index: record.index, epoch: counter).encoded(secret: secret))
-            ])
-        try store.sync()
+        if record.isLegacy {
+            // A counter of its own, as at any boot of a version-1 keychain.
+            _ = try upgradeCounter(store, secret: secret, from: record, tpm: tpm)
+        } else {
+            try store.rebind(
+                secret: secret, from: record.epoch, to: counter,
+                writing: [
+                    (
+                        RollbackRecord.recordKey,
+                        RollbackRecord(counter: record.counter(secret: secret), epoch: counter).encoded(secret: secret)
+                    )
+                ])
+            try store.sync()
+        }
+        let accepted = secret.epoch.value ?? counter
         try store.closeLog()
-        return (record.epoch, counter)
+        return (record.epoch, accepted)
     }
 }
 

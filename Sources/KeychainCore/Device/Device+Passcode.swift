@@ -41,7 +41,7 @@ extension Device {
                 }
             },
             then: { (changed) throws(KeychainError) in
-                try store.setMetadata(Keybag.recordKey, changed.encoded(secret: secret))
+                try writeBound(Keybag.recordKey) { changed.encoded(secret: secret) }
                 currentKeybag.withLock { $0 = changed }
             })
         bumpRollbackCounter("passcode change")
@@ -101,6 +101,11 @@ extension Device {
     }
 
     func lockoutRecord() throws(KeychainError) -> LockoutRecord {
+        try boundWrites.withLock { _ throws(KeychainError) in try readLockoutRecord() }
+    }
+
+    /// The lockout record, for a holder of ``boundWrites`` (it is bound to the rollback counter).
+    private func readLockoutRecord() throws(KeychainError) -> LockoutRecord {
         guard let raw = try store.metadata(LockoutRecord.recordKey) else {
             // Deleting it would reset the count of wrong passcodes.
             Diagnostics.log("the lockout record is missing")
@@ -115,14 +120,25 @@ extension Device {
     }
 
     func recordFailure(now: Int64) throws(KeychainError) {
-        var record = try lockoutRecord()
-        record.failures += 1
-        record.deadline = now + policy.delay(afterFailures: record.failures)
-        try store.setMetadata(LockoutRecord.recordKey, record.encoded(secret: secret))
+        try updateLockoutRecord { record in
+            record.failures += 1
+            record.deadline = now + policy.delay(afterFailures: record.failures)
+        }
     }
 
     func resetFailures() throws(KeychainError) {
-        guard try lockoutRecord() != LockoutRecord() else { return }
-        try store.setMetadata(LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
+        try updateLockoutRecord { $0 = LockoutRecord() }
+    }
+
+    /// Reads, changes and writes the lockout record under ``boundWrites``
+    /// (nothing is written when `change` leaves it as it was).
+    private func updateLockoutRecord(_ change: (inout LockoutRecord) -> Void) throws(KeychainError) {
+        try boundWrites.withLock { _ throws(KeychainError) in
+            var record = try readLockoutRecord()
+            let before = record
+            change(&record)
+            guard record != before else { return }
+            try store.setMetadata(LockoutRecord.recordKey, record.encoded(secret: secret))
+        }
     }
 }

@@ -52,11 +52,17 @@ public final class Device: Sendable {
     let unlockAttempt = Mutex(())
     /// The TPM that seals the keychain's keys (nil: kept in a file).
     let sealingTPM = Mutex<KeychainTPM?>(nil)
-    /// The rollback counter's index and the time of its last bump (nil: none).
-    let rollbackCounter = Mutex<(index: UInt32, lastBump: Int64)?>(nil)
+    /// The rollback counter (nil: none).
+    let rollbackCounter = Mutex<CounterReference?>(nil)
+    /// The first and the last write not yet bound to the rollback counter,
+    /// monotonic ms (nil: none), and the thread that binds them
+    /// (``noteWriteForRollback()``).
+    let unboundWrites = Mutex<(first: Int64, last: Int64)?>(nil)
+    let rollbackThread = Mutex<WakeableThread?>(nil)
     /// Held across a write of a record bound to the rollback counter
-    /// (policy, audit anchor) and across a bump, which rebinds them: a
-    /// record MACed for the old epoch never lands after the bump.
+    /// (policy, audit anchor, keybag, lockout) and across a bump, which
+    /// rebinds them: a record MACed for the old epoch never lands after the
+    /// bump, and one read is checked against the epoch it was written for.
     let boundWrites = Mutex(())
 
     /// Boots the device of an existing keychain: locked, before first unlock.
@@ -98,7 +104,7 @@ public final class Device: Sendable {
             self.clock = clock
             state.withLock { $0.keys = keys }
             sealingTPM.withLock { $0 = tpm }
-            if let counter { rollbackCounter.withLock { $0 = (counter, clock()) } }
+            if let counter { rollbackCounter.withLock { $0 = counter } }
             store.onChange { [weak self] change in
                 self?.notify(.changed(change))
                 self?.noteWriteForRollback()

@@ -25,7 +25,9 @@ public struct LockoutPolicy: Sendable, Equatable {
 /// without the device secret.
 struct LockoutRecord: Equatable {
     static let recordKey = "lockout"
-    private static let macDomain = "kcfs-lockout-v1"
+    /// Bound to the rollback counter since issue 38: putting back an older
+    /// record (fewer failures) fails beside newer records.
+    static let macDomain = "kcfs-lockout-v1"
 
     var failures: UInt64 = 0
     var deadline: Int64 = 0
@@ -34,13 +36,13 @@ struct LockoutRecord: Equatable {
         var writer = ByteWriter()
         writer.append(failures)
         writer.append(deadline)
-        return secret.authenticatedRecord(Self.macDomain, writer.bytes)
+        return secret.boundRecord(Self.macDomain, writer.bytes)
     }
 
     init() {}
 
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
-        var reader = ByteReader(try secret.authenticatedBody(Self.macDomain, record, length: 16))
+        var reader = ByteReader(try secret.boundBody(Self.macDomain, record, length: 16))
         failures = try reader.readUInt64()
         deadline = try reader.readInt64()
     }

@@ -48,7 +48,8 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         switch self {
         case .nameTooLong, .valueTooLarge: return KeychainError.param.rawValue
         case .keychainInUse: return KeychainError.badRequest.rawValue
-        case .insecurePermissions, .tpmUnavailable, .tpmMismatch: return KeychainError.io.rawValue
+        case .insecurePermissions, .tpmUnavailable, .tpmMismatch, .tpmStorageKeyChanged, .rollbackCounterGone:
+            return KeychainError.io.rawValue
         case .tpmLockedOut, .ownerDenied: return KeychainError.authFailed.rawValue
         case .rolledBack: return KeychainError.decode.rawValue
         default: return rawValue
@@ -82,7 +83,17 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
                 + "`keychainfs recover` opens it with its recovery key"
         case .tpmLockedOut:
             return "the TPM refuses passcode tries for now (its dictionary-attack lockout after wrong passcodes)"
-        case .rolledBack: return "the keychain is older than its TPM counter: an older copy of its files was put back"
+        case .rolledBack:
+            return "the keychain is older than its TPM rollback counter: an older copy of its files was put back "
+                + "(or the counter was moved); if you put them back yourself, "
+                + "`keychainfs recover --accept-rollback` accepts them"
+        case .tpmStorageKeyChanged:
+            return "the TPM's storage key changed: another TPM (a new motherboard, a cleared TPM), or something "
+                + "in between this machine and its TPM; nothing derived from the passcode was sent. If the TPM "
+                + "changed, `keychainfs recover` opens the keychain with its recovery key"
+        case .rollbackCounterGone:
+            return "the keychain's TPM rollback counter is gone or was replaced (a TPM clear, or someone removed "
+                + "it); `keychainfs recover` opens the keychain with its recovery key"
         case .ownerDenied:
             return "the item belongs to another program, and you did not allow this one (or could not be asked)"
         default: return "keychain error \(rawValue)"
@@ -111,4 +122,11 @@ extension KeychainError {
     /// not allow the caller: they denied it, or could not be asked
     /// (errSecAuthFailed family, as macOS answers a denied keychain prompt).
     public static let ownerDenied = KeychainError(rawValue: -909_007)
+    /// The TPM answered with another storage primary key than the one the
+    /// keychain was sealed under (issue 38): another TPM, or an interposer
+    /// on its bus. Nothing passcode-derived was sent (errSecIO family).
+    public static let tpmStorageKeyChanged = KeychainError(rawValue: -909_008)
+    /// The keychain's rollback counter is not on the TPM, or another index
+    /// took its place (issue 38): `recover` makes a new one (errSecIO family).
+    public static let rollbackCounterGone = KeychainError(rawValue: -909_009)
 }

@@ -259,26 +259,21 @@ final class ItemStore: Sendable {
 
     /// Moves the records bound to the rollback counter from epoch `old` to
     /// `new` (nil: unbound) in one transaction, with `records` written
-    /// beside them (the rollback record, a new keybag): each bound record is
-    /// authenticated under `old` and MACed again under `new`. The store's
-    /// connection stays held until `secret`'s epoch says `new`, so that no
-    /// item write seals its state record for the old epoch after the commit.
-    /// A key mapped to nil in `records` is removed.
+    /// first (encoded for `old`: a new keybag, recovery record; the
+    /// rollback record itself is not bound): each bound record is
+    /// authenticated under `old` and MACed again under `new`. In a
+    /// version-1 keychain (``RollbackEpoch/bindsAll`` false) the keybag,
+    /// lockout and recovery records are authenticated as they were before
+    /// they were bound, and bound from now on. The store's connection stays
+    /// held until `secret`'s epoch says `new`, so that no item write seals
+    /// its state record for the old epoch after the commit. A key mapped to
+    /// nil in `records` is removed.
     func rebind(
         secret: DeviceSecret, from old: UInt64?, to new: UInt64?,
         writing records: [(key: String, value: [UInt8]?)]
     ) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
             try db.transaction { () throws(KeychainError) in
-                for (key, domain) in RollbackRecord.boundRecords {
-                    let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, key)
-                    guard try query.step() else { continue }  // no audit anchor yet
-                    let body = try secret.authenticatedBody(DeviceSecret.boundDomain(domain, epoch: old), query.blob(0))
-                    try db.statement("UPDATE meta SET value = ? WHERE key = ?")
-                        .bind(1, secret.authenticatedRecord(DeviceSecret.boundDomain(domain, epoch: new), body)).bind(
-                            2, key
-                        ).run()
-                }
                 for (key, value) in records {
                     if let value {
                         try db.statement(
@@ -289,8 +284,21 @@ final class ItemStore: Sendable {
                         try db.statement("DELETE FROM meta WHERE key = ?").bind(1, key).run()
                     }
                 }
+                for (key, domain) in RollbackRecord.boundRecords {
+                    let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, key)
+                    guard try query.step() else { continue }  // no audit anchor, no recovery record
+                    let record = query.blob(0)
+                    let body =
+                        !secret.epoch.bindsAll && RollbackRecord.isLateBound(domain)
+                        ? try RollbackRecord.unboundBody(key, domain, record, secret: secret)
+                        : try secret.authenticatedBody(DeviceSecret.boundDomain(domain, epoch: old), record)
+                    try db.statement("UPDATE meta SET value = ? WHERE key = ?")
+                        .bind(1, secret.authenticatedRecord(DeviceSecret.boundDomain(domain, epoch: new), body)).bind(
+                            2, key
+                        ).run()
+                }
             }
-            secret.epoch.value = new
+            secret.epoch.state = (new, true)
         }
     }
 

@@ -133,14 +133,20 @@ public struct KeychainDirectory: Sendable, Equatable {
     }
 
     /// The device secret, unsealed by the TPM at `tcti` when it is sealed;
-    /// with the TPM that sealed it (nil: kept in the file).
+    /// with the TPM that sealed it (nil: kept in the file), pinned to the
+    /// storage key it is sealed under. A file sealed before that key's name
+    /// was recorded gets it now (trusted on this first use, as at `init`).
+    /// Only for the holder of the keychain's lock (a device, `recover`).
     func openDeviceSecret(tcti: String?) throws(KeychainError) -> (DeviceSecret, sealedBy: KeychainTPM?) {
         switch try readDeviceSecretFile() {
         case .plain(let secret):
             return (DeviceSecret(secret: secret), nil)
-        case .sealed(let blob):
-            let tpm = KeychainTPM(tcti: tcti)
-            return (DeviceSecret(secret: try tpm.unsealDeviceSecret(blob)), tpm)
+        case .sealed(let blob, let pinned):
+            let (secret, storageKey) = try KeychainTPM(tcti: tcti, storageKey: pinned).unsealDeviceSecret(blob)
+            if pinned == nil {
+                try writeDeviceSecret(try SecureBytes(DeviceSecretFile.encodeSealed(blob, storageKey: storageKey)))
+            }
+            return (DeviceSecret(secret: secret), KeychainTPM(tcti: tcti, storageKey: storageKey))
         }
     }
 
@@ -154,7 +160,8 @@ public struct KeychainDirectory: Sendable, Equatable {
     func readDeviceSecret(tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> SecureBytes {
         switch try readDeviceSecretFile() {
         case .plain(let secret): return secret
-        case .sealed(let blob): return try KeychainTPM(tcti: tcti).unsealDeviceSecret(blob)
+        case .sealed(let blob, let pinned):
+            return try KeychainTPM(tcti: tcti, storageKey: pinned).unsealDeviceSecret(blob).secret
         }
     }
 }

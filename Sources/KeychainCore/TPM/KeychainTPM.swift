@@ -13,6 +13,22 @@ public enum KeyProtection: String, Sendable, Equatable {
     case file
 }
 
+extension KeyProtection {
+    /// Why no TPM answers at the default place (`/dev/tpmrm0`), for a
+    /// keychain kept in a file: none is there, or one is there that this
+    /// user cannot reach (Debian gives it to root and group tss, mode 0660),
+    /// which the service reaches for every user.
+    public static func whyNoTPM(device: String = "/dev/tpmrm0") -> String {
+        guard access(device, F_OK) == 0 else { return "this machine has none (\(device) is missing)" }
+        guard access(device, R_OK | W_OK) == 0 else {
+            return "this machine has one (\(device)), but you cannot reach it (only root and group tss can); "
+                + "ask root to add you to group tss, or ask root for the keychainfs service (`systemctl enable --now keychainfs.socket`), "
+                + "which seals keychains for every user"
+        }
+        return "\(device) does not answer"
+    }
+}
+
 /// What `init` (and `passcode --tpm`) does about a TPM.
 public enum TPMChoice: Sendable, Equatable {
     /// Seal to the TPM when one answers, else keep the device secret in a file.
@@ -29,6 +45,14 @@ public enum TPMChoice: Sendable, Equatable {
 /// the TPM is used at boot, unlock, passcode changes and counter bumps only.
 struct KeychainTPM: Sendable {
     let tcti: String?
+    /// The name of the storage primary key the keychain was sealed under
+    /// (nil: not recorded yet): no session is salted with another.
+    var storageKey: [UInt8]?
+
+    init(tcti: String?, storageKey: [UInt8]? = nil) {
+        self.tcti = tcti
+        self.storageKey = storageKey
+    }
 
     /// The TPM that answers at `tcti`, or nil when none does (the caller
     /// says how the keys are kept instead).
@@ -37,27 +61,49 @@ struct KeychainTPM: Sendable {
     }
 
     /// The TPM `choice` asks for at `tcti`: nil when declined, or when
-    /// none answers and one is merely welcome; ``KeychainError/tpmUnavailable``
-    /// when one is required and none answers.
+    /// none answers at the default place and one is merely welcome;
+    /// ``KeychainError/tpmUnavailable`` when one is required, or named (a
+    /// TCTI given, or `$TPM2TOOLS_TCTI`), and none answers: a TPM the user
+    /// pointed to is never silently replaced by a file.
     static func chosen(_ choice: TPMChoice, tcti: String?) throws(KeychainError) -> KeychainTPM? {
         switch choice {
         case .declined: return nil
-        case .whenPresent: return present(tcti: tcti)
+        case .whenPresent:
+            if declinedByEnvironment { return nil }
+            if let found = present(tcti: tcti) { return found }
+            if let tcti {
+                Diagnostics.log("no TPM answers at \(tcti), the TCTI named")
+                throw .tpmUnavailable
+            }
+            return nil
         case .required:
             guard let found = present(tcti: tcti) else { throw .tpmUnavailable }
             return found
         }
     }
 
+    /// `KEYCHAINFS_TPM=none`: keychains made where no choice is given (`init`
+    /// without `--tpm`, the service's) keep their keys in a file, as
+    /// `--no-tpm` does: for a machine whose TPM is not to be used for them.
+    static var declinedByEnvironment: Bool {
+        getenv("KEYCHAINFS_TPM").map { String(cString: $0) == "none" } ?? false
+    }
+
     /// Runs `body` with a connection; a TPM's refusal becomes the keychain's error.
     func use<R>(_ body: (TrustedPlatformModule) throws(TPMError) -> R) throws(KeychainError) -> R {
         do throws(TPMError) {
-            return try body(try TrustedPlatformModule(tcti: tcti))
+            return try body(try TrustedPlatformModule(tcti: tcti, storageKey: storageKey))
         } catch {
             switch error {
             case .authFailed: throw .authFailed
             case .lockedOut: throw .tpmLockedOut
             case .notThisTPM: throw .tpmMismatch
+            case .storageKeyChanged:
+                Diagnostics.log("\(error): another TPM, or something in between; nothing was sent to it")
+                throw .tpmStorageKeyChanged
+            case .counterMissing, .counterReplaced:
+                Diagnostics.log("\(error)")
+                throw .rollbackCounterGone
             case .unavailable, .busy:
                 Diagnostics.log("\(error)")
                 throw .tpmUnavailable
@@ -71,21 +117,34 @@ struct KeychainTPM: Sendable {
         }
     }
 
-    /// Seals `secret` with an empty auth, usable in a lockout: only this TPM opens it.
-    func sealDeviceSecret(_ secret: SecureBytes) throws(KeychainError) -> [UInt8] {
+    /// Seals `secret` with an empty auth, usable in a lockout: only this
+    /// TPM opens it. Returns the blob and the name of the storage key it
+    /// is sealed under, to be pinned (``storageKey``).
+    func sealDeviceSecret(_ secret: SecureBytes) throws(KeychainError) -> (blob: [UInt8], storageKey: [UInt8]) {
         let empty = try SecureBytes(count: 0)
-        return try use { tpm throws(TPMError) in try tpm.seal(secret, auth: empty, guarded: false) }
+        return try use { tpm throws(TPMError) in
+            let blob = try tpm.seal(secret, auth: empty, guarded: false)
+            guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
+            return (blob, name)
+        }
     }
 
-    func unsealDeviceSecret(_ blob: [UInt8]) throws(KeychainError) -> SecureBytes {
+    /// The device secret `blob` holds, and the name of the storage key it
+    /// was unsealed under (the pinned one, or, for a keychain sealed before
+    /// names were recorded, the one to pin now).
+    func unsealDeviceSecret(_ blob: [UInt8]) throws(KeychainError) -> (secret: SecureBytes, storageKey: [UInt8]) {
         let empty = try SecureBytes(count: 0)
-        let secret = try use { tpm throws(TPMError) in try tpm.unseal(blob, auth: empty) }
+        let (secret, name) = try use { tpm throws(TPMError) in
+            let secret = try tpm.unseal(blob, auth: empty)
+            guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
+            return (secret, name)
+        }
         guard secret.count == Crypto.keySize else { throw .tpmMismatch }
-        return secret
+        return (secret, name)
     }
 
     /// The TPM's dictionary-attack state, for `status`; nil when it does not answer.
-    func lockout() -> (failures: UInt32, maximum: UInt32, recoverySeconds: UInt32)? {
+    func lockout() -> TPMLockoutState? {
         try? use { tpm throws(TPMError) in try tpm.lockout() }
     }
 
@@ -97,16 +156,19 @@ struct KeychainTPM: Sendable {
     /// keychains of several users coexist with each other and with systemd.
     static let counterIndexes: ClosedRange<UInt32> = 0x0181_0000...0x01BF_FFFF
 
-    /// Defines a new counter at a free index, tried among `candidates`
-    /// (nil: 16 at random in ``counterIndexes``, so a taken one is passed
-    /// over); returns the index and its value.
-    func defineCounter(candidates: [UInt32]? = nil) throws(KeychainError) -> (index: UInt32, value: UInt64) {
+    /// Defines a new counter that only `auth` reads and increments, at a
+    /// free index tried among `candidates` (nil: 16 at random in
+    /// ``counterIndexes``, so a taken one is passed over); returns it and its value.
+    func defineCounter(auth: SecureBytes, candidates: [UInt32]? = nil) throws(KeychainError)
+        -> (counter: CounterReference, value: UInt64)
+    {
         let indexes = candidates ?? (0..<16).map { _ in UInt32.random(in: Self.counterIndexes) }
         return try use { tpm throws(TPMError) in
             for index in indexes {
                 do throws(TPMError) {
-                    try tpm.defineCounter(at: index)
-                    return (index, try tpm.counter(at: index))
+                    let name = try tpm.defineCounter(at: index, auth: auth)
+                    let counter = CounterReference(index: index, name: name, auth: auth)
+                    return (counter, try tpm.value(of: counter))
                 } catch .indexTaken {
                     continue
                 }
@@ -115,42 +177,78 @@ struct KeychainTPM: Sendable {
         }
     }
 
-    func counter(at index: UInt32) throws(KeychainError) -> UInt64 {
-        try use { tpm throws(TPMError) in try tpm.counter(at: index) }
+    func value(of counter: CounterReference) throws(KeychainError) -> UInt64 {
+        try use { tpm throws(TPMError) in try tpm.value(of: counter) }
     }
 
     @discardableResult
-    func increment(counter index: UInt32) throws(KeychainError) -> UInt64 {
-        try use { tpm throws(TPMError) in try tpm.increment(counter: index) }
+    func increment(_ counter: CounterReference) throws(KeychainError) -> UInt64 {
+        try use { tpm throws(TPMError) in try tpm.increment(counter) }
+    }
+
+    /// Frees a counter the keychain no longer uses. A failure is logged:
+    /// the index stays taken, nothing else is wrong.
+    func release(_ counter: CounterReference) {
+        do throws(KeychainError) {
+            try use { tpm throws(TPMError) in try tpm.undefine(counter) }
+        } catch .rollbackCounterGone {
+            return  // not there any more, or another's now: nothing of ours to free
+        } catch {
+            Diagnostics.log(
+                "could not free the TPM NV index 0x\(String(counter.index, radix: 16)) of an older rollback counter: \(error)"
+            )
+        }
     }
 }
 
 /// The `device-secret` file: the 32 bytes themselves (file protection), or
-/// `"KCFSTPM2" | version u8 (1) | blob` where the blob is the device secret
-/// sealed by the TPM (``TrustedPlatformModule/seal(_:auth:guarded:)``).
+/// the device secret sealed by the TPM (``TrustedPlatformModule/seal(_:auth:guarded:)``):
+/// `"KCFSTPM2" | version u8 = 1 | blob`, or, since issue 38,
+/// `"KCFSTPM2" | version u8 = 2 | length u16 LE | storage key name | blob`,
+/// the name of the storage primary key it is sealed under, which every
+/// session is checked against before it is salted with that key.
 enum DeviceSecretFile {
     case plain(SecureBytes)
-    case sealed([UInt8])
+    case sealed([UInt8], storageKey: [UInt8]?)
 
     static let magic = Array("KCFSTPM2".utf8)
-    static let version: UInt8 = 1
+    static let unpinnedVersion: UInt8 = 1
+    static let version: UInt8 = 2
     /// A sealed object's public and private parts are a few hundred bytes.
     static let maximumSize = 4096
 
-    static func encodeSealed(_ blob: [UInt8]) -> [UInt8] { magic + [version] + blob }
+    static func encodeSealed(_ blob: [UInt8], storageKey: [UInt8]) -> [UInt8] {
+        var writer = ByteWriter()
+        writer.append(magic)
+        writer.append(version)
+        writer.append(UInt16(storageKey.count))
+        writer.append(storageKey)
+        writer.append(blob)
+        return writer.bytes
+    }
 
     init(_ contents: SecureBytes) throws(KeychainError) {
         if contents.count == Crypto.keySize {
             self = .plain(contents)
             return
         }
-        let bytes = contents.bytes()
-        guard bytes.count > Self.magic.count + 1, Array(bytes.prefix(Self.magic.count)) == Self.magic,
-            bytes[Self.magic.count] == Self.version
-        else {
+        var reader = ByteReader(contents.bytes())
+        do throws(KeychainError) {
+            guard try reader.read(Self.magic.count) == Self.magic else { throw .decode }
+            switch try reader.readByte() {
+            case Self.unpinnedVersion:
+                self = .sealed(try reader.read(reader.remaining), storageKey: nil)
+            case Self.version:
+                let length = Int(try reader.readUInt16())
+                guard length > 0 else { throw .decode }
+                let name = try reader.read(length)
+                self = .sealed(try reader.read(reader.remaining), storageKey: name)
+            default: throw .decode
+            }
+            guard case .sealed(let blob, _) = self, !blob.isEmpty else { throw .decode }
+        } catch {
             Diagnostics.log("the keychain's device secret is damaged")
             throw .decode
         }
-        self = .sealed(Array(bytes.dropFirst(Self.magic.count + 1)))
     }
 }

@@ -72,17 +72,24 @@ public struct RecoveryKey: Sendable {
     }
 
     private static let associatedData = Array("kcfs-recovery-v1".utf8)
-    private static let recordVersion: UInt8 = 1
+    private static let legacyVersion: UInt8 = 1
+    private static let recordVersion: UInt8 = 2
     static let recordKey = "recovery"
+    /// The MAC domain of a version-2 record, bound to the rollback counter.
+    static let macDomain = "kcfs-recovery-v2"
     /// The classes whose keys need the passcode: ``ProtectionClass/allCases`` order.
     static let passcodeClasses = ProtectionClass.allCases.filter { $0.mode != .always }
 
-    /// The record (meta key `recovery`): `version u8 (1) | nonce[24] |
-    /// sealed(device secret[32] | the passcode classes' keys, 32 bytes each)`,
-    /// XChaCha20-Poly1305 under a key derived from this recovery key. The
-    /// `always` classes need no more than the device secret.
-    func sealRecord(deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey]) throws(KeychainError)
-        -> [UInt8]
+    /// The record (meta key `recovery`): `version u8 (2) | nonce[24] |
+    /// sealed(device secret[32] | the passcode classes' keys, 32 bytes each)
+    /// | MAC[32]`, XChaCha20-Poly1305 under a key derived from this recovery
+    /// key, then MACed with `secret`'s metadata key bound to the rollback
+    /// counter (``DeviceSecret/boundRecord(_:_:)``), so that an older record
+    /// (an older recovery key) fails beside newer records. Version 1 (before
+    /// issue 38) has no MAC. The `always` classes need no more than the
+    /// device secret.
+    func sealRecord(deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey], binding secret: DeviceSecret)
+        throws(KeychainError) -> [UInt8]
     {
         let plain = try SecureBytes(count: Crypto.keySize * (1 + Self.passcodeClasses.count))
         let out = plain.mutableBytes
@@ -100,7 +107,18 @@ public struct RecoveryKey: Sendable {
         let sealed = wrappingKey().withKey { key in
             plain.withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: Self.associatedData) }
         }
-        return [Self.recordVersion] + nonce + sealed
+        return secret.boundRecord(Self.macDomain, [Self.recordVersion] + nonce + sealed)
+    }
+
+    /// Checks a record's binding to the rollback counter with the device
+    /// secret it opened to. A version-1 record, which has none, is taken
+    /// only in a keychain not yet upgraded (``RollbackEpoch/bindsAll``).
+    static func verifyBinding(_ record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
+        if record.first == legacyVersion {
+            guard !secret.epoch.bindsAll else { throw .decode }
+            return
+        }
+        _ = try secret.boundBody(macDomain, record)
     }
 
     /// What ``sealRecord(deviceSecret:classKeys:)`` sealed; ``KeychainError/authFailed``
@@ -109,9 +127,11 @@ public struct RecoveryKey: Sendable {
         deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey]
     ) {
         let expected = 1 + Crypto.nonceSize + Crypto.keySize * (1 + Self.passcodeClasses.count) + Crypto.tagSize
-        guard record.count == expected, record[0] == Self.recordVersion else { throw .decode }
+        let mac = record.first == Self.recordVersion ? Crypto.macSize : 0
+        guard record.count == expected + mac, record.first == Self.recordVersion || record.first == Self.legacyVersion
+        else { throw .decode }
         let nonce = Array(record[1...Crypto.nonceSize])
-        let sealed = Array(record.dropFirst(1 + Crypto.nonceSize))
+        let sealed = Array(record.dropFirst(1 + Crypto.nonceSize).dropLast(mac))
         let plain: SecureBytes
         do throws(KeychainError) {
             plain = try wrappingKey().withKey { (key) throws(KeychainError) in

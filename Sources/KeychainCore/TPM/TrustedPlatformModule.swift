@@ -17,6 +17,16 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
     case notThisTPM
     /// The NV index is taken already.
     case indexTaken
+    /// No NV index is defined at the counter's index (a TPM2_Clear, or
+    /// someone undefined it).
+    case counterMissing
+    /// The NV index at the counter's index is not the counter that was
+    /// made there: another name (defined again), or not a counter at all.
+    case counterReplaced
+    /// The storage primary key the TPM answered with is not the one the
+    /// keychain was sealed under: another TPM, or something in between that
+    /// substitutes its own key to read what is sent to it.
+    case storageKeyChanged
     /// The TPM answered with a warning (TPM 2.0 Part 2, 6.6.3: retry,
     /// yielded, testing, NV rate-limited or unavailable, out of memory):
     /// nothing was done; a later try may work.
@@ -32,6 +42,10 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
         case .notThisTPM:
             return "the sealed key does not load in this TPM (another TPM, a cleared one, or a damaged blob)"
         case .indexTaken: return "the TPM's NV index is taken already"
+        case .counterMissing: return "the TPM has no NV index at the rollback counter's index"
+        case .counterReplaced:
+            return "the NV index at the rollback counter's index is not the counter the keychain made"
+        case .storageKeyChanged: return "the TPM's storage key is not the one the keychain was sealed under"
         case .busy(let call, let code):
             return "the TPM is busy (\(call): response 0x\(String(code, radix: 16))); try again"
         case .failed(let call, let code): return "\(call) failed: TPM response 0x\(String(code, radix: 16))"
@@ -55,6 +69,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let size: UInt32 = 0x095  // TPM2_RC_SIZE (RC_FMT1 + 0x015)
         static let integrity: UInt32 = 0x09F  // TPM2_RC_INTEGRITY (RC_FMT1 + 0x01F)
         static let badAuth: UInt32 = 0x0A2  // TPM2_RC_BAD_AUTH (RC_FMT1 + 0x022)
+        static let handle: UInt32 = 0x08B  // TPM2_RC_HANDLE (RC_FMT1 + 0x00B): no such index
         static let lockout: UInt32 = 0x921  // TPM2_RC_LOCKOUT (RC_WARN + 0x021)
         static let formatOne: UInt32 = 0x080  // TPM2_RC_FMT1
         static let warning: UInt32 = 0x900  // TPM2_RC_WARN
@@ -63,11 +78,43 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let lockoutCounter: UInt32 = 0x20E  // TPM2_PT_LOCKOUT_COUNTER (PT_VAR + 14)
         static let maxAuthFail: UInt32 = 0x20F  // TPM2_PT_MAX_AUTH_FAIL
         static let lockoutInterval: UInt32 = 0x210  // TPM2_PT_LOCKOUT_INTERVAL
+        static let permanent: UInt32 = 0x200  // TPM2_PT_PERMANENT (TPMA_PERMANENT)
+        static let lockoutRecovery: UInt32 = 0x211  // TPM2_PT_LOCKOUT_RECOVERY
+        static let lockoutAuthSet: UInt32 = 0x4  // TPMA_PERMANENT_LOCKOUTAUTHSET
+        static let algorithmAES: UInt16 = 0x0006  // TPM2_ALG_AES
+        static let algorithmSHA256: UInt16 = 0x000B  // TPM2_ALG_SHA256
+        static let algorithmCFB: UInt16 = 0x0043  // TPM2_ALG_CFB
+        static let sessionContinue: UInt8 = 0x01  // TPMA_SESSION_CONTINUESESSION
+        static let sessionDecrypt: UInt8 = 0x20  // TPMA_SESSION_DECRYPT
+        static let sessionEncrypt: UInt8 = 0x40  // TPMA_SESSION_ENCRYPT
+        static let passwordSession: UInt32 = 0x0FF  // ESYS_TR_PASSWORD
+        static let noHandle: UInt32 = 0xFFF  // ESYS_TR_NONE
+    }
+
+    /// The attributes of an NV index (TPM 2.0 Part 2, 13.4, TPMA_NV).
+    enum NVAttribute {
+        static let ownerWrite: UInt32 = 0x0000_0002
+        static let authWrite: UInt32 = 0x0000_0004
+        static let typeMask: UInt32 = 0x0000_00F0
+        static let counterType: UInt32 = 0x0000_0010  // TPM2_NT_COUNTER << TPMA_NV_TPM2_NT_SHIFT
+        static let ownerRead: UInt32 = 0x0002_0000
+        static let authRead: UInt32 = 0x0004_0000
+        static let noDA: UInt32 = 0x0200_0000
+        /// A counter only the holder of its auth reads and increments:
+        /// not the owner hierarchy (whose auth is empty on most machines),
+        /// and outside the dictionary-attack logic (its auth is a key, not
+        /// something to guess).
+        static let counter = counterType | authWrite | authRead | noDA
     }
 
     // Used by one thread at a time: the device's boot and unlock are serialised.
     private var context: OpaquePointer?
     private var tcti: OpaquePointer?
+    /// The name of the storage primary key a session may be salted with
+    /// (nil: any, when the keychain has none recorded yet).
+    private let pinnedStorageKey: [UInt8]?
+    /// The name of the storage primary key of the last salted session.
+    public private(set) var storageKeyName: [UInt8]?
 
     /// The TCTI configuration the environment names, if any.
     public static var configuredTCTI: String? {
@@ -75,7 +122,13 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     }
 
     /// Connects to the TPM at `tcti` (nil: ``configuredTCTI``, else the default).
-    public init(tcti configuration: String? = TrustedPlatformModule.configuredTCTI) throws(TPMError) {
+    /// `storageKey`: the name of the storage primary key the keychain was
+    /// sealed under; a session is salted with no other
+    /// (``TPMError/storageKeyChanged``).
+    public init(tcti configuration: String? = TrustedPlatformModule.configuredTCTI, storageKey: [UInt8]? = nil)
+        throws(TPMError)
+    {
+        pinnedStorageKey = storageKey
         guard CTSS_available() != 0 else {
             throw .unavailable("tpm2-tss is not installed (apt install libtss2-esys-3.0.2-0 libtss2-tctildr0)")
         }
@@ -127,16 +180,57 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         }
     }
 
-    /// Runs `body` with the storage primary key and a salted session, flushed after.
+    /// Runs `body` with the storage primary key and a session salted with
+    /// it, flushed after. The key is made again from its template each time
+    /// (the same on this TPM); its name is checked against the pinned one
+    /// before anything is sent encrypted to it: a key substituted by
+    /// something in between would read every parameter of the session.
     private func withPrimaryAndSession<R>(_ body: (_ primary: UInt32, _ session: UInt32) throws(TPMError) -> R)
         throws(TPMError) -> R
     {
-        var primary: UInt32 = 0, session: UInt32 = 0
+        var primary: UInt32 = 0
         try check(CTSS_create_primary(context, &primary), "CreatePrimary")
         defer { _ = CTSS_Esys_FlushContext(context, primary) }
-        try check(CTSS_start_salted_session(context, primary, &session), "StartAuthSession")
+        let name = try self.name(of: primary)
+        if let pinnedStorageKey, name != pinnedStorageKey { throw .storageKeyChanged }
+        storageKeyName = name
+        let session = try startSession(
+            salt: primary, attributes: Code.sessionContinue | Code.sessionDecrypt | Code.sessionEncrypt)
         defer { _ = CTSS_Esys_FlushContext(context, session) }
         return try body(primary, session)
+    }
+
+    /// An HMAC session, SHA-256, salted with `salt` (its secret sent
+    /// encrypted to that key; nil: unsalted). With `sessionDecrypt` and
+    /// `sessionEncrypt` the first parameter of each command and response is
+    /// encrypted with AES-128-CFB: a passcode-derived auth, a secret being
+    /// sealed or unsealed never cross the bus to the TPM in the clear.
+    /// Unsalted, it still proves knowledge of an entity's auth without
+    /// sending it.
+    private func startSession(salt: UInt32?, attributes: UInt8) throws(TPMError) -> UInt32 {
+        var symmetric = TPMT_SYM_DEF()
+        symmetric.algorithm = Code.algorithmAES
+        symmetric.keyBits.aes = 128
+        symmetric.mode.aes = Code.algorithmCFB
+        var session: UInt32 = 0
+        try check(
+            CTSS_Esys_StartAuthSession(context, salt ?? Code.noHandle, &symmetric, &session), "StartAuthSession")
+        let set = CTSS_Esys_TRSess_SetAttributes(context, session, attributes, 0xFF)
+        guard set == 0 else {
+            _ = CTSS_Esys_FlushContext(context, session)
+            try check(set, "TRSess_SetAttributes")
+            return 0
+        }
+        return session
+    }
+
+    /// The TPM name of a loaded object or NV index (nameAlg | digest of its public area).
+    private func name(of handle: UInt32) throws(TPMError) -> [UInt8] {
+        var name: UnsafeMutablePointer<TPM2B_NAME>?
+        try check(CTSS_Esys_TR_GetName(context, handle, &name), "TR_GetName")
+        guard let name else { throw .failed("TR_GetName", 0) }
+        defer { CTSS_Esys_Free(name) }
+        return withUnsafeBytes(of: name.pointee.name) { Array($0.prefix(Int(name.pointee.size))) }
     }
 
     /// Seals `secret` (at most 128 bytes) so that only this TPM, given
@@ -205,17 +299,20 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         }
     }
 
-    /// The TPM's dictionary-attack state: failures counted, the most it
-    /// allows before lockout, and the seconds after which it forgets one.
-    public func lockout() throws(TPMError) -> (failures: UInt32, maximum: UInt32, recoverySeconds: UInt32) {
+    /// The TPM's dictionary-attack state (TPM 2.0 Part 1, 19.8): failures
+    /// counted, the most it allows before lockout, the seconds after which
+    /// it forgets one, and whether its lockout auth was ever set (if not,
+    /// anyone who reaches it can clear the count or stop the counting).
+    public func lockout() throws(TPMError) -> TPMLockoutState {
         var data: UnsafeMutablePointer<TPMS_CAPABILITY_DATA>?
-        try check(CTSS_Esys_GetCapability(context, Code.tpmProperties, Code.lockoutCounter, 3, &data), "GetCapability")
+        let count = Code.lockoutRecovery - Code.permanent + 1
+        try check(CTSS_Esys_GetCapability(context, Code.tpmProperties, Code.permanent, count, &data), "GetCapability")
         guard let data else { throw .failed("GetCapability", 0) }
         defer { CTSS_Esys_Free(data) }
-        return (
-            CTSS_property(data, Code.lockoutCounter), CTSS_property(data, Code.maxAuthFail),
-            CTSS_property(data, Code.lockoutInterval)
-        )
+        return TPMLockoutState(
+            failures: CTSS_property(data, Code.lockoutCounter), maximum: CTSS_property(data, Code.maxAuthFail),
+            recoverySeconds: CTSS_property(data, Code.lockoutInterval),
+            lockoutAuthSet: CTSS_property(data, Code.permanent) & Code.lockoutAuthSet != 0)
     }
 
     /// TPM2_Clear under the platform hierarchy (empty auth: a software TPM;
@@ -227,34 +324,151 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     }
 
     /// Defines a monotonic counter at NV `index` (0x01xxxxxx, owner
-    /// hierarchy) and increments it once, so that it reads 1 or more.
-    public func defineCounter(at index: UInt32) throws(TPMError) {
+    /// hierarchy, whose auth is empty as most machines leave it) that only
+    /// `auth` reads and increments (``NVAttribute/counter``), increments it
+    /// once, so that it reads 1 or more (the TPM starts a new counter at the
+    /// highest count any counter of it ever had: it never goes back), and
+    /// returns its name, which binds its attributes and auth policy.
+    public func defineCounter(at index: UInt32, auth: SecureBytes) throws(TPMError) -> [UInt8] {
         var handle: UInt32 = 0
-        try check(CTSS_define_counter(context, index, &handle), "NV_DefineSpace")
-        try check(CTSS_Esys_NV_Increment(context, handle), "NV_Increment")
+        var info = TPM2B_NV_PUBLIC()
+        info.nvPublic.nvIndex = index
+        info.nvPublic.nameAlg = Code.algorithmSHA256
+        info.nvPublic.attributes = NVAttribute.counter
+        info.nvPublic.dataSize = 8
+        var value = TPM2B_AUTH()
+        guard auth.count <= MemoryLayout.size(ofValue: value.buffer) else { throw .failed("NV_DefineSpace", 0) }
+        value.size = UInt16(auth.count)
+        withUnsafeMutableBytes(of: &value.buffer) { buffer in
+            auth.withUnsafeBytes { buffer.copyMemory(from: $0) }
+        }
+        defer { withUnsafeMutableBytes(of: &value) { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
+        // The auth is the first parameter: it crosses the bus encrypted.
+        try withPrimaryAndSession { (_, session) throws(TPMError) in
+            try check(CTSS_Esys_NV_DefineSpace(context, session, &value, &info, &handle), "NV_DefineSpace")
+        }
+        try authorized(handle, auth) { session throws(TPMError) in
+            try check(CTSS_Esys_NV_Increment(context, handle, session), "NV_Increment")
+        }
+        return try name(of: try handleOf(index))
     }
 
-    /// Adds one to the counter at `index`; returns its new value.
+    /// Adds one to `counter`; returns its new value.
     @discardableResult
-    public func increment(counter index: UInt32) throws(TPMError) -> UInt64 {
-        var handle: UInt32 = 0
-        try check(CTSS_Esys_TR_FromTPMPublic(context, index, &handle), "TR_FromTPMPublic")
-        try check(CTSS_Esys_NV_Increment(context, handle), "NV_Increment")
-        return try read(handle)
+    public func increment(_ counter: CounterReference) throws(TPMError) -> UInt64 {
+        let handle = try verified(counter)
+        try authorized(handle, counter.auth) { session throws(TPMError) in
+            try check(CTSS_Esys_NV_Increment(context, handle, session), "NV_Increment")
+        }
+        return try read(handle, counter.auth)
     }
 
-    /// The counter at `index`.
-    public func counter(at index: UInt32) throws(TPMError) -> UInt64 {
-        var handle: UInt32 = 0
-        try check(CTSS_Esys_TR_FromTPMPublic(context, index, &handle), "TR_FromTPMPublic")
-        return try read(handle)
+    /// The value of `counter`.
+    public func value(of counter: CounterReference) throws(TPMError) -> UInt64 {
+        try read(try verified(counter), counter.auth)
     }
 
-    private func read(_ handle: UInt32) throws(TPMError) -> UInt64 {
-        var data: UnsafeMutablePointer<TPM2B_MAX_NV_BUFFER>?
-        try check(CTSS_Esys_NV_Read(context, handle, 8, &data), "NV_Read")
-        guard let data else { throw .failed("NV_Read", 0) }
-        defer { CTSS_Esys_Free(data) }
-        return CTSS_counter_value(data)
+    /// Frees `counter`'s index (owner hierarchy), when it is still that counter.
+    public func undefine(_ counter: CounterReference) throws(TPMError) {
+        let handle = try verified(counter)
+        try check(CTSS_Esys_NV_UndefineSpace(context, handle), "NV_UndefineSpace")
+    }
+
+    /// The ESAPI handle of NV `index`; ``TPMError/counterMissing`` when none is defined there.
+    private func handleOf(_ index: UInt32) throws(TPMError) -> UInt32 {
+        var handle: UInt32 = 0
+        let rc = CTSS_Esys_TR_FromTPMPublic(context, index, &handle)
+        if rc != 0, Self.base(rc) == Code.handle { throw .counterMissing }
+        try check(rc, "TR_FromTPMPublic")
+        return handle
+    }
+
+    /// The handle of `counter`'s index once it is checked to be that
+    /// counter: the name recorded when it was made (which covers its type,
+    /// attributes and auth policy), or, for a counter recorded without one,
+    /// at least a counter (an ordinary index can be written back to any
+    /// value; a counter only goes up).
+    private func verified(_ counter: CounterReference) throws(TPMError) -> UInt32 {
+        let handle = try handleOf(counter.index)
+        if let expected = counter.name {
+            guard try name(of: handle) == expected else { throw .counterReplaced }
+        } else {
+            var info: UnsafeMutablePointer<TPM2B_NV_PUBLIC>?
+            var name: UnsafeMutablePointer<TPM2B_NAME>?
+            try check(CTSS_Esys_NV_ReadPublic(context, handle, &info, &name), "NV_ReadPublic")
+            defer {
+                CTSS_Esys_Free(info)
+                CTSS_Esys_Free(name)
+            }
+            guard let info, info.pointee.nvPublic.attributes & NVAttribute.typeMask == NVAttribute.counterType,
+                info.pointee.nvPublic.dataSize == 8
+            else { throw .counterReplaced }
+        }
+        return handle
+    }
+
+    /// Runs `body` with the session that authorizes `handle` with `auth`:
+    /// an unsalted HMAC session (the auth proven, never sent), or a password
+    /// session for an empty auth.
+    private func authorized<R>(_ handle: UInt32, _ auth: SecureBytes?, _ body: (UInt32) throws(TPMError) -> R)
+        throws(TPMError) -> R
+    {
+        guard let auth, auth.count > 0 else { return try body(Code.passwordSession) }
+        try check(
+            auth.withUnsafeBytes {
+                CTSS_set_auth(context, handle, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count)
+            }, "TR_SetAuth")
+        let session = try startSession(salt: nil, attributes: Code.sessionContinue)
+        defer { _ = CTSS_Esys_FlushContext(context, session) }
+        return try body(session)
+    }
+
+    private func read(_ handle: UInt32, _ auth: SecureBytes?) throws(TPMError) -> UInt64 {
+        try authorized(handle, auth) { session throws(TPMError) in
+            var data: UnsafeMutablePointer<TPM2B_MAX_NV_BUFFER>?
+            try check(CTSS_Esys_NV_Read(context, handle, session, 8, &data), "NV_Read")
+            guard let data else { throw .failed("NV_Read", 0) }
+            defer { CTSS_Esys_Free(data) }
+            return CTSS_counter_value(data)
+        }
+    }
+}
+
+/// A TPM NV counter as a keychain knows it: its index, the name the TPM
+/// gave it when it was made (nil: a counter made before issue 38, recorded
+/// without one), and the auth that reads and increments it (nil: empty).
+public struct CounterReference: Sendable {
+    public var index: UInt32
+    public var name: [UInt8]?
+    public var auth: SecureBytes?
+
+    public init(index: UInt32, name: [UInt8]?, auth: SecureBytes?) {
+        self.index = index
+        self.name = name
+        self.auth = auth
+    }
+}
+
+/// A TPM's dictionary-attack settings and count (TPM2_PT_LOCKOUT_COUNTER,
+/// _MAX_AUTH_FAIL, _LOCKOUT_INTERVAL and TPMA_PERMANENT's lockoutAuthSet).
+public struct TPMLockoutState: Sendable, Equatable {
+    public var failures: UInt32
+    public var maximum: UInt32
+    public var recoverySeconds: UInt32
+    public var lockoutAuthSet: Bool
+
+    /// The most tries a TPM that limits guesses allows before it locks out:
+    /// real TPMs ship with 5 to 32 (swtpm 3); a larger count is not a limit.
+    public static let limitingMaximum: UInt32 = 32
+
+    /// Whether the TPM limits passcode guesses now: a small count, and a
+    /// recovery time (0 switches the dictionary-attack logic off).
+    public var limitsGuesses: Bool { maximum > 0 && maximum <= Self.limitingMaximum && recoverySeconds > 0 }
+
+    public init(failures: UInt32, maximum: UInt32, recoverySeconds: UInt32, lockoutAuthSet: Bool) {
+        self.failures = failures
+        self.maximum = maximum
+        self.recoverySeconds = recoverySeconds
+        self.lockoutAuthSet = lockoutAuthSet
     }
 }

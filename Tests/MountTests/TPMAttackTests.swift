@@ -1,0 +1,217 @@
+import Foundation
+import KeychainCore
+import Testing
+import TestSupport
+
+extension SerialTests {
+    /// Issue 38: what someone who holds a keychain's files, and reaches its
+    /// TPM (root, a program of the user's where the user reaches it, a live
+    /// USB boot), tried against the TPM's promises, each as it was found,
+    /// with swtpm and tpm2-tools. Each failed on the code before.
+    @Suite(.serialized) struct TPMAttackTests {
+        typealias Keys = KeyProtectionTests
+        static let passcode = Keys.passcode
+
+        /// The device of `keychain` on `tpm`, unlocked, for `body`; shut down after.
+        static func unlocked(
+            _ keychain: KeychainDirectory, on tpm: SoftwareTPM, passcode: String = passcode,
+            _ body: (Device) throws -> Void
+        ) throws {
+            let device = try Device(directory: keychain, tcti: tpm.tcti)
+            defer { device.shutDown() }
+            try device.unlock(passcode: Keys.secure(passcode))
+            try body(device)
+        }
+
+        /// The attack of item 1: a passcode changed because the old one
+        /// leaked, then the old keybag row put back beside the newer ones.
+        /// Before, the old passcode then unlocked the current keychain and
+        /// read what was written after the change. So too for the lockout
+        /// record (the count of wrong passcodes put back to zero) and the
+        /// recovery record: every row that decides who opens the keychain
+        /// is bound to the counter, and an older one fails beside newer ones.
+        @Test func anOlderKeybagLockoutOrRecoveryRowSplicedInIsRefused() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            let older = try scratch.copy(keychain, to: "older")
+            try Self.unlocked(keychain, on: tpm) { device in
+                try device.changePasscode(from: Keys.secure(Self.passcode), to: Keys.secure("5678"))
+                try PasswordManager(device: device).register("after", forIdentifier: "token")
+            }
+            do {
+                // A wrong passcode is counted, then the device stops (a bump).
+                let device = try Device(directory: keychain, tcti: tpm.tcti)
+                #expect(throws: KeychainError.authFailed) { try device.unlock(passcode: Keys.secure("0000")) }
+                device.shutDown()
+            }
+            let current = try scratch.copy(keychain, to: "current")
+            for key in ["keybag", "lockout", "recovery"] {
+                try Keys.splice(key, from: older, into: keychain)
+                #expect(Self.attempt(keychain, on: tpm, passcode: Self.passcode) == .decode, "the older \(key) row")
+                try scratch.restore(current, over: keychain)
+            }
+            // Untouched, it opens with the new passcode only, and still counts the failure.
+            let device = try Device(directory: keychain, tcti: tpm.tcti)
+            #expect(device.status.failedAttempts == 1)
+            #expect(throws: KeychainError.authFailed) { try device.unlock(passcode: Keys.secure(Self.passcode)) }
+            try device.unlock(passcode: Keys.secure("5678"))
+            #expect(try PasswordManager(device: device).string(forIdentifier: "token") == "after")
+            device.shutDown()
+        }
+
+        /// Boots `keychain` and unlocks it with `passcode`: nil when that
+        /// read the item written last, else the error it got.
+        static func attempt(_ keychain: KeychainDirectory, on tpm: SoftwareTPM, passcode: String) -> KeychainError? {
+            do {
+                try unlocked(keychain, on: tpm, passcode: passcode) { device in
+                    _ = try PasswordManager(device: device).string(forIdentifier: "token")
+                }
+                return nil
+            } catch let error as KeychainError {
+                return error
+            } catch {
+                return .io
+            }
+        }
+
+        /// The attack of item 3: the counter undefined and defined again as
+        /// an ordinary index holding the older copy's value; before, the
+        /// older copy then booted as current. The index is not the counter
+        /// the keychain made (its name differs), so nothing boots on it, and
+        /// the message points to `recover`.
+        @Test func anIndexDefinedAgainWithAnOlderValueIsNotTheKeychainsCounter() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            let older = try scratch.copy(keychain, to: "older")
+            var olderValue: UInt64 = 0
+            try Self.unlocked(keychain, on: tpm) { device in
+                olderValue = try #require(device.keyProtection.rollbackCounter)
+                try PasswordManager(device: device).register("rotated", forIdentifier: "token")
+                device.lock()
+            }
+            let index = try #require(try TPMTools.counterIndexes(on: tpm).first)
+            let hex = "0x" + String(index, radix: 16)
+            let value = (0..<8).map { String(format: "\\%03o", UInt8(truncatingIfNeeded: olderValue >> (56 - 8 * $0))) }
+                .joined()
+            let forged = try TPMTools.run(
+                """
+                tpm2_nvundefine \(hex) -C o && \
+                tpm2_nvdefine \(hex) -C o -s 8 -a "ownerread|ownerwrite|authread|authwrite|no_da" && \
+                printf '\(value)' | tpm2_nvwrite \(hex) -C o -i -
+                """, on: tpm)
+            #expect(forged.status == 0, "\(forged.output)")
+            try scratch.restore(older, over: keychain)
+            #expect(Keys.boot(keychain, on: tpm) == .rollbackCounterGone)
+            #expect(KeychainError.rollbackCounterGone.description.contains("keychainfs recover"))
+        }
+
+        /// Item 7: anyone could increment the counter (its auth was empty,
+        /// and the owner's too), and the keychain was then refused. Now only
+        /// the device secret's auth moves or reads it; the owner cannot. A
+        /// counter undefined is said with a pointer to `recover`, which
+        /// makes a new one and frees the one it leaves.
+        @Test func onlyTheDeviceMovesItsCounterAndRecoverFreesTheOneItLeaves() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            let recovery = try Keys.sealedKeychain(keychain, on: tpm)
+            let index = try #require(try TPMTools.counterIndexes(on: tpm).first)
+            let hex = "0x" + String(index, radix: 16)
+            for hierarchy in ["-C o", "", "-C o -P ''", "-P ''"] {
+                let moved = try TPMTools.run("tpm2_nvincrement \(hex) \(hierarchy)", on: tpm)
+                #expect(moved.status != 0, "tpm2_nvincrement \(hierarchy): \(moved.output)")
+            }
+            #expect(try TPMTools.run("tpm2_nvread \(hex) -C o -s 8", on: tpm).status != 0)
+            #expect(try Keys.read(keychain, on: tpm) == "first")
+            // Recovered on the same TPM (a forgotten passcode): a new counter, the old one freed.
+            try Device.recover(
+                at: keychain, recoveryKey: recovery, newPasscode: Keys.secure("5678"), kdf: .insecureFastForTests,
+                tcti: tpm.tcti)
+            let now = try TPMTools.counterIndexes(on: tpm)
+            #expect(now.count == 1 && now.first != index, "indexes \(now)")
+            // Undefined by the owner: said, with what to do, and `recover` works.
+            let newHex = "0x" + String(try #require(now.first), radix: 16)
+            #expect(try TPMTools.run("tpm2_nvundefine \(newHex) -C o", on: tpm).status == 0)
+            #expect(Keys.boot(keychain, on: tpm) == .rollbackCounterGone)
+            try Device.recover(
+                at: keychain, recoveryKey: recovery, newPasscode: Keys.secure("5678"), kdf: .insecureFastForTests,
+                tcti: tpm.tcti)
+            #expect(try Keys.read(keychain, on: tpm, passcode: "5678") == "first")
+            #expect(try TPMTools.counterIndexes(on: tpm).count == 1)
+        }
+
+        /// Item 6: the storage key was made afresh at every use and never
+        /// checked, so something in between substituted its own, read the
+        /// salted session's key and with it one unlock's passcode-derived
+        /// auth, for an offline search. Now its name is pinned at `init`
+        /// and checked before any session is salted with it: here another
+        /// TPM answers TPM2_CreatePrimary, and no session is started at all.
+        @Test func aSubstitutedStorageKeyIsSaidAndNoSessionIsSaltedWithIt() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM(), other = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            let proxy = try #require(
+                Bundle.module.path(forResource: "storage-key-proxy.py", ofType: nil, inDirectory: "Fixtures"))
+            let log = scratch.root + "/commands"
+            let between = "cmd:/usr/bin/python3 \(proxy) \(tpm.port) \(other.port) \(log)"
+            #expect(Keys.boot(keychain, tcti: between) == .tpmStorageKeyChanged)
+            let sent = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n")
+            #expect(sent.contains("131"), "CreatePrimary was asked: \(sent)")
+            #expect(!sent.contains("176"), "no StartAuthSession after a substituted key: \(sent)")
+            #expect(!sent.contains("15e"), "nothing unsealed: \(sent)")
+            #expect(KeychainError.tpmStorageKeyChanged.description.contains("something in between"))
+            // On its own TPM, untouched.
+            #expect(try Keys.read(keychain, on: tpm) == "first")
+        }
+
+        /// Item 8: a write was bound to the counter only by a lock, a stop,
+        /// or a write five minutes after the last bump: a write, then the
+        /// device killed while idle, and the copy from before the write
+        /// booted without it. Now writes are bound once they pause for 10 s
+        /// (60 s at most while they go on), by the device on its own.
+        @Test func aWriteIsBoundToTheCounterSoonAfterwardsWithoutALock() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            let older = try scratch.copy(keychain, to: "older")
+            var device: Device? = try Device(directory: keychain, tcti: tpm.tcti)
+            try device?.unlock(passcode: Keys.secure(Self.passcode))
+            let before = try #require(device?.keyProtection.rollbackCounter)
+            try device.map { try PasswordManager(device: $0).register("rotated", forIdentifier: "token") }
+            let written = Date()
+            // Waited for as a user would notice it: `status` shows the counter moved.
+            while device?.keyProtection.rollbackCounter == before, Date().timeIntervalSince(written) < 30 {
+                usleep(100_000)
+            }
+            #expect(device?.keyProtection.rollbackCounter == before + 1)
+            #expect(Date().timeIntervalSince(written) >= 9, "bound after the writes paused, not at once")
+            // Killed, as `kill -9` would: no lock, no stop, no bump of its own.
+            device = nil
+            try scratch.restore(older, over: keychain)
+            #expect(Keys.boot(keychain, on: tpm) == .rolledBack)
+        }
+
+        /// Item 5: with an empty lockout auth, anyone who reaches the TPM
+        /// stops its counting, and `status` still said guesses went through
+        /// its lockout. Now it says what holds.
+        @Test func aLockoutSwitchedOffOrOpenToAnyoneIsSaidAsSuch() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            let device = try Device(directory: keychain, tcti: tpm.tcti)
+            defer { device.shutDown() }
+            var lines = device.keyProtection.lines
+            #expect(lines.contains("tpm-lockout-auth: empty"), "\(lines)")
+            #expect(lines.contains { $0.contains("which anyone who reaches the TPM can reset") }, "\(lines)")
+            let off = try TPMTools.run(
+                "tpm2_dictionarylockout --setup-parameters --max-tries=4294967295 --recovery-time=0 "
+                    + "--lockout-recovery-time=0", on: tpm)
+            #expect(off.status == 0, "\(off.output)")
+            lines = device.keyProtection.lines
+            #expect(lines.contains("tpm-lockout: 0 of 4294967295"), "\(lines)")
+            #expect(lines.contains { $0.contains("its lockout is switched off") }, "\(lines)")
+            #expect(!lines.contains { $0.contains("go through the TPM and its lockout") }, "\(lines)")
+        }
+    }
+}
