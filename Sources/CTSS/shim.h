@@ -88,6 +88,14 @@ CTSS_ESYS(Esys_NV_DefineSpace, (ESYS_CONTEXT *context, ESYS_TR encrypting, TPM2B
           (context, ESYS_TR_RH_OWNER, ESYS_TR_PASSWORD, encrypting, ESYS_TR_NONE, auth, info, index))
 CTSS_ESYS(Esys_NV_UndefineSpace, (ESYS_CONTEXT *context, ESYS_TR index),
           (context, ESYS_TR_RH_OWNER, index, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE))
+// The lockout hierarchy, authorized in `session` (its auth set on ESYS_TR_RH_LOCKOUT).
+CTSS_ESYS(Esys_HierarchyChangeAuth, (ESYS_CONTEXT *context, ESYS_TR hierarchy, ESYS_TR session, TPM2B_AUTH const *auth),
+          (context, hierarchy, session, ESYS_TR_NONE, ESYS_TR_NONE, auth))
+CTSS_ESYS(Esys_DictionaryAttackParameters, (ESYS_CONTEXT *context, ESYS_TR session, UINT32 maximum, UINT32 recovery,
+                                            UINT32 lockoutRecovery),
+          (context, ESYS_TR_RH_LOCKOUT, session, ESYS_TR_NONE, ESYS_TR_NONE, maximum, recovery, lockoutRecovery))
+CTSS_ESYS(Esys_DictionaryAttackLockReset, (ESYS_CONTEXT *context, ESYS_TR session),
+          (context, ESYS_TR_RH_LOCKOUT, session, ESYS_TR_NONE, ESYS_TR_NONE))
 CTSS_ESYS(Esys_TR_GetName, (ESYS_CONTEXT *context, ESYS_TR handle, TPM2B_NAME **name), (context, handle, name))
 CTSS_ESYS(Esys_StartAuthSession, (ESYS_CONTEXT *context, ESYS_TR salt, TPMT_SYM_DEF const *symmetric, ESYS_TR *session),
           (context, salt, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, NULL, TPM2_SE_HMAC, symmetric,

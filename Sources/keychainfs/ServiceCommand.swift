@@ -78,6 +78,7 @@ struct ServiceCommand: ParsableCommand {
             throw fail(error.description)
         }
         if let problem = ServiceAccount.stateDirectoryProblem(stateDirectory) { throw fail(problem) }
+        takeTPMLockout(stateDirectory)
         if !ServiceAccount.canIdentifyCallers {
             printError(
                 "keychainfs: without CAP_SYS_PTRACE the service cannot identify callers of other users: "
@@ -89,5 +90,24 @@ struct ServiceCommand: ParsableCommand {
             restoreBytes: restoreBytesPerUser)
         let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket, limits: limits)
         throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
+    }
+
+    /// Issue 38: where the TPM's lockout hierarchy is open (an empty auth,
+    /// as most machines leave it) and the service's account reaches the
+    /// TPM, the service takes it (``TPMLockoutHierarchy``), so that no
+    /// other program that reaches the TPM can reset its count of wrong
+    /// passcodes. Taken already, or no TPM: nothing to do.
+    private func takeTPMLockout(_ stateDirectory: String) {
+        guard !TPMLockoutHierarchy.declinedByEnvironment else { return }
+        do throws(KeychainError) {
+            let state = try TPMLockoutHierarchy.take(stateDirectory: stateDirectory)
+            printError(
+                "keychainfs: took the TPM's lockout hierarchy (\(state.maximum) tries); its auth is sealed in "
+                    + "\(stateDirectory)/\(TPMLockoutHierarchy.fileName)")
+        } catch .badRequest, .tpmUnavailable {
+            return
+        } catch {
+            printError("keychainfs: could not take the TPM's lockout hierarchy: \(error)")
+        }
     }
 }

@@ -148,6 +148,28 @@ extension SerialTests {
             #expect(harness.status(mountpoint)["tpm-lockout"] == "1 of 3")
         }
 
+        /// Issue 38: root takes the TPM's lockout hierarchy, and `status` says so.
+        @Test func theLockoutHierarchyIsTakenResetAndGivenBackFromTheCommandLine() throws {
+            let tpm = try SoftwareTPM()
+            let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
+            #expect(harness.sh("\"$K\" start --keychain \"$KC\"").succeeded)
+            #expect(harness.status()["tpm-lockout-auth"] == "empty")
+            let took = harness.sh("\"$K\" tpm take-lockout --state-directory \"$R\"")
+            #expect(took.succeeded && took.stdout.contains("took the TPM's lockout hierarchy: 3 tries"), "\(took)")
+            #expect(harness.status()["tpm-lockout-auth"] == "set")
+            let again = harness.sh("\"$K\" tpm take-lockout --state-directory \"$R\"")
+            #expect(again.status == 1 && again.stderr.contains("set already"), "\(again)")
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "0000\n").status == 4)
+            #expect(harness.status()["tpm-lockout"] == "1 of 3")
+            let reset = harness.sh("\"$K\" tpm reset-lockout --state-directory \"$R\"")
+            #expect(reset.succeeded, "\(reset)")
+            #expect(harness.status()["tpm-lockout"] == "0 of 3")
+            #expect(harness.sh("\"$K\" tpm release-lockout --state-directory \"$R\"").succeeded)
+            #expect(harness.status()["tpm-lockout-auth"] == "empty")
+            let none = harness.sh("\"$K\" tpm release-lockout --state-directory \"$R\"")
+            #expect(none.status == 1 && none.stderr.contains("take-lockout` was not run there"), "\(none)")
+        }
+
         @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
             let tpm = try SoftwareTPM()
             let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
@@ -159,6 +181,9 @@ extension SerialTests {
             #expect(harness.sh("\"$K\" unlock", stdin: "1234\n").succeeded)
             let status = harness.sh("\"$K\" status").stdout
             #expect(status.contains("key-protection: tpm2") && status.contains("rollback-counter: "), "\(status)")
+            // The service took the TPM's lockout hierarchy at its start (issue 38).
+            #expect(status.contains("tpm-lockout-auth: set"), "\(status)")
+            #expect(FileManager.default.fileExists(atPath: service.stateDirectory + "/tpm-lockout-auth"))
             let file = try Data(
                 contentsOf: URL(fileURLWithPath: service.keychain(of: harness.user!) + "/device-secret"))
             #expect(file.prefix(8) == Data("KCFSTPM2".utf8))

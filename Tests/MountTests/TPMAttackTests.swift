@@ -194,7 +194,8 @@ extension SerialTests {
 
         /// Item 5: with an empty lockout auth, anyone who reaches the TPM
         /// stops its counting, and `status` still said guesses went through
-        /// its lockout. Now it says what holds.
+        /// its lockout. Now it says what holds, and root can take the
+        /// lockout hierarchy (as the service does where it can).
         @Test func aLockoutSwitchedOffOrOpenToAnyoneIsSaidAsSuch() throws {
             let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
             let keychain = scratch.keychain()
@@ -212,6 +213,48 @@ extension SerialTests {
             #expect(lines.contains("tpm-lockout: 0 of 4294967295"), "\(lines)")
             #expect(lines.contains { $0.contains("its lockout is switched off") }, "\(lines)")
             #expect(!lines.contains { $0.contains("go through the TPM and its lockout") }, "\(lines)")
+            // Root takes the lockout hierarchy: counting again, and nobody else can stop it or reset it.
+            let state = try TPMLockoutHierarchy.take(stateDirectory: scratch.root, tcti: tpm.tcti)
+            #expect(state.lockoutAuthSet && state.limitsGuesses && state.maximum == 32, "\(state)")
+            #expect(throws: KeychainError.badRequest) {
+                try TPMLockoutHierarchy.take(stateDirectory: scratch.root, tcti: tpm.tcti)
+            }
+            lines = device.keyProtection.lines
+            #expect(lines.contains("tpm-lockout-auth: set") && lines.contains("tpm-lockout: 0 of 32"), "\(lines)")
+            #expect(lines.contains { $0.contains("passcode guesses go through the TPM and its lockout;") }, "\(lines)")
+            // The file alone is not the auth: it is the TPM's blob, and opens on no other TPM.
+            let sealed = try Data(contentsOf: URL(fileURLWithPath: scratch.root + "/tpm-lockout-auth"))
+            #expect(sealed.prefix(8) == Data("KCFSTPM2".utf8) && sealed.count > 100)
+            // Given back, and taken again: a new auth each time.
+            try TPMLockoutHierarchy.release(stateDirectory: scratch.root, tcti: tpm.tcti)
+            #expect(device.keyProtection.tpmLockoutAuthSet == false)
+            #expect(!FileManager.default.fileExists(atPath: scratch.root + "/tpm-lockout-auth"))
+            #expect(throws: KeychainError.noSuchKeychain) {
+                try TPMLockoutHierarchy.release(stateDirectory: scratch.root, tcti: tpm.tcti)
+            }
+            _ = try TPMLockoutHierarchy.take(stateDirectory: scratch.root, tcti: tpm.tcti)
+            // Root, with the sealed auth, clears the count for a user it locked out.
+            #expect(throws: KeychainError.authFailed) { try device.unlock(passcode: Keys.secure("0000")) }
+            #expect(device.keyProtection.tpmFailures == 1)
+            try TPMLockoutHierarchy.resetCount(stateDirectory: scratch.root, tcti: tpm.tcti)
+            #expect(device.keyProtection.tpmFailures == 0)
+            // Anyone else who reaches the TPM: refused, and the count stays.
+            #expect(throws: KeychainError.authFailed) { try device.unlock(passcode: Keys.secure("0000")) }
+            for attack in [
+                "tpm2_dictionarylockout --clear-lockout",
+                "tpm2_dictionarylockout --setup-parameters --max-tries=4294967295 --recovery-time=0",
+                "tpm2_changeauth -c lockout new"
+            ] {
+                let refused = try TPMTools.run(attack, on: tpm)
+                #expect(refused.status != 0, "\(attack): \(refused.output)")
+            }
+            #expect(device.keyProtection.tpmFailures == 1)
+            #expect(device.keyProtection.tpmMaximumFailures == 32)
+            // A wrong lockout auth locks the lockout hierarchy itself for its recovery time (24 h): root
+            // too is refused until then, which is said (a TPM clear in the firmware is the other way).
+            #expect(throws: KeychainError.tpmLockedOut) {
+                try TPMLockoutHierarchy.resetCount(stateDirectory: scratch.root, tcti: tpm.tcti)
+            }
         }
     }
 }

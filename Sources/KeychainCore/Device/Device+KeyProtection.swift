@@ -62,7 +62,7 @@ public struct KeyProtectionStatus: Sendable, Equatable {
             case .some(let lockout) where !lockout.lockoutAuthSet:
                 guesses =
                     "passcode guesses go through the TPM and its lockout, which anyone who reaches the TPM "
-                    + "can reset (its lockout auth is empty)"
+                    + "can reset (its lockout auth is empty: `sudo keychainfs tpm take-lockout`)"
             case .some: guesses = "passcode guesses go through the TPM and its lockout"
             case .none: guesses = "passcode guesses go through the TPM (which does not answer now)"
             }

@@ -85,27 +85,33 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// place, so that a secret left by an interrupted `init` (no database
     /// yet) is simply replaced by the next one.
     func writeDeviceSecret(_ secret: SecureBytes) throws(KeychainError) {
-        let temporary = deviceSecretPath + ".new"
+        try Self.writePrivateFile(secret, at: deviceSecretPath)
+    }
+
+    /// Writes `contents` to `path` (mode 0600) under a temporary name,
+    /// synced, and renames it into place, durably (a power loss must not
+    /// bring back the file from before a move to the TPM).
+    static func writePrivateFile(_ contents: SecureBytes, at path: String) throws(KeychainError) {
+        let temporary = path + ".new"
         unlink(temporary)
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw fileFailure("create", temporary) }
-        let written = secret.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let written = contents.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         let synced = fsync(fd) == 0 ? 0 : Errno.current.rawValue
         close(fd)
-        guard written == secret.count, synced == 0 else {
+        guard written == contents.count, synced == 0 else {
             let failure = fileFailure(
                 "write", temporary, errno: written < 0 ? Errno.current.rawValue : synced == 0 ? EIO : synced)
             unlink(temporary)
             throw failure
         }
-        guard rename(temporary, deviceSecretPath) == 0 else {
-            let failure = fileFailure("rename into place", deviceSecretPath)
+        guard rename(temporary, path) == 0 else {
+            let failure = fileFailure("rename into place", path)
             unlink(temporary)
             throw failure
         }
-        // The rename is durable once the directory is (a power loss must
-        // not bring back the file from before a move to the TPM).
-        let directoryFD = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let parent = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
+        let directoryFD = open(parent.isEmpty ? "/" : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if directoryFD >= 0 {
             fsync(directoryFD)
             close(directoryFD)
@@ -114,16 +120,22 @@ public struct KeychainDirectory: Sendable, Equatable {
 
     /// The device-secret file as it is: the secret, or the TPM's blob.
     func readDeviceSecretFile() throws(KeychainError) -> DeviceSecretFile {
-        let fd = open(deviceSecretPath, O_RDONLY | O_CLOEXEC)
+        try Self.readSealedFile(at: deviceSecretPath)
+    }
+
+    /// A file in the device-secret file's format (``DeviceSecretFile``):
+    /// the device secret, or the TPM lockout auth (``TPMLockoutHierarchy``).
+    static func readSealedFile(at path: String) throws(KeychainError) -> DeviceSecretFile {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
-            Diagnostics.log("the keychain's device secret is missing at \(deviceSecretPath)")
+            Diagnostics.log("\(path) is missing")
             throw Errno.current.rawValue == ENOENT ? .decode : .io
         }
         defer { close(fd) }
         let buffer = try SecureBytes(count: DeviceSecretFile.maximumSize + 1)
         let count = read(fd, buffer.mutableBytes.baseAddress, DeviceSecretFile.maximumSize + 1)
         guard count > 0, count <= DeviceSecretFile.maximumSize else {
-            Diagnostics.log("the keychain's device secret is damaged")
+            Diagnostics.log("\(path) is damaged")
             throw .decode
         }
         let contents = try buffer.withUnsafeBytes { (bytes) throws(KeychainError) in

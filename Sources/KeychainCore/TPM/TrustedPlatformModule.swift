@@ -89,6 +89,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let sessionEncrypt: UInt8 = 0x40  // TPMA_SESSION_ENCRYPT
         static let passwordSession: UInt32 = 0x0FF  // ESYS_TR_PASSWORD
         static let noHandle: UInt32 = 0xFFF  // ESYS_TR_NONE
+        static let lockoutHierarchy: UInt32 = 0x10A  // ESYS_TR_RH_LOCKOUT
     }
 
     /// The attributes of an NV index (TPM 2.0 Part 2, 13.4, TPMA_NV).
@@ -315,6 +316,39 @@ public final class TrustedPlatformModule: @unchecked Sendable {
             lockoutAuthSet: CTSS_property(data, Code.permanent) & Code.lockoutAuthSet != 0)
     }
 
+    // MARK: The lockout hierarchy
+
+    /// TPM2_HierarchyChangeAuth of the lockout hierarchy, from `current`
+    /// (proven in the session's HMAC) to `new` (sent encrypted, in a
+    /// session salted with the storage key).
+    public func changeLockoutAuth(from current: SecureBytes, to new: SecureBytes) throws(TPMError) {
+        var value = try Self.authValue(new, "HierarchyChangeAuth")
+        defer { withUnsafeMutableBytes(of: &value) { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
+        try withPrimaryAndSession { (_, session) throws(TPMError) in
+            try setAuth(Code.lockoutHierarchy, current)
+            try check(
+                CTSS_Esys_HierarchyChangeAuth(context, Code.lockoutHierarchy, session, &value), "HierarchyChangeAuth")
+        }
+    }
+
+    /// TPM2_DictionaryAttackParameters, authorized by the lockout auth.
+    public func setLockoutParameters(
+        auth: SecureBytes, maximum: UInt32, recoverySeconds: UInt32, lockoutRecoverySeconds: UInt32
+    ) throws(TPMError) {
+        try authorized(Code.lockoutHierarchy, auth) { session throws(TPMError) in
+            try check(
+                CTSS_Esys_DictionaryAttackParameters(
+                    context, session, maximum, recoverySeconds, lockoutRecoverySeconds), "DictionaryAttackParameters")
+        }
+    }
+
+    /// TPM2_DictionaryAttackLockReset: the count of failures back to 0.
+    public func resetLockoutCount(auth: SecureBytes) throws(TPMError) {
+        try authorized(Code.lockoutHierarchy, auth) { session throws(TPMError) in
+            try check(CTSS_Esys_DictionaryAttackLockReset(context, session), "DictionaryAttackLockReset")
+        }
+    }
+
     /// TPM2_Clear under the platform hierarchy (empty auth: a software TPM;
     /// firmware sets its own on a real one): a new storage seed, every
     /// sealed object and NV index gone, what a user's "clear TPM" in the
@@ -336,12 +370,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         info.nvPublic.nameAlg = Code.algorithmSHA256
         info.nvPublic.attributes = NVAttribute.counter
         info.nvPublic.dataSize = 8
-        var value = TPM2B_AUTH()
-        guard auth.count <= MemoryLayout.size(ofValue: value.buffer) else { throw .failed("NV_DefineSpace", 0) }
-        value.size = UInt16(auth.count)
-        withUnsafeMutableBytes(of: &value.buffer) { buffer in
-            auth.withUnsafeBytes { buffer.copyMemory(from: $0) }
-        }
+        var value = try Self.authValue(auth, "NV_DefineSpace")
         defer { withUnsafeMutableBytes(of: &value) { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
         // The auth is the first parameter: it crosses the bus encrypted.
         try withPrimaryAndSession { (_, session) throws(TPMError) in
@@ -407,6 +436,24 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         return handle
     }
 
+    /// `auth` as a TPM2B_AUTH (the caller zeroes it after use).
+    private static func authValue(_ auth: SecureBytes, _ call: String) throws(TPMError) -> TPM2B_AUTH {
+        var value = TPM2B_AUTH()
+        guard auth.count <= MemoryLayout.size(ofValue: value.buffer) else { throw .failed(call, 0) }
+        value.size = UInt16(auth.count)
+        withUnsafeMutableBytes(of: &value.buffer) { buffer in
+            auth.withUnsafeBytes { buffer.copyMemory(from: $0) }
+        }
+        return value
+    }
+
+    private func setAuth(_ handle: UInt32, _ auth: SecureBytes) throws(TPMError) {
+        try check(
+            auth.withUnsafeBytes {
+                CTSS_set_auth(context, handle, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count)
+            }, "TR_SetAuth")
+    }
+
     /// Runs `body` with the session that authorizes `handle` with `auth`:
     /// an unsalted HMAC session (the auth proven, never sent), or a password
     /// session for an empty auth.
@@ -414,10 +461,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         throws(TPMError) -> R
     {
         guard let auth, auth.count > 0 else { return try body(Code.passwordSession) }
-        try check(
-            auth.withUnsafeBytes {
-                CTSS_set_auth(context, handle, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count)
-            }, "TR_SetAuth")
+        try setAuth(handle, auth)
         let session = try startSession(salt: nil, attributes: Code.sessionContinue)
         defer { _ = CTSS_Esys_FlushContext(context, session) }
         return try body(session)
