@@ -4,6 +4,7 @@
 // declarations hidden behind _GNU_SOURCE, headers outside the Glibc module).
 // Nothing of FUSE, libsodium or SQLite: each of those has its own shim.
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <malloc.h>
 #include <string.h>
@@ -26,6 +27,12 @@
 // poll(2)'s POLLRDHUP (the peer closed its end) is declared only under
 // _GNU_SOURCE.
 static const short CLinux_POLLRDHUP = 0x2000;
+
+// renameat2(2) with RENAME_EXCHANGE (declared only under _GNU_SOURCE):
+// the two paths swap places atomically; both must exist.
+static inline int CLinux_rename_exchange(const char *first, const char *second) {
+    return (int)syscall(SYS_renameat2, AT_FDCWD, first, AT_FDCWD, second, 1 << 1);
+}
 
 // RLIMIT_CORE 0: no core file (setrlimit's resource is an enum Swift
 // imports awkwardly).

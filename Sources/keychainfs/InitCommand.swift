@@ -96,15 +96,6 @@ enum RecoveryKeyNotice {
         if recovery == nil, !declined { print("no TPM: \(KeyProtection.whyNoTPM())") }
     }
 
-    /// After `recover`: whether the keychain is sealed now (the recovery key stays the same).
-    static func showProtection(of keychain: KeychainDirectory) {
-        let sealed = (try? keychain.keyProtection()) == .tpm2
-        print(
-            sealed
-                ? "key protection: tpm2 (sealed to this machine's TPM; the recovery key is unchanged)"
-                : "key protection: file")
-    }
-
     static func show(formatted key: SecureBytes?) {
         guard let key else {
             print(

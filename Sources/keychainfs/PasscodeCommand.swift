@@ -75,22 +75,23 @@ struct PasscodeCommand: ParsableCommand {
                 "the keychainfs service seals the keychains it creates when its account reaches a TPM; "
                     + "a keychain of the service is moved by recreating it (backup, init, restore)")
         }
-        let device = try DeviceAccess.openDirectly(keychain, held: KeychainDirectory.heldByADevice)
-        defer { device.shutDown() }
+        try place.requireExisting()
         guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
             throw fail("no current passcode given (an empty line if the keychain has none)")
         }
         let recovery: RecoveryKey
         do {
-            recovery = try device.moveToTPM(passcode: current.count > 0 ? current : nil)
+            recovery = try Device.moveToTPM(at: keychain, passcode: current.count > 0 ? current : nil)
         } catch .duplicateKeychain {
             throw fail("the keychain's keys are sealed by a TPM already; nothing was changed")
         } catch .tpmUnavailable {
             throw fail("no TPM answers ($TPM2TOOLS_TCTI, else /dev/tpmrm0); nothing was changed")
+        } catch .keychainInUse {
+            throw fail(KeychainDirectory.heldByADevice)
         } catch {
-            throw fail(Self.explain(error, retryAfter: device.status.retryAfter), status: ExitStatus.of(error))
+            throw fail(Self.explain(error, retryAfter: nil), status: ExitStatus.of(error))
         }
-        print("sealed the keychain's keys to the TPM")
+        print("sealed the keychain to the TPM, with new keys: a copy of its files from before opens nothing of it")
         RecoveryKeyNotice.show(recovery)
     }
 

@@ -11,8 +11,8 @@ struct RecoverCommand: ParsableCommand {
         discussion: """
             Without options: reads the recovery key that `init` printed (dashes and case do not matter), then \
             a new passcode twice, and seals the keychain to the TPM that answers now (after a TPM clear, a new \
-            motherboard, or on another machine), or keeps it in a file with --no-tpm. The recovery key stays \
-            the same. With --accept-rollback: reads the passcode and accepts the keychain's files as they are, \
+            motherboard, or on another machine), or keeps it in a file with --no-tpm, with new keys: a new \
+            recovery key is printed, and the old one (or a copy of the files from before) opens nothing of it. With --accept-rollback: reads the passcode and accepts the keychain's files as they are, \
             after an older copy was put back on purpose (a file-level backup restored); the TPM refuses such a \
             copy otherwise. Both work on the keychain directly: no device may hold it.
             """
@@ -46,16 +46,17 @@ struct RecoverCommand: ParsableCommand {
             ? nil
             : try Passcode.readNew(
                 prompt: "New passcode: ", missing: "no new passcode given; type one, or use --no-passcode")
+        var recovered: RecoveryKey?
         try directly(
             on: keychain, wrong: "that is not this keychain's recovery key; nothing was changed",
             notApplicable: "the keychain at \(keychain.path) has no recovery key (its keys were never sealed by a TPM)"
         ) {
             () throws(KeychainError) in
-            try Device.recover(
+            recovered = try Device.recover(
                 at: keychain, recoveryKey: recoveryKey, newPasscode: passcode, tpm: noTPM ? .declined : .whenPresent)
         }
-        print("recovered the keychain at \(keychain.path)")
-        RecoveryKeyNotice.showProtection(of: keychain)
+        print("recovered the keychain at \(keychain.path), with new keys: the old recovery key opens nothing of it now")
+        RecoveryKeyNotice.show(recovered)
     }
 
     private func accept(_ keychain: KeychainDirectory) throws {

@@ -72,7 +72,7 @@ extension SerialTests {
             let other = try SoftwareTPM()
             #expect(throws: KeychainError.tpmStorageKeyChanged) { try Device(directory: keychain, tcti: other.tcti) }
             let key = try #require(RecoveryKey(typed: SecureBytes(Self.recoveryKey)))
-            try Device.recover(
+            _ = try Device.recover(
                 at: keychain, recoveryKey: key, newPasscode: SecureBytes("5678"),
                 kdf: .insecureFastForTests, tcti: other.tcti)
             let device = try Device(directory: keychain, tcti: other.tcti)

@@ -190,7 +190,7 @@ extension SerialTests {
             // Another keychain's recovery key opens nothing and changes nothing.
             let other = try Self.sealedKeychain(scratch.keychain("other"), on: tpm)
             #expect(throws: KeychainError.authFailed) {
-                try Device.recover(
+                _ = try Device.recover(
                     at: keychain, recoveryKey: other, newPasscode: Self.secure("5678"),
                     kdf: .insecureFastForTests, tcti: tpm.tcti)
             }
@@ -201,15 +201,18 @@ extension SerialTests {
             let typed = String(decoding: recovery.formatted().bytes(), as: UTF8.self).uppercased()
                 .replacingOccurrences(of: "-", with: " ")
             let parsed = try #require(RecoveryKey(typed: Self.secure(typed)))
-            try Device.recover(
+            _ = try Device.recover(
                 at: keychain, recoveryKey: parsed, newPasscode: Self.secure("5678"),
                 kdf: .insecureFastForTests, tcti: tpm.tcti)
             #expect(try keychain.keyProtection() == .tpm2)
             #expect(try Self.read(keychain, on: tpm, passcode: "5678") == "first")
             #expect(throws: KeychainError.authFailed) { try Self.read(keychain, on: tpm, passcode: Self.passcode) }
             #expect(RecoveryKey(typed: try Self.secure("not-a-recovery-key")) == nil)
+            // The recovery is in the log of the keychain it opened, kept beside the new one's (new keys).
+            let before = try String(contentsOfFile: keychain.path + "/audit.log.before-rekey", encoding: .utf8)
+            #expect(before.contains("op=recover"), "the recovery is in the audit log")
             let log = try String(contentsOfFile: keychain.path + "/audit.log", encoding: .utf8)
-            #expect(log.contains("recover"), "the recovery is in the audit log")
+            #expect(log.contains("op=rekey"), "\(log)")
         }
 
         @Test func aPasscodeChangeSealsTheNewPasscodeToTheTPM() throws {
@@ -236,29 +239,34 @@ extension SerialTests {
                 tpm: .declined, tcti: tpm.tcti)
             #expect(none == nil)
             #expect(try keychain.keyProtection() == .file)
-            let recovery: RecoveryKey
             do {
                 let device = try Device(directory: keychain, tcti: tpm.tcti)
                 defer { device.shutDown() }
                 #expect(device.keyProtection == KeyProtectionStatus(protection: .file))
                 try device.unlock(passcode: Self.secure(Self.passcode))
                 try PasswordManager(device: device).register("kept", forIdentifier: "token")
-                #expect(throws: KeychainError.authFailed) {
-                    try device.moveToTPM(passcode: Self.secure("0000"), tcti: tpm.tcti)
-                }
-                #expect(try keychain.keyProtection() == .file)
-                recovery = try device.moveToTPM(passcode: Self.secure(Self.passcode), tcti: tpm.tcti)
-                #expect(device.keyProtection.protection == .tpm2)
-                #expect(throws: KeychainError.duplicateKeychain) {
-                    try device.moveToTPM(passcode: Self.secure(Self.passcode), tcti: tpm.tcti)
+                // A device holds it: the move is refused, and changes nothing.
+                #expect(throws: KeychainError.keychainInUse) {
+                    try Device.moveToTPM(at: keychain, passcode: Self.secure(Self.passcode), tcti: tpm.tcti)
                 }
             }
+            #expect(throws: KeychainError.authFailed) {
+                try Device.moveToTPM(at: keychain, passcode: Self.secure("0000"), tcti: tpm.tcti)
+            }
+            #expect(try keychain.keyProtection() == .file)
+            let recovery = try Device.moveToTPM(at: keychain, passcode: Self.secure(Self.passcode), tcti: tpm.tcti)
+            #expect(throws: KeychainError.duplicateKeychain) {
+                try Device.moveToTPM(at: keychain, passcode: Self.secure(Self.passcode), tcti: tpm.tcti)
+            }
+            #expect(!FileManager.default.fileExists(atPath: keychain.path + ".rekey"), "the old keychain is gone")
+            let log = try String(contentsOfFile: keychain.path + "/audit.log.before-rekey", encoding: .utf8)
+            #expect(log.contains("op=unlock"), "the log from before is kept beside: \(log)")
             #expect(try keychain.keyProtection() == .tpm2)
             #expect(try Self.read(keychain, on: tpm) == "kept")
             let stolen = try scratch.copy(keychain, to: "stolen")
             #expect(Self.boot(stolen, on: elsewhere) == .tpmStorageKeyChanged)
             // And its recovery key works like one made at init.
-            try Device.recover(
+            _ = try Device.recover(
                 at: stolen, recoveryKey: recovery, newPasscode: Self.secure("5678"),
                 kdf: .insecureFastForTests, tcti: elsewhere.tcti)
             #expect(try Self.read(stolen, on: elsewhere, passcode: "5678") == "kept")

@@ -125,7 +125,7 @@ extension SerialTests {
             #expect(try TPMTools.run("tpm2_nvread \(hex) -C o -s 8", on: tpm).status != 0)
             #expect(try Keys.read(keychain, on: tpm) == "first")
             // Recovered on the same TPM (a forgotten passcode): a new counter, the old one freed.
-            try Device.recover(
+            let renewed = try Device.recover(
                 at: keychain, recoveryKey: recovery, newPasscode: Keys.secure("5678"), kdf: .insecureFastForTests,
                 tcti: tpm.tcti)
             let now = try TPMTools.counterIndexes(on: tpm)
@@ -134,8 +134,15 @@ extension SerialTests {
             let newHex = "0x" + String(try #require(now.first), radix: 16)
             #expect(try TPMTools.run("tpm2_nvundefine \(newHex) -C o", on: tpm).status == 0)
             #expect(Keys.boot(keychain, on: tpm) == .rollbackCounterGone)
-            try Device.recover(
-                at: keychain, recoveryKey: recovery, newPasscode: Keys.secure("5678"), kdf: .insecureFastForTests,
+            // The recovery key from before the recovery opens nothing now (new keys); the new one does.
+            #expect(throws: KeychainError.authFailed) {
+                try Device.recover(
+                    at: keychain, recoveryKey: recovery, newPasscode: Keys.secure("5678"), kdf: .insecureFastForTests,
+                    tcti: tpm.tcti)
+            }
+            _ = try Device.recover(
+                at: keychain, recoveryKey: try #require(renewed), newPasscode: Keys.secure("5678"),
+                kdf: .insecureFastForTests,
                 tcti: tpm.tcti)
             #expect(try Keys.read(keychain, on: tpm, passcode: "5678") == "first")
             #expect(try TPMTools.counterIndexes(on: tpm).count == 1)
@@ -163,6 +170,58 @@ extension SerialTests {
             #expect(KeychainError.tpmStorageKeyChanged.description.contains("something in between"))
             // On its own TPM, untouched.
             #expect(try Keys.read(keychain, on: tpm) == "first")
+        }
+
+        /// Item 4: `passcode --tpm` sealed the same device secret and kept the
+        /// class keys, so a copy taken while the keychain was kept in a file
+        /// opened the sealed one with no TPM: its device-secret file beside
+        /// the sealed keychain's database read `always` items at once. Now
+        /// the move makes new keys: the old file opens nothing of it, nor
+        /// does the old passcode with the old database's keybag.
+        @Test func aCopyTakenBeforeTheMoveToTheTPMOpensNothingOfIt() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            try Device.createKeychain(
+                at: keychain, passcode: Keys.secure(Self.passcode), kdf: .insecureFastForTests, tpm: .declined,
+                tcti: tpm.tcti)
+            try Self.unlocked(keychain, on: tpm) { device in
+                try PasswordManager(device: device).write(
+                    Keys.secure("always-value"), identifier: "pin", group: "default", protectionClass: .always)
+            }
+            let before = try scratch.copy(keychain, to: "before")
+            _ = try Device.moveToTPM(at: keychain, passcode: Keys.secure(Self.passcode), tcti: tpm.tcti)
+            try Self.unlocked(keychain, on: tpm) { device in
+                try PasswordManager(device: device).register("after", forIdentifier: "token")
+                #expect(try PasswordManager(device: device).string(forIdentifier: "pin") == "always-value")
+            }
+            // The old device secret beside the sealed keychain's database.
+            let attacked = try scratch.copy(keychain, to: "attacked")
+            try FileManager.default.removeItem(atPath: attacked.path + "/device-secret")
+            try FileManager.default.copyItem(
+                atPath: before.path + "/device-secret", toPath: attacked.path + "/device-secret")
+            #expect(Keys.boot(attacked, on: tpm) == .decode)
+            // The old keybag with the old passcode beside the new rows: no class key of the old opens them.
+            let spliced = try scratch.copy(before, to: "spliced")
+            for table in ["items", "groups"] {
+                try Self.copyTable(table, from: keychain, into: spliced)
+            }
+            #expect(Self.attempt(spliced, on: tpm, passcode: Self.passcode) != nil)
+        }
+
+        /// Replaces `target`'s rows of `table` with `source`'s, as someone with both copies can.
+        static func copyTable(_ table: String, from source: KeychainDirectory, into target: KeychainDirectory) throws {
+            let script = """
+                import sqlite3, sys
+                db = sqlite3.connect(sys.argv[1])
+                db.execute("ATTACH DATABASE ? AS other", (sys.argv[2],))
+                db.execute("DELETE FROM main.%s" % sys.argv[3])
+                db.execute("INSERT INTO main.%s SELECT * FROM other.%s" % (sys.argv[3], sys.argv[3]))
+                db.commit()
+                """
+            let result = Spawn.run([
+                "/usr/bin/python3", "-c", script, target.path + "/keychain.db", source.path + "/keychain.db", table
+            ])
+            guard result == 0 else { throw HarnessError("python3's sqlite3 failed (\(result))") }
         }
 
         /// Item 8: a write was bound to the counter only by a lock, a stop,

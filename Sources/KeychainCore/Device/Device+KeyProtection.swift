@@ -257,76 +257,32 @@ extension Device {
         return .after(milliseconds: 0)  // writes made during the bump are looked at again
     }
 
-    // MARK: Sealing an existing keychain
-
-    /// Moves a keychain kept in a file to the TPM at `tcti` (`keychainfs
-    /// passcode --tpm`): the device secret sealed by it, the passcode KEK
-    /// entangled with it, a rollback counter defined, and a recovery key
-    /// made, which is returned to be shown once. Needs the passcode (a wrong
-    /// one is a failed attempt like a wrong unlock).
-    public func moveToTPM(passcode: SecureBytes?, tcti: String? = TrustedPlatformModule.configuredTCTI)
-        throws(KeychainError) -> RecoveryKey
-    {
-        guard sealingTPM.withLock({ $0 }) == nil else { throw .duplicateKeychain }
-        guard var tpm = KeychainTPM.present(tcti: tcti) else { throw .tpmUnavailable }
-        let plain = try directory.readDeviceSecret(tcti: tcti)
-        let classKeys = try passcodeAttempt(
-            { () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
-            then: { (keys) throws(KeychainError) in keys })
-        let sealedSecret = try tpm.sealDeviceSecret(plain)
-        tpm.storageKey = sealedSecret.storageKey
-        let bag = keybag, secret = secret, sealingTPM = tpm
-        let sealed = try SecretThread.run { () throws(KeychainError) -> Keybag in
-            try bag.rewrapped(secret: secret, classKeys: classKeys, newPasscode: passcode, sealingTPM: sealingTPM)
-        }
-        let recovery = RecoveryKey.generate()
-        let recoveryRecord = try recovery.sealRecord(deviceSecret: plain, classKeys: classKeys, binding: secret)
-        let counter = try tpm.defineCounter(auth: secret.counterAuth)
-        try boundWrites.withLock { _ throws(KeychainError) in
-            try store.rebind(
-                secret: secret, from: nil, to: counter.value,
-                writing: [
-                    (Keybag.recordKey, sealed.encoded(secret: secret)),
-                    (RecoveryKey.recordKey, recoveryRecord),
-                    (
-                        RollbackRecord.recordKey,
-                        RollbackRecord(counter: counter.counter, epoch: counter.value).encoded(secret: secret)
-                    )
-                ])
-            try store.sync()
-            // Committed: a crash from here boots and finishes the move
-            // (``checkRollback(_:store:secret:sealedBy:tcti:)``).
-            CrashPoint.reach("seal-committed")
-            try directory.writeDeviceSecret(
-                try SecureBytes(DeviceSecretFile.encodeSealed(sealedSecret.blob, storageKey: sealedSecret.storageKey)))
-        }
-        currentKeybag.withLock { $0 = sealed }
-        self.sealingTPM.withLock { $0 = tpm }
-        rollbackCounter.withLock { $0 = counter.counter }
-        audit.record(AuditEvent(operation: "seal", result: "ok", subject: nil, detail: "tpm2"))
-        return recovery
-    }
-
     // MARK: Recovery
 
     /// Opens a TPM-sealed keychain with its recovery key, without the TPM
     /// that sealed it (cleared, replaced, another machine), and seals it to
     /// the TPM at `tcti` with `newPasscode` (nil: none), or keeps it in a
     /// file when `choice` is ``TPMChoice/declined`` (or no TPM answers and it
-    /// is ``TPMChoice/whenPresent``). No device may hold the keychain. The
-    /// recovery key stays the same (the class keys and the device secret do).
-    /// ``KeychainError/authFailed``: not this keychain's recovery key.
+    /// is ``TPMChoice/whenPresent``). No device may hold the keychain. Then
+    /// the keychain is made anew with new keys (``rekey(at:passcode:tpm:tcti:)``):
+    /// returns its new recovery key (nil: kept in a file); the old one opens
+    /// nothing of it. ``KeychainError/authFailed``: not this keychain's recovery key.
     public static func recover(
         at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
         tpm choice: TPMChoice = .whenPresent, kdf: KDFParameters = .interactive,
         tcti: String? = TrustedPlatformModule.configuredTCTI
-    ) throws(KeychainError) {
+    ) throws(KeychainError) -> RecoveryKey? {
         try reseal(at: directory, recoveryKey: recoveryKey, newPasscode: newPasscode, tpm: choice, kdf: kdf, tcti: tcti)
         try recordInLog(
             directory, tcti: tcti,
             AuditEvent(
                 operation: "recover", result: "ok", subject: nil,
                 detail: "with the recovery key"))
+        // A move between protections makes new keys (issue 38): a copy of
+        // the files from before (on the old machine, with its TPM and the
+        // old passcode) opens nothing written from now on.
+        let sealed = try directory.keyProtection() == .tpm2
+        return try rekey(at: directory, passcode: newPasscode, tpm: sealed ? .required : .declined, tcti: tcti)
     }
 
     /// Records what a change made without a device did, through a device

@@ -83,6 +83,8 @@ public final class Device: Sendable {
             throw .insecurePermissions
         }
         let fd = try Self.takeKeychainLock(directory)
+        // A move to the TPM interrupted before or after its exchange (issue 38).
+        Self.destroyLeftover(of: directory)
         do throws(KeychainError) {
             let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
             let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
