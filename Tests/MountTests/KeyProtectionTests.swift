@@ -314,8 +314,8 @@ extension SerialTests {
             _ = try Self.sealedKeychain(keychain, on: tpm)
             // The same TPM through a proxy that answers TPM2_Unseal (0x15e) with TPM_RC_RETRY.
             let proxy = try #require(
-                Bundle.module.path(forResource: "busy-tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
-            let busy = "cmd:/usr/bin/python3 \(proxy) \(tpm.port) 15e"
+                Bundle.module.path(forResource: "tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
+            let busy = "cmd:/usr/bin/python3 \(proxy) busy \(tpm.port) 15e"
             #expect(Self.boot(keychain, tcti: busy) == .tpmUnavailable)
             #expect(try Self.read(keychain, on: tpm) == "first")
         }

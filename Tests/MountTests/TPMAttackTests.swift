@@ -159,9 +159,9 @@ extension SerialTests {
             let keychain = scratch.keychain()
             _ = try Keys.sealedKeychain(keychain, on: tpm)
             let proxy = try #require(
-                Bundle.module.path(forResource: "storage-key-proxy.py", ofType: nil, inDirectory: "Fixtures"))
+                Bundle.module.path(forResource: "tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
             let log = scratch.root + "/commands"
-            let between = "cmd:/usr/bin/python3 \(proxy) \(tpm.port) \(other.port) \(log)"
+            let between = "cmd:/usr/bin/python3 \(proxy) substitute \(tpm.port) \(other.port) \(log)"
             #expect(Keys.boot(keychain, tcti: between) == .tpmStorageKeyChanged)
             let sent = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n")
             #expect(sent.contains("131"), "CreatePrimary was asked: \(sent)")
