@@ -199,12 +199,18 @@ extension Device {
             unboundWrites.withLock { $0 = nil }
             do throws(KeychainError) {
                 guard let epoch = secret.epoch.value else { return }
-                var counted = try tpm.value(of: counter)
-                // An earlier bump committed, but its increment failed.
-                if counted + 1 == epoch { counted = try tpm.increment(counter) }
-                guard counted == epoch else {
-                    Diagnostics.log("the TPM's rollback counter (\(counted)) does not match the keychain's (\(epoch))")
-                    return
+                // Read only when the last increment failed (or was never
+                // seen to happen): otherwise the counter is at `epoch`.
+                if !counterMatchesEpoch.load(ordering: .acquiring) {
+                    // An earlier bump committed, but its increment failed.
+                    if try tpm.value(of: counter) + 1 == epoch { try tpm.increment(counter) }
+                    let counted = try tpm.value(of: counter)
+                    guard counted == epoch else {
+                        Diagnostics.log(
+                            "the TPM's rollback counter (\(counted)) does not match the keychain's (\(epoch))")
+                        return
+                    }
+                    counterMatchesEpoch.store(true, ordering: .releasing)
                 }
                 CrashPoint.reach("bump-begun")
                 try store.rebind(
@@ -216,8 +222,10 @@ extension Device {
                         )
                     ])
                 try store.sync()
+                counterMatchesEpoch.store(false, ordering: .releasing)
                 CrashPoint.reach("bump-committed")
                 try tpm.increment(counter)
+                counterMatchesEpoch.store(true, ordering: .releasing)
                 CrashPoint.reach("bump-counted")
             } catch {
                 Diagnostics.log("could not advance the TPM rollback counter (\(reason)): \(error)")

@@ -54,6 +54,9 @@ public final class Device: Sendable {
     let sealingTPM = Mutex<KeychainTPM?>(nil)
     /// The rollback counter (nil: none).
     let rollbackCounter = Mutex<CounterReference?>(nil)
+    /// Whether the TPM's counter is at the keychain's epoch, as the boot's
+    /// check and each bump's increment left it (a bump reads it only when not).
+    let counterMatchesEpoch = Atomic<Bool>(true)
     /// The first and the last write not yet bound to the rollback counter,
     /// monotonic ms (nil: none), and the thread that binds them
     /// (``noteWriteForRollback()``).

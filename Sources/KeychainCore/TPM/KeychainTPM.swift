@@ -181,8 +181,7 @@ struct KeychainTPM: Sendable {
         try use { tpm throws(TPMError) in try tpm.value(of: counter) }
     }
 
-    @discardableResult
-    func increment(_ counter: CounterReference) throws(KeychainError) -> UInt64 {
+    func increment(_ counter: CounterReference) throws(KeychainError) {
         try use { tpm throws(TPMError) in try tpm.increment(counter) }
     }
 

@@ -382,14 +382,13 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         return try name(of: try handleOf(index))
     }
 
-    /// Adds one to `counter`; returns its new value.
-    @discardableResult
-    public func increment(_ counter: CounterReference) throws(TPMError) -> UInt64 {
+    /// Adds one to `counter` (one authorized command: its new value is not
+    /// read back, each such command costs a TPM's HMAC work).
+    public func increment(_ counter: CounterReference) throws(TPMError) {
         let handle = try verified(counter)
         try authorized(handle, counter.auth) { session throws(TPMError) in
             try check(CTSS_Esys_NV_Increment(context, handle, session), "NV_Increment")
         }
-        return try read(handle, counter.auth)
     }
 
     /// The value of `counter`.
