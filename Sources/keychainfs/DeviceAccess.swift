@@ -367,18 +367,28 @@ extension RunningDevice {
     }
 }
 
-/// Starts per-user device processes detached (own session, stdio on
-/// /dev/null) and waits for each one's word on a pipe: ready, or why not.
+/// Starts per-user device processes detached (own session, stdin and
+/// stdout on /dev/null, stderr to the journal or to `log`) and waits for
+/// each one's word on a pipe: ready, or why not.
 enum DeviceLauncher {
-    /// Runs `keychainfs ARGUMENTS --ready-fd 3` detached; nil once it is
-    /// ready, else why not.
-    static func start(_ arguments: [String]) -> String? {
+    /// A detached device's log when no journald listens: at most this many
+    /// bytes are kept (it starts afresh past them).
+    static let logLimit = 1 << 20
+
+    /// Runs `keychainfs ARGUMENTS --ready-fd 3` detached, the device of
+    /// `keychain`; nil once it is ready, else why not. Its diagnostics
+    /// (never a secret) go to the journal (`journalctl -t keychainfs`),
+    /// else to the file beside its socket (``logPath(_:)``).
+    static func start(_ arguments: [String], keychain: KeychainDirectory) -> String? {
         var pipeEnds: [Int32] = [0, 0]
         guard pipe(&pipeEnds) == 0 else { return "cannot create a pipe" }
         // Only the child's dup2'd copy (fd 3) may stay open in it.
         for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         var spawnOptions = Spawn.Options()
         spawnOptions.descriptors = [(3, pipeEnds[1])]
+        let errors = JournalStream.open(identifier: "keychainfs") ?? logPath(keychain).map(openLog) ?? -1
+        defer { if errors >= 0 { close(errors) } }
+        if errors >= 0 { spawnOptions.descriptors.append((2, errors)) }
         spawnOptions.nullStandardStreams = true
         spawnOptions.newSession = true
         let child = Spawn.start([selfExecutable()] + arguments + ["--ready-fd", "3"], options: spawnOptions)
@@ -390,6 +400,20 @@ enum DeviceLauncher {
         return answer.hasPrefix("error ")
             ? String(answer.dropFirst(6)).trimmingNewline
             : "the device process exited before it was ready"
+    }
+
+    /// The file a detached device's diagnostics go to without a journal
+    /// (private, appended to; started afresh past ``logLimit``); -1 when it
+    /// cannot be opened.
+    /// `$XDG_RUNTIME_DIR/keychainfs/….sock.log`: the device's socket's path, with `.log`.
+    static func logPath(_ keychain: KeychainDirectory) -> String? {
+        (try? RuntimePaths.socketPath(for: keychain.path)).map { $0 + ".log" }
+    }
+
+    private static func openLog(_ path: String) -> Int32 {
+        var info = stat()
+        let fresh = stat(path, &info) == 0 && Int(info.st_size) > logLimit ? O_TRUNC : 0
+        return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | fresh, 0o600)
     }
 
     /// The socket of the keychain's device, started now (headless, locked,
@@ -406,7 +430,7 @@ enum DeviceLauncher {
         guard keychain.exists else {
             return (nil, "no keychain at \(keychain.path); create one with `keychainfs init`")
         }
-        let problem = start(["start", "--foreground", "--keychain", keychain.path])
+        let problem = start(["start", "--foreground", "--keychain", keychain.path], keychain: keychain)
         // Another client may have started it first: its device serves us too.
         if problem == nil || DeviceClient.isServing(socketPath) { return (socketPath, nil) }
         return (nil, problem)

@@ -149,7 +149,7 @@ struct MountCommand: ParsableCommand {
         var arguments = ["mount", mountpoint, "--foreground", "--keychain", keychain.path]
         if let group { arguments += ["--group", group] }
         if let autolock { arguments += ["--autolock", String(autolock.seconds)] }
-        if let problem = DeviceLauncher.start(arguments + bus.arguments) { throw fail(problem) }
+        if let problem = DeviceLauncher.start(arguments + bus.arguments, keychain: keychain) { throw fail(problem) }
     }
 
     private func report(ok: ()) { ReadyReport(readyFD).ok() }

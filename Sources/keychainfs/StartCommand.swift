@@ -43,7 +43,7 @@ struct StartCommand: ParsableCommand {
                 return
             }
             if let problem = DeviceLauncher.start(
-                ["start", "--foreground", "--keychain", keychain.path] + bus.arguments)
+                ["start", "--foreground", "--keychain", keychain.path] + bus.arguments, keychain: keychain)
             {
                 throw fail(problem)
             }

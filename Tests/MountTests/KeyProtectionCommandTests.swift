@@ -160,6 +160,24 @@ extension SerialTests {
             #expect(harness.status(mountpoint)["tpm-lockout"] == "1 of 3")
         }
 
+        /// Issue 38: a device started in the background sent its diagnostics
+        /// to /dev/null, so a bump of the counter that failed went unseen.
+        /// They go to the journal now (`journalctl -t keychainfs`), or,
+        /// where no journald listens, to a file beside the device's socket.
+        @Test func aBackgroundDevicesFailedBumpIsInItsLog() throws {
+            let tpm = try SoftwareTPM()
+            let harness = try Self.sealedKeychain(on: tpm)
+            tpm.stop()
+            #expect(harness.sh("\"$K\" lock --keychain \"$KC\"").succeeded)
+            let journal = FileManager.default.fileExists(atPath: "/run/systemd/journal/stdout")
+            let log = harness.sh(
+                journal
+                    ? "journalctl -t keychainfs --since=-60s -o cat" : "cat \"$XDG_RUNTIME_DIR\"/keychainfs/*.sock.log")
+            #expect(
+                log.stdout.contains("could not advance the TPM rollback counter (lock)"), "\(log)")
+            #expect(!log.stdout.contains("acknowledged"), "never a secret")
+        }
+
         /// Issue 38: root takes the TPM's lockout hierarchy, and `status` says so.
         @Test func theLockoutHierarchyIsTakenResetAndGivenBackFromTheCommandLine() throws {
             let tpm = try SoftwareTPM()
