@@ -95,6 +95,15 @@ public final class DeviceProcess: Sendable {
     /// `secretService` it also serves the Secret Service on the session bus
     /// (true: taking the name over from another provider). Returns the
     /// process exit status.
+    /// Where a per-user device started in the background reports when no
+    /// journald listens (issue 38): beside its socket.
+    public static func logPath(socket: String) -> String { socket + ".log" }
+
+    private static func removeLogIfEmpty(_ path: String) {
+        var info = stat()
+        if lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_size == 0 { unlink(path) }
+    }
+
     public func run(
         mountpoint: String?, group: String?, secretService: Bool? = nil,
         ready: (MountError?) -> Void
@@ -108,6 +117,8 @@ public final class DeviceProcess: Sendable {
         }
         // Read now, while the process that started the device waits for `ready`.
         let judge = DeviceJudge.current
+        // After everything else, which may still report: an empty log is not left behind.
+        defer { Self.removeLogIfEmpty(Self.logPath(socket: socketPath)) }
         // Last, once every session has ended: a cleanly stopped device leaves
         // the keychain as one file (no -wal beside it).
         defer { keychain.manager.localDevice.shutDown() }

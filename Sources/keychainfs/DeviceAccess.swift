@@ -407,7 +407,7 @@ enum DeviceLauncher {
     /// cannot be opened.
     /// `$XDG_RUNTIME_DIR/keychainfs/….sock.log`: the device's socket's path, with `.log`.
     static func logPath(_ keychain: KeychainDirectory) -> String? {
-        (try? RuntimePaths.socketPath(for: keychain.path)).map { $0 + ".log" }
+        (try? RuntimePaths.socketPath(for: keychain.path)).map(DeviceProcess.logPath(socket:))
     }
 
     private static func openLog(_ path: String) -> Int32 {
