@@ -1,3 +1,4 @@
+internal import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -40,20 +40,11 @@ def read_exactly(stream, count):
     return data
 
 
-def receive(connection, count):
-    data = b""
-    while len(data) < count:
-        chunk = connection.recv(count - len(data))
-        if not chunk:
-            sys.exit(1)
-        data += chunk
-    return data
-
-
 def respond(connection):
-    header = receive(connection, 10)
+    replies = connection.makefile("rb", buffering=0)
+    header = read_exactly(replies, 10)
     size = struct.unpack(">I", header[2:6])[0]
-    return header + receive(connection, size - 10)
+    return header + read_exactly(replies, size - 10)
 
 
 stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
