@@ -40,7 +40,7 @@ extension Device {
             // before the passcode's object is sealed under it too.
             let sealed = try chosen.sealDeviceSecret(secretBytes)
             tpm?.storageKey = sealed.storageKey
-            fileContents = try SecureBytes(DeviceSecretFile.encodeSealed(sealed.blob, storageKey: sealed.storageKey))
+            fileContents = sealed.file
         }
         let sealingTPM = tpm
         let (bag, classKeys) = try SecretThread.run { () throws(KeychainError) in

@@ -123,8 +123,7 @@ extension Device {
             // device-secret file was replaced: finish it.
             let plain = try directory.readDeviceSecret(tcti: tcti)
             let sealed = try tpm.sealDeviceSecret(plain)
-            try directory.writeDeviceSecret(
-                try SecureBytes(DeviceSecretFile.encodeSealed(sealed.blob, storageKey: sealed.storageKey)))
+            try directory.writeDeviceSecret(sealed.file)
             tpm.storageKey = sealed.storageKey
         }
         guard record.isLegacy else { return (tpm, record.counter(secret: secret)) }
@@ -332,7 +331,7 @@ extension Device {
         if let chosen = tpm {
             let sealed = try chosen.sealDeviceSecret(plain)
             tpm?.storageKey = sealed.storageKey
-            file = try SecureBytes(DeviceSecretFile.encodeSealed(sealed.blob, storageKey: sealed.storageKey))
+            file = sealed.file
         } else {
             file = plain
         }

@@ -106,12 +106,7 @@ extension Device {
         guard CLinux_rename_exchange(rekeyPath(directory), directory.path) == 0 else {
             throw fileFailure("exchange with the new keychain", directory.path)
         }
-        let parent = String(directory.path[..<(directory.path.lastIndex(of: "/") ?? directory.path.startIndex)])
-        let fd = open(parent.isEmpty ? "/" : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if fd >= 0 {
-            fsync(fd)
-            close(fd)
-        }
+        KeychainDirectory.syncParent(of: directory.path)
     }
 
     /// Marks the new keychain until it is exchanged into place.

@@ -110,11 +110,16 @@ public struct KeychainDirectory: Sendable, Equatable {
             unlink(temporary)
             throw failure
         }
+        syncParent(of: path)
+    }
+
+    /// Makes a rename or creation of `path` durable: fsync of the directory holding it.
+    static func syncParent(of path: String) {
         let parent = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        let directoryFD = open(parent.isEmpty ? "/" : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if directoryFD >= 0 {
-            fsync(directoryFD)
-            close(directoryFD)
+        let fd = open(parent.isEmpty ? "/" : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if fd >= 0 {
+            fsync(fd)
+            close(fd)
         }
     }
 
@@ -156,7 +161,7 @@ public struct KeychainDirectory: Sendable, Equatable {
         case .sealed(let blob, let pinned):
             let (secret, storageKey) = try KeychainTPM(tcti: tcti, storageKey: pinned).unsealDeviceSecret(blob)
             if pinned == nil {
-                try writeDeviceSecret(try SecureBytes(DeviceSecretFile.encodeSealed(blob, storageKey: storageKey)))
+                try writeDeviceSecret(try DeviceSecretFile.sealedContents(blob, storageKey: storageKey))
             }
             return (DeviceSecret(secret: secret), KeychainTPM(tcti: tcti, storageKey: storageKey))
         }

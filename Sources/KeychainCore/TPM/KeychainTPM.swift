@@ -118,15 +118,17 @@ struct KeychainTPM: Sendable {
     }
 
     /// Seals `secret` with an empty auth, usable in a lockout: only this
-    /// TPM opens it. Returns the blob and the name of the storage key it
-    /// is sealed under, to be pinned (``storageKey``).
-    func sealDeviceSecret(_ secret: SecureBytes) throws(KeychainError) -> (blob: [UInt8], storageKey: [UInt8]) {
+    /// TPM opens it. Returns the contents of a sealed file
+    /// (``DeviceSecretFile``) and the name of the storage key it is sealed
+    /// under, to be pinned (``storageKey``).
+    func sealDeviceSecret(_ secret: SecureBytes) throws(KeychainError) -> (file: SecureBytes, storageKey: [UInt8]) {
         let empty = try SecureBytes(count: 0)
-        return try use { tpm throws(TPMError) in
+        let (blob, name) = try use { tpm throws(TPMError) in
             let blob = try tpm.seal(secret, auth: empty, guarded: false)
             guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
             return (blob, name)
         }
+        return (try DeviceSecretFile.sealedContents(blob, storageKey: name), name)
     }
 
     /// The device secret `blob` holds, and the name of the storage key it
@@ -215,6 +217,11 @@ enum DeviceSecretFile {
     static let version: UInt8 = 2
     /// A sealed object's public and private parts are a few hundred bytes.
     static let maximumSize = 4096
+
+    /// The file's contents for `blob` sealed under `storageKey`, as written to disk.
+    static func sealedContents(_ blob: [UInt8], storageKey: [UInt8]) throws(KeychainError) -> SecureBytes {
+        try SecureBytes(encodeSealed(blob, storageKey: storageKey))
+    }
 
     static func encodeSealed(_ blob: [UInt8], storageKey: [UInt8]) -> [UInt8] {
         var writer = ByteWriter()

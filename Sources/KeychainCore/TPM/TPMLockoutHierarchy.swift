@@ -47,7 +47,7 @@ public enum TPMLockoutHierarchy {
         let auth = SecureBytes.random(count: Crypto.keySize)
         let sealed = try tpm.sealDeviceSecret(auth)
         try KeychainDirectory.writePrivateFile(
-            try SecureBytes(DeviceSecretFile.encodeSealed(sealed.blob, storageKey: sealed.storageKey)),
+            sealed.file,
             at: stateDirectory + "/" + fileName)
         try KeychainTPM(tcti: tcti, storageKey: sealed.storageKey).use { module throws(TPMError) in
             try module.changeLockoutAuth(from: empty, to: auth)
