@@ -26,13 +26,21 @@ package enum Spawn {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
+        // Each descriptor reaches its place in two steps, through a number
+        // above every one involved: one whose number is another's place (a
+        // log on 3 going to 2 while a pipe goes to 3) would otherwise be
+        // overwritten before it is copied.
+        let above = (options.descriptors.flatMap { [$0.child, $0.parent] }.max() ?? 2) + 1
+        for (index, (_, parent)) in options.descriptors.enumerated() {
+            posix_spawn_file_actions_adddup2(&actions, parent, above + Int32(index))
+        }
         if options.nullStandardStreams {
             for fd in Int32(0)...2 where !options.descriptors.contains(where: { $0.child == fd }) {
                 posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0)
             }
         }
-        for (child, parent) in options.descriptors {
-            posix_spawn_file_actions_adddup2(&actions, parent, child)
+        for (index, (child, _)) in options.descriptors.enumerated() {
+            posix_spawn_file_actions_adddup2(&actions, above + Int32(index), child)
         }
         // Nothing else of ours leaks into the child (after the dup2s above).
         _ = CLinux_spawn_close_from(&actions, max(3, (options.descriptors.map(\.child).max() ?? 2) + 1))
