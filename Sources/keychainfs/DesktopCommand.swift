@@ -185,7 +185,7 @@ struct DesktopFiles {
         ]
     }
 
-    private static func read(_ path: String) -> String? {
+    static func read(_ path: String) -> String? {
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
@@ -193,7 +193,7 @@ struct DesktopFiles {
     }
 
     /// Written whole or not at all (a temporary file renamed over it).
-    private static func write(_ text: String, to path: String) throws {
+    static func write(_ text: String, to path: String) throws {
         try makeDirectories(String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)]))
         let temporary = path + ".keychainfs-new"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
@@ -206,7 +206,7 @@ struct DesktopFiles {
         }
     }
 
-    private static func makeDirectories(_ path: String) throws {
+    static func makeDirectories(_ path: String) throws {
         var built = ""
         for part in path.split(separator: "/") {
             built += "/" + part

@@ -28,7 +28,7 @@ struct KeychainFSCommand: ParsableCommand {
             EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,
             DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self, AclCommand.self,
             LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,
-            DesktopCommand.self, TPMCommand.self,
+            DesktopCommand.self, LoginCommand.self, PAMHookCommand.self, TPMCommand.self,
             ClipboardClearCommand.self
         ]
     )

@@ -32,7 +32,6 @@ struct PasscodeCommand: ParsableCommand {
         let place = options.place
         try place.requireExisting()
         if sealToTPM { return try moveToTPM(place) }
-        let device = RunningDevice(listeningAt: try place.socketPath())
         guard let current = Passcode.read(prompt: "Current passcode (empty if none): ") else {
             throw fail("no current passcode given (an empty line if the keychain has none)")
         }
@@ -43,12 +42,27 @@ struct PasscodeCommand: ParsableCommand {
             : try Passcode.readNew(
                 prompt: "New passcode: ",
                 missing: "no new passcode given; type one, or use --remove to remove the passcode")
-        let reply = try device.reply(to: .changePasscode(old: old, new: new))
+        if let refused = try Self.change(at: place, from: old, to: new) {
+            throw fail(
+                Self.explain(refused.error, retryAfter: refused.retryAfter), status: ExitStatus.of(refused.error))
+        }
+        print(remove ? "removed the passcode" : "changed the passcode")
+    }
+
+    /// Changes the passcode of the keychain at `place` through its running
+    /// device, or on the keychain directly when none holds it; the core
+    /// error that refused it (nil: changed), and for a keychain opened here
+    /// the seconds a lockout has left.
+    static func change(
+        at place: KeychainPlace, from old: SecureBytes?, to new: SecureBytes?
+    ) throws -> (error: KeychainError, retryAfter: Int64?)? {
+        let reply = try RunningDevice(listeningAt: try place.socketPath()).reply(
+            to: .changePasscode(old: old, new: new))
         switch reply {
         case .ok?:
-            break
+            return nil
         case .keychainError(let error, _)?:
-            throw fail(Self.explain(error, retryAfter: nil), status: ExitStatus.of(error))
+            return (error, nil)
         case .value?, .systemError?:
             throw DeviceAccess.failure(reply, about: .action("the passcode was not changed"))
         case nil:
@@ -61,11 +75,11 @@ struct PasscodeCommand: ParsableCommand {
             defer { device.shutDown() }
             do {
                 try device.changePasscode(from: old, to: new)
+                return nil
             } catch {
-                throw fail(Self.explain(error, retryAfter: device.status.retryAfter), status: ExitStatus.of(error))
+                return (error, device.status.retryAfter)
             }
         }
-        print(remove ? "removed the passcode" : "changed the passcode")
     }
 
     /// `--tpm`: done on the keychain directly, so that no device holds it.

@@ -50,7 +50,7 @@ extension SerialTests {
             // Its header is no BSD manual's, and the guides it names are installed (issue 39).
             let header = harness.sh("MANPAGER=cat MANWIDTH=80 man keychainfs 2>/dev/null | head -1")
             #expect(header.stdout.contains("General Commands Manual") && !header.stdout.contains("BSD"), "\(header)")
-            for guide in ["SECRET-SERVICE", "SECURITY", "FILESYSTEM"] {
+            for guide in ["SECRET-SERVICE", "SECURITY", "FILESYSTEM", "DESKTOP"] {
                 let path = "/usr/share/doc/keychainfs/\(guide).md.gz"
                 #expect(
                     harness.sh("MANPAGER=cat man keychainfs 2>/dev/null | grep -c '\(guide).md.gz'").stdout != "0\n"
@@ -154,7 +154,29 @@ extension SerialTests {
                 asUser + " 'printf \"1234\\n1234\\n\" | keychainfs init --no-tpm > /dev/null && "
                     + "keychainfs desktop enable > /dev/null && sh ~/provider'")
             #expect(enabled.stdout == "/usr/bin/keychainfs\n", "\(enabled)")
+            // The PAM module (issue 39): offered to pam-auth-update, off
+            // until turned on; on, Debian's common stacks unlock the user's
+            // keychain with the login password; gone from them with the package.
+            #expect(harness.sh("grep -c pam_keychainfs /etc/pam.d/common-auth").stdout == "0\n")
+            let stacks = "/etc/pam.d/common-auth /etc/pam.d/common-session /etc/pam.d/common-password"
+            let turnedOn = harness.sh("pam-auth-update --enable keychainfs && grep -c pam_keychainfs.so \(stacks)")
+            #expect(turnedOn.stdout.split(separator: "\n").allSatisfy { $0.hasSuffix(":1") }, "\(turnedOn)")
+            let pamService = "kcfs-package-\(user.uid)"
+            try "@include common-auth\n".write(toFile: "/etc/pam.d/" + pamService, atomically: true, encoding: .utf8)
+            defer { unlink("/etc/pam.d/" + pamService) }
+            let unlocked = harness.sh(
+                """
+                echo '\(user.name):1234' | chpasswd
+                install -d -m 0700 -o \(user.name) -g \(user.name) /run/user/\(user.uid)
+                as_user() { runuser -u \(user.name) -- env XDG_RUNTIME_DIR=/run/user/\(user.uid) keychainfs "$@"; }
+                as_user login enable > /dev/null
+                printf '1234\\n' | pamtester \(pamService) \(user.name) authenticate > /dev/null 2>&1
+                as_user status | head -1
+                as_user stop; rm -rf /run/user/\(user.uid)
+                """)
+            #expect(unlocked.stdout == "state: unlocked\n", "\(unlocked)")
             let removed = harness.sh("dpkg -r keychainfs 2>&1")
+            #expect(harness.sh("grep -c pam_keychainfs \(stacks)").status == 1, "a PAM stack names the removed module")
             #expect(removed.succeeded, "\(removed)")
             #expect(removed.stdout.contains("\(user.name)'s desktop has its own Secret Service back"), "\(removed)")
             let after = harness.sh(asUser + " 'sh ~/provider'")

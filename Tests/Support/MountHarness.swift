@@ -183,8 +183,12 @@ package final class MountHarness: @unchecked Sendable {
     }
 
     /// Runs a shell script (under `timeout`, so a hung filesystem fails the
-    /// test instead of hanging it) with `$K`, `$KC`, `$R` set and `$1...` = arguments.
-    package func sh(_ script: String, arguments: [String] = [], stdin: String? = nil) -> ShellResult {
+    /// test instead of hanging it) with `$K`, `$KC`, `$R` set and `$1...` =
+    /// arguments, as the harness's user, or as root (`asRoot`: what a
+    /// system's own programs do to it, e.g. PAM's).
+    package func sh(_ script: String, arguments: [String] = [], stdin: String? = nil, asRoot: Bool = false)
+        -> ShellResult
+    {
         let id = UUID().uuidString
         let input = root + "/.in-" + id, output = root + "/.out-" + id, errors = root + "/.err-" + id
         _ = FileManager.default.createFile(atPath: input, contents: Data((stdin ?? "").utf8))
@@ -195,7 +199,7 @@ package final class MountHarness: @unchecked Sendable {
             errFD = open(errors, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
         defer { [inFD, outFD, errFD].forEach { close($0) } }
         options.descriptors = [(0, inFD), (1, outFD), (2, errFD)]
-        let asUser = user.map { ["/usr/sbin/runuser", "-u", $0.name, "--"] } ?? []
+        let asUser = asRoot ? [] : user.map { ["/usr/sbin/runuser", "-u", $0.name, "--"] } ?? []
         let status = Spawn.run(
             asUser + ["/usr/bin/timeout", "-k", "5", "30", "/bin/sh", "-c", script, "sh"] + arguments,
             options: options)

@@ -1,0 +1,193 @@
+import ArgumentParser
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whether the login password unlocks this user's keychain (issue 39,
+/// docs/DESKTOP.md "Unlocked at login"): the user's choice, kept in
+/// `~/.config/keychainfs/login` (the account's home, not `$HOME` or
+/// `$XDG_CONFIG_HOME`: pam_keychainfs runs the hook before the session's
+/// environment exists). The first line is `on` or `off`; an `off` the
+/// hook chose says why on the lines after it.
+///
+/// It is off until the user turns it on, because a login password that is
+/// not the passcode would otherwise be tried at every login, and each try
+/// is a wrong passcode that counts toward the lockout (and the TPM's).
+/// Turned on, the first time the login password does not unlock the
+/// keychain turns it off again: one wrong try, never one per login.
+enum LoginUnlock {
+    static var path: String {
+        let home = getpwuid(getuid()).map { String(cString: $0.pointee.pw_dir) } ?? "/"
+        return home + "/.config/keychainfs/login"
+    }
+
+    /// Whether it is on, and why the hook turned it off (nil: the user did, or never turned it on).
+    static func read() -> (isOn: Bool, why: String?) {
+        guard let text = DesktopFiles.read(path) else { return (false, nil) }
+        let lines = text.split(separator: "\n").map(String.init)
+        return (lines.first == "on", lines.count > 1 ? lines[1] : nil)
+    }
+
+    static func turnOn() throws { try DesktopFiles.write("on\n", to: path) }
+
+    static func turnOff(because why: String? = nil) throws {
+        try DesktopFiles.write("off\n" + (why.map { Self.timestamp() + ": " + $0 + "\n" } ?? ""), to: path)
+    }
+
+    private static func timestamp() -> String {
+        var now = time(nil)
+        var parts = tm()
+        gmtime_r(&now, &parts)
+        var text = [UInt8](repeating: 0, count: 32)
+        let length = text.withUnsafeMutableBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) {
+                strftime($0.baseAddress, $0.count, "%Y-%m-%d %H:%M:%S UTC", &parts)
+            }
+        }
+        return String(decoding: text[..<length], as: UTF8.self)
+    }
+}
+
+/// `keychainfs login enable|disable|status`.
+struct LoginCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "login",
+        abstract: "Unlock the keychain with the login password, at login and at the screen's unlock (PAM).",
+        discussion: """
+            With pam_keychainfs in the system's PAM stacks (`pam-auth-update --enable keychainfs`), the \
+            password you log in or unlock the screen with unlocks your keychain, and a change of it \
+            (passwd) changes the keychain's passcode. It needs the passcode to be the login password: \
+            `keychainfs passcode` makes it so. A login password that does not unlock the keychain turns \
+            this off again (one wrong try, never one per login): `login status` says when and why.
+            """,
+        subcommands: [Enable.self, Disable.self, Status.self])
+
+    struct Enable: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Let the login password unlock this keychain; its passcode must be the login password.")
+
+        func run() throws {
+            try KeychainOptions.place(named: nil).requireExisting()
+            try LoginUnlock.turnOn()
+            print(
+                "done: the login password unlocks your keychain, whose passcode must be the same "
+                    + "(`keychainfs passcode` makes it so)")
+            if !LoginCommand.moduleIsInTheStack {
+                print(
+                    "note: pam_keychainfs is not in /etc/pam.d/common-auth: `sudo pam-auth-update --enable keychainfs`")
+            }
+        }
+    }
+
+    struct Disable: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "The login password unlocks nothing.")
+
+        func run() throws {
+            try LoginUnlock.turnOff()
+            print("done: the login password does not unlock your keychain")
+        }
+    }
+
+    struct Status: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Whether the login password unlocks this keychain, and why not when it stopped.")
+
+        func run() throws {
+            let setting = LoginUnlock.read()
+            print("login-unlock: " + (setting.isOn ? "on" : "off"))
+            if let why = setting.why { print("turned-off: " + why) }
+            print("pam-module: " + (LoginCommand.moduleIsInTheStack ? "in common-auth" : "not in common-auth"))
+        }
+    }
+
+    /// Whether Debian's shared auth stack has the module (what
+    /// `pam-auth-update --enable keychainfs` writes there).
+    static var moduleIsInTheStack: Bool {
+        DesktopFiles.read("/etc/pam.d/common-auth")?.contains("pam_keychainfs.so") ?? false
+    }
+}
+
+/// `keychainfs pam-hook unlock|password|password-set`: what pam_keychainfs
+/// runs, as the user, with the password on standard input (never argv):
+///
+/// - `unlock`: the login password; unlocks the keychain when the user
+///   turned `login` on, the keychain is locked and no lockout holds.
+/// - `password`: `old NUL new` after a change of the login password; the
+///   passcode follows when `old` is the passcode.
+/// - `password-set`: the password was set without the old one (root's
+///   `passwd USER`): the passcode cannot follow.
+///
+/// Where it cannot do its part it turns `login` off and says why, so that
+/// a passcode that is not the login password costs one wrong try. It
+/// prints nothing: PAM's caller shows no output of ours.
+struct PAMHookCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pam-hook", abstract: "Run by pam_keychainfs (not by hand).", shouldDisplay: false)
+
+    @Argument var mode: String
+
+    func run() throws {
+        guard LoginUnlock.read().isOn else { return }
+        let place = KeychainOptions.place(named: nil)
+        if case .directory(let keychain) = place, !keychain.exists { return }
+        switch mode {
+        case "unlock": try unlock(place)
+        case "password": try follow(place)
+        case "password-set":
+            try LoginUnlock.turnOff(
+                because: "the login password was set without the old one (by root?): the keychain's passcode is "
+                    + "still the old password; `keychainfs passcode`, then `keychainfs login enable`")
+        default: throw fail("unknown pam-hook mode \(mode)", status: ExitCode(64))
+        }
+    }
+
+    private func unlock(_ place: KeychainPlace) throws {
+        let device = try RunningDevice(place)
+        let status = try device.status()
+        guard status.isLocked, status.retryAfter == 0 else { return }
+        let password = try Self.input()
+        let reply = try device.reply(to: .unlock(passcode: status.hasPasscode ? password : nil))
+        switch reply {
+        case .ok?: return
+        case .keychainError(.authFailed, _)?:
+            try LoginUnlock.turnOff(
+                because: "the login password did not unlock the keychain (its passcode is another); "
+                    + "`keychainfs login enable` once they are the same")
+            throw ExitCode(ExitStatus.denied.rawValue)
+        default: throw DeviceAccess.failure(reply, about: .action("cannot unlock"))
+        }
+    }
+
+    private func follow(_ place: KeychainPlace) throws {
+        let both = try Self.input()
+        let parts = both.withUnsafeBytes { raw -> (SecureBytes, SecureBytes)? in
+            guard let split = raw.firstIndex(of: 0) else { return nil }
+            guard let old = try? SecureBytes(copying: UnsafeRawBufferPointer(rebasing: raw[..<split])),
+                let new = try? SecureBytes(copying: UnsafeRawBufferPointer(rebasing: raw[(split + 1)...]))
+            else { return nil }
+            return (old, new)
+        }
+        guard let (old, new) = parts else { throw fail("pam-hook password: no old and new password") }
+        guard new.count >= Passcode.minimumLength else {
+            return try LoginUnlock.turnOff(
+                because: "the new login password is shorter than a passcode may be (\(Passcode.minimumLength)); "
+                    + "the keychain's passcode is still the old password")
+        }
+        guard let refused = try PasscodeCommand.change(at: place, from: old, to: new) else { return }
+        try LoginUnlock.turnOff(
+            because: "the login password changed, but the keychain's passcode could not follow ("
+                + (refused.error == .authFailed ? "the old login password was not the passcode" : "\(refused.error)")
+                + "); `keychainfs passcode`, then `keychainfs login enable`")
+        throw ExitCode(ExitStatus.of(refused.error).rawValue)
+    }
+
+    /// Standard input whole: what the module wrote.
+    private static func input() throws -> SecureBytes {
+        do {
+            return try readSecret(from: 0)
+        } catch {
+            throw fail("pam-hook: cannot read the password")
+        }
+    }
+}

@@ -1,0 +1,170 @@
+import Foundation
+import KeychainCore
+import Testing
+import TestSupport
+
+extension SerialTests {
+    /// Issue 39: the login password unlocks the keychain, through PAM as a
+    /// login, a screen locker and passwd drive it. `pamtester` runs a PAM
+    /// service the test writes (Debian's common-auth and common-password
+    /// shapes: pam_unix, then pam_keychainfs) as root would (login, gdm)
+    /// and, setuid, as the user would (passwd); the user is an ordinary
+    /// account with a login password and a keychain in its home.
+    @Suite struct LoginPAMTests {
+        let harness: MountHarness
+        let user: OrdinaryUser
+        let service = "kcfs-test-\(UInt32.random(in: 100_000...999_999_999))"
+
+        init() throws {
+            user = try OrdinaryUser()
+            harness = try MountHarness(as: user, creating: false)
+        }
+
+        /// The PAM module, built as the package builds it.
+        static func module() throws -> String {
+            let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+                .deletingLastPathComponent().deletingLastPathComponent().path
+            guard Spawn.run([repository + "/scripts/build-pam", repository]) == 0 else {
+                throw HarnessError("scripts/build-pam failed")
+            }
+            return repository + "/.build/pam/pam_keychainfs.so"
+        }
+
+        /// Runs `script` as root with `$S` the PAM service (written here,
+        /// removed after), `$U` the user, `$RUN` their runtime directory
+        /// (absent at the start: made by the session stack, as pam_systemd
+        /// makes it), `K_` the keychainfs command as the user in their
+        /// session, `passwd_as_user` a setuid pamtester run by the user.
+        func withPAM(_ script: String) throws -> ShellResult {
+            let module = try Self.module()
+            let file = "/etc/pam.d/" + service
+            let ours = "\(module) keychainfs=\(harness.binary)"
+            try """
+            auth [success=1 default=ignore] pam_unix.so
+            auth requisite pam_deny.so
+            auth required pam_permit.so
+            auth optional \(ours)
+            account required pam_permit.so
+            session optional pam_exec.so \(harness.root)/make-runtime-directory
+            session optional \(ours)
+            password [success=1 default=ignore] pam_unix.so
+            password requisite pam_deny.so
+            password required pam_permit.so
+            password optional \(ours)
+
+            """.write(toFile: file, atomically: true, encoding: .utf8)
+            defer { unlink(file) }
+            let runtime = "/run/user/\(user.uid)"
+            try """
+            #!/bin/sh
+            # What pam_systemd does at a session's start: the user's runtime directory.
+            install -d -m 0700 -o "$PAM_USER" -g "$PAM_USER" \(runtime)
+
+            """.write(toFile: harness.root + "/make-runtime-directory", atomically: true, encoding: .utf8)
+            chmod(harness.root + "/make-runtime-directory", 0o755)
+            defer {
+                _ = harness.sh("XDG_RUNTIME_DIR=\(runtime) \"$K\" stop 2> /dev/null")
+                _ = Spawn.run(["/bin/rm", "-rf", runtime])
+            }
+            return harness.sh(
+                """
+                S=\(service) U=\(user.name) RUN=\(runtime)
+                K_() { runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none "$K" "$@"; }
+                cp /usr/bin/pamtester "$R/pamtester-setuid" && chmod 4755 "$R/pamtester-setuid"
+                passwd_as_user() { runuser -u "$U" -- "$R/pamtester-setuid" "$S" "$U" chauthtok; }
+                state() { K_ status | grep -E '^(state|failed-attempts):' | tr '\\n' ' '; echo; }
+                echo "$U:Login-1" | chpasswd
+                runuser -u "$U" -- env KEYCHAINFS_TPM=none XDG_RUNTIME_DIR="$R/run" "$K" init > /dev/null 2>&1 <<EOF
+                Login-1
+                Login-1
+                EOF
+                \(script)
+                """, asRoot: true)
+        }
+
+        /// A login (auth, then the session, whose stack makes the runtime
+        /// directory) unlocks the keychain once the user chose it, and only
+        /// with the right password; the screen's unlock (auth alone, the
+        /// session up) does too. Without the choice nothing is tried.
+        @Test func theLoginPasswordUnlocksTheKeychain() throws {
+            let used = try withPAM(
+                """
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate open_session > /dev/null 2>&1
+                echo "not chosen: $(state)"; K_ login status | head -1
+                K_ login enable > /dev/null; K_ stop; rm -rf "$RUN"
+                printf 'Login-2\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                # At a login the session does not exist yet: nothing runs until it does.
+                pgrep -u "$U" -x keychainfs && echo "started before the session"
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate open_session > /dev/null 2>&1
+                echo "login: $(state)"
+                K_ lock
+                printf 'Login-2\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "wrong password at the screen: $(state)"
+                # The caller's environment (a user running `su`) names no other keychain or device.
+                mkdir -m 0700 "$R/elsewhere"
+                # Every program the unlock runs, traced: the password is in no argv and no environment.
+                printf 'Login-1\\n' | KEYCHAINFS_KEYCHAIN="$R/elsewhere" XDG_RUNTIME_DIR="$R/elsewhere" \\
+                    strace -f -qq -s 4096 -v -e trace=execve -o "$R/trace" pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "screen unlock: $(state)"; ls "$R/elsewhere"
+                echo "hook runs: $(grep -c '"pam-hook", "unlock"' "$R/trace"), with the password: $(grep -c Login-1 "$R/trace")"
+                pgrep -u "$U" -x keychainfs > /dev/null && echo "the device is the user's"
+                """)
+            #expect(
+                used.stdout == """
+                    not chosen: state: stopped\(" ")
+                    login-unlock: off
+                    pamtester: Authentication failure
+                    pamtester: successfully authenticated
+                    login: state: unlocked failed-attempts: 0\(" ")
+                    wrong password at the screen: state: locked failed-attempts: 0\(" ")
+                    screen unlock: state: unlocked failed-attempts: 0\(" ")
+                    hook runs: 1, with the password: 0
+                    the device is the user's
+
+                    """, "\(used)")
+        }
+
+        /// passwd as the user (old and new password) changes the passcode
+        /// with it; root setting the password (no old one) cannot, and says
+        /// so by turning the login unlock off. A login password that is not
+        /// the passcode is tried once: it turns the login unlock off, and
+        /// the next login tries nothing (one failed attempt, not two).
+        @Test func aPasswordChangeCarriesThePasscodeWithIt() throws {
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                printf 'Login-1\\nLogin-2\\nLogin-2\\n' | passwd_as_user > /dev/null 2>&1; echo "passwd: $?"
+                K_ lock
+                printf 'Login-1\\n' | K_ unlock 2>&1
+                printf 'Login-2\\n' | K_ unlock && echo "the new password unlocks"
+                K_ login status | head -1
+                printf 'Login-3\\nLogin-3\\n' | pamtester "$S" "$U" chauthtok > /dev/null 2>&1; echo "root's passwd: $?"
+                K_ login status | sed 's/: [0-9-]* [0-9:]* UTC: /: DATE: /'
+                K_ lock; K_ login enable > /dev/null
+                printf 'Login-3\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "$(state)"; K_ login status | sed -n 2p | sed 's/: [0-9-]* [0-9:]* UTC: /: DATE: /'
+                printf 'Login-3\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "$(state)"
+                """)
+            #expect(
+                used.stdout == """
+                    passwd: 0
+                    keychainfs: not unlocked: wrong passcode
+                    the new password unlocks
+                    login-unlock: on
+                    root's passwd: 0
+                    login-unlock: off
+                    turned-off: DATE: the login password was set without the old one (by root?): the keychain's \
+                    passcode is still the old password; `keychainfs passcode`, then `keychainfs login enable`
+                    pam-module: not in common-auth
+                    state: locked failed-attempts: 1\(" ")
+                    turned-off: DATE: the login password did not unlock the keychain (its passcode is another); \
+                    `keychainfs login enable` once they are the same
+                    state: locked failed-attempts: 1\(" ")
+
+                    """, "\(used)")
+        }
+    }
+}
