@@ -380,26 +380,37 @@ enum DeviceLauncher {
     /// (never a secret) go to the journal (`journalctl -t keychainfs`),
     /// else to the file beside its socket (``logPath(_:)``).
     static func start(_ arguments: [String], keychain: KeychainDirectory) -> String? {
+        let errors = JournalStream.open(identifier: "keychainfs") ?? logPath(keychain).map(openLog) ?? -1
+        defer { if errors >= 0 { close(errors) } }
+        return detach(arguments, errors: errors).problem
+    }
+
+    /// Runs `keychainfs ARGUMENTS --ready-fd 3` in a session of its own,
+    /// its standard error on `errors` (-1: /dev/null); its pid once it said
+    /// it is ready, else why not.
+    static func detach(_ arguments: [String], errors: Int32) -> (pid: pid_t?, problem: String?) {
         var pipeEnds: [Int32] = [0, 0]
-        guard pipe(&pipeEnds) == 0 else { return "cannot create a pipe" }
+        guard pipe(&pipeEnds) == 0 else { return (nil, "cannot create a pipe") }
         // Only the child's dup2'd copy (fd 3) may stay open in it.
         for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         var spawnOptions = Spawn.Options()
         spawnOptions.descriptors = [(3, pipeEnds[1])]
-        let errors = JournalStream.open(identifier: "keychainfs") ?? logPath(keychain).map(openLog) ?? -1
-        defer { if errors >= 0 { close(errors) } }
         if errors >= 0 { spawnOptions.descriptors.append((2, errors)) }
         spawnOptions.nullStandardStreams = true
         spawnOptions.newSession = true
         let child = Spawn.start([selfExecutable()] + arguments + ["--ready-fd", "3"], options: spawnOptions)
         close(pipeEnds[1])
         defer { close(pipeEnds[0]) }
-        guard child != nil else { return "cannot start the device process" }
+        guard let child else { return (nil, "cannot start the device process") }
         let answer = String(decoding: readLine(pipeEnds[0]), as: UTF8.self)
-        if answer.hasPrefix("ok") { return nil }
-        return answer.hasPrefix("error ")
-            ? String(answer.dropFirst(6)).trimmingNewline
-            : "the device process exited before it was ready"
+        if answer.hasPrefix("ok") { return (child, nil) }
+        // It exited, or is about to: reaped here, not left a zombie.
+        _ = Spawn.wait(child)
+        return (
+            nil,
+            answer.hasPrefix("error ")
+                ? String(answer.dropFirst(6)).trimmingNewline : "the device process exited before it was ready"
+        )
     }
 
     /// The file a detached device's diagnostics go to without a journal

@@ -17,7 +17,9 @@ struct ServiceCommand: ParsableCommand {
             (keychainfs.socket, keychainfs.service), or as root with this command, which then \
             becomes the account (keeping only CAP_SYS_PTRACE, to identify callers). Clients use \
             the service when $KEYCHAINFS_SERVICE names its socket, or \(ServicePaths.defaultSocket) \
-            exists, and no --keychain is given. Runs until SIGTERM.
+            exists, and no --keychain is given. Runs until SIGTERM. Where systemd is not the init, \
+            --daemon runs it in the background: the command returns once the service listens, its pid \
+            in --pid-file and its messages appended to --log (docs/DESKTOP.md, "Without systemd").
             """
     )
 
@@ -46,10 +48,20 @@ struct ServiceCommand: ParsableCommand {
     @Option(name: .customLong("restore-bytes-per-user"), help: "The largest backup file one user may restore.")
     var restoreBytesPerUser = ServiceLimits().restoreBytes
 
+    @Flag(help: "Run in the background; return once the service listens (an init without systemd).")
+    var daemon = false
+
+    @Option(name: .customLong("pid-file"), help: "With --daemon: where the service's pid is written.")
+    var pidFile = "/run/keychainfs.pid"
+
+    @Option(help: "With --daemon: the file the service's messages are appended to.")
+    var log = "/var/log/keychainfs.log"
+
     @Option(name: .customLong("ready-fd"), help: .hidden)
     var readyFD: Int32?
 
     func run() throws {
+        if daemon { return try runInTheBackground() }
         let stateDirectory = absolutePath(self.stateDirectory), socket = absolutePath(self.socket)
         let listener: Int32
         do {
@@ -90,6 +102,61 @@ struct ServiceCommand: ParsableCommand {
             restoreBytes: restoreBytesPerUser)
         let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket, limits: limits)
         throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
+    }
+
+    /// `--daemon` (issue 39: an init without systemd, as sysvinit's and
+    /// OpenRC's scripts expect): this command, without `--daemon`, in a
+    /// session of its own, its messages appended to `--log`; once it
+    /// listens, its pid is written to `--pid-file` and this returns 0. A
+    /// pid file naming a running service refuses a second one; a stale
+    /// one (its process gone) is replaced. The service cannot remove the
+    /// file once it is the account: `start-stop-daemon --remove-pidfile`
+    /// does, as it stops it.
+    private func runInTheBackground() throws {
+        let pidFile = absolutePath(self.pidFile), log = absolutePath(self.log)
+        if let running = Self.runningService(named: pidFile) {
+            throw fail("the keychainfs service runs already (pid \(running), \(pidFile))")
+        }
+        let errors = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o640)
+        guard errors >= 0 else { throw fail("cannot open the log \(log): \(Errno.current)") }
+        defer { close(errors) }
+        let arguments = [
+            "service", "--state-directory", absolutePath(stateDirectory), "--socket", absolutePath(socket),
+            "--user", user, "--connections-per-user", String(connectionsPerUser), "--mounts-per-user",
+            String(mountsPerUser), "--items-per-user", String(itemsPerUser), "--bytes-per-user", String(bytesPerUser),
+            "--restore-bytes-per-user", String(restoreBytesPerUser)
+        ]
+        let logged = lseek(errors, 0, SEEK_END)
+        let started = DeviceLauncher.detach(arguments, errors: errors)
+        guard let pid = started.pid else {
+            // What it said before it exited is in the log: said here too.
+            var said = ""
+            let reader = open(log, O_RDONLY | O_CLOEXEC)
+            if reader >= 0, logged >= 0, lseek(reader, logged, SEEK_SET) == logged,
+                let bytes = try? Descriptor.readAll(reader, limit: 1 << 14)
+            {
+                said = String(decoding: bytes, as: UTF8.self).trimmingNewline
+                if said.hasPrefix("keychainfs: ") { said = String(said.dropFirst(12)) }
+            }
+            if reader >= 0 { close(reader) }
+            throw fail("the service did not start: " + (said.isEmpty ? started.problem ?? "" : said))
+        }
+        do {
+            try DesktopFiles.write("\(pid)\n", to: pidFile)
+        } catch {
+            kill(pid, SIGTERM)
+            throw error
+        }
+        print("keychainfs: the service runs (pid \(pid)); its log: \(log)")
+    }
+
+    /// The pid a pid file names when that process is a keychainfs service.
+    private static func runningService(named pidFile: String) -> pid_t? {
+        guard let text = DesktopFiles.read(pidFile), let pid = pid_t(text.trimmingNewline), pid > 0,
+            let command = DesktopFiles.read("/proc/\(pid)/cmdline")
+        else { return nil }
+        let arguments = command.split(separator: "\0", omittingEmptySubsequences: false)
+        return arguments.count > 1 && arguments[0].hasSuffix("keychainfs") && arguments[1] == "service" ? pid : nil
     }
 
     /// Issue 38: where the TPM's lockout hierarchy is open (an empty auth,
