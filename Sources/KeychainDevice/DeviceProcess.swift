@@ -177,8 +177,8 @@ public final class DeviceProcess: Sendable {
     private func followLoginSessions(_ keychain: ServedKeychain) {
         let device = keychain.manager.localDevice
         let actions = LoginSessions.Actions(
-            lock: { reason, afterGrace in device.lockForSession(reason: reason, grace: afterGrace ? nil : 0) },
-            cancelLock: { device.cancelSessionLock() })
+            lock: { _, reason, afterGrace in device.lockForSession(reason: reason, grace: afterGrace ? nil : 0) },
+            cancelLock: { _ in device.cancelSessionLock() })
         guard
             let started = Threads.start(
                 blockingSignals: true,
@@ -189,6 +189,38 @@ public final class DeviceProcess: Sendable {
                         recordLifecycle(keychain, "session", "follows the login sessions of uid \(getuid())")
                     } catch {
                         recordLifecycle(keychain, "session", "follows no login session: \(error.message)")
+                    }
+                })
+        else { return }
+        pthread_detach(started)
+    }
+
+    /// Service mode (issue 39): each user's login sessions are that user's
+    /// lock screen, as a per-user device's are its user's: a session that
+    /// locks locks its user's keychain after the grace, one that ends locks
+    /// it at once, and the machine's sleep locks every keychain. The
+    /// journal (or the daemon's log) says whether it follows them; each
+    /// lock is in its keychain's audit log with its reason.
+    private func followEveryUsersSessions(_ all: ServiceKeychains) {
+        let actions = LoginSessions.Actions(
+            lock: { uid, reason, afterGrace in
+                for served in all.opened(uid) {
+                    served.manager.localDevice.lockForSession(reason: reason, grace: afterGrace ? nil : 0)
+                }
+            },
+            cancelLock: { uid in
+                for served in all.opened(uid) { served.manager.localDevice.cancelSessionLock() }
+            })
+        guard
+            let started = Threads.start(
+                blockingSignals: true,
+                { [self] in
+                    do throws(BusError) {
+                        let sessions = try LoginSessions(uid: nil, actions: actions)
+                        loginSessions.withLock { $0 = sessions }
+                        Diagnostics.log("follows the login sessions of every user")
+                    } catch {
+                        Diagnostics.log("follows no login session: \(error.message)")
                     }
                 })
         else { return }
@@ -239,7 +271,9 @@ public final class DeviceProcess: Sendable {
         let signals = Self.prepareProcess()
         startServing(listener)
         ready()
+        followEveryUsersSessions(all)
         let stopped = waitForTheEnd(signals) { false }
+        loginSessions.withLock { $0 = nil }
         // The mounts are their users' (the service cannot unmount them):
         // their connections close with this process, and `keychainfs mount`
         // clears such a dead mount. Every acknowledged write is committed.

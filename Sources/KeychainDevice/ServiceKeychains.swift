@@ -44,6 +44,13 @@ final class ServiceKeychains: Sendable {
         }
     }
 
+    /// The keychains open in the service: the user's (nil: everyone's).
+    /// None is opened for this: one not open since the service started is
+    /// locked anyway (a keychain boots locked).
+    func opened(_ uid: uid_t?) -> [ServedKeychain] {
+        open.withLock { open in uid.map { open[$0].map { [$0] } ?? [] } ?? Array(open.values) }
+    }
+
     /// One request of a user: `create` makes their keychain; anything else
     /// goes to their keychain (`existing`, as the device process looked it
     /// up when the peer connected), which must exist. `passed` is as for

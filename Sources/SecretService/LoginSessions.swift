@@ -6,7 +6,9 @@ import Glibc
 
 /// The user's login sessions, as logind tells them on the system bus
 /// (`org.freedesktop.login1`), followed for the device (issue 39): the
-/// desktop session is the device's lock screen.
+/// desktop session is the device's lock screen. A per-user device follows
+/// its user's; the service follows every user's, each locking that user's
+/// keychain.
 ///
 /// - A session of the user that locks (its `Lock` signal, or `LockedHint`
 ///   becoming true, which screen lockers set) locks the keychain after the
@@ -21,14 +23,15 @@ import Glibc
 /// Only logind can own its name on the system bus (its bus policy), so
 /// only logind's signals are followed.
 public final class LoginSessions: @unchecked Sendable {
-    /// What the device does: lock after the grace (`grace` false: at once), or not.
+    /// What the device does: lock the keychain of `uid` (nil: every one it
+    /// holds) after the grace (`afterGrace` false: at once), or call that off.
     public struct Actions: Sendable {
-        public var lock: @Sendable (_ reason: String, _ afterGrace: Bool) -> Void
-        public var cancelLock: @Sendable () -> Void
+        public var lock: @Sendable (_ uid: UInt32?, _ reason: String, _ afterGrace: Bool) -> Void
+        public var cancelLock: @Sendable (_ uid: UInt32) -> Void
 
         public init(
-            lock: @escaping @Sendable (_ reason: String, _ afterGrace: Bool) -> Void,
-            cancelLock: @escaping @Sendable () -> Void
+            lock: @escaping @Sendable (_ uid: UInt32?, _ reason: String, _ afterGrace: Bool) -> Void,
+            cancelLock: @escaping @Sendable (_ uid: UInt32) -> Void
         ) {
             self.lock = lock
             self.cancelLock = cancelLock
@@ -42,10 +45,11 @@ public final class LoginSessions: @unchecked Sendable {
     static let userInterface = "org.freedesktop.login1.User"
 
     private let bus: BusConnection
-    private let uid: UInt32
+    /// The user followed; nil: every user.
+    private let uid: UInt32?
     private let actions: Actions
-    /// The user's sessions' object paths, as last read (bus thread only).
-    private var sessions: Set<String> = []
+    /// The followed sessions' object paths and their users, as last read (bus thread only).
+    private var sessions: [String: UInt32] = [:]
     /// The delay inhibitor held until the next sleep (bus thread only).
     private var inhibitor: Int32 = -1
 
@@ -54,31 +58,34 @@ public final class LoginSessions: @unchecked Sendable {
         getenv("DBUS_SYSTEM_BUS_ADDRESS").map { String(cString: $0) } ?? "unix:path=/run/dbus/system_bus_socket"
     }
 
-    /// Follows the sessions of `uid`; throws when there is no system bus or no logind on it.
-    public init(uid: UInt32, actions: Actions) throws(BusError) {
+    /// Follows the sessions of `uid` (nil: of every user); throws when there
+    /// is no system bus or no logind on it.
+    public init(uid: UInt32?, actions: Actions) throws(BusError) {
         bus = try BusConnection(address: Self.systemBusAddress)
         self.uid = uid
         self.actions = actions
         guard bus.ownerProcess(of: Self.name) != nil else { throw .failed("no logind on the system bus") }
         let from = "type='signal',sender='\(Self.name)',"
         try bus.watch(from + "interface='\(Self.sessionInterface)',member='Lock'") { [unowned self] message in
-            if isOurs(BusCall(message)?.path) { actions.lock("the session locked", true) }
+            if let owner = owner(of: BusCall(message)?.path) { actions.lock(owner, "the session locked", true) }
         }
         try bus.watch(from + "interface='\(Self.sessionInterface)',member='Unlock'") { [unowned self] message in
-            if isOurs(BusCall(message)?.path) { actions.cancelLock() }
+            if let owner = owner(of: BusCall(message)?.path) { actions.cancelLock(owner) }
         }
         try bus.watch(
             from + "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',"
                 + "arg0='\(Self.sessionInterface)'"
         ) { [unowned self] message in
-            guard let locked = Self.lockedHint(in: message), isOurs(BusCall(message)?.path) else { return }
-            if locked { actions.lock("the session set LockedHint", true) } else { actions.cancelLock() }
+            guard let locked = Self.lockedHint(in: message), let owner = owner(of: BusCall(message)?.path) else {
+                return
+            }
+            if locked { actions.lock(owner, "the session set LockedHint", true) } else { actions.cancelLock(owner) }
         }
         try bus.watch(from + "interface='\(Self.managerInterface)',member='PrepareForSleep'") {
             [unowned self] message in
             guard let sleeping = try? BusMessageReader(message: message).bool() else { return }
             if sleeping {
-                actions.lock("the machine goes to sleep", false)
+                actions.lock(nil, "the machine goes to sleep", false)
                 releaseInhibitor()
             } else {
                 takeInhibitor()
@@ -87,10 +94,10 @@ public final class LoginSessions: @unchecked Sendable {
         try bus.watch(from + "interface='\(Self.managerInterface)',member='SessionRemoved'") {
             [unowned self] message in
             let arguments = BusMessageReader(message: message)
-            guard (try? arguments.string()) != nil, let path = try? arguments.objectPath(), sessions.contains(path)
+            guard (try? arguments.string()) != nil, let path = try? arguments.objectPath(),
+                let owner = sessions.removeValue(forKey: path)
             else { return }
-            sessions.remove(path)
-            actions.lock("the session ended", false)
+            actions.lock(owner, "the session ended", false)
         }
         sessions = readSessions()
         takeInhibitor()
@@ -102,23 +109,24 @@ public final class LoginSessions: @unchecked Sendable {
         if inhibitor >= 0 { close(inhibitor) }
     }
 
-    /// Whether `path` is a session of the user: the sessions read at the
-    /// start, read again for a path not among them (a session begun since).
-    private func isOurs(_ path: String?) -> Bool {
-        guard let path else { return false }
-        if sessions.contains(path) { return true }
+    /// The user of `path` when it is a followed session: the sessions read
+    /// at the start, read again for a path not among them (a session begun since).
+    private func owner(of path: String?) -> UInt32? {
+        guard let path else { return nil }
+        if let owner = sessions[path] { return owner }
         sessions = readSessions()
-        return sessions.contains(path)
+        return sessions[path]
     }
 
-    /// The user's sessions (`ListSessions`, those of `uid`); none when logind does not say.
-    private func readSessions() -> Set<String> {
+    /// The followed sessions (`ListSessions`: those of `uid`, or all) and
+    /// their users; none when logind does not say.
+    private func readSessions() -> [String: UInt32] {
         guard let reply = try? bus.call(Self.name, Self.managerPath, Self.managerInterface, "ListSessions") else {
-            return []
+            return [:]
         }
         // a(susso): id, uid, user name, seat, object path.
         let arguments = reply.arguments
-        var found: Set<String> = []
+        var found: [String: UInt32] = [:]
         do throws(BusError) {
             try arguments.enter("a", "(susso)")
             while try arguments.enterElement("r", "susso") {
@@ -127,7 +135,7 @@ public final class LoginSessions: @unchecked Sendable {
                 _ = try arguments.string()
                 _ = try arguments.string()
                 let path = try arguments.objectPath()
-                if owner == uid { found.insert(path) }
+                if uid == nil || owner == uid { found[path] = owner }
                 try arguments.exit()
             }
         } catch {

@@ -123,6 +123,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// changes are announced too (names only, as `ls` shows them; the
     /// values stay behind the policy).
     func signal(_ event: DeviceEvent) {
+        switch event {
+        case .locked: return lockStateChanged(locked: true)
+        case .unlocked: return lockStateChanged(locked: false)
+        default: break
+        }
         guard case .changed(let change) = event else { return }
         switch change {
         case .written(let group, let identifier):
@@ -157,6 +162,30 @@ public final class SecretServiceProvider: @unchecked Sendable {
         knownItems.remove(path)
         emit(Self.collectionInterface, "ItemDeleted", at: ObjectPaths.collection(group), naming: path)
         collectionChanged(group)
+    }
+
+    /// The device locked or unlocked: every collection's `Locked` changed,
+    /// said as gnome-keyring says it (the spec's signals name no lock
+    /// change): `PropertiesChanged` of the collection's `Locked`, and the
+    /// service's `CollectionChanged`. A client that shows a lock (seahorse,
+    /// a panel applet) follows the session's lock through these.
+    func lockStateChanged(locked: Bool) {
+        for group in store.itemNames().keys.sorted() {
+            let collection = ObjectPaths.collection(group)
+            bus.emit(path: collection, interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged") {
+                (signal) throws(BusError) in
+                try signal.string(Self.collectionInterface)
+                try signal.open("a", "{sv}")
+                try signal.open("e", "sv")
+                try signal.string("Locked")
+                try signal.variant(.bool(locked))
+                try signal.close()
+                try signal.close()
+                try signal.open("a", "s")
+                try signal.close()
+            }
+            emit(Self.serviceInterface, "CollectionChanged", at: ObjectPaths.service, naming: collection)
+        }
     }
 
     /// Its `Items` changed.

@@ -17,16 +17,20 @@ extension SerialTests {
         /// Runs `script` with a private system bus and a mock logind on it
         /// (a session `c1` of the user), an unlocked device following it with
         /// a grace of 1 s, mounted at `$R/mnt`, and its events on fd 3.
-        func withSession(_ script: String) throws -> ShellResult {
+        /// `mountOptions`: added to the mount's command line (a private
+        /// session bus is there for `--secret-service`).
+        func withSession(_ script: String, mountOptions: String = "") throws -> ShellResult {
             _ = try harness.prepareMountpoint("mnt")
             return harness.sh(
                 """
                 PASSCODE=$1
                 export KEYCHAINFS_KEYCHAIN="$KC" DBUS_SYSTEM_BUS_ADDRESS="unix:path=$R/system_bus"
                 dbus-daemon --session --fork --address="$DBUS_SYSTEM_BUS_ADDRESS" --print-pid > "$R/bus.pid" || exit 96
+                export DBUS_SESSION_BUS_ADDRESS="unix:path=$R/session_bus"
+                dbus-daemon --session --fork --address="$DBUS_SESSION_BUS_ADDRESS" --print-pid >> "$R/bus.pid" || exit 94
                 /usr/bin/python3 -m dbusmock --system --template logind > "$R/logind.log" 2>&1 &
                 logind=$!
-                trap 'kill $logind $watcher 2> /dev/null; "$K" unmount "$R/mnt" 2> /dev/null; "$K" stop 2> /dev/null; kill $(cat "$R/bus.pid")' EXIT
+                trap 'kill $logind $watcher 2> /dev/null; "$K" unmount "$R/mnt" 2> /dev/null; "$K" stop 2> /dev/null; kill $(cat "$R/bus.pid") $monitor 2> /dev/null' EXIT
                 gdbus wait --system --timeout 20 org.freedesktop.login1 || exit 95
                 mock() { gdbus call --system -d org.freedesktop.login1 "$@" > /dev/null; }
                 mock -o /org/freedesktop/login1 -m org.freedesktop.DBus.Mock.AddSession c1 seat0 $(id -u) $(id -un) true
@@ -34,7 +38,7 @@ extension SerialTests {
                 emit() { mock -o /org/freedesktop/login1 -m org.freedesktop.DBus.Mock.EmitSignal \\
                     org.freedesktop.login1.Manager "$@"; }
                 unlock() { printf '%s\\n' "$PASSCODE" | "$K" unlock > /dev/null; }
-                "$K" mount "$R/mnt" || exit 97
+                "$K" mount "$R/mnt" \(mountOptions) || exit 97
                 # The device follows the sessions from a thread of its own: wait for its word.
                 for n in $(seq 100); do "$K" log | grep -q ' session ok ' && break; sleep 0.1; done
                 "$K" log | grep ' session ' | cut -d' ' -f2-3
@@ -101,6 +105,53 @@ extension SerialTests {
                     the session set LockedHint
                     the machine goes to sleep
                     the session ended
+
+                    """, "\(used)")
+        }
+
+        /// The Secret Service says the session's lock as gnome-keyring does:
+        /// once the keychain locks after the session's Lock, the default
+        /// collection's `Locked` property is true, and the service emitted
+        /// `PropertiesChanged` (Locked) and `CollectionChanged` for it; the
+        /// unlock says false the same way.
+        @Test func theSecretServiceSaysTheSessionsLock() throws {
+            let used = try withSession(
+                """
+                dbus-monitor --session "type='signal',sender='org.freedesktop.secrets'" > "$R/signals" 2> /dev/null &
+                monitor=$!
+                # The monitor is listening once its own connection is on the bus.
+                for n in $(seq 100); do grep -q NameAcquired "$R/signals" && break; sleep 0.1; done
+                locked() {
+                    gdbus call --session -d org.freedesktop.secrets -o /org/freedesktop/secrets/collection/default \\
+                        -m org.freedesktop.DBus.Properties.Get org.freedesktop.Secret.Collection Locked
+                }
+                locked
+                session Lock; read -r line <&3; read -r line <&3; echo "$line"
+                locked
+                unlock; read -r line <&3; echo "$line"
+                locked
+                # The monitor writes what it saw as it sees it: wait (bounded) for both changes' signals.
+                for n in $(seq 100); do
+                    [ "$(grep -c member=CollectionChanged "$R/signals")" -ge 2 ] && break; sleep 0.1
+                done
+                kill $monitor
+                grep -A 8 'member=PropertiesChanged' "$R/signals" | grep -E 'boolean|string "Locked"' | tr -s ' '
+                grep -c 'member=CollectionChanged' "$R/signals"
+                """, mountOptions: "--secret-service")
+            #expect(
+                used.stdout == """
+                    session ok
+                    unlocked
+                    (<false>,)
+                    locked
+                    (<true>,)
+                    unlocked
+                    (<false>,)
+                     string "Locked"
+                     variant boolean true
+                     string "Locked"
+                     variant boolean false
+                    2
 
                     """, "\(used)")
         }
