@@ -131,45 +131,24 @@ static inline ssize_t CLinux_send_with_descriptor(int fd, const void *buffer, si
     return sendmsg(fd, &message, MSG_NOSIGNAL);
 }
 
-// Becomes the service account, keeping one capability: CAP_SYS_PTRACE,
-// which the kernel asks of a reader of another user's /proc/PID/maps, exe
-// and ns/user (ptrace_may_access, PTRACE_MODE_READ_FSCREDS), the files by
-// which the device tells who its callers are. Every other capability
-// leaves the bounding set first (which needs CAP_SETPCAP, still held), no
-// program it could run gains privileges (PR_SET_NO_NEW_PRIVS), and the
-// supplementary groups are dropped. Returns 0, or -1 with errno.
+// prctl(2) with one argument: it is variadic.
+static inline int CLinux_prctl(int option, unsigned long argument) { return prctl(option, argument, 0, 0, 0); }
+
+// capget(2) and capset(2) have no glibc wrapper: the raw calls, with
+// _LINUX_CAPABILITY_VERSION_3's header and its two data words (bits 0-31
+// and 32-63 of each set).
+struct CLinux_capability_header { unsigned int version; int pid; };
+struct CLinux_capability_data { unsigned int effective, permitted, inheritable; };
+static inline int CLinux_capget(struct CLinux_capability_header *header, struct CLinux_capability_data *data) {
+    return (int)syscall(SYS_capget, header, data);
+}
+static inline int CLinux_capset(struct CLinux_capability_header *header, struct CLinux_capability_data *data) {
+    return (int)syscall(SYS_capset, header, data);
+}
 // glibc's wrappers (declared only with _GNU_SOURCE) change every thread's
 // credentials, where the raw system calls would change one thread's.
 extern int setresuid(uid_t ruid, uid_t euid, uid_t suid);
 extern int setresgid(gid_t rgid, gid_t egid, gid_t sgid);
-static inline int CLinux_become_service_account(uid_t uid, gid_t gid) {
-    const int keep = 19;  // CAP_SYS_PTRACE (linux/capability.h)
-    for (int capability = 0; capability <= 63; capability++) {
-        if (capability == keep) continue;
-        if (prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0 && errno != EINVAL) return -1;
-    }
-    if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0) return -1;
-    if (setgroups(0, NULL) != 0) return -1;
-    if (setresgid(gid, gid, gid) != 0) return -1;
-    if (setresuid(uid, uid, uid) != 0) return -1;
-    // struct __user_cap_header_struct / __user_cap_data_struct, version 3.
-    struct { unsigned int version; int pid; } header = { 0x20080522, 0 };
-    struct { unsigned int effective, permitted, inheritable; } data[2];
-    memset(data, 0, sizeof data);
-    data[0].effective = data[0].permitted = 1u << keep;
-    if (syscall(SYS_capset, &header, data) != 0) return -1;
-    if (prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0) return -1;
-    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-}
-
-// Whether this process holds CAP_SYS_PTRACE in its effective set.
-static inline int CLinux_can_read_other_users_processes(void) {
-    struct { unsigned int version; int pid; } header = { 0x20080522, 0 };
-    struct { unsigned int effective, permitted, inheritable; } data[2];
-    memset(data, 0, sizeof data);
-    if (syscall(SYS_capget, &header, data) != 0) return 0;
-    return (data[0].effective >> 19) & 1;
-}
 
 // ioctl is variadic. FUSE_DEV_IOC_CLONE binds `clone`, a fresh /dev/fuse
 // descriptor, to the connection of `connection`. The kernel allows it only

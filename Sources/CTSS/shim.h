@@ -8,9 +8,9 @@
 // libtss2-esys pulls in libcrypto, and their relocations would cost every
 // process start (a `keychainfs get`) for a TPM used only at boot and unlock.
 // Swift calls the CTSS_ functions below: tpm2-tss's own declarations
-// (types and prototypes from its headers), addresses from dlsym. The
-// structures of a sealed object and a session are built here, in C, where
-// their unions and fixed arrays are plain to write.
+// (types and prototypes from its headers), addresses from dlsym, and
+// nothing else: the objects, templates and blobs are built in Swift
+// (KeychainCore/TPM/TPMObjects.swift, issue 40).
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -105,121 +105,24 @@ CTSS_ESYS(Esys_GetCapability, (ESYS_CONTEXT *context, TPM2_CAP capability, UINT3
           (context, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, capability, property, count, NULL, data))
 CTSS_ESYS(Esys_Clear, (ESYS_CONTEXT *context), (context, ESYS_TR_RH_PLATFORM, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE))
 
-// The storage primary key: an ECC P-256 restricted decryption key under the
-// owner hierarchy, made again from the same template whenever it is needed
-// (the TPM derives it from its storage seed: the same key on this TPM,
-// another on any other, and none after TPM2_Clear). NODA: it has no auth.
-static inline TSS2_RC CTSS_create_primary(ESYS_CONTEXT *context, ESYS_TR *primary) {
-    TPM2B_SENSITIVE_CREATE sensitive = {0};
-    TPM2B_PUBLIC template = {0};
-    template.publicArea.type = TPM2_ALG_ECC;
-    template.publicArea.nameAlg = TPM2_ALG_SHA256;
-    template.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT
-        | TPMA_OBJECT_SENSITIVEDATAORIGIN | TPMA_OBJECT_USERWITHAUTH | TPMA_OBJECT_RESTRICTED
-        | TPMA_OBJECT_DECRYPT | TPMA_OBJECT_NODA;
-    template.publicArea.parameters.eccDetail.symmetric.algorithm = TPM2_ALG_AES;
-    template.publicArea.parameters.eccDetail.symmetric.keyBits.aes = 128;
-    template.publicArea.parameters.eccDetail.symmetric.mode.aes = TPM2_ALG_CFB;
-    template.publicArea.parameters.eccDetail.scheme.scheme = TPM2_ALG_NULL;
-    template.publicArea.parameters.eccDetail.curveID = TPM2_ECC_NIST_P256;
-    template.publicArea.parameters.eccDetail.kdf.scheme = TPM2_ALG_NULL;
-    TPM2B_DATA outside = {0};
-    TPML_PCR_SELECTION pcrs = {0};
-    __typeof__(&Esys_CreatePrimary) function =
-        (__typeof__(&Esys_CreatePrimary))CTSS_symbol("libtss2-esys.so.0", "Esys_CreatePrimary");
-    if (!function) return CTSS_MISSING;
-    return function(context, ESYS_TR_RH_OWNER, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE,
-                    &sensitive, &template, &outside, &pcrs, primary, NULL, NULL, NULL, NULL);
-}
-
-// Seals `data` (at most 128 bytes) under `primary` as a keyed-hash object
-// whose use needs `auth` (at most 32 bytes). Unless `noDA`, every wrong auth
-// counts against the TPM's dictionary-attack lockout, and a TPM in lockout
-// refuses the object altogether (so an object with an empty auth, which no
-// one can guess wrong, is made NODA: usable during a lockout). The object's public
-// and private parts, marshalled one after the other, go to `blob`
-// (`*length` bytes of `capacity`).
-static inline TSS2_RC CTSS_seal(ESYS_CONTEXT *context, ESYS_TR primary, ESYS_TR session,
-                                const uint8_t *data, size_t dataLength, const uint8_t *auth, size_t authLength,
-                                int noDA, uint8_t *blob, size_t capacity, size_t *length) {
-    TPM2B_SENSITIVE_CREATE sensitive = {0};
-    if (dataLength > sizeof sensitive.sensitive.data.buffer || authLength > sizeof sensitive.sensitive.userAuth.buffer)
-        return TSS2_ESYS_RC_BAD_VALUE;
-    sensitive.sensitive.data.size = (UINT16)dataLength;
-    memcpy(sensitive.sensitive.data.buffer, data, dataLength);
-    sensitive.sensitive.userAuth.size = (UINT16)authLength;
-    memcpy(sensitive.sensitive.userAuth.buffer, auth, authLength);
-    TPM2B_PUBLIC template = {0};
-    template.publicArea.type = TPM2_ALG_KEYEDHASH;
-    template.publicArea.nameAlg = TPM2_ALG_SHA256;
-    template.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_USERWITHAUTH
-        | (noDA ? TPMA_OBJECT_NODA : 0);
-    template.publicArea.parameters.keyedHashDetail.scheme.scheme = TPM2_ALG_NULL;
-    TPM2B_DATA outside = {0};
-    TPML_PCR_SELECTION pcrs = {0};
-    TPM2B_PRIVATE *private = NULL;
-    TPM2B_PUBLIC *public = NULL;
-    __typeof__(&Esys_Create) create = (__typeof__(&Esys_Create))CTSS_symbol("libtss2-esys.so.0", "Esys_Create");
-    __typeof__(&Tss2_MU_TPM2B_PUBLIC_Marshal) marshalPublic =
-        (__typeof__(&Tss2_MU_TPM2B_PUBLIC_Marshal))CTSS_symbol("libtss2-mu.so.0", "Tss2_MU_TPM2B_PUBLIC_Marshal");
-    __typeof__(&Tss2_MU_TPM2B_PRIVATE_Marshal) marshalPrivate =
-        (__typeof__(&Tss2_MU_TPM2B_PRIVATE_Marshal))CTSS_symbol("libtss2-mu.so.0", "Tss2_MU_TPM2B_PRIVATE_Marshal");
-    if (!create || !marshalPublic || !marshalPrivate) return CTSS_MISSING;
-    TSS2_RC rc = create(context, primary, session, ESYS_TR_NONE, ESYS_TR_NONE, &sensitive, &template, &outside, &pcrs,
-                        &private, &public, NULL, NULL, NULL);
-    // The secret and its auth, as they were handed over, are not kept.
-    memset(&sensitive, 0, sizeof sensitive);
-    if (rc != TSS2_RC_SUCCESS) return rc;
-    size_t offset = 0;
-    rc = marshalPublic(public, blob, capacity, &offset);
-    if (rc == TSS2_RC_SUCCESS) rc = marshalPrivate(private, blob, capacity, &offset);
-    *length = offset;
-    CTSS_Esys_Free(private);
-    CTSS_Esys_Free(public);
-    return rc;
-}
-
-// Loads a sealed object's blob (as CTSS_seal made it) under `primary`.
-static inline TSS2_RC CTSS_load(ESYS_CONTEXT *context, ESYS_TR primary, const uint8_t *blob, size_t length,
-                                ESYS_TR *object) {
-    TPM2B_PUBLIC public = {0};
-    TPM2B_PRIVATE private = {0};
-    __typeof__(&Tss2_MU_TPM2B_PUBLIC_Unmarshal) unmarshalPublic =
-        (__typeof__(&Tss2_MU_TPM2B_PUBLIC_Unmarshal))CTSS_symbol("libtss2-mu.so.0", "Tss2_MU_TPM2B_PUBLIC_Unmarshal");
-    __typeof__(&Tss2_MU_TPM2B_PRIVATE_Unmarshal) unmarshalPrivate =
-        (__typeof__(&Tss2_MU_TPM2B_PRIVATE_Unmarshal))CTSS_symbol("libtss2-mu.so.0", "Tss2_MU_TPM2B_PRIVATE_Unmarshal");
-    if (!unmarshalPublic || !unmarshalPrivate) return CTSS_MISSING;
-    size_t offset = 0;
-    TSS2_RC rc = unmarshalPublic(blob, length, &offset, &public);
-    if (rc == TSS2_RC_SUCCESS) rc = unmarshalPrivate(blob, length, &offset, &private);
-    if (rc != TSS2_RC_SUCCESS) return rc;
-    if (offset != length) return TSS2_MU_RC_BAD_SIZE;
-    return CTSS_Esys_Load(context, primary, &private, &public, object);
-}
-
-// A TPM2B_AUTH of `length` bytes (at most 64).
-static inline TSS2_RC CTSS_set_auth(ESYS_CONTEXT *context, ESYS_TR handle, const uint8_t *auth, size_t length) {
-    TPM2B_AUTH value = {0};
-    if (length > sizeof value.buffer) return TSS2_ESYS_RC_BAD_VALUE;
-    value.size = (UINT16)length;
-    memcpy(value.buffer, auth, length);
-    TSS2_RC rc = CTSS_Esys_TR_SetAuth(context, handle, &value);
-    memset(&value, 0, sizeof value);
-    return rc;
-}
-
-// The 8-byte big-endian value of an NV read, as a number.
-static inline uint64_t CTSS_counter_value(const TPM2B_MAX_NV_BUFFER *data) {
-    uint64_t value = 0;
-    for (UINT16 i = 0; i < data->size && i < 8; i++) value = (value << 8) | data->buffer[i];
-    return value;
-}
-
-// One tagged property of a TPM2_CAP_TPM_PROPERTIES answer (0 when absent).
-static inline uint32_t CTSS_property(const TPMS_CAPABILITY_DATA *data, TPM2_PT property) {
-    for (UINT32 i = 0; i < data->data.tpmProperties.count; i++) {
-        if (data->data.tpmProperties.tpmProperty[i].property == property) return data->data.tpmProperties.tpmProperty[i].value;
-    }
-    return 0;
-}
+// Made under the owner hierarchy (its auth in a password session, as tpm2-tools does).
+CTSS_ESYS(Esys_CreatePrimary, (ESYS_CONTEXT *context, TPM2B_SENSITIVE_CREATE const *sensitive,
+                               TPM2B_PUBLIC const *template, TPM2B_DATA const *outside,
+                               TPML_PCR_SELECTION const *pcrs, ESYS_TR *primary),
+          (context, ESYS_TR_RH_OWNER, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE, sensitive, template, outside, pcrs,
+           primary, NULL, NULL, NULL, NULL))
+CTSS_ESYS(Esys_Create, (ESYS_CONTEXT *context, ESYS_TR parent, ESYS_TR session, TPM2B_SENSITIVE_CREATE const *sensitive,
+                        TPM2B_PUBLIC const *template, TPM2B_DATA const *outside, TPML_PCR_SELECTION const *pcrs,
+                        TPM2B_PRIVATE **private, TPM2B_PUBLIC **public),
+          (context, parent, session, ESYS_TR_NONE, ESYS_TR_NONE, sensitive, template, outside, pcrs, private, public,
+           NULL, NULL, NULL))
+#define CTSS_MU(name, params, args) CTSS_CALL("libtss2-mu.so.0", TSS2_RC, CTSS_MISSING, name, params, args)
+CTSS_MU(Tss2_MU_TPM2B_PUBLIC_Marshal, (TPM2B_PUBLIC const *source, uint8_t *buffer, size_t size, size_t *offset),
+        (source, buffer, size, offset))
+CTSS_MU(Tss2_MU_TPM2B_PRIVATE_Marshal, (TPM2B_PRIVATE const *source, uint8_t *buffer, size_t size, size_t *offset),
+        (source, buffer, size, offset))
+CTSS_MU(Tss2_MU_TPM2B_PUBLIC_Unmarshal, (uint8_t const *buffer, size_t size, size_t *offset, TPM2B_PUBLIC *target),
+        (buffer, size, offset, target))
+CTSS_MU(Tss2_MU_TPM2B_PRIVATE_Unmarshal, (uint8_t const *buffer, size_t size, size_t *offset, TPM2B_PRIVATE *target),
+        (buffer, size, offset, target))
 #endif

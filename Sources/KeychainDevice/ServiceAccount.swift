@@ -34,9 +34,44 @@ public enum ServiceAccount {
         guard chown(stateDirectory, uid, gid) == 0, chmod(stateDirectory, 0o700) == 0 else {
             throw MountError("cannot give \(stateDirectory) to \(name): \(Errno.current.description)")
         }
-        guard CLinux_become_service_account(uid, gid) == 0 else {
-            throw MountError("cannot become \(name): \(Errno.current.description)")
+        if let failed = becomeAccount(uid: uid, gid: gid) {
+            throw MountError("cannot become \(name): \(failed.description)")
         }
+    }
+
+    /// CAP_SYS_PTRACE (linux/capability.h): what the kernel asks of a
+    /// reader of another user's /proc/PID/maps, exe and ns/user
+    /// (ptrace_may_access, PTRACE_MODE_READ_FSCREDS), the files by which
+    /// the service tells who its callers are.
+    private static let keptCapability: Int32 = 19
+    /// _LINUX_CAPABILITY_VERSION_3.
+    private static let capabilityVersion: UInt32 = 0x2008_0522
+
+    /// Becomes `uid` and `gid`, keeping only ``keptCapability``: every
+    /// other capability leaves the bounding set first (which needs
+    /// CAP_SETPCAP, still held), the supplementary groups go, the ids
+    /// change with the capabilities kept across (PR_SET_KEEPCAPS), the
+    /// permitted and effective sets become the one capability, and no
+    /// program it could run gains privileges (PR_SET_NO_NEW_PRIVS). The
+    /// first failure's errno, or nil.
+    private static func becomeAccount(uid: uid_t, gid: gid_t) -> Errno? {
+        for capability in Int32(0)...63 where capability != keptCapability {
+            // EINVAL: a capability this kernel does not have.
+            if CLinux_prctl(PR_CAPBSET_DROP, UInt(capability)) != 0 && Errno.current.rawValue != EINVAL {
+                return .current
+            }
+        }
+        guard CLinux_prctl(PR_SET_KEEPCAPS, 1) == 0, setgroups(0, nil) == 0, setresgid(gid, gid, gid) == 0,
+            setresuid(uid, uid, uid) == 0
+        else { return .current }
+        var header = CLinux_capability_header(version: capabilityVersion, pid: 0)
+        var data = [CLinux_capability_data](repeating: CLinux_capability_data(), count: 2)
+        data[0].effective = 1 << UInt32(keptCapability)
+        data[0].permitted = data[0].effective
+        guard CLinux_capset(&header, &data) == 0, CLinux_prctl(PR_SET_KEEPCAPS, 0) == 0,
+            CLinux_prctl(PR_SET_NO_NEW_PRIVS, 1) == 0
+        else { return .current }
+        return nil
     }
 
     /// Why the state directory cannot hold the users' keychains (nil: it is
@@ -76,5 +111,9 @@ public enum ServiceAccount {
     /// Whether the service can read other users' /proc/PID/maps and exe
     /// (CAP_SYS_PTRACE): without it, no caller of a policed group can be
     /// identified, and every one is refused.
-    public static var canIdentifyCallers: Bool { CLinux_can_read_other_users_processes() != 0 }
+    public static var canIdentifyCallers: Bool {
+        var header = CLinux_capability_header(version: capabilityVersion, pid: 0)
+        var data = [CLinux_capability_data](repeating: CLinux_capability_data(), count: 2)
+        return CLinux_capget(&header, &data) == 0 && data[0].effective >> UInt32(keptCapability) & 1 != 0
+    }
 }

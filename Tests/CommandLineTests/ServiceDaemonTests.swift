@@ -9,7 +9,8 @@ extension SerialTests {
     /// scripts drive one with Debian's `start-stop-daemon`.
     @Suite struct ServiceDaemonTests {
         /// `--daemon` returns once the service listens, with its pid in the
-        /// pid file (the account's process, in a session of its own) and an
+        /// pid file (the account's process, in a session of its own, with
+        /// CAP_SYS_PTRACE alone of root's capabilities) and an
         /// ordinary user served; a second start is refused while it runs;
         /// `start-stop-daemon --stop` ends it and removes the file, and it
         /// starts again on the same socket. A service that cannot start
@@ -28,6 +29,8 @@ extension SerialTests {
                 daemon --state-directory "$S/state" | sed "s/pid [0-9]*/pid N/; s|$S|S|"
                 pid=$(cat "$S/pid")
                 echo "$(stat -c %U /proc/"$pid")" "$(ps -o sid= -p "$pid" | awk -v pid="$pid" '{ print ($1 == pid ? "its own session" : "session " $1) }')"
+                # The account keeps one capability, CAP_SYS_PTRACE (bit 19), no group, no new privileges.
+                awk '/^(Groups|CapPrm|CapEff|CapBnd|NoNewPrivs):/ { print $1, ($2 == "" ? "none" : $2) }' /proc/"$pid"/status
                 as_user() { runuser -u "$USER" -- env KEYCHAINFS_SERVICE="$S/socket" "$K" "$@"; }
                 printf '1234\\n1234\\n' | as_user init > /dev/null 2>&1; as_user status | grep '^mode:'
                 daemon --state-directory "$S/state"; echo "second start: $?"
@@ -42,6 +45,11 @@ extension SerialTests {
                 used.stdout == """
                     keychainfs: the service runs (pid N); its log: S/log
                     keychainfs its own session
+                    Groups: none
+                    CapPrm: 0000000000080000
+                    CapEff: 0000000000080000
+                    CapBnd: 0000000000080000
+                    NoNewPrivs: 1
                     mode: service
                     second start: 1
                     stop: 0

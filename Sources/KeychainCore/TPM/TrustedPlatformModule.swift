@@ -190,7 +190,11 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         throws(TPMError) -> R
     {
         var primary: UInt32 = 0
-        try check(CTSS_create_primary(context, &primary), "CreatePrimary")
+        var template = TPMObjects.storagePrimary
+        var sensitive = TPM2B_SENSITIVE_CREATE()
+        var outside = TPM2B_DATA()
+        var pcrs = TPML_PCR_SELECTION()
+        try check(CTSS_Esys_CreatePrimary(context, &sensitive, &template, &outside, &pcrs, &primary), "CreatePrimary")
         defer { _ = CTSS_Esys_FlushContext(context, primary) }
         let name = try self.name(of: primary)
         if let pinnedStorageKey, name != pinnedStorageKey { throw .storageKeyChanged }
@@ -240,22 +244,27 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     /// lockout, during which it is refused (for an auth that can be
     /// guessed); otherwise usable in a lockout (for an empty auth).
     public func seal(_ secret: SecureBytes, auth: SecureBytes, guarded: Bool = true) throws(TPMError) -> [UInt8] {
-        try withPrimaryAndSession { (primary, session) throws(TPMError) in
-            var blob = [UInt8](repeating: 0, count: 4096)
-            var length = 0
-            let rc = secret.withUnsafeBytes { data in
-                auth.withUnsafeBytes { auth in
-                    blob.withUnsafeMutableBytes { out in
-                        CTSS_seal(
-                            context, primary, session, data.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                            data.count,
-                            auth.baseAddress?.assumingMemoryBound(to: UInt8.self), auth.count, guarded ? 0 : 1,
-                            out.baseAddress?.assumingMemoryBound(to: UInt8.self), out.count, &length)
-                    }
-                }
+        guard var sensitive = TPMObjects.sensitive(data: secret, auth: auth) else { throw .failed("Create", 0) }
+        // The secret and its auth, as they were handed over, are not kept.
+        defer { TPMObjects.wipe(&sensitive) }
+        var template = TPMObjects.sealedObject(counted: guarded)
+        var outside = TPM2B_DATA()
+        var pcrs = TPML_PCR_SELECTION()
+        return try withPrimaryAndSession { (primary, session) throws(TPMError) in
+            var sealedPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
+            var sealedPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
+            try check(
+                CTSS_Esys_Create(
+                    context, primary, session, &sensitive, &template, &outside, &pcrs, &sealedPrivate, &sealedPublic),
+                "Create")
+            defer {
+                CTSS_Esys_Free(sealedPrivate)
+                CTSS_Esys_Free(sealedPublic)
             }
-            try check(rc, "Create")
-            return Array(blob.prefix(length))
+            guard let sealedPrivate, let sealedPublic,
+                let blob = TPMObjects.blob(public: sealedPublic, private: sealedPrivate)
+            else { throw .failed("Create", 0) }
+            return blob
         }
     }
 
@@ -264,9 +273,9 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     public func unseal(_ blob: [UInt8], auth: SecureBytes) throws(TPMError) -> SecureBytes {
         try withPrimaryAndSession { (primary, session) throws(TPMError) in
             var object: UInt32 = 0
-            let loaded = blob.withUnsafeBytes {
-                CTSS_load(context, primary, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count, &object)
-            }
+            // A blob that is not exactly a public and a private part was cut or changed.
+            guard var parts = TPMObjects.parts(of: blob) else { throw .notThisTPM }
+            let loaded = CTSS_Esys_Load(context, primary, &parts.private, &parts.public, &object)
             guard loaded == 0 else {
                 // A blob made under another storage seed fails its integrity check.
                 let code = Self.base(loaded)
@@ -275,11 +284,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
                 throw .notThisTPM
             }
             defer { _ = CTSS_Esys_FlushContext(context, object) }
-            try check(
-                auth.withUnsafeBytes {
-                    CTSS_set_auth(context, object, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count)
-                },
-                "TR_SetAuth")
+            try setAuth(object, auth)
             var data: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
             try check(CTSS_Esys_Unseal(context, object, session, &data), "Unseal")
             guard let data else { throw .failed("Unseal", 0) }
@@ -311,9 +316,10 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         guard let data else { throw .failed("GetCapability", 0) }
         defer { CTSS_Esys_Free(data) }
         return TPMLockoutState(
-            failures: CTSS_property(data, Code.lockoutCounter), maximum: CTSS_property(data, Code.maxAuthFail),
-            recoverySeconds: CTSS_property(data, Code.lockoutInterval),
-            lockoutAuthSet: CTSS_property(data, Code.permanent) & Code.lockoutAuthSet != 0)
+            failures: TPMObjects.property(data, Code.lockoutCounter),
+            maximum: TPMObjects.property(data, Code.maxAuthFail),
+            recoverySeconds: TPMObjects.property(data, Code.lockoutInterval),
+            lockoutAuthSet: TPMObjects.property(data, Code.permanent) & Code.lockoutAuthSet != 0)
     }
 
     // MARK: The lockout hierarchy
@@ -447,10 +453,9 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     }
 
     private func setAuth(_ handle: UInt32, _ auth: SecureBytes) throws(TPMError) {
-        try check(
-            auth.withUnsafeBytes {
-                CTSS_set_auth(context, handle, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count)
-            }, "TR_SetAuth")
+        var value = try Self.authValue(auth, "TR_SetAuth")
+        defer { TPMObjects.wipe(&value) }
+        try check(CTSS_Esys_TR_SetAuth(context, handle, &value), "TR_SetAuth")
     }
 
     /// Runs `body` with the session that authorizes `handle` with `auth`:
@@ -472,7 +477,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
             try check(CTSS_Esys_NV_Read(context, handle, session, 8, &data), "NV_Read")
             guard let data else { throw .failed("NV_Read", 0) }
             defer { CTSS_Esys_Free(data) }
-            return CTSS_counter_value(data)
+            return TPMObjects.counterValue(data)
         }
     }
 }

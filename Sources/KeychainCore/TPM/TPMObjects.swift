@@ -1,0 +1,133 @@
+internal import CTSS
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The TPM structures a keychain builds and reads (TPM 2.0 Part 2), in
+/// Swift: the C shim declares tpm2-tss's calls and nothing more (issue 40).
+/// A template here must stay byte for byte what it was: the storage key is
+/// derived from its template, and a keychain records that key's name.
+enum TPMObjects {
+    /// Part 2 constants that tpm2-tss declares as casting macros, which Swift cannot import.
+    private enum Value {
+        static let algorithmKeyedHash: UInt16 = 0x0008  // TPM2_ALG_KEYEDHASH
+        static let algorithmSHA256: UInt16 = 0x000B  // TPM2_ALG_SHA256
+        static let algorithmNull: UInt16 = 0x0010  // TPM2_ALG_NULL
+        static let algorithmECC: UInt16 = 0x0023  // TPM2_ALG_ECC
+        static let algorithmAES: UInt16 = 0x0006  // TPM2_ALG_AES
+        static let algorithmCFB: UInt16 = 0x0043  // TPM2_ALG_CFB
+        static let curveP256: UInt16 = 0x0003  // TPM2_ECC_NIST_P256
+        // TPMA_OBJECT (Part 2, 8.3).
+        static let fixedTPM: UInt32 = 0x0000_0002
+        static let fixedParent: UInt32 = 0x0000_0010
+        static let sensitiveDataOrigin: UInt32 = 0x0000_0020
+        static let userWithAuth: UInt32 = 0x0000_0040
+        static let noDA: UInt32 = 0x0000_0400
+        static let restricted: UInt32 = 0x0001_0000
+        static let decrypt: UInt32 = 0x0002_0000
+    }
+
+    /// The storage primary key: an ECC P-256 restricted decryption key
+    /// under the owner hierarchy, made again from this template whenever it
+    /// is needed (the TPM derives it from its storage seed: the same key on
+    /// this TPM, another on any other, and none after TPM2_Clear). NODA: it
+    /// has no auth. Everything not set is zero.
+    static var storagePrimary: TPM2B_PUBLIC {
+        var template = TPM2B_PUBLIC()
+        template.publicArea.type = Value.algorithmECC
+        template.publicArea.nameAlg = Value.algorithmSHA256
+        template.publicArea.objectAttributes =
+            Value.fixedTPM | Value.fixedParent | Value.sensitiveDataOrigin | Value.userWithAuth | Value.restricted
+            | Value.decrypt | Value.noDA
+        template.publicArea.parameters.eccDetail.symmetric.algorithm = Value.algorithmAES
+        template.publicArea.parameters.eccDetail.symmetric.keyBits.aes = 128
+        template.publicArea.parameters.eccDetail.symmetric.mode.aes = Value.algorithmCFB
+        template.publicArea.parameters.eccDetail.scheme.scheme = Value.algorithmNull
+        template.publicArea.parameters.eccDetail.curveID = Value.curveP256
+        template.publicArea.parameters.eccDetail.kdf.scheme = Value.algorithmNull
+        return template
+    }
+
+    /// A sealed object: a keyed-hash object holding data, used with its
+    /// auth. `counted`: every wrong auth counts against the TPM's
+    /// dictionary-attack lockout, during which it is refused; otherwise
+    /// NODA, usable in a lockout (for an empty auth, which no one can
+    /// guess wrong).
+    static func sealedObject(counted: Bool) -> TPM2B_PUBLIC {
+        var template = TPM2B_PUBLIC()
+        template.publicArea.type = Value.algorithmKeyedHash
+        template.publicArea.nameAlg = Value.algorithmSHA256
+        template.publicArea.objectAttributes =
+            Value.fixedTPM | Value.fixedParent | Value.userWithAuth | (counted ? 0 : Value.noDA)
+        template.publicArea.parameters.keyedHashDetail.scheme.scheme = Value.algorithmNull
+        return template
+    }
+
+    /// The secret and auth of a sealed object, as Create takes them; nil
+    /// when either is too long (128 and 64 bytes). Wiped by ``wipe(_:)``.
+    static func sensitive(data: SecureBytes, auth: SecureBytes) -> TPM2B_SENSITIVE_CREATE? {
+        var sensitive = TPM2B_SENSITIVE_CREATE()
+        guard data.count <= MemoryLayout.size(ofValue: sensitive.sensitive.data.buffer),
+            auth.count <= MemoryLayout.size(ofValue: sensitive.sensitive.userAuth.buffer)
+        else { return nil }
+        sensitive.sensitive.data.size = UInt16(data.count)
+        withUnsafeMutableBytes(of: &sensitive.sensitive.data.buffer) { buffer in
+            data.withUnsafeBytes { buffer.copyMemory(from: $0) }
+        }
+        sensitive.sensitive.userAuth.size = UInt16(auth.count)
+        withUnsafeMutableBytes(of: &sensitive.sensitive.userAuth.buffer) { buffer in
+            auth.withUnsafeBytes { buffer.copyMemory(from: $0) }
+        }
+        return sensitive
+    }
+
+    /// Overwrites a structure that held a secret with zeros.
+    static func wipe<T>(_ value: inout T) {
+        withUnsafeMutableBytes(of: &value) { wipeMemory($0) }
+    }
+
+    /// A sealed object's blob, as keychains keep it: its public and private
+    /// parts, marshalled one after the other; nil when they do not marshal.
+    static func blob(public publicPart: UnsafePointer<TPM2B_PUBLIC>, private privatePart: UnsafePointer<TPM2B_PRIVATE>)
+        -> [UInt8]?
+    {
+        var blob = [UInt8](repeating: 0, count: MemoryLayout<TPM2B_PUBLIC>.size + MemoryLayout<TPM2B_PRIVATE>.size)
+        var offset = 0
+        let marshalled = blob.withUnsafeMutableBufferPointer { buffer in
+            CTSS_Tss2_MU_TPM2B_PUBLIC_Marshal(publicPart, buffer.baseAddress, buffer.count, &offset) == 0
+                && CTSS_Tss2_MU_TPM2B_PRIVATE_Marshal(privatePart, buffer.baseAddress, buffer.count, &offset) == 0
+        }
+        return marshalled ? Array(blob.prefix(offset)) : nil
+    }
+
+    /// The public and private parts of a blob; nil unless it is exactly the two.
+    static func parts(of blob: [UInt8]) -> (public: TPM2B_PUBLIC, private: TPM2B_PRIVATE)? {
+        var parts = (public: TPM2B_PUBLIC(), private: TPM2B_PRIVATE())
+        var offset = 0
+        let read = blob.withUnsafeBufferPointer { buffer in
+            CTSS_Tss2_MU_TPM2B_PUBLIC_Unmarshal(buffer.baseAddress, buffer.count, &offset, &parts.public) == 0
+                && CTSS_Tss2_MU_TPM2B_PRIVATE_Unmarshal(buffer.baseAddress, buffer.count, &offset, &parts.private) == 0
+        }
+        return read && offset == blob.count ? parts : nil
+    }
+
+    /// One tagged property of a TPM2_CAP_TPM_PROPERTIES answer (0 when absent).
+    static func property(_ data: UnsafePointer<TPMS_CAPABILITY_DATA>, _ property: UInt32) -> UInt32 {
+        var properties = data.pointee.data.tpmProperties
+        let count = Int(properties.count)
+        return withUnsafeBytes(of: &properties.tpmProperty) { raw in
+            let tagged = raw.bindMemory(to: TPMS_TAGGED_PROPERTY.self)
+            return tagged.prefix(min(count, tagged.count)).first { $0.property == property }?.value ?? 0
+        }
+    }
+
+    /// The value of an NV counter's read: 8 bytes, big-endian.
+    static func counterValue(_ data: UnsafePointer<TPM2B_MAX_NV_BUFFER>) -> UInt64 {
+        var buffer = data.pointee
+        let count = min(Int(buffer.size), 8)
+        return withUnsafeBytes(of: &buffer.buffer) { raw in
+            raw.prefix(count).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        }
+    }
+}
