@@ -8,17 +8,20 @@ import Glibc
 /// Swift: the C shim declares tpm2-tss's calls and nothing more (issue 40).
 /// A template here must stay byte for byte what it was: the storage key is
 /// derived from its template, and a keychain records that key's name.
+/// TPM2_ALG_ (Part 2, 6.3), which tpm2-tss declares as casting macros
+/// Swift cannot import.
+enum TPMAlgorithm {
+    static let aes: UInt16 = 0x0006
+    static let keyedHash: UInt16 = 0x0008
+    static let sha256: UInt16 = 0x000B
+    static let null: UInt16 = 0x0010
+    static let ecc: UInt16 = 0x0023
+    static let cfb: UInt16 = 0x0043
+}
+
 enum TPMObjects {
-    /// Part 2 constants that tpm2-tss declares as casting macros, which Swift cannot import.
+    /// TPMA_OBJECT (Part 2, 8.3), and the curve of the storage key.
     private enum Value {
-        static let algorithmKeyedHash: UInt16 = 0x0008  // TPM2_ALG_KEYEDHASH
-        static let algorithmSHA256: UInt16 = 0x000B  // TPM2_ALG_SHA256
-        static let algorithmNull: UInt16 = 0x0010  // TPM2_ALG_NULL
-        static let algorithmECC: UInt16 = 0x0023  // TPM2_ALG_ECC
-        static let algorithmAES: UInt16 = 0x0006  // TPM2_ALG_AES
-        static let algorithmCFB: UInt16 = 0x0043  // TPM2_ALG_CFB
-        static let curveP256: UInt16 = 0x0003  // TPM2_ECC_NIST_P256
-        // TPMA_OBJECT (Part 2, 8.3).
         static let fixedTPM: UInt32 = 0x0000_0002
         static let fixedParent: UInt32 = 0x0000_0010
         static let sensitiveDataOrigin: UInt32 = 0x0000_0020
@@ -26,6 +29,7 @@ enum TPMObjects {
         static let noDA: UInt32 = 0x0000_0400
         static let restricted: UInt32 = 0x0001_0000
         static let decrypt: UInt32 = 0x0002_0000
+        static let curveP256: UInt16 = 0x0003  // TPM2_ECC_NIST_P256
     }
 
     /// The storage primary key: an ECC P-256 restricted decryption key
@@ -35,17 +39,17 @@ enum TPMObjects {
     /// has no auth. Everything not set is zero.
     static var storagePrimary: TPM2B_PUBLIC {
         var template = TPM2B_PUBLIC()
-        template.publicArea.type = Value.algorithmECC
-        template.publicArea.nameAlg = Value.algorithmSHA256
+        template.publicArea.type = TPMAlgorithm.ecc
+        template.publicArea.nameAlg = TPMAlgorithm.sha256
         template.publicArea.objectAttributes =
             Value.fixedTPM | Value.fixedParent | Value.sensitiveDataOrigin | Value.userWithAuth | Value.restricted
             | Value.decrypt | Value.noDA
-        template.publicArea.parameters.eccDetail.symmetric.algorithm = Value.algorithmAES
+        template.publicArea.parameters.eccDetail.symmetric.algorithm = TPMAlgorithm.aes
         template.publicArea.parameters.eccDetail.symmetric.keyBits.aes = 128
-        template.publicArea.parameters.eccDetail.symmetric.mode.aes = Value.algorithmCFB
-        template.publicArea.parameters.eccDetail.scheme.scheme = Value.algorithmNull
+        template.publicArea.parameters.eccDetail.symmetric.mode.aes = TPMAlgorithm.cfb
+        template.publicArea.parameters.eccDetail.scheme.scheme = TPMAlgorithm.null
         template.publicArea.parameters.eccDetail.curveID = Value.curveP256
-        template.publicArea.parameters.eccDetail.kdf.scheme = Value.algorithmNull
+        template.publicArea.parameters.eccDetail.kdf.scheme = TPMAlgorithm.null
         return template
     }
 
@@ -56,11 +60,11 @@ enum TPMObjects {
     /// guess wrong).
     static func sealedObject(counted: Bool) -> TPM2B_PUBLIC {
         var template = TPM2B_PUBLIC()
-        template.publicArea.type = Value.algorithmKeyedHash
-        template.publicArea.nameAlg = Value.algorithmSHA256
+        template.publicArea.type = TPMAlgorithm.keyedHash
+        template.publicArea.nameAlg = TPMAlgorithm.sha256
         template.publicArea.objectAttributes =
             Value.fixedTPM | Value.fixedParent | Value.userWithAuth | (counted ? 0 : Value.noDA)
-        template.publicArea.parameters.keyedHashDetail.scheme.scheme = Value.algorithmNull
+        template.publicArea.parameters.keyedHashDetail.scheme.scheme = TPMAlgorithm.null
         return template
     }
 

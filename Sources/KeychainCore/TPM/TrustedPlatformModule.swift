@@ -81,9 +81,6 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let permanent: UInt32 = 0x200  // TPM2_PT_PERMANENT (TPMA_PERMANENT)
         static let lockoutRecovery: UInt32 = 0x211  // TPM2_PT_LOCKOUT_RECOVERY
         static let lockoutAuthSet: UInt32 = 0x4  // TPMA_PERMANENT_LOCKOUTAUTHSET
-        static let algorithmAES: UInt16 = 0x0006  // TPM2_ALG_AES
-        static let algorithmSHA256: UInt16 = 0x000B  // TPM2_ALG_SHA256
-        static let algorithmCFB: UInt16 = 0x0043  // TPM2_ALG_CFB
         static let sessionContinue: UInt8 = 0x01  // TPMA_SESSION_CONTINUESESSION
         static let sessionDecrypt: UInt8 = 0x20  // TPMA_SESSION_DECRYPT
         static let sessionEncrypt: UInt8 = 0x40  // TPMA_SESSION_ENCRYPT
@@ -214,9 +211,9 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     /// sending it.
     private func startSession(salt: UInt32?, attributes: UInt8) throws(TPMError) -> UInt32 {
         var symmetric = TPMT_SYM_DEF()
-        symmetric.algorithm = Code.algorithmAES
+        symmetric.algorithm = TPMAlgorithm.aes
         symmetric.keyBits.aes = 128
-        symmetric.mode.aes = Code.algorithmCFB
+        symmetric.mode.aes = TPMAlgorithm.cfb
         var session: UInt32 = 0
         try check(
             CTSS_Esys_StartAuthSession(context, salt ?? Code.noHandle, &symmetric, &session), "StartAuthSession")
@@ -373,7 +370,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         var handle: UInt32 = 0
         var info = TPM2B_NV_PUBLIC()
         info.nvPublic.nvIndex = index
-        info.nvPublic.nameAlg = Code.algorithmSHA256
+        info.nvPublic.nameAlg = TPMAlgorithm.sha256
         info.nvPublic.attributes = NVAttribute.counter
         info.nvPublic.dataSize = 8
         var value = try Self.authValue(auth, "NV_DefineSpace")
