@@ -222,11 +222,11 @@ final class ServedKeychain: Sendable {
             let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else {
                 return Errno.current.rawValue == ENOENT
-                    ? .ok(["absent"])
+                    ? .ok(AuditLogFile.absent.fields)
                     : .systemError(Errno.current.rawValue, "cannot open the audit log: \(Errno.current.description)")
             }
             attachments.descriptor = fd
-            return .ok([])
+            return .ok(AuditLogFile.attached.fields)
         case .verifyLog:
             do {
                 let report = try AuditLog.verify(directory: manager.localDevice.directory)
@@ -249,7 +249,7 @@ final class ServedKeychain: Sendable {
             if after != nil || grace != nil {
                 device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
             }
-            return .ok([String(device.autoLock.after), String(device.autoLock.grace)])
+            return .ok(AutoLockSetting(after: device.autoLock.after, grace: device.autoLock.grace).fields)
         case .get, .set, .remove, .list, .info, .details, .setDetails, .setClass, .rename, .createGroup, .removeGroup,
             .lock, .unlock, .status, .sync:
             // Whose an item is, is the Secret Service's to record, for the

@@ -73,11 +73,9 @@ extension SecretServiceProvider {
         case .item(let group, let identifier) where interface == Self.itemInterface:
             let reply = perform(.info(group: group, identifier: identifier), for: call, audit: .failures)
             let path = ObjectPaths.item(group, identifier)
-            guard let className = try reply.fields(about: .item(path: path)).first,
-                let protectionClass = ProtectionClass(name: className)
-            else {
-                throw .unexpectedReply
-            }
+            let fields = try reply.fields(about: .item(path: path))
+            // Decoded as every client decodes `info` (ItemInfo), never by hand.
+            guard let protectionClass = try? ItemInfo(fields: fields).protectionClass else { throw .unexpectedReply }
             let item = ListedItem(
                 group: group, identifier: identifier, protectionClass: protectionClass,
                 details: try itemDetails(group, identifier, for: call))

@@ -78,7 +78,7 @@ final class UnlockPrompt: Sendable {
             case .ok: return nil
             case .keychainError(.authFailed, _): error = "Wrong passcode"
             case .keychainError(_, let message), .systemError(_, let message): error = message
-            default: return "the device did not unlock"
+            case .value: return "the device did not unlock"
             }
         }
         return "\(Self.attempts) wrong passcodes"

@@ -31,8 +31,12 @@ struct AutoLockCommand: ParsableCommand {
 
     func run() throws {
         guard let mount = target.mount else {
-            try target.device().perform(
+            let fields = try target.device().perform(
                 .autoLock(after: duration.seconds, grace: grace?.seconds), doing: "cannot set auto-lock")
+            // The device's setting as it now stands: what was asked for, or the reply is not this build's.
+            guard let setting = try? AutoLockSetting(fields: fields), setting.after == duration.seconds,
+                grace.map({ $0.seconds == setting.grace }) ?? true
+            else { throw DeviceAccess.unexpectedReply() }
             return
         }
         _ = try mount.requireControl()

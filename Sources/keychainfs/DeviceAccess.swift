@@ -245,10 +245,8 @@ final class RunningDevice {
 
     /// A reply as ``send(_:item:)`` gives it: a failure becomes the message and exit status.
     func checked(_ reply: DeviceReply?, item: String) throws -> DeviceReply {
-        switch reply {
-        case let reply? where reply.isSuccess: return reply
-        default: throw DeviceAccess.failure(reply, about: .item(item))
-        }
+        guard let reply, reply.isSuccess else { throw DeviceAccess.failure(reply, about: .item(item)) }
+        return reply
     }
 
     /// Carries out a request that answers `ok`, and returns its fields; a

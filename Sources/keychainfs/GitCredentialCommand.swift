@@ -49,7 +49,7 @@ struct GitCredentialCommand: ParsableCommand {
                 _ = value.withUnsafeBytes { try? Descriptor.writeAll(1, $0) }
             case .keychainError(.interactionNotAllowed, _)?:
                 Self.say("the keychain is locked; unlock it to use the stored git credentials")
-            default:
+            case .keychainError?, .systemError?, .ok?, nil:
                 return
             }
         case "store":
@@ -73,7 +73,7 @@ struct GitCredentialCommand: ParsableCommand {
                 _ = try device.reply(to: .remove(group: Self.group, identifier: identifier))
             case .keychainError(.interactionNotAllowed, _)?:
                 Self.say("the keychain is locked; nothing was erased")
-            default:
+            case .keychainError?, .systemError?, .ok?, nil:
                 return
             }
         }

@@ -56,8 +56,10 @@ enum KeysHolder {
         switch self {
         case .local(let manager, _): return manager.localDevice.hasEntitlementPolicies
         case .device(let device):
-            if case .ok(let fields)? = try? device.reply(to: .policy(group: nil)) { return !fields.isEmpty }
-            return false
+            guard case .ok(let fields)? = try? device.reply(to: .policy(group: nil)),
+                let rules = try? PolicyListing.rows(fromFields: fields)
+            else { return false }
+            return !rules.isEmpty
         }
     }
 }

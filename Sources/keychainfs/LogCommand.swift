@@ -145,7 +145,7 @@ private struct LogFollower {
         case .service(let service):
             var received: Int32 = -1
             let reply = service.reply(to: .auditLog(rotated: file == AuditLog.rotatedName), receiving: &received)
-            guard case .ok? = reply else {
+            guard case .ok(let fields)? = reply, (try? AuditLogFile(fields: fields)) == .attached, received >= 0 else {
                 if received >= 0 { close(received) }
                 return -1
             }

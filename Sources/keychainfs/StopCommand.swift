@@ -22,7 +22,8 @@ struct StopCommand: ParsableCommand {
         switch reply {
         case nil: return  // none runs: nothing to stop
         case .ok?: waitForDeviceExit(keychain)
-        default: throw DeviceAccess.failure(reply, about: .action("cannot stop the device"))
+        case .keychainError?, .systemError?, .value?:
+            throw DeviceAccess.failure(reply, about: .action("cannot stop the device"))
         }
     }
 }

@@ -82,7 +82,7 @@ struct UnlockCommand: ParsableCommand {
             return
         case .keychainError(.authFailed, _)?:
             throw Self.wrongPasscode(retryAfter: try device.statusIfAnswered()?.retryAfter)
-        default:
+        case .keychainError?, .systemError?, .value?, nil:
             throw DeviceAccess.failure(reply, about: .action("cannot unlock"))
         }
     }

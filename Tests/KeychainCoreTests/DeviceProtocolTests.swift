@@ -227,7 +227,8 @@ import Testing
     }
 
     /// The small results (an item's info, a pinned program, a count, a
-    /// restore's summary, a group's apps setting, an unmount's outcome)
+    /// restore's summary, a group's apps setting, an unmount's outcome, the
+    /// auto-lock setting, whether an audit log came)
     /// read back as sent; fields of another shape are another build's.
     @Test func smallResultsReadBackAndForeignOnesAreRefused() throws {
         let info = ItemInfo(protectionClass: .afterFirstUnlockThisDeviceOnly, size: 4096)
@@ -242,6 +243,11 @@ import Testing
         for outcome in [UnmountOutcome.othersRemain, .last] {
             #expect(try UnmountOutcome(fields: Self.readBack(outcome.fields)) == outcome)
         }
+        let setting = AutoLockSetting(after: 300, grace: 10)
+        #expect(try AutoLockSetting(fields: Self.readBack(setting.fields)) == setting)
+        for file in [AuditLogFile.attached, .absent] {
+            #expect(try AuditLogFile(fields: Self.readBack(file.fields)) == file)
+        }
         let foreign: [(String, () throws -> Void)] = [
             ("info without a size", { _ = try ItemInfo(fields: ["always"]) }),
             ("info of no class", { _ = try ItemInfo(fields: ["sometimes", "3"]) }),
@@ -253,7 +259,10 @@ import Testing
             ("three counts of four", { _ = try RestoreSummary(fields: ["1", "2", "3"]) }),
             ("a count not a number", { _ = try RestoreSummary(fields: ["1", "2", "3", "x"]) }),
             ("apps neither own nor open", { _ = try GroupApps(fields: ["shared"]) }),
-            ("an unmount's unknown word", { _ = try UnmountOutcome(fields: ["first"]) })
+            ("an unmount's unknown word", { _ = try UnmountOutcome(fields: ["first"]) }),
+            ("an auto-lock without its grace", { _ = try AutoLockSetting(fields: ["300"]) }),
+            ("a negative grace", { _ = try AutoLockSetting(fields: ["300", "-1"]) }),
+            ("an audit log neither passed nor absent", { _ = try AuditLogFile(fields: ["gone"]) })
         ]
         for (what, decode) in foreign {
             #expect(throws: KeychainError.io, "\(what)") { try decode() }

@@ -41,7 +41,7 @@ extension SerialTests {
                 case .list(let group):
                     return .ok(group == nil ? ["work"] : ["mail", ProtectionClass.whenUnlocked.name, "6"])
                 case .details: return .ok([])
-                case .info: return .ok([ProtectionClass.whenUnlocked.name])
+                case .info: return .ok(ItemInfo(protectionClass: .whenUnlocked, size: 6).fields)
                 case .get: kind = "get"
                 case .set: kind = "set"
                 case .remove: kind = "remove"

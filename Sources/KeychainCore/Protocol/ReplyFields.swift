@@ -94,3 +94,42 @@ public enum UnmountOutcome: Equatable, Sendable {
         }
     }
 }
+
+/// `autolock`'s answer: the device's setting once the request applied.
+public struct AutoLockSetting: Equatable, Sendable {
+    /// Seconds without an access before the device locks (0: never).
+    public let after: Int
+    /// Seconds between `will-lock` and an auto-lock.
+    public let grace: Int
+
+    public init(after: Int, grace: Int) {
+        self.after = after
+        self.grace = grace
+    }
+
+    public var fields: [String] { [String(after), String(grace)] }
+
+    public init(fields: [String]) throws(KeychainError) {
+        guard fields.count == 2, let after = Int(fields[0]), let grace = Int(fields[1]), after >= 0, grace >= 0 else {
+            throw .io
+        }
+        self.init(after: after, grace: grace)
+    }
+}
+
+/// `audit-log`'s answer: the file is passed with the reply, or there is
+/// none (a keychain whose log has not rotated has no `audit.log.1`).
+public enum AuditLogFile: Equatable, Sendable {
+    case attached
+    case absent
+
+    public var fields: [String] { self == .absent ? ["absent"] : [] }
+
+    public init(fields: [String]) throws(KeychainError) {
+        switch fields {
+        case []: self = .attached
+        case ["absent"]: self = .absent
+        default: throw .io
+        }
+    }
+}
