@@ -8,7 +8,7 @@ import Glibc
 #endif
 
 /// The one process that holds keychains' keys and serves every FUSE
-/// session of them (SPEC, "The device process"), reached over a UNIX socket.
+/// session of them (docs/FILESYSTEM.md, "The device process"), reached over a UNIX socket.
 ///
 /// Two ways to run (docs/SECURITY.md, "Two modes"):
 /// - **per user**: the process of one user, serving that user's one
@@ -20,7 +20,7 @@ import Glibc
 public final class DeviceProcess: Sendable {
     /// Where the clients reach this process.
     public let socketPath: String
-    private let keychains: Keychains
+    private let keychains: ServedKeychains
     /// Signalled whenever a mount's session ends or a request is answered.
     private let mountEnded: Int32
     /// Requests being answered: the process must not exit under one (an
@@ -35,7 +35,8 @@ public final class DeviceProcess: Sendable {
     /// The socket connections being served, and their limits.
     private let connections: ConnectionTable
 
-    private enum Keychains: Sendable {
+    /// The keychain a per-user device serves, or every user's, in the service.
+    private enum ServedKeychains: Sendable {
         case perUser(ServedKeychain)
         case service(ServiceKeychains)
     }

@@ -43,7 +43,7 @@ struct AutoLockCommand: ParsableCommand {
         // One write: both lines take effect, or neither (.control parses the whole write first).
         var command = "autolock \(duration.seconds)\n"
         if let grace { command += "autolock-grace \(grace.seconds)\n" }
-        let result = Array(command.utf8).withUnsafeBytes { DeviceStatusFile.send(mount.path, $0) }
+        let result = Array(command.utf8).withUnsafeBytes { MountControlFile.send(mount.path, $0) }
         guard result == 0 else { throw fail("cannot set auto-lock: \(String(cString: strerror(result)))") }
     }
 }

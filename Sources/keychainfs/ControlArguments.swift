@@ -7,7 +7,7 @@ import Glibc
 #endif
 
 /// The `.control` file of a mount, read and written as a user would with cat and echo.
-enum DeviceStatusFile {
+enum MountControlFile {
     /// The status text as the device wrote it; nil when there is no control file.
     static func text(_ mountpoint: String) -> [UInt8]? {
         let fd = open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)
@@ -77,7 +77,7 @@ struct MountpointArgument: ParsableArguments {
     var path: String { canonicalMountPoint(mountpoint) }
 
     func requireControl() throws -> [String: String] {
-        guard let status = DeviceStatusFile.read(path) else { throw fail(missingControl) }
+        guard let status = MountControlFile.read(path) else { throw fail(missingControl) }
         return status
     }
 

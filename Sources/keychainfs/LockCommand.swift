@@ -23,7 +23,7 @@ struct LockCommand: ParsableCommand {
             return
         }
         _ = try mount.requireControl()
-        let result = Array("lock\n".utf8).withUnsafeBytes { DeviceStatusFile.send(mount.path, $0) }
+        let result = Array("lock\n".utf8).withUnsafeBytes { MountControlFile.send(mount.path, $0) }
         guard result == 0 else { throw fail("cannot lock: \(String(cString: strerror(result)))") }
     }
 }

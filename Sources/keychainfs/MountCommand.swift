@@ -43,22 +43,22 @@ struct MountCommand: ParsableCommand {
 
     func run() throws {
         let mountpoint = canonicalMountPoint(self.mountpoint)
-        // SPEC: a device killed with kill -9 leaves a dead mount that must not block the next one.
+        // docs/FILESYSTEM.md, "The device process": a device killed with kill -9 leaves a dead mount that must not block the next one.
         if MountTable.isDeadMount(mountpoint) { _ = MountTable.unmount(mountpoint, lazy: true) }
-        if let problem = MountTable.alreadyMountedProblem(mountpoint) { throw report(problem) }
+        if let problem = MountTable.alreadyMountedProblem(mountpoint) { throw reportFailure(problem) }
         let place = options.place
         guard case .directory(let keychain) = place else { return try mountForService(mountpoint, place: place) }
         guard keychain.exists else {
-            throw report("no keychain at \(keychain.path); create one with `keychainfs init`")
+            throw reportFailure("no keychain at \(keychain.path); create one with `keychainfs init`")
         }
         let socketPath: String
         do {
             socketPath = try RuntimePaths.socketPath(for: keychain.path)
         } catch {
-            throw report(error.description)
+            throw reportFailure(error.description)
         }
         if let running = RunningDevice.running(at: socketPath) {
-            if let problem = bus.joinBus(of: running) { throw report(problem) }
+            if let problem = bus.joinBus(of: running) { throw reportFailure(problem) }
             if try join(running, mountpoint: mountpoint) { return }
             // The device was exiting (its last mount had just gone): start the next one.
             waitForDeviceExit(keychain)
@@ -73,10 +73,11 @@ struct MountCommand: ParsableCommand {
     /// the connection; the mount stays this user's.
     private func mountForService(_ mountpoint: String, place: KeychainPlace) throws {
         guard !foreground else {
-            throw report("--foreground runs a per-user device; the keychainfs service runs as its own systemd unit")
+            throw reportFailure(
+                "--foreground runs a per-user device; the keychainfs service runs as its own systemd unit")
         }
         guard !bus.secretService else {
-            throw report(
+            throw reportFailure(
                 "the keychainfs service is not on your session bus: --secret-service needs a per-user device (--keychain DIR)"
             )
         }
@@ -85,7 +86,7 @@ struct MountCommand: ParsableCommand {
         do {
             connection = try UserMount.mount(at: mountpoint)
         } catch {
-            throw report(error.description)
+            throw reportFailure(error.description)
         }
         let reply = try RunningDevice(listeningAt: try place.socketPath()).reply(
             to: .attach(group: group, mountpoint: mountpoint), passing: connection)
@@ -93,7 +94,7 @@ struct MountCommand: ParsableCommand {
         guard case .ok? = reply else {
             // The service did not take the connection: the mount would hang every user of it.
             _ = MountTable.unmount(mountpoint, lazy: true)
-            throw report(DeviceAccess.explanation(of: reply, about: .action("nothing was mounted")).message)
+            throw reportFailure(DeviceAccess.explanation(of: reply, about: .action("nothing was mounted")).message)
         }
         try finishMount(mountpoint)
     }
@@ -103,12 +104,12 @@ struct MountCommand: ParsableCommand {
         if let autolock {
             // The device is shared: its setting changes for every mount, as through .control.
             let command = Array("autolock \(autolock.seconds)\n".utf8)
-            let result = command.withUnsafeBytes { DeviceStatusFile.send(mountpoint, $0) }
+            let result = command.withUnsafeBytes { MountControlFile.send(mountpoint, $0) }
             if result != 0 {
-                throw report("mounted, but could not set auto-lock: \(String(cString: strerror(result)))")
+                throw reportFailure("mounted, but could not set auto-lock: \(String(cString: strerror(result)))")
             }
         }
-        report(ok: ())
+        reportReady()
     }
 
     /// Asks the running device process to serve one more mount; false if it
@@ -122,7 +123,7 @@ struct MountCommand: ParsableCommand {
             try finishMount(mountpoint)
             return true
         case .value?, .keychainError?, .systemError?:
-            throw report(DeviceAccess.explanation(of: reply, about: .device).message)
+            throw reportFailure(DeviceAccess.explanation(of: reply, about: .device).message)
         }
     }
 
@@ -132,7 +133,7 @@ struct MountCommand: ParsableCommand {
         do {
             device = try DeviceProcess(keychain: keychain)
         } catch {
-            _ = report(error.description)
+            _ = reportFailure(error.description)
             return 1
         }
         if let autolock {
@@ -140,7 +141,7 @@ struct MountCommand: ParsableCommand {
                 after: autolock.seconds, grace: device.manager.localDevice.autoLock.grace)
         }
         return device.run(mountpoint: mountpoint, group: group, secretService: bus.replacing) { error in
-            if let error { _ = report(error.description) } else { report(ok: ()) }
+            if let error { _ = reportFailure(error.description) } else { reportReady() }
         }
     }
 
@@ -152,10 +153,10 @@ struct MountCommand: ParsableCommand {
         if let problem = DeviceLauncher.start(arguments + bus.arguments, keychain: keychain) { throw fail(problem) }
     }
 
-    private func report(ok: ()) { ReadyReport(readyFD).ok() }
+    private func reportReady() { ReadyReport(readyFD).ok() }
 
     @discardableResult
-    private func report(_ message: String) -> ExitCode { ReadyReport(readyFD).failure(message) }
+    private func reportFailure(_ message: String) -> ExitCode { ReadyReport(readyFD).failure(message) }
 }
 /// How a device process says it is ready, or why not: to systemd
 /// (sd_notify), and to the parent that started it detached (a line on the

@@ -4,7 +4,7 @@ import Glibc
 #endif
 
 /// Reads passcodes from the terminal without echo, or one line of standard
-/// input when it is not a terminal; never from argv (SPEC). The bytes go
+/// input when it is not a terminal; never from argv (docs/SECURITY.md, "Plaintext hygiene"). The bytes go
 /// straight into secret memory.
 enum Passcode {
     static let maximumLength = 1024

@@ -53,16 +53,16 @@ struct StartCommand: ParsableCommand {
         do {
             device = try DeviceProcess(keychain: keychain)
         } catch {
-            throw report(error.description)
+            throw reportFailure(error.description)
         }
         throw ExitCode(
             device.run(mountpoint: nil, group: nil, secretService: bus.replacing) { error in
-                if let error { _ = report(error.description) } else { report(ok: ()) }
+                if let error { _ = reportFailure(error.description) } else { reportReady() }
             })
     }
 
-    private func report(ok: ()) { ReadyReport(readyFD).ok() }
+    private func reportReady() { ReadyReport(readyFD).ok() }
 
     @discardableResult
-    private func report(_ message: String) -> ExitCode { ReadyReport(readyFD).failure(message) }
+    private func reportFailure(_ message: String) -> ExitCode { ReadyReport(readyFD).failure(message) }
 }

@@ -24,7 +24,7 @@ struct StatusCommand: ParsableCommand {
     func run() throws {
         let lines: [String]
         if let mount = target.mount {
-            guard let text = DeviceStatusFile.text(mount.path) else { throw fail(mount.missingControl) }
+            guard let text = MountControlFile.text(mount.path) else { throw fail(mount.missingControl) }
             lines = String(decoding: text, as: UTF8.self).split(separator: "\n").map(String.init)
         } else {
             lines = try deviceLines()

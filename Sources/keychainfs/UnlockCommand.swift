@@ -34,12 +34,12 @@ struct UnlockCommand: ParsableCommand {
         } catch let error as KeychainError {
             throw fail("the passcode is too long: \(error)")
         }
-        let result = command.withBytes(from: 0, length: command.count) { DeviceStatusFile.send(mount.path, $0) }
+        let result = command.withBytes(from: 0, length: command.count) { MountControlFile.send(mount.path, $0) }
         command.wipe()
         guard result == 0 else {
             if result == EACCES {
                 throw Self.wrongPasscode(
-                    retryAfter: DeviceStatusFile.read(mount.path)?["retry-after"].flatMap { Int64($0) })
+                    retryAfter: MountControlFile.read(mount.path)?["retry-after"].flatMap { Int64($0) })
             }
             throw fail("cannot unlock: \(String(cString: strerror(result)))")
         }

@@ -18,14 +18,14 @@ struct UnmountCommand: ParsableCommand {
     func run() throws {
         let mountpoint = canonicalMountPoint(self.mountpoint)
         if MountTable.isDeadMount(mountpoint) {
-            // The device was killed: clear what it left (SPEC, kill -9).
+            // The device was killed: clear what it left (docs/FILESYSTEM.md, "The device process": kill -9).
             guard MountTable.unmount(mountpoint, lazy: true) == 0 else {
                 throw fail("cannot clear the dead mount at \(mountpoint)")
             }
             return
         }
         guard MountTable.isMountPoint(mountpoint) else { throw fail("\(mountpoint) is not mounted") }
-        guard let status = DeviceStatusFile.read(mountpoint), let keychain = status["keychain"] else {
+        guard let status = MountControlFile.read(mountpoint), let keychain = status["keychain"] else {
             throw fail("\(mountpoint) is not a keychainfs mount")
         }
         if status["mode"] == "service" {

@@ -35,7 +35,7 @@ struct WatchCommand: ParsableCommand {
         let fd = open(mount.path + "/.events", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             let reason = Errno.current.rawValue
-            if DeviceStatusFile.text(mount.path) == nil { throw fail(mount.missingControl) }
+            if MountControlFile.text(mount.path) == nil { throw fail(mount.missingControl) }
             throw fail("cannot read the events of \(mount.path): \(String(cString: strerror(reason)))")
         }
         defer { close(fd) }

@@ -5,7 +5,7 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// One device process per keychain, shared by every mount (SPEC, "The device process").
+    /// One device process per keychain, shared by every mount (docs/FILESYSTEM.md, "The device process").
     @Suite struct DeviceProcessTests {
         @Test func groupMountsShareOneDeviceAndOneLock() throws {
             let harness = try MountHarness()
@@ -57,7 +57,7 @@ extension SerialTests {
             #expect(harness.status(again)["first-unlock"] == "no")
         }
 
-        /// SPEC: acknowledged writes survive kill -9, and the killed device leaves
+        /// docs/FILESYSTEM.md: acknowledged writes survive kill -9, and the killed device leaves
         /// nothing that blocks the next mount.
         @Test func acknowledgedWritesSurviveKill9AndTheNextMountJustWorks() throws {
             let harness = try MountHarness()
@@ -140,7 +140,7 @@ extension SerialTests {
 }
 
 extension SerialTests.DeviceProcessTests {
-    /// SPEC: the mount is private to the user who mounted it.
+    /// docs/FILESYSTEM.md: the mount is private to the user who mounted it.
     @Test func otherUsersCannotEnterTheMount() throws {
         let (harness, mnt) = try MountHarness.unlockedMount()
         #expect(harness.sh("printf v > \"$1/default/item\"", arguments: [mnt]).succeeded)

@@ -65,7 +65,7 @@ extension SerialTests {
             #expect(harness.sh("ls \"$1/default\"", arguments: [mnt]).stdout == "item\n")
         }
 
-        /// SPEC: a descriptor opened before the lock gets EACCES on its reads,
+        /// docs/FILESYSTEM.md: a descriptor opened before the lock gets EACCES on its reads,
         /// its writes and its final commit.
         @Test func descriptorsOpenedBeforeTheLockAreRevoked() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()

@@ -79,7 +79,7 @@ extension Device {
         }
         unlink(temporary + "-wal")
         unlink(temporary + "-shm")
-        // sqlite creates files with the umask's mode; the SPEC wants them private
+        // sqlite creates files with the umask's mode; docs/FILESYSTEM.md ("Layout") keeps them private
         // (sqlite gives the -wal and -shm files the database file's mode).
         guard chmod(temporary, 0o600) == 0 else { throw fileFailure("make private (chmod 600)", temporary) }
         guard rename(temporary, directory.databasePath) == 0 else {

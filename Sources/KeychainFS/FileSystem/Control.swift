@@ -9,7 +9,7 @@ final class ControlFile: @unchecked Sendable {
     init(status: [UInt8]) { self.status = status }
 }
 
-/// A parsed `.control` command (SPEC, "The control file").
+/// A parsed `.control` command (docs/FILESYSTEM.md, "`.control`").
 enum ControlCommand {
     case lock
     case unlock(SecureBytes?)

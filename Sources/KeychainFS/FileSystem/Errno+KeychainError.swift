@@ -5,7 +5,7 @@ import Glibc
 
 extension Errno {
     /// The errno the filesystem reports for a core error: the one place the
-    /// mapping is written (SPEC, "Errors").
+    /// mapping is written (docs/FILESYSTEM.md, "Operations and errno").
     init(_ error: KeychainError) {
         switch error {
         case .itemNotFound, .noSuchKeychain: self = .noSuchFile

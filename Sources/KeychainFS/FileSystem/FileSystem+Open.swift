@@ -5,7 +5,7 @@ import Glibc
 
 extension FileSystem {
     /// Opens an item. Needs the key of the item's class; a writer also needs
-    /// the key of the class its commit will give (SPEC: writing needs both).
+    /// the key of the class its commit will give (docs/FILESYSTEM.md, "Operations and errno": writing needs both).
     /// Without them: EACCES, and nothing changes.
     /// Checked against the group's entitlements and recorded in the audit
     /// log as a `read` or a `write`. `inode` is the one the kernel opens
@@ -175,7 +175,7 @@ extension FileSystem {
 
     /// Buffers a write. A write that would take the value past 1 MiB fails
     /// with EFBIG and poisons the descriptor, so that closing it stores
-    /// nothing and the old value stays (SPEC, commit rule).
+    /// nothing and the old value stays (docs/FILESYSTEM.md, What "closed" means).
     func write(_ file: OpenFile, bytes: UnsafeRawBufferPointer, offset: Int) throws(Errno) {
         try changing(file) { () throws(Errno) in
             guard let buffer = file.buffer else { throw Errno(EBADF) }

@@ -9,7 +9,7 @@ import Glibc
 /// the lock is device-wide.
 public final class FileSystem: Sendable {
     /// What a mount shows at its root.
-    public enum Scope: Sendable, Equatable {
+    public enum MountRoot: Sendable, Equatable {
         /// Every access group, as directories.
         case keychain
         /// One group's items, at the root.
@@ -17,7 +17,7 @@ public final class FileSystem: Sendable {
     }
 
     let manager: PasswordManager
-    package let scope: Scope
+    package let scope: MountRoot
     /// The device's inodes and open descriptors, shared by all its mounts.
     let nodes: NodeTable
     let owner: (uid: uid_t, gid: gid_t)
@@ -165,7 +165,7 @@ public final class FileSystem: Sendable {
 
     // MARK: Attributes
 
-    /// `stat` of a node; works while locked (SPEC: listing and stat).
+    /// `stat` of a node; works while locked (docs/FILESYSTEM.md, "Operations and errno": listing and stat).
     /// `inode` is the number the caller took for it.
     func attributes(of node: Node, inode: UInt64) throws(Errno) -> stat {
         var size = 0

@@ -5,8 +5,9 @@ import Glibc
 #endif
 
 /// One open descriptor of an item. Reads are served from the value decrypted
-/// at open; writes go to a buffer committed at flush/release (SPEC, commit
-/// rule). When the device locks and the item's class key goes, the plaintext
+/// at open; writes go to a buffer committed at flush/release (the commit
+/// rule: docs/FILESYSTEM.md, What "closed" means). When the device locks and
+/// the item's class key goes, the plaintext
 /// is wiped and every later read, write and commit fails with EACCES.
 final class OpenFile: @unchecked Sendable {
     /// The item's inode: renames move it to the new name (``NodeTable/move(_:to:replacedInfo:)``),

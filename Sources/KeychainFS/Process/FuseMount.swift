@@ -105,12 +105,12 @@ public struct MountError: Error, CustomStringConvertible {
 /// attributes, and the way to make it forget them. Changes through another
 /// mount or the socket, and commits through this one, call it.
 package final class KernelCache: Sendable {
-    package let scope: FileSystem.Scope
+    package let scope: FileSystem.MountRoot
     private let session = Mutex<FuseSession<FileSystem>?>(nil)
     /// The inodes this kernel holds, with its reference counts.
     private let known = Mutex<[UInt64: UInt64]>([:])
 
-    init(scope: FileSystem.Scope) { self.scope = scope }
+    init(scope: FileSystem.MountRoot) { self.scope = scope }
 
     func attach(_ box: FuseSession<FileSystem>) { session.withLock { $0 = box } }
 
