@@ -32,21 +32,19 @@ struct GetCommand: ParsableCommand {
         try Self.printValue(of: item, from: options.place, json: json, clip: clip)
     }
 
-    /// `get GROUP/ID`, the form scripts run in loops, without the argument
-    /// parser: its type lookups cost more than the rest of the command
-    /// (callgrind: 58% of its instructions; docs/BENCHMARKS.md). Any other
-    /// form, `--keychain` or an option included, takes the parser's path.
+    /// `get GROUP/ID`, the form scripts run in loops, with `--keychain DIR`
+    /// (or `--keychain=DIR`) before or after it or not at all, without the
+    /// argument parser: its first use of the command tree (protocol
+    /// conformance lookups) costs more than the rest of the command
+    /// (docs/BENCHMARKS.md). Any other form, an option included, takes the
+    /// parser's path.
     static func runWithoutParser(_ arguments: [String]) -> Never? {
-        // `get GROUP/ID` or `get GROUP/ID --keychain DIR`, nothing else.
-        guard
-            arguments.count == 2
-                || (arguments.count == 4 && arguments[2] == "--keychain" && !arguments[3].hasPrefix("-")),
-            arguments[0] == "get", !arguments[1].hasPrefix("-"),
-            let item = ItemAddress(argument: arguments[1])
+        guard arguments.first == "get", let (itemArgument, keychain) = Self.fastArguments(arguments.dropFirst()),
+            let item = ItemAddress(argument: itemArgument)
         else { return nil }
         do {
             try printValue(
-                of: item, from: KeychainOptions.place(named: arguments.count == 4 ? arguments[3] : nil), json: false,
+                of: item, from: KeychainOptions.place(named: keychain), json: false,
                 clip: false)
             Glibc.exit(0)
         } catch let status as ExitCode {
@@ -55,6 +53,23 @@ struct GetCommand: ParsableCommand {
             printError("keychainfs: \(error)")
             Glibc.exit(1)
         }
+    }
+
+    /// The item and the keychain named of `get`'s arguments when they are
+    /// `ITEM`, `ITEM --keychain DIR`, `--keychain DIR ITEM` or either with
+    /// `--keychain=DIR`; nil for anything else (the parser's to judge).
+    static func fastArguments(_ arguments: ArraySlice<String>) -> (item: String, keychain: String?)? {
+        var rest = Array(arguments)
+        var keychain: String?
+        if let index = rest.firstIndex(of: "--keychain"), index + 1 < rest.count, !rest[index + 1].hasPrefix("-") {
+            keychain = rest[index + 1]
+            rest.removeSubrange(index...(index + 1))
+        } else if let index = rest.firstIndex(where: { $0.hasPrefix("--keychain=") }) {
+            keychain = String(rest[index].dropFirst("--keychain=".count))
+            rest.remove(at: index)
+        }
+        guard rest.count == 1, !rest[0].hasPrefix("-"), keychain.map({ !$0.isEmpty }) ?? true else { return nil }
+        return (rest[0], keychain)
     }
 
     static func printValue(of item: ItemAddress, from place: KeychainPlace, json: Bool, clip: Bool) throws {

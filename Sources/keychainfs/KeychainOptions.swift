@@ -64,6 +64,14 @@ func keychainSocketPath(_ path: String) throws -> String {
 /// `path` made absolute against the working directory, without resolving
 /// its last component (which may be a dead mount that cannot be entered).
 func absolutePath(_ path: String) -> String {
+    // Already absolute and normal (no `.`, `..` or empty component, no
+    // trailing slash), as scripts and the environment name it: as it is,
+    // without the generic splitting below, which `get`'s start pays for.
+    if path.hasPrefix("/"), path.utf8.count > 1, !path.hasSuffix("/"), !path.contains("//"), !path.contains("/./"),
+        !path.contains("/../"), !path.hasSuffix("/."), !path.hasSuffix("/..")
+    {
+        return path
+    }
     var components = path.hasPrefix("/") ? [] : currentDirectory().split(separator: "/").map(String.init)
     for part in path.split(separator: "/").map(String.init) {
         switch part {

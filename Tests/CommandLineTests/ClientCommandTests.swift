@@ -45,6 +45,33 @@ extension SerialTests {
             #expect(restarted.status == 3 && restarted.stderr.contains("locked"), "\(restarted)")
         }
 
+        /// `get` reads the same through its fast path (no argument parser:
+        /// the item with `--keychain DIR` before or after it, `--keychain=DIR`,
+        /// or the keychain from the environment) as through the parser (`--`
+        /// before the item), and says the same of an absent item.
+        @Test func everyFormOfGetReadsTheSameAndFailsTheSame() throws {
+            let (harness, _) = try MountHarness.unlockedMount()
+            #expect(harness.sh("printf 's3cret' | \"$K\" set default/x --keychain \"$KC\"").succeeded)
+            let forms = [
+                "get default/x --keychain \"$KC\"", "get --keychain \"$KC\" default/x",
+                "get --keychain=\"$KC\" default/x", "get default/x --keychain=\"$KC\"",
+                "get -- default/x"
+            ]
+            for form in forms + ["get default/x"] {
+                let read = harness.sh("KEYCHAINFS_KEYCHAIN=\"$KC\" \"$K\" " + form)
+                #expect(read.status == 0 && read.stdout == "s3cret" && read.stderr.isEmpty, "\(form): \(read)")
+                let absent = harness.sh(
+                    "KEYCHAINFS_KEYCHAIN=\"$KC\" \"$K\" "
+                        + form.replacingOccurrences(of: "default/x", with: "default/y"))
+                #expect(
+                    absent.status == 2 && absent.stderr == "keychainfs: default/y does not exist\n",
+                    "\(form): \(absent)")
+            }
+            // Two items, or an option the fast path does not take: the parser's word.
+            #expect(harness.sh("\"$K\" get default/x default/y --keychain \"$KC\"").status == 64)
+            #expect(harness.sh("\"$K\" get --keychain default/x").status == 64)
+        }
+
         @Test func execPutsItemsInTheEnvironmentOrRunsNothing() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             #expect(harness.sh("printf s3cret > \"$1/default/token\"", arguments: [mnt]).succeeded)
