@@ -53,14 +53,6 @@ struct StatusCommand: ParsableCommand {
             return lines
         }
         let status = try device.status()
-        var lines = [
-            "state: \(status.isLocked ? "locked" : "unlocked")",
-            "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
-            "passcode: \(status.hasPasscode ? "yes" : "no")",
-            "failed-attempts: \(status.failedAttempts)"
-        ]
-        if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
-        lines += ["autolock: \(status.autoLockAfter)", "autolock-grace: \(status.autoLockGrace)", "mode: \(mode)"]
-        return lines + (status.keyProtection?.lines ?? []) + (status.judge?.lines ?? [])
+        return status.lines() + ["mode: \(mode)"] + (status.keyProtection?.lines ?? []) + (status.judge?.lines ?? [])
     }
 }

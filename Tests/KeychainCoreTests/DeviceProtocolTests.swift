@@ -226,6 +226,27 @@ import Testing
         return read
     }
 
+    /// The status's first lines, which `.control` and `keychainfs status`
+    /// both start with: the same keys in the same order, a mount's own
+    /// lines after `first-unlock`, `retry-after` only during a lockout.
+    @Test func everyViewOfTheStatusStartsWithTheSameLines() {
+        var status = DeviceStatus(
+            isLocked: true, hasUnlockedSinceBoot: false, retryAfter: 60, failedAttempts: 5, hasPasscode: true,
+            autoLockAfter: 300, autoLockGrace: 10)
+        #expect(
+            status.lines(afterFirstUnlock: ["accessmode: whenUnlocked"]) == [
+                "state: locked", "first-unlock: no", "accessmode: whenUnlocked", "passcode: yes", "failed-attempts: 5",
+                "retry-after: 60", "autolock: 300", "autolock-grace: 10"
+            ])
+        status.retryAfter = 0
+        status.isLocked = false
+        #expect(
+            status.lines() == [
+                "state: unlocked", "first-unlock: no", "passcode: yes", "failed-attempts: 5", "autolock: 300",
+                "autolock-grace: 10"
+            ])
+    }
+
     /// The small results (an item's info, a pinned program, a count, a
     /// restore's summary, a group's apps setting, an unmount's outcome, the
     /// auto-lock setting, whether an audit log came)

@@ -89,19 +89,9 @@ enum ControlCommand {
 extension FileSystem {
     /// The device status as `key: value` lines.
     func statusText() -> [UInt8] {
-        let status = manager.localDevice.status
-        var lines = [
-            "state: \(status.isLocked ? "locked" : "unlocked")",
-            "first-unlock: \(status.hasUnlockedSinceBoot ? "yes" : "no")",
-            "accessmode: \(manager.accessMode.rawValue)",
-            "migrate: \(manager.migrate ? "yes" : "no")",
-            "passcode: \(status.hasPasscode ? "yes" : "no")",
-            "failed-attempts: \(status.failedAttempts)"
-        ]
-        if status.retryAfter > 0 { lines.append("retry-after: \(status.retryAfter)") }
-        let autoLock = manager.localDevice.autoLock
-        lines.append("autolock: \(autoLock.after)")
-        lines.append("autolock-grace: \(autoLock.grace)")
+        var lines = manager.localDevice.status.lines(afterFirstUnlock: [
+            "accessmode: \(manager.accessMode.rawValue)", "migrate: \(manager.migrate ? "yes" : "no")"
+        ])
         lines.append("pid: \(getpid())")
         // What this kind of device can and cannot hold (docs/SECURITY.md):
         // said where a user looks, not only in the docs.
