@@ -7,7 +7,8 @@
  * the Swift runtime into every dynamic library): this file is loaded into
  * login, gdm, sshd and screen lockers, which must not get a runtime of
  * ours. It does no keychain work itself. It runs `keychainfs pam-hook
- * MODE` as the user (never as root), the password on a pipe, never in
+ * MODE` as the user (never as root), the password on its standard input
+ * (one end of a socket pair), never in
  * argv or the environment (docs/DESKTOP.md, "Unlocked at login"):
  *
  *   auth          The password PAM has just checked. With the user's
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <syslog.h>
@@ -104,8 +106,11 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
     char *environment[] = {home, name, logname, "PATH=/usr/bin:/bin", has_runtime ? runtime_variable : NULL, NULL};
     char *arguments[] = {"keychainfs", "pam-hook", (char *)mode, NULL};
 
-    int pipe_ends[2];
-    if (pipe2(pipe_ends, O_CLOEXEC) != 0) return -1;
+    /* A socket pair, not a pipe: written with MSG_NOSIGNAL, a hook that
+     * exits before it reads (a helper that cannot be run) gets the caller
+     * no SIGPIPE, which would end login or gdm itself. */
+    int channel[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, channel) != 0) return -1;
     /* An application's SIGCHLD handler must not reap our child first
      * (pam_exec does the same). */
     struct sigaction default_action = {.sa_handler = SIG_DFL}, saved;
@@ -114,7 +119,7 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
     pid_t child = fork();
     if (child == 0) {
         int null = open("/dev/null", O_RDWR);
-        if (dup2(pipe_ends[0], 0) < 0 || null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) _exit(127);
+        if (dup2(channel[0], 0) < 0 || null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) _exit(127);
         /* Drop everything of the caller's before running anything of the
          * user's: groups, then the group, then the user (all three ids). */
         if (geteuid() == 0 && (initgroups(user->pw_name, user->pw_gid) != 0 || setresgid(user->pw_gid, user->pw_gid, user->pw_gid) != 0 ||
@@ -125,23 +130,23 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
         execve(helper, arguments, environment);
         _exit(127);
     }
-    close(pipe_ends[0]);
+    close(channel[0]);
     int status = -1;
     if (child > 0) {
         size_t written = 0;
         while (written < length) {
-            ssize_t count = write(pipe_ends[1], input + written, length - written);
+            ssize_t count = send(channel[1], input + written, length - written, MSG_NOSIGNAL);
             if (count < 0 && errno == EINTR) continue;
             if (count <= 0) break;
             written += (size_t)count;
         }
-        close(pipe_ends[1]);
+        close(channel[1]);
         int raw;
         pid_t reaped;
         while ((reaped = waitpid(child, &raw, 0)) < 0 && errno == EINTR) {}
         if (reaped == child && WIFEXITED(raw)) status = WEXITSTATUS(raw);
     } else {
-        close(pipe_ends[1]);
+        close(channel[1]);
     }
     sigaction(SIGCHLD, &saved, NULL);
     if (status != 0)

@@ -125,6 +125,39 @@ extension SerialTests {
                     """, "\(used)")
         }
 
+        /// A hook that cannot be run (the package's binary gone, a wrong
+        /// path in the configuration) leaves the login as it was: the
+        /// password is refused or taken by PAM alone, and the caller lives on.
+        @Test func aHookThatCannotRunLeavesTheLoginAsItWas() throws {
+            let module = try Self.module()
+            let file = "/etc/pam.d/" + service
+            try """
+            auth [success=1 default=ignore] pam_unix.so
+            auth requisite pam_deny.so
+            auth required pam_permit.so
+            auth optional \(module) keychainfs=/nonexistent/keychainfs
+
+            """.write(toFile: file, atomically: true, encoding: .utf8)
+            defer { unlink(file) }
+            let runtime = "/run/user/\(user.uid)"
+            defer { _ = Spawn.run(["/bin/rm", "-rf", runtime]) }
+            let used = harness.sh(
+                """
+                echo "$2:Login-1" | chpasswd
+                install -d -m 0700 -o "$2" -g "$2" \(runtime)
+                for password in Login-1 Login-2 Login-1; do
+                    printf '%s\\n' "$password" | pamtester "$1" "$2" authenticate 2>&1 | sed 's/^Password: //'
+                done
+                """, arguments: [service, user.name], asRoot: true)
+            #expect(
+                used.stdout == """
+                    pamtester: successfully authenticated
+                    pamtester: Authentication failure
+                    pamtester: successfully authenticated
+
+                    """, "\(used)")
+        }
+
         /// passwd as the user (old and new password) changes the passcode
         /// with it; root setting the password (no old one) cannot, and says
         /// so by turning the login unlock off. A login password that is not
