@@ -123,12 +123,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// changes are announced too (names only, as `ls` shows them; the
     /// values stay behind the policy).
     func signal(_ event: DeviceEvent) {
+        let change: ItemChange
         switch event {
         case .locked: return lockStateChanged(locked: true)
         case .unlocked: return lockStateChanged(locked: false)
-        default: break
+        case .willLock, .entitlementsChanged: return
+        case .changed(let changed): change = changed
         }
-        guard case .changed(let change) = event else { return }
         switch change {
         case .written(let group, let identifier):
             itemWritten(group, identifier)

@@ -24,28 +24,15 @@ enum LoginUnlock {
 
     /// Whether it is on, and why the hook turned it off (nil: the user did, or never turned it on).
     static func read() -> (isOn: Bool, why: String?) {
-        guard let text = DesktopFiles.read(path) else { return (false, nil) }
+        guard let text = TextFile.read(path) else { return (false, nil) }
         let lines = text.split(separator: "\n").map(String.init)
         return (lines.first == "on", lines.count > 1 ? lines[1] : nil)
     }
 
-    static func turnOn() throws { try DesktopFiles.write("on\n", to: path) }
+    static func turnOn() throws { try TextFile.write("on\n", to: path) }
 
     static func turnOff(because why: String? = nil) throws {
-        try DesktopFiles.write("off\n" + (why.map { Self.timestamp() + ": " + $0 + "\n" } ?? ""), to: path)
-    }
-
-    private static func timestamp() -> String {
-        var now = time(nil)
-        var parts = tm()
-        gmtime_r(&now, &parts)
-        var text = [UInt8](repeating: 0, count: 32)
-        let length = text.withUnsafeMutableBufferPointer { buffer in
-            buffer.withMemoryRebound(to: CChar.self) {
-                strftime($0.baseAddress, $0.count, "%Y-%m-%d %H:%M:%S UTC", &parts)
-            }
-        }
-        return String(decoding: text[..<length], as: UTF8.self)
+        try TextFile.write("off\n" + (why.map { AuditLog.utcTime(time(nil)) + ": " + $0 + "\n" } ?? ""), to: path)
     }
 }
 
@@ -104,7 +91,7 @@ struct LoginCommand: ParsableCommand {
     /// Whether Debian's shared auth stack has the module (what
     /// `pam-auth-update --enable keychainfs` writes there).
     static var moduleIsInTheStack: Bool {
-        DesktopFiles.read("/etc/pam.d/common-auth")?.contains("pam_keychainfs.so") ?? false
+        TextFile.read("/etc/pam.d/common-auth")?.contains("pam_keychainfs.so") ?? false
     }
 }
 
@@ -155,7 +142,8 @@ struct PAMHookCommand: ParsableCommand {
                 because: "the login password did not unlock the keychain (its passcode is another); "
                     + "`keychainfs login enable` once they are the same")
             throw ExitCode(ExitStatus.denied.rawValue)
-        default: throw DeviceAccess.failure(reply, about: .action("cannot unlock"))
+        case .keychainError?, .systemError?, .value?, nil:
+            throw DeviceAccess.failure(reply, about: .action("cannot unlock"))
         }
     }
 
