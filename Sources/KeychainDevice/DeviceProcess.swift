@@ -87,15 +87,6 @@ public final class DeviceProcess: Sendable {
 
     // MARK: Running
 
-    /// Runs the per-user device: mounts `mountpoint`, reports through
-    /// `ready`, then serves until the last mount is gone or a signal (or a
-    /// `stop` request) asks it to stop. Without a mount point the device
-    /// runs headless, for clients of its socket (`keychainfs get`, the
-    /// helpers, `unlock`), and keeps running, as gpg-agent does, until it
-    /// is stopped; mounts may join and leave it meanwhile. With
-    /// `secretService` it also serves the Secret Service on the session bus
-    /// (true: taking the name over from another provider). Returns the
-    /// process exit status.
     /// Where a per-user device started in the background reports when no
     /// journald listens (issue 38): beside its socket.
     public static func logPath(socket: String) -> String { socket + ".log" }
@@ -105,6 +96,15 @@ public final class DeviceProcess: Sendable {
         if lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_size == 0 { unlink(path) }
     }
 
+    /// Runs the per-user device: mounts `mountpoint`, reports through
+    /// `ready`, then serves until the last mount is gone or a signal (or a
+    /// `stop` request) asks it to stop. Without a mount point the device
+    /// runs headless, for clients of its socket (`keychainfs get`, the
+    /// helpers, `unlock`), and keeps running, as gpg-agent does, until it
+    /// is stopped; mounts may join and leave it meanwhile. With
+    /// `secretService` it also serves the Secret Service on the session bus
+    /// (true: taking the name over from another provider). Returns the
+    /// process exit status.
     public func run(
         mountpoint: String?, group: String?, secretService: Bool? = nil,
         ready: (MountError?) -> Void
@@ -158,7 +158,9 @@ public final class DeviceProcess: Sendable {
         }
         ready(nil)
         recordLifecycle(keychain, "device-start", judge.auditDetail + (secretService != nil ? "; serves the bus" : ""))
-        followLoginSessions(keychain)
+        followLoginSessions(of: getuid(), keychains: { _ in [keychain] }) { [self] sentence in
+            recordLifecycle(keychain, "session", sentence)
+        }
         let stopped = waitForTheEnd(signals) { mountpoint != nil && !keychain.hasMounts }
         // No question outlives the device that would read its answer.
         Pinentry.endAll()
@@ -172,56 +174,36 @@ public final class DeviceProcess: Sendable {
         return stopped ? 0 : 1
     }
 
-    /// The user's login sessions as the device's lock screen (issue 39):
-    /// followed from a thread of their own, since reaching the system bus
-    /// may take a moment, and only where logind runs (the log says which).
-    private func followLoginSessions(_ keychain: ServedKeychain) {
-        let device = keychain.manager.localDevice
-        let actions = LoginSessions.Actions(
-            lock: { _, reason, afterGrace in device.lockForSession(reason: reason, grace: afterGrace ? nil : 0) },
-            cancelLock: { _ in device.cancelSessionLock() })
-        guard
-            let started = Threads.start(
-                blockingSignals: true,
-                { [self] in
-                    do throws(BusError) {
-                        let sessions = try LoginSessions(uid: getuid(), actions: actions)
-                        loginSessions.withLock { $0 = sessions }
-                        recordLifecycle(keychain, "session", "follows the login sessions of uid \(getuid())")
-                    } catch {
-                        recordLifecycle(keychain, "session", "follows no login session: \(error.message)")
-                    }
-                })
-        else { return }
-        pthread_detach(started)
-    }
-
-    /// Service mode (issue 39): each user's login sessions are that user's
-    /// lock screen, as a per-user device's are its user's: a session that
-    /// locks locks its user's keychain after the grace, one that ends locks
-    /// it at once, and the machine's sleep locks every keychain. The
-    /// journal (or the daemon's log) says whether it follows them; each
-    /// lock is in its keychain's audit log with its reason.
-    private func followEveryUsersSessions(_ all: ServiceKeychains) {
+    /// Login sessions as the lock screen (issue 39): those of `uid` (a
+    /// per-user device), or of every user (the service), each locking the
+    /// keychains `keychains` gives for its user (nil: the machine's sleep,
+    /// every keychain): after the grace when a session locks, at once when
+    /// one ends or the machine sleeps. Followed from a thread of its own,
+    /// since reaching the system bus may take a moment, and only where
+    /// logind runs: `report` gets the sentence that says which.
+    private func followLoginSessions(
+        of uid: UInt32?, keychains: @escaping @Sendable (UInt32?) -> [ServedKeychain],
+        report: @escaping @Sendable (String) -> Void
+    ) {
         let actions = LoginSessions.Actions(
             lock: { uid, reason, afterGrace in
-                for served in all.opened(uid) {
+                for served in keychains(uid) {
                     served.manager.localDevice.lockForSession(reason: reason, grace: afterGrace ? nil : 0)
                 }
             },
             cancelLock: { uid in
-                for served in all.opened(uid) { served.manager.localDevice.cancelSessionLock() }
+                for served in keychains(uid) { served.manager.localDevice.cancelSessionLock() }
             })
         guard
             let started = Threads.start(
                 blockingSignals: true,
                 { [self] in
                     do throws(BusError) {
-                        let sessions = try LoginSessions(uid: nil, actions: actions)
+                        let sessions = try LoginSessions(uid: uid, actions: actions)
                         loginSessions.withLock { $0 = sessions }
-                        Diagnostics.log("follows the login sessions of every user")
+                        report("follows the login sessions of " + (uid.map { "uid \($0)" } ?? "every user"))
                     } catch {
-                        Diagnostics.log("follows no login session: \(error.message)")
+                        report("follows no login session: \(error.message)")
                     }
                 })
         else { return }
@@ -272,7 +254,8 @@ public final class DeviceProcess: Sendable {
         let signals = Self.prepareProcess()
         startServing(listener)
         ready()
-        followEveryUsersSessions(all)
+        // Said in the journal (or the daemon's log): the service has no audit log of its own.
+        followLoginSessions(of: nil, keychains: all.opened) { Diagnostics.log($0) }
         let stopped = waitForTheEnd(signals) { false }
         loginSessions.withLock { $0 = nil }
         // The mounts are their users' (the service cannot unmount them):
