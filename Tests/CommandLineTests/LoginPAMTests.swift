@@ -174,10 +174,10 @@ extension SerialTests {
                 printf 'Login-2\\n' | K_ unlock && echo "the new password unlocks"
                 K_ login status | head -1
                 printf 'Login-3\\nLogin-3\\n' | pamtester "$S" "$U" chauthtok > /dev/null 2>&1; echo "root's passwd: $?"
-                K_ login status | sed 's/: [0-9-]* [0-9:]* UTC: /: DATE: /'
+                K_ login status | sed 's/: [0-9-]*T[0-9:]*Z: /: DATE: /'
                 K_ lock; K_ login enable > /dev/null
                 printf 'Login-3\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
-                echo "$(state)"; K_ login status | sed -n 2p | sed 's/: [0-9-]* [0-9:]* UTC: /: DATE: /'
+                echo "$(state)"; K_ login status | sed -n 2p | sed 's/: [0-9-]*T[0-9:]*Z: /: DATE: /'
                 printf 'Login-3\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
                 echo "$(state)"
                 """)

@@ -169,3 +169,12 @@ extension AuditLog {
         }
     }
 }
+
+extension AuditLog {
+    /// `YYYY-MM-DDTHH:MM:SSZ` (UTC) of `seconds` since the epoch: the time
+    /// of the log's lines, to the second, for other records of when
+    /// something happened (`keychainfs login status`).
+    package static func utcTime(_ seconds: Int) -> String {
+        String(decoding: LineBuilder.utcSecond(seconds), as: UTF8.self) + "Z"
+    }
+}
