@@ -112,19 +112,19 @@ struct DesktopFiles {
     func enable() throws -> [String] {
         var done: [String] = []
         for (path, text) in [(activation, Self.activationText), (autostart, Self.autostartText)] {
-            if let existing = Self.read(path), !existing.contains(Self.marker) {
+            if let existing = TextFile.read(path), !existing.contains(Self.marker) {
                 guard rename(path, path + Self.keptSuffix) == 0 else {
                     throw fail("cannot keep \(path) aside: \(Errno.current)")
                 }
                 done.append("kept aside: \(path) (another program's) as \(path + Self.keptSuffix)")
             }
-            if Self.read(path) != text {
-                try Self.write(text, to: path)
+            if TextFile.read(path) != text {
+                try TextFile.write(text, to: path)
                 done.append("wrote \(path)")
             }
         }
-        var masked = Set(Self.read(maskRecord).map { $0.split(separator: "\n").map(String.init) } ?? [])
-        try Self.makeDirectories(units)
+        var masked = Set(TextFile.read(maskRecord).map { $0.split(separator: "\n").map(String.init) } ?? [])
+        try TextFile.makeDirectories(units)
         for unit in Self.maskedUnits {
             let path = units + "/" + unit
             if ProgramIdentities.linkTarget(path) == "/dev/null" { continue }
@@ -137,7 +137,7 @@ struct DesktopFiles {
             masked.insert(unit)
             done.append("masked \(unit) (\(path) -> /dev/null)")
         }
-        try Self.write(masked.sorted().map { $0 + "\n" }.joined(), to: maskRecord)
+        try TextFile.write(masked.sorted().map { $0 + "\n" }.joined(), to: maskRecord)
         Self.reloadUserManager()
         return done
     }
@@ -145,7 +145,7 @@ struct DesktopFiles {
     func disable() throws -> [String] {
         var done: [String] = []
         for path in [activation, autostart] {
-            if let existing = Self.read(path), existing.contains(Self.marker) {
+            if let existing = TextFile.read(path), existing.contains(Self.marker) {
                 guard unlink(path) == 0 else { throw fail("cannot remove \(path): \(Errno.current)") }
                 done.append("removed \(path)")
             }
@@ -157,7 +157,7 @@ struct DesktopFiles {
                 done.append("put back \(path)")
             }
         }
-        for unit in (Self.read(maskRecord) ?? "").split(separator: "\n").map(String.init)
+        for unit in (TextFile.read(maskRecord) ?? "").split(separator: "\n").map(String.init)
         where Self.maskedUnits.contains(unit) {
             let path = units + "/" + unit
             if ProgramIdentities.linkTarget(path) == "/dev/null", unlink(path) == 0 { done.append("unmasked \(unit)") }
@@ -169,51 +169,20 @@ struct DesktopFiles {
 
     func status() -> [String] {
         let activationState: String
-        switch Self.read(activation) {
+        switch TextFile.read(activation) {
         case let text? where text.contains(Self.marker): activationState = "keychainfs (\(activation))"
         case _?: activationState = "another program's (\(activation))"
         case nil: activationState = "none of yours: the bus starts the system's provider (gnome-keyring, if installed)"
         }
-        let hidden = Self.read(autostart)?.contains(Self.marker) == true
+        let hidden = TextFile.read(autostart)?.contains(Self.marker) == true
         let masked = Self.maskedUnits.filter { ProgramIdentities.linkTarget(units + "/" + $0) == "/dev/null" }
         return [
             "activation: " + activationState,
             "gnome-keyring-autostart: " + (hidden ? "hidden (\(autostart))" : "as the system has it"),
             "gnome-keyring-units: "
                 + (masked.isEmpty ? "as the system has them" : "masked: " + masked.joined(separator: ", ")),
-            "desktop: " + (hidden && Self.read(activation)?.contains(Self.marker) == true ? "enabled" : "disabled")
+            "desktop: " + (hidden && TextFile.read(activation)?.contains(Self.marker) == true ? "enabled" : "disabled")
         ]
-    }
-
-    static func read(_ path: String) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        return (try? Descriptor.readAll(fd, limit: 1 << 16)).map { String(decoding: $0, as: UTF8.self) }
-    }
-
-    /// Written whole or not at all (a temporary file renamed over it).
-    static func write(_ text: String, to path: String) throws {
-        try makeDirectories(String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)]))
-        let temporary = path + ".keychainfs-new"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
-        guard fd >= 0 else { throw fail("cannot write \(path): \(Errno.current)") }
-        let written = (try? Descriptor.writeAll(fd, Array(text.utf8))) != nil && fsync(fd) == 0
-        close(fd)
-        guard written, rename(temporary, path) == 0 else {
-            unlink(temporary)
-            throw fail("cannot write \(path): \(Errno.current)")
-        }
-    }
-
-    static func makeDirectories(_ path: String) throws {
-        var built = ""
-        for part in path.split(separator: "/") {
-            built += "/" + part
-            if mkdir(built, 0o755) != 0 && Errno.current.rawValue != EEXIST {
-                throw fail("cannot make \(built): \(Errno.current)")
-            }
-        }
     }
 
     /// Tells the user's systemd of the masks, where one runs (nothing otherwise: they apply at its start).

@@ -43,7 +43,8 @@ struct MountCommand: ParsableCommand {
 
     func run() throws {
         let mountpoint = canonicalMountPoint(self.mountpoint)
-        // docs/FILESYSTEM.md, "The device process": a device killed with kill -9 leaves a dead mount that must not block the next one.
+        // A device killed with kill -9 leaves a dead mount that must not block
+        // the next one (docs/FILESYSTEM.md, "The device process").
         if MountTable.isDeadMount(mountpoint) { _ = MountTable.unmount(mountpoint, lazy: true) }
         if let problem = MountTable.alreadyMountedProblem(mountpoint) { throw reportFailure(problem) }
         let place = options.place

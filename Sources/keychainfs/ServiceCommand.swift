@@ -117,7 +117,8 @@ struct ServiceCommand: ParsableCommand {
         if let running = Self.runningService(named: pidFile) {
             throw fail("the keychainfs service runs already (pid \(running), \(pidFile))")
         }
-        let errors = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o640)
+        // Read and written: what a service that does not start says is read back from it.
+        let errors = open(log, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o640)
         guard errors >= 0 else { throw fail("cannot open the log \(log): \(Errno.current)") }
         defer { close(errors) }
         let arguments = [
@@ -129,20 +130,18 @@ struct ServiceCommand: ParsableCommand {
         let logged = lseek(errors, 0, SEEK_END)
         let started = DeviceLauncher.detach(arguments, errors: errors)
         guard let pid = started.pid else {
-            // What it said before it exited is in the log: said here too.
+            // What it said before it exited (detach reaped it) is in the log: said here too.
             var said = ""
-            let reader = open(log, O_RDONLY | O_CLOEXEC)
-            if reader >= 0, logged >= 0, lseek(reader, logged, SEEK_SET) == logged,
-                let bytes = try? Descriptor.readAll(reader, limit: 1 << 14)
+            if logged >= 0, lseek(errors, logged, SEEK_SET) == logged,
+                let bytes = try? Descriptor.readAll(errors, limit: 1 << 14)
             {
                 said = String(decoding: bytes, as: UTF8.self).trimmingNewline
                 if said.hasPrefix("keychainfs: ") { said = String(said.dropFirst(12)) }
             }
-            if reader >= 0 { close(reader) }
             throw fail("the service did not start: " + (said.isEmpty ? started.problem ?? "" : said))
         }
         do {
-            try DesktopFiles.write("\(pid)\n", to: pidFile)
+            try TextFile.write("\(pid)\n", to: pidFile)
         } catch {
             kill(pid, SIGTERM)
             throw error
@@ -152,8 +151,8 @@ struct ServiceCommand: ParsableCommand {
 
     /// The pid a pid file names when that process is a keychainfs service.
     private static func runningService(named pidFile: String) -> pid_t? {
-        guard let text = DesktopFiles.read(pidFile), let pid = pid_t(text.trimmingNewline), pid > 0,
-            let command = DesktopFiles.read("/proc/\(pid)/cmdline")
+        guard let text = TextFile.read(pidFile), let pid = pid_t(text.trimmingNewline), pid > 0,
+            let command = TextFile.read("/proc/\(pid)/cmdline")
         else { return nil }
         let arguments = command.split(separator: "\0", omittingEmptySubsequences: false)
         return arguments.count > 1 && arguments[0].hasSuffix("keychainfs") && arguments[1] == "service" ? pid : nil
