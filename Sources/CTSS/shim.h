@@ -63,6 +63,7 @@ static inline void CTSS_Esys_Free(void *pointer) {
 }
 CTSS_ESYS(Esys_Startup, (ESYS_CONTEXT *context, TPM2_SU type), (context, type))
 CTSS_ESYS(Esys_FlushContext, (ESYS_CONTEXT *context, ESYS_TR handle), (context, handle))
+CTSS_ESYS(Esys_TR_Close, (ESYS_CONTEXT *context, ESYS_TR *object), (context, object))
 CTSS_ESYS(Esys_TR_SetAuth, (ESYS_CONTEXT *context, ESYS_TR handle, TPM2B_AUTH const *auth), (context, handle, auth))
 CTSS_ESYS(Esys_TR_FromTPMPublic, (ESYS_CONTEXT *context, TPM2_HANDLE handle, ESYS_TR *object),
           (context, handle, ESYS_TR_NONE, ESYS_TR_NONE, ESYS_TR_NONE, object))
@@ -111,6 +112,9 @@ CTSS_ESYS(Esys_CreatePrimary, (ESYS_CONTEXT *context, TPM2B_SENSITIVE_CREATE con
                                TPML_PCR_SELECTION const *pcrs, ESYS_TR *primary),
           (context, ESYS_TR_RH_OWNER, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE, sensitive, template, outside, pcrs,
            primary, NULL, NULL, NULL, NULL))
+// Made persistent by the owner hierarchy (its auth in a password session).
+CTSS_ESYS(Esys_EvictControl, (ESYS_CONTEXT *context, ESYS_TR object, TPMI_DH_PERSISTENT handle, ESYS_TR *persistent),
+          (context, ESYS_TR_RH_OWNER, object, ESYS_TR_PASSWORD, ESYS_TR_NONE, ESYS_TR_NONE, handle, persistent))
 CTSS_ESYS(Esys_Create, (ESYS_CONTEXT *context, ESYS_TR parent, ESYS_TR session, TPM2B_SENSITIVE_CREATE const *sensitive,
                         TPM2B_PUBLIC const *template, TPM2B_DATA const *outside, TPML_PCR_SELECTION const *pcrs,
                         TPM2B_PRIVATE **private, TPM2B_PUBLIC **public),

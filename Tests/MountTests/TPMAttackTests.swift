@@ -153,11 +153,15 @@ extension SerialTests {
         /// salted session's key and with it one unlock's passcode-derived
         /// auth, for an offline search. Now its name is pinned at `init`
         /// and checked before any session is salted with it: here another
-        /// TPM answers TPM2_CreatePrimary, and no session is started at all.
+        /// TPM answers both for the persistent storage key (its own, kept
+        /// there by a keychain of its own) and TPM2_CreatePrimary, and no
+        /// session is started at all.
         @Test func aSubstitutedStorageKeyIsSaidAndNoSessionIsSaltedWithIt() throws {
             let scratch = try Keys.Scratch(), tpm = try SoftwareTPM(), other = try SoftwareTPM()
             let keychain = scratch.keychain()
             _ = try Keys.sealedKeychain(keychain, on: tpm)
+            _ = try Keys.sealedKeychain(scratch.keychain("on-the-other"), on: other)
+            #expect(try TPMTools.persistentHandles(on: other) == [TrustedPlatformModule.persistentStorageKey])
             let proxy = try #require(
                 Bundle.module.path(forResource: "tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
             let log = scratch.root + "/commands"
@@ -170,6 +174,36 @@ extension SerialTests {
             #expect(KeychainError.tpmStorageKeyChanged.description.contains("something in between"))
             // On its own TPM, untouched.
             #expect(try Keys.read(keychain, on: tpm) == "first")
+        }
+
+        /// The storage key is kept where TCG and systemd keep it (0x81000001)
+        /// when that place is free, and used from there once its name is the
+        /// pinned one: a boot no longer makes it again (TPM2_CreatePrimary,
+        /// tens of milliseconds on a real TPM). A key of another template
+        /// there (tpm2-tools' RSA key here) is left alone, and made afresh
+        /// each time as before.
+        @Test func theStorageKeyIsKeptWhereSystemdKeepsItAndAnotherKeyThereIsLeftAlone() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM(), occupied = try SoftwareTPM()
+            let proxy = try #require(
+                Bundle.module.path(forResource: "tpm-proxy.py", ofType: nil, inDirectory: "Fixtures"))
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            #expect(try TPMTools.persistentHandles(on: tpm) == [TrustedPlatformModule.persistentStorageKey])
+            let log = scratch.root + "/commands"
+            #expect(Keys.boot(keychain, tcti: "cmd:/usr/bin/python3 \(proxy) log \(tpm.port) \(log)") == nil)
+            let sent = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n")
+            #expect(sent.contains("173") && !sent.contains("131"), "read, not made again: \(sent)")
+
+            let rsa = "tpm2_createprimary -Q -C o -G rsa -c \(scratch.root)/rsa.ctx"
+            let keep = "tpm2_evictcontrol -Q -C o -c \(scratch.root)/rsa.ctx 0x81000001"
+            let name = "tpm2_readpublic -c 0x81000001 -o /dev/null | grep '^name:'"
+            // swtpm has no resource manager: tpm2-tools' transient objects stay loaded until flushed.
+            #expect(try TPMTools.run("\(rsa) && \(keep) && tpm2_flushcontext -t", on: occupied).status == 0)
+            let before = try TPMTools.run(name, on: occupied).output
+            let other = scratch.keychain("other")
+            _ = try Keys.sealedKeychain(other, on: occupied)
+            #expect(try Keys.read(other, on: occupied) == "first")
+            #expect(try TPMTools.run(name, on: occupied).output == before, "the RSA key is still there")
         }
 
         /// Item 4: `passcode --tpm` sealed the same device secret and kept the
@@ -249,6 +283,42 @@ extension SerialTests {
             device = nil
             try scratch.restore(older, over: keychain)
             #expect(Keys.boot(keychain, on: tpm) == .rolledBack)
+        }
+
+        /// Item 5, the cheapest way around the lockout while its auth is
+        /// empty: guess, then `tpm2_dictionarylockout --clear-lockout`, then
+        /// guess again. The TPM's count cannot tell; the keychain can: it
+        /// keeps the count it saw after its own last wrong passcode, bound to
+        /// the counter, and the TPM forgets no faster than one per recovery
+        /// interval. Before, `status` went on saying guesses were limited.
+        @Test func aCountOfWrongPasscodesResetBetweenGuessesIsSaid() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            do {
+                let device = try Device(directory: keychain, tcti: tpm.tcti)
+                defer { device.shutDown() }
+                for _ in 0..<2 {
+                    #expect(throws: KeychainError.authFailed) { try device.unlock(passcode: Keys.secure("0000")) }
+                }
+                let status = device.keyProtection
+                #expect(status.tpmFailures == 2 && status.tpmFailuresExpected == 1, "\(status)")
+                #expect(!status.tpmLockoutWasReset && !status.lines.contains { $0.hasPrefix("tpm-lockout-reset") })
+            }
+            let cleared = try TPMTools.run("tpm2_dictionarylockout --clear-lockout", on: tpm)
+            #expect(cleared.status == 0, "\(cleared.output)")
+            // Said by the next device too: what it saw is in the keychain, not in a process.
+            let device = try Device(directory: keychain, tcti: tpm.tcti)
+            defer { device.shutDown() }
+            let status = device.keyProtection
+            #expect(status.tpmFailures == 0 && status.tpmLockoutWasReset, "\(status)")
+            #expect(status.lines.contains { $0.hasPrefix("tpm-lockout-reset: the TPM counts 0 wrong passcodes") })
+            #expect(status.lines.contains { $0.contains("its count of wrong ones was reset") }, "\(status.lines)")
+            #expect(!status.lines.contains { $0.contains("go through the TPM and its lockout") }, "\(status.lines)")
+            // As `keychainfs status` receives it over the socket.
+            var served = device.status
+            served.keyProtection = status
+            #expect(DeviceStatus(fields: served.fields)?.keyProtection == status)
         }
 
         /// Item 5: with an empty lockout auth, anyone who reaches the TPM

@@ -115,6 +115,15 @@ package enum TPMTools {
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
     }
 
+    /// The handles of the TPM's persistent objects (0x81xxxxxx), in order.
+    package static func persistentHandles(on tpm: SoftwareTPM) throws -> [UInt32] {
+        let listed = try run("tpm2_getcap handles-persistent", on: tpm)
+        guard listed.status == 0 else { throw HarnessError("tpm2_getcap failed: \(listed.output)") }
+        return listed.output.split(separator: "\n").compactMap { line in
+            UInt32(line.trimmingCharacters(in: CharacterSet(charactersIn: "- ")).dropFirst(2), radix: 16)
+        }.sorted()
+    }
+
     /// The NV indexes defined in the owner range keychains take (0x01810000 and up), in order.
     package static func counterIndexes(on tpm: SoftwareTPM) throws -> [UInt32] {
         let listed = try run("tpm2_getcap handles-nv-index", on: tpm)

@@ -17,10 +17,14 @@ public struct KeyProtectionStatus: Sendable, Equatable {
     public var tpmLockoutAuthSet: Bool?
     /// The rollback counter's value the keychain's state is bound to.
     public var rollbackCounter: UInt64?
+    /// The fewest wrong passcodes the TPM can count now if nobody reset its
+    /// count since this keychain last saw it (``TPMFailuresSeen``); nil: never seen.
+    public var tpmFailuresExpected: UInt32?
 
     public init(
         protection: KeyProtection, tpmFailures: UInt32? = nil, tpmMaximumFailures: UInt32? = nil,
-        tpmRecoverySeconds: UInt32? = nil, tpmLockoutAuthSet: Bool? = nil, rollbackCounter: UInt64? = nil
+        tpmRecoverySeconds: UInt32? = nil, tpmLockoutAuthSet: Bool? = nil, rollbackCounter: UInt64? = nil,
+        tpmFailuresExpected: UInt32? = nil
     ) {
         self.protection = protection
         self.tpmFailures = tpmFailures
@@ -28,6 +32,14 @@ public struct KeyProtectionStatus: Sendable, Equatable {
         self.tpmRecoverySeconds = tpmRecoverySeconds
         self.tpmLockoutAuthSet = tpmLockoutAuthSet
         self.rollbackCounter = rollbackCounter
+        self.tpmFailuresExpected = tpmFailuresExpected
+    }
+
+    /// Whether the TPM counts fewer wrong passcodes than it can have
+    /// forgotten since this keychain saw its count: someone reset it.
+    public var tpmLockoutWasReset: Bool {
+        guard let tpmFailures, let tpmFailuresExpected else { return false }
+        return tpmFailures < tpmFailuresExpected
     }
 
     /// The TPM's lockout as far as it is known.
@@ -55,6 +67,10 @@ public struct KeyProtectionStatus: Sendable, Equatable {
         case .tpm2:
             let guesses: String
             switch tpmLockout {
+            case .some where tpmLockoutWasReset:
+                guesses =
+                    "passcode guesses go through the TPM, but its count of wrong ones was reset since this keychain "
+                    + "saw it: whoever did so can guess on without the lockout stopping them"
             case .some(let lockout) where !lockout.limitsGuesses:
                 guesses =
                     "passcode guesses go through the TPM, but its lockout is switched off (\(lockout.maximum) tries, "
@@ -77,6 +93,13 @@ public struct KeyProtectionStatus: Sendable, Equatable {
             }
             if let seconds = tpmRecoverySeconds { lines.append("tpm-lockout-recovery: \(seconds)") }
             if let set = tpmLockoutAuthSet { lines.append("tpm-lockout-auth: \(set ? "set" : "empty")") }
+            if tpmLockoutWasReset, let failures = tpmFailures, let expected = tpmFailuresExpected {
+                lines.append(
+                    "tpm-lockout-reset: the TPM counts \(failures) wrong passcodes, but after those this keychain saw "
+                        + "it cannot have forgotten more than down to \(expected): its count was reset "
+                        + "(TPM2_DictionaryAttackLockReset, which its lockout auth guards: `sudo keychainfs tpm take-lockout`)"
+                )
+            }
             if let counter = rollbackCounter { lines.append("rollback-counter: \(counter)") }
         }
         return lines
@@ -171,10 +194,11 @@ extension Device {
     public var keyProtection: KeyProtectionStatus {
         guard let tpm = sealingTPM.withLock({ $0 }) else { return KeyProtectionStatus(protection: .file) }
         let lockout = tpm.lockout()
+        let seen = try? tpmFailuresSeen()
         return KeyProtectionStatus(
             protection: .tpm2, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
             tpmRecoverySeconds: lockout?.recoverySeconds, tpmLockoutAuthSet: lockout?.lockoutAuthSet,
-            rollbackCounter: secret.epoch.value)
+            rollbackCounter: secret.epoch.value, tpmFailuresExpected: seen?.fewestFailures(at: clock()))
     }
 
     // MARK: The rollback counter

@@ -84,6 +84,7 @@ extension Device {
                 derived = try derive()
             } catch .decode, .authFailed {
                 try recordFailure(now: now)
+                try noteTPMFailures(now: now)
                 throw .authFailed
             }
             try resetFailures()
@@ -123,6 +124,30 @@ extension Device {
         try updateLockoutRecord { record in
             record.failures += 1
             record.deadline = now + policy.delay(afterFailures: record.failures)
+        }
+    }
+
+    /// After a wrong passcode that went through the TPM: its count of
+    /// wrong auths as it stands now (``TPMFailuresSeen``), the mark below
+    /// which a later count says someone reset it.
+    private func noteTPMFailures(now: Int64) throws(KeychainError) {
+        guard let tpm = sealingTPM.withLock({ $0 }), keybag.tpmPasscodeObject != nil, let lockout = tpm.lockout() else {
+            return
+        }
+        let seen = TPMFailuresSeen(count: lockout.failures, at: now, recoverySeconds: lockout.recoverySeconds)
+        try writeBound(TPMFailuresSeen.recordKey) { seen.encoded(secret: secret) }
+    }
+
+    /// The TPM's count of wrong auths as this keychain last saw it, if it has.
+    func tpmFailuresSeen() throws(KeychainError) -> TPMFailuresSeen? {
+        try boundWrites.withLock { _ throws(KeychainError) -> TPMFailuresSeen? in
+            guard let raw = try store.metadata(TPMFailuresSeen.recordKey) else { return nil }
+            do throws(KeychainError) {
+                return try TPMFailuresSeen(decoding: raw, secret: secret)
+            } catch {
+                Diagnostics.log("the record of the TPM's count of wrong passcodes failed authentication")
+                throw error
+            }
         }
     }
 

@@ -89,10 +89,16 @@ public final class Device: Sendable {
         // A move to the TPM interrupted before or after its exchange (issue 38).
         Self.destroyLeftover(of: directory)
         do throws(KeychainError) {
-            let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
-            let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
-            let (tpm, counter) = try Self.checkRollback(
-                directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
+            // The device secret unsealed and the counter read in one TPM session.
+            let (secret, store, tpm, counter) = try KeychainTPM.sharingSession(tcti: tcti) {
+                () throws(KeychainError) in
+                let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
+                let store = try ItemStore(
+                    path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
+                let (tpm, counter) = try Self.checkRollback(
+                    directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
+                return (secret, store, tpm, counter)
+            }
             let records = try BootRecords(store: store, secret: secret)
             audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: records.auditAnchor)
             var keys: [ProtectionClass: GuardedKey] = [:]

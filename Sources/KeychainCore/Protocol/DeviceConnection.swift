@@ -50,8 +50,9 @@ extension DeviceStatus {
     /// after, failed attempts, has passcode, auto-lock delay and grace;
     /// then, when known, the key protection (`tpm2` or `file`), the TPM's
     /// failure count, its maximum, its recovery seconds, whether its lockout
-    /// auth is set (`1`, `0`) and the rollback counter (each empty when unknown); then, when known, who decides
-    /// (``DeviceJudge/fields``).
+    /// auth is set (`1`, `0`), the rollback counter and the fewest failures
+    /// the TPM can count unless reset (each empty when unknown); then, when
+    /// known, who decides (``DeviceJudge/fields``).
     public var fields: [String] {
         let base = [
             isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts),
@@ -61,13 +62,14 @@ extension DeviceStatus {
         return base + [
             keys.protection.rawValue, keys.tpmFailures.map(String.init) ?? "",
             keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
-            keys.tpmLockoutAuthSet.map { $0 ? "1" : "0" } ?? "", keys.rollbackCounter.map(String.init) ?? ""
+            keys.tpmLockoutAuthSet.map { $0 ? "1" : "0" } ?? "", keys.rollbackCounter.map(String.init) ?? "",
+            keys.tpmFailuresExpected.map(String.init) ?? ""
         ] + (judge?.fields ?? [])
     }
 
     /// Parses ``fields``; nil for anything else.
     public init?(fields: [String]) {
-        guard [7, 13, 16].contains(fields.count), let retryAfter = Int64(fields[2]),
+        guard [7, 14, 17].contains(fields.count), let retryAfter = Int64(fields[2]),
             let failedAttempts = UInt64(fields[3]),
             let after = Int(fields[5]), let grace = Int(fields[6])
         else { return nil }
@@ -76,19 +78,19 @@ extension DeviceStatus {
         self.init(
             isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
             failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
-        guard fields.count >= 13 else { return }
+        guard fields.count >= 14 else { return }
         guard let protection = KeyProtection(rawValue: fields[7]) else { return nil }
         func number<N: FixedWidthInteger>(_ field: String) -> N?? {
             field.isEmpty ? .some(nil) : N(field).map { .some($0) }
         }
         guard let failures: UInt32? = number(fields[8]), let maximum: UInt32? = number(fields[9]),
             let recovery: UInt32? = number(fields[10]), ["", "0", "1"].contains(fields[11]),
-            let counter: UInt64? = number(fields[12])
+            let counter: UInt64? = number(fields[12]), let expected: UInt32? = number(fields[13])
         else { return nil }
         keyProtection = KeyProtectionStatus(
             protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
             tpmRecoverySeconds: recovery, tpmLockoutAuthSet: fields[11].isEmpty ? nil : fields[11] == "1",
-            rollbackCounter: counter)
-        if fields.count == 16 { judge = DeviceJudge(fields: fields[13...]) }
+            rollbackCounter: counter, tpmFailuresExpected: expected)
+        if fields.count == 17 { judge = DeviceJudge(fields: fields[14...]) }
     }
 }

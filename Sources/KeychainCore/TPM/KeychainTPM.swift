@@ -1,3 +1,4 @@
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -41,8 +42,9 @@ public enum TPMChoice: Sendable, Equatable {
 
 /// The TPM a keychain's keys are sealed by, reached at the TCTI given
 /// (nil: `$TPM2TOOLS_TCTI`, else tpm2-tss's default, `/dev/tpmrm0`), with
-/// its failures in a keychain's terms. Each use opens its own connection:
-/// the TPM is used at boot, unlock, passcode changes and counter bumps only.
+/// its failures in a keychain's terms. The TPM is used at boot, unlock,
+/// passcode changes and counter bumps only: each use opens its own
+/// connection, except within a boot (``sharingSession(tcti:_:)``).
 struct KeychainTPM: Sendable {
     let tcti: String?
     /// The name of the storage primary key the keychain was sealed under
@@ -89,10 +91,77 @@ struct KeychainTPM: Sendable {
         getenv("KEYCHAINFS_TPM").map { String(cString: $0) == "none" } ?? false
     }
 
-    /// Runs `body` with a connection; a TPM's refusal becomes the keychain's error.
+    /// The connections kept open now: only while a
+    /// ``sharingSession(tcti:_:)`` runs (a boot), for the thread that runs
+    /// it (the service boots several keychains at once; ESAPI serves one
+    /// thread at a time), opened at its first use (a keychain kept in a file
+    /// never reaches for a TPM). Each new ESAPI connection costs a TCTI's
+    /// set-up and a startup, and each session its salt; a connection is not
+    /// kept beyond that: some TCTIs hold the TPM for themselves while open
+    /// (`device:/dev/tpm0` without the kernel's resource manager, a `cmd:`
+    /// program, a swtpm's single connection), and a device that runs for
+    /// days must not shut everyone else out.
+    private static let connections = Mutex<[pthread_t: (tcti: String?, module: TrustedPlatformModule?)]>([:])
+
+    /// Runs `body`, whose uses of the TPM at `tcti` on this thread share one
+    /// connection and one salted session (``TrustedPlatformModule/sharesSession``):
+    /// a boot's unseal and counter read pay for one of each, not two. The
+    /// session is flushed and the connection closed after, also on failure.
+    static func sharingSession<R>(tcti: String?, _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+        let thread = pthread_self()
+        connections.withLock { $0[thread] = (tcti, nil) }
+        defer { connections.withLock { $0.removeValue(forKey: thread) }?.module?.endSharedSession() }
+        return try body()
+    }
+
+    /// The connection this thread's ``sharingSession(tcti:_:)`` keeps for
+    /// this TPM, opened now if it has none yet; nil outside one.
+    private func keptConnection() throws(TPMError) -> TrustedPlatformModule? {
+        let thread = pthread_self()
+        guard let entry = Self.connections.withLock({ $0[thread] }), entry.tcti == tcti else { return nil }
+        if let module = entry.module { return module }
+        let opened = try TrustedPlatformModule(tcti: tcti)
+        opened.sharesSession = true
+        Self.connections.withLock { $0[thread]?.module = opened }
+        return opened
+    }
+
+    /// Drops this thread's kept connection after it failed: the uses that follow open a new one.
+    private func dropKeptConnection() {
+        let thread = pthread_self()
+        let dropped = Self.connections.withLock { table -> TrustedPlatformModule? in
+            defer { table[thread]?.module = nil }
+            return table[thread]?.module
+        }
+        dropped?.endSharedSession()
+    }
+
+    /// Whether a failure says the connection itself is broken (the TPM
+    /// restarted, the resource manager went away), rather than the TPM
+    /// refusing a command: then the uses that follow start on a new one.
+    private static func breaksConnection(_ error: TPMError) -> Bool {
+        switch error {
+        case .unavailable, .busy, .failed: return true
+        case .authFailed, .lockedOut, .notThisTPM, .indexTaken, .counterMissing, .counterReplaced, .storageKeyChanged:
+            return false
+        }
+    }
+
+    /// Runs `body` with the connection kept by a ``sharingSession(tcti:_:)``,
+    /// else with one of its own, pinned to ``storageKey``; a TPM's refusal
+    /// becomes the keychain's error.
     func use<R>(_ body: (TrustedPlatformModule) throws(TPMError) -> R) throws(KeychainError) -> R {
         do throws(TPMError) {
-            return try body(try TrustedPlatformModule(tcti: tcti, storageKey: storageKey))
+            let kept = try keptConnection()
+            let module: TrustedPlatformModule
+            if let kept { module = kept } else { module = try TrustedPlatformModule(tcti: tcti) }
+            module.pinnedStorageKey = storageKey
+            do throws(TPMError) {
+                return try body(module)
+            } catch {
+                if kept != nil, Self.breaksConnection(error) { dropKeptConnection() }
+                throw error
+            }
         } catch {
             switch error {
             case .authFailed: throw .authFailed

@@ -31,7 +31,8 @@ struct RollbackRecord: Equatable {
         [
             (ItemSetState.recordKey, ItemSetState.macDomainV2),
             (EntitlementPolicy.recordKey, EntitlementPolicy.macDomain),
-            (AuditLog.anchorKey, AuditLog.anchorDomain)
+            (AuditLog.anchorKey, AuditLog.anchorDomain),
+            (TPMFailuresSeen.recordKey, TPMFailuresSeen.macDomain)
         ] + lateBoundRecords
 
     /// The records bound since issue 38: a version-1 keychain has them unbound.

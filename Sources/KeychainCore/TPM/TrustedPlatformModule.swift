@@ -80,6 +80,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let lockoutInterval: UInt32 = 0x210  // TPM2_PT_LOCKOUT_INTERVAL
         static let permanent: UInt32 = 0x200  // TPM2_PT_PERMANENT (TPMA_PERMANENT)
         static let lockoutRecovery: UInt32 = 0x211  // TPM2_PT_LOCKOUT_RECOVERY
+        static let ownerAuthSet: UInt32 = 0x1  // TPMA_PERMANENT_OWNERAUTHSET
         static let lockoutAuthSet: UInt32 = 0x4  // TPMA_PERMANENT_LOCKOUTAUTHSET
         static let sessionContinue: UInt8 = 0x01  // TPMA_SESSION_CONTINUESESSION
         static let sessionDecrypt: UInt8 = 0x20  // TPMA_SESSION_DECRYPT
@@ -105,14 +106,21 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let counter = counterType | authWrite | authRead | noDA
     }
 
-    // Used by one thread at a time: the device's boot and unlock are serialised.
+    // Used by one thread at a time: its own use's, or the thread whose boot
+    // keeps it (``KeychainTPM/sharingSession(tcti:_:)``).
     private var context: OpaquePointer?
     private var tcti: OpaquePointer?
     /// The name of the storage primary key a session may be salted with
-    /// (nil: any, when the keychain has none recorded yet).
-    private let pinnedStorageKey: [UInt8]?
+    /// (nil: any, when the keychain has none recorded yet): set for each
+    /// use of a connection a boot keeps.
+    var pinnedStorageKey: [UInt8]?
     /// The name of the storage primary key of the last salted session.
     public private(set) var storageKeyName: [UInt8]?
+    /// Whether a salted session is kept after its command, for the
+    /// authorized commands that follow (``endSharedSession()`` flushes it):
+    /// a boot unseals, then reads its counter, in one session instead of two.
+    var sharesSession = false
+    private var sharedSession: UInt32?
 
     /// The TCTI configuration the environment names, if any.
     public static var configuredTCTI: String? {
@@ -178,14 +186,28 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         }
     }
 
+    /// Where the storage primary key is kept: TCG's handle for the storage
+    /// root key (TCG TPM v2.0 Provisioning Guidance), where systemd
+    /// (systemd-tpm2-setup) keeps the same key, made from the same template.
+    public static let persistentStorageKey: UInt32 = 0x8100_0001
+
     /// Runs `body` with the storage primary key and a session salted with
-    /// it, flushed after. The key is made again from its template each time
-    /// (the same on this TPM); its name is checked against the pinned one
-    /// before anything is sent encrypted to it: a key substituted by
-    /// something in between would read every parameter of the session.
+    /// it, flushed after. The key is the persistent one when it is the key
+    /// the keychain pinned, else it is made again from its template (the
+    /// same on this TPM: ten milliseconds of a software TPM, often a hundred
+    /// of a real one, at every boot and unlock); its name is checked against
+    /// the pinned one before anything is sent encrypted to it: a key
+    /// substituted by something in between would read every parameter of
+    /// the session.
     private func withPrimaryAndSession<R>(_ body: (_ primary: UInt32, _ session: UInt32) throws(TPMError) -> R)
         throws(TPMError) -> R
     {
+        let persistent = try persistentPrimary()
+        defer { if let persistent { forget(persistent) } }
+        if let persistent, let pinnedStorageKey, try name(of: persistent) == pinnedStorageKey {
+            storageKeyName = pinnedStorageKey
+            return try withSession(saltedWith: persistent, body)
+        }
         var primary: UInt32 = 0
         var template = TPMObjects.storagePrimary
         var sensitive = TPM2B_SENSITIVE_CREATE()
@@ -196,10 +218,56 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         let name = try self.name(of: primary)
         if let pinnedStorageKey, name != pinnedStorageKey { throw .storageKeyChanged }
         storageKeyName = name
-        let session = try startSession(
-            salt: primary, attributes: Code.sessionContinue | Code.sessionDecrypt | Code.sessionEncrypt)
+        if persistent == nil { makePersistent(primary) }
+        return try withSession(saltedWith: primary, body)
+    }
+
+    private func withSession<R>(
+        saltedWith primary: UInt32, _ body: (_ primary: UInt32, _ session: UInt32) throws(TPMError) -> R
+    ) throws(TPMError) -> R {
+        if let shared = sharedSession { return try body(primary, shared) }
+        let session = try startSession(salt: primary, attributes: Self.saltedAttributes)
+        if sharesSession {
+            sharedSession = session
+            return try body(primary, session)
+        }
         defer { _ = CTSS_Esys_FlushContext(context, session) }
         return try body(primary, session)
+    }
+
+    private static let saltedAttributes = Code.sessionContinue | Code.sessionDecrypt | Code.sessionEncrypt
+
+    /// Flushes the session kept for sharing (``sharesSession``), and keeps none from now on.
+    func endSharedSession() {
+        sharesSession = false
+        if let session = sharedSession { _ = CTSS_Esys_FlushContext(context, session) }
+        sharedSession = nil
+    }
+
+    /// The ESAPI handle of the key at ``persistentStorageKey``, nil when
+    /// none is there (whatever is there is checked by name before use).
+    private func persistentPrimary() throws(TPMError) -> UInt32? {
+        var handle: UInt32 = 0
+        let rc = CTSS_Esys_TR_FromTPMPublic(context, Self.persistentStorageKey, &handle)
+        if rc != 0, Self.base(rc) == Code.handle { return nil }
+        try check(rc, "TR_FromTPMPublic")
+        return handle
+    }
+
+    /// Keeps `primary` at ``persistentStorageKey``, free until now, as
+    /// systemd-tpm2-setup does at boot, when the owner hierarchy's auth is
+    /// empty (as most machines leave it; a set one is not tried). Best
+    /// effort: without it the key is made again at every use.
+    private func makePersistent(_ primary: UInt32) {
+        var data: UnsafeMutablePointer<TPMS_CAPABILITY_DATA>?
+        guard CTSS_Esys_GetCapability(context, Code.tpmProperties, Code.permanent, 1, &data) == 0, let data else {
+            return
+        }
+        let ownerAuthSet = TPMObjects.property(data, Code.permanent) & Code.ownerAuthSet != 0
+        CTSS_Esys_Free(data)
+        guard !ownerAuthSet else { return }
+        var persistent: UInt32 = 0
+        if CTSS_Esys_EvictControl(context, primary, Self.persistentStorageKey, &persistent) == 0 { forget(persistent) }
     }
 
     /// An HMAC session, SHA-256, salted with `salt` (its secret sent
@@ -281,9 +349,10 @@ public final class TrustedPlatformModule: @unchecked Sendable {
                 throw .notThisTPM
             }
             defer { _ = CTSS_Esys_FlushContext(context, object) }
-            try setAuth(object, auth)
             var data: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
-            try check(CTSS_Esys_Unseal(context, object, session, &data), "Unseal")
+            try withAuth(object, auth) { () throws(TPMError) in
+                try check(CTSS_Esys_Unseal(context, object, session, &data), "Unseal")
+            }
             guard let data else { throw .failed("Unseal", 0) }
             defer {
                 memset(data, 0, MemoryLayout<TPM2B_SENSITIVE_DATA>.size)
@@ -328,9 +397,11 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         var value = try Self.authValue(new, "HierarchyChangeAuth")
         defer { withUnsafeMutableBytes(of: &value) { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
         try withPrimaryAndSession { (_, session) throws(TPMError) in
-            try setAuth(Code.lockoutHierarchy, current)
-            try check(
-                CTSS_Esys_HierarchyChangeAuth(context, Code.lockoutHierarchy, session, &value), "HierarchyChangeAuth")
+            try withAuth(Code.lockoutHierarchy, current) { () throws(TPMError) in
+                try check(
+                    CTSS_Esys_HierarchyChangeAuth(context, Code.lockoutHierarchy, session, &value),
+                    "HierarchyChangeAuth")
+            }
         }
     }
 
@@ -379,39 +450,52 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         try withPrimaryAndSession { (_, session) throws(TPMError) in
             try check(CTSS_Esys_NV_DefineSpace(context, session, &value, &info, &handle), "NV_DefineSpace")
         }
+        defer { forget(handle) }
         try authorized(handle, auth) { session throws(TPMError) in
             try check(CTSS_Esys_NV_Increment(context, handle, session), "NV_Increment")
         }
-        return try name(of: try handleOf(index))
+        return try withHandle(of: index) { (written) throws(TPMError) in try name(of: written) }
     }
 
     /// Adds one to `counter` (one authorized command: its new value is not
     /// read back, each such command costs a TPM's HMAC work).
     public func increment(_ counter: CounterReference) throws(TPMError) {
-        let handle = try verified(counter)
-        try authorized(handle, counter.auth) { session throws(TPMError) in
-            try check(CTSS_Esys_NV_Increment(context, handle, session), "NV_Increment")
+        try withVerified(counter) { handle throws(TPMError) in
+            try authorized(handle, counter.auth) { session throws(TPMError) in
+                try check(CTSS_Esys_NV_Increment(context, handle, session), "NV_Increment")
+            }
         }
     }
 
     /// The value of `counter`.
     public func value(of counter: CounterReference) throws(TPMError) -> UInt64 {
-        try read(try verified(counter), counter.auth)
+        try withVerified(counter) { handle throws(TPMError) in try read(handle, counter.auth) }
     }
 
     /// Frees `counter`'s index (owner hierarchy), when it is still that counter.
     public func undefine(_ counter: CounterReference) throws(TPMError) {
-        let handle = try verified(counter)
-        try check(CTSS_Esys_NV_UndefineSpace(context, handle), "NV_UndefineSpace")
+        try withVerified(counter) { handle throws(TPMError) in
+            try check(CTSS_Esys_NV_UndefineSpace(context, handle), "NV_UndefineSpace")
+        }
     }
 
-    /// The ESAPI handle of NV `index`; ``TPMError/counterMissing`` when none is defined there.
-    private func handleOf(_ index: UInt32) throws(TPMError) -> UInt32 {
+    /// Runs `body` with the ESAPI handle of NV `index`, closed after (a
+    /// connection lives as long as its process: what it learns of an index
+    /// is not kept); ``TPMError/counterMissing`` when none is defined there.
+    private func withHandle<R>(of index: UInt32, _ body: (UInt32) throws(TPMError) -> R) throws(TPMError) -> R {
         var handle: UInt32 = 0
         let rc = CTSS_Esys_TR_FromTPMPublic(context, index, &handle)
         if rc != 0, Self.base(rc) == Code.handle { throw .counterMissing }
         try check(rc, "TR_FromTPMPublic")
-        return handle
+        defer { forget(handle) }
+        return try body(handle)
+    }
+
+    /// Forgets an ESAPI handle of an NV index (the index stays on the TPM;
+    /// an index undefined meanwhile has no handle left to forget).
+    private func forget(_ handle: UInt32) {
+        var handle = handle
+        _ = CTSS_Esys_TR_Close(context, &handle)
     }
 
     /// The handle of `counter`'s index once it is checked to be that
@@ -419,8 +503,16 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     /// attributes and auth policy), or, for a counter recorded without one,
     /// at least a counter (an ordinary index can be written back to any
     /// value; a counter only goes up).
-    private func verified(_ counter: CounterReference) throws(TPMError) -> UInt32 {
-        let handle = try handleOf(counter.index)
+    private func withVerified<R>(_ counter: CounterReference, _ body: (UInt32) throws(TPMError) -> R)
+        throws(TPMError) -> R
+    {
+        try withHandle(of: counter.index) { handle throws(TPMError) in
+            try verify(handle, is: counter)
+            return try body(handle)
+        }
+    }
+
+    private func verify(_ handle: UInt32, is counter: CounterReference) throws(TPMError) {
         if let expected = counter.name {
             guard try name(of: handle) == expected else { throw .counterReplaced }
         } else {
@@ -435,7 +527,6 @@ public final class TrustedPlatformModule: @unchecked Sendable {
                 info.pointee.nvPublic.dataSize == 8
             else { throw .counterReplaced }
         }
-        return handle
     }
 
     /// `auth` as a TPM2B_AUTH (the caller zeroes it after use).
@@ -449,10 +540,20 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         return value
     }
 
-    private func setAuth(_ handle: UInt32, _ auth: SecureBytes) throws(TPMError) {
+    /// Runs `body` with `auth` set on `handle`, then set back to empty: the
+    /// connection outlives the command, and the copy ESAPI keeps of an auth
+    /// (a passcode's, the lockout hierarchy's) does not.
+    private func withAuth<R>(_ handle: UInt32, _ auth: SecureBytes, _ body: () throws(TPMError) -> R)
+        throws(TPMError) -> R
+    {
         var value = try Self.authValue(auth, "TR_SetAuth")
         defer { TPMObjects.wipe(&value) }
         try check(CTSS_Esys_TR_SetAuth(context, handle, &value), "TR_SetAuth")
+        defer {
+            var empty = TPM2B_AUTH()
+            _ = CTSS_Esys_TR_SetAuth(context, handle, &empty)
+        }
+        return try body()
     }
 
     /// Runs `body` with the session that authorizes `handle` with `auth`:
@@ -462,10 +563,19 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         throws(TPMError) -> R
     {
         guard let auth, auth.count > 0 else { return try body(Code.passwordSession) }
-        try setAuth(handle, auth)
-        let session = try startSession(salt: nil, attributes: Code.sessionContinue)
-        defer { _ = CTSS_Esys_FlushContext(context, session) }
-        return try body(session)
+        return try withAuth(handle, auth) { () throws(TPMError) in
+            if let shared = sharedSession {
+                // Parameter encryption needs a sized buffer first (Part 1,
+                // 21.1): NV_Read's and NV_Increment's are not; nothing secret crosses.
+                try check(
+                    CTSS_Esys_TRSess_SetAttributes(context, shared, Code.sessionContinue, 0xFF), "TRSess_SetAttributes")
+                defer { _ = CTSS_Esys_TRSess_SetAttributes(context, shared, Self.saltedAttributes, 0xFF) }
+                return try body(shared)
+            }
+            let session = try startSession(salt: nil, attributes: Code.sessionContinue)
+            defer { _ = CTSS_Esys_FlushContext(context, session) }
+            return try body(session)
+        }
     }
 
     private func read(_ handle: UInt32, _ auth: SecureBytes?) throws(TPMError) -> UInt64 {

@@ -8,23 +8,29 @@
 #                                 for Unseal) get TPM_RC_RETRY (TPM 2.0 Part 2,
 #                                 6.6.3: "the TPM was not able to start the
 #                                 command") without reaching the TPM;
-#   substitute PORT OTHER LOG     TPM2_CreatePrimary (0x131) goes to the TPM at
-#                                 OTHER, whose storage key is then the one the
-#                                 client salts its session with (a key whose
-#                                 private part an interposer would hold), and
-#                                 the code of every command is appended to LOG,
-#                                 one hex number a line (issue 38).
+#   log PORT LOG                  every command goes to the TPM, and its code is
+#                                 appended to LOG, one hex number a line;
+#   substitute PORT OTHER LOG     TPM2_CreatePrimary (0x131) and TPM2_ReadPublic
+#                                 (0x173, which reads the persistent storage key)
+#                                 go to the TPM at OTHER, whose storage key is
+#                                 then the one the client would salt its session
+#                                 with (a key whose private part an interposer
+#                                 would hold), and the code of every command is
+#                                 appended to LOG, one hex number a line (issue 38).
 import socket
 import struct
 import sys
 
 RETRY = 0x922
 CREATE_PRIMARY = 0x131
+READ_PUBLIC = 0x173
 mode, port = sys.argv[1], int(sys.argv[2])
 tpm = socket.create_connection(("127.0.0.1", port))
 busy, other, log = set(), None, None
 if mode == "busy":
     busy = {int(code, 16) for code in sys.argv[3].split(",")}
+elif mode == "log":
+    log = open(sys.argv[3], "a")
 else:
     other = socket.create_connection(("127.0.0.1", int(sys.argv[3])))
     log = open(sys.argv[4], "a")
@@ -58,7 +64,7 @@ while True:
     if code in busy:
         stdout.write(struct.pack(">HII", 0x8001, 10, RETRY))
     else:
-        target = other if other and code == CREATE_PRIMARY else tpm
+        target = other if other and code in (CREATE_PRIMARY, READ_PUBLIC) else tpm
         target.sendall(command)
         stdout.write(respond(target))
     stdout.flush()
