@@ -193,6 +193,8 @@ extension SerialTests {
             #expect(Keys.boot(keychain, tcti: "cmd:/usr/bin/python3 \(proxy) log \(tpm.port) \(log)") == nil)
             let sent = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n")
             #expect(sent.contains("173") && !sent.contains("131"), "read, not made again: \(sent)")
+            // The boot's unseal and counter read share one salted session.
+            #expect(sent.filter { $0 == "176" }.count == 1, "one StartAuthSession: \(sent)")
 
             let rsa = "tpm2_createprimary -Q -C o -G rsa -c \(scratch.root)/rsa.ctx"
             let keep = "tpm2_evictcontrol -Q -C o -c \(scratch.root)/rsa.ctx 0x81000001"

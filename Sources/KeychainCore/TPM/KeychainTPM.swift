@@ -129,10 +129,8 @@ struct KeychainTPM: Sendable {
     /// Drops this thread's kept connection after it failed: the uses that follow open a new one.
     private func dropKeptConnection() {
         let thread = pthread_self()
-        let dropped = Self.connections.withLock { table -> TrustedPlatformModule? in
-            defer { table[thread]?.module = nil }
-            return table[thread]?.module
-        }
+        let dropped = Self.connections.withLock { table in table[thread]?.module }
+        Self.connections.withLock { $0[thread]?.module = nil }
         dropped?.endSharedSession()
     }
 

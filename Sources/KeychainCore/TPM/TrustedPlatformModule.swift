@@ -111,8 +111,8 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     private var context: OpaquePointer?
     private var tcti: OpaquePointer?
     /// The name of the storage primary key a session may be salted with
-    /// (nil: any, when the keychain has none recorded yet): set for each
-    /// use of a connection a boot keeps.
+    /// (nil: any, when the keychain has none recorded yet): set by each
+    /// use (``KeychainTPM/use(_:)``), since a boot's uses share a connection.
     var pinnedStorageKey: [UInt8]?
     /// The name of the storage primary key of the last salted session.
     public private(set) var storageKeyName: [UInt8]?
@@ -127,14 +127,11 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         getenv("TPM2TOOLS_TCTI").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
     }
 
-    /// Connects to the TPM at `tcti` (nil: ``configuredTCTI``, else the default).
-    /// `storageKey`: the name of the storage primary key the keychain was
-    /// sealed under; a session is salted with no other
+    /// Connects to the TPM at `tcti` (nil: ``configuredTCTI``, else the
+    /// default). A keychain's use pins its storage key after
+    /// (``pinnedStorageKey``): a session is salted with no other
     /// (``TPMError/storageKeyChanged``).
-    public init(tcti configuration: String? = TrustedPlatformModule.configuredTCTI, storageKey: [UInt8]? = nil)
-        throws(TPMError)
-    {
-        pinnedStorageKey = storageKey
+    public init(tcti configuration: String? = TrustedPlatformModule.configuredTCTI) throws(TPMError) {
         guard CTSS_available() != 0 else {
             throw .unavailable("tpm2-tss is not installed (apt install libtss2-esys-3.0.2-0 libtss2-tctildr0)")
         }
@@ -480,8 +477,9 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     }
 
     /// Runs `body` with the ESAPI handle of NV `index`, closed after (a
-    /// connection lives as long as its process: what it learns of an index
-    /// is not kept); ``TPMError/counterMissing`` when none is defined there.
+    /// boot's connection serves several uses: what one learns of an index
+    /// is not kept for the next); ``TPMError/counterMissing`` when none is
+    /// defined there.
     private func withHandle<R>(of index: UInt32, _ body: (UInt32) throws(TPMError) -> R) throws(TPMError) -> R {
         var handle: UInt32 = 0
         let rc = CTSS_Esys_TR_FromTPMPublic(context, index, &handle)
@@ -491,8 +489,8 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         return try body(handle)
     }
 
-    /// Forgets an ESAPI handle of an NV index (the index stays on the TPM;
-    /// an index undefined meanwhile has no handle left to forget).
+    /// Forgets an ESAPI handle of an NV index or a persistent key (it stays
+    /// on the TPM; an index undefined meanwhile has no handle left to forget).
     private func forget(_ handle: UInt32) {
         var handle = handle
         _ = CTSS_Esys_TR_Close(context, &handle)
