@@ -230,7 +230,7 @@ public final class DeviceProcess: Sendable {
             if let serving = current, serving.isServing {
                 let servedAddress = serving.address ?? getenv("DBUS_SESSION_BUS_ADDRESS").map { String(cString: $0) }
                 return servedAddress == address
-                    ? .ok([])
+                    ? Done().reply
                     : .systemError(
                         EBUSY,
                         "the device serves the Secret Service on another session's bus: stop it first (keychainfs stop)"
@@ -240,7 +240,7 @@ public final class DeviceProcess: Sendable {
             current = nil
             do throws(BusError) {
                 current = try SecretServiceProvider(store: keychain, replace: replace, address: address)
-                return .ok([])
+                return Done().reply
             } catch {
                 return .systemError(EEXIST, "cannot serve the Secret Service: \(error.message)")
             }
@@ -508,13 +508,13 @@ public final class DeviceProcess: Sendable {
                 // As SIGTERM: the main loop reads it from its signalfd (the
                 // signal is blocked in every thread), unmounts and exits.
                 kill(getpid(), SIGTERM)
-                return .ok([])
+                return Done().reply
             case .create:
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
             case .serveBus(let address, let replace):
                 let reply = serveBus(keychain, address: address, replace: replace)
                 recordLifecycle(
-                    keychain, "serve-bus", reply == .ok([]) ? "serves the session bus" : "refused",
+                    keychain, "serve-bus", reply == Done().reply ? "serves the session bus" : "refused",
                     by: ProgramIdentities.subject(ofPeer: client))
                 return reply
             case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
@@ -524,8 +524,10 @@ public final class DeviceProcess: Sendable {
                     request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
                     passed: &passed, attachments: &attachments)
                 // "last" tells the client to wait for the device's exit, which a headless device does not do.
-                if case .unmount = request, reply == .ok(UnmountOutcome.last.fields), headless.withLock({ $0 }) {
-                    return .ok(UnmountOutcome.othersRemain.fields)
+                if case .unmount = request, case .success(.last) = reply.outcome(UnmountOutcome.self),
+                    headless.withLock({ $0 })
+                {
+                    return UnmountOutcome.othersRemain.reply
                 }
                 return reply
             }

@@ -145,7 +145,7 @@ final class ServedKeychain: Sendable {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
         switch request {
         case .ping:
-            return .ok([])
+            return Done().reply
         case .stop:
             return .systemError(EINVAL, "only a per-user device stops on request")
         case .serveBus:
@@ -162,13 +162,13 @@ final class ServedKeychain: Sendable {
             defer { passed = nil }
             do {
                 try mount(mountpoint, group: group, connection: passed)
-                return .ok([])
+                return Done().reply
             } catch {
                 return .systemError(EINVAL, error.description)
             }
         case .unmount(let mountpoint):
             do {
-                return .ok((try unmount(mountpoint) ? UnmountOutcome.last : .othersRemain).fields)
+                return (try unmount(mountpoint) ? UnmountOutcome.last : .othersRemain).reply
             } catch {
                 let reason =
                     error.rawValue == EBUSY
@@ -180,7 +180,7 @@ final class ServedKeychain: Sendable {
         case .changePasscode(let old, let new):
             do throws(KeychainError) {
                 try manager.localDevice.changePasscode(from: old, to: new)
-                return .ok([])
+                return Done().reply
             } catch {
                 return .keychainError(error, sentence(for: error))
             }
@@ -191,7 +191,7 @@ final class ServedKeychain: Sendable {
                     password: password, policedGroups: policedGroups, passcode: passcode,
                     by: subject(), consent: peerConsent(client))
                 try BackupFile.write(backup.bytes, to: file, name: path)
-                return .ok(ReplyCount(backup.count).fields)
+                return ReplyCount(backup.count).reply
             } catch {
                 return .keychainError(error, sentence(for: error, about: request))
             }
@@ -207,7 +207,7 @@ final class ServedKeychain: Sendable {
                 guard summary.applied else {
                     return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
                 }
-                return .ok(summary.fields)
+                return summary.reply
             } catch {
                 return .keychainError(error, sentence(for: error, about: request))
             }
@@ -216,21 +216,22 @@ final class ServedKeychain: Sendable {
             // hash, or tell the existence of, what only it can read (issue 29).
             return manager.localDevice.answer(
                 policyRequest: request, by: subject(), executable: passed,
-                opensPaths: serviceLimits == nil)
+                opensPaths: serviceLimits == nil
+            ).reply
         case .auditLog(let rotated):
             let name = rotated ? AuditLog.rotatedName : AuditLog.fileName
             let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else {
                 return Errno.current.rawValue == ENOENT
-                    ? .ok(AuditLogFile.absent.fields)
+                    ? AuditLogFile.absent.reply
                     : .systemError(Errno.current.rawValue, "cannot open the audit log: \(Errno.current.description)")
             }
             attachments.descriptor = fd
-            return .ok(AuditLogFile.attached.fields)
+            return AuditLogFile.attached.reply
         case .verifyLog:
             do {
                 let report = try AuditLog.verify(directory: manager.localDevice.directory)
-                return .ok(report.fields)
+                return report.reply
             } catch {
                 return .systemError(EIO, "cannot verify the audit log: \(error)")
             }
@@ -243,13 +244,13 @@ final class ServedKeychain: Sendable {
                 return .systemError(Errno.current.rawValue, "cannot follow the events: \(Errno.current.description)")
             }
             attachments.events = stream
-            return .ok([])
+            return Done().reply
         case .autoLock(let after, let grace):
             let device = manager.localDevice
             if after != nil || grace != nil {
                 device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
             }
-            return .ok(AutoLockSetting(after: device.autoLock.after, grace: device.autoLock.grace).fields)
+            return AutoLockSetting(after: device.autoLock.after, grace: device.autoLock.grace).reply
         case .get, .set, .remove, .list, .info, .details, .setDetails, .setClass, .rename, .createGroup, .removeGroup,
             .lock, .unlock, .status, .sync:
             // Whose an item is, is the Secret Service's to record, for the
@@ -268,7 +269,8 @@ final class ServedKeychain: Sendable {
                 request, program: program, subject: subject,
                 consent: ConsentCaller(
                     program: program, subject: subject, waiting: { ClientPresence.socketOpen(client) }),
-                auditOK: true)
+                auditOK: true
+            ).reply
         }
     }
 }
@@ -346,7 +348,7 @@ extension ServedKeychain {
     func answerItemRequest(
         _ request: DeviceRequest, program: () -> ProgramIdentity?,
         subject: () -> AuditSubject?, consent: ConsentCaller?
-    ) throws(KeychainError) -> DeviceReply {
+    ) throws(KeychainError) -> any DeviceResult {
         // As through a mount: a group's policy decides per program (the peer),
         // when the request has arrived and again just before the reply.
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
@@ -357,16 +359,18 @@ extension ServedKeychain {
             try manager.requireConsent(
                 group: group, identifiers: request.ownedIdentifiers, verb: verb, caller: consent)
         }
-        let reply = try carryOut(request, subject: subject)
+        let result = try carryOut(request, subject: subject)
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
-        return reply
+        return result
     }
 
-    private func carryOut(_ request: DeviceRequest, subject: () -> AuditSubject?) throws(KeychainError) -> DeviceReply {
+    private func carryOut(_ request: DeviceRequest, subject: () -> AuditSubject?) throws(KeychainError)
+        -> any DeviceResult
+    {
         switch request {
         case .get(let group, let identifier):
             let item = try manager.item(forIdentifier: identifier, inGroup: group)
-            return .value(item.value, item.protectionClass)
+            return ItemValue(value: item.value, protectionClass: item.protectionClass)
         case .set(let group, let identifier, let value, let protectionClass, let condition, let details):
             try nodes.namespace.withLock { () throws(KeychainError) in
                 _ = try manager.write(
@@ -381,20 +385,19 @@ extension ServedKeychain {
             } else {
                 found = try manager.itemsWithDetails(inGroup: group)
             }
-            return .ok(ItemDetails.listingFields(found))
+            return DetailsList(found)
         case .setDetails(let group, let identifier, let details):
             try manager.setDetails(details, forIdentifier: identifier, inGroup: group)
         case .remove(let group, let identifier):
             try nodes.removeItem(group: group, identifier: identifier, manager: manager)
             nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
         case .list(let group):
-            guard let group else { return .ok(try manager.groups()) }
-            return .ok(
-                ItemListing.fields(
-                    try manager.items(inGroup: group).map { ItemListing(identifier: $0.identifier, info: $0.info) }))
+            guard let group else { return GroupList(try manager.groups()) }
+            return ItemList(
+                try manager.items(inGroup: group).map { ItemListing(identifier: $0.identifier, info: $0.info) })
         case .info(let group, let identifier):
             guard let info = try manager.info(forIdentifier: identifier, inGroup: group) else { throw .itemNotFound }
-            return .ok(info.fields)
+            return info
         case .setClass(let group, let identifier, let protectionClass):
             try manager.setProtectionClass(protectionClass, forIdentifier: identifier, inGroup: group)
         case .rename(let group, let from, let to, let replacing):
@@ -411,11 +414,10 @@ extension ServedKeychain {
             manager.localDevice.lock(by: subject())
         case .unlock(let passcode):
             try manager.localDevice.unlock(passcode: passcode, by: subject())
-        case .status:
-            var status = try manager.status
-            status.keyProtection = manager.localDevice.keyProtection
-            status.judge = DeviceJudge.current
-            return .ok(status.fields)
+        case .status(let mountpoint):
+            // As the mount shows it (its group), when it is one of ours.
+            let group = mountpoint.flatMap { path in mounts.withLock { $0[path] }?.fileSystem.scope.group }
+            return manager.servedStatus(mode: serviceLimits == nil ? .perUser : .service, group: group)
         case .sync:
             try manager.sync()
         // Not a request of a manager's client: answer(_:) handles these before.
@@ -423,7 +425,7 @@ extension ServedKeychain {
             .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
             throw .param
         }
-        return .ok([])
+        return Done()
     }
 }
 
@@ -473,11 +475,13 @@ extension ServedKeychain: SecretStore {
         return names
     }
 
-    func perform(
-        _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+    func perform<Result: DeviceResult>(
+        _ call: DeviceCall<Result>, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
         audit policy: AuditPolicy
-    ) -> DeviceReply {
-        answerAudited(request, program: program, subject: subject, consent: nil, auditOK: policy == .always)
+    ) -> DeviceOutcome<Result> {
+        // The answer itself, never its fields: the provider is in this process.
+        answerAudited(call.request, program: program, subject: subject, consent: nil, auditOK: policy == .always)
+            .outcome(of: call)
     }
 }
 
@@ -488,23 +492,23 @@ extension ServedKeychain {
     func answerAudited(
         _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
         consent: ConsentCaller?, auditOK: Bool
-    ) -> DeviceReply {
+    ) -> DeviceAnswer {
         // The program as it was read, for a denial's reason in the log.
         var seen: ProgramIdentity?
         do throws(KeychainError) {
-            let reply = try answerItemRequest(
+            let result = try answerItemRequest(
                 request,
                 program: {
                     seen = program()
                     return seen
                 }, subject: subject, consent: consent)
             if auditOK { audit(request, result: "ok", subject: subject()) }
-            return reply
+            return .success(result)
         } catch {
             audit(
                 request, result: AuditEvent.result(of: error), subject: subject(),
                 doubt: error == .missingEntitlement ? seen?.doubt : nil)
-            return .keychainError(error, sentence(for: error, about: request))
+            return .failure(.keychain(error, sentence(for: error, about: request)))
         }
     }
 }

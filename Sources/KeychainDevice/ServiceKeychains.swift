@@ -78,7 +78,7 @@ final class ServiceKeychains: Sendable {
         case .failure(let error):
             return .systemError(EIO, error.description)
         case .success(nil):
-            if case .ping = request { return .ok([]) }
+            if case .ping = request { return Done().reply }
             return .keychainError(
                 .noSuchKeychain, "you have no keychain in the keychainfs service; create one with `keychainfs init`")
         case .success(let served?):
@@ -98,10 +98,8 @@ final class ServiceKeychains: Sendable {
                 // Sealed by the TPM when the service's account reaches one
                 // (the `tss` group's /dev/tpmrm0): the recovery key goes to
                 // the user who created it, once, as a secret value.
-                guard let recovery = try Device.createKeychain(at: directory, passcode: passcode) else {
-                    return .ok([])
-                }
-                return .value(recovery.formatted(), .always)
+                let recovery = try Device.createKeychain(at: directory, passcode: passcode)
+                return CreatedKeychain(recoveryKey: recovery?.formatted()).reply
             } catch {
                 return .keychainError(error, "cannot create your keychain in the service: \(error)")
             }

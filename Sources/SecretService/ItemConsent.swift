@@ -9,7 +9,7 @@ import Glibc
 /// the same as at the socket and the mount; only the waiting differs: the
 /// bus thread goes on serving while the person decides.
 extension SecretServiceProvider {
-    /// The program behind a call, as ``perform(_:for:audit:)`` reads it.
+    /// The program behind a call, as ``outcome(_:for:audit:)`` reads it.
     func callerIdentity(_ call: BusCall) -> ProgramIdentity? {
         guard let sender = bus.senderProcess(of: call.message), let pidfd = Pidfd.open(sender.pid) else { return nil }
         defer { close(pidfd) }
@@ -30,11 +30,11 @@ extension SecretServiceProvider {
         let candidates = items.compactMap { item -> (group: String, identifier: String, details: ItemDetails?)? in
             // A collection opened to every program (`policy GROUP --apps open`) asks nothing.
             guard store.appsOwnItems(inGroup: item.group),
-                case .ok(let fields) = perform(
+                case .success(let found) = outcome(
                     .details(group: item.group, identifier: item.identifier), for: call,
                     audit: .failures)
             else { return nil }
-            return (item.group, item.identifier, (try? ItemDetails.listed(fromFields: fields))?.first?.details)
+            return (item.group, item.identifier, found.entries.first?.details)
         }
         let (asked, caller) = ItemConsent.asked(among: candidates) { callerIdentity(call) }
         return (asked, caller)

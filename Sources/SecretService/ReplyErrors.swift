@@ -11,31 +11,29 @@ enum BusErrorSubject: Equatable, Sendable {
 }
 
 extension BusError {
-    /// What a device reply that is not the answer a method wanted means on
-    /// the bus, the same for every method (the spec's errors: a locked
-    /// item is IsLocked, an absent one NoSuchObject; a group's policy that
-    /// does not admit the program is AccessDenied). Never the value a
-    /// `.value` reply carries.
-    init(reply: DeviceReply, about subject: BusErrorSubject) {
-        switch reply {
-        case .keychainError(.interactionNotAllowed, _):
+    /// What a device's refusal means on the bus, the same for every
+    /// method (the spec's errors: a locked item is IsLocked, an absent one
+    /// NoSuchObject; a group's policy that does not admit the program is
+    /// AccessDenied).
+    init(refusal: DeviceRefusal, about subject: BusErrorSubject) {
+        switch refusal {
+        case .keychain(.interactionNotAllowed, _):
             self = .isLocked("\(Self.naming(subject)) is locked")
-        case .keychainError(.itemNotFound, _):
+        case .keychain(.itemNotFound, _):
             self = .noSuchObject("no \(Self.naming(subject))")
-        case .keychainError(.missingEntitlement, _):
+        case .keychain(.missingEntitlement, _):
             self = .accessDenied("this program is not entitled to \(Self.groupNaming(subject))")
-        case .keychainError(.ownerDenied, _):
+        case .keychain(.ownerDenied, _):
             self = .accessDenied("the person denied this program an item another program owns")
-        case .keychainError(_, let message), .systemError(_, let message):
+        case .keychain(_, let message), .system(_, let message):
             self = .failed(message)
-        case .ok, .value:
+        case .unexpected:
             self = .unexpectedReply
         }
     }
 
-    /// A reply of the wrong kind, or fields that do not read as the
-    /// method's answer: another keychainfs build at the other end.
-    static let unexpectedReply = BusError.failed("unexpected reply from the device (another keychainfs build?)")
+    /// An answer the method never gets: another keychainfs build at the other end.
+    static let unexpectedReply = BusError.failed(DeviceRefusal.unexpectedSentence)
 
     private static func naming(_ subject: BusErrorSubject) -> String {
         switch subject {
@@ -54,17 +52,10 @@ extension BusError {
     }
 }
 
-extension DeviceReply {
-    /// The value a `get` answered, or the error the reply means on the bus.
-    func secret(about subject: BusErrorSubject) throws(BusError) -> SecureBytes {
-        guard case .value(let value, _) = self else { throw BusError(reply: self, about: subject) }
-        return value
-    }
-
-    /// The fields of an `ok`, or the error the reply means on the bus.
+extension Swift.Result where Success: DeviceResult, Failure == DeviceRefusal {
+    /// The answer, or the error its refusal means on the bus.
     @discardableResult
-    func fields(about subject: BusErrorSubject) throws(BusError) -> [String] {
-        guard case .ok(let fields) = self else { throw BusError(reply: self, about: subject) }
-        return fields
+    func answer(about subject: BusErrorSubject) throws(BusError) -> Success {
+        try get(orThrow: { BusError(refusal: $0, about: subject) })
     }
 }

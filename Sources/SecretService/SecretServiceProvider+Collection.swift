@@ -16,12 +16,12 @@ extension SecretServiceProvider {
     /// `Delete` (no arguments).
     func deleteCollection(_ call: BusCall, group: String) throws(BusError) {
         // As rmdir: a group that holds items is refused, never emptied by one call.
-        let reply = perform(.removeGroup(group), for: call)
-        if case .keychainError(.badRequest, _) = reply {
+        let removed = outcome(.removeGroup(group), for: call)
+        if case .failure(.keychain(.badRequest, _)) = removed {
             throw .failed(
                 "the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
         }
-        try reply.fields(about: .collection(group: group))
+        try removed.answer(about: .collection(group: group))
         try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
     }
 
@@ -88,22 +88,21 @@ extension SecretServiceProvider {
             let written = details
             return try withConsent(call, to: "replace", items: [(group, existing.identifier)]) {
                 [self] call throws(BusError) in
-                let reply = perform(
+                try perform(
                     .set(
                         group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
-                        details: written), for: call)
-                try reply.fields(about: .item(path: existing.path))
+                        details: written), for: call, about: .item(path: existing.path))
                 try answer(call, existing.path)
             }
         }
         for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
-            let reply = perform(
+            let made = outcome(
                 .set(
                     group: group, identifier: identifier, value: value, protectionClass: protectionClass,
                     condition: .ifAbsent, details: details), for: call)
-            if case .keychainError(.duplicateItem, _) = reply, named == nil { continue }
+            if case .failure(.keychain(.duplicateItem, _)) = made, named == nil { continue }
             let path = ObjectPaths.item(group, identifier)
-            try reply.fields(about: .item(path: path))
+            try made.answer(about: .item(path: path))
             return try answer(call, path)
         }
         throw .failed("too many items are named after the label \(label)")

@@ -9,8 +9,10 @@ extension SecretServiceProvider {
     func getSecret(_ call: BusCall, group: String, identifier: String, session sessionPath: String) throws(BusError) {
         let session = try self.session(sessionPath, of: call)
         try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
-            let value = try perform(.get(group: group, identifier: identifier), for: call).secret(
-                about: .item(path: call.path))
+            let value = try perform(
+                .get(group: group, identifier: identifier), for: call, about: .item(path: call.path)
+            )
+            .value
             let contentType = contentType(of: group, identifier, for: call)
             try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
                 try session.append(value, contentType: contentType, to: reply)
@@ -34,10 +36,9 @@ extension SecretServiceProvider {
         let written = details
         try withConsent(call, to: "change the secret of", items: [(group, identifier)]) {
             [self] call throws(BusError) in
-            let reply = perform(
+            try perform(
                 .set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
-                for: call)
-            try reply.fields(about: .item(path: call.path))
+                for: call, about: .item(path: call.path))
             try bus.reply(to: call.message) { _ throws(BusError) in }
         }
     }
@@ -45,7 +46,7 @@ extension SecretServiceProvider {
     /// `Delete` (no arguments).
     func deleteItem(_ call: BusCall, group: String, identifier: String) throws(BusError) {
         try withConsent(call, to: "delete", items: [(group, identifier)]) { [self] call throws(BusError) in
-            try perform(.remove(group: group, identifier: identifier), for: call).fields(about: .item(path: call.path))
+            try perform(.remove(group: group, identifier: identifier), for: call, about: .item(path: call.path))
             try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
         }
     }

@@ -63,8 +63,9 @@ extension SecretServiceProvider {
             executable: app.claimName, digest: ExecutableDigest.of(bytes: Array(app.claimName.utf8)), jit: false)
         let identifier = app.claimName.split(separator: ":", maxSplits: 1).last.map(String.init) ?? app.claimName
         let group = Self.portalGroup
-        switch perform(.get(group: group, identifier: identifier), for: call) {
-        case .value(let value, _):
+        switch outcome(.get(group: group, identifier: identifier), for: call) {
+        case .success(let item):
+            let value = item.value
             guard let details = (try? itemDetails(group, identifier, for: call)) ?? nil, details.owner == owner,
                 value.count == Self.portalSecretSize
             else {
@@ -72,25 +73,26 @@ extension SecretServiceProvider {
                 return nil
             }
             return value
-        case .keychainError(.itemNotFound, _):
+        case .failure(.keychain(.itemNotFound, _)):
             // The group, made with the first app's secret (already there: a duplicate, and nothing changed).
-            _ = perform(.createGroup(group), for: call, audit: .failures)
+            _ = outcome(.createGroup(group), for: call, audit: .failures)
             let secret = SecureBytes.random(count: Self.portalSecretSize)
             var details = ItemDetails(
                 label: "Application key for \(app.described)", contentType: "application/octet-stream",
                 attributes: ["app_id": identifier, "xdg:schema": Self.portalInterface])
             details.owner = owner
-            let made = perform(
+            let made = outcome(
                 .set(group: group, identifier: identifier, value: secret, condition: .ifAbsent, details: details),
                 for: call)
+            switch made {
+            case .success: return secret
             // Made meanwhile by another call of the same app: that one is the secret.
-            if case .keychainError(.duplicateItem, _) = made { return portalSecret(of: app, for: call) }
-            guard case .ok = made else {
-                Diagnostics.log("cannot keep the master secret of \(app.described): \(made)")
+            case .failure(.keychain(.duplicateItem, _)): return portalSecret(of: app, for: call)
+            case .failure(let refusal):
+                Diagnostics.log("cannot keep the master secret of \(app.described): \(refusal.sentence)")
                 return nil
             }
-            return secret
-        default:
+        case .failure:
             return nil
         }
     }

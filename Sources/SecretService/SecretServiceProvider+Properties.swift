@@ -52,8 +52,9 @@ extension SecretServiceProvider {
             call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]
         ) {
             [self] call throws(BusError) in
-            let reply = perform(.setDetails(group: group, identifier: identifier, details: written), for: call)
-            try reply.fields(about: .item(path: call.path))
+            try perform(
+                .setDetails(group: group, identifier: identifier, details: written), for: call,
+                about: .item(path: call.path))
             try bus.reply(to: call.message) { _ throws(BusError) in }
         }
     }
@@ -71,11 +72,11 @@ extension SecretServiceProvider {
             guard let group = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
             return try collectionProperties(group, caller: call)
         case .item(let group, let identifier) where interface == Self.itemInterface:
-            let reply = perform(.info(group: group, identifier: identifier), for: call, audit: .failures)
-            let path = ObjectPaths.item(group, identifier)
-            let fields = try reply.fields(about: .item(path: path))
-            // Decoded as every client decodes `info` (ItemInfo), never by hand.
-            guard let protectionClass = try? ItemInfo(fields: fields).protectionClass else { throw .unexpectedReply }
+            let protectionClass = try perform(
+                .info(group: group, identifier: identifier), for: call,
+                about: .item(path: ObjectPaths.item(group, identifier)),
+                audit: .failures
+            ).protectionClass
             let item = ListedItem(
                 group: group, identifier: identifier, protectionClass: protectionClass,
                 details: try itemDetails(group, identifier, for: call))

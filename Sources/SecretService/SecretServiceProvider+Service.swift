@@ -73,10 +73,10 @@ extension SecretServiceProvider {
             }
             group = label
             // An existing group of that name is that collection.
-            let reply = perform(.createGroup(group), for: call)
-            if case .keychainError(.duplicateItem, _) = reply {
+            let made = outcome(.createGroup(group), for: call)
+            if case .failure(.keychain(.duplicateItem, _)) = made {
             } else {
-                try reply.fields(about: .collection(group: group))
+                try made.answer(about: .collection(group: group))
             }
         }
         try bus.reply(to: call.message) { (reply) throws(BusError) in
@@ -104,7 +104,7 @@ extension SecretServiceProvider {
 
     /// `Lock` (ao).
     func lock(_ call: BusCall, objects paths: [String]) throws(BusError) {
-        _ = perform(.lock, for: call)
+        _ = outcome(.lock, for: call)
         try bus.reply(to: call.message) { (reply) throws(BusError) in
             try reply.objectPaths(paths)
             try reply.objectPath(ObjectPaths.none)
@@ -139,9 +139,9 @@ extension SecretServiceProvider {
     ) throws(BusError) {
         var secrets: [(String, SecureBytes, String)] = []
         for (group, identifier) in items {
-            if case .value(let value, _) = perform(.get(group: group, identifier: identifier), for: call) {
+            if case .success(let item) = outcome(.get(group: group, identifier: identifier), for: call) {
                 secrets.append(
-                    (ObjectPaths.item(group, identifier), value, contentType(of: group, identifier, for: call)))
+                    (ObjectPaths.item(group, identifier), item.value, contentType(of: group, identifier, for: call)))
             }
         }
         try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in

@@ -281,20 +281,15 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     func groups(for call: BusCall) throws(BusError) -> [String] {
-        try perform(.list(group: nil), for: call, audit: .failures).fields(about: .collections)
+        try outcome(.groups, for: call, audit: .failures).answer(about: .collections).groups
     }
 
     /// The items of a group with their classes and details.
     func items(of group: String, for call: BusCall) throws(BusError) -> [ListedItem] {
-        let fields = try listing(of: group, for: call)
+        let listed = try listing(of: group, for: call)
         var details: [String: ItemDetails] = [:]
-        if case .ok(let detailFields) = perform(.details(group: group, identifier: nil), for: call, audit: .failures),
-            let found = try? ItemDetails.listed(fromFields: detailFields)
-        {
-            for (identifier, itemDetails) in found { details[identifier] = itemDetails }
-        }
-        guard let listed = try? ItemListing.items(fromFields: fields) else {
-            throw .unexpectedReply
+        if case .success(let found) = outcome(.details(group: group, identifier: nil), for: call, audit: .failures) {
+            for (identifier, itemDetails) in found.entries { details[identifier] = itemDetails }
         }
         return listed.map {
             ListedItem(
@@ -303,19 +298,15 @@ public final class SecretServiceProvider: @unchecked Sendable {
         }
     }
 
-    /// A group's listing as the device answers it: (identifier, class, size) fields.
-    func listing(of group: String, for call: BusCall) throws(BusError) -> [String] {
-        try perform(.list(group: group), for: call, audit: .failures).fields(about: .collection(group: group))
+    /// A group's items as the device lists them: identifier, class, size.
+    func listing(of group: String, for call: BusCall) throws(BusError) -> [ItemListing] {
+        try outcome(.items(inGroup: group), for: call, audit: .failures).answer(about: .collection(group: group)).items
     }
 
     /// The details of one item (nil: it has none).
     func itemDetails(_ group: String, _ identifier: String, for call: BusCall) throws(BusError) -> ItemDetails? {
-        let reply = perform(.details(group: group, identifier: identifier), for: call, audit: .failures)
-        let fields = try reply.fields(about: .item(path: ObjectPaths.item(group, identifier)))
-        guard let found = try? ItemDetails.listed(fromFields: fields) else {
-            throw .unexpectedReply
-        }
-        return found.first?.details
+        try outcome(.details(group: group, identifier: identifier), for: call, audit: .failures)
+            .answer(about: .item(path: ObjectPaths.item(group, identifier))).entries.first?.details
     }
 
     /// The content type a secret is sent with: the one kept with the
@@ -337,13 +328,23 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     /// Carries out a request of the program behind the call's sender.
-    func perform(_ request: DeviceRequest, for call: BusCall, audit: AuditPolicy = .always) -> DeviceReply {
+    func outcome<Result>(_ request: DeviceCall<Result>, for call: BusCall, audit: AuditPolicy = .always)
+        -> DeviceOutcome<Result>
+    {
         let sender = bus.senderProcess(of: call.message)
         // The bus daemon's pid of the sender, checked against a pidfd: the
         // process must still be the one that sent the call.
         return store.perform(
             request, program: { [self] in callerIdentity(call) },
             subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
+    }
+
+    /// ``outcome(_:for:audit:)``'s answer, or the error its refusal means on the bus.
+    @discardableResult
+    func perform<Result>(
+        _ request: DeviceCall<Result>, for call: BusCall, about subject: BusErrorSubject, audit: AuditPolicy = .always
+    ) throws(BusError) -> Result {
+        try outcome(request, for: call, audit: audit).answer(about: subject)
     }
 }
 

@@ -23,10 +23,11 @@ public protocol SecretStore: AnyObject, Sendable {
     /// Carries out an item request of the program `program` (read lazily:
     /// only a group with an entitlement policy asks), recorded in the audit
     /// log with `subject` as `audit` says.
-    func perform(
-        _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+    /// The answer is the result itself, never its fields.
+    func perform<Result: DeviceResult>(
+        _ call: DeviceCall<Result>, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
         audit: AuditPolicy
-    ) -> DeviceReply
+    ) -> DeviceOutcome<Result>
     /// Puts a question of the owner rule to the person (blocking the
     /// calling thread), records it and its answer, and puts the program on
     /// the items' lists for "Always allow": the core's, as at every door.

@@ -43,7 +43,7 @@ final class UnlockPrompt: Sendable {
     /// Asks (on the calling thread, which it blocks) until `unlock` takes a
     /// passcode; nil when the device was unlocked, else why not (for the log:
     /// a client sees only a dismissed prompt).
-    func run(program: String, program asker: pid_t?, unlock: (SecureBytes) -> DeviceReply) -> String? {
+    func run(program: String, program asker: pid_t?, unlock: (SecureBytes) -> DeviceOutcome<Done>) -> String? {
         let pinentry: Pinentry
         do {
             pinentry = try Pinentry(program: program)
@@ -75,10 +75,10 @@ final class UnlockPrompt: Sendable {
             }
             guard case .passcode(let passcode) = answer else { return "the person cancelled" }
             switch unlock(passcode) {
-            case .ok: return nil
-            case .keychainError(.authFailed, _): error = "Wrong passcode"
-            case .keychainError(_, let message), .systemError(_, let message): error = message
-            case .value: return "the device did not unlock"
+            case .success: return nil
+            case .failure(.keychain(.authFailed, _)): error = "Wrong passcode"
+            case .failure(.unexpected): return "the device did not unlock"
+            case .failure(let refusal): error = refusal.sentence
             }
         }
         return "\(Self.attempts) wrong passcodes"

@@ -53,13 +53,9 @@ struct AclCommand: ParsableCommand {
         if let path = remove { return try change(path, .remove) }
         if let path = claim { return try change(path, .claim) }
         let device = try RunningDevice(options.place)
-        guard
-            case .ok(let fields) = try device.send(
-                .details(group: item.group, identifier: item.identifier), item: "\(item)")
-        else {
-            throw DeviceAccess.unexpectedReply()
-        }
-        let details = try ItemDetails.listed(fromFields: fields).first?.details
+        let details = try device.call(
+            .details(group: item.group, identifier: item.identifier), about: .item("\(item)")
+        ).entries.first?.details
         if json {
             let allowed = (details?.allowed ?? []).map(Self.json).joined(separator: ", ")
             print("{\"owner\": \(details?.owner.map(Self.json) ?? "null"), \"allowed\": [\(allowed)]}")
@@ -87,15 +83,19 @@ struct AclCommand: ParsableCommand {
         }
         let file = removing ? -1 : open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         defer { if file >= 0 { close(file) } }
-        let request = DeviceRequest.access(
-            group: item.group, identifier: item.identifier, executable: resolved,
-            change: change, passcode: passcode)
-        let fields = try policyReply(request, keychain: options.place, passing: file >= 0 ? file : nil)
+        let passed = file >= 0 ? file : nil
         if removing {
-            guard let count = try? ReplyCount(fields: fields).count else { throw DeviceAccess.unexpectedReply() }
+            let count = try policyAnswer(
+                .disallow(group: item.group, identifier: item.identifier, executable: resolved, passcode: passcode),
+                keychain: options.place, passing: passed
+            ).count
             print("took \(count) program(s) at \(shown(resolved)) off the list of \(item)")
         } else {
-            guard let pinned = try? PinnedProgram(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+            let pinned = try policyAnswer(
+                change == .claim
+                    ? .claim(group: item.group, identifier: item.identifier, executable: resolved, passcode: passcode)
+                    : .allow(group: item.group, identifier: item.identifier, executable: resolved, passcode: passcode),
+                keychain: options.place, passing: passed)
             print(
                 change == .claim
                     ? "\(item) belongs to \(shown(pinned.executable)) (sha256 \(pinned.digestHex)) now"

@@ -30,20 +30,13 @@ struct AutoLockCommand: ParsableCommand {
     var grace: AutoLockDuration?
 
     func run() throws {
-        guard let mount = target.mount else {
-            let fields = try target.device().perform(
-                .autoLock(after: duration.seconds, grace: grace?.seconds), doing: "cannot set auto-lock")
-            // The device's setting as it now stands: what was asked for, or the reply is not this build's.
-            guard let setting = try? AutoLockSetting(fields: fields), setting.after == duration.seconds,
-                grace.map({ $0.seconds == setting.grace }) ?? true
-            else { throw DeviceAccess.unexpectedReply() }
-            return
+        // One request: the delay and the grace both take effect, or neither.
+        let device = try target.mount?.device() ?? target.device()
+        let setting = try device.call(
+            .autoLock(after: duration.seconds, grace: grace?.seconds), about: .action("cannot set auto-lock"))
+        // The device's setting as it now stands: what was asked for, or the reply is not this build's.
+        guard setting.after == duration.seconds, grace.map({ $0.seconds == setting.grace }) ?? true else {
+            throw DeviceAccess.unexpectedReply()
         }
-        _ = try mount.requireControl()
-        // One write: both lines take effect, or neither (.control parses the whole write first).
-        var command = "autolock \(duration.seconds)\n"
-        if let grace { command += "autolock-grace \(grace.seconds)\n" }
-        let result = Array(command.utf8).withUnsafeBytes { MountControlFile.send(mount.path, $0) }
-        guard result == 0 else { throw fail("cannot set auto-lock: \(String(cString: strerror(result)))") }
     }
 }

@@ -46,11 +46,11 @@ struct BackupCommand: ParsableCommand {
             } catch {
                 throw fail("cannot create \(path).partial: \(Errno.current.description)")
             }
-            let reply = try device.reply(
-                to: .backup(path: path, password: password, policedGroups: policedGroups, passcode: passcode),
+            let outcome = try device.outcome(
+                .backup(path: path, password: password, policedGroups: policedGroups, passcode: passcode),
                 passing: partial.fd)
             close(partial.fd)
-            if case .ok? = reply {
+            if case .success? = outcome {
                 do {
                     try BackupFile.moveIntoPlace(partial.path, path)
                 } catch {
@@ -59,22 +59,21 @@ struct BackupCommand: ParsableCommand {
             } else {
                 unlink(partial.path)
             }
-            switch reply {
-            case .keychainError(.missingEntitlement, _)?:
+            switch outcome {
+            case .failure(.keychain(.missingEntitlement, _))?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
-            case .keychainError(.authFailed, _)?:
+            case .failure(.keychain(.authFailed, _))?:
                 throw fail(backupExplanation(.authFailed, file: ""), status: ExitStatus.denied)
-            case .keychainError(.ownerDenied, let message)?:
+            case .failure(.keychain(.ownerDenied, let message))?:
                 throw fail("cannot back up: " + message, status: ExitStatus.denied)
-            case .keychainError(.param, _)? where !policedGroups.isEmpty:
+            case .failure(.keychain(.param, _))? where !policedGroups.isEmpty:
                 throw fail("every --group must name a group with an entitlement policy; nothing was written")
-            case .ok(let fields)?:
-                guard let written = try? ReplyCount(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+            case .success(let written)?:
                 count = written.count
-            case .keychainError(let error, _)?:
+            case .failure(.keychain(let error, _))?:
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
-            case .value?, .systemError?, nil:
-                throw DeviceAccess.failure(reply, about: .action("cannot back up"))
+            case .failure(.system)?, .failure(.unexpected)?, nil:
+                throw DeviceAccess.failure(outcome, about: .action("cannot back up"))
             }
         case .local(let manager, _):
             do {

@@ -81,6 +81,23 @@ struct MountpointArgument: ParsableArguments {
         return status
     }
 
+    /// The device serving the mount, reached over its socket as every
+    /// command reaches a device (issue 40: one control path; `.control`
+    /// is for shell users). Its `.control` says which keychain it serves,
+    /// and whether the service does.
+    func device() throws -> RunningDevice {
+        let status = try requireControl()
+        if status["mode"] == "service" {
+            guard let socket = ServicePaths.socket() else {
+                throw fail(
+                    "\(path) is served by the keychainfs service, which does not answer", status: ExitStatus.noDevice)
+            }
+            return RunningDevice(listeningAt: socket)
+        }
+        guard let keychain = status["keychain"] else { throw fail(missingControl) }
+        return RunningDevice(listeningAt: try keychainSocketPath(keychain))
+    }
+
     /// Why there is no control file to talk to, and what to do.
     var missingControl: String {
         MountTable.isDeadMount(path)

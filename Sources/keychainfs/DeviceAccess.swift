@@ -88,20 +88,20 @@ enum DeviceAccess {
         }
     }
 
-    /// The message and exit status of a reply the command cannot use: none
-    /// at all, a refusal, or a kind the request never gets (another build
-    /// answered). Commands match the replies they expect and give the rest here.
-    static func explanation(of reply: DeviceReply?, about subject: Subject) -> (message: String, status: ExitCode) {
-        switch reply {
+    /// The message and exit status of an answer the command cannot use:
+    /// none at all (nil), a refusal, or one the call never gets (another
+    /// build answered). Commands match the refusals they expect and give the rest here.
+    static func explanation(of refusal: DeviceRefusal?, about subject: Subject) -> (message: String, status: ExitCode) {
+        switch refusal {
         case nil:
             return ("the device went away", ExitStatus.noDevice)
-        case .ok?, .value?:
-            return (unexpectedReplySentence, ExitStatus.failure)
-        case .systemError(let code, let message)?:
+        case .unexpected?:
+            return (DeviceRefusal.unexpectedSentence, ExitStatus.failure)
+        case .system(let code, let message)?:
             return (subject.sentence(message), code == ENOENT ? ExitStatus.absent : ExitStatus.failure)
-        case .keychainError(.noSuchKeychain, let message)?:
+        case .keychain(.noSuchKeychain, let message)?:
             return (subject.sentence(message) + personalKeychainHint, ExitStatus.absent)
-        case .keychainError(let error, let message)?:
+        case .keychain(let error, let message)?:
             guard case .item(let item) = subject else { return (subject.sentence(message), ExitStatus.of(error)) }
             switch error {
             case .itemNotFound: return ("\(item) does not exist", ExitStatus.absent)
@@ -123,18 +123,29 @@ enum DeviceAccess {
     }
 
     /// ``explanation(of:about:)`` said on standard error, as the command's failure.
-    static func failure(_ reply: DeviceReply?, about subject: Subject) -> ExitCode {
-        let explanation = explanation(of: reply, about: subject)
+    static func failure(_ refusal: DeviceRefusal?, about subject: Subject) -> ExitCode {
+        let explanation = explanation(of: refusal, about: subject)
         return fail(explanation.message, status: explanation.status)
     }
 
-    /// A reply of a kind the request never gets: another build answered.
+    /// An answer the call never gets: another build answered.
     static func unexpectedReply() -> ExitCode {
-        fail(unexpectedReplySentence)
+        fail(DeviceRefusal.unexpectedSentence)
     }
 
-    private static let unexpectedReplySentence =
-        "unexpected reply from the device (a device of another keychainfs build?)"
+    /// ``explanation(of:about:)`` of an outcome that is not a success (nil: no answer came).
+    static func explanation<Result>(of outcome: DeviceOutcome<Result>?, about subject: Subject) -> (
+        message: String, status: ExitCode
+    ) {
+        guard case .failure(let refusal)? = outcome else { return explanation(of: nil, about: subject) }
+        return explanation(of: refusal, about: subject)
+    }
+
+    /// ``failure(_:about:)`` of an outcome that is not a success (nil: no answer came).
+    static func failure<Result>(_ outcome: DeviceOutcome<Result>?, about subject: Subject) -> ExitCode {
+        let explanation = explanation(of: outcome, about: subject)
+        return fail(explanation.message, status: explanation.status)
+    }
 
     /// No reply at all: the device went away, or never answered.
     static func noAnswer() -> ExitCode {
@@ -214,48 +225,44 @@ final class RunningDevice {
         return true
     }
 
-    /// The device's reply to `request`; nil when none came. A request that
+    /// The device's answer to `call`; nil when none came. A call that
     /// passes a descriptor goes to a device that listens now.
-    func reply(to request: DeviceRequest, passing descriptor: Int32? = nil) throws -> DeviceReply? {
-        if let descriptor { return DeviceClient.send(request, to: socketPath, passing: descriptor) }
-        switch DeviceClient.deliver(request, to: socketPath) {
-        case .answered(let reply): return reply
+    func outcome<Result>(_ call: DeviceCall<Result>, passing descriptor: Int32? = nil) throws
+        -> DeviceOutcome<Result>?
+    {
+        if let descriptor { return DeviceClient.send(call, to: socketPath, passing: descriptor) }
+        switch DeviceClient.deliver(call, to: socketPath) {
+        case .answered(let outcome): return outcome
         case .unanswered: return nil
-        case .notListening: return try startOnce() ? reply(to: request) : nil
+        case .notListening: return try startOnce() ? outcome(call) : nil
         }
     }
 
-    /// The reply of a device that listens now (none is started), and the
+    /// The answer of a device that listens now (none is started), and the
     /// descriptor it passed back with it (-1: none; the caller owns it).
-    func reply(to request: DeviceRequest, receiving descriptor: inout Int32) -> DeviceReply? {
-        DeviceClient.exchange(request, with: socketPath, receiving: &descriptor)
+    func outcome<Result>(_ call: DeviceCall<Result>, receiving descriptor: inout Int32) -> DeviceOutcome<Result>? {
+        DeviceClient.exchange(call, with: socketPath, receiving: &descriptor)
     }
 
-    /// The reply to `request` and the connection that carries what follows
+    /// The answer to `call` and the connection that carries what follows
     /// it (`watch`; the caller closes it); nil when no device answered.
-    func follow(_ request: DeviceRequest) throws -> (reply: DeviceReply, connection: Int32)? {
-        if let followed = DeviceClient.follow(request, at: socketPath) { return followed }
-        return try startOnce() ? DeviceClient.follow(request, at: socketPath) : nil
+    func follow<Result>(_ call: DeviceCall<Result>) throws -> (outcome: DeviceOutcome<Result>, connection: Int32)? {
+        if let followed = DeviceClient.follow(call, at: socketPath) { return followed }
+        return try startOnce() ? DeviceClient.follow(call, at: socketPath) : nil
     }
 
-    /// Sends a request about `item`; a failure becomes the message and exit status the user gets.
-    func send(_ request: DeviceRequest, item: String) throws -> DeviceReply {
-        try checked(try reply(to: request), item: item)
-    }
-
-    /// A reply as ``send(_:item:)`` gives it: a failure becomes the message and exit status.
-    func checked(_ reply: DeviceReply?, item: String) throws -> DeviceReply {
-        guard let reply, reply.isSuccess else { throw DeviceAccess.failure(reply, about: .item(item)) }
-        return reply
-    }
-
-    /// Carries out a request that answers `ok`, and returns its fields; a
-    /// failure is said as "`action`: why".
+    /// The answer to `call`; a refusal, or no answer, becomes the message
+    /// and exit status the user gets, naming `subject`.
     @discardableResult
-    func perform(_ request: DeviceRequest, doing action: String) throws -> [String] {
-        let reply = try reply(to: request)
-        guard case .ok(let fields)? = reply else { throw DeviceAccess.failure(reply, about: .action(action)) }
-        return fields
+    func call<Result>(_ call: DeviceCall<Result>, about subject: DeviceAccess.Subject) throws -> Result {
+        try answer(try outcome(call), about: subject)
+    }
+
+    /// An outcome's answer, as ``call(_:about:)`` gives it.
+    @discardableResult
+    func answer<Result>(_ outcome: DeviceOutcome<Result>?, about subject: DeviceAccess.Subject) throws -> Result {
+        guard case .success(let result)? = outcome else { throw DeviceAccess.failure(outcome, about: subject) }
+        return result
     }
 
     /// The device's status.
@@ -266,18 +273,8 @@ final class RunningDevice {
 
     /// The device's status; nil, said by no message, when none came.
     func statusIfAnswered() throws -> DeviceStatus? {
-        guard case .ok(let fields)? = try reply(to: .status) else { return nil }
-        return DeviceStatus(fields: fields)
-    }
-}
-
-extension DeviceReply {
-    /// An answer, not a refusal.
-    fileprivate var isSuccess: Bool {
-        switch self {
-        case .ok, .value: return true
-        case .keychainError, .systemError: return false
-        }
+        guard case .success(let status)? = try outcome(.status) else { return nil }
+        return status
     }
 }
 
@@ -293,75 +290,59 @@ extension RunningDevice {
         _ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition,
         details: ItemDetails? = nil
     ) throws -> KeychainError? {
-        let reply = try reply(
-            to: .set(
+        let outcome = try outcome(
+            .set(
                 group: item.group, identifier: item.identifier, value: value, condition: condition, details: details))
-        switch reply {
-        case .ok?: return nil
-        case .keychainError(let error, _)?: return error
-        case .systemError?, .value?, nil: throw DeviceAccess.failure(reply, about: .item("\(item)"))
+        switch outcome {
+        case .success?: return nil
+        case .failure(.keychain(let error, _))?: return error
+        case .failure(.system)?, .failure(.unexpected)?, nil:
+            throw DeviceAccess.failure(outcome, about: .item("\(item)"))
         }
     }
 
     /// The items of `group` that have details (none when there is no such group).
     func itemsWithDetails(of group: String) throws -> [(identifier: String, details: ItemDetails)] {
-        let reply = try reply(to: .details(group: group, identifier: nil))
-        if case .keychainError(.itemNotFound, _)? = reply { return [] }
-        guard case .ok(let fields) = try checked(reply, item: group) else { throw DeviceAccess.unexpectedReply() }
-        return try ItemDetails.listed(fromFields: fields)
+        let outcome = try outcome(.details(group: group, identifier: nil))
+        if case .failure(.keychain(.itemNotFound, _))? = outcome { return [] }
+        return try answer(outcome, about: .item(group)).entries
     }
 
     /// An item's value; nil when it does not exist (said by no message).
     func valueIfPresent(of item: ItemAddress) throws -> SecureBytes? {
-        let reply = try reply(to: .get(group: item.group, identifier: item.identifier))
-        if case .keychainError(.itemNotFound, _)? = reply { return nil }
-        guard case .value(let value, _) = try checked(reply, item: "\(item)") else {
-            throw DeviceAccess.unexpectedReply()
-        }
-        return value
+        let outcome = try outcome(.get(group: item.group, identifier: item.identifier))
+        if case .failure(.keychain(.itemNotFound, _))? = outcome { return nil }
+        return try answer(outcome, about: .item("\(item)")).value
     }
+
     /// An item's value.
     func value(of item: ItemAddress) throws -> SecureBytes {
-        guard
-            case .value(let value, _) = try send(.get(group: item.group, identifier: item.identifier), item: "\(item)")
-        else {
-            throw DeviceAccess.unexpectedReply()
-        }
-        return value
+        try call(.get(group: item.group, identifier: item.identifier), about: .item("\(item)")).value
     }
 
-    /// The groups, or a group's items as (identifier, class, size) (both work while locked).
+    /// The groups (they are listed while locked too).
     func groups() throws -> [String] {
-        guard case .ok(let fields) = try send(.list(group: nil), item: "the keychain") else {
-            throw DeviceAccess.unexpectedReply()
-        }
-        return fields
+        try call(.groups, about: .item("the keychain")).groups
     }
 
+    /// A group's items as (identifier, class, size) (listed while locked too).
     func items(of group: String) throws -> [ItemListing] {
-        try itemRows(send(.list(group: group), item: group))
+        try call(.items(inGroup: group), about: .item(group)).items
     }
 
     /// ``items(of:)``, or nil when the group's policy does not admit this program.
     func itemsIfAdmitted(of group: String) throws -> [ItemListing]? {
-        let reply = try reply(to: .list(group: group))
-        if case .keychainError(.missingEntitlement, _)? = reply { return nil }
-        return try itemRows(checked(reply, item: group))
-    }
-
-    /// A group listing's items.
-    private func itemRows(_ reply: DeviceReply) throws -> [ItemListing] {
-        guard case .ok(let fields) = reply, let items = try? ItemListing.items(fromFields: fields) else {
-            throw DeviceAccess.unexpectedReply()
-        }
-        return items
+        let outcome = try outcome(.items(inGroup: group))
+        if case .failure(.keychain(.missingEntitlement, _))? = outcome { return nil }
+        return try answer(outcome, about: .item(group)).items
     }
 
     /// Stores a value as `set` does (the device's accessmode and migrate
     /// setting); `.ifAbsent` refuses to replace one, atomically.
     func store(_ value: SecureBytes, at item: ItemAddress, condition: PasswordManager.WriteCondition = .always) throws {
-        _ = try send(
-            .set(group: item.group, identifier: item.identifier, value: value, condition: condition), item: "\(item)")
+        try call(
+            .set(group: item.group, identifier: item.identifier, value: value, condition: condition),
+            about: .item("\(item)"))
     }
 }
 

@@ -61,8 +61,8 @@ struct DockerCredentialCommand: ParsableCommand {
             let value = try SecureBytes(
                 "{\"Username\": \(jsonString(credentials.username)), \"Secret\": \(jsonString(credentials.secret))}")
             try Self.check(
-                device.reply(
-                    to: .set(group: Self.group, identifier: ItemName.encoded(credentials.serverURL), value: value)))
+                device.outcome(
+                    .set(group: Self.group, identifier: ItemName.encoded(credentials.serverURL), value: value)))
         case "get":
             let serverURL = try Self.readServerURL()
             let stored = try Self.credentials(at: ItemName.encoded(serverURL), device: device)
@@ -71,11 +71,10 @@ struct DockerCredentialCommand: ParsableCommand {
             )
         case "erase":
             let identifier = ItemName.encoded(try Self.readServerURL())
-            try Self.check(device.reply(to: .remove(group: Self.group, identifier: identifier)))
+            try Self.check(device.outcome(.remove(group: Self.group, identifier: identifier)))
         default:  // list: every server URL with its username (which needs the key)
-            let listing = try Self.check(device.reply(to: .list(group: Self.group)), absentIsEmpty: true)
+            let items = try Self.check(device.outcome(.items(inGroup: Self.group)), absentIs: ItemList([])).items
             var entries: [String] = []
-            let items = try ItemListing.items(fromFields: listing)
             for item in items {
                 guard let serverURL = ItemName.decoded(item.identifier) else { continue }
                 let stored = try Self.credentials(at: item.identifier, device: device)
@@ -95,32 +94,32 @@ struct DockerCredentialCommand: ParsableCommand {
         return RunningDevice(listeningAt: socketPath)
     }
 
-    /// The fields of an `ok` reply; every other reply becomes the failure
-    /// docker shows: its own words for an absent item, which docker
-    /// recognises, else the device's sentence.
+    /// The answer; every refusal becomes the failure docker shows: its
+    /// own words for an absent item (unless `absentIs` stands for it),
+    /// which docker recognises, else the device's sentence.
     @discardableResult
-    private static func check(_ reply: DeviceReply?, absentIsEmpty: Bool = false) throws -> [String] {
-        switch reply {
-        case .ok(let fields)?:
-            return fields
-        case .keychainError(.itemNotFound, _)?, .systemError(ENOENT, _)?:
-            if absentIsEmpty { return [] }
+    private static func check<Result>(_ outcome: DeviceOutcome<Result>?, absentIs absent: Result? = nil) throws
+        -> Result
+    {
+        switch outcome {
+        case .success(let result)?:
+            return result
+        case .failure(.keychain(.itemNotFound, _))?, .failure(.system(ENOENT, _))?:
+            if let absent { return absent }
             throw Failure(message: notFound)
-        case .keychainError(.interactionNotAllowed, _)?:
+        case .failure(.keychain(.interactionNotAllowed, _))?:
             throw Failure(message: "the keychain is locked; unlock it to use docker credentials")
-        case .keychainError?, .systemError?, .value?, nil:
-            throw Failure(message: DeviceAccess.explanation(of: reply, about: .device).message)
+        case .failure(let refusal)?:
+            throw Failure(message: DeviceAccess.explanation(of: refusal, about: .device).message)
+        case nil:
+            throw Failure(message: DeviceAccess.explanation(of: nil, about: .device).message)
         }
     }
 
     private static func credentials(at identifier: String, device: RunningDevice) throws -> (
         username: String, secret: String
     ) {
-        let reply = try device.reply(to: .get(group: group, identifier: identifier))
-        guard case .value(let value, _)? = reply else {
-            try check(reply)
-            throw Failure(message: DeviceAccess.explanation(of: reply, about: .device).message)
-        }
+        let value = try check(device.outcome(.get(group: group, identifier: identifier))).value
         guard let stored = value.withUnsafeBytes({ try? JSONDecoder().decode(Stored.self, from: Data($0)) }) else {
             throw Failure(message: "the item \(group)/\(identifier) does not hold docker credentials")
         }

@@ -43,20 +43,21 @@ struct GitCredentialCommand: ParsableCommand {
         let device = RunningDevice(listeningAt: socketPath)
         switch action {
         case "get":
-            switch try device.reply(to: .get(group: Self.group, identifier: identifier)) {
-            case .value(let value, _)?:
+            switch try device.outcome(.get(group: Self.group, identifier: identifier)) {
+            case .success(let item)?:
+                let value = item.value
                 if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
                 _ = value.withUnsafeBytes { try? Descriptor.writeAll(1, $0) }
-            case .keychainError(.interactionNotAllowed, _)?:
+            case .failure(.keychain(.interactionNotAllowed, _))?:
                 Self.say("the keychain is locked; unlock it to use the stored git credentials")
-            case .keychainError?, .systemError?, .ok?, nil:
+            case .failure?, nil:
                 return
             }
         case "store":
             guard let username = request["username"], let password = request["password"] else { return }
             guard let value = try? SecureBytes("username=\(username)\npassword=\(password)\n") else { return }
-            if case .keychainError(let error, _)? = try device.reply(
-                to: .set(group: Self.group, identifier: identifier, value: value))
+            if case .failure(.keychain(let error, _))? = try device.outcome(
+                .set(group: Self.group, identifier: identifier, value: value))
             {
                 Self.say(
                     error == .interactionNotAllowed
@@ -67,13 +68,15 @@ struct GitCredentialCommand: ParsableCommand {
             }
         default:  // erase
             // Only the credential git names: read it first (which needs the key).
-            switch try device.reply(to: .get(group: Self.group, identifier: identifier)) {
-            case .value(let value, _)?:
-                if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
-                _ = try device.reply(to: .remove(group: Self.group, identifier: identifier))
-            case .keychainError(.interactionNotAllowed, _)?:
+            switch try device.outcome(.get(group: Self.group, identifier: identifier)) {
+            case .success(let item)?:
+                if let username = request["username"], !Self.fields(item.value).contains("username=" + username) {
+                    return
+                }
+                _ = try device.outcome(.remove(group: Self.group, identifier: identifier))
+            case .failure(.keychain(.interactionNotAllowed, _))?:
                 Self.say("the keychain is locked; nothing was erased")
-            case .keychainError?, .systemError?, .ok?, nil:
+            case .failure?, nil:
                 return
             }
         }

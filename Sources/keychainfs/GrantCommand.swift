@@ -52,12 +52,11 @@ struct GrantCommand: ParsableCommand {
         }
         let file = open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         defer { if file >= 0 { close(file) } }
-        let request = DeviceRequest.grant(
-            group: group, executable: resolved, unit: program.unit, uid: program.uid,
-            passcode: passcode, allowJIT: allowJIT)
-        let passed: Int32? = file >= 0 ? file : nil
-        let fields = try policyReply(request, keychain: options.place, passing: passed)
-        guard let pinned = try? PinnedProgram(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+        let pinned = try policyAnswer(
+            .grant(
+                group: group, executable: resolved, unit: program.unit, uid: program.uid,
+                passcode: passcode, allowJIT: allowJIT),
+            keychain: options.place, passing: file >= 0 ? file : nil)
         print(
             "granted \(group) to \(shown(pinned.executable)) (sha256 \(pinned.digestHex))"
                 + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")

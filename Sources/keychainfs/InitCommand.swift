@@ -72,16 +72,13 @@ struct InitCommand: ParsableCommand {
     private func createInService(_ place: KeychainPlace) throws {
         try place.requireExisting()
         let passcode = try newPasscode()
-        let reply = try RunningDevice(listeningAt: try place.socketPath()).reply(to: .create(passcode: passcode))
-        switch reply {
-        case .ok?:
-            print("created \(place.name)")
-            RecoveryKeyNotice.show(nil)
-        case .value(let key, _)?:
-            print("created \(place.name)")
+        let device = RunningDevice(listeningAt: try place.socketPath())
+        let created = try device.call(.create(passcode: passcode), about: .action("no keychain was created"))
+        print("created \(place.name)")
+        if let key = created.recoveryKey {
             RecoveryKeyNotice.show(formatted: key)
-        case .keychainError?, .systemError?, nil:
-            throw DeviceAccess.failure(reply, about: .action("no keychain was created"))
+        } else {
+            RecoveryKeyNotice.show(nil)
         }
     }
 }

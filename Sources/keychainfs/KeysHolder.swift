@@ -56,10 +56,8 @@ enum KeysHolder {
         switch self {
         case .local(let manager, _): return manager.localDevice.hasEntitlementPolicies
         case .device(let device):
-            guard case .ok(let fields)? = try? device.reply(to: .policy(group: nil)),
-                let rules = try? PolicyListing.rows(fromFields: fields)
-            else { return false }
-            return !rules.isEmpty
+            guard case .success(let policy)? = try? device.outcome(.policy(group: nil)) else { return false }
+            return !policy.rows.isEmpty
         }
     }
 }

@@ -57,8 +57,7 @@ struct LogCommand: ParsableCommand {
 
     /// The service's verification of this user's log.
     private func verifyReply(_ service: RunningDevice) throws -> AuditLog.VerifyReport {
-        let fields = try service.perform(.verifyLog, doing: "cannot verify the audit log")
-        guard let report = AuditLog.VerifyReport(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+        let report = try service.call(.verifyLog, about: .action("cannot verify the audit log"))
         return report
     }
 
@@ -144,8 +143,8 @@ private struct LogFollower {
             return Glibc.open(directory + "/" + file, O_RDONLY | O_CLOEXEC)
         case .service(let service):
             var received: Int32 = -1
-            let reply = service.reply(to: .auditLog(rotated: file == AuditLog.rotatedName), receiving: &received)
-            guard case .ok(let fields)? = reply, (try? AuditLogFile(fields: fields)) == .attached, received >= 0 else {
+            let outcome = service.outcome(.auditLog(rotated: file == AuditLog.rotatedName), receiving: &received)
+            guard case .success(.attached)? = outcome, received >= 0 else {
                 if received >= 0 { close(received) }
                 return -1
             }

@@ -134,16 +134,16 @@ struct PAMHookCommand: ParsableCommand {
         let status = try device.status()
         guard status.isLocked, status.retryAfter == 0 else { return }
         let password = try Self.input()
-        let reply = try device.reply(to: .unlock(passcode: status.hasPasscode ? password : nil))
-        switch reply {
-        case .ok?: return
-        case .keychainError(.authFailed, _)?:
+        let outcome = try device.outcome(.unlock(passcode: status.hasPasscode ? password : nil))
+        switch outcome {
+        case .success?: return
+        case .failure(.keychain(.authFailed, _))?:
             try LoginUnlock.turnOff(
                 because: "the login password did not unlock the keychain (its passcode is another); "
                     + "`keychainfs login enable` once they are the same")
             throw ExitCode(ExitStatus.denied.rawValue)
-        case .keychainError?, .systemError?, .value?, nil:
-            throw DeviceAccess.failure(reply, about: .action("cannot unlock"))
+        case .failure?, nil:
+            throw DeviceAccess.failure(outcome, about: .action("cannot unlock"))
         }
     }
 

@@ -89,13 +89,13 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw reportFailure(error.description)
         }
-        let reply = try RunningDevice(listeningAt: try place.socketPath()).reply(
-            to: .attach(group: group, mountpoint: mountpoint), passing: connection)
+        let outcome = try RunningDevice(listeningAt: try place.socketPath()).outcome(
+            .attach(group: group, mountpoint: mountpoint), passing: connection)
         close(connection)
-        guard case .ok? = reply else {
+        guard case .success? = outcome else {
             // The service did not take the connection: the mount would hang every user of it.
             _ = MountTable.unmount(mountpoint, lazy: true)
-            throw reportFailure(DeviceAccess.explanation(of: reply, about: .action("nothing was mounted")).message)
+            throw reportFailure(DeviceAccess.explanation(of: outcome, about: .action("nothing was mounted")).message)
         }
         try finishMount(mountpoint)
     }
@@ -116,15 +116,15 @@ struct MountCommand: ParsableCommand {
     /// Asks the running device process to serve one more mount; false if it
     /// went away without answering.
     private func join(_ device: RunningDevice, mountpoint: String) throws -> Bool {
-        let reply = try device.reply(to: .mount(group: group, mountpoint: mountpoint))
-        switch reply {
+        let outcome = try device.outcome(.mount(group: group, mountpoint: mountpoint))
+        switch outcome {
         case nil:
             return false
-        case .ok?:
+        case .success?:
             try finishMount(mountpoint)
             return true
-        case .value?, .keychainError?, .systemError?:
-            throw reportFailure(DeviceAccess.explanation(of: reply, about: .device).message)
+        case .failure?:
+            throw reportFailure(DeviceAccess.explanation(of: outcome, about: .device).message)
         }
     }
 
@@ -239,8 +239,8 @@ struct SecretServiceOptions: ParsableArguments {
         guard let address = getenv("DBUS_SESSION_BUS_ADDRESS").map({ String(cString: $0) }), !address.isEmpty else {
             return "no session bus: DBUS_SESSION_BUS_ADDRESS is not set"
         }
-        let reply = try? device.reply(to: .serveBus(address: address, replace: replace))
-        guard case .ok? = reply else { return DeviceAccess.explanation(of: reply, about: .device).message }
+        let outcome = (try? device.outcome(.serveBus(address: address, replace: replace))) ?? nil
+        guard case .success? = outcome else { return DeviceAccess.explanation(of: outcome, about: .device).message }
         return nil
     }
 }

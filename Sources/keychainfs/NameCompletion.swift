@@ -28,14 +28,12 @@ enum NameCompletion {
         // Only a device that runs: a completion starts none, and says nothing.
         let device = RunningDevice(listeningAt: socketPath)
         guard let slash = prefix.firstIndex(of: "/") else {
-            guard case .ok(let groups)? = try? device.reply(to: .list(group: nil)) else { return [] }
-            return groups.map { $0 + "/" }.filter { $0.hasPrefix(prefix) }
+            guard case .success(let list)? = try? device.outcome(.groups) else { return [] }
+            return list.groups.map { $0 + "/" }.filter { $0.hasPrefix(prefix) }
         }
         let group = String(prefix[..<slash])
-        guard case .ok(let fields)? = try? device.reply(to: .list(group: group)),
-            let items = try? ItemListing.items(fromFields: fields)
-        else { return [] }
-        return items.map { group + "/" + $0.identifier }.filter { $0.hasPrefix(prefix) }
+        guard case .success(let list)? = try? device.outcome(.items(inGroup: group)) else { return [] }
+        return list.items.map { group + "/" + $0.identifier }.filter { $0.hasPrefix(prefix) }
     }
 
     /// The keychain the command line being completed names (`--keychain DIR`

@@ -56,15 +56,15 @@ struct PasscodeCommand: ParsableCommand {
     static func change(
         at place: KeychainPlace, from old: SecureBytes?, to new: SecureBytes?
     ) throws -> (error: KeychainError, retryAfter: Int64?)? {
-        let reply = try RunningDevice(listeningAt: try place.socketPath()).reply(
-            to: .changePasscode(old: old, new: new))
-        switch reply {
-        case .ok?:
+        let outcome = try RunningDevice(listeningAt: try place.socketPath()).outcome(
+            .changePasscode(old: old, new: new))
+        switch outcome {
+        case .success?:
             return nil
-        case .keychainError(let error, _)?:
+        case .failure(.keychain(let error, _))?:
             return (error, nil)
-        case .value?, .systemError?:
-            throw DeviceAccess.failure(reply, about: .action("the passcode was not changed"))
+        case .failure(.system)?, .failure(.unexpected)?:
+            throw DeviceAccess.failure(outcome, about: .action("the passcode was not changed"))
         case nil:
             // No device holds the keychain: change it directly.
             guard case .directory(let keychain) = place else {

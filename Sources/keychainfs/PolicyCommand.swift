@@ -44,15 +44,12 @@ struct PolicyCommand: ParsableCommand {
     func run() throws {
         if let group, let apps {
             let passcode = try policyPasscode()
-            let fields = try policyReply(
+            let setting = try policyAnswer(
                 .apps(group: group, open: apps == "open", passcode: passcode), keychain: options.place)
-            guard let setting = try? GroupApps(fields: fields) else { throw DeviceAccess.unexpectedReply() }
             print("\(LineEscaping.escaped(group)): apps \(setting.rawValue)")
             return
         }
-        let fields = try policyReply(.policy(group: group), keychain: options.place)
-        guard let rows = try? PolicyListing.rows(fromFields: fields) else { throw DeviceAccess.unexpectedReply() }
-        for row in rows {
+        for row in try policyAnswer(.policy(group: group), keychain: options.place).rows {
             let group = LineEscaping.escaped(row.group)
             guard let rule = row.rule else {
                 print("\(group) (no program)")
@@ -65,8 +62,8 @@ struct PolicyCommand: ParsableCommand {
                     + (rule.allowsJIT ? " allow-jit" : ""))
         }
         if let group {
-            let mode = try policyReply(.apps(group: group, open: nil, passcode: nil), keychain: options.place)
-            print("\(LineEscaping.escaped(group)): apps \(mode.first ?? "own")")
+            let mode = try policyAnswer(.apps(group: group, open: nil, passcode: nil), keychain: options.place)
+            print("\(LineEscaping.escaped(group)): apps \(mode.rawValue)")
         }
     }
 }

@@ -6,35 +6,36 @@ import KeychainFS
 import Glibc
 #endif
 
-/// Sends a policy request to the keychain's running device, or, when none
+/// Sends a policy call to the keychain's running device, or, when none
 /// runs, carries it out on the keychain directly (as `passcode` does).
-func policyReply(_ request: DeviceRequest, keychain place: KeychainPlace, passing file: Int32? = nil) throws -> [String]
+func policyAnswer<Result>(_ call: DeviceCall<Result>, keychain place: KeychainPlace, passing file: Int32? = nil) throws
+    -> Result
 {
     try place.requireExisting()
-    let reply: DeviceReply
-    if let answer = try RunningDevice(listeningAt: try place.socketPath()).reply(to: request, passing: file) {
-        reply = answer
+    let outcome: DeviceOutcome<Result>
+    if let answer = try RunningDevice(listeningAt: try place.socketPath()).outcome(call, passing: file) {
+        outcome = answer
     } else {
         guard case .directory(let keychain) = place else {
             throw fail("the keychainfs service went away", status: ExitStatus.noDevice)
         }
         let device = try DeviceAccess.openDirectly(keychain)
-        reply = device.answer(policyRequest: request, by: nil)
+        outcome = device.answer(policyRequest: call.request, by: nil).outcome(of: call)
         // The log's newest line is anchored in the keychain, as a device anchors it when it stops.
         device.shutDown()
     }
-    switch reply {
-    case .ok(let fields):
-        return fields
-    case .keychainError(.authFailed, _):
+    switch outcome {
+    case .success(let result):
+        return result
+    case .failure(.keychain(.authFailed, _)):
         throw fail(
             "the passcode is wrong (or wrong passcodes have locked changes out for now); nothing was changed",
             status: ExitStatus.denied)
-    case .keychainError(.itemNotFound, let message):
-        if case .revoke = request { throw fail("no such rule: nothing was revoked", status: ExitStatus.absent) }
+    case .failure(.keychain(.itemNotFound, let message)):
+        if case .revoke = call.request { throw fail("no such rule: nothing was revoked", status: ExitStatus.absent) }
         throw fail(message, status: ExitStatus.absent)
-    case .keychainError, .systemError, .value:
-        throw DeviceAccess.failure(reply, about: .device)
+    case .failure(let refusal):
+        throw DeviceAccess.failure(refusal, about: .device)
     }
 }
 

@@ -16,7 +16,7 @@ struct RemoveCommand: ParsableCommand {
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
-        _ = try RunningDevice(options.place).send(
-            .remove(group: item.group, identifier: item.identifier), item: "\(item)")
+        try RunningDevice(options.place).call(
+            .remove(group: item.group, identifier: item.identifier), about: .item("\(item)"))
     }
 }

@@ -53,22 +53,21 @@ struct RestoreCommand: ParsableCommand {
             let file = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
             guard file >= 0 else { throw fail("cannot read \(path): \(Errno.current.description)") }
             defer { close(file) }
-            let reply = try device.reply(
-                to: .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file)
-            switch reply {
-            case .ok(let fields)?:
-                guard let applied = try? RestoreSummary(fields: fields) else { throw DeviceAccess.unexpectedReply() }
+            let outcome = try device.outcome(
+                .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file)
+            switch outcome {
+            case .success(let applied)?:
                 summary = applied
-            case .keychainError(.ownerDenied, let message)?:
+            case .failure(.keychain(.ownerDenied, let message))?:
                 throw fail("cannot restore: " + message, status: ExitStatus.denied)
-            case .keychainError(.missingEntitlement, _)?:
+            case .failure(.keychain(.missingEntitlement, _))?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
-            case .keychainError(.duplicateItem, let message)?: throw fail(message)
-            case .keychainError(.quotaExceeded, let message)?: throw fail(message)
-            case .keychainError(let error, _)?:
+            case .failure(.keychain(.duplicateItem, let message))?: throw fail(message)
+            case .failure(.keychain(.quotaExceeded, let message))?: throw fail(message)
+            case .failure(.keychain(let error, _))?:
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
-            case .value?, .systemError?, nil:
-                throw DeviceAccess.failure(reply, about: .action("cannot restore"))
+            case .failure(.system)?, .failure(.unexpected)?, nil:
+                throw DeviceAccess.failure(outcome, about: .action("cannot restore"))
             }
         case .local(let manager, _):
             do {

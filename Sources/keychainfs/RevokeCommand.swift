@@ -36,11 +36,11 @@ struct RevokeCommand: ParsableCommand {
 
     func run() throws {
         let passcode = try policyPasscode()
-        let reply = try policyReply(
+        let count = try policyAnswer(
             .revoke(
                 group: group, executable: program.absoluteExecutable, unit: program.unit,
-                uid: program.uid, all: all, passcode: passcode), keychain: options.place)
-        guard let count = try? ReplyCount(fields: reply).count else { throw DeviceAccess.unexpectedReply() }
+                uid: program.uid, all: all, passcode: passcode), keychain: options.place
+        ).count
         print(
             all
                 ? "removed the policy of \(group) (\(count) rules): every program may use it"

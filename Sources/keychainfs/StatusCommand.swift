@@ -22,37 +22,35 @@ struct StatusCommand: ParsableCommand {
     var json = false
 
     func run() throws {
-        let lines: [String]
-        if let mount = target.mount {
-            guard let text = MountControlFile.text(mount.path) else { throw fail(mount.missingControl) }
-            lines = String(decoding: text, as: UTF8.self).split(separator: "\n").map(String.init)
-        } else {
-            lines = try deviceLines()
-        }
+        let report = try self.report()
         guard json else {
-            print(lines.joined(separator: "\n"))
+            print(report.text, terminator: "")
             return
         }
-        let members = lines.compactMap { line -> String? in
-            let parts = line.split(separator: ":", maxSplits: 1)
-            guard parts.count == 2 else { return nil }
-            let value = String(parts[1].dropFirst())
-            return jsonString(String(parts[0])) + ": " + (Int64(value).map(String.init) ?? jsonString(value))
+        let members = report.map { entry in
+            switch entry.value {
+            case .text(let text): return jsonString(entry.key) + ": " + jsonString(text)
+            case .number(let number): return jsonString(entry.key) + ": " + String(number)
+            }
         }
         print("{" + members.joined(separator: ", ") + "}")
     }
 
-    private func deviceLines() throws -> [String] {
-        let mode = if case .service = target.options.place { "service" } else { "per-user" }
-        guard let device = try target.runningDevice() else {
-            var lines = ["state: stopped", "mode: \(mode)"]
-            // How the keys are kept is in the device-secret file (no TPM asked).
-            if case .directory(let keychain) = target.options.place, let protection = try? keychain.keyProtection() {
-                lines.append("key-protection: \(protection.rawValue)")
-            }
-            return lines
+    /// The device's report (``DeviceStatus/report()``), over its socket
+    /// (a mount's: with the mount's group); a keychain no device holds is
+    /// `state: stopped`.
+    private func report() throws -> [StatusEntry] {
+        if let mount = target.mount {
+            return try mount.device().call(.status(ofMount: mount.path), about: .action("no status")).report()
         }
-        let status = try device.status()
-        return status.lines() + ["mode: \(mode)"] + (status.keyProtection?.lines ?? []) + (status.judge?.lines ?? [])
+        guard let device = try target.runningDevice() else {
+            let mode: ServingFacts.Mode = if case .service = target.options.place { .service } else { .perUser }
+            // How the keys are kept is in the device-secret file (no TPM asked).
+            guard case .directory(let keychain) = target.options.place else {
+                return DeviceStatus.stoppedReport(mode: mode, keyProtection: nil)
+            }
+            return DeviceStatus.stoppedReport(mode: mode, keyProtection: try? keychain.keyProtection())
+        }
+        return try device.status().report()
     }
 }

@@ -18,12 +18,10 @@ struct StopCommand: ParsableCommand {
         guard case .directory(let keychain) = options.place else {
             throw fail("the keychainfs service is stopped by its administrator (systemctl stop keychainfs)")
         }
-        let reply = try RunningDevice(listeningAt: try keychain.deviceSocketPath()).reply(to: .stop)
-        switch reply {
-        case nil: return  // none runs: nothing to stop
-        case .ok?: waitForDeviceExit(keychain)
-        case .keychainError?, .systemError?, .value?:
-            throw DeviceAccess.failure(reply, about: .action("cannot stop the device"))
-        }
+        let device = RunningDevice(listeningAt: try keychain.deviceSocketPath())
+        // None runs: nothing to stop.
+        guard let outcome = try device.outcome(.stop) else { return }
+        try device.answer(outcome, about: .action("cannot stop the device"))
+        waitForDeviceExit(keychain)
     }
 }

@@ -15,34 +15,7 @@ struct UnlockCommand: ParsableCommand {
     @OptionGroup var target: MountpointOrKeychain
 
     func run() throws {
-        guard let mount = target.mount else { return try unlockThroughTheSocket() }
-        let status = try mount.requireControl()
-        if let retryAfter = status["retry-after"].flatMap({ Int64($0) }), retryAfter > 0 {
-            throw Self.lockedOut(retryAfter)
-        }
-        let command = SecureBuffer()
-        do {
-            try Array("unlock".utf8).withUnsafeBytes { try command.append($0) }
-            if status["passcode"] != "no" {
-                guard let passcode = Passcode.read(prompt: "Passcode: "), passcode.count > 0 else {
-                    throw fail("no passcode given: this keychain has one (an empty line is none)")
-                }
-                try Array(" ".utf8).withUnsafeBytes { try command.append($0) }
-                try passcode.withUnsafeBytes { try command.append($0) }
-            }
-            try Array("\n".utf8).withUnsafeBytes { try command.append($0) }
-        } catch let error as KeychainError {
-            throw fail("the passcode is too long: \(error)")
-        }
-        let result = command.withBytes(from: 0, length: command.count) { MountControlFile.send(mount.path, $0) }
-        command.wipe()
-        guard result == 0 else {
-            if result == EACCES {
-                throw Self.wrongPasscode(
-                    retryAfter: MountControlFile.read(mount.path)?["retry-after"].flatMap { Int64($0) })
-            }
-            throw fail("cannot unlock: \(String(cString: strerror(result)))")
-        }
+        try unlock(try target.mount?.device() ?? target.device())
     }
 
     /// A wrong passcode, through a mount or the socket alike: denied, and
@@ -64,9 +37,8 @@ struct UnlockCommand: ParsableCommand {
                 + "no passcode was tried (try again then)", status: ExitStatus.denied)
     }
 
-    /// Without a mount point: the device of the keychain, started if need be.
-    private func unlockThroughTheSocket() throws {
-        let device = try target.device()
+    /// The device of the mount, or of the keychain (started if need be), over its socket.
+    private func unlock(_ device: RunningDevice) throws {
         let status = try device.status()
         if status.retryAfter > 0 { throw Self.lockedOut(status.retryAfter) }
         var passcode: SecureBytes?
@@ -76,14 +48,14 @@ struct UnlockCommand: ParsableCommand {
             }
             passcode = typed
         }
-        let reply = try device.reply(to: .unlock(passcode: passcode))
-        switch reply {
-        case .ok?:
+        let outcome = try device.outcome(.unlock(passcode: passcode))
+        switch outcome {
+        case .success?:
             return
-        case .keychainError(.authFailed, _)?:
+        case .failure(.keychain(.authFailed, _))?:
             throw Self.wrongPasscode(retryAfter: try device.statusIfAnswered()?.retryAfter)
-        case .keychainError?, .systemError?, .value?, nil:
-            throw DeviceAccess.failure(reply, about: .action("cannot unlock"))
+        case .failure?, nil:
+            throw DeviceAccess.failure(outcome, about: .action("cannot unlock"))
         }
     }
 }

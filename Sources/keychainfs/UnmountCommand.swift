@@ -35,18 +35,15 @@ struct UnmountCommand: ParsableCommand {
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
             return
         }
-        let reply = try RunningDevice(listeningAt: try keychainSocketPath(keychain)).reply(
-            to: .unmount(mountpoint: mountpoint))
-        switch reply {
-        case nil:
+        let device = RunningDevice(listeningAt: try keychainSocketPath(keychain))
+        guard let outcome = try device.outcome(.unmount(mountpoint: mountpoint)) else {
             // No device answers: unmount directly.
             let result = MountTable.unmount(mountpoint, lazy: false)
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
-        case .ok(let fields)?:
-            guard let outcome = try? UnmountOutcome(fields: fields) else { throw DeviceAccess.unexpectedReply() }
-            if outcome == .last { waitForDeviceExit(KeychainDirectory(path: keychain)) }
-        case .value?, .keychainError?, .systemError?:
-            throw DeviceAccess.failure(reply, about: .action("cannot unmount \(mountpoint)"))
+            return
+        }
+        if try device.answer(outcome, about: .action("cannot unmount \(mountpoint)")) == .last {
+            waitForDeviceExit(KeychainDirectory(path: keychain))
         }
     }
 }

@@ -26,9 +26,10 @@ struct WatchCommand: ParsableCommand {
 
     func run() throws {
         guard let mount = target.mount else {
-            guard let (reply, connection) = try target.device().follow(.watch) else { throw DeviceAccess.noAnswer() }
+            let device = try target.device()
+            guard let (outcome, connection) = try device.follow(.watch) else { throw DeviceAccess.noAnswer() }
             defer { close(connection) }
-            guard case .ok = reply else { throw DeviceAccess.failure(reply, about: .action("cannot watch")) }
+            try device.answer(outcome, about: .action("cannot watch"))
             try copyToOutput(connection, ended: "the device went away")
             return
         }

@@ -164,9 +164,34 @@ extension SerialTests {
             try harness.unlock(mnt)
             let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
             #expect(status.stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\n"))
+            // One report (issue 40): what the command prints, which it asks the
+            // device over the socket, is the mount's .control, line for line.
+            #expect(status.stdout == readFile(mnt + "/.control"), "\(status)")
             #expect(
                 harness.sh("\"$K\" lock \"$1\" && \"$K\" status \"$1\"", arguments: [mnt]).stdout.hasPrefix(
                     "state: locked\n"))
+        }
+
+        /// A group mount's status names its group, through the command as in
+        /// `.control`, and --json holds the same keys and values.
+        @Test func aGroupMountsStatusIsTheSameReportAsItsControlFile() throws {
+            let harness = try MountHarness()
+            let whole = try harness.mount()
+            try harness.unlock(whole)
+            #expect(mkdir(whole + "/team.app", 0o700) == 0)
+            let mnt = try harness.mount("team", group: "team.app")
+            let text = harness.sh("\"$K\" status \"$1\"", arguments: [mnt]).stdout
+            #expect(text == readFile(mnt + "/.control") && text.contains("\ngroup: team.app\n"), "\(text)")
+            let json = harness.sh("\"$K\" status --json \"$1\"", arguments: [mnt]).stdout
+            let object = try #require(
+                try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any], "\(json)")
+            #expect(object["group"] as? String == "team.app" && object["state"] as? String == "unlocked")
+            #expect(object["pid"] as? Int != nil && object["failed-attempts"] as? Int == 0, "\(json)")
+            #expect(Set(object.keys) == Set(text.split(separator: "\n").map { String($0.split(separator: ":")[0]) }))
+            // Locked through the group mount's device: every mount of the keychain is locked.
+            #expect(harness.sh("\"$K\" lock \"$1\"", arguments: [mnt]).succeeded)
+            #expect(readFile(whole + "/.control")?.hasPrefix("state: locked\n") == true)
+            #expect(harness.sh("\"$K\" unmount \"$1\"", arguments: [mnt]).succeeded)
         }
 
         @Test func passcodesNeverAppearInArgv() throws {

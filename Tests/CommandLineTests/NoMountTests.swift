@@ -24,7 +24,9 @@ extension SerialTests {
             #expect(k("set default/token", stdin: "s3cret").succeeded)
             #expect(k("get default/token").stdout == "s3cret")
             #expect(
-                k("status").stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\npasscode: yes\nfailed-attempts: 0\n"))
+                k("status").stdout.hasPrefix(
+                    "state: unlocked\nfirst-unlock: yes\naccessmode: whenUnlocked\nmigrate: yes\npasscode: yes\n"
+                        + "failed-attempts: 0\n"))
             // A mount joins the running device and leaves it running.
             let mnt = try harness.prepareMountpoint("mnt")
             #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt]).succeeded)

@@ -161,7 +161,7 @@ import Testing
             report.rotatedAway == 40 - UInt64(current.count + rotated.count)
                 && report.rotatedAway == oldest.sequence - 1)
         #expect(report.keptSince == oldest.value("time"))
-        #expect(AuditLog.VerifyReport(fields: report.fields)?.rotatedAway == report.rotatedAway)
+        #expect(try AuditLog.VerifyReport(fields: report.fields).rotatedAway == report.rotatedAway)
         // The rotated file's last line removed: the current file no longer continues it.
         write(keychain, Array(rotated.dropLast()), AuditLog.rotatedName)
         #expect(

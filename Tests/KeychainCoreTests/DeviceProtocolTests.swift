@@ -52,7 +52,8 @@ import Testing
         .lock,
         .unlock(passcode: secret("1234")),
         .unlock(passcode: nil),
-        .status,
+        .status(mountpoint: nil),
+        .status(mountpoint: "/home/ada/team"),
         .sync,
         .grant(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234")),
         .grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil),
@@ -226,25 +227,41 @@ import Testing
         return read
     }
 
-    /// The status's first lines, which `.control` and `keychainfs status`
-    /// both start with: the same keys in the same order, a mount's own
-    /// lines after `first-unlock`, `retry-after` only during a lockout.
-    @Test func everyViewOfTheStatusStartsWithTheSameLines() {
+    /// The status is built once (``DeviceStatus/report()``): `.control`,
+    /// the socket and `keychainfs status` (text and --json) show the same
+    /// keys in the same order; what a status does not know is left out,
+    /// `retry-after` only during a lockout, and a path never forges a line.
+    @Test func everyViewOfTheStatusIsOneReport() throws {
         var status = DeviceStatus(
             isLocked: true, hasUnlockedSinceBoot: false, retryAfter: 60, failedAttempts: 5, hasPasscode: true,
             autoLockAfter: 300, autoLockGrace: 10)
         #expect(
-            status.lines(afterFirstUnlock: ["accessmode: whenUnlocked"]) == [
-                "state: locked", "first-unlock: no", "accessmode: whenUnlocked", "passcode: yes", "failed-attempts: 5",
-                "retry-after: 60", "autolock: 300", "autolock-grace: 10"
+            status.report().map(\.line) == [
+                "state: locked", "first-unlock: no", "passcode: yes", "failed-attempts: 5", "retry-after: 60",
+                "autolock: 300", "autolock-grace: 10"
             ])
         status.retryAfter = 0
-        status.isLocked = false
+        status.keyProtection = KeyProtectionStatus(protection: .file)
+        status.judge = DeviceJudge(
+            pinentry: "/usr/bin/pinentry-curses", startedBy: "keychainfs ← bash", replaceableProgram: nil)
+        status.serving = ServingFacts(
+            accessMode: .afterFirstUnlock, migrate: false, pid: 4242, mode: .perUser,
+            keychain: "/home/ada/kc\nstate: unlocked", secretService: "serving", group: "team.app")
+        let report = status.report()
         #expect(
-            status.lines() == [
-                "state: unlocked", "first-unlock: no", "passcode: yes", "failed-attempts: 5", "autolock: 300",
-                "autolock-grace: 10"
+            report.map(\.key) == [
+                "state", "first-unlock", "accessmode", "migrate", "passcode", "failed-attempts", "autolock",
+                "autolock-grace", "pid", "mode", "mode-limits", "key-protection", "key-protection-limits", "keychain",
+                "group", "secret-service", "pinentry", "started-by", "per-user-limit"
             ])
+        #expect(report.first { $0.key == "pid" }?.value == .number(4242))
+        #expect(report.first { $0.key == "accessmode" }?.value == .text("afterFirstUnlock"))
+        // One line per entry: the path's newline is escaped, not a line of its own.
+        #expect(report.text.split(separator: "\n").count == report.count)
+        #expect(report.text.contains("keychain: /home/ada/kc\\nstate: unlocked\n"))
+        // The whole status crosses the socket: the socket's `status` is the same report.
+        let crossed = try Self.crossed(status, for: .status).get()
+        #expect(crossed == status && crossed.report() == report)
     }
 
     /// The small results (an item's info, a pinned program, a count, a
@@ -288,5 +305,113 @@ import Testing
         for (what, decode) in foreign {
             #expect(throws: KeychainError.io, "\(what)") { try decode() }
         }
+    }
+
+    /// One call of every factory: each request is paired with its result
+    /// type in DeviceCall.swift, and none is left out (issue 40).
+    static let calls: [DeviceRequest] = [
+        DeviceCall.get(group: "g", identifier: "i").request, DeviceCall.info(group: "g", identifier: "i").request,
+        DeviceCall.groups.request, DeviceCall.items(inGroup: "g").request,
+        DeviceCall.details(group: "g", identifier: nil).request,
+        DeviceCall.set(group: "g", identifier: "i", value: secret("v")).request,
+        DeviceCall.setDetails(group: "g", identifier: "i", details: ItemDetails(label: "l", attributes: [:])).request,
+        DeviceCall.remove(group: "g", identifier: "i").request,
+        DeviceCall.setClass(group: "g", identifier: "i", protectionClass: .always).request,
+        DeviceCall.rename(group: "g", from: "a", to: "b", replacing: false).request,
+        DeviceCall.createGroup("g").request, DeviceCall.removeGroup("g").request,
+        DeviceCall.ping.request, DeviceCall.lock.request, DeviceCall.unlock(passcode: nil).request,
+        DeviceCall.sync.request, DeviceCall.changePasscode(old: nil, new: nil).request, DeviceCall.stop.request,
+        DeviceCall.watch.request, DeviceCall.serveBus(address: "unix:path=/b", replace: false).request,
+        DeviceCall.mount(group: nil, mountpoint: "/m").request, DeviceCall.attach(group: nil, mountpoint: "/m").request,
+        DeviceCall.create(passcode: nil).request, DeviceCall.status.request,
+        DeviceCall.status(ofMount: "/m").request,
+        DeviceCall.autoLock(after: nil, grace: nil).request, DeviceCall.unmount(mountpoint: "/m").request,
+        DeviceCall.backup(path: "/b", password: secret("p")).request,
+        DeviceCall.restore(path: "/b", password: secret("p"), policy: .keep).request,
+        DeviceCall.grant(group: "g", executable: "/x", unit: nil, uid: nil, passcode: nil).request,
+        DeviceCall.allow(group: "g", identifier: "i", executable: "/x", passcode: nil).request,
+        DeviceCall.claim(group: "g", identifier: "i", executable: "/x", passcode: nil).request,
+        DeviceCall.revoke(group: "g", executable: nil, unit: nil, uid: nil, all: true, passcode: nil).request,
+        DeviceCall.disallow(group: "g", identifier: "i", executable: "/x", passcode: nil).request,
+        DeviceCall.apps(group: "g", open: nil, passcode: nil).request, DeviceCall.policy(group: nil).request,
+        DeviceCall.auditLog(rotated: false).request, DeviceCall.verifyLog.request
+    ]
+
+    @Test func everyRequestHasACall() throws {
+        let kinds = try Set(Self.calls.map { request in try Self.body(of: try request.frame()) { $0[1] } })
+        #expect(kinds == Set(DeviceRequest.Operation.allCases.map(\.rawValue)))
+    }
+
+    /// An answer crosses the socket as its call's result: encoded by its
+    /// type, framed, and decoded once on arrival into the same value.
+    static func crossed<Result>(_ result: some DeviceResult, for call: DeviceCall<Result>) throws -> DeviceOutcome<
+        Result
+    > {
+        let frame = try result.reply.frame()
+        let reply = try body(of: frame) { (raw) throws(KeychainError) in try DeviceReply(body: raw) }
+        return call.outcome(of: reply)
+    }
+
+    @Test func everyAnswerCrossesTheSocketAsItsCallsResult() throws {
+        let listing = [ItemListing(identifier: "mail", info: ItemInfo(protectionClass: .always, size: 6))]
+        #expect(try Self.crossed(ItemList(listing), for: .items(inGroup: "g")).get() == ItemList(listing))
+        #expect(try Self.crossed(GroupList(["a", "b"]), for: .groups).get() == GroupList(["a", "b"]))
+        #expect(try Self.crossed(Done(), for: .lock).get() == Done())
+        let rule = EntitlementRule(executable: "/x", digest: Array(0..<32), unit: "u.service", uid: 7, allowsJIT: true)
+        let policy = PolicyList([PolicyListing(group: "g", rule: rule), PolicyListing(group: "h", rule: nil)])
+        #expect(try Self.crossed(policy, for: .policy(group: nil)).get() == policy)
+        let item = try Self.crossed(
+            ItemValue(value: Self.secret("s3cret"), protectionClass: .whenUnlocked),
+            for: .get(group: "g", identifier: "i")
+        ).get()
+        #expect(item.value.bytes() == Array("s3cret".utf8) && item.protectionClass == .whenUnlocked)
+        let details = ItemDetails(label: "Mail", attributes: ["user": "ada"])
+        let listed = try Self.crossed(DetailsList([("mail", details)]), for: .details(group: "g", identifier: nil))
+            .get()
+        #expect(listed.entries.map(\.identifier) == ["mail"] && listed.entries.first?.details == details)
+        let status = DeviceStatus(
+            isLocked: true, hasUnlockedSinceBoot: false, retryAfter: 3, failedAttempts: 2, hasPasscode: true,
+            autoLockAfter: 300, autoLockGrace: 10)
+        #expect(try Self.crossed(status, for: .status).get() == status)
+        #expect(
+            try Self.crossed(CreatedKeychain(recoveryKey: nil), for: .create(passcode: nil)).get().recoveryKey == nil)
+        let recovery = try Self.crossed(
+            CreatedKeychain(recoveryKey: Self.secret("ABCD-EFGH")), for: .create(passcode: nil)
+        ).get()
+        #expect(recovery.recoveryKey?.bytes() == Array("ABCD-EFGH".utf8))
+    }
+
+    /// A reply of another call's shape is ``DeviceRefusal/unexpected``
+    /// (another build answered), never a made-up answer; a refusal stays
+    /// the refusal it was, "locked" as "locked".
+    @Test func anotherCallsAnswerIsUnexpectedAndARefusalStaysItself() throws {
+        #expect(try Self.crossed(GroupList(["a"]), for: .lock) == .failure(.unexpected))
+        #expect(try Self.crossed(Done(), for: .get(group: "g", identifier: "i")).refusal == .unexpected)
+        #expect(
+            try Self.crossed(ItemValue(value: Self.secret("x"), protectionClass: .always), for: .groups)
+                == .failure(.unexpected))
+        #expect(
+            try Self.crossed(GroupList(["a", "b"]), for: .info(group: "g", identifier: "i")) == .failure(.unexpected))
+        #expect(
+            try Self.crossed(
+                ItemValue(value: Self.secret("x"), protectionClass: .whenUnlocked), for: .create(passcode: nil)
+            )
+            .refusal == .unexpected)
+        let locked = DeviceReply.keychainError(.interactionNotAllowed, "the keychain is locked")
+        #expect(
+            DeviceCall.status.outcome(of: locked)
+                == .failure(.keychain(.interactionNotAllowed, "the keychain is locked")))
+        #expect(DeviceCall.groups.outcome(of: .systemError(2, "gone")).refusal?.keychainError == .itemNotFound)
+    }
+
+    /// In the device's own process an answer is the value itself; one of
+    /// another type than the call's is unexpected, as from another build.
+    @Test func anAnswerInTheSameProcessIsTheValueItself() throws {
+        let info = ItemInfo(protectionClass: .afterFirstUnlock, size: 9)
+        let answer: DeviceAnswer = .success(info)
+        #expect(try answer.outcome(of: .info(group: "g", identifier: "i")).get() == info)
+        #expect(answer.outcome(of: .groups) == .failure(.unexpected))
+        let refused: DeviceAnswer = .failure(.keychain(.missingEntitlement, "not entitled"))
+        #expect(refused.outcome(of: .groups) == .failure(.keychain(.missingEntitlement, "not entitled")))
     }
 }

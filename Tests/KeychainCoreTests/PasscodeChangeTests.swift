@@ -67,7 +67,7 @@ import Testing
             .rename(group: "g", from: "a", to: "b", replacing: true),
             .rename(group: "g", from: "a", to: "b", replacing: false),
             .createGroup("g"), .removeGroup("g"), .lock, .unlock(passcode: nil), .unlock(passcode: try secure("1234")),
-            .status, .sync
+            .status(mountpoint: nil), .sync
         ]
         for request in requests {
             let frame = try request.frame()

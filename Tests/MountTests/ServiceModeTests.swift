@@ -170,9 +170,14 @@ extension SerialTests {
             let service = try ServiceHarness()
             let harness = try MountHarness(service: service)
             let target = service.stateDirectory + "/999999"
-            for request in [DeviceRequest.mount(group: nil, mountpoint: target), .unmount(mountpoint: target), .stop] {
-                guard case .systemError(let code, _)? = DeviceClient.send(request, to: service.socket) else {
-                    Issue.record("\(request) was not refused")
+            let refusals = [
+                DeviceClient.send(.mount(group: nil, mountpoint: target), to: service.socket).map(\.refusal),
+                DeviceClient.send(.unmount(mountpoint: target), to: service.socket).map(\.refusal),
+                DeviceClient.send(.stop, to: service.socket).map(\.refusal)
+            ]
+            for refusal in refusals {
+                guard case .system(let code, _)?? = refusal else {
+                    Issue.record("\(String(describing: refusal)) is no refusal")
                     continue
                 }
                 #expect(code == EPERM)

@@ -320,7 +320,7 @@ extension SerialTests {
             // As `keychainfs status` receives it over the socket.
             var served = device.status
             served.keyProtection = status
-            #expect(DeviceStatus(fields: served.fields)?.keyProtection == status)
+            #expect(try DeviceStatus(fields: served.fields).keyProtection == status)
         }
 
         /// Item 5: with an empty lockout auth, anyone who reaches the TPM

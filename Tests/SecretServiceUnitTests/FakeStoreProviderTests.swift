@@ -14,11 +14,15 @@ extension SerialTests {
     /// No keychain, no device.
     @Suite struct FakeStoreProviderTests {
         /// One item, `work/mail`; what each request gets is set by the test.
+        /// It answers with values, as the device does in its own process:
+        /// no fields to get wrong (issue 40: the fake once answered `info`
+        /// with one field, which only a hand read let pass).
         final class FakeStore: SecretStore, @unchecked Sendable {
-            let answers: Mutex<[String: DeviceReply]>
+            typealias Answer = DeviceAnswer
+            let answers: Mutex<[String: Answer]>
             let asked = Mutex<[String]>([])
 
-            init(get: DeviceReply, set: DeviceReply, remove: DeviceReply) {
+            init(get: Answer, set: Answer, remove: Answer) {
                 answers = Mutex(["get": get, "set": set, "remove": remove])
             }
 
@@ -32,20 +36,30 @@ extension SerialTests {
             func answer(_ question: ConsentQuestion) -> ItemConsent.Answer { .denied }
             func record(_ operation: String, result: String, subject: AuditSubject?, detail: String) {}
 
-            func perform(
-                _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+            func perform<Result: DeviceResult>(
+                _ call: DeviceCall<Result>, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
                 audit: AuditPolicy
-            ) -> DeviceReply {
+            ) -> DeviceOutcome<Result> {
+                answer(call.request).outcome(of: call)
+            }
+
+            private func answer(_ request: DeviceRequest) -> Answer {
+                let info = ItemInfo(protectionClass: .whenUnlocked, size: 6)
+                if case .list(let group) = request {
+                    return .success(
+                        group == nil ? GroupList(["work"]) : ItemList([ItemListing(identifier: "mail", info: info)]))
+                }
+                if case .details = request { return .success(DetailsList([])) }
+                if case .info = request { return .success(info) }
                 let kind: String
-                switch request {
-                case .list(let group):
-                    return .ok(group == nil ? ["work"] : ["mail", ProtectionClass.whenUnlocked.name, "6"])
-                case .details: return .ok([])
-                case .info: return .ok(ItemInfo(protectionClass: .whenUnlocked, size: 6).fields)
-                case .get: kind = "get"
-                case .set: kind = "set"
-                case .remove: kind = "remove"
-                default: return .keychainError(.badRequest, "not in this test")
+                if case .get = request {
+                    kind = "get"
+                } else if case .set = request {
+                    kind = "set"
+                } else if case .remove = request {
+                    kind = "remove"
+                } else {
+                    return .failure(.keychain(.badRequest, "not in this test"))
                 }
                 asked.withLock { $0.append(kind) }
                 return answers.withLock { $0[kind]! }
@@ -102,9 +116,9 @@ extension SerialTests {
 
         @Test func whatTheStoreAnswersIsWhatTheClientGets() throws {
             let store = FakeStore(
-                get: .value(try SecureBytes("from-the-fake"), .whenUnlocked),
-                set: .keychainError(.quotaExceeded, KeychainError.quotaExceeded.description),
-                remove: .keychainError(.missingEntitlement, "not entitled"))
+                get: .success(ItemValue(value: try SecureBytes("from-the-fake"), protectionClass: .whenUnlocked)),
+                set: .failure(.keychain(.quotaExceeded, KeychainError.quotaExceeded.description)),
+                remove: .failure(.keychain(.missingEntitlement, "not entitled")))
             let bus = try PrivateBus()
             let provider = try SecretServiceProvider(store: store, replace: false, address: bus.address)
             defer { provider.stop() }

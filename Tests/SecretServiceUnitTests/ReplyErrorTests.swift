@@ -9,14 +9,14 @@ import Testing
     static let item = BusErrorSubject.item(path: itemPath)
 
     @Test func aLockedItemIsIsLockedAndNamesThePath() {
-        let error = BusError(reply: .keychainError(.interactionNotAllowed, "the keychain is locked"), about: Self.item)
+        let error = BusError(refusal: .keychain(.interactionNotAllowed, "the keychain is locked"), about: Self.item)
         #expect(error.name == "org.freedesktop.Secret.Error.IsLocked")
         #expect(error.message == "item at \(Self.itemPath) is locked")
     }
 
     @Test func anAbsentItemOrCollectionIsNoSuchObject() {
-        let item = BusError(reply: .keychainError(.itemNotFound, ""), about: Self.item)
-        let collection = BusError(reply: .keychainError(.itemNotFound, ""), about: .collection(group: "work"))
+        let item = BusError(refusal: .keychain(.itemNotFound, ""), about: Self.item)
+        let collection = BusError(refusal: .keychain(.itemNotFound, ""), about: .collection(group: "work"))
         #expect(item == BusError("org.freedesktop.Secret.Error.NoSuchObject", "no item at \(Self.itemPath)"))
         #expect(collection == BusError("org.freedesktop.Secret.Error.NoSuchObject", "no collection work"))
     }
@@ -24,9 +24,9 @@ import Testing
     /// A policed group that does not admit the program: AccessDenied, never
     /// NoSuchObject (the item is there; this program may not have it).
     @Test func aProgramNotAdmittedIsAccessDenied() {
-        let item = BusError(reply: .keychainError(.missingEntitlement, "not entitled"), about: Self.item)
+        let item = BusError(refusal: .keychain(.missingEntitlement, "not entitled"), about: Self.item)
         let collection = BusError(
-            reply: .keychainError(.missingEntitlement, "not entitled"), about: .collection(group: "work"))
+            refusal: .keychain(.missingEntitlement, "not entitled"), about: .collection(group: "work"))
         #expect(item.name == "org.freedesktop.DBus.Error.AccessDenied")
         #expect(collection.message == "this program is not entitled to the access group work")
     }
@@ -38,9 +38,9 @@ import Testing
         .duplicateItem, .quotaExceeded, .tpmUnavailable, .rolledBack
     ])
     func otherRefusalsAreFailedWithTheDevicesSentence(_ code: KeychainError) {
-        let error = BusError(reply: .keychainError(code, code.description), about: Self.item)
+        let error = BusError(refusal: .keychain(code, code.description), about: Self.item)
         #expect(error == BusError("org.freedesktop.DBus.Error.Failed", code.description))
-        let system = BusError(reply: .systemError(28, "no space left on the device"), about: .collections)
+        let system = BusError(refusal: .system(28, "no space left on the device"), about: .collections)
         #expect(system == BusError("org.freedesktop.DBus.Error.Failed", "no space left on the device"))
     }
 
@@ -48,17 +48,20 @@ import Testing
     /// Failed, and a value it carried is not in the message.
     @Test func anUnexpectedValueIsFailedWithoutTheValue() throws {
         let reply = DeviceReply.value(try SecureBytes("hunter2-secret"), .whenUnlocked)
-        #expect(throws: BusError(reply: reply, about: Self.item)) { try reply.fields(about: Self.item) }
-        let error = BusError(reply: reply, about: Self.item)
+        let outcome = reply.outcome(GroupList.self)
+        #expect(outcome == .failure(.unexpected))
+        #expect(throws: BusError.unexpectedReply) { try outcome.answer(about: Self.item) }
+        let error = BusError(refusal: .unexpected, about: Self.item)
         #expect(error.name == "org.freedesktop.DBus.Error.Failed" && !error.description.contains("hunter2"))
-        #expect(throws: BusError(reply: .ok([]), about: Self.item)) {
-            try DeviceReply.ok(["x"]).secret(about: Self.item)
+        #expect(throws: BusError.unexpectedReply) {
+            try DeviceReply.ok(["x"]).outcome(ItemValue.self).answer(about: Self.item)
         }
     }
 
     @Test func theAnswerWantedIsReturned() throws {
-        let value = try DeviceReply.value(try SecureBytes("s3cret"), .always).secret(about: Self.item)
+        let value = try DeviceReply.value(try SecureBytes("s3cret"), .always).outcome(ItemValue.self)
+            .answer(about: Self.item).value
         #expect(value.bytes() == Array("s3cret".utf8))
-        #expect(try DeviceReply.ok(["a", "b"]).fields(about: .collections) == ["a", "b"])
+        #expect(try DeviceReply.ok(["a", "b"]).outcome(GroupList.self).answer(about: .collections).groups == ["a", "b"])
     }
 }

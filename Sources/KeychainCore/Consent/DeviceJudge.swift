@@ -64,21 +64,24 @@ public struct DeviceJudge: Sendable, Equatable {
     }
 
     /// What `status` says of it, with what a program of the user can still do here.
-    public var lines: [String] {
-        var lines = [
-            "pinentry: "
-                + (pinentry.map { LineEscaping.escaped($0) }
-                    ?? "none (questions about other programs' items are denied)"),
-            "started-by: " + LineEscaping.escaped(startedBy)
+    public var entries: [StatusEntry] {
+        var entries = [
+            StatusEntry("pinentry", pinentry ?? "none (questions about other programs' items are denied)"),
+            StatusEntry("started-by", startedBy)
         ]
         if let replaceableProgram {
-            lines.append(
-                "device-program: \(LineEscaping.escaped(replaceableProgram)) (any program of yours can replace it; "
-                    + "install the package for /usr/bin/keychainfs)")
+            entries.append(
+                StatusEntry(
+                    "device-program",
+                    "\(replaceableProgram) (any program of yours can replace it; install the package for /usr/bin/keychainfs)"
+                ))
         }
-        lines.append("per-user-limit: " + Self.perUserLimit)
-        return lines
+        entries.append(StatusEntry("per-user-limit", Self.perUserLimit))
+        return entries
     }
+
+    /// ``entries`` as `key: value` lines.
+    public var lines: [String] { entries.map(\.line) }
 
     /// What a program running as the user can still do, in one line (docs/SECURITY.md).
     static var perUserLimit: String {

@@ -55,15 +55,17 @@ public struct KeyProtectionStatus: Sendable, Equatable {
     /// holds it (`tpm-lockout-guard`) and the rollback counter. Said where
     /// a user looks, not only in the docs, and only what holds now: a TPM
     /// whose counting is switched off is not said to limit guesses.
-    public var lines: [String] {
-        var lines = ["key-protection: \(protection.rawValue)"]
+    public var entries: [StatusEntry] {
+        var entries = [StatusEntry("key-protection", protection.rawValue)]
         switch protection {
         case .file:
-            lines.append(
-                "key-protection-limits: the device secret is a file beside the database: with a copy of both, "
-                    + "a passcode can be guessed offline at Argon2id's pace (65 to 90 ms a guess on one core): "
-                    + "every 4-digit passcode within 15 minutes, every 6-digit one within a day; choose a long "
-                    + "passcode, or seal the keys to a TPM (`keychainfs passcode --tpm`)")
+            entries.append(
+                StatusEntry(
+                    "key-protection-limits",
+                    "the device secret is a file beside the database: with a copy of both, "
+                        + "a passcode can be guessed offline at Argon2id's pace (65 to 90 ms a guess on one core): "
+                        + "every 4-digit passcode within 15 minutes, every 6-digit one within a day; choose a long "
+                        + "passcode, or seal the keys to a TPM (`keychainfs passcode --tpm`)"))
         case .tpm2:
             let guesses: String
             switch tpmLockout {
@@ -82,28 +84,35 @@ public struct KeyProtectionStatus: Sendable, Equatable {
             case .some: guesses = "passcode guesses go through the TPM and its lockout"
             case .none: guesses = "passcode guesses go through the TPM (which does not answer now)"
             }
-            lines.append(
-                "key-protection-limits: the keys are sealed by this machine's TPM: a copy of the files opens "
-                    + "nowhere else, \(guesses); an older copy put back is refused, except for writes of "
-                    + "the last \(RollbackRecord.idleBindSeconds) s (\(RollbackRecord.maximumWindowSeconds) s "
-                    + "while writes go on), which are bound to the counter after that and at every lock; "
-                    + "root on this machine can still ask the TPM")
+            entries.append(
+                StatusEntry(
+                    "key-protection-limits",
+                    "the keys are sealed by this machine's TPM: a copy of the files opens "
+                        + "nowhere else, \(guesses); an older copy put back is refused, except for writes of "
+                        + "the last \(RollbackRecord.idleBindSeconds) s (\(RollbackRecord.maximumWindowSeconds) s "
+                        + "while writes go on), which are bound to the counter after that and at every lock; "
+                        + "root on this machine can still ask the TPM"))
             if let failures = tpmFailures, let maximum = tpmMaximumFailures {
-                lines.append("tpm-lockout: \(failures) of \(maximum)")
+                entries.append(StatusEntry("tpm-lockout", "\(failures) of \(maximum)"))
             }
-            if let seconds = tpmRecoverySeconds { lines.append("tpm-lockout-recovery: \(seconds)") }
-            if let set = tpmLockoutAuthSet { lines.append("tpm-lockout-auth: \(set ? "set" : "empty")") }
+            if let seconds = tpmRecoverySeconds { entries.append(StatusEntry("tpm-lockout-recovery", number: seconds)) }
+            if let set = tpmLockoutAuthSet { entries.append(StatusEntry("tpm-lockout-auth", set ? "set" : "empty")) }
             if tpmLockoutWasReset, let failures = tpmFailures, let expected = tpmFailuresExpected {
-                lines.append(
-                    "tpm-lockout-reset: the TPM counts \(failures) wrong passcodes, but after those this keychain saw "
-                        + "it cannot have forgotten more than down to \(expected): its count was reset "
-                        + "(TPM2_DictionaryAttackLockReset, which its lockout auth guards: `sudo keychainfs tpm take-lockout`)"
-                )
+                entries.append(
+                    StatusEntry(
+                        "tpm-lockout-reset",
+                        "the TPM counts \(failures) wrong passcodes, but after those this keychain saw "
+                            + "it cannot have forgotten more than down to \(expected): its count was reset "
+                            + "(TPM2_DictionaryAttackLockReset, which its lockout auth guards: `sudo keychainfs tpm take-lockout`)"
+                    ))
             }
-            if let counter = rollbackCounter { lines.append("rollback-counter: \(counter)") }
+            if let counter = rollbackCounter { entries.append(StatusEntry("rollback-counter", number: counter)) }
         }
-        return lines
+        return entries
     }
+
+    /// ``entries`` as `key: value` lines.
+    public var lines: [String] { entries.map(\.line) }
 }
 
 /// Where a test can have the process killed (SIGKILL, as `kill -9`) on the

@@ -20,6 +20,8 @@ public struct DeviceStatus: Sendable, Equatable {
     /// Who decides at the device (issue 37): filled in where a status is
     /// shown, beside ``keyProtection``.
     public var judge: DeviceJudge?
+    /// The process serving the keychain: filled in where a status is shown.
+    public var serving: ServingFacts?
 }
 
 /// A change of the device's lock state or of its items, for observers

@@ -141,7 +141,7 @@ public final class PasswordManager: Sendable {
     public func lock() throws(KeychainError) {
         switch backend {
         case .local(let device): device.lock()
-        case .remote(let connection): try connection.perform(.lock)
+        case .remote(let connection): try connection.call(.lock)
         }
     }
 
@@ -149,7 +149,7 @@ public final class PasswordManager: Sendable {
     public func unlock(passcode: SecureBytes?) throws(KeychainError) {
         switch backend {
         case .local(let device): try device.unlock(passcode: passcode)
-        case .remote(let connection): try connection.perform(.unlock(passcode: passcode))
+        case .remote(let connection): try connection.call(.unlock(passcode: passcode))
         }
     }
 
@@ -159,8 +159,7 @@ public final class PasswordManager: Sendable {
             switch backend {
             case .local(let device): return device.status
             case .remote(let connection):
-                guard let status = DeviceStatus(fields: try connection.perform(.status)) else { throw .io }
-                return status
+                return try connection.call(.status)
             }
         }
     }
@@ -263,7 +262,7 @@ public final class PasswordManager: Sendable {
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
         try details?.validate()
         guard case .local(let device) = backend else {
-            try remote.perform(
+            try remote.call(
                 .set(
                     group: group, identifier: identifier, value: value,
                     protectionClass: protectionClass, condition: condition, details: details))
@@ -348,11 +347,8 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard case .local(let device) = backend else {
-            guard
-                case .value(let value, let protectionClass) = try remote.send(
-                    .get(group: group, identifier: identifier))
-            else { throw .io }
-            return (value, protectionClass)
+            let item = try remote.call(.get(group: group, identifier: identifier))
+            return (item.value, item.protectionClass)
         }
         let epoch = device.lockEpoch
         if let hit = cache.withLock({ entry -> (SecureBytes, ProtectionClass)? in
@@ -411,7 +407,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: identifier)
         forget(group: group, identifier: identifier)
         guard case .local(let device) = backend else {
-            try remote.perform(.remove(group: group, identifier: identifier))
+            try remote.call(.remove(group: group, identifier: identifier))
             return
         }
         guard try device.store.delete(group: group, identifier: identifier) else { throw .itemNotFound }
@@ -424,13 +420,11 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard case .local(let device) = backend else {
-            let fields: [String]
             do {
-                fields = try remote.perform(.info(group: group, identifier: identifier))
+                return try remote.call(.info(group: group, identifier: identifier))
             } catch .itemNotFound {
                 return nil
             }
-            return try ItemInfo(fields: fields)
         }
         return try device.store.info(group: group, identifier: identifier)
     }
@@ -444,7 +438,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard case .local(let device) = backend else {
-            try remote.perform(.setClass(group: group, identifier: identifier, protectionClass: protectionClass))
+            try remote.call(.setClass(group: group, identifier: identifier, protectionClass: protectionClass))
             return
         }
         let newKey = try device.classKey(protectionClass)
@@ -472,7 +466,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: identifier)
         try ItemLimits.validate(name: newIdentifier)
         guard case .local(let device) = backend else {
-            try remote.perform(.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing))
+            try remote.call(.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing))
             return
         }
         try device.store.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing) {
@@ -499,9 +493,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard case .local(let device) = backend else {
-            let found = try ItemDetails.listed(
-                fromFields: try remote.perform(.details(group: group, identifier: identifier)))
-            return found.first?.details
+            return try remote.call(.details(group: group, identifier: identifier)).entries.first?.details
         }
         guard let row = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
         return try ItemCipher.openDetails(row, key: device.secret.detailsKey)
@@ -517,7 +509,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: identifier)
         try details.validate()
         guard case .local(let device) = backend else {
-            try remote.perform(.setDetails(group: group, identifier: identifier, details: details))
+            try remote.call(.setDetails(group: group, identifier: identifier, details: details))
             return
         }
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
@@ -628,7 +620,7 @@ public final class PasswordManager: Sendable {
     )] {
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
-            return try ItemDetails.listed(fromFields: try remote.perform(.details(group: group, identifier: nil)))
+            return try remote.call(.details(group: group, identifier: nil)).entries
         }
         guard try device.store.groupExists(group) else { throw .itemNotFound }
         var found: [(identifier: String, details: ItemDetails)] = []
@@ -646,7 +638,7 @@ public final class PasswordManager: Sendable {
     public func groups() throws(KeychainError) -> [String] {
         switch backend {
         case .local(let device): return try device.store.groups()
-        case .remote(let connection): return try connection.perform(.list(group: nil))
+        case .remote(let connection): return try connection.call(.groups).groups
         }
     }
 
@@ -660,7 +652,7 @@ public final class PasswordManager: Sendable {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
-            return try ItemListing.items(fromFields: remote.perform(.list(group: group))).map {
+            return try remote.call(.items(inGroup: group)).items.map {
                 ($0.identifier, $0.info)
             }
         }
@@ -679,7 +671,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         switch backend {
         case .local(let device): try device.store.createGroup(group)
-        case .remote(let connection): try connection.perform(.createGroup(group))
+        case .remote(let connection): try connection.call(.createGroup(group))
         }
     }
 
@@ -690,7 +682,7 @@ public final class PasswordManager: Sendable {
         guard group != ItemLimits.defaultGroup else { throw .param }
         switch backend {
         case .local(let device): try device.store.removeGroup(group)
-        case .remote(let connection): try connection.perform(.removeGroup(group))
+        case .remote(let connection): try connection.call(.removeGroup(group))
         }
     }
 
@@ -766,7 +758,7 @@ public final class PasswordManager: Sendable {
     public func sync() throws(KeychainError) {
         switch backend {
         case .local(let device): try device.sync()
-        case .remote(let connection): try connection.perform(.sync)
+        case .remote(let connection): try connection.call(.sync)
         }
     }
 

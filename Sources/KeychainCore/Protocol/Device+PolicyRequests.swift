@@ -13,7 +13,7 @@ extension Device {
     public func answer(
         policyRequest request: DeviceRequest, by subject: AuditSubject?,
         executable file: Int32? = nil, opensPaths: Bool = true
-    ) -> DeviceReply {
+    ) -> DeviceAnswer {
         let device = self
         do throws(KeychainError) {
             switch request {
@@ -21,13 +21,13 @@ extension Device {
                 let program: (path: String, digest: [UInt8])
                 switch Self.namedExecutable(executable, file: file, opensPaths: opensPaths) {
                 case .success(let named): program = named
-                case .failure(let refusal): return refusal.reply
+                case .failure(let refusal): return .failure(refusal.refusal)
                 }
                 let rule = EntitlementRule(
                     executable: program.path, digest: program.digest, unit: unit, uid: uid,
                     allowsJIT: allowJIT)
                 try device.grant(rule, toGroup: group, passcode: passcode, by: subject)
-                return .ok(PinnedProgram(executable: rule.executable, digest: rule.digest).fields)
+                return .success(PinnedProgram(executable: rule.executable, digest: rule.digest))
             case .revoke(let group, let executable, let unit, let uid, let all, let passcode):
                 // A binary removed since it was granted is named as it was.
                 let resolved =
@@ -37,19 +37,19 @@ extension Device {
                 let count = try device.revoke(
                     group: group, executable: resolved, unit: unit, uid: uid, all: all,
                     passcode: passcode, by: subject)
-                return .ok(ReplyCount(count).fields)
+                return .success(ReplyCount(count))
             case .access(let group, let identifier, let executable, let change, let passcode):
                 do throws(KeychainError) {
                     if change == .remove {
                         let count = try device.disallow(
                             executable: executable, group: group, identifier: identifier,
                             passcode: passcode, by: subject)
-                        return .ok(ReplyCount(count).fields)
+                        return .success(ReplyCount(count))
                     }
                     let program: (path: String, digest: [UInt8])
                     switch Self.namedExecutable(executable, file: file, opensPaths: opensPaths) {
                     case .success(let named): program = named
-                    case .failure(let refusal): return refusal.reply
+                    case .failure(let refusal): return .failure(refusal.refusal)
                     }
                     let claim = ProgramClaim(
                         executable: program.path, digest: program.digest,
@@ -60,38 +60,44 @@ extension Device {
                     } else {
                         try device.allow(claim, group: group, identifier: identifier, passcode: passcode, by: subject)
                     }
-                    return .ok(PinnedProgram(executable: claim.executable, digest: claim.digest).fields)
+                    return .success(PinnedProgram(executable: claim.executable, digest: claim.digest))
                 } catch .badRequest where change == .claim {
-                    return .keychainError(
-                        .badRequest, "\(group)/\(identifier) belongs to a program already (keychainfs acl shows which)")
+                    return .failure(
+                        .keychain(
+                            .badRequest,
+                            "\(group)/\(identifier) belongs to a program already (keychainfs acl shows which)"))
                 } catch .badRequest {
-                    return .keychainError(
-                        .badRequest,
-                        "\(group)/\(identifier) belongs to no program (it was made through a mount "
-                            + "or the command line): every program of yours may use it; there is no list to change "
-                            + "(--claim makes it a program's)")
+                    return .failure(
+                        .keychain(
+                            .badRequest,
+                            "\(group)/\(identifier) belongs to no program (it was made through a mount "
+                                + "or the command line): every program of yours may use it; there is no list to change "
+                                + "(--claim makes it a program's)"))
                 } catch .interactionNotAllowed {
-                    return .keychainError(
-                        .interactionNotAllowed, "\(group)/\(identifier) is locked: unlock the keychain first")
+                    return .failure(
+                        .keychain(.interactionNotAllowed, "\(group)/\(identifier) is locked: unlock the keychain first")
+                    )
                 } catch .itemNotFound where change == .remove {
-                    return .keychainError(
-                        .itemNotFound, "no program at \(executable) is on the list of \(group)/\(identifier)")
+                    return .failure(
+                        .keychain(.itemNotFound, "no program at \(executable) is on the list of \(group)/\(identifier)")
+                    )
                 }
             case .apps(let group, let open, let passcode):
                 if let open { try device.setAppsOwnItems(!open, inGroup: group, passcode: passcode, by: subject) }
-                return .ok((device.appsOwnItems(inGroup: group) ? GroupApps.own : .open).fields)
+                return .success(device.appsOwnItems(inGroup: group) ? GroupApps.own : GroupApps.open)
             case .policy(let group):
                 let policies = device.entitlementPolicies
-                if let group, policies[group] == nil { return .ok([]) }
+                if let group, policies[group] == nil { return .success(PolicyList([])) }
                 let groups = group.map { [$0] } ?? policies.keys.sorted()
-                return .ok(
-                    PolicyListing.fields(
+                return .success(
+                    PolicyList(
                         groups.flatMap { group in
                             let rules = policies[group] ?? []
                             // A policy without rules admits no program: shown as a group without a rule.
                             if rules.isEmpty { return [PolicyListing(group: group, rule: nil)] }
                             return rules.map { PolicyListing(group: group, rule: $0) }
-                        }))
+                        }
+                    ))
             // Not a policy request: the device's other switches answer these.
             case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
                 .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
@@ -99,14 +105,14 @@ extension Device {
                 throw .param
             }
         } catch {
-            return .keychainError(error, error.description)
+            return .failure(.keychain(error, error.description))
         }
     }
 }
 
-/// Why an executable a request names cannot be read, as the reply says it.
+/// Why an executable a request names cannot be read.
 struct ExecutableRefusal: Error {
-    let reply: DeviceReply
+    let refusal: DeviceRefusal
 }
 
 extension Device {
@@ -120,7 +126,7 @@ extension Device {
         if file == nil && !opensPaths {
             return .failure(
                 ExecutableRefusal(
-                    reply: .systemError(
+                    refusal: .system(
                         EINVAL,
                         "the executable must come with the request, opened by you: "
                             + "the keychainfs service opens no path for a client")))
@@ -131,7 +137,7 @@ extension Device {
         guard let program = named else {
             return .failure(
                 ExecutableRefusal(
-                    reply: .systemError(
+                    refusal: .system(
                         ENOENT,
                         "cannot read the executable \(executable) "
                             + "(it must be a regular file the device can read)")))

@@ -21,27 +21,23 @@ final class DeviceConnection: Sendable {
         self.socketPath = socketPath
     }
 
-    /// The device's reply; its core errors are thrown as they were thrown
-    /// there, so "locked" stays "locked" across the socket.
-    func send(_ request: DeviceRequest) throws(KeychainError) -> DeviceReply {
-        switch DeviceClient.send(request, to: socketPath) {
-        case nil:
-            // The device exited (its last mount went away) or stopped answering.
-            throw .io
-        case .keychainError(let error, _)?:
-            throw error
-        case .systemError(let code, _)?:
-            throw code == ENOENT ? .itemNotFound : .io
-        case let reply?:
-            return reply
-        }
-    }
-
-    /// The fields of the `ok` reply to `request`.
+    /// The device's answer to `call`; its core errors are thrown as they
+    /// were thrown there, so "locked" stays "locked" across the socket.
     @discardableResult
-    func perform(_ request: DeviceRequest) throws(KeychainError) -> [String] {
-        guard case .ok(let fields) = try send(request) else { throw .io }
-        return fields
+    func call<Result>(_ call: DeviceCall<Result>) throws(KeychainError) -> Result {
+        // nil: the device exited (its last mount went away) or stopped answering.
+        guard let outcome = DeviceClient.send(call, to: socketPath) else { throw .io }
+        return try outcome.get(orThrow: \.keychainError)
+    }
+}
+
+extension Swift.Result {
+    /// The success, or the failure as the error `transform` makes of it.
+    package func get<Thrown: Error>(orThrow transform: (Failure) -> Thrown) throws(Thrown) -> Success {
+        switch self {
+        case .success(let value): return value
+        case .failure(let failure): throw transform(failure)
+        }
     }
 }
 
@@ -52,7 +48,8 @@ extension DeviceStatus {
     /// failure count, its maximum, its recovery seconds, whether its lockout
     /// auth is set (`1`, `0`), the rollback counter and the fewest failures
     /// the TPM can count unless reset (each empty when unknown); then, when
-    /// known, who decides (``DeviceJudge/fields``).
+    /// known, who decides (``DeviceJudge/fields``); then, with both, the
+    /// serving process's facts (``ServingFacts/fields``).
     public var fields: [String] {
         let base = [
             isLocked ? "1" : "0", hasUnlockedSinceBoot ? "1" : "0", String(retryAfter), String(failedAttempts),
@@ -64,12 +61,12 @@ extension DeviceStatus {
             keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
             keys.tpmLockoutAuthSet.map { $0 ? "1" : "0" } ?? "", keys.rollbackCounter.map(String.init) ?? "",
             keys.tpmFailuresExpected.map(String.init) ?? ""
-        ] + (judge?.fields ?? [])
+        ] + (judge.map { $0.fields + (serving?.fields ?? []) } ?? [])
     }
 
     /// Parses ``fields``; nil for anything else.
-    public init?(fields: [String]) {
-        guard [7, 14, 17].contains(fields.count), let retryAfter = Int64(fields[2]),
+    init?(parsing fields: [String]) {
+        guard [7, 14, 17, 24].contains(fields.count), let retryAfter = Int64(fields[2]),
             let failedAttempts = UInt64(fields[3]),
             let after = Int(fields[5]), let grace = Int(fields[6])
         else { return nil }
@@ -91,6 +88,10 @@ extension DeviceStatus {
             protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
             tpmRecoverySeconds: recovery, tpmLockoutAuthSet: fields[11].isEmpty ? nil : fields[11] == "1",
             rollbackCounter: counter, tpmFailuresExpected: expected)
-        if fields.count == 17 { judge = DeviceJudge(fields: fields[14...]) }
+        guard fields.count >= 17 else { return }
+        judge = DeviceJudge(fields: fields[14..<17])
+        guard fields.count == 24 else { return }
+        guard let serving = ServingFacts(fields: fields[17...]) else { return nil }
+        self.serving = serving
     }
 }

@@ -22,8 +22,10 @@ public enum DeviceProtocol {
     /// files of `backup` and `restore` are passed as descriptors.
     /// 4: `watch`, `autoLock`. 5: items' details (`set`'s field, `details`).
     /// 6: a claim in `details` records its script and JIT; `status` says
-    /// who decides (issue 37).
-    public static let version: UInt8 = 6
+    /// who decides (issue 37). 7: `status` names the mount it is asked
+    /// through, and answers the whole report: the serving process's facts
+    /// too (issue 40: one status for every view).
+    public static let version: UInt8 = 7
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }

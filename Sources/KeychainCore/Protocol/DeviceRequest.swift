@@ -51,8 +51,9 @@ public enum DeviceRequest: Equatable, Sendable {
     case lock
     /// Unlock the device (nil: a keychain without a passcode).
     case unlock(passcode: SecureBytes?)
-    /// The device's state, as the fields of ``DeviceStatus`` (see ``DeviceStatus/init(fields:)``).
-    case status
+    /// The device's state (``DeviceStatus``), as the mount at `mountpoint`
+    /// shows it (its group; nil: the keychain's device itself).
+    case status(mountpoint: String?)
     /// Make every acknowledged write durable against power loss.
     case sync
     /// Allow the executable at `executable` (absolute; the device resolves
@@ -180,8 +181,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case .unlock(let passcode):
             operation = .unlock
             fields = [.optionalSecret(passcode)]
-        case .status:
+        case .status(let mountpoint):
             operation = .status
+            fields = [.optionalText(mountpoint)]
         case .sync:
             operation = .sync
         case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
@@ -314,7 +316,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case .unlock:
             self = .unlock(passcode: try reader.optionalSecret())
         case .status:
-            self = .status
+            self = .status(mountpoint: try reader.optionalText())
         case .sync:
             self = .sync
         case .grant:

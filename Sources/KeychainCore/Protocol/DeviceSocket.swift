@@ -94,60 +94,64 @@ package enum UnixSocket {
 public enum DeviceClient {
     /// Whether a device answers at `socketPath`.
     public static func isServing(_ socketPath: String) -> Bool {
-        send(.ping, to: socketPath) == .ok([])
+        if case .success? = send(.ping, to: socketPath) { return true }
+        return false
     }
 
-    /// Sends one request to the device listening at `socketPath` and waits
-    /// for its reply; nil when no device listens or it went away unanswered.
-    public static func send(_ request: DeviceRequest, to socketPath: String, passing descriptor: Int32? = nil)
-        -> DeviceReply?
+    /// Sends one call to the device listening at `socketPath` and waits
+    /// for its answer; nil when no device listens or it went away unanswered.
+    public static func send<Result>(_ call: DeviceCall<Result>, to socketPath: String, passing descriptor: Int32? = nil)
+        -> DeviceOutcome<Result>?
     {
         var received: Int32 = -1
         defer { if received >= 0 { close(received) } }
-        return exchange(request, with: socketPath, passing: descriptor, receiving: &received)
+        return exchange(call, with: socketPath, passing: descriptor, receiving: &received)
     }
 
     /// ``send(_:to:passing:)``, and in `received` the descriptor the device
-    /// passed back with its reply (-1: none); the caller owns it.
-    public static func exchange(
-        _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32? = nil,
+    /// passed back with its answer (-1: none); the caller owns it.
+    public static func exchange<Result>(
+        _ call: DeviceCall<Result>, with socketPath: String, passing descriptor: Int32? = nil,
         receiving received: inout Int32
-    ) -> DeviceReply? {
+    ) -> DeviceOutcome<Result>? {
         var listening = false
-        return exchange(request, with: socketPath, passing: descriptor, receiving: &received, listening: &listening)
+        return exchange(
+            call.request, with: socketPath, passing: descriptor, receiving: &received, listening: &listening
+        )
+        .map(call.outcome(of:))
     }
 
-    /// Whether a request reached a device: a client that starts the device
-    /// on demand tries the request first and starts it only when nobody
+    /// Whether a call reached a device: a client that starts the device
+    /// on demand tries the call first and starts it only when nobody
     /// listens (no ping first: one connection per command, not two), and
-    /// never resends a request a device received.
-    public enum Delivery {
-        case notListening, unanswered, answered(DeviceReply)
+    /// never resends a call a device received.
+    public enum Delivery<Result: DeviceResult> {
+        case notListening, unanswered, answered(DeviceOutcome<Result>)
     }
 
-    public static func deliver(_ request: DeviceRequest, to socketPath: String) -> Delivery {
+    public static func deliver<Result>(_ call: DeviceCall<Result>, to socketPath: String) -> Delivery<Result> {
         var received: Int32 = -1
         var listening = false
         defer { if received >= 0 { close(received) } }
-        let reply = exchange(request, with: socketPath, passing: nil, receiving: &received, listening: &listening)
-        return reply.map { .answered($0) } ?? (listening ? .unanswered : .notListening)
+        let reply = exchange(call.request, with: socketPath, passing: nil, receiving: &received, listening: &listening)
+        return reply.map { .answered(call.outcome(of: $0)) } ?? (listening ? .unanswered : .notListening)
     }
 
-    /// Sends `request` and returns the device's reply with the connection,
-    /// which then carries what follows the reply (`watch`); the caller
+    /// Sends `call` and returns the device's answer with the connection,
+    /// which then carries what follows the answer (`watch`); the caller
     /// closes it. Nil when no device answered.
-    public static func follow(_ request: DeviceRequest, at socketPath: String) -> (
-        reply: DeviceReply, connection: Int32
+    public static func follow<Result>(_ call: DeviceCall<Result>, at socketPath: String) -> (
+        outcome: DeviceOutcome<Result>, connection: Int32
     )? {
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
-        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd),
+        guard let frame = try? call.request.frame(), DeviceProtocol.send(frame, to: fd),
             let body = DeviceProtocol.receive(from: fd),
             let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
         else {
             close(fd)
             return nil
         }
-        return (reply, fd)
+        return (call.outcome(of: reply), fd)
     }
 
     private static func exchange(

@@ -87,35 +87,12 @@ enum ControlCommand {
 }
 
 extension FileSystem {
-    /// The device status as `key: value` lines.
+    /// The device status as `key: value` lines: the report every view
+    /// shows (``DeviceStatus/report()``), with this mount's group.
     func statusText() -> [UInt8] {
-        var lines = manager.localDevice.status.lines(afterFirstUnlock: [
-            "accessmode: \(manager.accessMode.rawValue)", "migrate: \(manager.migrate ? "yes" : "no")"
-        ])
-        lines.append("pid: \(getpid())")
-        // What this kind of device can and cannot hold (docs/SECURITY.md):
-        // said where a user looks, not only in the docs.
-        if owner.uid == geteuid() {
-            lines.append("mode: per-user")
-            lines.append(
-                "mode-limits: the keychain's files belong to this user: any program of this user can read them "
-                    + "(and so the always items), edit or roll back the audit log and the policy; entitlements hold "
-                    + "only for what goes through the device")
-        } else {
-            lines.append("mode: service")
-            lines.append(
-                "mode-limits: the keychain's files belong to the service's account: programs of this user "
-                    + "reach items only through the device, which decides per program; root and the service's "
-                    + "account can read everything")
-        }
-        lines += manager.localDevice.keyProtection.lines
-        // Escaped: a path or name must never forge a status line.
-        lines.append("keychain: \(LineEscaping.escaped(manager.localDevice.directory.path))")
-        if case .group(let group) = scope { lines.append("group: \(LineEscaping.escaped(group))") }
-        if let bus = manager.localDevice.secretServiceState {
-            lines.append("secret-service: \(LineEscaping.escaped(bus))")
-        }
-        return Array((lines.joined(separator: "\n") + "\n").utf8)
+        // A device serving another user's mounts is the service.
+        let mode: ServingFacts.Mode = owner.uid == geteuid() ? .perUser : .service
+        return Array(manager.servedStatus(mode: mode, group: scope.group).report().text.utf8)
     }
 
     /// Runs the commands of one write to `.control`, then wipes the request

@@ -14,6 +14,12 @@ public final class FileSystem: Sendable {
         case keychain
         /// One group's items, at the root.
         case group(String)
+
+        /// The group at the root; nil for the whole keychain.
+        public var group: String? {
+            guard case .group(let group) = self else { return nil }
+            return group
+        }
     }
 
     let manager: PasswordManager
