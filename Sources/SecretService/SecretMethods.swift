@@ -12,12 +12,54 @@ struct SecretMethod: Sendable {
         case properties
     }
 
-    /// The object a call is on, as a handler needs it.
-    struct Target {
-        let object: ObjectPaths.Object
-        var group = ""
-        var identifier = ""
-        var prompt: UnlockPrompt?
+    /// The object a call is on, as its handler needs it: resolved by the
+    /// dispatcher from the call's path (``ObjectPaths``) before any handler
+    /// runs, an alias to its collection and a prompt to the caller's own.
+    enum Target {
+        case service
+        case collection(group: String)
+        case item(group: String, identifier: String)
+        case session
+        case prompt(UnlockPrompt)
+        case portal
+        /// `org.freedesktop.DBus.Properties`, on whichever object.
+        case properties(ObjectPaths.Object)
+
+        var kind: Kind {
+            switch self {
+            case .service: .service
+            case .collection: .collection
+            case .item: .item
+            case .session: .session
+            case .prompt: .prompt
+            case .portal: .portal
+            case .properties: .properties
+            }
+        }
+
+        /// What the handler of each kind gets of it (nil: another kind).
+        var collectionGroup: String? {
+            guard case .collection(let group) = self else { return nil }
+            return group
+        }
+        var item: ItemAddress? {
+            guard case .item(let group, let identifier) = self else { return nil }
+            return ItemAddress(group: group, identifier: identifier)
+        }
+        var prompt: UnlockPrompt? {
+            guard case .prompt(let prompt) = self else { return nil }
+            return prompt
+        }
+        var propertiesObject: ObjectPaths.Object? {
+            guard case .properties(let object) = self else { return nil }
+            return object
+        }
+    }
+
+    /// An item a call is on: its group and identifier.
+    struct ItemAddress {
+        let group: String
+        let identifier: String
     }
 
     let kind: Kind
@@ -27,13 +69,17 @@ struct SecretMethod: Sendable {
     /// The method's arguments read from a call, in the signature's order
     /// (for the fuzz target, which looks into them).
     let readArguments: @Sendable (BusMessageReader) throws(BusError) -> Any
-    /// Reads the arguments and runs the handler.
+    /// Reads the arguments and runs the handler on the call's object.
     let run: @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> Void
 
-    init<Arguments>(
+    /// A method of objects of `kind`, whose handler gets what `object` takes
+    /// of the call's target (its group, its item, its prompt: typed, never a
+    /// default for another kind's).
+    init<Object, Arguments>(
         _ kind: Kind, _ interface: String, _ member: String, _ signature: String,
         reading read: @escaping @Sendable (BusMessageReader) throws(BusError) -> Arguments,
-        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Target, Arguments) throws(BusError) -> Void
+        on object: @escaping @Sendable (Target) -> Object?,
+        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Object, Arguments) throws(BusError) -> Void
     ) {
         self.kind = kind
         self.interface = interface
@@ -41,18 +87,33 @@ struct SecretMethod: Sendable {
         self.signature = signature
         readArguments = { (arguments) throws(BusError) in try read(arguments) }
         run = { (provider, call, target) throws(BusError) in
-            try handler(provider, call, target, try read(call.arguments))
+            // The dispatcher picks methods by the target's kind: another never reaches here.
+            guard let object = object(target) else { throw .unknownMethod("no method \(member) at \(call.path)") }
+            try handler(provider, call, object, try read(call.arguments))
+        }
+    }
+
+    /// A method whose handler needs nothing of its object (the service, a session, the portal).
+    init<Arguments>(
+        _ kind: Kind, _ interface: String, _ member: String, _ signature: String,
+        reading read: @escaping @Sendable (BusMessageReader) throws(BusError) -> Arguments,
+        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Arguments) throws(BusError) -> Void
+    ) {
+        self.init(
+            kind, interface, member, signature, reading: read, on: { $0.kind == kind ? () : nil }
+        ) { p, call, _, arguments throws(BusError) in
+            try handler(p, call, arguments)
         }
     }
 
     /// A method without arguments.
-    init(
-        _ kind: Kind, _ interface: String, _ member: String,
-        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> Void
+    init<Object>(
+        _ kind: Kind, _ interface: String, _ member: String, on object: @escaping @Sendable (Target) -> Object?,
+        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Object) throws(BusError) -> Void
     ) {
-        self.init(kind, interface, member, "", reading: { _ throws(BusError) in () }) {
-            p, call, target, _ throws(BusError) in
-            try handler(p, call, target)
+        self.init(kind, interface, member, "", reading: { _ throws(BusError) in () }, on: object) {
+            p, call, object, _ throws(BusError) in
+            try handler(p, call, object)
         }
     }
 
@@ -65,13 +126,13 @@ struct SecretMethod: Sendable {
             reading: { (arguments) throws(BusError) in
                 (algorithm: try arguments.string(), input: try arguments.variant())
             }
-        ) { p, call, _, request throws(BusError) in
+        ) { p, call, request throws(BusError) in
             try p.openSession(call, algorithm: request.algorithm, input: request.input)
         },
         SecretMethod(
             .service, Provider.serviceInterface, "SearchItems", "a{ss}",
             reading: { (arguments) throws(BusError) in try arguments.stringDictionary() }
-        ) { p, call, _, attributes throws(BusError) in
+        ) { p, call, attributes throws(BusError) in
             try p.searchItems(call, attributes: attributes)
         },
         SecretMethod(
@@ -79,7 +140,7 @@ struct SecretMethod: Sendable {
             reading: { (arguments) throws(BusError) in
                 (items: try arguments.objectPaths(), session: try arguments.objectPath())
             }
-        ) { p, call, _, request throws(BusError) in
+        ) { p, call, request throws(BusError) in
             try p.getSecrets(call, items: request.items, session: request.session)
         },
         SecretMethod(
@@ -87,42 +148,43 @@ struct SecretMethod: Sendable {
             reading: { (arguments) throws(BusError) in
                 (properties: try arguments.properties(), alias: try arguments.string())
             }
-        ) { p, call, _, request throws(BusError) in
+        ) { p, call, request throws(BusError) in
             try p.createCollection(call, properties: request.properties, alias: request.alias)
         },
         SecretMethod(
             .service, Provider.serviceInterface, "ReadAlias", "s",
             reading: { (arguments) throws(BusError) in try arguments.string() }
-        ) { p, call, _, alias throws(BusError) in
+        ) { p, call, alias throws(BusError) in
             try p.readAlias(call, alias: alias)
         },
         SecretMethod(
             .service, Provider.serviceInterface, "SetAlias", "so",
             reading: { (arguments) throws(BusError) in (alias: try arguments.string(), path: try arguments.objectPath())
             }
-        ) { p, call, _, request throws(BusError) in
+        ) { p, call, request throws(BusError) in
             try p.setAlias(call, alias: request.alias, path: request.path)
         },
         SecretMethod(
             .service, Provider.serviceInterface, "Lock", "ao",
             reading: { (arguments) throws(BusError) in try arguments.objectPaths() }
-        ) { p, call, _, objects throws(BusError) in
+        ) { p, call, objects throws(BusError) in
             try p.lock(call, objects: objects)
         },
         SecretMethod(
             .service, Provider.serviceInterface, "Unlock", "ao",
             reading: { (arguments) throws(BusError) in try arguments.objectPaths() }
-        ) { p, call, _, objects throws(BusError) in
+        ) { p, call, objects throws(BusError) in
             try p.unlock(call, objects: objects)
         },
         SecretMethod(
             .collection, Provider.collectionInterface, "SearchItems", "a{ss}",
-            reading: { (arguments) throws(BusError) in try arguments.stringDictionary() }
-        ) { p, call, target, attributes throws(BusError) in
-            try p.searchCollection(call, group: target.group, attributes: attributes)
+            reading: { (arguments) throws(BusError) in try arguments.stringDictionary() }, on: \.collectionGroup
+        ) { p, call, group, attributes throws(BusError) in
+            try p.searchCollection(call, group: group, attributes: attributes)
         },
-        SecretMethod(.collection, Provider.collectionInterface, "Delete") { p, call, target throws(BusError) in
-            try p.deleteCollection(call, group: target.group)
+        SecretMethod(.collection, Provider.collectionInterface, "Delete", on: \.collectionGroup) {
+            p, call, group throws(BusError) in
+            try p.deleteCollection(call, group: group)
         },
         SecretMethod(
             .collection, Provider.collectionInterface, "CreateItem", "a{sv}(oayays)b",
@@ -130,59 +192,60 @@ struct SecretMethod: Sendable {
                 NewItem(
                     properties: try arguments.properties(), secret: try arguments.secretStruct(),
                     replace: try arguments.bool())
-            }
-        ) { p, call, target, item throws(BusError) in
-            try p.createItem(call, group: target.group, item)
+            }, on: \.collectionGroup
+        ) { p, call, group, item throws(BusError) in
+            try p.createItem(call, group: group, item)
         },
         SecretMethod(
             .item, Provider.itemInterface, "GetSecret", "o",
-            reading: { (arguments) throws(BusError) in try arguments.objectPath() }
-        ) { p, call, target, session throws(BusError) in
-            try p.getSecret(call, group: target.group, identifier: target.identifier, session: session)
+            reading: { (arguments) throws(BusError) in try arguments.objectPath() }, on: \.item
+        ) { p, call, item, session throws(BusError) in
+            try p.getSecret(call, group: item.group, identifier: item.identifier, session: session)
         },
         SecretMethod(
             .item, Provider.itemInterface, "SetSecret", "(oayays)",
-            reading: { (arguments) throws(BusError) in try arguments.secretStruct() }
-        ) { p, call, target, secret throws(BusError) in
-            try p.setSecret(call, group: target.group, identifier: target.identifier, secret)
+            reading: { (arguments) throws(BusError) in try arguments.secretStruct() }, on: \.item
+        ) { p, call, item, secret throws(BusError) in
+            try p.setSecret(call, group: item.group, identifier: item.identifier, secret)
         },
-        SecretMethod(.item, Provider.itemInterface, "Delete") { p, call, target throws(BusError) in
-            try p.deleteItem(call, group: target.group, identifier: target.identifier)
+        SecretMethod(.item, Provider.itemInterface, "Delete", on: \.item) { p, call, item throws(BusError) in
+            try p.deleteItem(call, group: item.group, identifier: item.identifier)
         },
-        SecretMethod(.session, Provider.sessionInterface, "Close") { p, call, _ throws(BusError) in
+        SecretMethod(.session, Provider.sessionInterface, "Close", on: { $0.kind == .session ? () : nil }) {
+            p, call, _ throws(BusError) in
             try p.closeSession(call)
         },
         SecretMethod(
             .prompt, Provider.promptInterface, "Prompt", "s",
             // The window to place it over: pinentry places itself.
-            reading: { (arguments) throws(BusError) in _ = try arguments.string() }
-        ) { p, call, target, _ throws(BusError) in
-            try p.showPrompt(call, prompt: target.prompt!)
+            reading: { (arguments) throws(BusError) in _ = try arguments.string() }, on: \.prompt
+        ) { p, call, prompt, _ throws(BusError) in
+            try p.showPrompt(call, prompt: prompt)
         },
-        SecretMethod(.prompt, Provider.promptInterface, "Dismiss") { p, call, target throws(BusError) in
-            try p.dismissPrompt(call, prompt: target.prompt!)
+        SecretMethod(.prompt, Provider.promptInterface, "Dismiss", on: \.prompt) { p, call, prompt throws(BusError) in
+            try p.dismissPrompt(call, prompt: prompt)
         },
         SecretMethod(
             .properties, Provider.propertiesInterface, "Get", "ss",
             reading: { (arguments) throws(BusError) in (interface: try arguments.string(), name: try arguments.string())
-            }
-        ) { p, call, target, property throws(BusError) in
-            try p.getProperty(call, object: target.object, interface: property.interface, name: property.name)
+            }, on: \.propertiesObject
+        ) { p, call, object, property throws(BusError) in
+            try p.getProperty(call, object: object, interface: property.interface, name: property.name)
         },
         SecretMethod(
             .properties, Provider.propertiesInterface, "GetAll", "s",
-            reading: { (arguments) throws(BusError) in try arguments.string() }
-        ) { p, call, target, interface throws(BusError) in
-            try p.getAllProperties(call, object: target.object, interface: interface)
+            reading: { (arguments) throws(BusError) in try arguments.string() }, on: \.propertiesObject
+        ) { p, call, object, interface throws(BusError) in
+            try p.getAllProperties(call, object: object, interface: interface)
         },
         SecretMethod(
             .properties, Provider.propertiesInterface, "Set", "ssv",
             reading: { (arguments) throws(BusError) in
                 (interface: try arguments.string(), name: try arguments.string(), value: try arguments.variant())
-            }
-        ) { p, call, target, change throws(BusError) in
+            }, on: \.propertiesObject
+        ) { p, call, object, change throws(BusError) in
             try p.setProperty(
-                call, object: target.object, interface: change.interface, name: change.name, value: change.value)
+                call, object: object, interface: change.interface, name: change.name, value: change.value)
         },
         SecretMethod(
             .portal, Provider.portalInterface, "RetrieveSecret", "osha{sv}",
@@ -192,7 +255,7 @@ struct SecretMethod: Sendable {
                 try arguments.skip("a{sv}")  // the portal passes no option the backend uses
                 return (handle: handle, appID: appID, fd: fd)
             }
-        ) { p, call, _, request throws(BusError) in
+        ) { p, call, request throws(BusError) in
             try p.retrieveSecret(call, appID: request.appID, fd: request.fd)
         }
     ]
@@ -211,53 +274,45 @@ extension SecretServiceProvider {
     /// interface (a call may leave it out), the object and the signature
     /// are the method's.
     func dispatch(_ call: BusCall, to object: ObjectPaths.Object) throws(BusError) {
-        var target = SecretMethod.Target(object: object)
-        let kind: SecretMethod.Kind
-        if call.interface == Self.propertiesInterface {
-            kind = .properties
-        } else {
-            switch object {
-            case .service:
-                kind = .service
-            case .collection(let group):
-                kind = .collection
-                target.group = group
-            case .alias(let alias):
-                guard let group = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
-                kind = .collection
-                target.group = group
-            case .item(let group, let identifier):
-                kind = .item
-                target.group = group
-                target.identifier = identifier
-            case .session:
-                kind = .session
-            case .prompt:
-                kind = .prompt
-            case .portal:
-                kind = .portal
-            }
-        }
-        let methods = SecretMethod.all.filter { $0.kind == kind }
-        guard let interface = methods.first?.interface, call.interface == interface || call.interface.isEmpty else {
-            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
-        }
-        switch kind {
-        case .collection:
-            // A group gone, or one the caller may not use, is no object for it.
-            try requireGroup(target.group, for: call)
-        case .prompt:
-            guard let prompt = prompts[call.path], prompt.owner == call.sender else {
-                throw .noSuchObject("no prompt at \(call.path) for this connection")
-            }
-            target.prompt = prompt
-        case .service, .item, .session, .properties, .portal:
-            break
-        }
+        let target = try self.target(of: call, on: object)
+        let methods = SecretMethod.all.filter { $0.kind == target.kind }
         guard let method = methods.first(where: { $0.member == call.member }) else {
-            throw .unknownMethod("no method \(call.member) in \(interface)")
+            throw .unknownMethod("no method \(call.member) in \(methods.first?.interface ?? call.interface)")
         }
         try requireSignature(call, method.signature)
         try method.run(self, call, target)
+    }
+
+    /// The object `call` is on, as its method's handler gets it, once the
+    /// interface (a call may leave it out) is the object's: an alias as its
+    /// collection, a collection the caller may use, a prompt of the caller's.
+    private func target(of call: BusCall, on object: ObjectPaths.Object) throws(BusError) -> SecretMethod.Target {
+        let target: SecretMethod.Target
+        if call.interface == Self.propertiesInterface {
+            target = .properties(object)
+        } else {
+            switch object {
+            case .service: target = .service
+            case .collection(let group): target = .collection(group: group)
+            case .alias(let alias):
+                guard let group = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
+                target = .collection(group: group)
+            case .item(let group, let identifier): target = .item(group: group, identifier: identifier)
+            case .session: target = .session
+            case .prompt:
+                guard let prompt = prompts[call.path], prompt.owner == call.sender else {
+                    throw .noSuchObject("no prompt at \(call.path) for this connection")
+                }
+                target = .prompt(prompt)
+            case .portal: target = .portal
+            }
+        }
+        let interface = SecretMethod.all.first { $0.kind == target.kind }?.interface
+        guard let interface, call.interface == interface || call.interface.isEmpty else {
+            throw .unknownMethod("no interface \(call.interface) at \(call.path)")
+        }
+        // A group gone, or one the caller may not use, is no object for it.
+        if case .collection(let group) = target { try requireGroup(group, for: call) }
+        return target
     }
 }
