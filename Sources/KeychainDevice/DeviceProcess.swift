@@ -504,27 +504,25 @@ public final class DeviceProcess: Sendable {
         switch keychains {
         case .perUser(let keychain):
             switch request {
-            case .stop:
+            case .process(.stop):
                 // As SIGTERM: the main loop reads it from its signalfd (the
                 // signal is blocked in every thread), unmounts and exits.
                 kill(getpid(), SIGTERM)
                 return Done().reply
-            case .create:
+            case .process(.create):
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
-            case .serveBus(let address, let replace):
+            case .process(.serveBus(let address, let replace)):
                 let reply = serveBus(keychain, address: address, replace: replace)
                 recordLifecycle(
                     keychain, "serve-bus", reply == Done().reply ? "serves the session bus" : "refused",
                     by: ProgramIdentities.subject(ofPeer: client))
                 return reply
-            case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
-                .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status,
-                .sync, .grant, .revoke, .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
+            case .item, .device, .policy, .mount, .file, .process(.ping), .process(.watch):
                 let reply = keychain.answer(
                     request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
                     passed: &passed, attachments: &attachments)
                 // "last" tells the client to wait for the device's exit, which a headless device does not do.
-                if case .unmount = request, case .success(.last) = reply.outcome(UnmountOutcome.self),
+                if case .mount(.unmount) = request, case .success(.last) = reply.outcome(UnmountOutcome.self),
                     headless.withLock({ $0 })
                 {
                     return UnmountOutcome.othersRemain.reply

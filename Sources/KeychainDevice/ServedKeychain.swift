@@ -135,26 +135,85 @@ final class ServedKeychain: Sendable {
     // MARK: Requests
 
     /// Carries out one request of the keychain's owner, who connected on
-    /// `client` (checked by the caller). `passed` is the descriptor that came
-    /// with it, the caller's to close unless `attach` takes it (and sets it
-    /// nil). A descriptor for the reply, or the events that follow it, go to `attachments`.
+    /// `client` (checked by the caller): each group of requests has its
+    /// handler. `passed` is the descriptor that came with it, the caller's
+    /// to close unless `attach` takes it (and sets it nil). A descriptor for
+    /// the reply, or the events that follow it, go to `attachments`.
     func answer(
         _ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
         passed: inout Int32?, attachments: inout ReplyAttachments
     ) -> DeviceReply {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
         switch request {
-        case .ping:
-            return Done().reply
-        case .stop:
-            return .systemError(EINVAL, "only a per-user device stops on request")
-        case .serveBus:
-            return .systemError(
-                EINVAL,
-                "the keychainfs service serves no session bus: --secret-service needs a per-user device (--keychain DIR)"
-            )
-        case .create:
-            return .keychainError(.duplicateKeychain, "a keychain already exists for this user")
+        case .item(let item):
+            // The peer is identified only when a group with a policy asks.
+            let program = { () -> ProgramIdentity? in
+                guard var now = ProgramIdentities.ofPeer(client) else { return nil }
+                if policedAtConnect, now.distrust == nil, now != atConnect {
+                    now.distrust = "it runs another program than the one that connected"
+                }
+                return now
+            }
+            // Whose an item is, is the Secret Service's to record, for the
+            // program that made it over the bus: a client of the socket
+            // names no owner (it could plant an item for another program).
+            return answerAudited(
+                item.withoutOwner, program: program, subject: subject,
+                consent: ConsentCaller(
+                    program: program, subject: subject, waiting: { ClientPresence.socketOpen(client) }),
+                auditOK: true
+            ).reply
+        case .device(let state):
+            return answer(state, subject: subject).reply
+        case .policy(let policy):
+            // The service's account opens no path on a user's word: it could
+            // hash, or tell the existence of, what only it can read (issue 29).
+            return manager.localDevice.answer(
+                policyRequest: policy, by: subject(), executable: passed,
+                opensPaths: serviceLimits == nil
+            ).reply
+        case .mount(let mountRequest):
+            return answer(mountRequest, passed: &passed)
+        case .file(let file):
+            return answer(file, client: client, passed: passed, attachments: &attachments)
+        case .process(let process):
+            return answer(process, client: client, attachments: &attachments)
+        }
+    }
+
+    /// The device's lock and settings, for the socket and the bus alike
+    /// (the lock, unlock and status are the device's own to record).
+    func answer(_ request: DeviceStateRequest, subject: () -> AuditSubject?) -> DeviceAnswer {
+        let device = manager.localDevice
+        do throws(KeychainError) {
+            switch request {
+            case .lock:
+                device.lock(by: subject())
+            case .unlock(let passcode):
+                try device.unlock(passcode: passcode, by: subject())
+            case .status(let mountpoint):
+                // As the mount shows it (its group), when it is one of ours.
+                let group = mountpoint.flatMap { path in mounts.withLock { $0[path] }?.fileSystem.scope.group }
+                return .success(manager.servedStatus(mode: serviceLimits == nil ? .perUser : .service, group: group))
+            case .sync:
+                try manager.sync()
+            case .changePasscode(let old, let new):
+                try device.changePasscode(from: old, to: new)
+            case .autoLock(let after, let grace):
+                if after != nil || grace != nil {
+                    device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
+                }
+                return .success(AutoLockSetting(after: device.autoLock.after, grace: device.autoLock.grace))
+            }
+            return .success(Done())
+        } catch {
+            return .failure(.keychain(error, sentence(for: error)))
+        }
+    }
+
+    /// Mounts: made by the device, or (`attach`) made by its user and passed.
+    private func answer(_ request: MountRequest, passed: inout Int32?) -> DeviceReply {
+        switch request {
         case .mount(let group, let mountpoint), .attach(let group, let mountpoint):
             if case .attach = request, passed == nil {
                 return .systemError(EINVAL, "no FUSE connection came with the request")
@@ -177,13 +236,15 @@ final class ServedKeychain: Sendable {
                         ? "not mounted by this device" : String(cString: strerror(error.rawValue))
                 return .systemError(error.rawValue, reason)
             }
-        case .changePasscode(let old, let new):
-            do throws(KeychainError) {
-                try manager.localDevice.changePasscode(from: old, to: new)
-                return Done().reply
-            } catch {
-                return .keychainError(error, sentence(for: error))
-            }
+        }
+    }
+
+    /// Backups, whose file comes with the request, and the audit log, which goes with the reply.
+    private func answer(
+        _ request: FileRequest, client: Int32, passed: Int32?, attachments: inout ReplyAttachments
+    ) -> DeviceReply {
+        let subject = { ProgramIdentities.subject(ofPeer: client) }
+        switch request {
         case .backup(let path, let password, let policedGroups, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
             do throws(KeychainError) {
@@ -193,7 +254,7 @@ final class ServedKeychain: Sendable {
                 try BackupFile.write(backup.bytes, to: file, name: path)
                 return ReplyCount(backup.count).reply
             } catch {
-                return .keychainError(error, sentence(for: error, about: request))
+                return .keychainError(error, sentence(for: error, about: .file(request)))
             }
         case .restore(let path, let password, let policy, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
@@ -209,15 +270,8 @@ final class ServedKeychain: Sendable {
                 }
                 return summary.reply
             } catch {
-                return .keychainError(error, sentence(for: error, about: request))
+                return .keychainError(error, sentence(for: error, about: .file(request)))
             }
-        case .grant, .revoke, .policy, .access, .apps:
-            // The service's account opens no path on a user's word: it could
-            // hash, or tell the existence of, what only it can read (issue 29).
-            return manager.localDevice.answer(
-                policyRequest: request, by: subject(), executable: passed,
-                opensPaths: serviceLimits == nil
-            ).reply
         case .auditLog(let rotated):
             let name = rotated ? AuditLog.rotatedName : AuditLog.fileName
             let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
@@ -235,6 +289,26 @@ final class ServedKeychain: Sendable {
             } catch {
                 return .systemError(EIO, "cannot verify the audit log: \(error)")
             }
+        }
+    }
+
+    /// The device process itself, as the keychain sees it (a per-user
+    /// device answers `stop`, `create` and `serveBus` before this).
+    private func answer(
+        _ request: ProcessRequest, client: Int32, attachments: inout ReplyAttachments
+    ) -> DeviceReply {
+        switch request {
+        case .ping:
+            return Done().reply
+        case .stop:
+            return .systemError(EINVAL, "only a per-user device stops on request")
+        case .serveBus:
+            return .systemError(
+                EINVAL,
+                "the keychainfs service serves no session bus: --secret-service needs a per-user device (--keychain DIR)"
+            )
+        case .create:
+            return .keychainError(.duplicateKeychain, "a keychain already exists for this user")
         case .watch:
             guard
                 let stream = SocketEventStream(
@@ -245,32 +319,6 @@ final class ServedKeychain: Sendable {
             }
             attachments.events = stream
             return Done().reply
-        case .autoLock(let after, let grace):
-            let device = manager.localDevice
-            if after != nil || grace != nil {
-                device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
-            }
-            return AutoLockSetting(after: device.autoLock.after, grace: device.autoLock.grace).reply
-        case .get, .set, .remove, .list, .info, .details, .setDetails, .setClass, .rename, .createGroup, .removeGroup,
-            .lock, .unlock, .status, .sync:
-            // Whose an item is, is the Secret Service's to record, for the
-            // program that made it over the bus: a client of the socket
-            // names no owner (it could plant an item for another program).
-            let request = request.withoutOwner
-            // The peer is identified only when a group with a policy asks.
-            let program = { () -> ProgramIdentity? in
-                guard var now = ProgramIdentities.ofPeer(client) else { return nil }
-                if policedAtConnect, now.distrust == nil, now != atConnect {
-                    now.distrust = "it runs another program than the one that connected"
-                }
-                return now
-            }
-            return answerAudited(
-                request, program: program, subject: subject,
-                consent: ConsentCaller(
-                    program: program, subject: subject, waiting: { ClientPresence.socketOpen(client) }),
-                auditOK: true
-            ).reply
         }
     }
 }
@@ -286,16 +334,16 @@ extension ServedKeychain {
     /// A core error in a sentence for the keychain's user: a quota says
     /// what it is and what is used of it.
     func sentence(for error: KeychainError, about request: DeviceRequest? = nil) -> String {
-        if error == .ownerDenied, case .backup? = request {
+        if error == .ownerDenied, case .file(.backup)? = request {
             return "the keychain holds items other programs own, and the person did not allow this program to "
                 + "back them up (or could not be asked): no backup was written"
         }
-        if error == .ownerDenied, case .restore? = request {
+        if error == .ownerDenied, case .file(.restore)? = request {
             return "the backup would replace items other programs own, and the person did not allow this program "
                 + "to (or could not be asked): nothing was restored"
         }
-        if error == .ownerDenied, let request, let group = request.group,
-            let identifier = request.ownedIdentifiers.first,
+        if error == .ownerDenied, let item = request?.item, let group = item.group,
+            let identifier = item.ownedIdentifiers.first,
             let owner = (try? manager.details(forIdentifier: identifier, inGroup: group))?.owner
         {
             return ItemConsent.deniedSentence(item: group + "/" + identifier, owner: owner)
@@ -314,31 +362,16 @@ extension ServedKeychain {
 
     /// Records an item request of a socket peer (lock, unlock and status are the device's own).
     /// `doubt`: why a program a rule names was refused all the same, when that was the reason.
-    func audit(_ request: DeviceRequest, result: String, subject: AuditSubject?, doubt: String? = nil) {
+    func audit(_ request: ItemRequest, result: String, subject: AuditSubject?, doubt: String? = nil) {
         guard let operation = request.auditOperation else { return }
-        var group = request.group, identifier: String?, detail: String?
-        switch request {
-        case .createGroup(let name):
-            group = name
-        case .get(_, let id), .set(_, let id, _, _, _, _), .remove(_, let id), .info(_, let id),
-            .setClass(_, let id, _):
-            identifier = id
-        case .details(_, let id):
-            identifier = id
-        case .setDetails(_, let id, _):
-            identifier = id
-        case .rename(_, let from, let to, _):
-            identifier = from
-            detail = to
-        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .list, .removeGroup, .lock,
-            .unlock, .status, .sync, .grant, .revoke, .access, .apps, .policy, .create, .attach, .auditLog,
-            .verifyLog, .stop, .watch, .autoLock:
-            break
-        }
+        var group = request.group, detail: String?
+        if case .createGroup(let name) = request { group = name }
+        // A rename names where the item went.
+        if case .rename(_, _, let to, _) = request { detail = to }
         manager.localDevice.audit.record(
             AuditEvent(
                 operation: operation, result: result, group: group,
-                identifier: identifier, subject: subject, detail: detail ?? doubt))
+                identifier: request.identifier, subject: subject, detail: detail ?? doubt))
     }
 
     /// The requests of a ``PasswordManager`` that is a client of this
@@ -346,7 +379,7 @@ extension ServedKeychain {
     /// operations, with the filesystem's namespace rules (a removed or
     /// replaced item's inode is detached, writes are serialised with commits).
     func answerItemRequest(
-        _ request: DeviceRequest, program: () -> ProgramIdentity?,
+        _ request: ItemRequest, program: () -> ProgramIdentity?,
         subject: () -> AuditSubject?, consent: ConsentCaller?
     ) throws(KeychainError) -> any DeviceResult {
         // As through a mount: a group's policy decides per program (the peer),
@@ -359,14 +392,12 @@ extension ServedKeychain {
             try manager.requireConsent(
                 group: group, identifiers: request.ownedIdentifiers, verb: verb, caller: consent)
         }
-        let result = try carryOut(request, subject: subject)
+        let result = try carryOut(request)
         if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
         return result
     }
 
-    private func carryOut(_ request: DeviceRequest, subject: () -> AuditSubject?) throws(KeychainError)
-        -> any DeviceResult
-    {
+    private func carryOut(_ request: ItemRequest) throws(KeychainError) -> any DeviceResult {
         switch request {
         case .get(let group, let identifier):
             let item = try manager.item(forIdentifier: identifier, inGroup: group)
@@ -410,20 +441,6 @@ extension ServedKeychain {
             guard !isGroupMounted(group) else { throw .badRequest }
             try manager.removeGroup(group)
             nodes.forgetNames([.group(group)], except: nil)
-        case .lock:
-            manager.localDevice.lock(by: subject())
-        case .unlock(let passcode):
-            try manager.localDevice.unlock(passcode: passcode, by: subject())
-        case .status(let mountpoint):
-            // As the mount shows it (its group), when it is one of ours.
-            let group = mountpoint.flatMap { path in mounts.withLock { $0[path] }?.fileSystem.scope.group }
-            return manager.servedStatus(mode: serviceLimits == nil ? .perUser : .service, group: group)
-        case .sync:
-            try manager.sync()
-        // Not a request of a manager's client: answer(_:) handles these before.
-        case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .serveBus, .grant, .revoke, .access, .apps,
-            .policy, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
-            throw .param
         }
         return Done()
     }
@@ -480,8 +497,17 @@ extension ServedKeychain: SecretStore {
         audit policy: AuditPolicy
     ) -> DeviceOutcome<Result> {
         // The answer itself, never its fields: the provider is in this process.
-        answerAudited(call.request, program: program, subject: subject, consent: nil, auditOK: policy == .always)
-            .outcome(of: call)
+        let answer: DeviceAnswer
+        switch call.request {
+        case .item(let item):
+            answer = answerAudited(item, program: program, subject: subject, consent: nil, auditOK: policy == .always)
+        case .device(let state):
+            answer = self.answer(state, subject: subject)
+        // Nothing the provider asks: its calls are an item's or the lock's.
+        case .policy, .mount, .file, .process:
+            answer = .failure(.keychain(.param, "not a request of the Secret Service"))
+        }
+        return answer.outcome(of: call)
     }
 }
 
@@ -490,7 +516,7 @@ extension ServedKeychain {
     /// why the program was not taken for its executable, when that was
     /// the reason), when done only if `auditOK`.
     func answerAudited(
-        _ request: DeviceRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+        _ request: ItemRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
         consent: ConsentCaller?, auditOK: Bool
     ) -> DeviceAnswer {
         // The program as it was read, for a denial's reason in the log.
@@ -508,7 +534,7 @@ extension ServedKeychain {
             audit(
                 request, result: AuditEvent.result(of: error), subject: subject(),
                 doubt: error == .missingEntitlement ? seen?.doubt : nil)
-            return .failure(.keychain(error, sentence(for: error, about: request)))
+            return .failure(.keychain(error, sentence(for: error, about: .item(request))))
         }
     }
 }

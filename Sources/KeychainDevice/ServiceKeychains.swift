@@ -61,24 +61,22 @@ final class ServiceKeychains: Sendable {
         passed: inout Int32?, attachments: inout ReplyAttachments
     ) -> DeviceReply {
         switch request {
-        case .create(let passcode):
+        case .process(.create(let passcode)):
             return create(for: credentials.uid, passcode: passcode)
-        case .mount, .unmount, .stop:
+        case .mount(.mount), .mount(.unmount), .process(.stop):
             // The service mounts, unmounts and stops nothing on a user's word:
             // its account could mount over what only it can reach (another
             // user's keychain directory). The user mounts (`attach`) and unmounts.
             return .systemError(
                 EPERM, "the keychainfs service mounts nothing itself: `keychainfs mount` makes the mount and passes it")
-        case .ping, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails, .serveBus, .remove, .list,
-            .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock, .status, .sync, .grant, .revoke,
-            .access, .apps, .policy, .attach, .auditLog, .verifyLog, .watch, .autoLock:
+        case .item, .device, .policy, .mount(.attach), .file, .process(.ping), .process(.watch), .process(.serveBus):
             break
         }
         switch existing {
         case .failure(let error):
             return .systemError(EIO, error.description)
         case .success(nil):
-            if case .ping = request { return Done().reply }
+            if case .process(.ping) = request { return Done().reply }
             return .keychainError(
                 .noSuchKeychain, "you have no keychain in the keychainfs service; create one with `keychainfs init`")
         case .success(let served?):

@@ -11,6 +11,8 @@ import Glibc
 func policyAnswer<Result>(_ call: DeviceCall<Result>, keychain place: KeychainPlace, passing file: Int32? = nil) throws
     -> Result
 {
+    // Only the policy group's calls come here (grant, revoke, acl, policy).
+    guard case .policy(let request) = call.request else { throw fail("not a policy request") }
     try place.requireExisting()
     let outcome: DeviceOutcome<Result>
     if let answer = try RunningDevice(listeningAt: try place.socketPath()).outcome(call, passing: file) {
@@ -20,7 +22,7 @@ func policyAnswer<Result>(_ call: DeviceCall<Result>, keychain place: KeychainPl
             throw fail("the keychainfs service went away", status: ExitStatus.noDevice)
         }
         let device = try DeviceAccess.openDirectly(keychain)
-        outcome = device.answer(policyRequest: call.request, by: nil).outcome(of: call)
+        outcome = device.answer(policyRequest: request, by: nil).outcome(of: call)
         // The log's newest line is anchored in the keychain, as a device anchors it when it stops.
         device.shutDown()
     }
@@ -32,7 +34,7 @@ func policyAnswer<Result>(_ call: DeviceCall<Result>, keychain place: KeychainPl
             "the passcode is wrong (or wrong passcodes have locked changes out for now); nothing was changed",
             status: ExitStatus.denied)
     case .failure(.keychain(.itemNotFound, let message)):
-        if case .revoke = call.request { throw fail("no such rule: nothing was revoked", status: ExitStatus.absent) }
+        if case .revoke = request { throw fail("no such rule: nothing was revoked", status: ExitStatus.absent) }
         throw fail(message, status: ExitStatus.absent)
     case .failure(let refusal):
         throw DeviceAccess.failure(refusal, about: .device)

@@ -11,81 +11,96 @@ import Testing
     /// and absent somewhere, and distinct values in fields of one type (a
     /// swapped pair would not survive).
     static let requests: [DeviceRequest] = [
-        .ping,
-        .mount(group: nil, mountpoint: "/home/ada/kc"),
-        .mount(group: "TEAMID.shared", mountpoint: "/home/ada/shared"),
-        .unmount(mountpoint: "/home/ada/kc"),
-        .changePasscode(old: secret("1234"), new: secret("56789")),
-        .changePasscode(old: nil, new: nil),
-        .backup(path: "/tmp/a.kcbak", password: secret("backup pw")),
-        .backup(
-            path: "/tmp/p.kcbak", password: secret("pw"), policedGroups: ["secure", "team.app"],
-            passcode: secret("1234")),
-        .restore(path: "/tmp/b.kcbak", password: secret("restore pw"), policy: .overwrite),
-        .restore(path: "/tmp/d.kcbak", password: secret("restore pw"), policy: .overwrite, passcode: secret("1234")),
-        .restore(path: "/tmp/c.kcbak", password: secret("pw"), policy: .keep),
-        .get(group: "default", identifier: "github.com"),
-        .set(
-            group: "git", identifier: "host", value: secret("v\u{0}alue\n"), protectionClass: .alwaysThisDeviceOnly,
-            condition: .ifAbsent),
-        .set(group: "default", identifier: "empty", value: secret(""), protectionClass: nil, condition: .always),
-        .set(
-            group: "default", identifier: "Wi-Fi", value: secret("pw"), protectionClass: nil, condition: .always,
-            details: ItemDetails(
-                label: "Home Wi-Fi", contentType: "text/plain",
-                attributes: ["xdg:schema": "org.example.Wifi", "ssid": "home", "note": ""], created: 5, modified: 7)),
-        .details(group: "default", identifier: nil),
-        .details(group: "default", identifier: "Wi-Fi"),
-        .serveBus(address: "unix:path=/run/user/1000/bus", replace: false),
-        .serveBus(address: "unix:path=/tmp/b", replace: true),
-        .setDetails(
-            group: "default", identifier: "Wi-Fi", details: ItemDetails(label: "renamed", attributes: ["ssid": "home"])),
-        .remove(group: "default", identifier: "old"),
-        .list(group: nil),
-        .list(group: "default"),
-        .info(group: "default", identifier: "size"),
-        .setClass(group: "default", identifier: "k", protectionClass: .afterFirstUnlock),
-        .rename(group: "default", from: "a", to: "b", replacing: true),
-        .rename(group: "default", from: "b", to: "a", replacing: false),
-        .createGroup("new.group"),
-        .removeGroup("old.group"),
-        .lock,
-        .unlock(passcode: secret("1234")),
-        .unlock(passcode: nil),
-        .status(mountpoint: nil),
-        .status(mountpoint: "/home/ada/team"),
-        .sync,
-        .grant(group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234")),
-        .grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil),
-        .grant(
-            group: "secure", executable: "/usr/bin/node", unit: nil, uid: nil, passcode: secret("1234"), allowJIT: true),
-        .access(
-            group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", change: .add,
-            passcode: secret("1234")),
-        .access(group: "default", identifier: "token", executable: "/opt/app", change: .remove, passcode: nil),
-        .access(
-            group: "default", identifier: "imported", executable: "/usr/lib/chromium/chromium", change: .claim,
-            passcode: nil),
-        .apps(group: "default", open: true, passcode: secret("1234")),
-        .apps(group: "default", open: nil, passcode: nil),
-        .revoke(
-            group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
-            passcode: secret("1234")),
-        .revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil),
-        .policy(group: nil),
-        .policy(group: "secure"),
-        .create(passcode: secret("98765")),
-        .create(passcode: nil),
-        .attach(group: nil, mountpoint: "/home/ada/kc"),
-        .attach(group: "team.app", mountpoint: "/home/ada/team"),
-        .auditLog(rotated: false),
-        .auditLog(rotated: true),
-        .verifyLog,
-        .stop,
-        .watch,
-        .autoLock(after: 300, grace: nil),
-        .autoLock(after: nil, grace: 0),
-        .autoLock(after: nil, grace: nil)
+        .process(.ping),
+        .mount(.mount(group: nil, mountpoint: "/home/ada/kc")),
+        .mount(.mount(group: "TEAMID.shared", mountpoint: "/home/ada/shared")),
+        .mount(.unmount(mountpoint: "/home/ada/kc")),
+        .device(.changePasscode(old: secret("1234"), new: secret("56789"))),
+        .device(.changePasscode(old: nil, new: nil)),
+        .file(.backup(path: "/tmp/a.kcbak", password: secret("backup pw"))),
+        .file(
+            .backup(
+                path: "/tmp/p.kcbak", password: secret("pw"), policedGroups: ["secure", "team.app"],
+                passcode: secret("1234"))),
+        .file(.restore(path: "/tmp/b.kcbak", password: secret("restore pw"), policy: .overwrite)),
+        .file(
+            .restore(path: "/tmp/d.kcbak", password: secret("restore pw"), policy: .overwrite, passcode: secret("1234"))
+        ),
+        .file(.restore(path: "/tmp/c.kcbak", password: secret("pw"), policy: .keep)),
+        .item(.get(group: "default", identifier: "github.com")),
+        .item(
+            .set(
+                group: "git", identifier: "host", value: secret("v\u{0}alue\n"), protectionClass: .alwaysThisDeviceOnly,
+                condition: .ifAbsent)),
+        .item(.set(group: "default", identifier: "empty", value: secret(""), protectionClass: nil, condition: .always)),
+        .item(
+            .set(
+                group: "default", identifier: "Wi-Fi", value: secret("pw"), protectionClass: nil, condition: .always,
+                details: ItemDetails(
+                    label: "Home Wi-Fi", contentType: "text/plain",
+                    attributes: ["xdg:schema": "org.example.Wifi", "ssid": "home", "note": ""], created: 5, modified: 7)
+            )),
+        .item(.details(group: "default", identifier: nil)),
+        .item(.details(group: "default", identifier: "Wi-Fi")),
+        .process(.serveBus(address: "unix:path=/run/user/1000/bus", replace: false)),
+        .process(.serveBus(address: "unix:path=/tmp/b", replace: true)),
+        .item(
+            .setDetails(
+                group: "default", identifier: "Wi-Fi",
+                details: ItemDetails(label: "renamed", attributes: ["ssid": "home"]))),
+        .item(.remove(group: "default", identifier: "old")),
+        .item(.list(group: nil)),
+        .item(.list(group: "default")),
+        .item(.info(group: "default", identifier: "size")),
+        .item(.setClass(group: "default", identifier: "k", protectionClass: .afterFirstUnlock)),
+        .item(.rename(group: "default", from: "a", to: "b", replacing: true)),
+        .item(.rename(group: "default", from: "b", to: "a", replacing: false)),
+        .item(.createGroup("new.group")),
+        .item(.removeGroup("old.group")),
+        .device(.lock),
+        .device(.unlock(passcode: secret("1234"))),
+        .device(.unlock(passcode: nil)),
+        .device(.status(mountpoint: nil)),
+        .device(.status(mountpoint: "/home/ada/team")),
+        .device(.sync),
+        .policy(
+            .grant(
+                group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, passcode: secret("1234"))),
+        .policy(.grant(group: "secure", executable: "/usr/bin/app", unit: nil, uid: nil, passcode: nil)),
+        .policy(
+            .grant(
+                group: "secure", executable: "/usr/bin/node", unit: nil, uid: nil, passcode: secret("1234"),
+                allowJIT: true)),
+        .policy(
+            .access(
+                group: "default", identifier: "Chromium Safe Storage", executable: "/usr/bin/secret-tool", change: .add,
+                passcode: secret("1234"))),
+        .policy(.access(group: "default", identifier: "token", executable: "/opt/app", change: .remove, passcode: nil)),
+        .policy(
+            .access(
+                group: "default", identifier: "imported", executable: "/usr/lib/chromium/chromium", change: .claim,
+                passcode: nil)),
+        .policy(.apps(group: "default", open: true, passcode: secret("1234"))),
+        .policy(.apps(group: "default", open: nil, passcode: nil)),
+        .policy(
+            .revoke(
+                group: "secure", executable: "/usr/bin/app", unit: "app.service", uid: 1000, all: false,
+                passcode: secret("1234"))),
+        .policy(.revoke(group: "secure", executable: nil, unit: nil, uid: nil, all: true, passcode: nil)),
+        .policy(.policy(group: nil)),
+        .policy(.policy(group: "secure")),
+        .process(.create(passcode: secret("98765"))),
+        .process(.create(passcode: nil)),
+        .mount(.attach(group: nil, mountpoint: "/home/ada/kc")),
+        .mount(.attach(group: "team.app", mountpoint: "/home/ada/team")),
+        .file(.auditLog(rotated: false)),
+        .file(.auditLog(rotated: true)),
+        .file(.verifyLog),
+        .process(.stop),
+        .process(.watch),
+        .device(.autoLock(after: 300, grace: nil)),
+        .device(.autoLock(after: nil, grace: 0)),
+        .device(.autoLock(after: nil, grace: nil))
     ]
 
     static let replies: [DeviceReply] = [
@@ -112,7 +127,7 @@ import Testing
         var details = ItemDetails(label: "Chromium Safe Storage", attributes: ["application": "chromium"])
         details.owner = ProgramClaim(executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32))
         details.allowed = [ProgramClaim(executable: "/tmp/evil", digest: Array(repeating: 2, count: 32))]
-        let planted = DeviceRequest.set(
+        let planted = ItemRequest.set(
             group: "default", identifier: "key", value: Self.secret("k"), condition: .ifAbsent, details: details)
         guard case .set(_, _, _, _, _, let kept?) = planted.withoutOwner else {
             Issue.record("no details left"); return
@@ -121,7 +136,7 @@ import Testing
             kept.owner == nil && kept.allowed.isEmpty && kept.label == details.label
                 && kept.attributes == details.attributes)
         guard
-            case .setDetails(_, _, let changed) = DeviceRequest.setDetails(
+            case .setDetails(_, _, let changed) = ItemRequest.setDetails(
                 group: "default", identifier: "key", details: details
             )
             .withoutOwner
@@ -160,7 +175,9 @@ import Testing
 
     /// An auto-lock past a week (or below zero) is refused by the reader,
     /// whatever a client sends.
-    @Test(arguments: [DeviceRequest.autoLock(after: 7 * 86400 + 1, grace: nil), .autoLock(after: nil, grace: -1)])
+    @Test(arguments: [
+        DeviceRequest.device(.autoLock(after: 7 * 86400 + 1, grace: nil)), .device(.autoLock(after: nil, grace: -1))
+    ])
     func anAutoLockOutOfRangeIsRefused(_ request: DeviceRequest) throws {
         #expect(throws: KeychainError.param) {
             try Self.body(of: try request.frame()) { body throws(KeychainError) in try DeviceRequest(body: body) }

@@ -54,20 +54,24 @@ import Testing
 
     @Test func requestsAndRepliesRoundTripAndMalformedFramesAreRefused() throws {
         let requests: [DeviceRequest] = [
-            .ping, .mount(group: nil, mountpoint: "/m"), .mount(group: "TEAMID.g", mountpoint: "/m 2"),
-            .unmount(mountpoint: "/m"), .changePasscode(old: nil, new: try secure("n")),
-            .changePasscode(old: try secure("o"), new: nil),
-            .get(group: "default", identifier: "t"), .set(group: "g", identifier: "t", value: try secure("v")),
-            .set(
-                group: "g", identifier: "t", value: try secure(""), protectionClass: .alwaysThisDeviceOnly,
-                condition: .ifAbsent),
-            .remove(group: "g", identifier: "t"), .list(group: nil), .list(group: "g"),
-            .info(group: "g", identifier: "t"),
-            .setClass(group: "g", identifier: "t", protectionClass: .afterFirstUnlock),
-            .rename(group: "g", from: "a", to: "b", replacing: true),
-            .rename(group: "g", from: "a", to: "b", replacing: false),
-            .createGroup("g"), .removeGroup("g"), .lock, .unlock(passcode: nil), .unlock(passcode: try secure("1234")),
-            .status(mountpoint: nil), .sync
+            .process(.ping), .mount(.mount(group: nil, mountpoint: "/m")),
+            .mount(.mount(group: "TEAMID.g", mountpoint: "/m 2")),
+            .mount(.unmount(mountpoint: "/m")), .device(.changePasscode(old: nil, new: try secure("n"))),
+            .device(.changePasscode(old: try secure("o"), new: nil)),
+            .item(.get(group: "default", identifier: "t")),
+            .item(.set(group: "g", identifier: "t", value: try secure("v"))),
+            .item(
+                .set(
+                    group: "g", identifier: "t", value: try secure(""), protectionClass: .alwaysThisDeviceOnly,
+                    condition: .ifAbsent)),
+            .item(.remove(group: "g", identifier: "t")), .item(.list(group: nil)), .item(.list(group: "g")),
+            .item(.info(group: "g", identifier: "t")),
+            .item(.setClass(group: "g", identifier: "t", protectionClass: .afterFirstUnlock)),
+            .item(.rename(group: "g", from: "a", to: "b", replacing: true)),
+            .item(.rename(group: "g", from: "a", to: "b", replacing: false)),
+            .item(.createGroup("g")), .item(.removeGroup("g")), .device(.lock), .device(.unlock(passcode: nil)),
+            .device(.unlock(passcode: try secure("1234"))),
+            .device(.status(mountpoint: nil)), .device(.sync)
         ]
         for request in requests {
             let frame = try request.frame()

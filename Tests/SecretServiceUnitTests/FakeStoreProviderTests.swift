@@ -44,21 +44,21 @@ extension SerialTests {
             }
 
             private func answer(_ request: DeviceRequest) -> Answer {
+                guard case .item(let item) = request else {
+                    return .failure(.keychain(.badRequest, "not in this test"))
+                }
                 let info = ItemInfo(protectionClass: .whenUnlocked, size: 6)
-                if case .list(let group) = request {
+                let kind: String
+                switch item {
+                case .list(let group):
                     return .success(
                         group == nil ? GroupList(["work"]) : ItemList([ItemListing(identifier: "mail", info: info)]))
-                }
-                if case .details = request { return .success(DetailsList([])) }
-                if case .info = request { return .success(info) }
-                let kind: String
-                if case .get = request {
-                    kind = "get"
-                } else if case .set = request {
-                    kind = "set"
-                } else if case .remove = request {
-                    kind = "remove"
-                } else {
+                case .details: return .success(DetailsList([]))
+                case .info: return .success(info)
+                case .get: kind = "get"
+                case .set: kind = "set"
+                case .remove: kind = "remove"
+                case .setDetails, .setClass, .rename, .createGroup, .removeGroup:
                     return .failure(.keychain(.badRequest, "not in this test"))
                 }
                 asked.withLock { $0.append(kind) }

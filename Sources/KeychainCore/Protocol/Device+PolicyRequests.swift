@@ -11,7 +11,7 @@ extension Device {
     /// users cannot): a grant must come with its file, and a revoke's path
     /// is taken as the client resolved it; no path of a client's is opened.
     public func answer(
-        policyRequest request: DeviceRequest, by subject: AuditSubject?,
+        policyRequest request: PolicyRequest, by subject: AuditSubject?,
         executable file: Int32? = nil, opensPaths: Bool = true
     ) -> DeviceAnswer {
         let device = self
@@ -98,11 +98,6 @@ extension Device {
                             return rules.map { PolicyListing(group: group, rule: $0) }
                         }
                     ))
-            // Not a policy request: the device's other switches answer these.
-            case .ping, .mount, .unmount, .changePasscode, .backup, .restore, .get, .set, .details, .setDetails,
-                .serveBus, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .lock, .unlock,
-                .status, .sync, .create, .attach, .auditLog, .verifyLog, .stop, .watch, .autoLock:
-                throw .param
             }
         } catch {
             return .failure(.keychain(error, error.description))

@@ -17,28 +17,28 @@ public struct DeviceCall<Result: DeviceResult>: Sendable {
 
 extension DeviceCall where Result == ItemValue {
     public static func get(group: String, identifier: String) -> Self {
-        .init(.get(group: group, identifier: identifier))
+        .init(.item(.get(group: group, identifier: identifier)))
     }
 }
 
 extension DeviceCall where Result == ItemInfo {
     public static func info(group: String, identifier: String) -> Self {
-        .init(.info(group: group, identifier: identifier))
+        .init(.item(.info(group: group, identifier: identifier)))
     }
 }
 
 extension DeviceCall where Result == GroupList {
-    public static var groups: Self { .init(.list(group: nil)) }
+    public static var groups: Self { .init(.item(.list(group: nil))) }
 }
 
 extension DeviceCall where Result == ItemList {
-    public static func items(inGroup group: String) -> Self { .init(.list(group: group)) }
+    public static func items(inGroup group: String) -> Self { .init(.item(.list(group: group))) }
 }
 
 extension DeviceCall where Result == DetailsList {
     /// One item's details (none: it has none), or those of every item of the group that has some.
     public static func details(group: String, identifier: String?) -> Self {
-        .init(.details(group: group, identifier: identifier))
+        .init(.item(.details(group: group, identifier: identifier)))
     }
 }
 
@@ -48,73 +48,76 @@ extension DeviceCall where Result == Done {
         condition: PasswordManager.WriteCondition = .always, details: ItemDetails? = nil
     ) -> Self {
         .init(
-            .set(
-                group: group, identifier: identifier, value: value, protectionClass: protectionClass,
-                condition: condition, details: details))
+            .item(
+                .set(
+                    group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                    condition: condition, details: details)))
     }
 
     public static func setDetails(group: String, identifier: String, details: ItemDetails) -> Self {
-        .init(.setDetails(group: group, identifier: identifier, details: details))
+        .init(.item(.setDetails(group: group, identifier: identifier, details: details)))
     }
 
     public static func remove(group: String, identifier: String) -> Self {
-        .init(.remove(group: group, identifier: identifier))
+        .init(.item(.remove(group: group, identifier: identifier)))
     }
 
     public static func setClass(group: String, identifier: String, protectionClass: ProtectionClass) -> Self {
-        .init(.setClass(group: group, identifier: identifier, protectionClass: protectionClass))
+        .init(.item(.setClass(group: group, identifier: identifier, protectionClass: protectionClass)))
     }
 
     public static func rename(group: String, from: String, to: String, replacing: Bool) -> Self {
-        .init(.rename(group: group, from: from, to: to, replacing: replacing))
+        .init(.item(.rename(group: group, from: from, to: to, replacing: replacing)))
     }
 
-    public static func createGroup(_ group: String) -> Self { .init(.createGroup(group)) }
-    public static func removeGroup(_ group: String) -> Self { .init(.removeGroup(group)) }
+    public static func createGroup(_ group: String) -> Self { .init(.item(.createGroup(group))) }
+    public static func removeGroup(_ group: String) -> Self { .init(.item(.removeGroup(group))) }
 }
 
 // MARK: The device (its lock, its life, its mounts)
 
 extension DeviceCall where Result == Done {
-    public static var ping: Self { .init(.ping) }
-    public static var lock: Self { .init(.lock) }
-    public static func unlock(passcode: SecureBytes?) -> Self { .init(.unlock(passcode: passcode)) }
-    public static var sync: Self { .init(.sync) }
+    public static var ping: Self { .init(.process(.ping)) }
+    public static var lock: Self { .init(.device(.lock)) }
+    public static func unlock(passcode: SecureBytes?) -> Self { .init(.device(.unlock(passcode: passcode))) }
+    public static var sync: Self { .init(.device(.sync)) }
     public static func changePasscode(old: SecureBytes?, new: SecureBytes?) -> Self {
-        .init(.changePasscode(old: old, new: new))
+        .init(.device(.changePasscode(old: old, new: new)))
     }
-    public static var stop: Self { .init(.stop) }
+    public static var stop: Self { .init(.process(.stop)) }
     /// After the answer, the connection carries `.events` lines.
-    public static var watch: Self { .init(.watch) }
+    public static var watch: Self { .init(.process(.watch)) }
     public static func serveBus(address: String, replace: Bool) -> Self {
-        .init(.serveBus(address: address, replace: replace))
+        .init(.process(.serveBus(address: address, replace: replace)))
     }
     public static func mount(group: String?, mountpoint: String) -> Self {
-        .init(.mount(group: group, mountpoint: mountpoint))
+        .init(.mount(.mount(group: group, mountpoint: mountpoint)))
     }
     /// The `/dev/fuse` descriptor goes with the request.
     public static func attach(group: String?, mountpoint: String) -> Self {
-        .init(.attach(group: group, mountpoint: mountpoint))
+        .init(.mount(.attach(group: group, mountpoint: mountpoint)))
     }
 }
 
 extension DeviceCall where Result == CreatedKeychain {
     /// The service: create the caller's keychain.
-    public static func create(passcode: SecureBytes?) -> Self { .init(.create(passcode: passcode)) }
+    public static func create(passcode: SecureBytes?) -> Self { .init(.process(.create(passcode: passcode))) }
 }
 
 extension DeviceCall where Result == DeviceStatus {
-    public static var status: Self { .init(.status(mountpoint: nil)) }
+    public static var status: Self { .init(.device(.status(mountpoint: nil))) }
     /// The status as the mount at `mountpoint` shows it (its group).
-    public static func status(ofMount mountpoint: String) -> Self { .init(.status(mountpoint: mountpoint)) }
+    public static func status(ofMount mountpoint: String) -> Self { .init(.device(.status(mountpoint: mountpoint))) }
 }
 
 extension DeviceCall where Result == AutoLockSetting {
-    public static func autoLock(after: Int?, grace: Int?) -> Self { .init(.autoLock(after: after, grace: grace)) }
+    public static func autoLock(after: Int?, grace: Int?) -> Self {
+        .init(.device(.autoLock(after: after, grace: grace)))
+    }
 }
 
 extension DeviceCall where Result == UnmountOutcome {
-    public static func unmount(mountpoint: String) -> Self { .init(.unmount(mountpoint: mountpoint)) }
+    public static func unmount(mountpoint: String) -> Self { .init(.mount(.unmount(mountpoint: mountpoint))) }
 }
 
 // MARK: Backups (the file goes with the request)
@@ -123,7 +126,7 @@ extension DeviceCall where Result == ReplyCount {
     public static func backup(
         path: String, password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil
     ) -> Self {
-        .init(.backup(path: path, password: password, policedGroups: policedGroups, passcode: passcode))
+        .init(.file(.backup(path: path, password: password, policedGroups: policedGroups, passcode: passcode)))
     }
 }
 
@@ -131,7 +134,7 @@ extension DeviceCall where Result == RestoreSummary {
     public static func restore(
         path: String, password: SecureBytes, policy: RestoreConflictPolicy, passcode: SecureBytes? = nil
     ) -> Self {
-        .init(.restore(path: path, password: password, policy: policy, passcode: passcode))
+        .init(.file(.restore(path: path, password: password, policy: policy, passcode: passcode)))
     }
 }
 
@@ -143,19 +146,26 @@ extension DeviceCall where Result == PinnedProgram {
         allowJIT: Bool = false
     ) -> Self {
         .init(
-            .grant(
-                group: group, executable: executable, unit: unit, uid: uid, passcode: passcode, allowJIT: allowJIT))
+            .policy(
+                .grant(
+                    group: group, executable: executable, unit: unit, uid: uid, passcode: passcode, allowJIT: allowJIT))
+        )
     }
 
     /// Puts the program on the item's access list.
     public static func allow(group: String, identifier: String, executable: String, passcode: SecureBytes?) -> Self {
-        .init(.access(group: group, identifier: identifier, executable: executable, change: .add, passcode: passcode))
+        .init(
+            .policy(
+                .access(group: group, identifier: identifier, executable: executable, change: .add, passcode: passcode))
+        )
     }
 
     /// Makes an item of no program the program's.
     public static func claim(group: String, identifier: String, executable: String, passcode: SecureBytes?) -> Self {
         .init(
-            .access(group: group, identifier: identifier, executable: executable, change: .claim, passcode: passcode))
+            .policy(
+                .access(
+                    group: group, identifier: identifier, executable: executable, change: .claim, passcode: passcode)))
     }
 }
 
@@ -163,7 +173,8 @@ extension DeviceCall where Result == ReplyCount {
     public static func revoke(
         group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?
     ) -> Self {
-        .init(.revoke(group: group, executable: executable, unit: unit, uid: uid, all: all, passcode: passcode))
+        .init(
+            .policy(.revoke(group: group, executable: executable, unit: unit, uid: uid, all: all, passcode: passcode)))
     }
 
     /// Takes every program at the path off the item's access list.
@@ -171,28 +182,30 @@ extension DeviceCall where Result == ReplyCount {
         group: String, identifier: String, executable: String, passcode: SecureBytes?
     ) -> Self {
         .init(
-            .access(group: group, identifier: identifier, executable: executable, change: .remove, passcode: passcode))
+            .policy(
+                .access(
+                    group: group, identifier: identifier, executable: executable, change: .remove, passcode: passcode)))
     }
 }
 
 extension DeviceCall where Result == GroupApps {
     /// Sets (`open` given, with the passcode) or reads (nil) whose a group's items are.
     public static func apps(group: String, open: Bool?, passcode: SecureBytes?) -> Self {
-        .init(.apps(group: group, open: open, passcode: passcode))
+        .init(.policy(.apps(group: group, open: open, passcode: passcode)))
     }
 }
 
 extension DeviceCall where Result == PolicyList {
-    public static func policy(group: String?) -> Self { .init(.policy(group: group)) }
+    public static func policy(group: String?) -> Self { .init(.policy(.policy(group: group))) }
 }
 
 // MARK: The audit log
 
 extension DeviceCall where Result == AuditLogFile {
     /// The file comes back with the answer.
-    public static func auditLog(rotated: Bool) -> Self { .init(.auditLog(rotated: rotated)) }
+    public static func auditLog(rotated: Bool) -> Self { .init(.file(.auditLog(rotated: rotated))) }
 }
 
 extension DeviceCall where Result == AuditLog.VerifyReport {
-    public static var verifyLog: Self { .init(.verifyLog) }
+    public static var verifyLog: Self { .init(.file(.verifyLog)) }
 }
