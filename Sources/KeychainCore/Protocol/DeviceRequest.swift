@@ -3,17 +3,21 @@
 /// items, a consent verb) is said by that group alone. Clients name a
 /// request through ``DeviceCall``, which pairs it with its answer's type.
 public enum DeviceRequest: Equatable, Sendable {
-    /// An item or a group of items: the library's operations, under the caller policy (a group's entitlement, the owner rule) and audited.
+    /// An item or a group of items: the library's operations, under the
+    /// caller policy (a group's entitlement, the owner rule) and audited.
     case item(ItemRequest)
-    /// The device's lock and its settings: lock, unlock, status, sync, the passcode, auto-lock.
+    /// The device's lock and its settings: lock, unlock, status, sync, the
+    /// passcode, auto-lock.
     case device(DeviceStateRequest)
-    /// Who may use a group or an item: entitlement rules and access lists (changes need the passcode).
+    /// Who may use a group or an item: entitlement rules and access lists
+    /// (changes need the passcode).
     case policy(PolicyRequest)
     /// The device's mounts.
     case mount(MountRequest)
     /// Files passed with the request or its reply: backups and the audit log.
     case file(FileRequest)
-    /// The device process itself: whether it answers, its end, its events, the bus it serves, a user's keychain in the service.
+    /// The device process itself: whether it answers, its end, its events,
+    /// the bus it serves, a user's keychain in the service.
     case process(ProcessRequest)
 
     /// The `kind` byte of each request.
@@ -344,7 +348,8 @@ public enum AccessChange: String, Sendable, Equatable, CaseIterable {
     case claim = "2"
 }
 
-/// An item or a group of items: the library's operations, under the caller policy (a group's entitlement, the owner rule) and audited.
+/// An item or a group of items: the library's operations, under the
+/// caller policy (a group's entitlement, the owner rule) and audited.
 public enum ItemRequest: Equatable, Sendable {
     /// An item's value (the reply is ``DeviceReply/value(_:)``).
     case get(group: String, identifier: String)
@@ -376,7 +381,8 @@ public enum ItemRequest: Equatable, Sendable {
     case removeGroup(String)
 }
 
-/// The device's lock and its settings: lock, unlock, status, sync, the passcode, auto-lock.
+/// The device's lock and its settings: lock, unlock, status, sync, the
+/// passcode, auto-lock.
 public enum DeviceStateRequest: Equatable, Sendable {
     /// Lock the device.
     case lock
@@ -394,7 +400,8 @@ public enum DeviceStateRequest: Equatable, Sendable {
     case autoLock(after: Int?, grace: Int?)
 }
 
-/// Who may use a group or an item: entitlement rules and access lists (changes need the passcode).
+/// Who may use a group or an item: entitlement rules and access lists
+/// (changes need the passcode).
 public enum PolicyRequest: Equatable, Sendable {
     /// Allow the executable at `executable` (absolute; the device resolves
     /// and hashes it), optionally only in `unit` and as `uid`, to use `group`
@@ -448,7 +455,8 @@ public enum FileRequest: Equatable, Sendable {
     case verifyLog
 }
 
-/// The device process itself: whether it answers, its end, its events, the bus it serves, a user's keychain in the service.
+/// The device process itself: whether it answers, its end, its events,
+/// the bus it serves, a user's keychain in the service.
 public enum ProcessRequest: Equatable, Sendable {
     /// Is a device serving this socket?
     case ping
