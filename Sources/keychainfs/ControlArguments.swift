@@ -6,7 +6,10 @@ import KeychainFS
 import Glibc
 #endif
 
-/// The `.control` file of a mount, read and written as a user would with cat and echo.
+/// The `.control` file of a mount, read as a user would with cat: which
+/// device serves the mount (its `keychain` and `mode` lines), and whether
+/// one does. Commands go to that device over its socket (issue 40: one
+/// control path); writing `.control` is for shell users.
 enum MountControlFile {
     /// The status text as the device wrote it; nil when there is no control file.
     static func text(_ mountpoint: String) -> [UInt8]? {
@@ -29,14 +32,6 @@ enum MountControlFile {
             status[String(parts[0])] = value
         }
         return status
-    }
-
-    /// Writes one command; returns 0 or the errno of the write.
-    static func send(_ mountpoint: String, _ command: UnsafeRawBufferPointer) -> Int32 {
-        let fd = open(mountpoint + "/.control", O_WRONLY | O_CLOEXEC)
-        guard fd >= 0 else { return Errno.current.rawValue }
-        defer { close(fd) }
-        return write(fd, command.baseAddress, command.count) == command.count ? 0 : Errno.current.rawValue
     }
 }
 

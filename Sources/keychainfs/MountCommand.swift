@@ -89,25 +89,26 @@ struct MountCommand: ParsableCommand {
         } catch {
             throw reportFailure(error.description)
         }
-        let outcome = try RunningDevice(listeningAt: try place.socketPath()).outcome(
-            .attach(group: group, mountpoint: mountpoint), passing: connection)
+        let device = RunningDevice(listeningAt: try place.socketPath())
+        let outcome = try device.outcome(.attach(group: group, mountpoint: mountpoint), passing: connection)
         close(connection)
         guard case .success? = outcome else {
             // The service did not take the connection: the mount would hang every user of it.
             _ = MountTable.unmount(mountpoint, lazy: true)
             throw reportFailure(DeviceAccess.explanation(of: outcome, about: .action("nothing was mounted")).message)
         }
-        try finishMount(mountpoint)
+        try finishMount(device)
     }
 
-    /// Applies the settings of this mount command to the device it joined.
-    private func finishMount(_ mountpoint: String) throws {
+    /// Applies the settings of this mount command to the device it joined,
+    /// over its socket as every command does.
+    private func finishMount(_ device: RunningDevice) throws {
         if let autolock {
-            // The device is shared: its setting changes for every mount, as through .control.
-            let command = Array("autolock \(autolock.seconds)\n".utf8)
-            let result = command.withUnsafeBytes { MountControlFile.send(mountpoint, $0) }
-            if result != 0 {
-                throw reportFailure("mounted, but could not set auto-lock: \(String(cString: strerror(result)))")
+            // The device is shared: its setting changes for every mount.
+            let outcome = try device.outcome(.autoLock(after: autolock.seconds, grace: nil))
+            guard case .success? = outcome else {
+                let why = DeviceAccess.explanation(of: outcome, about: .action("could not set auto-lock")).message
+                throw reportFailure("mounted, but " + why)
             }
         }
         reportReady()
@@ -121,7 +122,7 @@ struct MountCommand: ParsableCommand {
         case nil:
             return false
         case .success?:
-            try finishMount(mountpoint)
+            try finishMount(device)
             return true
         case .failure?:
             throw reportFailure(DeviceAccess.explanation(of: outcome, about: .device).message)

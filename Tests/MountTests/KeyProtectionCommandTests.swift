@@ -200,6 +200,40 @@ extension SerialTests {
             #expect(none.status == 1 && none.stderr.contains("take-lockout` was not run there"), "\(none)")
         }
 
+        /// An ordinary user's `init` where the machine's TPM is Debian's
+        /// (`/dev/tpmrm0`, root and group tss only): it says that a TPM is
+        /// there which this user cannot reach, and what to do, never "this
+        /// machine has none" (issue 38, item 9). The TPM is a file of root's
+        /// in a /dev of the test's own (a private mount namespace): what init
+        /// judges is who may open it.
+        @Test func anOrdinaryUsersInitSaysTheTPMIsThereButNotTheirs() throws {
+            let harness = try MountHarness(as: try OrdinaryUser(), creating: false)
+            let user = try #require(harness.user)
+            let machineHasOne = access("/dev/tpmrm0", F_OK) == 0
+            let inner = #"""
+                set -e
+                real=$(mktemp -d)
+                mount --bind /dev "$real"
+                mount -t tmpfs -o mode=755 tmpfs /dev
+                for name in null zero random urandom; do : > "/dev/$name"; mount --bind "$real/$name" "/dev/$name"; done
+                umount -l "$real" && rmdir "$real"
+                : > /dev/tpmrm0 && chmod 660 /dev/tpmrm0
+                exec runuser -u "$1" -- env -u TPM2TOOLS_TCTI -u KEYCHAINFS_TPM "$K" init --keychain "$KC"
+                """#
+            let made = harness.sh(
+                "exec /usr/bin/unshare --mount --propagation private /bin/sh -c \"$2\" sh \"$1\"",
+                arguments: [user.name, inner], stdin: "1234\n1234\n", asRoot: true)
+            #expect(made.succeeded, "\(made)")
+            #expect(
+                made.stdout.contains(
+                    "no TPM: this machine has one (/dev/tpmrm0), but you cannot reach it (only root and group tss can)"),
+                "\(made)")
+            #expect(made.stdout.contains("keychainfs.socket"), "\(made)")
+            #expect(try KeychainDirectory(path: harness.keychain).keyProtection() == .file)
+            // The namespace's /dev went with it: the machine's is as it was.
+            #expect((access("/dev/tpmrm0", F_OK) == 0) == machineHasOne)
+        }
+
         @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
             let tpm = try SoftwareTPM()
             let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
