@@ -194,7 +194,8 @@ final class ServedKeychain: Sendable {
             case .status(let mountpoint):
                 // As the mount shows it (its group), when it is one of ours.
                 let group = mountpoint.flatMap { path in mounts.withLock { $0[path] }?.fileSystem.scope.group }
-                return .success(manager.servedStatus(mode: serviceLimits == nil ? .perUser : .service, group: group))
+                return .success(
+                    manager.servedStatus(mode: ServingFacts.Mode(servingKeychainOf: owner.uid), group: group))
             case .sync:
                 try manager.sync()
             case .changePasscode(let old, let new):

@@ -137,14 +137,12 @@ enum DeviceAccess {
     static func explanation<Result>(of outcome: DeviceOutcome<Result>?, about subject: Subject) -> (
         message: String, status: ExitCode
     ) {
-        guard case .failure(let refusal)? = outcome else { return explanation(of: nil, about: subject) }
-        return explanation(of: refusal, about: subject)
+        explanation(of: outcome?.refusal, about: subject)
     }
 
     /// ``failure(_:about:)`` of an outcome that is not a success (nil: no answer came).
     static func failure<Result>(_ outcome: DeviceOutcome<Result>?, about subject: Subject) -> ExitCode {
-        let explanation = explanation(of: outcome, about: subject)
-        return fail(explanation.message, status: explanation.status)
+        failure(outcome?.refusal, about: subject)
     }
 
     /// No reply at all: the device went away, or never answered.

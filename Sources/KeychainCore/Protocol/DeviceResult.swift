@@ -90,14 +90,6 @@ extension DeviceReply {
 }
 
 extension Swift.Result where Success: DeviceResult, Failure == DeviceRefusal {
-    /// The outcome as a reply for the socket.
-    public var reply: DeviceReply {
-        switch self {
-        case .success(let result): return result.reply
-        case .failure(let refusal): return refusal.reply
-        }
-    }
-
     /// The refusal; nil for an answer.
     public var refusal: DeviceRefusal? {
         guard case .failure(let refusal) = self else { return nil }

@@ -50,6 +50,12 @@ public struct ServingFacts: Sendable, Equatable {
         case perUser = "per-user"
         /// The keychainfs service, for every user.
         case service
+
+        /// The mode of this process serving `owner`'s keychain: a device
+        /// running as another user than the keychain's is the service.
+        public init(servingKeychainOf owner: uid_t) {
+            self = owner == geteuid() ? .perUser : .service
+        }
     }
 
     /// The class new items get, and whether they may leave the device (the mount's `accessmode`, `migrate`).

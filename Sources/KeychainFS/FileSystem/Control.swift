@@ -90,9 +90,8 @@ extension FileSystem {
     /// The device status as `key: value` lines: the report every view
     /// shows (``DeviceStatus/report()``), with this mount's group.
     func statusText() -> [UInt8] {
-        // A device serving another user's mounts is the service.
-        let mode: ServingFacts.Mode = owner.uid == geteuid() ? .perUser : .service
-        return Array(manager.servedStatus(mode: mode, group: scope.group).report().text.utf8)
+        let status = manager.servedStatus(mode: ServingFacts.Mode(servingKeychainOf: owner.uid), group: scope.group)
+        return Array(status.report().text.utf8)
     }
 
     /// Runs the commands of one write to `.control`, then wipes the request
