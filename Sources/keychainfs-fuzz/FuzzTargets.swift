@@ -41,8 +41,9 @@ enum FuzzTarget: String, CaseIterable {
     case fuserequest
     /// What a TPM-sealed keychain reads before it trusts anything (issue
     /// 30): a typed recovery key, the recovery record, the rollback record
-    /// (behind a valid MAC) and the device-secret file; the first byte
-    /// chooses which.
+    /// (behind a valid MAC), the device-secret file, the passcode binding
+    /// (behind a valid MAC) and its note of removals (issue 38); the first
+    /// byte chooses which.
     case keyprotection
     /// A Secret Service object path, as any program of the user can send
     /// one (issue 31): one name per path and back.
@@ -97,7 +98,7 @@ enum FuzzTarget: String, CaseIterable {
     private func keyProtection(_ input: UnsafeRawBufferPointer) {
         guard let choice = input.first else { return }
         let rest = Array(input.dropFirst())
-        switch choice % 4 {
+        switch choice % 6 {
         case 0:
             guard let typed = try? SecureBytes(rest), let key = RecoveryKey(typed: typed) else { return }
             let again = RecoveryKey(typed: key.formatted())
@@ -116,6 +117,16 @@ enum FuzzTarget: String, CaseIterable {
             check(
                 decoded.encoded(secret: Self.secret) == record,
                 "an accepted rollback record does not re-encode to itself")
+        case 4:
+            let record = rest + Self.bindingKey.mac("kcfs-passcode-binding-v1", rest)
+            guard let decoded = try? PasscodeBinding(decoding: record, key: Self.bindingKey) else { return }
+            check(
+                decoded.encoded(key: Self.bindingKey) == record,
+                "an accepted passcode binding does not re-encode to itself")
+        case 5:
+            // Not authenticated: anything may be written there, and it must read back as itself.
+            guard let removals = try? BindingRemovals(decoding: rest) else { return }
+            check(removals.encoded == rest, "an accepted note of removals does not re-encode to itself")
         default:
             guard let contents = try? SecureBytes(rest), let file = try? DeviceSecretFile(contents) else { return }
             if case .sealed(let blob, let storageKey?) = file {
@@ -162,6 +173,13 @@ enum FuzzTarget: String, CaseIterable {
     private static let secret: DeviceSecret = {
         Sodium.ensureInitialized()
         return DeviceSecret(secret: try! SecureBytes([UInt8](repeating: 7, count: Crypto.keySize)))
+    }()
+
+    /// A fixed passcode binding key: its MAC key signs the fuzzed bindings.
+    private static let bindingKey: PasscodeBindingKey = {
+        Sodium.ensureInitialized()
+        return PasscodeBindingKey(
+            afterFirstUnlock: GuardedKey(copying: try! SecureBytes([UInt8](repeating: 9, count: Crypto.keySize))))
     }()
 
     private func keybag(_ input: UnsafeRawBufferPointer) {

@@ -1,5 +1,5 @@
 import Foundation
-import KeychainCore
+@testable import KeychainCore
 import Testing
 import TestSupport
 
@@ -60,6 +60,155 @@ extension SerialTests {
             device.shutDown()
         }
 
+        /// The attack of item 2: the device secret's TPM object has an empty
+        /// auth (so `always` items open while locked), so whoever reaches
+        /// the TPM unseals it, puts back an older copy of the files and MACs
+        /// every record bound to the rollback counter again for the
+        /// counter's value now, as docs/FORMAT.md lets anyone do who holds
+        /// that secret. Before, the copy booted as current and the passcode
+        /// opened it. Now it still boots (its `always` items are what the
+        /// device secret alone gives), but the passcode binding refuses it at
+        /// the unlock: its counter moved on with the change. A newer binding
+        /// spliced into it does not match its rows, a re-signed older policy
+        /// does not match the binding; and the person, with the passcode,
+        /// can accept it on purpose.
+        @Test func anOlderCopyReSignedWithoutThePasscodeIsRefusedAtTheUnlock() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            let older = try scratch.copy(keychain, to: "older")
+            try Self.unlocked(keychain, on: tpm) { device in
+                try PasswordManager(device: device).register("rotated", forIdentifier: "token")
+                try device.grant(
+                    EntitlementRule(executable: "/usr/bin/true", digest: [UInt8](repeating: 1, count: 32)),
+                    toGroup: "default",
+                    passcode: Keys.secure(Self.passcode))
+                device.lock()
+            }
+            #expect(try Keys.read(keychain, on: tpm) == "rotated")
+            let current = try scratch.copy(keychain, to: "current")
+
+            try scratch.restore(older, over: keychain)
+            try Self.reSign(keychain, on: tpm)
+            #expect(Keys.boot(keychain, on: tpm) == nil, "what the device secret alone gives still boots")
+            #expect(Self.attempt(keychain, on: tpm, passcode: Self.passcode) == .rolledBack)
+
+            try Keys.splice(PasscodeBinding.recordKey, from: current, into: keychain)
+            #expect(Self.attempt(keychain, on: tpm, passcode: Self.passcode) == .decode, "a newer binding spliced in")
+
+            try scratch.restore(current, over: keychain)
+            try Keys.splice(EntitlementPolicy.recordKey, from: older, into: keychain)
+            try Self.reSign(keychain, on: tpm)
+            #expect(Self.attempt(keychain, on: tpm, passcode: Self.passcode) == .decode, "an older policy re-signed")
+
+            // The re-signed copy, accepted with the passcode, opens as it was.
+            try scratch.restore(older, over: keychain)
+            try Self.reSign(keychain, on: tpm)
+            #expect(throws: KeychainError.authFailed) {
+                try Device.acceptRollback(at: keychain, passcode: Keys.secure("0000"), tcti: tpm.tcti)
+            }
+            try Device.acceptRollback(at: keychain, passcode: Keys.secure(Self.passcode), tcti: tpm.tcti)
+            #expect(try Keys.read(keychain, on: tpm) == "first")
+        }
+
+        /// An item's access list is in its details, sealed under a key of the
+        /// device secret: whoever unseals that secret could add their own
+        /// program to it (no rollback needed, the item-set state does not
+        /// cover details). Before, the passcode then opened the keychain
+        /// with the forged list in force; now the binding covers each row's
+        /// details, and the unlock refuses it.
+        @Test func anAccessListRewrittenWithTheDeviceSecretIsRefusedAtTheUnlock() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            let owner = ProgramClaim(executable: "/usr/bin/owner", digest: [UInt8](repeating: 1, count: 32))
+            try Self.unlocked(keychain, on: tpm) { device in
+                var details = ItemDetails(label: "mail", attributes: ["service": "mail"])
+                details.owner = owner
+                try PasswordManager(device: device).write(
+                    Keys.secure("hunter2"), identifier: "mail", group: "default", protectionClass: .whenUnlocked,
+                    details: details)
+            }
+            // The attacker's program put on the item's access list, sealed as the device would.
+            let (secret, _) = try keychain.openDeviceSecret(tcti: tpm.tcti)
+            let store = try ItemStore(path: keychain.databasePath, create: false, state: ItemSetState(secret: secret))
+            let rollback = try RollbackRecord(
+                decoding: try #require(try store.metadata(RollbackRecord.recordKey)), secret: secret)
+            secret.epoch.state = (rollback.epoch, true)
+            try store.verifyItemSet(legacy: false)
+            let row = try #require(try store.item(group: "default", identifier: "mail"))
+            var forged = try #require(try ItemCipher.openDetails(row, key: secret.detailsKey))
+            forged.allowed.append(
+                ProgramClaim(executable: "/tmp/attacker", digest: [UInt8](repeating: 2, count: 32)))
+            let sealed = ItemCipher.sealDetails(forged, of: row, key: secret.detailsKey)
+            try store.closeLog()
+            let script = """
+                import sqlite3, sys
+                db = sqlite3.connect(sys.argv[1])
+                db.execute("UPDATE items SET details = ? WHERE grp = 'default' AND ident = 'mail'",
+                           (bytes.fromhex(sys.argv[2]),))
+                db.commit()
+                """
+            #expect(Spawn.run(["/usr/bin/python3", "-c", script, keychain.databasePath, Hex.string(sealed)]) == 0)
+            #expect(Keys.boot(keychain, on: tpm) == nil, "the device secret alone does not see it")
+            #expect(Self.attempt(keychain, on: tpm, passcode: Self.passcode) == .decode)
+        }
+
+        /// The attacker of item 2, as docs/FORMAT.md describes the records:
+        /// the device secret unsealed (its auth is empty), and every record
+        /// bound to the rollback counter MACed again for the counter's value
+        /// now, from whichever value it carried.
+        static func reSign(_ keychain: KeychainDirectory, on tpm: SoftwareTPM) throws {
+            let (secret, sealedBy) = try keychain.openDeviceSecret(tcti: tpm.tcti)
+            let module = try #require(sealedBy)
+            let store = try ItemStore(path: keychain.databasePath, create: false, state: ItemSetState(secret: secret))
+            let record = try RollbackRecord(
+                decoding: try #require(try store.metadata(RollbackRecord.recordKey)), secret: secret)
+            let now = try module.value(of: record.counter(secret: secret))
+            for (key, domain) in RollbackRecord.boundRecords {
+                guard let raw = try store.metadata(key) else { continue }
+                let body = (0...now).lazy.compactMap { epoch in
+                    try? secret.authenticatedBody(DeviceSecret.boundDomain(domain, epoch: epoch), raw)
+                }.first
+                try store.setMetadata(
+                    key,
+                    secret.authenticatedRecord(DeviceSecret.boundDomain(domain, epoch: now), try #require(body)))
+            }
+            try store.setMetadata(
+                RollbackRecord.recordKey,
+                RollbackRecord(counter: record.counter(secret: secret), epoch: now).encoded(secret: secret))
+            try store.closeLog()
+        }
+
+        /// Rows of a passcode class removed before the first unlock of a boot
+        /// (`rm` works while locked, when the binding's key is not in memory)
+        /// are noted beside the binding, and the unlock after them passes
+        /// and folds them in: the keychain stays bound, so the copy from
+        /// before the removal, re-signed, is still refused.
+        @Test func itemsRemovedBeforeTheFirstUnlockStillUnlock() throws {
+            let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
+            let keychain = scratch.keychain()
+            _ = try Keys.sealedKeychain(keychain, on: tpm)
+            try Self.unlocked(keychain, on: tpm) { device in
+                try PasswordManager(device: device).register("second", forIdentifier: "other")
+            }
+            let both = try scratch.copy(keychain, to: "both")
+            do {
+                let device = try Device(directory: keychain, tcti: tpm.tcti)
+                try PasswordManager(device: device).deleteKey(forIdentifier: "other")
+                device.shutDown()
+            }
+            try Self.unlocked(keychain, on: tpm) { device in
+                #expect(throws: KeychainError.itemNotFound) {
+                    try PasswordManager(device: device).string(forIdentifier: "other")
+                }
+                try PasswordManager(device: device).register("third", forIdentifier: "token")
+            }
+            try scratch.restore(both, over: keychain)
+            try Self.reSign(keychain, on: tpm)
+            #expect(Self.attempt(keychain, on: tpm, passcode: Self.passcode) == .rolledBack)
+        }
+
         /// Boots `keychain` and unlocks it with `passcode`: nil when that
         /// read the item written last, else the error it got.
         static func attempt(_ keychain: KeychainDirectory, on tpm: SoftwareTPM, passcode: String) -> KeychainError? {
@@ -73,6 +222,18 @@ extension SerialTests {
             } catch {
                 return .io
             }
+        }
+
+        /// The NV indexes of `keychain`'s rollback counter and of its
+        /// passcode binding's, as its device knows them once unlocked.
+        static func counterIndexes(_ keychain: KeychainDirectory, on tpm: SoftwareTPM, passcode: String = passcode)
+            throws -> (rollback: UInt32, binding: UInt32)
+        {
+            var indexes: (UInt32?, UInt32?)
+            try unlocked(keychain, on: tpm, passcode: passcode) { device in
+                indexes = (device.rollbackCounter.withLock { $0 }?.index, device.passcodeCounter?.index)
+            }
+            return (try #require(indexes.0), try #require(indexes.1))
         }
 
         /// The attack of item 3: the counter undefined and defined again as
@@ -91,7 +252,7 @@ extension SerialTests {
                 try PasswordManager(device: device).register("rotated", forIdentifier: "token")
                 device.lock()
             }
-            let index = try #require(try TPMTools.counterIndexes(on: tpm).first)
+            let index = try Self.counterIndexes(keychain, on: tpm).rollback
             let hex = "0x" + String(index, radix: 16)
             let value = (0..<8).map { String(format: "\\%03o", UInt8(truncatingIfNeeded: olderValue >> (56 - 8 * $0))) }
                 .joined()
@@ -116,22 +277,24 @@ extension SerialTests {
             let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
             let keychain = scratch.keychain()
             let recovery = try Keys.sealedKeychain(keychain, on: tpm)
-            let index = try #require(try TPMTools.counterIndexes(on: tpm).first)
-            let hex = "0x" + String(index, radix: 16)
-            for hierarchy in ["-C o", "", "-C o -P ''", "-P ''"] {
-                let moved = try TPMTools.run("tpm2_nvincrement \(hex) \(hierarchy)", on: tpm)
-                #expect(moved.status != 0, "tpm2_nvincrement \(hierarchy): \(moved.output)")
+            let (index, bindingIndex) = try Self.counterIndexes(keychain, on: tpm)
+            for counter in [index, bindingIndex] {
+                let hex = "0x" + String(counter, radix: 16)
+                for hierarchy in ["-C o", "", "-C o -P ''", "-P ''"] {
+                    let moved = try TPMTools.run("tpm2_nvincrement \(hex) \(hierarchy)", on: tpm)
+                    #expect(moved.status != 0, "tpm2_nvincrement \(hierarchy): \(moved.output)")
+                }
+                #expect(try TPMTools.run("tpm2_nvread \(hex) -C o -s 8", on: tpm).status != 0)
             }
-            #expect(try TPMTools.run("tpm2_nvread \(hex) -C o -s 8", on: tpm).status != 0)
             #expect(try Keys.read(keychain, on: tpm) == "first")
             // Recovered on the same TPM (a forgotten passcode): a new counter, the old one freed.
             let renewed = try Device.recover(
                 at: keychain, recoveryKey: recovery, newPasscode: Keys.secure("5678"), kdf: .insecureFastForTests,
                 tcti: tpm.tcti)
             let now = try TPMTools.counterIndexes(on: tpm)
-            #expect(now.count == 1 && now.first != index, "indexes \(now)")
+            #expect(now.count == 2 && !now.contains(index) && !now.contains(bindingIndex), "indexes \(now)")
             // Undefined by the owner: said, with what to do, and `recover` works.
-            let newHex = "0x" + String(try #require(now.first), radix: 16)
+            let newHex = "0x" + String(try Self.counterIndexes(keychain, on: tpm, passcode: "5678").rollback, radix: 16)
             #expect(try TPMTools.run("tpm2_nvundefine \(newHex) -C o", on: tpm).status == 0)
             #expect(Keys.boot(keychain, on: tpm) == .rollbackCounterGone)
             // The recovery key from before the recovery opens nothing now (new keys); the new one does.
@@ -145,7 +308,7 @@ extension SerialTests {
                 kdf: .insecureFastForTests,
                 tcti: tpm.tcti)
             #expect(try Keys.read(keychain, on: tpm, passcode: "5678") == "first")
-            #expect(try TPMTools.counterIndexes(on: tpm).count == 1)
+            #expect(try TPMTools.counterIndexes(on: tpm).count == 2)
         }
 
         /// Item 6: the storage key was made afresh at every use and never

@@ -72,6 +72,15 @@ package enum Crypto {
         return out
     }
 
+    /// Unkeyed BLAKE2b-256 (a digest of what is not secret: an item's sealed details).
+    static func hash(_ bytes: [UInt8]) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: macSize)
+        out.withUnsafeMutableBytes { output in
+            bytes.withUnsafeBytes { blake2b(key: nil, [$0], into: output) }
+        }
+        return out
+    }
+
     /// Keyed BLAKE2b-256 into secret memory (for derived keys).
     static func deriveKey(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer]) -> SecureBytes {
         let out = try! SecureBytes(count: keySize)
@@ -80,7 +89,7 @@ package enum Crypto {
     }
 
     private static func blake2b(
-        key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer],
+        key: UnsafePointer<UInt8>?, _ parts: [UnsafeRawBufferPointer],
         into output: UnsafeMutableRawBufferPointer
     ) {
         // The state is a 64-byte-aligned struct Swift imports as opaque: own
@@ -92,7 +101,7 @@ package enum Crypto {
             state.deallocate()
         }
         let handle = OpaquePointer(state)
-        crypto_generichash_init(handle, key, keySize, output.count)
+        crypto_generichash_init(handle, key, key == nil ? 0 : keySize, output.count)
         for part in parts {
             crypto_generichash_update(handle, part.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
         }

@@ -52,19 +52,24 @@ enum ItemCipher {
         let sealed = key.withKey { key in
             value.withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
         }
-        let sealedDetails = details.map { details, detailsKey in
-            let nonce = Crypto.randomBytes(Crypto.nonceSize)
-            let ad = associatedData(
-                detailsDomain, 1, group: group, identifier: identifier,
-                protectionClass: protectionClass, generation: generation)
-            return nonce
-                + detailsKey.withKey { key in
-                    details.encoded().withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
-                }
-        }
-        return SealedItem(
+        var row = SealedItem(
             group: group, identifier: identifier, protectionClass: protectionClass,
-            generation: generation, nonce: nonce, sealed: sealed, details: sealedDetails)
+            generation: generation, nonce: nonce, sealed: sealed)
+        row.details = details.map { details, detailsKey in sealDetails(details, of: row, key: detailsKey) }
+        return row
+    }
+
+    /// `details` sealed for `row` (its names, class and generation) under the
+    /// device's details key: `nonce[24] | ciphertext`.
+    static func sealDetails(_ details: ItemDetails, of row: SealedItem, key: GuardedKey) -> [UInt8] {
+        let nonce = Crypto.randomBytes(Crypto.nonceSize)
+        let ad = associatedData(
+            detailsDomain, 1, group: row.group, identifier: row.identifier,
+            protectionClass: row.protectionClass, generation: row.generation)
+        return nonce
+            + key.withKey { key in
+                details.encoded().withUnsafeBytes { Crypto.seal($0, key: key, nonce: nonce, associatedData: ad) }
+            }
     }
 
     /// The plaintext, or ``KeychainError/decode`` when the row is not what was sealed there.

@@ -147,6 +147,14 @@ struct Keybag {
     var tpmPasscodeObject: [UInt8]?
     /// The version of a record with a ``tpmPasscodeObject``.
     static let tpmVersion: UInt8 = 5
+    /// Whether the keychain keeps a ``PasscodeBinding`` (issue 38): its
+    /// state is bound to a TPM counter that only the passcode moves. Said
+    /// where only the passcode reaches: the associated data of the wrapped
+    /// passcode classes, so that a keybag stripped of it (to boot a copy
+    /// without the binding) no longer unwraps. A record with it is version
+    /// 6 (``passcodeBoundVersion``), which builds before refuse.
+    var isPasscodeBound = false
+    static let passcodeBoundVersion: UInt8 = 6
 
     private init(hasPasscode: Bool, kdf: KDFParameters, salt: [UInt8]) {
         self.hasPasscode = hasPasscode
@@ -162,7 +170,7 @@ struct Keybag {
         tpm: KeychainTPM? = nil
     ) throws(KeychainError) -> (Keybag, [ProtectionClass: GuardedKey]) {
         var bag = Keybag(hasPasscode: passcode != nil, kdf: kdf, salt: [])
-        let passcodeKey = try bag.enroll(secret: secret, passcode: passcode, tpm: tpm)
+        let passcodeKey = try bag.enroll(secret: secret, passcode: passcode, tpm: tpm, bound: true)
         var keys: [ProtectionClass: GuardedKey] = [:]
         for protectionClass in ProtectionClass.allCases {
             let classKey = SecureBytes.random(count: Crypto.keySize)
@@ -172,29 +180,17 @@ struct Keybag {
         return (bag, keys)
     }
 
-    /// The keybag for another passcode (nil: none): the keys of the
-    /// passcode-protected classes, unwrapped with `oldPasscode` (through
-    /// `tpm` when the keybag has a TPM object), wrapped again under
-    /// `newPasscode` with a fresh salt, entangled with `sealingTPM` when
-    /// given. The class keys stay the same (no item is re-encrypted) and the
-    /// `always` classes are untouched. ``KeychainError/decode`` or
-    /// ``KeychainError/authFailed`` when `oldPasscode` is wrong.
-    func rewrapped(
-        secret: DeviceSecret, oldPasscode: SecureBytes?, newPasscode: SecureBytes?, tpm: KeychainTPM?,
-        sealingTPM: KeychainTPM?
-    ) throws(KeychainError) -> Keybag {
-        let keys = try unwrapPasscodeClasses(secret: secret, passcode: oldPasscode, tpm: tpm)
-        return try rewrapped(secret: secret, classKeys: keys, newPasscode: newPasscode, sealingTPM: sealingTPM)
-    }
-
     /// The keybag with the passcode classes' `classKeys` wrapped under
-    /// `newPasscode` (`keychainfs recover` has them from the recovery key).
+    /// `newPasscode` (`keychainfs recover` has them from the recovery key),
+    /// kept bound to a ``PasscodeBinding`` when it was (`bound` nil) or
+    /// when `bound` says so, as long as a passcode and a TPM remain.
     func rewrapped(
         secret: DeviceSecret, classKeys: [ProtectionClass: GuardedKey], newPasscode: SecureBytes?,
-        sealingTPM: KeychainTPM?
+        sealingTPM: KeychainTPM?, bound: Bool? = nil
     ) throws(KeychainError) -> Keybag {
         var bag = self
-        let newKey = try bag.enroll(secret: secret, passcode: newPasscode, tpm: sealingTPM)
+        let newKey = try bag.enroll(
+            secret: secret, passcode: newPasscode, tpm: sealingTPM, bound: bound ?? isPasscodeBound)
         for protectionClass in ProtectionClass.allCases where protectionClass.mode != .always {
             guard let classKey = classKeys[protectionClass] else { throw .decode }
             let plain = try classKey.withKey { (key) throws(KeychainError) in
@@ -219,12 +215,14 @@ struct Keybag {
     }
 
     /// Sets this keybag up for `passcode` (nil: none): a fresh salt and, with
-    /// `tpm`, a fresh TPM object; returns the passcode KEK.
-    private mutating func enroll(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError)
-        -> GuardedKey
+    /// `tpm`, a fresh TPM object; returns the passcode KEK. `bound`: kept
+    /// with a ``PasscodeBinding``, which only a passcode sealed by a TPM has.
+    private mutating func enroll(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?, bound: Bool)
+        throws(KeychainError) -> GuardedKey
     {
         formatVersion = Keybag.version
         hasPasscode = passcode != nil
+        isPasscodeBound = bound && passcode != nil && tpm != nil
         salt = Crypto.randomBytes(Crypto.saltSize)
         tpmPasscodeObject = nil
         guard let passcode, let tpm else { return try passcodeKey(secret: secret, passcode: passcode, tpm: nil) }
@@ -267,7 +265,7 @@ struct Keybag {
         let nonce = Crypto.randomBytes(Crypto.nonceSize)
         let sealed = try withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) { key in
             classKey.withUnsafeBytes { plain in
-                Crypto.seal(plain, key: key, nonce: nonce, associatedData: Self.associatedData(protectionClass))
+                Crypto.seal(plain, key: key, nonce: nonce, associatedData: associatedData(protectionClass))
             }
         }
         wrapped[protectionClass] = (nonce, sealed)
@@ -327,14 +325,17 @@ struct Keybag {
         let plain = try withWrappingKey(for: protectionClass, secret: secret, passcodeKey: passcodeKey) {
             key throws(KeychainError) in
             try Crypto.open(
-                entry.sealed, key: key, nonce: entry.nonce, associatedData: Self.associatedData(protectionClass))
+                entry.sealed, key: key, nonce: entry.nonce, associatedData: associatedData(protectionClass))
         }
         guard plain.count == Crypto.keySize else { throw .decode }
         return GuardedKey(copying: plain)
     }
 
-    private static func associatedData(_ protectionClass: ProtectionClass) -> [UInt8] {
-        Array("kcfs-classkey-v1".utf8) + [UInt8(protectionClass.rawValue)]
+    /// A passcode class of a bound keybag is wrapped with `v2`: the mark
+    /// of ``isPasscodeBound`` that the device secret alone cannot remove.
+    private func associatedData(_ protectionClass: ProtectionClass) -> [UInt8] {
+        let bound = isPasscodeBound && protectionClass.mode != .always
+        return Array((bound ? "kcfs-classkey-v2" : "kcfs-classkey-v1").utf8) + [UInt8(protectionClass.rawValue)]
     }
 
     // MARK: Record
@@ -342,7 +343,8 @@ struct Keybag {
     func encoded(secret: DeviceSecret) -> [UInt8] {
         var writer = ByteWriter()
         // Re-encoding a version 1 record upgrades it.
-        writer.append(tpmPasscodeObject == nil ? Self.version : Self.tpmVersion)
+        writer.append(
+            isPasscodeBound ? Self.passcodeBoundVersion : tpmPasscodeObject == nil ? Self.version : Self.tpmVersion)
         writer.append(UInt8(hasPasscode ? 1 : 0))
         writer.append(kdf.opsLimit)
         writer.append(kdf.memLimit)
@@ -363,7 +365,7 @@ struct Keybag {
     init(decoding record: [UInt8], secret: DeviceSecret) throws(KeychainError) {
         var reader = ByteReader(try secret.boundBody(Self.macDomain, record))
         formatVersion = try reader.readByte()
-        guard (1...Self.tpmVersion).contains(formatVersion) else { throw .decode }
+        guard (1...Self.passcodeBoundVersion).contains(formatVersion) else { throw .decode }
         // Only the two canonical values: a record means one thing only.
         let passcodeFlag = try reader.readByte()
         guard passcodeFlag <= 1 else { throw .decode }
@@ -375,11 +377,12 @@ struct Keybag {
             let nonce = try reader.read(Crypto.nonceSize)
             wrapped[protectionClass] = (nonce, try reader.read(Crypto.keySize + Crypto.tagSize))
         }
-        if formatVersion == Self.tpmVersion {
+        if formatVersion >= Self.tpmVersion {
             let length = Int(try reader.readUInt16())
             guard length > 0, hasPasscode else { throw .decode }
             tpmPasscodeObject = try reader.read(length)
         }
+        isPasscodeBound = formatVersion == Self.passcodeBoundVersion
         guard reader.isAtEnd else { throw .decode }
     }
 }

@@ -51,8 +51,17 @@ extension Device {
         if let tpm {
             let counter = try tpm.defineCounter(auth: secret.counterAuth, candidates: counterIndexes)
             secret.epoch.value = counter.value
+            if bag.isPasscodeBound, let key = PasscodeBindingKey(classKeys: classKeys) {
+                // Bound to the passcode from the start: no copy of it is ever unbound.
+                let bindingCounter = try tpm.defineCounter(auth: key.counterAuth)
+                let policy = EntitlementPolicy().encoded(secret: secret)
+                let binding = PasscodeBinding(
+                    counter: bindingCounter.counter, value: bindingCounter.value, rows: ItemSetState.emptyDigest,
+                    policy: key.policyDigest(ofRecord: policy))
+                extraRecords.append((PasscodeBinding.recordKey, binding.encoded(key: key)))
+            }
             let key = RecoveryKey.generate()
-            extraRecords = [
+            extraRecords += [
                 (
                     RollbackRecord.recordKey,
                     RollbackRecord(counter: counter.counter, epoch: counter.value).encoded(secret: secret)

@@ -96,7 +96,7 @@ extension Device {
         let count = try withPasscode(passcode) { () throws(KeychainError) -> Int in
             var policy = entitlements.withLock { $0 }
             let count = try change(&policy)
-            try writeBound(EntitlementPolicy.recordKey) { policy.encoded(secret: secret) }
+            try writePolicy(policy)
             saveAuditAnchor()
             entitlements.withLock { $0 = policy }
             return count

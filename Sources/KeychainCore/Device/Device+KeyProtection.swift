@@ -20,11 +20,14 @@ public struct KeyProtectionStatus: Sendable, Equatable {
     /// The fewest wrong passcodes the TPM can count now if nobody reset its
     /// count since this keychain last saw it (``TPMFailuresSeen``); nil: never seen.
     public var tpmFailuresExpected: UInt32?
+    /// Whether the keychain is bound to its passcode (``PasscodeBinding``);
+    /// nil: it has no passcode, so nothing can be.
+    public var passcodeBound: Bool?
 
     public init(
         protection: KeyProtection, tpmFailures: UInt32? = nil, tpmMaximumFailures: UInt32? = nil,
         tpmRecoverySeconds: UInt32? = nil, tpmLockoutAuthSet: Bool? = nil, rollbackCounter: UInt64? = nil,
-        tpmFailuresExpected: UInt32? = nil
+        tpmFailuresExpected: UInt32? = nil, passcodeBound: Bool? = nil
     ) {
         self.protection = protection
         self.tpmFailures = tpmFailures
@@ -33,6 +36,7 @@ public struct KeyProtectionStatus: Sendable, Equatable {
         self.tpmLockoutAuthSet = tpmLockoutAuthSet
         self.rollbackCounter = rollbackCounter
         self.tpmFailuresExpected = tpmFailuresExpected
+        self.passcodeBound = passcodeBound
     }
 
     /// Whether the TPM counts fewer wrong passcodes than it can have
@@ -107,6 +111,16 @@ public struct KeyProtectionStatus: Sendable, Equatable {
                     ))
             }
             if let counter = rollbackCounter { entries.append(StatusEntry("rollback-counter", number: counter)) }
+            let binding: String
+            switch passcodeBound {
+            case true?:
+                binding =
+                    "on: an older copy re-signed by whoever reaches the TPM is refused at the unlock; "
+                    + "its `always` items are what they can read"
+            case false?: binding = "from the next unlock"
+            case nil: binding = "off: the keychain has no passcode, so whoever reaches the TPM opens it"
+            }
+            entries.append(StatusEntry("passcode-binding", binding))
         }
         return entries
     }
@@ -207,7 +221,8 @@ extension Device {
         return KeyProtectionStatus(
             protection: .tpm2, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
             tpmRecoverySeconds: lockout?.recoverySeconds, tpmLockoutAuthSet: lockout?.lockoutAuthSet,
-            rollbackCounter: secret.epoch.value, tpmFailuresExpected: seen?.fewestFailures(at: clock()))
+            rollbackCounter: secret.epoch.value, tpmFailuresExpected: seen?.fewestFailures(at: clock()),
+            passcodeBound: keybag.hasPasscode ? keybag.isPasscodeBound : nil)
     }
 
     // MARK: The rollback counter
@@ -259,6 +274,7 @@ extension Device {
                 try tpm.increment(counter)
                 counterMatchesEpoch.store(true, ordering: .releasing)
                 CrashPoint.reach("bump-counted")
+                try moveBindingCounter(on: tpm)
             } catch {
                 Diagnostics.log("could not advance the TPM rollback counter (\(reason)): \(error)")
             }
@@ -374,6 +390,18 @@ extension Device {
         let bag = try SecretThread.run { () throws(KeychainError) -> Keybag in
             try base.rewrapped(secret: secret, classKeys: classKeys, newPasscode: newPasscode, sealingTPM: sealingTPM)
         }
+        // A bound keybag keeps a binding: a new counter on the TPM found,
+        // bound to what the keychain holds (as the new rollback counter is).
+        var oldBindingCounter: CounterReference?
+        if bag.isPasscodeBound, let tpm, let key = PasscodeBindingKey(classKeys: classKeys) {
+            oldBindingCounter = try store.metadata(PasscodeBinding.recordKey).flatMap {
+                try? PasscodeBinding(decoding: $0, key: key).counter(key: key)
+            }
+            let counter = try tpm.defineCounter(auth: key.counterAuth)
+            try store.bind(
+                key: key, counter: counter.counter, value: counter.value,
+                policyRecord: try store.metadata(EntitlementPolicy.recordKey) ?? [])
+        }
         var writes: [(key: String, value: [UInt8]?)] = [
             (Keybag.recordKey, bag.encoded(secret: secret)),
             (LockoutRecord.recordKey, LockoutRecord().encoded(secret: secret))
@@ -404,6 +432,7 @@ extension Device {
         // be another program's now.
         if let oldRecord, !oldRecord.isLegacy, let tpm = tpm ?? KeychainTPM.present(tcti: tcti) {
             tpm.release(oldRecord.counter(secret: secret))
+            oldBindingCounter.map(tpm.release)
         }
     }
 
@@ -451,14 +480,32 @@ extension Device {
         guard let raw = try store.metadata(RollbackRecord.recordKey) else { throw .decode }
         let record = try decodeRollbackRecord(raw, secret: secret)
         let counter = try tpm.value(of: record.counter(secret: secret))
-        guard record.epoch < counter else { throw .badRequest }
         secret.epoch.state = (record.epoch, !record.isLegacy)
         let records = try BootRecords(store: store, secret: secret)
         let bag = records.keybag
-        _ = try SecretThread.run { () throws(KeychainError) in
+        let classKeys = try SecretThread.run { () throws(KeychainError) in
             try bag.unwrapPasscodeClasses(secret: secret, passcode: passcode, tpm: tpm)
         }
-        if record.isLegacy {
+        // Behind either counter: the rollback counter (an older copy put
+        // back) or the passcode binding's (one re-signed without the passcode).
+        var binding: (PasscodeBinding, PasscodeBindingKey, UInt64)?
+        if bag.isPasscodeBound, let key = PasscodeBindingKey(classKeys: classKeys),
+            let raw = try store.metadata(PasscodeBinding.recordKey)
+        {
+            let bound = try PasscodeBinding(decoding: raw, key: key)
+            binding = (bound, key, try tpm.value(of: bound.counter(key: key)))
+        }
+        let bindingBehind = binding.map { $0.0.value < $0.2 } ?? false
+        guard record.epoch < counter || bindingBehind else { throw .badRequest }
+        if let (bound, key, value) = binding, bindingBehind {
+            try store.bind(
+                key: key, counter: bound.counter(key: key), value: value,
+                policyRecord: try store.metadata(EntitlementPolicy.recordKey) ?? [])
+            try store.sync()
+        }
+        if record.epoch >= counter {
+            // Only the binding was behind (a bump not yet counted is the boot's to complete).
+        } else if record.isLegacy {
             // A counter of its own, as at any boot of a version-1 keychain.
             _ = try upgradeCounter(store, secret: secret, from: record, tpm: tpm)
         } else {

@@ -34,15 +34,26 @@ extension Device {
         if let new, new.count == 0 { throw .param }
         let tpm = sealingTPM.withLock { $0 }
         try passcodeAttempt(
-            { () throws(KeychainError) -> Keybag in
+            { () throws(KeychainError) -> ([ProtectionClass: GuardedKey], Keybag) in
                 let bag = keybag, secret = secret
-                return try SecretThread.run { () throws(KeychainError) -> Keybag in
-                    try bag.rewrapped(secret: secret, oldPasscode: old, newPasscode: new, tpm: tpm, sealingTPM: tpm)
+                return try SecretThread.run { () throws(KeychainError) -> ([ProtectionClass: GuardedKey], Keybag) in
+                    let keys = try bag.unwrapPasscodeClasses(secret: secret, passcode: old, tpm: tpm)
+                    return (
+                        keys, try bag.rewrapped(secret: secret, classKeys: keys, newPasscode: new, sealingTPM: tpm)
+                    )
                 }
             },
-            then: { (changed) throws(KeychainError) in
+            then: { (derived) throws(KeychainError) in
+                let (keys, changed) = derived
+                // The binding checked (or made) with the old passcode first.
+                try keyPasscodeBinding(classKeys: keys, passcode: old, upgrade: false)
                 try writeBound(Keybag.recordKey) { changed.encoded(secret: secret) }
                 currentKeybag.withLock { $0 = changed }
+                if !changed.isPasscodeBound, let counter = passcodeCounter, let tpm {
+                    // No passcode any more: nothing is bound to one.
+                    try store.unbind()
+                    tpm.release(counter)
+                }
             })
         bumpRollbackCounter("passcode change")
     }
@@ -52,8 +63,11 @@ extension Device {
     /// (``KeychainError/authFailed``, counted, refused during a lockout).
     func withPasscode<R>(_ passcode: SecureBytes?, _ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
         try passcodeAttempt(
-            { () throws(KeychainError) in _ = try unwrapPasscodeClasses(passcode) },
-            then: { _ throws(KeychainError) -> R in try body() })
+            { () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
+            then: { (keys) throws(KeychainError) -> R in
+                try keyPasscodeBinding(classKeys: keys, passcode: passcode)
+                return try body()
+            })
     }
 
     /// Checks `passcode` where a policed group needs the keychain's:

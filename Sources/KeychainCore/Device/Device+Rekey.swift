@@ -50,8 +50,11 @@ extension Device {
             old.shutDown()
             throw error
         }
+        let oldBinding = old.passcodeCounter
         old.shutDown()
-        old.sealingTPM.withLock { $0 }.map { tpm in old.rollbackCounter.withLock { $0 }.map(tpm.release) }
+        if let tpm = old.sealingTPM.withLock({ $0 }) {
+            for counter in [old.rollbackCounter.withLock { $0 }, oldBinding].compactMap({ $0 }) { tpm.release(counter) }
+        }
         CrashPoint.reach("rekey-copied")
         try exchange(directory)
         CrashPoint.reach("rekey-exchanged")
@@ -90,7 +93,7 @@ extension Device {
         from.purge()
         to.purge()
         let policy = entitlements.withLock { $0 }
-        try copy.writeBound(EntitlementPolicy.recordKey) { policy.encoded(secret: copy.secret) }
+        try copy.writePolicy(policy)
         copy.entitlements.withLock { $0 = policy }
         copy.audit.record(
             AuditEvent(

@@ -114,6 +114,7 @@ public final class Device: Sendable {
             self.policy = policy
             self.clock = clock
             state.withLock { $0.keys = keys }
+            store.binding.withLock { $0.state = records.keybag.isPasscodeBound ? .awaitingKey : .none }
             sealingTPM.withLock { $0 = tpm }
             if let counter { rollbackCounter.withLock { $0 = counter } }
             store.onChange { [weak self] change in
@@ -178,6 +179,7 @@ public final class Device: Sendable {
         try passcodeAttempt(
             { () throws(KeychainError) in try unwrapPasscodeClasses(passcode) },
             then: { (unwrapped) throws(KeychainError) in
+                try keyPasscodeBinding(classKeys: unwrapped, passcode: passcode)
                 state.withLock { state in
                     state.keys.merge(unwrapped) { _, new in new }
                     state.isLocked = false

@@ -46,8 +46,9 @@ extension DeviceStatus {
     /// after, failed attempts, has passcode, auto-lock delay and grace;
     /// then, when known, the key protection (`tpm2` or `file`), the TPM's
     /// failure count, its maximum, its recovery seconds, whether its lockout
-    /// auth is set (`1`, `0`), the rollback counter and the fewest failures
-    /// the TPM can count unless reset (each empty when unknown); then, when
+    /// auth is set (`1`, `0`), the rollback counter, the fewest failures
+    /// the TPM can count unless reset and whether the keychain is bound to
+    /// its passcode (`1`, `0`; each empty when unknown); then, when
     /// known, who decides (``DeviceJudge/fields``); then, with both, the
     /// serving process's facts (``ServingFacts/fields``).
     public var fields: [String] {
@@ -60,13 +61,13 @@ extension DeviceStatus {
             keys.protection.rawValue, keys.tpmFailures.map(String.init) ?? "",
             keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
             keys.tpmLockoutAuthSet.map { $0 ? "1" : "0" } ?? "", keys.rollbackCounter.map(String.init) ?? "",
-            keys.tpmFailuresExpected.map(String.init) ?? ""
+            keys.tpmFailuresExpected.map(String.init) ?? "", keys.passcodeBound.map { $0 ? "1" : "0" } ?? ""
         ] + (judge.map { $0.fields + (serving?.fields ?? []) } ?? [])
     }
 
     /// Parses ``fields``; nil for anything else.
     init?(parsing fields: [String]) {
-        guard [7, 14, 17, 24].contains(fields.count), let retryAfter = Int64(fields[2]),
+        guard [7, 15, 18, 25].contains(fields.count), let retryAfter = Int64(fields[2]),
             let failedAttempts = UInt64(fields[3]),
             let after = Int(fields[5]), let grace = Int(fields[6])
         else { return nil }
@@ -75,23 +76,25 @@ extension DeviceStatus {
         self.init(
             isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
             failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
-        guard fields.count >= 14 else { return }
+        guard fields.count >= 15 else { return }
         guard let protection = KeyProtection(rawValue: fields[7]) else { return nil }
         func number<N: FixedWidthInteger>(_ field: String) -> N?? {
             field.isEmpty ? .some(nil) : N(field).map { .some($0) }
         }
         guard let failures: UInt32? = number(fields[8]), let maximum: UInt32? = number(fields[9]),
             let recovery: UInt32? = number(fields[10]), ["", "0", "1"].contains(fields[11]),
-            let counter: UInt64? = number(fields[12]), let expected: UInt32? = number(fields[13])
+            let counter: UInt64? = number(fields[12]), let expected: UInt32? = number(fields[13]),
+            ["", "0", "1"].contains(fields[14])
         else { return nil }
         keyProtection = KeyProtectionStatus(
             protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
             tpmRecoverySeconds: recovery, tpmLockoutAuthSet: fields[11].isEmpty ? nil : fields[11] == "1",
-            rollbackCounter: counter, tpmFailuresExpected: expected)
-        guard fields.count >= 17 else { return }
-        judge = DeviceJudge(fields: fields[14..<17])
-        guard fields.count == 24 else { return }
-        guard let serving = ServingFacts(fields: fields[17...]) else { return nil }
+            rollbackCounter: counter, tpmFailuresExpected: expected,
+            passcodeBound: fields[14].isEmpty ? nil : fields[14] == "1")
+        guard fields.count >= 18 else { return }
+        judge = DeviceJudge(fields: fields[15..<18])
+        guard fields.count == 25 else { return }
+        guard let serving = ServingFacts(fields: fields[18...]) else { return nil }
         self.serving = serving
     }
 }

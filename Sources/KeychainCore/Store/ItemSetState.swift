@@ -31,16 +31,28 @@ struct ItemSetState: Sendable {
     static var emptyDigest: [UInt8] { [UInt8](repeating: 0, count: Crypto.macSize) }
 
     func rowDigest(group: String, identifier: String, protectionClass: Int64, generation: Int64) -> [UInt8] {
+        Self.rowDigest(
+            key: rowKey, group: group, identifier: identifier, protectionClass: protectionClass, generation: generation)
+    }
+
+    /// A row's keyed BLAKE2b under `key` (this state's, or a passcode
+    /// binding's, which adds the digest of the row's details as `suffix`).
+    static func rowDigest(
+        key: GuardedKey, group: String, identifier: String, protectionClass: Int64, generation: Int64,
+        suffix: [UInt8] = []
+    ) -> [UInt8] {
         var group = group, identifier = identifier
         return group.withUTF8 { group in
             identifier.withUTF8 { identifier in
-                let length = Self.rowMessageLength(group: group.count, identifier: identifier.count)
+                let length = rowMessageLength(group: group.count, identifier: identifier.count)
                 return withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { message in
-                    Self.writeRowMessage(
+                    writeRowMessage(
                         to: message.baseAddress!, group: UnsafeRawBufferPointer(group),
                         identifier: UnsafeRawBufferPointer(identifier),
                         protectionClass: protectionClass, generation: generation)
-                    return rowKey.withKey { Crypto.mac(key: $0, [UnsafeRawBufferPointer(message)]) }
+                    return suffix.withUnsafeBytes { suffix in
+                        key.withKey { Crypto.mac(key: $0, [UnsafeRawBufferPointer(message), suffix]) }
+                    }
                 }
             }
         }

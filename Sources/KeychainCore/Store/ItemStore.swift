@@ -93,6 +93,11 @@ final class ItemStore: Sendable {
     /// Told of every committed change, after its transaction (``Device`` forwards it to its observers).
     private let changeHandler = Mutex<ChangeHandler?>(nil)
 
+    /// The keychain's passcode binding as item writes keep it
+    /// (ItemStore+PasscodeBinding.swift), and whether it changed since
+    /// its counter last moved.
+    let binding = Mutex<(state: StoreBinding, changed: Bool)>((.none, false))
+
     /// A struct around the closure: a closure read out of a `Mutex` by
     /// `withLock { $0 }` came back wrapped in one more reabstraction thunk at
     /// every read (Swift 6.3), and 26,000 writes overflowed the stack.
@@ -179,7 +184,7 @@ final class ItemStore: Sendable {
         connection = Mutex(db)
     }
 
-    private func withConnection<R: Sendable>(_ body: (SQLiteConnection) throws(KeychainError) -> R)
+    func withConnection<R: Sendable>(_ body: (SQLiteConnection) throws(KeychainError) -> R)
         throws(KeychainError) -> R
     {
         try connection.withLock { (db: inout SQLiteConnection) throws(KeychainError) -> R in
@@ -249,12 +254,15 @@ final class ItemStore: Sendable {
     }
 
     func setMetadata(_ key: String, _ value: [UInt8]) throws(KeychainError) {
-        try withConnection { db throws(KeychainError) in
-            try db.statement(
-                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-            )
-            .bind(1, key).bind(2, value).run()
-        }
+        try withConnection { db throws(KeychainError) in try putMetadata(db, key, value) }
+    }
+
+    /// Writes one metadata record, inside the caller's connection.
+    func putMetadata(_ db: SQLiteConnection, _ key: String, _ value: [UInt8]) throws(KeychainError) {
+        try db.statement(
+            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+        )
+        .bind(1, key).bind(2, value).run()
     }
 
     /// Moves the records bound to the rollback counter from epoch `old` to
@@ -276,10 +284,7 @@ final class ItemStore: Sendable {
             try db.transaction { () throws(KeychainError) in
                 for (key, value) in records {
                     if let value {
-                        try db.statement(
-                            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-                        )
-                        .bind(1, key).bind(2, value).run()
+                        try putMetadata(db, key, value)
                     } else {
                         try db.statement("DELETE FROM meta WHERE key = ?").bind(1, key).run()
                     }
@@ -545,6 +550,7 @@ final class ItemStore: Sendable {
         try db.statement("UPDATE meta SET value = ? WHERE key = ?")
             .bind(1, state.sealed(record)).bind(2, ItemSetState.recordKey).run()
         guard db.changes == 1 else { throw .decode }
+        try updateBinding(db, removing: old, adding: new)
     }
 
     /// Checks every row against the authenticated state and remembers each
