@@ -20,9 +20,9 @@ extension SerialTests {
             if let step { environment["KEYCHAINFS_CRASH_AT"] = step }
             let harness = try MountHarness(environment: environment)
             #expect(harness.status()["key-protection"] == "tpm2")
-            #expect(harness.status()["passcode-binding"]?.hasPrefix("on: ") == true, "init binds it to its passcode")
             let unlocked = harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: passcode + "\n")
             guard unlocked.succeeded else { throw HarnessError("unlock failed: \(unlocked)") }
+            #expect(harness.status()["passcode-binding"]?.hasPrefix("on: ") == true, "init binds it to its passcode")
             let written = harness.sh("printf acknowledged | \"$K\" set --keychain \"$KC\" default/token")
             guard written.succeeded else { throw HarnessError("set failed: \(written)") }
             return harness
