@@ -32,9 +32,7 @@ extension SecretServiceProvider {
     /// `RetrieveSecret` ((osha{sv}) → (ua{sv})): writes the app's master
     /// secret to `sent` (the call's descriptor), made (64 random bytes) the first time.
     func retrieveSecret(_ call: BusCall, appID: String, fd sent: Int32) throws(BusError) {
-        let fd = fcntl(sent, F_DUPFD_CLOEXEC, 3)
-        guard fd >= 0 else { return try replyPortal(call, .failed) }
-        defer { close(fd) }
+        guard let fd = FileDescriptor(fcntl(sent, F_DUPFD_CLOEXEC, 3)) else { return try replyPortal(call, .failed) }
         guard let portal = callerIdentity(call), portal.distrust == nil,
             portal.executable == Self.portalProgram, PackageOwnership.package(of: portal.executable) != nil
         else {
@@ -44,13 +42,13 @@ extension SecretServiceProvider {
         let app = SandboxApp(claimName: "flatpak:" + appID) ?? SandboxApp(claimName: "snap:" + appID)
         // A pipe or a socket only: a secret written to a file would stay in the page cache.
         var target = stat()
-        guard let app, fstat(fd, &target) == 0,
+        guard let app, fstat(fd.raw, &target) == 0,
             target.st_mode & S_IFMT == S_IFIFO || target.st_mode & S_IFMT == S_IFSOCK
         else {
             return try replyPortal(call, .failed)
         }
         guard let secret = portalSecret(of: app, for: call) else { return try replyPortal(call, .failed) }
-        let written = secret.withUnsafeBytes { bytes in (try? Descriptor.writeAll(fd, bytes)) != nil }
+        let written = secret.withUnsafeBytes { bytes in (try? Descriptor.writeAll(fd.raw, bytes)) != nil }
         try replyPortal(call, written ? .success : .failed)
     }
 

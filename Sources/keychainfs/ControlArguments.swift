@@ -13,10 +13,8 @@ import Glibc
 enum MountControlFile {
     /// The status text as the device wrote it; nil when there is no control file.
     static func text(_ mountpoint: String) -> [UInt8]? {
-        let fd = open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        return try? Descriptor.readAll(fd)
+        guard let fd = FileDescriptor(open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)) else { return nil }
+        return try? Descriptor.readAll(fd.raw)
     }
 
     /// The `key: value` status lines, values unescaped; nil when there is

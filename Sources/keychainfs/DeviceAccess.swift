@@ -357,9 +357,9 @@ enum DeviceLauncher {
     /// (never a secret) go to the journal (`journalctl -t keychainfs`),
     /// else to the file beside its socket (``logPath(_:)``).
     static func start(_ arguments: [String], keychain: KeychainDirectory) -> String? {
-        let errors = JournalStream.open(identifier: "keychainfs") ?? logPath(keychain).map(openLog) ?? -1
-        defer { if errors >= 0 { close(errors) } }
-        return detach(arguments, errors: errors).problem
+        var errors = JournalStream.open(identifier: "keychainfs")
+        if errors == nil, let path = logPath(keychain) { errors = FileDescriptor(openLog(path)) }
+        return detach(arguments, errors: errors?.raw ?? -1).problem
     }
 
     /// Runs `keychainfs ARGUMENTS --ready-fd 3` in a session of its own,

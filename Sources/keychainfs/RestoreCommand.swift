@@ -50,11 +50,11 @@ struct RestoreCommand: ParsableCommand {
         case .device(let device):
             // Opened here, by this user: the device reads only what this user
             // can read (O_NONBLOCK: a FIFO must not block the open).
-            let file = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-            guard file >= 0 else { throw fail("cannot read \(path): \(Errno.current.description)") }
-            defer { close(file) }
+            guard let file = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else {
+                throw fail("cannot read \(path): \(Errno.current.description)")
+            }
             let outcome = try device.outcome(
-                .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file)
+                .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file.raw)
             switch outcome {
             case .success(let applied)?:
                 summary = applied

@@ -118,22 +118,22 @@ struct ServiceCommand: ParsableCommand {
             throw fail("the keychainfs service runs already (pid \(running), \(pidFile))")
         }
         // Read and written: what a service that does not start says is read back from it.
-        let errors = open(log, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o640)
-        guard errors >= 0 else { throw fail("cannot open the log \(log): \(Errno.current)") }
-        defer { close(errors) }
+        guard let errors = FileDescriptor(open(log, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o640)) else {
+            throw fail("cannot open the log \(log): \(Errno.current)")
+        }
         let arguments = [
             "service", "--state-directory", absolutePath(stateDirectory), "--socket", absolutePath(socket),
             "--user", user, "--connections-per-user", String(connectionsPerUser), "--mounts-per-user",
             String(mountsPerUser), "--items-per-user", String(itemsPerUser), "--bytes-per-user", String(bytesPerUser),
             "--restore-bytes-per-user", String(restoreBytesPerUser)
         ]
-        let logged = lseek(errors, 0, SEEK_END)
-        let started = DeviceLauncher.detach(arguments, errors: errors)
+        let logged = lseek(errors.raw, 0, SEEK_END)
+        let started = DeviceLauncher.detach(arguments, errors: errors.raw)
         guard let pid = started.pid else {
             // What it said before it exited (detach reaped it) is in the log: said here too.
             var said = ""
-            if logged >= 0, lseek(errors, logged, SEEK_SET) == logged,
-                let bytes = try? Descriptor.readAll(errors, limit: 1 << 14)
+            if logged >= 0, lseek(errors.raw, logged, SEEK_SET) == logged,
+                let bytes = try? Descriptor.readAll(errors.raw, limit: 1 << 14)
             {
                 said = String(decoding: bytes, as: UTF8.self).trimmingNewline
                 if said.hasPrefix("keychainfs: ") { said = String(said.dropFirst(12)) }

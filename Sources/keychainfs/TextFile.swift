@@ -9,10 +9,8 @@ import Glibc
 enum TextFile {
     /// The file's text; nil when it cannot be read (absent, a link, too large).
     static func read(_ path: String) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        return (try? Descriptor.readAll(fd, limit: 1 << 16)).map { String(decoding: $0, as: UTF8.self) }
+        guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) else { return nil }
+        return (try? Descriptor.readAll(fd.raw, limit: 1 << 16)).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// Written whole or not at all (a temporary file renamed over it).

@@ -33,14 +33,12 @@ struct WatchCommand: ParsableCommand {
             try copyToOutput(connection, ended: "the device went away")
             return
         }
-        let fd = open(mount.path + "/.events", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else {
+        guard let fd = FileDescriptor(open(mount.path + "/.events", O_RDONLY | O_CLOEXEC)) else {
             let reason = Errno.current.rawValue
             if MountControlFile.text(mount.path) == nil { throw fail(mount.missingControl) }
             throw fail("cannot read the events of \(mount.path): \(String(cString: strerror(reason)))")
         }
-        defer { close(fd) }
-        try copyToOutput(fd, ended: "the mount went away")
+        try copyToOutput(fd.raw, ended: "the mount went away")
     }
 
     /// Copies event lines to standard output until `fd` ends (an error

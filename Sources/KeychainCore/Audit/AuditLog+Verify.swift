@@ -18,13 +18,11 @@ extension AuditLog {
         var oldest: AuditLine?
         for name in [rotatedName, fileName] {
             let path = directory.path + "/" + name
-            let fd = open(path, O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else {
+            guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else {
                 if name == fileName { problems.append("\(name) is missing") }
                 continue
             }
-            let read = Result { () throws(Errno) in try Descriptor.readAll(fd, limit: 4 * rotationSize) }
-            close(fd)
+            let read = Result { () throws(Errno) in try Descriptor.readAll(fd.raw, limit: 4 * rotationSize) }
             guard case .success(let bytes) = read else {
                 problems.append("\(name) cannot be read")
                 continue

@@ -34,8 +34,9 @@ public final class AuditLog: Sendable {
     static let denialBurst = 200.0
     static let denialsPerSecond = 20.0
 
-    private struct State {
-        var fd: Int32
+    private struct State: ~Copyable {
+        /// The log file, appended to; closed with the log (or replaced at a rotation).
+        var file: FileDescriptor
         var size: Int
         var sequence: UInt64
         var mac: [UInt8]
@@ -140,18 +141,15 @@ public final class AuditLog: Sendable {
         self.rotationSize = rotationSize
         chainKey = Crypto.KeyedHash(key: key.pointer.assumingMemoryBound(to: UInt8.self))
         let path = directory.path + "/" + Self.fileName
-        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw fileFailure("open", path) }
+        guard let file = FileDescriptor(open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)) else {
+            throw fileFailure("open", path)
+        }
         var info = stat()
-        fstat(fd, &info)
+        fstat(file.raw, &info)
         let last = Self.lastLine(path).flatMap(AuditLine.init(parsing:))
         let sequence = last?.sequence ?? anchor?.sequence ?? 0
         let mac = last?.mac ?? anchor?.mac ?? [UInt8](repeating: 0, count: Crypto.macSize)
-        state = Mutex(State(fd: fd, size: Int(info.st_size), sequence: sequence, mac: mac))
-    }
-
-    deinit {
-        _ = state.withLock { close($0.fd) }
+        state = Mutex(State(file: file, size: Int(info.st_size), sequence: sequence, mac: mac))
     }
 
     /// The newest line's sequence number and MAC.
@@ -228,7 +226,7 @@ public final class AuditLog: Sendable {
         line.hexField("mac", mac)
         line.append(UInt8(ascii: "\n"))
         do throws(Errno) {
-            try Descriptor.writeAll(state.fd, line.bytes)
+            try Descriptor.writeAll(state.file.raw, line.bytes)
         } catch {
             Diagnostics.log("could not append to the audit log: \(error)")
             return false
@@ -245,13 +243,11 @@ public final class AuditLog: Sendable {
             Diagnostics.log("could not rotate the audit log: \(Errno.current.description)")
             return
         }
-        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else {
+        guard let file = FileDescriptor(open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)) else {
             Diagnostics.log("could not start a new audit log: \(Errno.current.description)")
             return
         }
-        close(state.fd)
-        state.fd = fd
+        state.file = file  // the rotated file's descriptor closes here
         state.size = 0
     }
 
@@ -272,15 +268,13 @@ public final class AuditLog: Sendable {
 
     /// The last complete line of a file (reads only its end).
     private static func lastLine(_ path: String) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
+        guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else { return nil }
         var info = stat()
-        guard fstat(fd, &info) == 0, info.st_size > 0 else { return nil }
+        guard fstat(fd.raw, &info) == 0, info.st_size > 0 else { return nil }
         let window = min(Int(info.st_size), 64 << 10)
         var bytes = [UInt8](repeating: 0, count: window)
         let count = bytes.withUnsafeMutableBytes {
-            pread(fd, $0.baseAddress, window, off_t(Int(info.st_size) - window))
+            pread(fd.raw, $0.baseAddress, window, off_t(Int(info.st_size) - window))
         }
         guard count == window, bytes.last == UInt8(ascii: "\n") else { return nil }
         let lines = bytes.dropLast().split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)

@@ -85,9 +85,10 @@ public struct DeviceJudge: Sendable, Equatable {
 
     /// What a program running as the user can still do, in one line (docs/SECURITY.md).
     static var perUserLimit: String {
-        let fd = open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC)
-        defer { if fd >= 0 { close(fd) } }
-        let text = fd >= 0 ? (try? Descriptor.readAll(fd, limit: 16)) ?? [] : []
+        var text: [UInt8] = []
+        if let fd = FileDescriptor(open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC)) {
+            text = (try? Descriptor.readAll(fd.raw, limit: 16)) ?? []
+        }
         let scope = Int(String(decoding: text.filter { $0 != UInt8(ascii: "\n") }, as: UTF8.self))
         let tracing =
             switch scope {

@@ -214,10 +214,9 @@ package enum ProcessChain {
     /// (proc(5): the name is in parentheses and may hold any byte, so the
     /// fields are read after the last one).
     private static func nameAndParent(_ pid: pid_t) -> (String, pid_t)? {
-        let fd = ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) }
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        guard let bytes = try? Descriptor.readAll(fd, limit: 4096),
+        guard let fd = FileDescriptor(ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) })
+        else { return nil }
+        guard let bytes = try? Descriptor.readAll(fd.raw, limit: 4096),
             let open = bytes.firstIndex(of: UInt8(ascii: "(")), let close = bytes.lastIndex(of: UInt8(ascii: ")")),
             open < close
         else { return nil }

@@ -14,8 +14,9 @@ import Glibc
 /// its deadline, whether or not it honours SETTIMEOUT (issue 37).
 package final class Pinentry {
     package let pid: pid_t
-    private let input: Int32
-    private let output: Int32
+    /// Our ends of its standard input and output; nil once it is ended.
+    private var input: FileDescriptor?
+    private var output: FileDescriptor?
     private var buffer: [UInt8] = []
     private var ended = false
     /// When the program is ended whatever it does (nil: never).
@@ -69,25 +70,24 @@ package final class Pinentry {
     ) throws(Failure) {
         self.abandoned = abandoned
         var toChild: [Int32] = [0, 0], fromChild: [Int32] = [0, 0]
+        guard pipe(&toChild) == 0, let childReads = FileDescriptor(toChild[0]), let weWrite = FileDescriptor(toChild[1])
+        else { throw Failure(description: "no pipe for pinentry") }
+        guard pipe(&fromChild) == 0, let weRead = FileDescriptor(fromChild[0]),
+            let childWrites = FileDescriptor(fromChild[1])
+        else { throw Failure(description: "no pipe for pinentry") }
         // Close-on-exec: Spawn dup2s the child's ends into place and closes the rest.
-        guard pipe(&toChild) == 0, pipe(&fromChild) == 0 else {
-            throw Failure(description: "no pipe for pinentry")
-        }
         for fd in toChild + fromChild { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         var options = Spawn.Options()
-        options.descriptors = [(0, toChild[0]), (1, fromChild[1])]
+        options.descriptors = [(0, childReads.raw), (1, childWrites.raw)]
         let started = Spawn.start([program], options: options)
-        close(toChild[0])
-        close(fromChild[1])
-        guard let started else {
-            close(toChild[1])
-            close(fromChild[0])
-            throw Failure(description: "cannot run \(program)")
-        }
+        // The child's copies alone: its exit ends our reads.
+        _ = childReads.close()
+        _ = childWrites.close()
+        guard let started else { throw Failure(description: "cannot run \(program)") }
         pid = started
         Self.running.withLock { _ = $0.insert(started) }
-        input = toChild[1]
-        output = fromChild[0]
+        input = .some(consume weWrite)
+        output = .some(consume weRead)
         deadline = seconds.map { MonotonicClock.milliseconds() + Int64($0) * 1000 }
         guard let greeting = try? line(), greeting.starts(with: Array("OK".utf8)) else {
             end()
@@ -192,8 +192,8 @@ package final class Pinentry {
         guard !ended else { return }
         ended = true
         _ = try? send("BYE")
-        close(input)
-        close(output)
+        input = nil
+        output = nil
         kill(pid, SIGTERM)
         _ = Spawn.wait(pid)
         Self.running.withLock { _ = $0.remove(pid) }
@@ -207,7 +207,7 @@ package final class Pinentry {
     }
 
     private func send(_ text: String) throws(Failure) {
-        guard (try? Descriptor.writeAll(input, Array((text + "\n").utf8))) != nil else {
+        guard (try? Descriptor.writeAll(input?.raw ?? -1, Array((text + "\n").utf8))) != nil else {
             throw Failure(description: "pinentry went away")
         }
     }
@@ -230,7 +230,7 @@ package final class Pinentry {
                     kill(pid, SIGTERM)
                     throw Failure(description: "pinentry gave no answer in time")
                 }
-                var entry = pollfd(fd: output, events: Int16(POLLIN), revents: 0)
+                var entry = pollfd(fd: output?.raw ?? -1, events: Int16(POLLIN), revents: 0)
                 let ready = (try? valueOrErrno({ poll(&entry, 1, Int32(min(left, Self.abandonCheck))) })) ?? 0
                 if ready > 0 { break }
                 if abandoned() {
@@ -241,7 +241,9 @@ package final class Pinentry {
             var chunk = [UInt8](repeating: 0, count: 1024)
             defer { chunk.withUnsafeMutableBytes { wipeMemory($0) } }
             let count =
-                (try? valueOrErrno { chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) } }) ?? -1
+                (try? valueOrErrno {
+                    chunk.withUnsafeMutableBytes { read(output?.raw ?? -1, $0.baseAddress, $0.count) }
+                }) ?? -1
             guard count > 0, buffer.count + count <= 64 << 10 else { throw Failure(description: "pinentry went away") }
             buffer += chunk[..<count]
         }

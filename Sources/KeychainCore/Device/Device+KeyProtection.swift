@@ -359,7 +359,7 @@ extension Device {
         if let newPasscode, newPasscode.count == 0 { throw .param }
         guard directory.exists else { throw .noSuchKeychain }
         let lock = try takeKeychainLock(directory)
-        defer { close(lock) }
+        defer { extendLifetime(lock) }  // the keychain stays locked to here
         let recoveryRecord = try RawMetadata.read(directory, RecoveryKey.recordKey)
         guard let recoveryRecord else {
             Diagnostics.log("the keychain has no recovery record (only a keychain sealed by a TPM has one)")
@@ -473,7 +473,7 @@ extension Device {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
         let lock = try takeKeychainLock(directory)
-        defer { close(lock) }
+        defer { extendLifetime(lock) }  // the keychain stays locked to here
         let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
         guard let tpm = sealedBy else { throw .badRequest }
         let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))

@@ -72,9 +72,10 @@ extension Device {
         Self.destroyKeychainFiles(at: target.path)
         let recovery = try Device.createKeychain(
             at: target, passcode: passcode, kdf: keybag.kdf, tpm: choice, tcti: tcti)
-        let marker = open(target.path + "/" + Self.unfinishedMarker, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
-        guard marker >= 0 else { throw fileFailure("create", target.path + "/" + Self.unfinishedMarker) }
-        close(marker)
+        guard
+            FileDescriptor(open(target.path + "/" + Self.unfinishedMarker, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600))
+                != nil
+        else { throw fileFailure("create", target.path + "/" + Self.unfinishedMarker) }
         let copy = try Device(directory: target, tcti: tcti)
         defer { copy.shutDown() }
         try copy.unlock(passcode: passcode)
@@ -134,15 +135,13 @@ extension Device {
     /// in it is left, and with it the directory.
     static func destroyKeychainFiles(at path: String) {
         let secretPath = path + "/device-secret"
-        let fd = open(secretPath, O_WRONLY | O_CLOEXEC)
-        if fd >= 0 {
+        if let fd = FileDescriptor(open(secretPath, O_WRONLY | O_CLOEXEC)) {
             var info = stat()
-            if fstat(fd, &info) == 0, info.st_size > 0 {
+            if fstat(fd.raw, &info) == 0, info.st_size > 0 {
                 let zeros = [UInt8](repeating: 0, count: Int(info.st_size))
-                _ = zeros.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-                fsync(fd)
+                _ = zeros.withUnsafeBytes { write(fd.raw, $0.baseAddress, $0.count) }
+                fsync(fd.raw)
             }
-            close(fd)
         }
         for name in [
             "device-secret", "device-secret.new", "keychain.db", "keychain.db-wal", "keychain.db-shm",

@@ -16,7 +16,8 @@ public final class Device: Sendable {
     let store: ItemStore
     let secret: DeviceSecret
     private let secretService = Mutex<String?>(nil)
-    let lockFile: Int32
+    /// Holds the keychain's `flock`: closed with the device, which frees the keychain.
+    let lockFile: FileDescriptor
     let policy: LockoutPolicy
     let clock: @Sendable () -> Int64
     /// The wrapped class keys; a passcode change replaces it.
@@ -85,66 +86,54 @@ public final class Device: Sendable {
             Diagnostics.log(problem)
             throw .insecurePermissions
         }
-        let fd = try Self.takeKeychainLock(directory)
+        let lock = try Self.takeKeychainLock(directory)
         // A move to the TPM interrupted before or after its exchange (issue 38).
         Self.destroyLeftover(of: directory)
-        do throws(KeychainError) {
-            // The device secret unsealed and the counter read in one TPM session.
-            let (secret, store, tpm, counter) = try KeychainTPM.sharingSession(tcti: tcti) {
-                () throws(KeychainError) in
-                let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
-                let store = try ItemStore(
-                    path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
-                let (tpm, counter) = try Self.checkRollback(
-                    directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
-                return (secret, store, tpm, counter)
-            }
-            let records = try BootRecords(store: store, secret: secret)
-            audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: records.auditAnchor)
-            var keys: [ProtectionClass: GuardedKey] = [:]
-            for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
-                keys[protectionClass] = try records.keybag.unwrap(protectionClass, secret: secret, passcodeKey: nil)
-            }
-            self.store = store
-            self.secret = secret
-            self.currentKeybag = Mutex(records.keybag)
-            self.entitlements = Mutex(records.entitlements)
-            self.directory = directory
-            self.lockFile = fd
-            self.policy = policy
-            self.clock = clock
-            state.withLock { $0.keys = keys }
-            store.binding.withLock { $0.state = records.keybag.isPasscodeBound ? .awaitingKey : .none }
-            sealingTPM.withLock { $0 = tpm }
-            if let counter { rollbackCounter.withLock { $0 = counter } }
-            store.onChange { [weak self] change in
-                self?.notify(.changed(change))
-                self?.noteWriteForRollback()
-            }
-            // Reading it now reports a tampered lockout record at boot.
-            _ = try lockoutRecord()
-            try store.startWriteAheadLog()
-        } catch {
-            close(fd)
-            throw error
+        // The device secret unsealed and the counter read in one TPM session.
+        let (secret, store, tpm, counter) = try KeychainTPM.sharingSession(tcti: tcti) {
+            () throws(KeychainError) in
+            let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
+            let store = try ItemStore(
+                path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
+            let (tpm, counter) = try Self.checkRollback(
+                directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
+            return (secret, store, tpm, counter)
         }
+        let records = try BootRecords(store: store, secret: secret)
+        audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: records.auditAnchor)
+        var keys: [ProtectionClass: GuardedKey] = [:]
+        for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
+            keys[protectionClass] = try records.keybag.unwrap(protectionClass, secret: secret, passcodeKey: nil)
+        }
+        self.store = store
+        self.secret = secret
+        self.currentKeybag = Mutex(records.keybag)
+        self.entitlements = Mutex(records.entitlements)
+        self.directory = directory
+        self.lockFile = lock
+        self.policy = policy
+        self.clock = clock
+        state.withLock { $0.keys = keys }
+        store.binding.withLock { $0.state = records.keybag.isPasscodeBound ? .awaitingKey : .none }
+        sealingTPM.withLock { $0 = tpm }
+        if let counter { rollbackCounter.withLock { $0 = counter } }
+        store.onChange { [weak self] change in
+            self?.notify(.changed(change))
+            self?.noteWriteForRollback()
+        }
+        // Reading it now reports a tampered lockout record at boot.
+        _ = try lockoutRecord()
+        try store.startWriteAheadLog()
     }
 
     /// One device per keychain across processes: an exclusive `flock` on
     /// its lock file, held until the device is deinitialised.
-    static func takeKeychainLock(_ directory: KeychainDirectory) throws(KeychainError) -> Int32 {
-        let fd = open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw fileFailure("open", directory.lockFilePath) }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            close(fd)
-            throw .keychainInUse
+    static func takeKeychainLock(_ directory: KeychainDirectory) throws(KeychainError) -> FileDescriptor {
+        guard let fd = FileDescriptor(open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)) else {
+            throw fileFailure("open", directory.lockFilePath)
         }
+        guard flock(fd.raw, LOCK_EX | LOCK_NB) == 0 else { throw .keychainInUse }
         return fd
-    }
-
-    deinit {
-        // Closing the descriptor releases the flock: the keychain is free.
-        close(lockFile)
     }
 
     // MARK: Status

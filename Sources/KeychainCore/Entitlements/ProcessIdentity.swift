@@ -17,12 +17,12 @@ package struct ProcessIdentity: Sendable, Equatable {
 
     /// The process a thread belongs to (itself if /proc cannot tell).
     package var process: pid_t {
-        let fd = ProgramIdentities.withProcPath(thread, "status") { open($0, O_RDONLY | O_CLOEXEC) }
-        guard fd >= 0 else { return thread }
-        defer { close(fd) }
+        guard
+            let fd = FileDescriptor(ProgramIdentities.withProcPath(thread, "status") { open($0, O_RDONLY | O_CLOEXEC) })
+        else { return thread }
         // The `Tgid:` line is among the first few (proc(5)); read bytes, not Strings: this runs per audited request.
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { buffer in
-            let count = read(fd, buffer.baseAddress, buffer.count)
+            let count = read(fd.raw, buffer.baseAddress, buffer.count)
             guard count > 0,
                 let process = ProcStatus.number("Tgid:", in: UnsafeBufferPointer(rebasing: buffer[0..<count])),
                 process > 0

@@ -144,14 +144,14 @@ public enum PackageOwnership {
     private static func query(_ path: String) -> String? {
         guard access("/usr/bin/dpkg-query", X_OK) == 0 else { return nil }
         var ends: [Int32] = [0, 0]
-        guard pipe(&ends) == 0 else { return nil }
+        guard pipe(&ends) == 0, let reading = FileDescriptor(ends[0]), let writing = FileDescriptor(ends[1])
+        else { return nil }
         var options = Spawn.Options()
-        options.descriptors = [(1, ends[1])]
+        options.descriptors = [(1, writing.raw)]
         let started = Spawn.start(["/usr/bin/dpkg-query", "-S", path], options: options)
-        close(ends[1])
-        defer { close(ends[0]) }
+        _ = writing.close()  // the child's copy alone: its exit ends the output
         guard let started else { return nil }
-        let output = (try? Descriptor.readAll(ends[0], limit: 1 << 16)) ?? []
+        let output = (try? Descriptor.readAll(reading.raw, limit: 1 << 16)) ?? []
         guard Spawn.wait(started) == 0 else { return nil }
         // "package[:arch]: /path" for the file itself (not a diversion line).
         let suffix = ": " + path

@@ -28,14 +28,12 @@ package enum ProgramIdentities {
                 distrust: sandboxed.problem)
         }
         return withProcPath(thread, "exe") { exe -> ProgramIdentity? in
-            let fd = open(exe, O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { return nil }
-            defer { close(fd) }
+            guard let fd = FileDescriptor(open(exe, O_RDONLY | O_CLOEXEC)) else { return nil }
             var opened = stat()
-            guard fstat(fd, &opened) == 0, let path = linkTarget(exe) else { return nil }
+            guard fstat(fd.raw, &opened) == 0, let path = linkTarget(exe) else { return nil }
             // The path must name the very file that was opened: a binary deleted
             // or replaced since it started is not the one at its path.
-            guard names(path, opened), let digest = digest(of: fd, info: opened) else { return nil }
+            guard names(path, opened), let digest = digest(of: fd.raw, info: opened) else { return nil }
             let trust = CallerTrust.assess(thread: thread, executable: opened)
             var identity = ProgramIdentity(
                 executable: path, digest: digest, unit: unit(of: thread), uid: uid,
@@ -111,8 +109,9 @@ package enum ProgramIdentities {
         guard let credentials = peerCredentials(socket) else { return nil }
         var pidfd: Int32 = -1
         var pidfdLength = socklen_t(MemoryLayout<Int32>.size)
-        guard getsockopt(socket, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0, pidfd >= 0 else { return nil }
-        defer { close(pidfd) }
+        guard getsockopt(socket, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0, let owned = FileDescriptor(pidfd)
+        else { return nil }
+        defer { extendLifetime(owned) }  // the pidfd stays open until the identity is checked against it
         guard var identity = of(thread: credentials.pid, uid: credentials.uid), Pidfd.isAlive(pidfd) else {
             return nil
         }
@@ -143,10 +142,8 @@ package enum ProgramIdentities {
         // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
         // writer (a grant naming one wedged the device); a regular file's
         // reads ignore it. Anything but a regular file is then refused.
-        let fd = open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        return executable(from: fd, path: String(cString: resolved))
+        guard let fd = FileDescriptor(open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else { return nil }
+        return executable(from: fd.raw, path: String(cString: resolved))
     }
 
     /// ``executable(at:)`` of a file already open: one the client opened
@@ -254,10 +251,8 @@ package enum ProgramIdentities {
     /// The bytes of `/proc/THREAD/LEAF`, up to `limit`; nil when it cannot be read.
     static func readProcFile(_ thread: pid_t, _ leaf: StaticString, limit: Int) -> [UInt8]? {
         withProcPath(thread, leaf) { path -> [UInt8]? in
-            let fd = open(path, O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { return nil }
-            defer { close(fd) }
-            return try? Descriptor.readAll(fd, limit: limit)
+            guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else { return nil }
+            return try? Descriptor.readAll(fd.raw, limit: limit)
         }
     }
 

@@ -55,15 +55,14 @@ enum SandboxApps {
             return (.snap(name), tracerProblem(thread))
         }
         let info = ProgramIdentities.withProcPath(thread, "root") { root -> [UInt8]? in
-            let directory = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            guard directory >= 0 else { return nil }
-            defer { close(directory) }
-            let fd = openat(directory, ".flatpak-info", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
-            guard fd >= 0 else { return nil }
-            defer { close(fd) }
+            guard let directory = FileDescriptor(open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) else { return nil }
+            guard
+                let fd = FileDescriptor(
+                    openat(directory.raw, ".flatpak-info", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC))
+            else { return nil }
             var status = stat()
-            guard fstat(fd, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
-            return try? Descriptor.readAll(fd, limit: 64 << 10)
+            guard fstat(fd.raw, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
+            return try? Descriptor.readAll(fd.raw, limit: 64 << 10)
         }
         guard let info, let id = flatpakAppID(fromInfo: String(decoding: info, as: UTF8.self)) else { return nil }
         return (

@@ -145,17 +145,17 @@ package enum Interpreters {
             else { return .unidentifiable("its working directory cannot be read") }
             path = (directory == "/" ? "" : directory) + "/" + path
         }
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard fd >= 0 else { return .unidentifiable("its script \(path) cannot be read") }
-        defer { close(fd) }
+        guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) else {
+            return .unidentifiable("its script \(path) cannot be read")
+        }
         var info = stat()
-        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+        guard fstat(fd.raw, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
             return .unidentifiable("its script \(path) is not a file")
         }
         guard info.st_uid == uid || info.st_uid == 0, info.st_mode & 0o022 == 0 else {
             return .unidentifiable("its script \(path) may be written by others")
         }
-        guard let digest = ProgramIdentities.digest(of: fd, info: info) else {
+        guard let digest = ProgramIdentities.digest(of: fd.raw, info: info) else {
             return .unidentifiable("its script \(path) cannot be read")
         }
         return .file(path: path, digest: digest)

@@ -19,8 +19,7 @@ package enum SocketHolders {
         guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK, let netlink = diagnosticSocket() else {
             return nil
         }
-        defer { close(netlink) }
-        return peerAddress(ofSocket: UInt32(truncatingIfNeeded: info.st_ino), netlink)
+        return peerAddress(ofSocket: UInt32(truncatingIfNeeded: info.st_ino), netlink.raw)
     }
 
     /// Why the connection of `pid` to the socket bound at `address` may
@@ -31,15 +30,13 @@ package enum SocketHolders {
     /// not seen (docs/SECURITY.md, "Known limits").
     package static func sharing(of pid: Int32, connectedTo address: [UInt8]) -> String? {
         guard let netlink = diagnosticSocket() else { return "its connection cannot be examined (sock_diag)" }
-        defer { close(netlink) }
-        guard let proc = try? valueOrErrno({ open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) else {
+        guard let proc = FileDescriptor(open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) else {
             return "its connection cannot be examined (/proc)"
         }
-        defer { close(proc) }
         let connections = Set(
-            socketInodes(of: String(pid), in: proc).filter { peerAddress(ofSocket: $0, netlink) == address })
+            socketInodes(of: String(pid), in: proc.raw).filter { peerAddress(ofSocket: $0, netlink.raw) == address })
         guard !connections.isEmpty else { return "it holds no connection to the bus" }
-        return otherHolder(of: connections, besides: pid, in: proc, connection: "bus connection")
+        return otherHolder(of: connections, besides: pid, in: proc.raw, connection: "bus connection")
     }
 
     /// Why the device's end `client` of a socket connection may carry
@@ -58,23 +55,21 @@ package enum SocketHolders {
         guard fstat(client, &info) == 0, let netlink = diagnosticSocket() else {
             return "its connection cannot be examined (sock_diag)"
         }
-        defer { close(netlink) }
-        guard let own = query(netlink, UInt32(truncatingIfNeeded: info.st_ino)), own.peer != 0 else {
+        guard let own = query(netlink.raw, UInt32(truncatingIfNeeded: info.st_ino)), own.peer != 0 else {
             return "its connection cannot be examined (sock_diag)"
         }
-        guard let proc = try? valueOrErrno({ open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) else {
+        guard let proc = FileDescriptor(open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) else {
             return "its connection cannot be examined (/proc)"
         }
-        defer { close(proc) }
-        let held = descriptors(of: String(pid), in: proc).filter { $0.inode == own.peer }
+        let held = descriptors(of: String(pid), in: proc.raw).filter { $0.inode == own.peer }
         guard !held.isEmpty else { return "it holds no connection to the device (it may have run another program)" }
         if let inherited = held.first(where: {
-            DescriptorInfo(String(pid), descriptor: String($0.number), in: proc)?.closesOnExec != true
+            DescriptorInfo(String(pid), descriptor: String($0.number), in: proc.raw)?.closesOnExec != true
         }) {
             return "its connection (descriptor \(inherited.number)) would pass to the next program it runs "
                 + "(no close-on-exec)"
         }
-        return otherHolder(of: [own.peer], besides: pid, in: proc, connection: "connection")
+        return otherHolder(of: [own.peer], besides: pid, in: proc.raw, connection: "connection")
     }
 
     /// The first process of `pid`'s user but `pid` that holds one of
@@ -87,9 +82,7 @@ package enum SocketHolders {
         // per-user device could not read their descriptors anyway.
         var owner = stat()
         guard fstatat(proc, String(pid), &owner, 0) == 0 else { return "it is gone" }
-        let listed = dup(proc)
-        guard listed >= 0, let processes = fdopendir(listed) else {
-            if listed >= 0 { close(listed) }
+        guard let processes = FileDescriptor(dup(proc))?.directoryStream() else {
             // Not looked at is not alone: refused, as any doubt is.
             return "the processes holding its connection cannot be listed"
         }
@@ -118,10 +111,10 @@ package enum SocketHolders {
         var inode: UInt64?
 
         init?(_ name: String, descriptor: String, in proc: Int32) {
-            let fd = openat(proc, "\(name)/fdinfo/\(descriptor)", O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { return nil }
-            defer { close(fd) }
-            guard let text = try? Descriptor.readAll(fd, limit: 4096) else { return nil }
+            guard let fd = FileDescriptor(openat(proc, "\(name)/fdinfo/\(descriptor)", O_RDONLY | O_CLOEXEC)) else {
+                return nil
+            }
+            guard let text = try? Descriptor.readAll(fd.raw, limit: 4096) else { return nil }
             for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
                 let parts = line.split(separator: ":", maxSplits: 1)
                 guard parts.count == 2 else { continue }
@@ -140,12 +133,10 @@ package enum SocketHolders {
 
     /// The mount of every socket (sockfs), as fdinfo names it: that of a socket of our own.
     private static let socketMount: Int? = {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        guard let proc = try? valueOrErrno({ open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) else { return nil }
-        defer { close(proc) }
-        return DescriptorInfo("self", descriptor: String(fd), in: proc)?.mountID
+        guard let fd = FileDescriptor(socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0))
+        else { return nil }
+        guard let proc = FileDescriptor(open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) else { return nil }
+        return DescriptorInfo("self", descriptor: String(fd.raw), in: proc.raw)?.mountID
     }()
 
     /// The inodes of the sockets among the descriptors of the process
@@ -188,12 +179,10 @@ package enum SocketHolders {
     private static func listing(
         _ path: String, in proc: Int32, _ body: (Int32, UnsafeMutablePointer<dirent>) -> Void
     ) -> Bool {
-        let directory = openat(proc, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard directory >= 0, let entries = fdopendir(directory) else {
-            if directory >= 0 { close(directory) }
-            return false
-        }
+        guard let entries = FileDescriptor(openat(proc, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC))?.directoryStream()
+        else { return false }
         defer { closedir(entries) }
+        let directory = dirfd(entries)
         while let entry = readdir(entries) { body(directory, entry) }
         return true
     }
@@ -208,10 +197,9 @@ package enum SocketHolders {
         return query(netlink, own.peer)?.address
     }
 
-    private static func diagnosticSocket() -> Int32? {
-        try? valueOrErrno {
-            socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG))
-        }
+    private static func diagnosticSocket() -> FileDescriptor? {
+        FileDescriptor(
+            socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG)))
     }
 
     private static func query(_ netlink: Int32, _ inode: UInt32) -> (peer: UInt32, address: [UInt8])? {

@@ -56,3 +56,49 @@ package enum Descriptor {
         try bytes.withBytes { (raw) throws(Errno) in try writeAll(fd, raw) }
     }
 }
+
+/// A file descriptor this code owns: closed exactly once, when its owner
+/// ends (a scope, a class's deinit) or it is consumed. Not copyable, so
+/// no copy of it can be closed twice or outlive the close (a descriptor
+/// number closed twice may by then be another thread's file).
+package struct FileDescriptor: ~Copyable {
+    package let raw: Int32
+
+    /// Takes ownership of `raw`; nil for a failed call's -1 (errno is left as the call set it).
+    package init?(_ raw: Int32) {
+        guard raw >= 0 else { return nil }
+        self.raw = raw
+    }
+
+    deinit {
+        // Linux releases the descriptor even when close(2) fails or is
+        // interrupted: never retried (close(2), "Dealing with error returns").
+        Glibc.close(raw)
+    }
+
+    /// Gives the descriptor up to another owner (a child's standard
+    /// stream, a caller that keeps it as a raw number), unclosed.
+    package consuming func release() -> Int32 {
+        let raw = raw
+        discard self
+        return raw
+    }
+
+    /// A directory stream over it, which owns it from then on (closedir
+    /// closes it); nil, and it closed, when fdopendir fails.
+    package consuming func directoryStream() -> OpaquePointer? {
+        let raw = release()
+        guard let stream = fdopendir(raw) else {
+            Glibc.close(raw)
+            return nil
+        }
+        return stream
+    }
+
+    /// Closes it now, saying whether close(2) succeeded (a file written
+    /// through it, for one, must report a failed close).
+    package consuming func close() -> Bool {
+        let result = Glibc.close(release())
+        return result == 0
+    }
+}

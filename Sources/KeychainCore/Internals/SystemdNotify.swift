@@ -20,14 +20,13 @@ package enum SystemdNotify {
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: path) }
         // An abstract name is exactly its bytes; a path ends at its NUL.
         let length = MemoryLayout<sa_family_t>.size + path.count + (abstract ? 0 : 1)
-        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return }
-        defer { close(fd) }
+        guard let fd = FileDescriptor(socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0))
+        else { return }
         var message = state
         _ = message.withUTF8 { text in
             withUnsafePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    sendto(fd, text.baseAddress, text.count, Int32(MSG_NOSIGNAL), $0, socklen_t(length))
+                    sendto(fd.raw, text.baseAddress, text.count, Int32(MSG_NOSIGNAL), $0, socklen_t(length))
                 }
             }
         }

@@ -18,7 +18,7 @@ final class WakeableThread: Sendable {
         case stop
     }
 
-    private let wakeEnd: Int32
+    private let wakeEnd: FileDescriptor
 
     /// Starts the thread; nil (logged) if no pipe or thread can be made.
     init?(_ purpose: String, step: @escaping @Sendable () -> Next) {
@@ -31,45 +31,42 @@ final class WakeableThread: Sendable {
             _ = fcntl(end, F_SETFD, FD_CLOEXEC)
             _ = fcntl(end, F_SETFL, O_NONBLOCK)  // a wake-up never blocks its caller
         }
+        // The thread owns the reading end from its start; this object the writing end.
         let sleepEnd = ends[0]
+        guard let wake = FileDescriptor(ends[1]) else { return nil }  // pipe(2) gave it
         guard
             let thread = Threads.start(
                 blockingSignals: true,
                 {
+                    guard let sleeping = FileDescriptor(sleepEnd) else { return }
                     var timeout: Int32 = -1
                     loop: while true {
-                        var sleeper = pollfd(fd: sleepEnd, events: Int16(POLLIN), revents: 0)
+                        var sleeper = pollfd(fd: sleeping.raw, events: Int16(POLLIN), revents: 0)
                         if poll(&sleeper, 1, timeout) < 0 && Errno.current.rawValue != EINTR { break }
                         // The owner closed its end: nothing will wake this thread again.
                         if sleeper.revents & Int16(POLLHUP) != 0 { break }
                         var drained = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
-                        while read(sleepEnd, &drained, MemoryLayout.size(ofValue: drained)) > 0 {}
+                        while read(sleeping.raw, &drained, MemoryLayout.size(ofValue: drained)) > 0 {}
                         switch step() {
                         case .after(let milliseconds): timeout = max(0, milliseconds)
                         case .whenWoken: timeout = -1
                         case .stop: break loop
                         }
                     }
-                    close(sleepEnd)
                 })
         else {
-            close(ends[0])
-            close(ends[1])
+            _ = FileDescriptor(sleepEnd)?.close()  // the thread never ran: its end is closed here
             Diagnostics.log("could not start the \(purpose) thread")
-            return nil  // before `wakeEnd` is set: deinit must not close it again
+            return nil
         }
         pthread_detach(thread)
-        wakeEnd = ends[1]
-    }
-
-    deinit {
-        // The thread sees the hang-up and ends.
-        close(wakeEnd)
+        // Closed with this object: the thread sees the hang-up and ends.
+        wakeEnd = wake
     }
 
     /// Makes the thread run its step now.
     func wake() {
         var byte: UInt8 = 1
-        _ = write(wakeEnd, &byte, 1)
+        _ = write(wakeEnd.raw, &byte, 1)
     }
 }

@@ -259,7 +259,8 @@ extension BackupFile {
     public static func save(_ bytes: [UInt8], to path: String) throws(KeychainError) {
         let (fd, temporary) = try createPartial(for: path)
         do throws(KeychainError) {
-            defer { close(fd) }
+            let file = FileDescriptor(fd)  // closed at the end of this block
+            defer { extendLifetime(file) }
             try write(bytes, to: fd, name: temporary)
         } catch {
             unlink(temporary)
@@ -308,10 +309,10 @@ extension BackupFile {
     /// ``maximumFileSize`` (``KeychainError/valueTooLarge``) costs no memory.
     /// A regular file only (a FIFO or device would block or never end).
     public static func load(from path: String) throws(KeychainError) -> [UInt8] {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-        guard fd >= 0 else { throw fileFailure("read", path) }
-        defer { close(fd) }
-        return try load(from: fd, name: path)
+        guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else {
+            throw fileFailure("read", path)
+        }
+        return try load(from: fd.raw, name: path)
     }
 
     /// ``load(from:)`` of a file already open (one a client passed to the
@@ -359,7 +360,7 @@ extension BackupFile {
 /// read a record at a time.
 public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
     // Read-only after init; pread does not move a shared offset.
-    private let fd: Int32
+    private let copied: FileDescriptor
     public let count: Int
 
     /// Copies `file` (named `name` in messages) into `directory`, checking
@@ -374,12 +375,13 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
         let head = try BackupFile.readHead(of: file, name: name)
         // glibc's O_TMPFILE (__O_TMPFILE | O_DIRECTORY), declared only with _GNU_SOURCE.
         let temporaryFile: Int32 = 0o20_200_000
-        let copy = Glibc.open(directory, O_RDWR | O_CLOEXEC | temporaryFile, 0o600)
-        guard copy >= 0 else { throw fileFailure("create a temporary file in", directory) }
+        guard let copy = FileDescriptor(Glibc.open(directory, O_RDWR | O_CLOEXEC | temporaryFile, 0o600)) else {
+            throw fileFailure("create a temporary file in", directory)
+        }
         var total = head.count
         var buffer = [UInt8](repeating: 0, count: 64 << 10)
         do throws(Errno) {
-            try head.withBytes { (raw) throws(Errno) in try Descriptor.writeAll(copy, raw) }
+            try head.withBytes { (raw) throws(Errno) in try Descriptor.writeAll(copy.raw, raw) }
             while true {
                 let read = try buffer.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(file, into: raw) }
                 if read == 0 { break }
@@ -388,20 +390,17 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
                 guard total <= BackupFile.maximumFileSize else { throw Errno.fileTooLarge }
                 guard total <= limit ?? Int.max else { throw Errno(EDQUOT) }
                 try buffer.withBytes { (raw) throws(Errno) in
-                    try Descriptor.writeAll(copy, UnsafeRawBufferPointer(rebasing: raw[..<read]))
+                    try Descriptor.writeAll(copy.raw, UnsafeRawBufferPointer(rebasing: raw[..<read]))
                 }
             }
         } catch {
-            close(copy)
             if error == .fileTooLarge { throw .valueTooLarge }
             if error.rawValue == EDQUOT { throw .quotaExceeded }
             throw fileFailure("copy", name, errno: error.rawValue)
         }
-        fd = copy
+        copied = copy
         count = total
     }
-
-    deinit { close(fd) }
 
     public func bytes(_ range: Range<Int>) throws(KeychainError) -> [UInt8] {
         var result = [UInt8](repeating: 0, count: range.count)
@@ -409,7 +408,7 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
         while done < range.count {
             let read = try? valueOrErrno {
                 result.withUnsafeMutableBytes { raw in
-                    pread(fd, raw.baseAddress! + done, range.count - done, off_t(range.lowerBound + done))
+                    pread(copied.raw, raw.baseAddress! + done, range.count - done, off_t(range.lowerBound + done))
                 }
             }
             guard let read, read > 0 else { throw .io }

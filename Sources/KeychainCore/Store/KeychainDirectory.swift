@@ -94,11 +94,12 @@ public struct KeychainDirectory: Sendable, Equatable {
     static func writePrivateFile(_ contents: SecureBytes, at path: String) throws(KeychainError) {
         let temporary = path + ".new"
         unlink(temporary)
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw fileFailure("create", temporary) }
-        let written = contents.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd) == 0 ? 0 : Errno.current.rawValue
-        close(fd)
+        guard let fd = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)) else {
+            throw fileFailure("create", temporary)
+        }
+        let written = contents.withUnsafeBytes { write(fd.raw, $0.baseAddress, $0.count) }
+        let synced = fsync(fd.raw) == 0 ? 0 : Errno.current.rawValue
+        _ = fd.close()  // synced already: what close could report, fsync did
         guard written == contents.count, synced == 0 else {
             let failure = fileFailure(
                 "write", temporary, errno: written < 0 ? Errno.current.rawValue : synced == 0 ? EIO : synced)
@@ -116,10 +117,8 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// Makes a rename or creation of `path` durable: fsync of the directory holding it.
     static func syncParent(of path: String) {
         let parent = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        let fd = open(parent.isEmpty ? "/" : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if fd >= 0 {
-            fsync(fd)
-            close(fd)
+        if let fd = FileDescriptor(open(parent.isEmpty ? "/" : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+            fsync(fd.raw)
         }
     }
 
@@ -131,14 +130,12 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// A file in the device-secret file's format (``DeviceSecretFile``):
     /// the device secret, or the TPM lockout auth (``TPMLockoutHierarchy``).
     static func readSealedFile(at path: String) throws(KeychainError) -> DeviceSecretFile {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else {
+        guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else {
             Diagnostics.log("\(path) is missing")
             throw Errno.current.rawValue == ENOENT ? .decode : .io
         }
-        defer { close(fd) }
         let buffer = try SecureBytes(count: DeviceSecretFile.maximumSize + 1)
-        let count = read(fd, buffer.mutableBytes.baseAddress, DeviceSecretFile.maximumSize + 1)
+        let count = read(fd.raw, buffer.mutableBytes.baseAddress, DeviceSecretFile.maximumSize + 1)
         guard count > 0, count <= DeviceSecretFile.maximumSize else {
             Diagnostics.log("\(path) is damaged")
             throw .decode

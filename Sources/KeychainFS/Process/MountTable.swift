@@ -24,10 +24,8 @@ public enum MountTable {
     /// The types of the filesystems mounted at `path`, oldest first
     /// (`/proc/self/mountinfo`, proc(5)).
     static func fileSystemTypes(mountedAt path: String) -> [String] {
-        let fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return [] }
-        defer { close(fd) }
-        let table = String(decoding: (try? Descriptor.readAll(fd, limit: 16 << 20)) ?? [], as: UTF8.self)
+        guard let fd = FileDescriptor(open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)) else { return [] }
+        let table = String(decoding: (try? Descriptor.readAll(fd.raw, limit: 16 << 20)) ?? [], as: UTF8.self)
         return table.split(separator: "\n").compactMap { line -> String? in
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
             // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
