@@ -125,15 +125,16 @@ public final class DeviceProcess: Sendable {
         defer { keychain.manager.localDevice.shutDown() }
         let signals = Self.prepareProcess()
         // We hold the keychain's flock, so a socket file left there is stale.
-        let listener: Int32
+        var listening: FileDescriptor?
         do throws(Errno) {
-            listener = try UnixSocket.listen(at: socketPath)
+            listening = FileDescriptor(try UnixSocket.listen(at: socketPath))
         } catch {
             ready(MountError("cannot listen on \(socketPath): \(error)"))
             return 1
         }
+        let listener = listening.raw ?? -1
         defer {
-            close(listener)
+            listening = nil  // closed: the accepting thread sees it and ends
             unlink(socketPath)
         }
         headless.withLock { $0 = mountpoint == nil }
@@ -333,7 +334,7 @@ public final class DeviceProcess: Sendable {
         // One descriptor kept for the moment there is none left (the
         // accept(2) man page's advice on EMFILE): freed, it lets the loop
         // take the waiting peer instead of spinning on it.
-        var reserve = Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC)
+        var reserve = FileDescriptor(Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC))
         let watchdog = SystemdNotify.watchdogInterval()
         var lastPing = MonotonicClock.milliseconds(), lastShedLog: Int64 = 0
         while true {
@@ -369,7 +370,7 @@ public final class DeviceProcess: Sendable {
             } catch {
                 switch error.rawValue {
                 case EMFILE, ENFILE, ENOBUFS, ENOMEM:
-                    reserve = shedForRoom(listener, reserve: reserve, lastLog: &lastShedLog)
+                    shedForRoom(listener, reserve: &reserve, lastLog: &lastShedLog)
                 case EBADF, EINVAL, ENOTSOCK:
                     return  // the listener is closed: the device is stopping
                 default:
@@ -384,9 +385,9 @@ public final class DeviceProcess: Sendable {
     /// Out of descriptors: idle connections (accepted, their request not
     /// come) are shut down to make room, and the reserve's place takes the
     /// waiting peer; with none to shed, that peer is told to try again.
-    /// Returns the new reserve (-1 until a descriptor is free again).
-    private func shedForRoom(_ listener: Int32, reserve: Int32, lastLog: inout Int64) -> Int32 {
-        if reserve >= 0 { close(reserve) }
+    /// Takes `reserve` anew (nil until a descriptor is free again).
+    private func shedForRoom(_ listener: Int32, reserve: inout FileDescriptor?, lastLog: inout Int64) {
+        reserve = nil  // closed: its place takes the waiting peer
         let shed = connections.shedIdle(olderThan: 100)
         let now = MonotonicClock.milliseconds()
         if now - lastLog >= 10_000 {
@@ -402,7 +403,7 @@ public final class DeviceProcess: Sendable {
         }
         // Nothing freed: wait a little rather than spin on the backlog.
         if shed == 0 { usleep(50_000) }
-        return Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC)
+        reserve = FileDescriptor(Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC))
     }
 
     private func serveOnItsOwnThread(_ client: Int32) {
@@ -438,9 +439,11 @@ public final class DeviceProcess: Sendable {
         }
     }
 
+    /// Answers `client` (ours: accepted and never served) and closes it.
     private func refuse(_ client: Int32, _ reply: DeviceReply) {
+        let connection = FileDescriptor(client)
         if let frame = try? reply.frame() { _ = DeviceProtocol.send(frame, to: client) }
-        close(client)
+        _ = connection?.close()
     }
 
     /// The name of the threads that serve a socket connection (`/proc/PID/task/TID/comm`).
@@ -450,11 +453,12 @@ public final class DeviceProcess: Sendable {
     static let connectionDeadline: Int64 = 5
 
     private func serve(_ client: Int32, from credentials: PeerCredentials) {
+        let connection = FileDescriptor(client)  // this thread's from accept on
         var attachments = ReplyAttachments()
         let reply = answer(client, from: credentials, attachments: &attachments)
         connections.enter(.replying, client)
         if let frame = try? reply.frame(),
-            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor >= 0 ? attachments.descriptor : nil)
+            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor.raw)
         {
             // A watcher is a client: the device stays while it follows.
             if let events = attachments.events {
@@ -462,9 +466,9 @@ public final class DeviceProcess: Sendable {
                 events.run()
             }
         }
-        if attachments.descriptor >= 0 { close(attachments.descriptor) }
+        attachments.descriptor = nil
         connections.remove(client)
-        close(client)
+        _ = connection?.close()
         requestsInFlight.withLock { $0 -= 1 }
         Self.signal(mountEnded)
     }
@@ -484,17 +488,15 @@ public final class DeviceProcess: Sendable {
         let existing = keychain(of: credentials)
         let policedAtConnect = (try? existing.get())??.manager.localDevice.hasEntitlementPolicies ?? false
         let atConnect = policedAtConnect ? ProgramIdentities.ofPeer(client) : nil
-        var descriptor: Int32 = -1
-        guard let body = DeviceProtocol.receive(from: client, sentBy: credentials.pid, descriptor: &descriptor) else {
+        // Ours to close, unless `attach` takes it.
+        var passed: FileDescriptor?
+        guard let body = DeviceProtocol.receive(from: client, sentBy: credentials.pid, descriptor: &passed) else {
             return .systemError(
                 EINVAL,
                 "no whole request arrived within \(Self.connectionDeadline) s "
                     + "from the process that connected")
         }
         connections.enter(.answering, client)
-        // Ours to close, unless `attach` takes it.
-        var passed: Int32? = descriptor >= 0 ? descriptor : nil
-        defer { if let passed { close(passed) } }
         let request: DeviceRequest
         do {
             request = try body.withUnsafeBytes { (raw) throws(KeychainError) in try DeviceRequest(body: raw) }

@@ -59,12 +59,11 @@ final class ServedKeychain: Sendable {
     /// absolute path: the device mounts it itself, or, given `connection`,
     /// serves the `/dev/fuse` descriptor its user mounted there (and owns it).
     func mount(_ mountpoint: String, group: String?, connection: Int32? = nil) throws(MountError) {
-        if let connection, let problem = FuseConnection.problem(with: connection) {
-            close(connection)
-            throw MountError(problem)
-        }
+        // Ours (closed when the mount fails) until FuseMount takes it.
+        var owned: FileDescriptor? = nil
+        if let connection { owned = FileDescriptor(connection) }
+        if let connection, let problem = FuseConnection.problem(with: connection) { throw MountError(problem) }
         if let mountLimit = serviceLimits?.mountsPerUser, mounts.withLock({ $0.count }) >= mountLimit {
-            if let connection { close(connection) }
             throw MountError(
                 "you have \(mountLimit) mounts of this keychain already, the most the service allows: "
                     + "unmount one first")
@@ -82,15 +81,14 @@ final class ServedKeychain: Sendable {
                 self?.isGroupMounted(candidate) ?? false
             }
         } catch .itemNotFound {
-            if let connection { close(connection) }
             throw MountError(
                 "no access group \(group ?? "") in this keychain; create it with mkdir in a whole-keychain mount")
         } catch {
-            if let connection { close(connection) }
             throw MountError("cannot mount group \(group ?? ""): \(error)")
         }
         let ended = mountEnded
-        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint, connection: connection) {
+        let handed = owned.take()?.release()  // FuseMount owns it from here, on failure too
+        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint, connection: handed) {
             [weak self] finished in
             _ = self?.mounts.withLock { mounts in
                 // A later mount at the same place (after a dead one) is not this one.
@@ -141,7 +139,7 @@ final class ServedKeychain: Sendable {
     /// the reply, or the events that follow it, go to `attachments`.
     func answer(
         _ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
-        passed: inout Int32?, attachments: inout ReplyAttachments
+        passed: inout FileDescriptor?, attachments: inout ReplyAttachments
     ) -> DeviceReply {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
         switch request {
@@ -169,13 +167,13 @@ final class ServedKeychain: Sendable {
             // The service's account opens no path on a user's word: it could
             // hash, or tell the existence of, what only it can read (issue 29).
             return manager.localDevice.answer(
-                policyRequest: policy, by: subject(), executable: passed,
+                policyRequest: policy, by: subject(), executable: passed.raw,
                 opensPaths: serviceLimits == nil
             ).reply
         case .mount(let mountRequest):
             return answer(mountRequest, passed: &passed)
         case .file(let file):
-            return answer(file, client: client, passed: passed, attachments: &attachments)
+            return answer(file, client: client, passed: passed.raw, attachments: &attachments)
         case .process(let process):
             return answer(process, client: client, attachments: &attachments)
         }
@@ -213,15 +211,16 @@ final class ServedKeychain: Sendable {
     }
 
     /// Mounts: made by the device, or (`attach`) made by its user and passed.
-    private func answer(_ request: MountRequest, passed: inout Int32?) -> DeviceReply {
+    private func answer(_ request: MountRequest, passed: inout FileDescriptor?) -> DeviceReply {
         switch request {
         case .mount(let group, let mountpoint), .attach(let group, let mountpoint):
-            if case .attach = request, passed == nil {
+            if case .attach = request, passed.raw == nil {
                 return .systemError(EINVAL, "no FUSE connection came with the request")
             }
-            defer { passed = nil }
+            // The mount owns it from here, and closes it if it fails.
+            let connection = passed.take()?.release()
             do {
-                try mount(mountpoint, group: group, connection: passed)
+                try mount(mountpoint, group: group, connection: connection)
                 return Done().reply
             } catch {
                 return .systemError(EINVAL, error.description)
@@ -275,13 +274,15 @@ final class ServedKeychain: Sendable {
             }
         case .auditLog(let rotated):
             let name = rotated ? AuditLog.rotatedName : AuditLog.fileName
-            let fd = open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-            guard fd >= 0 else {
+            guard
+                let fd = FileDescriptor(
+                    open(manager.localDevice.directory.path + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW))
+            else {
                 return Errno.current.rawValue == ENOENT
                     ? AuditLogFile.absent.reply
                     : .systemError(Errno.current.rawValue, "cannot open the audit log: \(Errno.current.description)")
             }
-            attachments.descriptor = fd
+            attachments.descriptor = .some(consume fd)
             return AuditLogFile.attached.reply
         case .verifyLog:
             do {

@@ -58,7 +58,7 @@ final class ServiceKeychains: Sendable {
     func answer(
         _ request: DeviceRequest, from credentials: PeerCredentials, existing: Result<ServedKeychain?, MountError>,
         client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
-        passed: inout Int32?, attachments: inout ReplyAttachments
+        passed: inout FileDescriptor?, attachments: inout ReplyAttachments
     ) -> DeviceReply {
         switch request {
         case .process(.create(let passcode)):

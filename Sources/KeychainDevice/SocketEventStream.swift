@@ -16,7 +16,7 @@ import Glibc
 /// `overflow` line, as a mount's `.events` reader does, and holds up nothing.
 final class SocketEventStream: Sendable {
     private let client: Int32
-    private let wake: Int32
+    private let wake: FileDescriptor
     private let device: Device
     /// Who asked: the item changes of a group with an entitlement policy
     /// reach only programs it admits, as through `.events`.
@@ -26,8 +26,7 @@ final class SocketEventStream: Sendable {
 
     /// Starts listening now (the `ok` reply follows), with the state line first.
     init?(client: Int32, device: Device, reader: ProgramIdentity?) {
-        let wake = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
-        guard wake >= 0 else { return nil }
+        guard let wake = FileDescriptor(eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))) else { return nil }
         self.client = client
         self.wake = wake
         self.device = device
@@ -45,12 +44,11 @@ final class SocketEventStream: Sendable {
         if let group, (try? device.checkEntitlement(group, program: { reader })) == nil { return }
         guard queue.withLock({ $0.append(Array(text.utf8)) }) else { return }
         var one: UInt64 = 1
-        _ = write(wake, &one, 8)
+        _ = write(wake.raw, &one, 8)
     }
 
     deinit {
         if let token = observer.withLock({ $0 }) { device.removeObserver(token) }
-        close(wake)
     }
 
     /// Writes the lines as they come; returns when the client has closed
@@ -61,14 +59,14 @@ final class SocketEventStream: Sendable {
             if pending.isEmpty { pending = queue.withLock { $0.take(upTo: 64 << 10) } }
             let clientEvents = CLinux_POLLRDHUP | Int16(POLLIN) | (pending.isEmpty ? 0 : Int16(POLLOUT))
             var fds = [
-                pollfd(fd: wake, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: wake.raw, events: Int16(POLLIN), revents: 0),
                 pollfd(fd: client, events: clientEvents, revents: 0)
             ]
             guard (try? valueOrErrno({ poll(&fds, 2, -1) })) != nil else { return }
             if fds[1].revents & (CLinux_POLLRDHUP | Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { return }
             if fds[0].revents != 0 {
                 var count: UInt64 = 0
-                _ = read(wake, &count, 8)
+                _ = read(wake.raw, &count, 8)
             }
             if fds[1].revents & Int16(POLLOUT) != 0 && !pending.isEmpty {
                 let sent = pending.withUnsafeBytes {
@@ -85,9 +83,9 @@ final class SocketEventStream: Sendable {
 }
 
 /// What goes back with a reply besides its frame.
-struct ReplyAttachments {
-    /// A descriptor passed with the reply (-1: none); closed after sending.
-    var descriptor: Int32 = -1
+struct ReplyAttachments: ~Copyable {
+    /// A descriptor passed with the reply (nil: none); closed with the attachments, after sending.
+    var descriptor: FileDescriptor? = nil
     /// Events that follow the reply on the same connection (`watch`).
     var events: SocketEventStream?
 }

@@ -17,25 +17,24 @@ public enum UserMount {
     public static func mount(at mountpoint: String) throws(MountError) -> Int32 {
         if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
         var ends: [Int32] = [0, 0]
-        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0 else {
-            throw MountError("cannot create a socket pair: \(Errno.current.description)")
-        }
-        defer { close(ends[0]) }
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0,
+            let ours = FileDescriptor(ends[0]), let theirs = FileDescriptor(ends[1])
+        else { throw MountError("cannot create a socket pair: \(Errno.current.description)") }
         var options = Spawn.Options()
-        options.descriptors = [(3, ends[1])]
+        options.descriptors = [(3, theirs.raw)]
         options.environment = ["_FUSE_COMMFD=3", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
         let child = Spawn.start(
             [MountTable.fusermount, "-o", "fsname=keychainfs,subtype=keychainfs", "--", mountpoint],
             options: options)
-        close(ends[1])
+        _ = theirs.close()  // fusermount3's copy alone
         guard let child else { throw MountError("cannot run \(MountTable.fusermount) (is fuse3 installed?)") }
-        var byte: UInt8 = 0, sender: Int32 = 0, connection: Int32 = -1
-        _ = try? valueOrErrno { CLinux_receive_with_sender(ends[0], &byte, 1, &sender, &connection) }
+        var byte: UInt8 = 0, sender: Int32 = 0, received: Int32 = -1
+        _ = try? valueOrErrno { CLinux_receive_with_sender(ours.raw, &byte, 1, &sender, &received) }
+        let connection = FileDescriptor(received)
         let status = Spawn.wait(child)
-        guard status == 0, connection >= 0 else {
-            if connection >= 0 { close(connection) }
+        guard status == 0, let connection else {
             throw MountError("fusermount3 could not mount at \(mountpoint) (exit status \(status))")
         }
-        return connection
+        return connection.release()
     }
 }

@@ -11,7 +11,7 @@ import Glibc
 /// happens on that thread; other threads hand it work (``perform(_:)``).
 final class BusConnection: @unchecked Sendable {
     private let bus: OpaquePointer
-    private let wake: Int32
+    private let wake: FileDescriptor
     private let queued = Mutex<[@Sendable () -> Void]>([])
     private let stopping = Atomic<Bool>(false)
     /// False once the loop has ended: stopped, or the bus went away.
@@ -49,8 +49,7 @@ final class BusConnection: @unchecked Sendable {
                 "cannot connect to \(address.map { "the bus at " + $0 } ?? "the session bus"): "
                     + String(cString: strerror(-result)))
         }
-        let wake = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
-        guard wake >= 0 else {
+        guard let wake = FileDescriptor(eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))) else {
             _ = CSystemd_sd_bus_flush_close_unref(bus)
             throw .failed("no eventfd: \(Errno.current.description)")
         }
@@ -73,7 +72,6 @@ final class BusConnection: @unchecked Sendable {
     deinit {
         for slot in slots { _ = CSystemd_sd_bus_slot_unref(slot) }
         _ = CSystemd_sd_bus_flush_close_unref(bus)
-        close(wake)
     }
 
     /// Owns `name` on the bus; with `replace`, takes it from the current
@@ -174,7 +172,7 @@ final class BusConnection: @unchecked Sendable {
 
     private func signalWake() {
         var one: UInt64 = 1
-        _ = write(wake, &one, 8)
+        _ = write(wake.raw, &one, 8)
     }
 
     private func loop() {
@@ -194,12 +192,12 @@ final class BusConnection: @unchecked Sendable {
             let milliseconds: Int32 = timeout == UInt64.max ? -1 : Int32(clamping: timeout / 1000)
             var fds = [
                 pollfd(fd: fd, events: Int16(truncatingIfNeeded: CSystemd_sd_bus_get_events(bus)), revents: 0),
-                pollfd(fd: wake, events: Int16(POLLIN), revents: 0)
+                pollfd(fd: wake.raw, events: Int16(POLLIN), revents: 0)
             ]
             if poll(&fds, 2, milliseconds) < 0 && Errno.current.rawValue != EINTR { return }
             if fds[1].revents != 0 {
                 var count: UInt64 = 0
-                _ = read(wake, &count, 8)
+                _ = read(wake.raw, &count, 8)
             }
         }
         _ = CSystemd_sd_bus_flush(bus)

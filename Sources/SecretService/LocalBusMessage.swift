@@ -19,20 +19,18 @@ final class LocalBusMessage {
     /// libsystemd is missing or refuses.
     init?(member: String = "Test", _ build: (BusMessageWriter) throws(BusError) -> Void) throws(BusError) {
         var ends: [Int32] = [0, 0]
-        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0 else {
-            return nil
-        }
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0,
+            let ours = FileDescriptor(ends[0]), let other = FileDescriptor(ends[1])
+        else { return nil }
         // The handshake's first bytes go to the other end while the bus starts.
-        defer { close(ends[1]) }
+        defer { extendLifetime(other) }
         var bus: OpaquePointer?
-        guard CSystemd_sd_bus_new(&bus) >= 0, let bus else {
-            close(ends[0])
-            return nil
-        }
+        guard CSystemd_sd_bus_new(&bus) >= 0, let bus else { return nil }
         // The message holds the bus (and the bus its end of the pair) from here.
         defer { _ = CSystemd_sd_bus_unref(bus) }
+        let end = ours.release()
         var made: OpaquePointer?
-        guard CSystemd_sd_bus_set_fd(bus, ends[0], ends[0]) >= 0, CSystemd_sd_bus_start(bus) >= 0,
+        guard CSystemd_sd_bus_set_fd(bus, end, end) >= 0, CSystemd_sd_bus_start(bus) >= 0,
             CSystemd_sd_bus_message_new_method_call(
                 bus, &made, "org.freedesktop.secrets", "/org/freedesktop/secrets",
                 "org.freedesktop.Secret.Service", member) >= 0,

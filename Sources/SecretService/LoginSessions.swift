@@ -51,7 +51,7 @@ public final class LoginSessions: @unchecked Sendable {
     /// The followed sessions' object paths and their users, as last read (bus thread only).
     private var sessions: [String: UInt32] = [:]
     /// The delay inhibitor held until the next sleep (bus thread only).
-    private var inhibitor: Int32 = -1
+    private var inhibitor: FileDescriptor? = nil
 
     /// The system bus: `$DBUS_SYSTEM_BUS_ADDRESS`, else the standard socket (dbus's own default).
     public static var systemBusAddress: String {
@@ -106,7 +106,6 @@ public final class LoginSessions: @unchecked Sendable {
 
     deinit {
         bus.stop()
-        if inhibitor >= 0 { close(inhibitor) }
     }
 
     /// The user of `path` when it is a followed session: the sessions read
@@ -169,7 +168,7 @@ public final class LoginSessions: @unchecked Sendable {
     /// A delay inhibitor of sleep: logind waits (up to its InhibitDelayMaxSec)
     /// until it is closed, which the device does once it has locked.
     private func takeInhibitor() {
-        guard inhibitor < 0,
+        guard inhibitor.raw == nil,
             let reply = try? bus.call(
                 Self.name, Self.managerPath, Self.managerInterface, "Inhibit",
                 { (call) throws(BusError) in
@@ -180,11 +179,10 @@ public final class LoginSessions: @unchecked Sendable {
                 }),
             let fd = try? reply.arguments.unixFD()
         else { return }
-        inhibitor = fcntl(fd, F_DUPFD_CLOEXEC, 3)
+        inhibitor = FileDescriptor(fcntl(fd, F_DUPFD_CLOEXEC, 3))
     }
 
     private func releaseInhibitor() {
-        if inhibitor >= 0 { close(inhibitor) }
-        inhibitor = -1
+        inhibitor = nil  // closed: logind lets the machine sleep
     }
 }

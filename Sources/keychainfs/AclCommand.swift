@@ -81,9 +81,8 @@ struct AclCommand: ParsableCommand {
             resolved = String(cString: canonical)
             free(canonical)
         }
-        let file = removing ? -1 : open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-        defer { if file >= 0 { close(file) } }
-        let passed = file >= 0 ? file : nil
+        let file = removing ? nil : FileDescriptor(open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY))
+        let passed = file.raw
         if removing {
             let count = try policyAnswer(
                 .disallow(group: item.group, identifier: item.identifier, executable: resolved, passcode: passcode),

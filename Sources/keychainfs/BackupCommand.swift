@@ -46,10 +46,11 @@ struct BackupCommand: ParsableCommand {
             } catch {
                 throw fail("cannot create \(path).partial: \(Errno.current.description)")
             }
+            let written = FileDescriptor(partial.fd)  // the device writes into it; closed after its answer
             let outcome = try device.outcome(
                 .backup(path: path, password: password, policedGroups: policedGroups, passcode: passcode),
                 passing: partial.fd)
-            close(partial.fd)
+            _ = written?.close()
             if case .success? = outcome {
                 do {
                     try BackupFile.moveIntoPlace(partial.path, path)

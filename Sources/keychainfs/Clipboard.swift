@@ -37,19 +37,21 @@ struct Clipboard {
     /// fork to serve the selection) with its streams on /dev/null, so that it
     /// holds no pipe of whoever ran us.
     func copy(_ value: UnsafeRawBufferPointer) -> Bool {
-        guard let (child, input) = startWithPipe(copyCommand, on: 0) else { return false }
-        let written = (try? Descriptor.writeAll(input, value)) != nil
-        close(input)
+        guard let piped = startWithPipe(copyCommand, on: 0) else { return false }
+        let written = (try? Descriptor.writeAll(piped.end.raw, value)) != nil
+        let child = piped.pid
+        _ = piped.end.close()  // the tool reads to the end before it serves the selection
         return Spawn.wait(child) == 0 && written
     }
 
     /// What the clipboard holds now (at most 1 MiB), in secret memory; nil if it cannot be read.
     func paste() -> SecureBytes? {
-        guard let (child, output) = startWithPipe(pasteCommand, on: 1) else { return nil }
-        let pasted = try? readSecret(from: output)
+        guard let piped = startWithPipe(pasteCommand, on: 1) else { return nil }
+        let pasted = try? readSecret(from: piped.end.raw)
+        let child = piped.pid
         // Closed before the wait: a tool with more than 1 MiB left to write
         // gets EPIPE and ends, rather than blocking on a pipe nobody reads.
-        close(output)
+        _ = piped.end.close()
         return Spawn.wait(child) == 0 ? pasted : nil
     }
 
@@ -62,13 +64,12 @@ struct Clipboard {
         }
         // The clearer compares what the clipboard holds with the value it gets on
         // this pipe; in a session of its own, a closing terminal does not end it.
-        let clearer = startWithPipe(
+        var handed = false
+        if let clearer = startWithPipe(
             [selfExecutable(), "clipboard-clear", "--after", String(Self.clearSeconds)], on: 0, newSession: true)
-        let handed =
-            clearer.map { _, input in
-                defer { close(input) }
-                return value.withUnsafeBytes { (try? Descriptor.writeAll(input, $0)) != nil }
-            } ?? false
+        {
+            handed = value.withUnsafeBytes { (try? Descriptor.writeAll(clearer.end.raw, $0)) != nil }
+        }
         guard handed else {
             throw fail("copied \(what), but could not start the clearer: clear the clipboard yourself")
         }
@@ -82,21 +83,30 @@ struct Clipboard {
 func startWithPipe(
     _ command: [String], on childFD: Int32, newSession: Bool = false,
     keepingStandardError: Bool = false
-) -> (pid: pid_t, end: Int32)? {
+) -> PipedChild? {
     var ends: [Int32] = [0, 0]
-    guard pipe(&ends) == 0 else { return nil }
-    let (theirs, ours) = childFD == 0 ? (ends[0], ends[1]) : (ends[1], ends[0])
+    guard pipe(&ends) == 0, let reading = FileDescriptor(ends[0]), let writing = FileDescriptor(ends[1]) else {
+        return nil
+    }
     var options = Spawn.Options()
     options.nullStandardStreams = true
     options.newSession = newSession
-    options.descriptors = [(childFD, theirs)] + (keepingStandardError ? [(2, 2)] : [])
-    let child = Spawn.start(command, options: options)
-    close(theirs)
-    guard let child else {
-        close(ours)
-        return nil
+    options.descriptors = [(childFD, childFD == 0 ? reading.raw : writing.raw)] + (keepingStandardError ? [(2, 2)] : [])
+    guard let child = Spawn.start(command, options: options) else { return nil }
+    // The child's end is closed here (it has its copy), ours handed back.
+    if childFD == 0 {
+        _ = reading.close()
+        return PipedChild(pid: child, end: writing)
     }
-    return (child, ours)
+    _ = writing.close()
+    return PipedChild(pid: child, end: reading)
+}
+
+/// A child started by ``startWithPipe(_:on:newSession:keepingStandardError:)``
+/// and our end of its pipe (closed with this value).
+struct PipedChild: ~Copyable {
+    let pid: pid_t
+    let end: FileDescriptor
 }
 
 /// `keychainfs clipboard-clear --after N`, started by `--clip`: reads the

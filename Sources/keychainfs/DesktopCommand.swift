@@ -189,9 +189,9 @@ struct DesktopFiles {
     private static func reloadUserManager() {
         guard access("/usr/bin/systemctl", X_OK) == 0, getenv("XDG_RUNTIME_DIR") != nil else { return }
         var options = Spawn.Options()
-        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
-        if null >= 0 { options.descriptors = [(1, null), (2, null)] }
+        let null = FileDescriptor(open("/dev/null", O_RDWR | O_CLOEXEC))
+        if let raw = null.raw { options.descriptors = [(1, raw), (2, raw)] }
         _ = Spawn.run(["/usr/bin/systemctl", "--user", "daemon-reload"], options: options)
-        if null >= 0 { close(null) }
+        extendLifetime(null)
     }
 }

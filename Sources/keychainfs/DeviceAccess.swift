@@ -237,8 +237,10 @@ final class RunningDevice {
     }
 
     /// The answer of a device that listens now (none is started), and the
-    /// descriptor it passed back with it (-1: none; the caller owns it).
-    func outcome<Result>(_ call: DeviceCall<Result>, receiving descriptor: inout Int32) -> DeviceOutcome<Result>? {
+    /// descriptor it passed back with it (nil: none).
+    func outcome<Result>(_ call: DeviceCall<Result>, receiving descriptor: inout FileDescriptor?)
+        -> DeviceOutcome<Result>?
+    {
         DeviceClient.exchange(call, with: socketPath, receiving: &descriptor)
     }
 
@@ -367,19 +369,20 @@ enum DeviceLauncher {
     /// it is ready, else why not.
     static func detach(_ arguments: [String], errors: Int32) -> (pid: pid_t?, problem: String?) {
         var pipeEnds: [Int32] = [0, 0]
-        guard pipe(&pipeEnds) == 0 else { return (nil, "cannot create a pipe") }
+        guard pipe(&pipeEnds) == 0, let reading = FileDescriptor(pipeEnds[0]),
+            let writing = FileDescriptor(pipeEnds[1])
+        else { return (nil, "cannot create a pipe") }
         // Only the child's dup2'd copy (fd 3) may stay open in it.
         for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         var spawnOptions = Spawn.Options()
-        spawnOptions.descriptors = [(3, pipeEnds[1])]
+        spawnOptions.descriptors = [(3, writing.raw)]
         if errors >= 0 { spawnOptions.descriptors.append((2, errors)) }
         spawnOptions.nullStandardStreams = true
         spawnOptions.newSession = true
         let child = Spawn.start([selfExecutable()] + arguments + ["--ready-fd", "3"], options: spawnOptions)
-        close(pipeEnds[1])
-        defer { close(pipeEnds[0]) }
+        _ = writing.close()  // the child's copy alone: its exit ends our read
         guard let child else { return (nil, "cannot start the device process") }
-        let answer = String(decoding: readLine(pipeEnds[0]), as: UTF8.self)
+        let answer = String(decoding: readLine(reading.raw), as: UTF8.self)
         if answer.hasPrefix("ok") { return (child, nil) }
         // It exited, or is about to: reaped here, not left a zombie.
         _ = Spawn.wait(child)

@@ -86,9 +86,8 @@ struct GenerateCommand: ParsableCommand {
     /// The word list's text (a word list is no secret: an ordinary read).
     private func readWordList() throws -> String {
         let limit = 64 << 20
-        let fd = open(wordlist, O_RDONLY | O_CLOEXEC)
-        defer { if fd >= 0 { close(fd) } }
-        guard fd >= 0, let bytes = try? Descriptor.readAll(fd, limit: limit), bytes.count < limit,
+        guard let fd = FileDescriptor(open(wordlist, O_RDONLY | O_CLOEXEC)),
+            let bytes = try? Descriptor.readAll(fd.raw, limit: limit), bytes.count < limit,
             let text = String(validating: bytes, as: UTF8.self)
         else {
             throw fail("cannot read the word list \(wordlist) (install wamerican, or give --wordlist)")

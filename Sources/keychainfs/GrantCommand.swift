@@ -50,13 +50,12 @@ struct GrantCommand: ParsableCommand {
             resolved = String(cString: canonical)
             free(canonical)
         }
-        let file = open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-        defer { if file >= 0 { close(file) } }
+        let file = FileDescriptor(open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY))
         let pinned = try policyAnswer(
             .grant(
                 group: group, executable: resolved, unit: program.unit, uid: program.uid,
                 passcode: passcode, allowJIT: allowJIT),
-            keychain: options.place, passing: file >= 0 ? file : nil)
+            keychain: options.place, passing: file.raw)
         print(
             "granted \(group) to \(shown(pinned.executable)) (sha256 \(pinned.digestHex))"
                 + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")

@@ -170,13 +170,13 @@ enum PassStore {
     /// memory; gpg's own messages and pinentry go to the terminal as usual.
     static func decrypt(_ file: String, with gpg: String) -> Result<SecureBytes, DecryptionProblem> {
         guard
-            let (child, output) = startWithPipe(
-                [gpg, "--quiet", "--yes", "--decrypt", file], on: 1, keepingStandardError: true)
+            let piped = startWithPipe([gpg, "--quiet", "--yes", "--decrypt", file], on: 1, keepingStandardError: true)
         else {
             return .failure(DecryptionProblem("gpg could not be started"))
         }
-        let decrypted = Result { () throws(SecretInputError) in try readSecret(from: output) }
-        close(output)
+        let decrypted = Result { () throws(SecretInputError) in try readSecret(from: piped.end.raw) }
+        let child = piped.pid
+        _ = piped.end.close()
         let status = Spawn.wait(child)
         guard status == 0 else { return .failure(DecryptionProblem("gpg could not decrypt it (status \(status))")) }
         switch decrypted {

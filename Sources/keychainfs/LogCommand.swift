@@ -75,7 +75,7 @@ struct LogCommand: ParsableCommand {
         }
     }
 
-    private func show(_ follower: LogFollower) throws {
+    private func show(_ follower: consuming LogFollower) throws {
         var follower = follower
         for file in [AuditLog.rotatedName, AuditLog.fileName] {
             let lines = follower.readAll(file, keepingPosition: file == AuditLog.fileName)
@@ -122,32 +122,30 @@ struct LogCommand: ParsableCommand {
 /// service's keychain (whose directory this user cannot read), on the
 /// descriptors the service passes, checked once a second as `tail -f` does
 /// where it cannot watch.
-private struct LogFollower {
+private struct LogFollower: ~Copyable {
     enum Source {
         case directory(String)
         case service(RunningDevice)
     }
 
     let source: Source
-    private var fd: Int32 = -1
+    /// The file followed (nil: none yet), and the inotify instance (nil: none).
+    private var fd: FileDescriptor? = nil
     private var inode: ino_t = 0
     private var pending: [UInt8] = []
-    private var watch: Int32 = -1
+    private var watch: FileDescriptor? = nil
 
     init(source: Source) { self.source = source }
 
-    /// A log file, open for reading; -1 when there is none.
-    private func open(_ file: String) -> Int32 {
+    /// A log file, open for reading; nil when there is none.
+    private func open(_ file: String) -> FileDescriptor? {
         switch source {
         case .directory(let directory):
-            return Glibc.open(directory + "/" + file, O_RDONLY | O_CLOEXEC)
+            return FileDescriptor(Glibc.open(directory + "/" + file, O_RDONLY | O_CLOEXEC))
         case .service(let service):
-            var received: Int32 = -1
+            var received: FileDescriptor?  // ours, whatever the answer
             let outcome = service.outcome(.auditLog(rotated: file == AuditLog.rotatedName), receiving: &received)
-            guard case .success(.attached)? = outcome, received >= 0 else {
-                if received >= 0 { close(received) }
-                return -1
-            }
+            guard case .success(.attached)? = outcome else { return nil }
             return received
         }
     }
@@ -162,41 +160,36 @@ private struct LogFollower {
     mutating func readAll(_ file: String, keepingPosition: Bool) -> [String] {
         if keepingPosition, case .directory(let directory) = source {
             // Watch before reading, so that nothing appended in between is missed.
-            watch = inotify_init1(Int32(IN_CLOEXEC))
-            _ = inotify_add_watch(watch, directory, UInt32(IN_MODIFY | IN_CREATE | IN_MOVED_TO))
+            watch = FileDescriptor(inotify_init1(Int32(IN_CLOEXEC)))
+            _ = inotify_add_watch(watch.raw ?? -1, directory, UInt32(IN_MODIFY | IN_CREATE | IN_MOVED_TO))
         }
-        let descriptor = open(file)
-        guard descriptor >= 0 else { return [] }
+        guard let descriptor = open(file) else { return [] }
         pending = []
-        let lines = readAvailable(descriptor)
+        let lines = readAvailable(descriptor.raw)
         if keepingPosition {
-            fd = descriptor
-            inode = Self.inode(of: descriptor) ?? 0
-        } else {
-            close(descriptor)
+            inode = Self.inode(of: descriptor.raw) ?? 0
+            fd = .some(consume descriptor)
         }
         return lines
     }
 
     /// Blocks until the log grows (or rotates); returns the new complete lines.
     mutating func waitForMore() -> [String] {
-        if watch >= 0 {
+        if let watching = watch.raw {
             var events = [UInt8](repeating: 0, count: 4096)
-            _ = read(watch, &events, events.count)
+            _ = read(watching, &events, events.count)
         } else {
             sleep(1)
         }
-        var lines = fd >= 0 ? readAvailable(fd) : []
+        var lines: [String] = []
+        if let following = fd.raw { lines = readAvailable(following) }
         let current = open(AuditLog.fileName)
-        if let now = Self.inode(of: current), now != inode {
-            // Rotated: the old file is complete; continue with the new one from its start.
-            if fd >= 0 { close(fd) }
+        if let now = Self.inode(of: current.raw ?? -1), now != inode {
+            // Rotated: the old file is complete (closed here); continue with the new one from its start.
             fd = current
             inode = now
             pending = []
-            lines += readAvailable(fd)
-        } else if current >= 0 {
-            close(current)
+            if let following = fd.raw { lines += readAvailable(following) }
         }
         return lines
     }

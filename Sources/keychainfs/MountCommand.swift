@@ -83,15 +83,17 @@ struct MountCommand: ParsableCommand {
             )
         }
         try place.requireExisting()
-        let connection: Int32
+        let raw: Int32
         do {
-            connection = try UserMount.mount(at: mountpoint)
+            raw = try UserMount.mount(at: mountpoint)
         } catch {
             throw reportFailure(error.description)
         }
+        // Ours until the device has answered (it keeps a copy of its own).
+        let connection = FileDescriptor(raw)
         let device = RunningDevice(listeningAt: try place.socketPath())
-        let outcome = try device.outcome(.attach(group: group, mountpoint: mountpoint), passing: connection)
-        close(connection)
+        let outcome = try device.outcome(.attach(group: group, mountpoint: mountpoint), passing: raw)
+        _ = connection?.close()
         guard case .success? = outcome else {
             // The service did not take the connection: the mount would hang every user of it.
             _ = MountTable.unmount(mountpoint, lazy: true)
@@ -172,8 +174,9 @@ struct ReadyReport {
         SystemdNotify.send("READY=1")
         guard let fd else { return }
         _ = writeLine(fd, "ok")
-        // The parent waits for this line: let it go at once.
-        close(fd)
+        // The parent waits for this line: let it go at once (the descriptor
+        // it passed is ours, and read no more).
+        _ = FileDescriptor(fd)?.close()
     }
 
     func failure(_ message: String) -> ExitCode {

@@ -17,10 +17,10 @@ enum TextFile {
     static func write(_ text: String, to path: String) throws {
         try makeDirectories(String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)]))
         let temporary = path + ".keychainfs-new"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
-        guard fd >= 0 else { throw fail("cannot write \(path): \(Errno.current)") }
-        let written = (try? Descriptor.writeAll(fd, Array(text.utf8))) != nil && fsync(fd) == 0
-        close(fd)
+        guard let fd = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644))
+        else { throw fail("cannot write \(path): \(Errno.current)") }
+        let written = (try? Descriptor.writeAll(fd.raw, Array(text.utf8))) != nil && fsync(fd.raw) == 0
+        _ = fd.close()  // synced already
         guard written, rename(temporary, path) == 0 else {
             unlink(temporary)
             throw fail("cannot write \(path): \(Errno.current)")

@@ -51,8 +51,6 @@ struct UnmountCommand: ParsableCommand {
 /// The device holds an flock on the keychain's lock file until it exits;
 /// taking it ourselves waits exactly that long.
 func waitForDeviceExit(_ keychain: KeychainDirectory) {
-    let fd = open(keychain.lockFilePath, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return }
-    _ = try? nothingOrErrno { flock(fd, LOCK_EX) }
-    close(fd)
+    guard let fd = FileDescriptor(open(keychain.lockFilePath, O_RDONLY | O_CLOEXEC)) else { return }
+    _ = try? nothingOrErrno { flock(fd.raw, LOCK_EX) }
 }

@@ -27,10 +27,11 @@ struct WatchCommand: ParsableCommand {
     func run() throws {
         guard let mount = target.mount else {
             let device = try target.device()
-            guard let (outcome, connection) = try device.follow(.watch) else { throw DeviceAccess.noAnswer() }
-            defer { close(connection) }
+            guard let (outcome, raw) = try device.follow(.watch), let connection = FileDescriptor(raw) else {
+                throw DeviceAccess.noAnswer()
+            }
             try device.answer(outcome, about: .action("cannot watch"))
-            try copyToOutput(connection, ended: "the device went away")
+            try copyToOutput(connection.raw, ended: "the device went away")
             return
         }
         guard let fd = FileDescriptor(open(mount.path + "/.events", O_RDONLY | O_CLOEXEC)) else {

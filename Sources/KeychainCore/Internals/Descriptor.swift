@@ -61,11 +61,11 @@ package enum Descriptor {
 /// ends (a scope, a class's deinit) or it is consumed. Not copyable, so
 /// no copy of it can be closed twice or outlive the close (a descriptor
 /// number closed twice may by then be another thread's file).
-package struct FileDescriptor: ~Copyable {
-    package let raw: Int32
+public struct FileDescriptor: ~Copyable, Sendable {
+    public let raw: Int32
 
     /// Takes ownership of `raw`; nil for a failed call's -1 (errno is left as the call set it).
-    package init?(_ raw: Int32) {
+    public init?(_ raw: Int32) {
         guard raw >= 0 else { return nil }
         self.raw = raw
     }
@@ -78,7 +78,7 @@ package struct FileDescriptor: ~Copyable {
 
     /// Gives the descriptor up to another owner (a child's standard
     /// stream, a caller that keeps it as a raw number), unclosed.
-    package consuming func release() -> Int32 {
+    public consuming func release() -> Int32 {
         let raw = raw
         discard self
         return raw
@@ -86,7 +86,7 @@ package struct FileDescriptor: ~Copyable {
 
     /// A directory stream over it, which owns it from then on (closedir
     /// closes it); nil, and it closed, when fdopendir fails.
-    package consuming func directoryStream() -> OpaquePointer? {
+    public consuming func directoryStream() -> OpaquePointer? {
         let raw = release()
         guard let stream = fdopendir(raw) else {
             Glibc.close(raw)
@@ -97,8 +97,19 @@ package struct FileDescriptor: ~Copyable {
 
     /// Closes it now, saying whether close(2) succeeded (a file written
     /// through it, for one, must report a failed close).
-    package consuming func close() -> Bool {
+    public consuming func close() -> Bool {
         let result = Glibc.close(release())
         return result == 0
+    }
+}
+
+extension Optional where Wrapped == FileDescriptor {
+    /// The descriptor's number, borrowed (nil: none), for a call that
+    /// takes one when there is one.
+    public var raw: Int32? {
+        switch self {
+        case .some(let descriptor): descriptor.raw
+        case .none: nil
+        }
     }
 }

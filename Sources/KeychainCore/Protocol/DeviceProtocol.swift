@@ -118,16 +118,17 @@ extension DeviceProtocol {
     /// credentials): one that connected and let another process finish its
     /// request (a child after an `exec` of the parent) is refused.
     public static func receive(from fd: Int32, sentBy sender: Int32? = nil) -> SecureBytes? {
-        var passed: Int32 = -1
-        defer { if passed >= 0 { close(passed) } }
+        var passed: FileDescriptor?  // none is wanted: closed here if one came
         return receive(from: fd, sentBy: sender, descriptor: &passed)
     }
 
     /// ``receive(from:sentBy:)``, and in `descriptor` the one descriptor
-    /// passed with the frame (SCM_RIGHTS), -1 when none came; the caller
-    /// owns it. A frame that did not arrive whole leaves none open.
-    public static func receive(from fd: Int32, sentBy sender: Int32?, descriptor: inout Int32) -> SecureBytes? {
-        descriptor = -1
+    /// passed with the frame (SCM_RIGHTS), nil when none came. A frame that
+    /// did not arrive whole leaves none open.
+    public static func receive(from fd: Int32, sentBy sender: Int32?, descriptor: inout FileDescriptor?)
+        -> SecureBytes?
+    {
+        descriptor = nil
         var length = [UInt8](repeating: 0, count: 4)
         var body: SecureBytes?
         if length.withUnsafeMutableBytes({ readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor) }) {
@@ -138,16 +139,13 @@ extension DeviceProtocol {
                 body = buffer
             }
         }
-        if body == nil && descriptor >= 0 {
-            close(descriptor)
-            descriptor = -1
-        }
+        if body == nil { descriptor = nil }
         return body
     }
 
     private static func readExactly(
         _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?,
-        descriptor: inout Int32
+        descriptor: inout FileDescriptor?
     ) -> Bool {
         var offset = 0
         while offset < buffer.count {
@@ -156,10 +154,9 @@ extension DeviceProtocol {
             let count = try? valueOrErrno(retryOnInterrupt: true) {
                 CLinux_receive_with_sender(fd, rest.baseAddress, rest.count, &from, &passed)
             }
-            if passed >= 0 {
-                // One descriptor per frame: a second one is not ours to keep.
-                if descriptor >= 0 { close(passed) } else { descriptor = passed }
-            }
+            if let received = FileDescriptor(passed), descriptor.raw == nil {
+                descriptor = .some(consume received)
+            }  // else: one descriptor per frame, a second one is not ours to keep (closed)
             guard let count, count > 0 else { return false }
             if let sender, from != sender { return false }
             offset += count

@@ -23,8 +23,10 @@ package enum UnixSocket {
     }
 
     /// A stream socket that no child inherits.
-    private static func streamSocket() throws(Errno) -> Int32 {
-        try valueOrErrno { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+    private static func streamSocket() throws(Errno) -> FileDescriptor {
+        guard let fd = FileDescriptor(socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0))
+        else { throw Errno.current }
+        return fd
     }
 
     /// Calls `body` with `address` as the `sockaddr` that bind and connect take.
@@ -41,22 +43,18 @@ package enum UnixSocket {
     /// file there, that receives its peers' credentials with every message.
     package static func listen(at path: String, everyone: Bool = false) throws(Errno) -> Int32 {
         let address = try address(path)
-        let fd = try streamSocket()
+        let fd = try streamSocket()  // closed if anything below fails
         unlink(path)
         let previous = umask(everyone ? 0 : 0o077)
         defer { umask(previous) }
-        do throws(Errno) {
-            // Every accepted connection inherits SO_PASSCRED: the kernel
-            // names the sender of each message (DeviceProtocol.receive(from:sentBy:)).
-            var on: Int32 = 1
-            try nothingOrErrno { setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
-            try nothingOrErrno { withSocketAddress(address) { bind(fd, $0, $1) } }
-            try nothingOrErrno { Glibc.listen(fd, SOMAXCONN) }
-        } catch {
-            close(fd)
-            throw error
-        }
-        return fd
+        // Every accepted connection inherits SO_PASSCRED: the kernel
+        // names the sender of each message (DeviceProtocol.receive(from:sentBy:)).
+        var on: Int32 = 1
+        try nothingOrErrno { setsockopt(fd.raw, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
+        try nothingOrErrno { withSocketAddress(address) { bind(fd.raw, $0, $1) } }
+        try nothingOrErrno { Glibc.listen(fd.raw, SOMAXCONN) }
+        // Shared with the thread that accepts on it: its owner closes it to stop that thread.
+        return fd.release()
     }
 
     /// The listening socket systemd passed (socket activation,
@@ -77,15 +75,10 @@ package enum UnixSocket {
     }
 
     /// A socket connected to `path`; ENOENT or ECONNREFUSED when nobody listens there.
-    package static func connect(to path: String) throws(Errno) -> Int32 {
+    package static func connect(to path: String) throws(Errno) -> FileDescriptor {
         let address = try address(path)
         let fd = try streamSocket()
-        do throws(Errno) {
-            try nothingOrErrno { withSocketAddress(address) { Glibc.connect(fd, $0, $1) } }
-        } catch {
-            close(fd)
-            throw error
-        }
+        try nothingOrErrno { withSocketAddress(address) { Glibc.connect(fd.raw, $0, $1) } }
         return fd
     }
 }
@@ -103,16 +96,15 @@ public enum DeviceClient {
     public static func send<Result>(_ call: DeviceCall<Result>, to socketPath: String, passing descriptor: Int32? = nil)
         -> DeviceOutcome<Result>?
     {
-        var received: Int32 = -1
-        defer { if received >= 0 { close(received) } }
+        var received: FileDescriptor?  // none is wanted: closed here if one came
         return exchange(call, with: socketPath, passing: descriptor, receiving: &received)
     }
 
     /// ``send(_:to:passing:)``, and in `received` the descriptor the device
-    /// passed back with its answer (-1: none); the caller owns it.
+    /// passed back with its answer (nil: none).
     public static func exchange<Result>(
         _ call: DeviceCall<Result>, with socketPath: String, passing descriptor: Int32? = nil,
-        receiving received: inout Int32
+        receiving received: inout FileDescriptor?
     ) -> DeviceOutcome<Result>? {
         var listening = false
         return exchange(
@@ -130,9 +122,8 @@ public enum DeviceClient {
     }
 
     public static func deliver<Result>(_ call: DeviceCall<Result>, to socketPath: String) -> Delivery<Result> {
-        var received: Int32 = -1
+        var received: FileDescriptor?  // none is wanted: closed here if one came
         var listening = false
-        defer { if received >= 0 { close(received) } }
         let reply = exchange(call.request, with: socketPath, passing: nil, receiving: &received, listening: &listening)
         return reply.map { .answered(call.outcome(of: $0)) } ?? (listening ? .unanswered : .notListening)
     }
@@ -144,26 +135,22 @@ public enum DeviceClient {
         outcome: DeviceOutcome<Result>, connection: Int32
     )? {
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
-        guard let frame = try? call.request.frame(), DeviceProtocol.send(frame, to: fd),
-            let body = DeviceProtocol.receive(from: fd),
+        guard let frame = try? call.request.frame(), DeviceProtocol.send(frame, to: fd.raw),
+            let body = DeviceProtocol.receive(from: fd.raw),
             let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
-        else {
-            close(fd)
-            return nil
-        }
-        return (call.outcome(of: reply), fd)
+        else { return nil }
+        return (call.outcome(of: reply), fd.release())
     }
 
     private static func exchange(
         _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
-        receiving received: inout Int32, listening: inout Bool
+        receiving received: inout FileDescriptor?, listening: inout Bool
     ) -> DeviceReply? {
-        received = -1
+        received = nil
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         listening = true
-        defer { close(fd) }
-        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd, passing: descriptor),
-            let body = DeviceProtocol.receive(from: fd, sentBy: nil, descriptor: &received)
+        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd.raw, passing: descriptor),
+            let body = DeviceProtocol.receive(from: fd.raw, sentBy: nil, descriptor: &received)
         else { return nil }
         return body.withUnsafeBytes { try? DeviceReply(body: $0) }
     }

@@ -34,13 +34,13 @@ package enum FuseConnection {
         // pid are then numbers of ours (the kernel maps them into the
         // connection's namespaces, which a mount by another user namespace
         // would have made its own).
-        guard let clone = try? valueOrErrno({ open("/dev/fuse", O_RDWR | O_CLOEXEC) }) else {
+        guard let clone = FileDescriptor(open("/dev/fuse", O_RDWR | O_CLOEXEC)) else {
             return "/dev/fuse cannot be opened to check the connection passed"
         }
-        let bound = (try? nothingOrErrno { CLinux_fuse_clone(clone, descriptor) }) != nil
+        let bound = (try? nothingOrErrno { CLinux_fuse_clone(clone.raw, descriptor) }) != nil
         // The clone ends with no request of its own; the connection lives on
         // in the descriptor passed (fuse_dev_release aborts only the last).
-        close(clone)
+        _ = clone.close()
         guard bound else { return "the /dev/fuse descriptor passed is not a mounted FUSE connection of this system" }
         // Still mounted: a connection whose mount went away polls as an error.
         var state = pollfd(fd: descriptor, events: Int16(POLLIN | POLLOUT), revents: 0)

@@ -29,6 +29,9 @@ public final class FuseMount: Sendable {
     ) throws(MountError) {
         self.fileSystem = fileSystem
         self.mountpoint = mountpoint
+        // Ours (closed on a failure) until libfuse takes it with the mount.
+        var owned: FileDescriptor? = nil
+        if let connection { owned = FileDescriptor(connection) }
         var ops = FuseOperations.table()
         let options = "fsname=keychainfs,subtype=keychainfs"
         let strings: [String] = ["keychainfs", "-o", options]
@@ -43,16 +46,15 @@ public final class FuseMount: Sendable {
             return session
         }
         guard let made else {
-            if let connection { close(connection) }
             userdata.release()
             throw MountError("could not create a FUSE session")
         }
         guard fuse_session_mount(made, connection.map { "/dev/fd/\($0)" } ?? mountpoint) == 0 else {
             fuse_session_destroy(made)
-            if let connection { close(connection) }
             userdata.release()
             throw MountError("could not mount at \(mountpoint) (is /dev/fuse usable and fusermount3 installed?)")
         }
+        _ = owned.take()?.release()  // libfuse closes it when the session ends
         session = FuseSession(made, userdata: userdata)
         fileSystem.kernelCache.attach(session)
         fileSystem.nodes.register(fileSystem.kernelCache)
