@@ -74,21 +74,39 @@ struct MountpointArgument: ParsableArguments {
         return status
     }
 
+    /// Who serves a mount, as its `.control` says.
+    enum Server {
+        /// The keychainfs service: the mount is its user's, and the service
+        /// ends its session when the kernel ends the connection.
+        case service
+        /// A per-user device of the keychain in `keychain`.
+        case device(RunningDevice, keychain: KeychainDirectory)
+    }
+
+    /// Who serves the mount: read from its `.control` (which keychain, and
+    /// whether the service does), the one place a command reads it.
+    func server() throws -> Server {
+        let status = try requireControl()
+        if status["mode"] == "service" { return .service }
+        guard let keychain = status["keychain"] else { throw fail(missingControl) }
+        return .device(
+            RunningDevice(listeningAt: try keychainSocketPath(keychain)), keychain: KeychainDirectory(path: keychain))
+    }
+
     /// The device serving the mount, reached over its socket as every
     /// command reaches a device (issue 40: one control path; `.control`
-    /// is for shell users). Its `.control` says which keychain it serves,
-    /// and whether the service does.
+    /// is for shell users).
     func device() throws -> RunningDevice {
-        let status = try requireControl()
-        if status["mode"] == "service" {
+        switch try server() {
+        case .service:
             guard let socket = ServicePaths.socket() else {
                 throw fail(
                     "\(path) is served by the keychainfs service, which does not answer", status: ExitStatus.noDevice)
             }
             return RunningDevice(listeningAt: socket)
+        case .device(let device, _):
+            return device
         }
-        guard let keychain = status["keychain"] else { throw fail(missingControl) }
-        return RunningDevice(listeningAt: try keychainSocketPath(keychain))
     }
 
     /// Why there is no control file to talk to, and what to do.

@@ -25,25 +25,22 @@ struct UnmountCommand: ParsableCommand {
             return
         }
         guard MountTable.isMountPoint(mountpoint) else { throw fail("\(mountpoint) is not mounted") }
-        guard let status = MountControlFile.read(mountpoint), let keychain = status["keychain"] else {
-            throw fail("\(mountpoint) is not a keychainfs mount")
-        }
-        if status["mode"] == "service" {
-            // The mount is this user's (the service cannot unmount it); its
-            // session ends in the service when the kernel ends the connection.
+        func unmountDirectly() throws {
             let result = MountTable.unmount(mountpoint, lazy: false)
             guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
-            return
         }
-        let device = RunningDevice(listeningAt: try keychainSocketPath(keychain))
-        guard let outcome = try device.outcome(.unmount(mountpoint: mountpoint)) else {
+        switch try MountpointArgument(mountpoint: mountpoint).server() {
+        case .service:
+            // The mount is this user's (the service cannot unmount it).
+            try unmountDirectly()
+        case .device(let device, let keychain):
             // No device answers: unmount directly.
-            let result = MountTable.unmount(mountpoint, lazy: false)
-            guard result == 0 else { throw fail("cannot unmount \(mountpoint): \(String(cString: strerror(result)))") }
-            return
-        }
-        if try device.answer(outcome, about: .action("cannot unmount \(mountpoint)")) == .last {
-            waitForDeviceExit(KeychainDirectory(path: keychain))
+            guard let outcome = try device.outcome(.unmount(mountpoint: mountpoint)) else {
+                return try unmountDirectly()
+            }
+            if try device.answer(outcome, about: .action("cannot unmount \(mountpoint)")) == .last {
+                waitForDeviceExit(keychain)
+            }
         }
     }
 }

@@ -134,25 +134,44 @@ public enum DeviceClient {
     public static func follow<Result>(_ call: DeviceCall<Result>, at socketPath: String) -> (
         outcome: DeviceOutcome<Result>, connection: Int32
     )? {
-        guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
-        guard let frame = try? call.request.frame(), DeviceProtocol.send(frame, to: fd.raw),
-            let body = DeviceProtocol.receive(from: fd.raw),
-            let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
+        var received: FileDescriptor?  // none is wanted: closed here if one came
+        var listening = false
+        guard
+            let conversation = converse(
+                call.request, with: socketPath, passing: nil, receiving: &received, listening: &listening)
         else { return nil }
-        return (call.outcome(of: reply), fd.release())
+        return (call.outcome(of: conversation.reply), conversation.connection.release())
+    }
+
+    /// One request on a connection of its own and the reply; the
+    /// connection comes back with it, and carries what follows (`watch`).
+    private struct Conversation: ~Copyable {
+        let reply: DeviceReply
+        let connection: FileDescriptor
     }
 
     private static func exchange(
         _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
         receiving received: inout FileDescriptor?, listening: inout Bool
     ) -> DeviceReply? {
+        converse(request, with: socketPath, passing: descriptor, receiving: &received, listening: &listening)?.reply
+    }
+
+    /// Connects to `socketPath` (`listening` says whether anyone did),
+    /// sends `request` with `descriptor`, and reads the reply with the
+    /// descriptor passed back in `received`.
+    private static func converse(
+        _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
+        receiving received: inout FileDescriptor?, listening: inout Bool
+    ) -> Conversation? {
         received = nil
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         listening = true
         guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd.raw, passing: descriptor),
-            let body = DeviceProtocol.receive(from: fd.raw, sentBy: nil, descriptor: &received)
+            let body = DeviceProtocol.receive(from: fd.raw, sentBy: nil, descriptor: &received),
+            let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
         else { return nil }
-        return body.withUnsafeBytes { try? DeviceReply(body: $0) }
+        return Conversation(reply: reply, connection: fd)
     }
 }
 
