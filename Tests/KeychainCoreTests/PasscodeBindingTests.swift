@@ -107,7 +107,7 @@ import Testing
         let invented = BindingRemovals(rows: [
             .init(
                 group: "default", identifier: "z", protectionClass: 1, generation: 99,
-                detailsDigest: ItemSetState.emptyDigest)
+                contentDigest: ItemSetState.emptyDigest)
         ])
         try other.store.setMetadata(BindingRemovals.recordKey, invented.encoded)
         #expect(throws: KeychainError.decode) { try other.check() }
@@ -133,5 +133,21 @@ import Testing
                 .bind(1, older.generation).bind(2, older.sealed).run()
         }
         #expect(throws: KeychainError.decode) { try third.check() }
+    }
+
+    /// A value sealed again under a generation it had before (a generation
+    /// counter set back by whoever re-signs the state record makes the
+    /// device hand one out twice) is another ciphertext, with another
+    /// nonce: in place of the one the binding counted, it fails.
+    @Test func anotherCiphertextUnderTheSameGenerationFails() throws {
+        let bound = try BoundStore()
+        defer { try? FileManager.default.removeItem(atPath: bound.directory) }
+        let b = try #require(try bound.row("b"))
+        bound.reboot()
+        try bound.store.withConnection { db throws(KeychainError) in
+            try db.statement("UPDATE items SET nonce = ?, sealed = ? WHERE ident = 'b'")
+                .bind(1, [UInt8](repeating: 7, count: 24)).bind(2, b.sealed).run()
+        }
+        #expect(throws: KeychainError.decode) { try bound.check() }
     }
 }

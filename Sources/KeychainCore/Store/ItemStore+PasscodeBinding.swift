@@ -30,7 +30,8 @@ extension ItemStore {
             removals.rows += removed.map {
                 BindingRemovals.Row(
                     group: $0.group, identifier: $0.identifier, protectionClass: $0.protectionClass.rawValue,
-                    generation: $0.generation, detailsDigest: PasscodeBindingKey.detailsDigest($0.details))
+                    generation: $0.generation,
+                    contentDigest: PasscodeBindingKey.contentDigest(nonce: $0.nonce, details: $0.details))
             }
             try putMetadata(db, BindingRemovals.recordKey, removals.encoded)
         case .keyed(let key):
@@ -64,7 +65,7 @@ extension ItemStore {
                     else { try refuseBinding("a row noted as removed is still there, or was never bound") }
                     let share = key.rowDigest(
                         group: row.group, identifier: row.identifier, protectionClass: row.protectionClass,
-                        generation: row.generation, detailsDigest: row.detailsDigest)
+                        generation: row.generation, contentDigest: row.contentDigest)
                     ItemSetState.xor(&removed, share)
                     generations.insert(row.generation)
                 }
@@ -158,7 +159,7 @@ extension ItemStore {
     ) {
         let unbound = ProtectionClass.allCases.filter { !PasscodeBinding.binds($0) }.map { String($0.rawValue) }
         let query = try db.statement(
-            "SELECT grp, ident, class, generation, details FROM items WHERE class NOT IN (\(unbound.joined(separator: ", ")))"
+            "SELECT grp, ident, class, generation, nonce, details FROM items WHERE class NOT IN (\(unbound.joined(separator: ", ")))"
         )
         var digest = ItemSetState.emptyDigest
         var generations = Set<Int64>()
@@ -170,7 +171,8 @@ extension ItemStore {
                 key.rowDigest(
                     group: query.text(0), identifier: query.text(1), protectionClass: query.int64(2),
                     generation: generation,
-                    detailsDigest: PasscodeBindingKey.detailsDigest(query.isNull(4) ? nil : query.blob(4))))
+                    contentDigest: PasscodeBindingKey.contentDigest(
+                        nonce: query.blob(4), details: query.isNull(5) ? nil : query.blob(5))))
         }
         return (digest, generations)
     }

@@ -15,7 +15,8 @@
 /// the counter's TPM name | rows[32] | policy[32]`. `rows` is the XOR, over
 /// every item row of a passcode class and every row in the removals record,
 /// of a keyed BLAKE2b (the binding key's) of the row's group, identifier,
-/// class and generation and the digest of its details; `policy` is the keyed BLAKE2b of the entitlement
+/// class and generation and the digest of its value's nonce and its
+/// details; `policy` is the keyed BLAKE2b of the entitlement
 /// policy's body. Item writes and policy changes update it in their own
 /// transaction (they have the key: a passcode class is written only with
 /// its key in memory, a policy changed only with the passcode); a bump of
@@ -115,27 +116,29 @@ struct PasscodeBindingKey: Sendable {
     }
 
     /// One row's share of ``PasscodeBinding/rows``: its names, class and
-    /// generation (which its value's associated data carries), and the
-    /// digest of its details (``detailsDigest(_:)``), which are sealed under
-    /// a key of the device secret and would otherwise be its to rewrite
-    /// (an item's access list is there).
+    /// generation, and the digest of its content (``contentDigest(nonce:details:)``).
     func rowDigest(
-        group: String, identifier: String, protectionClass: Int64, generation: Int64, detailsDigest: [UInt8]
+        group: String, identifier: String, protectionClass: Int64, generation: Int64, contentDigest: [UInt8]
     ) -> [UInt8] {
         ItemSetState.rowDigest(
             key: digestKey, group: group, identifier: identifier, protectionClass: protectionClass,
-            generation: generation, suffix: detailsDigest)
+            generation: generation, suffix: contentDigest)
     }
 
     func rowDigest(_ row: SealedItem) -> [UInt8] {
         rowDigest(
             group: row.group, identifier: row.identifier, protectionClass: row.protectionClass.rawValue,
-            generation: row.generation, detailsDigest: Self.detailsDigest(row.details))
+            generation: row.generation, contentDigest: Self.contentDigest(nonce: row.nonce, details: row.details))
     }
 
-    /// BLAKE2b-256 of a row's sealed details; 32 zero bytes for none.
-    static func detailsDigest(_ details: [UInt8]?) -> [UInt8] {
-        details.map(Crypto.hash) ?? ItemSetState.emptyDigest
+    /// BLAKE2b-256 of a row's value nonce and sealed details. The nonce
+    /// names the one ciphertext that opens with it, so an older value
+    /// sealed under the same generation (a generation counter set back by
+    /// whoever re-signs the state) does not match; the details are sealed
+    /// under a key of the device secret and would otherwise be its to
+    /// rewrite (an item's access list is there).
+    static func contentDigest(nonce: [UInt8], details: [UInt8]?) -> [UInt8] {
+        Crypto.hash(nonce + (details ?? []))
     }
 
     /// ``PasscodeBinding/policy`` of an entitlement policy record: its
@@ -155,7 +158,7 @@ struct PasscodeBindingKey: Sendable {
 /// (before the first unlock of a boot: `rm` works while locked), which the
 /// binding still counts until its next check folds them out. Meta key
 /// `passcode-binding-removals`: `count u32`, then per row `class u8 |
-/// generation u64 | details digest[32] | u16-prefixed group |
+/// generation u64 | content digest[32] | u16-prefixed group |
 /// u16-prefixed identifier`. Not
 /// authenticated: each entry must name a generation no row has now, and
 /// an entry the binding never counted breaks the XOR, so an entry can only
@@ -168,7 +171,7 @@ struct BindingRemovals: Equatable {
         var identifier: String
         var protectionClass: Int64
         var generation: Int64
-        var detailsDigest: [UInt8]
+        var contentDigest: [UInt8]
     }
     var rows: [Row] = []
 
@@ -180,7 +183,7 @@ struct BindingRemovals: Equatable {
         for row in rows {
             writer.append(UInt8(truncatingIfNeeded: row.protectionClass))
             writer.append(row.generation)
-            writer.append(row.detailsDigest)
+            writer.append(row.contentDigest)
             writer.appendPrefixed(row.group)
             writer.appendPrefixed(row.identifier)
         }
@@ -197,7 +200,7 @@ struct BindingRemovals: Equatable {
             rows.append(
                 Row(
                     group: try reader.readPrefixed(), identifier: try reader.readPrefixed(),
-                    protectionClass: protectionClass, generation: generation, detailsDigest: details))
+                    protectionClass: protectionClass, generation: generation, contentDigest: details))
         }
         guard reader.isAtEnd else { throw .decode }
     }
