@@ -185,10 +185,14 @@ enum FuzzTarget: String, CaseIterable {
     private func keybag(_ input: UnsafeRawBufferPointer) {
         let record = Array(input) + Self.secret.mac("kcfs-keybag-v1", Array(input))
         guard let bag = try? Keybag(decoding: record, secret: Self.secret) else { return }
-        check(bag.formatVersion >= 1 && bag.formatVersion <= Keybag.tpmVersion, "accepted an unknown version")
         check(
-            (bag.formatVersion == Keybag.tpmVersion) == (bag.tpmPasscodeObject != nil), "a TPM object outside version 5"
-        )
+            bag.formatVersion >= 1 && bag.formatVersion <= Keybag.passcodeBoundVersion, "accepted an unknown version")
+        check(
+            (bag.formatVersion >= Keybag.tpmVersion) == (bag.tpmPasscodeObject != nil),
+            "a TPM object outside versions 5 and 6")
+        check(
+            (bag.formatVersion == Keybag.passcodeBoundVersion) == bag.isPasscodeBound,
+            "a passcode binding outside version 6")
         if bag.formatVersion >= Keybag.version {
             check(bag.encoded(secret: Self.secret) == record, "an accepted keybag does not re-encode to itself")
         }
