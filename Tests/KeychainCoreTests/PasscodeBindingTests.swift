@@ -13,17 +13,14 @@ import Testing
         let directory: String
         let store: ItemStore
         let key = PasscodeBindingKey(afterFirstUnlock: GuardedKey(copying: SecureBytes.random(count: Crypto.keySize)))
-        let policy: [UInt8]
 
         init() throws {
             directory = try makeTemporaryDirectory()
             let secret = DeviceSecret(secret: SecureBytes.random(count: Crypto.keySize))
             store = try ItemStore(path: directory + "/keychain.db", create: true, state: ItemSetState(secret: secret))
-            policy = EntitlementPolicy().encoded(secret: secret)
-            try store.setMetadata(EntitlementPolicy.recordKey, policy)
+            try store.setMetadata(EntitlementPolicy.recordKey, EntitlementPolicy().encoded(secret: secret))
             try store.bind(
-                key: key, counter: CounterReference(index: 0x0181_0000, name: [1], auth: nil), value: 1,
-                policyRecord: policy)
+                key: key, counter: CounterReference(index: 0x0181_0000, name: [1], auth: nil), value: 1)
             for (identifier, protectionClass) in [
                 ("a", ProtectionClass.whenUnlocked), ("b", .afterFirstUnlockThisDeviceOnly), ("c", .always)
             ] {
@@ -42,7 +39,7 @@ import Testing
 
         /// The check of the first passcode (its counter taken as current).
         func check() throws {
-            try store.checkBinding(key: key, policyRecord: policy, checkCounter: { _ in })
+            try store.checkBinding(key: key, checkCounter: { _ in })
         }
 
         func row(_ identifier: String) throws -> SealedItem? {

@@ -53,11 +53,21 @@ struct DeviceSecret: Sendable {
     /// The body of an ``authenticatedRecord(_:_:)``: ``KeychainError/decode``
     /// unless its MAC holds (and its body is `length` bytes, when given).
     func authenticatedBody(_ domain: String, _ record: [UInt8], length: Int? = nil) throws(KeychainError) -> [UInt8] {
+        try Self.authenticatedBody(of: record, length: length) { mac(domain, $0) }
+    }
+
+    /// The body of a `body | MAC` record whose MAC `mac` computes (this
+    /// secret's metadata key, or a passcode binding's key):
+    /// ``KeychainError/decode`` unless it holds (and the body is `length`
+    /// bytes, when given).
+    static func authenticatedBody(of record: [UInt8], length: Int? = nil, mac: ([UInt8]) -> [UInt8])
+        throws(KeychainError) -> [UInt8]
+    {
         guard record.count > Crypto.macSize, length.map({ record.count == $0 + Crypto.macSize }) ?? true else {
             throw .decode
         }
         let body = Array(record.dropLast(Crypto.macSize))
-        guard Crypto.constantTimeEqual(mac(domain, body), Array(record.suffix(Crypto.macSize))) else { throw .decode }
+        guard Crypto.constantTimeEqual(mac(body), Array(record.suffix(Crypto.macSize))) else { throw .decode }
         return body
     }
 

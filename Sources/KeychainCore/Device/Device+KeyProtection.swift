@@ -399,8 +399,7 @@ extension Device {
             }
             let counter = try tpm.defineCounter(auth: key.counterAuth)
             try store.bind(
-                key: key, counter: counter.counter, value: counter.value,
-                policyRecord: try store.metadata(EntitlementPolicy.recordKey) ?? [])
+                key: key, counter: counter.counter, value: counter.value)
         }
         var writes: [(key: String, value: [UInt8]?)] = [
             (Keybag.recordKey, bag.encoded(secret: secret)),
@@ -499,8 +498,7 @@ extension Device {
         guard record.epoch < counter || bindingBehind else { throw .badRequest }
         if let (bound, key, value) = binding, bindingBehind {
             try store.bind(
-                key: key, counter: bound.counter(key: key), value: value,
-                policyRecord: try store.metadata(EntitlementPolicy.recordKey) ?? [])
+                key: key, counter: bound.counter(key: key), value: value)
             try store.sync()
         }
         if record.epoch >= counter {

@@ -22,7 +22,7 @@ extension Device {
             }
             try boundWrites.withLock { _ throws(KeychainError) in
                 try store.checkBinding(
-                    key: key, policyRecord: try store.metadata(EntitlementPolicy.recordKey) ?? [],
+                    key: key,
                     checkCounter: { (record) throws(KeychainError) in try Self.check(record, key: key, on: tpm) })
             }
         case .none:
@@ -76,7 +76,6 @@ extension Device {
         try boundWrites.withLock { _ throws(KeychainError) in
             try store.bind(
                 key: key, counter: counter, value: value,
-                policyRecord: try store.metadata(EntitlementPolicy.recordKey) ?? [],
                 writing: [(Keybag.recordKey, bound.encoded(secret: secret))])
             currentKeybag.withLock { $0 = bound }
         }

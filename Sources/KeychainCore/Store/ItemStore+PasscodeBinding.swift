@@ -44,14 +44,13 @@ extension ItemStore {
 
     /// Checks the binding against the rows of the passcode classes, the
     /// rows removed before its key was known, and the entitlement policy
-    /// record `policyRecord`; folds the removals in, and keeps `key` for
+    /// record, as one snapshot; folds the removals in, and keeps `key` for
     /// the writes from now on. ``KeychainError/decode`` when it is missing,
     /// forged, or does not match (rows or policy put back from an older
     /// copy). `checkCounter` checks its counter first.
-    func checkBinding(
-        key: PasscodeBindingKey, policyRecord: [UInt8],
-        checkCounter: (PasscodeBinding) throws(KeychainError) -> Void
-    ) throws(KeychainError) {
+    func checkBinding(key: PasscodeBindingKey, checkCounter: (PasscodeBinding) throws(KeychainError) -> Void)
+        throws(KeychainError)
+    {
         try withConnection { db throws(KeychainError) in
             try db.transaction { () throws(KeychainError) in
                 var record = try readBinding(db, key: key)
@@ -75,7 +74,7 @@ extension ItemStore {
                         "the items of the passcode classes do not match the passcode binding: rows from an older "
                             + "copy, re-signed without the passcode")
                 }
-                guard Crypto.constantTimeEqual(key.policyDigest(ofRecord: policyRecord), record.policy) else {
+                guard Crypto.constantTimeEqual(try policyDigest(db, key: key), record.policy) else {
                     try refuseBinding(
                         "the entitlement policy does not match the passcode binding: an older policy, re-signed "
                             + "without the passcode")
@@ -83,7 +82,7 @@ extension ItemStore {
                 if !removals.rows.isEmpty {
                     ItemSetState.xor(&record.rows, removed)
                     try putMetadata(db, PasscodeBinding.recordKey, record.encoded(key: key))
-                    try db.statement("DELETE FROM meta WHERE key = ?").bind(1, BindingRemovals.recordKey).run()
+                    try removeMetadata(db, BindingRemovals.recordKey)
                 }
                 binding.withLock { $0 = (.keyed(key), $0.changed || !removals.rows.isEmpty) }
             }
@@ -94,7 +93,7 @@ extension ItemStore {
     /// `value`, written with `records` in one transaction (the keybag of an
     /// upgrade, a recovery or an accepted rollback); `key` is kept.
     func bind(
-        key: PasscodeBindingKey, counter: CounterReference, value: UInt64, policyRecord: [UInt8],
+        key: PasscodeBindingKey, counter: CounterReference, value: UInt64,
         writing records: [(key: String, value: [UInt8])] = []
     ) throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
@@ -102,9 +101,9 @@ extension ItemStore {
                 for (name, value) in records { try putMetadata(db, name, value) }
                 let (digest, _) = try boundRows(db, key: key)
                 let record = PasscodeBinding(
-                    counter: counter, value: value, rows: digest, policy: key.policyDigest(ofRecord: policyRecord))
+                    counter: counter, value: value, rows: digest, policy: try policyDigest(db, key: key))
                 try putMetadata(db, PasscodeBinding.recordKey, record.encoded(key: key))
-                try db.statement("DELETE FROM meta WHERE key = ?").bind(1, BindingRemovals.recordKey).run()
+                try removeMetadata(db, BindingRemovals.recordKey)
             }
             binding.withLock { $0 = (.keyed(key), false) }
         }
@@ -177,21 +176,28 @@ extension ItemStore {
         return (digest, generations)
     }
 
+    /// ``PasscodeBinding/policy`` of the entitlement policy record as stored.
+    private func policyDigest(_ db: SQLiteConnection, key: PasscodeBindingKey) throws(KeychainError) -> [UInt8] {
+        key.policyDigest(ofRecord: try readMetadata(db, EntitlementPolicy.recordKey) ?? [])
+    }
+
     private func readBinding(_ db: SQLiteConnection, key: PasscodeBindingKey) throws(KeychainError)
         -> PasscodeBinding
     {
-        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, PasscodeBinding.recordKey)
-        guard try query.step() else { try refuseBinding("the keychain's passcode binding is missing") }
+        guard let raw = try readMetadata(db, PasscodeBinding.recordKey) else {
+            try refuseBinding("the keychain's passcode binding is missing")
+        }
         do throws(KeychainError) {
-            return try PasscodeBinding(decoding: query.blob(0), key: key)
+            return try PasscodeBinding(decoding: raw, key: key)
         } catch {
             try refuseBinding("the keychain's passcode binding failed authentication")
         }
     }
 
     private func readRemovals(_ db: SQLiteConnection) throws(KeychainError) -> BindingRemovals {
-        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, BindingRemovals.recordKey)
-        return try query.step() ? try BindingRemovals(decoding: query.blob(0)) : BindingRemovals()
+        try readMetadata(db, BindingRemovals.recordKey).map { (raw) throws(KeychainError) in
+            try BindingRemovals(decoding: raw)
+        } ?? BindingRemovals()
     }
 
     private func refuseBinding(_ reason: String) throws(KeychainError) -> Never {
@@ -203,8 +209,8 @@ extension ItemStore {
     func unbind() throws(KeychainError) {
         try withConnection { db throws(KeychainError) in
             try db.transaction { () throws(KeychainError) in
-                try db.statement("DELETE FROM meta WHERE key IN (?, ?)").bind(1, PasscodeBinding.recordKey)
-                    .bind(2, BindingRemovals.recordKey).run()
+                try removeMetadata(db, PasscodeBinding.recordKey)
+                try removeMetadata(db, BindingRemovals.recordKey)
             }
             binding.withLock { $0 = (.none, false) }
         }

@@ -247,10 +247,18 @@ final class ItemStore: Sendable {
     // MARK: Metadata
 
     func metadata(_ key: String) throws(KeychainError) -> [UInt8]? {
-        try withConnection { db throws(KeychainError) in
-            let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, key)
-            return try query.step() ? query.blob(0) : nil
-        }
+        try withConnection { db throws(KeychainError) in try readMetadata(db, key) }
+    }
+
+    /// One metadata record (nil: none), inside the caller's connection.
+    func readMetadata(_ db: SQLiteConnection, _ key: String) throws(KeychainError) -> [UInt8]? {
+        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, key)
+        return try query.step() ? query.blob(0) : nil
+    }
+
+    /// Removes one metadata record, inside the caller's connection.
+    func removeMetadata(_ db: SQLiteConnection, _ key: String) throws(KeychainError) {
+        try db.statement("DELETE FROM meta WHERE key = ?").bind(1, key).run()
     }
 
     func setMetadata(_ key: String, _ value: [UInt8]) throws(KeychainError) {
@@ -286,13 +294,12 @@ final class ItemStore: Sendable {
                     if let value {
                         try putMetadata(db, key, value)
                     } else {
-                        try db.statement("DELETE FROM meta WHERE key = ?").bind(1, key).run()
+                        try removeMetadata(db, key)
                     }
                 }
                 for (key, domain) in RollbackRecord.boundRecords {
-                    let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, key)
-                    guard try query.step() else { continue }  // no audit anchor, no recovery record
-                    let record = query.blob(0)
+                    // No audit anchor, no recovery record: nothing to move.
+                    guard let record = try readMetadata(db, key) else { continue }
                     let body =
                         !secret.epoch.bindsAll && RollbackRecord.isLateBound(domain)
                         ? try RollbackRecord.unboundBody(key, domain, record, secret: secret)
@@ -532,9 +539,8 @@ final class ItemStore: Sendable {
 
     /// The authenticated state record, inside the caller's transaction.
     private func loadState(_ db: SQLiteConnection) throws(KeychainError) -> ItemSetState.Record {
-        let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
-        guard try query.step() else { throw .decode }
-        let record = try state.record(from: query.blob(0))
+        guard let raw = try readMetadata(db, ItemSetState.recordKey) else { throw .decode }
+        let record = try state.record(from: raw)
         // Version 1 records are upgraded at boot, before any write.
         guard record.generation != nil else { throw .decode }
         return record
@@ -584,8 +590,9 @@ final class ItemStore: Sendable {
                     newest = max(newest, generation)
                 }
             }
-            let query = try db.statement("SELECT value FROM meta WHERE key = ?").bind(1, ItemSetState.recordKey)
-            let stored = try query.step() ? try state.record(from: query.blob(0)) : nil
+            let stored = try readMetadata(db, ItemSetState.recordKey).map { (raw) throws(KeychainError) in
+                try state.record(from: raw)
+            }
             if let stored, !Crypto.constantTimeEqual(stored.digest, digest) {
                 return try refuse(
                     "the keychain's items do not match their authenticated state: a row was rolled back, removed or added outside keychainfs"

@@ -62,12 +62,8 @@ struct PasscodeBinding: Equatable {
 
     /// ``KeychainError/decode`` unless the binding key MACed it.
     init(decoding record: [UInt8], key: PasscodeBindingKey) throws(KeychainError) {
-        guard record.count > Crypto.macSize else { throw .decode }
-        let body = Array(record.dropLast(Crypto.macSize))
-        guard Crypto.constantTimeEqual(key.mac(Self.macDomain, body), Array(record.suffix(Crypto.macSize))) else {
-            throw .decode
-        }
-        var reader = ByteReader(body)
+        var reader = ByteReader(
+            try DeviceSecret.authenticatedBody(of: record) { key.mac(Self.macDomain, $0) })
         index = try reader.readUInt32()
         value = try reader.readUInt64()
         let length = Int(try reader.readUInt16())
