@@ -513,6 +513,8 @@ public final class DeviceProcess: Sendable {
                 return Done().reply
             case .process(.create):
                 return .keychainError(.duplicateKeychain, "this device's keychain exists already")
+            case .tpm:
+                return .systemError(EINVAL, "only the keychainfs service reaches the TPM for others")
             case .process(.serveBus(let address, let replace)):
                 let reply = serveBus(keychain, address: address, replace: replace)
                 recordLifecycle(

@@ -176,6 +176,9 @@ final class ServedKeychain: Sendable {
             return answer(file, client: client, passed: passed.raw, attachments: &attachments)
         case .process(let process):
             return answer(process, client: client, attachments: &attachments)
+        case .tpm:
+            // The service's broker answers these, before any keychain is looked up.
+            return .systemError(EINVAL, "the TPM's requests are the service's, not a keychain's")
         }
     }
 
@@ -506,7 +509,7 @@ extension ServedKeychain: SecretStore {
         case .device(let state):
             answer = self.answer(state, subject: subject)
         // Nothing the provider asks: its calls are an item's or the lock's.
-        case .policy, .mount, .file, .process:
+        case .policy, .mount, .file, .process, .tpm:
             answer = .failure(.keychain(.param, "not a request of the Secret Service"))
         }
         return answer.outcome(of: call)

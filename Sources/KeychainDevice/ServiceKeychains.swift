@@ -17,11 +17,14 @@ final class ServiceKeychains: Sendable {
     private let creating = Mutex(())
     private let mountEnded: @Sendable () -> Void
     let limits: ServiceLimits
+    /// The TPM for users who cannot reach it themselves (issue 38).
+    private let broker: TPMBroker
 
     init(stateDirectory: String, limits: ServiceLimits, mountEnded: @escaping @Sendable () -> Void) {
         self.stateDirectory = stateDirectory
         self.limits = limits
         self.mountEnded = mountEnded
+        broker = TPMBroker(stateDirectory: stateDirectory)
     }
 
     /// The keychain directory of a user.
@@ -63,6 +66,9 @@ final class ServiceKeychains: Sendable {
         switch request {
         case .process(.create(let passcode)):
             return create(for: credentials.uid, passcode: passcode)
+        case .tpm(let tpmRequest):
+            // A per-user device's, whether or not the user has a keychain here.
+            return broker.answer(tpmRequest, uid: credentials.uid)
         case .mount(.mount), .mount(.unmount), .process(.stop):
             // The service mounts, unmounts and stops nothing on a user's word:
             // its account could mount over what only it can reach (another

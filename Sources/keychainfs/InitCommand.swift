@@ -55,7 +55,7 @@ struct InitCommand: ParsableCommand {
             throw fail("cannot create the keychain at \(directory.path): \(error)")
         }
         print("created a keychain at \(directory.path)")
-        RecoveryKeyNotice.show(recovery, declined: noTPM)
+        RecoveryKeyNotice.show(recovery, of: directory, declined: noTPM)
     }
 
     /// The passcode the new keychain gets, typed twice (nil: --no-passcode).
@@ -78,7 +78,7 @@ struct InitCommand: ParsableCommand {
         if let key = created.recoveryKey {
             RecoveryKeyNotice.show(formatted: key)
         } else {
-            RecoveryKeyNotice.show(nil)
+            RecoveryKeyNotice.show(formatted: nil)
         }
     }
 }
@@ -88,19 +88,29 @@ struct InitCommand: ParsableCommand {
 enum RecoveryKeyNotice {
     /// `declined`: the user asked for a file (--no-tpm); otherwise a
     /// keychain without a TPM says why there was none.
-    static func show(_ recovery: RecoveryKey?, declined: Bool = true) {
-        show(formatted: recovery?.formatted())
+    /// `keychain`: the keychain the key is of, which says whether its TPM
+    /// is reached directly or through the keychainfs service (issue 38).
+    static func show(_ recovery: RecoveryKey?, of keychain: KeychainDirectory, declined: Bool = true) {
+        show(
+            formatted: recovery?.formatted(),
+            throughService: (try? keychain.keyProtection()) == .tpm2Service)
         if recovery == nil, !declined { print("no TPM: \(KeyProtection.whyNoTPM())") }
     }
 
-    static func show(formatted key: SecureBytes?) {
+    static func show(formatted key: SecureBytes?, throughService: Bool = false) {
         guard let key else {
             print(
                 "key protection: file (no TPM sealed the keys: a copy of the keychain's files can be guessed at "
                     + "offline; choose a long passcode)")
             return
         }
-        print("key protection: tpm2 (the keys are sealed by this machine's TPM)")
+        if throughService {
+            print(
+                "key protection: tpm2-service (the keys are sealed by the TPM the keychainfs service reaches for "
+                    + "you, bound to your uid: \(KeyProtection.whyNotYours()))")
+        } else {
+            print("key protection: tpm2 (the keys are sealed by this machine's TPM)")
+        }
         print(
             "recovery key (shown once; keep it apart from this machine, `keychainfs recover` needs it "
                 + "after a TPM clear or on another machine):")

@@ -106,7 +106,7 @@ struct PasscodeCommand: ParsableCommand {
             throw fail(Self.explain(error, retryAfter: nil), status: ExitStatus.of(error))
         }
         print("sealed the keychain to the TPM, with new keys: a copy of its files from before opens nothing of it")
-        RecoveryKeyNotice.show(recovery)
+        RecoveryKeyNotice.show(recovery, of: keychain)
     }
 
     private static func explain(_ error: KeychainError, retryAfter: Int64?) -> String {

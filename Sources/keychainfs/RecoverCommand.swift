@@ -56,7 +56,7 @@ struct RecoverCommand: ParsableCommand {
                 at: keychain, recoveryKey: recoveryKey, newPasscode: passcode, tpm: noTPM ? .declined : .whenPresent)
         }
         print("recovered the keychain at \(keychain.path), with new keys: the old recovery key opens nothing of it now")
-        RecoveryKeyNotice.show(recovered)
+        RecoveryKeyNotice.show(recovered, of: keychain)
     }
 
     private func accept(_ keychain: KeychainDirectory) throws {

@@ -100,7 +100,16 @@ import Testing
         .process(.watch),
         .device(.autoLock(after: 300, grace: nil)),
         .device(.autoLock(after: nil, grace: 0)),
-        .device(.autoLock(after: nil, grace: nil))
+        .device(.autoLock(after: nil, grace: nil)),
+        .tpm(.seal(secret: secret("device secret"), auth: secret(""), guarded: false)),
+        .tpm(.seal(secret: secret("passcode's"), auth: secret("auth"), guarded: true)),
+        .tpm(.unseal(blob: [0, 0x2e, 0xff], auth: secret("auth"), storageKey: [0, 0x0b, 1])),
+        .tpm(.defineCounter(auth: secret("auth"), candidates: [])),
+        .tpm(.defineCounter(auth: secret("auth"), candidates: [0x0181_0000, 0x01BF_FFFF])),
+        .tpm(.counterValue(TPMCounterHandle(index: 0x0181_0000, name: [0, 0x0b, 2], auth: secret("a")))),
+        .tpm(.increment(TPMCounterHandle(index: 0x0181_0001, name: [0, 0x0b, 3], auth: secret("a")))),
+        .tpm(.release(TPMCounterHandle(index: 0x0181_0002, name: [0, 0x0b, 4], auth: secret("a")))),
+        .tpm(.lockout)
     ]
 
     static let replies: [DeviceReply] = [
@@ -351,7 +360,14 @@ import Testing
         DeviceCall.revoke(group: "g", executable: nil, unit: nil, uid: nil, all: true, passcode: nil).request,
         DeviceCall.disallow(group: "g", identifier: "i", executable: "/x", passcode: nil).request,
         DeviceCall.apps(group: "g", open: nil, passcode: nil).request, DeviceCall.policy(group: nil).request,
-        DeviceCall.auditLog(rotated: false).request, DeviceCall.verifyLog.request
+        DeviceCall.auditLog(rotated: false).request, DeviceCall.verifyLog.request,
+        DeviceCall.tpmSeal(secret("s"), auth: secret("a"), guarded: true).request,
+        DeviceCall.tpmUnseal([1], auth: secret("a"), storageKey: [2]).request,
+        DeviceCall.tpmDefineCounter(auth: secret("a"), candidates: []).request,
+        DeviceCall.tpmCounterValue(TPMCounterHandle(index: 1, name: [1], auth: secret("a"))).request,
+        DeviceCall.tpmIncrement(TPMCounterHandle(index: 1, name: [1], auth: secret("a"))).request,
+        DeviceCall.tpmRelease(TPMCounterHandle(index: 1, name: [1], auth: secret("a"))).request,
+        DeviceCall.tpmLockout.request
     ]
 
     @Test func everyRequestHasACall() throws {
@@ -396,6 +412,32 @@ import Testing
             CreatedKeychain(recoveryKey: Self.secret("ABCD-EFGH")), for: .create(passcode: nil)
         ).get()
         #expect(recovery.recoveryKey?.bytes() == Array("ABCD-EFGH".utf8))
+        // The TPM's answers through the service (issue 38).
+        let sealed = TPMSealed(blob: [0, 0x2e, 0xff], storageKey: [0, 0x0b, 9])
+        #expect(
+            try Self.crossed(sealed, for: .tpmSeal(Self.secret("s"), auth: Self.secret(""), guarded: false)).get()
+                == sealed)
+        let unsealed = try Self.crossed(
+            TPMUnsealed(secret: Self.secret("device secret")),
+            for: .tpmUnseal([1], auth: Self.secret(""), storageKey: [2])
+        ).get()
+        #expect(unsealed.secret.bytes() == Array("device secret".utf8))
+        let counter = TPMCounter(index: 0x0181_2345, name: [0, 0x0b, 7], value: 41)
+        #expect(
+            try Self.crossed(counter, for: .tpmDefineCounter(auth: Self.secret("a"), candidates: [])).get() == counter)
+        let handle = TPMCounterHandle(index: 1, name: [1], auth: Self.secret("a"))
+        #expect(try Self.crossed(TPMCounterValue(value: 42), for: .tpmCounterValue(handle)).get().value == 42)
+        let share = TPMLockoutShare(
+            state: TPMLockoutState(failures: 1, maximum: 32, recoverySeconds: 7200, lockoutAuthSet: true), triesLeft: 14
+        )
+        #expect(try Self.crossed(share, for: .tpmLockout).get() == share)
+        // A value reply of an item is no unsealed secret, and a blob is never empty.
+        #expect(
+            try Self.crossed(
+                ItemValue(value: Self.secret("x"), protectionClass: .whenUnlocked),
+                for: .tpmUnseal([1], auth: Self.secret(""), storageKey: [2])
+            ).refusal == .unexpected)
+        #expect(throws: KeychainError.io) { try TPMSealed(fields: ["", "000b"]) }
     }
 
     /// A reply of another call's shape is ``DeviceRefusal/unexpected``

@@ -238,6 +238,56 @@ extension SerialTests {
             #expect((access("/dev/tpmrm0", F_OK) == 0) == machineHasOne)
         }
 
+        /// Issue 38, "the TPM for every user": an ordinary user who cannot
+        /// reach the TPM runs their own device, and gets the TPM through the
+        /// service, bound to their uid. Another user with a copy of every
+        /// file, and the passcode, opens nothing through the same service;
+        /// and one user's wrong passcodes leave the TPM open to the others.
+        @Test func anOrdinaryUserGetsTheTPMThroughTheServiceForTheirUidAlone() throws {
+            let tpm = try SoftwareTPM()
+            let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
+            // No TCTI of their own: the user reaches no TPM (here there is none at /dev/tpmrm0).
+            let throughService = ["TPM2TOOLS_TCTI": "", "KEYCHAINFS_SERVICE": service.socket]
+            let alice = try MountHarness(as: try OrdinaryUser(), environment: throughService, creating: false)
+            let created = alice.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(created.succeeded, "\(created)")
+            #expect(created.stdout.contains("key protection: tpm2-service"), "\(created)")
+            #expect(created.stdout.contains("bound to your uid"), "\(created)")
+            let file = try Data(contentsOf: URL(fileURLWithPath: alice.keychain + "/device-secret"))
+            #expect(file.prefix(9) == Data("KCFSTPM2".utf8) + [3], "sealed through the service")
+            #expect(alice.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n").succeeded)
+            #expect(alice.sh("printf sealed | \"$K\" set --keychain \"$KC\" default/token").succeeded)
+            let status = alice.status()
+            #expect(status["key-protection"] == "tpm2-service", "\(status)")
+            #expect(status["passcode-binding"]?.hasPrefix("on: ") == true, "\(status)")
+            #expect(status["key-protection-limits"]?.contains("binds to your uid") == true, "\(status)")
+            #expect(alice.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
+
+            // Bob copies every file of Alice's keychain and knows her passcode.
+            let bob = try MountHarness(as: try OrdinaryUser(), environment: throughService, creating: false)
+            let bobUser = try #require(bob.user)
+            let copied = bob.sh(
+                "cp -a \"$1\" \"$KC\" && chown -R \"$2\" \"$KC\"", arguments: [alice.keychain, bobUser.name],
+                asRoot: true)
+            #expect(copied.succeeded, "\(copied)")
+            let stolen = bob.sh("\"$K\" get --keychain \"$KC\" default/token", stdin: "1234\n")
+            #expect(!stolen.succeeded && !stolen.stdout.contains("sealed"), "\(stolen)")
+            #expect(stolen.stderr.contains("for another user through the keychainfs service"), "\(stolen)")
+            let unlocked = bob.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n")
+            #expect(!unlocked.succeeded, "\(unlocked)")
+
+            // Alice's wrong passcode uses her share (1 of swtpm's 3 tries); her
+            // next try waits, the TPM counted one, and Carol unlocks hers.
+            #expect(alice.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "0000\n").status == 4)
+            let waits = alice.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "1234\n")
+            #expect(waits.status == 4 && waits.stderr.contains("your user's share of it"), "\(waits)")
+            #expect(alice.status()["tpm-lockout"] == "1 of 3")
+            let carol = try MountHarness(as: try OrdinaryUser(), environment: throughService, creating: false)
+            #expect(carol.sh("\"$K\" init --keychain \"$KC\"", stdin: "5678\n5678\n").succeeded)
+            let carols = carol.sh("\"$K\" unlock --keychain \"$KC\"", stdin: "5678\n")
+            #expect(carols.succeeded, "the TPM is open to another user: \(carols)")
+        }
+
         @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
             let tpm = try SoftwareTPM()
             let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])

@@ -174,7 +174,8 @@ package final class MountHarness: @unchecked Sendable {
         if extraEnvironment["TPM2TOOLS_TCTI"] == nil { environment["KEYCHAINFS_TPM"] = "none" }
         environment.merge(extraEnvironment) { _, extra in extra }
         // Only where a test asks for it: a service installed on this machine is not the test's.
-        environment["KEYCHAINFS_SERVICE"] = service?.socket ?? ""
+        // A per-user keychain's user may reach the TPM through a service (issue 38): the test names it.
+        environment["KEYCHAINFS_SERVICE"] = service?.socket ?? extraEnvironment["KEYCHAINFS_SERVICE"] ?? ""
         if let user {
             environment["HOME"] = user.home
             environment["USER"] = user.name

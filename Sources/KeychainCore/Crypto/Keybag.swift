@@ -239,9 +239,7 @@ struct Keybag {
         let stretched = try Crypto.stretch(passcode: passcode, salt: salt, parameters: kdf)
         let tpmSecret = SecureBytes.random(count: Crypto.keySize)
         let auth = Self.tpmAuth(stretched)
-        tpmPasscodeObject = try tpm.use { module throws(TPMError) in
-            try module.seal(tpmSecret, auth: auth, guarded: true)
-        }
+        tpmPasscodeObject = try tpm.seal(tpmSecret, auth: auth, guarded: true).blob
         return Self.entangledKey(secret: secret, stretched: stretched, tpmSecret: tpmSecret)
     }
 
@@ -298,7 +296,7 @@ struct Keybag {
             if let object = tpmPasscodeObject {
                 guard let tpm else { throw .tpmUnavailable }
                 let auth = Self.tpmAuth(stretched)
-                let tpmSecret = try tpm.use { module throws(TPMError) in try module.unseal(object, auth: auth) }
+                let tpmSecret = try tpm.unseal(object, auth: auth).secret
                 return Self.entangledKey(secret: secret, stretched: stretched, tpmSecret: tpmSecret)
             }
             domain = "kcfs-passcode-kek-v1"

@@ -70,7 +70,7 @@ public struct KeyProtectionStatus: Sendable, Equatable {
                         + "a passcode can be guessed offline at Argon2id's pace (65 to 90 ms a guess on one core): "
                         + "every 4-digit passcode within 15 minutes, every 6-digit one within a day; choose a long "
                         + "passcode, or seal the keys to a TPM (`keychainfs passcode --tpm`)"))
-        case .tpm2:
+        case .tpm2, .tpm2Service:
             let guesses: String
             switch tpmLockout {
             case .some where tpmLockoutWasReset:
@@ -88,10 +88,15 @@ public struct KeyProtectionStatus: Sendable, Equatable {
             case .some: guesses = "passcode guesses go through the TPM and its lockout"
             case .none: guesses = "passcode guesses go through the TPM (which does not answer now)"
             }
+            let sealer =
+                protection == .tpm2Service
+                ? ", which the keychainfs service reaches for you (you cannot yourself) and binds to your uid: "
+                    + "no other user opens them through it, and it passes only your share of the lockout's wrong "
+                    + "passcodes to the TPM" : ""
             entries.append(
                 StatusEntry(
                     "key-protection-limits",
-                    "the keys are sealed by this machine's TPM: a copy of the files opens "
+                    "the keys are sealed by this machine's TPM\(sealer): a copy of the files opens "
                         + "nowhere else, \(guesses); an older copy put back is refused, except for writes of "
                         + "the last \(RollbackRecord.idleBindSeconds) s (\(RollbackRecord.maximumWindowSeconds) s "
                         + "while writes go on), which are bound to the counter after that and at every lock; "
@@ -219,7 +224,7 @@ extension Device {
         let lockout = tpm.lockout()
         let seen = try? tpmFailuresSeen()
         return KeyProtectionStatus(
-            protection: .tpm2, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
+            protection: tpm.protection, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
             tpmRecoverySeconds: lockout?.recoverySeconds, tpmLockoutAuthSet: lockout?.lockoutAuthSet,
             rollbackCounter: secret.epoch.value, tpmFailuresExpected: seen?.fewestFailures(at: clock()),
             passcodeBound: keybag.hasPasscode ? keybag.isPasscodeBound : nil)
@@ -337,7 +342,7 @@ extension Device {
         // A move between protections makes new keys (issue 38): a copy of
         // the files from before (on the old machine, with its TPM and the
         // old passcode) opens nothing written from now on.
-        let sealed = try directory.keyProtection() == .tpm2
+        let sealed = try directory.keyProtection() != .file
         return try rekey(at: directory, passcode: newPasscode, tpm: sealed ? .required : .declined, tcti: tcti)
     }
 

@@ -28,7 +28,8 @@ extension Device {
         tcti: String? = TrustedPlatformModule.configuredTCTI
     ) throws(KeychainError) -> RecoveryKey {
         guard try directory.keyProtection() == .file else { throw .duplicateKeychain }
-        guard KeychainTPM.present(tcti: tcti) != nil else { throw .tpmUnavailable }
+        // Directly, or through the service for a user who cannot reach the TPM.
+        _ = try KeychainTPM.chosen(.required, tcti: tcti)
         guard let recovery = try rekey(at: directory, passcode: passcode, tpm: .required, tcti: tcti) else {
             throw .tpmUnavailable
         }

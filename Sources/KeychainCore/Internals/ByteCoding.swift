@@ -126,6 +126,14 @@ package enum Hex {
         value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10
     }
 
+    /// The bytes `text` spells in lowercase hex, of any length; nil for
+    /// an odd count of digits or any other spelling (one spelling only).
+    package static func bytes(_ text: String) -> [UInt8]? {
+        guard text.utf8.count % 2 == 0, let bytes = bytes(text, count: text.utf8.count / 2), string(bytes) == text
+        else { return nil }
+        return bytes
+    }
+
     /// The `count` bytes `text` spells; nil for any other length or a non-hex digit.
     package static func bytes(_ text: String, count: Int) -> [UInt8]? {
         let digits = Array(text.utf8)

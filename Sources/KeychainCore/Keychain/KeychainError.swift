@@ -79,10 +79,12 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .tpmUnavailable:
             return "the keychain's keys are sealed by a TPM, and no TPM answers now (absent, or busy: try again)"
         case .tpmMismatch:
-            return "the keychain's keys are sealed by another TPM (or by this one before it was cleared); "
+            return "the keychain's keys are sealed by another TPM (or by this one before it was cleared, "
+                + "or for another user through the keychainfs service); "
                 + "`keychainfs recover` opens it with its recovery key"
         case .tpmLockedOut:
-            return "the TPM refuses passcode tries for now (its dictionary-attack lockout after wrong passcodes)"
+            return "the TPM refuses passcode tries for now (its dictionary-attack lockout after wrong passcodes; "
+                + "through the keychainfs service, your user's share of it)"
         case .rolledBack:
             return "the keychain is older than its TPM rollback counter: an older copy of its files was put back "
                 + "(or the counter was moved); if you put them back yourself, "

@@ -209,3 +209,36 @@ extension DeviceCall where Result == AuditLogFile {
 extension DeviceCall where Result == AuditLog.VerifyReport {
     public static var verifyLog: Self { .init(.file(.verifyLog)) }
 }
+
+// MARK: The TPM, through the service (issue 38)
+
+extension DeviceCall where Result == TPMSealed {
+    public static func tpmSeal(_ secret: SecureBytes, auth: SecureBytes, guarded: Bool) -> Self {
+        .init(.tpm(.seal(secret: secret, auth: auth, guarded: guarded)))
+    }
+}
+
+extension DeviceCall where Result == TPMUnsealed {
+    public static func tpmUnseal(_ blob: [UInt8], auth: SecureBytes, storageKey: [UInt8]) -> Self {
+        .init(.tpm(.unseal(blob: blob, auth: auth, storageKey: storageKey)))
+    }
+}
+
+extension DeviceCall where Result == TPMCounter {
+    public static func tpmDefineCounter(auth: SecureBytes, candidates: [UInt32]) -> Self {
+        .init(.tpm(.defineCounter(auth: auth, candidates: candidates)))
+    }
+}
+
+extension DeviceCall where Result == TPMCounterValue {
+    public static func tpmCounterValue(_ counter: TPMCounterHandle) -> Self { .init(.tpm(.counterValue(counter))) }
+}
+
+extension DeviceCall where Result == Done {
+    public static func tpmIncrement(_ counter: TPMCounterHandle) -> Self { .init(.tpm(.increment(counter))) }
+    public static func tpmRelease(_ counter: TPMCounterHandle) -> Self { .init(.tpm(.release(counter))) }
+}
+
+extension DeviceCall where Result == TPMLockoutShare {
+    public static var tpmLockout: Self { .init(.tpm(.lockout)) }
+}

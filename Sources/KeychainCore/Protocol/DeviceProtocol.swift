@@ -25,7 +25,7 @@ public enum DeviceProtocol {
     /// who decides (issue 37). 7: `status` names the mount it is asked
     /// through, and answers the whole report: the serving process's facts
     /// too (issue 40: one status for every view).
-    public static let version: UInt8 = 8
+    public static let version: UInt8 = 9
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }

@@ -19,6 +19,8 @@ public enum DeviceRequest: Equatable, Sendable {
     /// The device process itself: whether it answers, its end, its events,
     /// the bus it serves, a user's keychain in the service.
     case process(ProcessRequest)
+    /// The TPM, through the service, for a user who cannot reach it.
+    case tpm(TPMRequest)
 
     /// The `kind` byte of each request.
     enum Operation: UInt8, CaseIterable {
@@ -27,6 +29,8 @@ public enum DeviceRequest: Equatable, Sendable {
         case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
         case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
         case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32, access = 33, apps = 34
+        case tpmSeal = 35, tpmUnseal = 36, tpmDefineCounter = 37, tpmCounterValue = 38, tpmIncrement = 39
+        case tpmRelease = 40, tpmLockout = 41
     }
 
     /// The request as a frame, in secret memory.
@@ -149,6 +153,8 @@ public enum DeviceRequest: Equatable, Sendable {
         case .device(.autoLock(let after, let grace)):
             operation = .autoLock
             fields = [.optionalText(after.map { String($0) }), .optionalText(grace.map { String($0) })]
+        case .tpm(let request):
+            (operation, fields) = request.frameParts
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
     }
@@ -292,6 +298,13 @@ public enum DeviceRequest: Equatable, Sendable {
                 .autoLock(
                     after: try Self.seconds(try reader.optionalText()),
                     grace: try Self.seconds(try reader.optionalText())))
+        case .tpmSeal: self = .tpm(try .parsingSeal(&reader))
+        case .tpmUnseal: self = .tpm(try .parsingUnseal(&reader))
+        case .tpmDefineCounter: self = .tpm(try .parsingDefineCounter(&reader))
+        case .tpmCounterValue: self = .tpm(.counterValue(try TPMRequest.counter(&reader)))
+        case .tpmIncrement: self = .tpm(.increment(try TPMRequest.counter(&reader)))
+        case .tpmRelease: self = .tpm(.release(try TPMRequest.counter(&reader)))
+        case .tpmLockout: self = .tpm(.lockout)
         }
         guard reader.isAtEnd else { throw .param }
     }

@@ -25,7 +25,8 @@ extension KeychainDirectory {
                 + "/dev/tpmrm0; the service's account needs the tss group): start it, or open the keychain on its "
                 + "machine; `keychainfs recover` opens it elsewhere with its recovery key"
         case .tpmMismatch:
-            return "the keychain at \(keychain.path) is sealed by another TPM, or by this one before it was cleared: "
+            return "the keychain at \(keychain.path) is sealed by another TPM, by this one before it was cleared, "
+                + "or for another user through the keychainfs service: "
                 + "`keychainfs recover --keychain \(keychain.path)` opens it with its recovery key and seals it to this TPM"
         case .rolledBack:
             return

@@ -155,27 +155,32 @@ public struct KeychainDirectory: Sendable, Equatable {
         switch try readDeviceSecretFile() {
         case .plain(let secret):
             return (DeviceSecret(secret: secret), nil)
-        case .sealed(let blob, let pinned):
-            let (secret, storageKey) = try KeychainTPM(tcti: tcti, storageKey: pinned).unsealDeviceSecret(blob)
+        case .sealed(let blob, let pinned, let throughService):
+            let sealer = KeychainTPM.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
+            let (secret, storageKey) = try sealer.unsealDeviceSecret(blob)
             if pinned == nil {
                 try writeDeviceSecret(try DeviceSecretFile.sealedContents(blob, storageKey: storageKey))
             }
-            return (DeviceSecret(secret: secret), KeychainTPM(tcti: tcti, storageKey: storageKey))
+            return (
+                DeviceSecret(secret: secret),
+                KeychainTPM.sealedBy(tcti: tcti, storageKey: storageKey, throughService: throughService)
+            )
         }
     }
 
     /// How the keychain's device secret is kept (read from its file, no TPM asked).
     public func keyProtection() throws(KeychainError) -> KeyProtection {
-        if case .sealed = try readDeviceSecretFile() { return .tpm2 }
-        return .file
+        guard case .sealed(_, _, let throughService) = try readDeviceSecretFile() else { return .file }
+        return throughService ? .tpm2Service : .tpm2
     }
 
     /// The device secret's 32 bytes (unsealed by the TPM when it is sealed).
     func readDeviceSecret(tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> SecureBytes {
         switch try readDeviceSecretFile() {
         case .plain(let secret): return secret
-        case .sealed(let blob, let pinned):
-            return try KeychainTPM(tcti: tcti, storageKey: pinned).unsealDeviceSecret(blob).secret
+        case .sealed(let blob, let pinned, let throughService):
+            return try KeychainTPM.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
+                .unsealDeviceSecret(blob).secret
         }
     }
 }

@@ -9,6 +9,10 @@ public enum KeyProtection: String, Sendable, Equatable {
     /// Sealed by a TPM 2.0: the files alone open nothing, and every
     /// passcode guess goes through the TPM and its lockout.
     case tpm2
+    /// Sealed by a TPM 2.0 that the keychainfs service reaches for a user
+    /// who cannot (issue 38): as ``tpm2``, with every object and counter
+    /// bound to the user's uid by the service.
+    case tpm2Service = "tpm2-service"
     /// In a file of the keychain: a copy of the files can be guessed at
     /// offline, at Argon2id's pace.
     case file
@@ -27,6 +31,13 @@ extension KeyProtection {
                 + "which seals keychains for every user"
         }
         return "\(device) does not answer"
+    }
+
+    /// Why a keychain sealed through the service was not sealed directly,
+    /// in a few words: the user reaches no TPM of their own.
+    public static func whyNotYours(device: String = "/dev/tpmrm0") -> String {
+        guard access(device, F_OK) == 0 else { return "you reach no TPM yourself (\(device) is missing)" }
+        return "you cannot reach \(device) yourself (only root and group tss can)"
     }
 }
 
@@ -50,10 +61,60 @@ struct KeychainTPM: Sendable {
     /// The name of the storage primary key the keychain was sealed under
     /// (nil: not recorded yet): no session is salted with another.
     var storageKey: [UInt8]?
+    /// Reached through the keychainfs service (``TPMBroker``), for a user
+    /// who cannot reach the TPM: every use is a request on the service's
+    /// socket (``ServicePaths/socket()``), and what it seals opens only
+    /// through the service, for this uid.
+    let throughService: Bool
 
     init(tcti: String?, storageKey: [UInt8]? = nil) {
         self.tcti = tcti
         self.storageKey = storageKey
+        self.throughService = false
+    }
+
+    /// The TPM the service reaches for this user.
+    init(throughServiceWith storageKey: [UInt8]?) {
+        self.tcti = nil
+        self.storageKey = storageKey
+        self.throughService = true
+    }
+
+    /// The TPM a sealed file names: the service's for this user, or the one at `tcti`.
+    static func sealedBy(tcti: String?, storageKey: [UInt8]?, throughService: Bool) -> KeychainTPM {
+        throughService ? KeychainTPM(throughServiceWith: storageKey) : KeychainTPM(tcti: tcti, storageKey: storageKey)
+    }
+
+    /// How a keychain sealed by it says it.
+    var protection: KeyProtection { throughService ? .tpm2Service : .tpm2 }
+
+    /// Set in the service's own process: it reaches the TPM itself or not
+    /// at all, never through its own socket.
+    static let isTheService = Atomic(false)
+
+    /// The TPM the service reaches for this user, when a service answers
+    /// and its TPM does.
+    static func throughServiceIfItAnswers() -> KeychainTPM? {
+        guard !isTheService.load(ordering: .relaxed), let socket = ServicePaths.socket(),
+            case .success? = DeviceClient.send(.tpmLockout, to: socket)
+        else { return nil }
+        return KeychainTPM(throughServiceWith: nil)
+    }
+
+    /// The service's answer to `call`, or why there is none: its core error
+    /// (its sentence logged, unless it is a wrong passcode's), or
+    /// ``KeychainError/tpmUnavailable`` when no service answers.
+    private static func askService<Result>(_ call: DeviceCall<Result>) throws(KeychainError) -> Result {
+        guard let socket = ServicePaths.socket(), let outcome = DeviceClient.send(call, to: socket) else {
+            Diagnostics.log("the keychain's TPM is reached through the keychainfs service, which does not answer")
+            throw .tpmUnavailable
+        }
+        switch outcome {
+        case .success(let result): return result
+        case .failure(let refusal):
+            if refusal.keychainError != .authFailed { Diagnostics.log("the keychainfs service: \(refusal.sentence)") }
+            throw refusal == .unexpected ? .tpmUnavailable : refusal.keychainError
+        }
     }
 
     /// The TPM that answers at `tcti`, or nil when none does (the caller
@@ -77,10 +138,11 @@ struct KeychainTPM: Sendable {
                 Diagnostics.log("no TPM answers at \(tcti), the TCTI named")
                 throw .tpmUnavailable
             }
-            return nil
+            return throughServiceIfItAnswers()
         case .required:
-            guard let found = present(tcti: tcti) else { throw .tpmUnavailable }
-            return found
+            if let found = present(tcti: tcti) { return found }
+            guard tcti == nil, let brokered = throughServiceIfItAnswers() else { throw .tpmUnavailable }
+            return brokered
         }
     }
 
@@ -184,29 +246,56 @@ struct KeychainTPM: Sendable {
         }
     }
 
+    /// Seals `secret` under `auth` (`guarded`: counted by the lockout);
+    /// returns the blob and the name of the storage key it is sealed under.
+    func seal(_ secret: SecureBytes, auth: SecureBytes, guarded: Bool) throws(KeychainError)
+        -> (blob: [UInt8], storageKey: [UInt8])
+    {
+        if throughService {
+            let sealed = try Self.askService(.tpmSeal(secret, auth: auth, guarded: guarded))
+            return (sealed.blob, sealed.storageKey)
+        }
+        return try use { tpm throws(TPMError) in
+            let blob = try tpm.seal(secret, auth: auth, guarded: guarded)
+            guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
+            return (blob, name)
+        }
+    }
+
+    /// What `blob` holds, and the name of the storage key it was unsealed under.
+    func unseal(_ blob: [UInt8], auth: SecureBytes) throws(KeychainError) -> (secret: SecureBytes, storageKey: [UInt8])
+    {
+        if throughService {
+            // Sealed through the service: its storage key was recorded then.
+            guard let storageKey else { throw .decode }
+            return (try Self.askService(.tpmUnseal(blob, auth: auth, storageKey: storageKey)).secret, storageKey)
+        }
+        return try use { tpm throws(TPMError) in
+            let secret = try tpm.unseal(blob, auth: auth)
+            guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
+            return (secret, name)
+        }
+    }
+
     /// Seals `secret` with an empty auth, usable in a lockout: only this
     /// TPM opens it. Returns the contents of a sealed file
     /// (``DeviceSecretFile``) and the name of the storage key it is sealed
     /// under, to be pinned (``storageKey``).
     func sealDeviceSecret(_ secret: SecureBytes) throws(KeychainError) -> (file: SecureBytes, storageKey: [UInt8]) {
-        let empty = try SecureBytes(count: 0)
-        let (blob, name) = try use { tpm throws(TPMError) in
-            let blob = try tpm.seal(secret, auth: empty, guarded: false)
-            guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
-            return (blob, name)
-        }
-        return (try DeviceSecretFile.sealedContents(blob, storageKey: name), name)
+        let (blob, name) = try seal(secret, auth: try SecureBytes(count: 0), guarded: false)
+        return (try DeviceSecretFile.sealedContents(blob, storageKey: name, throughService: throughService), name)
     }
 
     /// The device secret `blob` holds, and the name of the storage key it
     /// was unsealed under (the pinned one, or, for a keychain sealed before
     /// names were recorded, the one to pin now).
     func unsealDeviceSecret(_ blob: [UInt8]) throws(KeychainError) -> (secret: SecureBytes, storageKey: [UInt8]) {
-        let empty = try SecureBytes(count: 0)
-        let (secret, name) = try use { tpm throws(TPMError) in
-            let secret = try tpm.unseal(blob, auth: empty)
-            guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
-            return (secret, name)
+        let secret: SecureBytes, name: [UInt8]
+        do throws(KeychainError) {
+            (secret, name) = try unseal(blob, auth: try SecureBytes(count: 0))
+        } catch .authFailed where throughService {
+            // Its auth is empty for its user: another uid's bound auth fails.
+            throw .tpmMismatch
         }
         guard secret.count == Crypto.keySize else { throw .tpmMismatch }
         return (secret, name)
@@ -214,7 +303,8 @@ struct KeychainTPM: Sendable {
 
     /// The TPM's dictionary-attack state, for `status`; nil when it does not answer.
     func lockout() -> TPMLockoutState? {
-        try? use { tpm throws(TPMError) in try tpm.lockout() }
+        if throughService { return try? Self.askService(.tpmLockout).state }
+        return try? use { tpm throws(TPMError) in try tpm.lockout() }
     }
 
     // MARK: The rollback counter
@@ -231,6 +321,10 @@ struct KeychainTPM: Sendable {
     func defineCounter(auth: SecureBytes, candidates: [UInt32]? = nil) throws(KeychainError)
         -> (counter: CounterReference, value: UInt64)
     {
+        if throughService {
+            let defined = try Self.askService(.tpmDefineCounter(auth: auth, candidates: candidates ?? []))
+            return (CounterReference(index: defined.index, name: defined.name, auth: auth), defined.value)
+        }
         let indexes = candidates ?? (0..<16).map { _ in UInt32.random(in: Self.counterIndexes) }
         return try use { tpm throws(TPMError) in
             for index in indexes {
@@ -247,18 +341,33 @@ struct KeychainTPM: Sendable {
     }
 
     func value(of counter: CounterReference) throws(KeychainError) -> UInt64 {
-        try use { tpm throws(TPMError) in try tpm.value(of: counter) }
+        if throughService { return try Self.askService(.tpmCounterValue(try Self.handle(counter))).value }
+        return try use { tpm throws(TPMError) in try tpm.value(of: counter) }
     }
 
     func increment(_ counter: CounterReference) throws(KeychainError) {
+        if throughService {
+            _ = try Self.askService(.tpmIncrement(try Self.handle(counter)))
+            return
+        }
         try use { tpm throws(TPMError) in try tpm.increment(counter) }
+    }
+
+    /// A counter as the service names it: one it defined has its name and auth recorded.
+    private static func handle(_ counter: CounterReference) throws(KeychainError) -> TPMCounterHandle {
+        guard let handle = TPMCounterHandle(counter) else { throw .rollbackCounterGone }
+        return handle
     }
 
     /// Frees a counter the keychain no longer uses. A failure is logged:
     /// the index stays taken, nothing else is wrong.
     func release(_ counter: CounterReference) {
         do throws(KeychainError) {
-            try use { tpm throws(TPMError) in try tpm.undefine(counter) }
+            if throughService {
+                _ = try Self.askService(.tpmRelease(try Self.handle(counter)))
+            } else {
+                try use { tpm throws(TPMError) in try tpm.undefine(counter) }
+            }
         } catch .rollbackCounterGone {
             return  // not there any more, or another's now: nothing of ours to free
         } catch {
@@ -274,26 +383,31 @@ struct KeychainTPM: Sendable {
 /// `"KCFSTPM2" | version u8 = 1 | blob`, or, since issue 38,
 /// `"KCFSTPM2" | version u8 = 2 | length u16 LE | storage key name | blob`,
 /// the name of the storage primary key it is sealed under, which every
-/// session is checked against before it is salted with that key.
+/// session is checked against before it is salted with that key; version
+/// 3, the same, sealed through the keychainfs service for its user
+/// (``KeychainTPM/throughService``).
 enum DeviceSecretFile {
     case plain(SecureBytes)
-    case sealed([UInt8], storageKey: [UInt8]?)
+    case sealed([UInt8], storageKey: [UInt8]?, throughService: Bool)
 
     static let magic = Array("KCFSTPM2".utf8)
     static let unpinnedVersion: UInt8 = 1
     static let version: UInt8 = 2
+    static let serviceVersion: UInt8 = 3
     /// A sealed object's public and private parts are a few hundred bytes.
     static let maximumSize = 4096
 
     /// The file's contents for `blob` sealed under `storageKey`, as written to disk.
-    static func sealedContents(_ blob: [UInt8], storageKey: [UInt8]) throws(KeychainError) -> SecureBytes {
-        try SecureBytes(encodeSealed(blob, storageKey: storageKey))
+    static func sealedContents(_ blob: [UInt8], storageKey: [UInt8], throughService: Bool = false)
+        throws(KeychainError) -> SecureBytes
+    {
+        try SecureBytes(encodeSealed(blob, storageKey: storageKey, throughService: throughService))
     }
 
-    static func encodeSealed(_ blob: [UInt8], storageKey: [UInt8]) -> [UInt8] {
+    static func encodeSealed(_ blob: [UInt8], storageKey: [UInt8], throughService: Bool = false) -> [UInt8] {
         var writer = ByteWriter()
         writer.append(magic)
-        writer.append(version)
+        writer.append(throughService ? serviceVersion : version)
         writer.append(UInt16(storageKey.count))
         writer.append(storageKey)
         writer.append(blob)
@@ -310,15 +424,16 @@ enum DeviceSecretFile {
             guard try reader.read(Self.magic.count) == Self.magic else { throw .decode }
             switch try reader.readByte() {
             case Self.unpinnedVersion:
-                self = .sealed(try reader.read(reader.remaining), storageKey: nil)
-            case Self.version:
+                self = .sealed(try reader.read(reader.remaining), storageKey: nil, throughService: false)
+            case let version where version == Self.version || version == Self.serviceVersion:
                 let length = Int(try reader.readUInt16())
                 guard length > 0 else { throw .decode }
                 let name = try reader.read(length)
-                self = .sealed(try reader.read(reader.remaining), storageKey: name)
+                self = .sealed(
+                    try reader.read(reader.remaining), storageKey: name, throughService: version == Self.serviceVersion)
             default: throw .decode
             }
-            guard case .sealed(let blob, _) = self, !blob.isEmpty else { throw .decode }
+            guard case .sealed(let blob, _, _) = self, !blob.isEmpty else { throw .decode }
         } catch {
             Diagnostics.log("the keychain's device secret is damaged")
             throw .decode

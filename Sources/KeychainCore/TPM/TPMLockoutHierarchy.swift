@@ -83,7 +83,7 @@ public enum TPMLockoutHierarchy {
         Sodium.ensureInitialized()
         let path = stateDirectory + "/" + fileName
         guard access(path, F_OK) == 0 else { throw .noSuchKeychain }
-        guard case .sealed(let blob, let storageKey) = try KeychainDirectory.readSealedFile(at: path) else {
+        guard case .sealed(let blob, let storageKey, false) = try KeychainDirectory.readSealedFile(at: path) else {
             throw .decode
         }
         let tpm = KeychainTPM(tcti: tcti, storageKey: storageKey)

@@ -116,6 +116,13 @@ enum TPMObjects {
         return read && offset == blob.count ? parts : nil
     }
 
+    /// Whether the object of `blob` counts a wrong auth against the
+    /// dictionary-attack lockout (it is not NODA); false for what is no blob.
+    static func isCounted(_ blob: [UInt8]) -> Bool {
+        guard let parts = parts(of: blob) else { return false }
+        return parts.public.publicArea.objectAttributes & Value.noDA == 0
+    }
+
     /// One tagged property of a TPM2_CAP_TPM_PROPERTIES answer (0 when absent).
     static func property(_ data: UnsafePointer<TPMS_CAPABILITY_DATA>, _ property: UInt32) -> UInt32 {
         var properties = data.pointee.data.tpmProperties

@@ -501,6 +501,11 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     /// attributes and auth policy), or, for a counter recorded without one,
     /// at least a counter (an ordinary index can be written back to any
     /// value; a counter only goes up).
+    /// Whether `counter`'s index holds it still (its NV name), whoever reads it.
+    public func holds(_ counter: CounterReference) -> Bool {
+        (try? withVerified(counter) { _ throws(TPMError) in }) != nil
+    }
+
     private func withVerified<R>(_ counter: CounterReference, _ body: (UInt32) throws(TPMError) -> R)
         throws(TPMError) -> R
     {

@@ -1,0 +1,162 @@
+import Foundation
+@testable import KeychainCore
+import Synchronization
+import Testing
+import TestSupport
+
+extension SerialTests {
+    /// Issue 38, "the TPM for every user": what the service does for a user
+    /// who cannot reach the TPM, tried as another user would (their own
+    /// uid, the first user's blobs and counters, a flood of wrong
+    /// passcodes), on swtpm (3 tries, 1000 s to forgive one).
+    @Suite(.serialized) struct TPMBrokerTests {
+        static let alice: UInt32 = 60_001
+        static let bob: UInt32 = 60_002
+
+        /// A broker on `tpm` in a scratch state directory, with a clock the test moves.
+        final class Broker: @unchecked Sendable {
+            let scratch: KeyProtectionTests.Scratch
+            let clock = TestClock()
+            let broker: TPMBroker
+
+            init(on tpm: SoftwareTPM) throws {
+                scratch = try KeyProtectionTests.Scratch()
+                broker = TPMBroker(stateDirectory: scratch.root, tcti: tpm.tcti, clock: clock.read)
+            }
+
+            func ask<Result: DeviceResult>(_ call: DeviceCall<Result>, as uid: UInt32) -> DeviceOutcome<Result> {
+                guard case .tpm(let request) = call.request else { return .failure(.unexpected) }
+                return call.outcome(of: broker.answer(request, uid: uid))
+            }
+        }
+
+        static func secret(_ text: String) throws -> SecureBytes { try SecureBytes(text) }
+
+        static func refusal<Result>(_ outcome: DeviceOutcome<Result>) -> KeychainError? {
+            guard case .failure(let refusal) = outcome else { return nil }
+            return refusal.keychainError
+        }
+
+        /// A blob or counter of one uid's opens, reads, moves and frees for
+        /// no other uid, even with the right auth: the service binds each
+        /// auth to the caller's uid.
+        @Test func anotherUsersBlobsAndCountersAreNotTheirs() throws {
+            let tpm = try SoftwareTPM()
+            let broker = try Broker(on: tpm)
+            let auth = try Self.secret("the same auth")
+            let sealed = try broker.ask(
+                .tpmSeal(try Self.secret("alice's secret"), auth: auth, guarded: false), as: Self.alice
+            )
+            .get()
+            let opened = try broker.ask(
+                .tpmUnseal(sealed.blob, auth: auth, storageKey: sealed.storageKey), as: Self.alice
+            )
+            .get()
+            #expect(opened.secret == (try Self.secret("alice's secret")))
+            #expect(
+                Self.refusal(
+                    broker.ask(.tpmUnseal(sealed.blob, auth: auth, storageKey: sealed.storageKey), as: Self.bob))
+                    == .authFailed)
+            // Nor directly with the auth the user knows: the TPM holds the bound one.
+            let direct = try TrustedPlatformModule(tcti: tpm.tcti)
+            #expect(throws: TPMError.authFailed) { try direct.unseal(sealed.blob, auth: auth) }
+
+            let counter = try broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice).get()
+            let handle = TPMCounterHandle(index: counter.index, name: counter.name, auth: auth)
+            #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value)
+            #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.bob)) == .authFailed)
+            #expect(Self.refusal(broker.ask(.tpmIncrement(handle), as: Self.bob)) == .authFailed)
+            #expect(Self.refusal(broker.ask(.tpmRelease(handle), as: Self.bob)) == .authFailed)
+            #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value, "unmoved")
+            #expect(throws: Never.self) { try broker.ask(.tpmIncrement(handle), as: Self.alice).get() }
+            #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value + 1)
+            #expect(throws: Never.self) { try broker.ask(.tpmRelease(handle), as: Self.alice).get() }
+            #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.alice)) == .rollbackCounterGone)
+            // Counters go only where keychains' do.
+            #expect(
+                Self.refusal(broker.ask(.tpmDefineCounter(auth: auth, candidates: [0x0180_0400]), as: Self.alice))
+                    == .param)
+        }
+
+        /// One uid's wrong passcodes never lock the TPM out for the others:
+        /// past its share (1 of swtpm's 3), the service passes none of its
+        /// tries until the TPM would have forgiven one, and a right
+        /// passcode forgives nothing.
+        @Test func oneUsersWrongPasscodesLeaveTheTPMOpenToOthers() throws {
+            let tpm = try SoftwareTPM()
+            let broker = try Broker(on: tpm)
+            let right = try Self.secret("right"), wrong = try Self.secret("wrong")
+            let alices = try broker.ask(.tpmSeal(try Self.secret("a"), auth: right, guarded: true), as: Self.alice)
+                .get()
+            let bobs = try broker.ask(.tpmSeal(try Self.secret("b"), auth: right, guarded: true), as: Self.bob).get()
+            func unseal(_ sealed: TPMSealed, _ auth: SecureBytes, as uid: UInt32) -> KeychainError? {
+                Self.refusal(broker.ask(.tpmUnseal(sealed.blob, auth: auth, storageKey: sealed.storageKey), as: uid))
+            }
+            #expect(try broker.ask(.tpmLockout, as: Self.alice).get().triesLeft == 1)
+            #expect(unseal(alices, wrong, as: Self.alice) == .authFailed)
+            #expect(try broker.ask(.tpmLockout, as: Self.alice).get().triesLeft == 0)
+            // A flood of guesses at Alice's own blob, and at Bob's: none reaches the TPM.
+            for _ in 0..<20 {
+                #expect(unseal(alices, wrong, as: Self.alice) == .tpmLockedOut)
+                #expect(unseal(bobs, wrong, as: Self.alice) == .tpmLockedOut)
+            }
+            #expect(unseal(alices, right, as: Self.alice) == .tpmLockedOut, "her right one waits too")
+            let state = try broker.ask(.tpmLockout, as: Self.bob).get()
+            #expect(state.state.failures == 1 && state.triesLeft == 1, "the TPM counted one; Bob has his share")
+            #expect(unseal(bobs, right, as: Self.bob) == nil, "the TPM is open to Bob")
+            // Once the TPM would have forgiven it, Alice tries again.
+            broker.clock.now.add(Int64(state.state.recoverySeconds), ordering: .relaxed)
+            #expect(unseal(alices, right, as: Self.alice) == nil)
+            // Her record is the service's, across its restarts.
+            let restarted = TPMBroker(stateDirectory: broker.scratch.root, tcti: tpm.tcti, clock: broker.clock.read)
+            #expect(unseal(alices, wrong, as: Self.alice) == .authFailed)
+            let again = restarted.answer(
+                .unseal(blob: alices.blob, auth: right, storageKey: alices.storageKey), uid: Self.alice)
+            #expect(
+                DeviceCall.tpmUnseal(alices.blob, auth: right, storageKey: alices.storageKey).outcome(of: again)
+                    .failure?.keychainError == .tpmLockedOut)
+        }
+
+        /// NV space is the machine's: a uid holds at most eight counters
+        /// through the service; one freed, or undefined by root, makes room.
+        @Test func aUserHoldsABoundedNumberOfCounters() throws {
+            let tpm = try SoftwareTPM()
+            let broker = try Broker(on: tpm)
+            let auth = try Self.secret("auth")
+            var held: [TPMCounter] = []
+            for _ in 0..<TPMBroker.countersPerUser {
+                held.append(try broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice).get())
+            }
+            let over = broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice)
+            #expect(Self.refusal(over) == .quotaExceeded)
+            #expect(over.failure?.sentence.contains("tpm2_nvundefine") == true)
+            #expect(throws: Never.self, "Bob has his own") {
+                try broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.bob).get()
+            }
+            let first = TPMCounterHandle(index: held[0].index, name: held[0].name, auth: auth)
+            #expect(throws: Never.self) { try broker.ask(.tpmRelease(first), as: Self.alice).get() }
+            #expect(throws: Never.self) {
+                try broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice).get()
+            }
+            // Root frees one by hand: the service sees it is gone at the next definition.
+            let undefined = try TPMTools.run("tpm2_nvundefine 0x\(String(held[1].index, radix: 16)) -C o", on: tpm)
+            #expect(undefined.status == 0, "\(undefined.output)")
+            #expect(throws: Never.self) {
+                try broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice).get()
+            }
+        }
+    }
+}
+
+/// A clock a test moves.
+final class TestClock: Sendable {
+    let now = Atomic<Int64>(1_000_000)
+    var read: @Sendable () -> Int64 { { [self] in now.load(ordering: .relaxed) } }
+}
+
+extension Swift.Result {
+    fileprivate var failure: Failure? {
+        guard case .failure(let failure) = self else { return nil }
+        return failure
+    }
+}
