@@ -379,29 +379,6 @@ extension ServedKeychain {
                 identifier: request.identifier, subject: subject, detail: detail ?? doubt))
     }
 
-    /// The requests of a ``PasswordManager`` that is a client of this
-    /// device (and of `keychainfs get/set/rm/ls`): the manager's own
-    /// operations, with the filesystem's namespace rules (a removed or
-    /// replaced item's inode is detached, writes are serialised with commits).
-    func answerItemRequest(
-        _ request: ItemRequest, program: () -> ProgramIdentity?,
-        subject: () -> AuditSubject?, consent: ConsentCaller?
-    ) throws(KeychainError) -> any DeviceResult {
-        // As through a mount: a group's policy decides per program (the peer),
-        // when the request has arrived and again just before the reply.
-        if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
-        // And the owner rule (issue 37): an item another program owns is the
-        // person's to allow, through the socket as over the bus. `consent`
-        // nil: the Secret Service asked the person already.
-        if let consent, let group = request.group, let verb = request.consentVerb {
-            try manager.requireConsent(
-                group: group, identifiers: request.ownedIdentifiers, verb: verb, caller: consent)
-        }
-        let result = try carryOut(request)
-        if let group = request.group { try manager.localDevice.checkEntitlement(group, program: program) }
-        return result
-    }
-
     private func carryOut(_ request: ItemRequest) throws(KeychainError) -> any DeviceResult {
         switch request {
         case .get(let group, let identifier):
@@ -505,7 +482,11 @@ extension ServedKeychain: SecretStore {
         let answer: DeviceAnswer
         switch call.request {
         case .item(let item):
-            answer = answerAudited(item, program: program, subject: subject, consent: nil, auditOK: policy == .always)
+            answer = withoutActuallyEscaping(program) { program in
+                withoutActuallyEscaping(subject) { subject in
+                    answerAudited(item, program: program, subject: subject, consent: nil, auditOK: policy == .always)
+                }
+            }
         case .device(let state):
             answer = self.answer(state, subject: subject)
         // Nothing the provider asks: its calls are an item's or the lock's.
@@ -517,28 +498,28 @@ extension ServedKeychain: SecretStore {
 }
 
 extension ServedKeychain {
-    /// Answers an item request and records it: always when refused (with
-    /// why the program was not taken for its executable, when that was
-    /// the reason), when done only if `auditOK`.
+    /// Answers an item request under the caller policy, which records it
+    /// (``PasswordManager/policed(_:group:items:verb:recordingSuccess:_:)``):
+    /// always when refused, when done only if `auditOK`. `consent` nil:
+    /// no question (the Secret Service asked the person already). The
+    /// requests of a ``PasswordManager`` that is a client of this device
+    /// (and of `keychainfs get/set/rm/ls`) are the manager's own
+    /// operations, with the filesystem's namespace rules (a removed or
+    /// replaced item's inode is detached, writes are serialised with commits).
     func answerAudited(
-        _ request: ItemRequest, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
+        _ request: ItemRequest, program: @escaping () -> ProgramIdentity?, subject: @escaping () -> AuditSubject?,
         consent: ConsentCaller?, auditOK: Bool
     ) -> DeviceAnswer {
-        // The program as it was read, for a denial's reason in the log.
-        var seen: ProgramIdentity?
+        let caller = PolicyCaller(program: program, consent: consent) { [self] result, doubt in
+            audit(request, result: result, subject: subject(), doubt: doubt)
+        }
         do throws(KeychainError) {
-            let result = try answerItemRequest(
-                request,
-                program: {
-                    seen = program()
-                    return seen
-                }, subject: subject, consent: consent)
-            if auditOK { audit(request, result: "ok", subject: subject()) }
-            return .success(result)
+            return .success(
+                try manager.policed(
+                    caller, group: request.group, items: request.ownedIdentifiers, verb: request.consentVerb,
+                    recordingSuccess: auditOK
+                ) { () throws(KeychainError) in try carryOut(request) })
         } catch {
-            audit(
-                request, result: AuditEvent.result(of: error), subject: subject(),
-                doubt: error == .missingEntitlement ? seen?.doubt : nil)
             return .failure(.keychain(error, sentence(for: error, about: .item(request))))
         }
     }

@@ -56,7 +56,9 @@ enum KeysHolder {
         switch self {
         case .local(let manager, _): return manager.localDevice.hasEntitlementPolicies
         case .device(let device):
-            guard case .success(let policy)? = try? device.outcome(.policy(group: nil)) else { return false }
+            guard case .success(let policy)? = try? device.outcome(PolicyCall.policy(group: nil).call) else {
+                return false
+            }
             return !policy.rows.isEmpty
         }
     }

@@ -8,11 +8,10 @@ import Glibc
 
 /// Sends a policy call to the keychain's running device, or, when none
 /// runs, carries it out on the keychain directly (as `passcode` does).
-func policyAnswer<Result>(_ call: DeviceCall<Result>, keychain place: KeychainPlace, passing file: Int32? = nil) throws
-    -> Result
+func policyAnswer<Result>(_ policy: PolicyCall<Result>, keychain place: KeychainPlace, passing file: Int32? = nil)
+    throws -> Result
 {
-    // Only the policy group's calls come here (grant, revoke, acl, policy).
-    guard case .policy(let request) = call.request else { throw fail("not a policy request") }
+    let request = policy.request, call = policy.call
     try place.requireExisting()
     let outcome: DeviceOutcome<Result>
     if let answer = try RunningDevice(listeningAt: try place.socketPath()).outcome(call, passing: file) {

@@ -354,12 +354,13 @@ import Testing
         DeviceCall.autoLock(after: nil, grace: nil).request, DeviceCall.unmount(mountpoint: "/m").request,
         DeviceCall.backup(path: "/b", password: secret("p")).request,
         DeviceCall.restore(path: "/b", password: secret("p"), policy: .keep).request,
-        DeviceCall.grant(group: "g", executable: "/x", unit: nil, uid: nil, passcode: nil).request,
-        DeviceCall.allow(group: "g", identifier: "i", executable: "/x", passcode: nil).request,
-        DeviceCall.claim(group: "g", identifier: "i", executable: "/x", passcode: nil).request,
-        DeviceCall.revoke(group: "g", executable: nil, unit: nil, uid: nil, all: true, passcode: nil).request,
-        DeviceCall.disallow(group: "g", identifier: "i", executable: "/x", passcode: nil).request,
-        DeviceCall.apps(group: "g", open: nil, passcode: nil).request, DeviceCall.policy(group: nil).request,
+        PolicyCall.grant(group: "g", executable: "/x", unit: nil, uid: nil, passcode: nil).call.request,
+        PolicyCall.allow(group: "g", identifier: "i", executable: "/x", passcode: nil).call.request,
+        PolicyCall.claim(group: "g", identifier: "i", executable: "/x", passcode: nil).call.request,
+        PolicyCall.revoke(group: "g", executable: nil, unit: nil, uid: nil, all: true, passcode: nil).call.request,
+        PolicyCall.disallow(group: "g", identifier: "i", executable: "/x", passcode: nil).call.request,
+        PolicyCall.apps(group: "g", open: nil, passcode: nil).call.request,
+        PolicyCall.policy(group: nil).call.request,
         DeviceCall.auditLog(rotated: false).request, DeviceCall.verifyLog.request,
         DeviceCall.tpmSeal(secret("s"), auth: secret("a"), guarded: true).request,
         DeviceCall.tpmUnseal([1], auth: secret("a"), storageKey: [2]).request,
@@ -392,7 +393,7 @@ import Testing
         #expect(try Self.crossed(Done(), for: .lock).get() == Done())
         let rule = EntitlementRule(executable: "/x", digest: Array(0..<32), unit: "u.service", uid: 7, allowsJIT: true)
         let policy = PolicyList([PolicyListing(group: "g", rule: rule), PolicyListing(group: "h", rule: nil)])
-        #expect(try Self.crossed(policy, for: .policy(group: nil)).get() == policy)
+        #expect(try Self.crossed(policy, for: PolicyCall.policy(group: nil).call).get() == policy)
         let item = try Self.crossed(
             ItemValue(value: Self.secret("s3cret"), protectionClass: .whenUnlocked),
             for: .get(group: "g", identifier: "i")

@@ -7,7 +7,7 @@ public struct DeviceCall<Result: DeviceResult>: Sendable {
     public let request: DeviceRequest
 
     /// Only the factories here pair a request with a result.
-    private init(_ request: DeviceRequest) { self.request = request }
+    fileprivate init(_ request: DeviceRequest) { self.request = request }
 
     /// The outcome a reply to this call says.
     public func outcome(of reply: DeviceReply) -> DeviceOutcome<Result> { reply.outcome(Result.self) }
@@ -140,41 +140,43 @@ extension DeviceCall where Result == RestoreSummary {
 
 // MARK: Policy (entitlements and items' access lists)
 
-extension DeviceCall where Result == PinnedProgram {
+/// A call of the policy group (issue 40): known to be one by its type, so
+/// that the command line, which answers a policy request itself when no
+/// device runs, gets the ``PolicyRequest`` without asking at run time.
+public struct PolicyCall<Result: DeviceResult>: Sendable {
+    public let request: PolicyRequest
+
+    private init(_ request: PolicyRequest) { self.request = request }
+
+    /// The call as any other: sent to a device, decoded where it arrives.
+    public var call: DeviceCall<Result> { DeviceCall(.policy(request)) }
+}
+
+extension PolicyCall where Result == PinnedProgram {
     public static func grant(
         group: String, executable: String, unit: String?, uid: UInt32?, passcode: SecureBytes?,
         allowJIT: Bool = false
     ) -> Self {
         .init(
-            .policy(
-                .grant(
-                    group: group, executable: executable, unit: unit, uid: uid, passcode: passcode, allowJIT: allowJIT))
-        )
+            .grant(group: group, executable: executable, unit: unit, uid: uid, passcode: passcode, allowJIT: allowJIT))
     }
 
     /// Puts the program on the item's access list.
     public static func allow(group: String, identifier: String, executable: String, passcode: SecureBytes?) -> Self {
-        .init(
-            .policy(
-                .access(group: group, identifier: identifier, executable: executable, change: .add, passcode: passcode))
-        )
+        .init(.access(group: group, identifier: identifier, executable: executable, change: .add, passcode: passcode))
     }
 
     /// Makes an item of no program the program's.
     public static func claim(group: String, identifier: String, executable: String, passcode: SecureBytes?) -> Self {
-        .init(
-            .policy(
-                .access(
-                    group: group, identifier: identifier, executable: executable, change: .claim, passcode: passcode)))
+        .init(.access(group: group, identifier: identifier, executable: executable, change: .claim, passcode: passcode))
     }
 }
 
-extension DeviceCall where Result == ReplyCount {
+extension PolicyCall where Result == ReplyCount {
     public static func revoke(
         group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?
     ) -> Self {
-        .init(
-            .policy(.revoke(group: group, executable: executable, unit: unit, uid: uid, all: all, passcode: passcode)))
+        .init(.revoke(group: group, executable: executable, unit: unit, uid: uid, all: all, passcode: passcode))
     }
 
     /// Takes every program at the path off the item's access list.
@@ -182,21 +184,19 @@ extension DeviceCall where Result == ReplyCount {
         group: String, identifier: String, executable: String, passcode: SecureBytes?
     ) -> Self {
         .init(
-            .policy(
-                .access(
-                    group: group, identifier: identifier, executable: executable, change: .remove, passcode: passcode)))
+            .access(group: group, identifier: identifier, executable: executable, change: .remove, passcode: passcode))
     }
 }
 
-extension DeviceCall where Result == GroupApps {
+extension PolicyCall where Result == GroupApps {
     /// Sets (`open` given, with the passcode) or reads (nil) whose a group's items are.
     public static func apps(group: String, open: Bool?, passcode: SecureBytes?) -> Self {
-        .init(.policy(.apps(group: group, open: open, passcode: passcode)))
+        .init(.apps(group: group, open: open, passcode: passcode))
     }
 }
 
-extension DeviceCall where Result == PolicyList {
-    public static func policy(group: String?) -> Self { .init(.policy(.policy(group: group))) }
+extension PolicyCall where Result == PolicyList {
+    public static func policy(group: String?) -> Self { .init(.policy(group: group)) }
 }
 
 // MARK: The audit log

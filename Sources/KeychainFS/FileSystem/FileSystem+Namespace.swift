@@ -20,8 +20,7 @@ extension FileSystem {
         guard let group = itemGroup(of: parent) else {
             throw Errno(parent == .root ? EISDIR : ENOTDIR)
         }
-        try requireEntitlement(group, caller: caller, operation: "remove", identifier: name)
-        try requireConsent(group, [name], verb: "delete", caller: caller, operation: "remove")
+        try admit(group, items: [name], verb: "delete", caller: caller, operation: "remove")
         try audited("remove", group: group, identifier: name, caller: caller) { () throws(Errno) in
             try core { () throws(KeychainError) in
                 try nodes.removeItem(group: group, identifier: name, manager: manager)
@@ -45,7 +44,7 @@ extension FileSystem {
         }
         if Self.specialFiles[name] != nil { throw Errno(ENOTDIR) }
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw Errno(EBUSY) }
-        try requireEntitlement(name, caller: caller, operation: "remove-group")
+        try admit(name, caller: caller, operation: "remove-group")
         try core { () throws(KeychainError) in try manager.removeGroup(name) }
         nodes.forgetNames([.group(name)], except: kernelCache)
     }
@@ -68,8 +67,7 @@ extension FileSystem {
             throw Errno(EXDEV)
         }
         guard itemGroup(of: newParent) == group else { throw Errno(EXDEV) }
-        try requireEntitlement(group, caller: caller, operation: "rename", identifier: name)
-        try requireConsent(group, [name, newName], verb: "rename or replace", caller: caller, operation: "rename")
+        try admit(group, items: [name, newName], verb: "rename or replace", caller: caller, operation: "rename")
         try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(Errno) in
             try core { () throws(KeychainError) in
                 try nodes.renameItem(

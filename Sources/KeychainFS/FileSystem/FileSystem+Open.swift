@@ -17,9 +17,8 @@ extension FileSystem {
         opener: ProcessIdentity
     ) throws(Errno) -> OpenFile {
         let operation = flags & O_ACCMODE == O_RDONLY ? "read" : "write"
-        try requireEntitlement(group, caller: opener, operation: operation, identifier: identifier)
-        try requireConsent(
-            group, [identifier], verb: operation == "read" ? "read the secret of" : "change the secret of",
+        try admit(
+            group, items: [identifier], verb: operation == "read" ? "read the secret of" : "change the secret of",
             caller: opener, operation: operation)
         return try audited(operation, group: group, identifier: identifier, caller: opener) { () throws(Errno) in
             let file = try opening(
@@ -132,7 +131,7 @@ extension FileSystem {
     /// and `O_EXCL` was asked; otherwise that item is opened instead.
     func createItem(group: String, identifier: String, flags: Int32, opener: ProcessIdentity) throws(Errno) -> OpenFile
     {
-        try requireEntitlement(group, caller: opener, operation: "create", identifier: identifier)
+        try admit(group, caller: opener, operation: "create", identifier: identifier)
         let target = manager.classForNewWrites
         let inode: UInt64
         do throws(KeychainError) {

@@ -316,66 +316,51 @@ public final class FileSystem: Sendable {
 
     // MARK: Entitlements
 
-    /// EPERM unless the calling program may use `group` (it has no policy,
-    /// or a rule of it admits the program). The program is identified only
-    /// for a group with a policy.
-    /// A denial is recorded in the audit log as `operation` on `identifier`.
-    func requireEntitlement(
-        _ group: String, caller: ProcessIdentity, operation: String,
-        identifier: String? = nil
+    /// The caller policy's steps 1 and 2 (``PasswordManager/admit(_:group:items:verb:)``,
+    /// the same as on the socket and the bus): EPERM unless the calling
+    /// program may use `group` (it has no policy, or a rule of it admits
+    /// the program; the program is identified only for a group with a
+    /// policy); then, with a `verb`, EACCES unless the caller may `verb`
+    /// the items `identifiers` (the owner rule, issue 37: an item another
+    /// program owns is the person's to allow, and asking blocks only this
+    /// request's worker). A refusal is recorded in the audit log as
+    /// `operation` on `identifier` (else the first of `identifiers`).
+    func admit(
+        _ group: String, items identifiers: [String] = [], verb: String? = nil, caller: ProcessIdentity,
+        operation: String, identifier: String? = nil
     ) throws(Errno) {
-        var program: ProgramIdentity?
-        do throws(KeychainError) {
-            try manager.localDevice.checkEntitlement(group) {
-                program = caller.program
-                return program
-            }
-        } catch {
-            // Why a granted executable was not trusted, when that was the reason.
+        let policyCaller = PolicyCaller(
+            program: { caller.program }, consent: verb == nil ? nil : caller.consentCaller
+        ) { [self] result, doubt in
             audit(
-                operation, group: group, identifier: identifier, detail: program?.doubt, caller: caller,
-                result: AuditEvent.result(of: error))
-            throw Errno(error)
+                operation, group: group, identifier: identifier ?? identifiers.first, detail: doubt, caller: caller,
+                result: result)
+        }
+        try core { () throws(KeychainError) in
+            try manager.admit(policyCaller, group: group, items: identifiers, verb: verb)
         }
     }
 
-    /// EACCES unless `caller` may `verb` the items `identifiers` of
-    /// `group`: the owner rule (issue 37), the same as on the bus and the
-    /// socket. An item another program owns is the person's to allow, and
-    /// asking blocks only this request's worker. A denial is recorded as
-    /// `operation`, beside the question and its answer.
-    func requireConsent(
-        _ group: String, _ identifiers: [String], verb: String, caller: ProcessIdentity, operation: String
-    ) throws(Errno) {
-        do throws(KeychainError) {
-            try manager.requireConsent(
-                group: group, identifiers: identifiers, verb: verb, caller: caller.consentCaller)
-        } catch {
-            audit(
-                operation, group: group, identifier: identifiers.first, caller: caller,
-                result: AuditEvent.result(of: error))
-            throw Errno(error)
-        }
-    }
-
-    /// The entitlement check again, unrecorded (the caller records the
-    /// outcome): what was true when a request arrived must still be true
-    /// when its reply hands out a value.
+    /// Step 4: the entitlement check again, unrecorded (the caller records
+    /// the outcome): what was true when a request arrived must still be
+    /// true when its reply hands out a value.
     func recheckEntitlement(_ group: String, caller: ProcessIdentity) throws(Errno) {
-        try core { () throws(KeychainError) in try manager.localDevice.checkEntitlement(group) { caller.program } }
+        try core { () throws(KeychainError) in
+            try manager.confirm(PolicyCaller(program: { caller.program }, consent: nil) { _, _ in }, group: group)
+        }
     }
 
     /// For requests about one node (lookup, stat, open, access): only an
     /// item is guarded; a group's directory and `.control` are not.
     func requireEntitlement(toItem node: Node, caller: ProcessIdentity, operation: String) throws(Errno) {
         if case .item(let group, let identifier) = node {
-            try requireEntitlement(group, caller: caller, operation: operation, identifier: identifier)
+            try admit(group, caller: caller, operation: operation, identifier: identifier)
         }
     }
 
     /// For requests about a directory's items (listing them).
     func requireEntitlement(inDirectory node: Node, caller: ProcessIdentity, operation: String) throws(Errno) {
-        if let group = itemGroup(of: node) { try requireEntitlement(group, caller: caller, operation: operation) }
+        if let group = itemGroup(of: node) { try admit(group, caller: caller, operation: operation) }
     }
 
     /// The node of an inode whose extended attributes the caller asks for:
@@ -383,7 +368,7 @@ public final class FileSystem: Sendable {
     func entitledNode(_ inode: UInt64, caller: ProcessIdentity, operation: String) throws(Errno) -> Node {
         let node = try node(inode)
         try requireEntitlement(toItem: node, caller: caller, operation: operation)
-        if case .group(let group) = node { try requireEntitlement(group, caller: caller, operation: operation) }
+        if case .group(let group) = node { try admit(group, caller: caller, operation: operation) }
         return node
     }
 

@@ -18,8 +18,9 @@ extension FuseOperations {
             guard case .item(let group, let identifier) = node else {
                 return try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
             }
-            try fs.requireConsent(
-                group, [identifier], verb: "change the protection of", caller: caller(req), operation: "set-class")
+            try fs.admit(
+                group, items: [identifier], verb: "change the protection of", caller: caller(req),
+                operation: "set-class")
             // Setting an attribute gives the item another class: a change worth recording.
             try fs.audited(
                 "set-class", group: group, identifier: identifier, detail: name + "=" + text,
