@@ -288,6 +288,20 @@ extension SerialTests {
             #expect(carols.succeeded, "the TPM is open to another user: \(carols)")
         }
 
+        /// A service told to use no TPM (`KEYCHAINFS_TPM=none`) seals
+        /// nothing for anyone, though its account reaches one: a user's
+        /// `init` keeps the keys in a file and says so.
+        @Test func aServiceToldToUseNoTPMSealsNothingForUsers() throws {
+            let tpm = try SoftwareTPM()
+            let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti, "KEYCHAINFS_TPM": "none"])
+            let user = try MountHarness(
+                as: try OrdinaryUser(), environment: ["TPM2TOOLS_TCTI": "", "KEYCHAINFS_SERVICE": service.socket],
+                creating: false)
+            let created = user.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(created.succeeded && created.stdout.contains("key protection: file"), "\(created)")
+            #expect(try KeychainDirectory(path: user.keychain).keyProtection() == .file)
+        }
+
         @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
             let tpm = try SoftwareTPM()
             let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])

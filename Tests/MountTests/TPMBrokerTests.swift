@@ -72,6 +72,9 @@ extension SerialTests {
             #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value + 1)
             #expect(throws: Never.self) { try broker.ask(.tpmRelease(handle), as: Self.alice).get() }
             #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.alice)) == .rollbackCounterGone)
+            // A definition tries a bounded number of indexes: it keeps the TPM busy for no one else.
+            let many = Array(repeating: UInt32(0x0181_0000), count: TPMBroker.candidatesPerDefinition + 1)
+            #expect(Self.refusal(broker.ask(.tpmDefineCounter(auth: auth, candidates: many), as: Self.alice)) == .param)
             // Counters go only where keychains' do.
             #expect(
                 Self.refusal(broker.ask(.tpmDefineCounter(auth: auth, candidates: [0x0180_0400]), as: Self.alice))

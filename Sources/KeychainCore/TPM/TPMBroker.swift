@@ -56,9 +56,17 @@ public final class TPMBroker: Sendable {
         }
     }
 
+    /// The most NV indexes one definition may name: each taken one costs a
+    /// TPM command, and a request must not keep the TPM busy for others.
+    public static let candidatesPerDefinition = 16
+
     /// The answer to `request` of the peer `uid`.
     public func answer(_ request: TPMRequest, uid: UInt32) -> DeviceReply {
         let tpm = KeychainTPM(tcti: tcti)
+        // `KEYCHAINFS_TPM=none`: the service's TPM is not to be used, for its keychains or anyone's.
+        guard !KeychainTPM.declinedByEnvironment else {
+            return .keychainError(.tpmUnavailable, "the keychainfs service uses no TPM (KEYCHAINFS_TPM=none)")
+        }
         do throws(KeychainError) {
             switch request {
             case .seal(let secret, let auth, let guarded):
@@ -148,7 +156,9 @@ public final class TPMBroker: Sendable {
         throws(KeychainError) -> DeviceReply
     {
         // Only where keychains' counters go: never systemd's range, nor an index of the platform's.
-        guard candidates.allSatisfy(KeychainTPM.counterIndexes.contains) else { throw .param }
+        guard candidates.count <= Self.candidatesPerDefinition,
+            candidates.allSatisfy(KeychainTPM.counterIndexes.contains)
+        else { throw .param }
         return try ledgers.withLock { _ throws(KeychainError) -> DeviceReply in
             var ledger = ledger(of: uid)
             if ledger.counters.count >= Self.countersPerUser {
