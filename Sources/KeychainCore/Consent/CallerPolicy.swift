@@ -14,7 +14,7 @@
 /// with ``PasswordManager/policed(_:group:items:verb:recordingSuccess:_:)``;
 /// the mount, whose acts are spread over a file's life (lookup, open,
 /// read), runs 1 and 2 with ``PasswordManager/admit(_:group:items:verb:)``
-/// and 4 with ``PasswordManager/confirm(_:group:)`` where they belong.
+/// and 4 with ``PasswordManager/confirm(group:program:)`` where they belong.
 package struct PolicyCaller {
     /// The calling program, read when a group's policy asks for it.
     let program: () -> ProgramIdentity?
@@ -48,9 +48,10 @@ extension PasswordManager {
         }
     }
 
-    /// Step 4, after the act: unrecorded, since the door records the outcome it answers.
-    package func confirm(_ caller: PolicyCaller, group: String) throws(KeychainError) {
-        try localDevice.checkEntitlement(group, program: caller.program)
+    /// Step 4, after the act: the entitlement of `program` again,
+    /// unrecorded, since the door records the outcome it answers.
+    package func confirm(group: String, program: () -> ProgramIdentity?) throws(KeychainError) {
+        try localDevice.checkEntitlement(group, program: program)
     }
 
     /// Steps 1 to 5 around `act`, for a request about `group` (nil: about
@@ -65,12 +66,7 @@ extension PasswordManager {
         do throws(KeychainError) {
             if let group { try check(caller, group: group, items: items, verb: verb, seen: &seen) }
             let result = try act()
-            if let group {
-                try localDevice.checkEntitlement(group) {
-                    seen = caller.program()
-                    return seen
-                }
-            }
+            if let group { try entitlement(caller, group: group, seen: &seen) }
             if recordingSuccess { caller.record("ok", nil) }
             return result
         } catch {
@@ -79,17 +75,22 @@ extension PasswordManager {
         }
     }
 
+    /// Steps 1 and 2, unrecorded; `seen`: the program as read, for a refusal's reason.
     private func check(
         _ caller: PolicyCaller, group: String, items: [String], verb: String?, seen: inout ProgramIdentity?
     ) throws(KeychainError) {
-        var read: ProgramIdentity?
-        defer { seen = read }
-        try localDevice.checkEntitlement(group) {
-            read = caller.program()
-            return read
-        }
+        try entitlement(caller, group: group, seen: &seen)
         if let consent = caller.consent, let verb {
             try requireConsent(group: group, identifiers: items, verb: verb, caller: consent)
+        }
+    }
+
+    /// The group's entitlement for the caller's program, read into `seen`.
+    private func entitlement(_ caller: PolicyCaller, group: String, seen: inout ProgramIdentity?) throws(KeychainError)
+    {
+        try localDevice.checkEntitlement(group) {
+            seen = caller.program()
+            return seen
         }
     }
 }

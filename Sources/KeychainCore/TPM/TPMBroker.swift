@@ -62,11 +62,11 @@ public final class TPMBroker: Sendable {
 
     /// The answer to `request` of the peer `uid`.
     public func answer(_ request: TPMRequest, uid: UInt32) -> DeviceReply {
-        let tpm = KeychainTPM(tcti: tcti)
         // `KEYCHAINFS_TPM=none`: the service's TPM is not to be used, for its keychains or anyone's.
         guard !KeychainTPM.declinedByEnvironment else {
             return .keychainError(.tpmUnavailable, "the keychainfs service uses no TPM (KEYCHAINFS_TPM=none)")
         }
+        let tpm = KeychainTPM(tcti: tcti)
         do throws(KeychainError) {
             switch request {
             case .seal(let secret, let auth, let guarded):
@@ -232,7 +232,7 @@ public final class TPMBroker: Sendable {
 /// passcodes not yet forgiven (since when the oldest counts), and the
 /// counters it holds (index and NV name). As text: `failures N SINCE`,
 /// then `counter INDEX NAME-HEX` per counter.
-struct BrokerLedger: Equatable {
+struct BrokerLedger {
     static let maximumSize = 4096
     var failureCount: UInt32 = 0
     var failuresSince: Int64 = 0
@@ -259,8 +259,6 @@ struct BrokerLedger: Equatable {
         (["failures \(failureCount) \(failuresSince)"]
             + counters.map { "counter \($0.index) \(Hex.string($0.name ?? []))" }).joined(separator: "\n") + "\n"
     }
-
-    static func == (a: BrokerLedger, b: BrokerLedger) -> Bool { a.text == b.text }
 
     /// The wrong passcodes not yet forgiven at `now`, one forgiven every `every` seconds.
     mutating func failures(now: Int64, every: UInt32) -> UInt32 {

@@ -346,7 +346,7 @@ public final class FileSystem: Sendable {
     /// true when its reply hands out a value.
     func recheckEntitlement(_ group: String, caller: ProcessIdentity) throws(Errno) {
         try core { () throws(KeychainError) in
-            try manager.confirm(PolicyCaller(program: { caller.program }, consent: nil) { _, _ in }, group: group)
+            try manager.confirm(group: group) { caller.program }
         }
     }
 
