@@ -64,14 +64,10 @@ func keychainSocketPath(_ path: String) throws -> String {
 /// `path` made absolute against the working directory, without resolving
 /// its last component (which may be a dead mount that cannot be entered).
 func absolutePath(_ path: String) -> String {
-    // Already absolute and normal (no `.`, `..` or empty component, no
-    // trailing slash), as scripts and the environment name it: as it is,
-    // without the generic splitting below, which `get`'s start pays for.
-    if path.hasPrefix("/"), path.utf8.count > 1, !path.hasSuffix("/"), !path.contains("//"), !path.contains("/./"),
-        !path.contains("/../"), !path.hasSuffix("/."), !path.hasSuffix("/..")
-    {
-        return path
-    }
+    // Already absolute and normal, as scripts and the environment name it:
+    // as it is, without the generic splitting below, which `get`'s start
+    // pays for.
+    if isNormalAbsolute(path) { return path }
     var components = path.hasPrefix("/") ? [] : currentDirectory().split(separator: "/").map(String.init)
     for part in path.split(separator: "/").map(String.init) {
         switch part {
@@ -81,6 +77,30 @@ func absolutePath(_ path: String) -> String {
         }
     }
     return "/" + components.joined(separator: "/")
+}
+
+/// Whether `path` starts with a slash and every component after it is a
+/// name: none empty (no `//`, no trailing slash), `.` or `..`. Read byte by
+/// byte: String's `contains` of a string is generic (a searcher whose types
+/// the runtime instantiates and checks conformances for at first use), and
+/// was a third of a `get`'s instructions (docs/BENCHMARKS.md).
+func isNormalAbsolute(_ path: String) -> Bool {
+    var bytes = path.utf8.makeIterator()
+    guard bytes.next() == UInt8(ascii: "/") else { return false }
+    var length = 0, dots = 0
+    while true {
+        let byte = bytes.next()
+        if byte == nil || byte == UInt8(ascii: "/") {
+            // A component ends: empty, `.` and `..` are not names.
+            if length == 0 || dots == length && length <= 2 { return false }
+            if byte == nil { return true }
+            length = 0
+            dots = 0
+        } else {
+            length += 1
+            if byte == UInt8(ascii: ".") { dots += 1 }
+        }
+    }
 }
 
 private func currentDirectory() -> String {

@@ -70,6 +70,19 @@ extension SerialTests {
             // Two items, or an option the fast path does not take: the parser's word.
             #expect(harness.sh("\"$K\" get default/x default/y --keychain \"$KC\"").status == 64)
             #expect(harness.sh("\"$K\" get --keychain default/x").status == 64)
+            // The keychain named however a path may name it is the same one:
+            // relative, with `.`, `..`, doubled or trailing slashes.
+            let root = (harness.keychain as NSString).deletingLastPathComponent
+            for path in [
+                "keychain", "./keychain/", "\(root)/./keychain", "\(root)//keychain", "\(root)/keychain/",
+                "\(root)/keychain/.", "\(root)/keychain/../keychain", "\(root)/keychain//"
+            ] {
+                let read = harness.sh("cd \"$1\" && \"$K\" get default/x --keychain \"$2\"", arguments: [root, path])
+                #expect(read.status == 0 && read.stdout == "s3cret", "\(path): \(read)")
+            }
+            // A name that only looks like one of those is a path as it is.
+            let dotted = harness.sh("\"$K\" get default/x --keychain \"$1\"", arguments: [root + "/keychain..."])
+            #expect(dotted.status == 2 && dotted.stderr.contains(root + "/keychain..."), "\(dotted)")
         }
 
         @Test func execPutsItemsInTheEnvironmentOrRunsNothing() throws {

@@ -14,6 +14,26 @@ import Testing
         #expect(arena.allocate(capacity: 40)?.pointer == slot.pointer)
     }
 
+    /// Slots are cut from a slab as they are asked for: each is zeroed and
+    /// overlaps no other, through a slab's end and into the next one.
+    @Test func slotsCutFromSlabsAreZeroedAndDistinct() throws {
+        let arena = SecretArena()
+        var slots: [UnsafeMutableRawPointer] = []
+        for index in 0..<1100 {
+            let slot = try #require(arena.allocate(capacity: 64))
+            #expect(slot.sizeClass == 0)
+            #expect(UnsafeRawBufferPointer(start: slot.pointer, count: 64).allSatisfy { $0 == 0 })
+            slot.pointer.initializeMemory(as: UInt8.self, repeating: UInt8(truncatingIfNeeded: index), count: 64)
+            slots.append(slot.pointer)
+        }
+        #expect(Set(slots).count == slots.count)
+        for (index, pointer) in slots.enumerated() {
+            #expect(
+                UnsafeRawBufferPointer(start: pointer, count: 64).allSatisfy { $0 == UInt8(truncatingIfNeeded: index) })
+            arena.release(pointer, sizeClass: 0, used: 64)
+        }
+    }
+
     /// Every value, and every protocol frame (a value with its names), has a slot; nothing larger.
     @Test func sizeClassesCoverEveryValueAndFrameUpToTheLimit() {
         #expect(SecretArena.sizeClass(for: 1) == 0)
