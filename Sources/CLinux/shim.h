@@ -3,6 +3,7 @@
 // Linux and glibc calls that Swift cannot make directly (variadic functions,
 // declarations hidden behind _GNU_SOURCE, headers outside the Glibc module).
 // Nothing of FUSE, libsodium or SQLite: each of those has its own shim.
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -19,6 +20,7 @@
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
 #include <sys/prctl.h>
+#include <sys/auxv.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>

@@ -252,6 +252,10 @@ public final class DeviceProcess: Sendable {
     /// signal asks it to stop. Returns the process exit status.
     public func runService(listener: Int32, ready: () -> Void) -> Int32 {
         guard case .service(let all) = keychains else { preconditionFailure("not a service") }
+        if let problem = ExecutableImage.servingProblem {
+            Diagnostics.log("keychainfs service: " + problem)
+            return 1
+        }
         let signals = Self.prepareProcess()
         startServing(listener)
         ready()

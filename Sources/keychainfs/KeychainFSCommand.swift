@@ -64,6 +64,7 @@ struct KeychainFSCommand: ParsableCommand {
                 printError(helpMessage())
                 Glibc.exit(64)
             }
+            BuildChoice.enter(for: arguments)
             main(arguments)
         }
     }

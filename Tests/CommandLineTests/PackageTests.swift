@@ -67,7 +67,16 @@ extension SerialTests {
             let service = try String(contentsOfFile: units + "/keychainfs.service", encoding: .utf8)
             #expect(service.contains("ExecStart=/usr/bin/keychainfs service\n"))
             var info = stat()
-            #expect(stat("/usr/bin/keychainfs", &info) == 0 && info.st_uid == 0 && info.st_mode & 0o022 == 0)
+            for program in ["/usr/bin/keychainfs", "/usr/libexec/keychainfs/keychainfs"] {
+                #expect(stat(program, &info) == 0 && info.st_uid == 0 && info.st_mode & 0o022 == 0, "\(program)")
+            }
+            // The command starts fast (fixed addresses); its other half, where
+            // every command that serves runs, is position-independent.
+            #expect(
+                MachineFixtures.elfType("/usr/bin/keychainfs") == MachineFixtures.fixedAddresses
+                    && MachineFixtures.elfType("/usr/libexec/keychainfs/keychainfs")
+                        == MachineFixtures.positionIndependent
+            )
             for line in [
                 "User=keychainfs", "AmbientCapabilities=CAP_SYS_PTRACE", "CapabilityBoundingSet=CAP_SYS_PTRACE",
                 "NoNewPrivileges=yes", "StateDirectoryMode=0700", "LimitNOFILE=65536", "WatchdogSec=30s",
@@ -122,6 +131,11 @@ extension SerialTests {
                     "printf '1234\\n1234\\n' | keychainfs init --no-tpm --keychain \"$1\" >/dev/null 2>&1",
                     arguments: [kept]
                 ).succeeded)
+            // A device the installed command starts is its position-independent half.
+            let device = harness.sh(
+                "keychainfs start --keychain \"$1\" && readlink /proc/$(keychainfs status --keychain \"$1\" "
+                    + "| sed -n 's/^pid: //p')/exe && keychainfs stop --keychain \"$1\"", arguments: [kept])
+            #expect(device.stdout == "/usr/libexec/keychainfs/keychainfs\n", "\(device)")
             #expect(
                 harness.sh(
                     "install -d -o keychainfs -m 0700 /var/lib/keychainfs/4242 && touch /var/lib/keychainfs/4242/keychain.db"

@@ -12,6 +12,18 @@ package enum MachineFixtures {
         .deletingLastPathComponent()
         .deletingLastPathComponent().path
 
+    /// The ELF type of the executable at `path` (elf(5): e_type, a
+    /// little-endian UInt16 at offset 16): ``fixedAddresses`` or
+    /// ``positionIndependent``; nil when unreadable.
+    package static func elfType(_ path: String) -> UInt16? {
+        guard let handle = FileHandle(forReadingAtPath: path),
+            let header = try? handle.read(upToCount: 18), header.count == 18
+        else { return nil }
+        return UInt16(header[16]) | UInt16(header[17]) << 8
+    }
+    package static let fixedAddresses: UInt16 = 2  // ET_EXEC
+    package static let positionIndependent: UInt16 = 3  // ET_DYN
+
     /// The undoing of each change made, run at exit in reverse order.
     private static let undo = Mutex<[[String]]>([])
 

@@ -55,8 +55,7 @@ package final class MountHarness: @unchecked Sendable {
             // The build may lie where only root can reach (a clone under
             // /root, a .build of mode 0750): the user runs its own copy.
             binary = root + "/bin/keychainfs"
-            try FileManager.default.createDirectory(atPath: root + "/bin", withIntermediateDirectories: true)
-            try FileManager.default.copyItem(atPath: built, toPath: binary)
+            try Self.copyBuild(built, into: root)
         } else {
             binary = built
         }
@@ -86,6 +85,22 @@ package final class MountHarness: @unchecked Sendable {
         // A scratch directory of `keychainfs edit` that a failed test left mounted.
         _ = sh("grep -o \" $XDG_RUNTIME_DIR/keychainfs/edit\\.[^ ]*\" /proc/mounts | xargs -r -n 1 fusermount3 -u -z")
         try? FileManager.default.removeItem(atPath: root)
+    }
+
+    /// Copies the build `built` to `root/bin/keychainfs`, and a release
+    /// build's position-independent half, where the command looks for it,
+    /// to `root/libexec/keychainfs/keychainfs` (docs/SECURITY.md, "Two
+    /// builds of one program"; a debug build is position-independent alone).
+    package static func copyBuild(_ built: String, into root: String) throws {
+        let manager = FileManager.default
+        try manager.createDirectory(atPath: root + "/bin", withIntermediateDirectories: true)
+        try manager.copyItem(atPath: built, toPath: root + "/bin/keychainfs")
+        guard MachineFixtures.elfType(built) == MachineFixtures.fixedAddresses else { return }
+        let real = URL(fileURLWithPath: built).resolvingSymlinksInPath().deletingLastPathComponent()
+        let half = real.deletingLastPathComponent().path + "/libexec/keychainfs/keychainfs"
+        guard manager.isExecutableFile(atPath: half) else { return }
+        try manager.createDirectory(atPath: root + "/libexec/keychainfs", withIntermediateDirectories: true)
+        try manager.copyItem(atPath: half, toPath: root + "/libexec/keychainfs/keychainfs")
     }
 
     /// The keychainfs binary built beside this test bundle.

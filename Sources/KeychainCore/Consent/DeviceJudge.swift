@@ -41,6 +41,7 @@ public struct DeviceJudge: Sendable, Equatable {
 
     /// Why this process must not serve as a device; nil when it may.
     package static func startProblem() -> String? {
+        if let problem = ExecutableImage.servingProblem { return problem }
         let set = loaderVariables.filter { getenv($0).map { $0.pointee != 0 } ?? false }
         guard !set.isEmpty else { return nil }
         return "the device does not start with \(set.joined(separator: ", ")) set: the loader would run the "

@@ -1,0 +1,75 @@
+import Foundation
+import KeychainCore
+import Testing
+import TestSupport
+
+extension SerialTests {
+    /// The release build's two links of one program (issue 40's `get`
+    /// within 1.5x of `cat`; docs/SECURITY.md, "Two builds of one
+    /// program"): `bin/keychainfs` at fixed addresses answers the commands
+    /// that only ask a device; every other command, and every device, runs
+    /// in `libexec/keychainfs/keychainfs`, position-independent. Copies of
+    /// the release build, as ./scripts/setup makes it, laid out as installed.
+    @Suite struct BuildChoiceTests {
+        @Test func aFixedBuildOnlyAsksAndEveryDeviceRunsPositionIndependent() throws {
+            let release = MachineFixtures.repository + "/.build/release/keychainfs"
+            // The other half lies beside the directory .build/release links to.
+            let directory = try #require(
+                realpath(MachineFixtures.repository + "/.build/release", nil), "no release build: run ./scripts/build")
+            let served = String(cString: directory) + "/../libexec/keychainfs/keychainfs"
+            free(directory)
+            try #require(
+                MachineFixtures.elfType(release) == MachineFixtures.fixedAddresses
+                    && MachineFixtures.elfType(served) == MachineFixtures.positionIndependent,
+                "the release build is not two links")
+            let harness = try MountHarness(creating: false)
+            let installed = harness.root + "/usr"
+            let fixed = installed + "/bin/keychainfs"
+            let independent = installed + "/libexec/keychainfs/keychainfs"
+            try FileManager.default.createDirectory(
+                atPath: installed + "/bin", withIntermediateDirectories: true)
+            try FileManager.default.copyItem(atPath: release, toPath: fixed)
+            func k(_ arguments: String, stdin: String? = nil) -> ShellResult {
+                harness.sh("\"$1\" \(arguments) --keychain \"$KC\"", arguments: [fixed], stdin: stdin)
+            }
+
+            // Without its other half, the fixed build still answers what
+            // only asks, and serves nothing: init is refused, and says why.
+            #expect(harness.sh("\"$1\" --version", arguments: [fixed]).stdout.hasPrefix("keychainfs "))
+            let absent = k("get default/token")
+            #expect(absent.status == 2 && !absent.stderr.contains("position-independent"), "\(absent)")
+            let alone = k("init --no-tpm", stdin: "1234\n1234\n")
+            #expect(
+                alone.status == 1 && alone.stderr.contains("position-independent build, \(independent),")
+                    && alone.stderr.contains("cannot be run"), "\(alone)")
+            #expect(!FileManager.default.fileExists(atPath: harness.keychain))
+            // A fixed build in the other's place is no way around it: it
+            // looks for its own other half, and serves nothing either.
+            try FileManager.default.createDirectory(
+                atPath: installed + "/libexec/keychainfs", withIntermediateDirectories: true)
+            try FileManager.default.copyItem(atPath: release, toPath: independent)
+            let impostor = k("init --no-tpm", stdin: "1234\n1234\n")
+            #expect(impostor.status == 1 && impostor.stderr.contains("cannot be run"), "\(impostor)")
+            #expect(!FileManager.default.fileExists(atPath: harness.keychain))
+
+            // Laid out whole: init runs, the first `set` starts the device,
+            // and the device is the position-independent build.
+            try FileManager.default.removeItem(atPath: independent)
+            try FileManager.default.copyItem(atPath: served, toPath: independent)
+            #expect(k("init --no-tpm", stdin: "1234\n1234\n").succeeded)
+            #expect(k("unlock", stdin: "1234\n").succeeded)
+            #expect(k("set default/token", stdin: "s3cret").succeeded)
+            #expect(k("get default/token").stdout == "s3cret")
+            #expect(k("get --json default/token").stdout.contains("\"value\": \"s3cret\""))
+            let pid = try #require(
+                k("status").stdout.split(separator: "\n").first { $0.hasPrefix("pid: ") }.map {
+                    String($0.dropFirst(5))
+                })
+            let device = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe")
+            #expect(
+                device == independent
+                    && MachineFixtures.elfType("/proc/\(pid)/exe") == MachineFixtures.positionIndependent, "\(device)")
+            #expect(k("stop").succeeded)
+        }
+    }
+}
