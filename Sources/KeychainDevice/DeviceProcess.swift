@@ -488,10 +488,14 @@ public final class DeviceProcess: Sendable {
         }
         // Who connected, read before its request arrives, when any group is
         // policed: the program that asks must be the one that connected (a
-        // process that exec'd a granted binary in between is neither).
+        // process that exec'd a granted binary in between is neither). Who
+        // else holds the connection is not read here: a request's every
+        // message must come from the process that connected (its
+        // credentials, DeviceProtocol.receive), and the identity read to
+        // answer a policed group checks the holders then, when it counts.
         let existing = keychain(of: credentials)
         let policedAtConnect = (try? existing.get())??.manager.localDevice.hasEntitlementPolicies ?? false
-        let atConnect = policedAtConnect ? ProgramIdentities.ofPeer(client) : nil
+        let atConnect = policedAtConnect ? ProgramIdentities.ofPeer(client, checkingRelays: false) : nil
         // Ours to close, unless `attach` takes it.
         var passed: FileDescriptor?
         guard let body = DeviceProtocol.receive(from: client, sentBy: credentials.pid, descriptor: &passed) else {
