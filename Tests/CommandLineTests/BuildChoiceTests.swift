@@ -71,5 +71,35 @@ extension SerialTests {
                     && MachineFixtures.elfType("/proc/\(pid)/exe") == MachineFixtures.positionIndependent, "\(device)")
             #expect(k("stop").succeeded)
         }
+
+        /// The release build looks for no library beside itself (no
+        /// RUNPATH): a libm.so.6 or libc.so.6 dropped beside a copy, in the
+        /// directory of either half, is not loaded, by a command or a device.
+        @Test func aLibraryDroppedBesideTheBuildIsNotLoaded() throws {
+            let release = MachineFixtures.repository + "/.build/release/keychainfs"
+            try #require(MachineFixtures.elfType(release) == MachineFixtures.fixedAddresses, "no release build")
+            let harness = try MountHarness(creating: false)
+            let installed = harness.root + "/usr"
+            try MountHarness.copyBuild(release, into: installed)
+            let marker = harness.root + "/loaded"
+            let planted = harness.sh(
+                """
+                printf '%s\n' '#include <fcntl.h>' \
+                    '__attribute__((constructor)) static void planted(void) { creat("\(marker)", 0600); }' > "$R/planted.c"
+                for directory in "$1/bin" "$1/libexec/keychainfs"; do
+                    for library in libm.so.6 libc.so.6; do
+                        gcc -shared -fPIC -o "$directory/$library" "$R/planted.c" || exit 1
+                    done
+                done
+                """, arguments: [installed])
+            try #require(planted.succeeded, "\(planted)")
+            let fixed = installed + "/bin/keychainfs"
+            #expect(harness.sh("\"$1\" --version", arguments: [fixed]).succeeded)
+            let initialised = harness.sh(
+                "\"$1\" init --no-tpm --keychain \"$KC\" && \"$1\" start --keychain \"$KC\" && \"$1\" stop --keychain \"$KC\"",
+                arguments: [fixed], stdin: "1234\n1234\n")
+            #expect(initialised.succeeded, "\(initialised)")
+            #expect(!FileManager.default.fileExists(atPath: marker), "a planted library ran")
+        }
     }
 }
