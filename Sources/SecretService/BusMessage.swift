@@ -46,7 +46,14 @@ public struct BusError: Error, Equatable, CustomStringConvertible {
 /// The spec's secret struct as a client sent it: its session's path, the
 /// parameters (a DH session's IV), the value as sealed in that session,
 /// and the content type.
-typealias SentSecret = (session: String, parameters: [UInt8], sealed: SecureBytes, contentType: String)
+struct SentSecret: MethodArguments {
+    let session: String
+    let parameters: [UInt8]
+    let sealed: SecureBytes
+    let contentType: String
+    /// Nothing in it has a limit of its own: the value's is the session's to keep.
+    var parts: [ArgumentPart] { [] }
+}
 
 /// Reads a message's arguments in order, each as the type the method's
 /// signature says; a mismatch is ``BusError/invalidArguments(_:)``.
@@ -141,7 +148,7 @@ struct BusMessageReader {
         try enter("r", "oayays")
         let session = try objectPath(), parameters = try bytes(), sealed = try secretBytes(), contentType = try string()
         try exit()
-        return (session, parameters, sealed, contentType)
+        return SentSecret(session: session, parameters: parameters, sealed: sealed, contentType: contentType)
     }
 
     /// An `a{ss}` (lookup attributes), at most `limit` pairs of at most `textLimit` bytes each.

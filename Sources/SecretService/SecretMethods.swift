@@ -66,16 +66,16 @@ struct SecretMethod: Sendable {
     let interface: String
     let member: String
     let signature: String
-    /// The method's arguments read from a call, in the signature's order
-    /// (for the fuzz target, which looks into them).
-    let readArguments: @Sendable (BusMessageReader) throws(BusError) -> Any
+    /// The method's arguments read from a call, as its handler gets them
+    /// (for the fuzz target, which checks the limits of their parts).
+    let readArguments: @Sendable (BusMessageReader) throws(BusError) -> any MethodArguments
     /// Reads the arguments and runs the handler on the call's object.
     let run: @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> Void
 
     /// A method of objects of `kind`, whose handler gets what `object` takes
     /// of the call's target (its group, its item, its prompt: typed, never a
     /// default for another kind's).
-    init<Object, Arguments>(
+    init<Object, Arguments: MethodArguments>(
         _ kind: Kind, _ interface: String, _ member: String, _ signature: String,
         reading read: @escaping @Sendable (BusMessageReader) throws(BusError) -> Arguments,
         on object: @escaping @Sendable (Target) -> Object?,
@@ -94,7 +94,7 @@ struct SecretMethod: Sendable {
     }
 
     /// A method whose handler needs nothing of its object (the service, a session, the portal).
-    init<Arguments>(
+    init<Arguments: MethodArguments>(
         _ kind: Kind, _ interface: String, _ member: String, _ signature: String,
         reading read: @escaping @Sendable (BusMessageReader) throws(BusError) -> Arguments,
         _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Arguments) throws(BusError) -> Void
@@ -111,7 +111,7 @@ struct SecretMethod: Sendable {
         _ kind: Kind, _ interface: String, _ member: String, on object: @escaping @Sendable (Target) -> Object?,
         _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Object) throws(BusError) -> Void
     ) {
-        self.init(kind, interface, member, "", reading: { _ throws(BusError) in () }, on: object) {
+        self.init(kind, interface, member, "", reading: { _ throws(BusError) in NoArguments() }, on: object) {
             p, call, object, _ throws(BusError) in
             try handler(p, call, object)
         }
@@ -124,7 +124,7 @@ struct SecretMethod: Sendable {
         SecretMethod(
             .service, Provider.serviceInterface, "OpenSession", "sv",
             reading: { (arguments) throws(BusError) in
-                (algorithm: try arguments.string(), input: try arguments.variant())
+                SessionRequest(algorithm: try arguments.string(), input: try arguments.variant())
             }
         ) { p, call, request throws(BusError) in
             try p.openSession(call, algorithm: request.algorithm, input: request.input)
@@ -138,7 +138,7 @@ struct SecretMethod: Sendable {
         SecretMethod(
             .service, Provider.serviceInterface, "GetSecrets", "aoo",
             reading: { (arguments) throws(BusError) in
-                (items: try arguments.objectPaths(), session: try arguments.objectPath())
+                SecretsRequest(items: try arguments.objectPaths(), session: try arguments.objectPath())
             }
         ) { p, call, request throws(BusError) in
             try p.getSecrets(call, items: request.items, session: request.session)
@@ -146,7 +146,7 @@ struct SecretMethod: Sendable {
         SecretMethod(
             .service, Provider.serviceInterface, "CreateCollection", "a{sv}s",
             reading: { (arguments) throws(BusError) in
-                (properties: try arguments.properties(), alias: try arguments.string())
+                NewCollection(properties: try arguments.properties(), alias: try arguments.string())
             }
         ) { p, call, request throws(BusError) in
             try p.createCollection(call, properties: request.properties, alias: request.alias)
@@ -159,7 +159,8 @@ struct SecretMethod: Sendable {
         },
         SecretMethod(
             .service, Provider.serviceInterface, "SetAlias", "so",
-            reading: { (arguments) throws(BusError) in (alias: try arguments.string(), path: try arguments.objectPath())
+            reading: { (arguments) throws(BusError) in
+                AliasChange(alias: try arguments.string(), path: try arguments.objectPath())
             }
         ) { p, call, request throws(BusError) in
             try p.setAlias(call, alias: request.alias, path: request.path)
@@ -218,7 +219,10 @@ struct SecretMethod: Sendable {
         SecretMethod(
             .prompt, Provider.promptInterface, "Prompt", "s",
             // The window to place it over: pinentry places itself.
-            reading: { (arguments) throws(BusError) in _ = try arguments.string() }, on: \.prompt
+            reading: { (arguments) throws(BusError) in
+                _ = try arguments.string()
+                return NoArguments()
+            }, on: \.prompt
         ) { p, call, prompt, _ throws(BusError) in
             try p.showPrompt(call, prompt: prompt)
         },
@@ -227,7 +231,8 @@ struct SecretMethod: Sendable {
         },
         SecretMethod(
             .properties, Provider.propertiesInterface, "Get", "ss",
-            reading: { (arguments) throws(BusError) in (interface: try arguments.string(), name: try arguments.string())
+            reading: { (arguments) throws(BusError) in
+                PropertyName(interface: try arguments.string(), name: try arguments.string())
             }, on: \.propertiesObject
         ) { p, call, object, property throws(BusError) in
             try p.getProperty(call, object: object, interface: property.interface, name: property.name)
@@ -241,7 +246,8 @@ struct SecretMethod: Sendable {
         SecretMethod(
             .properties, Provider.propertiesInterface, "Set", "ssv",
             reading: { (arguments) throws(BusError) in
-                (interface: try arguments.string(), name: try arguments.string(), value: try arguments.variant())
+                PropertyChange(
+                    interface: try arguments.string(), name: try arguments.string(), value: try arguments.variant())
             }, on: \.propertiesObject
         ) { p, call, object, change throws(BusError) in
             try p.setProperty(
@@ -253,7 +259,7 @@ struct SecretMethod: Sendable {
                 let handle = try arguments.objectPath(), appID = try arguments.string()
                 let fd = try arguments.unixFD()
                 try arguments.skip("a{sv}")  // the portal passes no option the backend uses
-                return (handle: handle, appID: appID, fd: fd)
+                return PortalRequest(handle: handle, appID: appID, fd: fd)
             }
         ) { p, call, request throws(BusError) in
             try p.retrieveSecret(call, appID: request.appID, fd: request.fd)
@@ -261,12 +267,102 @@ struct SecretMethod: Sendable {
     ]
 }
 
+/// What of a method's arguments has a limit its reader must have kept
+/// (the `busmessage` fuzz target checks each part of what a reader returns).
+enum ArgumentPart {
+    /// Lookup attributes (`a{ss}`): at most 256 pairs of at most 4096 bytes each.
+    case lookup([String: String])
+    /// A property or a variant as sent: its attributes within an item's limits.
+    case property(PropertyValue)
+    /// A session's algorithm and key-exchange input, which the exchange reads.
+    case session(algorithm: String, input: PropertyValue?)
+}
+
+/// A method's arguments as its reader returns them, typed: what its
+/// handler gets, and the parts of it that have limits.
+protocol MethodArguments: SendableMetatype {
+    var parts: [ArgumentPart] { get }
+}
+
+/// A method that takes nothing (or nothing it uses).
+struct NoArguments: MethodArguments {
+    var parts: [ArgumentPart] { [] }
+}
+
+/// An object path, an alias, an interface's name.
+extension String: MethodArguments {
+    var parts: [ArgumentPart] { [] }
+}
+
+/// Object paths (`ao`).
+extension Array: MethodArguments where Element == String {
+    var parts: [ArgumentPart] { [] }
+}
+
+/// Lookup attributes (`a{ss}`).
+extension Dictionary: MethodArguments where Key == String, Value == String {
+    var parts: [ArgumentPart] { [.lookup(self)] }
+}
+
+/// `OpenSession`'s arguments: the algorithm and its input.
+struct SessionRequest: MethodArguments {
+    let algorithm: String
+    let input: PropertyValue?
+    var parts: [ArgumentPart] { [.session(algorithm: algorithm, input: input)] }
+}
+
+/// `GetSecrets`'s arguments: the items and the session to send them in.
+struct SecretsRequest: MethodArguments {
+    let items: [String]
+    let session: String
+    var parts: [ArgumentPart] { [] }
+}
+
+/// `CreateCollection`'s arguments: its properties and the alias it takes.
+struct NewCollection: MethodArguments {
+    let properties: [String: PropertyValue]
+    let alias: String
+    var parts: [ArgumentPart] { properties.values.map { .property($0) } }
+}
+
+/// `SetAlias`'s arguments: the alias and the collection it names.
+struct AliasChange: MethodArguments {
+    let alias: String
+    let path: String
+    var parts: [ArgumentPart] { [] }
+}
+
 /// `CreateItem`'s arguments: the properties, the secret as sent, and
 /// whether an item with the same attributes is replaced.
-struct NewItem {
+struct NewItem: MethodArguments {
     let properties: [String: PropertyValue]
     let secret: SentSecret
     let replace: Bool
+    var parts: [ArgumentPart] { properties.values.map { .property($0) } }
+}
+
+/// `Properties.Get`'s arguments.
+struct PropertyName: MethodArguments {
+    let interface: String
+    let name: String
+    var parts: [ArgumentPart] { [] }
+}
+
+/// `Properties.Set`'s arguments.
+struct PropertyChange: MethodArguments {
+    let interface: String
+    let name: String
+    let value: PropertyValue?
+    var parts: [ArgumentPart] { value.map { [.property($0)] } ?? [] }
+}
+
+/// The Secret portal's `RetrieveSecret` arguments: the request's handle,
+/// the app's id and the descriptor to write the secret to.
+struct PortalRequest: MethodArguments {
+    let handle: String
+    let appID: String
+    let fd: Int32
+    var parts: [ArgumentPart] { [] }
 }
 
 extension SecretServiceProvider {

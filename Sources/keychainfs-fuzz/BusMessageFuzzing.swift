@@ -31,37 +31,36 @@ enum BusMessageFuzzing {
             return nil  // sd-bus refused to make it (a text that is not UTF-8): it would never arrive
         }
         guard let made else { return nil }
-        let arguments: Any
+        let arguments: any MethodArguments
         do {
             arguments = try method.readArguments(made.arguments)
             try made.arguments.requireEnd()
         } catch {
             return nil  // refused with an error reply: what a bad message should get
         }
-        return violation(in: arguments)
+        return arguments.parts.lazy.compactMap { violation(in: $0) }.first
     }
 
-    /// A limit broken anywhere in what a reader returned: lookup
+    /// A limit broken by one part of what a reader returned: lookup
     /// attributes past 256 pairs or 4096 bytes, an item's attributes (in
     /// properties or a variant) past an item's limits. A session request
     /// runs the real key exchange, with whatever key was sent.
-    private static func violation(in arguments: Any) -> String? {
-        switch arguments {
-        case let attributes as [String: String]:
+    private static func violation(in part: ArgumentPart) -> String? {
+        switch part {
+        case .lookup(let attributes):
             return violation(of: attributes, limit: 256, textLimit: 4096)
-        case .attributes(let attributes) as PropertyValue:
-            return violation(of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText)
-        case let properties as [String: PropertyValue]:
-            return properties.values.lazy.compactMap { violation(in: $0) }.first
-        case let request as (algorithm: String, input: PropertyValue?):
+        case .property(let value):
+            return violation(in: value)
+        case .session(let algorithm, let input):
             _ = try? TransferSession.open(
-                algorithm: request.algorithm, input: request.input, owner: ":1.1",
-                path: ObjectPaths.sessionPrefix + "1")
-            return request.input.flatMap { violation(in: $0) }
-        default:
-            // A tuple or a struct of arguments: each of them.
-            return Mirror(reflecting: arguments).children.lazy.compactMap { violation(in: $0.value) }.first
+                algorithm: algorithm, input: input, owner: ":1.1", path: ObjectPaths.sessionPrefix + "1")
+            return input.flatMap { violation(in: $0) }
         }
+    }
+
+    private static func violation(in value: PropertyValue) -> String? {
+        guard case .attributes(let attributes) = value else { return nil }
+        return violation(of: attributes, limit: ItemDetails.maximumAttributes, textLimit: ItemDetails.maximumText)
     }
 
     private static func violation(of dictionary: [String: String], limit: Int, textLimit: Int) -> String? {

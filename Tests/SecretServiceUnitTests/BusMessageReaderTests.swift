@@ -149,8 +149,7 @@ import Testing
                 try writer.string(algorithm)
                 try writer.variant(input)
             }
-            let request = try #require(
-                try openSession.readArguments(call.arguments) as? (algorithm: String, input: PropertyValue?))
+            let request = try #require(try openSession.readArguments(call.arguments) as? SessionRequest)
             #expect(request.algorithm == algorithm && request.input == input)
             let opened = try? TransferSession.open(
                 algorithm: request.algorithm, input: request.input, owner: ":1.1",
