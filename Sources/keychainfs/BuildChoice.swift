@@ -20,9 +20,20 @@ enum BuildChoice {
     /// Whether `arguments` (the command line without the program, the
     /// keychain option already after the command) only ask a device. No
     /// command at all is `--version` or `--help`: text, and nothing asked.
+    /// `start` without `--foreground` asks a device to serve the bus, or
+    /// starts one: the device it starts is the position-independent build
+    /// (``servingBuild()``), and `start --foreground` is that device.
     static func onlyAsks(_ arguments: [String]) -> Bool {
         guard let command = arguments.first, !command.hasPrefix("-") else { return true }
+        if command == "start" { return !arguments.contains("--foreground") }
         return askingCommands.contains(command)
+    }
+
+    /// The program a device started from here runs: this one when it is
+    /// position-independent, else the other half.
+    static func servingBuild() -> String {
+        let own = selfExecutable()
+        return ExecutableImage.isPositionIndependent ? own : ExecutableImage.positionIndependentBuild(of: own)
     }
 
     /// Returns when the command runs in this process; otherwise replaces
@@ -31,12 +42,17 @@ enum BuildChoice {
     /// or exits with why it cannot.
     static func enter(for arguments: [String]) {
         guard !ExecutableImage.isPositionIndependent, !onlyAsks(arguments) else { return }
-        let build = ExecutableImage.positionIndependentBuild(of: selfExecutable())
+        let build = servingBuild()
         let argv = CommandLine.arguments.map { strdup($0) } + [nil]
         execv(build, argv)
-        printError(
-            "keychainfs: this command runs in keychainfs's position-independent build, \(build), "
-                + "which cannot be run (\(Errno.current)): reinstall keychainfs, or build it with ./scripts/build")
+        printError("keychainfs: this command runs in " + cannotRun(build))
         Glibc.exit(1)
+    }
+
+    /// Why `build`, the position-independent half, did not run (errno
+    /// says), and what to do.
+    static func cannotRun(_ build: String) -> String {
+        "keychainfs's position-independent build, \(build), which cannot be run (\(Errno.current)): "
+            + "reinstall keychainfs, or build it with ./scripts/build"
     }
 }

@@ -379,7 +379,11 @@ enum DeviceLauncher {
         if errors >= 0 { spawnOptions.descriptors.append((2, errors)) }
         spawnOptions.nullStandardStreams = true
         spawnOptions.newSession = true
-        let child = Spawn.start([selfExecutable()] + arguments + ["--ready-fd", "3"], options: spawnOptions)
+        // A device runs position-independent: from a fixed-address build,
+        // its other half is started directly (BuildChoice).
+        let program = BuildChoice.servingBuild()
+        guard access(program, X_OK) == 0 else { return (nil, BuildChoice.cannotRun(program)) }
+        let child = Spawn.start([program] + arguments + ["--ready-fd", "3"], options: spawnOptions)
         _ = writing.close()  // the child's copy alone: its exit ends our read
         guard let child else { return (nil, "cannot start the device process") }
         let answer = String(decoding: readLine(reading.raw), as: UTF8.self)

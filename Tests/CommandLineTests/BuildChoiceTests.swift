@@ -70,6 +70,22 @@ extension SerialTests {
                 device == independent
                     && MachineFixtures.elfType("/proc/\(pid)/exe") == MachineFixtures.positionIndependent, "\(device)")
             #expect(k("stop").succeeded)
+            // `start` asks, or starts the device directly as the other half;
+            // with that half gone, it says which file it needed.
+            try FileManager.default.moveItem(atPath: independent, toPath: independent + ".aside")
+            let noHalf = k("start")
+            #expect(
+                noHalf.status != 0 && noHalf.stderr.contains("position-independent build, \(independent),"),
+                "\(noHalf)")
+            try FileManager.default.moveItem(atPath: independent + ".aside", toPath: independent)
+            #expect(k("start").succeeded)
+            let started = try #require(
+                k("status").stdout.split(separator: "\n").first { $0.hasPrefix("pid: ") }.map {
+                    String($0.dropFirst(5))
+                })
+            #expect(
+                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(started)/exe")) == independent)
+            #expect(k("stop").succeeded)
         }
 
         /// The release build looks for no library beside itself (no
