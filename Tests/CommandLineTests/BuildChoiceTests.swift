@@ -13,11 +13,7 @@ extension SerialTests {
     @Suite struct BuildChoiceTests {
         @Test func aFixedBuildOnlyAsksAndEveryDeviceRunsPositionIndependent() throws {
             let release = MachineFixtures.repository + "/.build/release/keychainfs"
-            // The other half lies beside the directory .build/release links to.
-            let directory = try #require(
-                realpath(MachineFixtures.repository + "/.build/release", nil), "no release build: run ./scripts/build")
-            let served = String(cString: directory) + "/../libexec/keychainfs/keychainfs"
-            free(directory)
+            let served = MountHarness.positionIndependentHalf(of: release)
             try #require(
                 MachineFixtures.elfType(release) == MachineFixtures.fixedAddresses
                     && MachineFixtures.elfType(served) == MachineFixtures.positionIndependent,

@@ -96,11 +96,17 @@ package final class MountHarness: @unchecked Sendable {
         try manager.createDirectory(atPath: root + "/bin", withIntermediateDirectories: true)
         try manager.copyItem(atPath: built, toPath: root + "/bin/keychainfs")
         guard MachineFixtures.elfType(built) == MachineFixtures.fixedAddresses else { return }
-        let real = URL(fileURLWithPath: built).resolvingSymlinksInPath().deletingLastPathComponent()
-        let half = real.deletingLastPathComponent().path + "/libexec/keychainfs/keychainfs"
+        let half = positionIndependentHalf(of: built)
         guard manager.isExecutableFile(atPath: half) else { return }
         try manager.createDirectory(atPath: root + "/libexec/keychainfs", withIntermediateDirectories: true)
         try manager.copyItem(atPath: half, toPath: root + "/libexec/keychainfs/keychainfs")
+    }
+
+    /// Where the position-independent half of the release build `built`
+    /// lies: the command's own rule (``ExecutableImage/positionIndependentBuild(of:)``),
+    /// from the file `built` names, links resolved.
+    package static func positionIndependentHalf(of built: String) -> String {
+        ExecutableImage.positionIndependentBuild(of: URL(fileURLWithPath: built).resolvingSymlinksInPath().path)
     }
 
     /// The keychainfs binary built beside this test bundle.

@@ -26,11 +26,10 @@ final class SecretArena: Sendable {
     private struct State: ~Copyable {
         // Addresses as integers: raw pointers are not Sendable into the Mutex.
         var free: [[UInt]] = Array(repeating: [], count: SecretArena.classSizes.count)
-        /// Per class, the part of its newest slab no slot was cut from yet
-        /// (`next` up to `end`): slots are cut when asked for, so a process
-        /// that needs one slot does not list the slab's 1,023 others.
-        var uncutNext: [UInt] = Array(repeating: 0, count: SecretArena.classSizes.count)
-        var uncutEnd: [UInt] = Array(repeating: 0, count: SecretArena.classSizes.count)
+        /// Per class, the addresses of its newest slab no slot was cut from
+        /// yet: slots are cut when asked for, so a process that needs one
+        /// slot does not list the slab's 1,023 others.
+        var uncut: [Range<UInt>] = Array(repeating: 0..<0, count: SecretArena.classSizes.count)
         var lockedBytes = 0
         var unlockedBytes = 0
     }
@@ -56,16 +55,15 @@ final class SecretArena: Sendable {
             if let address = state.free[sizeClass].popLast() {
                 return (UnsafeMutableRawPointer(bitPattern: address)!, sizeClass)
             }
-            if state.uncutNext[sizeClass] < state.uncutEnd[sizeClass] {
-                let address = state.uncutNext[sizeClass]
-                state.uncutNext[sizeClass] += UInt(slotSize)
-                return (UnsafeMutableRawPointer(bitPattern: address)!, sizeClass)
+            let uncut = state.uncut[sizeClass]
+            if !uncut.isEmpty {
+                state.uncut[sizeClass] = uncut.lowerBound + UInt(slotSize)..<uncut.upperBound
+                return (UnsafeMutableRawPointer(bitPattern: uncut.lowerBound)!, sizeClass)
             }
             // A fresh mapping is zeroed (mmap(2)); its first slot is this one.
             let mapping = max(Self.slabSize, slotSize)
             let pointer = Self.mapSecretRegion(bytes: mapping, state: &state)
-            state.uncutNext[sizeClass] = UInt(bitPattern: pointer + slotSize)
-            state.uncutEnd[sizeClass] = UInt(bitPattern: pointer + mapping)
+            state.uncut[sizeClass] = UInt(bitPattern: pointer + slotSize)..<UInt(bitPattern: pointer + mapping)
             return (pointer, sizeClass)
         }
     }
