@@ -55,7 +55,9 @@ let package = Package(
         // Unit tests of the FUSE driver's own structures: no kernel.
         .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
         // Unit tests of the Secret Service provider: its readers, paths and sessions with no
-        // bus; the provider over a fake store on a private dbus-daemon (FakeStoreProviderTests).
+        // bus; its handlers over a fake store, called in-process over a socketpair with no bus
+        // daemon (InProcessProviderTests), and by secret-tool on a private dbus-daemon
+        // (FakeStoreProviderTests).
         .testTarget(name: "SecretServiceUnitTests", dependencies: ["KeychainCore", "SecretService", "TestSupport"]),
         // A real device: mounts, the device process, the library as its client.
         .testTarget(

@@ -61,6 +61,7 @@ CSYSTEMD_CALL(int, -ENOSYS, sd_bus_call,
               (sd_bus *bus, sd_bus_message *m, uint64_t usec, sd_bus_error *ret_error, sd_bus_message **reply),
               (bus, m, usec, ret_error, reply))
 CSYSTEMD_CALL(int, -ENOSYS, sd_bus_get_unique_name, (sd_bus *bus, const char **unique), (bus, unique))
+CSYSTEMD_CALL(int, -ENOSYS, sd_bus_set_server, (sd_bus *bus, int b, sd_id128_t server_id), (bus, b, server_id))
 
 CSYSTEMD_CALL(sd_bus_message *, NULL, sd_bus_message_unref, (sd_bus_message *m), (m))
 CSYSTEMD_CALL(sd_bus_message *, NULL, sd_bus_message_ref, (sd_bus_message *m), (m))

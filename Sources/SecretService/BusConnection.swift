@@ -24,10 +24,8 @@ final class BusConnection: @unchecked Sendable {
 
     /// Connects to the session bus at `address`, else the one
     /// `$DBUS_SESSION_BUS_ADDRESS` names.
-    init(address: String? = nil) throws(BusError) {
-        guard CSystemd_available() != 0 else {
-            throw .failed("libsystemd is not installed (apt install libsystemd0)")
-        }
+    convenience init(address: String? = nil) throws(BusError) {
+        try Self.requireLibrary()
         var bus: OpaquePointer?
         var result: Int32
         if let address {
@@ -49,6 +47,45 @@ final class BusConnection: @unchecked Sendable {
                 "cannot connect to \(address.map { "the bus at " + $0 } ?? "the session bus"): "
                     + String(cString: strerror(-result)))
         }
+        try self.init(bus)
+    }
+
+    /// One end of a direct connection, with no bus daemon between (D-Bus
+    /// "peer-to-peer"): `serving`, it answers the other end's calls as a
+    /// provider on a bus does. The tests run the provider's handlers in
+    /// their own process this way (issue 40). Calls on such a connection
+    /// have no sender, and the sender's credentials are the socket's peer's.
+    convenience init(peer end: consuming FileDescriptor, serving: Bool) throws(BusError) {
+        try Self.requireLibrary()
+        var bus: OpaquePointer?
+        var result = CSystemd_sd_bus_new(&bus)
+        guard result >= 0, let bus else {
+            throw .failed("cannot make a connection: \(String(cString: strerror(-result)))")
+        }
+        let raw = end.release()
+        result = CSystemd_sd_bus_set_fd(bus, raw, raw)  // the connection closes it from here
+        if result >= 0, serving {
+            // A server names itself with a 128-bit id, which clients may check; nobody here does.
+            var id = sd_id128_t()
+            withUnsafeMutableBytes(of: &id) { $0.copyBytes(from: Crypto.randomBytes(MemoryLayout<sd_id128_t>.size)) }
+            result = CSystemd_sd_bus_set_server(bus, 1, id)
+        }
+        if result >= 0 { result = CSystemd_sd_bus_start(bus) }
+        guard result >= 0 else {
+            _ = CSystemd_sd_bus_flush_close_unref(bus)
+            throw .failed("cannot start a direct connection: \(String(cString: strerror(-result)))")
+        }
+        try self.init(bus)
+    }
+
+    private static func requireLibrary() throws(BusError) {
+        guard CSystemd_available() != 0 else {
+            throw .failed("libsystemd is not installed (apt install libsystemd0)")
+        }
+    }
+
+    /// Takes `bus`, started, and makes the descriptor that wakes its thread.
+    private init(_ bus: OpaquePointer) throws(BusError) {
         guard let wake = FileDescriptor(eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))) else {
             _ = CSystemd_sd_bus_flush_close_unref(bus)
             throw .failed("no eventfd: \(Errno.current.description)")
@@ -205,9 +242,10 @@ final class BusConnection: @unchecked Sendable {
 
     // MARK: Calls (a client's, before any start())
 
-    /// Calls a method and waits for its reply; an error reply is thrown as it came.
+    /// Calls a method and waits for its reply; an error reply is thrown as
+    /// it came. `destination` nil: the other end of a direct connection.
     func call(
-        _ destination: String, _ path: String, _ interface: String, _ member: String,
+        _ destination: String?, _ path: String, _ interface: String, _ member: String,
         _ build: (BusMessageWriter) throws(BusError) -> Void = { _ throws(BusError) in }
     ) throws(BusError) -> BusReply {
         var call: OpaquePointer?
@@ -325,7 +363,8 @@ final class BusReply {
 
     deinit { _ = CSystemd_sd_bus_message_unref(message) }
 
-    var arguments: BusMessageReader { BusMessageReader(message: message) }
+    var arguments: BusMessageReader { BusMessageReader(message: message, owner: self) }
+    var signature: String { CSystemd_sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? "" }
 }
 
 /// The header fields of a method call.
@@ -334,17 +373,18 @@ struct BusCall {
     let path: String
     let interface: String
     let member: String
+    /// The caller's unique name on the bus; empty on a direct connection,
+    /// whose one peer makes every call.
     let sender: String
 
     init?(_ message: OpaquePointer) {
         guard let path = CSystemd_sd_bus_message_get_path(message),
-            let member = CSystemd_sd_bus_message_get_member(message),
-            let sender = CSystemd_sd_bus_message_get_sender(message)
+            let member = CSystemd_sd_bus_message_get_member(message)
         else { return nil }
         self.message = message
         self.path = String(cString: path)
         self.member = String(cString: member)
-        self.sender = String(cString: sender)
+        sender = CSystemd_sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
         interface = CSystemd_sd_bus_message_get_interface(message).map { String(cString: $0) } ?? ""
     }
 

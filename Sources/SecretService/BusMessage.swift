@@ -59,6 +59,15 @@ struct SentSecret: MethodArguments {
 /// signature says; a mismatch is ``BusError/invalidArguments(_:)``.
 struct BusMessageReader {
     let message: OpaquePointer
+    /// What holds the message's reference (a reply), kept while the reader
+    /// is: Swift may release a reply after its last use, which
+    /// `reply.arguments.string()` would otherwise make before the read.
+    private let owner: AnyObject?
+
+    init(message: OpaquePointer, owner: AnyObject? = nil) {
+        self.message = message
+        self.owner = owner
+    }
 
     private func check(_ result: Int32) throws(BusError) {
         if result < 0 { throw .malformed(result) }

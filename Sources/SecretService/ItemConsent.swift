@@ -43,17 +43,18 @@ extension SecretServiceProvider {
     }
 
     /// Runs `body` for `call` once the person allowed the caller to use
-    /// `items` (at once when no item needs asking): a question runs on a
-    /// thread of its own, and `body` then runs on the bus thread, which
-    /// went on serving meanwhile. Denied: `denied` runs instead (nil: the
-    /// call gets AccessDenied). Every question and answer is in the audit log.
+    /// `items` (at once when no item needs asking: its reply is the
+    /// answer): a question runs on a thread of its own, and `body` then
+    /// runs on the bus thread, which went on serving meanwhile, and its
+    /// reply is sent then. Denied: `denied` runs instead (nil: the call
+    /// gets AccessDenied). Every question and answer is in the audit log.
     func withConsent(
         _ call: BusCall, to verb: String, items: [(group: String, identifier: String)],
-        denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)? = nil,
-        _ body: @escaping (BusCall) throws(BusError) -> Void
-    ) throws(BusError) {
+        denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> any MethodReply)? = nil,
+        _ body: @escaping (BusCall) throws(BusError) -> any MethodReply
+    ) throws(BusError) -> MethodAnswer {
         let (asked, caller) = itemsToAsk(items, call: call)
-        guard !asked.isEmpty else { return try body(call) }
+        guard !asked.isEmpty else { return .reply(try body(call)) }
         let subject = bus.senderProcess(of: call.message).map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) }
         var question = PasswordManager.question(asked: asked, verb: verb, program: caller, subject: subject)
         // Its pinentry ends when the caller leaves the bus (issue 37).
@@ -70,23 +71,24 @@ extension SecretServiceProvider {
             waiting.leave(sender)
             throw .failed("cannot ask the person now")
         }
+        return .waitingForConsent
     }
 
     /// The person answered (the log and the list are written): on the bus thread, the call.
     private func finish(_ pending: PendingConsent, _ answer: ItemConsent.Answer) {
-        do throws(BusError) {
-            switch answer {
-            case .denied:
-                guard let denied = pending.denied else {
-                    throw .accessDenied("the person denied this program an item another program owns")
+        let call = pending.call.call
+        send(
+            Result { () throws(BusError) in
+                switch answer {
+                case .denied:
+                    guard let denied = pending.denied else {
+                        throw .accessDenied("the person denied this program an item another program owns")
+                    }
+                    return .reply(try denied(call, pending.asked))
+                case .allowedAlways, .allowedOnce:
+                    return .reply(try pending.body(call))
                 }
-                try denied(pending.call.call, pending.asked)
-            case .allowedAlways, .allowedOnce:
-                try pending.body(pending.call.call)
-            }
-        } catch {
-            bus.reply(to: pending.call.call.message, error: error)
-        }
+            }, to: call)
     }
 }
 
@@ -95,13 +97,13 @@ extension SecretServiceProvider {
 final class PendingConsent: @unchecked Sendable {
     let call: RetainedCall
     let asked: [ItemConsent.Asked]
-    let body: (BusCall) throws(BusError) -> Void
-    let denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)?
+    let body: (BusCall) throws(BusError) -> any MethodReply
+    let denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> any MethodReply)?
 
     init(
         call: RetainedCall, asked: [ItemConsent.Asked],
-        body: @escaping (BusCall) throws(BusError) -> Void,
-        denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> Void)?
+        body: @escaping (BusCall) throws(BusError) -> any MethodReply,
+        denied: ((BusCall, [ItemConsent.Asked]) throws(BusError) -> any MethodReply)?
     ) {
         self.call = call
         self.asked = asked

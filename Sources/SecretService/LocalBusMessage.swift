@@ -45,6 +45,6 @@ final class LocalBusMessage {
 
     deinit { _ = CSystemd_sd_bus_message_unref(message) }
 
-    var arguments: BusMessageReader { BusMessageReader(message: message) }
+    var arguments: BusMessageReader { BusMessageReader(message: message, owner: self) }
     var signature: String { CSystemd_sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? "" }
 }

@@ -69,8 +69,8 @@ struct SecretMethod: Sendable {
     /// The method's arguments read from a call, as its handler gets them
     /// (for the fuzz target, which checks the limits of their parts).
     let readArguments: @Sendable (BusMessageReader) throws(BusError) -> any MethodArguments
-    /// Reads the arguments and runs the handler on the call's object.
-    let run: @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> Void
+    /// Reads the arguments and runs the handler on the call's object: its typed reply, or none yet.
+    let run: @Sendable (SecretServiceProvider, BusCall, Target) throws(BusError) -> MethodAnswer
 
     /// A method of objects of `kind`, whose handler gets what `object` takes
     /// of the call's target (its group, its item, its prompt: typed, never a
@@ -79,7 +79,9 @@ struct SecretMethod: Sendable {
         _ kind: Kind, _ interface: String, _ member: String, _ signature: String,
         reading read: @escaping @Sendable (BusMessageReader) throws(BusError) -> Arguments,
         on object: @escaping @Sendable (Target) -> Object?,
-        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Object, Arguments) throws(BusError) -> Void
+        _ handler:
+            @escaping @Sendable (SecretServiceProvider, BusCall, Object, Arguments) throws(BusError) ->
+            MethodAnswer
     ) {
         self.kind = kind
         self.interface = interface
@@ -89,7 +91,7 @@ struct SecretMethod: Sendable {
         run = { (provider, call, target) throws(BusError) in
             // The dispatcher picks methods by the target's kind: another never reaches here.
             guard let object = object(target) else { throw .unknownMethod("no method \(member) at \(call.path)") }
-            try handler(provider, call, object, try read(call.arguments))
+            return try handler(provider, call, object, try read(call.arguments))
         }
     }
 
@@ -97,7 +99,7 @@ struct SecretMethod: Sendable {
     init<Arguments: MethodArguments>(
         _ kind: Kind, _ interface: String, _ member: String, _ signature: String,
         reading read: @escaping @Sendable (BusMessageReader) throws(BusError) -> Arguments,
-        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Arguments) throws(BusError) -> Void
+        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Arguments) throws(BusError) -> MethodAnswer
     ) {
         self.init(
             kind, interface, member, signature, reading: read, on: { $0.kind == kind ? () : nil }
@@ -109,7 +111,7 @@ struct SecretMethod: Sendable {
     /// A method without arguments.
     init<Object>(
         _ kind: Kind, _ interface: String, _ member: String, on object: @escaping @Sendable (Target) -> Object?,
-        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Object) throws(BusError) -> Void
+        _ handler: @escaping @Sendable (SecretServiceProvider, BusCall, Object) throws(BusError) -> MethodAnswer
     ) {
         self.init(kind, interface, member, "", reading: { _ throws(BusError) in NoArguments() }, on: object) {
             p, call, object, _ throws(BusError) in
@@ -127,13 +129,13 @@ struct SecretMethod: Sendable {
                 SessionRequest(algorithm: try arguments.string(), input: try arguments.variant())
             }
         ) { p, call, request throws(BusError) in
-            try p.openSession(call, algorithm: request.algorithm, input: request.input)
+            .reply(try p.openSession(call, algorithm: request.algorithm, input: request.input))
         },
         SecretMethod(
             .service, Provider.serviceInterface, "SearchItems", "a{ss}",
             reading: { (arguments) throws(BusError) in try arguments.stringDictionary() }
         ) { p, call, attributes throws(BusError) in
-            try p.searchItems(call, attributes: attributes)
+            .reply(try p.searchItems(call, attributes: attributes))
         },
         SecretMethod(
             .service, Provider.serviceInterface, "GetSecrets", "aoo",
@@ -149,13 +151,13 @@ struct SecretMethod: Sendable {
                 NewCollection(properties: try arguments.properties(), alias: try arguments.string())
             }
         ) { p, call, request throws(BusError) in
-            try p.createCollection(call, properties: request.properties, alias: request.alias)
+            .reply(try p.createCollection(call, properties: request.properties, alias: request.alias))
         },
         SecretMethod(
             .service, Provider.serviceInterface, "ReadAlias", "s",
             reading: { (arguments) throws(BusError) in try arguments.string() }
         ) { p, call, alias throws(BusError) in
-            try p.readAlias(call, alias: alias)
+            .reply(try p.readAlias(call, alias: alias))
         },
         SecretMethod(
             .service, Provider.serviceInterface, "SetAlias", "so",
@@ -163,29 +165,29 @@ struct SecretMethod: Sendable {
                 AliasChange(alias: try arguments.string(), path: try arguments.objectPath())
             }
         ) { p, call, request throws(BusError) in
-            try p.setAlias(call, alias: request.alias, path: request.path)
+            .reply(try p.setAlias(call, alias: request.alias, path: request.path))
         },
         SecretMethod(
             .service, Provider.serviceInterface, "Lock", "ao",
             reading: { (arguments) throws(BusError) in try arguments.objectPaths() }
         ) { p, call, objects throws(BusError) in
-            try p.lock(call, objects: objects)
+            .reply(try p.lock(call, objects: objects))
         },
         SecretMethod(
             .service, Provider.serviceInterface, "Unlock", "ao",
             reading: { (arguments) throws(BusError) in try arguments.objectPaths() }
         ) { p, call, objects throws(BusError) in
-            try p.unlock(call, objects: objects)
+            .reply(try p.unlock(call, objects: objects))
         },
         SecretMethod(
             .collection, Provider.collectionInterface, "SearchItems", "a{ss}",
             reading: { (arguments) throws(BusError) in try arguments.stringDictionary() }, on: \.collectionGroup
         ) { p, call, group, attributes throws(BusError) in
-            try p.searchCollection(call, group: group, attributes: attributes)
+            .reply(try p.searchCollection(call, group: group, attributes: attributes))
         },
         SecretMethod(.collection, Provider.collectionInterface, "Delete", on: \.collectionGroup) {
             p, call, group throws(BusError) in
-            try p.deleteCollection(call, group: group)
+            .reply(try p.deleteCollection(call, group: group))
         },
         SecretMethod(
             .collection, Provider.collectionInterface, "CreateItem", "a{sv}(oayays)b",
@@ -214,7 +216,7 @@ struct SecretMethod: Sendable {
         },
         SecretMethod(.session, Provider.sessionInterface, "Close", on: { $0.kind == .session ? () : nil }) {
             p, call, _ throws(BusError) in
-            try p.closeSession(call)
+            .reply(try p.closeSession(call))
         },
         SecretMethod(
             .prompt, Provider.promptInterface, "Prompt", "s",
@@ -224,10 +226,10 @@ struct SecretMethod: Sendable {
                 return NoArguments()
             }, on: \.prompt
         ) { p, call, prompt, _ throws(BusError) in
-            try p.showPrompt(call, prompt: prompt)
+            .reply(try p.showPrompt(call, prompt: prompt))
         },
         SecretMethod(.prompt, Provider.promptInterface, "Dismiss", on: \.prompt) { p, call, prompt throws(BusError) in
-            try p.dismissPrompt(call, prompt: prompt)
+            .reply(try p.dismissPrompt(call, prompt: prompt))
         },
         SecretMethod(
             .properties, Provider.propertiesInterface, "Get", "ss",
@@ -235,13 +237,13 @@ struct SecretMethod: Sendable {
                 PropertyName(interface: try arguments.string(), name: try arguments.string())
             }, on: \.propertiesObject
         ) { p, call, object, property throws(BusError) in
-            try p.getProperty(call, object: object, interface: property.interface, name: property.name)
+            .reply(try p.getProperty(call, object: object, interface: property.interface, name: property.name))
         },
         SecretMethod(
             .properties, Provider.propertiesInterface, "GetAll", "s",
             reading: { (arguments) throws(BusError) in try arguments.string() }, on: \.propertiesObject
         ) { p, call, object, interface throws(BusError) in
-            try p.getAllProperties(call, object: object, interface: interface)
+            .reply(try p.getAllProperties(call, object: object, interface: interface))
         },
         SecretMethod(
             .properties, Provider.propertiesInterface, "Set", "ssv",
@@ -262,7 +264,7 @@ struct SecretMethod: Sendable {
                 return PortalRequest(handle: handle, appID: appID, fd: fd)
             }
         ) { p, call, request throws(BusError) in
-            try p.retrieveSecret(call, appID: request.appID, fd: request.fd)
+            .reply(try p.retrieveSecret(call, appID: request.appID, fd: request.fd))
         }
     ]
 }
@@ -368,15 +370,15 @@ struct PortalRequest: MethodArguments {
 extension SecretServiceProvider {
     /// Finds the method a call names on `object` and runs it, once the
     /// interface (a call may leave it out), the object and the signature
-    /// are the method's.
-    func dispatch(_ call: BusCall, to object: ObjectPaths.Object) throws(BusError) {
+    /// are the method's; returns what its handler answered.
+    func dispatch(_ call: BusCall, to object: ObjectPaths.Object) throws(BusError) -> MethodAnswer {
         let target = try self.target(of: call, on: object)
         let methods = SecretMethod.all.filter { $0.kind == target.kind }
         guard let method = methods.first(where: { $0.member == call.member }) else {
             throw .unknownMethod("no method \(call.member) in \(methods.first?.interface ?? call.interface)")
         }
         try requireSignature(call, method.signature)
-        try method.run(self, call, target)
+        return try method.run(self, call, target)
     }
 
     /// The object `call` is on, as its method's handler gets it, once the

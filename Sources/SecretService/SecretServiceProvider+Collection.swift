@@ -6,15 +6,15 @@ import Glibc
 /// The `org.freedesktop.Secret.Collection` objects: one per access group.
 extension SecretServiceProvider {
     /// `SearchItems` (a{ss}).
-    func searchCollection(_ call: BusCall, group: String, attributes: [String: String]) throws(BusError) {
+    func searchCollection(_ call: BusCall, group: String, attributes: [String: String]) throws(BusError)
+        -> ObjectsReply
+    {
         let found = try search(attributes, in: group, caller: call)
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            try reply.objectPaths(found.unlocked + found.locked)
-        }
+        return ObjectsReply(paths: found.unlocked + found.locked)
     }
 
     /// `Delete` (no arguments).
-    func deleteCollection(_ call: BusCall, group: String) throws(BusError) {
+    func deleteCollection(_ call: BusCall, group: String) throws(BusError) -> ObjectReply {
         // As rmdir: a group that holds items is refused, never emptied by one call.
         let removed = outcome(.removeGroup(group), for: call)
         if case .failure(.keychain(.badRequest, _)) = removed {
@@ -22,20 +22,10 @@ extension SecretServiceProvider {
                 "the collection \(group) still holds items (or is mounted): remove them first; nothing was deleted")
         }
         try removed.answer(about: .collection(group: group))
-        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+        return ObjectReply(path: ObjectPaths.none)
     }
 
-    /// `CreateItem` (a{sv}(oayays)b).
-    func createItem(_ call: BusCall, group: String, _ item: NewItem) throws(BusError) {
-        try createItem(call, item, in: group) { [self] call, path throws(BusError) in
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPath(path)
-                try reply.objectPath(ObjectPaths.none)
-            }
-        }
-    }
-
-    /// The spec's CreateItem. With `replace`, the item of the collection
+    /// `CreateItem` (a{sv}(oayays)b), the spec's. With `replace`, the item of the collection
     /// whose lookup attributes are exactly the ones given gets the new
     /// value, label and type (one that also names `keychainfs:identifier`
     /// must be that item; with no attribute of its program's, none is
@@ -46,10 +36,7 @@ extension SecretServiceProvider {
     /// The new item belongs to the caller (``ItemDetails/owner``), or to
     /// ``ProgramClaim/unidentified`` when the caller cannot be identified; an item
     /// it replaces keeps its owner, who must be the caller or allow it.
-    func createItem(
-        _ call: BusCall, _ item: NewItem, in group: String,
-        then answer: @escaping (BusCall, String) throws(BusError) -> Void
-    ) throws(BusError) {
+    func createItem(_ call: BusCall, group: String, _ item: NewItem) throws(BusError) -> MethodAnswer {
         let properties = item.properties, replace = item.replace
         let (value, contentType) = try secret(item.secret, of: call)
         var label = "", attributes: [String: String] = [:]
@@ -92,7 +79,7 @@ extension SecretServiceProvider {
                     .set(
                         group: group, identifier: existing.identifier, value: value, protectionClass: protectionClass,
                         details: written), for: call, about: .item(path: existing.path))
-                try answer(call, existing.path)
+                return CreatedReply(object: existing.path, prompt: ObjectPaths.none)
             }
         }
         for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
@@ -103,7 +90,7 @@ extension SecretServiceProvider {
             if case .failure(.keychain(.duplicateItem, _)) = made, named == nil { continue }
             let path = ObjectPaths.item(group, identifier)
             try made.answer(about: .item(path: path))
-            return try answer(call, path)
+            return .reply(CreatedReply(object: path, prompt: ObjectPaths.none))
         }
         throw .failed("too many items are named after the label \(label)")
     }

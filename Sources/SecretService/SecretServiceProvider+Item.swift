@@ -6,22 +6,27 @@ import Glibc
 /// The `org.freedesktop.Secret.Item` objects: one per item.
 extension SecretServiceProvider {
     /// `GetSecret` (o).
-    func getSecret(_ call: BusCall, group: String, identifier: String, session sessionPath: String) throws(BusError) {
+    func getSecret(_ call: BusCall, group: String, identifier: String, session sessionPath: String)
+        throws(BusError) -> MethodAnswer
+    {
         let session = try self.session(sessionPath, of: call)
-        try withConsent(call, to: "read the secret of", items: [(group, identifier)]) { [self] call throws(BusError) in
+        return try withConsent(call, to: "read the secret of", items: [(group, identifier)]) {
+            [self] call throws(BusError) in
             let value = try perform(
                 .get(group: group, identifier: identifier), for: call, about: .item(path: call.path)
             )
             .value
-            let contentType = contentType(of: group, identifier, for: call)
-            try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
-                try session.append(value, contentType: contentType, to: reply)
-            }
+            return SecretReply(
+                secret: SecretToSend(
+                    item: call.path, value: value, contentType: contentType(of: group, identifier, for: call)),
+                session: session)
         }
     }
 
     /// `SetSecret` ((oayays)).
-    func setSecret(_ call: BusCall, group: String, identifier: String, _ sent: SentSecret) throws(BusError) {
+    func setSecret(_ call: BusCall, group: String, identifier: String, _ sent: SentSecret) throws(BusError)
+        -> MethodAnswer
+    {
         let (value, contentType) = try secret(sent, of: call)
         // A new content type is kept with the item's details (made for
         // an item that had none); otherwise the item keeps its own.
@@ -34,20 +39,20 @@ extension SecretServiceProvider {
             try validated(details)
         }
         let written = details
-        try withConsent(call, to: "change the secret of", items: [(group, identifier)]) {
+        return try withConsent(call, to: "change the secret of", items: [(group, identifier)]) {
             [self] call throws(BusError) in
             try perform(
                 .set(group: group, identifier: identifier, value: value, condition: .ifPresent, details: written),
                 for: call, about: .item(path: call.path))
-            try bus.reply(to: call.message) { _ throws(BusError) in }
+            return EmptyReply()
         }
     }
 
     /// `Delete` (no arguments).
-    func deleteItem(_ call: BusCall, group: String, identifier: String) throws(BusError) {
+    func deleteItem(_ call: BusCall, group: String, identifier: String) throws(BusError) -> MethodAnswer {
         try withConsent(call, to: "delete", items: [(group, identifier)]) { [self] call throws(BusError) in
             try perform(.remove(group: group, identifier: identifier), for: call, about: .item(path: call.path))
-            try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(ObjectPaths.none) }
+            return ObjectReply(path: ObjectPaths.none)
         }
     }
 }

@@ -31,8 +31,8 @@ extension SecretServiceProvider {
 
     /// `RetrieveSecret` ((osha{sv}) → (ua{sv})): writes the app's master
     /// secret to `sent` (the call's descriptor), made (64 random bytes) the first time.
-    func retrieveSecret(_ call: BusCall, appID: String, fd sent: Int32) throws(BusError) {
-        guard let fd = FileDescriptor(fcntl(sent, F_DUPFD_CLOEXEC, 3)) else { return try replyPortal(call, .failed) }
+    func retrieveSecret(_ call: BusCall, appID: String, fd sent: Int32) throws(BusError) -> PortalReply {
+        guard let fd = FileDescriptor(fcntl(sent, F_DUPFD_CLOEXEC, 3)) else { return PortalReply(response: .failed) }
         guard let portal = callerIdentity(call), portal.distrust == nil,
             portal.executable == Self.portalProgram, PackageOwnership.package(of: portal.executable) != nil
         else {
@@ -45,11 +45,11 @@ extension SecretServiceProvider {
         guard let app, fstat(fd.raw, &target) == 0,
             target.st_mode & S_IFMT == S_IFIFO || target.st_mode & S_IFMT == S_IFSOCK
         else {
-            return try replyPortal(call, .failed)
+            return PortalReply(response: .failed)
         }
-        guard let secret = portalSecret(of: app, for: call) else { return try replyPortal(call, .failed) }
+        guard let secret = portalSecret(of: app, for: call) else { return PortalReply(response: .failed) }
         let written = secret.withUnsafeBytes { bytes in (try? Descriptor.writeAll(fd.raw, bytes)) != nil }
-        try replyPortal(call, written ? .success : .failed)
+        return PortalReply(response: written ? .success : .failed)
     }
 
     /// The master secret of `app`: its item, or a new one. Nil when the
@@ -92,15 +92,6 @@ extension SecretServiceProvider {
             }
         case .failure:
             return nil
-        }
-    }
-
-    private func replyPortal(_ call: BusCall, _ response: PortalResponse) throws(BusError) {
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            var code = UInt64(response.rawValue)
-            try reply.basic("u", &code)
-            try reply.open("a", "{sv}")
-            try reply.close()
         }
     }
 }

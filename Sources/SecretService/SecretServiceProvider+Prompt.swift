@@ -6,7 +6,9 @@ import Glibc
 /// The `org.freedesktop.Secret.Prompt` objects: an Unlock's passcode prompt.
 extension SecretServiceProvider {
     /// `Prompt` (s).
-    func showPrompt(_ call: BusCall, prompt: UnlockPrompt) throws(BusError) {
+    /// Its reply goes before `Completed`, which the bus thread sends only
+    /// once this handler has returned (``BusConnection/perform(_:)``).
+    func showPrompt(_ call: BusCall, prompt: UnlockPrompt) throws(BusError) -> EmptyReply {
         guard let program = Pinentry.program() else {
             store.record(
                 "unlock-prompt", result: "failed",
@@ -19,7 +21,6 @@ extension SecretServiceProvider {
         guard prompt.start() else { throw .failed("the prompt is showing already") }
         let sender = bus.senderProcess(of: call.message)
         let path = call.path
-        try bus.reply(to: call.message) { _ throws(BusError) in }
         let started = Threads.start { [self] in
             let subject = { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }
             let failure = prompt.run(program: program, program: sender?.pid) { passcode in
@@ -32,13 +33,15 @@ extension SecretServiceProvider {
             bus.perform { [self] in completePrompt(path, dismissed: !unlocked, objects: unlocked ? prompt.objects : [])
             }
         }
-        if started == nil { completePrompt(path, dismissed: true, objects: []) }
+        if started == nil { bus.perform { [self] in completePrompt(path, dismissed: true, objects: []) } }
+        return EmptyReply()
     }
 
     /// `Dismiss` (no arguments).
-    func dismissPrompt(_ call: BusCall, prompt: UnlockPrompt) throws(BusError) {
-        try bus.reply(to: call.message) { _ throws(BusError) in }
-        if prompt.cancel() == false { completePrompt(call.path, dismissed: true, objects: []) }
+    func dismissPrompt(_ call: BusCall, prompt: UnlockPrompt) throws(BusError) -> EmptyReply {
+        let path = call.path
+        if prompt.cancel() == false { bus.perform { [self] in completePrompt(path, dismissed: true, objects: []) } }
+        return EmptyReply()
     }
 
     /// The spec's Completed(dismissed, result): the objects unlocked.

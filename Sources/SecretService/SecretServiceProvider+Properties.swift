@@ -6,32 +6,26 @@ import Glibc
 /// `org.freedesktop.DBus.Properties` of every object.
 extension SecretServiceProvider {
     /// `Get` (ss).
-    func getProperty(_ call: BusCall, object: ObjectPaths.Object, interface: String, name: String) throws(BusError) {
+    func getProperty(_ call: BusCall, object: ObjectPaths.Object, interface: String, name: String)
+        throws(BusError) -> PropertyReply
+    {
         guard let value = try properties(of: object, interface: interface, caller: call)[name] else {
             throw .invalidArguments("no property \(name) in \(interface)")
         }
-        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.variant(value) }
+        return PropertyReply(value: value)
     }
 
     /// `GetAll` (s).
-    func getAllProperties(_ call: BusCall, object: ObjectPaths.Object, interface: String) throws(BusError) {
-        let all = try properties(of: object, interface: interface, caller: call)
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            try reply.open("a", "{sv}")
-            for (name, value) in all.sorted(by: { $0.key < $1.key }) {
-                try reply.open("e", "sv")
-                try reply.string(name)
-                try reply.variant(value)
-                try reply.close()
-            }
-            try reply.close()
-        }
+    func getAllProperties(_ call: BusCall, object: ObjectPaths.Object, interface: String) throws(BusError)
+        -> PropertiesReply
+    {
+        PropertiesReply(properties: try properties(of: object, interface: interface, caller: call))
     }
 
     /// `Set` (ssv).
     func setProperty(
         _ call: BusCall, object: ObjectPaths.Object, interface: String, name: String, value: PropertyValue?
-    ) throws(BusError) {
+    ) throws(BusError) -> MethodAnswer {
         guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
             name == "Label" || name == "Attributes"
         else {
@@ -48,14 +42,14 @@ extension SecretServiceProvider {
         details.modified = 0
         try validated(details)
         let written = details
-        try withConsent(
+        return try withConsent(
             call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]
         ) {
             [self] call throws(BusError) in
             try perform(
                 .setDetails(group: group, identifier: identifier, details: written), for: call,
                 about: .item(path: call.path))
-            try bus.reply(to: call.message) { _ throws(BusError) in }
+            return EmptyReply()
         }
     }
 

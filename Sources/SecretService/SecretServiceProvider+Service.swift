@@ -6,54 +6,46 @@ import Glibc
 /// The `org.freedesktop.Secret.Service` object (`/org/freedesktop/secrets`).
 extension SecretServiceProvider {
     /// `OpenSession` (sv).
-    func openSession(_ call: BusCall, algorithm: String, input: PropertyValue?) throws(BusError) {
+    func openSession(_ call: BusCall, algorithm: String, input: PropertyValue?) throws(BusError) -> OpenedSession {
         let path = ObjectPaths.sessionPrefix + String(nextSession)
         let (session, output) = try TransferSession.open(
             algorithm: algorithm, input: input, owner: call.sender, path: path)
         nextSession += 1
         sessions[path] = session
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            try reply.open("v", output == nil ? "s" : "ay")
-            if let output {
-                try reply.bytes(output)
-            } else {
-                try reply.string("")
-            }
-            try reply.close()
-            try reply.objectPath(path)
-        }
+        return OpenedSession(output: output, path: path)
     }
 
     /// `SearchItems` (a{ss}).
-    func searchItems(_ call: BusCall, attributes: [String: String]) throws(BusError) {
+    func searchItems(_ call: BusCall, attributes: [String: String]) throws(BusError) -> SearchReply {
         let found = try search(attributes, in: nil, caller: call)
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            try reply.objectPaths(found.unlocked)
-            try reply.objectPaths(found.locked)
-        }
+        return SearchReply(unlocked: found.unlocked, locked: found.locked)
     }
 
     /// `GetSecrets` (aoo).
-    func getSecrets(_ call: BusCall, items paths: [String], session sessionPath: String) throws(BusError) {
+    func getSecrets(_ call: BusCall, items paths: [String], session sessionPath: String) throws(BusError)
+        -> MethodAnswer
+    {
         let session = try self.session(sessionPath, of: call)
         let items = paths.compactMap { path -> (group: String, identifier: String)? in
             guard case .item(let group, let identifier)? = ObjectPaths.object(at: path) else { return nil }
             return (group, identifier)
         }
         // Items of other programs the person denied are left out, as locked ones are.
-        try withConsent(
+        return try withConsent(
             call, to: "read the secrets of", items: items,
-            denied: { [self] call, asked throws(BusError) in
+            denied: { [self] call, asked in
                 let refused = Set(asked.map { ObjectPaths.item($0.group, $0.identifier) })
-                try replySecrets(
+                return secrets(
                     call, items.filter { !refused.contains(ObjectPaths.item($0.group, $0.identifier)) },
                     session: session)
             }
-        ) { [self] call throws(BusError) in try replySecrets(call, items, session: session) }
+        ) { [self] call in secrets(call, items, session: session) }
     }
 
     /// `CreateCollection` (a{sv}s).
-    func createCollection(_ call: BusCall, properties: [String: PropertyValue], alias: String) throws(BusError) {
+    func createCollection(_ call: BusCall, properties: [String: PropertyValue], alias: String) throws(BusError)
+        -> CreatedReply
+    {
         let label: String
         if case .string(let given)? = properties[Self.collectionLabelProperty] {
             label = given
@@ -79,80 +71,57 @@ extension SecretServiceProvider {
                 try made.answer(about: .collection(group: group))
             }
         }
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            try reply.objectPath(ObjectPaths.collection(group))
-            try reply.objectPath(ObjectPaths.none)
-        }
+        return CreatedReply(object: ObjectPaths.collection(group), prompt: ObjectPaths.none)
     }
 
     /// `ReadAlias` (s).
-    func readAlias(_ call: BusCall, alias: String) throws(BusError) {
-        let path = Self.group(ofAlias: alias).map(ObjectPaths.collection) ?? ObjectPaths.none
-        try bus.reply(to: call.message) { (reply) throws(BusError) in try reply.objectPath(path) }
+    func readAlias(_ call: BusCall, alias: String) throws(BusError) -> ObjectReply {
+        ObjectReply(path: Self.group(ofAlias: alias).map(ObjectPaths.collection) ?? ObjectPaths.none)
     }
 
     /// `SetAlias` (so).
-    func setAlias(_ call: BusCall, alias: String, path: String) throws(BusError) {
+    func setAlias(_ call: BusCall, alias: String, path: String) throws(BusError) -> EmptyReply {
         // Aliases are fixed: `default` and `login` name the group
         // default. Setting one to what it names already is done;
         // anything else would have to outlive the device and is refused.
         guard let group = Self.group(ofAlias: alias), path == ObjectPaths.collection(group) else {
             throw .notSupported("aliases are fixed: default and login name the collection default")
         }
-        try bus.reply(to: call.message) { _ throws(BusError) in }
+        return EmptyReply()
     }
 
     /// `Lock` (ao).
-    func lock(_ call: BusCall, objects paths: [String]) throws(BusError) {
+    func lock(_ call: BusCall, objects paths: [String]) throws(BusError) -> ObjectsAndPrompt {
         _ = outcome(.lock, for: call)
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            try reply.objectPaths(paths)
-            try reply.objectPath(ObjectPaths.none)
-        }
+        return ObjectsAndPrompt(objects: paths, prompt: ObjectPaths.none)
     }
 
     /// `Unlock` (ao).
-    func unlock(_ call: BusCall, objects paths: [String]) throws(BusError) {
-        guard store.isLocked else {
-            try bus.reply(to: call.message) { (reply) throws(BusError) in
-                try reply.objectPaths(paths)
-                try reply.objectPath(ObjectPaths.none)
-            }
-            return
-        }
+    func unlock(_ call: BusCall, objects paths: [String]) throws(BusError) -> ObjectsAndPrompt {
+        guard store.isLocked else { return ObjectsAndPrompt(objects: paths, prompt: ObjectPaths.none) }
         // Locked: the passcode is asked for when the client calls Prompt.
         let path = ObjectPaths.promptPrefix + String(nextPrompt)
         nextPrompt += 1
         prompts[path] = UnlockPrompt(owner: call.sender, objects: paths)
-        try bus.reply(to: call.message) { (reply) throws(BusError) in
-            try reply.objectPaths([])
-            try reply.objectPath(path)
-        }
+        return ObjectsAndPrompt(objects: [], prompt: path)
     }
 
-    /// GetSecrets' answer: the secrets of the items that are unlocked and
+    /// GetSecrets' reply: the secrets of the items that are unlocked and
     /// whose group admits the caller; locked, absent or not entitled ones
     /// left out, as the spec's "secrets of the unlocked items".
-    func replySecrets(
+    func secrets(
         _ call: BusCall, _ items: [(group: String, identifier: String)],
         session: TransferSession
-    ) throws(BusError) {
-        var secrets: [(String, SecureBytes, String)] = []
+    ) -> SecretsReply {
+        var secrets: [SecretToSend] = []
         for (group, identifier) in items {
             if case .success(let item) = outcome(.get(group: group, identifier: identifier), for: call) {
                 secrets.append(
-                    (ObjectPaths.item(group, identifier), item.value, contentType(of: group, identifier, for: call)))
+                    SecretToSend(
+                        item: ObjectPaths.item(group, identifier), value: item.value,
+                        contentType: contentType(of: group, identifier, for: call)))
             }
         }
-        try bus.reply(to: call.message, sensitive: true) { (reply) throws(BusError) in
-            try reply.open("a", "{o(oayays)}")
-            for (path, value, contentType) in secrets {
-                try reply.open("e", "o(oayays)")
-                try reply.objectPath(path)
-                try session.append(value, contentType: contentType, to: reply)
-                try reply.close()
-            }
-            try reply.close()
-        }
+        return SecretsReply(secrets: secrets, session: session)
     }
 }

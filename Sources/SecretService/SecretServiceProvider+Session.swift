@@ -6,10 +6,10 @@ import Glibc
 /// The `org.freedesktop.Secret.Session` objects: a client's transfer sessions.
 extension SecretServiceProvider {
     /// `Close` (no arguments).
-    func closeSession(_ call: BusCall) throws(BusError) {
+    func closeSession(_ call: BusCall) throws(BusError) -> EmptyReply {
         _ = try session(call.path, of: call)
         sessions[call.path] = nil
-        try bus.reply(to: call.message) { _ throws(BusError) in }
+        return EmptyReply()
     }
 
     /// A secret struct `call` sent, opened in its session (the caller's

@@ -60,8 +60,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         self.store = store
         self.address = address
         bus = try BusConnection(address: address)
-        try bus.serve(prefix: ObjectPaths.service) { [unowned self] message in handle(message) }
-        try bus.serve(prefix: Self.portalPath) { [unowned self] message in handle(message) }
+        try serveObjects()
         // A session ends with the connection that opened it.
         try bus.watch("type='signal',sender='org.freedesktop.DBus',member='NameOwnerChanged'") {
             [unowned self] message in
@@ -79,9 +78,6 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 prompts[path] = nil
             }
         }
-        for group in store.itemNames() {
-            for identifier in group.value { knownItems.insert(ObjectPaths.item(group.key, identifier)) }
-        }
         // The name is never given up on request (BusConnection.requestName);
         // lost all the same (the bus daemon's word), it is said where a
         // person looks: the log, the journal, and `isServing`.
@@ -95,6 +91,29 @@ public final class SecretServiceProvider: @unchecked Sendable {
             SystemdNotify.send("STATUS=" + sentence)
         }
         try bus.requestName(Self.busName, replace: replace)
+        try startServing()
+    }
+
+    /// Serves the other end of `peer` alone, with no bus daemon: no name
+    /// to own, nobody else to watch leave. The unit tests run the handlers
+    /// in their own process over a socketpair this way (issue 40).
+    init(store: SecretStore, peer: consuming FileDescriptor) throws(BusError) {
+        self.store = store
+        address = nil
+        bus = try BusConnection(peer: peer, serving: true)
+        try serveObjects()
+        try startServing()
+    }
+
+    private func serveObjects() throws(BusError) {
+        try bus.serve(prefix: ObjectPaths.service) { [unowned self] message in handle(message) }
+        try bus.serve(prefix: Self.portalPath) { [unowned self] message in handle(message) }
+        for group in store.itemNames() {
+            for identifier in group.value { knownItems.insert(ObjectPaths.item(group.key, identifier)) }
+        }
+    }
+
+    private func startServing() throws(BusError) {
         try bus.start()
         store.setSecretServiceState("serving \(Self.busName)")
         // The device's events, whoever made the change (a mount, the
@@ -210,15 +229,33 @@ public final class SecretServiceProvider: @unchecked Sendable {
         else {
             return false
         }
-        do throws(BusError) {
-            guard let object = ObjectPaths.object(at: call.path) else {
-                throw BusError.noSuchObject("no object at \(call.path)")
-            }
-            try dispatch(call, to: object)
-        } catch {
-            bus.reply(to: message, error: error)
-        }
+        send(
+            Result { () throws(BusError) in
+                guard let object = ObjectPaths.object(at: call.path) else {
+                    throw BusError.noSuchObject("no object at \(call.path)")
+                }
+                return try dispatch(call, to: object)
+            }, to: call)
         return true
+    }
+
+    /// The one place a call's answer goes to the bus: its reply, written as
+    /// its type says, or the error; nothing yet while the person is asked.
+    func send(_ answer: Result<MethodAnswer, BusError>, to call: BusCall) {
+        switch answer {
+        case .success(.waitingForConsent):
+            return
+        case .success(.reply(let reply)):
+            do throws(BusError) {
+                try bus.reply(to: call.message, sensitive: reply.isSensitive) { (message) throws(BusError) in
+                    try reply.write(to: message)
+                }
+            } catch {
+                bus.reply(to: call.message, error: error)
+            }
+        case .failure(let error):
+            bus.reply(to: call.message, error: error)
+        }
     }
 
     /// The group an alias names: `default` and `login` (gnome-keyring's

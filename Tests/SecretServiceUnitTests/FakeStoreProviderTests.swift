@@ -13,59 +13,6 @@ extension SerialTests {
     /// a real client, sees what the store answers, mapped as the spec says.
     /// No keychain, no device.
     @Suite struct FakeStoreProviderTests {
-        /// One item, `work/mail`; what each request gets is set by the test.
-        /// It answers with values, as the device does in its own process:
-        /// no fields to get wrong (issue 40: the fake once answered `info`
-        /// with one field, which only a hand read let pass).
-        final class FakeStore: SecretStore, @unchecked Sendable {
-            typealias Answer = DeviceAnswer
-            let answers: Mutex<[String: Answer]>
-            let asked = Mutex<[String]>([])
-
-            init(get: Answer, set: Answer, remove: Answer) {
-                answers = Mutex(["get": get, "set": set, "remove": remove])
-            }
-
-            var isLocked: Bool { false }
-            func isAvailable(_ protectionClass: ProtectionClass) -> Bool { true }
-            func appsOwnItems(inGroup group: String) -> Bool { false }
-            func setSecretServiceState(_ state: String?) {}
-            func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { 1 }
-            func removeObserver(_ token: Int) {}
-            func itemNames() -> [String: [String]] { ["work": ["mail"]] }
-            func answer(_ question: ConsentQuestion) -> ItemConsent.Answer { .denied }
-            func record(_ operation: String, result: String, subject: AuditSubject?, detail: String) {}
-
-            func perform<Result: DeviceResult>(
-                _ call: DeviceCall<Result>, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
-                audit: AuditPolicy
-            ) -> DeviceOutcome<Result> {
-                answer(call.request).outcome(of: call)
-            }
-
-            private func answer(_ request: DeviceRequest) -> Answer {
-                guard case .item(let item) = request else {
-                    return .failure(.keychain(.badRequest, "not in this test"))
-                }
-                let info = ItemInfo(protectionClass: .whenUnlocked, size: 6)
-                let kind: String
-                switch item {
-                case .list(let group):
-                    return .success(
-                        group == nil ? GroupList(["work"]) : ItemList([ItemListing(identifier: "mail", info: info)]))
-                case .details: return .success(DetailsList([]))
-                case .info: return .success(info)
-                case .get: kind = "get"
-                case .set: kind = "set"
-                case .remove: kind = "remove"
-                case .setDetails, .setClass, .rename, .createGroup, .removeGroup:
-                    return .failure(.keychain(.badRequest, "not in this test"))
-                }
-                asked.withLock { $0.append(kind) }
-                return answers.withLock { $0[kind]! }
-            }
-        }
-
         /// A private session bus for the test, ended with it.
         final class PrivateBus {
             let directory: String

@@ -1,0 +1,177 @@
+import KeychainCore
+import Synchronization
+import Testing
+@testable import SecretService
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The provider's handlers run in the test's own process, over the two ends
+/// of a socketpair and no bus daemon (issue 40; oo7's tests do the same over
+/// a peer-to-peer connection): the test's end calls the methods as a client
+/// does, with the spec's signatures, and reads the replies as the spec
+/// types them. The store is the test's own (``FakeStore``).
+@Suite struct InProcessProviderTests {
+    /// A provider serving one end of a socketpair, and a client at the other.
+    final class DirectBus {
+        let provider: SecretServiceProvider
+        let client: BusConnection
+
+        init(store: SecretStore) throws {
+            var ends: [Int32] = [0, 0]
+            try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0)
+            guard let served = FileDescriptor(ends[0]), let calling = FileDescriptor(ends[1]) else {
+                throw BusError.failed("no socketpair")
+            }
+            provider = try SecretServiceProvider(store: store, peer: served)
+            client = try BusConnection(peer: calling, serving: false)
+        }
+
+        deinit { provider.stop() }
+
+        func call(
+            _ path: String, _ interface: String, _ member: String,
+            _ build: (BusMessageWriter) throws(BusError) -> Void = { _ throws(BusError) in }
+        ) throws(BusError) -> BusReply {
+            try client.call(nil, path, interface, member, build)
+        }
+
+        /// A `plain` session's path.
+        func openPlainSession() throws -> String {
+            let reply = try call(ObjectPaths.service, SecretServiceProvider.serviceInterface, "OpenSession") {
+                (call) throws(BusError) in
+                try call.string("plain")
+                try call.variant(.string(""))
+            }
+            #expect(reply.signature == "vo")
+            #expect(try reply.arguments.variant() == .string(""))
+            return try reply.arguments.objectPath()
+        }
+    }
+
+    static let mail = ObjectPaths.item("work", "mail")
+
+    static func store() throws -> FakeStore {
+        FakeStore(
+            get: .success(ItemValue(value: try SecureBytes("from-the-fake"), protectionClass: .whenUnlocked)),
+            set: .failure(.keychain(.quotaExceeded, KeychainError.quotaExceeded.description)),
+            remove: .failure(.keychain(.missingEntitlement, "not entitled")))
+    }
+
+    @Test func aClientGetsWhatTheStoreAnswersWithNoBusDaemon() throws {
+        let store = try Self.store()
+        let bus = try DirectBus(store: store)
+        let session = try bus.openPlainSession()
+        #expect(session.hasPrefix(ObjectPaths.sessionPrefix))
+
+        let found = try bus.call(ObjectPaths.service, SecretServiceProvider.serviceInterface, "SearchItems") {
+            (call) throws(BusError) in
+            try call.stringDictionary([SecretServiceProvider.identifierAttribute: "mail"])
+        }
+        #expect(found.signature == "aoao")
+        #expect(try found.arguments.objectPaths() == [Self.mail])
+        #expect(try found.arguments.objectPaths() == [])
+
+        // A plain session sends the value as it is, with the item's content type.
+        let secret = try bus.call(Self.mail, SecretServiceProvider.itemInterface, "GetSecret") {
+            (call) throws(BusError) in try call.objectPath(session)
+        }
+        #expect(secret.signature == "(oayays)")
+        let sent = try secret.arguments.secretStruct()
+        #expect(sent.session == session && sent.contentType == ItemDetails.defaultContentType)
+        #expect(Array(sent.sealed.withUnsafeBytes { Array($0) }) == Array("from-the-fake".utf8))
+
+        let all = try bus.call(
+            ObjectPaths.collection("work"), SecretServiceProvider.propertiesInterface, "GetAll"
+        ) { (call) throws(BusError) in try call.string(SecretServiceProvider.collectionInterface) }
+        #expect(all.signature == "a{sv}")
+        let properties = try all.arguments.properties()
+        #expect(properties["Items"] == .objectPaths([Self.mail]) && properties["Label"] == .string("work"))
+        #expect(properties["Locked"] == .bool(false))
+
+        let alias = try bus.call(ObjectPaths.service, SecretServiceProvider.serviceInterface, "ReadAlias") {
+            (call) throws(BusError) in try call.string("login")
+        }
+        #expect(try alias.arguments.objectPath() == ObjectPaths.collection(ItemLimits.defaultGroup))
+        #expect(store.asked.withLock { $0 } == ["get"])
+    }
+
+    /// Each refusal of the store is the spec's error, with the store's
+    /// sentence where it has one; nothing else is asked of it.
+    @Test func aStoreRefusalIsTheSpecsErrorAndTheCallChangesNothing() throws {
+        let store = try Self.store()
+        let bus = try DirectBus(store: store)
+        let session = try bus.openPlainSession()
+
+        let quota = #expect(throws: BusError.self) {
+            try bus.call(Self.mail, SecretServiceProvider.itemInterface, "SetSecret") { (call) throws(BusError) in
+                try call.open("r", "oayays")
+                try call.objectPath(session)
+                try call.bytes([])
+                try call.bytes(Array("new value".utf8))
+                try call.string(ItemDetails.defaultContentType)
+                try call.close()
+            }
+        }
+        #expect(quota?.name == "org.freedesktop.DBus.Error.Failed")
+        #expect(quota?.message.contains("as many items or bytes as its quota allows") == true)
+
+        let denied = #expect(throws: BusError.self) {
+            try bus.call(Self.mail, SecretServiceProvider.itemInterface, "Delete")
+        }
+        #expect(denied?.name == "org.freedesktop.DBus.Error.AccessDenied")
+        #expect(store.asked.withLock { $0 } == ["set", "remove"])
+
+        // Checked before any handler runs: the store hears nothing of these.
+        let unknown = #expect(throws: BusError.self) {
+            try bus.call(Self.mail, SecretServiceProvider.itemInterface, "Explode")
+        }
+        #expect(unknown?.name == "org.freedesktop.DBus.Error.UnknownMethod")
+        let wrongSignature = #expect(throws: BusError.self) {
+            try bus.call(Self.mail, SecretServiceProvider.itemInterface, "GetSecret") { (call) throws(BusError) in
+                try call.string(session)
+            }
+        }
+        #expect(wrongSignature?.name == "org.freedesktop.DBus.Error.InvalidArgs")
+        let closed = try bus.call(session, SecretServiceProvider.sessionInterface, "Close")
+        #expect(closed.signature == "")
+        let noSession = #expect(throws: BusError.self) {
+            try bus.call(Self.mail, SecretServiceProvider.itemInterface, "GetSecret") { (call) throws(BusError) in
+                try call.objectPath(session)
+            }
+        }
+        #expect(noSession?.name == "org.freedesktop.Secret.Error.NoSession")
+        #expect(store.asked.withLock { $0 } == ["set", "remove"])
+    }
+
+    /// An item another program owns: the handler's reply waits for the
+    /// person's answer, which comes on a thread of its own, and the call
+    /// gets it then (the secret, or AccessDenied), while the bus goes on serving.
+    @Test(arguments: [ItemConsent.Answer.allowedOnce, .denied])
+    func anOwnedItemsReplyWaitsForThePersonsAnswer(_ consent: ItemConsent.Answer) throws {
+        let other = ProgramClaim(executable: "/usr/bin/another-program", digest: Array(repeating: 7, count: 32))
+        let store = FakeStore(
+            get: .success(ItemValue(value: try SecureBytes("owned"), protectionClass: .whenUnlocked)),
+            set: .failure(.keychain(.badRequest, "not in this test")),
+            remove: .failure(.keychain(.badRequest, "not in this test")), owner: other, consent: consent)
+        let bus = try DirectBus(store: store)
+        let session = try bus.openPlainSession()
+        let getSecret = { () throws(BusError) -> BusReply in
+            try bus.call(Self.mail, SecretServiceProvider.itemInterface, "GetSecret") { (call) throws(BusError) in
+                try call.objectPath(session)
+            }
+        }
+        if consent == .denied {
+            let refused = #expect(throws: BusError.self) { try getSecret() }
+            #expect(refused?.name == "org.freedesktop.DBus.Error.AccessDenied")
+            #expect(store.asked.withLock { $0 }.isEmpty)
+        } else {
+            let sent = try getSecret().arguments.secretStruct()
+            #expect(Array(sent.sealed.withUnsafeBytes { Array($0) }) == Array("owned".utf8))
+            #expect(store.asked.withLock { $0 } == ["get"])
+        }
+        let questions = store.questions.withLock { $0 }
+        #expect(questions.count == 1 && questions[0].contains("another-program"), "\(questions)")
+    }
+}
