@@ -16,9 +16,10 @@ final class ServedKeychain: Sendable {
     /// Who the files of its mounts belong to: the keychain's user.
     let owner: (uid: uid_t, gid: gid_t)
     private let mounts = Mutex<[String: FuseMount]>([:])
-    /// One inode table for every mount: a removal through one mount detaches
-    /// the inode that a descriptor of another mount holds.
-    private let nodes = NodeTable()
+    /// One inode table for every mount: a removal through one mount, the
+    /// socket or the bus detaches the inode that a descriptor of any mount
+    /// holds (the table follows the store's commits itself).
+    private let nodes: NodeTable
     /// Called on a loop thread whenever one of its mounts has ended.
     private let mountEnded: @Sendable () -> Void
     /// What its user may hold of the service (nil: a per-user device's keychain).
@@ -34,6 +35,7 @@ final class ServedKeychain: Sendable {
         } catch {
             throw MountError(keychain.sentence(for: error))
         }
+        nodes = NodeTable(following: manager.localDevice)
         self.owner = owner
         self.serviceLimits = serviceLimits
         if let quota = serviceLimits?.quota {
@@ -385,12 +387,9 @@ extension ServedKeychain {
             let item = try manager.item(forIdentifier: identifier, inGroup: group)
             return ItemValue(value: item.value, protectionClass: item.protectionClass)
         case .set(let group, let identifier, let value, let protectionClass, let condition, let details):
-            try nodes.namespace.withLock { () throws(KeychainError) in
-                _ = try manager.write(
-                    value, identifier: identifier, group: group,
-                    protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition,
-                    details: details)
-            }
+            try manager.write(
+                value, identifier: identifier, group: group,
+                protectionClass: protectionClass ?? manager.classForNewWrites, condition: condition, details: details)
         case .details(let group, let identifier):
             let found: [(identifier: String, details: ItemDetails)]
             if let identifier {
@@ -402,8 +401,7 @@ extension ServedKeychain {
         case .setDetails(let group, let identifier, let details):
             try manager.setDetails(details, forIdentifier: identifier, inGroup: group)
         case .remove(let group, let identifier):
-            try nodes.removeItem(group: group, identifier: identifier, manager: manager)
-            nodes.forgetNames([.item(group: group, identifier: identifier)], except: nil)
+            try manager.deleteKey(forIdentifier: identifier, inGroup: group)
         case .list(let group):
             guard let group else { return GroupList(try manager.groups()) }
             return ItemList(
@@ -414,15 +412,13 @@ extension ServedKeychain {
         case .setClass(let group, let identifier, let protectionClass):
             try manager.setProtectionClass(protectionClass, forIdentifier: identifier, inGroup: group)
         case .rename(let group, let from, let to, let replacing):
-            try nodes.renameItem(group: group, from: from, to: to, replacing: replacing, manager: manager)
-            nodes.forgetNames([.item(group: group, identifier: from), .item(group: group, identifier: to)], except: nil)
+            try manager.renameKey(forIdentifier: from, to: to, inGroup: group, replacing: replacing)
         case .createGroup(let group):
             try manager.createGroup(group)
         case .removeGroup(let group):
             // As rmdir: not a group that a mount serves as its root.
             guard !isGroupMounted(group) else { throw .badRequest }
             try manager.removeGroup(group)
-            nodes.forgetNames([.group(group)], except: nil)
         }
         return Done()
     }

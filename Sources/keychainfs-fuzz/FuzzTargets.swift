@@ -335,8 +335,9 @@ extension FuzzTarget {
         let directory = KeychainDirectory(path: String(cString: made) + "/keychain")
         do {
             try Device.createKeychain(at: directory, passcode: nil)
+            let device = try Device(directory: directory)
             let fileSystem = try FileSystem(
-                manager: PasswordManager(device: try Device(directory: directory)), nodes: NodeTable())
+                manager: PasswordManager(device: device), nodes: NodeTable(following: device))
             var ops = FuseOperations.table()
             var arguments = [strdup("keychainfs")]
             defer { arguments.forEach { free($0) } }

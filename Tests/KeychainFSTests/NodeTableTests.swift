@@ -1,5 +1,7 @@
+import Foundation
 @testable import KeychainFS
 import KeychainCore
+import Synchronization
 import Testing
 
 /// Issue 32 asked whether a removed item's inode number can be handed out
@@ -43,11 +45,11 @@ import Testing
                 meaning[inode] = name
                 held[kernel][inode, default: 0] += 1
             case 2:  // unlink, or a removal through the socket
-                nodes.detach(name, info: nil)
+                nodes.detach(name)
             case 3:  // rename over another name
                 let target = names[steps.next(names.count)]
                 guard target != name, let moved = nodes.existingInode(for: name) else { continue }
-                nodes.move(name, to: target, replacedInfo: nil)
+                nodes.move(name, to: target)
                 meaning[moved] = target
             default:  // the kernel forgets some of what it holds
                 guard let (inode, count) = held[kernel].randomElement(using: &steps) else { continue }
@@ -60,6 +62,76 @@ import Testing
         for inode in held.flatMap(\.keys) where nodes.node(for: inode) == nil {
             #expect(nodes.detachedItem(inode) != nil, "inode \(inode), still held, was forgotten")
         }
+    }
+}
+
+/// The table follows the store (issue 40): whoever removes or renames an
+/// item (a mount, the socket, the bus, the library itself), the inode of
+/// its name is detached or moved as the change commits, before any other
+/// change can commit; nobody has to tell the table.
+@Suite struct NodeTableFollowingTests {
+    final class Keychain {
+        let root: String
+        let manager: PasswordManager
+        let nodes: NodeTable
+
+        init() throws {
+            root = try #require(String(validatingCString: mkdtemp(strdup("/tmp/kcfs-nodes-XXXXXX"))))
+            let directory = KeychainDirectory(path: root + "/keychain")
+            try Device.createKeychain(at: directory, passcode: nil, kdf: .insecureFastForTests, tpm: .declined)
+            let device = try Device(directory: directory)
+            manager = PasswordManager(device: device)
+            nodes = NodeTable(following: device)
+        }
+
+        deinit { try? FileManager.default.removeItem(atPath: root) }
+
+        func write(_ identifier: String, _ value: String) throws {
+            try manager.write(
+                try SecureBytes(value), identifier: identifier, group: "default", protectionClass: .always)
+        }
+    }
+
+    static func item(_ identifier: String) -> Node { .item(group: "default", identifier: identifier) }
+
+    @Test func aRemovalOrRenameThroughTheLibraryRebindsTheNames() throws {
+        let keychain = try Keychain()
+        let nodes = keychain.nodes, kernel = KernelCache(scope: .keychain)
+        try keychain.write("a", "one")
+        let a = nodes.lookedUp(Self.item("a"), by: kernel)
+
+        try keychain.manager.renameKey(forIdentifier: "a", to: "b", inGroup: "default")
+        #expect(nodes.node(for: a) == Self.item("b"))
+        #expect(nodes.existingInode(for: Self.item("a")) == nil)
+
+        // Renamed over: the replaced item's inode is detached, the moved one takes its name.
+        try keychain.write("c", "three")
+        let c = nodes.lookedUp(Self.item("c"), by: kernel)
+        try keychain.manager.renameKey(forIdentifier: "b", to: "c", inGroup: "default", replacing: true)
+        #expect(nodes.node(for: a) == Self.item("c"))
+        #expect(nodes.node(for: c) == nil && nodes.detachedItem(c) == Self.item("c"))
+
+        try keychain.manager.deleteKey(forIdentifier: "c", inGroup: "default")
+        #expect(nodes.node(for: a) == nil && nodes.detachedItem(a) == Self.item("c"))
+        // An item made later under the name gets a number of its own.
+        try keychain.write("c", "new")
+        #expect(![a, c].contains(nodes.inode(for: Self.item("c"))))
+    }
+
+    /// The inodes are rebound inside the write section: an observer of the
+    /// device's events, told after the commit, already finds them rebound.
+    @Test func theNamesAreReboundBeforeTheChangeIsAnnounced() throws {
+        let keychain = try Keychain()
+        let nodes = keychain.nodes, kernel = KernelCache(scope: .keychain)
+        try keychain.write("a", "one")
+        let a = nodes.lookedUp(Self.item("a"), by: kernel)
+        let seen = Mutex<[Node?]>([])
+        let token = keychain.manager.localDevice.addObserver { event in
+            if case .changed(.removed) = event { seen.withLock { $0.append(nodes.node(for: a)) } }
+        }
+        defer { keychain.manager.localDevice.removeObserver(token) }
+        try keychain.manager.deleteKey(forIdentifier: "a", inGroup: "default")
+        #expect(seen.withLock { $0 } == [nil])
     }
 }
 

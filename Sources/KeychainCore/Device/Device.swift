@@ -38,6 +38,8 @@ public final class Device: Sendable {
         var nextObserver = 0
     }
     let state = Mutex(State())
+    /// ``addCommitObserver(_:)``'s, by token.
+    private let commitObservers = Mutex<[Int: @Sendable (ItemChange) -> Void]>([:])
     /// Auto-lock: seconds without an item access before the device locks
     /// (0: never) and the grace between `will-lock` and the lock.
     let autoLockSettings = Mutex<(after: Int, grace: Int)>((0, 10))
@@ -121,6 +123,7 @@ public final class Device: Sendable {
             self?.notify(.changed(change))
             self?.noteWriteForRollback()
         }
+        store.onCommit { [weak self] change in self?.notifyAtCommit(change) }
         // Reading it now reports a tampered lockout record at boot.
         _ = try lockoutRecord()
         try store.startWriteAheadLog()
@@ -219,6 +222,29 @@ public final class Device: Sendable {
     /// Stops calling an observer.
     public func removeObserver(_ token: Int) {
         _ = state.withLock { $0.observers.removeValue(forKey: token) }
+    }
+
+    /// Calls `handler` with every change of the store as it commits, inside
+    /// the store's write section (no other change commits until it returns),
+    /// whoever made it: a mount, the socket, the bus, this library. For what
+    /// must agree with the store at every instant (which inode a name holds:
+    /// a descriptor of a removed item must never reach an item made later
+    /// under its name). It runs under the store's lock: it may only update
+    /// memory of its own, never call the store or the kernel, nor wait.
+    package func addCommitObserver(_ handler: @escaping @Sendable (ItemChange) -> Void) -> Int {
+        commitObservers.withLock { observers in
+            let token = (observers.keys.max() ?? 0) + 1
+            observers[token] = handler
+            return token
+        }
+    }
+
+    private func notifyAtCommit(_ change: ItemChange) {
+        for observer in commitObservers.withLock({ Array($0.values) }) { observer(change) }
+    }
+
+    package func removeCommitObserver(_ token: Int) {
+        _ = commitObservers.withLock { $0.removeValue(forKey: token) }
     }
 
     func notify(_ event: DeviceEvent) {

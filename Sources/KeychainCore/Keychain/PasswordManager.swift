@@ -257,11 +257,30 @@ public final class PasswordManager: Sendable {
         _ value: SecureBytes, identifier: String, group: String, protectionClass: ProtectionClass,
         condition: WriteCondition = .always, details: ItemDetails? = nil
     ) throws(KeychainError) -> WriteReceipt {
+        // Without a precondition, every write that does not throw is made.
+        try write(
+            value, identifier: identifier, group: group, protectionClass: protectionClass, condition: condition,
+            details: details, provided: nil)!
+    }
+
+    /// ``write(_:identifier:group:protectionClass:condition:details:)`` made
+    /// only if `holds()` says so when asked inside the store's write
+    /// section, where no other change can commit until the write is done:
+    /// nil, with nothing written, otherwise. The filesystem's commit asks
+    /// whether its descriptor's inode still holds the name it is writing
+    /// to, so that no rename or removal (which rebind names as they commit:
+    /// ``Device/addCommitObserver(_:)``) can come between the two.
+    package func write(
+        _ value: SecureBytes, identifier: String, group: String, protectionClass: ProtectionClass,
+        condition: WriteCondition = .always, details: ItemDetails? = nil, provided holds: (() -> Bool)?
+    ) throws(KeychainError) -> WriteReceipt? {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
         try details?.validate()
         guard case .local(let device) = backend else {
+            // Another process's store: asked here, as close to the write as this process gets.
+            if let holds, !holds() { return nil }
             try remote.call(
                 .set(
                     group: group, identifier: identifier, value: value,
@@ -269,20 +288,30 @@ public final class PasswordManager: Sendable {
             return WriteReceipt(group: group, identifier: identifier, replaced: nil, generation: 0)
         }
         let key = try device.classKey(protectionClass)
-        let written = try device.store.write(group: group, identifier: identifier) {
-            existing, generation throws(KeychainError) in
-            // Replacing an item needs its current class key too: a locked
-            // device must not let its `whenUnlocked` secrets be overwritten.
-            if let existing {
-                if condition == .ifAbsent { throw .duplicateItem }
-                _ = try device.classKey(existing.protectionClass)
-            } else if condition == .ifPresent {
-                throw .itemNotFound
+        var abandoned = false
+        let written: (replaced: SealedItem?, generation: Int64)
+        do throws(KeychainError) {
+            written = try device.store.write(group: group, identifier: identifier) {
+                existing, generation throws(KeychainError) in
+                if let holds, !holds() {
+                    abandoned = true
+                    throw .badRequest
+                }
+                // Replacing an item needs its current class key too: a locked
+                // device must not let its `whenUnlocked` secrets be overwritten.
+                if let existing {
+                    if condition == .ifAbsent { throw .duplicateItem }
+                    _ = try device.classKey(existing.protectionClass)
+                } else if condition == .ifPresent {
+                    throw .itemNotFound
+                }
+                return ItemCipher.seal(
+                    value, group: group, identifier: identifier, protectionClass: protectionClass,
+                    generation: generation, key: key,
+                    details: try Self.details(of: existing, replacedBy: details, touched: true, on: device))
             }
-            return ItemCipher.seal(
-                value, group: group, identifier: identifier, protectionClass: protectionClass,
-                generation: generation, key: key,
-                details: try Self.details(of: existing, replacedBy: details, touched: true, on: device))
+        } catch .badRequest where abandoned {
+            return nil
         }
         forget(group: group, identifier: identifier)
         return WriteReceipt(

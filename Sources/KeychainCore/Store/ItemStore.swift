@@ -113,6 +113,21 @@ final class ItemStore: Sendable {
         changeHandler.withLock { $0 }?.call(change)
     }
 
+    /// Told of every change as it commits, inside the store's write section:
+    /// no other change can commit before it returns. For what in memory must
+    /// agree with the store at every commit, whoever made the change (which
+    /// inode a name holds: ``Device/addCommitObserver(_:)``).
+    private let commitHandler = Mutex<ChangeHandler?>(nil)
+
+    func onCommit(_ handler: @escaping @Sendable (ItemChange) -> Void) {
+        commitHandler.withLock { $0 = ChangeHandler(call: handler) }
+    }
+
+    /// Call with the connection's lock held, once the transaction committed.
+    private func committed(_ change: ItemChange) {
+        commitHandler.withLock { $0 }?.call(change)
+    }
+
     /// The key of ``RowIdentity``: no secret of the keychain, only what
     /// keeps names that collide unforeseeable.
     private let identityKey = Crypto.randomBytes(Crypto.shortHashKeySize)
@@ -382,6 +397,8 @@ final class ItemStore: Sendable {
                 return (replaced: existing, row: row, groupCreated: groupCreated)
             }
             expect(group, identifier, written.row)
+            if written.groupCreated { committed(.groupCreated(group)) }
+            committed(.written(group: group, identifier: identifier))
             return (replaced: written.replaced, generation: written.row.generation, groupCreated: written.groupCreated)
         }
         // A write into a group that did not exist made it: observers (.events,
@@ -418,7 +435,10 @@ final class ItemStore: Sendable {
                 try upsert(db, previous)
                 return true
             }
-            if reverted { expect(group, identifier, previous) }
+            if reverted {
+                expect(group, identifier, previous)
+                committed(.written(group: group, identifier: identifier))
+            }
             return reverted
         }
         if reverted { announce(.written(group: group, identifier: identifier)) }
@@ -511,6 +531,7 @@ final class ItemStore: Sendable {
             if let moved {
                 expect(group, source, nil)
                 expect(group, target, moved)
+                committed(.renamed(group: group, from: source, to: target))
             }
             return moved != nil
         }
@@ -528,7 +549,10 @@ final class ItemStore: Sendable {
                     .run()
                 return true
             }
-            if deleted { expect(group, identifier, nil) }
+            if deleted {
+                expect(group, identifier, nil)
+                committed(.removed(group: group, identifier: identifier))
+            }
             return deleted
         }
         if deleted { announce(.removed(group: group, identifier: identifier)) }
@@ -695,6 +719,7 @@ final class ItemStore: Sendable {
         try withConnection { db throws(KeychainError) in
             try db.statement("INSERT OR IGNORE INTO groups(name) VALUES (?)").bind(1, group).run()
             if db.changes == 0 { throw .duplicateItem }
+            committed(.groupCreated(group))
         }
         announce(.groupCreated(group))
     }
@@ -709,6 +734,7 @@ final class ItemStore: Sendable {
                 }
                 try db.statement("DELETE FROM groups WHERE name = ?").bind(1, group).run()
             }
+            committed(.groupRemoved(group))
         }
         announce(.groupRemoved(group))
     }

@@ -22,11 +22,10 @@ extension FileSystem {
         }
         try admit(group, items: [name], verb: "delete", caller: caller, operation: "remove")
         try audited("remove", group: group, identifier: name, caller: caller) { () throws(Errno) in
-            try core { () throws(KeychainError) in
-                try nodes.removeItem(group: group, identifier: name, manager: manager)
+            try changingNames { () throws(Errno) in
+                try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: name, inGroup: group) }
             }
         }
-        nodes.forgetNames([.item(group: group, identifier: name)], except: kernelCache)
     }
 
     /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
@@ -45,8 +44,9 @@ extension FileSystem {
         if Self.specialFiles[name] != nil { throw Errno(ENOTDIR) }
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw Errno(EBUSY) }
         try admit(name, caller: caller, operation: "remove-group")
-        try core { () throws(KeychainError) in try manager.removeGroup(name) }
-        nodes.forgetNames([.group(name)], except: kernelCache)
+        try changingNames { () throws(Errno) in
+            try core { () throws(KeychainError) in try manager.removeGroup(name) }
+        }
     }
 
     /// `mv` within a group. Across groups EXDEV (the group is bound into the
@@ -69,14 +69,21 @@ extension FileSystem {
         guard itemGroup(of: newParent) == group else { throw Errno(EXDEV) }
         try admit(group, items: [name, newName], verb: "rename or replace", caller: caller, operation: "rename")
         try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(Errno) in
-            try core { () throws(KeychainError) in
-                try nodes.renameItem(
-                    group: group, from: name, to: newName, replacing: flags & renameNoReplace == 0,
-                    manager: manager)
+            try changingNames { () throws(Errno) in
+                try core { () throws(KeychainError) in
+                    try manager.renameKey(
+                        forIdentifier: name, to: newName, inGroup: group, replacing: flags & renameNoReplace == 0)
+                }
             }
         }
-        nodes.forgetNames(
-            [.item(group: group, identifier: name), .item(group: group, identifier: newName)], except: kernelCache)
+    }
+
+    /// Runs a change of names that this mount's request makes: the inodes
+    /// follow the store as it commits (``NodeTable``), and the other mounts'
+    /// kernels are told to forget the names, but not this one's, which keeps
+    /// its own right and holds the directory's lock until the reply.
+    private func changingNames(_ body: () throws(Errno) -> Void) throws(Errno) {
+        try NodeTable.$changingMount.withValue(kernelCache) { Result { () throws(Errno) in try body() } }.get()
     }
 
     /// chmod, chown and fchmod that change nothing succeed, so that programs
@@ -169,42 +176,5 @@ extension FileSystem {
         try core { () throws(KeychainError) in
             try manager.setProtectionClass(newClass, forIdentifier: identifier, inGroup: group)
         }
-    }
-}
-
-extension NodeTable {
-    /// Deletes an item and detaches its inode in one step under the
-    /// namespace lock: `rm` in any mount, and removals through the device's
-    /// socket, so that no descriptor left open on it can reach a later item
-    /// of that name.
-    package func removeItem(group: String, identifier: String, manager: PasswordManager) throws(KeychainError) {
-        let node = Node.item(group: group, identifier: identifier)
-        try namespace.withLock { () throws(KeychainError) in
-            let last = try lastInfo(of: node, manager: manager)
-            try manager.deleteKey(forIdentifier: identifier, inGroup: group)
-            detach(node, info: last)
-        }
-    }
-
-    /// Renames an item and moves its inode (detaching a replaced one) in one
-    /// step under the namespace lock: `mv` in any mount, and renames through
-    /// the device's socket.
-    package func renameItem(group: String, from: String, to: String, replacing: Bool, manager: PasswordManager)
-        throws(KeychainError)
-    {
-        let target = Node.item(group: group, identifier: to)
-        try namespace.withLock { () throws(KeychainError) in
-            let replaced = replacing && from != to ? try lastInfo(of: target, manager: manager) : nil
-            try manager.renameKey(forIdentifier: from, to: to, inGroup: group, replacing: replacing)
-            guard from != to else { return }
-            move(.item(group: group, identifier: from), to: target, replacedInfo: replaced)
-        }
-    }
-
-    /// What `fstat` on a descriptor of an item about to be removed or
-    /// replaced reports; read only when such a descriptor exists.
-    private func lastInfo(of node: Node, manager: PasswordManager) throws(KeychainError) -> ItemInfo? {
-        guard case .item(let group, let identifier) = node, hasOpenFiles(node) else { return nil }
-        return try manager.info(forIdentifier: identifier, inGroup: group)
     }
 }

@@ -52,7 +52,7 @@ extension FileSystem {
             var numberedHere = false
             if let bound = nodes.node(for: target) {
                 node = bound
-            } else if let detached = nodes.detachedItem(target)?.node {
+            } else if let detached = nodes.detachedItem(target) {
                 node = detached
                 if let current = nodes.existingInode(for: detached) {
                     target = current
@@ -133,18 +133,21 @@ extension FileSystem {
     {
         try admit(group, caller: opener, operation: "create", identifier: identifier)
         let target = manager.classForNewWrites
-        let inode: UInt64
+        // Numbered before the item exists: a removal that commits after the
+        // write then finds the inode bound, and detaches it (NodeTable). One
+        // numbered after could be bound to an item already removed, and a
+        // later item of the name would reach this descriptor.
+        let inode = nodes.inode(for: .item(group: group, identifier: identifier))
         do throws(KeychainError) {
-            inode = try nodes.namespace.withLock { () throws(KeychainError) in
-                try manager.write(
-                    try SecureBytes([]), identifier: identifier, group: group,
-                    protectionClass: target, condition: .ifAbsent)
-                return nodes.inode(for: .item(group: group, identifier: identifier))
-            }
+            try manager.write(
+                try SecureBytes([]), identifier: identifier, group: group, protectionClass: target,
+                condition: .ifAbsent)
         } catch .duplicateItem {
+            nodes.dropIfUnused(inode)
             if flags & O_EXCL != 0 { throw Errno(EEXIST) }
             return try openItem(group: group, identifier: identifier, flags: flags, opener: opener)
         } catch {
+            nodes.dropIfUnused(inode)
             audit("create", group: group, identifier: identifier, caller: opener, result: AuditEvent.result(of: error))
             throw Errno(error)
         }
@@ -243,16 +246,7 @@ extension FileSystem {
             }
             guard let buffer = file.buffer else { throw Errno(EBADF) }
             do throws(KeychainError) {
-                // A rename moved the inode to the item's current name; a
-                // removal detached it (nil): the data goes nowhere (POSIX),
-                // and must never reach an item made later under the name.
-                let receipt = try nodes.namespace.withLock {
-                    () throws(KeychainError) -> PasswordManager.WriteReceipt? in
-                    guard case .item(let group, let identifier)? = nodes.node(for: file.inode) else { return nil }
-                    return try manager.write(
-                        try buffer.snapshot(), identifier: identifier, group: group,
-                        protectionClass: manager.classForNewWrites, condition: .ifPresent)
-                }
+                let receipt = try write(buffer, of: file)
                 // Only an emptying before any data can need taking back.
                 file.pendingRevert = file.dirty || final ? nil : receipt
             } catch .itemNotFound {
@@ -268,6 +262,28 @@ extension FileSystem {
             file.dirty = false
             file.truncatePending = false
         }
+    }
+
+    /// Writes a descriptor's buffer to the item its inode is bound to. A
+    /// rename moved the inode to the item's current name; a removal
+    /// detached it (nil): the data goes nowhere (POSIX), and must never
+    /// reach an item made later under the name. Names are rebound as their
+    /// changes commit, so the binding is asked again inside the write's
+    /// transaction, and a rename that came in between is followed.
+    private func write(_ buffer: SecureBuffer, of file: OpenFile) throws(KeychainError) -> PasswordManager.WriteReceipt?
+    {
+        for _ in 0..<Self.openAttempts {
+            guard let bound = nodes.node(for: file.inode), case .item(let group, let identifier) = bound else {
+                return nil
+            }
+            let written = try manager.write(
+                try buffer.snapshot(), identifier: identifier, group: group,
+                protectionClass: manager.classForNewWrites, condition: .ifPresent
+            ) { [nodes] in nodes.node(for: file.inode) == bound }
+            if let written { return written }
+        }
+        // Renamed under it again and again: said, rather than written to a name it no longer has.
+        throw .badRequest
     }
 
     /// Takes back an emptying that a flush committed for this descriptor,

@@ -235,10 +235,12 @@ public final class FileSystem: Sendable {
         if let node = nodes.node(for: inode) {
             info = try attributes(of: node, inode: inode)
             guard case .item = node else { return info }
-        } else if let detached = nodes.detachedItem(inode) {
+        } else if nodes.detachedItem(inode) != nil {
+            // Removed: what its descriptors hold is all that is left of it.
             info = fixedAttributes(inode: inode)
             info.st_nlink = 0
-            info.st_size = off_t(detached.info?.size ?? 0)
+            info.st_size = off_t(
+                nodes.openFiles(of: inode).compactMap { file in file.lock.withLock { file.length } }.max() ?? 0)
         } else {
             throw Errno(ESTALE)
         }

@@ -21,8 +21,68 @@ package enum Node: Hashable, Sendable {
 /// name then gets a new number. Numbers are never reused while the device
 /// lives. Shared across mounts, so that a removal through one mount detaches
 /// the inode that another mount's writer holds.
+///
+/// It learns of removals and renames from the device's store as they
+/// commit (``Device/addCommitObserver(_:)``), whoever made them: a mount,
+/// the socket, the bus, the library. Nobody else rebinds a name, and the
+/// bindings agree with the store at every commit; the other mounts' kernels
+/// are then told to forget the names (``forgetNames(_:except:)``).
 package final class NodeTable: Sendable {
-    package init() {}
+    private let device: Device?
+    private let observers = Mutex<(commit: Int, event: Int)?>(nil)
+
+    /// A table that follows `device`'s changes (nil: none, for the tests of the table alone).
+    package init(following device: Device? = nil) {
+        self.device = device
+        guard let device else { return }
+        let commit = device.addCommitObserver { [weak self] change in self?.committed(change) }
+        let event = device.addObserver { [weak self] event in
+            guard case .changed(let change) = event else { return }
+            self?.forgetNames(of: change)
+        }
+        observers.withLock { $0 = (commit, event) }
+    }
+
+    deinit {
+        if let device, let tokens = observers.withLock({ $0 }) {
+            device.removeCommitObserver(tokens.commit)
+            device.removeObserver(tokens.event)
+        }
+    }
+
+    /// The mount whose request is making a change on this thread (a FUSE
+    /// request's `unlink`, `rename`, `rmdir`), bound by
+    /// ``FileSystem/changingNames(_:)``: its kernel keeps its own names right,
+    /// and holds the directory's lock until the reply.
+    @TaskLocal static var changingMount: KernelCache?
+
+    /// Rebinds names as the store commits their change: under the store's
+    /// lock, so that no write can land between a name's removal and its inode's.
+    private func committed(_ change: ItemChange) {
+        switch change {
+        case .removed(let group, let identifier):
+            detach(.item(group: group, identifier: identifier))
+        case .renamed(let group, let from, let to):
+            guard from != to else { return }
+            move(.item(group: group, identifier: from), to: .item(group: group, identifier: to))
+        case .written, .groupCreated, .groupRemoved:
+            break
+        }
+    }
+
+    /// The names a committed change took away, forgotten by every mount's
+    /// kernel but that of the mount making it (``changingMount``).
+    private func forgetNames(of change: ItemChange) {
+        let changed: [Node]
+        switch change {
+        case .removed(let group, let identifier): changed = [.item(group: group, identifier: identifier)]
+        case .renamed(let group, let from, let to):
+            changed = [.item(group: group, identifier: from), .item(group: group, identifier: to)]
+        case .groupRemoved(let group): changed = [.group(group)]
+        case .written, .groupCreated: return
+        }
+        forgetNames(changed, except: Self.changingMount)
+    }
 
     static let rootInode: UInt64 = 1
     static let controlInode: UInt64 = 2
@@ -48,8 +108,6 @@ package final class NodeTable: Sendable {
     private struct Opened {
         /// Usually one: an array is the cheapest to add to and remove from.
         var files: [OpenFile] = []
-        /// What `stat` of a detached item shows: the item as it was removed.
-        var lastInfo: ItemInfo?
     }
 
     private struct State {
@@ -65,11 +123,10 @@ package final class NodeTable: Sendable {
         var opened: [UInt64: Opened] = [:]
         var next: UInt64 = 4
 
-        mutating func detach(_ inode: UInt64, info: ItemInfo?) {
+        mutating func detach(_ inode: UInt64) {
             guard var entry = entries.removeValue(forKey: inode) else { return }
             if !entry.detached { byNode.remove(entry.node, boundTo: inode) }
             entry.detached = true
-            opened[inode, default: Opened()].lastInfo = info
             put(entry, at: inode)
         }
 
@@ -116,13 +173,6 @@ package final class NodeTable: Sendable {
     /// one: only equality matters).
     func noteChange() { changes.add(1, ordering: .sequentiallyConsistent) }
     var changeCount: UInt64 { changes.load(ordering: .sequentiallyConsistent) }
-
-    /// Held across a change of names in the store together with the matching
-    /// change of bindings (create, unlink, rename), and across a commit's
-    /// resolution of its inode together with its write: no commit can land
-    /// between the removal of a name and the binding of a new item to it.
-    /// Order: a descriptor's lock, then this one.
-    package let namespace = Lock()
 
     /// The inode currently bound to `node`, numbered on first sight.
     func inode(for node: Node) -> UInt64 {
@@ -198,37 +248,28 @@ package final class NodeTable: Sendable {
         }
     }
 
-    /// A detached inode that descriptors still hold: its old node and what it was.
-    func detachedItem(_ inode: UInt64) -> (node: Node, info: ItemInfo?)? {
+    /// A detached inode that descriptors still hold: its old node.
+    func detachedItem(_ inode: UInt64) -> Node? {
         state.withLock { state in
             guard let entry = state.entries[inode], entry.detached else { return nil }
-            return (entry.node, state.opened[inode]?.lastInfo)
+            return entry.node
         }
     }
 
-    /// Unbinds `node` from its inode (unlink). `info` is what `fstat` of a
-    /// descriptor still open on it reports.
-    func detach(_ node: Node, info: ItemInfo?) {
+    /// Unbinds `node` from its inode (unlink).
+    func detach(_ node: Node) {
         state.withLock { state in
             guard let inode = state.inode(boundTo: node) else { return }
-            state.detach(inode, info: info)
-        }
-    }
-
-    /// Whether any descriptor is open on the inode bound to `node`.
-    func hasOpenFiles(_ node: Node) -> Bool {
-        state.withLock { state in
-            guard let inode = state.inode(boundTo: node) else { return false }
-            return !(state.opened[inode]?.files.isEmpty ?? true)
+            state.detach(inode)
         }
     }
 
     /// After a rename the kernel keeps the inode under its new name: the
     /// number now stands for the new node. The inode that was at the target
-    /// is detached (rename(2) replaces it), with `replacedInfo` for `fstat`.
-    func move(_ old: Node, to new: Node, replacedInfo: ItemInfo?) {
+    /// is detached (rename(2) replaces it).
+    func move(_ old: Node, to new: Node) {
         state.withLock { state in
-            if let replaced = state.inode(boundTo: new) { state.detach(replaced, info: replacedInfo) }
+            if let replaced = state.inode(boundTo: new) { state.detach(replaced) }
             guard let inode = state.inode(boundTo: old) else { return }
             state.byNode.remove(old, boundTo: inode)
             state.byNode.insert(new, boundTo: inode)

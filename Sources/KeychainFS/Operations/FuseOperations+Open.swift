@@ -10,7 +10,7 @@ extension FuseOperations {
         serve(req) { fs throws(Errno) in
             guard let fi else { throw Errno(EINVAL) }
             // A detached item: the open raced the removal or replacement of its name (openDescriptor).
-            guard let node = fs.nodes.node(for: inode) ?? fs.nodes.detachedItem(inode)?.node else {
+            guard let node = fs.nodes.node(for: inode) ?? fs.nodes.detachedItem(inode) else {
                 throw Errno(ESTALE)
             }
             fi.pointee.direct_io = 1
