@@ -12,10 +12,11 @@
 # position-independent half, where it looks for it: DIR/libexec/keychainfs/
 # keychainfs (docs/SECURITY.md, "Two builds of one program"; a build from
 # before there were two has none, and needs none).
+. "$(dirname "${BASH_SOURCE[0]}")/../build-layout.sh"
 copy_keychainfs() {
     local binary=$1 dir=$2
     local half
-    half=$(dirname "$(realpath "$binary")")/../libexec/keychainfs/keychainfs
+    half=$(position_independent_half "$binary")
     install -D -m 0755 "$binary" "$dir/bin/keychainfs"
     if [ -x "$half" ]; then install -D -m 0755 "$half" "$dir/libexec/keychainfs/keychainfs"; fi
 }
