@@ -39,7 +39,7 @@ public final class Device: Sendable {
     }
     let state = Mutex(State())
     /// ``addCommitObserver(_:)``'s, by token.
-    private let commitObservers = Mutex<[Int: @Sendable (ItemChange) -> Void]>([:])
+    private let commitObservers = Mutex<[(token: Int, handler: @Sendable (ItemChange) -> Void)]>([])
     /// Auto-lock: seconds without an item access before the device locks
     /// (0: never) and the grace between `will-lock` and the lock.
     let autoLockSettings = Mutex<(after: Int, grace: Int)>((0, 10))
@@ -233,18 +233,19 @@ public final class Device: Sendable {
     /// memory of its own, never call the store or the kernel, nor wait.
     package func addCommitObserver(_ handler: @escaping @Sendable (ItemChange) -> Void) -> Int {
         commitObservers.withLock { observers in
-            let token = (observers.keys.max() ?? 0) + 1
-            observers[token] = handler
+            let token = (observers.map(\.token).max() ?? 0) + 1
+            observers.append((token, handler))
             return token
         }
     }
 
+    /// On every commit: the array is copied out by reference, not rebuilt.
     private func notifyAtCommit(_ change: ItemChange) {
-        for observer in commitObservers.withLock({ Array($0.values) }) { observer(change) }
+        for observer in commitObservers.withLock({ $0 }) { observer.handler(change) }
     }
 
     package func removeCommitObserver(_ token: Int) {
-        _ = commitObservers.withLock { $0.removeValue(forKey: token) }
+        commitObservers.withLock { $0.removeAll { $0.token == token } }
     }
 
     func notify(_ event: DeviceEvent) {
