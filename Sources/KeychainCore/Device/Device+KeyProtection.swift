@@ -399,10 +399,18 @@ extension Device {
         // bound to what the keychain holds (as the new rollback counter is).
         var oldBindingCounter: CounterReference?
         if bag.isPasscodeBound, let tpm, let key = PasscodeBindingKey(classKeys: classKeys) {
+            // The one the record names, else one the TPM holds for this key
+            // (a copy from before its binding, accepted on purpose).
             oldBindingCounter = try store.metadata(PasscodeBinding.recordKey).flatMap {
                 try? PasscodeBinding(decoding: $0, key: key).counter(key: key)
             }
-            let counter = try tpm.defineCounter(auth: key.counterAuth)
+            if oldBindingCounter == nil {
+                oldBindingCounter = try tpm.counter(readBy: key.counterAuth, among: key.counterCandidates)
+            }
+            let counter = try tpm.defineCounter(auth: key.counterAuth, candidates: key.counterCandidates)
+            // After a TPM clear the new counter may take the old one's index
+            // (the key, and so its indexes, are the same): that is no old one to free.
+            if oldBindingCounter?.index == counter.counter.index { oldBindingCounter = nil }
             try store.bind(
                 key: key, counter: counter.counter, value: counter.value)
         }
@@ -500,7 +508,17 @@ extension Device {
             binding = (bound, key, try tpm.value(of: bound.counter(key: key)))
         }
         let bindingBehind = binding.map { $0.0.value < $0.2 } ?? false
-        guard record.epoch < counter || bindingBehind else { throw .badRequest }
+        // A copy from before the keychain was bound, of one bound since: the
+        // TPM holds the binding's counter (``Device/keyPasscodeBinding``).
+        // Accepted by freeing it; the next unlock binds the copy afresh.
+        var bindingSince: CounterReference?
+        if !bag.isPasscodeBound, bag.hasPasscode, bag.tpmPasscodeObject != nil,
+            let key = PasscodeBindingKey(classKeys: classKeys)
+        {
+            bindingSince = try tpm.counter(readBy: key.counterAuth, among: key.counterCandidates)
+        }
+        guard record.epoch < counter || bindingBehind || bindingSince != nil else { throw .badRequest }
+        if let bindingSince { tpm.release(bindingSince) }
         if let (bound, key, value) = binding, bindingBehind {
             try store.bind(
                 key: key, counter: bound.counter(key: key), value: value)

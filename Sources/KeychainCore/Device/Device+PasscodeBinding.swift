@@ -26,6 +26,7 @@ extension Device {
                     checkCounter: { (record) throws(KeychainError) in try Self.check(record, key: key, on: tpm) })
             }
         case .none:
+            try refuseUnboundCopyOfBoundKeychain(classKeys: classKeys)
             guard upgrade else { return }
             do throws(KeychainError) {
                 try bindToPasscode(classKeys: classKeys, passcode: passcode)
@@ -35,6 +36,26 @@ extension Device {
                 Diagnostics.log("could not bind the keychain to its passcode: \(error)")
             }
         }
+    }
+
+    /// A sealed keychain with a passcode and no binding: the TPM is asked
+    /// whether it was bound all the same. Its binding's counter is defined
+    /// at indexes only the binding key gives (``PasscodeBindingKey/counterCandidates``),
+    /// which the passcode unwraps and a copy from before the binding has
+    /// too: one there that the key reads means the keychain was bound since,
+    /// and this is an older copy, re-signed by someone without the passcode
+    /// (``KeychainError/rolledBack``; `recover --accept-rollback` takes it on purpose).
+    private func refuseUnboundCopyOfBoundKeychain(classKeys: [ProtectionClass: GuardedKey]) throws(KeychainError) {
+        let bag = keybag
+        guard bag.hasPasscode, bag.tpmPasscodeObject != nil, let tpm = sealingTPM.withLock({ $0 }),
+            let key = PasscodeBindingKey(classKeys: classKeys),
+            let found = try tpm.counter(readBy: key.counterAuth, among: key.counterCandidates)
+        else { return }
+        Diagnostics.log(
+            "the keychain has no passcode binding, but the TPM holds its binding's counter (NV index 0x"
+                + String(found.index, radix: 16) + "): an older copy of its files, from before it was bound, "
+                + "re-signed by someone without the passcode")
+        throw .rolledBack
     }
 
     /// The binding's value checked against its counter, as the rollback
@@ -72,7 +93,7 @@ extension Device {
         let bound = try SecretThread.run { () throws(KeychainError) -> Keybag in
             try bag.rewrapped(secret: secret, classKeys: classKeys, newPasscode: passcode, sealingTPM: tpm, bound: true)
         }
-        let (counter, value) = try tpm.defineCounter(auth: key.counterAuth)
+        let (counter, value) = try tpm.defineCounter(auth: key.counterAuth, candidates: key.counterCandidates)
         try boundWrites.withLock { _ throws(KeychainError) in
             try store.bind(
                 key: key, counter: counter, value: value,

@@ -112,7 +112,10 @@ struct KeychainTPM: Sendable {
         switch outcome {
         case .success(let result): return result
         case .failure(let refusal):
-            if refusal.keychainError != .authFailed { Diagnostics.log("the keychainfs service: \(refusal.sentence)") }
+            // A wrong auth is the caller's to count; a counter gone, the caller's to explain (or to expect: a probe).
+            if ![.authFailed, .rollbackCounterGone].contains(refusal.keychainError) {
+                Diagnostics.log("the keychainfs service: \(refusal.sentence)")
+            }
             throw refusal == .unexpected ? .tpmUnavailable : refusal.keychainError
         }
     }
@@ -340,6 +343,40 @@ struct KeychainTPM: Sendable {
         }
     }
 
+    /// The counter among `candidates` that `auth` reads (nil: none): a
+    /// keychain's passcode binding, found by what the TPM holds alone. An
+    /// index that is free, holds no counter of ours, or one of another auth
+    /// (counters are outside the dictionary-attack logic: a wrong auth
+    /// counts nothing) is passed over.
+    func counter(readBy auth: SecureBytes, among candidates: [UInt32]) throws(KeychainError) -> CounterReference? {
+        let counters = candidates.map {
+            CounterReference(index: $0, name: TPMObjects.counterName(at: $0), auth: auth)
+        }
+        guard throughService else {
+            // One connection for all, and nothing logged for the indexes passed over.
+            return try use { tpm throws(TPMError) in
+                for counter in counters {
+                    do throws(TPMError) {
+                        _ = try tpm.value(of: counter)
+                        return counter
+                    } catch .counterMissing, .counterReplaced, .authFailed {
+                        continue
+                    }
+                }
+                return nil
+            }
+        }
+        for counter in counters {
+            do throws(KeychainError) {
+                _ = try value(of: counter)
+                return counter
+            } catch .rollbackCounterGone, .authFailed {
+                continue
+            }
+        }
+        return nil
+    }
+
     func value(of counter: CounterReference) throws(KeychainError) -> UInt64 {
         if throughService { return try Self.askService(.tpmCounterValue(try Self.handle(counter))).value }
         return try use { tpm throws(TPMError) in try tpm.value(of: counter) }
@@ -366,7 +403,12 @@ struct KeychainTPM: Sendable {
             if throughService {
                 _ = try Self.askService(.tpmRelease(try Self.handle(counter)))
             } else {
-                try use { tpm throws(TPMError) in try tpm.undefine(counter) }
+                // Its auth proven first, as the service does: an NV name
+                // binds the index and attributes, never whose the counter is.
+                try use { tpm throws(TPMError) in
+                    _ = try tpm.value(of: counter)
+                    try tpm.undefine(counter)
+                }
             }
         } catch .rollbackCounterGone {
             return  // not there any more, or another's now: nothing of ours to free

@@ -91,11 +91,25 @@ struct PasscodeBindingKey: Sendable {
     private let macKey: GuardedKey
     private let digestKey: GuardedKey
     let counterAuth: SecureBytes
+    /// The indexes the binding's counter is defined at, the first free one:
+    /// 16 of ``KeychainTPM/counterIndexes`` that only this key gives. So
+    /// the TPM itself says that a keychain was bound, where a copy from
+    /// before has no record of it (``Device/keyPasscodeBinding(classKeys:passcode:upgrade:)``).
+    let counterCandidates: [UInt32]
 
     init(afterFirstUnlock classKey: GuardedKey) {
         macKey = GuardedKey(copying: classKey.withKey { Crypto.subkey(of: $0, id: 1, context: "kcfspcb1") })
         digestKey = GuardedKey(copying: classKey.withKey { Crypto.subkey(of: $0, id: 2, context: "kcfspcb1") })
         counterAuth = classKey.withKey { Crypto.subkey(of: $0, id: 3, context: "kcfspcb1") }
+        let seed = [4, 5].flatMap { id in
+            classKey.withKey { Crypto.subkey(of: $0, id: id, context: "kcfspcb1") }.withUnsafeBytes { Array($0) }
+        }
+        let indexes = KeychainTPM.counterIndexes
+        let count = UInt32(indexes.count)
+        counterCandidates = stride(from: 0, to: seed.count, by: 4).map { offset in
+            let word = seed[offset..<offset + 4].reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+            return indexes.lowerBound + word % count
+        }
     }
 
     /// The key of the class keys a passcode unwrapped (nil without the

@@ -1,3 +1,4 @@
+internal import CSodium
 internal import CTSS
 
 #if canImport(Glibc)
@@ -131,6 +132,24 @@ enum TPMObjects {
             let tagged = raw.bindMemory(to: TPMS_TAGGED_PROPERTY.self)
             return tagged.prefix(min(count, tagged.count)).first { $0.property == property }?.value ?? 0
         }
+    }
+
+    /// The NV name (Part 1, 16) a counter defined at `index` by
+    /// ``TrustedPlatformModule/defineCounter(at:auth:)`` has once it was
+    /// incremented: SHA-256 over its public area, which holds its index,
+    /// attributes (written), empty policy and size, never its auth. So it
+    /// is known before the TPM is asked, and says nothing of whose it is.
+    static func counterName(at index: UInt32) -> [UInt8] {
+        var area: [UInt8] = []
+        func append<T: FixedWidthInteger>(_ value: T) { withUnsafeBytes(of: value.bigEndian) { area += $0 } }
+        append(index)
+        append(TPMAlgorithm.sha256)
+        append(TrustedPlatformModule.NVAttribute.counter | TrustedPlatformModule.NVAttribute.written)
+        append(UInt16(0))  // authPolicy: empty
+        append(UInt16(8))  // dataSize
+        var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
+        _ = crypto_hash_sha256(&digest, area, UInt64(area.count))
+        return [0x00, 0x0B] + digest
     }
 
     /// The value of an NV counter's read: 8 bytes, big-endian.

@@ -99,6 +99,8 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         static let ownerRead: UInt32 = 0x0002_0000
         static let authRead: UInt32 = 0x0004_0000
         static let noDA: UInt32 = 0x0200_0000
+        /// Set by the TPM at an index's first write (or increment).
+        static let written: UInt32 = 0x2000_0000
         /// A counter only the holder of its auth reads and increments:
         /// not the owner hierarchy (whose auth is empty on most machines),
         /// and outside the dictionary-attack logic (its auth is a key, not
