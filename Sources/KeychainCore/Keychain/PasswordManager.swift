@@ -260,7 +260,7 @@ public final class PasswordManager: Sendable {
         // Without a precondition, every write that does not throw is made.
         try write(
             value, identifier: identifier, group: group, protectionClass: protectionClass, condition: condition,
-            details: details, provided: nil)!
+            details: details, provided: { true })!
     }
 
     /// ``write(_:identifier:group:protectionClass:condition:details:)`` made
@@ -272,7 +272,7 @@ public final class PasswordManager: Sendable {
     /// ``Device/addCommitObserver(_:)``) can come between the two.
     package func write(
         _ value: SecureBytes, identifier: String, group: String, protectionClass: ProtectionClass,
-        condition: WriteCondition = .always, details: ItemDetails? = nil, provided holds: (() -> Bool)?
+        condition: WriteCondition = .always, details: ItemDetails? = nil, provided holds: () -> Bool
     ) throws(KeychainError) -> WriteReceipt? {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(name: identifier)
@@ -280,7 +280,7 @@ public final class PasswordManager: Sendable {
         try details?.validate()
         guard case .local(let device) = backend else {
             // Another process's store: asked here, as close to the write as this process gets.
-            if let holds, !holds() { return nil }
+            if !holds() { return nil }
             try remote.call(
                 .set(
                     group: group, identifier: identifier, value: value,
@@ -293,7 +293,7 @@ public final class PasswordManager: Sendable {
         do throws(KeychainError) {
             written = try device.store.write(group: group, identifier: identifier) {
                 existing, generation throws(KeychainError) in
-                if let holds, !holds() {
+                if !holds() {
                     abandoned = true
                     throw .badRequest
                 }
