@@ -78,6 +78,8 @@ COPENSSL_CALL(int, 0, EVP_CipherUpdate, (EVP_CIPHER_CTX *ctx, unsigned char *out
               int inl), (ctx, out, outl, in, inl))
 COPENSSL_CALL(int, 0, EVP_CipherFinal_ex, (EVP_CIPHER_CTX *ctx, unsigned char *outm, int *outl), (ctx, outm, outl))
 COPENSSL_CALL(const EVP_CIPHER *, NULL, EVP_aes_128_cbc, (void), ())
+// Before tpm2-tss first uses libcrypto (TrustedPlatformModule.swift says why).
+COPENSSL_CALL(int, 0, OPENSSL_init_crypto, (uint64_t opts, const OPENSSL_INIT_SETTINGS *settings), (opts, settings))
 
 // The frees return nothing: nothing to do without libcrypto.
 #define COPENSSL_VOID(name, params, args) \

@@ -1,3 +1,4 @@
+internal import COpenSSL
 internal import CTSS
 #if canImport(Glibc)
 import Glibc
@@ -133,6 +134,22 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     /// default). A keychain's use pins its storage key after
     /// (``pinnedStorageKey``): a session is salted with no other
     /// (``TPMError/storageKeyChanged``).
+    /// libcrypto started without its tables of every legacy cipher and
+    /// digest name: OpenSSL 3's first fetch by name (tpm2-tss's first
+    /// session) otherwise copies them whole into its name map, one
+    /// `OBJ_obj2txt` and `BIO_snprintf` per name, which perf put at half of
+    /// libcrypto's time in a device's boot and stop (docs/BENCHMARKS.md:
+    /// boot with the TPM from 2.05x file mode to 1.74x). tpm2-tss fetches
+    /// its algorithms by name from the default provider, which knows its
+    /// own names, and the Secret Service's sessions use libcrypto's fixed
+    /// objects (`EVP_aes_128_cbc`, `EVP_sha256`) and NIDs. The system's
+    /// openssl.cnf is still read. Once per process, before tpm2-tss first
+    /// uses libcrypto; one that started libcrypto before keeps what it has.
+    private static let initializeCrypto: Void = {
+        _ = COpenSSL_OPENSSL_init_crypto(
+            UInt64(OPENSSL_INIT_NO_ADD_ALL_CIPHERS) | UInt64(OPENSSL_INIT_NO_ADD_ALL_DIGESTS), nil)
+    }()
+
     public init(tcti configuration: String? = TrustedPlatformModule.configuredTCTI) throws(TPMError) {
         guard CTSS_available() != 0 else {
             throw .unavailable("tpm2-tss is not installed (apt install libtss2-esys-3.0.2-0 libtss2-tctildr0)")
@@ -141,6 +158,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         // passcode is one): errors are ours to report, unless the user asked
         // for its log.
         setenv("TSS2_LOG", "all+NONE", 0)
+        Self.initializeCrypto
         var tcti: OpaquePointer?
         var rc = CTSS_Tss2_TctiLdr_Initialize(configuration, &tcti)
         guard rc == 0, let tcti else {
