@@ -63,6 +63,9 @@ extension SerialTests {
 
             let counter = try broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice).get()
             let handle = TPMCounterHandle(index: counter.index, name: counter.name, auth: auth)
+            // Known from its index alone, as a probe for a passcode binding
+            // names it (KeychainTPM.counter(readBy:among:)): the answers below are the probe's too.
+            #expect(counter.name == TPMObjects.counterName(at: counter.index))
             #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value)
             #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.bob)) == .authFailed)
             #expect(Self.refusal(broker.ask(.tpmIncrement(handle), as: Self.bob)) == .authFailed)
