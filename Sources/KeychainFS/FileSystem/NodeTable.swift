@@ -342,9 +342,10 @@ package final class NodeTable: Sendable {
 
     /// Makes every mount but `origin` forget the names of `changed` (renamed
     /// or removed items, removed groups), so that none finds them under a
-    /// name they no longer have. Call it after the change, outside the
-    /// namespace lock (a request of another mount may be waiting for it
-    /// while the kernel holds that mount's directory lock).
+    /// name they no longer have. Called after the change committed, on the
+    /// thread that made it and outside the store's lock (a request of
+    /// another mount may be waiting for that lock while the kernel holds
+    /// that mount's directory lock).
     ///
     /// `origin` is the mount whose request made the change: its kernel keeps
     /// its own names right, and while it waits for the reply it holds that
@@ -354,7 +355,7 @@ package final class NodeTable: Sendable {
     /// `origin` of a change of its own (each would wait for the other's lock).
     /// Changes through the socket (`origin` nil) hold no kernel lock and are
     /// told before the caller returns.
-    package func forgetNames(_ changed: [Node], except origin: KernelCache?) {
+    private func forgetNames(_ changed: [Node], except origin: KernelCache?) {
         let others = caches.withLock { Array($0.values) }.filter { $0 !== origin }
         guard !others.isEmpty else { return }
         let names = others.flatMap { cache in
