@@ -29,11 +29,21 @@ final class SecretArena: Sendable {
         /// Per class, the addresses of its newest slab no slot was cut from
         /// yet: slots are cut when asked for, so a process that needs one
         /// slot does not list the slab's 1,023 others.
-        var uncut: [Range<UInt>] = Array(repeating: 0..<0, count: SecretArena.classSizes.count)
+        var uncut: [Addresses] = Array(repeating: Addresses(start: 0, end: 0), count: SecretArena.classSizes.count)
         var lockedBytes = 0
         var unlockedBytes = 0
     }
     private let state = Mutex(State())
+
+    /// `start..<end`, as a struct of its own: `Range<UInt>`'s metadata is
+    /// made at run time from its mangled name, which looks up `UInt:
+    /// Comparable` by scanning every protocol conformance of the program,
+    /// and the arena is made by every `keychainfs get` (14 of its 175 page
+    /// faults, docs/BENCHMARKS.md).
+    private struct Addresses {
+        var start: UInt
+        var end: UInt
+    }
 
     /// The largest buffer the arena hands out.
     static var maximumSize: Int { classSizes[classSizes.count - 1] }
@@ -56,14 +66,15 @@ final class SecretArena: Sendable {
                 return (UnsafeMutableRawPointer(bitPattern: address)!, sizeClass)
             }
             let uncut = state.uncut[sizeClass]
-            if !uncut.isEmpty {
-                state.uncut[sizeClass] = uncut.lowerBound + UInt(slotSize)..<uncut.upperBound
-                return (UnsafeMutableRawPointer(bitPattern: uncut.lowerBound)!, sizeClass)
+            if uncut.start < uncut.end {
+                state.uncut[sizeClass].start = uncut.start + UInt(slotSize)
+                return (UnsafeMutableRawPointer(bitPattern: uncut.start)!, sizeClass)
             }
             // A fresh mapping is zeroed (mmap(2)); its first slot is this one.
             let mapping = max(Self.slabSize, slotSize)
             let pointer = Self.mapSecretRegion(bytes: mapping, state: &state)
-            state.uncut[sizeClass] = UInt(bitPattern: pointer + slotSize)..<UInt(bitPattern: pointer + mapping)
+            state.uncut[sizeClass] = Addresses(
+                start: UInt(bitPattern: pointer + slotSize), end: UInt(bitPattern: pointer + mapping))
             return (pointer, sizeClass)
         }
     }
