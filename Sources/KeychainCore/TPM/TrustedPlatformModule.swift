@@ -130,10 +130,6 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         getenv("TPM2TOOLS_TCTI").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
     }
 
-    /// Connects to the TPM at `tcti` (nil: ``configuredTCTI``, else the
-    /// default). A keychain's use pins its storage key after
-    /// (``pinnedStorageKey``): a session is salted with no other
-    /// (``TPMError/storageKeyChanged``).
     /// libcrypto started without its tables of every legacy cipher and
     /// digest name: OpenSSL 3's first fetch by name (tpm2-tss's first
     /// session) otherwise copies them whole into its name map, one
@@ -150,6 +146,10 @@ public final class TrustedPlatformModule: @unchecked Sendable {
             UInt64(OPENSSL_INIT_NO_ADD_ALL_CIPHERS) | UInt64(OPENSSL_INIT_NO_ADD_ALL_DIGESTS), nil)
     }()
 
+    /// Connects to the TPM at `tcti` (nil: ``configuredTCTI``, else the
+    /// default). A keychain's use pins its storage key after
+    /// (``pinnedStorageKey``): a session is salted with no other
+    /// (``TPMError/storageKeyChanged``).
     public init(tcti configuration: String? = TrustedPlatformModule.configuredTCTI) throws(TPMError) {
         guard CTSS_available() != 0 else {
             throw .unavailable("tpm2-tss is not installed (apt install libtss2-esys-3.0.2-0 libtss2-tctildr0)")
