@@ -64,7 +64,7 @@ extension SerialTests {
             let counter = try broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice).get()
             let handle = TPMCounterHandle(index: counter.index, name: counter.name, auth: auth)
             // Known from its index alone, as a probe for a passcode binding
-            // names it (KeychainTPM.counter(readBy:among:)): the answers below are the probe's too.
+            // names it (KeychainTPM.bindingCounter(of:)): the answers below are the probe's too.
             #expect(counter.name == TPMObjects.counterName(at: counter.index))
             #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value)
             #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.bob)) == .authFailed)

@@ -165,6 +165,9 @@ struct Keybag {
     /// 6 (``passcodeBoundVersion``), which builds before refuse.
     var isPasscodeBound = false
     static let passcodeBoundVersion: UInt8 = 6
+    /// Whether it can be bound at all: it has a passcode, and the TPM
+    /// seals that passcode's object (whether or not it is bound yet).
+    var isBindable: Bool { hasPasscode && tpmPasscodeObject != nil }
 
     private init(hasPasscode: Bool, kdf: KDFParameters, salt: [UInt8]) {
         self.hasPasscode = hasPasscode

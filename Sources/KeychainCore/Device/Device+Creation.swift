@@ -53,7 +53,7 @@ extension Device {
             secret.epoch.value = counter.value
             if bag.isPasscodeBound, let key = PasscodeBindingKey(classKeys: classKeys) {
                 // Bound to the passcode from the start: no copy of it is ever unbound.
-                let bindingCounter = try tpm.defineCounter(auth: key.counterAuth, candidates: key.counterCandidates)
+                let bindingCounter = try tpm.defineBindingCounter(of: key)
                 let policy = EntitlementPolicy().encoded(secret: secret)
                 let binding = PasscodeBinding(
                     counter: bindingCounter.counter, value: bindingCounter.value, rows: ItemSetState.emptyDigest,

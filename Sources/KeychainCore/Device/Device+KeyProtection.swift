@@ -405,9 +405,9 @@ extension Device {
                 try? PasscodeBinding(decoding: $0, key: key).counter(key: key)
             }
             if oldBindingCounter == nil {
-                oldBindingCounter = try tpm.counter(readBy: key.counterAuth, among: key.counterCandidates)
+                oldBindingCounter = try tpm.bindingCounter(of: key)
             }
-            let counter = try tpm.defineCounter(auth: key.counterAuth, candidates: key.counterCandidates)
+            let counter = try tpm.defineBindingCounter(of: key)
             // After a TPM clear the new counter may take the old one's index
             // (the key, and so its indexes, are the same): that is no old one to free.
             if oldBindingCounter?.index == counter.counter.index { oldBindingCounter = nil }
@@ -512,10 +512,10 @@ extension Device {
         // TPM holds the binding's counter (``Device/keyPasscodeBinding``).
         // Accepted by freeing it; the next unlock binds the copy afresh.
         var bindingSince: CounterReference?
-        if !bag.isPasscodeBound, bag.hasPasscode, bag.tpmPasscodeObject != nil,
+        if !bag.isPasscodeBound, bag.isBindable,
             let key = PasscodeBindingKey(classKeys: classKeys)
         {
-            bindingSince = try tpm.counter(readBy: key.counterAuth, among: key.counterCandidates)
+            bindingSince = try tpm.bindingCounter(of: key)
         }
         guard record.epoch < counter || bindingBehind || bindingSince != nil else { throw .badRequest }
         if let bindingSince { tpm.release(bindingSince) }

@@ -46,10 +46,9 @@ extension Device {
     /// and this is an older copy, re-signed by someone without the passcode
     /// (``KeychainError/rolledBack``; `recover --accept-rollback` takes it on purpose).
     private func refuseUnboundCopyOfBoundKeychain(classKeys: [ProtectionClass: GuardedKey]) throws(KeychainError) {
-        let bag = keybag
-        guard bag.hasPasscode, bag.tpmPasscodeObject != nil, let tpm = sealingTPM.withLock({ $0 }),
+        guard keybag.isBindable, let tpm = sealingTPM.withLock({ $0 }),
             let key = PasscodeBindingKey(classKeys: classKeys),
-            let found = try tpm.counter(readBy: key.counterAuth, among: key.counterCandidates)
+            let found = try tpm.bindingCounter(of: key)
         else { return }
         Diagnostics.log(
             "the keychain has no passcode binding, but the TPM holds its binding's counter (NV index 0x"
@@ -87,13 +86,13 @@ extension Device {
         throws(KeychainError)
     {
         let bag = keybag, secret = secret
-        guard let tpm = sealingTPM.withLock({ $0 }), let passcode, bag.hasPasscode, bag.tpmPasscodeObject != nil,
+        guard let tpm = sealingTPM.withLock({ $0 }), let passcode, bag.isBindable,
             let key = PasscodeBindingKey(classKeys: classKeys)
         else { return }
         let bound = try SecretThread.run { () throws(KeychainError) -> Keybag in
             try bag.rewrapped(secret: secret, classKeys: classKeys, newPasscode: passcode, sealingTPM: tpm, bound: true)
         }
-        let (counter, value) = try tpm.defineCounter(auth: key.counterAuth, candidates: key.counterCandidates)
+        let (counter, value) = try tpm.defineBindingCounter(of: key)
         try boundWrites.withLock { _ throws(KeychainError) in
             try store.bind(
                 key: key, counter: counter, value: value,

@@ -343,14 +343,22 @@ struct KeychainTPM: Sendable {
         }
     }
 
-    /// The counter among `candidates` that `auth` reads (nil: none): a
-    /// keychain's passcode binding, found by what the TPM holds alone. An
-    /// index that is free, holds no counter of ours, or one of another auth
+    /// A new passcode binding counter of `key`, at the first free one of
+    /// its indexes (``PasscodeBindingKey/counterCandidates``).
+    func defineBindingCounter(of key: PasscodeBindingKey) throws(KeychainError)
+        -> (counter: CounterReference, value: UInt64)
+    {
+        try defineCounter(auth: key.counterAuth, candidates: key.counterCandidates)
+    }
+
+    /// The passcode binding counter of `key` the TPM holds at one of its
+    /// indexes (nil: none), found by what the TPM holds alone. An index
+    /// that is free, holds no counter of ours, or one of another auth
     /// (counters are outside the dictionary-attack logic: a wrong auth
     /// counts nothing) is passed over.
-    func counter(readBy auth: SecureBytes, among candidates: [UInt32]) throws(KeychainError) -> CounterReference? {
-        let counters = candidates.map {
-            CounterReference(index: $0, name: TPMObjects.counterName(at: $0), auth: auth)
+    func bindingCounter(of key: PasscodeBindingKey) throws(KeychainError) -> CounterReference? {
+        let counters = key.counterCandidates.map {
+            CounterReference(index: $0, name: TPMObjects.counterName(at: $0), auth: key.counterAuth)
         }
         guard throughService else {
             // One connection for all, and nothing logged for the indexes passed over.
