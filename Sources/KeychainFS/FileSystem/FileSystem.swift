@@ -90,7 +90,6 @@ public final class FileSystem: Sendable {
                     file.lock.withLock { _ = try? file.checkAccess(device) }
                 }
             case .changed(let change):
-                nodes.noteChange()
                 for node in change.itemNodes {
                     if let inode = nodes.existingInode(for: node) { kernelCache.forgetAttributes(inode) }
                 }

@@ -57,8 +57,10 @@ package final class NodeTable: Sendable {
     @TaskLocal static var changingMount: KernelCache?
 
     /// Rebinds names as the store commits their change: under the store's
-    /// lock, so that no write can land between a name's removal and its inode's.
+    /// lock, so that no write can land between a name's removal and its
+    /// inode's. Every change is counted (``changeCount``).
     private func committed(_ change: ItemChange) {
+        changes.add(1, ordering: .sequentiallyConsistent)
         switch change {
         case .removed(let group, let identifier):
             detach(.item(group: group, identifier: identifier))
@@ -169,9 +171,8 @@ package final class NodeTable: Sendable {
     private let caches = Mutex<[ObjectIdentifier: KernelCache]>([:])
     private let changes = Atomic<UInt64>(0)
 
-    /// Counts the device's committed changes (every mount's observer adds
-    /// one: only equality matters).
-    func noteChange() { changes.add(1, ordering: .sequentiallyConsistent) }
+    /// How many changes the device's store committed (only equality
+    /// matters: a listing made across a change is not taken as current).
     var changeCount: UInt64 { changes.load(ordering: .sequentiallyConsistent) }
 
     /// The inode currently bound to `node`, numbered on first sight.
