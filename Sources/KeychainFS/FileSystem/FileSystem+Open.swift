@@ -272,12 +272,13 @@ extension FileSystem {
     /// transaction, and a rename that came in between is followed.
     private func write(_ buffer: SecureBuffer, of file: OpenFile) throws(KeychainError) -> PasswordManager.WriteReceipt?
     {
+        let value = try buffer.snapshot()
         for _ in 0..<Self.openAttempts {
             guard let bound = nodes.node(for: file.inode), case .item(let group, let identifier) = bound else {
                 return nil
             }
             let written = try manager.write(
-                try buffer.snapshot(), identifier: identifier, group: group,
+                value, identifier: identifier, group: group,
                 protectionClass: manager.classForNewWrites, condition: .ifPresent
             ) { [nodes] in nodes.node(for: file.inode) == bound }
             if let written { return written }
