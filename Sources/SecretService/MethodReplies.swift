@@ -4,8 +4,6 @@ import KeychainCore
 /// alone writes it to the bus (``SecretServiceProvider/send(_:to:)``),
 /// and a test reads it as it is, with no message in between.
 protocol MethodReply {
-    /// The reply's signature, as the spec gives the method's out-arguments.
-    var signature: String { get }
     /// Whether it carries a secret: sd-bus then wipes the message's memory when it frees it.
     var isSensitive: Bool { get }
     func write(to reply: BusMessageWriter) throws(BusError)
@@ -25,21 +23,18 @@ enum MethodAnswer {
 
 /// A method with no out-arguments (`SetAlias`, `Close`, `SetSecret`, `Dismiss`, `Properties.Set`).
 struct EmptyReply: MethodReply {
-    var signature: String { "" }
     func write(to reply: BusMessageWriter) throws(BusError) {}
 }
 
 /// One object path (`ReadAlias`; `Delete`'s prompt, always `/`).
 struct ObjectReply: MethodReply, Equatable {
     let path: String
-    var signature: String { "o" }
     func write(to reply: BusMessageWriter) throws(BusError) { try reply.objectPath(path) }
 }
 
 /// Object paths (`Collection.SearchItems`).
 struct ObjectsReply: MethodReply, Equatable {
     let paths: [String]
-    var signature: String { "ao" }
     func write(to reply: BusMessageWriter) throws(BusError) { try reply.objectPaths(paths) }
 }
 
@@ -47,7 +42,6 @@ struct ObjectsReply: MethodReply, Equatable {
 struct SearchReply: MethodReply, Equatable {
     let unlocked: [String]
     let locked: [String]
-    var signature: String { "aoao" }
     func write(to reply: BusMessageWriter) throws(BusError) {
         try reply.objectPaths(unlocked)
         try reply.objectPaths(locked)
@@ -58,7 +52,6 @@ struct SearchReply: MethodReply, Equatable {
 struct ObjectsAndPrompt: MethodReply, Equatable {
     let objects: [String]
     let prompt: String
-    var signature: String { "aoo" }
     func write(to reply: BusMessageWriter) throws(BusError) {
         try reply.objectPaths(objects)
         try reply.objectPath(prompt)
@@ -69,7 +62,6 @@ struct ObjectsAndPrompt: MethodReply, Equatable {
 struct CreatedReply: MethodReply, Equatable {
     let object: String
     let prompt: String
-    var signature: String { "oo" }
     func write(to reply: BusMessageWriter) throws(BusError) {
         try reply.objectPath(object)
         try reply.objectPath(prompt)
@@ -81,7 +73,6 @@ struct CreatedReply: MethodReply, Equatable {
 struct OpenedSession: MethodReply, Equatable {
     let output: [UInt8]?
     let path: String
-    var signature: String { "vo" }
     func write(to reply: BusMessageWriter) throws(BusError) {
         try reply.open("v", output == nil ? "s" : "ay")
         if let output {
@@ -105,7 +96,6 @@ struct SecretToSend {
 struct SecretReply: MethodReply {
     let secret: SecretToSend
     let session: TransferSession
-    var signature: String { "(oayays)" }
     var isSensitive: Bool { true }
     func write(to reply: BusMessageWriter) throws(BusError) {
         try session.append(secret.value, contentType: secret.contentType, to: reply)
@@ -116,7 +106,6 @@ struct SecretReply: MethodReply {
 struct SecretsReply: MethodReply {
     let secrets: [SecretToSend]
     let session: TransferSession
-    var signature: String { "a{o(oayays)}" }
     var isSensitive: Bool { true }
     func write(to reply: BusMessageWriter) throws(BusError) {
         try reply.open("a", "{o(oayays)}")
@@ -133,14 +122,12 @@ struct SecretsReply: MethodReply {
 /// `Properties.Get`: one property's value.
 struct PropertyReply: MethodReply, Equatable {
     let value: PropertyValue
-    var signature: String { "v" }
     func write(to reply: BusMessageWriter) throws(BusError) { try reply.variant(value) }
 }
 
 /// `Properties.GetAll`: every property of the interface, by name (written in name order).
 struct PropertiesReply: MethodReply, Equatable {
     let properties: [String: PropertyValue]
-    var signature: String { "a{sv}" }
     func write(to reply: BusMessageWriter) throws(BusError) {
         try reply.open("a", "{sv}")
         for (name, value) in properties.sorted(by: { $0.key < $1.key }) {
@@ -156,7 +143,6 @@ struct PropertiesReply: MethodReply, Equatable {
 /// The Secret portal's `RetrieveSecret`: the request's response code and no results.
 struct PortalReply: MethodReply, Equatable {
     let response: SecretServiceProvider.PortalResponse
-    var signature: String { "ua{sv}" }
     func write(to reply: BusMessageWriter) throws(BusError) {
         var code = UInt64(response.rawValue)
         try reply.basic("u", &code)
