@@ -48,6 +48,21 @@ import Testing
         }
     }
 
+    /// A `keychainfs get` holds a small request and a small reply: it locks
+    /// a page for each, not a 64 KiB slab per size. Where RLIMIT_MEMLOCK is
+    /// the kernel's old default of 64 KiB, two slabs did not fit, and every
+    /// command warned that secrets might reach swap.
+    @Test func aFewSmallSecretsLockAPagePerSizeNotASlab() throws {
+        let arena = SecretArena()
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let request = try #require(arena.allocate(capacity: 29))
+        let reply = try #require(arena.allocate(capacity: 71))
+        let value = try #require(arena.allocate(capacity: 44))
+        let held = arena.residency
+        #expect(held.locked + held.unlocked == 2 * page)
+        for slot in [request, reply, value] { arena.release(slot.pointer, sizeClass: slot.sizeClass, used: 0) }
+    }
+
     @Test func arenaMemoryIsLockedAgainstSwapWhenTheLimitAllows() throws {
         let secret = try SecureBytes("x")
         var limit = rlimit()

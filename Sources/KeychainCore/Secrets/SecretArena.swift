@@ -18,8 +18,10 @@ final class SecretArena: Sendable {
     /// Slot sizes: 64 B to 1 MiB in powers of four (1 MiB is the value
     /// limit), and 2 MiB for a protocol frame carrying a whole value and its names.
     static let classSizes: [Int] = [64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576, 2_097_152]
-    /// A fresh mapping for the small classes is cut into slots of this many bytes.
+    /// The most bytes a fresh mapping for the small classes is cut into.
     private static let slabSize = 65536
+    /// Slots per fresh mapping of a small class, within a page and ``slabSize``.
+    private static let slotsPerSlab = 16
     /// Free large slots kept mapped for reuse; more are unmapped on release.
     private static let keptLargeSlots = 4
 
@@ -71,12 +73,22 @@ final class SecretArena: Sendable {
                 return (UnsafeMutableRawPointer(bitPattern: uncut.start)!, sizeClass)
             }
             // A fresh mapping is zeroed (mmap(2)); its first slot is this one.
-            let mapping = max(Self.slabSize, slotSize)
+            let mapping = Self.mappingSize(forSlotsOf: slotSize)
             let pointer = Self.mapSecretRegion(bytes: mapping, state: &state)
             state.uncut[sizeClass] = Addresses(
                 start: UInt(bitPattern: pointer + slotSize), end: UInt(bitPattern: pointer + mapping))
             return (pointer, sizeClass)
         }
+    }
+
+    /// How many bytes a fresh mapping for slots of `slotSize` takes: a few
+    /// slots, not a whole slab per class, because `mlock` makes the kernel
+    /// fault in and zero every page of it at once. A `keychainfs get` cuts
+    /// one slot of each of two classes: two 64 KiB slabs were 32 pages
+    /// zeroed for 2 slots, 6% of the command's time (perf, docs/BENCHMARKS.md).
+    static func mappingSize(forSlotsOf slotSize: Int) -> Int {
+        guard slotSize < slabSize else { return slotSize }
+        return min(max(slotSize * slotsPerSlab, Int(sysconf(Int32(_SC_PAGESIZE)))), slabSize)
     }
 
     /// Wipes the first `used` bytes of a slot and takes it back.
