@@ -4,13 +4,15 @@ import Glibc
 #endif
 
 /// Which of the release build's two links a command runs in
-/// (docs/SECURITY.md, "Two builds of one program"): the one linked at
-/// fixed addresses starts fast, the position-independent one is placed at
-/// a random address. A command stays in the fast one only when all it
-/// does is ask its own user's device and print the answer: it serves
-/// nobody and reads nothing but its arguments, its standard input and the
-/// device's reply. Anything else (a device, a mount, the service, the bus,
-/// a passcode's prompt, an import's parser) continues in the other.
+/// (docs/SECURITY.md, "Two builds of one program"): the one linked
+/// statically at fixed addresses starts fast, the position-independent
+/// one is placed at a random address. A command stays in the fast one
+/// only when all it does is ask its own user's device and print the
+/// answer: it serves nobody, reads nothing but its arguments, its standard
+/// input and the device's reply, and loads no library (sd-bus, libcrypto
+/// and tpm2-tss would bring the system's libc beside the one linked in).
+/// Anything else (a device, a mount, the service, the bus, a passcode's
+/// prompt, an import's parser, a one-time code) continues in the other.
 enum BuildChoice {
     /// The commands that only ask a device (what scripts run in loops), and `help`.
     static let askingCommands: Set<String> = [

@@ -84,6 +84,41 @@ extension SerialTests {
             #expect(k("stop").succeeded)
         }
 
+        /// The fixed build is linked statically: there is no loader to run,
+        /// and it must never load a library (sd-bus, libcrypto, tpm2-tss
+        /// would bring a second libc into it). Every command it answers,
+        /// traced, opens no shared object; a command that needs one runs
+        /// in the other half.
+        @Test func theFixedBuildLoadsNoLibrary() throws {
+            let release = MachineFixtures.repository + "/.build/release/keychainfs"
+            try #require(MachineFixtures.elfType(release) == MachineFixtures.fixedAddresses, "no release build")
+            let harness = try MountHarness(creating: false)
+            let installed = harness.root + "/usr"
+            try MountHarness.copyBuild(release, into: installed)
+            let traced = harness.sh(
+                """
+                k() { strace -f -qq -e trace=open,openat -o "$(mktemp "$R/trace.XXXXXX")" "$K" "$@" >/dev/null; }
+                K=$1/bin/keychainfs
+                printf '1234\n1234\n' | "$K" init --no-tpm --keychain "$KC" >/dev/null || exit 1
+                printf '1234\n' | "$1/libexec/keychainfs/keychainfs" unlock --keychain "$KC" || exit 1
+                printf s3cret | k set default/token --keychain "$KC" && k get default/token --keychain "$KC" \
+                    && k get --json default/token --keychain "$KC" && k ls default --keychain "$KC" \
+                    && k find token --keychain "$KC" && k status --keychain "$KC" && k start --keychain "$KC" \
+                    && printf 'protocol=https\nhost=example.org\nusername=u\npassword=p\n\n' \
+                        | k git-credential store --keychain "$KC" \
+                    && k docker-credential list --keychain "$KC" && k rm default/token --keychain "$KC" \
+                    && k lock --keychain "$KC" && k help get && k --version || exit 1
+                "$K" stop --keychain "$KC"
+                cat "$R"/trace.* | grep -c . && grep -h '\\.so' "$R"/trace.* | head -5
+                """, arguments: [installed])
+            #expect(traced.succeeded, "\(traced)")
+            let lines = traced.stdout.split(separator: "\n")
+            // The traces hold something (the keychain's socket directory, the
+            // item's path), and no library among it.
+            #expect((lines.first.flatMap { Int($0) } ?? 0) > 0, "\(traced)")
+            #expect(lines.count == 1, "the fixed build opened libraries: \(lines.dropFirst())")
+        }
+
         /// The release build looks for no library beside itself (no
         /// RUNPATH): a libm.so.6 or libc.so.6 dropped beside a copy, in the
         /// directory of either half, is not loaded, by a command or a device.

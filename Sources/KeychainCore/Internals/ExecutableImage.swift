@@ -6,8 +6,8 @@ import Glibc
 /// This process's executable as the loader placed it in memory.
 ///
 /// The release build is linked twice (scripts/build): `bin/keychainfs`
-/// at fixed addresses, which starts in two thirds of the time because
-/// the loader relocates nothing in it, and `libexec/keychainfs/keychainfs`,
+/// statically, at fixed addresses, which starts with no loader and
+/// nothing to relocate, and `libexec/keychainfs/keychainfs`,
 /// position-independent, which the kernel places at a random address
 /// (ASLR). Only commands that ask a device and print its answer run in
 /// the first; everything that serves runs in the second

@@ -135,7 +135,7 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     /// session) otherwise copies them whole into its name map, one
     /// `OBJ_obj2txt` and `BIO_snprintf` per name, which perf put at half of
     /// libcrypto's time in a device's boot and stop (docs/BENCHMARKS.md:
-    /// boot with the TPM from 2.05x file mode to 1.74x). tpm2-tss fetches
+    /// boot with the TPM from 2.05-2.07x file mode to 1.72-1.76x). tpm2-tss fetches
     /// its algorithms by name from the default provider, which knows its
     /// own names, and the Secret Service's sessions use libcrypto's fixed
     /// objects (`EVP_aes_128_cbc`, `EVP_sha256`) and NIDs. The system's
