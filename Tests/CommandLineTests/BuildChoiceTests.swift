@@ -84,17 +84,22 @@ extension SerialTests {
             #expect(k("stop").succeeded)
         }
 
+        /// A harness, and the release build copied into its `usr` as installed.
+        private func installedRelease() throws -> (harness: MountHarness, installed: String) {
+            let release = MachineFixtures.repository + "/.build/release/keychainfs"
+            try #require(MachineFixtures.elfType(release) == MachineFixtures.fixedAddresses, "no release build")
+            let harness = try MountHarness(creating: false)
+            try MountHarness.copyBuild(release, into: harness.root + "/usr")
+            return (harness, harness.root + "/usr")
+        }
+
         /// The fixed build is linked statically: there is no loader to run,
         /// and it must never load a library (sd-bus, libcrypto, tpm2-tss
         /// would bring a second libc into it). Every command it answers,
         /// traced, opens no shared object; a command that needs one runs
         /// in the other half.
         @Test func theFixedBuildLoadsNoLibrary() throws {
-            let release = MachineFixtures.repository + "/.build/release/keychainfs"
-            try #require(MachineFixtures.elfType(release) == MachineFixtures.fixedAddresses, "no release build")
-            let harness = try MountHarness(creating: false)
-            let installed = harness.root + "/usr"
-            try MountHarness.copyBuild(release, into: installed)
+            let (harness, installed) = try installedRelease()
             let traced = harness.sh(
                 """
                 k() { strace -f -qq -e trace=open,openat -o "$(mktemp "$R/trace.XXXXXX")" "$K" "$@" >/dev/null; }
@@ -123,11 +128,7 @@ extension SerialTests {
         /// RUNPATH): a libm.so.6 or libc.so.6 dropped beside a copy, in the
         /// directory of either half, is not loaded, by a command or a device.
         @Test func aLibraryDroppedBesideTheBuildIsNotLoaded() throws {
-            let release = MachineFixtures.repository + "/.build/release/keychainfs"
-            try #require(MachineFixtures.elfType(release) == MachineFixtures.fixedAddresses, "no release build")
-            let harness = try MountHarness(creating: false)
-            let installed = harness.root + "/usr"
-            try MountHarness.copyBuild(release, into: installed)
+            let (harness, installed) = try installedRelease()
             let marker = harness.root + "/loaded"
             let planted = harness.sh(
                 """
