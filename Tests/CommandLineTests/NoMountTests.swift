@@ -40,6 +40,25 @@ extension SerialTests {
         }
 
         /// git's `store` with no device running is not dropped unseen.
+        /// RLIMIT_MEMLOCK at 64 KiB, the kernel's default before 5.16 and
+        /// still where a distribution or a container sets it so: an ordinary
+        /// user's `get` and `set` lock their secrets in memory within it,
+        /// and say nothing. When each size of secret had a 64 KiB slab, a
+        /// `get` of a 44-byte value needed two and warned that secrets
+        /// might reach swap.
+        @Test func aSmallMemoryLockLimitHoldsACommandsSecrets() throws {
+            let harness = try MountHarness(as: try OrdinaryUser())
+            func limited(_ arguments: String, stdin: String? = nil) -> ShellResult {
+                harness.sh("ulimit -l 64 && exec \"$K\" \(arguments) --keychain \"$KC\"", stdin: stdin)
+            }
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+            let value = String(repeating: "7", count: 44)
+            let set = limited("set default/token", stdin: value)
+            #expect(set.succeeded && set.stderr.isEmpty, "\(set)")
+            let got = limited("get default/token")
+            #expect(got.succeeded && got.stdout == value && got.stderr.isEmpty, "\(got)")
+        }
+
         @Test func gitsStoreWithNoDeviceStartsItAndSaysItIsLocked() throws {
             let harness = try MountHarness()
             let store = harness.sh(
