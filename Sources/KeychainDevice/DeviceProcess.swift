@@ -219,7 +219,7 @@ public final class DeviceProcess: Sendable {
         keychain.manager.localDevice.audit.record(
             AuditEvent(
                 operation: operation, result: "ok",
-                subject: subject ?? ProgramIdentities.subject(thread: getpid(), uid: getuid()), detail: detail))
+                subject: subject ?? ProgramIdentities.subject(process: getpid(), uid: getuid()), detail: detail))
     }
 
     /// Serves the Secret Service on the bus at `address` from now on (a

@@ -449,7 +449,7 @@ extension ServedKeychain: SecretStore {
         device.audit.record(
             AuditEvent(
                 operation: "bus-name", result: "ok",
-                subject: ProgramIdentities.subject(thread: getpid(), uid: getuid()),
+                subject: ProgramIdentities.subject(process: getpid(), uid: getuid()),
                 detail: detail))
     }
     func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int {

@@ -55,7 +55,9 @@ extension SecretServiceProvider {
     ) throws(BusError) -> MethodAnswer {
         let (asked, caller) = itemsToAsk(items, call: call)
         guard !asked.isEmpty else { return .reply(try body(call)) }
-        let subject = bus.senderProcess(of: call.message).map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) }
+        let subject = bus.senderProcess(of: call.message).map {
+            ProgramIdentities.subject(process: $0.pid, uid: $0.uid)
+        }
         var question = PasswordManager.question(asked: asked, verb: verb, program: caller, subject: subject)
         // Its pinentry ends when the caller leaves the bus (issue 37).
         let sender = call.sender, waiting = waitingCallers

@@ -13,7 +13,7 @@ extension SecretServiceProvider {
             store.record(
                 "unlock-prompt", result: "failed",
                 subject: bus.senderProcess(of: call.message).map {
-                    ProgramIdentities.subject(thread: $0.pid, uid: $0.uid)
+                    ProgramIdentities.subject(process: $0.pid, uid: $0.uid)
                 },
                 detail: "no pinentry that root installed")
             throw .failed("no pinentry program: install pinentry-curses or pinentry-gnome3, or set KEYCHAINFS_PINENTRY")
@@ -22,7 +22,7 @@ extension SecretServiceProvider {
         let sender = bus.senderProcess(of: call.message)
         let path = call.path
         let started = Threads.start { [self] in
-            let subject = { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }
+            let subject = { sender.map { ProgramIdentities.subject(process: $0.pid, uid: $0.uid) } }
             let failure = prompt.run(program: program, program: sender?.pid) { passcode in
                 store.perform(.unlock(passcode: passcode), program: { nil }, subject: subject, audit: .always)
             }

@@ -373,7 +373,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         // process must still be the one that sent the call.
         return store.perform(
             request, program: { [self] in callerIdentity(call) },
-            subject: { sender.map { ProgramIdentities.subject(thread: $0.pid, uid: $0.uid) } }, audit: audit)
+            subject: { sender.map { ProgramIdentities.subject(process: $0.pid, uid: $0.uid) } }, audit: audit)
     }
 
     /// ``outcome(_:for:audit:)``'s answer, or the error its refusal means on the bus.

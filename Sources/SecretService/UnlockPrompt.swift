@@ -64,7 +64,7 @@ final class UnlockPrompt: Sendable {
             state.withLock { $0.pinentry = nil }
             pinentry.end()
         }
-        let who = asker.flatMap { ProgramIdentities.subject(thread: $0, uid: getuid()).executable } ?? "a program"
+        let who = asker.flatMap { ProgramIdentities.subject(process: $0, uid: getuid()).executable } ?? "a program"
         var error: String?
         for _ in 0..<Self.attempts {
             let answer: Pinentry.Answer

@@ -62,6 +62,20 @@ package enum ProgramIdentities {
     /// changes process, and moving a process to another unit is rare),
     /// since reading them from /proc costs more than the rest of a read.
     package static func subject(thread: pid_t, uid: uid_t) -> AuditSubject {
+        subject(of: thread, uid: uid) { ProcessIdentity(thread: thread, uid: uid).process }
+    }
+
+    /// Who `process` is, for the audit log, where the kernel named the
+    /// process itself (its thread group): a socket peer's `SO_PEERCRED`
+    /// pid, a bus sender's, this process's own. Its `Tgid:` is then not
+    /// read from `/proc/PID/status`, which the kernel writes out whole on
+    /// each read (a sixth of the device's time in a `keychainfs get`,
+    /// docs/BENCHMARKS.md).
+    package static func subject(process: pid_t, uid: uid_t) -> AuditSubject {
+        subject(of: process, uid: uid) { process }
+    }
+
+    private static func subject(of thread: pid_t, uid: uid_t, process: () -> pid_t) -> AuditSubject {
         guard thread > 0 else { return AuditSubject(pid: thread, uid: uid, executable: nil, unit: nil) }
         let now = MonotonicClock.seconds()
         let known = threads.withLock { cache -> ThreadFacts? in
@@ -70,9 +84,7 @@ package enum ProgramIdentities {
         }
         let facts =
             known
-            ?? ThreadFacts(
-                process: ProcessIdentity(thread: thread, uid: uid).process, unit: unit(of: thread),
-                readAt: now, executable: nil)
+            ?? ThreadFacts(process: process(), unit: unit(of: thread), readAt: now, executable: nil)
         if known == nil {
             threads.withLock { cache in
                 if cache.count >= 4096 { cache.removeAll() }
@@ -98,7 +110,7 @@ package enum ProgramIdentities {
 
     /// Who the peer of a socket is, for the audit log.
     package static func subject(ofPeer socket: Int32) -> AuditSubject? {
-        peerCredentials(socket).map { subject(thread: $0.pid, uid: $0.uid) }
+        peerCredentials(socket).map { subject(process: $0.pid, uid: $0.uid) }
     }
 
     /// The identity of a socket peer; nil unless the process that connected
