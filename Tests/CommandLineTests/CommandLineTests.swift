@@ -279,7 +279,11 @@ extension SerialTests.CommandLineTests {
 
     /// Python's pty module plays the terminal: runs its arguments, types
     /// `$ANSWERS` (comma-separated) at each prompt (a line ending in `:`),
-    /// and prints the exit code and what the terminal showed.
+    /// and prints the exit code and what the terminal showed. It types once
+    /// the prompt's line has ended: the terminal turns its `\n` into
+    /// `\r\n` apart from the text before it (n_tty's output processing),
+    /// so one read may return the prompt without its line end, and the
+    /// answer would be shown in another place of the transcript.
     static let terminalDriver = """
         import os, pty, sys
         pid, fd = pty.fork()
@@ -294,7 +298,7 @@ extension SerialTests.CommandLineTests {
             if not chunk:
                 break
             shown += chunk
-            if pending and shown.rstrip().endswith(b":"):
+            if pending and shown.endswith(b"\\n") and shown.rstrip().endswith(b":"):
                 os.write(fd, pending.pop(0) + b"\\n")
                 shown += b"<typed>"
         _, status = os.waitpid(pid, 0)
