@@ -53,7 +53,7 @@ let package = Package(
             resources: [.copy("Fixtures")]
         ),
         // Unit tests of the FUSE driver's own structures: no kernel.
-        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS"]),
+        .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
         // Unit tests of the Secret Service provider: its readers, paths and sessions with no
         // bus; its handlers over a fake store, called in-process over a socketpair with no bus
         // daemon (InProcessProviderTests), and by secret-tool on a private dbus-daemon

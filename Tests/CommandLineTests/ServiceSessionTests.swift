@@ -12,8 +12,7 @@ extension SerialTests {
     @Suite struct ServiceSessionTests {
         @Test func eachUsersSessionLocksTheirOwnKeychainInTheService() throws {
             // Root's, mode 0711: every account reaches the bus's socket, none lists it.
-            var template = Array((NSTemporaryDirectory() + "kcfs-bus-XXXXXX").utf8CString)
-            let scratch = String(validatingCString: try #require(mkdtemp(&template)))!
+            let scratch = try makeTemporaryDirectory("kcfs-bus")
             chmod(scratch, 0o711)
             defer { try? FileManager.default.removeItem(atPath: scratch) }
             let address = "unix:path=\(scratch)/system_bus"

@@ -1,6 +1,7 @@
 import Synchronization
 import Foundation
 import Glibc
+import TestSupport
 import Testing
 @testable import KeychainCore
 

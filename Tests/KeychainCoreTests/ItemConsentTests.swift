@@ -1,4 +1,5 @@
 import Synchronization
+import TestSupport
 import Testing
 @testable import KeychainCore
 
@@ -201,7 +202,7 @@ import Glibc
     /// A directory holding `silent`, a pinentry that never answers CONFIRM
     /// and ignores SETTIMEOUT; the caller removes it.
     static func silentPinentry() throws -> String {
-        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-pinentry-XXXXXX")).map { String(cString: $0) })
+        let directory = try makeTemporaryDirectory("kcfs-pinentry", in: "/tmp/")
         let text = "#!/bin/sh\necho OK\nwhile read -r command rest; do [ \"$command\" = CONFIRM ] || echo OK; done\n"
         let fd = open(directory + "/silent", O_WRONLY | O_CREAT | O_TRUNC, 0o755)
         _ = text.withCString { write(fd, $0, strlen($0)) }

@@ -1,4 +1,5 @@
 @testable import KeychainCore
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -78,7 +79,7 @@ import Foundation
     /// This test's own process is no interpreter; a shell it starts is, with
     /// its script file, and with `-c` it is code nobody can name.
     @Test func aRunningShellIsReadWithItsScript() throws {
-        let directory = try #require(mkdtemp(strdup("/tmp/kcfs-script-XXXXXX")).map { String(cString: $0) })
+        let directory = try makeTemporaryDirectory("kcfs-script", in: "/tmp/")
         defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
         try "read line\n".write(toFile: directory + "/wait.sh", atomically: true, encoding: .utf8)
         chmod(directory + "/wait.sh", 0o644)

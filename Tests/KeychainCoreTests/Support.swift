@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import TestSupport
 import Testing
 @testable import KeychainCore
 
@@ -93,11 +94,4 @@ extension Data {
         }
         self.init(bytes)
     }
-}
-
-/// A new private directory under the system's temporary directory.
-func makeTemporaryDirectory() throws -> String {
-    var template = Array((NSTemporaryDirectory() + "kcfs-test-XXXXXX").utf8CString)
-    guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
-    return String(validatingCString: made)!
 }

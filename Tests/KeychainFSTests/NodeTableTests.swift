@@ -2,6 +2,7 @@ import Foundation
 @testable import KeychainFS
 import KeychainCore
 import Synchronization
+import TestSupport
 import Testing
 
 /// Issue 32 asked whether a removed item's inode number can be handed out
@@ -76,7 +77,7 @@ import Testing
         let nodes: NodeTable
 
         init() throws {
-            root = try #require(String(validatingCString: mkdtemp(strdup("/tmp/kcfs-nodes-XXXXXX"))))
+            root = try makeTemporaryDirectory("kcfs-nodes", in: "/tmp/")
             let directory = KeychainDirectory(path: root + "/keychain")
             try Device.createKeychain(at: directory, passcode: nil, kdf: .insecureFastForTests, tpm: .declined)
             let device = try Device(directory: directory)

@@ -19,9 +19,7 @@ extension SerialTests {
         final class Scratch: @unchecked Sendable {
             let root: String
             init() throws {
-                var template = Array((NSTemporaryDirectory() + "kcfs-keys-XXXXXX").utf8CString)
-                guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
-                root = String(validatingCString: made)!
+                root = try makeTemporaryDirectory("kcfs-keys")
             }
             deinit { try? FileManager.default.removeItem(atPath: root) }
 

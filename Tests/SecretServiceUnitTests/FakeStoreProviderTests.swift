@@ -20,7 +20,7 @@ extension SerialTests {
             let address: String
 
             init() throws {
-                directory = try #require(String(validatingCString: mkdtemp(strdup("/tmp/kcfs-fakebus-XXXXXX"))))
+                directory = try makeTemporaryDirectory("kcfs-fakebus", in: "/tmp/")
                 var ready: [Int32] = [0, 0]
                 #expect(pipe(&ready) == 0)
                 var options = Spawn.Options()

@@ -45,9 +45,7 @@ package final class MountHarness: @unchecked Sendable {
         service: ServiceHarness? = nil, environment extra: [String: String] = [:], creating: Bool = true
     ) throws {
         extraEnvironment = extra
-        var template = Array((NSTemporaryDirectory() + "kcfs-fs-XXXXXX").utf8CString)
-        guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
-        root = String(validatingCString: made)!
+        root = try makeTemporaryDirectory("kcfs-fs")
         keychain = root + "/keychain"
         runtime = root + "/run"
         let built = try Self.builtBinary()

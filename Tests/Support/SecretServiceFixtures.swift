@@ -98,9 +98,7 @@ package final class JudgePinentry: @unchecked Sendable {
     package var environment: String { "KEYCHAINFS_PINENTRY=\(path)" }
 
     package init() throws {
-        var template = Array("/tmp/kcfs-judge-XXXXXX".utf8CString)
-        guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed") }
-        directory = String(cString: made)
+        directory = try makeTemporaryDirectory("kcfs-judge", in: "/tmp/")
         chmod(directory, 0o755)
         try Self.script.write(toFile: path, atomically: true, encoding: .utf8)
         chmod(path, 0o755)

@@ -32,9 +32,7 @@ package final class ServiceHarness: @unchecked Sendable {
         self.environment = environment
         self.descriptorLimit = descriptorLimit
         try MachineFixtures.serviceAccount()
-        var template = Array((NSTemporaryDirectory() + "kcfs-svc-XXXXXX").utf8CString)
-        guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
-        root = String(validatingCString: made)!
+        root = try makeTemporaryDirectory("kcfs-svc")
         chmod(root, 0o711)
         stateDirectory = root + "/state"
         socket = root + "/socket"

@@ -17,9 +17,7 @@ package final class SoftwareTPM: @unchecked Sendable {
     /// A new TPM, or, given `state`, a copy of the TPM whose state
     /// directory that is (a committed fixture's: the copy is this test's).
     package init(copyingState state: String? = nil) throws {
-        var template = Array((NSTemporaryDirectory() + "kcfs-tpm-XXXXXX").utf8CString)
-        guard let made = mkdtemp(&template) else { throw POSIXError(.EIO) }
-        stateDirectory = String(validatingCString: made)!
+        stateDirectory = try makeTemporaryDirectory("kcfs-tpm")
         if let state {
             for file in try FileManager.default.contentsOfDirectory(atPath: state) {
                 try FileManager.default.copyItem(atPath: state + "/" + file, toPath: stateDirectory + "/" + file)
