@@ -75,15 +75,11 @@ package final class NodeTable: Sendable {
     /// The names a committed change took away, forgotten by every mount's
     /// kernel but that of the mount making it (``changingMount``).
     private func forgetNames(of change: ItemChange) {
-        let changed: [Node]
         switch change {
-        case .removed(let group, let identifier): changed = [.item(group: group, identifier: identifier)]
-        case .renamed(let group, let from, let to):
-            changed = [.item(group: group, identifier: from), .item(group: group, identifier: to)]
-        case .groupRemoved(let group): changed = [.group(group)]
+        case .removed, .renamed: forgetNames(change.itemNodes, except: Self.changingMount)
+        case .groupRemoved(let group): forgetNames([.group(group)], except: Self.changingMount)
         case .written, .groupCreated: return
         }
-        forgetNames(changed, except: Self.changingMount)
     }
 
     static let rootInode: UInt64 = 1
