@@ -24,6 +24,11 @@ final class ServedKeychain: Sendable {
     private let mountEnded: @Sendable () -> Void
     /// What its user may hold of the service (nil: a per-user device's keychain).
     private let serviceLimits: ServiceLimits?
+    /// Whether a restore of this keychain runs now: one at a time per
+    /// person, so that one user's restores (each an Argon2id of up to
+    /// 256 MiB, before the password is known to be right) cannot pile up
+    /// in the service (docs/SECURITY.md, "Costs are ours to choose").
+    private let restoring = Atomic<Bool>(false)
 
     /// Boots the device of `keychain`: locked, before first unlock.
     init(
@@ -263,6 +268,12 @@ final class ServedKeychain: Sendable {
             }
         case .restore(let path, let password, let policy, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
+            guard restoring.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
+            else {
+                return .keychainError(
+                    .badRequest, "another restore into this keychain is running; run this one when it has ended")
+            }
+            defer { restoring.store(false, ordering: .releasing) }
             do throws(KeychainError) {
                 let copy = try BackupFileCopy(
                     of: file, name: path, in: manager.localDevice.directory.path,

@@ -162,6 +162,35 @@ import Testing
         #expect(try target.identifiers(inGroup: "default") == [])
     }
 
+    /// A backup's header names its Argon2id cost, and is read before the
+    /// password is checked: a file asking for more than `backup` writes
+    /// (MODERATE, 3 passes over 256 MiB) is refused as altered, at once,
+    /// with no hashing run. Before, up to 16 passes over 4 GiB were run at
+    /// the file author's choice, in the service for any user's `restore`.
+    @Test func aBackupAskingForMoreHashingThanBackupWritesIsRefusedBeforeAnyIsRun() throws {
+        let (_, target) = try Self.target()
+        func header(opsLimit: UInt64, memLimit: UInt64) -> [UInt8] {
+            var writer = ByteWriter()
+            writer.append(Array("KCFSBAK1".utf8))
+            writer.append(UInt8(2))
+            writer.append(opsLimit)
+            writer.append(memLimit)
+            writer.append([UInt8](repeating: 7, count: 16 + 32))
+            return writer.bytes
+        }
+        // More memory, more passes, or both: each refused as altered, where a
+        // hashing run would have said "wrong password" (authFailed) after it.
+        for (ops, mem) in [(3, UInt64(512) << 20), (4, UInt64(256) << 20), (16, UInt64(8192))] {
+            let crafted = header(opsLimit: UInt64(ops), memLimit: mem)
+            #expect(crafted.count == 73)
+            #expect(throws: KeychainError.decode, "\(ops) passes over \(mem) bytes") {
+                _ = try target.restore(crafted, password: secure("wrong"), policy: .overwrite)
+            }
+        }
+        #expect(BackupFile.costCeiling == .moderate)
+        #expect(try target.identifiers(inGroup: "default") == [])
+    }
+
     /// The device restores from its own copy of the file a client passed,
     /// read a record at a time: the client changing the file meanwhile
     /// changes nothing, and a file that is not a backup is not copied.

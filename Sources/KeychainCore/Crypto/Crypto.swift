@@ -1,4 +1,7 @@
 internal import CSodium
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The few primitives the keychain uses, each written once: XChaCha20-Poly1305
 /// (items and wrapped keys), Argon2id (passcodes), BLAKE2b (key derivation, MACs).
@@ -54,6 +57,8 @@ package enum Crypto {
     {
         precondition(salt.count == saltSize)
         let output = try SecureBytes(count: keySize)
+        PasswordHashingBudget.shared.take(parameters.memLimit)
+        defer { PasswordHashingBudget.shared.give(parameters.memLimit) }
         let status = passcode.withUnsafeBytes { secret in
             crypto_pwhash(
                 output.mutableBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(keySize),
@@ -164,6 +169,11 @@ public struct KDFParameters: Sendable, Equatable {
     public static let moderate = KDFParameters(opsLimit: 3, memLimit: 256 << 20)
     /// The cheapest parameters libsodium accepts: for tests only.
     public static let insecureFastForTests = KDFParameters(opsLimit: 1, memLimit: 8192)
+
+    /// At least libsodium's minimum (one pass, 8 KiB) and at most `ceiling` in passes and in memory.
+    public func isWithin(_ ceiling: KDFParameters) -> Bool {
+        (1...ceiling.opsLimit).contains(opsLimit) && (8192...ceiling.memLimit).contains(memLimit)
+    }
 }
 
 extension Crypto {
@@ -209,5 +219,43 @@ extension Crypto {
             self.mac(message, into: mac)
             for index in 0..<macSize { output[index] ^= mac[index] }
         }
+    }
+}
+
+/// The memory Argon2id may use at once in this process: a hashing that
+/// would go past it waits for others to end. A service hashes for
+/// every user (unlocks, restores, passcode changes): without a bound, many
+/// at once, each of up to ``BackupFile/costCeiling``'s 256 MiB, took the
+/// service to 5 GiB and another user's `get` from 17 ms to 13 s
+/// (docs/SECURITY.md, "Costs are ours to choose"). 512 MiB: two backups'
+/// hashing, or eight unlocks', at once, on two cores.
+final class PasswordHashingBudget: @unchecked Sendable {
+    static let shared = PasswordHashingBudget(bytes: 512 << 20)
+
+    private let capacity: UInt64
+    private var inUse: UInt64 = 0
+    private var mutex = pthread_mutex_t()
+    private var freed = pthread_cond_t()
+
+    init(bytes: UInt64) {
+        capacity = bytes
+        pthread_mutex_init(&mutex, nil)
+        pthread_cond_init(&freed, nil)
+    }
+
+    /// Waits until `bytes` fit beside what runs (one larger than the whole
+    /// budget runs alone), then counts them.
+    func take(_ bytes: UInt64) {
+        pthread_mutex_lock(&mutex)
+        while inUse > 0 && inUse + bytes > capacity { pthread_cond_wait(&freed, &mutex) }
+        inUse += bytes
+        pthread_mutex_unlock(&mutex)
+    }
+
+    func give(_ bytes: UInt64) {
+        pthread_mutex_lock(&mutex)
+        inUse -= bytes
+        pthread_cond_broadcast(&freed)
+        pthread_mutex_unlock(&mutex)
     }
 }

@@ -50,6 +50,14 @@ public enum BackupFile {
 
     private enum Kind: UInt8 { case item = 1, value = 2, end = 3 }
 
+    /// The most a file's header may ask of Argon2id: what `backup` writes
+    /// (MODERATE, 3 passes over 256 MiB, about 0.65 s). The header is read
+    /// before the password is checked, so a larger cost is the file's
+    /// author's choice of the restorer's memory and time (a 73-byte file
+    /// once asked the service for 16 passes over 4 GiB): refused as a file
+    /// `backup` never writes (docs/FORMAT.md, "Backups").
+    public static let costCeiling = KDFParameters.moderate
+
     /// The keys of one backup password and salt: derived on a ``SecretThread``.
     private struct Keys {
         let sealing: GuardedKey
@@ -148,8 +156,7 @@ public enum BackupFile {
         let fileVersion = try reader.readByte()
         guard (1...version).contains(fileVersion) else { throw .param }
         let kdf = KDFParameters(opsLimit: try reader.readUInt64(), memLimit: try reader.readUInt64())
-        // Bounds an attacker's file could otherwise set (libsodium's own limits are far larger).
-        guard (1...16).contains(kdf.opsLimit), (8192...(4 << 30)).contains(kdf.memLimit) else { throw .decode }
+        guard kdf.isWithin(costCeiling) else { throw .decode }
         let salt = try reader.read(Crypto.saltSize)
         let check = try reader.read(Crypto.macSize)
         let keys = try Keys(password: password, salt: salt, kdf: kdf)

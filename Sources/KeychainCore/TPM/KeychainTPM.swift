@@ -52,7 +52,7 @@ public enum TPMChoice: Sendable, Equatable {
 }
 
 /// The TPM a keychain's keys are sealed by, reached at the TCTI given
-/// (nil: `$TPM2TOOLS_TCTI`, else tpm2-tss's default, `/dev/tpmrm0`), with
+/// (nil: the machine's, `/dev/tpmrm0`, never tpm2-tss's default list), with
 /// its failures in a keychain's terms. The TPM is used at boot, unlock,
 /// passcode changes and counter bumps only: each use opens its own
 /// connection, except within a boot (``sharingSession(tcti:_:)``).

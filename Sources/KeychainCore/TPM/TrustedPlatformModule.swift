@@ -56,7 +56,7 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
 
 /// One TPM 2.0, reached through tpm2-tss's ESAPI over the TCTI that
 /// `$TPM2TOOLS_TCTI` names (as tpm2-tools reads it: `swtpm:host=…,port=…`,
-/// `device:/dev/tpmrm0`), else the TCTI loader's default (`/dev/tpmrm0`).
+/// `device:/dev/tpmrm0`), else the machine's own (``machineTCTI``).
 /// Used at `init`, boot and unlock only, never per request. Secrets and
 /// auths cross the bus to the TPM only inside a salted session with
 /// parameter encryption.
@@ -125,6 +125,15 @@ public final class TrustedPlatformModule: @unchecked Sendable {
     var sharesSession = false
     private var sharedSession: UInt32?
 
+    /// The machine's TPM, through the kernel's resource manager: what is
+    /// reached when no TCTI is named. Never tpm2-tss's default list, which
+    /// after `/dev/tpmrm0` and `/dev/tpm0` tries tabrmd and then swtpm and
+    /// mssim on `localhost:2321`: a port any local user can listen on, so
+    /// that for a user who cannot open the device (an ordinary Debian user)
+    /// another user's software TPM would seal the keychain and hold its
+    /// counters (docs/SECURITY.md, "The TPM is the machine's, or none").
+    public static let machineTCTI = "device:/dev/tpmrm0"
+
     /// The TCTI configuration the environment names, if any.
     public static var configuredTCTI: String? {
         getenv("TPM2TOOLS_TCTI").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
@@ -146,8 +155,8 @@ public final class TrustedPlatformModule: @unchecked Sendable {
             UInt64(OPENSSL_INIT_NO_ADD_ALL_CIPHERS) | UInt64(OPENSSL_INIT_NO_ADD_ALL_DIGESTS), nil)
     }()
 
-    /// Connects to the TPM at `tcti` (nil: ``configuredTCTI``, else the
-    /// default). A keychain's use pins its storage key after
+    /// Connects to the TPM at `tcti` (nil: the machine's, ``machineTCTI``;
+    /// the default argument is ``configuredTCTI``). A keychain's use pins its storage key after
     /// (``pinnedStorageKey``): a session is salted with no other
     /// (``TPMError/storageKeyChanged``).
     public init(tcti configuration: String? = TrustedPlatformModule.configuredTCTI) throws(TPMError) {
@@ -159,10 +168,11 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         // for its log.
         setenv("TSS2_LOG", "all+NONE", 0)
         Self.initializeCrypto
+        let configuration = configuration ?? Self.machineTCTI
         var tcti: OpaquePointer?
         var rc = CTSS_Tss2_TctiLdr_Initialize(configuration, &tcti)
         guard rc == 0, let tcti else {
-            throw .unavailable("cannot reach \(configuration ?? "the default TCTI") (0x\(String(rc, radix: 16)))")
+            throw .unavailable("cannot reach \(configuration) (0x\(String(rc, radix: 16)))")
         }
         var context: OpaquePointer?
         rc = CTSS_Esys_Initialize(&context, tcti)
