@@ -20,8 +20,14 @@ import Glibc
 ///   inhibitor is taken again on resume.
 /// - A session of the user that ends (`SessionRemoved`) locks at once.
 ///
-/// Only logind can own its name on the system bus (its bus policy), so
-/// only logind's signals are followed.
+/// Only logind can own its name on the system bus (its bus policy), but
+/// any program may send a signal to one connection (Debian's system.conf:
+/// `<allow send_type="signal"/>`), and a match rule's `sender=` filters
+/// broadcasts only: sd-bus matches a unicast signal to it whoever sent it.
+/// So every handler checks the message's sender against logind's unique
+/// name, followed through `NameOwnerChanged` (whose sender only the bus
+/// daemon can be), and reads a session's `LockedHint` from logind rather
+/// than from a signal (docs/SECURITY.md, "Signals only from logind").
 public final class LoginSessions: @unchecked Sendable {
     /// What the device does: lock the keychain of `uid` (nil: every one it
     /// holds) after the grace (`afterGrace` false: at once), or call that off.
@@ -52,6 +58,14 @@ public final class LoginSessions: @unchecked Sendable {
     private var sessions: [String: UInt32] = [:]
     /// The delay inhibitor held until the next sleep (bus thread only).
     private var inhibitor: FileDescriptor? = nil
+    /// logind's unique name on the bus now (nil: none owns its name), the
+    /// one sender whose signals are followed (bus thread only).
+    private var logind: String?
+    /// The senders of signals in logind's name that were not logind,
+    /// each logged once, at most ``forgedSendersLogged`` of them.
+    private var forgedSenders: Set<String> = []
+    private static let forgedSendersLogged = 16
+    static let busDaemon = "org.freedesktop.DBus"
 
     /// The system bus: `$DBUS_SYSTEM_BUS_ADDRESS`, else the standard socket (dbus's own default).
     public static var systemBusAddress: String {
@@ -65,25 +79,42 @@ public final class LoginSessions: @unchecked Sendable {
         self.uid = uid
         self.actions = actions
         guard bus.ownerProcess(of: Self.name) != nil else { throw .failed("no logind on the system bus") }
+        try bus.watch(
+            "type='signal',sender='\(Self.busDaemon)',member='NameOwnerChanged',arg0='\(Self.name)'"
+        ) { [unowned self] message in
+            guard BusCall(message)?.sender == Self.busDaemon else { return }
+            let arguments = BusMessageReader(message: message)
+            guard (try? arguments.string()) == Self.name, (try? arguments.string()) != nil,
+                let newOwner = try? arguments.string()
+            else { return }
+            logind = newOwner.isEmpty ? nil : newOwner
+        }
+        logind = readOwner()
         let from = "type='signal',sender='\(Self.name)',"
         try bus.watch(from + "interface='\(Self.sessionInterface)',member='Lock'") { [unowned self] message in
+            guard isFromLogind(message) else { return }
             if let owner = owner(of: BusCall(message)?.path) { actions.lock(owner, "the session locked", true) }
         }
         try bus.watch(from + "interface='\(Self.sessionInterface)',member='Unlock'") { [unowned self] message in
-            if let owner = owner(of: BusCall(message)?.path) { actions.cancelLock(owner) }
+            guard isFromLogind(message), let path = BusCall(message)?.path, let owner = owner(of: path) else { return }
+            // A screen locker clears LockedHint itself once it has unlocked;
+            // until then the hint's own change (below) calls the lock off.
+            if lockedHint(of: path) != true { actions.cancelLock(owner) }
         }
         try bus.watch(
             from + "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',"
                 + "arg0='\(Self.sessionInterface)'"
         ) { [unowned self] message in
-            guard let locked = Self.lockedHint(in: message), let owner = owner(of: BusCall(message)?.path) else {
-                return
-            }
+            guard isFromLogind(message), let said = Self.lockedHint(in: message), let path = BusCall(message)?.path,
+                let owner = owner(of: path)
+            else { return }
+            // What logind holds now, not what the signal carried (a later change may have overtaken it).
+            let locked = lockedHint(of: path) ?? said
             if locked { actions.lock(owner, "the session set LockedHint", true) } else { actions.cancelLock(owner) }
         }
         try bus.watch(from + "interface='\(Self.managerInterface)',member='PrepareForSleep'") {
             [unowned self] message in
-            guard let sleeping = try? BusMessageReader(message: message).bool() else { return }
+            guard isFromLogind(message), let sleeping = try? BusMessageReader(message: message).bool() else { return }
             if sleeping {
                 actions.lock(nil, "the machine goes to sleep", false)
                 releaseInhibitor()
@@ -93,6 +124,7 @@ public final class LoginSessions: @unchecked Sendable {
         }
         try bus.watch(from + "interface='\(Self.managerInterface)',member='SessionRemoved'") {
             [unowned self] message in
+            guard isFromLogind(message) else { return }
             let arguments = BusMessageReader(message: message)
             guard (try? arguments.string()) != nil, let path = try? arguments.objectPath(),
                 let owner = sessions.removeValue(forKey: path)
@@ -106,6 +138,48 @@ public final class LoginSessions: @unchecked Sendable {
 
     deinit {
         bus.stop()
+    }
+
+    /// Whether logind sent `message`: its sender is logind's unique name
+    /// now. Any other sender is logged, once each, at most
+    /// ``forgedSendersLogged`` of them (a flood of forgeries is no flood of logs).
+    private func isFromLogind(_ message: OpaquePointer) -> Bool {
+        let sender = BusCall(message)?.sender ?? ""
+        if let logind, sender == logind { return true }
+        if forgedSenders.count < Self.forgedSendersLogged, forgedSenders.insert(sender).inserted {
+            let who = bus.senderProcess(of: message).map { "process \($0.pid) of uid \($0.uid)" } ?? "a process gone"
+            Diagnostics.log("ignored a signal in logind's name sent by \(sender), \(who), not by logind")
+        }
+        return false
+    }
+
+    /// logind's unique name, as the bus daemon says (nil: none owns its name).
+    private func readOwner() -> String? {
+        guard
+            let reply = try? bus.call(
+                Self.busDaemon, "/org/freedesktop/DBus", Self.busDaemon, "GetNameOwner",
+                { (call) throws(BusError) in try call.string(Self.name) })
+        else { return nil }
+        return try? reply.arguments.string()
+    }
+
+    /// The session's `LockedHint` as logind holds it (nil: logind does not say).
+    private func lockedHint(of path: String) -> Bool? {
+        guard
+            let reply = try? bus.call(
+                Self.name, path, "org.freedesktop.DBus.Properties", "Get",
+                { (call) throws(BusError) in
+                    try call.string(Self.sessionInterface)
+                    try call.string("LockedHint")
+                })
+        else { return nil }
+        let arguments = reply.arguments
+        do throws(BusError) {
+            try arguments.enter("v", "b")
+            return try arguments.bool()
+        } catch {
+            return nil
+        }
     }
 
     /// The user of `path` when it is a followed session: the sessions read

@@ -9,6 +9,112 @@ extension SerialTests {
     /// each run as ordinary users the test makes, each failing on the code
     /// before its fix.
     @Suite(.serialized) struct CheapAttackTests {
+        /// Another user's program, sending logind's signals to the victim's
+        /// device alone (a unicast signal: Debian's system bus lets anyone
+        /// send one, and a match rule's `sender=` filters broadcasts only),
+        /// on a system bus run under Debian's own policy with the mock logind
+        /// as root. Before: a forged `Unlock` and `LockedHint` false after a
+        /// real `Lock` kept the keychain unlocked past the grace, and a forged
+        /// `PrepareForSleep` locked another user's keychain at once. Now only
+        /// logind's unique name is heard: the real lock comes after its grace,
+        /// and the forged sleep and session end change nothing (the next event
+        /// is the real Lock's grace, not a lock at once).
+        @Test func logindsSignalsForgedByAnotherUserChangeNothing() throws {
+            let victim = try OrdinaryUser(), attacker = try OrdinaryUser()
+            let bus = try PrivateSystemBus(mockCallers: [victim])
+            let harness = try MountHarness(as: victim)
+            _ = try harness.prepareMountpoint("mnt")
+            // The attacker's program: sends each signal it is told to every connection of the victim's.
+            let meeting = try makeTemporaryDirectory("kcfs-forger")
+            defer { try? FileManager.default.removeItem(atPath: meeting) }
+            chmod(meeting, 0o755)
+            for fifo in ["commands", "acks"] {
+                #expect(mkfifo(meeting + "/" + fifo, 0o600) == 0)
+                try attacker.own(meeting + "/" + fifo)
+            }
+            try harness.user?.own(meeting + "/commands")
+            chmod(meeting + "/commands", 0o666)
+            chmod(meeting + "/acks", 0o666)
+            let forger = """
+                exec 3< "$1/commands" 4> "$1/acks"
+                victim=$2
+                targets() {
+                    busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" list --unique --no-legend | awk -v u="$victim" '$4 == u { print $1 }'
+                }
+                forge() {
+                    path=$1 signal=$2; shift 2
+                    for target in $(targets); do gdbus emit --system --dest "$target" -o "$path" -s "$signal" "$@" || return 1; done
+                }
+                session=/org/freedesktop/login1/session/c1
+                while read -r command <&3; do
+                    case $command in
+                    unlock) forge $session org.freedesktop.login1.Session.Unlock &&
+                        forge $session org.freedesktop.DBus.Properties.PropertiesChanged \
+                            "'org.freedesktop.login1.Session'" "{'LockedHint': <false>}" "@as []" ;;
+                    sleep) forge /org/freedesktop/login1 org.freedesktop.login1.Manager.PrepareForSleep true ;;
+                    removed) forge /org/freedesktop/login1 org.freedesktop.login1.Manager.SessionRemoved \
+                        "'c1'" "objectpath '$session'" ;;
+                    esac
+                    echo "$? $(targets | wc -l)" >&4
+                done
+                """
+            try forger.write(toFile: meeting + "/forger.sh", atomically: true, encoding: .utf8)
+            chmod(meeting + "/forger.sh", 0o755)
+            var options = Spawn.Options()
+            options.nullStandardStreams = true
+            options.environment = ["PATH=/usr/bin:/bin", "DBUS_SYSTEM_BUS_ADDRESS=\(bus.address)"]
+            let forging = Spawn.start(
+                [
+                    "/usr/sbin/runuser", "-u", attacker.name, "--", "/bin/bash", meeting + "/forger.sh", meeting,
+                    victim.name
+                ],
+                options: options)
+            try #require(forging != nil)
+
+            let used = harness.sh(
+                """
+                PASSCODE=$1
+                export KEYCHAINFS_KEYCHAIN="$KC" DBUS_SYSTEM_BUS_ADDRESS="$2"
+                trap 'kill $watcher 2> /dev/null; "$K" unmount "$R/mnt" 2> /dev/null; "$K" stop 2> /dev/null' EXIT
+                mock() { gdbus call --system -d org.freedesktop.login1 "$@" > /dev/null; }
+                mock -o /org/freedesktop/login1 -m org.freedesktop.DBus.Mock.AddSession c1 seat0 $(id -u) $(id -un) true
+                session() { method=$1; shift; mock -o /org/freedesktop/login1/session/c1 -m org.freedesktop.login1.Session.$method "$@"; }
+                unlock() { printf '%s\n' "$PASSCODE" | "$K" unlock > /dev/null; }
+                "$K" mount "$R/mnt" || exit 97
+                for n in $(seq 100); do "$K" log | grep -q ' session ok ' && break; sleep 0.1; done
+                unlock && printf s3cret > "$R/mnt/default/x" && "$K" autolock 0 --grace 1 > /dev/null
+                mkfifo "$R/events"
+                "$K" watch "$R/mnt" > "$R/events" & watcher=$!
+                exec 3< "$R/events"
+                read -r state <&3; echo "$state"
+                exec 5> "$3/commands" 6< "$3/acks"
+                attack() { echo "$1" >&5; read -r ack <&6; echo "$1: $ack"; }
+                next() { timeout 5 sh -c 'read -r line; echo "$line"' <&3 || echo "nothing within 5 s"; }
+                session Lock; next
+                attack unlock
+                next
+                cat "$R/mnt/default/x" 2>&1 | sed 's/.*: //'
+                unlock; next
+                attack sleep
+                attack removed
+                session Lock; next
+                """, arguments: [MountHarness.passcode, bus.address, meeting])
+            let tab = "\t"
+            #expect(
+                used.stdout == """
+                    unlocked
+                    will-lock\(tab)1
+                    unlock: 0 1
+                    locked
+                    Permission denied
+                    unlocked
+                    sleep: 0 1
+                    removed: 0 1
+                    will-lock\(tab)1
+
+                    """, "\(used)")
+        }
+
         /// Another user's software TPM on `localhost:2321`, where tpm2-tss's
         /// default TCTI list looks after `/dev/tpmrm0`: before, a user who
         /// could not open the device (every ordinary Debian user, everyone on
