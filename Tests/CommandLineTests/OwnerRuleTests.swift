@@ -126,7 +126,9 @@ extension SerialTests {
                 questions.first?.hasPrefix(harness.root + "/bin/keychainfs (sha256 ") == true
                     && questions.first?.contains(" wants to read the secret of \"App a\" in default, which belongs to ")
                         == true
-                    && questions.first?.contains(". It was started by dash ← dbus-run-session.") == true
+                    && questions.first?.contains(
+                        ". It was started by /usr/bin/dash (package dash) ← /usr/bin/dbus-run-session (package dbus-daemon)."
+                    ) == true
                     && questions.first?.hasSuffix("It acts for whatever ran it, so it can be allowed only once.")
                         == true,
                 "\(questions)")

@@ -210,12 +210,86 @@ import Glibc
         return directory
     }
 
-    static func question(_ program: String, _ item: String) -> ConsentQuestion {
+    /// A question of `program` about `item`, asked by the process `process` (this one unless named).
+    static func question(_ program: String, _ item: String, process: pid_t = getpid()) -> ConsentQuestion {
         PasswordManager.question(
             asked: [ItemConsent.Asked(group: "g", identifier: item, label: item, owner: Self.chromium)],
             verb: "read the secret of",
             program: ProgramIdentity(executable: program, digest: Array(repeating: 9, count: 32), unit: nil, uid: 1000),
-            subject: nil)
+            subject: AuditSubject(pid: process, uid: getuid(), executable: nil, unit: nil))
+    }
+
+    /// The forged chain: the question named the processes that started the
+    /// caller by basename, so a copy of a shell at `~/.cache/x/gnome-terminal-server`
+    /// read as the real terminal. Now each is its full path and who could
+    /// have written it: a package's program says so, a copy in a directory
+    /// others may write is "written by a program of yours".
+    @Test func theQuestionNamesEachStarterByPathAndWhoCouldHaveWrittenIt() throws {
+        let directory = try makeTemporaryDirectory("kcfs-chain")
+        defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
+        let terminal = directory + "/gnome-terminal-server"
+        #expect(Spawn.run(["/bin/cp", "/bin/sh", terminal]) == 0)
+        // `; :` keeps the shell from exec'ing sleep in its own place.
+        let shell = try #require(Spawn.start([terminal, "-c", "/bin/sleep 30; :"]))
+        defer {
+            kill(shell, SIGKILL)
+            _ = Spawn.wait(shell)
+        }
+        var caller: pid_t?
+        let deadline = MonotonicClock.seconds() + 10
+        while caller == nil && MonotonicClock.seconds() < deadline {
+            let children = (try? String(contentsOfFile: "/proc/\(shell)/task/\(shell)/children", encoding: .utf8)) ?? ""
+            caller = children.split(separator: " ").first.flatMap { pid_t($0) }
+            if caller == nil { sched_yield() }
+        }
+        let sleeper = try #require(caller)
+        defer { kill(sleeper, SIGKILL) }
+        let chain = ProcessChain.described(from: sleeper)
+        #expect(chain.first == "/usr/bin/sleep (package coreutils)", "\(chain)")
+        #expect(chain.dropFirst().first == terminal + " (written by a program of yours)", "\(chain)")
+        let question = PasswordManager.question(
+            asked: [ItemConsent.Asked(group: "default", identifier: "x", label: "x", owner: Self.chromium)],
+            verb: "read the secret of",
+            program: ProgramIdentity(
+                executable: "/usr/bin/sleep", digest: Array(repeating: 9, count: 32), unit: nil, uid: getuid()),
+            subject: AuditSubject(pid: sleeper, uid: getuid(), executable: nil, unit: nil))
+        #expect(
+            question.text.contains("It was started by \(terminal) (written by a program of yours) ← "),
+            "\(question.text)")
+    }
+
+    /// The ride-along: the person runs `keychainfs get default/x` and is
+    /// asked once; a hidden process of the same program, started a moment
+    /// later, used to join that question, unnamed in it, and got the secret
+    /// when the person allowed. Now a question answers its own process: the
+    /// other process is asked a question of its own, while the first is
+    /// still shown. Calls of one process still share one question.
+    @Test func anotherProcessOfTheSameProgramIsAskedItsOwnQuestion() throws {
+        let hidden = try #require(Spawn.start(["/bin/sleep", "30"]))
+        defer {
+            kill(hidden, SIGKILL)
+            _ = Spawn.wait(hidden)
+        }
+        let gate = Gate()
+        let asked = Atomic<Int>(0)
+        let questions = ConsentQuestions { _, _, _ in
+            asked.add(1, ordering: .relaxed)
+            gate.wait()
+            return .allowedOnce
+        }
+        var threads: [pthread_t] = []
+        for process in [getpid(), hidden, getpid()] {
+            let question = Self.question("/usr/bin/keychainfs", "x", process: process)
+            threads.append(try #require(Threads.start { _ = questions.ask(question) }))
+            while questions.arrivals < threads.count { sched_yield() }
+        }
+        // Two questions shown (the person's process's, the hidden one's), not one.
+        let deadline = MonotonicClock.seconds() + 10
+        while asked.load(ordering: .relaxed) < 2 && MonotonicClock.seconds() < deadline { sched_yield() }
+        gate.post()
+        gate.post()
+        for thread in threads { pthread_join(thread, nil) }
+        #expect(asked.load(ordering: .relaxed) == 2)
     }
 
     /// A pinentry that ignores SETTIMEOUT and never answers is ended at the

@@ -104,7 +104,7 @@ public enum ItemConsent {
         if chain.count > 1 {
             text +=
                 " It was started by "
-                + chain.dropFirst().map { ConsentText.shown($0, limit: 40) }
+                + chain.dropFirst().map { ConsentText.shown($0, limit: 160) }
                 .joined(separator: " ← ") + "."
         }
         if deputy {
@@ -203,11 +203,57 @@ package enum ProcessChain {
         return names
     }
 
+    /// The processes from `pid` up, each by its program's full path and who
+    /// could have written that file: a package (root's, as dpkg knows it),
+    /// root, or any program of the user. A basename alone let the user's
+    /// own `~/.cache/x/gnome-terminal-server` pass for the real terminal
+    /// (docs/SECURITY.md, "A chain a person can trust"). A process whose
+    /// program cannot be read is named by its command name, said as such.
+    package static func described(from pid: pid_t, depth: Int = 3) -> [String] {
+        var described: [String] = []
+        var current = pid
+        for _ in 0..<depth where current > 0 {
+            guard let (name, parent) = nameAndParent(current) else { break }
+            if let path = ProgramIdentities.withProcPath(current, "exe", { ProgramIdentities.linkTarget($0) }),
+                path.hasPrefix("/")
+            {
+                described.append(path + " (" + provenance(of: path) + ")")
+            } else {
+                described.append("a program named \(name) that cannot be read")
+            }
+            current = parent
+        }
+        return described
+    }
+
+    /// Who could have written the program at `path`, in the question's words.
+    package static func provenance(of path: String) -> String {
+        if let package = PackageOwnership.package(of: path) { return "package " + package }
+        if RootControlledFile.status(of: path) != nil { return "root's, from no package" }
+        return "written by a program of yours"
+    }
+
     private static func executableName(_ pid: pid_t) -> String? {
         guard let path = ProgramIdentities.withProcPath(pid, "exe", { ProgramIdentities.linkTarget($0) }),
             let name = path.split(separator: "/").last
         else { return nil }
         return String(name)
+    }
+
+    /// When the process started, in clock ticks since boot (`/proc/PID/stat`'s
+    /// 22nd field, proc(5)): with the pid, names one process for good.
+    package static func startTime(of pid: pid_t) -> UInt64? {
+        guard let fields = statFields(pid), fields.count > 19 else { return nil }
+        return UInt64(String(decoding: fields[19], as: UTF8.self))
+    }
+
+    /// The fields of `/proc/PID/stat` after the command name (the 3rd on).
+    private static func statFields(_ pid: pid_t) -> [ArraySlice<UInt8>]? {
+        guard let fd = FileDescriptor(ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) }),
+            let bytes = try? Descriptor.readAll(fd.raw, limit: 4096),
+            let close = bytes.lastIndex(of: UInt8(ascii: ")"))
+        else { return nil }
+        return bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
     }
 
     /// The process's command name and its parent, from `/proc/PID/stat`

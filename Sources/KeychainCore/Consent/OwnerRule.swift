@@ -35,6 +35,8 @@ public struct ConsentQuestion: Sendable {
     /// allow"; nil when it may be allowed only once (a deputy, or a
     /// process that cannot be taken for its executable).
     package let claim: ProgramClaim?
+    /// Who started the asking process, as the question names them (empty: not known).
+    var startedBy: String = ""
     /// Concurrent questions with the same key wait for one answer.
     let key: String
     let asker: String
@@ -115,7 +117,7 @@ extension PasswordManager {
         case .unidentifiable(let why)?: unidentified = unidentified ?? why
         case nil: break
         }
-        let chain = subject.map { ProcessChain.names(from: $0.pid) } ?? []
+        let chain = subject.map { ProcessChain.described(from: $0.pid) } ?? []
         let text = ItemConsent.question(
             asker: claim, unidentified: unidentified, chain: chain, deputy: deputy, items: asked, asking: verb)
         // Never for good: a deputy, a process that cannot be taken for its
@@ -125,7 +127,8 @@ extension PasswordManager {
         let items = asked.map { $0.group + "/" + $0.identifier }.sorted().joined(separator: "\u{0}")
         return ConsentQuestion(
             asked: asked, verb: verb, text: text, subject: subject, claim: trusted ? claim : nil,
-            key: asker + "\u{1}" + verb + "\u{1}" + items, asker: asker)
+            startedBy: chain.dropFirst().joined(separator: " ← "),
+            key: asker + "\u{1}" + ConsentQuestions.process(subject) + "\u{1}" + verb + "\u{1}" + items, asker: asker)
     }
 
     /// Puts `question` to the person (blocking the calling thread until
@@ -142,6 +145,7 @@ extension PasswordManager {
                     identifier: item.identifier, subject: question.subject,
                     detail: "to \(question.verb); owner \(item.owner.executable)"
                         + (item.owner.package.map { " package=" + $0 } ?? "")
+                        + (question.startedBy.isEmpty ? "" : "; started by " + question.startedBy)
                         + (given.unasked.map { "; not asked: " + $0 } ?? "")))
         }
         if answer == .allowedAlways, let claim = question.claim {
@@ -204,9 +208,13 @@ struct OwnerIndex: Sendable {
     }
 }
 
-/// The questions being asked now: one per program and item set at a
-/// time (concurrent calls wait for the same answer), a few per program,
-/// and a few in all. Past that a call is denied without asking, and the
+/// The questions being asked now: one per process and item set at a
+/// time (concurrent calls of one process wait for the same answer), a few
+/// per program, and a few in all. A question answers the process it
+/// names and no other: another process of the same program, one that
+/// arrives while the question is shown, gets its own question, so that a
+/// hidden process cannot ride on the person's "Allow once" for the
+/// command they typed (docs/SECURITY.md, "One answer, one process"). Past that a call is denied without asking, and the
 /// log says so: a flood of calls starts no flood of pinentries.
 package final class ConsentQuestions: Sendable {
     static let shared = ConsentQuestions(asker: ItemConsent.ask)
@@ -245,6 +253,17 @@ package final class ConsentQuestions: Sendable {
     }
 
     private let pending = Mutex<[String: Pending]>([:])
+
+    /// The process a question answers, as its key names it: its pid and
+    /// start time (a pid used again is another process); a caller whose
+    /// process is not known shares its question with none.
+    static func process(_ subject: AuditSubject?) -> String {
+        guard let subject, subject.pid > 0, let started = ProcessChain.startTime(of: subject.pid) else {
+            return "unknown " + String(unknownCallers.add(1, ordering: .relaxed).newValue)
+        }
+        return String(subject.pid) + " " + String(started)
+    }
+    private static let unknownCallers = Atomic<UInt64>(0)
 
     /// The answer, and why the person was not asked when they were not.
     package func ask(_ question: ConsentQuestion) -> (answer: ItemConsent.Answer, unasked: String?) {
