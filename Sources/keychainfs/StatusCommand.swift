@@ -40,6 +40,16 @@ struct StatusCommand: ParsableCommand {
     /// (a mount's: with the mount's group); a keychain no device holds is
     /// `state: stopped`.
     private func report() throws -> [StatusEntry] {
+        var report = try deviceReport()
+        // Where this user's devices listen, and why there (the directory a command looks in).
+        if case .directory = target.options.place, target.mount == nil {
+            let runtime = RuntimePaths.chosen
+            report.append(StatusEntry("runtime-directory", runtime.path + " (" + runtime.why + ")"))
+        }
+        return report
+    }
+
+    private func deviceReport() throws -> [StatusEntry] {
         if let mount = target.mount {
             return try mount.device().call(.status(ofMount: mount.path), about: .action("no status")).report()
         }

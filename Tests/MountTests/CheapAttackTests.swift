@@ -115,6 +115,36 @@ extension SerialTests {
                     """, "\(used)")
         }
 
+        /// Without `XDG_RUNTIME_DIR` (cron, `su -`, ssh without pam_systemd)
+        /// the device's socket was in `/tmp/keychainfs-UID`, a name another
+        /// user could make first: the victim could then not unlock, get, set
+        /// or mount until root removed it. Now it is in the account's home
+        /// (no `/run/user/UID` here), which no other user can write, and
+        /// `status` says where and why.
+        @Test func aRuntimeDirectoryMadeFirstByAnotherUserKeepsNoOneOut() throws {
+            let victim = try OrdinaryUser()
+            let squatter = try MountHarness(as: try OrdinaryUser(), creating: false)
+            let squatted = "/tmp/keychainfs-\(victim.uid)"
+            defer { _ = Spawn.run(["/bin/rm", "-rf", squatted]) }
+            #expect(squatter.sh("mkdir -m 700 \"$1\"", arguments: [squatted]).succeeded)
+            let harness = try MountHarness(as: victim)
+            let used = harness.sh(
+                """
+                unset XDG_RUNTIME_DIR
+                printf '%s\\n' "$1" | "$K" unlock --keychain "$KC" && echo unlocked
+                printf value | "$K" set --keychain "$KC" default/x && "$K" get --keychain "$KC" default/x; echo
+                "$K" status --keychain "$KC" | grep '^runtime-directory: '
+                "$K" stop --keychain "$KC" > /dev/null
+                """, arguments: [MountHarness.passcode])
+            #expect(
+                used.stdout == """
+                    unlocked
+                    value
+                    runtime-directory: \(victim.home)/.local/state/keychainfs/run (no XDG_RUNTIME_DIR and no /run/user/\(victim.uid): in your home, where no other user can make it first)
+
+                    """, "\(used)")
+        }
+
         /// Another user's software TPM on `localhost:2321`, where tpm2-tss's
         /// default TCTI list looks after `/dev/tpmrm0`: before, a user who
         /// could not open the device (every ordinary Debian user, everyone on

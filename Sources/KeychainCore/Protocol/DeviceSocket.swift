@@ -182,8 +182,13 @@ public struct RuntimePathError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// Where a keychain's device process listens: `$XDG_RUNTIME_DIR/keychainfs/`,
-/// or `/tmp/keychainfs-UID/` without one, a directory of mode 0700 owned by us.
+/// Where a keychain's device process listens: `$XDG_RUNTIME_DIR/keychainfs/`;
+/// without it, `/run/user/UID/keychainfs/` where pam_systemd made that
+/// directory for us, else `~/.local/state/keychainfs/run/` in the account's
+/// own home: never a name in a directory every user may write, such as
+/// `/tmp/keychainfs-UID`, which another user could create first and so
+/// keep us from every device (docs/SECURITY.md, "A runtime directory
+/// nobody else can take").
 public enum RuntimePaths {
     /// The socket of the device of the keychain at `keychainPath` (creating the runtime directory).
     public static func socketPath(for keychainPath: String) throws(RuntimePathError) -> String {
@@ -202,15 +207,36 @@ public enum RuntimePaths {
         return path
     }
 
+    /// Where the runtime directory is and why there, without making it.
+    /// `inHome`: made with the directories above it.
+    public static var chosen: (path: String, why: String, inHome: Bool) {
+        if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
+            return (runtime + "/keychainfs", "XDG_RUNTIME_DIR", false)
+        }
+        let session = "/run/user/\(getuid())"
+        var info = stat()
+        if lstat(session, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
+            info.st_mode & 0o077 == 0
+        {
+            return (session + "/keychainfs", "no XDG_RUNTIME_DIR: the login session's directory", false)
+        }
+        // $HOME, not the passwd entry: the commands that only ask a device
+        // are linked statically and use no name service (docs/SECURITY.md,
+        // "Two builds of one program"). It must be a directory of ours,
+        // checked when the directory is made.
+        let home = getenv("HOME").map { String(cString: $0) } ?? ""
+        return (
+            home + "/.local/state/keychainfs/run",
+            "no XDG_RUNTIME_DIR and no /run/user/\(getuid()): in your home, where no other user can make it first",
+            true
+        )
+    }
+
     /// The user's private runtime directory (created if need be): the
     /// device's sockets, and the scratch directories of `keychainfs edit`.
     public static func runtimeDirectory() throws(RuntimePathError) -> String {
-        let base: String
-        if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
-            base = runtime + "/keychainfs"
-        } else {
-            base = "/tmp/keychainfs-\(getuid())"
-        }
+        let place = chosen
+        let base = place.path
         if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
             // XDG Base Directory spec: owned by the user, mode 0700. Another
             // user's, or one others can write, could hold a socket of theirs.
@@ -223,7 +249,26 @@ public enum RuntimePaths {
                 )
             }
         }
+        if place.inHome {
+            let home = String(base.dropLast("/.local/state/keychainfs/run".count))
+            var info = stat()
+            guard home.hasPrefix("/"), stat(home, &info) == 0, info.st_mode & S_IFMT == S_IFDIR,
+                info.st_uid == getuid(), info.st_mode & 0o022 == 0
+            else {
+                throw RuntimePathError(
+                    "no XDG_RUNTIME_DIR, no /run/user/\(getuid()), and HOME (\(home)) is not a directory of yours "
+                        + "that only you can write: set XDG_RUNTIME_DIR to a private directory of yours")
+            }
+        }
         do {
+            if place.inHome {
+                // The directories above it in the home, as XDG's state directory is made (0700).
+                var parent = ""
+                for part in base.split(separator: "/").dropLast() {
+                    parent += "/" + part
+                    if access(parent, F_OK) != 0 { try makeDirectoryUnlessPresent(parent, mode: 0o700) }
+                }
+            }
             try makeDirectoryUnlessPresent(base, mode: 0o700)
         } catch {
             throw RuntimePathError("cannot create the runtime directory \(base): \(error)")
