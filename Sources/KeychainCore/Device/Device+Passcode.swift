@@ -53,6 +53,18 @@ extension Device {
                     // No passcode any more: nothing is bound to one.
                     try store.unbind()
                     tpm.release(counter)
+                } else if changed.isBindable, !changed.isPasscodeBound {
+                    // A first passcode is bound at once, as `init` binds one:
+                    // a copy taken before the next unlock would otherwise be
+                    // unbound, and deleting its binding's counter (the owner
+                    // hierarchy's empty auth can) would make it pass for
+                    // never bound (docs/SECURITY.md, "A missing counter is a
+                    // rollback"). A failure leaves it to the next unlock.
+                    do throws(KeychainError) {
+                        try bindToPasscode(classKeys: keys, passcode: new)
+                    } catch {
+                        Diagnostics.log("could not bind the keychain to its new passcode: \(error)")
+                    }
                 }
             })
         bumpRollbackCounter("passcode change")

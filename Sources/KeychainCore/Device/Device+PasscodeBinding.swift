@@ -82,7 +82,7 @@ extension Device {
     /// a counter only the binding key moves, the binding of what it holds
     /// now, and the keybag marked bound (wrapped again with `passcode`),
     /// in one transaction.
-    private func bindToPasscode(classKeys: [ProtectionClass: GuardedKey], passcode: SecureBytes?)
+    func bindToPasscode(classKeys: [ProtectionClass: GuardedKey], passcode: SecureBytes?)
         throws(KeychainError)
     {
         let bag = keybag, secret = secret
