@@ -387,7 +387,10 @@ enum DeviceLauncher {
         _ = writing.close()  // the child's copy alone: its exit ends our read
         guard let child else { return (nil, "cannot start the device process") }
         let answer = String(decoding: readLine(reading.raw), as: UTF8.self)
-        if answer.hasPrefix("ok") { return (child, nil) }
+        if answer.hasPrefix("ok") {
+            DevicePeerAdmission.started(child)
+            return (child, nil)
+        }
         // It exited, or is about to: reaped here, not left a zombie.
         _ = Spawn.wait(child)
         return (

@@ -115,7 +115,15 @@ struct PAMHookCommand: ParsableCommand {
     @Argument var mode: String
 
     func run() throws {
+        // Its standard error is /dev/null (PAM's caller shows nothing of ours): why it refused goes to the journal.
+        if let journal = JournalStream.open(identifier: "keychainfs") { dup2(journal.raw, 2) }
         guard LoginUnlock.read().isOn else { return }
+        // The password goes to a device pam_keychainfs checked as root (the installed program, not
+        // traced, nothing preloaded; only root can read that of a device, which makes itself
+        // undumpable), or to one this command starts itself: never to whatever listens on the
+        // device's socket (docs/SECURITY.md, "The login password goes only to the device").
+        let checked = getenv("KEYCHAINFS_PAM_DEVICES").map { String(cString: $0) } ?? ""
+        DevicePeerAdmission.admitOnly(DevicePeerAdmission.Process.list(checked))
         let place = KeychainOptions.place(named: nil)
         if case .directory(let keychain) = place, !keychain.exists { return }
         switch mode {

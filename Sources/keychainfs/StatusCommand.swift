@@ -41,10 +41,13 @@ struct StatusCommand: ParsableCommand {
     /// `state: stopped`.
     private func report() throws -> [StatusEntry] {
         var report = try deviceReport()
-        // Where this user's devices listen, and why there (the directory a command looks in).
+        // Where this user's devices listen, and why there, where XDG_RUNTIME_DIR did not say it
+        // (cron, `su -`, ssh without pam_systemd: a command there looks elsewhere than the session's).
         if case .directory = target.options.place, target.mount == nil {
             let runtime = RuntimePaths.chosen
-            report.append(StatusEntry("runtime-directory", runtime.path + " (" + runtime.why + ")"))
+            if !runtime.fromEnvironment {
+                report.append(StatusEntry("runtime-directory", runtime.path + " (" + runtime.why + ")"))
+            }
         }
         return report
     }

@@ -30,6 +30,7 @@
  * OTHER's password.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -90,6 +91,111 @@ static int session_runtime_directory(const struct passwd *user, char *path, size
            (info.st_mode & 077) == 0;
 }
 
+/* Whether root alone can change `path`: root's, a regular file, written by
+ * nobody else, in directories that are root's and written by nobody else
+ * (what RootControlledFile checks in Swift). */
+static int root_controlled(const char *path) {
+    struct stat info;
+    if (path[0] != '/' || stat(path, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != 0 ||
+        (info.st_mode & 022) != 0)
+        return 0;
+    char directory[4096];
+    if (strlen(path) >= sizeof directory) return 0;
+    strcpy(directory, path);
+    for (char *slash = strrchr(directory, '/'); slash != NULL; slash = strrchr(directory, '/')) {
+        if (slash == directory) slash[1] = '\0'; else *slash = '\0';
+        if (stat(directory, &info) != 0 || info.st_uid != 0 || (info.st_mode & 022) != 0) return 0;
+        if (slash == directory) break;
+    }
+    return 1;
+}
+
+/* The whole of a small /proc file, NUL-terminated; its length, or -1. */
+static ssize_t read_proc(const char *pid, const char *name, char *buffer, size_t size) {
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/%s", pid, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t total = 0;
+    ssize_t count;
+    while (total + 1 < size && ((count = read(fd, buffer + total, size - 1 - total)) > 0 || (count < 0 && errno == EINTR)))
+        if (count > 0) total += (size_t)count;
+    close(fd);
+    buffer[total] = '\0';
+    return (ssize_t)total;
+}
+
+/* The user's devices that may be given the password (docs/SECURITY.md,
+ * "The login password goes only to the device"), as "PID:START,..." in
+ * `list` (START: the 22nd field of /proc/PID/stat, which with the pid names
+ * one process for good). A device is a process of the user running the
+ * helper or its position-independent half (`../libexec/keychainfs/keychainfs`
+ * beside it, where the device runs from), as root installed it, not traced,
+ * with none of the loader's variables that would run another program's code
+ * in it. Only root can read that of a device, which makes itself
+ * undumpable: the hook, as the user, checks its socket's peer against this
+ * list, so that a program of the user listening on the device's socket
+ * first is given nothing. */
+static void verified_devices(const struct passwd *user, const char *helper, char *list, size_t size) {
+    list[0] = '\0';
+    if (geteuid() != 0 || !root_controlled(helper)) return;
+    char serving[4096];
+    const char *slash = strrchr(helper, '/');
+    size_t directory = slash != NULL ? (size_t)(slash - helper) : 0;
+    const char *parent_end = directory > 0 ? memrchr(helper, '/', directory) : NULL;
+    size_t parent = parent_end != NULL ? (size_t)(parent_end - helper) : 0;
+    snprintf(serving, sizeof serving, "%.*s/libexec/keychainfs/keychainfs", (int)parent, helper);
+    /* One buffer for each process's status, environment and stat in turn. */
+    const size_t text_size = 1 << 16;
+    char *text = malloc(text_size);
+    if (text == NULL) return;
+    DIR *proc = opendir("/proc");
+    if (proc == NULL) {
+        free(text);
+        return;
+    }
+    size_t used = 0;
+    for (struct dirent *entry = readdir(proc); entry != NULL && used + 48 < size; entry = readdir(proc)) {
+        if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+        char path[300], executable[4096];
+        snprintf(path, sizeof path, "/proc/%s/exe", entry->d_name);
+        ssize_t length = readlink(path, executable, sizeof executable - 1);
+        if (length <= 0) continue;
+        executable[length] = '\0';
+        if (strcmp(executable, helper) != 0 && strcmp(executable, serving) != 0) continue;
+        if (!root_controlled(executable)) continue;
+        /* Its real, effective and saved uids, and no tracer. */
+        if (read_proc(entry->d_name, "status", text, text_size) <= 0) continue;
+        char uid_line[96];
+        snprintf(uid_line, sizeof uid_line, "\nUid:\t%u\t%u\t%u\t", (unsigned)user->pw_uid, (unsigned)user->pw_uid,
+                 (unsigned)user->pw_uid);
+        if (strstr(text, uid_line) == NULL || strstr(text, "\nTracerPid:\t0\n") == NULL) continue;
+        /* None of the loader's variables (ld.so(8)). */
+        ssize_t environment = read_proc(entry->d_name, "environ", text, text_size);
+        if (environment < 0) continue;
+        int loader = 0;
+        for (ssize_t at = 0; at < environment; at += (ssize_t)strlen(text + at) + 1) {
+            if (strncmp(text + at, "LD_PRELOAD=", 11) == 0 || strncmp(text + at, "LD_LIBRARY_PATH=", 16) == 0 ||
+                strncmp(text + at, "LD_AUDIT=", 9) == 0)
+                loader = 1;
+        }
+        if (loader || environment >= (ssize_t)text_size - 1) continue;
+        /* Its start time: after the last ')' (the command name may hold any byte), the 20th field. */
+        if (read_proc(entry->d_name, "stat", text, text_size) <= 0) continue;
+        char *field = strrchr(text, ')');
+        unsigned long long start = 0;
+        for (int number = 0; field != NULL && number < 20; number++) field = strchr(field + 1, ' ');
+        if (field == NULL || sscanf(field + 1, "%llu", &start) != 1) continue;
+        int written = snprintf(list + used, size - used, "%s%s:%llu", used > 0 ? "," : "", entry->d_name, start);
+        if (written < 0 || (size_t)written >= size - used) break;
+        used += (size_t)written;
+    }
+    closedir(proc);
+    /* An environment may hold a user's secrets: wiped before it is freed. */
+    explicit_bzero(text, text_size);
+    free(text);
+}
+
 /* Runs `HELPER pam-hook MODE` as `user` with `length` bytes of `input` on
  * its standard input; its exit status, or -1 when it could not be run. A
  * caller that is not root acts only for itself (a screen locker). */
@@ -103,7 +209,12 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
     snprintf(name, sizeof name, "USER=%s", user->pw_name);
     snprintf(logname, sizeof logname, "LOGNAME=%s", user->pw_name);
     snprintf(runtime_variable, sizeof runtime_variable, "XDG_RUNTIME_DIR=%s", runtime);
-    char *environment[] = {home, name, logname, "PATH=/usr/bin:/bin", has_runtime ? runtime_variable : NULL, NULL};
+    /* The devices the hook may give the password to, checked here, as root (none: it starts one itself). */
+    char devices[64 + 8 * 48];
+    strcpy(devices, "KEYCHAINFS_PAM_DEVICES=");
+    verified_devices(user, helper, devices + strlen(devices), sizeof devices - strlen(devices));
+    char *environment[] = {home, name, logname, "PATH=/usr/bin:/bin", devices, has_runtime ? runtime_variable : NULL,
+                           NULL};
     char *arguments[] = {"keychainfs", "pam-hook", (char *)mode, NULL};
 
     /* A socket pair, not a pipe: written with MSG_NOSIGNAL, a hook that

@@ -14,10 +14,13 @@ extension SerialTests {
         let harness: MountHarness
         let user: OrdinaryUser
         let service = "kcfs-test-\(UInt32.random(in: 100_000...999_999_999))"
+        /// The command as the package installs it: the password goes only to a device running it.
+        let installed: RootControlledInstall
 
         init() throws {
             user = try OrdinaryUser()
             harness = try MountHarness(as: user, creating: false)
+            installed = try RootControlledInstall()
         }
 
         /// The PAM module, built as the package builds it.
@@ -33,12 +36,13 @@ extension SerialTests {
         /// Runs `script` as root with `$S` the PAM service (written here,
         /// removed after), `$U` the user, `$RUN` their runtime directory
         /// (absent at the start: made by the session stack, as pam_systemd
-        /// makes it), `K_` the keychainfs command as the user in their
-        /// session, `passwd_as_user` a setuid pamtester run by the user.
+        /// makes it), `$K` and `K_` the keychainfs command as the package
+        /// installs it and as the user runs it in their session,
+        /// `passwd_as_user` a setuid pamtester run by the user.
         func withPAM(_ script: String) throws -> ShellResult {
             let module = try Self.module()
             let file = "/etc/pam.d/" + service
-            let ours = "\(module) keychainfs=\(harness.binary)"
+            let ours = "\(module) keychainfs=\(installed.binary)"
             try """
             auth [success=1 default=ignore] pam_unix.so
             auth requisite pam_deny.so
@@ -68,7 +72,7 @@ extension SerialTests {
             }
             return harness.sh(
                 """
-                S=\(service) U=\(user.name) RUN=\(runtime)
+                S=\(service) U=\(user.name) RUN=\(runtime) K=\(installed.binary)
                 K_() { runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none "$K" "$@"; }
                 cp /usr/bin/pamtester "$R/pamtester-setuid" && chmod 4755 "$R/pamtester-setuid"
                 passwd_as_user() { runuser -u "$U" -- "$R/pamtester-setuid" "$S" "$U" chauthtok; }
@@ -121,6 +125,71 @@ extension SerialTests {
                     screen unlock: state: unlocked failed-attempts: 0\(" ")
                     hook runs: 1, with the password: 0
                     the device is the user's
+
+                    """, "\(used)")
+        }
+
+        /// The impostor at the screen's unlock: a program of the user listens
+        /// on the device's socket (the device stopped, its path taken) and
+        /// relays every byte to a real device elsewhere, keeping a copy.
+        /// Before, the hook gave it the login password, which is also the
+        /// user's password for sudo; the login unlock was on, as any program
+        /// of the user can turn it on. Now the hook checks its peer first: the
+        /// relay is no device pam_keychainfs checked nor one the hook started,
+        /// so nothing is sent, and the relay's copy holds no password. A real
+        /// device, started by the installed program, still gets it.
+        @Test func theLoginPasswordGoesToNoImpostorOnTheDevicesSocket() throws {
+            let relay = """
+                import os, select, socket, sys
+                listening, target, copy = sys.argv[1], sys.argv[2], sys.argv[3]
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.bind(listening); server.listen(8)
+                open(copy + ".ready", "w").close()
+                while True:
+                    client, _ = server.accept()
+                    device = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); device.connect(target)
+                    ends = {client: device, device: client}
+                    with open(copy, "ab") as kept:
+                        while ends:
+                            readable, _, _ = select.select(list(ends), [], [], 10)
+                            if not readable: break
+                            for end in readable:
+                                data = end.recv(65536)
+                                if not data:
+                                    ends = {}; break
+                                if end is client: kept.write(data); kept.flush()
+                                ends[end].sendall(data)
+                    client.close(); device.close()
+                """
+            try relay.write(toFile: harness.root + "/relay.py", atomically: true, encoding: .utf8)
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                # The device's socket path, then the real device moved elsewhere (its own runtime directory).
+                K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
+                install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
+                real=$(ls "$R"/elsewhere/keychainfs/*.sock)
+                runuser -u "$U" -- /usr/bin/python3 "$R/relay.py" "$socket" "$real" "$R/copy" > /dev/null 2>&1 &
+                for n in $(seq 100); do [ -e "$R/copy.ready" ] && break; sleep 0.05; done
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "the impostor got the password: $(cat "$R/copy" 2> /dev/null | grep -c Login-1)"
+                echo "the real device: $(runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" status | head -1)"
+                K_ login status | head -1
+                pkill -u "$U" -f relay.py; rm -f "$socket"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" stop
+                # The same unlock with no impostor: the hook starts the installed device, which gets it.
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "no impostor: $(state)"
+                """)
+            #expect(
+                used.stdout == """
+                    pamtester: successfully authenticated
+                    the impostor got the password: 0
+                    the real device: state: locked
+                    login-unlock: on
+                    no impostor: state: unlocked failed-attempts: 0\(" ")
 
                     """, "\(used)")
         }

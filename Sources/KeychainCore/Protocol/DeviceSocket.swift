@@ -167,6 +167,10 @@ public enum DeviceClient {
         received = nil
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         listening = true
+        if let refusal = DevicePeerAdmission.refusal(of: fd.raw) {
+            Diagnostics.log(refusal)
+            return nil
+        }
         guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd.raw, passing: descriptor),
             let body = DeviceProtocol.receive(from: fd.raw, sentBy: nil, descriptor: &received),
             let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
@@ -209,16 +213,16 @@ public enum RuntimePaths {
 
     /// Where the runtime directory is and why there, without making it.
     /// `inHome`: made with the directories above it.
-    public static var chosen: (path: String, why: String, inHome: Bool) {
+    public static var chosen: (path: String, why: String, inHome: Bool, fromEnvironment: Bool) {
         if let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") {
-            return (runtime + "/keychainfs", "XDG_RUNTIME_DIR", false)
+            return (runtime + "/keychainfs", "XDG_RUNTIME_DIR", false, true)
         }
         let session = "/run/user/\(getuid())"
         var info = stat()
         if lstat(session, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
             info.st_mode & 0o077 == 0
         {
-            return (session + "/keychainfs", "no XDG_RUNTIME_DIR: the login session's directory", false)
+            return (session + "/keychainfs", "no XDG_RUNTIME_DIR: the login session's directory", false, false)
         }
         // $HOME, not the passwd entry: the commands that only ask a device
         // are linked statically and use no name service (docs/SECURITY.md,
@@ -228,7 +232,7 @@ public enum RuntimePaths {
         return (
             home + "/.local/state/keychainfs/run",
             "no XDG_RUNTIME_DIR and no /run/user/\(getuid()): in your home, where no other user can make it first",
-            true
+            true, false
         )
     }
 

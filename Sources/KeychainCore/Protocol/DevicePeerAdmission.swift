@@ -1,0 +1,73 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Which processes a client in this process may send a request to, when
+/// the request carries what must reach the device and nobody else: the
+/// login password, which pam_keychainfs hands to `keychainfs pam-hook`
+/// (docs/SECURITY.md, "The login password goes only to the device"). A
+/// program of the user can listen on the device's socket before the
+/// device does, or after stopping it; the runtime directory being the
+/// user's own does not tell them apart. By default every peer is admitted
+/// (the socket directory is the user's, and the device refuses peers of
+/// another uid); once ``admitOnly(_:)`` is called, a connection whose
+/// listening process (SO_PEERCRED) is neither listed nor a device this
+/// process started is closed before a byte is sent, and why is logged.
+public enum DevicePeerAdmission {
+    /// A process for good: its pid and its start time (`/proc/PID/stat`).
+    public struct Process: Hashable, Sendable {
+        public var pid: pid_t
+        public var start: UInt64
+
+        public init(pid: pid_t, start: UInt64) {
+            self.pid = pid
+            self.start = start
+        }
+
+        /// The process `pid` is now (nil: gone).
+        public static func now(_ pid: pid_t) -> Process? {
+            ProcessChain.startTime(of: pid).map { Process(pid: pid, start: $0) }
+        }
+
+        /// The list pam_keychainfs writes: `PID:START` separated by commas; malformed entries are left out.
+        public static func list(_ text: String) -> Set<Process> {
+            Set(
+                text.split(separator: ",").compactMap { entry in
+                    let parts = entry.split(separator: ":")
+                    guard parts.count == 2, let pid = pid_t(parts[0]), let start = UInt64(parts[1]) else { return nil }
+                    return Process(pid: pid, start: start)
+                })
+        }
+    }
+
+    private struct Rule {
+        var admitted: Set<Process>
+        var started: Set<Process> = []
+    }
+    private static let rule = Mutex<Rule?>(nil)
+
+    /// From now on, admits only `processes` and the devices this process starts.
+    public static func admitOnly(_ processes: Set<Process>) {
+        rule.withLock { $0 = Rule(admitted: processes) }
+    }
+
+    /// A device this process started (``admitOnly(_:)`` admits it): it runs
+    /// the program this process chose, with the environment it gave.
+    public static func started(_ pid: pid_t) {
+        guard let process = Process.now(pid) else { return }
+        _ = rule.withLock { $0?.started.insert(process) }
+    }
+
+    /// Why nothing may be sent on `socket` (nil: it may).
+    static func refusal(of socket: Int32) -> String? {
+        guard let rule = rule.withLock({ $0 }) else { return nil }
+        guard let peer = ProgramIdentities.peerCredentials(socket), let process = Process.now(peer.pid) else {
+            return "the device's socket has no peer this process can name: nothing was sent to it"
+        }
+        if rule.admitted.contains(process) || rule.started.contains(process) { return nil }
+        return "process \(peer.pid) listens on the device's socket, but it is not a device of this keychain that "
+            + "pam_keychainfs checked (the installed program, not traced, with no library preloaded) nor one "
+            + "this command started: nothing was sent to it"
+    }
+}
