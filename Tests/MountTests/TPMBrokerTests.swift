@@ -67,9 +67,10 @@ extension SerialTests {
             // names it (KeychainTPM.bindingCounter(of:)): the answers below are the probe's too.
             #expect(counter.name == TPMObjects.counterName(at: counter.index))
             #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value)
-            #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.bob)) == .authFailed)
-            #expect(Self.refusal(broker.ask(.tpmIncrement(handle), as: Self.bob)) == .authFailed)
-            #expect(Self.refusal(broker.ask(.tpmRelease(handle), as: Self.bob)) == .authFailed)
+            // Not Bob's: he did not define it through the broker, so the TPM is not even asked.
+            #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.bob)) == .rollbackCounterGone)
+            #expect(Self.refusal(broker.ask(.tpmIncrement(handle), as: Self.bob)) == .rollbackCounterGone)
+            #expect(Self.refusal(broker.ask(.tpmRelease(handle), as: Self.bob)) == .rollbackCounterGone)
             #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value, "unmoved")
             #expect(throws: Never.self) { try broker.ask(.tpmIncrement(handle), as: Self.alice).get() }
             #expect(try broker.ask(.tpmCounterValue(handle), as: Self.alice).get().value == counter.value + 1)
@@ -82,6 +83,45 @@ extension SerialTests {
             #expect(
                 Self.refusal(broker.ask(.tpmDefineCounter(auth: auth, candidates: [0x0180_0400]), as: Self.alice))
                     == .param)
+        }
+
+        /// The broker's counter requests on an index the caller did not
+        /// define through it: an index of `tpm2_nvdefine`'s defaults (its auth
+        /// counted by the dictionary-attack logic), named with its real NV
+        /// name. Before, each value, increment or release was a wrong auth
+        /// on it, a failure of the machine's TPM that no share counted:
+        /// lockout for everyone, the caller's own share untouched. Now each
+        /// is refused before the TPM is asked, and the TPM's failure count
+        /// stays where it was.
+        @Test func counterRequestsOnAnIndexTheCallerDidNotDefineAreRefused() throws {
+            let tpm = try SoftwareTPM()
+            let broker = try Broker(on: tpm)
+            let index: UInt32 = 0x0181_7777
+            let defined = try TPMTools.run(
+                "tpm2_nvdefine 0x\(String(index, radix: 16)) -C o -s 8 -a 'authread|authwrite|nt=counter' -p secret",
+                on: tpm)
+            try #require(defined.status == 0, "\(defined.output)")
+            let shown = try TPMTools.run("tpm2_nvreadpublic 0x\(String(index, radix: 16))", on: tpm).output
+            let name = try #require(
+                shown.split(separator: "\n").first { $0.contains("name:") }.flatMap {
+                    Hex.bytes(String($0.split(separator: " ").last ?? ""))
+                })
+            func failures() throws -> String {
+                let variable = try TPMTools.run("tpm2_getcap properties-variable", on: tpm).output
+                // "TPM2_PT_LOCKOUT_COUNTER: 0x0"
+                return variable.split(separator: "\n").first { $0.hasPrefix("TPM2_PT_LOCKOUT_COUNTER:") }
+                    .map(String.init) ?? ""
+            }
+            let before = try failures()
+            #expect(before == "TPM2_PT_LOCKOUT_COUNTER: 0x0")
+            let handle = TPMCounterHandle(index: index, name: name, auth: try Self.secret("a guess"))
+            #expect(Self.refusal(broker.ask(.tpmCounterValue(handle), as: Self.alice)) == .rollbackCounterGone)
+            #expect(Self.refusal(broker.ask(.tpmIncrement(handle), as: Self.alice)) == .rollbackCounterGone)
+            #expect(Self.refusal(broker.ask(.tpmRelease(handle), as: Self.alice)) == .rollbackCounterGone)
+            // Outside the keychains' range: not a counter of the broker's at all.
+            let outside = TPMCounterHandle(index: 0x0150_0000, name: name, auth: try Self.secret("a guess"))
+            #expect(Self.refusal(broker.ask(.tpmCounterValue(outside), as: Self.alice)) == .param)
+            #expect(try failures() == before, "the TPM counted no failure")
         }
 
         /// One uid's wrong passcodes never lock the TPM out for the others:

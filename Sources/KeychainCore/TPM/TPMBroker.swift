@@ -10,7 +10,9 @@ import Glibc
 /// - every auth is bound to the caller's uid (``boundAuth(_:uid:)``), so
 ///   a blob or counter of one user's opens, reads or moves for no other,
 ///   whoever holds the keychain's files;
-/// - a counter is freed only by whoever proves its auth;
+/// - a counter is read, moved or freed only for the uid that defined it
+///   through the broker, by index and NV name as recorded then, and freed
+///   only by whoever proves its auth;
 /// - each uid passes at most ``share(of:)`` wrong passcodes to the TPM
 ///   before waiting out the TPM's own recovery time, so one user cannot
 ///   lock the TPM out for everyone (its lockout counts for the machine);
@@ -78,11 +80,14 @@ public final class TPMBroker: Sendable {
             case .defineCounter(let auth, let candidates):
                 return try defineCounter(auth: auth, candidates: candidates, uid: uid, on: tpm)
             case .counterValue(let counter):
+                try requireDefined(counter, by: uid)
                 return TPMCounterValue(value: try tpm.value(of: Self.bound(counter, uid: uid))).reply
             case .increment(let counter):
+                try requireDefined(counter, by: uid)
                 try tpm.increment(Self.bound(counter, uid: uid))
                 return Done().reply
             case .release(let counter):
+                try requireDefined(counter, by: uid)
                 return try release(counter, uid: uid, on: tpm)
             case .lockout:
                 guard let state = tpm.lockout() else { throw .tpmUnavailable }
@@ -147,6 +152,21 @@ public final class TPMBroker: Sendable {
     }
 
     // MARK: Counters
+
+    /// ``KeychainError/rollbackCounterGone`` unless `counter` is one `uid`
+    /// defined through this broker: its index in the keychains' range and
+    /// its NV name as recorded when it was made. Otherwise the request would
+    /// be the TPM's on any index the caller names, with a name the caller
+    /// chose: on an index that counts wrong auths (`tpm2_nvdefine`'s
+    /// default), each such read is a dictionary-attack failure of the
+    /// machine's TPM that no share of the caller's counts.
+    private func requireDefined(_ counter: TPMCounterHandle, by uid: UInt32) throws(KeychainError) {
+        guard KeychainTPM.counterIndexes.contains(counter.index) else { throw .param }
+        let defined = ledgers.withLock { _ in
+            ledger(of: uid).counters.contains { $0.index == counter.index && $0.name == counter.name }
+        }
+        guard defined else { throw .rollbackCounterGone }
+    }
 
     private static func bound(_ counter: TPMCounterHandle, uid: UInt32) -> CounterReference {
         CounterReference(index: counter.index, name: counter.name, auth: boundAuth(counter.auth, uid: uid))
