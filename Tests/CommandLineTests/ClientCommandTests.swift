@@ -30,6 +30,16 @@ extension SerialTests {
             let big = harness.sh("head -c 1048577 /dev/zero | \"$K\" set default/token \(kc)")
             #expect(big.status == 1 && big.stderr.contains("larger than 1 MiB"))
             #expect(readFile(mnt + "/default/token") == "line one\nline two")
+            // The limit is the value's to the byte: values just under 1 MiB, whose request and reply
+            // frames pass 1 MiB with their names, once failed as "the device went away" (exit 5).
+            for size in [1_048_530, 1_048_576] {
+                let whole = harness.sh(
+                    """
+                    head -c \(size) /dev/urandom > "$R/whole" && "$K" set default/whole \(kc) < "$R/whole" &&
+                        "$K" get default/whole \(kc) | cmp - "$R/whole" && echo same
+                    """)
+                #expect(whole.stdout == "same\n", "\(size) bytes: \(whole)")
+            }
             // Bad syntax, absent, locked, no device: each its own status.
             #expect(harness.sh("\"$K\" get not-an-address \(kc)").status == 64)
             #expect(harness.sh("\"$K\" get default/a/b \(kc)").status == 64)

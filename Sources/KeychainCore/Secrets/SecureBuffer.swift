@@ -8,10 +8,13 @@ public final class SecureBuffer {
     private var pointer: UnsafeMutableRawPointer { slot.pointer }
     /// Number of bytes held.
     public private(set) var count = 0
+    /// The most bytes it may hold: a value's limit, unless made for more.
+    private let limit: Int
 
-    /// An empty buffer.
-    public init() {
+    /// An empty buffer of at most `limit` bytes (past it, ``KeychainError/valueTooLarge``).
+    public init(limit: Int = ItemLimits.maximumValueSize) {
         slot = try! ArenaSlot(capacity: 1)
+        self.limit = limit
     }
 
     /// A buffer holding a copy of `bytes`.
@@ -22,7 +25,7 @@ public final class SecureBuffer {
 
     private func reserve(_ needed: Int) throws(KeychainError) {
         guard needed > slot.capacity else { return }
-        guard needed <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
+        guard needed <= limit else { throw .valueTooLarge }
         let grown = try ArenaSlot(capacity: needed, used: count)
         grown.pointer.copyMemory(from: pointer, byteCount: count)
         slot = grown  // the old slot is wiped and released
@@ -30,11 +33,11 @@ public final class SecureBuffer {
 
     /// Writes `bytes` at `offset`, zero-filling any gap (as a sparse write
     /// past the end of a file reads back as zeros). ``KeychainError/valueTooLarge``
-    /// when the result would pass 1 MiB; then nothing changes.
+    /// when the result would pass its limit (a value's: 1 MiB); then nothing changes.
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(KeychainError) {
         guard offset >= 0 else { throw .param }
         let (end, overflow) = offset.addingReportingOverflow(bytes.count)
-        guard !overflow, end <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
+        guard !overflow, end <= limit else { throw .valueTooLarge }
         try reserve(end)
         if offset > count { (pointer + count).initializeMemory(as: UInt8.self, repeating: 0, count: offset - count) }
         if let base = bytes.baseAddress, bytes.count > 0 {
@@ -52,7 +55,7 @@ public final class SecureBuffer {
     /// Shortens (wiping the cut bytes) or extends with zeros.
     public func resize(to newCount: Int) throws(KeychainError) {
         guard newCount >= 0 else { throw .param }
-        guard newCount <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
+        guard newCount <= limit else { throw .valueTooLarge }
         if newCount < count {
             sodium_memzero(pointer + newCount, count - newCount)
             count = newCount
