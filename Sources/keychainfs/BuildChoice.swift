@@ -16,7 +16,7 @@ import Glibc
 enum BuildChoice {
     /// The commands that only ask a device (what scripts run in loops), and `help`.
     static let askingCommands: Set<String> = [
-        "get", "set", "rm", "ls", "find", "status", "lock", "git-credential", "docker-credential", "help"
+        "get", "show", "set", "rm", "ls", "find", "status", "lock", "git-credential", "docker-credential", "help"
     ]
 
     /// Whether `arguments` (the command line without the program, the

@@ -8,7 +8,9 @@ import Glibc
 
 struct GetCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "get", abstract: "Print an item's value, byte-exact, from the running device.")
+        commandName: "get", abstract: "Print an item's value, byte-exact, from the running device.",
+        // pass users type `show`.
+        aliases: ["show"])
 
     @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
     var item: ItemAddress
@@ -19,8 +21,9 @@ struct GetCommand: ParsableCommand {
     var json = false
 
     @Flag(
+        name: [.customShort("c"), .long],
         help:
-            "Copy the value to the clipboard instead of printing it; cleared after 45 s ($KEYCHAINFS_CLIP_TIME) unless it changed."
+            "Copy the value's first line (the password, as pass -c does) to the clipboard instead of printing it; cleared after 45 s ($KEYCHAINFS_CLIP_TIME) unless it changed."
     )
     var clip = false
 
@@ -75,7 +78,11 @@ struct GetCommand: ParsableCommand {
     static func printValue(of item: ItemAddress, from place: KeychainPlace, json: Bool, clip: Bool) throws {
         let value = try RunningDevice(place).value(of: item)
         if clip {
-            try Clipboard.current().copyAndClearLater(value, what: "\(item)")
+            // pass's entries hold the password on the first line and notes after it: `-c` copies the password.
+            let firstLine = try value.withUnsafeBytes { (bytes) throws(KeychainError) in
+                try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes.prefix { $0 != UInt8(ascii: "\n") }))
+            }
+            try Clipboard.current().copyAndClearLater(firstLine, what: "the first line of \(item)")
         } else if json {
             // The edge where a caller asked for text: the value becomes a String here only.
             let field =

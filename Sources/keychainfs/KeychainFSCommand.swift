@@ -95,12 +95,22 @@ struct KeychainFSCommand: ParsableCommand {
         return Array(arguments[..<end]) + named + arguments[end...]
     }
 
+    /// Commands never offered as a typo's correction: each removes, locks,
+    /// stops or replaces something, and a user who typed `show` or `mv`
+    /// meant none of them.
+    static let neverSuggested: Set<String> = [
+        "rm", "stop", "lock", "unmount", "revoke", "restore", "recover", "passcode", "init"
+    ]
+
     /// Why `word` names no subcommand, with the nearest one when a typo
-    /// explains it (at most two edits, as git suggests); nil when it names one.
+    /// explains it (at most two edits, as git suggests, and never one that
+    /// destroys: ``neverSuggested``); nil when it names one.
     static func unknownCommand(_ word: String) -> String? {
         let names = configuration.subcommands.compactMap { $0.configuration.commandName } + ["help"]
-        guard !names.contains(word) else { return nil }
-        let nearest = names.map { ($0, editDistance($0, word)) }.min { $0.1 < $1.1 }
+        let aliases = configuration.subcommands.flatMap { $0.configuration.aliases }
+        guard !names.contains(word), !aliases.contains(word) else { return nil }
+        let nearest = names.filter { !neverSuggested.contains($0) }.map { ($0, editDistance($0, word)) }
+            .min { $0.1 < $1.1 }
         let hint = nearest.flatMap { $0.1 <= 2 ? "; did you mean '\($0.0)'?" : nil } ?? ""
         return "'\(word)' is not a keychainfs command\(hint) (keychainfs --help lists them)"
     }

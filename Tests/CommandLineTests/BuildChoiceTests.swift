@@ -107,8 +107,8 @@ extension SerialTests {
                 printf '1234\n1234\n' | "$K" init --no-tpm --keychain "$KC" >/dev/null || exit 1
                 printf '1234\n' | "$1/libexec/keychainfs/keychainfs" unlock --keychain "$KC" || exit 1
                 printf s3cret | k set default/token --keychain "$KC" && k get default/token --keychain "$KC" \
-                    && k get --json default/token --keychain "$KC" && k ls default --keychain "$KC" \
-                    && k find token --keychain "$KC" && k status --keychain "$KC" && k start --keychain "$KC" \
+                    && k get --json default/token --keychain "$KC" && k show default/token --keychain "$KC" \
+                    && k ls default --keychain "$KC" && k find token --keychain "$KC" && k status --keychain "$KC" && k start --keychain "$KC" \
                     && printf 'protocol=https\nhost=example.org\nusername=u\npassword=p\n\n' \
                         | k git-credential store --keychain "$KC" \
                     && k docker-credential list --keychain "$KC" && k rm default/token --keychain "$KC" \

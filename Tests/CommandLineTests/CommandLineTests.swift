@@ -208,6 +208,22 @@ extension SerialTests {
             #expect(typo.status == 64 && typo.stderr.contains("did you mean 'mount'?"), "\(typo)")
             let unknown = harness.sh("\"$K\" frobnicate")
             #expect(unknown.status == 64 && !unknown.stderr.contains("did you mean"), "\(unknown)")
+            // No typo is taken for a command that removes, stops or replaces: `mv` once suggested `rm`,
+            // `shop` `stop`; and `show` is `get`, as pass users type it.
+            for word in ["mv", "shop", "rn", "lck", "restor"] {
+                let dangerous = harness.sh("\"$K\" \(word) default/x")
+                #expect(dangerous.status == 64, "\(dangerous)")
+                for destructive in ["rm", "stop", "lock", "unmount", "revoke", "restore", "recover", "passcode", "init"]
+                {
+                    #expect(!dangerous.stderr.contains("did you mean '\(destructive)'"), "\(word): \(dangerous)")
+                }
+            }
+            let shown = harness.sh(
+                """
+                printf '1234\\n' | "$K" unlock --keychain "$KC" && printf v | "$K" set default/x --keychain "$KC" &&
+                    "$K" show default/x --keychain "$KC" && "$K" stop --keychain "$KC"
+                """)
+            #expect(shown.stdout == "v", "\(shown)")
             let version = harness.sh("\"$K\" --version")
             #expect(
                 version.succeeded && version.stdout.hasPrefix("keychainfs ")

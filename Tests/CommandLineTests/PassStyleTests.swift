@@ -162,6 +162,14 @@ extension SerialTests {
             for clearer in laterClearers { #expect(waitForExit(clearer, seconds: 20)) }
             #expect(xclip("-out").stdout == "mine")
 
+            // A pass-style entry (the password, then notes): `-c` copies the first line, as `pass -c` does.
+            #expect(k("set default/entry", stdin: "hunter2\nuser: me\nurl: example.org\n").succeeded)
+            let (first, firstClearers) = clip("show -c default/entry", seconds: 5)
+            #expect(first.succeeded && first.stdout.isEmpty, "\(first)")
+            #expect(xclip("-out").stdout == "hunter2")
+            #expect(xclip("-in", stdin: "mine").succeeded)
+            for clearer in firstClearers { #expect(waitForExit(clearer, seconds: 20)) }
+
             let code = k("otp default/token --clip", environment: "DISPLAY=\(display.display)")
             #expect(code.status == 1, "an item without a URI copies nothing: \(code)")
             #expect(xclip("-out").stdout == "mine")
