@@ -100,6 +100,9 @@ struct ServiceCommand: ParsableCommand {
             connectionsPerUser: connectionsPerUser, mountsPerUser: mountsPerUser,
             quota: StoreQuota(items: itemsPerUser, bytes: bytesPerUser),
             restoreBytes: restoreBytesPerUser)
+        // Every user's requests share this process's locked memory: a large body that cannot be
+        // pinned is refused, never held where it may reach swap (docs/SECURITY.md).
+        refuseUnlockedLargeSecretMemory()
         let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket, limits: limits)
         throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
     }

@@ -63,6 +63,56 @@ import Testing
         for slot in [request, reply, value] { arena.release(slot.pointer, sizeClass: slot.sizeClass, used: 0) }
     }
 
+    /// Past RLIMIT_MEMLOCK (here a stand-in `mlock` that always fails), a
+    /// large slot is counted as unlocked while held and leaves that count
+    /// when unmapped: the locked count never dropped for a slot it never
+    /// had. Refusing arenas (the service's) hand out no unpinned large slot.
+    @Test func slotsThatCouldNotBePinnedAreCountedAsSuchAndRefusedWhereAsked() throws {
+        let arena = SecretArena(lock: { _, _ in false })
+        let large = SecretArena.classSizes[SecretArena.classSizes.count - 2]
+        let slots = try (0..<6).map { _ in try #require(arena.allocate(capacity: large)) }
+        #expect(arena.residency.locked == 0 && arena.residency.unlocked == 6 * large)
+        for slot in slots { arena.release(slot.pointer, sizeClass: slot.sizeClass, used: 0) }
+        // Four are kept for reuse, two unmapped: counted where they were counted.
+        #expect(arena.residency.locked == 0 && arena.residency.unlocked == 4 * large, "\(arena.residency)")
+
+        let refusing = SecretArena(lock: { _, _ in false })
+        refusing.refuseUnlockedLargeSlots()
+        #expect(refusing.allocate(capacity: large) == nil)
+        #expect(refusing.allocate(capacity: 100) != nil, "small slots, which every command needs, are never refused")
+        #expect(refusing.residency.unlocked < 65536)
+    }
+
+    /// A body is taken as it arrives: a peer that announces the largest body
+    /// and sends ten bytes of it was lent 4 KiB, not the 2 MiB its header
+    /// asked for (32 such connections took the service's whole locked-memory
+    /// limit); a whole body grows through larger slots and arrives intact.
+    @Test func aBodyIsHeldAsItArrivesNotAsItsHeaderAnnounces() throws {
+        var lent: [Int] = []
+        let announced = DeviceProtocol.maximumBody
+        let cut = DeviceProtocol.receiveBody(count: announced) { buffer in
+            lent.append(buffer.count)
+            return false  // the peer sent ten bytes and went quiet: its deadline passed
+        }
+        #expect(cut == nil)
+        #expect(lent == [DeviceProtocol.firstBodySlot])
+
+        let whole = (0..<announced).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        var offset = 0
+        lent = []
+        let received = try #require(
+            DeviceProtocol.receiveBody(count: announced) { buffer in
+                lent.append(buffer.count)
+                whole.withUnsafeBytes { source in
+                    buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: source[offset..<(offset + buffer.count)]))
+                }
+                offset += buffer.count
+                return true
+            })
+        #expect(received.bytes() == whole)
+        #expect(lent.first == DeviceProtocol.firstBodySlot && lent.reduce(0, +) == announced, "\(lent)")
+    }
+
     @Test func arenaMemoryIsLockedAgainstSwapWhenTheLimitAllows() throws {
         let secret = try SecureBytes("x")
         var limit = rlimit()

@@ -34,8 +34,31 @@ final class SecretArena: Sendable {
         var uncut: [Addresses] = Array(repeating: Addresses(start: 0, end: 0), count: SecretArena.classSizes.count)
         var lockedBytes = 0
         var unlockedBytes = 0
+        /// The large slots (each a mapping of its own) that `mlock` could
+        /// not pin: when one is unmapped, it leaves the unlocked count, not
+        /// the locked one.
+        var unlockedLarge: Set<UInt> = []
     }
     private let state = Mutex(State())
+    /// Pins a fresh mapping (`mlock`); false past RLIMIT_MEMLOCK.
+    private let lock: @Sendable (UnsafeMutableRawPointer, Int) -> Bool
+    /// Whether a large slot that cannot be pinned is refused rather than
+    /// handed out in memory that may reach swap: the service sets it
+    /// (``refuseUnlockedLargeSlots()``), where a flood of requests announcing
+    /// large bodies once left every user's later large request in swappable
+    /// memory. Small slots are never refused: every command needs a few.
+    private let refusesUnlocked = Atomic<Bool>(false)
+
+    /// An arena whose fresh mappings `lock` pins (a test's stand-in for `mlock`).
+    init(lock: @escaping @Sendable (UnsafeMutableRawPointer, Int) -> Bool = { mlock($0, $1) == 0 }) {
+        self.lock = lock
+    }
+
+    /// From now on a large slot (a request's or reply's body, 64 KiB and
+    /// more) that cannot be pinned is refused (``allocate(capacity:)`` is nil).
+    package func refuseUnlockedLargeSlots() {
+        refusesUnlocked.store(true, ordering: .relaxed)
+    }
 
     /// `start..<end`, as a struct of its own: `Range<UInt>`'s metadata is
     /// made at run time from its mangled name, which looks up `UInt:
@@ -59,7 +82,8 @@ final class SecretArena: Sendable {
         classSizes.firstIndex { $0 >= capacity }
     }
 
-    /// A zeroed slot of at least `capacity` bytes, or nil past ``maximumSize``.
+    /// A zeroed slot of at least `capacity` bytes; nil past ``maximumSize``,
+    /// or for a large one that cannot be pinned once the arena refuses those.
     func allocate(capacity: Int) -> (pointer: UnsafeMutableRawPointer, sizeClass: Int)? {
         guard let sizeClass = Self.sizeClass(for: max(capacity, 1)) else { return nil }
         let slotSize = Self.classSizes[sizeClass]
@@ -74,7 +98,10 @@ final class SecretArena: Sendable {
             }
             // A fresh mapping is zeroed (mmap(2)); its first slot is this one.
             let mapping = Self.mappingSize(forSlotsOf: slotSize)
-            let pointer = Self.mapSecretRegion(bytes: mapping, state: &state)
+            let refusing = slotSize >= Self.slabSize && refusesUnlocked.load(ordering: .relaxed)
+            guard let (pointer, locked) = mapSecretRegion(bytes: mapping, refusingUnlocked: refusing, state: &state)
+            else { return nil }
+            if !locked, slotSize >= Self.slabSize { state.unlockedLarge.insert(UInt(bitPattern: pointer)) }
             state.uncut[sizeClass] = Addresses(
                 start: UInt(bitPattern: pointer + slotSize), end: UInt(bitPattern: pointer + mapping))
             return (pointer, sizeClass)
@@ -96,21 +123,30 @@ final class SecretArena: Sendable {
         sodium_memzero(pointer, min(used, Self.classSizes[sizeClass]))
         let slotSize = Self.classSizes[sizeClass]
         let address = UInt(bitPattern: pointer)
-        let unmap = state.withLock { state in
+        let unmap = state.withLock { state -> (unmap: Bool, locked: Bool) in
             if slotSize >= Self.slabSize && state.free[sizeClass].count >= Self.keptLargeSlots {
+                // Counted where it was counted when mapped: locked, or not.
+                if state.unlockedLarge.remove(address) != nil {
+                    state.unlockedBytes -= slotSize
+                    return (true, false)
+                }
                 state.lockedBytes -= slotSize
-                return true
+                return (true, true)
             }
             state.free[sizeClass].append(address)
-            return false
+            return (false, false)
         }
-        if unmap {
-            munlock(pointer, slotSize)
+        if unmap.unmap {
+            if unmap.locked { munlock(pointer, slotSize) }
             munmap(pointer, slotSize)
         }
     }
 
-    private static func mapSecretRegion(bytes: Int, state: inout State) -> UnsafeMutableRawPointer {
+    /// A fresh zeroed mapping of `bytes`, and whether it is pinned; nil when
+    /// it could not be pinned and `refusingUnlocked` says to refuse it then.
+    private func mapSecretRegion(bytes: Int, refusingUnlocked: Bool, state: inout State) -> (
+        UnsafeMutableRawPointer, Bool
+    )? {
         guard let raw = mmap(nil, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
             raw != MAP_FAILED
         else {
@@ -118,17 +154,24 @@ final class SecretArena: Sendable {
         }
         // MADV_DONTDUMP: never part of a core dump, even where dumps are enabled.
         _ = madvise(raw, bytes, MADV_DONTDUMP)
-        if mlock(raw, bytes) == 0 {
+        if lock(raw, bytes) {
             state.lockedBytes += bytes
-        } else {
-            if state.unlockedBytes == 0 {
-                Diagnostics.log(
-                    "cannot mlock secret memory past RLIMIT_MEMLOCK (\(state.lockedBytes) bytes locked): "
-                        + "further secrets may reach swap; raise the limit (ulimit -l)")
-            }
-            state.unlockedBytes += bytes
+            return (raw, true)
         }
-        return raw
+        if refusingUnlocked {
+            munmap(raw, bytes)
+            Diagnostics.log(
+                "refused \(bytes) bytes of secret memory that RLIMIT_MEMLOCK would leave unlocked "
+                    + "(\(state.lockedBytes) bytes locked): the request that needed them is refused, not swapped")
+            return nil
+        }
+        if state.unlockedBytes == 0 {
+            Diagnostics.log(
+                "cannot mlock secret memory past RLIMIT_MEMLOCK (\(state.lockedBytes) bytes locked): "
+                    + "further secrets may reach swap; raise the limit (ulimit -l)")
+        }
+        state.unlockedBytes += bytes
+        return (raw, false)
     }
 }
 
@@ -145,7 +188,10 @@ struct ArenaSlot: ~Copyable {
     /// A zeroed slot of at least `capacity` bytes; ``KeychainError/valueTooLarge``
     /// past ``SecretArena/maximumSize``.
     init(capacity: Int, used: Int = 0) throws(KeychainError) {
-        guard let slot = SecretArena.shared.allocate(capacity: capacity) else { throw .valueTooLarge }
+        guard let slot = SecretArena.shared.allocate(capacity: capacity) else {
+            // Past the largest class, or a large slot the service refused to leave unlocked.
+            throw capacity > SecretArena.maximumSize ? .valueTooLarge : .io
+        }
         pointer = slot.pointer
         sizeClass = slot.sizeClass
         self.used = used

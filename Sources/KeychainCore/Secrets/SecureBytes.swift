@@ -91,6 +91,14 @@ public func wipeMemory(_ buffer: UnsafeMutableRawBufferPointer) {
 /// Stops this process from ever writing a core dump (RLIMIT_CORE 0 and
 /// PR_SET_DUMPABLE 0, which also keeps other processes of the same user
 /// from attaching to it with ptrace).
+/// From now on, a large buffer of secret memory (64 KiB and more: a
+/// request's or reply's body) that RLIMIT_MEMLOCK would leave unpinned is
+/// refused instead of handed out: what the service sets, whose memory every
+/// user's requests share.
+package func refuseUnlockedLargeSecretMemory() {
+    SecretArena.shared.refuseUnlockedLargeSlots()
+}
+
 public func disableCoreDumps() -> Bool {
     CLinux_disable_core_dumps() == 0
 }
