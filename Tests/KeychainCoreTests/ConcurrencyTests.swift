@@ -1,9 +1,38 @@
 import Dispatch
+#if canImport(Glibc)
+import Glibc
+#endif
 import Synchronization
 import Testing
 @testable import KeychainCore
 
 @Suite struct ConcurrencyTests {
+    /// Password hashing runs within one memory budget per process: a
+    /// hashing that would pass it waits until enough has ended, so many
+    /// restores at once (each Argon2id of up to 256 MiB) cannot take the
+    /// service to gigabytes; one larger than the whole budget runs alone.
+    @Test func passwordHashingWaitsForRoomInItsBudget() throws {
+        let budget = PasswordHashingBudget(bytes: 512)
+        budget.take(300)
+        let second = Atomic<Bool>(false)
+        let waiting = try #require(
+            Threads.start {
+                budget.take(300)
+                second.store(true, ordering: .releasing)
+                budget.give(300)
+            })
+        // 300 + 300 is past 512: the second waits for the first, however long that is.
+        for _ in 0..<1000 { sched_yield() }
+        let ranBeside = second.load(ordering: .acquiring)
+        #expect(!ranBeside, "the second hashing ran beside the first, past the budget")
+        budget.give(300)
+        pthread_join(waiting, nil)
+        let ranAfter = second.load(ordering: .acquiring)
+        #expect(ranAfter)
+        budget.take(1000)  // alone, larger than the budget: runs
+        budget.give(1000)
+    }
+
     @Test func manyThreadsReadAndWriteOneManagerWithoutLosingOrMixingValues() throws {
         let keychain = try TemporaryKeychain()
         let manager = try keychain.manager()
