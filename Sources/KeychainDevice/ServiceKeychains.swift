@@ -67,8 +67,15 @@ final class ServiceKeychains: Sendable {
         case .process(.create(let passcode)):
             return create(for: credentials.uid, passcode: passcode)
         case .tpm(let tpmRequest):
-            // A per-user device's, whether or not the user has a keychain here.
-            return broker.answer(tpmRequest, uid: credentials.uid)
+            // A per-user device's, whether or not the user has a keychain here; its shares are a
+            // person's, a subordinate uid's counted with its owner's (docs/SECURITY.md).
+            guard let person = MachinePeople.person(of: credentials.uid) else {
+                return .keychainError(
+                    .missingEntitlement,
+                    "uid \(credentials.uid) is no account of this machine, nor an account's subordinate uid: "
+                        + "the TPM is not used for it")
+            }
+            return broker.answer(tpmRequest, uid: credentials.uid, person: person)
         case .mount(.mount), .mount(.unmount), .process(.stop):
             // The service mounts, unmounts and stops nothing on a user's word:
             // its account could mount over what only it can reach (another

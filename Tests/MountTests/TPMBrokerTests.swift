@@ -24,9 +24,11 @@ extension SerialTests {
                 broker = TPMBroker(stateDirectory: scratch.root, tcti: tpm.tcti, clock: clock.read)
             }
 
-            func ask<Result: DeviceResult>(_ call: DeviceCall<Result>, as uid: UInt32) -> DeviceOutcome<Result> {
+            func ask<Result: DeviceResult>(_ call: DeviceCall<Result>, as uid: UInt32, person: UInt32? = nil)
+                -> DeviceOutcome<Result>
+            {
                 guard case .tpm(let request) = call.request else { return .failure(.unexpected) }
-                return call.outcome(of: broker.answer(request, uid: uid))
+                return call.outcome(of: broker.answer(request, uid: uid, person: person))
             }
         }
 
@@ -165,6 +167,39 @@ extension SerialTests {
 
         /// NV space is the machine's: a uid holds at most eight counters
         /// through the service; one freed, or undefined by root, makes room.
+        /// Subordinate uids (`useradd` gives each account 65,536 in
+        /// `/etc/subuid`, `newuidmap` runs processes as them) are their
+        /// owner: counted per uid, 120 of them defined about 955 counters and
+        /// filled the TPM's NV. Now the service counts a subordinate uid's
+        /// counters and wrong passcodes with its owner's, and refuses a uid
+        /// that is nobody's.
+        @Test func subordinateUidsCountAsTheirOwner() throws {
+            let scratch = try KeyProtectionTests.Scratch()
+            let subuid = scratch.root + "/subuid"
+            try "root:300000:65536\nnobody-such-account-xyz:400000:10\n".write(
+                toFile: subuid, atomically: true, encoding: .utf8)
+            #expect(MachinePeople.person(of: 0, subordinateIDs: subuid) == 0)
+            #expect(MachinePeople.person(of: 300_123, subordinateIDs: subuid) == 0)
+            #expect(MachinePeople.person(of: 400_001, subordinateIDs: subuid) == nil, "an owner with no account")
+            #expect(MachinePeople.person(of: 500_000, subordinateIDs: subuid) == nil, "nobody's")
+
+            let tpm = try SoftwareTPM()
+            let broker = try Broker(on: tpm)
+            let auth = try Self.secret("auth")
+            for number in 0..<TPMBroker.countersPerUser {
+                // Each from another subordinate uid of alice's.
+                let defined = broker.ask(
+                    .tpmDefineCounter(auth: auth, candidates: []), as: 300_000 + UInt32(number), person: Self.alice)
+                #expect(throws: Never.self) { try defined.get() }
+            }
+            #expect(
+                Self.refusal(broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: 300_999, person: Self.alice))
+                    == .quotaExceeded)
+            #expect(
+                Self.refusal(broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: Self.alice))
+                    == .quotaExceeded, "alice's own uid shares the quota")
+        }
+
         @Test func aUserHoldsABoundedNumberOfCounters() throws {
             let tpm = try SoftwareTPM()
             let broker = try Broker(on: tpm)

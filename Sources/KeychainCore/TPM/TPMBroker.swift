@@ -16,8 +16,9 @@ import Glibc
 /// - each uid passes at most ``share(of:)`` wrong passcodes to the TPM
 ///   before waiting out the TPM's own recovery time, so one user cannot
 ///   lock the TPM out for everyone (its lockout counts for the machine);
-/// - each uid holds at most ``countersPerUser`` NV counters (NV space is
-///   the machine's).
+/// - each person holds at most ``countersPerUser`` NV counters (NV space is
+///   the machine's), and shares and quotas are a person's: a passwd
+///   account's, its subordinate uids counted with it (``MachinePeople``).
 /// What a uid has used is kept in `STATE/tpm-broker/UID`, which only the
 /// service's account reads: a restart of the service forgives nothing.
 public final class TPMBroker: Sendable {
@@ -62,8 +63,11 @@ public final class TPMBroker: Sendable {
     /// TPM command, and a request must not keep the TPM busy for others.
     public static let candidatesPerDefinition = 16
 
-    /// The answer to `request` of the peer `uid`.
-    public func answer(_ request: TPMRequest, uid: UInt32) -> DeviceReply {
+    /// The answer to `request` of the peer `uid`, whose use counts toward
+    /// `person`'s share and quota (nil: its own; the service passes the
+    /// passwd account a subordinate uid belongs to, ``MachinePeople/person(of:)``).
+    public func answer(_ request: TPMRequest, uid: UInt32, person: UInt32? = nil) -> DeviceReply {
+        let person = person ?? uid
         // `KEYCHAINFS_TPM=none`: the service's TPM is not to be used, for its keychains or anyone's.
         guard !KeychainTPM.declinedByEnvironment else {
             return .keychainError(.tpmUnavailable, "the keychainfs service uses no TPM (KEYCHAINFS_TPM=none)")
@@ -76,24 +80,24 @@ public final class TPMBroker: Sendable {
                     secret, auth: Self.boundAuth(auth, uid: uid), guarded: guarded)
                 return TPMSealed(blob: blob, storageKey: storageKey).reply
             case .unseal(let blob, let auth, let storageKey):
-                return try unseal(blob, auth: auth, storageKey: storageKey, uid: uid)
+                return try unseal(blob, auth: auth, storageKey: storageKey, uid: uid, person: person)
             case .defineCounter(let auth, let candidates):
-                return try defineCounter(auth: auth, candidates: candidates, uid: uid, on: tpm)
+                return try defineCounter(auth: auth, candidates: candidates, uid: uid, person: person, on: tpm)
             case .counterValue(let counter):
-                try requireDefined(counter, by: uid)
+                try requireDefined(counter, by: person)
                 return TPMCounterValue(value: try tpm.value(of: Self.bound(counter, uid: uid))).reply
             case .increment(let counter):
-                try requireDefined(counter, by: uid)
+                try requireDefined(counter, by: person)
                 try tpm.increment(Self.bound(counter, uid: uid))
                 return Done().reply
             case .release(let counter):
-                try requireDefined(counter, by: uid)
-                return try release(counter, uid: uid, on: tpm)
+                try requireDefined(counter, by: person)
+                return try release(counter, uid: uid, person: person, on: tpm)
             case .lockout:
                 guard let state = tpm.lockout() else { throw .tpmUnavailable }
                 let share = Self.share(of: state)
                 let used = ledgers.withLock { _ in
-                    var ledger = ledger(of: uid)
+                    var ledger = ledger(of: person)
                     return ledger.failures(now: clock(), every: share.every)
                 }
                 return TPMLockoutShare(state: state, triesLeft: share.tries - min(share.tries, used)).reply
@@ -114,8 +118,8 @@ public final class TPMBroker: Sendable {
         return (max(1, (maximum - 1) / 2), max(1, every))
     }
 
-    private func unseal(_ blob: [UInt8], auth: SecureBytes, storageKey: [UInt8], uid: UInt32) throws(KeychainError)
-        -> DeviceReply
+    private func unseal(_ blob: [UInt8], auth: SecureBytes, storageKey: [UInt8], uid: UInt32, person: UInt32)
+        throws(KeychainError) -> DeviceReply
     {
         let tpm = KeychainTPM(tcti: tcti, storageKey: storageKey)
         // Only an object the lockout counts (a passcode's) can lock the TPM out.
@@ -128,7 +132,7 @@ public final class TPMBroker: Sendable {
         // of one uid cannot all pass the check before one is counted.
         return try ledgers.withLock { _ throws(KeychainError) -> DeviceReply in
             let now = clock()
-            var ledger = ledger(of: uid)
+            var ledger = ledger(of: person)
             let used = ledger.failures(now: now, every: share.every)
             if used >= share.tries {
                 let wait = ledger.secondsUntilForgiven(now: now, every: share.every)
@@ -145,7 +149,7 @@ public final class TPMBroker: Sendable {
                 // A right passcode forgives nothing: otherwise a uid would
                 // alternate guesses at another's blob with its own unlocks.
                 ledger.countFailure(now: now, every: share.every)
-                write(ledger, of: uid)
+                write(ledger, of: person)
                 throw .authFailed
             }
         }
@@ -160,10 +164,10 @@ public final class TPMBroker: Sendable {
     /// chose: on an index that counts wrong auths (`tpm2_nvdefine`'s
     /// default), each such read is a dictionary-attack failure of the
     /// machine's TPM that no share of the caller's counts.
-    private func requireDefined(_ counter: TPMCounterHandle, by uid: UInt32) throws(KeychainError) {
+    private func requireDefined(_ counter: TPMCounterHandle, by person: UInt32) throws(KeychainError) {
         guard KeychainTPM.counterIndexes.contains(counter.index) else { throw .param }
         let defined = ledgers.withLock { _ in
-            ledger(of: uid).counters.contains { $0.index == counter.index && $0.name == counter.name }
+            ledger(of: person).counters.contains { $0.index == counter.index && $0.name == counter.name }
         }
         guard defined else { throw .rollbackCounterGone }
     }
@@ -172,20 +176,20 @@ public final class TPMBroker: Sendable {
         CounterReference(index: counter.index, name: counter.name, auth: boundAuth(counter.auth, uid: uid))
     }
 
-    private func defineCounter(auth: SecureBytes, candidates: [UInt32], uid: UInt32, on tpm: KeychainTPM)
-        throws(KeychainError) -> DeviceReply
-    {
+    private func defineCounter(
+        auth: SecureBytes, candidates: [UInt32], uid: UInt32, person: UInt32, on tpm: KeychainTPM
+    ) throws(KeychainError) -> DeviceReply {
         // Only where keychains' counters go: never systemd's range, nor an index of the platform's.
         guard candidates.count <= Self.candidatesPerDefinition,
             candidates.allSatisfy(KeychainTPM.counterIndexes.contains)
         else { throw .param }
         return try ledgers.withLock { _ throws(KeychainError) -> DeviceReply in
-            var ledger = ledger(of: uid)
+            var ledger = ledger(of: person)
             if ledger.counters.count >= Self.countersPerUser {
                 // Counters freed by other means (root's tpm2_nvundefine, a TPM clear) are not held any more.
                 let held = (try? tpm.use { module throws(TPMError) in ledger.counters.filter { module.holds($0) } })
                 ledger.counters = held ?? ledger.counters
-                write(ledger, of: uid)
+                write(ledger, of: person)
             }
             guard ledger.counters.count < Self.countersPerUser else {
                 return .keychainError(
@@ -198,23 +202,23 @@ public final class TPMBroker: Sendable {
                 auth: Self.boundAuth(auth, uid: uid), candidates: candidates.isEmpty ? nil : candidates)
             guard let name = counter.name else { throw .io }
             ledger.counters.append(CounterReference(index: counter.index, name: name, auth: nil))
-            write(ledger, of: uid)
+            write(ledger, of: person)
             return TPMCounter(index: counter.index, name: name, value: value).reply
         }
     }
 
     /// Frees a counter once its auth is proven (the owner hierarchy, which
     /// undefines it, would free anyone's).
-    private func release(_ counter: TPMCounterHandle, uid: UInt32, on tpm: KeychainTPM) throws(KeychainError)
-        -> DeviceReply
+    private func release(_ counter: TPMCounterHandle, uid: UInt32, person: UInt32, on tpm: KeychainTPM)
+        throws(KeychainError) -> DeviceReply
     {
         let bound = Self.bound(counter, uid: uid)
         _ = try tpm.value(of: bound)
         tpm.release(bound)
         ledgers.withLock { _ in
-            var ledger = ledger(of: uid)
+            var ledger = ledger(of: person)
             ledger.counters.removeAll { $0.index == counter.index && $0.name == counter.name }
-            write(ledger, of: uid)
+            write(ledger, of: person)
         }
         return Done().reply
     }
