@@ -25,6 +25,7 @@ final class ServiceKeychains: Sendable {
         self.limits = limits
         self.mountEnded = mountEnded
         broker = TPMBroker(stateDirectory: stateDirectory)
+        Device.keepTPMGuessShares(with: broker)
     }
 
     /// The keychain directory of a user.
@@ -42,6 +43,8 @@ final class ServiceKeychains: Sendable {
             let served = try ServedKeychain(
                 keychain: directory, owner: (credentials.uid, credentials.gid),
                 serviceLimits: limits, mountEnded: mountEnded)
+            served.manager.localDevice.countTPMGuesses(
+                as: MachinePeople.person(of: credentials.uid) ?? credentials.uid)
             open[credentials.uid] = served
             return served
         }

@@ -302,6 +302,29 @@ extension SerialTests {
             #expect(try KeychainDirectory(path: user.keychain).keyProtection() == .file)
         }
 
+        /// The keychains the service holds unsealed their passcode objects
+        /// outside any share of the TPM's lockout: three wrong passcodes on
+        /// one user's keychain locked the TPM (swtpm allows 3) for every user,
+        /// and another user's right passcode was refused. Now each try uses
+        /// its person's share, as the broker's do: past it the service passes
+        /// none of that user's, and the TPM stays open for the others.
+        @Test func oneUsersWrongPasscodesInTheServiceLeaveTheTPMOpenToOthers() throws {
+            let tpm = try SoftwareTPM()
+            let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
+            let guesser = try MountHarness(as: try OrdinaryUser(), service: service)
+            let other = try MountHarness(as: try OrdinaryUser(), service: service)
+            for _ in 0..<3 {
+                let wrong = guesser.sh("\"$K\" unlock", stdin: "0000\n")
+                #expect(wrong.status == 4, "\(wrong)")
+            }
+            let counted = try TPMTools.run("tpm2_getcap properties-variable", on: tpm).output
+            #expect(
+                counted.contains("TPM2_PT_LOCKOUT_COUNTER: 0x1\n"), "one wrong passcode reached the TPM: \(counted)")
+            let unlocked = other.sh("\"$K\" unlock", stdin: MountHarness.passcode + "\n")
+            #expect(unlocked.succeeded, "\(unlocked)")
+            #expect(other.sh("\"$K\" status").stdout.contains("state: unlocked"))
+        }
+
         @Test func theServiceSealsTheKeychainsItCreatesAndTheUserGetsTheRecoveryKey() throws {
             let tpm = try SoftwareTPM()
             let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])

@@ -556,3 +556,19 @@ enum RawMetadata {
         return try query.step() ? query.blob(0) : nil
     }
 }
+
+extension Device {
+    /// Makes this keychain's wrong passcodes use `person`'s share of the
+    /// TPM's lockout, kept by the service's broker with the per-user
+    /// devices' (``KeychainTPM/guessShares``): the service holds every
+    /// user's keychain, and their guesses unsealed outside any share, so that
+    /// three wrong passcodes of one user locked the TPM for everyone.
+    package func countTPMGuesses(as person: UInt32) {
+        sealingTPM.withLock { $0?.person = person }
+    }
+
+    /// Who keeps the people's shares of the TPM in this process (the service's broker).
+    package static func keepTPMGuessShares(with broker: TPMBroker) {
+        KeychainTPM.guessShares.withLock { $0 = broker }
+    }
+}

@@ -51,6 +51,15 @@ public enum TPMChoice: Sendable, Equatable {
     case declined
 }
 
+/// Keeps each person's share of the TPM's dictionary-attack budget: a try
+/// of a passcode (`attempt`) is refused once the person's wrong ones used
+/// it, and counted when wrong. The service's broker keeps them, for the
+/// keychains it holds as for the per-user devices it serves.
+protocol GuessShares: Sendable {
+    func attempt<R>(by person: UInt32, on tpm: KeychainTPM, _ body: () throws(KeychainError) -> R)
+        throws(KeychainError) -> R
+}
+
 /// The TPM a keychain's keys are sealed by, reached at the TCTI given
 /// (nil: the machine's, `/dev/tpmrm0`, never tpm2-tss's default list), with
 /// its failures in a keychain's terms. The TPM is used at boot, unlock,
@@ -58,6 +67,12 @@ public enum TPMChoice: Sendable, Equatable {
 /// connection, except within a boot (``sharingSession(tcti:_:)``).
 struct KeychainTPM: Sendable {
     let tcti: String?
+    /// The person whose share of the TPM's lockout a wrong passcode here
+    /// uses (``GuessShares``), for the keychains the service holds for
+    /// each user; nil: none is kept (a per-user device's own TPM).
+    var person: UInt32? = nil
+    /// Who keeps the shares in this process: the service's broker.
+    static let guessShares = Mutex<(any GuessShares)?>(nil)
     /// The name of the storage primary key the keychain was sealed under
     /// (nil: not recorded yet): no session is salted with another.
     var storageKey: [UInt8]?
@@ -273,11 +288,19 @@ struct KeychainTPM: Sendable {
             guard let storageKey else { throw .decode }
             return (try Self.askService(.tpmUnseal(blob, auth: auth, storageKey: storageKey)).secret, storageKey)
         }
-        return try use { tpm throws(TPMError) in
-            let secret = try tpm.unseal(blob, auth: auth)
-            guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
-            return (secret, name)
+        let unseal = { () throws(KeychainError) -> (secret: SecureBytes, storageKey: [UInt8]) in
+            try use { tpm throws(TPMError) in
+                let secret = try tpm.unseal(blob, auth: auth)
+                guard let name = tpm.storageKeyName else { throw .failed("CreatePrimary", 0) }
+                return (secret, name)
+            }
         }
+        // A passcode's object (the lockout counts it) in a keychain the
+        // service holds: the try uses its person's share, as the broker's do.
+        if let person, TPMObjects.isCounted(blob), let shares = Self.guessShares.withLock({ $0 }) {
+            return try shares.attempt(by: person, on: self, unseal)
+        }
+        return try unseal()
     }
 
     /// Seals `secret` with an empty auth, usable in a lockout: only this

@@ -21,7 +21,7 @@ import Glibc
 ///   account's, its subordinate uids counted with it (``MachinePeople``).
 /// What a uid has used is kept in `STATE/tpm-broker/UID`, which only the
 /// service's account reads: a restart of the service forgives nothing.
-public final class TPMBroker: Sendable {
+public final class TPMBroker: GuessShares, Sendable {
     /// NV counters one uid may hold: a keychain uses two (rollback and
     /// passcode binding), a move between protections two more for a moment.
     public static let countersPerUser = 8
@@ -126,25 +126,31 @@ public final class TPMBroker: Sendable {
         guard TPMObjects.isCounted(blob) else {
             return TPMUnsealed(secret: try tpm.unseal(blob, auth: Self.boundAuth(auth, uid: uid)).secret).reply
         }
+        do throws(KeychainError) {
+            return try attempt(by: person, on: tpm) { () throws(KeychainError) -> DeviceReply in
+                TPMUnsealed(secret: try tpm.unseal(blob, auth: Self.boundAuth(auth, uid: uid)).secret).reply
+            }
+        } catch .tpmLockedOut {
+            return .keychainError(.tpmLockedOut, shareSentence(of: person, on: tpm))
+        }
+    }
+
+    /// Runs `body`, a try of a passcode of `person`'s on `tpm`: refused
+    /// (``KeychainError/tpmLockedOut``) once that person's wrong passcodes
+    /// used their share, counted when it is wrong. Checked and counted under
+    /// the ledger's lock: concurrent guesses of one person cannot all pass
+    /// the check before one is counted.
+    func attempt<R>(by person: UInt32, on tpm: KeychainTPM, _ body: () throws(KeychainError) -> R)
+        throws(KeychainError) -> R
+    {
         guard let state = tpm.lockout() else { throw .tpmUnavailable }
         let share = Self.share(of: state)
-        // Checked and counted under the ledger's lock: concurrent guesses
-        // of one uid cannot all pass the check before one is counted.
-        return try ledgers.withLock { _ throws(KeychainError) -> DeviceReply in
+        return try ledgers.withLock { _ throws(KeychainError) -> R in
             let now = clock()
             var ledger = ledger(of: person)
-            let used = ledger.failures(now: now, every: share.every)
-            if used >= share.tries {
-                let wait = ledger.secondsUntilForgiven(now: now, every: share.every)
-                return .keychainError(
-                    .tpmLockedOut,
-                    "your user's wrong passcodes used its share of the TPM's lockout (\(share.tries) of "
-                        + "\(state.maximum), one forgiven every \(share.every) s): the service passes no more "
-                        + "of yours for \(wait) s; the TPM itself stays open for other users")
-            }
+            guard ledger.failures(now: now, every: share.every) < share.tries else { throw .tpmLockedOut }
             do throws(KeychainError) {
-                let secret = try tpm.unseal(blob, auth: Self.boundAuth(auth, uid: uid)).secret
-                return TPMUnsealed(secret: secret).reply
+                return try body()
             } catch .authFailed {
                 // A right passcode forgives nothing: otherwise a uid would
                 // alternate guesses at another's blob with its own unlocks.
@@ -153,6 +159,16 @@ public final class TPMBroker: Sendable {
                 throw .authFailed
             }
         }
+    }
+
+    /// Why `person`'s try was not passed to the TPM: whose share ran out, and for how long.
+    func shareSentence(of person: UInt32, on tpm: KeychainTPM) -> String {
+        guard let state = tpm.lockout() else { return "the TPM does not answer" }
+        let share = Self.share(of: state)
+        let wait = ledgers.withLock { _ in ledger(of: person).secondsUntilForgiven(now: clock(), every: share.every) }
+        return "your user's wrong passcodes used its share of the TPM's lockout (\(share.tries) of "
+            + "\(state.maximum), one forgiven every \(share.every) s): the service passes no more "
+            + "of yours for \(wait) s; the TPM itself stays open for other users"
     }
 
     // MARK: Counters
