@@ -88,7 +88,9 @@ extension SecretServiceProvider {
         // The listing below refuses a group the caller may not use, or that is gone.
         let items = try self.items(of: group, for: call).map(\.path)
         return [
-            "Items": .objectPaths(items), "Label": .string(group), "Locked": .bool(store.isLocked),
+            "Items": .objectPaths(items), "Label": .string(group),
+            // The session collection never locks, as gnome-keyring's; every other is the keychain's lock.
+            "Locked": .bool(group == SessionCollection.group ? false : store.isLocked),
             "Created": .uint64(0), "Modified": .uint64(0)
         ]
     }

@@ -45,6 +45,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     var prompts: [String: UnlockPrompt] = [:]
     /// Callers waiting for the person's answer to an owner question.
     let waitingCallers = WaitingCallers()
+    /// libsecret's `session` collection, in memory: gone when the device stops.
+    let sessionCollection = SessionCollection()
     /// The program behind each connection at its first policed request,
     /// and whether its process was then found to hold it alone (bus thread only).
     var firstIdentities: [String: (identity: ProgramIdentity, heldAlone: Bool)] = [:]
@@ -261,7 +263,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// The group an alias names: `default` and `login` (gnome-keyring's
     /// login keyring, which programs ask for by that name) name `default`.
     static func group(ofAlias alias: String) -> String? {
-        alias == "default" || alias == "login" ? ItemLimits.defaultGroup : nil
+        if alias == SessionCollection.group { return SessionCollection.group }
+        return alias == "default" || alias == "login" ? ItemLimits.defaultGroup : nil
     }
 
     func requireSignature(_ call: BusCall, _ signature: String) throws(BusError) {
@@ -318,7 +321,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     func groups(for call: BusCall) throws(BusError) -> [String] {
-        try outcome(.groups, for: call, audit: .failures).answer(about: .collections).groups
+        let groups = try outcome(.groups, for: call, audit: .failures).answer(about: .collections).groups
+        return groups.contains(SessionCollection.group) ? groups : groups + [SessionCollection.group]
     }
 
     /// The items of a group with their classes and details.
@@ -368,6 +372,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
     func outcome<Result>(_ request: DeviceCall<Result>, for call: BusCall, audit: AuditPolicy = .always)
         -> DeviceOutcome<Result>
     {
+        // The session collection answers for itself, in memory (SessionCollection).
+        if case .item(let item) = request.request, let reply = sessionCollection.answer(item) {
+            return request.outcome(of: reply)
+        }
         let sender = bus.senderProcess(of: call.message)
         // The bus daemon's pid of the sender, checked against a pidfd: the
         // process must still be the one that sent the call.

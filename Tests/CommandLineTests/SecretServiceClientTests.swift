@@ -331,3 +331,63 @@ extension SerialTests.SecretServiceTests {
                 """), "\(skipped)")
     }
 }
+
+extension SerialTests.SecretServiceTests {
+    /// libsecret's `session` collection (`SECRET_COLLECTION_SESSION`), which
+    /// gnome-keyring always has: clients that stored there got NoSuchObject
+    /// ('no collection session'). It is there under its alias and path, its
+    /// items are found, read, replaced and deleted as any collection's,
+    /// while the keychain is locked too, and none of it reaches the disk:
+    /// no file of the keychain holds the secret, and once the device stops
+    /// the collection is empty.
+    @Test func theSessionCollectionKeepsItemsInMemoryForTheDevicesLife() throws {
+        // A script file, as a client is: its items are its own (an interpreter reading stdin is nobody).
+        try """
+        import sys, secretstorage
+        connection = secretstorage.dbus_init()
+        session = secretstorage.get_collection_by_alias(connection, 'session')
+        found = lambda: list(session.search_items({'app': 'kcfs-session-test'}))
+        if sys.argv[1] == 'store':
+            print(session.collection_path)
+            session.create_item('Temporary', {'app': 'kcfs-session-test'}, b'session-s3cret')
+            session.create_item('Temporary', {'app': 'kcfs-session-test'}, b'replaced-s3cret', replace=True)
+            print(len(found()), found()[0].get_label(), found()[0].get_secret().decode())
+            everywhere = list(secretstorage.search_items(connection, {'app': 'kcfs-session-test'}))
+            print('searched across collections:', len(everywhere))
+        elif sys.argv[1] == 'read':
+            print(sys.argv[2] + ':', found()[0].get_secret().decode(), found()[0].is_locked())
+        elif sys.argv[1] == 'delete':
+            found()[0].delete()
+            print('deleted:', len(found()))
+        elif sys.argv[1] == 'keep':
+            session.create_item('Kept', {'app': 'kcfs-session-test'}, b'kept-s3cret')
+        else:
+            print(sys.argv[2] + ':', len(found()))
+
+        """.write(toFile: harness.root + "/session.py", atomically: true, encoding: .utf8)
+        let used = onBus(
+            """
+            /usr/bin/python3 "$R/session.py" store
+            "$K" lock
+            /usr/bin/python3 "$R/session.py" read 'while locked'
+            /usr/bin/python3 "$R/session.py" delete
+            /usr/bin/python3 "$R/session.py" keep
+            /usr/bin/python3 "$R/session.py" count 'kept'
+            grep -rlE 'replaced-s3cret|kept-s3cret' "$KC" || echo "no file holds it"
+            "$K" stop && "$K" start --secret-service > /dev/null
+            /usr/bin/python3 "$R/session.py" count 'after a restart'
+            """)
+        #expect(
+            used.stdout == """
+                /org/freedesktop/secrets/collection/session
+                1 Temporary replaced-s3cret
+                searched across collections: 1
+                while locked: replaced-s3cret False
+                deleted: 0
+                kept: 1
+                no file holds it
+                after a restart: 0
+
+                """, "\(used)")
+    }
+}
