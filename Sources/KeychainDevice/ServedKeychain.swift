@@ -472,6 +472,10 @@ extension ServedKeychain: SecretStore {
         manager.localDevice.audit.record(
             AuditEvent(operation: operation, result: result, subject: subject, detail: detail))
     }
+    func collectionLabels() -> [String: String] { manager.localDevice.directory.collectionLabels() }
+    func setCollectionLabel(_ label: String?, of group: String) throws(KeychainError) {
+        try manager.localDevice.directory.setCollectionLabel(label, of: group)
+    }
 
     func itemNames() -> [String: [String]] {
         var names: [String: [String]] = [:]

@@ -26,11 +26,13 @@ extension SecretServiceProvider {
     func setProperty(
         _ call: BusCall, object: ObjectPaths.Object, interface: String, name: String, value: PropertyValue?
     ) throws(BusError) -> MethodAnswer {
+        if interface == Self.collectionInterface, name == "Label" {
+            return try setCollectionLabel(call, object: object, value: value)
+        }
         guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
             name == "Label" || name == "Attributes"
         else {
-            throw .notSupported(
-                "only an item's Label and Attributes can be set (a collection's label is its group's name)")
+            throw .notSupported("only an item's Label and Attributes, and a collection's Label, can be set")
         }
         var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
         switch try PropertyValue.itemProperty(name, value) {
@@ -51,6 +53,41 @@ extension SecretServiceProvider {
                 about: .item(path: call.path))
             return EmptyReply()
         }
+    }
+
+    /// A collection's `Label` (the spec declares it read-write; seahorse and
+    /// clients that restore a label after using a collection set it): kept
+    /// beside its group's name, which stays what the mount and the command
+    /// line call it. Who may list the collection may name it; an empty label
+    /// gives it its group's name again.
+    private func setCollectionLabel(_ call: BusCall, object: ObjectPaths.Object, value: PropertyValue?)
+        throws(BusError) -> MethodAnswer
+    {
+        let group: String
+        switch object {
+        case .collection(let named): group = named
+        case .alias(let alias):
+            guard let aliased = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
+            group = aliased
+        default: throw .noSuchObject("no collection at \(call.path)")
+        }
+        guard case .string(let label)? = value else { throw .invalidArguments("a collection's Label is a string") }
+        // The listing refuses a group the caller may not use, or that is gone.
+        _ = try items(of: group, for: call)
+        if group == SessionCollection.group {
+            sessionCollection.label = label.isEmpty ? nil : label
+            return .reply(EmptyReply())
+        }
+        do throws(KeychainError) {
+            try store.setCollectionLabel(label.isEmpty ? nil : label, of: group)
+        } catch .param {
+            throw .invalidArguments(
+                "a collection's label is \(KeychainDirectory.maximumCollectionLabelBytes) bytes at most, and "
+                    + "\(KeychainDirectory.maximumCollectionLabels) collections at most have one")
+        } catch {
+            throw .failed("the label could not be kept: \(error)")
+        }
+        return .reply(EmptyReply())
     }
 
     func properties(
@@ -88,10 +125,16 @@ extension SecretServiceProvider {
         // The listing below refuses a group the caller may not use, or that is gone.
         let items = try self.items(of: group, for: call).map(\.path)
         return [
-            "Items": .objectPaths(items), "Label": .string(group),
+            "Items": .objectPaths(items), "Label": .string(label(of: group)),
             // The session collection never locks, as gnome-keyring's; every other is the keychain's lock.
             "Locked": .bool(group == SessionCollection.group ? false : store.isLocked),
             "Created": .uint64(0), "Modified": .uint64(0)
         ]
+    }
+
+    /// What a collection is called: the label given it, else its group's name.
+    func label(of group: String) -> String {
+        if group == SessionCollection.group { return sessionCollection.label ?? group }
+        return store.collectionLabels()[group] ?? group
     }
 }

@@ -35,6 +35,11 @@ public protocol SecretStore: AnyObject, Sendable {
     /// Records what the provider did on its own in the audit log (an
     /// unlock prompt that failed, and why).
     func record(_ operation: String, result: String, subject: AuditSubject?, detail: String)
+    /// The labels people gave collections, by group (a group without one
+    /// is called by its name).
+    func collectionLabels() -> [String: String]
+    /// Gives `group`'s collection `label` (nil: its name again); ``KeychainError/param`` past the bounds.
+    func setCollectionLabel(_ label: String?, of group: String) throws(KeychainError)
 }
 
 /// Which requests of the bus reach the audit log: every read of a value,

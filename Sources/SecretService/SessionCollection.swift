@@ -22,6 +22,12 @@ final class SessionCollection: Sendable {
         var details: ItemDetails?
     }
     private let items = Mutex<[String: Item]>([:])
+    private let givenLabel = Mutex<String?>(nil)
+    /// The label a client gave it (nil: its name), in memory as its items are.
+    var label: String? {
+        get { givenLabel.withLock { $0 } }
+        set { givenLabel.withLock { $0 = newValue } }
+    }
 
     /// The reply to `request` when it is about the session collection; nil for any other group.
     func answer(_ request: ItemRequest) -> DeviceReply? {

@@ -254,15 +254,24 @@ extension SerialTests {
             #expect(access(harness.root + "/b.kcbak", F_OK) != 0)
         }
 
+        /// The command names a help line starts with: `get, show  Print…` is `get` and its alias `show`.
+        static func names(inHelpLine line: String) -> [String] {
+            var names: [String] = []
+            for word in line.split(separator: " ") {
+                names.append(String(word.hasSuffix(",") ? word.dropLast() : word))
+                if !word.hasSuffix(",") { break }
+            }
+            return names
+        }
+
         /// Every subcommand the top-level help lists answers `--help`, `exec`
         /// too, whose other words are the command it runs.
         @Test func everyCommandHasHelp() throws {
             let harness = try MountHarness()
             let top = harness.sh("\"$K\" --help").stdout
             let listed = top.split(separator: "\n").drop { !$0.hasPrefix("SUBCOMMANDS:") }.dropFirst()
-                .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && !$0.hasPrefix("  See ") }.compactMap {
-                    $0.split(separator: " ").first.map(String.init)
-                }
+                .filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && !$0.hasPrefix("  See ") }
+                .flatMap { Self.names(inHelpLine: String($0)) }
             #expect(listed.contains("exec") && listed.contains("service") && listed.count >= 20, "\(listed)")
             for command in listed where command != "help" {
                 let help = harness.sh("\"$K\" \"$1\" --help", arguments: [command])

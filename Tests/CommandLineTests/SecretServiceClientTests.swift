@@ -391,3 +391,46 @@ extension SerialTests.SecretServiceTests {
                 """, "\(used)")
     }
 }
+
+extension SerialTests.SecretServiceTests {
+    /// A collection's `Label` is read-write in the Secret Service API, and
+    /// seahorse and client libraries set it; it answered NotSupported. Now
+    /// the label is the collection's own, kept beside its group's name
+    /// across restarts of the device, while the mount and the command line
+    /// go on calling the group by its name (a booted device is locked: the
+    /// label is read all the same); an empty label gives the name back.
+    @Test func aCollectionsLabelCanBeSetAndIsKept() throws {
+        try """
+        import sys, secretstorage
+        connection = secretstorage.dbus_init()
+        collection = secretstorage.get_default_collection(connection)
+        session = secretstorage.get_collection_by_alias(connection, 'session')
+        if sys.argv[1] == 'set':
+            collection.set_label('Work passwords')
+            session.set_label('Scratch')
+        elif sys.argv[1] == 'clear':
+            collection.set_label('')
+        print(collection.get_label(), '/', session.get_label())
+
+        """.write(toFile: harness.root + "/label.py", atomically: true, encoding: .utf8)
+        let used = onBus(
+            """
+            /usr/bin/python3 "$R/label.py" show
+            /usr/bin/python3 "$R/label.py" set
+            "$K" stop && "$K" start --secret-service > /dev/null
+            /usr/bin/python3 "$R/label.py" show
+            "$K" ls
+            printf '%s\\n' "$PASSCODE" | "$K" unlock
+            /usr/bin/python3 "$R/label.py" clear
+            """)
+        #expect(
+            used.stdout == """
+                default / session
+                Work passwords / Scratch
+                Work passwords / session
+                default
+                default / session
+
+                """, "\(used)")
+    }
+}

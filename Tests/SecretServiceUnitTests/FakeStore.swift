@@ -35,6 +35,11 @@ final class FakeStore: SecretStore, @unchecked Sendable {
         return consent
     }
     func record(_ operation: String, result: String, subject: AuditSubject?, detail: String) {}
+    let labels = Mutex<[String: String]>([:])
+    func collectionLabels() -> [String: String] { labels.withLock { $0 } }
+    func setCollectionLabel(_ label: String?, of group: String) throws(KeychainError) {
+        labels.withLock { $0[group] = label }
+    }
 
     func perform<Result: DeviceResult>(
         _ call: DeviceCall<Result>, program: () -> ProgramIdentity?, subject: () -> AuditSubject?,
