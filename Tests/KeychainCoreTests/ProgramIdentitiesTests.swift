@@ -61,7 +61,8 @@ import Foundation
             (["python3", "-u", "-W", "ignore", "x.py"], python, .path("x.py")),
             (["python3", "-c", "print(1)"], python, .inline("-c")),
             (["python3", "-Bc", "print(1)"], python, .inline("-Bc")),
-            (["python3", "-m", "keyring", "get", "a", "b"], python, .inline("-m")),
+            (["python3", "-m", "keyring", "get", "a", "b"], python, .module("keyring")),
+            (["python3", "-u", "-mhttp.server"], python, .module("http.server")),
             (["python3"], python, .none),
             (["python3", "-"], python, .none),
             (["python3", "--", "-x.py"], python, .path("-x.py")),
@@ -74,6 +75,59 @@ import Foundation
         for (arguments, kind, expected) in cases {
             #expect(Interpreters.scriptArgument(arguments, kind: kind) == expected, "\(arguments)")
         }
+    }
+
+    /// `python3 -m MODULE` was "a program that could not be identified", so
+    /// every item it made was asked about on every later use, even by
+    /// itself. Now the module is its file, found where Python finds it (the
+    /// working directory first, then the system's packages): a module, a
+    /// package's `__main__.py`, a module of the standard library; a name
+    /// found nowhere says so.
+    @Test func aModuleRunByNameIsItsFile() throws {
+        let directory = try makeTemporaryDirectory("kcfs-module", in: "/tmp/")
+        defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
+        try FileManager.default.createDirectory(atPath: directory + "/kcfspkg", withIntermediateDirectories: true)
+        for file in ["/kcfsmodule.py", "/kcfspkg/__init__.py", "/kcfspkg/__main__.py"] {
+            try "import sys\nsys.stdin.readline()\n".write(toFile: directory + file, atomically: true, encoding: .utf8)
+            chmod(directory + file, 0o644)
+        }
+        let version = URL(fileURLWithPath: "/usr/bin/python3").resolvingSymlinksInPath().lastPathComponent
+        for (module, expected) in [
+            ("kcfsmodule", directory + "/kcfsmodule.py"), ("kcfspkg", directory + "/kcfspkg/__main__.py"),
+            ("json.tool", "/usr/lib/\(version)/json/tool.py"), ("kcfs_no_such_module", nil)
+        ] {
+            var ends: [Int32] = [0, 0]
+            #expect(pipe(&ends) == 0)
+            var options = Spawn.Options()
+            options.descriptors = [(0, ends[0])]
+            let arguments = ["/usr/bin/python3", "-m", module]
+            let pid = try #require(
+                Spawn.start(["/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", directory] + arguments, options: options))
+            close(ends[0])
+            let whole = Array(arguments.joined(separator: "\0").utf8) + [0]
+            while ProgramIdentities.readProcFile(pid, "cmdline", limit: 4096) != whole { sched_yield() }
+            let identity = try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
+            close(ends[1])
+            _ = Spawn.wait(pid)
+            if let expected {
+                guard case .file(let path, let digest)? = identity.script else {
+                    Issue.record("\(module): \(String(describing: identity.script))")
+                    continue
+                }
+                #expect(path == expected && digest.count == 32, "\(module)")
+            } else {
+                #expect(
+                    identity.script == .unidentifiable("it runs the module \(module), whose file cannot be found"))
+            }
+        }
+        // A script others may write is never trusted as a program, and the question says why.
+        chmod(directory + "/kcfsmodule.py", 0o664)
+        let shared = Interpreters.file(directory + "/kcfsmodule.py", of: getpid(), uid: getuid())
+        #expect(
+            shared
+                == .unidentifiable(
+                    "its script \(directory)/kcfsmodule.py may be written by others (it is yours, and its group may "
+                        + "write it): a program that names it runs whatever is written there next"))
     }
 
     /// This test's own process is no interpreter; a shell it starts is, with

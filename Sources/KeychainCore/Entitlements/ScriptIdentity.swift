@@ -5,8 +5,9 @@ import Glibc
 /// What an interpreter runs (issue 37): its executable says nothing of the
 /// script, so `python3 x.py` and `python3 y.py` would be one program. For
 /// an interpreter the owner rule reads the script too, from the process's
-/// command line: a file is its path and SHA-256; code given on the command
-/// line, read from standard input, a module run by name, a file others may
+/// command line: a file is its path and SHA-256, and so is a module run by
+/// name (`python3 -m NAME`, the file Python finds for it); code given on the
+/// command line, read from standard input, a file others may
 /// write, or an environment that loads code into the interpreter
 /// (`PYTHONPATH`, `NODE_OPTIONS`...) is an identity no owner matches, so
 /// such a process is asked about every time, and allowed once at most.
@@ -30,7 +31,7 @@ package enum Interpreters {
     }
 
     static let python = Kind(
-        name: "python", inline: ["-c", "-m"], takesValue: ["-W", "-X", "-Q"],
+        name: "python", inline: ["-c"], takesValue: ["-W", "-X", "-Q"],
         injecting: ["PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE"])
     static let perl = Kind(
         name: "perl", inline: ["-e", "-E"], takesValue: ["-I", "-M", "-m", "-x"],
@@ -104,13 +105,71 @@ package enum Interpreters {
             return .unidentifiable("it runs code from its standard input")
         case .path(let path):
             return file(path, of: thread, uid: uid)
+        case .module(let name):
+            guard let path = moduleFile(name, of: thread, arguments: arguments) else {
+                return .unidentifiable("it runs the module \(name), whose file cannot be found")
+            }
+            return file(path, of: thread, uid: uid)
         }
     }
 
     enum ScriptArgument: Equatable {
         case path(String)
         case inline(String)
+        /// `python3 -m NAME`: a module run by name.
+        case module(String)
         case none
+    }
+
+    /// The file `python3 -m NAME` runs, found in the order Python's
+    /// `sys.path` has: the working directory (`sys.path[0]` under `-m`,
+    /// unless `-I` or `-P`), the standard library of that version, the
+    /// user's site-packages (unless `-s` or `-I`), then the system's
+    /// packages (PYTHONPATH is refused before this, as code it loads). In
+    /// each, a package (a directory with `__init__.py`) comes before a
+    /// module of the same name, as Python's finder takes it; a package runs
+    /// its `__main__.py`. Nil when none holds it (a zip, an extension module,
+    /// a path from a `.pth` file): that is no file a person could name.
+    static func moduleFile(_ name: String, of thread: pid_t, arguments: [String]) -> String? {
+        let parts = name.split(separator: ".", omittingEmptySubsequences: false)
+        guard !parts.isEmpty, parts.allSatisfy({ !$0.isEmpty && !$0.contains("/") }) else { return nil }
+        let relative = parts.joined(separator: "/")
+        let flags = Set(arguments.dropFirst().prefix { $0.hasPrefix("-") && $0 != "-m" && !$0.hasPrefix("-m") })
+        let flagLetters = Set(flags.filter { !$0.hasPrefix("--") }.flatMap { $0.dropFirst() })
+        let isolated = flagLetters.contains("I")
+        var directories: [String] = []
+        if !isolated, !flagLetters.contains("P"),
+            let cwd = ProgramIdentities.withProcPath(thread, "cwd", { ProgramIdentities.linkTarget($0) })
+        {
+            directories.append(cwd == "/" ? "" : cwd)
+        }
+        let program = ProgramIdentities.withProcPath(thread, "exe", { ProgramIdentities.linkTarget($0) }) ?? ""
+        let version = String(program.split(separator: "/").last ?? "")
+        guard version.hasPrefix("python3.") else { return nil }
+        directories.append("/usr/lib/\(version)")
+        if !isolated, !flagLetters.contains("s"), let home = homeOf(thread) {
+            directories.append(home + "/.local/lib/\(version)/site-packages")
+        }
+        directories += ["/usr/local/lib/\(version)/dist-packages", "/usr/lib/python3/dist-packages"]
+        func isFile(_ path: String) -> Bool {
+            var info = stat()
+            return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFREG
+        }
+        for directory in directories {
+            let base = directory + "/" + relative
+            if isFile(base + "/__init__.py") { return isFile(base + "/__main__.py") ? base + "/__main__.py" : nil }
+            if isFile(base + ".py") { return base + ".py" }
+        }
+        return nil
+    }
+
+    /// The home of the process's user, from its environment's `HOME`.
+    private static func homeOf(_ thread: pid_t) -> String? {
+        guard let environment = ProgramIdentities.readProcFile(thread, "environ", limit: 1 << 20) else { return nil }
+        for entry in environment.split(separator: 0) where entry.starts(with: Array("HOME=".utf8)) {
+            return String(decoding: entry.dropFirst(5), as: UTF8.self)
+        }
+        return nil
     }
 
     /// The script an interpreter's arguments name: the first argument
@@ -122,6 +181,13 @@ package enum Interpreters {
             if argument == "--" { return index + 1 < arguments.count ? .path(arguments[index + 1]) : .none }
             guard argument.hasPrefix("-") || (kind.name == "sh" && argument.hasPrefix("+")), argument != "-" else {
                 return argument == "-" ? .none : .path(argument)
+            }
+            // `python3 -m NAME` (or `-mNAME`): a module run by name, found as Python finds it.
+            if kind.name == "python", argument.hasPrefix("-m"), !argument.hasPrefix("--") {
+                let name =
+                    argument == "-m"
+                    ? (index + 1 < arguments.count ? arguments[index + 1] : "") : String(argument.dropFirst(2))
+                return name.isEmpty ? .none : .module(name)
             }
             // `-c`, and a bundle holding it (`sh -ec`, `python3 -Bc`), gives code inline.
             let option = String(argument.prefix(2))
@@ -153,7 +219,11 @@ package enum Interpreters {
             return .unidentifiable("its script \(path) is not a file")
         }
         guard info.st_uid == uid || info.st_uid == 0, info.st_mode & 0o022 == 0 else {
-            return .unidentifiable("its script \(path) may be written by others")
+            let owner = info.st_uid == uid ? "yours" : info.st_uid == 0 ? "root's" : "another user's"
+            return .unidentifiable(
+                "its script \(path) may be written by others (it is \(owner), and "
+                    + (info.st_mode & 0o002 != 0 ? "every user may write it" : "its group may write it")
+                    + "): a program that names it runs whatever is written there next")
         }
         guard let digest = ProgramIdentities.digest(of: fd.raw, info: info) else {
             return .unidentifiable("its script \(path) cannot be read")
