@@ -114,12 +114,7 @@ import Glibc
     /// flood: 200 calls started 200 pinentries).
     @Test func concurrentCallsShareOneQuestionAndAFloodIsDeniedUnasked() throws {
         let gate = Gate()
-        let asked = Atomic<Int>(0)
-        let questions = ConsentQuestions { _, _, _ in
-            asked.add(1, ordering: .relaxed)
-            gate.wait()
-            return .allowedOnce
-        }
+        let (questions, shown) = Self.questionsAllowedOnce(after: gate)
         let answers = Mutex<[String]>([])
         var threads: [pthread_t] = []
         // 20 calls about one item, then 4 more items of the same program, then 6 other programs.
@@ -143,7 +138,7 @@ import Glibc
         #expect(all.count == calls.count)
         #expect(all.filter { $0 == "/usr/bin/a one allowed-once" }.count == 20, "\(all)")
         // Three questions for /usr/bin/a (one, two, three: the first three open), eight in all.
-        #expect(asked.load(ordering: .relaxed) == ConsentQuestions.overall, "\(all)")
+        #expect(shown.count.load(ordering: .relaxed) == ConsentQuestions.overall, "\(all)")
         #expect(all.contains("/usr/bin/a four denied this program has too many questions open"), "\(all)")
         #expect(all.filter { $0.hasSuffix("too many questions are open") }.count == 1, "\(all)")
     }
@@ -210,6 +205,22 @@ import Glibc
         return directory
     }
 
+    /// How many questions were shown.
+    private final class Shown: Sendable {
+        let count = Atomic<Int>(0)
+    }
+
+    /// Questions the person allows once, each counted when shown and answered once `gate` opens.
+    private static func questionsAllowedOnce(after gate: Gate) -> (ConsentQuestions, Shown) {
+        let shown = Shown()
+        let questions = ConsentQuestions { _, _, _ in
+            shown.count.add(1, ordering: .relaxed)
+            gate.wait()
+            return .allowedOnce
+        }
+        return (questions, shown)
+    }
+
     /// A question of `program` about `item`, asked by the process `process` (this one unless named).
     static func question(_ program: String, _ item: String, process: pid_t = getpid()) -> ConsentQuestion {
         PasswordManager.question(
@@ -271,12 +282,7 @@ import Glibc
             _ = Spawn.wait(hidden)
         }
         let gate = Gate()
-        let asked = Atomic<Int>(0)
-        let questions = ConsentQuestions { _, _, _ in
-            asked.add(1, ordering: .relaxed)
-            gate.wait()
-            return .allowedOnce
-        }
+        let (questions, shown) = Self.questionsAllowedOnce(after: gate)
         var threads: [pthread_t] = []
         for process in [getpid(), hidden, getpid()] {
             let question = Self.question("/usr/bin/keychainfs", "x", process: process)
@@ -285,11 +291,11 @@ import Glibc
         }
         // Two questions shown (the person's process's, the hidden one's), not one.
         let deadline = MonotonicClock.seconds() + 10
-        while asked.load(ordering: .relaxed) < 2 && MonotonicClock.seconds() < deadline { sched_yield() }
+        while shown.count.load(ordering: .relaxed) < 2 && MonotonicClock.seconds() < deadline { sched_yield() }
         gate.post()
         gate.post()
         for thread in threads { pthread_join(thread, nil) }
-        #expect(asked.load(ordering: .relaxed) == 2)
+        #expect(shown.count.load(ordering: .relaxed) == 2)
     }
 
     /// A pinentry that ignores SETTIMEOUT and never answers is ended at the

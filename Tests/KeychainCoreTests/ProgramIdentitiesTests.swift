@@ -77,6 +77,27 @@ import Foundation
         }
     }
 
+    /// The identity of the interpreter `arguments` start, read while it
+    /// waits on its standard input: through `launcher` (which execs it), or
+    /// started directly when that is empty.
+    static func identity(running launcher: [String], then arguments: [String]) throws -> ProgramIdentity {
+        var ends: [Int32] = [0, 0]
+        #expect(pipe(&ends) == 0)
+        var options = Spawn.Options()
+        options.descriptors = [(0, ends[0])]
+        let pid = try #require(Spawn.start(launcher + arguments, options: options))
+        close(ends[0])
+        defer {
+            close(ends[1])
+            _ = Spawn.wait(pid)
+        }
+        // It runs once /proc shows its whole command line (execve names the new executable
+        // before it sets up the arguments: fs/exec.c begin_new_exec, then create_elf_tables).
+        let expected = Array(arguments.joined(separator: "\0").utf8) + [0]
+        while ProgramIdentities.readProcFile(pid, "cmdline", limit: 4096) != expected { sched_yield() }
+        return try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
+    }
+
     /// `python3 -m MODULE` was "a program that could not be identified", so
     /// every item it made was asked about on every later use, even by
     /// itself. Now the module is its file, found where Python finds it (the
@@ -96,19 +117,9 @@ import Foundation
             ("kcfsmodule", directory + "/kcfsmodule.py"), ("kcfspkg", directory + "/kcfspkg/__main__.py"),
             ("json.tool", "/usr/lib/\(version)/json/tool.py"), ("kcfs_no_such_module", nil)
         ] {
-            var ends: [Int32] = [0, 0]
-            #expect(pipe(&ends) == 0)
-            var options = Spawn.Options()
-            options.descriptors = [(0, ends[0])]
-            let arguments = ["/usr/bin/python3", "-m", module]
-            let pid = try #require(
-                Spawn.start(["/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", directory] + arguments, options: options))
-            close(ends[0])
-            let whole = Array(arguments.joined(separator: "\0").utf8) + [0]
-            while ProgramIdentities.readProcFile(pid, "cmdline", limit: 4096) != whole { sched_yield() }
-            let identity = try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
-            close(ends[1])
-            _ = Spawn.wait(pid)
+            let identity = try Self.identity(
+                running: ["/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", directory],
+                then: ["/usr/bin/python3", "-m", module])
             if let expected {
                 guard case .file(let path, let digest)? = identity.script else {
                     Issue.record("\(module): \(String(describing: identity.script))")
@@ -140,19 +151,7 @@ import Foundation
         for (arguments, expectFile) in [
             (["/bin/sh", directory + "/wait.sh"], true), (["/bin/sh", "-c", "read line"], false)
         ] {
-            var ends: [Int32] = [0, 0]
-            #expect(pipe(&ends) == 0)
-            var options = Spawn.Options()
-            options.descriptors = [(0, ends[0])]
-            let pid = try #require(Spawn.start(arguments, options: options))
-            close(ends[0])
-            // The shell is running once /proc shows its whole command line (execve names the new
-            // executable before it sets up the arguments: fs/exec.c begin_new_exec, then create_elf_tables).
-            let expected = Array(arguments.joined(separator: "\0").utf8) + [0]
-            while ProgramIdentities.readProcFile(pid, "cmdline", limit: 4096) != expected { sched_yield() }
-            let identity = try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
-            close(ends[1])
-            _ = Spawn.wait(pid)
+            let identity = try Self.identity(running: [], then: arguments)
             if expectFile {
                 guard case .file(let path, let digest)? = identity.script else {
                     Issue.record("\(String(describing: identity.script))")
