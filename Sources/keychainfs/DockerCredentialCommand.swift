@@ -47,7 +47,8 @@ struct DockerCredentialCommand: ParsableCommand {
     private func perform() throws {
         switch action {
         case "version":
-            print("docker-credential-keychainfs (keychainfs)")
+            // docker-credential-helpers print their name and version (`docker-credential-pass v0.8.2`).
+            print("docker-credential-keychainfs \(KeychainFSCommand.version)")
             return
         case "store", "get", "erase", "list":
             break

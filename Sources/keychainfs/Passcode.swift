@@ -40,6 +40,10 @@ enum Passcode {
             // Prompting first lost an answer typed at once (a test's pty
             // driver, a fast typist) and the read then waited forever.
             tcgetattr(0, &saved)
+            // Ctrl-C (or a hang-up, a kill) at the prompt ends the command:
+            // the terminal gets its echo back first (as readpassphrase(3) does).
+            terminalToRestore = saved
+            for signal in Self.endingSignals { Glibc.signal(signal, restoreTerminalAndEnd) }
             var quiet = saved
             quiet.c_lflag &= ~tcflag_t(ECHO)
             tcsetattr(0, TCSAFLUSH, &quiet)
@@ -49,6 +53,7 @@ enum Passcode {
             if terminal {
                 // Without a flush: the next answer may already be typed.
                 tcsetattr(0, TCSANOW, &saved)
+                for signal in Self.endingSignals { Glibc.signal(signal, SIG_DFL) }
                 printError("")
             }
         }
@@ -74,4 +79,19 @@ enum Passcode {
         }
         return try? buffer.snapshot()
     }
+
+    /// The signals that end a command at its prompt.
+    static let endingSignals = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
+}
+
+/// The terminal's settings from before a passcode prompt turned its echo off.
+nonisolated(unsafe) private var terminalToRestore = termios()
+
+/// Puts the terminal's echo back, then ends the command by the signal that
+/// came, as it would have ended: tcsetattr(3) and raise(3) are
+/// async-signal-safe (signal-safety(7)).
+private func restoreTerminalAndEnd(_ signal: Int32) {
+    tcsetattr(0, TCSANOW, &terminalToRestore)
+    Glibc.signal(signal, SIG_DFL)
+    raise(signal)
 }

@@ -179,6 +179,12 @@ extension SerialTests {
             let bin = harness.root + "/bin"
             #expect(mkdir(bin, 0o700) == 0 && symlink(harness.binary, bin + "/docker-credential-keychainfs") == 0)
             let helper = "KEYCHAINFS_KEYCHAIN=\"$KC\" \"$R/bin/docker-credential-keychainfs\""
+            // As docker-credential-helpers say theirs: the name and the version.
+            let version = harness.sh("\(helper) version").stdout.trimmingCharacters(in: .newlines)
+            #expect(
+                version.hasPrefix("docker-credential-keychainfs ")
+                    && harness.sh("\"$K\" --version").stdout.contains(version.split(separator: " ").last ?? "-"),
+                "\(version)")
             let url = "https://registry.example.com/v2/"
             let stored = harness.sh(
                 "printf '%s' '{\"ServerURL\":\"\(url)\",\"Username\":\"ada\",\"Secret\":\"s3\\\"cret\"}' | \(helper) store"

@@ -302,6 +302,38 @@ extension SerialTests.CommandLineTests {
         #expect(!FileManager.default.fileExists(atPath: harness.root + "/tty-keychain-2/keychain.db"))
     }
 
+    /// Ctrl-C at a passcode prompt ended the command with the terminal's
+    /// echo still off: what the person typed next was invisible. Now the
+    /// echo comes back before the command ends by the signal.
+    @Test func ctrlCAtAPasscodePromptLeavesTheTerminalEchoing() throws {
+        let harness = try MountHarness()
+        let interrupted = harness.sh(
+            """
+            python3 - "$K" unlock --keychain "$KC" <<'PY'
+            import os, pty, sys, termios
+            pid, fd = pty.fork()
+            if pid == 0:
+                os.execv(sys.argv[1], sys.argv[1:])
+            shown = b""
+            while not shown.rstrip().endswith(b":"):
+                shown += os.read(fd, 1024)
+            # The prompt is up, the echo off: Ctrl-C, as a person types it.
+            print("echo at the prompt:", bool(termios.tcgetattr(fd)[3] & termios.ECHO))
+            os.write(fd, b"\\x03")
+            _, status = os.waitpid(pid, 0)
+            print("ended by signal", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+            print("echo after:", bool(termios.tcgetattr(fd)[3] & termios.ECHO))
+            PY
+            """)
+        #expect(
+            interrupted.stdout == """
+                echo at the prompt: False
+                ended by signal 2
+                echo after: True
+
+                """, "\(interrupted)")
+    }
+
     /// Python's pty module plays the terminal: runs its arguments, types
     /// `$ANSWERS` (comma-separated) at each prompt (a line ending in `:`),
     /// and prints the exit code and what the terminal showed. It types once

@@ -28,10 +28,11 @@ extension SerialTests {
                 if !hadAccount { _ = harness.sh("userdel keychainfs 2>/dev/null") }
                 if !hadState { _ = harness.sh("rm -rf /var/lib/keychainfs") }
             }
-            let built = harness.sh("cd \"$1\" && ./scripts/package 2>&1", arguments: [Self.repository])
+            // Packaging took 72 s on a loaded two-core machine: the 30 s that guards a hung mount is not its limit.
+            let built = harness.sh("cd \"$1\" && ./scripts/package 2>&1", arguments: [Self.repository], limit: 900)
             #expect(built.succeeded, "\(built)")
             let package = try #require(built.stdout.split(separator: "\n").last.map { Self.repository + "/" + $0 })
-            let install = harness.sh("dpkg -i \"$1\" 2>&1", arguments: [package])
+            let install = harness.sh("dpkg -i \"$1\" 2>&1", arguments: [package], limit: 300)
             try #require(install.succeeded, "\(install)")
 
             // The command, its man page, its helper names.

@@ -206,9 +206,12 @@ package final class MountHarness: @unchecked Sendable {
     /// test instead of hanging it) with `$K`, `$KC`, `$R` set and `$1...` =
     /// arguments, as the harness's user, or as root (`asRoot`: what a
     /// system's own programs do to it, e.g. PAM's).
-    package func sh(_ script: String, arguments: [String] = [], stdin: String? = nil, asRoot: Bool = false)
-        -> ShellResult
-    {
+    /// `limit`: the seconds after which the script is taken for hung; a
+    /// guard against a hang, not a measure of speed (what takes long on a
+    /// loaded machine, building a package, gets a limit of its own).
+    package func sh(
+        _ script: String, arguments: [String] = [], stdin: String? = nil, asRoot: Bool = false, limit: Int = 30
+    ) -> ShellResult {
         let id = UUID().uuidString
         let input = root + "/.in-" + id, output = root + "/.out-" + id, errors = root + "/.err-" + id
         _ = FileManager.default.createFile(atPath: input, contents: Data((stdin ?? "").utf8))
@@ -221,7 +224,7 @@ package final class MountHarness: @unchecked Sendable {
         options.descriptors = [(0, inFD), (1, outFD), (2, errFD)]
         let asUser = asRoot ? [] : user.map { ["/usr/sbin/runuser", "-u", $0.name, "--"] } ?? []
         let status = Spawn.run(
-            asUser + ["/usr/bin/timeout", "-k", "5", "30", "/bin/sh", "-c", script, "sh"] + arguments,
+            asUser + ["/usr/bin/timeout", "-k", "5", String(limit), "/bin/sh", "-c", script, "sh"] + arguments,
             options: options)
         return ShellResult(
             status: status,
