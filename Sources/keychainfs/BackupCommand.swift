@@ -31,6 +31,12 @@ struct BackupCommand: ParsableCommand {
 
     func run() throws {
         let path = absolutePath(file)
+        // Where it cannot be written is said before any passcode or password is asked for.
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) }.flatMap { $0.isEmpty ? "/" : $0 } ?? "."
+        guard access(directory, W_OK | X_OK) == 0 else {
+            throw fail(
+                "cannot write a backup in \(directory): \(Errno.current.description); nothing was asked or written")
+        }
         let holder = try KeysHolder.find(options.place)
         defer { holder.finish() }
         let password = try Passcode.readNew(prompt: "Backup password: ", missing: "no backup password given")

@@ -39,6 +39,15 @@ struct RestoreCommand: ParsableCommand {
     func run() throws {
         let path = absolutePath(file)
         let policy: RestoreConflictPolicy = keep ? .keep : overwrite ? .overwrite : .refuse
+        // A missing or foreign file is said before any passcode or password is asked for.
+        guard access(path, R_OK) == 0 else {
+            throw fail("cannot read \(path): \(Errno.current.description); nothing was asked or restored")
+        }
+        do {
+            try BackupFile.checkReadable(path)
+        } catch {
+            throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))
+        }
         let holder = try KeysHolder.find(options.place)
         defer { holder.finish() }
         guard let password = Passcode.read(prompt: "Backup password: "), password.count > 0 else {

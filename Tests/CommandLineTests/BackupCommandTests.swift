@@ -193,6 +193,24 @@ extension SerialTests {
             let after = try #require(peakKiB())
             #expect(after - before < 64 << 10, "the device's peak memory grew from \(before) to \(after) KiB")
             #expect(readFile(mnt + "/default/kept") == "v")
+
+            // What is wrong with the file or the place is said before any password is asked
+            // for (no standard input given here): before, the password came first, and a backup
+            // into a missing directory asked for it twice and then printed its error twice.
+            let missing = harness.sh("\"$K\" restore \"$R/no-such-backup\" --keychain \"$KC\" < /dev/null")
+            #expect(
+                missing.status == 1
+                    && missing.stderr == "keychainfs: cannot read \(harness.root)/no-such-backup: No such file or "
+                        + "directory; nothing was asked or restored\n",
+                "\(missing)")
+            let foreign = harness.sh("\"$K\" restore \"$R/foreign\" --keychain \"$KC\" < /dev/null")
+            #expect(foreign.stderr.contains("is not a keychainfs backup") && !foreign.stderr.contains("password"))
+            let nowhere = harness.sh("\"$K\" backup \"$R/no-such-directory/b.kcbak\" --keychain \"$KC\" < /dev/null")
+            #expect(
+                nowhere.status == 1
+                    && nowhere.stderr == "keychainfs: cannot write a backup in \(harness.root)/no-such-directory: No "
+                        + "such file or directory; nothing was asked or written\n",
+                "\(nowhere)")
         }
     }
 }

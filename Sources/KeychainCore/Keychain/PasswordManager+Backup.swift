@@ -308,6 +308,16 @@ extension BackupFile {
     /// file that is not a backup (``KeychainError/param``) or is larger than
     /// ``maximumFileSize`` (``KeychainError/valueTooLarge``) costs no memory.
     /// A regular file only (a FIFO or device would block or never end).
+    /// Whether `path` can be read and begins as a backup: what `restore`
+    /// checks before it asks for any password, so that a missing or foreign
+    /// file is said at once rather than after the person typed one.
+    public static func checkReadable(_ path: String) throws(KeychainError) {
+        guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else {
+            throw fileFailure("read", path)
+        }
+        _ = try readHead(of: fd.raw, name: path)
+    }
+
     public static func load(from path: String) throws(KeychainError) -> [UInt8] {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else {
             throw fileFailure("read", path)
