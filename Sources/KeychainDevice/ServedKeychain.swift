@@ -366,6 +366,10 @@ extension ServedKeychain {
         {
             return ItemConsent.deniedSentence(item: group + "/" + identifier, owner: owner)
         }
+        if error == .diskFull {
+            return "no space left on the device holding \(manager.localDevice.directory.path): free some space "
+                + "there; nothing was changed"
+        }
         guard error == .quotaExceeded, let limits = serviceLimits else { return error.description }
         let use = manager.localDevice.quotaUse
         let mebibytes = { (bytes: Int) -> String in

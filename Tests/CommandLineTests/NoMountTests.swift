@@ -118,3 +118,43 @@ extension SerialTests {
         }
     }
 }
+
+extension SerialTests {
+    /// A keychain on a full filesystem (a small tmpfs, filled): `set` said
+    /// "could not be read or written", as if the store were damaged. Now it
+    /// says that the device holding the keychain has no space left, exits
+    /// 1, and the old value stays; once there is room again, the write goes
+    /// through.
+    @Suite struct FullDiskTests {
+        @Test func aFullDiskIsSaidAsSuchAndChangesNothing() throws {
+            let harness = try MountHarness(creating: false)
+            let small = harness.root + "/small"
+            try FileManager.default.createDirectory(atPath: small, withIntermediateDirectories: true)
+            try #require(Spawn.run(["/bin/mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", small]) == 0)
+            defer { _ = Spawn.run(["/bin/umount", "-l", small]) }
+            let used = harness.sh(
+                """
+                export KEYCHAINFS_KEYCHAIN="$1/keychain"
+                printf '1234\\n1234\\n' | "$K" init > /dev/null && printf '1234\\n' | "$K" unlock || exit 90
+                printf old | "$K" set default/x || exit 91
+                # The rest of the filesystem, taken.
+                dd if=/dev/zero of="$1/fill" bs=64k 2> /dev/null
+                head -c 200000 /dev/urandom | "$K" set default/x; echo "set: $?"
+                "$K" get default/x; echo
+                rm "$1/fill"
+                printf new | "$K" set default/x && "$K" get default/x; echo
+                "$K" stop
+                """, arguments: [small])
+            #expect(
+                used.stdout == """
+                    set: 1
+                    old
+                    new
+
+                    """, "\(used)")
+            #expect(
+                used.stderr.contains("no space left on the device holding \(small)/keychain: free some space there"),
+                "\(used)")
+        }
+    }
+}

@@ -50,6 +50,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .keychainInUse: return KeychainError.badRequest.rawValue
         case .insecurePermissions, .tpmUnavailable, .tpmMismatch, .tpmStorageKeyChanged, .rollbackCounterGone:
             return KeychainError.io.rawValue
+        case .diskFull: return KeychainError.quotaExceeded.rawValue  // errSecDskFull
         case .tpmLockedOut, .ownerDenied: return KeychainError.authFailed.rawValue
         case .rolledBack: return KeychainError.decode.rawValue
         default: return rawValue
@@ -98,6 +99,8 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
                 + "it); `keychainfs recover` opens the keychain with its recovery key"
         case .ownerDenied:
             return "the item belongs to another program, and you did not allow this one (or could not be asked)"
+        case .diskFull:
+            return "no space left on the device holding the keychain: free some space there; nothing was changed"
         default: return "keychain error \(rawValue)"
         }
     }
@@ -131,4 +134,7 @@ extension KeychainError {
     /// The keychain's rollback counter is not on the TPM, or another index
     /// took its place (issue 38): `recover` makes a new one (errSecIO family).
     public static let rollbackCounterGone = KeychainError(rawValue: -909_009)
+    /// The filesystem holding the keychain is full (SQLITE_FULL, ENOSPC):
+    /// the write was rolled back, nothing changed (errSecDskFull family).
+    public static let diskFull = KeychainError(rawValue: -909_010)
 }

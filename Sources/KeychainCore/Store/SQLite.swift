@@ -75,6 +75,9 @@ final class SQLiteConnection {
         switch rc & 0xff {
         case SQLITE_OK, SQLITE_ROW, SQLITE_DONE:
             return
+        case SQLITE_FULL:
+            // A full disk is not damage: the transaction is rolled back and the user is told where.
+            throw .diskFull
         case SQLITE_CORRUPT, SQLITE_NOTADB:
             Diagnostics.log("sqlite: database corrupt (\(rc)) in \(context())")
             throw .decode

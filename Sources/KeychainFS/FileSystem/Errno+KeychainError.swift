@@ -22,6 +22,7 @@ extension Errno {
         case .keychainInUse: self = .busy
         // write(2)'s word for a quota (POSIX): the old value stays.
         case .quotaExceeded: self = Errno(EDQUOT)
+        case .diskFull: self = Errno(ENOSPC)
         default: self = .ioError
         }
     }
