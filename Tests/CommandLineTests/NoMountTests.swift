@@ -123,8 +123,9 @@ extension SerialTests {
     /// A keychain on a full filesystem (a small tmpfs, filled): `set` said
     /// "could not be read or written", as if the store were damaged. Now it
     /// says that the device holding the keychain has no space left, exits
-    /// 1, and the old value stays; once there is room again, the write goes
-    /// through.
+    /// 1, and the old value stays; `rm`, which frees space, works (the
+    /// device keeps room for it), and so do `lock` and `unlock`; once there
+    /// is room again, a write goes through.
     @Suite struct FullDiskTests {
         @Test func aFullDiskIsSaidAsSuchAndChangesNothing() throws {
             let harness = try MountHarness(creating: false)
@@ -141,6 +142,11 @@ extension SerialTests {
                 dd if=/dev/zero of="$1/fill" bs=64k 2> /dev/null
                 head -c 200000 /dev/urandom | "$K" set default/x; echo "set: $?"
                 "$K" get default/x; echo
+                # A removal is how space is freed: it works on the full disk, with the room kept for it.
+                "$K" rm default/x; echo "rm: $?"
+                "$K" get default/x 2> /dev/null; echo "get: $?"
+                "$K" lock; echo "lock: $?"
+                printf '1234\\n' | "$K" unlock; echo "unlock: $?"
                 rm "$1/fill"
                 printf new | "$K" set default/x && "$K" get default/x; echo
                 "$K" stop
@@ -149,6 +155,10 @@ extension SerialTests {
                 used.stdout == """
                     set: 1
                     old
+                    rm: 0
+                    get: 2
+                    lock: 0
+                    unlock: 0
                     new
 
                     """, "\(used)")

@@ -94,6 +94,8 @@ extension Device {
         }
         from.purge()
         to.purge()
+        // The collections' labels are the keychain's too (no secret: copied as they are).
+        for (group, label) in directory.collectionLabels() { try target.setCollectionLabel(label, of: group) }
         let policy = entitlements.withLock { $0 }
         try copy.writePolicy(policy)
         copy.entitlements.withLock { $0 = policy }
@@ -146,7 +148,9 @@ extension Device {
         }
         for name in [
             "device-secret", "device-secret.new", "keychain.db", "keychain.db-wal", "keychain.db-shm",
-            "keychain.db.new", "device.lock", AuditLog.fileName, AuditLog.rotatedName, unfinishedMarker
+            "keychain.db.new", "device.lock", AuditLog.fileName, AuditLog.rotatedName, unfinishedMarker,
+            KeychainDirectory.spaceReserveName, KeychainDirectory.collectionLabelsFileName,
+            KeychainDirectory.collectionLabelsFileName + ".new"
         ] {
             unlink(path + "/" + name)
         }

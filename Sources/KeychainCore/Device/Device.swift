@@ -127,6 +127,7 @@ public final class Device: Sendable {
         // Reading it now reports a tampered lockout record at boot.
         _ = try lockoutRecord()
         try store.startWriteAheadLog()
+        directory.keepSpaceReserve()
     }
 
     /// One device per keychain across processes: an exclusive `flock` on

@@ -439,7 +439,13 @@ public final class PasswordManager: Sendable {
             try remote.call(.remove(group: group, identifier: identifier))
             return
         }
-        guard try device.store.delete(group: group, identifier: identifier) else { throw .itemNotFound }
+        do throws(KeychainError) {
+            guard try device.store.delete(group: group, identifier: identifier) else { throw .itemNotFound }
+        } catch .diskFull where device.directory.releaseSpaceReserve() {
+            // A removal is how a person frees space: it uses the room kept for it.
+            guard try device.store.delete(group: group, identifier: identifier) else { throw .itemNotFound }
+            device.directory.keepSpaceReserve()
+        }
     }
 
     /// The class and exact size of an item, or nil; needs no key.

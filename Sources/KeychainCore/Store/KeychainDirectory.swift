@@ -184,3 +184,31 @@ public struct KeychainDirectory: Sendable, Equatable {
         }
     }
 }
+
+/// Room kept on the keychain's filesystem for a removal: on a full disk a
+/// removal needs space too (SQLite's log grows before the database
+/// shrinks), and it is what a person does to free some. The device keeps
+/// ``spaceReserveBytes`` allocated in `KEYCHAIN/space-reserve` (made at boot
+/// and after a removal used it, when there is room), and a removal that
+/// meets a full disk gives it up and tries once more.
+extension KeychainDirectory {
+    static let spaceReserveName = "space-reserve"
+    /// A few removals' worth of log frames (4 KiB pages).
+    static let spaceReserveBytes = 256 << 10
+
+    private var spaceReservePath: String { path + "/" + Self.spaceReserveName }
+
+    /// Allocates the reserve when it is not there (posix_fallocate: blocks
+    /// really taken, not a sparse file); where there is no room for it, none.
+    func keepSpaceReserve() {
+        guard access(spaceReservePath, F_OK) != 0,
+            let fd = FileDescriptor(open(spaceReservePath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600))
+        else { return }
+        if posix_fallocate(fd.raw, 0, off_t(Self.spaceReserveBytes)) != 0 { unlink(spaceReservePath) }
+    }
+
+    /// Gives the reserve up for a removal on a full disk; whether there was one.
+    func releaseSpaceReserve() -> Bool {
+        unlink(spaceReservePath) == 0
+    }
+}
