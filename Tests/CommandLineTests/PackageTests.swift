@@ -187,10 +187,13 @@ extension SerialTests {
                 as_user login enable > /dev/null
                 printf '1234\\n' | pamtester \(pamService) \(user.name) authenticate > /dev/null 2>&1
                 as_user status | head -1
-                as_user stop; rm -rf /run/user/\(user.uid)
                 """)
             #expect(unlocked.stdout == "state: unlocked\n", "\(unlocked)")
-            let removed = harness.sh("dpkg -r keychainfs 2>&1")
+            defer { _ = Spawn.run(["/bin/rm", "-rf", "/run/user/\(user.uid)"]) }
+            // Removed with the user's device running, unlocked: it ends with the package, and the removal says so.
+            let removed = harness.sh("dpkg -r keychainfs 2>&1", limit: 300)
+            #expect(removed.stdout.contains("stopped every running keychainfs device"), "\(removed)")
+            #expect(harness.sh("pgrep -u \(user.name) -x keychainfs").status == 1, "a device outlived its package")
             #expect(harness.sh("grep -c pam_keychainfs \(stacks)").status == 1, "a PAM stack names the removed module")
             #expect(removed.succeeded, "\(removed)")
             #expect(removed.stdout.contains("\(user.name)'s desktop has its own Secret Service back"), "\(removed)")
@@ -200,6 +203,7 @@ extension SerialTests {
             #expect(!FileManager.default.fileExists(atPath: units + "/keychainfs.service"))
             let purged = harness.sh("dpkg --purge keychainfs")
             #expect(purged.succeeded && purged.stderr.contains("left in /var/lib/keychainfs"), "\(purged)")
+            #expect(purged.stderr.contains("each user's own keychain (~/.local/share/keychainfs"), "\(purged)")
             #expect(FileManager.default.fileExists(atPath: "/var/lib/keychainfs/4242/keychain.db"))
             #expect(FileManager.default.fileExists(atPath: kept + "/keychain.db"))
             #expect(!Self.installed(harness))
