@@ -24,7 +24,7 @@ struct KeychainFSCommand: ParsableCommand {
             LockCommand.self, UnlockCommand.self, StatusCommand.self, AutoLockCommand.self, PasscodeCommand.self,
             RecoverCommand.self,
             BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
-            RemoveCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
+            RemoveCommand.self, MoveCommand.self, CopyCommand.self, ListCommand.self, FindCommand.self, GenerateCommand.self, OneTimeCodeCommand.self,
             EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,
             DockerCredentialCommand.self, GrantCommand.self, RevokeCommand.self, PolicyCommand.self, AclCommand.self,
             LogCommand.self, WatchCommand.self, StartCommand.self, StopCommand.self, ServiceCommand.self,

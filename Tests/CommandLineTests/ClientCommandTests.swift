@@ -55,6 +55,44 @@ extension SerialTests {
             #expect(restarted.status == 3 && restarted.stderr.contains("locked"), "\(restarted)")
         }
 
+        /// `mv` and `cp` without a mount, as they are in one: `mv` within a
+        /// group renames in one step and keeps the item's class; across
+        /// groups it copies and removes; `cp` makes a new item of the value;
+        /// `-n` keeps an existing target; a missing source is exit 2. Before,
+        /// `keychainfs mv` was "not a command; did you mean 'rm'?".
+        @Test func mvAndCpWorkWithoutAMountAsInOne() throws {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            let used = harness.sh(
+                """
+                k() { "$K" "$@" --keychain "$KC"; }
+                printf one | k set default/a && mkdir "$1/work"
+                setfattr -n user.keychain.accessible -v afterFirstUnlock "$1/default/a"
+                k mv default/a default/b && k get default/b; echo
+                k get default/a 2> /dev/null; echo "old name: $?"
+                getfattr -n user.keychain.accessible --only-values "$1/default/b"; echo
+                k mv default/b work/c && k get work/c; echo
+                ls "$1/default"
+                k cp work/c default/d && k get default/d; echo
+                printf two | k set default/e
+                k cp -n work/c default/e; echo "no-clobber: $?"
+                k get default/e; echo
+                k mv default/missing default/f; echo "missing: $?"
+                """, arguments: [mnt])
+            #expect(
+                used.stdout == """
+                    one
+                    old name: 2
+                    afterFirstUnlock
+                    one
+                    one
+                    no-clobber: 1
+                    two
+                    missing: 2
+
+                    """, "\(used)")
+            #expect(used.stderr.contains("default/e exists and was kept (--no-clobber)"), "\(used)")
+        }
+
         /// `get` reads the same through its fast path (no argument parser:
         /// the item with `--keychain DIR` before or after it, `--keychain=DIR`,
         /// or the keychain from the environment) as through the parser (`--`

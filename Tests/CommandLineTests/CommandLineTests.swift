@@ -210,7 +210,7 @@ extension SerialTests {
             #expect(unknown.status == 64 && !unknown.stderr.contains("did you mean"), "\(unknown)")
             // No typo is taken for a command that removes, stops or replaces: `mv` once suggested `rm`,
             // `shop` `stop`; and `show` is `get`, as pass users type it.
-            for word in ["mv", "shop", "rn", "lck", "restor"] {
+            for word in ["rmv", "shop", "rn", "lck", "restor"] {
                 let dangerous = harness.sh("\"$K\" \(word) default/x")
                 #expect(dangerous.status == 64, "\(dangerous)")
                 for destructive in ["rm", "stop", "lock", "unmount", "revoke", "restore", "recover", "passcode", "init"]
