@@ -24,6 +24,11 @@ struct BackupCommand: ParsableCommand {
 
     @OptionGroup var options: KeychainOptions
 
+    @Flag(
+        name: .customLong("weak-password"),
+        help: "Accept a backup password that every computer could guess within a thousand years of one core.")
+    var weakPassword = false
+
     @Option(
         name: .customLong("group"),
         help: "Include this group although it has a policy (needs the passcode; repeatable).")
@@ -40,6 +45,15 @@ struct BackupCommand: ParsableCommand {
         let holder = try KeysHolder.find(options.place)
         defer { holder.finish() }
         let password = try Passcode.readNew(prompt: "Backup password: ", missing: "no backup password given")
+        // The file can be attacked offline, away from every lockout: say what a weak password is worth there.
+        let years = BackupPasswordStrength.coreYears(password)
+        if years < BackupPasswordStrength.minimumCoreYears && !weakPassword {
+            throw fail(
+                "a backup can be guessed at away from this machine, and every password like this one takes about "
+                    + BackupPasswordStrength.said(years) + " of one core (a thousand years at least is asked): "
+                    + "choose a longer one (keychainfs generate --print gives one), or --weak-password; "
+                    + "nothing was written")
+        }
         let passcode = policedGroups.isEmpty ? nil : holder.passcode(for: "to back up a policed group")
         let count: Int
         switch holder {

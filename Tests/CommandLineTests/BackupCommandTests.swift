@@ -112,19 +112,19 @@ extension SerialTests {
             func backup(_ name: String, _ options: String = "", stdin: String) -> ShellResult {
                 harness.sh("\"$K\" backup \"$R/\(name)\" --keychain \"$KC\" \(options)", stdin: stdin)
             }
-            let plain = backup("plain.kcbak", stdin: "pw12\npw12\n")
+            let plain = backup("plain.kcbak", stdin: "pw-12-backup\npw-12-backup\n")
             #expect(plain.succeeded && plain.stdout.hasPrefix("backed up 1 item to "), "\(plain)")
-            let wrong = backup("wrong.kcbak", "--group secure", stdin: "pw12\npw12\nnot-it\n")
+            let wrong = backup("wrong.kcbak", "--group secure", stdin: "pw-12-backup\npw-12-backup\nnot-it\n")
             #expect(!wrong.succeeded && wrong.stderr.contains("passcode is wrong"), "\(wrong)")
             #expect(harness.status(mnt)["failed-attempts"] == "1")
-            let none = backup("none.kcbak", "--group secure", stdin: "pw12\npw12\n")
+            let none = backup("none.kcbak", "--group secure", stdin: "pw-12-backup\npw-12-backup\n")
             #expect(!none.succeeded && none.stderr.contains("needs the keychain's passcode"), "\(none)")
-            let open = backup("open.kcbak", "--group default", stdin: "pw12\npw12\n1234\n")
+            let open = backup("open.kcbak", "--group default", stdin: "pw-12-backup\npw-12-backup\n1234\n")
             #expect(!open.succeeded && open.stderr.contains("must name a group with an entitlement policy"), "\(open)")
             for refused in ["wrong.kcbak", "none.kcbak", "open.kcbak"] {
                 #expect(access(harness.root + "/" + refused, F_OK) == -1, "\(refused)")
             }
-            let named = backup("named.kcbak", "--group secure", stdin: "pw12\npw12\n1234\n")
+            let named = backup("named.kcbak", "--group secure", stdin: "pw-12-backup\npw-12-backup\n1234\n")
             #expect(named.succeeded && named.stdout.hasPrefix("backed up 2 items"), "\(named)")
 
             // Another keychain (another device) holding secure/token = ATTACKER, backed up.
@@ -138,20 +138,20 @@ extension SerialTests {
             #expect(
                 harness.sh(
                     "mkdir \"$1/secure\" && printf ATTACKER > \"$1/secure/token\" && \"$K\" backup \"$R/crafted.kcbak\" --keychain \"$2\"",
-                    arguments: [otherMount, other], stdin: "pw12\npw12\n"
+                    arguments: [otherMount, other], stdin: "pw-12-backup\npw-12-backup\n"
                 ).succeeded)
             func restore(stdin: String) -> ShellResult {
                 harness.sh("\"$K\" restore --overwrite \"$R/crafted.kcbak\" --keychain \"$KC\"", stdin: stdin)
             }
-            let noPasscode = restore(stdin: "pw12\n")
+            let noPasscode = restore(stdin: "pw-12-backup\n")
             #expect(
                 !noPasscode.succeeded && noPasscode.stderr.contains("needs the keychain's passcode"), "\(noPasscode)")
-            let wrongPasscode = restore(stdin: "pw12\nnot-it\n")
+            let wrongPasscode = restore(stdin: "pw-12-backup\nnot-it\n")
             #expect(!wrongPasscode.succeeded && wrongPasscode.stderr.contains("keychain passcode"), "\(wrongPasscode)")
             // Counted (the right passcode of the backup above reset the count).
             #expect(harness.status(mnt)["failed-attempts"] == "1")
             #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "s3cret")
-            let restored = restore(stdin: "pw12\n1234\n")
+            let restored = restore(stdin: "pw-12-backup\n1234\n")
             #expect(restored.succeeded && restored.stdout.contains("1 replaced"), "\(restored)")
             #expect(harness.run("granted-cat", mnt + "/secure/token").stdout == "ATTACKER")
 
@@ -205,6 +205,15 @@ extension SerialTests {
                 "\(missing)")
             let foreign = harness.sh("\"$K\" restore \"$R/foreign\" --keychain \"$KC\" < /dev/null")
             #expect(foreign.stderr.contains("is not a keychainfs backup") && !foreign.stderr.contains("password"))
+            // A file that can be attacked offline gets no password worth hours: said, and nothing written.
+            let weak = harness.sh("\"$K\" backup \"$R/weak.kcbak\" --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(
+                weak.status == 1
+                    && weak.stderr.contains("every password like this one takes about 108 minutes of one core")
+                    && !FileManager.default.fileExists(atPath: harness.root + "/weak.kcbak"), "\(weak)")
+            let chosen = harness.sh(
+                "\"$K\" backup \"$R/weak.kcbak\" --weak-password --keychain \"$KC\"", stdin: "1234\n1234\n")
+            #expect(chosen.succeeded, "\(chosen)")
             let nowhere = harness.sh("\"$K\" backup \"$R/no-such-directory/b.kcbak\" --keychain \"$KC\" < /dev/null")
             #expect(
                 nowhere.status == 1

@@ -145,7 +145,8 @@ extension SerialTests {
             #expect(harness.sh("cat \"$1/default/token\"", arguments: [mnt]).stdout == "s3cret")
             // A path only the service could write is not written: the user makes the file.
             let keychain = service.keychain(of: harness.user!)
-            let deputy = harness.sh("\"$K\" backup \"$1/stolen\"", arguments: [keychain], stdin: "pw12\npw12\n")
+            let deputy = harness.sh(
+                "\"$K\" backup \"$1/stolen\"", arguments: [keychain], stdin: "pw-12-backup\npw-12-backup\n")
             #expect(!deputy.succeeded && deputy.stderr.contains("Permission denied"), "\(deputy)")
             #expect(access(keychain + "/stolen", F_OK) != 0 && access(keychain + "/stolen.partial", F_OK) != 0)
         }

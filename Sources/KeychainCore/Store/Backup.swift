@@ -219,3 +219,49 @@ public enum BackupFile {
         return (kind, plaintext)
     }
 }
+
+/// How long guessing a backup password takes whoever holds the file: a
+/// backup leaves the device, so nothing but Argon2id (``BackupFile/costCeiling``,
+/// about 0.65 s a guess on one core of this machine) stands between a copy
+/// and its items. The estimate is the count of passwords of the same length
+/// over the same kinds of characters (digits, lower case, upper case,
+/// anything else) times that cost: an upper bound for a random password, a
+/// generous one for a word.
+public enum BackupPasswordStrength {
+    /// Seconds a guess costs on one core at ``BackupFile/costCeiling``.
+    public static let secondsPerGuess = 0.65
+    /// What `backup` accepts without `--weak-password`: every password of
+    /// its kind takes a thousand years of one core (a hundred cores: ten years).
+    public static let minimumCoreYears = 1000.0
+
+    /// Core-years to try every password like `password`.
+    public static func coreYears(_ password: SecureBytes) -> Double {
+        password.withUnsafeBytes { bytes in
+            var digits = false, lower = false, upper = false, other = false
+            for byte in bytes {
+                switch byte {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): digits = true
+                case UInt8(ascii: "a")...UInt8(ascii: "z"): lower = true
+                case UInt8(ascii: "A")...UInt8(ascii: "Z"): upper = true
+                default: other = true
+                }
+            }
+            let alphabet = Double((digits ? 10 : 0) + (lower ? 26 : 0) + (upper ? 26 : 0) + (other ? 33 : 0))
+            let guesses = pow(max(alphabet, 1), Double(bytes.count))
+            return guesses * secondsPerGuess / (365.25 * 24 * 3600)
+        }
+    }
+
+    /// The estimate in words: "3 hours", "12 days", "4,000 years".
+    public static func said(_ coreYears: Double) -> String {
+        let seconds = coreYears * 365.25 * 24 * 3600
+        switch seconds {
+        case ..<120: return "\(Int(seconds.rounded())) seconds"
+        case ..<7200: return "\(Int((seconds / 60).rounded())) minutes"
+        case ..<172_800: return "\(Int((seconds / 3600).rounded())) hours"
+        case ..<(2 * 365.25 * 86400): return "\(Int((seconds / 86400).rounded())) days"
+        case ..<(1e12 * 365.25 * 86400): return "\(Int(coreYears.rounded())) years"
+        default: return "more than a trillion years"
+        }
+    }
+}
