@@ -127,6 +127,27 @@ extension SerialTests {
     /// device keeps room for it), and so do `lock` and `unlock`; once there
     /// is room again, a write goes through.
     @Suite struct FullDiskTests {
+        /// An emptied `keychain.db` and a missing `device-secret` were said as
+        /// a store that "could not be read or written" and one that "failed
+        /// its integrity check": now each is named for what it is, and what
+        /// to do.
+        @Test func anEmptiedDatabaseAndAMissingDeviceSecretAreSaidAsSuch() throws {
+            let harness = try MountHarness()
+            let used = harness.sh(
+                """
+                cp -a "$KC" "$R/copy"
+                : > "$KC/keychain.db"
+                printf '1234\\n' | "$K" unlock --keychain "$KC"; echo "emptied: $?"
+                rm -rf "$KC" && mv "$R/copy" "$KC" && rm "$KC/device-secret"
+                "$K" get default/x --keychain "$KC"; echo "no device secret: $?"
+                """)
+            #expect(used.stdout == "emptied: 5\nno device secret: 5\n", "\(used)")
+            #expect(
+                used.stderr.contains("the keychain's database \(harness.keychain)/keychain.db is empty (0 bytes)")
+                    && used.stderr.contains("the keychain's device secret \(harness.keychain)/device-secret is missing"),
+                "\(used)")
+        }
+
         @Test func aFullDiskIsSaidAsSuchAndChangesNothing() throws {
             let harness = try MountHarness(creating: false)
             let small = harness.root + "/small"

@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension KeychainDirectory {
     /// What a change made on a keychain directly says when a device holds it.
     public static let heldByADevice =
@@ -6,6 +10,7 @@ extension KeychainDirectory {
     /// A sentence a user can act on for a core error met while opening this keychain.
     public func sentence(for error: KeychainError) -> String {
         let keychain = self
+        if error == .io || error == .decode, let missing = missingPart() { return missing }
         switch error {
         case .insecurePermissions:
             return "refusing to use the keychain: "
@@ -36,5 +41,21 @@ extension KeychainDirectory {
         default:
             return "cannot open the keychain at \(keychain.path): \(error)"
         }
+    }
+
+    /// A part of the keychain that is gone, said as such: an emptied
+    /// database or a missing device secret was reported as a store that
+    /// "could not be read or written" or that "failed its integrity check".
+    func missingPart() -> String? {
+        var info = stat()
+        if stat(databasePath, &info) == 0, info.st_size == 0 {
+            return "the keychain's database \(databasePath) is empty (0 bytes): it was emptied outside keychainfs; "
+                + "restore the keychain from a backup, or put the file back from a copy"
+        }
+        if access(deviceSecretPath, F_OK) != 0, Errno.current.rawValue == ENOENT {
+            return "the keychain's device secret \(deviceSecretPath) is missing: without it nothing in the keychain "
+                + "opens; put it back from the copy it came with, or restore the keychain from a backup"
+        }
+        return nil
     }
 }
