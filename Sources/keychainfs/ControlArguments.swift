@@ -112,7 +112,7 @@ struct MountpointArgument: ParsableArguments {
     /// Why there is no control file to talk to, and what to do.
     var missingControl: String {
         MountTable.isDeadMount(path)
-            ? "the device process serving \(path) has died; run `keychainfs unmount \(path)`, then mount again"
+            ? "the device process serving \(path) has died; run `keychainfs unmount \(path.shellWord)`, then mount again"
             : "\(path) is not a keychainfs mount (no .control file)"
     }
 }

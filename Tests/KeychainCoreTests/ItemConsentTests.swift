@@ -269,6 +269,19 @@ import Glibc
             "\(question.text)")
     }
 
+    /// The command a refusal suggests can be pasted as it is: a name with a
+    /// space (or a quote) was printed bare, two words for the shell.
+    @Test func theSuggestedCommandQuotesANameAShellWouldSplit() {
+        #expect(
+            ItemConsent.deniedSentence(item: "default/App a", owner: Self.chromium).contains(
+                "`keychainfs acl 'default/App a' --add PROGRAM`"))
+        #expect(
+            ItemConsent.deniedSentence(item: "default/token", owner: Self.chromium).contains(
+                "`keychainfs acl default/token --add PROGRAM`"))
+        #expect("it's".shellWord == "'it'\\''s'")
+        #expect("".shellWord == "''")
+    }
+
     /// The ride-along: the person runs `keychainfs get default/x` and is
     /// asked once; a hidden process of the same program, started a moment
     /// later, used to join that question, unnamed in it, and got the secret

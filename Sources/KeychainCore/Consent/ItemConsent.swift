@@ -118,7 +118,7 @@ public enum ItemConsent {
     package static func deniedSentence(item: String, owner: ProgramClaim) -> String {
         "\(item) belongs to \(ConsentText.shown(owner.described, limit: 200)): the person denied this program, "
             + "or could not be asked (no pinentry that root installed, or no answer within \(timeout) s); "
-            + "`keychainfs acl \(item) --add PROGRAM` lets a program use it with the passcode"
+            + "`keychainfs acl \(item.shellWord) --add PROGRAM` lets a program use it with the passcode"
     }
 
     /// The second question, where a pinentry draws two buttons.

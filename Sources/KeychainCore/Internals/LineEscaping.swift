@@ -73,3 +73,17 @@ public enum LineEscaping {
         return String(out)
     }
 }
+
+extension String {
+    /// This text as one word of a shell command line: as it is when every
+    /// character is one a shell takes literally, else in single quotes (a
+    /// quote inside as `'\''`). For the commands a message suggests: a name
+    /// with a space printed bare would be two words when pasted.
+    package var shellWord: String {
+        let literal = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./%@:+,=-")
+        if !isEmpty, allSatisfy({ literal.contains($0) }) { return self }
+        var quoted = "'"
+        for character in self { quoted += character == "'" ? "'\\''" : String(character) }
+        return quoted + "'"
+    }
+}

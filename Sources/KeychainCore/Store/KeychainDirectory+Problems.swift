@@ -16,7 +16,8 @@ extension KeychainDirectory {
             return "refusing to use the keychain: "
                 + (keychain.permissionProblem() ?? "its permissions changed; check them")
         case .noSuchKeychain:
-            return "no keychain at \(keychain.path); create one with `keychainfs init --keychain \(keychain.path)`"
+            return
+                "no keychain at \(keychain.path); create one with `keychainfs init --keychain \(keychain.path.shellWord)`"
         case .keychainInUse:
             return "another process holds the keychain at \(keychain.path), but does not answer on its socket "
                 + "(was XDG_RUNTIME_DIR different when it started?); unmount its mounts or stop that process"
@@ -32,12 +33,13 @@ extension KeychainDirectory {
         case .tpmMismatch:
             return "the keychain at \(keychain.path) is sealed by another TPM, by this one before it was cleared, "
                 + "or for another user through the keychainfs service: "
-                + "`keychainfs recover --keychain \(keychain.path)` opens it with its recovery key and seals it to this TPM"
+                + "`keychainfs recover --keychain \(keychain.path.shellWord)` opens it with its recovery key and seals "
+                + "it to this TPM"
         case .rolledBack:
             return
                 "the keychain at \(keychain.path) is older than its TPM rollback counter: an older copy of its files "
                 + "was put back. If you put it back yourself, `keychainfs recover --accept-rollback --keychain "
-                + "\(keychain.path)` accepts it with the passcode; otherwise it was tampered with"
+                + "\(keychain.path.shellWord)` accepts it with the passcode; otherwise it was tampered with"
         default:
             return "cannot open the keychain at \(keychain.path): \(error)"
         }
