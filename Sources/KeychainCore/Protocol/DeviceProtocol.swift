@@ -24,7 +24,11 @@ public enum DeviceProtocol {
     /// 6: a claim in `details` records its script and JIT; `status` says
     /// who decides (issue 37). 7: `status` names the mount it is asked
     /// through, and answers the whole report: the serving process's facts
-    /// too (issue 40: one status for every view).
+    /// too (issue 40: one status for every view). 8: `status` says whether
+    /// the keychain is bound to its passcode (docs/FORMAT.md, "The passcode
+    /// binding"). 9: the TPM through the service (`tpm*` requests, kinds 35
+    /// to 41, which only the service answers: docs/FORMAT.md, "The TPM
+    /// through the service").
     public static let version: UInt8 = 9
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
