@@ -56,6 +56,14 @@ struct InitCommand: ParsableCommand {
         }
         print("created a keychain at \(directory.path)")
         RecoveryKeyNotice.show(recovery, of: directory, declined: noTPM)
+        // At a terminal the person just typed the passcode twice: the new keychain is open, as a
+        // new keyring is (gnome-keyring, macOS). From a script (passcodes on a pipe) it stays
+        // locked, as before: the script says when it unlocks (docs/FILESYSTEM.md, the command line).
+        if isatty(0) == 1 {
+            try RunningDevice(place).call(
+                .unlock(passcode: passcode), about: .action("the keychain was created, but not unlocked"))
+            print("unlocked: its device holds the keys until `keychainfs lock`, `keychainfs stop` or the auto-lock")
+        }
     }
 
     /// The passcode the new keychain gets, typed twice (nil: --no-passcode).

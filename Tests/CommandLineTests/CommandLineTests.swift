@@ -292,6 +292,9 @@ extension SerialTests.CommandLineTests {
             """
             ANSWERS=tty-secret,tty-secret python3 -c "$1" "$K" init --keychain "$R/tty-keychain"
             ANSWERS=one,two python3 -c "$1" "$K" init --keychain "$R/tty-keychain-2"
+            # At a terminal, the new keychain is left unlocked, as a new keyring is.
+            "$K" status --keychain "$R/tty-keychain" | head -1 >&2
+            "$K" stop --keychain "$R/tty-keychain"
             """, arguments: [Self.terminalDriver])
         let lines = typed.stdout.split(separator: "\n").map(String.init)
         #expect(lines.count == 2, "\(typed)")
@@ -299,6 +302,8 @@ extension SerialTests.CommandLineTests {
             lines.first?.hasPrefix("0 ") == true && lines.first?.contains("tty-secret") == false
                 && lines.first?.components(separatedBy: "passcode: ").count == 3, "\(typed)")
         #expect(lines.last?.hasPrefix("1 ") == true, "\(typed)")
+        #expect(lines.first?.contains("unlocked: its device holds the keys") == true, "\(typed)")
+        #expect(typed.stderr == "state: unlocked\n", "\(typed)")
         #expect(!FileManager.default.fileExists(atPath: harness.root + "/tty-keychain-2/keychain.db"))
     }
 
