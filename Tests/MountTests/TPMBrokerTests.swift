@@ -200,6 +200,26 @@ extension SerialTests {
                     == .quotaExceeded, "alice's own uid shares the quota")
         }
 
+        /// However many people, each within their own share, the broker holds
+        /// at most so many counters for all of them: the TPM's NV keeps room
+        /// for the system.
+        @Test func everyoneTogetherHoldsABoundedNumberOfCounters() throws {
+            let tpm = try SoftwareTPM()
+            let broker = try Broker(on: tpm)
+            let auth = try Self.secret("auth")
+            let people = TPMBroker.countersForEveryone / TPMBroker.countersPerUser
+            for person in 0..<UInt32(people) {
+                for _ in 0..<TPMBroker.countersPerUser {
+                    let defined = broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: 70_000 + person)
+                    #expect(throws: Never.self) { try defined.get() }
+                }
+            }
+            let over = broker.ask(.tpmDefineCounter(auth: auth, candidates: []), as: 80_000)
+            #expect(Self.refusal(over) == .quotaExceeded)
+            #expect(over.failure?.sentence.contains("for this machine's users already") == true, "\(over)")
+            #expect(try TPMTools.counterIndexes(on: tpm).count == TPMBroker.countersForEveryone)
+        }
+
         @Test func aUserHoldsABoundedNumberOfCounters() throws {
             let tpm = try SoftwareTPM()
             let broker = try Broker(on: tpm)

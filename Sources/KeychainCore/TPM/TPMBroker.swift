@@ -25,6 +25,11 @@ public final class TPMBroker: GuessShares, Sendable {
     /// NV counters one uid may hold: a keychain uses two (rollback and
     /// passcode binding), a move between protections two more for a moment.
     public static let countersPerUser = 8
+    /// NV counters the broker holds for everyone together: a TPM's NV is
+    /// small (a few kilobytes on real chips, about 70 bytes an index), and
+    /// the machine's own uses (systemd's, the firmware's) need room that no
+    /// number of people, each within their own share, may take.
+    public static let countersForEveryone = 64
     /// The seconds after which a wrong passcode is forgiven when the TPM
     /// forgives none (its lockout switched off): the share still limits a uid.
     static let fallbackRecoverySeconds: UInt32 = 600
@@ -207,6 +212,13 @@ public final class TPMBroker: GuessShares, Sendable {
                 ledger.counters = held ?? ledger.counters
                 write(ledger, of: person)
             }
+            guard heldByEveryone() < Self.countersForEveryone else {
+                return .keychainError(
+                    .quotaExceeded,
+                    "the keychainfs service holds \(Self.countersForEveryone) TPM counters for this machine's users "
+                        + "already, what it leaves the TPM's NV for the system; root frees those of keychains "
+                        + "removed by hand with `tpm2_nvundefine`")
+            }
             guard ledger.counters.count < Self.countersPerUser else {
                 return .keychainError(
                     .quotaExceeded,
@@ -242,6 +254,20 @@ public final class TPMBroker: GuessShares, Sendable {
     // MARK: The ledger
 
     private func path(of uid: UInt32) -> String { directory + "/" + String(uid) }
+
+    /// The counters every person's ledger holds, together (under the ledgers' lock).
+    private func heldByEveryone() -> Int {
+        guard let entries = opendir(directory) else { return 0 }
+        defer { closedir(entries) }
+        var held = 0
+        while let entry = readdir(entries) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if let uid = UInt32(name) { held += ledger(of: uid).counters.count }
+        }
+        return held
+    }
 
     /// What `uid` has used; empty when nothing is recorded (or the record
     /// is unreadable: logged, since only the service writes it).
