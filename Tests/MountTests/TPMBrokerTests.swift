@@ -200,6 +200,28 @@ extension SerialTests {
                     == .quotaExceeded, "alice's own uid shares the quota")
         }
 
+        /// The TPM locked out by guesses that are not the caller's (root's,
+        /// through tpm2-tools): the refusal says the TPM itself is in its
+        /// lockout, where it blamed "your user's share", which is untouched.
+        @Test func aLockoutThatIsNotTheCallersIsSaidAsSuch() throws {
+            let tpm = try SoftwareTPM()
+            let broker = try Broker(on: tpm)
+            let auth = try Self.secret("alice's passcode auth")
+            let sealed = try broker.ask(.tpmSeal(try Self.secret("secret"), auth: auth, guarded: true), as: Self.alice)
+                .get()
+            let guessed = try TPMTools.run(
+                """
+                tpm2_nvdefine 0x1817778 -C o -s 8 -a 'authread|authwrite|nt=counter' -p right > /dev/null
+                for n in 1 2 3; do tpm2_nvread 0x1817778 -C 0x1817778 -P wrong > /dev/null 2>&1; done
+                tpm2_getcap properties-variable | grep LOCKOUT_COUNTER
+                """, on: tpm)
+            #expect(guessed.output.contains("TPM2_PT_LOCKOUT_COUNTER: 0x3"), "\(guessed.output)")
+            let refused = broker.ask(
+                .tpmUnseal(sealed.blob, auth: auth, storageKey: sealed.storageKey), as: Self.alice)
+            #expect(Self.refusal(refused) == .tpmLockedOut)
+            #expect(refused.failure?.sentence.contains("the TPM itself is in its lockout") == true, "\(refused)")
+        }
+
         /// However many people, each within their own share, the broker holds
         /// at most so many counters for all of them: the TPM's NV keeps room
         /// for the system.

@@ -166,11 +166,22 @@ public final class TPMBroker: GuessShares, Sendable {
         }
     }
 
-    /// Why `person`'s try was not passed to the TPM: whose share ran out, and for how long.
+    /// Why `person`'s try was refused: their share ran out (the TPM was not
+    /// asked), or the TPM itself is in lockout, whoever's wrong passcodes
+    /// put it there; which one, and for how long.
     func shareSentence(of person: UInt32, on tpm: KeychainTPM) -> String {
         guard let state = tpm.lockout() else { return "the TPM does not answer" }
         let share = Self.share(of: state)
-        let wait = ledgers.withLock { _ in ledger(of: person).secondsUntilForgiven(now: clock(), every: share.every) }
+        let (used, wait) = ledgers.withLock { _ in
+            var ledger = ledger(of: person)
+            let used = ledger.failures(now: clock(), every: share.every)
+            return (used, ledger.secondsUntilForgiven(now: clock(), every: share.every))
+        }
+        guard used >= share.tries else {
+            return "the TPM itself is in its lockout (\(state.failures) of \(state.maximum) wrong passcodes, not "
+                + "all of them yours: root's or another program's that reaches the TPM count too); it refuses every "
+                + "passcode for now and forgives one every \(state.recoverySeconds) s"
+        }
         return "your user's wrong passcodes used its share of the TPM's lockout (\(share.tries) of "
             + "\(state.maximum), one forgiven every \(share.every) s): the service passes no more "
             + "of yours for \(wait) s; the TPM itself stays open for other users"
