@@ -15,18 +15,11 @@ struct MoveCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "mv", abstract: "Rename or move an item, as mv does in a mount (within a group, in one step).")
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
-    var source: ItemAddress
-
-    @Argument(help: "Its new name, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
-    var target: ItemAddress
-
-    @Flag(name: [.customShort("n"), .customLong("no-clobber")], help: "Keep an existing target: fail instead.")
-    var noClobber = false
-
+    @OptionGroup var items: SourceAndTarget
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
+        let (source, target, noClobber) = (items.source, items.target, items.noClobber)
         guard source.group != target.group || source.identifier != target.identifier else { return }
         let device = try RunningDevice(options.place)
         if source.group == target.group {
@@ -49,24 +42,29 @@ struct CopyCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "cp", abstract: "Copy an item's value to another item, as cp does in a mount.")
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
-    var source: ItemAddress
-
-    @Argument(help: "The copy's name, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
-    var target: ItemAddress
-
-    @Flag(name: [.customShort("n"), .customLong("no-clobber")], help: "Keep an existing target: fail instead.")
-    var noClobber = false
-
+    @OptionGroup var items: SourceAndTarget
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
+        let (source, target, noClobber) = (items.source, items.target, items.noClobber)
         guard source.group != target.group || source.identifier != target.identifier else {
             throw fail("'\(source)' and '\(target)' are the same item")
         }
         try ItemCopy.copy(
             source, to: target, on: try RunningDevice(options.place), replacing: !noClobber, keepingDetails: false)
     }
+}
+
+/// What `mv` and `cp` take: the item, the name it goes to, and whether an existing one is kept.
+struct SourceAndTarget: ParsableArguments {
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    var source: ItemAddress
+
+    @Argument(help: "The name it goes to, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    var target: ItemAddress
+
+    @Flag(name: [.customShort("n"), .customLong("no-clobber")], help: "Keep an existing target: fail instead.")
+    var noClobber = false
 }
 
 /// The copy `mv` across groups and `cp` make.
