@@ -243,35 +243,29 @@ package enum ProcessChain {
     /// When the process started, in clock ticks since boot (`/proc/PID/stat`'s
     /// 22nd field, proc(5)): with the pid, names one process for good.
     package static func startTime(of pid: pid_t) -> UInt64? {
-        guard let fields = statFields(pid), fields.count > 19 else { return nil }
+        guard let fields = stat(of: pid)?.fields, fields.count > 19 else { return nil }
         return UInt64(String(decoding: fields[19], as: UTF8.self))
     }
 
-    /// The fields of `/proc/PID/stat` after the command name (the 3rd on).
-    private static func statFields(_ pid: pid_t) -> [ArraySlice<UInt8>]? {
-        guard let fd = FileDescriptor(ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) }),
-            let bytes = try? Descriptor.readAll(fd.raw, limit: 4096),
-            let close = bytes.lastIndex(of: UInt8(ascii: ")"))
+    /// The process's command name and its parent, from `/proc/PID/stat`.
+    private static func nameAndParent(_ pid: pid_t) -> (String, pid_t)? {
+        guard let stat = stat(of: pid), stat.fields.count > 1,
+            let parent = Int32(String(decoding: stat.fields[1], as: UTF8.self))
         else { return nil }
-        return bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
+        // The executable's name where it can be read (the kernel cuts `comm` at 15 bytes).
+        return (executableName(pid) ?? String(decoding: stat.command, as: UTF8.self), parent)
     }
 
-    /// The process's command name and its parent, from `/proc/PID/stat`
-    /// (proc(5): the name is in parentheses and may hold any byte, so the
-    /// fields are read after the last one).
-    private static func nameAndParent(_ pid: pid_t) -> (String, pid_t)? {
-        guard let fd = FileDescriptor(ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) })
-        else { return nil }
-        guard let bytes = try? Descriptor.readAll(fd.raw, limit: 4096),
+    /// `/proc/PID/stat` read: the command name, and the fields after it
+    /// (the 3rd on). proc(5): the name is in parentheses and may hold any
+    /// byte, so the fields are read after the last one.
+    private static func stat(of pid: pid_t) -> (command: ArraySlice<UInt8>, fields: [ArraySlice<UInt8>])? {
+        guard let fd = FileDescriptor(ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) }),
+            let bytes = try? Descriptor.readAll(fd.raw, limit: 4096),
             let open = bytes.firstIndex(of: UInt8(ascii: "(")), let close = bytes.lastIndex(of: UInt8(ascii: ")")),
             open < close
         else { return nil }
-        // The executable's name where it can be read (the kernel cuts `comm` at 15 bytes).
-        let name =
-            executableName(pid) ?? String(decoding: bytes[(open + 1)..<close], as: UTF8.self)
-        let fields = bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
-        guard fields.count > 1, let parent = Int32(String(decoding: fields[1], as: UTF8.self)) else { return nil }
-        return (name, parent)
+        return (bytes[(open + 1)..<close], bytes[(close + 1)...].split(separator: UInt8(ascii: " ")))
     }
 }
 

@@ -90,12 +90,11 @@ package enum Interpreters {
         let arguments = cmdline.split(separator: 0, omittingEmptySubsequences: false).dropLast().map {
             String(decoding: $0, as: UTF8.self)
         }
-        if let environment = ProgramIdentities.readProcFile(thread, "environ", limit: 1 << 20) {
-            for entry in environment.split(separator: 0) {
-                let name = String(decoding: entry.prefix { $0 != UInt8(ascii: "=") }, as: UTF8.self)
-                if kind.injecting.contains(name) && entry.count > name.utf8.count + 1 {
-                    return .unidentifiable("\(name) is set, which loads code into \(kind.name)")
-                }
+        let environment = ProgramIdentities.readProcFile(thread, "environ", limit: 1 << 20)?.split(separator: 0) ?? []
+        for entry in environment {
+            let name = String(decoding: entry.prefix { $0 != UInt8(ascii: "=") }, as: UTF8.self)
+            if kind.injecting.contains(name) && entry.count > name.utf8.count + 1 {
+                return .unidentifiable("\(name) is set, which loads code into \(kind.name)")
             }
         }
         switch scriptArgument(arguments, kind: kind) {
@@ -106,7 +105,10 @@ package enum Interpreters {
         case .path(let path):
             return file(path, of: thread, uid: uid)
         case .module(let name):
-            guard let path = moduleFile(name, of: thread, arguments: arguments) else {
+            let home = environment.first { $0.starts(with: Array("HOME=".utf8)) }.map {
+                String(decoding: $0.dropFirst(5), as: UTF8.self)
+            }
+            guard let path = moduleFile(name, of: thread, arguments: arguments, home: home) else {
                 return .unidentifiable("it runs the module \(name), whose file cannot be found")
             }
             return file(path, of: thread, uid: uid)
@@ -125,17 +127,20 @@ package enum Interpreters {
     /// `sys.path` has: the working directory (`sys.path[0]` under `-m`,
     /// unless `-I` or `-P`), the standard library of that version, the
     /// user's site-packages (unless `-s` or `-I`), then the system's
-    /// packages (PYTHONPATH is refused before this, as code it loads). In
+    /// packages (PYTHONPATH is refused before this, as code it loads); `home`
+    /// is the process's `$HOME`, read with its environment. In
     /// each, a package (a directory with `__init__.py`) comes before a
     /// module of the same name, as Python's finder takes it; a package runs
     /// its `__main__.py`. Nil when none holds it (a zip, an extension module,
     /// a path from a `.pth` file): that is no file a person could name.
-    static func moduleFile(_ name: String, of thread: pid_t, arguments: [String]) -> String? {
+    static func moduleFile(_ name: String, of thread: pid_t, arguments: [String], home: String?) -> String? {
         let parts = name.split(separator: ".", omittingEmptySubsequences: false)
         guard !parts.isEmpty, parts.allSatisfy({ !$0.isEmpty && !$0.contains("/") }) else { return nil }
         let relative = parts.joined(separator: "/")
-        let flags = Set(arguments.dropFirst().prefix { $0.hasPrefix("-") && $0 != "-m" && !$0.hasPrefix("-m") })
-        let flagLetters = Set(flags.filter { !$0.hasPrefix("--") }.flatMap { $0.dropFirst() })
+        // The single-letter options before `-m` (`-I`, `-P`, `-s`, bundled as `-sP`).
+        let flagLetters = Set(
+            arguments.dropFirst().prefix { $0.hasPrefix("-") && !$0.hasPrefix("-m") }
+                .filter { !$0.hasPrefix("--") }.flatMap { $0.dropFirst() })
         let isolated = flagLetters.contains("I")
         var directories: [String] = []
         if !isolated, !flagLetters.contains("P"),
@@ -147,7 +152,7 @@ package enum Interpreters {
         let version = String(program.split(separator: "/").last ?? "")
         guard version.hasPrefix("python3.") else { return nil }
         directories.append("/usr/lib/\(version)")
-        if !isolated, !flagLetters.contains("s"), let home = homeOf(thread) {
+        if !isolated, !flagLetters.contains("s"), let home {
             directories.append(home + "/.local/lib/\(version)/site-packages")
         }
         directories += ["/usr/local/lib/\(version)/dist-packages", "/usr/lib/python3/dist-packages"]
@@ -159,15 +164,6 @@ package enum Interpreters {
             let base = directory + "/" + relative
             if isFile(base + "/__init__.py") { return isFile(base + "/__main__.py") ? base + "/__main__.py" : nil }
             if isFile(base + ".py") { return base + ".py" }
-        }
-        return nil
-    }
-
-    /// The home of the process's user, from its environment's `HOME`.
-    private static func homeOf(_ thread: pid_t) -> String? {
-        guard let environment = ProgramIdentities.readProcFile(thread, "environ", limit: 1 << 20) else { return nil }
-        for entry in environment.split(separator: 0) where entry.starts(with: Array("HOME=".utf8)) {
-            return String(decoding: entry.dropFirst(5), as: UTF8.self)
         }
         return nil
     }

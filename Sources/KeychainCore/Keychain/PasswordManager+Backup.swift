@@ -304,10 +304,6 @@ extension BackupFile {
     /// the 1 MiB value limit). A larger file is refused before it is read.
     public static let maximumFileSize = 1 << 30
 
-    /// The bytes of a backup file. Its header is checked first, so that a
-    /// file that is not a backup (``KeychainError/param``) or is larger than
-    /// ``maximumFileSize`` (``KeychainError/valueTooLarge``) costs no memory.
-    /// A regular file only (a FIFO or device would block or never end).
     /// Whether `path` can be read and begins as a backup: what `restore`
     /// checks before it asks for any password, so that a missing or foreign
     /// file is said at once rather than after the person typed one.
@@ -318,6 +314,10 @@ extension BackupFile {
         _ = try readHead(of: fd.raw, name: path)
     }
 
+    /// The bytes of a backup file. Its header is checked first, so that a
+    /// file that is not a backup (``KeychainError/param``) or is larger than
+    /// ``maximumFileSize`` (``KeychainError/valueTooLarge``) costs no memory.
+    /// A regular file only (a FIFO or device would block or never end).
     public static func load(from path: String) throws(KeychainError) -> [UInt8] {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else {
             throw fileFailure("read", path)
