@@ -312,9 +312,7 @@ extension FuzzTarget {
         let keychain = root + "/keychain"
         if let directory = opendir(keychain) {
             while let entry = readdir(directory) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                    String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-                }
+                let name = entry.name
                 if name != "." && name != ".." { unlink(keychain + "/" + name) }
             }
             closedir(directory)

@@ -73,9 +73,7 @@ struct EditCommand: ParsableCommand {
         if let entries = opendir(runtime) {
             defer { closedir(entries) }
             while let entry = readdir(entries) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                    String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-                }
+                let name = entry.name
                 guard name.hasPrefix("edit.") else { continue }
                 let path = runtime + "/" + name
                 if MountTable.isDeadMount(path) { _ = MountTable.unmount(path, lazy: true) }

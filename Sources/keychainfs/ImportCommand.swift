@@ -118,9 +118,7 @@ enum PassStore {
         defer { closedir(directory) }
         var found: [String] = []
         while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let name = entry.name
             guard !name.hasPrefix(".") else { continue }
             let path = relative.isEmpty ? name : relative + "/" + name
             var info = stat()

@@ -53,9 +53,7 @@ enum CallerTrust {
         }
         defer { closedir(tasks) }
         while let entry = readdir(tasks) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let name = entry.name
             guard let task = pid_t(name) else { continue }
             // A thread that ended meanwhile has no status: nothing to trace.
             guard let status = ProgramIdentities.readProcFile(task, "status", limit: 8 << 10) else { continue }

@@ -89,7 +89,7 @@ package enum SocketHolders {
         defer { closedir(processes) }
         var info = stat()
         while let entry = readdir(processes) {
-            let name = entryName(entry)
+            let name = entry.name
             guard let other = pid_t(name), other != pid, fstatat(proc, name, &info, 0) == 0,
                 info.st_uid == owner.st_uid,
                 !connections.isDisjoint(with: socketInodes(of: name, in: proc))
@@ -158,13 +158,13 @@ package enum SocketHolders {
                     $0.pointee != 0x2E && fstatat(directory, $0, &info, 0) == 0
                 }
             }
-            if found, info.st_mode & S_IFMT == S_IFSOCK, let number = Int32(entryName(entry)) {
+            if found, info.st_mode & S_IFMT == S_IFSOCK, let number = Int32(entry.name) {
                 sockets.append((number, UInt32(truncatingIfNeeded: info.st_ino)))
             }
         }
         guard !opened, let socketMount else { return sockets }
         _ = listing(name + "/fdinfo", in: proc) { _, entry in
-            let descriptor = entryName(entry)
+            let descriptor = entry.name
             guard let number = Int32(descriptor),
                 let described = DescriptorInfo(name, descriptor: descriptor, in: proc),
                 described.mountID == socketMount, let inode = described.inode
@@ -185,10 +185,6 @@ package enum SocketHolders {
         let directory = dirfd(entries)
         while let entry = readdir(entries) { body(directory, entry) }
         return true
-    }
-
-    private static func entryName(_ entry: UnsafeMutablePointer<dirent>) -> String {
-        withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
     }
 
     /// The address the socket `inode` is connected to (its peer's bound name).

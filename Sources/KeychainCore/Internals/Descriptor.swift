@@ -113,3 +113,10 @@ extension Optional where Wrapped == FileDescriptor {
         }
     }
 }
+
+extension UnsafeMutablePointer where Pointee == dirent {
+    /// The entry's name: readdir(3)'s `d_name`, up to its NUL.
+    package var name: String {
+        withUnsafeBytes(of: pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+    }
+}

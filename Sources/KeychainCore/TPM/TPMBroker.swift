@@ -272,9 +272,7 @@ public final class TPMBroker: GuessShares, Sendable {
         defer { closedir(entries) }
         var held = 0
         while let entry = readdir(entries) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let name = entry.name
             if let uid = UInt32(name) { held += ledger(of: uid).counters.count }
         }
         return held

@@ -86,9 +86,7 @@ public enum MountTable {
         guard let dir = opendir(path) else { return "cannot read mount point \(path)" }
         defer { closedir(dir) }
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let name = entry.name
             if name != "." && name != ".." { return "mount point \(path) is not empty" }
         }
         return nil
