@@ -27,10 +27,14 @@ let package = Package(
         .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite", "CTSS"]),
         .target(name: "SecretService", dependencies: ["KeychainCore", "CSystemd", "COpenSSL", "CLinux"]),
         .target(name: "KeychainFS", dependencies: ["KeychainCore", "CFuse", "CLinux"]),
+        // Sync of migratable items with the person's other devices through
+        // a git remote (docs/SYNC.md). It uses the core; the core does not know it.
+        .target(name: "KeychainSync", dependencies: ["KeychainCore", "CSodium", "CLinux"]),
         // The device process: the per-user device and the service, serving
         // mounts (KeychainFS) and the bus (SecretService).
         .target(
-            name: "KeychainDevice", dependencies: ["KeychainCore", "KeychainFS", "SecretService", "CFuse", "CLinux"]),
+            name: "KeychainDevice",
+            dependencies: ["KeychainCore", "KeychainFS", "KeychainSync", "SecretService", "CFuse", "CLinux"]),
         .executableTarget(
             name: "keychainfs",
             dependencies: [
@@ -54,6 +58,9 @@ let package = Package(
         ),
         // Unit tests of the FUSE driver's own structures: no kernel.
         .testTarget(name: "KeychainFSTests", dependencies: ["KeychainCore", "KeychainFS", "TestSupport"]),
+        // Sync: the merge rule alone, and devices in this process syncing
+        // through bare git repositories (and the attacks a remote can try).
+        .testTarget(name: "KeychainSyncTests", dependencies: ["KeychainCore", "KeychainSync", "TestSupport"]),
         // Unit tests of the Secret Service provider: its readers, paths and sessions with no
         // bus; its handlers over a fake store, called in-process over a socketpair with no bus
         // daemon (InProcessProviderTests), and by secret-tool on a private dbus-daemon

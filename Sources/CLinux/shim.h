@@ -57,6 +57,9 @@ static inline int CLinux_name_thread(const char *name) { return prctl(PR_SET_NAM
 
 // glibc's malloc tuning (malloc.h is not part of Swift's Glibc module).
 // pidfd_open(2), which glibc 2.36 declares only with _GNU_SOURCE via sys/pidfd.h.
+// memfd_create(2) (declared only under _GNU_SOURCE), close-on-exec: a
+// file in memory alone, for what a child process reads or writes.
+static inline int CLinux_memfd(const char *name) { return (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */); }
 static inline int CLinux_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
 static inline void CLinux_limit_malloc_arenas(int arenas) { mallopt(M_ARENA_MAX, arenas); }

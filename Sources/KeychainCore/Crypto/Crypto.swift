@@ -6,11 +6,11 @@ import Glibc
 /// The few primitives the keychain uses, each written once: XChaCha20-Poly1305
 /// (items and wrapped keys), Argon2id (passcodes), BLAKE2b (key derivation, MACs).
 package enum Crypto {
-    static let keySize = 32
-    static let nonceSize = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
-    static let tagSize = Int(crypto_aead_xchacha20poly1305_ietf_ABYTES)
-    static let saltSize = Int(crypto_pwhash_SALTBYTES)
-    static let macSize = 32
+    package static let keySize = 32
+    package static let nonceSize = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
+    package static let tagSize = Int(crypto_aead_xchacha20poly1305_ietf_ABYTES)
+    package static let saltSize = Int(crypto_pwhash_SALTBYTES)
+    package static let macSize = 32
 
     package static func randomBytes(_ count: Int) -> [UInt8] {
         Sodium.ensureInitialized()
@@ -20,7 +20,7 @@ package enum Crypto {
     }
 
     /// Encrypts `plaintext` under `key`; returns ciphertext followed by the 16-byte tag.
-    static func seal(
+    package static func seal(
         _ plaintext: UnsafeRawBufferPointer, key: UnsafePointer<UInt8>,
         nonce: [UInt8], associatedData: [UInt8]
     ) -> [UInt8] {
@@ -37,7 +37,7 @@ package enum Crypto {
 
     /// Decrypts and authenticates into secret memory; ``KeychainError/decode``
     /// if the bytes, nonce, associated data or key are not the ones sealed.
-    static func open(
+    package static func open(
         _ sealed: [UInt8], key: UnsafePointer<UInt8>,
         nonce: [UInt8], associatedData: [UInt8]
     ) throws(KeychainError) -> SecureBytes {
@@ -52,7 +52,7 @@ package enum Crypto {
     }
 
     /// Argon2id of a passcode (libsodium's crypto_pwhash, algorithm ARGON2ID13).
-    static func stretch(passcode: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(KeychainError)
+    package static func stretch(passcode: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(KeychainError)
         -> SecureBytes
     {
         precondition(salt.count == saltSize)
@@ -71,14 +71,14 @@ package enum Crypto {
     }
 
     /// Keyed BLAKE2b-256 of the concatenated parts: MACs and key combination.
-    static func mac(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer]) -> [UInt8] {
+    package static func mac(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer]) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: macSize)
         out.withUnsafeMutableBytes { blake2b(key: key, parts, into: $0) }
         return out
     }
 
     /// Unkeyed BLAKE2b-256 (a digest of what is not secret: an item's sealed details).
-    static func hash(_ bytes: [UInt8]) -> [UInt8] {
+    package static func hash(_ bytes: [UInt8]) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: macSize)
         out.withUnsafeMutableBytes { output in
             bytes.withUnsafeBytes { blake2b(key: nil, [$0], into: output) }
@@ -87,7 +87,7 @@ package enum Crypto {
     }
 
     /// Keyed BLAKE2b-256 into secret memory (for derived keys).
-    static func deriveKey(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer]) -> SecureBytes {
+    package static func deriveKey(key: UnsafePointer<UInt8>, _ parts: [UnsafeRawBufferPointer]) -> SecureBytes {
         let out = try! SecureBytes(count: keySize)
         blake2b(key: key, parts, into: out.mutableBytes)
         return out
@@ -114,7 +114,7 @@ package enum Crypto {
     }
 
     /// Subkey `id` of a master key under an 8-character context (crypto_kdf, BLAKE2b).
-    static func subkey(of master: UnsafePointer<UInt8>, id: UInt64, context: StaticString) -> SecureBytes {
+    package static func subkey(of master: UnsafePointer<UInt8>, id: UInt64, context: StaticString) -> SecureBytes {
         precondition(context.utf8CodeUnitCount == 8)
         let out = try! SecureBytes(count: keySize)
         let status = context.withUTF8Buffer { ctx in
@@ -128,11 +128,11 @@ package enum Crypto {
         return out
     }
 
-    static let shortHashKeySize = Int(crypto_shorthash_siphashx24_KEYBYTES)
+    package static let shortHashKeySize = Int(crypto_shorthash_siphashx24_KEYBYTES)
 
     /// SipHash-2-4 with 128 bits of output: a fast keyed hash for tables
     /// (no MAC: 16-byte key, 128-bit result).
-    static func shortHash128(_ message: UnsafeRawBufferPointer, key: [UInt8]) -> (UInt64, UInt64) {
+    package static func shortHash128(_ message: UnsafeRawBufferPointer, key: [UInt8]) -> (UInt64, UInt64) {
         precondition(key.count == shortHashKeySize)
         var words: (UInt64, UInt64) = (0, 0)
         withUnsafeMutableBytes(of: &words) { out in
@@ -143,7 +143,7 @@ package enum Crypto {
         return words
     }
 
-    static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+    package static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
         a.count == b.count && sodium_memcmp(a, b, a.count) == 0
     }
 }
@@ -230,7 +230,7 @@ extension Crypto {
 /// (docs/SECURITY.md, "Costs are ours to choose"). 512 MiB: two backups'
 /// hashing, or eight unlocks', at once, on two cores.
 final class PasswordHashingBudget: @unchecked Sendable {
-    static let shared = PasswordHashingBudget(bytes: 512 << 20)
+    package static let shared = PasswordHashingBudget(bytes: 512 << 20)
 
     private let capacity: UInt64
     private var inUse: UInt64 = 0

@@ -1,34 +1,34 @@
 /// Little-endian fixed-width fields for the binary records the keychain keeps
 /// (keybag, lockout, associated data), written and read in one place.
-struct ByteWriter {
-    private(set) var bytes: [UInt8] = []
+package struct ByteWriter {
+    package private(set) var bytes: [UInt8] = []
 
-    init() {}
+    package init() {}
 
     /// A writer whose buffer holds `capacity` bytes before it grows.
-    init(capacity: Int) { bytes.reserveCapacity(capacity) }
+    package init(capacity: Int) { bytes.reserveCapacity(capacity) }
 
-    mutating func append(_ value: UInt8) { bytes.append(value) }
+    package mutating func append(_ value: UInt8) { bytes.append(value) }
 
-    mutating func append(_ value: UInt64) {
+    package mutating func append(_ value: UInt64) {
         for shift in stride(from: 0, to: 64, by: 8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
     }
 
-    mutating func append(_ value: Int64) { append(UInt64(bitPattern: value)) }
+    package mutating func append(_ value: Int64) { append(UInt64(bitPattern: value)) }
 
-    mutating func append(_ value: UInt16) {
+    package mutating func append(_ value: UInt16) {
         bytes.append(UInt8(truncatingIfNeeded: value))
         bytes.append(UInt8(truncatingIfNeeded: value >> 8))
     }
 
-    mutating func append(_ value: UInt32) {
+    package mutating func append(_ value: UInt32) {
         for shift in stride(from: 0, to: 32, by: 8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
     }
 
-    mutating func append(_ raw: [UInt8]) { bytes += raw }
+    package mutating func append(_ raw: [UInt8]) { bytes += raw }
 
     /// A length-prefixed (u16) string, so that ("ab", "c") and ("a", "bc") differ.
-    mutating func appendPrefixed(_ string: String) {
+    package mutating func appendPrefixed(_ string: String) {
         let count = string.utf8.count
         precondition(count <= Int(UInt16.max))
         bytes.append(UInt8(count & 0xff))
@@ -42,32 +42,32 @@ struct ByteWriter {
 /// ones, each checked against the end. Running past the end, or any other
 /// malformed input, throws `malformed` (``KeychainError/decode`` for stored
 /// records, ``KeychainError/param`` for requests).
-struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int {
+package struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int {
     private let bytes: Bytes
     private var offset: Int
-    let malformed: KeychainError
+    package let malformed: KeychainError
 
-    init(_ bytes: Bytes, malformed: KeychainError = .decode) {
+    package init(_ bytes: Bytes, malformed: KeychainError = .decode) {
         self.bytes = bytes
         self.offset = bytes.startIndex
         self.malformed = malformed
     }
 
-    var isAtEnd: Bool { offset == bytes.endIndex }
+    package var isAtEnd: Bool { offset == bytes.endIndex }
 
     /// The bytes not read yet.
-    var remaining: Int { bytes.endIndex - offset }
+    package var remaining: Int { bytes.endIndex - offset }
 
     /// The next `count` bytes, in place.
-    mutating func take(_ count: Int) throws(KeychainError) -> Bytes.SubSequence {
+    package mutating func take(_ count: Int) throws(KeychainError) -> Bytes.SubSequence {
         guard count >= 0, bytes.endIndex - offset >= count else { throw malformed }
         defer { offset += count }
         return bytes[offset..<offset + count]
     }
 
-    mutating func read(_ count: Int) throws(KeychainError) -> [UInt8] { Array(try take(count)) }
+    package mutating func read(_ count: Int) throws(KeychainError) -> [UInt8] { Array(try take(count)) }
 
-    mutating func readByte() throws(KeychainError) -> UInt8 {
+    package mutating func readByte() throws(KeychainError) -> UInt8 {
         guard offset < bytes.endIndex else { throw malformed }
         defer { offset += 1 }
         return bytes[offset]
@@ -78,18 +78,18 @@ struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int
         try take(MemoryLayout<I>.size).reversed().reduce(I(0)) { $0 << 8 | I($1) }
     }
 
-    mutating func readUInt64() throws(KeychainError) -> UInt64 { try readLittleEndian(UInt64.self) }
+    package mutating func readUInt64() throws(KeychainError) -> UInt64 { try readLittleEndian(UInt64.self) }
 
-    mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
+    package mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
 
-    mutating func readUInt32() throws(KeychainError) -> UInt32 { try readLittleEndian(UInt32.self) }
+    package mutating func readUInt32() throws(KeychainError) -> UInt32 { try readLittleEndian(UInt32.self) }
 
-    mutating func readUInt16() throws(KeychainError) -> UInt16 { try readLittleEndian(UInt16.self) }
+    package mutating func readUInt16() throws(KeychainError) -> UInt16 { try readLittleEndian(UInt16.self) }
 
-    mutating func readInt32() throws(KeychainError) -> Int32 { Int32(bitPattern: try readUInt32()) }
+    package mutating func readInt32() throws(KeychainError) -> Int32 { Int32(bitPattern: try readUInt32()) }
 
     /// A string written by ``ByteWriter/appendPrefixed(_:)``; `malformed` unless UTF-8.
-    mutating func readPrefixed() throws(KeychainError) -> String {
+    package mutating func readPrefixed() throws(KeychainError) -> String {
         let length = Int(try readLittleEndian(UInt16.self))
         guard let string = String(validating: try take(length), as: UTF8.self) else { throw malformed }
         return string

@@ -185,7 +185,7 @@ public struct ItemDetails: Sendable, Equatable {
     static let ownedVersion: UInt8 = 2
     static let identifiedVersion: UInt8 = 3
 
-    func encoded() -> [UInt8] {
+    package func encoded() -> [UInt8] {
         var writer = ByteWriter()
         let owned = owner != nil || !allowed.isEmpty
         let identified = claimsSayMore
@@ -263,7 +263,7 @@ public struct ItemDetails: Sendable, Equatable {
 
     /// Reads ``encoded()``; `malformed` for anything else, or for fields
     /// past the bounds (``validate()``).
-    init(decoding bytes: [UInt8], malformed: KeychainError = .decode) throws(KeychainError) {
+    package init(decoding bytes: [UInt8], malformed: KeychainError = .decode) throws(KeychainError) {
         var reader = ByteReader(bytes, malformed: malformed)
         let version = try reader.readByte()
         guard [Self.encodingVersion, Self.ownedVersion, Self.identifiedVersion].contains(version) else {

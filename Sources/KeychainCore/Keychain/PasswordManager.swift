@@ -783,7 +783,7 @@ public final class PasswordManager: Sendable {
         }
     }
 
-    private func forget(group: String, identifier: String) {
+    func forget(group: String, identifier: String) {
         cache.withLock { entry in
             if entry?.group == group && entry?.identifier == identifier { entry = nil }
         }

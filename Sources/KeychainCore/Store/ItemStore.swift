@@ -538,11 +538,14 @@ final class ItemStore: Sendable {
         if renamed { announce(.renamed(group: group, from: source, to: target)) }
     }
 
-    /// Deletes an item; false if there was none.
-    func delete(group: String, identifier: String) throws(KeychainError) -> Bool {
+    /// Deletes an item; false if there was none, or (given `generation`)
+    /// if the item is not at that generation any more.
+    func delete(group: String, identifier: String, generation: Int64? = nil) throws(KeychainError) -> Bool {
         let deleted = try withConnection { db throws(KeychainError) in
             let deleted = try db.transaction { () throws(KeychainError) -> Bool in
-                guard let existing = try checkedRow(db, group: group, identifier: identifier) else { return false }
+                guard let existing = try checkedRow(db, group: group, identifier: identifier),
+                    generation == nil || existing.generation == generation
+                else { return false }
                 var record = try loadState(db)
                 try saveState(db, &record, removing: [existing], adding: [])
                 try db.statement("DELETE FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(2, identifier)
@@ -657,6 +660,24 @@ final class ItemStore: Sendable {
             var rows: [(String, ItemInfo)] = []
             while try query.step() {
                 rows.append((query.text(0), try Self.info(class: query.int64(1), sealedLength: query.int64(2))))
+            }
+            return rows
+        }
+    }
+
+    /// The identifiers of `group` with their class and generation (the
+    /// generation names one version of an item: every write gives a new one).
+    func generations(group: String) throws(KeychainError) -> [(
+        identifier: String, protectionClass: ProtectionClass, generation: Int64
+    )] {
+        try withConnection { db throws(KeychainError) in
+            guard try groupExists(db, group) else { throw .itemNotFound }
+            let query = try db.statement("SELECT ident, class, generation FROM items WHERE grp = ? ORDER BY ident")
+                .bind(1, group)
+            var rows: [(String, ProtectionClass, Int64)] = []
+            while try query.step() {
+                guard let protectionClass = ProtectionClass(rawValue: query.int64(1)) else { throw .decode }
+                rows.append((query.text(0), protectionClass, query.int64(2)))
             }
             return rows
         }

@@ -6,11 +6,11 @@
 /// clear, a new motherboard, another machine) and seals it to the TPM it
 /// finds. It needs no stretching: no one guesses 256 random bits.
 public struct RecoveryKey: Sendable {
-    let key: SecureBytes
+    package let key: SecureBytes
 
     private static let alphabet = Array("cbdefghijklnrtuv".utf8)
 
-    static func generate() -> RecoveryKey { RecoveryKey(key: SecureBytes.random(count: Crypto.keySize)) }
+    package static func generate() -> RecoveryKey { RecoveryKey(key: SecureBytes.random(count: Crypto.keySize)) }
 
     /// The key as the user writes it down (a secret: shown once, never logged).
     public func formatted() -> SecureBytes {

@@ -1,0 +1,85 @@
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension SyncEngine {
+    /// Removes a device from the circle (by its name, or its id as
+    /// `sync status` shows it) and changes the circle's key, so that the
+    /// removed device can open nothing written after (docs/SYNC.md, "Removing
+    /// a device"): every record is sealed again under the new key, which is
+    /// granted to each remaining device and to the recovery key. What the
+    /// removed device synced before stays in its own keychain.
+    package func remove(_ named: String) throws(SyncFailure) -> Member {
+        try operation.withLock { _ throws(SyncFailure) -> Member in
+            var state = try loadState()
+            // First agree with the circle, under the key it has now.
+            _ = try round(&state)
+            try save(state)
+            let matches = state.members.filter { $0.name == named || Hex.string($0.id) == named.lowercased() }
+            guard matches.count == 1, let removed = matches.first else {
+                let known = state.members.map { "\($0.name) (\(Hex.string($0.id)))" }.joined(separator: ", ")
+                throw SyncFailure(
+                    .badInput,
+                    matches.isEmpty
+                        ? "no device of the circle is named \(named) (the circle: \(known))"
+                        : "\(matches.count) devices are named \(named): name one by its id (the circle: \(known))")
+            }
+            guard removed.id != state.device else {
+                throw SyncFailure(.badInput, "\(named) is this device: remove it from another device of the circle")
+            }
+            var (key, secret) = try openSecrets(state)
+            let git = try GitRepository.prepare(at: repositoryPath, remote: state.remote)
+            for _ in 0..<5 {
+                let remote = try readRemote(git, &state, &key, secret: secret)
+                guard let head = remote.head, let manifest = remote.manifest else {
+                    throw SyncFailure.refused("the remote holds no circle")
+                }
+                let newKey = SyncKey.random(circle: state.circle, epoch: key.epoch + 1)
+                let members = manifest.members.filter { $0.id != removed.id }
+                var next = Manifest(
+                    circle: state.circle, epoch: newKey.epoch, sequence: manifest.sequence, writer: state.device,
+                    written: clock(), recoveryPublic: manifest.recoveryPublic, members: members, indexes: [:])
+                let empty = Remote(
+                    head: head, files: remote.files, manifest: nil, manifestDigest: [], indexes: [:], records: [:])
+                let records = remote.records.values.map { ($0.record, newKey.recordName($0.record.key)) }
+                var (changes, bytes) = writeRecords(records, remote: empty, manifest: &next, key: newKey, state: state)
+                changes.insert(GitRepository.Change(path: "records", contents: nil), at: 0)
+                changes.insert(GitRepository.Change(path: "index", contents: nil), at: 1)
+                for member in members where member.id != state.device {
+                    changes.append(
+                        GitRepository.Change(
+                            path: KeyGrant.path(epoch: newKey.epoch, device: member.id),
+                            contents: KeyGrant.grant(newKey, from: state.device, secret: secret, to: member.publicKey)))
+                }
+                changes.append(
+                    GitRepository.Change(
+                        path: KeyGrant.recoveryPath(epoch: newKey.epoch),
+                        contents: KeyGrant.sealForRecovery(newKey, recoveryPublic: manifest.recoveryPublic)))
+                let commit = try git.commit(changes, on: head, message: "keychainfs")
+                guard try git.push(commit) == .pushed else { continue }
+                state.epoch = newKey.epoch
+                state.sealedSecrets = try sealSecrets(
+                    newKey, deviceSecret: secret, circle: state.circle, device: state.device)
+                state.members = members
+                state.sequence = next.sequence
+                state.manifestDigest = Crypto.hash(bytes)
+                state.heard[removed.id] = nil
+                try save(state)
+                return removed
+            }
+            throw SyncFailure(.remote, "\(state.remote) kept moving: try again")
+        }
+    }
+
+    /// Takes this keychain out of its circle here: forgets the circle's
+    /// keys and state (the items stay; the remote and the other devices
+    /// are not told: remove this device from one of them as well).
+    package func leave() throws(SyncFailure) {
+        try operation.withLock { _ throws(SyncFailure) in
+            _ = try loadState()
+            for path in [statePath, joiningPath] { unlink(path) }
+            saved.withLock { $0 = nil }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+import KeychainCore
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What one round of sync did.
+package struct SyncReport: Sendable, Equatable {
+    /// Items changed or removed here from the circle's versions.
+    package var received = 0
+    /// Records this device added to the remote.
+    package var sent = 0
+    /// `group/name` of each conflict copy made.
+    package var conflicts: [String] = []
+    /// Items that wait for their class key (locked) before they sync.
+    package var waiting = 0
+
+    package init() {}
+}
+
+/// A keychain's sync with its circle (docs/SYNC.md): the device runs it,
+/// one operation at a time, reading and writing items through the
+/// keychain's manager like any door, and the remote through git. The
+/// core knows nothing of it.
+package final class SyncEngine: Sendable {
+    let manager: PasswordManager
+    /// `KEYCHAIN/sync`: the state, the joining state, the local repository.
+    let directory: String
+    let hostName: String
+    let clock: @Sendable () -> UInt64
+    /// One operation at a time; held across git's work (never by a read or write of an item).
+    let operation = Mutex<Void>(())
+    /// The state as last saved, for status without waiting on a round.
+    let saved = Mutex<SyncState?>(nil)
+    /// Join requests this device answered: each one's request and our nonce (lost with the process: ask again).
+    let answered = Mutex<[UInt64: (request: JoinRequest, nonce: [UInt8])]>([:])
+
+    package init(
+        manager: PasswordManager, keychainPath: String, hostName: String,
+        clock: @escaping @Sendable () -> UInt64 = SyncEngine.now
+    ) {
+        self.manager = manager
+        self.directory = keychainPath + "/sync"
+        self.hostName = hostName
+        self.clock = clock
+        saved.withLock { $0 = try? SyncState.load(from: keychainPath + "/sync/state") }
+    }
+
+    package static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return UInt64(max(0, time.tv_sec)) * 1000 + UInt64(max(0, time.tv_nsec)) / 1_000_000
+    }
+
+    var statePath: String { directory + "/state" }
+    var repositoryPath: String { directory + "/repository.git" }
+
+    /// Whether this keychain is in a circle.
+    package var isInCircle: Bool { saved.withLock { $0 != nil } }
+
+    func loadState() throws(SyncFailure) -> SyncState {
+        guard let state = try SyncState.load(from: statePath) else {
+            throw SyncFailure(
+                .notInCircle,
+                "this keychain syncs with no circle: start one with `keychainfs sync init REMOTE`, "
+                    + "or join one with `keychainfs sync join REMOTE`")
+        }
+        return state
+    }
+
+    func save(_ state: SyncState) throws(SyncFailure) {
+        try makeDirectory()
+        try state.save(to: statePath)
+        saved.withLock { $0 = state }
+    }
+
+    func makeDirectory() throws(SyncFailure) {
+        do throws(Errno) {
+            try makeDirectoryUnlessPresent(directory, mode: 0o700)
+        } catch {
+            throw SyncFailure(.store(.io), "\(directory) could not be made (\(error))")
+        }
+    }
+
+    // MARK: Secrets
+
+    /// The sync key and the device's secret key, sealed under the
+    /// device's own class key (``SyncState/secretClass``).
+    func sealSecrets(_ key: SyncKey, deviceSecret: SecureBytes, circle: [UInt8], device: UInt64)
+        throws(SyncFailure) -> [UInt8]
+    {
+        let plain = try! SecureBytes(count: 2 * SyncKey.size)
+        key.secret.withUnsafeBytes { plain.mutableBytes.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: 32) }
+        deviceSecret.withUnsafeBytes {
+            (plain.mutableBytes.baseAddress! + 32).copyMemory(from: $0.baseAddress!, byteCount: 32)
+        }
+        do throws(KeychainError) {
+            return try manager.localDevice.sealBlob(
+                plain, under: SyncState.secretClass,
+                context: SyncState.secretsContext(circle: circle, device: device))
+        } catch {
+            throw SyncFailure.store(error)
+        }
+    }
+
+    func openSecrets(_ state: SyncState) throws(SyncFailure) -> (key: SyncKey, deviceSecret: SecureBytes) {
+        let plain: SecureBytes
+        do throws(KeychainError) {
+            plain = try manager.localDevice.openBlob(
+                state.sealedSecrets, under: SyncState.secretClass,
+                context: SyncState.secretsContext(circle: state.circle, device: state.device))
+        } catch .interactionNotAllowed {
+            throw SyncFailure(.locked, "the keychain has not been unlocked since the device started: unlock it to sync")
+        } catch {
+            throw SyncFailure(.store(.decode), "this device's sync keys do not open: \(directory)/state was altered")
+        }
+        guard plain.count == 64 else { throw SyncFailure(.store(.decode), "this device's sync keys are damaged") }
+        return plain.withUnsafeBytes { bytes in
+            (
+                SyncKey(
+                    secret: try! SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[..<32])),
+                    circle: state.circle, epoch: state.epoch),
+                try! SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[32...]))
+            )
+        }
+    }
+
+    // MARK: Sync now
+
+    /// One round: fetch, check, merge record by record, apply here, push.
+    package func sync() throws(SyncFailure) -> SyncReport {
+        try operation.withLock { _ throws(SyncFailure) -> SyncReport in
+            var state = try loadState()
+            do throws(SyncFailure) {
+                let report = try round(&state)
+                state.lastProblem = ""
+                state.lastSync = clock()
+                try save(state)
+                return report
+            } catch {
+                if error.reason != .removed, var latest = try? loadState() {
+                    latest.lastProblem = error.sentence
+                    try? save(latest)
+                }
+                throw error
+            }
+        }
+    }
+
+    /// What the remote holds, checked against the manifest (docs/SYNC.md,
+    /// "What a remote can do"): every record the manifest lists, by name.
+    struct Remote {
+        let head: String?
+        let files: [String: String]
+        let manifest: Manifest?
+        let manifestDigest: [UInt8]
+        var indexes: [UInt8: [[UInt8]: [UInt8]]]
+        var records: [ItemKey: (name: [UInt8], record: SyncRecord)]
+    }
+
+    /// Reads and checks the remote at its branch's head. Takes a newer
+    /// epoch's key when one was granted to this device (`state` and `key`
+    /// change then).
+    func readRemote(_ git: GitRepository, _ state: inout SyncState, _ key: inout SyncKey, secret: SecureBytes)
+        throws(SyncFailure) -> Remote
+    {
+        guard let head = try git.fetch() else {
+            if state.sequence > 0 {
+                throw SyncFailure.refused(
+                    "\(state.remote) has no keychainfs branch any more (emptied, or another repository)")
+            }
+            return Remote(head: nil, files: [:], manifest: nil, manifestDigest: [], indexes: [:], records: [:])
+        }
+        let files = try git.files(of: head)
+        guard let manifestID = files[Manifest.path], let manifestBytes = try git.blobs([manifestID])[manifestID] else {
+            throw SyncFailure.refused("it has no manifest (not a keychainfs circle's repository)")
+        }
+        guard let header = Manifest.header(manifestBytes) else {
+            throw SyncFailure.refused("its manifest is not one keychainfs writes")
+        }
+        guard header.circle == state.circle else {
+            throw SyncFailure.refused(
+                "it serves another circle's repository (circle \(Hex.string(header.circle)); "
+                    + "this device's circle is \(Hex.string(state.circle)))")
+        }
+        if header.epoch < key.epoch {
+            throw SyncFailure.refused(
+                "its manifest is sealed with the circle's key \(header.epoch), older than this device's "
+                    + "\(key.epoch): an old copy of the repository (a rollback)")
+        }
+        if header.epoch > key.epoch {
+            key = try adoptKey(epoch: header.epoch, files: files, git: git, state: &state, secret: secret)
+        }
+        guard let manifest = Manifest.decode(manifestBytes, key: key) else {
+            throw SyncFailure.refused("its manifest does not open with the circle's key (altered, or not the circle's)")
+        }
+        let digest = Crypto.hash(manifestBytes)
+        if manifest.sequence < state.sequence {
+            throw SyncFailure.refused(
+                "it serves an older manifest (number \(manifest.sequence); this device has seen number "
+                    + "\(state.sequence)): a replay or a rollback of the repository")
+        }
+        if manifest.sequence == state.sequence, state.sequence > 0, digest != state.manifestDigest {
+            throw SyncFailure.refused(
+                "two different manifests carry number \(manifest.sequence): the remote forked the circle's history")
+        }
+        // The index files the manifest names, each exactly as it says.
+        var indexIDs: [UInt8: String] = [:]
+        for bucket in manifest.indexes.keys {
+            guard let id = files[IndexFile.path(bucket)] else {
+                throw SyncFailure.refused("index \(IndexFile.path(bucket)) that the manifest lists is missing")
+            }
+            indexIDs[bucket] = id
+        }
+        let indexBlobs = try git.blobs(Array(indexIDs.values))
+        var indexes: [UInt8: [[UInt8]: [UInt8]]] = [:]
+        var wanted: [(name: [UInt8], digest: [UInt8], id: String)] = []
+        for (bucket, id) in indexIDs {
+            guard let bytes = indexBlobs[id], Crypto.hash(bytes) == manifest.indexes[bucket],
+                let entries = IndexFile.decode(bytes, bucket: bucket, key: key)
+            else {
+                throw SyncFailure.refused("index \(IndexFile.path(bucket)) does not match the manifest")
+            }
+            indexes[bucket] = entries
+            for (name, recordDigest) in entries {
+                guard let recordID = files[RecordPath.of(name)] else {
+                    throw SyncFailure.refused(
+                        "a record the manifest lists is missing (\(RecordPath.of(name))): the remote dropped it")
+                }
+                wanted.append((name, recordDigest, recordID))
+            }
+        }
+        let recordBlobs = try git.blobs(wanted.map(\.id))
+        var records: [ItemKey: (name: [UInt8], record: SyncRecord)] = [:]
+        for entry in wanted {
+            guard let bytes = recordBlobs[entry.id], Crypto.hash(bytes) == entry.digest else {
+                throw SyncFailure.refused(
+                    "record \(RecordPath.of(entry.name)) is not the one the manifest lists "
+                        + "(another record, or an older version of it, in its place)")
+            }
+            guard let record = RecordFile.decode(bytes, name: entry.name, key: key) else {
+                throw SyncFailure.refused("record \(RecordPath.of(entry.name)) does not open with the circle's key")
+            }
+            records[record.key] = (entry.name, record)
+        }
+        return Remote(
+            head: head, files: files, manifest: manifest, manifestDigest: digest, indexes: indexes, records: records)
+    }
+
+    /// The key of a newer epoch, from the grant a member made to this device.
+    private func adoptKey(
+        epoch: UInt32, files: [String: String], git: GitRepository, state: inout SyncState, secret: SecureBytes
+    ) throws(SyncFailure) -> SyncKey {
+        guard let grantID = files[KeyGrant.path(epoch: epoch, device: state.device)],
+            let grant = try git.blobs([grantID])[grantID]
+        else {
+            throw SyncFailure(
+                .removed,
+                "this device was removed from the circle: the circle's key changed (key \(epoch)) and none was "
+                    + "granted to it. Join again with `keychainfs sync join` after `keychainfs sync leave`")
+        }
+        guard let granter = KeyGrant.granter(grant).flatMap({ state.member($0) }),
+            let key = KeyGrant.open(
+                grant, granterPublic: granter.publicKey, secret: secret, circle: state.circle, epoch: epoch)
+        else {
+            throw SyncFailure.refused(
+                "the grant of the circle's new key (key \(epoch)) is from no device of the circle")
+        }
+        state.epoch = epoch
+        state.sealedSecrets = try sealSecrets(key, deviceSecret: secret, circle: state.circle, device: state.device)
+        return key
+    }
+}

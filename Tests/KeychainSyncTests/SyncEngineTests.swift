@@ -1,0 +1,272 @@
+import Foundation
+import Testing
+@testable import KeychainCore
+@testable import KeychainSync
+
+/// Devices in this process syncing through a bare repository (docs/SYNC.md).
+@Suite(.serialized) struct SyncEngineTests {
+    /// A circle of `names.count` devices at a fresh remote: the first
+    /// starts it, the others join with its recovery key.
+    static func circle(_ names: String..., clock: TestClock? = nil) throws -> (BareRemote, [SyncedDevice]) {
+        let remote = try BareRemote()
+        let devices = try names.map { name in
+            guard let clock else { return try SyncedDevice(name) }
+            return try SyncedDevice(name, clock: { clock.now })
+        }
+        let recovery = try devices[0].engine.create(remote: remote.url).recoveryKey
+        for device in devices.dropFirst() {
+            _ = try device.engine.join(remote: remote.url, recoveryKey: recovery)
+        }
+        return (remote, devices)
+    }
+
+    @Test func migratableItemsReachTheOtherDeviceWithTheirClassAndDetails() throws {
+        let laptop = try SyncedDevice("laptop")
+        try laptop.set("github.com", "ghp_token")
+        try laptop.set("wifi", "hunter2", group: "home", .afterFirstUnlock)
+        try laptop.set("always", "a", .always)
+        try laptop.set("device-only", "stays here", .whenUnlockedThisDeviceOnly)
+        var details = ItemDetails(label: "GitHub", contentType: "text/plain", attributes: ["service": "github"])
+        details.created = 1_700_000_000
+        details.modified = 1_700_000_001
+        try laptop.manager.setDetails(details, forIdentifier: "github.com", inGroup: "default")
+        let remote = try BareRemote()
+        let started = try laptop.engine.create(remote: remote.url)
+        #expect(started.report.sent == 3)
+        let desktop = try SyncedDevice("desktop")
+        let joined = try desktop.engine.join(remote: remote.url, recoveryKey: started.recoveryKey)
+        #expect(joined.received == 3)
+        #expect(
+            try desktop.contents() == [
+                "default/always=a (always)", "default/github.com=ghp_token (whenUnlocked)",
+                "home/wifi=hunter2 (afterFirstUnlock)"
+            ])
+        let copied = try desktop.manager.details(forIdentifier: "github.com", inGroup: "default")
+        #expect(copied?.label == "GitHub")
+        #expect(copied?.attributes == ["service": "github"])
+        #expect(copied?.modified == 1_700_000_001)
+    }
+
+    @Test func changesAndRemovalsTravelBothWays() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        defer { withExtendedLifetime(remote) {} }
+        let (laptop, desktop) = (devices[0], devices[1])
+        try desktop.set("mail", "one")
+        _ = try desktop.engine.sync()
+        _ = try laptop.engine.sync()
+        #expect(try laptop.get("mail") == "one")
+        try laptop.set("mail", "two")
+        _ = try laptop.engine.sync()
+        #expect(try desktop.engine.sync().received == 1)
+        #expect(try desktop.get("mail") == "two")
+        try desktop.manager.deleteKey(forIdentifier: "mail")
+        _ = try desktop.engine.sync()
+        _ = try laptop.engine.sync()
+        #expect(try laptop.get("mail") == nil)
+        // Nothing more to do: a round with no change pushes nothing.
+        #expect(try laptop.engine.sync() == SyncReport())
+    }
+
+    @Test func concurrentChangesKeepBothWritesOnEveryDevice() throws {
+        let clock = TestClock()
+        let (remote, devices) = try Self.circle("laptop", "desktop", clock: clock)
+        defer { withExtendedLifetime(remote) {} }
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "base")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        try laptop.set("mail", "from laptop")
+        _ = try laptop.engine.sync()
+        clock.advance(1000)
+        try desktop.set("mail", "from desktop")
+        let report = try desktop.engine.sync()
+        #expect(report.conflicts.count == 1)
+        _ = try laptop.engine.sync()
+        #expect(try laptop.contents() == desktop.contents())
+        let values = try laptop.contents()
+        // The newer (the desktop's, synced later) is the item; the laptop's is beside it.
+        #expect(values.contains("default/mail=from desktop (whenUnlocked)"))
+        #expect(
+            values.contains {
+                $0.hasPrefix("default/mail (conflict from laptop, ") && $0.hasSuffix("=from laptop (whenUnlocked)")
+            })
+    }
+
+    @Test func aChangeSurvivesARemovalThatDidNotSeeIt() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        defer { withExtendedLifetime(remote) {} }
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "base")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        try laptop.manager.deleteKey(forIdentifier: "mail")
+        _ = try laptop.engine.sync()
+        try desktop.set("mail", "changed")
+        _ = try desktop.engine.sync()
+        _ = try laptop.engine.sync()
+        #expect(try laptop.get("mail") == "changed")
+        #expect(try desktop.get("mail") == "changed")
+    }
+
+    @Test func aValueWhoseClassIsLockedWaitsForTheUnlock() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        defer { withExtendedLifetime(remote) {} }
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "one")
+        try laptop.set("bg", "one", .afterFirstUnlock)
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        try laptop.set("mail", "two")
+        try laptop.set("bg", "two", .afterFirstUnlock)
+        _ = try laptop.engine.sync()
+        desktop.manager.localDevice.lock()
+        let locked = try desktop.engine.sync()
+        #expect(locked.waiting == 1)
+        #expect(locked.received == 1)
+        try desktop.manager.localDevice.unlock(passcode: try SecureBytes(SyncedDevice.passcode))
+        #expect(try desktop.get("mail") == "one")
+        #expect(try desktop.get("bg") == "two")
+        #expect(try desktop.engine.sync().received == 1)
+        #expect(try desktop.get("mail") == "two")
+    }
+
+    @Test func aThisDeviceOnlyItemNeverReachesTheRemoteAndNoNameDoes() throws {
+        let laptop = try SyncedDevice("laptop")
+        try laptop.set("secret-device-only-name", "device-only-value-7f3a", .whenUnlockedThisDeviceOnly)
+        try laptop.set("visible-name-github", "migratable-value-91c2")
+        try laptop.set("wifi-name", "after-first-unlock-value-5d1e", group: "group-name-home", .afterFirstUnlock)
+        let remote = try BareRemote()
+        _ = try laptop.engine.create(remote: remote.url)
+        try laptop.set("visible-name-github", "second-version-value-44ab")
+        _ = try laptop.engine.sync()
+        let everything = try remote.everyObject()
+        for secret in [
+            "device-only-value-7f3a", "secret-device-only-name", "migratable-value-91c2", "visible-name-github",
+            "after-first-unlock-value-5d1e", "wifi-name", "group-name-home", "second-version-value-44ab", "laptop"
+        ] {
+            #expect(everything.range(of: Data(secret.utf8)) == nil, "\(secret) is in the remote")
+        }
+        // Records are padded: every one is the same size for short values.
+        let sizes = Set(try remote.files().filter { $0.key.hasPrefix("records/") }.map(\.value.count))
+        #expect(sizes.count == 1)
+    }
+
+    @Test func aNewDeviceJoinsWhenBothShowTheSameCode() throws {
+        let (remote, devices) = try Self.circle("laptop")
+        let laptop = devices[0]
+        try laptop.set("mail", "secret")
+        _ = try laptop.engine.sync()
+        let phone = try SyncedDevice("phone")
+        #expect(try phone.engine.join(remote: remote.url) == .asked)
+        #expect(try phone.engine.join(remote: nil) == .asked)
+        let askers = try laptop.engine.joinRequests()
+        #expect(askers.map(\.name) == ["phone"])
+        #expect(try laptop.engine.joinCode(for: askers[0].id) == nil)
+        guard case .code(let shown) = try phone.engine.join(remote: nil) else {
+            Issue.record("the new device shows no code")
+            return
+        }
+        #expect(try laptop.engine.joinCode(for: askers[0].id) == shown)
+        // Another code grants nothing.
+        let wrong = shown == "000 000" ? "111 111" : "000 000"
+        expectFailure(.badInput) { try laptop.engine.approve(askers[0].id, code: wrong) }
+        #expect(try phone.engine.join(remote: nil) == .code(shown))
+        try laptop.engine.approve(askers[0].id, code: shown)
+        guard case .joined(let report) = try phone.engine.join(remote: nil) else {
+            Issue.record("the new device did not join")
+            return
+        }
+        #expect(report.received == 1)
+        #expect(try phone.get("mail") == "secret")
+        #expect(laptop.engine.status().contains { $0.0 == "member" && $0.1.hasPrefix("phone ") })
+    }
+
+    @Test func aRemovedDeviceOpensNothingWrittenAfter() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop", "old-phone")
+        let (laptop, desktop, phone) = (devices[0], devices[1], devices[2])
+        try laptop.set("before", "known to all")
+        _ = try laptop.engine.sync()
+        _ = try phone.engine.sync()
+        let oldState = try SyncState.load(from: phone.engine.statePath)!
+        let (oldKey, _) = try phone.engine.openSecrets(oldState)
+        _ = try laptop.engine.remove("old-phone")
+        try laptop.set("after", "not for the phone")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        #expect(try desktop.get("after") == "not for the phone")
+        let sentence = expectFailure(.removed) { _ = try phone.engine.sync() }
+        #expect(sentence.contains("removed"))
+        #expect(try phone.get("after") == nil)
+        #expect(try phone.get("before") == "known to all")
+        // The old key opens no record and no manifest of the remote now.
+        for (path, bytes) in try remote.files() {
+            if path.hasPrefix("records/"), let name = RecordPath.name(path) {
+                #expect(RecordFile.decode(Array(bytes), name: name, key: oldKey) == nil)
+            }
+            if path == Manifest.path { #expect(Manifest.decode(Array(bytes), key: oldKey) == nil) }
+        }
+    }
+
+    // MARK: What a remote can try
+
+    @Test func aRemoteThatReplaysAnOlderManifestIsRefused() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "one")
+        _ = try laptop.engine.sync()
+        let old = try remote.head()
+        try laptop.set("mail", "two")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        try remote.force(old)
+        let sentence = expectFailure(.refused) { _ = try desktop.engine.sync() }
+        #expect(sentence.contains("older manifest"))
+        #expect(try desktop.get("mail") == "two")
+    }
+
+    @Test func aRemoteThatDropsARecordIsRefused() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "one")
+        try laptop.set("bank", "two")
+        _ = try laptop.engine.sync()
+        let record = try #require(try remote.files().keys.first { $0.hasPrefix("records/") })
+        try remote.tamper([record: nil])
+        let sentence = expectFailure(.refused) { _ = try desktop.engine.sync() }
+        #expect(sentence.contains("dropped"))
+        #expect(try desktop.contents() == [])
+    }
+
+    @Test func aRemoteThatSwapsTwoRecordsIsRefused() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "one")
+        try laptop.set("bank", "two")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        try laptop.set("mail", "three")
+        _ = try laptop.engine.sync()
+        let records = try remote.files().filter { $0.key.hasPrefix("records/") }.sorted { $0.key < $1.key }
+        #expect(records.count == 2)
+        try remote.tamper([records[0].key: records[1].value, records[1].key: records[0].value])
+        let sentence = expectFailure(.refused) { _ = try desktop.engine.sync() }
+        #expect(sentence.contains("not the one the manifest lists"))
+        #expect(try desktop.get("mail") == "one")
+    }
+
+    @Test func aRemoteThatServesAnotherCirclesRepositoryIsRefused() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        try devices[0].set("mail", "mine")
+        _ = try devices[0].engine.sync()
+        _ = try devices[1].engine.sync()
+        let (other, strangers) = try Self.circle("stranger")
+        try strangers[0].set("mail", "theirs")
+        _ = try strangers[0].engine.sync()
+        try runGit(
+            ["--git-dir=" + other.url, "push", "--quiet", "--force", remote.url, "keychainfs:keychainfs"],
+            in: other.root)
+        let sentence = expectFailure(.refused) { _ = try devices[1].engine.sync() }
+        #expect(sentence.contains("another circle's repository"))
+        #expect(try devices[1].get("mail") == "mine")
+    }
+}
