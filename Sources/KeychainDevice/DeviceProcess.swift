@@ -529,7 +529,7 @@ public final class DeviceProcess: Sendable {
                     keychain, "serve-bus", reply == Done().reply ? "serves the session bus" : "refused",
                     by: ProgramIdentities.subject(ofPeer: client))
                 return reply
-            case .item, .device, .policy, .mount, .file, .process(.ping), .process(.watch):
+            case .item, .device, .policy, .mount, .file, .process(.ping), .process(.watch), .sync:
                 let reply = keychain.answer(
                     request, client: client, policedAtConnect: policedAtConnect, atConnect: atConnect,
                     passed: &passed, attachments: &attachments)

@@ -1,6 +1,7 @@
 internal import CLinux
 import KeychainCore
 import KeychainFS
+import KeychainSync
 import SecretService
 import Synchronization
 #if canImport(Glibc)
@@ -29,6 +30,9 @@ final class ServedKeychain: Sendable {
     /// 256 MiB, before the password is known to be right) cannot pile up
     /// in the service (docs/SECURITY.md, "Costs are ours to choose").
     private let restoring = Atomic<Bool>(false)
+    /// Sync with the person's other devices: a per-user device's alone
+    /// (git runs as the person), with its own schedule.
+    let sync: KeychainSyncDoor?
 
     /// Boots the device of `keychain`: locked, before first unlock.
     init(
@@ -51,6 +55,7 @@ final class ServedKeychain: Sendable {
             }
         }
         self.mountEnded = mountEnded
+        sync = serviceLimits == nil ? KeychainSyncDoor(manager: manager, keychainPath: keychain.path) : nil
     }
 
     var hasMounts: Bool { !mounts.withLock { $0.isEmpty } }
@@ -186,6 +191,11 @@ final class ServedKeychain: Sendable {
         case .tpm:
             // The service's broker answers these, before any keychain is looked up.
             return .systemError(EINVAL, "the TPM's requests are the service's, not a keychain's")
+        case .sync(let request):
+            guard let sync else {
+                return .systemError(EPERM, "the keychainfs service does not sync (docs/SYNC.md)")
+            }
+            return sync.answer(request).reply
         }
     }
 
@@ -505,7 +515,7 @@ extension ServedKeychain: SecretStore {
         case .device(let state):
             answer = self.answer(state, subject: subject)
         // Nothing the provider asks: its calls are an item's or the lock's.
-        case .policy, .mount, .file, .process, .tpm:
+        case .policy, .mount, .file, .process, .tpm, .sync:
             answer = .failure(.keychain(.param, "not a request of the Secret Service"))
         }
         return answer.outcome(of: call)

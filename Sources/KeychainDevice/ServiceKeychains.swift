@@ -85,6 +85,12 @@ final class ServiceKeychains: Sendable {
             // user's keychain directory). The user mounts (`attach`) and unmounts.
             return .systemError(
                 EPERM, "the keychainfs service mounts nothing itself: `keychainfs mount` makes the mount and passes it")
+        case .sync:
+            // git must run as the person, with their ssh agent and credential helpers: not as the service.
+            return .systemError(
+                EPERM,
+                "the keychainfs service does not sync: sync runs in your own device (`keychainfs start`), "
+                    + "where git runs as you (docs/SYNC.md)")
         case .item, .device, .policy, .mount(.attach), .file, .process(.ping), .process(.watch), .process(.serveBus):
             break
         }

@@ -182,3 +182,8 @@ extension SyncEngine {
         return lines
     }
 }
+
+extension SyncEngine {
+    /// A device id as `sync status` and `sync approve` show it (16 hexadecimal digits).
+    package static func deviceID(_ text: String) -> UInt64? { Hex.device(text.lowercased()) }
+}

@@ -23,7 +23,7 @@ struct KeychainFSCommand: ParsableCommand {
             InitCommand.self, MountCommand.self, UnmountCommand.self,
             LockCommand.self, UnlockCommand.self, StatusCommand.self, AutoLockCommand.self, PasscodeCommand.self,
             RecoverCommand.self,
-            BackupCommand.self, RestoreCommand.self, GetCommand.self, SetCommand.self,
+            BackupCommand.self, RestoreCommand.self, SyncCommand.self, GetCommand.self, SetCommand.self,
             RemoveCommand.self, MoveCommand.self, CopyCommand.self, ListCommand.self, FindCommand.self,
             GenerateCommand.self, OneTimeCodeCommand.self,
             EditCommand.self, ImportCommand.self, ExecCommand.self, GitCredentialCommand.self,

@@ -7,9 +7,9 @@ import Glibc
 /// the last step asked for has passed: the auto-lock and the re-protection
 /// of idle keys. It sleeps in `poll` on a pipe, so a wake-up is one write
 /// and costs nothing while nobody wakes it.
-final class WakeableThread: Sendable {
+package final class WakeableThread: Sendable {
     /// What a step asks for next.
-    enum Next {
+    package enum Next {
         /// Run again after this many milliseconds, or sooner if woken.
         case after(milliseconds: Int32)
         /// Run again only when woken.
@@ -21,7 +21,7 @@ final class WakeableThread: Sendable {
     private let wakeEnd: FileDescriptor
 
     /// Starts the thread; nil (logged) if no pipe or thread can be made.
-    init?(_ purpose: String, step: @escaping @Sendable () -> Next) {
+    package init?(_ purpose: String, step: @escaping @Sendable () -> Next) {
         var ends: [Int32] = [0, 0]
         guard pipe(&ends) == 0 else {
             Diagnostics.log("could not start the \(purpose) thread: no pipe")
@@ -65,7 +65,7 @@ final class WakeableThread: Sendable {
     }
 
     /// Makes the thread run its step now.
-    func wake() {
+    package func wake() {
         var byte: UInt8 = 1
         _ = write(wakeEnd.raw, &byte, 1)
     }

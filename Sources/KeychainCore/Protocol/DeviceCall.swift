@@ -242,3 +242,41 @@ extension DeviceCall where Result == Done {
 extension DeviceCall where Result == TPMLockoutShare {
     public static var tpmLockout: Self { .init(.tpm(.lockout)) }
 }
+
+// MARK: Sync (a per-user device's; docs/SYNC.md)
+
+extension DeviceCall where Result == SyncStarted {
+    public static func syncStart(remote: String) -> Self { .init(.sync(.start(remote: remote))) }
+}
+
+extension DeviceCall where Result == SyncSummary {
+    public static func syncJoin(remote: String, recoveryKey: SecureBytes) -> Self {
+        .init(.sync(.joinWithRecoveryKey(remote: remote, recoveryKey: recoveryKey)))
+    }
+    public static var syncNow: Self { .init(.sync(.now)) }
+}
+
+extension DeviceCall where Result == JoinStep {
+    public static func syncJoin(remote: String?) -> Self { .init(.sync(.join(remote: remote))) }
+}
+
+extension DeviceCall where Result == SyncStatusLines {
+    public static var syncStatus: Self { .init(.sync(.status)) }
+    public static func syncRemove(device: String) -> Self { .init(.sync(.remove(device: device))) }
+}
+
+extension DeviceCall where Result == JoinAskers {
+    public static var syncJoinRequests: Self { .init(.sync(.joinRequests)) }
+}
+
+extension DeviceCall where Result == JoinCode {
+    public static func syncJoinCode(device: String) -> Self { .init(.sync(.joinCode(device: device))) }
+}
+
+extension DeviceCall where Result == Done {
+    public static var syncCancelJoin: Self { .init(.sync(.cancelJoin)) }
+    public static func syncApprove(device: String, code: String) -> Self {
+        .init(.sync(.approve(device: device, code: code)))
+    }
+    public static var syncLeave: Self { .init(.sync(.leave)) }
+}

@@ -21,6 +21,8 @@ public enum DeviceRequest: Equatable, Sendable {
     case process(ProcessRequest)
     /// The TPM, through the service, for a user who cannot reach it.
     case tpm(TPMRequest)
+    /// Sync with the person's other devices (a per-user device only).
+    case sync(SyncRequest)
 
     /// The `kind` byte of each request.
     enum Operation: UInt8, CaseIterable {
@@ -31,6 +33,9 @@ public enum DeviceRequest: Equatable, Sendable {
         case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32, access = 33, apps = 34
         case tpmSeal = 35, tpmUnseal = 36, tpmDefineCounter = 37, tpmCounterValue = 38, tpmIncrement = 39
         case tpmRelease = 40, tpmLockout = 41
+        case syncStart = 42, syncJoinWithRecoveryKey = 43, syncJoin = 44, syncCancelJoin = 45, syncNow = 46
+        case syncStatus = 47, syncJoinRequests = 48, syncJoinCode = 49, syncApprove = 50, syncRemove = 51
+        case syncLeave = 52
     }
 
     /// The request as a frame, in secret memory.
@@ -154,6 +159,8 @@ public enum DeviceRequest: Equatable, Sendable {
             operation = .autoLock
             fields = [.optionalText(after.map { String($0) }), .optionalText(grace.map { String($0) })]
         case .tpm(let request):
+            (operation, fields) = request.frameParts
+        case .sync(let request):
             (operation, fields) = request.frameParts
         }
         return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
@@ -305,6 +312,10 @@ public enum DeviceRequest: Equatable, Sendable {
         case .tpmIncrement: self = .tpm(.increment(try TPMRequest.counter(&reader)))
         case .tpmRelease: self = .tpm(.release(try TPMRequest.counter(&reader)))
         case .tpmLockout: self = .tpm(.lockout)
+        case .syncStart, .syncJoinWithRecoveryKey, .syncJoin, .syncCancelJoin, .syncNow, .syncStatus,
+            .syncJoinRequests, .syncJoinCode, .syncApprove, .syncRemove, .syncLeave:
+            guard let request = try SyncRequest.parsing(operation, &reader) else { throw .param }
+            self = .sync(request)
         }
         guard reader.isAtEnd else { throw .param }
     }

@@ -1,0 +1,277 @@
+import ArgumentParser
+import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `keychainfs sync`: the keychain's migratable items on every machine of
+/// the person's, through a git remote, end to end encrypted (docs/SYNC.md).
+struct SyncCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sync",
+        abstract: "Sync migratable items with your other machines through a git remote.",
+        discussion: """
+            The remote is any repository git reaches (ssh, https, a path), with your ssh agent, \
+            credential helpers and insteadOf rules; it sees only padded, sealed records on a branch \
+            named keychainfs. Items of the ThisDeviceOnly classes never leave this machine. Start a \
+            circle with `sync init REMOTE` on one machine and `sync join REMOTE` on the next, approved \
+            on the first with `sync approve` once both show the same code. The device then syncs by \
+            itself a few seconds after a change, at unlock and every 15 minutes; `sync` alone syncs \
+            now. See docs/SYNC.md.
+            """,
+        subcommands: [
+            SyncNowCommand.self, SyncInitCommand.self, SyncJoinCommand.self, SyncApproveCommand.self,
+            SyncStatusCommand.self, SyncDevicesCommand.self, SyncRemoveCommand.self, SyncLeaveCommand.self
+        ],
+        defaultSubcommand: SyncNowCommand.self)
+}
+
+/// The keychain's device, for every sync subcommand: sync runs in a
+/// per-user device (git runs as the person).
+private func syncDevice(_ options: KeychainOptions) throws -> RunningDevice {
+    let place = options.place
+    if case .service = place {
+        throw fail(
+            "sync runs in your own device, not in the keychainfs service: name your keychain with --keychain "
+                + "(docs/SYNC.md)")
+    }
+    try place.requireExisting()
+    return try RunningDevice(place)
+}
+
+private func describe(_ summary: SyncSummary) {
+    var parts = ["\(summary.received) received", "\(summary.sent) sent"]
+    if summary.waiting > 0 { parts.append("\(summary.waiting) waiting for unlock") }
+    print("synced: " + parts.joined(separator: ", "))
+    for conflict in summary.conflicts {
+        print("conflict: both machines changed an item; the other version is kept as \(conflict)")
+    }
+}
+
+struct SyncNowCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "now", abstract: "Sync now.")
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        describe(try syncDevice(options).call(.syncNow, about: .action("cannot sync")))
+    }
+}
+
+struct SyncInitCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "init",
+        abstract: "Start a circle at REMOTE with this keychain's migratable items.",
+        discussion: """
+            REMOTE must hold no circle yet (an empty repository, or one without a keychainfs \
+            branch). The circle's recovery key is printed once: with it, `sync join --recovery-key` \
+            joins a machine when no other is at hand.
+            """)
+
+    @Argument(help: "A git remote URL or path.")
+    var remote: String
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let device = try syncDevice(options)
+        let started = try device.call(.syncStart(remote: remote), about: .action("cannot start a circle"))
+        print("circle started at \(remote)")
+        print("the circle's recovery key (shown once; keep it apart from your machines):")
+        fflush(nil)
+        started.recoveryKey.withUnsafeBytes { _ = try? Descriptor.writeAll(1, $0) }
+        _ = try? Descriptor.writeAll(1, [UInt8(ascii: "\n")])
+        if let status = try? device.call(.syncStatus, about: .device),
+            let synced = status.lines.first(where: { $0.name == "synced-items" })
+        {
+            print("synced items: \(synced.value)")
+        }
+    }
+}
+
+struct SyncJoinCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "join",
+        abstract: "Join the circle at REMOTE, approved from one of its machines.",
+        discussion: """
+            Asks to join and waits: on a machine of the circle, run `keychainfs sync approve`; both \
+            then show the same six digits, and approving there lets this machine in. With \
+            --recovery-key, the circle's recovery key (typed, or on standard input) lets it in at once.
+            """)
+
+    @Argument(help: "The circle's git remote (omit to go on with a request made before).")
+    var remote: String?
+
+    @Flag(name: .long, help: "Join with the circle's recovery key instead of an approval.")
+    var recoveryKey = false
+
+    @Flag(name: .long, help: "Stop asking to join.")
+    var cancel = false
+
+    @Option(name: .long, help: "How long to wait for the approval, in seconds.")
+    var wait: Int = 600
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let device = try syncDevice(options)
+        if cancel {
+            try device.call(.syncCancelJoin, about: .action("cannot cancel"))
+            return
+        }
+        if recoveryKey {
+            guard let remote else { throw fail("name the circle's remote", status: ExitCode.validationFailure) }
+            guard let typed = Passcode.read(prompt: "The circle's recovery key: ") else {
+                throw fail("no recovery key given")
+            }
+            describe(try device.call(.syncJoin(remote: remote, recoveryKey: typed), about: .action("cannot join")))
+            return
+        }
+        var shown: String? = nil
+        var asked = remote
+        let deadline = MonotonicClock.seconds() + Double(wait)
+        while true {
+            let step = try device.call(.syncJoin(remote: asked), about: .action("cannot join"))
+            asked = nil
+            switch step {
+            case .asked:
+                if shown == nil {
+                    print("asked to join; on a machine of the circle, run: keychainfs sync approve")
+                    shown = ""
+                }
+            case .code(let code):
+                if shown != code {
+                    print("this machine's code: \(code) (approve it on the other machine if it shows the same)")
+                    shown = code
+                }
+            case .joined(let summary):
+                print("joined the circle")
+                describe(summary)
+                return
+            }
+            fflush(nil)
+            guard MonotonicClock.seconds() < deadline else {
+                throw fail("no approval within \(wait) s; run `keychainfs sync join` again to go on waiting")
+            }
+            sleep(1)
+        }
+    }
+}
+
+struct SyncApproveCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "approve",
+        abstract: "Let a machine that asks to join into the circle, once both show the same code.",
+        discussion: """
+            Answers the machines asking to join, waits until the one named (or the only one) shows \
+            its code, and asks whether it is the code that machine shows. With --code, the code \
+            typed here is compared instead of asking. A different code grants nothing: the request \
+            did not come unchanged from that machine.
+            """)
+
+    @Option(name: .long, help: "The code the joining machine shows (123456 or \"123 456\").")
+    var code: String?
+
+    @Option(name: .long, help: "The machine to approve, by the id shown here (when several ask).")
+    var device: String?
+
+    @Option(name: .long, help: "How long to wait for the joining machine's code, in seconds.")
+    var wait: Int = 300
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let running = try syncDevice(options)
+        let askers = try running.call(.syncJoinRequests, about: .action("cannot read the requests")).devices
+        let chosen = askers.filter { device == nil || $0.name == device?.lowercased() || $0.value == device }
+        guard let asker = chosen.first else {
+            throw fail(
+                askers.isEmpty
+                    ? "no machine asks to join (run `keychainfs sync join REMOTE` on it first)"
+                    : "no machine with id \(device ?? "") asks to join", status: ExitStatus.absent)
+        }
+        guard chosen.count == 1 else {
+            for asker in chosen { print("\(asker.name)  \(asker.value)") }
+            throw fail("several machines ask to join: name one with --device ID")
+        }
+        print("\(asker.value) (\(asker.name)) asks to join")
+        let deadline = MonotonicClock.seconds() + Double(wait)
+        var shown: String? = nil
+        while shown == nil {
+            shown = try running.call(.syncJoinCode(device: asker.name), about: .action("cannot approve")).code
+            if shown != nil { break }
+            guard MonotonicClock.seconds() < deadline else {
+                throw fail("\(asker.value) showed no code within \(wait) s; is `keychainfs sync join` running there?")
+            }
+            sleep(1)
+        }
+        let expected = shown ?? ""
+        let answer: String
+        if let code {
+            answer = code
+        } else {
+            print("code: \(expected)")
+            printError("Does \(asker.value) show \(expected)? Type the code it shows to approve: ")
+            guard let line = readLine(), !line.isEmpty else { throw fail("not approved") }
+            answer = line
+        }
+        try running.call(.syncApprove(device: asker.name, code: answer), about: .action("not approved"))
+        print("approved: \(asker.value) is in the circle")
+    }
+}
+
+struct SyncStatusCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "status", abstract: "The circle, the last sync, and when each machine was last heard from.")
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let status = try syncDevice(options).call(.syncStatus, about: .action("cannot read the sync status"))
+        for line in status.lines { print("\(line.name): \(line.value)") }
+    }
+}
+
+struct SyncDevicesCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "devices", abstract: "The machines of the circle.")
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let status = try syncDevice(options).call(.syncStatus, about: .action("cannot read the circle"))
+        for line in status.lines where line.name == "device" { print(line.value + " (this machine)") }
+        for line in status.lines where line.name == "member" { print(line.value) }
+    }
+}
+
+struct SyncRemoveCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "remove",
+        abstract: "Remove a machine from the circle: the circle's key changes, so it reads nothing written after.",
+        discussion: """
+            DEVICE is a machine's name or id, as `sync devices` shows them. What the machine synced \
+            before stays in its own keychain.
+            """)
+
+    @Argument(help: "The machine's name or id.")
+    var device: String
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        let removed = try syncDevice(options).call(.syncRemove(device: device), about: .action("cannot remove"))
+        for line in removed.lines { print("removed \(line.name) (\(line.value)); the circle has a new key") }
+    }
+}
+
+struct SyncLeaveCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "leave",
+        abstract: "Forget the circle on this machine (its items stay; remove it from another machine too).")
+
+    @OptionGroup var options: KeychainOptions
+
+    func run() throws {
+        try syncDevice(options).call(.syncLeave, about: .action("cannot leave"))
+    }
+}

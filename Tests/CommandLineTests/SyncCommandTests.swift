@@ -1,0 +1,97 @@
+import Foundation
+import KeychainCore
+import Testing
+import TestSupport
+
+extension SerialTests {
+    /// `keychainfs sync` between two devices, through real processes and a bare repository.
+    @Suite struct SyncCommandTests {
+        /// A mounted keychain (the first machine) and a second keychain
+        /// (another machine), mounted, unlocked, that looks for changes every second.
+        static func twoMachines() throws -> (MountHarness, first: String, other: String, otherMount: String) {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            harness.extraEnvironment["KEYCHAINFS_SYNC_INTERVAL"] = "1"
+            let other = harness.root + "/other"
+            #expect(harness.sh("\"$K\" init --keychain \"$1\"", arguments: [other], stdin: "5678\n5678\n").succeeded)
+            let otherMount = try harness.prepareMountpoint("othermnt")
+            #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$2\"", arguments: [otherMount, other]).succeeded)
+            try harness.unlock(otherMount, passcode: "5678")
+            #expect(harness.sh("git init --bare --quiet \"$R/remote.git\"").succeeded)
+            return (harness, mnt, other, otherMount)
+        }
+
+        @Test func aSecondMachineJoinsWhenBothShowTheSameCodeAndThenFollowsByItself() throws {
+            let (harness, mnt, other, otherMount) = try Self.twoMachines()
+            #expect(
+                harness.sh(
+                    """
+                    printf 'ghp_token' > "$1/default/github.com"
+                    printf 'stays' > "$1/default/device-only" && setfattr -n user.keychain.migratable -v no "$1/default/device-only"
+                    """, arguments: [mnt]
+                ).succeeded)
+            let started = harness.sh("\"$K\" sync init \"$R/remote.git\" --keychain \"$KC\"")
+            #expect(started.succeeded && started.stdout.contains("synced items: 1"), "\(started)")
+            // The person starts the join on the new machine, approves on the first, and types there
+            // the code the new machine shows.
+            let joined = harness.sh(
+                """
+                "$K" sync join "$R/remote.git" --keychain "$1" --wait 60 > "$R/join.out" 2>&1 &
+                joiner=$!
+                until grep -q "asked to join" "$R/join.out"; do kill -0 $joiner || exit 7; sleep 0.1; done
+                mkfifo "$R/typed"
+                "$K" sync approve --keychain "$KC" < "$R/typed" > "$R/approve.out" 2>&1 &
+                approver=$!
+                exec 3> "$R/typed"
+                until grep -q "code:" "$R/join.out"; do kill -0 $joiner || exit 8; sleep 0.1; done
+                sed -n 's/.*code: \\([0-9]\\{3\\} [0-9]\\{3\\}\\).*/\\1/p' "$R/join.out" | head -n 1 >&3
+                exec 3>&-
+                wait $approver; approved=$?
+                wait $joiner; status=$?
+                cat "$R/join.out"; echo ---; cat "$R/approve.out"
+                [ $approved -eq 0 ] && [ $status -eq 0 ]
+                """, arguments: [other], limit: 90)
+            #expect(joined.succeeded, "\(joined)")
+            let codes = joined.stdout.split(separator: "\n").compactMap { line -> String? in
+                guard let range = line.range(of: "code: ") else { return nil }
+                return String(line[range.upperBound...].prefix(7))
+            }
+            #expect(codes.count == 2 && codes[0] == codes[1], "\(joined.stdout)")
+            #expect(readFile(otherMount + "/default/github.com") == "ghp_token")
+            #expect(access(otherMount + "/default/device-only", F_OK) == -1)
+            // A change on the first machine reaches the second by itself: no `sync` typed.
+            #expect(harness.sh("printf 'rotated' > \"$1/default/github.com\"", arguments: [mnt]).succeeded)
+            let followed = harness.sh(
+                """
+                until [ "$(cat "$1/default/github.com")" = rotated ]; do sleep 0.2; done
+                """, arguments: [otherMount], limit: 40)
+            #expect(followed.succeeded, "\(followed)")
+            let status = harness.sh("\"$K\" sync status --keychain \"$1\"", arguments: [other])
+            #expect(status.stdout.contains("remote: \(harness.root)/remote.git"), "\(status)")
+            #expect(status.stdout.contains("last heard"), "\(status)")
+            // The remote holds neither a value nor a name.
+            let objects = harness.sh("git --git-dir=\"$R/remote.git\" cat-file --batch-all-objects --batch --unordered")
+            for secret in ["ghp_token", "rotated", "stays", "github.com", "device-only"] {
+                #expect(!objects.stdout.contains(secret), "\(secret) is in the remote")
+            }
+        }
+
+        @Test func badRequestsSayWhyAndChangeNothing() throws {
+            let (harness, _, other, _) = try Self.twoMachines()
+            let notInCircle = harness.sh("\"$K\" sync --keychain \"$KC\"")
+            #expect(notInCircle.status == 2 && notInCircle.stderr.contains("sync init"), "\(notInCircle)")
+            #expect(harness.sh("\"$K\" sync init \"$R/remote.git\" --keychain \"$KC\"").succeeded)
+            let twice = harness.sh("\"$K\" sync init \"$R/remote.git\" --keychain \"$1\"", arguments: [other])
+            #expect(twice.status == 1 && twice.stderr.contains("sync join"), "\(twice)")
+            let wrongKey = harness.sh(
+                "\"$K\" sync join \"$R/remote.git\" --recovery-key --keychain \"$1\"", arguments: [other],
+                stdin: String(repeating: "c", count: 64) + "\n")
+            #expect(wrongKey.status == 1 && wrongKey.stderr.contains("does not open the circle"), "\(wrongKey)")
+            let nobody = harness.sh("\"$K\" sync approve --keychain \"$KC\" --wait 1")
+            #expect(nobody.status == 2 && nobody.stderr.contains("no machine asks to join"), "\(nobody)")
+            let unknown = harness.sh("\"$K\" sync remove laptop-that-never-was --keychain \"$KC\"")
+            #expect(unknown.status == 1 && unknown.stderr.contains("no device of the circle is named"), "\(unknown)")
+            let nowhere = harness.sh("\"$K\" sync join \"$R/no-such.git\" --keychain \"$1\"", arguments: [other])
+            #expect(nowhere.status == 1 && nowhere.stderr.contains("could not fetch"), "\(nowhere)")
+        }
+    }
+}
