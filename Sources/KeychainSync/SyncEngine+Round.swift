@@ -19,8 +19,10 @@ extension SyncEngine {
             }
             state.members = manifest.members
             state.heard[manifest.writer] = max(state.heard[manifest.writer] ?? 0, manifest.written)
+            try interruption?(.fetched)
             var report = SyncReport()
             let pushes = try merge(remote, &state, key: key, report: &report)
+            try interruption?(.applied)
             guard !pushes.isEmpty else {
                 state.sequence = manifest.sequence
                 state.manifestDigest = remote.manifestDigest
@@ -34,10 +36,12 @@ extension SyncEngine {
                 pushes.map { ($0.record, key.recordName($0.record.key)) }, remote: remote, manifest: &next, key: key,
                 state: state)
             let commit = try git.commit(changes, on: head, message: "keychainfs")
+            try interruption?(.committed)
             switch try git.push(commit) {
             case .moved:
                 continue
             case .pushed:
+                try interruption?(.pushed)
                 for push in pushes {
                     state.base[push.record.key] = SyncState.Base(
                         vector: push.record.vector, generation: push.generation)

@@ -34,15 +34,33 @@ package final class SyncEngine: Sendable {
     let saved = Mutex<SyncState?>(nil)
     /// Join requests this device answered: each one's request and our nonce (lost with the process: ask again).
     let answered = Mutex<[UInt64: (request: JoinRequest, nonce: [UInt8])]>([:])
+    /// Called at each step of a round: a test's crash (it throws, and the
+    /// round stops there as a killed process would) or another device's
+    /// push in between. Nil outside tests.
+    let interruption: (@Sendable (SyncStep) throws(SyncFailure) -> Void)?
+
+    /// Where a round can be cut short (by a crash, or a push from elsewhere).
+    package enum SyncStep: Sendable, CaseIterable {
+        /// The remote was read and checked.
+        case fetched
+        /// The circle's changes were written here; the state not saved yet.
+        case applied
+        /// The commit to push was built.
+        case committed
+        /// The push went through; the state not saved yet.
+        case pushed
+    }
 
     package init(
         manager: PasswordManager, keychainPath: String, hostName: String,
-        clock: @escaping @Sendable () -> UInt64 = SyncEngine.now
+        clock: @escaping @Sendable () -> UInt64 = SyncEngine.now,
+        interruption: (@Sendable (SyncStep) throws(SyncFailure) -> Void)? = nil
     ) {
         self.manager = manager
         self.directory = keychainPath + "/sync"
         self.hostName = hostName
         self.clock = clock
+        self.interruption = interruption
         saved.withLock { $0 = try? SyncState.load(from: keychainPath + "/sync/state") }
     }
 
