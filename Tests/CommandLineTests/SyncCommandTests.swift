@@ -95,3 +95,35 @@ extension SerialTests {
         }
     }
 }
+
+extension SerialTests.SyncCommandTests {
+    @Test func twoMachinesSyncOverSSHWithTheKeyOnlyTheAgentHolds() throws {
+        let harness = try MountHarness(creating: true)
+        let server = try LocalSSHServer(in: harness.root)
+        let remote = try server.bareRepository("circle.git")
+        harness.extraEnvironment.merge(server.environment) { _, new in new }
+        let mnt = try harness.mount()
+        try harness.unlock(mnt)
+        let other = harness.root + "/other"
+        #expect(harness.sh("\"$K\" init --keychain \"$1\"", arguments: [other], stdin: "5678\n5678\n").succeeded)
+        let otherMount = try harness.prepareMountpoint("othermnt")
+        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$2\"", arguments: [otherMount, other]).succeeded)
+        try harness.unlock(otherMount, passcode: "5678")
+        #expect(harness.sh("printf 'over-ssh' > \"$1/default/token\"", arguments: [mnt]).succeeded)
+        let started = harness.sh("\"$K\" sync init \"$1\" --keychain \"$KC\"", arguments: [remote])
+        #expect(started.succeeded, "\(started)")
+        let lines = started.stdout.split(separator: "\n").map(String.init)
+        let key = lines.firstIndex { $0.contains("recovery key") }.map { lines[$0 + 1] } ?? ""
+        let joined = harness.sh(
+            "\"$K\" sync join \"$1\" --recovery-key --keychain \"$2\"", arguments: [remote, other], stdin: key + "\n")
+        #expect(joined.succeeded && joined.stdout.contains("1 received"), "\(joined)")
+        #expect(readFile(otherMount + "/default/token") == "over-ssh")
+        // The records are in the host account's repository, reached through sshd.
+        let objects = harness.sh(
+            "runuser -u \"$1\" -- git --git-dir=\"$2\" rev-parse --verify --quiet keychainfs",
+            arguments: [server.host.name, server.host.home + "/circle.git"], asRoot: true)
+        #expect(objects.succeeded, "\(objects)")
+        // The person's key exists only in the agent: git authenticated through it.
+        #expect(access(server.directory + "/person", F_OK) == -1)
+    }
+}
