@@ -31,7 +31,7 @@ extension SyncEngine {
             var (key, secret) = try openSecrets(state)
             let git = try GitRepository.prepare(at: repositoryPath, remote: state.remote)
             for _ in 0..<5 {
-                let remote = try readRemote(git, &state, &key, secret: secret)
+                let remote = try readRemote(git, &state, &key, secret: secret, everything: true)
                 guard let head = remote.head, let manifest = remote.manifest else {
                     throw SyncFailure.refused("the remote holds no circle")
                 }
@@ -40,10 +40,12 @@ extension SyncEngine {
                 var next = Manifest(
                     circle: state.circle, epoch: newKey.epoch, sequence: manifest.sequence, writer: state.device,
                     written: clock(), recoveryPublic: manifest.recoveryPublic, members: members, indexes: [:])
-                let empty = Remote(
-                    head: head, files: remote.files, manifest: nil, manifestDigest: [], indexes: [:], records: [:])
-                let records = remote.records.values.map { ($0.record, newKey.recordName($0.record.key)) }
-                var (changes, bytes) = writeRecords(records, remote: empty, manifest: &next, key: newKey, state: state)
+                let records = remote.records.values.map { read -> (name: [UInt8], bytes: [UInt8]) in
+                    let name = newKey.recordName(read.record.key)
+                    return (name, RecordFile.encode(read.record, name: name, key: newKey))
+                }
+                var (changes, bytes, indexes) = writeRecords(
+                    records, indexes: [:], manifest: &next, key: newKey, state: state)
                 changes.insert(GitRepository.Change(path: "records", contents: nil), at: 0)
                 changes.insert(GitRepository.Change(path: "index", contents: nil), at: 1)
                 for member in members where member.id != state.device {
@@ -65,6 +67,9 @@ extension SyncEngine {
                 state.sequence = next.sequence
                 state.manifestDigest = Crypto.hash(bytes)
                 state.heard[removed.id] = nil
+                state.indexes = indexes
+                state.processed = [:]
+                for (name, bytes) in records { state.processed[name] = Crypto.hash(bytes) }
                 try save(state)
                 return removed
             }

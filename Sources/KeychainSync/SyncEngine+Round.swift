@@ -26,16 +26,19 @@ extension SyncEngine {
             guard !pushes.isEmpty else {
                 state.sequence = manifest.sequence
                 state.manifestDigest = remote.manifestDigest
+                state.indexes = [:]
+                for (bucket, digest) in manifest.indexes {
+                    state.indexes[bucket] = (digest, remote.indexes[bucket] ?? [:])
+                }
                 try save(state)
                 return report
             }
             // What this round applied here is agreed on even if the push must wait.
             try save(state)
             var next = manifest
-            let (changes, newManifest) = writeRecords(
-                pushes.map { ($0.record, key.recordName($0.record.key)) }, remote: remote, manifest: &next, key: key,
-                state: state)
-            let commit = try git.commit(changes, on: head, message: "keychainfs")
+            let written = writeRecords(
+                pushes.map { ($0.name, $0.bytes) }, indexes: remote.indexes, manifest: &next, key: key, state: state)
+            let commit = try git.commit(written.changes, on: head, message: "keychainfs")
             try interruption?(.committed)
             switch try git.push(commit) {
             case .moved:
@@ -43,12 +46,13 @@ extension SyncEngine {
             case .pushed:
                 try interruption?(.pushed)
                 for push in pushes {
-                    state.base[push.record.key] = SyncState.Base(
-                        vector: push.record.vector, generation: push.generation)
+                    state.base[push.key] = SyncState.Base(vector: push.vector, generation: push.generation)
+                    state.processed[push.name] = push.digest
                 }
                 report.sent = pushes.count
                 state.sequence = next.sequence
-                state.manifestDigest = Crypto.hash(newManifest)
+                state.manifestDigest = Crypto.hash(written.manifest)
+                state.indexes = written.indexes
                 state.heard[state.device] = next.written
                 try save(state)
                 return report
@@ -57,10 +61,25 @@ extension SyncEngine {
         throw SyncFailure(.remote, "\(state.remote) kept moving while this device synced: try again")
     }
 
-    /// A record this round pushes, and the item's generation here once it is pushed (0: none here).
+    /// A record this round pushes, sealed: its item, name, vector, bytes
+    /// and their digest, and the item's generation here once it is pushed
+    /// (0: none here). The value itself is not kept once sealed.
     struct Push {
-        let record: SyncRecord
+        let key: ItemKey
+        let name: [UInt8]
+        let vector: VersionVector
+        let bytes: [UInt8]
+        let digest: [UInt8]
         let generation: Int64
+
+        init(_ record: SyncRecord, generation: Int64, key: SyncKey) {
+            self.key = record.key
+            name = key.recordName(record.key)
+            vector = record.vector
+            bytes = RecordFile.encode(record, name: name, key: key)
+            digest = Crypto.hash(bytes)
+            self.generation = generation
+        }
     }
 
     /// The items of the keychain that sync: every group without an
@@ -86,6 +105,16 @@ extension SyncEngine {
         return (items, excluded)
     }
 
+    /// What the remote holds for an item.
+    private enum Theirs {
+        /// No record: never synced, or gone from the remote.
+        case absent
+        /// The record this device last agreed with, unchanged (not read).
+        case agreed
+        /// A record this device has not agreed with yet.
+        case record(SyncRecord, digest: [UInt8])
+    }
+
     /// Merges every item (the merge rule: ``MergeRule``), applies here what
     /// the circle changed, and returns what to push.
     private func merge(_ remote: Remote, _ state: inout SyncState, key: SyncKey, report: inout SyncReport)
@@ -103,12 +132,21 @@ extension SyncEngine {
             // A ThisDeviceOnly item here holds its name: nothing of the circle replaces it.
             if let here, !here.protectionClass.isMigratable { continue }
             let base = state.base[itemKey]
-            let theirs = remote.records[itemKey]?.record
+            let theirs: Theirs
+            if let read = remote.records[itemKey] {
+                theirs = .record(read.record, digest: read.digest)
+            } else if remote.listed[key.recordName(itemKey)] != nil {
+                theirs = .agreed
+            } else {
+                theirs = .absent
+            }
             if let here, !device.isAvailable(here.protectionClass) {
                 report.waiting += 1
                 continue
             }
-            if let content = theirs?.content, !device.isAvailable(content.protectionClass) {
+            if case .record(let record, _) = theirs, let content = record.content,
+                !device.isAvailable(content.protectionClass)
+            {
                 report.waiting += 1
                 continue
             }
@@ -120,26 +158,31 @@ extension SyncEngine {
             case (nil, nil): changedHere = false
             }
             if !changedHere {
-                let seen = base?.vector ?? VersionVector()
-                guard let theirs else {
+                switch theirs {
+                case .agreed:
+                    continue
+                case .absent:
                     // Synced before, but the remote no longer lists it: publish it again.
                     if let base, let record = try currentRecord(itemKey, here, vector: base.vector, now: now, state) {
-                        pushes.append(Push(record: record, generation: here?.generation ?? 0))
+                        pushes.append(Push(record, generation: here?.generation ?? 0, key: key))
                     }
-                    continue
-                }
-                switch theirs.vector.compare(seen) {
-                case .equal:
-                    continue
-                case .after:
-                    if let generation = try apply(theirs, over: here) {
-                        state.base[itemKey] = SyncState.Base(vector: theirs.vector, generation: generation)
-                        report.received += 1
-                    }
-                case .before, .concurrent:
-                    // Older than what this device agreed on: publish what it holds.
-                    if let record = try currentRecord(itemKey, here, vector: seen, now: now, state) {
-                        pushes.append(Push(record: record, generation: here?.generation ?? 0))
+                case .record(let record, let digest):
+                    switch record.vector.compare(base?.vector ?? VersionVector()) {
+                    case .equal:
+                        state.processed[key.recordName(itemKey)] = digest
+                    case .after:
+                        if let generation = try apply(record, over: here) {
+                            state.base[itemKey] = SyncState.Base(vector: record.vector, generation: generation)
+                            state.processed[key.recordName(itemKey)] = digest
+                            report.received += 1
+                        }
+                    case .before, .concurrent:
+                        // Older than what this device agreed on: publish what it holds.
+                        if let record = try currentRecord(
+                            itemKey, here, vector: base?.vector ?? VersionVector(), now: now, state)
+                        {
+                            pushes.append(Push(record, generation: here?.generation ?? 0, key: key))
+                        }
                     }
                 }
                 continue
@@ -147,7 +190,9 @@ extension SyncEngine {
             state.counter += 1
             let vector = (base?.vector ?? VersionVector()).advanced(by: state.device, to: state.counter)
             guard let mine = try currentRecord(itemKey, here, vector: vector, now: now, state) else { continue }
-            let outcome = MergeRule.merge(local: mine, remote: theirs)
+            var remoteRecord: SyncRecord? = nil
+            if case .record(let record, _) = theirs { remoteRecord = record }
+            let outcome = MergeRule.merge(local: mine, remote: remoteRecord)
             guard let result = outcome.result else { continue }
             var generation = here?.generation ?? 0
             if result.origin != mine.origin || result.changed != mine.changed || result.isTombstone != mine.isTombstone
@@ -157,7 +202,7 @@ extension SyncEngine {
                 generation = written
                 report.received += 1
             }
-            pushes.append(Push(record: result, generation: generation))
+            pushes.append(Push(result, generation: generation, key: key))
             if let loser = outcome.conflictCopy, let content = loser.content {
                 let host = state.member(loser.origin)?.name ?? "another device"
                 let name = MergeRule.conflictName(
@@ -171,7 +216,7 @@ extension SyncEngine {
                     body: .item(content), changed: loser.changed, origin: state.device)
                 guard let written = try apply(copy, over: nil) else { continue }
                 report.conflicts.append(copyKey.description)
-                pushes.append(Push(record: copy, generation: written))
+                pushes.append(Push(copy, generation: written, key: key))
             }
         }
         return pushes
@@ -219,23 +264,26 @@ extension SyncEngine {
         }
     }
 
-    /// The files of a commit that writes `records` over the remote's, with
-    /// the index files of their buckets and the manifest (next number).
+    /// The files of a commit that writes `records` (name and sealed bytes)
+    /// over `indexes`, with the index files of their buckets and the
+    /// manifest (next number); the manifest's bytes and the indexes after.
     func writeRecords(
-        _ records: [(record: SyncRecord, name: [UInt8])], remote: Remote, manifest: inout Manifest, key: SyncKey,
-        state: SyncState
-    ) -> (changes: [GitRepository.Change], manifest: [UInt8]) {
+        _ records: [(name: [UInt8], bytes: [UInt8])], indexes: [UInt8: [[UInt8]: [UInt8]]], manifest: inout Manifest,
+        key: SyncKey, state: SyncState
+    ) -> (
+        changes: [GitRepository.Change], manifest: [UInt8],
+        indexes: [UInt8: (digest: [UInt8], entries: [[UInt8]: [UInt8]])]
+    ) {
         var changes: [GitRepository.Change] = []
-        var indexes = remote.indexes
+        var entries = indexes
         var touched: Set<UInt8> = []
-        for (record, name) in records {
-            let bytes = RecordFile.encode(record, name: name, key: key)
+        for (name, bytes) in records {
             changes.append(GitRepository.Change(path: RecordPath.of(name), contents: bytes))
-            indexes[name[0], default: [:]][name] = Crypto.hash(bytes)
+            entries[name[0], default: [:]][name] = Crypto.hash(bytes)
             touched.insert(name[0])
         }
         for bucket in touched.sorted() {
-            let bytes = IndexFile.encode(indexes[bucket] ?? [:], bucket: bucket, key: key)
+            let bytes = IndexFile.encode(entries[bucket] ?? [:], bucket: bucket, key: key)
             changes.append(GitRepository.Change(path: IndexFile.path(bucket), contents: bytes))
             manifest.indexes[bucket] = Crypto.hash(bytes)
         }
@@ -244,6 +292,8 @@ extension SyncEngine {
         manifest.written = clock()
         let bytes = manifest.encode(key: key)
         changes.append(GitRepository.Change(path: Manifest.path, contents: bytes))
-        return (changes, bytes)
+        var after: [UInt8: (digest: [UInt8], entries: [[UInt8]: [UInt8]])] = [:]
+        for (bucket, digest) in manifest.indexes { after[bucket] = (digest, entries[bucket] ?? [:]) }
+        return (changes, bytes, after)
     }
 }

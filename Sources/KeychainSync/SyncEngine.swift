@@ -166,28 +166,37 @@ package final class SyncEngine: Sendable {
     }
 
     /// What the remote holds, checked against the manifest (docs/SYNC.md,
-    /// "What a remote can do"): every record the manifest lists, by name.
+    /// "What a remote can do"): every record the manifest lists is there,
+    /// and every record read is the one it lists.
     struct Remote {
         let head: String?
         let files: [String: String]
         let manifest: Manifest?
         let manifestDigest: [UInt8]
+        /// Every bucket's entries (record name to record digest), as the manifest lists them.
         var indexes: [UInt8: [[UInt8]: [UInt8]]]
-        var records: [ItemKey: (name: [UInt8], record: SyncRecord)]
+        /// Every record the manifest lists, with its digest.
+        var listed: [[UInt8]: [UInt8]]
+        /// The records read: those this device has not agreed with yet (all, when asked for everything).
+        var records: [ItemKey: (name: [UInt8], record: SyncRecord, digest: [UInt8])]
     }
 
-    /// Reads and checks the remote at its branch's head. Takes a newer
+    /// Reads and checks the remote at its branch's head: the index files
+    /// that changed since this device read them, and the records it has
+    /// not agreed with yet (`everything`: all of them). Takes a newer
     /// epoch's key when one was granted to this device (`state` and `key`
     /// change then).
-    func readRemote(_ git: GitRepository, _ state: inout SyncState, _ key: inout SyncKey, secret: SecureBytes)
-        throws(SyncFailure) -> Remote
-    {
+    func readRemote(
+        _ git: GitRepository, _ state: inout SyncState, _ key: inout SyncKey, secret: SecureBytes,
+        everything: Bool = false
+    ) throws(SyncFailure) -> Remote {
         guard let head = try git.fetch() else {
             if state.sequence > 0 {
                 throw SyncFailure.refused(
                     "\(state.remote) has no keychainfs branch any more (emptied, or another repository)")
             }
-            return Remote(head: nil, files: [:], manifest: nil, manifestDigest: [], indexes: [:], records: [:])
+            return Remote(
+                head: nil, files: [:], manifest: nil, manifestDigest: [], indexes: [:], listed: [:], records: [:])
         }
         let files = try git.files(of: head)
         guard let manifestID = files[Manifest.path], let manifestBytes = try git.blobs([manifestID])[manifestID] else {
@@ -222,34 +231,42 @@ package final class SyncEngine: Sendable {
             throw SyncFailure.refused(
                 "two different manifests carry number \(manifest.sequence): the remote forked the circle's history")
         }
-        // The index files the manifest names, each exactly as it says.
-        var indexIDs: [UInt8: String] = [:]
-        for bucket in manifest.indexes.keys {
+        // The index files the manifest names, each exactly as it says; one read before is not read again.
+        var indexes: [UInt8: [[UInt8]: [UInt8]]] = [:]
+        var unread: [UInt8: String] = [:]
+        for (bucket, indexDigest) in manifest.indexes {
+            if let known = state.indexes[bucket], known.digest == indexDigest {
+                indexes[bucket] = known.entries
+                continue
+            }
             guard let id = files[IndexFile.path(bucket)] else {
                 throw SyncFailure.refused("index \(IndexFile.path(bucket)) that the manifest lists is missing")
             }
-            indexIDs[bucket] = id
+            unread[bucket] = id
         }
-        let indexBlobs = try git.blobs(Array(indexIDs.values))
-        var indexes: [UInt8: [[UInt8]: [UInt8]]] = [:]
-        var wanted: [(name: [UInt8], digest: [UInt8], id: String)] = []
-        for (bucket, id) in indexIDs {
+        let indexBlobs = try git.blobs(Array(unread.values))
+        for (bucket, id) in unread {
             guard let bytes = indexBlobs[id], Crypto.hash(bytes) == manifest.indexes[bucket],
                 let entries = IndexFile.decode(bytes, bucket: bucket, key: key)
             else {
                 throw SyncFailure.refused("index \(IndexFile.path(bucket)) does not match the manifest")
             }
             indexes[bucket] = entries
+        }
+        var listed: [[UInt8]: [UInt8]] = [:]
+        var wanted: [(name: [UInt8], digest: [UInt8], id: String)] = []
+        for entries in indexes.values {
             for (name, recordDigest) in entries {
+                listed[name] = recordDigest
                 guard let recordID = files[RecordPath.of(name)] else {
                     throw SyncFailure.refused(
                         "a record the manifest lists is missing (\(RecordPath.of(name))): the remote dropped it")
                 }
-                wanted.append((name, recordDigest, recordID))
+                if everything || state.processed[name] != recordDigest { wanted.append((name, recordDigest, recordID)) }
             }
         }
         let recordBlobs = try git.blobs(wanted.map(\.id))
-        var records: [ItemKey: (name: [UInt8], record: SyncRecord)] = [:]
+        var records: [ItemKey: (name: [UInt8], record: SyncRecord, digest: [UInt8])] = [:]
         for entry in wanted {
             guard let bytes = recordBlobs[entry.id], Crypto.hash(bytes) == entry.digest else {
                 throw SyncFailure.refused(
@@ -259,10 +276,11 @@ package final class SyncEngine: Sendable {
             guard let record = RecordFile.decode(bytes, name: entry.name, key: key) else {
                 throw SyncFailure.refused("record \(RecordPath.of(entry.name)) does not open with the circle's key")
             }
-            records[record.key] = (entry.name, record)
+            records[record.key] = (entry.name, record, entry.digest)
         }
         return Remote(
-            head: head, files: files, manifest: manifest, manifestDigest: digest, indexes: indexes, records: records)
+            head: head, files: files, manifest: manifest, manifestDigest: digest, indexes: indexes, listed: listed,
+            records: records)
     }
 
     /// The key of a newer epoch, from the grant a member made to this device.
@@ -286,6 +304,9 @@ package final class SyncEngine: Sendable {
         }
         state.epoch = epoch
         state.sealedSecrets = try sealSecrets(key, deviceSecret: secret, circle: state.circle, device: state.device)
+        // Names and seals are the new key's: nothing read under the old one stands.
+        state.indexes = [:]
+        state.processed = [:]
         return key
     }
 }

@@ -38,6 +38,15 @@ struct SyncState: Equatable {
     var lastProblem: String = ""
     /// When each member was last heard from: the newest manifest it wrote.
     var heard: [UInt64: UInt64] = [:]
+    /// Each index file as last read: its digest and its entries (record
+    /// name to record digest), so that a round reads only the buckets that changed.
+    var indexes: [UInt8: (digest: [UInt8], entries: [[UInt8]: [UInt8]])] = [:]
+    /// The digest of each record as this device last agreed with it (it
+    /// applied it, held it already, or pushed it): a record listed with that
+    /// digest is not read again.
+    var processed: [[UInt8]: [UInt8]] = [:]
+
+    static func == (a: SyncState, b: SyncState) -> Bool { a.encoded == b.encoded }
 
     static let magic = Array("KCFSSYNC".utf8)
     static let version: UInt8 = 1
@@ -85,6 +94,21 @@ struct SyncState: Equatable {
             writer.append(entry.generation)
             entry.vector.encode(into: &writer)
         }
+        writer.append(UInt16(indexes.count))
+        for (bucket, index) in indexes.sorted(by: { $0.key < $1.key }) {
+            writer.append(bucket)
+            writer.append(index.digest)
+            writer.append(UInt32(index.entries.count))
+            for (name, digest) in index.entries {
+                writer.append(name)
+                writer.append(digest)
+            }
+        }
+        writer.append(UInt32(processed.count))
+        for (name, digest) in processed {
+            writer.append(name)
+            writer.append(digest)
+        }
         return writer.bytes
     }
 
@@ -129,6 +153,13 @@ struct SyncState: Equatable {
             let generation = try reader.readInt64()
             base[key] = Base(vector: try VersionVector(reading: &reader), generation: generation)
         }
+        for _ in 0..<Int(try reader.readUInt16()) {
+            let bucket = try reader.readByte(), digest = try reader.read(32)
+            var entries: [[UInt8]: [UInt8]] = [:]
+            for _ in 0..<Int(try reader.readUInt32()) { entries[try reader.read(32)] = try reader.read(32) }
+            indexes[bucket] = (digest, entries)
+        }
+        for _ in 0..<Int(try reader.readUInt32()) { processed[try reader.read(32)] = try reader.read(32) }
         guard reader.isAtEnd else { throw .decode }
     }
 

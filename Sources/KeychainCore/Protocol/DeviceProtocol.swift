@@ -28,8 +28,9 @@ public enum DeviceProtocol {
     /// the keychain is bound to its passcode (docs/FORMAT.md, "The passcode
     /// binding"). 9: the TPM through the service (`tpm*` requests, kinds 35
     /// to 41, which only the service answers: docs/FORMAT.md, "The TPM
-    /// through the service").
-    public static let version: UInt8 = 9
+    /// through the service"). 10: sync with the person's other machines
+    /// (`sync*` requests, kinds 42 to 52, a per-user device's: docs/SYNC.md).
+    public static let version: UInt8 = 10
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }
