@@ -194,6 +194,7 @@ struct GitRepository: Sendable {
         func line(_ text: String) { stream += Array(text.utf8) + [10] }
         let now = Int(time(nil))
         line("commit \(Self.outgoing)")
+        line("mark :1")
         line("committer keychainfs <keychainfs> \(now) +0000")
         line("data \(message.utf8.count)")
         line(message)
@@ -208,9 +209,12 @@ struct GitRepository: Sendable {
                 line("D \(change.path)")
             }
         }
+        // The commit's id, on standard output (fast-import's cat-blob-fd): no rev-parse after.
+        line("get-mark :1")
         line("done")
         let imported = try run(["fast-import", "--quiet", "--done", "--force"], input: stream)
-        guard imported.status == 0, let commit = try commit(of: Self.outgoing) else {
+        let commit = String(decoding: imported.out, as: UTF8.self).split(separator: "\n").first.map(String.init)
+        guard imported.status == 0, let commit, commit.utf8.count >= 40 else {
             throw SyncFailure(.remote, "git could not write a commit: \(imported.err)")
         }
         return commit
