@@ -177,6 +177,53 @@ struct GitRepository: Sendable {
         return contents
     }
 
+    /// The contents of objects named as git names them (`COMMIT:PATH`), in
+    /// order, in one `git cat-file --batch`; nil for one that is not there.
+    func contents(_ names: [String]) throws(SyncFailure) -> [[UInt8]?] {
+        guard !names.isEmpty else { return [] }
+        let read = try run(["cat-file", "--batch"], input: Array(names.joined(separator: "\n").utf8) + [10])
+        guard read.status == 0 else { throw SyncFailure(.remote, "git could not read objects: \(read.err)") }
+        var contents: [[UInt8]?] = []
+        var index = 0
+        let out = read.out
+        while index < out.count, contents.count < names.count {
+            guard let end = out[index...].firstIndex(of: 10) else { break }
+            let header = out[index..<end].split(separator: 32)
+            index = end + 1
+            // "<name> missing" (or "ambiguous"): no such object.
+            guard header.count == 3, let size = Int(String(decoding: header[2], as: UTF8.self)),
+                index + size <= out.count
+            else {
+                contents.append(nil)
+                continue
+            }
+            contents.append(Array(out[index..<index + size]))
+            index += size + 1
+        }
+        guard contents.count == names.count else { throw SyncFailure(.remote, "git's answer was cut short") }
+        return contents
+    }
+
+    /// The files that differ between two commits: path to new blob id, nil
+    /// for a file removed. Nil when `old` is not in the repository any more.
+    func changes(from old: String, to new: String) throws(SyncFailure) -> [String: String?]? {
+        let diff = try run(["diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", old, new])
+        guard diff.status == 0 else { return nil }
+        var changes: [String: String?] = [:]
+        // ":<old mode> <new mode> <old id> <new id> <status>" NUL "<path>" NUL, for each file.
+        let fields = diff.out.split(separator: 0, omittingEmptySubsequences: false)
+        var index = 0
+        while index + 1 < fields.count {
+            let header = fields[index].split(separator: 32)
+            let path = String(decoding: fields[index + 1], as: UTF8.self)
+            index += 2
+            guard header.count == 5 else { continue }
+            let status = header[4].first
+            changes[path] = status == UInt8(ascii: "D") ? .some(nil) : String(decoding: header[3], as: UTF8.self)
+        }
+        return changes
+    }
+
     // MARK: Writing a commit
 
     /// A file to add or replace (nil contents: remove it).

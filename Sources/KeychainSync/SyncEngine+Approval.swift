@@ -308,7 +308,7 @@ extension SyncEngine {
                 guard let head = remote.head, var manifest = remote.manifest else {
                     throw SyncFailure.refused("the remote holds no circle")
                 }
-                guard let code = try code(for: id, state: state, files: remote.files, git: git) else {
+                guard let code = try code(for: id, state: state, files: try git.files(of: head), git: git) else {
                     throw SyncFailure(.badInput, "that device has not shown its code yet")
                 }
                 guard Self.digits(code) == Self.digits(typed), Self.digits(typed).count == 6 else {
@@ -338,6 +338,8 @@ extension SyncEngine {
                 state.sequence = next.sequence
                 state.manifestDigest = Crypto.hash(bytes)
                 state.members = next.members
+                state.verifiedHead = commit
+                state.manifestBytes = bytes
                 try save(state)
                 answered.withLock { _ = $0.removeValue(forKey: id) }
                 return

@@ -59,6 +59,8 @@ extension SyncEngine {
             }
             state.sequence = 1
             state.manifestDigest = Crypto.hash(manifestBytes)
+            state.verifiedHead = commit
+            state.manifestBytes = manifestBytes
             try save(state)
             let report = try round(&state)
             state.lastSync = clock()
@@ -153,13 +155,15 @@ extension SyncEngine {
         state.sequence = next.sequence
         state.manifestDigest = Crypto.hash(bytes)
         state.members = next.members
+        state.verifiedHead = commit
+        state.manifestBytes = bytes
     }
 
     // MARK: Status
 
     /// What `keychainfs sync status` shows, as `name: value` lines.
     package func status() -> [(String, String)] {
-        guard let state = saved.withLock({ $0 }) else { return [("circle", "none")] }
+        guard let state = saved.withLock({ $0?.state }) else { return [("circle", "none")] }
         let now = clock()
         func ago(_ time: UInt64) -> String {
             guard time > 0 else { return "never" }

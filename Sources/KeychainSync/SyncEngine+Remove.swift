@@ -68,6 +68,8 @@ extension SyncEngine {
                 state.manifestDigest = Crypto.hash(bytes)
                 state.heard[removed.id] = nil
                 state.indexes = indexes
+                state.verifiedHead = commit
+                state.manifestBytes = bytes
                 state.processed = [:]
                 for (name, bytes) in records { state.processed[name] = Crypto.hash(bytes) }
                 try save(state)

@@ -30,6 +30,10 @@ extension SyncEngine {
                 for (bucket, digest) in manifest.indexes {
                     state.indexes[bucket] = (digest, remote.indexes[bucket] ?? [:])
                 }
+                state.verifiedHead = head
+                state.manifestBytes = remote.manifestBytes
+                state.lastSync = clock()
+                state.lastProblem = ""
                 try save(state)
                 return report
             }
@@ -54,6 +58,10 @@ extension SyncEngine {
                 state.manifestDigest = Crypto.hash(written.manifest)
                 state.indexes = written.indexes
                 state.heard[state.device] = next.written
+                state.verifiedHead = commit
+                state.manifestBytes = written.manifest
+                state.lastSync = clock()
+                state.lastProblem = ""
                 try save(state)
                 return report
             }

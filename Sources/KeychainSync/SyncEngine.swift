@@ -30,8 +30,10 @@ package final class SyncEngine: Sendable {
     let clock: @Sendable () -> UInt64
     /// One operation at a time; held across git's work (never by a read or write of an item).
     let operation = Mutex<Void>(())
-    /// The state as last saved, for status without waiting on a round.
-    let saved = Mutex<SyncState?>(nil)
+    /// The state as last saved or read, and the version of the file it is,
+    /// for status without waiting on a round, and so that a round does not
+    /// read the file again while it is the one this engine wrote.
+    let saved = Mutex<(state: SyncState, version: SyncState.FileVersion)?>(nil)
     /// Join requests this device answered: each one's request and our nonce (lost with the process: ask again).
     let answered = Mutex<[UInt64: (request: JoinRequest, nonce: [UInt8])]>([:])
     /// Called at each step of a round: a test's crash (it throws, and the
@@ -61,7 +63,9 @@ package final class SyncEngine: Sendable {
         self.hostName = hostName
         self.clock = clock
         self.interruption = interruption
-        saved.withLock { $0 = try? SyncState.load(from: keychainPath + "/sync/state") }
+        if let loaded = try? SyncState.load(from: keychainPath + "/sync/state", unless: nil), let state = loaded.state {
+            saved.withLock { $0 = (state, loaded.version) }
+        }
     }
 
     package static func now() -> UInt64 {
@@ -77,7 +81,12 @@ package final class SyncEngine: Sendable {
     package var isInCircle: Bool { saved.withLock { $0 != nil } }
 
     func loadState() throws(SyncFailure) -> SyncState {
-        guard let state = try SyncState.load(from: statePath) else {
+        let known = saved.withLock { $0 }
+        let loaded = try SyncState.load(from: statePath, unless: known?.version)
+        if let loaded, loaded.state == nil, let known { return known.state }
+        if let loaded, let state = loaded.state { saved.withLock { $0 = (state, loaded.version) } }
+        guard let state = loaded?.state else {
+            saved.withLock { $0 = nil }
             throw SyncFailure(
                 .notInCircle,
                 "this keychain syncs with no circle: start one with `keychainfs sync init REMOTE`, "
@@ -89,7 +98,9 @@ package final class SyncEngine: Sendable {
     func save(_ state: SyncState) throws(SyncFailure) {
         try makeDirectory()
         try state.save(to: statePath)
-        saved.withLock { $0 = state }
+        // What was just written is the file's version from now on.
+        let version = SyncState.FileVersion.of(statePath)
+        saved.withLock { $0 = version.map { (state, $0) } }
     }
 
     func makeDirectory() throws(SyncFailure) {
@@ -150,11 +161,7 @@ package final class SyncEngine: Sendable {
         try operation.withLock { _ throws(SyncFailure) -> SyncReport in
             var state = try loadState()
             do throws(SyncFailure) {
-                let report = try round(&state)
-                state.lastProblem = ""
-                state.lastSync = clock()
-                try save(state)
-                return report
+                return try round(&state)
             } catch {
                 if error.reason != .removed, var latest = try? loadState() {
                     latest.lastProblem = error.sentence
@@ -170,8 +177,8 @@ package final class SyncEngine: Sendable {
     /// and every record read is the one it lists.
     struct Remote {
         let head: String?
-        let files: [String: String]
         let manifest: Manifest?
+        let manifestBytes: [UInt8]
         let manifestDigest: [UInt8]
         /// Every bucket's entries (record name to record digest), as the manifest lists them.
         var indexes: [UInt8: [[UInt8]: [UInt8]]]
@@ -181,11 +188,12 @@ package final class SyncEngine: Sendable {
         var records: [ItemKey: (name: [UInt8], record: SyncRecord, digest: [UInt8])]
     }
 
-    /// Reads and checks the remote at its branch's head: the index files
-    /// that changed since this device read them, and the records it has
-    /// not agreed with yet (`everything`: all of them). Takes a newer
-    /// epoch's key when one was granted to this device (`state` and `key`
-    /// change then).
+    /// Reads and checks the remote at its branch's head: what changed
+    /// since the commit this device last checked (git diff-tree; the whole
+    /// tree when it has none), the index files whose digest moved, and the
+    /// records it has not agreed with yet (`everything`: all of them).
+    /// Takes a newer epoch's key when one was granted to this device
+    /// (`state` and `key` change then).
     func readRemote(
         _ git: GitRepository, _ state: inout SyncState, _ key: inout SyncKey, secret: SecureBytes,
         everything: Bool = false
@@ -196,11 +204,19 @@ package final class SyncEngine: Sendable {
                     "\(state.remote) has no keychainfs branch any more (emptied, or another repository)")
             }
             return Remote(
-                head: nil, files: [:], manifest: nil, manifestDigest: [], indexes: [:], listed: [:], records: [:])
+                head: nil, manifest: nil, manifestBytes: [], manifestDigest: [], indexes: [:], listed: [:],
+                records: [:])
         }
-        let files = try git.files(of: head)
-        guard let manifestID = files[Manifest.path], let manifestBytes = try git.blobs([manifestID])[manifestID] else {
-            throw SyncFailure.refused("it has no manifest (not a keychainfs circle's repository)")
+        // What changed since the commit checked last; nil: read the whole tree.
+        let changed = state.verifiedHead.isEmpty ? nil : try git.changes(from: state.verifiedHead, to: head)
+        let manifestBytes: [UInt8]
+        if let changed, changed[Manifest.path] == nil, !state.manifestBytes.isEmpty {
+            manifestBytes = state.manifestBytes
+        } else {
+            guard let read = try git.contents([head + ":" + Manifest.path])[0] else {
+                throw SyncFailure.refused("it has no manifest (not a keychainfs circle's repository)")
+            }
+            manifestBytes = read
         }
         guard let header = Manifest.header(manifestBytes) else {
             throw SyncFailure.refused("its manifest is not one keychainfs writes")
@@ -216,7 +232,7 @@ package final class SyncEngine: Sendable {
                     + "\(key.epoch): an old copy of the repository (a rollback)")
         }
         if header.epoch > key.epoch {
-            key = try adoptKey(epoch: header.epoch, files: files, git: git, state: &state, secret: secret)
+            key = try adoptKey(epoch: header.epoch, head: head, git: git, state: &state, secret: secret)
         }
         guard let manifest = Manifest.decode(manifestBytes, key: key) else {
             throw SyncFailure.refused("its manifest does not open with the circle's key (altered, or not the circle's)")
@@ -233,42 +249,50 @@ package final class SyncEngine: Sendable {
         }
         // The index files the manifest names, each exactly as it says; one read before is not read again.
         var indexes: [UInt8: [[UInt8]: [UInt8]]] = [:]
-        var unread: [UInt8: String] = [:]
+        var unread: [UInt8] = []
         for (bucket, indexDigest) in manifest.indexes {
             if let known = state.indexes[bucket], known.digest == indexDigest {
                 indexes[bucket] = known.entries
-                continue
+            } else {
+                unread.append(bucket)
             }
-            guard let id = files[IndexFile.path(bucket)] else {
+        }
+        let indexBytes = try git.contents(unread.map { head + ":" + IndexFile.path($0) })
+        for (bucket, bytes) in zip(unread, indexBytes) {
+            guard let bytes else {
                 throw SyncFailure.refused("index \(IndexFile.path(bucket)) that the manifest lists is missing")
             }
-            unread[bucket] = id
-        }
-        let indexBlobs = try git.blobs(Array(unread.values))
-        for (bucket, id) in unread {
-            guard let bytes = indexBlobs[id], Crypto.hash(bytes) == manifest.indexes[bucket],
+            guard Crypto.hash(bytes) == manifest.indexes[bucket],
                 let entries = IndexFile.decode(bytes, bucket: bucket, key: key)
             else {
                 throw SyncFailure.refused("index \(IndexFile.path(bucket)) does not match the manifest")
             }
             indexes[bucket] = entries
         }
+        // Every listed record is there: those read below are, and the others were at the commit checked
+        // last, so they are unless the diff removes them (without one, the whole tree is listed).
+        let present: Set<String>? = changed == nil ? Set(try git.files(of: head).keys) : nil
         var listed: [[UInt8]: [UInt8]] = [:]
-        var wanted: [(name: [UInt8], digest: [UInt8], id: String)] = []
+        var wanted: [(name: [UInt8], digest: [UInt8])] = []
         for entries in indexes.values {
             for (name, recordDigest) in entries {
                 listed[name] = recordDigest
-                guard let recordID = files[RecordPath.of(name)] else {
-                    throw SyncFailure.refused(
-                        "a record the manifest lists is missing (\(RecordPath.of(name))): the remote dropped it")
+                let path = RecordPath.of(name)
+                let removed = changed.map { $0[path] == .some(nil) } ?? !(present?.contains(path) ?? true)
+                if removed {
+                    throw SyncFailure.refused("a record the manifest lists is missing (\(path)): the remote dropped it")
                 }
-                if everything || state.processed[name] != recordDigest { wanted.append((name, recordDigest, recordID)) }
+                if everything || state.processed[name] != recordDigest { wanted.append((name, recordDigest)) }
             }
         }
-        let recordBlobs = try git.blobs(wanted.map(\.id))
+        let recordBytes = try git.contents(wanted.map { head + ":" + RecordPath.of($0.name) })
         var records: [ItemKey: (name: [UInt8], record: SyncRecord, digest: [UInt8])] = [:]
-        for entry in wanted {
-            guard let bytes = recordBlobs[entry.id], Crypto.hash(bytes) == entry.digest else {
+        for (entry, bytes) in zip(wanted, recordBytes) {
+            guard let bytes else {
+                throw SyncFailure.refused(
+                    "a record the manifest lists is missing (\(RecordPath.of(entry.name))): the remote dropped it")
+            }
+            guard Crypto.hash(bytes) == entry.digest else {
                 throw SyncFailure.refused(
                     "record \(RecordPath.of(entry.name)) is not the one the manifest lists "
                         + "(another record, or an older version of it, in its place)")
@@ -279,17 +303,15 @@ package final class SyncEngine: Sendable {
             records[record.key] = (entry.name, record, entry.digest)
         }
         return Remote(
-            head: head, files: files, manifest: manifest, manifestDigest: digest, indexes: indexes, listed: listed,
-            records: records)
+            head: head, manifest: manifest, manifestBytes: manifestBytes, manifestDigest: digest, indexes: indexes,
+            listed: listed, records: records)
     }
 
     /// The key of a newer epoch, from the grant a member made to this device.
     private func adoptKey(
-        epoch: UInt32, files: [String: String], git: GitRepository, state: inout SyncState, secret: SecureBytes
+        epoch: UInt32, head: String, git: GitRepository, state: inout SyncState, secret: SecureBytes
     ) throws(SyncFailure) -> SyncKey {
-        guard let grantID = files[KeyGrant.path(epoch: epoch, device: state.device)],
-            let grant = try git.blobs([grantID])[grantID]
-        else {
+        guard let grant = try git.contents([head + ":" + KeyGrant.path(epoch: epoch, device: state.device)])[0] else {
             throw SyncFailure(
                 .removed,
                 "this device was removed from the circle: the circle's key changed (key \(epoch)) and none was "

@@ -12,7 +12,7 @@ import Glibc
 /// synced item the version it last agreed with the circle on and the
 /// item's generation then (an item whose generation moved was changed here).
 /// Rewritten whole, atomically (a new file renamed over the old, both synced).
-struct SyncState: Equatable {
+struct SyncState {
     struct Base: Equatable {
         var vector: VersionVector
         /// The item's generation when it was last synced; 0 for a tombstone.
@@ -45,8 +45,10 @@ struct SyncState: Equatable {
     /// applied it, held it already, or pushed it): a record listed with that
     /// digest is not read again.
     var processed: [[UInt8]: [UInt8]] = [:]
-
-    static func == (a: SyncState, b: SyncState) -> Bool { a.encoded == b.encoded }
+    /// The commit this device last read whole or made (empty: none): the
+    /// next round reads only what changed since (git diff-tree), and its manifest as read.
+    var verifiedHead = ""
+    var manifestBytes: [UInt8] = []
 
     static let magic = Array("KCFSSYNC".utf8)
     static let version: UInt8 = 1
@@ -83,19 +85,19 @@ struct SyncState: Equatable {
         writer.append(lastSync)
         writer.appendPrefixed(String(decoding: lastProblem.utf8.prefix(1000), as: UTF8.self))
         writer.append(UInt16(heard.count))
-        for (device, time) in heard.sorted(by: { $0.key < $1.key }) {
+        for (device, time) in heard {
             writer.append(device)
             writer.append(time)
         }
         writer.append(UInt32(base.count))
-        for (key, entry) in base.sorted(by: { $0.key < $1.key }) {
+        for (key, entry) in base {
             writer.appendPrefixed(key.group)
             writer.appendPrefixed(key.identifier)
             writer.append(entry.generation)
             entry.vector.encode(into: &writer)
         }
         writer.append(UInt16(indexes.count))
-        for (bucket, index) in indexes.sorted(by: { $0.key < $1.key }) {
+        for (bucket, index) in indexes {
             writer.append(bucket)
             writer.append(index.digest)
             writer.append(UInt32(index.entries.count))
@@ -109,6 +111,9 @@ struct SyncState: Equatable {
             writer.append(name)
             writer.append(digest)
         }
+        writer.appendPrefixed(verifiedHead)
+        writer.append(UInt32(manifestBytes.count))
+        writer.append(manifestBytes)
         return writer.bytes
     }
 
@@ -160,6 +165,8 @@ struct SyncState: Equatable {
             indexes[bucket] = (digest, entries)
         }
         for _ in 0..<Int(try reader.readUInt32()) { processed[try reader.read(32)] = try reader.read(32) }
+        verifiedHead = try reader.readPrefixed()
+        manifestBytes = try reader.read(Int(try reader.readUInt32()))
         guard reader.isAtEnd else { throw .decode }
     }
 
@@ -168,13 +175,46 @@ struct SyncState: Equatable {
     // MARK: The file
 
     static func load(from path: String) throws(SyncFailure) -> SyncState? {
+        try load(from: path, unless: nil)?.state
+    }
+
+    /// Which version of the file is on disk: a state read before is still
+    /// the file's while this is unchanged (the file is only ever replaced whole).
+    struct FileVersion: Equatable {
+        let inode: UInt64
+        let size: Int64
+        let seconds: Int
+        let nanoseconds: Int
+
+        init(_ info: stat) {
+            inode = UInt64(info.st_ino)
+            size = Int64(info.st_size)
+            seconds = info.st_mtim.tv_sec
+            nanoseconds = info.st_mtim.tv_nsec
+        }
+
+        /// The version of the file at `path` now; nil when there is none.
+        static func of(_ path: String) -> FileVersion? {
+            var info = stat()
+            return stat(path, &info) == 0 ? FileVersion(info) : nil
+        }
+    }
+
+    /// The state in the file, and its version; nil for the state when the file's version is `known`.
+    static func load(from path: String, unless known: FileVersion?) throws(SyncFailure)
+        -> (state: SyncState?, version: FileVersion)?
+    {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else {
             let failure = Errno.current
             if failure == .noSuchFile { return nil }
             throw SyncFailure(.store(.io), "\(path) could not be read (\(failure))")
         }
+        var info = stat()
+        guard fstat(fd.raw, &info) == 0 else { throw SyncFailure(.store(.io), "\(path) could not be read") }
+        let version = FileVersion(info)
+        if version == known { return (nil, version) }
         do {
-            return try SyncState(try Descriptor.readAll(fd.raw, limit: 1 << 30))
+            return (try SyncState(try Descriptor.readAll(fd.raw, limit: 1 << 30)), version)
         } catch {
             throw SyncFailure(.store(.decode), "\(path) is damaged: remove it and join the circle again")
         }

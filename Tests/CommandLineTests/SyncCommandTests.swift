@@ -16,7 +16,12 @@ extension SerialTests {
             let otherMount = try harness.prepareMountpoint("othermnt")
             #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$2\"", arguments: [otherMount, other]).succeeded)
             try harness.unlock(otherMount, passcode: "5678")
-            #expect(harness.sh("git init --bare --quiet \"$R/remote.git\"").succeeded)
+            // A push may start `gc --auto`: in the foreground, so that nothing outlives the test.
+            #expect(
+                harness.sh(
+                    "git init --bare --quiet \"$R/remote.git\" && git --git-dir=\"$R/remote.git\" config gc.autoDetach false"
+                )
+                .succeeded)
             return (harness, mnt, other, otherMount)
         }
 

@@ -75,6 +75,8 @@ final class BareRemote: @unchecked Sendable {
     init() throws {
         root = try makeTemporaryDirectory("kcfs-remote")
         try git(["init", "--bare", "--quiet", url])
+        // A push may start `gc --auto`: in the foreground, so that nothing outlives the test.
+        try git(["--git-dir=" + url, "config", "gc.autoDetach", "false"])
     }
 
     deinit { try? FileManager.default.removeItem(atPath: root) }

@@ -270,3 +270,41 @@ import Testing
         #expect(try devices[1].get("mail") == "mine")
     }
 }
+
+extension SyncEngineTests {
+    /// The remote swaps in its own key and nonce during a join: the two
+    /// machines' codes differ, the person's code is refused, and no key is granted.
+    @Test func aRemoteInTheMiddleOfAJoinGetsNoKey() throws {
+        let (remote, devices) = try Self.circle("laptop")
+        let laptop = devices[0]
+        try laptop.set("mail", "secret")
+        _ = try laptop.engine.sync()
+        let phone = try SyncedDevice("phone")
+        #expect(try phone.engine.join(remote: remote.url) == .asked)
+        let path = try #require(try remote.files().keys.first { $0.hasSuffix("/request") })
+        let genuine = try #require(JoinRequest(Array(try remote.files()[path]!)))
+        // The attacker's own key and nonce, under the phone's id and name.
+        let attacker = DeviceKeys.generate()
+        let attackerNonce = SyncCipher.randomBytes(32)
+        let forged = JoinRequest(
+            circle: genuine.circle,
+            device: Member(id: genuine.device.id, name: genuine.device.name, publicKey: attacker.publicKey),
+            commitment: JoinRequest.commitment(to: attackerNonce))
+        try remote.tamper([path: Data(forged.encoded)])
+        let askers = try laptop.engine.joinRequests()
+        #expect(askers.map(\.name) == ["phone"])
+        guard case .code(let phoneCode) = try phone.engine.join(remote: nil) else {
+            Issue.record("the phone shows no code")
+            return
+        }
+        // The phone's nonce does not open the attacker's commitment: the attacker reveals its own.
+        try remote.tamper([JoinRequest.revealPath(genuine.device.id): Data(attackerNonce)])
+        let laptopCode = try #require(try laptop.engine.joinCode(for: askers[0].id))
+        #expect(laptopCode != phoneCode)
+        let sentence = expectFailure(.badInput) { try laptop.engine.approve(askers[0].id, code: phoneCode) }
+        #expect(sentence.contains("Nothing was granted"))
+        #expect(try remote.files().keys.contains { $0.hasPrefix("circle/grants/") } == false)
+        #expect(laptop.engine.status().contains { $0.0 == "member" } == false)
+        #expect(try phone.engine.join(remote: nil) == .code(phoneCode))
+    }
+}

@@ -103,6 +103,11 @@ package final class LocalSSHServer: @unchecked Sendable {
                 host.home + "/" + name
             ]) == 0
         else { throw HarnessError("git init --bare failed") }
+        // A push may start `gc --auto`: in the foreground, so that nothing outlives the test.
+        _ = Spawn.run([
+            "/usr/sbin/runuser", "-u", host.name, "--", "/usr/bin/git", "--git-dir=" + host.home + "/" + name, "config",
+            "gc.autoDetach", "false"
+        ])
         return "\(Self.alias):\(name)"
     }
 
