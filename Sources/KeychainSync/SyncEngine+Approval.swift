@@ -80,7 +80,7 @@ extension SyncEngine {
     /// goes on with the request: call again until ``JoinProgress/joined(_:)``.
     package func join(remote: String?) throws(SyncFailure) -> JoinProgress {
         try operation.withLock { _ throws(SyncFailure) -> JoinProgress in
-            guard try SyncState.load(from: statePath) == nil else {
+            guard try storedState() == nil else {
                 throw SyncFailure(.alreadyInCircle, "this keychain is in a circle already (`keychainfs sync status`)")
             }
             guard var joining = try loadJoining() else {

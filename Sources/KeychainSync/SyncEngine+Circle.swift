@@ -24,7 +24,7 @@ extension SyncEngine {
     /// keychain's items; returns the circle's recovery key (shown once) and the first round's report.
     package func create(remote: String) throws(SyncFailure) -> (recoveryKey: SecureBytes, report: SyncReport) {
         try operation.withLock { _ throws(SyncFailure) -> (SecureBytes, SyncReport) in
-            guard try SyncState.load(from: statePath) == nil else { throw alreadyInCircle() }
+            guard try storedState() == nil else { throw alreadyInCircle() }
             try makeDirectory()
             let git = try GitRepository.prepare(at: repositoryPath, remote: remote)
             if try git.fetch() != nil {
@@ -84,7 +84,7 @@ extension SyncEngine {
     /// Joins the circle at `remote` with its recovery key (typed as shown).
     package func join(remote: String, recoveryKey typed: SecureBytes) throws(SyncFailure) -> SyncReport {
         try operation.withLock { _ throws(SyncFailure) -> SyncReport in
-            guard try SyncState.load(from: statePath) == nil else { throw alreadyInCircle() }
+            guard try storedState() == nil else { throw alreadyInCircle() }
             guard let recovery = RecoveryKey(typed: typed) else {
                 throw SyncFailure(
                     .badInput, "that is not a recovery key: 64 letters of cbdefghijklnrtuv, in groups of eight")
@@ -163,7 +163,7 @@ extension SyncEngine {
 
     /// What `keychainfs sync status` shows, as `name: value` lines.
     package func status() -> [(String, String)] {
-        guard let state = saved.withLock({ $0?.state }) else { return [("circle", "none")] }
+        guard let state = saved.withLock({ $0 }) else { return [("circle", "none")] }
         let now = clock()
         func ago(_ time: UInt64) -> String {
             guard time > 0 else { return "never" }

@@ -85,7 +85,8 @@ extension SyncEngine {
     package func leave() throws(SyncFailure) {
         try operation.withLock { _ throws(SyncFailure) in
             _ = try loadState()
-            for path in [statePath, joiningPath] { unlink(path) }
+            try store.withLock { store throws(SyncFailure) in try store?.clear() }
+            unlink(joiningPath)
             saved.withLock { $0 = nil }
         }
     }

@@ -8,6 +8,11 @@ extension SyncEngine {
     func round(_ state: inout SyncState) throws(SyncFailure) -> SyncReport {
         var (key, secret) = try openSecrets(state)
         let git = try GitRepository.prepare(at: repositoryPath, remote: state.remote)
+        // The items changed here since the last round: given back unless this one ends well.
+        let changes = takeChanges()
+        var waiting: Set<ItemKey> = []
+        var finished = false
+        defer { giveBack(finished ? (waiting, false) : (changes.keys.union(waiting), changes.all)) }
         for _ in 0..<8 {
             let remote = try readRemote(git, &state, &key, secret: secret)
             guard let manifest = remote.manifest, let head = remote.head else {
@@ -21,7 +26,8 @@ extension SyncEngine {
             state.heard[manifest.writer] = max(state.heard[manifest.writer] ?? 0, manifest.written)
             try interruption?(.fetched)
             var report = SyncReport()
-            let pushes = try merge(remote, &state, key: key, report: &report)
+            waiting = []
+            let pushes = try merge(remote, &state, key: key, changes: changes, waiting: &waiting, report: &report)
             try interruption?(.applied)
             guard !pushes.isEmpty else {
                 state.sequence = manifest.sequence
@@ -35,6 +41,7 @@ extension SyncEngine {
                 state.lastSync = clock()
                 state.lastProblem = ""
                 try save(state)
+                finished = true
                 return report
             }
             // What this round applied here is agreed on even if the push must wait.
@@ -63,6 +70,7 @@ extension SyncEngine {
                 state.lastSync = clock()
                 state.lastProblem = ""
                 try save(state)
+                finished = true
                 return report
             }
         }
@@ -123,17 +131,52 @@ extension SyncEngine {
         case record(SyncRecord, digest: [UInt8])
     }
 
-    /// Merges every item (the merge rule: ``MergeRule``), applies here what
-    /// the circle changed, and returns what to push.
-    private func merge(_ remote: Remote, _ state: inout SyncState, key: SyncKey, report: inout SyncReport)
-        throws(SyncFailure) -> [Push]
-    {
+    /// The items among `keys` as the keychain holds them now (the others
+    /// are not there), and the groups of `keys` that do not sync.
+    private func localItems(_ keys: Set<ItemKey>) throws(SyncFailure) -> (
+        items: [ItemKey: ItemGeneration], excluded: Set<String>
+    ) {
         let device = manager.localDevice
-        let (local, excluded) = try localItems()
-        var keys = Set(local.keys).union(state.base.keys).union(remote.records.keys)
+        var items: [ItemKey: ItemGeneration] = [:]
+        var excluded: Set<String> = []
+        do throws(KeychainError) {
+            for key in keys {
+                if device.hasEntitlementPolicy(key.group) {
+                    excluded.insert(key.group)
+                    continue
+                }
+                if let item = try manager.generation(forIdentifier: key.identifier, inGroup: key.group) {
+                    items[key] = item
+                }
+            }
+        } catch {
+            throw SyncFailure.store(error)
+        }
+        return (items, excluded)
+    }
+
+    /// Merges the items changed here or in the circle (the merge rule:
+    /// ``MergeRule``), applies here what the circle changed, and returns
+    /// what to push. `changes`: the items changed here since the last round
+    /// (`all`: every item is looked at); those that wait for a class key go to `waiting`.
+    private func merge(
+        _ remote: Remote, _ state: inout SyncState, key: SyncKey, changes: (keys: Set<ItemKey>, all: Bool),
+        waiting: inout Set<ItemKey>, report: inout SyncReport
+    ) throws(SyncFailure) -> [Push] {
+        let device = manager.localDevice
+        var keys: Set<ItemKey>
+        let local: [ItemKey: ItemGeneration]
+        let excluded: Set<String>
+        if changes.all {
+            (local, excluded) = try localItems()
+            keys = Set(local.keys).union(state.base.keys).union(remote.records.keys)
+        } else {
+            keys = changes.keys.union(remote.records.keys)
+            (local, excluded) = try localItems(keys)
+        }
         keys = keys.filter { !excluded.contains($0.group) }
         var pushes: [Push] = []
-        var taken = Set(local.keys).union(remote.records.keys)
+        var taken = Set(local.keys).union(remote.records.keys).union(state.base.keys)
         let now = clock()
         for itemKey in keys.sorted() {
             let here = local[itemKey]
@@ -150,12 +193,14 @@ extension SyncEngine {
             }
             if let here, !device.isAvailable(here.protectionClass) {
                 report.waiting += 1
+                waiting.insert(itemKey)
                 continue
             }
             if case .record(let record, _) = theirs, let content = record.content,
                 !device.isAvailable(content.protectionClass)
             {
                 report.waiting += 1
+                waiting.insert(itemKey)
                 continue
             }
             let changedHere: Bool
@@ -213,18 +258,25 @@ extension SyncEngine {
             pushes.append(Push(result, generation: generation, key: key))
             if let loser = outcome.conflictCopy, let content = loser.content {
                 let host = state.member(loser.origin)?.name ?? "another device"
-                let name = MergeRule.conflictName(
-                    of: itemKey.identifier, host: host, changed: loser.changed,
-                    isTaken: { taken.contains(ItemKey(group: itemKey.group, identifier: $0)) })
-                let copyKey = ItemKey(group: itemKey.group, identifier: name)
-                taken.insert(copyKey)
-                state.counter += 1
-                let copy = SyncRecord(
-                    key: copyKey, vector: VersionVector().advanced(by: state.device, to: state.counter),
-                    body: .item(content), changed: loser.changed, origin: state.device)
-                guard let written = try apply(copy, over: nil) else { continue }
-                report.conflicts.append(copyKey.description)
-                pushes.append(Push(copy, generation: written, key: key))
+                // A name no item has, here or in the circle; one made meanwhile makes it try the next.
+                for _ in 0..<8 {
+                    let name = MergeRule.conflictName(
+                        of: itemKey.identifier, host: host, changed: loser.changed,
+                        isTaken: {
+                            taken.contains(ItemKey(group: itemKey.group, identifier: $0))
+                                || (try? manager.generation(forIdentifier: $0, inGroup: itemKey.group)) != nil
+                        })
+                    let copyKey = ItemKey(group: itemKey.group, identifier: name)
+                    taken.insert(copyKey)
+                    state.counter += 1
+                    let copy = SyncRecord(
+                        key: copyKey, vector: VersionVector().advanced(by: state.device, to: state.counter),
+                        body: .item(content), changed: loser.changed, origin: state.device)
+                    guard let written = try apply(copy, over: nil) else { continue }
+                    report.conflicts.append(copyKey.description)
+                    pushes.append(Push(copy, generation: written, key: key))
+                    break
+                }
             }
         }
         return pushes

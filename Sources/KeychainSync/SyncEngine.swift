@@ -30,10 +30,15 @@ package final class SyncEngine: Sendable {
     let clock: @Sendable () -> UInt64
     /// One operation at a time; held across git's work (never by a read or write of an item).
     let operation = Mutex<Void>(())
-    /// The state as last saved or read, and the version of the file it is,
-    /// for status without waiting on a round, and so that a round does not
-    /// read the file again while it is the one this engine wrote.
-    let saved = Mutex<(state: SyncState, version: SyncState.FileVersion)?>(nil)
+    /// The state as last saved or read, for status without waiting on a round.
+    let saved = Mutex<SyncState?>(nil)
+    /// `sync/state.db`, opened when the keychain has one (or makes one: `sync init`, `sync join`).
+    let store = Mutex<SyncStateStore?>(nil)
+    /// The items changed here since the last round, as the device announced
+    /// them (`all`: list every item, as the first round after a start does),
+    /// so that a round looks at what changed, not at every item.
+    let changedHere = Mutex<(keys: Set<ItemKey>, all: Bool)>((Set(), true))
+    private let observer = Mutex<Int?>(nil)
     /// Join requests this device answered: each one's request and our nonce (lost with the process: ask again).
     let answered = Mutex<[UInt64: (request: JoinRequest, nonce: [UInt8])]>([:])
     /// Called at each step of a round: a test's crash (it throws, and the
@@ -63,8 +68,43 @@ package final class SyncEngine: Sendable {
         self.hostName = hostName
         self.clock = clock
         self.interruption = interruption
-        if let loaded = try? SyncState.load(from: keychainPath + "/sync/state", unless: nil), let state = loaded.state {
-            saved.withLock { $0 = (state, loaded.version) }
+        if access(keychainPath + "/sync/state.db", F_OK) == 0 { _ = try? storedState() }
+        let token = manager.localDevice.addObserver { [weak self] event in
+            switch event {
+            case .changed(.written(let group, let identifier)), .changed(.removed(let group, let identifier)):
+                self?.noteChange(ItemKey(group: group, identifier: identifier))
+            case .changed(.renamed(let group, let from, let to)):
+                self?.noteChange(ItemKey(group: group, identifier: from))
+                self?.noteChange(ItemKey(group: group, identifier: to))
+            case .changed(.groupRemoved), .entitlementsChanged:
+                self?.changedHere.withLock { $0.all = true }
+            case .changed(.groupCreated), .unlocked, .locked, .willLock:
+                break
+            }
+        }
+        observer.withLock { $0 = token }
+    }
+
+    deinit {
+        if let token = observer.withLock({ $0 }) { manager.localDevice.removeObserver(token) }
+    }
+
+    private func noteChange(_ key: ItemKey) {
+        changedHere.withLock { _ = $0.keys.insert(key) }
+    }
+
+    /// The changes noted so far, taken for a round (given back if it fails).
+    func takeChanges() -> (keys: Set<ItemKey>, all: Bool) {
+        changedHere.withLock { noted in
+            defer { noted = (Set(), false) }
+            return noted
+        }
+    }
+
+    func giveBack(_ changes: (keys: Set<ItemKey>, all: Bool)) {
+        changedHere.withLock {
+            $0.keys.formUnion(changes.keys)
+            $0.all = $0.all || changes.all
         }
     }
 
@@ -74,19 +114,27 @@ package final class SyncEngine: Sendable {
         return UInt64(max(0, time.tv_sec)) * 1000 + UInt64(max(0, time.tv_nsec)) / 1_000_000
     }
 
-    var statePath: String { directory + "/state" }
+    var statePath: String { directory + "/state.db" }
     var repositoryPath: String { directory + "/repository.git" }
 
     /// Whether this keychain is in a circle.
     package var isInCircle: Bool { saved.withLock { $0 != nil } }
 
+    /// The state in `sync/state.db`; nil when the keychain is in no circle.
+    func storedState() throws(SyncFailure) -> SyncState? {
+        let state = try store.withLock { store throws(SyncFailure) -> SyncState? in
+            if store == nil {
+                guard access(statePath, F_OK) == 0 else { return nil }
+                store = try SyncStateStore(path: statePath)
+            }
+            return try store?.load()
+        }
+        saved.withLock { $0 = state }
+        return state
+    }
+
     func loadState() throws(SyncFailure) -> SyncState {
-        let known = saved.withLock { $0 }
-        let loaded = try SyncState.load(from: statePath, unless: known?.version)
-        if let loaded, loaded.state == nil, let known { return known.state }
-        if let loaded, let state = loaded.state { saved.withLock { $0 = (state, loaded.version) } }
-        guard let state = loaded?.state else {
-            saved.withLock { $0 = nil }
+        guard let state = try storedState() else {
             throw SyncFailure(
                 .notInCircle,
                 "this keychain syncs with no circle: start one with `keychainfs sync init REMOTE`, "
@@ -97,10 +145,11 @@ package final class SyncEngine: Sendable {
 
     func save(_ state: SyncState) throws(SyncFailure) {
         try makeDirectory()
-        try state.save(to: statePath)
-        // What was just written is the file's version from now on.
-        let version = SyncState.FileVersion.of(statePath)
-        saved.withLock { $0 = version.map { (state, $0) } }
+        try store.withLock { store throws(SyncFailure) in
+            if store == nil { store = try SyncStateStore(path: statePath) }
+            try store?.save(state)
+        }
+        saved.withLock { $0 = state }
     }
 
     func makeDirectory() throws(SyncFailure) {

@@ -1,17 +1,16 @@
-internal import CLinux
 import KeychainCore
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// What a device keeps of its circle, beside its keychain in `sync/state`
+/// What a device keeps of its circle, beside its keychain
 /// (docs/SYNC.md, "On the device"): the circle, the device's own keys
 /// (sealed under its `afterFirstUnlockThisDeviceOnly` class key, so they
 /// are exactly as available as such items, and never leave the device),
 /// the highest manifest it has seen (rollback detection), and for each
 /// synced item the version it last agreed with the circle on and the
 /// item's generation then (an item whose generation moved was changed here).
-/// Rewritten whole, atomically (a new file renamed over the old, both synced).
+/// Kept in `sync/state.db` (``SyncStateStore``), one table per part.
 struct SyncState {
     struct Base: Equatable {
         var vector: VersionVector
@@ -63,7 +62,8 @@ struct SyncState {
         return writer.bytes
     }
 
-    var encoded: [UInt8] {
+    /// The circle and this machine, without the per-item tables: the `meta` row.
+    var encodedHead: [UInt8] {
         var writer = ByteWriter()
         writer.append(Self.magic)
         writer.append(Self.version)
@@ -89,28 +89,6 @@ struct SyncState {
             writer.append(device)
             writer.append(time)
         }
-        writer.append(UInt32(base.count))
-        for (key, entry) in base {
-            writer.appendPrefixed(key.group)
-            writer.appendPrefixed(key.identifier)
-            writer.append(entry.generation)
-            entry.vector.encode(into: &writer)
-        }
-        writer.append(UInt16(indexes.count))
-        for (bucket, index) in indexes {
-            writer.append(bucket)
-            writer.append(index.digest)
-            writer.append(UInt32(index.entries.count))
-            for (name, digest) in index.entries {
-                writer.append(name)
-                writer.append(digest)
-            }
-        }
-        writer.append(UInt32(processed.count))
-        for (name, digest) in processed {
-            writer.append(name)
-            writer.append(digest)
-        }
         writer.appendPrefixed(verifiedHead)
         writer.append(UInt32(manifestBytes.count))
         writer.append(manifestBytes)
@@ -132,7 +110,7 @@ struct SyncState {
         self.members = members
     }
 
-    init(_ bytes: [UInt8]) throws(KeychainError) {
+    init(head bytes: [UInt8]) throws(KeychainError) {
         var reader = ByteReader(bytes)
         guard try reader.read(Self.magic.count) == Self.magic, try reader.readByte() == Self.version else {
             throw .decode
@@ -153,100 +131,10 @@ struct SyncState {
         lastSync = try reader.readUInt64()
         lastProblem = try reader.readPrefixed()
         for _ in 0..<Int(try reader.readUInt16()) { heard[try reader.readUInt64()] = try reader.readUInt64() }
-        for _ in 0..<Int(try reader.readUInt32()) {
-            let key = ItemKey(group: try reader.readPrefixed(), identifier: try reader.readPrefixed())
-            let generation = try reader.readInt64()
-            base[key] = Base(vector: try VersionVector(reading: &reader), generation: generation)
-        }
-        for _ in 0..<Int(try reader.readUInt16()) {
-            let bucket = try reader.readByte(), digest = try reader.read(32)
-            var entries: [[UInt8]: [UInt8]] = [:]
-            for _ in 0..<Int(try reader.readUInt32()) { entries[try reader.read(32)] = try reader.read(32) }
-            indexes[bucket] = (digest, entries)
-        }
-        for _ in 0..<Int(try reader.readUInt32()) { processed[try reader.read(32)] = try reader.read(32) }
         verifiedHead = try reader.readPrefixed()
         manifestBytes = try reader.read(Int(try reader.readUInt32()))
         guard reader.isAtEnd else { throw .decode }
     }
 
     func member(_ id: UInt64) -> Member? { members.first { $0.id == id } }
-
-    // MARK: The file
-
-    static func load(from path: String) throws(SyncFailure) -> SyncState? {
-        try load(from: path, unless: nil)?.state
-    }
-
-    /// Which version of the file is on disk: a state read before is still
-    /// the file's while this is unchanged (the file is only ever replaced whole).
-    struct FileVersion: Equatable {
-        let inode: UInt64
-        let size: Int64
-        let seconds: Int
-        let nanoseconds: Int
-
-        init(_ info: stat) {
-            inode = UInt64(info.st_ino)
-            size = Int64(info.st_size)
-            seconds = info.st_mtim.tv_sec
-            nanoseconds = info.st_mtim.tv_nsec
-        }
-
-        /// The version of the file at `path` now; nil when there is none.
-        static func of(_ path: String) -> FileVersion? {
-            var info = stat()
-            return stat(path, &info) == 0 ? FileVersion(info) : nil
-        }
-    }
-
-    /// The state in the file, and its version; nil for the state when the file's version is `known`.
-    static func load(from path: String, unless known: FileVersion?) throws(SyncFailure)
-        -> (state: SyncState?, version: FileVersion)?
-    {
-        guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else {
-            let failure = Errno.current
-            if failure == .noSuchFile { return nil }
-            throw SyncFailure(.store(.io), "\(path) could not be read (\(failure))")
-        }
-        var info = stat()
-        guard fstat(fd.raw, &info) == 0 else { throw SyncFailure(.store(.io), "\(path) could not be read") }
-        let version = FileVersion(info)
-        if version == known { return (nil, version) }
-        do {
-            return (try SyncState(try Descriptor.readAll(fd.raw, limit: 1 << 30)), version)
-        } catch {
-            throw SyncFailure(.store(.decode), "\(path) is damaged: remove it and join the circle again")
-        }
-    }
-
-    func save(to path: String) throws(SyncFailure) {
-        try AtomicFile.write(encoded, to: path)
-    }
-}
-
-/// A file replaced whole or not at all: written beside, synced, renamed
-/// over, and the directory synced (rename(2) is atomic; fsync makes it last).
-enum AtomicFile {
-    static func write(_ bytes: [UInt8], to path: String) throws(SyncFailure) {
-        let temporary = path + ".new"
-        do throws(Errno) {
-            guard let fd = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)) else {
-                throw Errno.current
-            }
-            try Descriptor.writeAll(fd.raw, bytes)
-            _ = try valueOrErrno { fsync(fd.raw) }
-            _ = try valueOrErrno { rename(temporary, path) }
-            let directory = String(path[..<(path.lastIndex(of: "/") ?? path.endIndex)])
-            if let dir = FileDescriptor(open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
-                _ = fsync(dir.raw)
-            }
-        } catch {
-            unlink(temporary)
-            if error.rawValue == ENOSPC {
-                throw SyncFailure(.store(.diskFull), "no space left to save \(path)")
-            }
-            throw SyncFailure(.store(.io), "\(path) could not be written (\(error))")
-        }
-    }
 }

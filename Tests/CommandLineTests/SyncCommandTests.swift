@@ -132,3 +132,44 @@ extension SerialTests.SyncCommandTests {
         #expect(access(server.directory + "/person", F_OK) == -1)
     }
 }
+
+extension SerialTests.SyncCommandTests {
+    @Test func aDeviceKilledMidSyncLosesNoAcknowledgedWrite() throws {
+        let (harness, mnt, other, otherMount) = try Self.twoMachines()
+        let started = harness.sh("\"$K\" sync init \"$R/remote.git\" --keychain \"$KC\"")
+        let lines = started.stdout.split(separator: "\n").map(String.init)
+        let key = lines.firstIndex { $0.contains("recovery key") }.map { lines[$0 + 1] } ?? ""
+        #expect(
+            harness.sh(
+                "\"$K\" sync join \"$R/remote.git\" --recovery-key --keychain \"$1\"", arguments: [other],
+                stdin: key + "\n"
+            ).succeeded)
+        // 300 writes, each acknowledged (printf's close returned 0), then the device is killed
+        // while its round runs git.
+        let killed = harness.sh(
+            """
+            i=0; while [ $i -lt 300 ]; do printf "v$i" > "$1/default/item-$i" || exit 3; i=$((i + 1)); done
+            device=$(sed -n 's/^pid: //p' "$1/.control")
+            "$K" sync --keychain "$KC" > /dev/null 2>&1 &
+            syncer=$!
+            until pgrep -P "$device" git > /dev/null; do kill -0 $syncer 2> /dev/null || break; done
+            kill -9 "$device"
+            wait $syncer
+            fusermount3 -u -z "$1"
+            """, arguments: [mnt])
+        #expect(killed.succeeded, "\(killed)")
+        #expect(harness.sh("\"$K\" mount \"$1\" --keychain \"$KC\"", arguments: [mnt]).succeeded)
+        try harness.unlock(mnt)
+        #expect(harness.sh("\"$K\" sync --keychain \"$KC\"").succeeded)
+        #expect(harness.sh("\"$K\" sync --keychain \"$1\"", arguments: [other]).succeeded)
+        let compared = harness.sh(
+            """
+            i=0; while [ $i -lt 300 ]; do
+                [ "$(cat "$1/default/item-$i")" = "v$i" ] || { echo "first machine: item-$i"; exit 1; }
+                [ "$(cat "$2/default/item-$i")" = "v$i" ] || { echo "second machine: item-$i"; exit 1; }
+                i=$((i + 1))
+            done
+            """, arguments: [mnt, otherMount])
+        #expect(compared.succeeded, "\(compared)")
+    }
+}

@@ -187,7 +187,7 @@ import Testing
         try laptop.set("before", "known to all")
         _ = try laptop.engine.sync()
         _ = try phone.engine.sync()
-        let oldState = try SyncState.load(from: phone.engine.statePath)!
+        let oldState = try phone.engine.loadState()
         let (oldKey, _) = try phone.engine.openSecrets(oldState)
         _ = try laptop.engine.remove("old-phone")
         try laptop.set("after", "not for the phone")

@@ -115,3 +115,13 @@ extension Device {
         }
     }
 }
+
+extension PasswordManager {
+    /// One item's class and generation, or nil; needs no key.
+    package func generation(forIdentifier identifier: String, inGroup group: String) throws(KeychainError)
+        -> ItemGeneration?
+    {
+        guard let row = try localDevice.store.item(group: group, identifier: identifier) else { return nil }
+        return ItemGeneration(identifier: identifier, protectionClass: row.protectionClass, generation: row.generation)
+    }
+}

@@ -3,13 +3,13 @@ internal import CSQLite
 /// A thin wrapper over one sqlite3 connection: every return code goes through
 /// ``check(_:_:)``, so the conversion to ``KeychainError`` is written once.
 /// Not thread-safe by itself; ``ItemStore`` serializes all use.
-final class SQLiteConnection {
+package final class SQLiteConnection {
     private let handle: OpaquePointer
     private var statements: [String: Statement] = [:]
     /// Statements handed out since the last ``finishStatements()``.
     private var active: [Statement] = []
 
-    init(path: String, create: Bool) throws(KeychainError) {
+    package init(path: String, create: Bool) throws(KeychainError) {
         var db: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
@@ -29,12 +29,12 @@ final class SQLiteConnection {
     }
 
     /// Runs SQL that returns no rows (schema, pragmas, transactions).
-    func execute(_ sql: String) throws(KeychainError) {
+    package func execute(_ sql: String) throws(KeychainError) {
         try check(sqlite3_exec(handle, sql, nil, nil, nil), sql)
     }
 
     /// A cached prepared statement, reset and with its bindings cleared.
-    func statement(_ sql: String) throws(KeychainError) -> Statement {
+    package func statement(_ sql: String) throws(KeychainError) -> Statement {
         if let cached = statements[sql] {
             cached.reset()
             active.append(cached)
@@ -50,16 +50,16 @@ final class SQLiteConnection {
 
     /// Resets every statement used since the last call: a statement left on a
     /// row keeps its read transaction open, which blocks checkpoints.
-    func finishStatements() {
+    package func finishStatements() {
         for statement in active { statement.finish() }
         active.removeAll(keepingCapacity: true)
     }
 
     /// Rows changed by the last statement.
-    var changes: Int { Int(sqlite3_changes(handle)) }
+    package var changes: Int { Int(sqlite3_changes(handle)) }
 
     /// Runs `body` in one IMMEDIATE transaction: all of it commits, or none.
-    func transaction<R>(_ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
+    package func transaction<R>(_ body: () throws(KeychainError) -> R) throws(KeychainError) -> R {
         try execute("BEGIN IMMEDIATE")
         do {
             let result = try body()
@@ -91,7 +91,7 @@ final class SQLiteConnection {
 
 /// A prepared statement. Blobs and texts are bound with SQLITE_TRANSIENT so
 /// sqlite owns a copy and never points into a buffer we are about to wipe.
-final class Statement {
+package final class Statement {
     private let raw: OpaquePointer
     private unowned let connection: SQLiteConnection
 
@@ -115,7 +115,7 @@ final class Statement {
     }
 
     @discardableResult
-    func bind(_ index: Int32, _ text: String) -> Statement {
+    package func bind(_ index: Int32, _ text: String) -> Statement {
         var text = text
         text.withUTF8 { utf8 in
             _ = utf8.withMemoryRebound(to: CChar.self) {
@@ -126,13 +126,13 @@ final class Statement {
     }
 
     @discardableResult
-    func bind(_ index: Int32, _ value: Int64) -> Statement {
+    package func bind(_ index: Int32, _ value: Int64) -> Statement {
         sqlite3_bind_int64(raw, index, value)
         return self
     }
 
     @discardableResult
-    func bind(_ index: Int32, _ blob: [UInt8]) -> Statement {
+    package func bind(_ index: Int32, _ blob: [UInt8]) -> Statement {
         blob.withUnsafeBytes {
             _ = CSQLite_bind_blob_transient(
                 raw, index, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count))
@@ -142,7 +142,7 @@ final class Statement {
 
     /// Binds `blob`, or NULL for nil.
     @discardableResult
-    func bind(_ index: Int32, _ blob: [UInt8]?) -> Statement {
+    package func bind(_ index: Int32, _ blob: [UInt8]?) -> Statement {
         guard let blob else {
             sqlite3_bind_null(raw, index)
             return self
@@ -151,26 +151,26 @@ final class Statement {
     }
 
     /// Steps once: true if a row is ready.
-    func step() throws(KeychainError) -> Bool {
+    package func step() throws(KeychainError) -> Bool {
         let rc = sqlite3_step(raw)
         try connection.check(rc, String(cString: sqlite3_sql(raw)))
         return rc == SQLITE_ROW
     }
 
     /// Steps to the end (a statement that returns no rows).
-    func run() throws(KeychainError) {
+    package func run() throws(KeychainError) {
         while try step() {}
     }
 
-    func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(raw, column) }
+    package func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(raw, column) }
 
     /// Whether the column holds an integer (SQLite's columns take any type).
     func isInteger(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_INTEGER }
 
     /// Whether the column holds NULL.
-    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_NULL }
+    package func isNull(_ column: Int32) -> Bool { sqlite3_column_type(raw, column) == SQLITE_NULL }
 
-    func text(_ column: Int32) -> String { String(decoding: textBytes(column), as: UTF8.self) }
+    package func text(_ column: Int32) -> String { String(decoding: textBytes(column), as: UTF8.self) }
 
     /// The column's text as bytes, valid until the next step (no string made).
     func textBytes(_ column: Int32) -> UnsafeRawBufferPointer {
@@ -178,7 +178,7 @@ final class Statement {
         return UnsafeRawBufferPointer(start: bytes, count: bytes == nil ? 0 : Int(sqlite3_column_bytes(raw, column)))
     }
 
-    func blob(_ column: Int32) -> [UInt8] {
+    package func blob(_ column: Int32) -> [UInt8] {
         let count = Int(sqlite3_column_bytes(raw, column))
         guard count > 0, let bytes = sqlite3_column_blob(raw, column) else { return [] }
         return Array(UnsafeRawBufferPointer(start: bytes, count: count))
