@@ -13,8 +13,13 @@ extension SyncEngine {
         var waiting: Set<ItemKey> = []
         var finished = false
         defer { giveBack(finished ? (waiting, false) : (changes.keys.union(waiting), changes.all)) }
+        // With changes to push, first as `git push` does: onto the commit checked last.
+        var assumed = !changes.keys.isEmpty
         for _ in 0..<8 {
-            let remote = try readRemote(git, &state, &key, secret: secret)
+            let checked = assumed ? checkedRemote(state, key: key) : nil
+            let remote: Remote
+            if let checked { remote = checked } else { remote = try readRemote(git, &state, &key, secret: secret) }
+            assumed = checked != nil
             guard let manifest = remote.manifest, let head = remote.head else {
                 throw SyncFailure.refused("\(state.remote) holds no keychainfs circle")
             }
@@ -29,6 +34,11 @@ extension SyncEngine {
             waiting = []
             let pushes = try merge(remote, &state, key: key, changes: changes, waiting: &waiting, report: &report)
             try interruption?(.applied)
+            if assumed && pushes.isEmpty {
+                // Nothing to push after all: read what the circle changed.
+                assumed = false
+                continue
+            }
             guard !pushes.isEmpty else {
                 state.sequence = manifest.sequence
                 state.manifestDigest = remote.manifestDigest
@@ -53,6 +63,7 @@ extension SyncEngine {
             try interruption?(.committed)
             switch try git.push(commit) {
             case .moved:
+                assumed = false
                 continue
             case .pushed:
                 try interruption?(.pushed)

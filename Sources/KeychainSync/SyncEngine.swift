@@ -258,11 +258,30 @@ package final class SyncEngine: Sendable {
         }
         // What changed since the commit checked last; nil: read the whole tree.
         let changed = state.verifiedHead.isEmpty ? nil : try git.changes(from: state.verifiedHead, to: head)
+        // Every changed file a round may read, in one `git cat-file` (most rounds need no other).
+        var prefetched: [String: [UInt8]] = [:]
+        if let changed {
+            let wanted = changed.compactMap { path, id -> (String, String)? in
+                guard let id, path == Manifest.path || path.hasPrefix("index/") || path.hasPrefix("records/") else {
+                    return nil
+                }
+                return (path, id)
+            }
+            for ((path, _), bytes) in zip(wanted, try git.contents(wanted.map(\.1))) { prefetched[path] = bytes }
+        }
+        /// The files at `head`, from those read already or in one more `git cat-file`.
+        func read(_ paths: [String]) throws(SyncFailure) -> [[UInt8]?] {
+            let missing = paths.filter { prefetched[$0] == nil }
+            for (path, bytes) in zip(missing, try git.contents(missing.map { head + ":" + $0 })) {
+                prefetched[path] = bytes
+            }
+            return paths.map { prefetched[$0] }
+        }
         let manifestBytes: [UInt8]
         if let changed, changed[Manifest.path] == nil, !state.manifestBytes.isEmpty {
             manifestBytes = state.manifestBytes
         } else {
-            guard let read = try git.contents([head + ":" + Manifest.path])[0] else {
+            guard let read = try read([Manifest.path])[0] else {
                 throw SyncFailure.refused("it has no manifest (not a keychainfs circle's repository)")
             }
             manifestBytes = read
@@ -306,7 +325,7 @@ package final class SyncEngine: Sendable {
                 unread.append(bucket)
             }
         }
-        let indexBytes = try git.contents(unread.map { head + ":" + IndexFile.path($0) })
+        let indexBytes = try read(unread.map { IndexFile.path($0) })
         for (bucket, bytes) in zip(unread, indexBytes) {
             guard let bytes else {
                 throw SyncFailure.refused("index \(IndexFile.path(bucket)) that the manifest lists is missing")
@@ -334,7 +353,7 @@ package final class SyncEngine: Sendable {
                 if everything || state.processed[name] != recordDigest { wanted.append((name, recordDigest)) }
             }
         }
-        let recordBytes = try git.contents(wanted.map { head + ":" + RecordPath.of($0.name) })
+        let recordBytes = try read(wanted.map { RecordPath.of($0.name) })
         var records: [ItemKey: (name: [UInt8], record: SyncRecord, digest: [UInt8])] = [:]
         for (entry, bytes) in zip(wanted, recordBytes) {
             guard let bytes else {
@@ -354,6 +373,29 @@ package final class SyncEngine: Sendable {
         return Remote(
             head: head, manifest: manifest, manifestBytes: manifestBytes, manifestDigest: digest, indexes: indexes,
             listed: listed, records: records)
+    }
+
+    /// The remote as this device last checked it (no git at all): what a
+    /// round that has changes to push assumes first, as `git push` does; a
+    /// branch that moved since refuses the push, and the round reads it then.
+    /// Nil when this device has checked no commit yet, or has not agreed
+    /// with every record of it (one it skipped, its class locked, must be
+    /// read and merged: assumed agreed, it would be overwritten unseen).
+    func checkedRemote(_ state: SyncState, key: SyncKey) -> Remote? {
+        guard !state.verifiedHead.isEmpty, let manifest = Manifest.decode(state.manifestBytes, key: key) else {
+            return nil
+        }
+        var listed: [[UInt8]: [UInt8]] = [:]
+        for index in state.indexes.values {
+            for (name, digest) in index.entries {
+                guard state.processed[name] == digest else { return nil }
+                listed[name] = digest
+            }
+        }
+        return Remote(
+            head: state.verifiedHead, manifest: manifest, manifestBytes: state.manifestBytes,
+            manifestDigest: state.manifestDigest, indexes: state.indexes.mapValues(\.entries), listed: listed,
+            records: [:])
     }
 
     /// The key of a newer epoch, from the grant a member made to this device.

@@ -308,3 +308,31 @@ extension SyncEngineTests {
         #expect(try phone.engine.join(remote: nil) == .code(phoneCode))
     }
 }
+
+extension SyncEngineTests {
+    /// A record that waited for its class key is merged, not overwritten, when this
+    /// device changes the same item and pushes onto the commit it checked last.
+    @Test func aChangeThatWaitedForTheUnlockIsMergedWithOneMadeHere() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        defer { withExtendedLifetime(remote) {} }
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "base")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        desktop.manager.localDevice.lock()
+        try laptop.set("mail", "from laptop")
+        _ = try laptop.engine.sync()
+        #expect(try desktop.engine.sync().waiting == 1)
+        try desktop.manager.localDevice.unlock(passcode: try SecureBytes(SyncedDevice.passcode))
+        try desktop.set("mail", "from desktop")
+        _ = try desktop.engine.sync()
+        _ = try laptop.engine.sync()
+        for device in [laptop, desktop] {
+            let contents = try device.contents()
+            let values = Set(contents.map { $0.split(separator: "=").last.map(String.init) ?? "" })
+            #expect(values.contains("from laptop (whenUnlocked)"), "\(device.name): \(contents)")
+            #expect(values.contains("from desktop (whenUnlocked)"), "\(device.name): \(contents)")
+        }
+        #expect(try laptop.contents() == desktop.contents())
+    }
+}
