@@ -38,13 +38,13 @@ final class KeychainSyncDoor: Sendable {
     func answer(_ request: SyncRequest) -> DeviceAnswer {
         do throws(SyncFailure) {
             switch request {
-            case .start(let remote):
-                let started = try engine.create(remote: remote)
+            case .start(let remote, let groups):
+                let started = try engine.create(remote: remote, groups: groups)
                 return .success(SyncStarted(recoveryKey: started.recoveryKey))
-            case .joinWithRecoveryKey(let remote, let key):
-                return .success(Self.summary(try engine.join(remote: remote, recoveryKey: key)))
-            case .join(let remote):
-                switch try engine.join(remote: remote) {
+            case .joinWithRecoveryKey(let remote, let key, let groups):
+                return .success(Self.summary(try engine.join(remote: remote, recoveryKey: key, groups: groups)))
+            case .join(let remote, let groups):
+                switch try engine.join(remote: remote, groups: groups) {
                 case .asked: return .success(JoinStep.asked)
                 case .code(let code): return .success(JoinStep.code(code))
                 case .joined(let report): return .success(JoinStep.joined(Self.summary(report)))
@@ -70,6 +70,13 @@ final class KeychainSyncDoor: Sendable {
             case .leave:
                 try engine.leave()
                 return .success(Done())
+            case .groups(let set):
+                if let set {
+                    _ = try engine.setGroups(set)
+                    schedule.ask(after: 0)
+                }
+                let line = engine.status().first { $0.0 == "groups" }
+                return .success(SyncStatusLines([SyncStatusLine("groups", line?.1 ?? "all")]))
             }
         } catch {
             return .failure(Self.refusal(error))

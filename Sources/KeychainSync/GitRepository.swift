@@ -20,6 +20,8 @@ struct GitRepository: Sendable {
 
     let path: String
     let remote: String
+    /// git's scheduling niceness (setpriority(2)): below every reader of the keychain.
+    static let niceness: Int32 = 10
 
     /// `git` from PATH's usual places (Debian's is /usr/bin/git).
     static var program: String? {
@@ -69,7 +71,13 @@ struct GitRepository: Sendable {
             "-c", "protocol.file.allow=always"
         ]
         let place = inRepository ? ["--git-dir=" + path] : []
-        let status = Spawn.run([git] + settings + place + arguments, options: options)
+        guard let child = Spawn.start([git] + settings + place + arguments, options: options) else {
+            throw SyncFailure(.remote, "git could not be started")
+        }
+        // Background work: git gives way to the device's reads and writes when they
+        // compete for a core (a process may always make itself, or its child, nicer).
+        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(child), Self.niceness)
+        let status = Spawn.wait(child)
         lseek(stdout.raw, 0, SEEK_SET)
         lseek(stderr.raw, 0, SEEK_SET)
         let out = (try? Descriptor.readAll(stdout.raw, limit: Int.max)) ?? []

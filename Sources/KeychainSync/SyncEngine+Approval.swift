@@ -16,6 +16,8 @@ struct JoiningState {
     var nonce: [UInt8]
     /// The answer this device revealed its nonce to: fixed once taken.
     var response: JoinResponse?
+    /// The groups this machine will sync (empty: every group).
+    var groups: [String] = []
 
     var encoded: [UInt8] {
         var writer = ByteWriter()
@@ -29,6 +31,8 @@ struct JoiningState {
         let response = response?.encoded ?? []
         writer.append(UInt32(response.count))
         writer.append(response)
+        writer.append(UInt16(groups.count))
+        for group in groups { writer.appendPrefixed(group) }
         return writer.bytes
     }
 
@@ -50,6 +54,7 @@ struct JoiningState {
         nonce = try reader.read(32)
         let response = try reader.read(Int(try reader.readUInt32()))
         self.response = response.isEmpty ? nil : JoinResponse(response)
+        for _ in 0..<Int(try reader.readUInt16()) { groups.append(try reader.readPrefixed()) }
         guard reader.isAtEnd else { throw .decode }
     }
 
@@ -78,7 +83,7 @@ extension SyncEngine {
 
     /// Asks to join the circle at `remote` (nil: the one asked already), or
     /// goes on with the request: call again until ``JoinProgress/joined(_:)``.
-    package func join(remote: String?) throws(SyncFailure) -> JoinProgress {
+    package func join(remote: String?, groups: [String] = []) throws(SyncFailure) -> JoinProgress {
         try operation.withLock { _ throws(SyncFailure) -> JoinProgress in
             guard try storedState() == nil else {
                 throw SyncFailure(.alreadyInCircle, "this keychain is in a circle already (`keychainfs sync status`)")
@@ -87,7 +92,7 @@ extension SyncEngine {
                 guard let remote else {
                     throw SyncFailure(.notInCircle, "this device is not asking to join a circle: name the remote")
                 }
-                try ask(remote)
+                try ask(remote, groups: try Self.checked(groups))
                 return .asked
             }
             if let remote, remote != joining.remote {
@@ -105,7 +110,7 @@ extension SyncEngine {
         operation.withLock { _ in _ = unlink(joiningPath) }
     }
 
-    private func ask(_ remote: String) throws(SyncFailure) {
+    private func ask(_ remote: String, groups: [String]) throws(SyncFailure) {
         try makeDirectory()
         let git = try GitRepository.prepare(at: repositoryPath, remote: remote)
         let keys = DeviceKeys.generate()
@@ -135,8 +140,9 @@ extension SyncEngine {
                 [GitRepository.Change(path: JoinRequest.path(me.id), contents: request.encoded)], on: head,
                 message: "keychainfs")
             if try git.push(commit) == .pushed {
-                let joining = JoiningState(
+                var joining = JoiningState(
                     remote: remote, circle: header.circle, me: me, sealedSecret: sealed, nonce: nonce)
+                joining.groups = groups
                 try AtomicFile.write(joining.encoded, to: joiningPath)
                 return
             }
@@ -214,6 +220,7 @@ extension SyncEngine {
             recoveryPublic: manifest.recoveryPublic, members: manifest.members)
         state.sequence = manifest.sequence
         state.manifestDigest = Crypto.hash(manifestBytes)
+        state.groups = joining.groups
         try save(state)
         unlink(joiningPath)
         let report = try round(&state)

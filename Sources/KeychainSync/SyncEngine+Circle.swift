@@ -22,7 +22,9 @@ extension SyncEngine {
 
     /// Starts a circle at `remote` (which must hold none) with this
     /// keychain's items; returns the circle's recovery key (shown once) and the first round's report.
-    package func create(remote: String) throws(SyncFailure) -> (recoveryKey: SecureBytes, report: SyncReport) {
+    package func create(remote: String, groups: [String] = []) throws(SyncFailure) -> (
+        recoveryKey: SecureBytes, report: SyncReport
+    ) {
         try operation.withLock { _ throws(SyncFailure) -> (SecureBytes, SyncReport) in
             guard try storedState() == nil else { throw alreadyInCircle() }
             try makeDirectory()
@@ -43,6 +45,7 @@ extension SyncEngine {
                 publicKey: me.publicKey,
                 sealedSecrets: try sealSecrets(key, deviceSecret: keys.secretKey, circle: circle, device: me.id),
                 recoveryPublic: recoveryPublic, members: [me])
+            state.groups = try Self.checked(groups)
             let manifest = Manifest(
                 circle: circle, epoch: 1, sequence: 1, writer: me.id, written: clock(), recoveryPublic: recoveryPublic,
                 members: [me], indexes: [:])
@@ -82,7 +85,9 @@ extension SyncEngine {
     // MARK: Joining with the recovery key
 
     /// Joins the circle at `remote` with its recovery key (typed as shown).
-    package func join(remote: String, recoveryKey typed: SecureBytes) throws(SyncFailure) -> SyncReport {
+    package func join(remote: String, recoveryKey typed: SecureBytes, groups: [String] = []) throws(SyncFailure)
+        -> SyncReport
+    {
         try operation.withLock { _ throws(SyncFailure) -> SyncReport in
             guard try storedState() == nil else { throw alreadyInCircle() }
             guard let recovery = RecoveryKey(typed: typed) else {
@@ -111,6 +116,7 @@ extension SyncEngine {
                 recoveryPublic: manifest.recoveryPublic, members: manifest.members + [me])
             state.sequence = manifest.sequence
             state.manifestDigest = Crypto.hash(manifestBytes)
+            state.groups = try Self.checked(groups)
             manifest.members.append(me)
             try announce(manifest, on: head, git: git, key: key, state: &state)
             try save(state)
@@ -159,7 +165,56 @@ extension SyncEngine {
         state.manifestBytes = bytes
     }
 
+    // MARK: Groups
+
+    /// The groups as a person names them: each a valid group name, once; empty: every group.
+    static func checked(_ groups: [String]) throws(SyncFailure) -> [String] {
+        for group in groups {
+            do throws(KeychainError) {
+                try ItemLimits.validate(name: group)
+            } catch {
+                throw SyncFailure(.badInput, "\(group) is not a group name")
+            }
+        }
+        return Array(Set(groups)).sorted()
+    }
+
+    /// Syncs only `groups` on this machine from now on (empty: every group).
+    /// Items of a group left out stay here and in the circle; a group taken
+    /// in is read from the circle at the next round.
+    package func setGroups(_ groups: [String]) throws(SyncFailure) -> [String] {
+        try operation.withLock { _ throws(SyncFailure) -> [String] in
+            var state = try loadState()
+            state.groups = try Self.checked(groups)
+            state.forgetWhatWasRead()
+            try save(state)
+            changedHere.withLock { $0.all = true }
+            return state.groups
+        }
+    }
+
     // MARK: Status
+
+    /// How many items changed here since they were last synced (new,
+    /// changed, removed), or why that is not known now.
+    private func pendingText(_ state: SyncState) -> String {
+        var pending = 0
+        var seen: Set<ItemKey> = []
+        do throws(KeychainError) {
+            let device = manager.localDevice
+            for group in try manager.groups() where state.syncs(group) && !device.hasEntitlementPolicy(group) {
+                for item in try manager.generations(inGroup: group) where item.protectionClass.isMigratable {
+                    let key = ItemKey(group: group, identifier: item.identifier)
+                    seen.insert(key)
+                    if state.base[key]?.generation != item.generation { pending += 1 }
+                }
+            }
+        } catch {
+            return "unknown (\(error))"
+        }
+        pending += state.base.count { $0.value.generation != 0 && !seen.contains($0.key) && state.syncs($0.key.group) }
+        return String(pending)
+    }
 
     /// What `keychainfs sync status` shows, as `name: value` lines.
     package func status() -> [(String, String)] {
@@ -176,7 +231,9 @@ extension SyncEngine {
         var lines: [(String, String)] = [
             ("remote", state.remote), ("circle", Hex.string(state.circle)), ("key", String(state.epoch)),
             ("device", "\(state.deviceName) (\(Hex.string(state.device)))"), ("last-sync", ago(state.lastSync)),
-            ("synced-items", String(state.base.values.count { $0.generation != 0 }))
+            ("synced-items", String(state.base.values.count { $0.generation != 0 })),
+            ("groups", state.groups.isEmpty ? "all" : state.groups.joined(separator: ", ")),
+            ("pending", pendingText(state))
         ]
         if !state.lastProblem.isEmpty { lines.append(("problem", state.lastProblem)) }
         for member in state.members where member.id != state.device {

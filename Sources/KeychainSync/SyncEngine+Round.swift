@@ -10,9 +10,15 @@ extension SyncEngine {
         let git = try GitRepository.prepare(at: repositoryPath, remote: state.remote)
         // The items changed here since the last round: given back unless this one ends well.
         let changes = takeChanges()
+        if changes.reread { state.forgetWhatWasRead() }
         var waiting: Set<ItemKey> = []
         var finished = false
-        defer { giveBack(finished ? (waiting, false) : (changes.keys.union(waiting), changes.all)) }
+        defer {
+            giveBack(
+                finished
+                    ? SyncEngine.Changes(keys: waiting, all: false, reread: false)
+                    : SyncEngine.Changes(keys: changes.keys.union(waiting), all: changes.all, reread: changes.reread))
+        }
         // With changes to push, first as `git push` does: onto the commit checked last.
         var assumed = !changes.keys.isEmpty
         for _ in 0..<8 {
@@ -171,7 +177,7 @@ extension SyncEngine {
     /// what to push. `changes`: the items changed here since the last round
     /// (`all`: every item is looked at); those that wait for a class key go to `waiting`.
     private func merge(
-        _ remote: Remote, _ state: inout SyncState, key: SyncKey, changes: (keys: Set<ItemKey>, all: Bool),
+        _ remote: Remote, _ state: inout SyncState, key: SyncKey, changes: SyncEngine.Changes,
         waiting: inout Set<ItemKey>, report: inout SyncReport
     ) throws(SyncFailure) -> [Push] {
         let device = manager.localDevice
@@ -185,7 +191,14 @@ extension SyncEngine {
             keys = changes.keys.union(remote.records.keys)
             (local, excluded) = try localItems(keys)
         }
-        keys = keys.filter { !excluded.contains($0.group) }
+        // Items of a group that does not sync here (a policed one, or one this machine did not
+        // choose): the circle's records of them are left to the machines that take them, noted as
+        // seen so that a round does not read them again (choosing the group, or a policy's end,
+        // makes this machine read everything once more).
+        for (itemKey, read) in remote.records where excluded.contains(itemKey.group) || !state.syncs(itemKey.group) {
+            state.processed[read.name] = read.digest
+        }
+        keys = keys.filter { !excluded.contains($0.group) && state.syncs($0.group) }
         var pushes: [Push] = []
         var taken = Set(local.keys).union(remote.records.keys).union(state.base.keys)
         let now = clock()

@@ -37,7 +37,16 @@ package final class SyncEngine: Sendable {
     /// The items changed here since the last round, as the device announced
     /// them (`all`: list every item, as the first round after a start does),
     /// so that a round looks at what changed, not at every item.
-    let changedHere = Mutex<(keys: Set<ItemKey>, all: Bool)>((Set(), true))
+    let changedHere = Mutex<Changes>(Changes(keys: [], all: true, reread: false))
+
+    /// What changed here since the last round.
+    struct Changes {
+        var keys: Set<ItemKey>
+        /// Look at every item (the first round after a start, a group removed).
+        var all: Bool
+        /// Read the remote whole too (a policy changed: a group may sync again).
+        var reread: Bool
+    }
     private let observer = Mutex<Int?>(nil)
     /// Join requests this device answered: each one's request and our nonce (lost with the process: ask again).
     let answered = Mutex<[UInt64: (request: JoinRequest, nonce: [UInt8])]>([:])
@@ -76,8 +85,13 @@ package final class SyncEngine: Sendable {
             case .changed(.renamed(let group, let from, let to)):
                 self?.noteChange(ItemKey(group: group, identifier: from))
                 self?.noteChange(ItemKey(group: group, identifier: to))
-            case .changed(.groupRemoved), .entitlementsChanged:
+            case .changed(.groupRemoved):
                 self?.changedHere.withLock { $0.all = true }
+            case .entitlementsChanged:
+                self?.changedHere.withLock {
+                    $0.all = true
+                    $0.reread = true
+                }
             case .changed(.groupCreated), .unlocked, .locked, .willLock:
                 break
             }
@@ -94,17 +108,18 @@ package final class SyncEngine: Sendable {
     }
 
     /// The changes noted so far, taken for a round (given back if it fails).
-    func takeChanges() -> (keys: Set<ItemKey>, all: Bool) {
+    func takeChanges() -> Changes {
         changedHere.withLock { noted in
-            defer { noted = (Set(), false) }
+            defer { noted = Changes(keys: [], all: false, reread: false) }
             return noted
         }
     }
 
-    func giveBack(_ changes: (keys: Set<ItemKey>, all: Bool)) {
+    func giveBack(_ changes: Changes) {
         changedHere.withLock {
             $0.keys.formUnion(changes.keys)
             $0.all = $0.all || changes.all
+            $0.reread = $0.reread || changes.reread
         }
     }
 

@@ -48,6 +48,12 @@ struct SyncState {
     /// next round reads only what changed since (git diff-tree), and its manifest as read.
     var verifiedHead = ""
     var manifestBytes: [UInt8] = []
+    /// The groups this machine syncs (empty: every group). A machine's own
+    /// choice, as iCloud Keychain's is per device: another may sync more.
+    var groups: [String] = []
+
+    /// Whether items of `group` sync here.
+    func syncs(_ group: String) -> Bool { groups.isEmpty || groups.contains(group) }
 
     static let magic = Array("KCFSSYNC".utf8)
     static let version: UInt8 = 1
@@ -92,6 +98,8 @@ struct SyncState {
         writer.appendPrefixed(verifiedHead)
         writer.append(UInt32(manifestBytes.count))
         writer.append(manifestBytes)
+        writer.append(UInt16(groups.count))
+        for group in groups { writer.appendPrefixed(group) }
         return writer.bytes
     }
 
@@ -133,8 +141,17 @@ struct SyncState {
         for _ in 0..<Int(try reader.readUInt16()) { heard[try reader.readUInt64()] = try reader.readUInt64() }
         verifiedHead = try reader.readPrefixed()
         manifestBytes = try reader.read(Int(try reader.readUInt32()))
+        for _ in 0..<Int(try reader.readUInt16()) { groups.append(try reader.readPrefixed()) }
         guard reader.isAtEnd else { throw .decode }
     }
 
     func member(_ id: UInt64) -> Member? { members.first { $0.id == id } }
+
+    /// Forgets which records and index files were read, so that the next
+    /// round reads the remote whole once (a group chosen, a policy gone).
+    mutating func forgetWhatWasRead() {
+        processed = [:]
+        indexes = [:]
+        verifiedHead = ""
+    }
 }

@@ -21,7 +21,8 @@ struct SyncCommand: ParsableCommand {
             """,
         subcommands: [
             SyncNowCommand.self, SyncInitCommand.self, SyncJoinCommand.self, SyncApproveCommand.self,
-            SyncStatusCommand.self, SyncDevicesCommand.self, SyncRemoveCommand.self, SyncLeaveCommand.self
+            SyncStatusCommand.self, SyncDevicesCommand.self, SyncGroupsCommand.self, SyncRemoveCommand.self,
+            SyncLeaveCommand.self
         ],
         defaultSubcommand: SyncNowCommand.self)
 }
@@ -71,11 +72,15 @@ struct SyncInitCommand: ParsableCommand {
     @Argument(help: "A git remote URL or path.")
     var remote: String
 
+    @Option(name: .customLong("group"), help: "Sync only this group (repeat for more; default: every group).")
+    var groups: [String] = []
+
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
         let device = try syncDevice(options)
-        let started = try device.call(.syncStart(remote: remote), about: .action("cannot start a circle"))
+        let started = try device.call(
+            .syncStart(remote: remote, groups: groups), about: .action("cannot start a circle"))
         print("circle started at \(remote)")
         print("the circle's recovery key (shown once; keep it apart from your machines):")
         fflush(nil)
@@ -111,6 +116,9 @@ struct SyncJoinCommand: ParsableCommand {
     @Option(name: .long, help: "How long to wait for the approval, in seconds.")
     var wait: Int = 600
 
+    @Option(name: .customLong("group"), help: "Sync only this group (repeat for more; default: every group).")
+    var groups: [String] = []
+
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
@@ -124,14 +132,16 @@ struct SyncJoinCommand: ParsableCommand {
             guard let typed = Passcode.read(prompt: "The circle's recovery key: ") else {
                 throw fail("no recovery key given")
             }
-            describe(try device.call(.syncJoin(remote: remote, recoveryKey: typed), about: .action("cannot join")))
+            describe(
+                try device.call(
+                    .syncJoin(remote: remote, recoveryKey: typed, groups: groups), about: .action("cannot join")))
             return
         }
         var shown: String? = nil
         var asked = remote
         let deadline = MonotonicClock.seconds() + Double(wait)
         while true {
-            let step = try device.call(.syncJoin(remote: asked), about: .action("cannot join"))
+            let step = try device.call(.syncJoin(remote: asked, groups: groups), about: .action("cannot join"))
             asked = nil
             switch step {
             case .asked:
@@ -241,6 +251,34 @@ struct SyncDevicesCommand: ParsableCommand {
         let status = try syncDevice(options).call(.syncStatus, about: .action("cannot read the circle"))
         for line in status.lines where line.name == "device" { print(line.value + " (this machine)") }
         for line in status.lines where line.name == "member" { print(line.value) }
+    }
+}
+
+struct SyncGroupsCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "groups",
+        abstract: "Which groups this machine syncs; with GROUP..., sync only those (--all: every group).",
+        discussion: """
+            The choice is this machine's (another may sync more). Items of a group left out stay \
+            here and in the circle; a group taken in is read from the circle at the next sync.
+            """)
+
+    @Argument(help: "The groups to sync from now on.")
+    var groups: [String] = []
+
+    @Flag(name: .long, help: "Sync every group.")
+    var all = false
+
+    @OptionGroup var options: KeychainOptions
+
+    func validate() throws {
+        if all && !groups.isEmpty { throw ValidationError("name groups or --all, not both") }
+    }
+
+    func run() throws {
+        let set: [String]? = all ? [] : groups.isEmpty ? nil : groups
+        let answer = try syncDevice(options).call(.syncGroups(set: set), about: .action("cannot choose the groups"))
+        for line in answer.lines { print("\(line.name): \(line.value)") }
     }
 }
 

@@ -85,6 +85,12 @@ extension SerialTests {
             let notInCircle = harness.sh("\"$K\" sync --keychain \"$KC\"")
             #expect(notInCircle.status == 2 && notInCircle.stderr.contains("sync init"), "\(notInCircle)")
             #expect(harness.sh("\"$K\" sync init \"$R/remote.git\" --keychain \"$KC\"").succeeded)
+            #expect(harness.sh("\"$K\" sync groups --keychain \"$KC\"").stdout == "groups: all\n")
+            #expect(harness.sh("\"$K\" sync groups work --keychain \"$KC\"").stdout == "groups: work\n")
+            #expect(harness.sh("\"$K\" sync groups work --all --keychain \"$KC\"").status == 64)
+            let badGroup = harness.sh("\"$K\" sync groups a/b --keychain \"$KC\"")
+            #expect(badGroup.status == 1 && badGroup.stderr.contains("a/b is not a group name"), "\(badGroup)")
+            #expect(harness.sh("\"$K\" sync status --keychain \"$KC\"").stdout.contains("groups: work\npending: 0\n"))
             let twice = harness.sh("\"$K\" sync init \"$R/remote.git\" --keychain \"$1\"", arguments: [other])
             #expect(twice.status == 1 && twice.stderr.contains("sync join"), "\(twice)")
             let wrongKey = harness.sh(

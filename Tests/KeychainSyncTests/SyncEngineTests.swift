@@ -336,3 +336,32 @@ extension SyncEngineTests {
         #expect(try laptop.contents() == desktop.contents())
     }
 }
+
+extension SyncEngineTests {
+    @Test func aMachineSyncsOnlyTheGroupsItChose() throws {
+        let remote = try BareRemote()
+        let laptop = try SyncedDevice("laptop")
+        try laptop.set("mail", "m")
+        try laptop.set("vpn", "v", group: "work")
+        let recovery = try laptop.engine.create(remote: remote.url).recoveryKey
+        let desktop = try SyncedDevice("desktop")
+        try desktop.set("private", "p")
+        _ = try desktop.engine.join(remote: remote.url, recoveryKey: recovery, groups: ["work"])
+        #expect(try desktop.contents() == ["default/private=p (whenUnlocked)", "work/vpn=v (whenUnlocked)"])
+        _ = try laptop.engine.sync()
+        #expect(try laptop.get("private") == nil)
+        #expect(desktop.engine.status().contains { $0.0 == "groups" && $0.1 == "work" })
+        // A change of a group the desktop does not take stays in the circle for the others.
+        try laptop.set("mail", "m2")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        #expect(try desktop.get("mail") == nil)
+        // Every group from now on: what was left out arrives, what stayed here leaves.
+        #expect(try desktop.engine.setGroups([]) == [])
+        _ = try desktop.engine.sync()
+        _ = try laptop.engine.sync()
+        #expect(try desktop.get("mail") == "m2")
+        #expect(try laptop.get("private") == "p")
+        expectFailure(.badInput) { _ = try desktop.engine.setGroups(["bad/name"]) }
+    }
+}

@@ -246,23 +246,28 @@ extension DeviceCall where Result == TPMLockoutShare {
 // MARK: Sync (a per-user device's; docs/SYNC.md)
 
 extension DeviceCall where Result == SyncStarted {
-    public static func syncStart(remote: String) -> Self { .init(.sync(.start(remote: remote))) }
+    public static func syncStart(remote: String, groups: [String] = []) -> Self {
+        .init(.sync(.start(remote: remote, groups: groups)))
+    }
 }
 
 extension DeviceCall where Result == SyncSummary {
-    public static func syncJoin(remote: String, recoveryKey: SecureBytes) -> Self {
-        .init(.sync(.joinWithRecoveryKey(remote: remote, recoveryKey: recoveryKey)))
+    public static func syncJoin(remote: String, recoveryKey: SecureBytes, groups: [String] = []) -> Self {
+        .init(.sync(.joinWithRecoveryKey(remote: remote, recoveryKey: recoveryKey, groups: groups)))
     }
     public static var syncNow: Self { .init(.sync(.now)) }
 }
 
 extension DeviceCall where Result == JoinStep {
-    public static func syncJoin(remote: String?) -> Self { .init(.sync(.join(remote: remote))) }
+    public static func syncJoin(remote: String?, groups: [String] = []) -> Self {
+        .init(.sync(.join(remote: remote, groups: groups)))
+    }
 }
 
 extension DeviceCall where Result == SyncStatusLines {
     public static var syncStatus: Self { .init(.sync(.status)) }
     public static func syncRemove(device: String) -> Self { .init(.sync(.remove(device: device))) }
+    public static func syncGroups(set groups: [String]?) -> Self { .init(.sync(.groups(set: groups))) }
 }
 
 extension DeviceCall where Result == JoinAskers {

@@ -3,12 +3,13 @@
 /// device answers them with its sync engine (KeychainSync); the keychain's
 /// model and store know nothing of sync, only these request shapes do.
 public enum SyncRequest: Equatable, Sendable {
-    /// Start a circle at `remote` with this keychain. Answers ``SyncStarted``.
-    case start(remote: String)
-    /// Join the circle at `remote` with its recovery key. Answers ``SyncSummary``.
-    case joinWithRecoveryKey(remote: String, recoveryKey: SecureBytes)
-    /// Ask to join the circle at `remote`, or (nil) go on asking. Answers ``JoinStep``.
-    case join(remote: String?)
+    /// Start a circle at `remote` with this keychain's `groups` (empty: all). Answers ``SyncStarted``.
+    case start(remote: String, groups: [String])
+    /// Join the circle at `remote` with its recovery key, syncing `groups` (empty: all). Answers ``SyncSummary``.
+    case joinWithRecoveryKey(remote: String, recoveryKey: SecureBytes, groups: [String])
+    /// Ask to join the circle at `remote`, syncing `groups` (empty: all), or
+    /// (nil) go on asking. Answers ``JoinStep``.
+    case join(remote: String?, groups: [String])
     /// Stop asking to join. Answers ``Done``.
     case cancelJoin
     /// Sync now. Answers ``SyncSummary``.
@@ -25,6 +26,9 @@ public enum SyncRequest: Equatable, Sendable {
     case remove(device: String)
     /// Forget the circle on this device. Answers ``Done``.
     case leave
+    /// Sync only `set` from now on (empty: every group); nil: only say which.
+    /// Answers ``SyncStatusLines`` (`groups` and the list, or `all`).
+    case groups(set: [String]?)
 }
 
 extension SyncRequest {
@@ -32,10 +36,10 @@ extension SyncRequest {
 
     var frameParts: (Operation, [FrameField]) {
         switch self {
-        case .start(let remote): return (.syncStart, [.text(remote)])
-        case .joinWithRecoveryKey(let remote, let key):
-            return (.syncJoinWithRecoveryKey, [.text(remote), .optionalSecret(key)])
-        case .join(let remote): return (.syncJoin, [.optionalText(remote)])
+        case .start(let remote, let groups): return (.syncStart, [.text(remote), .text(Self.list(groups))])
+        case .joinWithRecoveryKey(let remote, let key, let groups):
+            return (.syncJoinWithRecoveryKey, [.text(remote), .optionalSecret(key), .text(Self.list(groups))])
+        case .join(let remote, let groups): return (.syncJoin, [.optionalText(remote), .text(Self.list(groups))])
         case .cancelJoin: return (.syncCancelJoin, [])
         case .now: return (.syncNow, [])
         case .status: return (.syncStatus, [])
@@ -44,7 +48,18 @@ extension SyncRequest {
         case .approve(let device, let code): return (.syncApprove, [.text(device), .text(code)])
         case .remove(let device): return (.syncRemove, [.text(device)])
         case .leave: return (.syncLeave, [])
+        case .groups(let set): return (.syncGroups, [.optionalText(set.map(Self.list))])
         }
+    }
+
+    /// Group names hold no newline (ItemLimits): one text carries the list.
+    private static func list(_ groups: [String]) -> String { groups.joined(separator: "\n") }
+
+    private static func groups(_ text: String) throws(KeychainError) -> [String] {
+        let groups = text.isEmpty ? [] : text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        // One spelling per request: no empty or repeated name.
+        guard !groups.contains(""), Set(groups).count == groups.count else { throw .param }
+        return groups
     }
 
     /// The request of `operation` (one of the sync group's), read from its fields.
@@ -52,12 +67,12 @@ extension SyncRequest {
         throws(KeychainError) -> Self?
     {
         switch operation {
-        case .syncStart: return .start(remote: try reader.text())
+        case .syncStart: return .start(remote: try reader.text(), groups: try groups(try reader.text()))
         case .syncJoinWithRecoveryKey:
             let remote = try reader.text()
             guard let key = try reader.optionalSecret() else { throw .param }
-            return .joinWithRecoveryKey(remote: remote, recoveryKey: key)
-        case .syncJoin: return .join(remote: try reader.optionalText())
+            return .joinWithRecoveryKey(remote: remote, recoveryKey: key, groups: try groups(try reader.text()))
+        case .syncJoin: return .join(remote: try reader.optionalText(), groups: try groups(try reader.text()))
         case .syncCancelJoin: return .cancelJoin
         case .syncNow: return .now
         case .syncStatus: return .status
@@ -66,6 +81,8 @@ extension SyncRequest {
         case .syncApprove: return .approve(device: try reader.text(), code: try reader.text())
         case .syncRemove: return .remove(device: try reader.text())
         case .syncLeave: return .leave
+        case .syncGroups:
+            return .groups(set: try reader.optionalText().map { (text) throws(KeychainError) in try groups(text) })
         default: return nil
         }
     }
