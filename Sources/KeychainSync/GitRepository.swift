@@ -147,6 +147,9 @@ struct GitRepository: Sendable {
 
     // MARK: Reading a commit
 
+    /// One object's contents (``contents(_:)``); nil when it is not there.
+    func contents(of name: String) throws(SyncFailure) -> [UInt8]? { try contents([name])[0] }
+
     /// Every file of `commit`: path and blob id.
     func files(of commit: String) throws(SyncFailure) -> [String: String] {
         let listed = try run(["ls-tree", "-r", "-z", "--full-tree", commit])
@@ -162,31 +165,9 @@ struct GitRepository: Sendable {
         return files
     }
 
-    /// The contents of blobs, by id, in one `git cat-file --batch`.
-    func blobs(_ ids: [String]) throws(SyncFailure) -> [String: [UInt8]] {
-        guard !ids.isEmpty else { return [:] }
-        let read = try run(["cat-file", "--batch"], input: Array(ids.joined(separator: "\n").utf8) + [10])
-        guard read.status == 0 else { throw SyncFailure(.remote, "git could not read objects: \(read.err)") }
-        var contents: [String: [UInt8]] = [:]
-        var index = 0
-        let out = read.out
-        while index < out.count {
-            guard let end = out[index...].firstIndex(of: 10) else { break }
-            let header = out[index..<end].split(separator: 32)
-            index = end + 1
-            guard header.count == 3, let size = Int(String(decoding: header[2], as: UTF8.self)),
-                index + size <= out.count
-            else {
-                throw SyncFailure.refused("an object the remote's tree names is missing")
-            }
-            contents[String(decoding: header[0], as: UTF8.self)] = Array(out[index..<index + size])
-            index += size + 1
-        }
-        return contents
-    }
-
-    /// The contents of objects named as git names them (`COMMIT:PATH`), in
-    /// order, in one `git cat-file --batch`; nil for one that is not there.
+    /// The contents of objects named as git names them (an id, or
+    /// `COMMIT:PATH`), in order, in one `git cat-file --batch`; nil for one
+    /// that is not there.
     func contents(_ names: [String]) throws(SyncFailure) -> [[UInt8]?] {
         guard !names.isEmpty else { return [] }
         let read = try run(["cat-file", "--batch"], input: Array(names.joined(separator: "\n").utf8) + [10])

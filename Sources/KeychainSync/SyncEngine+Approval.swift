@@ -122,7 +122,7 @@ extension SyncEngine {
                     .badInput, "\(remote) holds no keychainfs circle: start one with `keychainfs sync init \(remote)`")
             }
             let files = try git.files(of: head)
-            guard let id = files[Manifest.path], let bytes = try git.blobs([id])[id],
+            guard let id = files[Manifest.path], let bytes = try git.contents(of: id),
                 let header = Manifest.header(bytes)
             else {
                 throw SyncFailure(.badInput, "\(remote) holds no keychainfs circle (no manifest on its branch)")
@@ -156,7 +156,7 @@ extension SyncEngine {
             throw SyncFailure.refused("\(joining.remote) holds no circle any more")
         }
         let files = try git.files(of: head)
-        guard let manifestID = files[Manifest.path], let manifestBytes = try git.blobs([manifestID])[manifestID],
+        guard let manifestID = files[Manifest.path], let manifestBytes = try git.contents(of: manifestID),
             let header = Manifest.header(manifestBytes), header.circle == joining.circle
         else {
             throw SyncFailure.refused(
@@ -172,7 +172,7 @@ extension SyncEngine {
         }
         if let response = joining.response,
             let grantID = files[KeyGrant.path(epoch: header.epoch, device: joining.me.id)],
-            let grant = try git.blobs([grantID])[grantID]
+            let grant = try git.contents(of: grantID)
         {
             return .joined(
                 try finishJoin(
@@ -180,7 +180,7 @@ extension SyncEngine {
                     manifestBytes: manifestBytes, secret: secret))
         }
         if joining.response == nil, let responseID = files[JoinRequest.responsePath(joining.me.id)],
-            let response = try git.blobs([responseID])[responseID].flatMap(JoinResponse.init)
+            let response = try git.contents(of: responseID).flatMap(JoinResponse.init)
         {
             // Fixed from now on: the nonce is revealed to this answer alone.
             joining.response = response
@@ -248,7 +248,8 @@ extension SyncEngine {
                 where path.hasPrefix("circle/join/")
                     && path.hasSuffix("/request")
                 {
-                    guard let request = try git.blobs([id])[id].flatMap(JoinRequest.init), request.circle == key.circle,
+                    guard let request = try git.contents(of: id).flatMap(JoinRequest.init),
+                        request.circle == key.circle,
                         path == JoinRequest.path(request.device.id),
                         !state.members.contains(where: { $0.id == request.device.id })
                     else { continue }
@@ -292,7 +293,7 @@ extension SyncEngine {
             throw SyncFailure(.badInput, "no device with id \(Hex.string(id)) asks this device to join the circle")
         }
         guard let revealID = files[JoinRequest.revealPath(id)] else { return nil }
-        guard let reveal = try git.blobs([revealID])[revealID], JoinRequest.commitment(to: reveal) == request.commitment
+        guard let reveal = try git.contents(of: revealID), JoinRequest.commitment(to: reveal) == request.commitment
         else {
             throw SyncFailure.refused(
                 "\(request.device.name)'s request was altered on the way (its nonce does not match its commitment); "
@@ -342,11 +343,8 @@ extension SyncEngine {
                 ]
                 let commit = try git.commit(changes, on: head, message: "keychainfs")
                 guard try git.push(commit) == .pushed else { continue }
-                state.sequence = next.sequence
-                state.manifestDigest = Crypto.hash(bytes)
+                state.agree(with: commit, manifest: bytes, sequence: next.sequence)
                 state.members = next.members
-                state.verifiedHead = commit
-                state.manifestBytes = bytes
                 try save(state)
                 answered.withLock { _ = $0.removeValue(forKey: id) }
                 return

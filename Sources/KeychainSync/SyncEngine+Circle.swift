@@ -60,10 +60,7 @@ extension SyncEngine {
             guard try git.push(commit) == .pushed else {
                 throw SyncFailure(.remote, "another device started a circle at \(remote) at the same time: join it")
             }
-            state.sequence = 1
-            state.manifestDigest = Crypto.hash(manifestBytes)
-            state.verifiedHead = commit
-            state.manifestBytes = manifestBytes
+            state.agree(with: commit, manifest: manifestBytes, sequence: 1)
             try save(state)
             let report = try round(&state)
             state.lastSync = clock()
@@ -99,7 +96,7 @@ extension SyncEngine {
             let (head, files, header, manifestBytes) = try circleHeader(git, remote: remote)
             let recoveryKeys = DeviceKeys.recovery(from: recovery.key)
             guard let sealedID = files[KeyGrant.recoveryPath(epoch: header.epoch)],
-                let sealed = try git.blobs([sealedID])[sealedID],
+                let sealed = try git.contents(of: sealedID),
                 let key = KeyGrant.openWithRecovery(
                     sealed, keys: recoveryKeys, circle: header.circle, epoch: header.epoch),
                 var manifest = Manifest.decode(manifestBytes, key: key),
@@ -136,7 +133,7 @@ extension SyncEngine {
                 .badInput, "\(remote) holds no keychainfs circle: start one with `keychainfs sync init \(remote)`")
         }
         let files = try git.files(of: head)
-        guard let id = files[Manifest.path], let bytes = try git.blobs([id])[id], let header = Manifest.header(bytes)
+        guard let id = files[Manifest.path], let bytes = try git.contents(of: id), let header = Manifest.header(bytes)
         else {
             throw SyncFailure(.badInput, "\(remote) holds no keychainfs circle (no manifest on its keychainfs branch)")
         }
@@ -158,11 +155,8 @@ extension SyncEngine {
         guard try git.push(commit) == .pushed else {
             throw SyncFailure(.remote, "\(state.remote) moved meanwhile: try again")
         }
-        state.sequence = next.sequence
-        state.manifestDigest = Crypto.hash(bytes)
+        state.agree(with: commit, manifest: bytes, sequence: next.sequence)
         state.members = next.members
-        state.verifiedHead = commit
-        state.manifestBytes = bytes
     }
 
     // MARK: Groups

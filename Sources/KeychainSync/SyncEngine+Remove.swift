@@ -64,12 +64,8 @@ extension SyncEngine {
                 state.sealedSecrets = try sealSecrets(
                     newKey, deviceSecret: secret, circle: state.circle, device: state.device)
                 state.members = members
-                state.sequence = next.sequence
-                state.manifestDigest = Crypto.hash(bytes)
+                state.agree(with: commit, manifest: bytes, sequence: next.sequence, indexes: indexes)
                 state.heard[removed.id] = nil
-                state.indexes = indexes
-                state.verifiedHead = commit
-                state.manifestBytes = bytes
                 state.processed = [:]
                 for (name, bytes) in records { state.processed[name] = Crypto.hash(bytes) }
                 try save(state)

@@ -46,14 +46,11 @@ extension SyncEngine {
                 continue
             }
             guard !pushes.isEmpty else {
-                state.sequence = manifest.sequence
-                state.manifestDigest = remote.manifestDigest
-                state.indexes = [:]
-                for (bucket, digest) in manifest.indexes {
-                    state.indexes[bucket] = (digest, remote.indexes[bucket] ?? [:])
-                }
-                state.verifiedHead = head
-                state.manifestBytes = remote.manifestBytes
+                state.agree(
+                    with: head, manifest: remote.manifestBytes, sequence: manifest.sequence,
+                    indexes: manifest.indexes.reduce(into: [:]) {
+                        $0[$1.key] = ($1.value, remote.indexes[$1.key] ?? [:])
+                    })
                 state.lastSync = clock()
                 state.lastProblem = ""
                 try save(state)
@@ -78,12 +75,8 @@ extension SyncEngine {
                     state.processed[push.name] = push.digest
                 }
                 report.sent = pushes.count
-                state.sequence = next.sequence
-                state.manifestDigest = Crypto.hash(written.manifest)
-                state.indexes = written.indexes
+                state.agree(with: commit, manifest: written.manifest, sequence: next.sequence, indexes: written.indexes)
                 state.heard[state.device] = next.written
-                state.verifiedHead = commit
-                state.manifestBytes = written.manifest
                 state.lastSync = clock()
                 state.lastProblem = ""
                 try save(state)

@@ -147,6 +147,20 @@ struct SyncState {
 
     func member(_ id: UInt64) -> Member? { members.first { $0.id == id } }
 
+    /// This device agrees with `commit` (read and checked, or made and
+    /// pushed), whose manifest is `manifest` (number `sequence`), with
+    /// `indexes` as its index files: a round after reads only what changed since.
+    mutating func agree(
+        with commit: String, manifest: [UInt8], sequence: UInt64,
+        indexes: [UInt8: (digest: [UInt8], entries: [[UInt8]: [UInt8]])]? = nil
+    ) {
+        self.sequence = sequence
+        manifestDigest = Crypto.hash(manifest)
+        manifestBytes = manifest
+        verifiedHead = commit
+        if let indexes { self.indexes = indexes }
+    }
+
     /// Forgets which records and index files were read, so that the next
     /// round reads the remote whole once (a group chosen, a policy gone).
     mutating func forgetWhatWasRead() {

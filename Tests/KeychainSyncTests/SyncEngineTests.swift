@@ -20,6 +20,15 @@ import Testing
         return (remote, devices)
     }
 
+    /// Two devices in a circle that both hold `mail` with `value`.
+    static func twoInSync(mail value: String) throws -> (BareRemote, SyncedDevice, SyncedDevice) {
+        let (remote, devices) = try circle("laptop", "desktop")
+        try devices[0].set("mail", value)
+        _ = try devices[0].engine.sync()
+        _ = try devices[1].engine.sync()
+        return (remote, devices[0], devices[1])
+    }
+
     @Test func migratableItemsReachTheOtherDeviceWithTheirClassAndDetails() throws {
         let laptop = try SyncedDevice("laptop")
         try laptop.set("github.com", "ghp_token")
@@ -93,12 +102,8 @@ import Testing
     }
 
     @Test func aChangeSurvivesARemovalThatDidNotSeeIt() throws {
-        let (remote, devices) = try Self.circle("laptop", "desktop")
+        let (remote, laptop, desktop) = try Self.twoInSync(mail: "base")
         defer { withExtendedLifetime(remote) {} }
-        let (laptop, desktop) = (devices[0], devices[1])
-        try laptop.set("mail", "base")
-        _ = try laptop.engine.sync()
-        _ = try desktop.engine.sync()
         try laptop.manager.deleteKey(forIdentifier: "mail")
         _ = try laptop.engine.sync()
         try desktop.set("mail", "changed")
@@ -151,13 +156,19 @@ import Testing
         #expect(sizes.count == 1)
     }
 
-    @Test func aNewDeviceJoinsWhenBothShowTheSameCode() throws {
-        let (remote, devices) = try Self.circle("laptop")
-        let laptop = devices[0]
-        try laptop.set("mail", "secret")
-        _ = try laptop.engine.sync()
+    /// A circle of one (the laptop, holding `mail`) and a phone that asked to join it.
+    static func phoneAsking() throws -> (BareRemote, SyncedDevice, SyncedDevice) {
+        let (remote, devices) = try circle("laptop")
+        try devices[0].set("mail", "secret")
+        _ = try devices[0].engine.sync()
         let phone = try SyncedDevice("phone")
         #expect(try phone.engine.join(remote: remote.url) == .asked)
+        return (remote, devices[0], phone)
+    }
+
+    @Test func aNewDeviceJoinsWhenBothShowTheSameCode() throws {
+        let (remote, laptop, phone) = try Self.phoneAsking()
+        defer { withExtendedLifetime(remote) {} }
         #expect(try phone.engine.join(remote: nil) == .asked)
         let askers = try laptop.engine.joinRequests()
         #expect(askers.map(\.name) == ["phone"])
@@ -275,12 +286,7 @@ extension SyncEngineTests {
     /// The remote swaps in its own key and nonce during a join: the two
     /// machines' codes differ, the person's code is refused, and no key is granted.
     @Test func aRemoteInTheMiddleOfAJoinGetsNoKey() throws {
-        let (remote, devices) = try Self.circle("laptop")
-        let laptop = devices[0]
-        try laptop.set("mail", "secret")
-        _ = try laptop.engine.sync()
-        let phone = try SyncedDevice("phone")
-        #expect(try phone.engine.join(remote: remote.url) == .asked)
+        let (remote, laptop, phone) = try Self.phoneAsking()
         let path = try #require(try remote.files().keys.first { $0.hasSuffix("/request") })
         let genuine = try #require(JoinRequest(Array(try remote.files()[path]!)))
         // The attacker's own key and nonce, under the phone's id and name.
@@ -313,12 +319,8 @@ extension SyncEngineTests {
     /// A record that waited for its class key is merged, not overwritten, when this
     /// device changes the same item and pushes onto the commit it checked last.
     @Test func aChangeThatWaitedForTheUnlockIsMergedWithOneMadeHere() throws {
-        let (remote, devices) = try Self.circle("laptop", "desktop")
+        let (remote, laptop, desktop) = try Self.twoInSync(mail: "base")
         defer { withExtendedLifetime(remote) {} }
-        let (laptop, desktop) = (devices[0], devices[1])
-        try laptop.set("mail", "base")
-        _ = try laptop.engine.sync()
-        _ = try desktop.engine.sync()
         desktop.manager.localDevice.lock()
         try laptop.set("mail", "from laptop")
         _ = try laptop.engine.sync()

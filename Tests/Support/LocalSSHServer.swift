@@ -85,7 +85,7 @@ package final class LocalSSHServer: @unchecked Sendable {
         }
         // From now on only the agent holds the person's key.
         unlink(directory + "/person")
-        try Self.waitFor { Self.accepts(port: self.port) }
+        try Self.waitFor { MachineFixtures.loopbackAccepts(port: self.port) }
     }
 
     deinit {
@@ -115,20 +115,6 @@ package final class LocalSSHServer: @unchecked Sendable {
         var quiet = Spawn.Options()
         quiet.nullStandardStreams = true
         guard Spawn.run(arguments, options: quiet) == 0 else { throw HarnessError("\(arguments[0]) failed") }
-    }
-
-    private static func accepts(port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = UInt32(0x7f00_0001).bigEndian
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
-            }
-        }
     }
 
     /// Polls `ready` (a process starting up has no other signal) for at most 10 s.

@@ -7,6 +7,22 @@ import Synchronization
 /// repository): made by the first test that needs it, the way the package
 /// makes it, and undone when the test process exits.
 package enum MachineFixtures {
+    /// Whether something accepts TCP connections on 127.0.0.1:`port` now
+    /// (a server a test started: swtpm, sshd).
+    package static func loopbackAccepts(port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+    }
+
     /// The repository these tests belong to.
     package static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent()

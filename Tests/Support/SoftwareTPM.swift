@@ -62,7 +62,7 @@ package final class SoftwareTPM: @unchecked Sendable {
             else { throw HarnessError("cannot run swtpm (apt install swtpm)") }
             let deadline = Date().addingTimeInterval(5)
             while Date() < deadline {
-                if Self.accepts(port: candidate) {
+                if MachineFixtures.loopbackAccepts(port: candidate) {
                     pid = started
                     port = candidate
                     return
@@ -77,19 +77,6 @@ package final class SoftwareTPM: @unchecked Sendable {
         throw HarnessError("swtpm did not start")
     }
 
-    private static func accepts(port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        } == 0
-    }
 }
 
 /// tpm2-tools (Debian's `tpm2-tools`) against a software TPM, as anyone
