@@ -109,7 +109,17 @@ import Testing
         .tpm(.counterValue(TPMCounterHandle(index: 0x0181_0000, name: [0, 0x0b, 2], auth: secret("a")))),
         .tpm(.increment(TPMCounterHandle(index: 0x0181_0001, name: [0, 0x0b, 3], auth: secret("a")))),
         .tpm(.release(TPMCounterHandle(index: 0x0181_0002, name: [0, 0x0b, 4], auth: secret("a")))),
-        .tpm(.lockout)
+        .tpm(.lockout),
+        .sync(.start(remote: "git@example.org:me/keychain.git", groups: [])),
+        .sync(.start(remote: "/srv/keychain.git", groups: ["default", "work"])),
+        .sync(.joinWithRecoveryKey(remote: "ssh://h/r.git", recoveryKey: secret("cbde-fghi"), groups: ["work"])),
+        .sync(.join(remote: "https://h/r.git", groups: [])),
+        .sync(.join(remote: nil, groups: [])),
+        .sync(.cancelJoin), .sync(.now), .sync(.status), .sync(.joinRequests),
+        .sync(.joinCode(device: "00112233aabbccdd")),
+        .sync(.approve(device: "00112233aabbccdd", code: "123 456")),
+        .sync(.remove(device: "laptop")), .sync(.leave),
+        .sync(.groups(set: nil)), .sync(.groups(set: [])), .sync(.groups(set: ["work"]))
     ]
 
     static let replies: [DeviceReply] = [
@@ -368,7 +378,13 @@ import Testing
         DeviceCall.tpmCounterValue(TPMCounterHandle(index: 1, name: [1], auth: secret("a"))).request,
         DeviceCall.tpmIncrement(TPMCounterHandle(index: 1, name: [1], auth: secret("a"))).request,
         DeviceCall.tpmRelease(TPMCounterHandle(index: 1, name: [1], auth: secret("a"))).request,
-        DeviceCall.tpmLockout.request
+        DeviceCall.tpmLockout.request,
+        DeviceCall.syncStart(remote: "/r").request, DeviceCall.syncJoin(remote: "/r", recoveryKey: secret("k")).request,
+        DeviceCall.syncJoin(remote: nil).request, DeviceCall.syncCancelJoin.request, DeviceCall.syncNow.request,
+        DeviceCall.syncStatus.request, DeviceCall.syncJoinRequests.request,
+        DeviceCall.syncJoinCode(device: "1").request, DeviceCall.syncApprove(device: "1", code: "1").request,
+        DeviceCall.syncRemove(device: "d").request, DeviceCall.syncLeave.request,
+        DeviceCall.syncGroups(set: nil).request
     ]
 
     @Test func everyRequestHasACall() throws {
@@ -432,6 +448,19 @@ import Testing
             state: TPMLockoutState(failures: 1, maximum: 32, recoverySeconds: 7200, lockoutAuthSet: true), triesLeft: 14
         )
         #expect(try Self.crossed(share, for: .tpmLockout).get() == share)
+        // Sync's answers (docs/SYNC.md).
+        let summary = SyncSummary(received: 3, sent: 1, waiting: 2, conflicts: ["default/mail (conflict from h, d)"])
+        #expect(try Self.crossed(summary, for: .syncNow).get() == summary)
+        for step in [JoinStep.asked, .code("123 456"), .joined(summary)] {
+            #expect(try Self.crossed(step, for: .syncJoin(remote: nil)).get() == step)
+        }
+        let lines = SyncStatusLines([SyncStatusLine("remote", "/r.git"), SyncStatusLine("pending", "0")])
+        #expect(try Self.crossed(lines, for: .syncStatus).get() == lines)
+        #expect(try Self.crossed(JoinCode(nil), for: .syncJoinCode(device: "1")).get() == JoinCode(nil))
+        #expect(try Self.crossed(JoinCode("123 456"), for: .syncJoinCode(device: "1")).get() == JoinCode("123 456"))
+        let started = try Self.crossed(SyncStarted(recoveryKey: Self.secret("cbde")), for: .syncStart(remote: "/r"))
+            .get()
+        #expect(started.recoveryKey.bytes() == Array("cbde".utf8))
         // A value reply of an item is no unsealed secret, and a blob is never empty.
         #expect(
             try Self.crossed(
