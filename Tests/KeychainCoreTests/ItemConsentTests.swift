@@ -250,7 +250,12 @@ import Glibc
         let deadline = MonotonicClock.seconds() + 10
         while caller == nil && MonotonicClock.seconds() < deadline {
             let children = (try? String(contentsOfFile: "/proc/\(shell)/task/\(shell)/children", encoding: .utf8)) ?? ""
-            caller = children.split(separator: " ").first.flatMap { pid_t($0) }
+            // The child is listed from its fork, still the shell until it execs sleep: wait for the exec.
+            caller = children.split(separator: " ").first.flatMap { pid_t($0) }.flatMap { child in
+                var image = [UInt8](repeating: 0, count: 4096)
+                let length = readlink("/proc/\(child)/exe", &image, image.count)
+                return length > 0 && String(decoding: image[..<length], as: UTF8.self).hasSuffix("/sleep") ? child : nil
+            }
             if caller == nil { sched_yield() }
         }
         let sleeper = try #require(caller)
