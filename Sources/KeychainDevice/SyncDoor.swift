@@ -52,6 +52,9 @@ final class KeychainSyncDoor: Sendable {
             case .cancelJoin:
                 try engine.cancelJoin()
                 return .success(Done())
+            case .confirmJoin(let code):
+                try engine.confirmJoin(code: code)
+                return .success(Done())
             case .now:
                 return .success(Self.summary(try engine.sync()))
             case .status:

@@ -22,6 +22,8 @@ struct GitRepository: Sendable {
     let remote: String
     /// git's scheduling niceness (setpriority(2)): below every reader of the keychain.
     static let niceness: Int32 = 10
+    /// The longest one git command may take, in seconds.
+    static let deadline = 600
 
     /// `git` from PATH's usual places (Debian's is /usr/bin/git).
     static var program: String? {
@@ -71,13 +73,15 @@ struct GitRepository: Sendable {
             "-c", "protocol.file.allow=always"
         ]
         let place = inRepository ? ["--git-dir=" + path] : []
-        guard let child = Spawn.start([git] + settings + place + arguments, options: options) else {
-            throw SyncFailure(.remote, "git could not be started")
-        }
-        // Background work: git gives way to the device's reads and writes when they
-        // compete for a core (a process may always make itself, or its child, nicer).
-        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(child), Self.niceness)
-        let status = Spawn.wait(child)
+        // A remote that stalls does not hold the device's sync for ever: git is ended after
+        // `deadline` seconds (coreutils' timeout), and a transfer below 1 KB/s for a minute fails.
+        let limits = ["-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=60"]
+        // Background work: git gives way to the device's reads and writes when they compete
+        // for a core (nice(1): anyone may make a program nicer).
+        let bounded = [
+            "/usr/bin/nice", "-n", String(Self.niceness), "/usr/bin/timeout", "-k", "5", String(Self.deadline), git
+        ]
+        let status = Spawn.run(bounded + settings + limits + place + arguments, options: options)
         lseek(stdout.raw, 0, SEEK_SET)
         lseek(stderr.raw, 0, SEEK_SET)
         let out = (try? Descriptor.readAll(stdout.raw, limit: Int.max)) ?? []

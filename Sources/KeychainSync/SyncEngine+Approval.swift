@@ -18,6 +18,10 @@ struct JoiningState {
     var response: JoinResponse?
     /// The groups this machine will sync (empty: every group).
     var groups: [String] = []
+    /// Whether the person typed here the code the approving machine shows,
+    /// and it was this one's: only then is a granted key taken (the answer
+    /// and the grant come through the remote, which could make both).
+    var confirmed = false
 
     var encoded: [UInt8] {
         var writer = ByteWriter()
@@ -33,6 +37,7 @@ struct JoiningState {
         writer.append(response)
         writer.append(UInt16(groups.count))
         for group in groups { writer.appendPrefixed(group) }
+        writer.append(UInt8(confirmed ? 1 : 0))
         return writer.bytes
     }
 
@@ -55,6 +60,7 @@ struct JoiningState {
         let response = try reader.read(Int(try reader.readUInt32()))
         self.response = response.isEmpty ? nil : JoinResponse(response)
         for _ in 0..<Int(try reader.readUInt16()) { groups.append(try reader.readPrefixed()) }
+        confirmed = try reader.readByte() == 1
         guard reader.isAtEnd else { throw .decode }
     }
 
@@ -170,7 +176,7 @@ extension SyncEngine {
         } catch {
             throw SyncFailure.store(error)
         }
-        if let response = joining.response,
+        if let response = joining.response, joining.confirmed,
             let grantID = files[KeyGrant.path(epoch: header.epoch, device: joining.me.id)],
             let grant = try git.contents(of: grantID)
         {
@@ -198,6 +204,31 @@ extension SyncEngine {
             JoinRequest.code(
                 circle: joining.circle, joiner: joining.me, approver: response.approver, approverNonce: response.nonce,
                 joinerNonce: joining.nonce))
+    }
+
+    /// The person typed `typed`, the code the approving machine shows: if it
+    /// is this machine's own, a key granted by that machine is taken from now
+    /// on; otherwise nothing is, and the answer is not the approver's.
+    package func confirmJoin(code typed: String) throws(SyncFailure) {
+        try operation.withLock { _ throws(SyncFailure) in
+            guard var joining = try loadJoining() else {
+                throw SyncFailure(.notInCircle, "this device is not asking to join a circle")
+            }
+            guard let response = joining.response else {
+                throw SyncFailure(.badInput, "no machine of the circle has answered yet: there is no code to confirm")
+            }
+            let code = JoinRequest.code(
+                circle: joining.circle, joiner: joining.me, approver: response.approver, approverNonce: response.nonce,
+                joinerNonce: joining.nonce)
+            guard Self.digits(typed).count == 6, Self.digits(typed) == Self.digits(code) else {
+                throw SyncFailure(
+                    .badInput,
+                    "that is not the code this machine shows: the answer did not come unchanged from the machine "
+                        + "you approve on. Nothing was joined; start again with `keychainfs sync join --cancel`")
+            }
+            joining.confirmed = true
+            try AtomicFile.write(joining.encoded, to: joiningPath)
+        }
     }
 
     private func finishJoin(

@@ -236,26 +236,26 @@ extension SyncEngine {
                     if let base, let record = try currentRecord(itemKey, here, vector: base.vector, now: now, state) {
                         pushes.append(Push(record, generation: here?.generation ?? 0, key: key))
                     }
+                    continue
                 case .record(let record, let digest):
                     switch record.vector.compare(base?.vector ?? VersionVector()) {
                     case .equal:
                         state.processed[key.recordName(itemKey)] = digest
+                        continue
                     case .after:
                         if let generation = try apply(record, over: here) {
                             state.base[itemKey] = SyncState.Base(vector: record.vector, generation: generation)
                             state.processed[key.recordName(itemKey)] = digest
                             report.received += 1
                         }
+                        continue
                     case .before, .concurrent:
-                        // Older than what this device agreed on: publish what it holds.
-                        if let record = try currentRecord(
-                            itemKey, here, vector: base?.vector ?? VersionVector(), now: now, state)
-                        {
-                            pushes.append(Push(record, generation: here?.generation ?? 0, key: key))
-                        }
+                        // Not after what this device agreed on (a fork the remote joined later):
+                        // merged below as a change of this device's, so that both sides end with one
+                        // version (republishing this one would only be answered by theirs, forever).
+                        break
                     }
                 }
-                continue
             }
             state.counter += 1
             let vector = (base?.vector ?? VersionVector()).advanced(by: state.device, to: state.counter)
@@ -264,19 +264,13 @@ extension SyncEngine {
             if case .record(let record, _) = theirs { remoteRecord = record }
             let outcome = MergeRule.merge(local: mine, remote: remoteRecord)
             guard let result = outcome.result else { continue }
-            var generation = here?.generation ?? 0
-            if result.origin != mine.origin || result.changed != mine.changed || result.isTombstone != mine.isTombstone
-            {
-                // The circle's version won: it becomes the item here.
-                guard let written = try apply(result, over: here) else { continue }
-                generation = written
-                report.received += 1
-            }
-            pushes.append(Push(result, generation: generation, key: key))
+            // The version that lost is kept first, under a name of its own: should that fail,
+            // nothing has been replaced yet.
             if let loser = outcome.conflictCopy, let content = loser.content {
                 let host = state.member(loser.origin)?.name ?? "another device"
                 // A name no item has, here or in the circle; one made meanwhile makes it try the next.
-                for _ in 0..<8 {
+                var kept = false
+                for _ in 0..<8 where !kept {
                     let name = MergeRule.conflictName(
                         of: itemKey.identifier, host: host, changed: loser.changed,
                         isTaken: {
@@ -292,9 +286,20 @@ extension SyncEngine {
                     guard let written = try apply(copy, over: nil) else { continue }
                     report.conflicts.append(copyKey.description)
                     pushes.append(Push(copy, generation: written, key: key))
-                    break
+                    kept = true
                 }
+                // No name could be had: the item is left as it is, for the next round.
+                guard kept else { continue }
             }
+            var generation = here?.generation ?? 0
+            if result.origin != mine.origin || result.changed != mine.changed || result.isTombstone != mine.isTombstone
+            {
+                // The circle's version won: it becomes the item here.
+                guard let written = try apply(result, over: here) else { continue }
+                generation = written
+                report.received += 1
+            }
+            pushes.append(Push(result, generation: generation, key: key))
         }
         return pushes
     }

@@ -315,7 +315,8 @@ package final class SyncEngine: Sendable {
                     + "\(key.epoch): an old copy of the repository (a rollback)")
         }
         if header.epoch > key.epoch {
-            key = try adoptKey(epoch: header.epoch, head: head, git: git, state: &state, secret: secret)
+            key = try adoptKey(
+                epoch: header.epoch, head: head, manifest: manifestBytes, git: git, state: &state, secret: secret)
         }
         guard let manifest = Manifest.decode(manifestBytes, key: key) else {
             throw SyncFailure.refused("its manifest does not open with the circle's key (altered, or not the circle's)")
@@ -415,20 +416,33 @@ package final class SyncEngine: Sendable {
 
     /// The key of a newer epoch, from the grant a member made to this device.
     private func adoptKey(
-        epoch: UInt32, head: String, git: GitRepository, state: inout SyncState, secret: SecureBytes
+        epoch: UInt32, head: String, manifest: [UInt8], git: GitRepository, state: inout SyncState,
+        secret: SecureBytes
     ) throws(SyncFailure) -> SyncKey {
+        // One key at a time: a machine away while the key changed twice joins again. A later
+        // key granted straight to it would be anyone's word (a removed machine can push one).
+        guard epoch == state.epoch + 1 else {
+            throw SyncFailure.refused(
+                "its manifest claims the circle's key \(epoch), more than one after this device's \(state.epoch): "
+                    + "if another machine shows that key in `sync status`, join again from it; otherwise the "
+                    + "remote is not to be trusted")
+        }
         guard let grant = try git.contents([head + ":" + KeyGrant.path(epoch: epoch, device: state.device)])[0] else {
             throw SyncFailure(
                 .removed,
-                "this device was removed from the circle: the circle's key changed (key \(epoch)) and none was "
-                    + "granted to it. Join again with `keychainfs sync join` after `keychainfs sync leave`")
+                "the circle's key changed (key \(epoch)) and none was granted to this device: another machine "
+                    + "removed it, or the remote serves a key of its own. Check `sync devices` on another machine "
+                    + "before joining again")
         }
         guard let granter = KeyGrant.granter(grant).flatMap({ state.member($0) }),
             let key = KeyGrant.open(
-                grant, granterPublic: granter.publicKey, secret: secret, circle: state.circle, epoch: epoch)
+                grant, granterPublic: granter.publicKey, secret: secret, circle: state.circle, epoch: epoch),
+            let members = Manifest.decode(manifest, key: key)?.members,
+            members.contains(where: { $0.id == granter.id && $0.publicKey == granter.publicKey }),
+            members.contains(where: { $0.id == state.device && $0.publicKey == state.publicKey })
         else {
             throw SyncFailure.refused(
-                "the grant of the circle's new key (key \(epoch)) is from no device of the circle")
+                "the grant of the circle's new key (key \(epoch)) is from no machine of the circle that stays in it")
         }
         state.epoch = epoch
         state.sealedSecrets = try sealSecrets(key, deviceSecret: secret, circle: state.circle, device: state.device)

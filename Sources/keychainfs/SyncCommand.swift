@@ -119,6 +119,9 @@ struct SyncJoinCommand: ParsableCommand {
     @Option(name: .customLong("group"), help: "Sync only this group (repeat for more; default: every group).")
     var groups: [String] = []
 
+    @Option(name: .long, help: "The code the approving machine shows (123456 or \"123 456\"), instead of asking.")
+    var code: String?
+
     @OptionGroup var options: KeychainOptions
 
     func run() throws {
@@ -149,10 +152,23 @@ struct SyncJoinCommand: ParsableCommand {
                     print("asked to join; on a machine of the circle, run: keychainfs sync approve")
                     shown = ""
                 }
-            case .code(let code):
-                if shown != code {
-                    print("this machine's code: \(code) (approve it on the other machine if it shows the same)")
-                    shown = code
+            case .code(let shownHere):
+                if shown != shownHere {
+                    print("this machine's code: \(shownHere)")
+                    fflush(nil)
+                    shown = shownHere
+                    // Both sides compare: this machine takes a key only from the machine whose code
+                    // the person saw match (the answer comes through the remote, which could forge it).
+                    let typed: String
+                    if let code {
+                        typed = code
+                    } else {
+                        printError("Type the code the approving machine shows: ")
+                        guard let line = readLine(), !line.isEmpty else { throw fail("not confirmed") }
+                        typed = line
+                    }
+                    try device.call(.syncConfirmJoin(code: typed), about: .action("not joined"))
+                    print("confirmed; approve on the other machine if it has not been")
                 }
             case .joined(let summary):
                 print("joined the circle")
@@ -221,6 +237,7 @@ struct SyncApproveCommand: ParsableCommand {
             answer = code
         } else {
             print("code: \(expected)")
+            fflush(nil)
             printError("Does \(asker.value) show \(expected)? Type the code it shows to approve: ")
             guard let line = readLine(), !line.isEmpty else { throw fail("not approved") }
             answer = line

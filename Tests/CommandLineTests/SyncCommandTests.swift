@@ -40,16 +40,22 @@ extension SerialTests {
             // the code the new machine shows.
             let joined = harness.sh(
                 """
-                "$K" sync join "$R/remote.git" --keychain "$1" --wait 60 > "$R/join.out" 2>&1 &
+                mkfifo "$R/typed-new" "$R/typed-first"
+                "$K" sync join "$R/remote.git" --keychain "$1" --wait 60 < "$R/typed-new" > "$R/join.out" 2>&1 &
                 joiner=$!
+                exec 4> "$R/typed-new"
                 until grep -q "asked to join" "$R/join.out"; do kill -0 $joiner || exit 7; sleep 0.1; done
-                mkfifo "$R/typed"
-                "$K" sync approve --keychain "$KC" < "$R/typed" > "$R/approve.out" 2>&1 &
+                "$K" sync approve --keychain "$KC" < "$R/typed-first" > "$R/approve.out" 2>&1 &
                 approver=$!
-                exec 3> "$R/typed"
-                until grep -q "code:" "$R/join.out"; do kill -0 $joiner || exit 8; sleep 0.1; done
-                sed -n 's/.*code: \\([0-9]\\{3\\} [0-9]\\{3\\}\\).*/\\1/p' "$R/join.out" | head -n 1 >&3
-                exec 3>&-
+                exec 3> "$R/typed-first"
+                until grep -q "code:" "$R/join.out" && grep -q "code:" "$R/approve.out"; do
+                    kill -0 $joiner || exit 8; sleep 0.1
+                done
+                code() { sed -n 's/.*code: \\([0-9]\\{3\\} [0-9]\\{3\\}\\).*/\\1/p' "$1" | head -n 1; }
+                # Each machine gets the code the other shows, as the person reads one and types on the other.
+                code "$R/join.out" >&3
+                code "$R/approve.out" >&4
+                exec 3>&- 4>&-
                 wait $approver; approved=$?
                 wait $joiner; status=$?
                 cat "$R/join.out"; echo ---; cat "$R/approve.out"

@@ -183,6 +183,11 @@ import Testing
         expectFailure(.badInput) { try laptop.engine.approve(askers[0].id, code: wrong) }
         #expect(try phone.engine.join(remote: nil) == .code(shown))
         try laptop.engine.approve(askers[0].id, code: shown)
+        // Granted, but the phone takes the key only once the person typed there the laptop's code.
+        #expect(try phone.engine.join(remote: nil) == .code(shown))
+        expectFailure(.badInput) { try phone.engine.confirmJoin(code: wrong) }
+        #expect(try phone.engine.join(remote: nil) == .code(shown))
+        try phone.engine.confirmJoin(code: shown)
         guard case .joined(let report) = try phone.engine.join(remote: nil) else {
             Issue.record("the new device did not join")
             return
@@ -307,6 +312,8 @@ extension SyncEngineTests {
         try remote.tamper([JoinRequest.revealPath(genuine.device.id): Data(attackerNonce)])
         let laptopCode = try #require(try laptop.engine.joinCode(for: askers[0].id))
         #expect(laptopCode != phoneCode)
+        // Typed on the phone, the laptop's code does not match the answer the remote forged either.
+        expectFailure(.badInput) { try phone.engine.confirmJoin(code: laptopCode) }
         let sentence = expectFailure(.badInput) { try laptop.engine.approve(askers[0].id, code: phoneCode) }
         #expect(sentence.contains("Nothing was granted"))
         #expect(try remote.files().keys.contains { $0.hasPrefix("circle/grants/") } == false)

@@ -280,6 +280,7 @@ extension DeviceCall where Result == JoinCode {
 
 extension DeviceCall where Result == Done {
     public static var syncCancelJoin: Self { .init(.sync(.cancelJoin)) }
+    public static func syncConfirmJoin(code: String) -> Self { .init(.sync(.confirmJoin(code: code))) }
     public static func syncApprove(device: String, code: String) -> Self {
         .init(.sync(.approve(device: device, code: code)))
     }

@@ -35,7 +35,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case tpmRelease = 40, tpmLockout = 41
         case syncStart = 42, syncJoinWithRecoveryKey = 43, syncJoin = 44, syncCancelJoin = 45, syncNow = 46
         case syncStatus = 47, syncJoinRequests = 48, syncJoinCode = 49, syncApprove = 50, syncRemove = 51
-        case syncLeave = 52, syncGroups = 53
+        case syncLeave = 52, syncGroups = 53, syncConfirmJoin = 54
     }
 
     /// The request as a frame, in secret memory.
@@ -313,7 +313,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case .tpmRelease: self = .tpm(.release(try TPMRequest.counter(&reader)))
         case .tpmLockout: self = .tpm(.lockout)
         case .syncStart, .syncJoinWithRecoveryKey, .syncJoin, .syncCancelJoin, .syncNow, .syncStatus,
-            .syncJoinRequests, .syncJoinCode, .syncApprove, .syncRemove, .syncLeave, .syncGroups:
+            .syncJoinRequests, .syncJoinCode, .syncApprove, .syncRemove, .syncLeave, .syncGroups, .syncConfirmJoin:
             guard let request = try SyncRequest.parsing(operation, &reader) else { throw .param }
             self = .sync(request)
         }

@@ -12,6 +12,9 @@ public enum SyncRequest: Equatable, Sendable {
     case join(remote: String?, groups: [String])
     /// Stop asking to join. Answers ``Done``.
     case cancelJoin
+    /// The code the approving machine shows, typed on the joining one: its
+    /// key is taken only once this matches. Answers ``Done``.
+    case confirmJoin(code: String)
     /// Sync now. Answers ``SyncSummary``.
     case now
     /// The circle and the last sync. Answers ``SyncStatusLines``.
@@ -41,6 +44,7 @@ extension SyncRequest {
             return (.syncJoinWithRecoveryKey, [.text(remote), .optionalSecret(key), .text(Self.list(groups))])
         case .join(let remote, let groups): return (.syncJoin, [.optionalText(remote), .text(Self.list(groups))])
         case .cancelJoin: return (.syncCancelJoin, [])
+        case .confirmJoin(let code): return (.syncConfirmJoin, [.text(code)])
         case .now: return (.syncNow, [])
         case .status: return (.syncStatus, [])
         case .joinRequests: return (.syncJoinRequests, [])
@@ -74,6 +78,7 @@ extension SyncRequest {
             return .joinWithRecoveryKey(remote: remote, recoveryKey: key, groups: try groups(try reader.text()))
         case .syncJoin: return .join(remote: try reader.optionalText(), groups: try groups(try reader.text()))
         case .syncCancelJoin: return .cancelJoin
+        case .syncConfirmJoin: return .confirmJoin(code: try reader.text())
         case .syncNow: return .now
         case .syncStatus: return .status
         case .syncJoinRequests: return .joinRequests
