@@ -105,7 +105,10 @@ final class BareRemote: @unchecked Sendable {
         try git(["clone", "--quiet", "--branch", "keychainfs", url, work])
         for (path, contents) in edit {
             if let contents {
-                try contents.write(to: URL(fileURLWithPath: work + "/" + path))
+                let url = URL(fileURLWithPath: work + "/" + path)
+                try FileManager.default.createDirectory(
+                    at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+                try contents.write(to: url)
             } else {
                 try git(["rm", "--quiet", "-r", path], in: work)
             }

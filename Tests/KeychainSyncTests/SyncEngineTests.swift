@@ -374,3 +374,37 @@ extension SyncEngineTests {
         expectFailure(.badInput) { _ = try desktop.engine.setGroups(["bad/name"]) }
     }
 }
+
+extension SyncEngineTests {
+    /// A removed machine that can still push offers a machine that has not synced since its
+    /// removal (so still counts it a member) a key of its own, a later epoch than the real one: refused.
+    @Test func aKeyOfferedByARemovedMachineIsRefused() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop", "old-phone")
+        let (laptop, desktop, phone) = (devices[0], devices[1], devices[2])
+        try laptop.set("mail", "secret")
+        _ = try laptop.engine.sync()
+        _ = try desktop.engine.sync()
+        let phoneState = try phone.engine.loadState()
+        let (_, phoneSecret) = try phone.engine.openSecrets(phoneState)
+        _ = try laptop.engine.remove("old-phone")
+        // The desktop has not synced since: in its list the phone is still a member.
+        let desktopState = try desktop.engine.loadState()
+        #expect(desktopState.epoch == 1 && desktopState.members.contains { $0.id == phoneState.device })
+        // The phone's own key, as epoch 3, granted to the desktop from the phone's key pair.
+        let forged = SyncKey.random(circle: phoneState.circle, epoch: 3)
+        let members = phoneState.members
+        let manifest = Manifest(
+            circle: phoneState.circle, epoch: 3, sequence: desktopState.sequence + 10, writer: phoneState.device,
+            written: 1, recoveryPublic: phoneState.recoveryPublic, members: members, indexes: [:])
+        let grant = KeyGrant.grant(
+            forged, from: phoneState.device, secret: phoneSecret, to: desktopState.publicKey)
+        try remote.tamper([
+            Manifest.path: Data(manifest.encode(key: forged)),
+            KeyGrant.path(epoch: 3, device: desktopState.device): Data(grant)
+        ])
+        let sentence = expectFailure(.refused) { _ = try desktop.engine.sync() }
+        #expect(sentence.contains("more than one after this device's 1"))
+        #expect(try desktop.engine.loadState().epoch == 1)
+        #expect(try desktop.get("mail") == "secret")
+    }
+}
