@@ -29,7 +29,7 @@ public enum DeviceProtocol {
     /// binding"). 9: the TPM through the service (`tpm*` requests, kinds 35
     /// to 41, which only the service answers: docs/FORMAT.md, "The TPM
     /// through the service"). 10: sync with the person's other machines
-    /// (`sync*` requests, kinds 42 to 52, a per-user device's: docs/SYNC.md).
+    /// (`sync*` requests, kinds 42 to 54, a per-user device's: docs/SYNC.md).
     public static let version: UInt8 = 10
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
