@@ -78,8 +78,7 @@ final class KeychainSyncDoor: Sendable {
                     _ = try engine.setGroups(set)
                     schedule.ask(after: 0)
                 }
-                let line = engine.status().first { $0.0 == "groups" }
-                return .success(SyncStatusLines([SyncStatusLine("groups", line?.1 ?? "all")]))
+                return .success(SyncStatusLines([SyncStatusLine("groups", engine.groupsText)]))
             }
         } catch {
             return .failure(Self.refusal(error))

@@ -62,7 +62,7 @@ enum KeyGrant {
 
     /// `granter u64 | nonce | box`: from `granter`'s secret key to `recipient`.
     static func grant(_ key: SyncKey, from granter: UInt64, secret: SecureBytes, to recipient: [UInt8]) -> [UInt8] {
-        let nonce = SyncCipher.randomBytes(Int(crypto_box_NONCEBYTES))
+        let nonce = Crypto.randomBytes(Int(crypto_box_NONCEBYTES))
         var boxed = [UInt8](repeating: 0, count: plainSize + Int(crypto_box_MACBYTES))
         withGuardedBuffer(count: plainSize) { buffer in
             plain(key, into: buffer)

@@ -1,4 +1,5 @@
 internal import CSodium
+import KeychainCore
 
 /// A buffer in libsodium's guarded memory (locked, fenced, wiped when
 /// freed), of any size: a record's plaintext is assembled and opened here,
@@ -13,29 +14,21 @@ func withGuardedBuffer<R, E: Error>(count: Int, _ body: (UnsafeMutableRawBufferP
     return try body(UnsafeMutableRawBufferPointer(start: memory, count: count))
 }
 
-/// XChaCha20-Poly1305 between raw buffers (libsodium's, as the core's items use).
+/// XChaCha20-Poly1305 as the core's items use it (``Crypto``), opened into a
+/// guarded buffer of any size: a padded record may exceed the secret arena's largest slot.
 enum SyncCipher {
-    static let nonceSize = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
-    static let tagSize = Int(crypto_aead_xchacha20poly1305_ietf_ABYTES)
+    static let nonceSize = Crypto.nonceSize
+    static let tagSize = Crypto.tagSize
 
-    static func randomBytes(_ count: Int) -> [UInt8] {
-        var bytes = [UInt8](repeating: 0, count: count)
-        randombytes_buf(&bytes, count)
-        return bytes
-    }
-
+    /// `nonce | sealed`, under a fresh random nonce.
     static func seal(_ plaintext: UnsafeRawBufferPointer, key: UnsafeRawBufferPointer, associatedData: [UInt8])
         -> [UInt8]
     {
-        let nonce = randomBytes(nonceSize)
-        var sealed = [UInt8](repeating: 0, count: plaintext.count + tagSize)
-        var length: UInt64 = 0
-        let status = crypto_aead_xchacha20poly1305_ietf_encrypt(
-            &sealed, &length, plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
-            associatedData, UInt64(associatedData.count), nil, nonce,
-            key.baseAddress!.assumingMemoryBound(to: UInt8.self))
-        precondition(status == 0, "XChaCha20-Poly1305 encryption cannot fail")
-        return nonce + sealed
+        let nonce = Crypto.randomBytes(nonceSize)
+        return nonce
+            + Crypto.seal(
+                plaintext, key: key.baseAddress!.assumingMemoryBound(to: UInt8.self), nonce: nonce,
+                associatedData: associatedData)
     }
 
     /// The plaintext length of `nonce | sealed`; nil when too short to be one.

@@ -121,7 +121,7 @@ extension SyncEngine {
         let git = try GitRepository.prepare(at: repositoryPath, remote: remote)
         let keys = DeviceKeys.generate()
         let me = Member(id: Self.newDeviceID(), name: hostName, publicKey: keys.publicKey)
-        let nonce = SyncCipher.randomBytes(32)
+        let nonce = Crypto.randomBytes(32)
         for _ in 0..<5 {
             guard let head = try git.fetch() else {
                 throw SyncFailure(
@@ -220,7 +220,7 @@ extension SyncEngine {
             let code = JoinRequest.code(
                 circle: joining.circle, joiner: joining.me, approver: response.approver, approverNonce: response.nonce,
                 joinerNonce: joining.nonce)
-            guard Self.digits(typed).count == 6, Self.digits(typed) == Self.digits(code) else {
+            guard Self.isCode(typed, code) else {
                 throw SyncFailure(
                     .badInput,
                     "that is not the code this machine shows: the answer did not come unchanged from the machine "
@@ -292,7 +292,7 @@ extension SyncEngine {
                     // A request already answered by another device, or by this one before it restarted:
                     // its nonce is revealed to that answer, so it is answered again only before that.
                     if files[JoinRequest.revealPath(request.device.id)] != nil { continue }
-                    let nonce = SyncCipher.randomBytes(32)
+                    let nonce = Crypto.randomBytes(32)
                     answered.withLock { $0[request.device.id] = (request, nonce) }
                     changes.append(
                         GitRepository.Change(
@@ -350,7 +350,7 @@ extension SyncEngine {
                 guard let code = try code(for: id, state: state, files: try git.files(of: head), git: git) else {
                     throw SyncFailure(.badInput, "that device has not shown its code yet")
                 }
-                guard Self.digits(code) == Self.digits(typed), Self.digits(typed).count == 6 else {
+                guard Self.isCode(typed, code) else {
                     throw SyncFailure(
                         .badInput,
                         "that is not the code: the devices show different codes, so the request was not the new "
@@ -384,5 +384,9 @@ extension SyncEngine {
         }
     }
 
-    static func digits(_ text: String) -> String { String(text.filter(\.isASCII).filter(\.isNumber)) }
+    /// Whether the person typed `code`'s six digits (spaces and the like aside).
+    static func isCode(_ typed: String, _ code: String) -> Bool {
+        func digits(_ text: String) -> String { String(text.filter(\.isASCII).filter(\.isNumber)) }
+        return digits(typed).count == 6 && digits(typed) == digits(code)
+    }
 }

@@ -34,7 +34,7 @@ extension SyncEngine {
                     .badInput,
                     "\(remote) holds a keychainfs circle already: join it with `keychainfs sync join \(remote)`")
             }
-            let circle = SyncCipher.randomBytes(SyncKey.circleSize)
+            let circle = Crypto.randomBytes(SyncKey.circleSize)
             let key = SyncKey.random(circle: circle, epoch: 1)
             let keys = DeviceKeys.generate()
             let me = Member(id: Self.newDeviceID(), name: hostName, publicKey: keys.publicKey)
@@ -71,7 +71,7 @@ extension SyncEngine {
 
     static func newDeviceID() -> UInt64 {
         var id: UInt64 = 0
-        while id == 0 { id = SyncCipher.randomBytes(8).reduce(0) { $0 << 8 | UInt64($1) } }
+        while id == 0 { id = Crypto.randomBytes(8).reduce(0) { $0 << 8 | UInt64($1) } }
         return id
     }
 
@@ -189,6 +189,13 @@ extension SyncEngine {
 
     // MARK: Status
 
+    /// The groups this machine syncs, as `sync status` and `sync groups` say them: `all`, or the list.
+    package var groupsText: String { Self.text(ofGroups: saved.withLock { $0?.groups ?? [] }) }
+
+    static func text(ofGroups groups: [String]) -> String {
+        groups.isEmpty ? "all" : groups.joined(separator: ", ")
+    }
+
     /// How many items changed here since they were last synced (new,
     /// changed, removed), or why that is not known now.
     private func pendingText(_ state: SyncState) -> String {
@@ -226,7 +233,7 @@ extension SyncEngine {
             ("remote", state.remote), ("circle", Hex.string(state.circle)), ("key", String(state.epoch)),
             ("device", "\(state.deviceName) (\(Hex.string(state.device)))"), ("last-sync", ago(state.lastSync)),
             ("synced-items", String(state.base.values.count { $0.generation != 0 })),
-            ("groups", state.groups.isEmpty ? "all" : state.groups.joined(separator: ", ")),
+            ("groups", Self.text(ofGroups: state.groups)),
             ("pending", pendingText(state))
         ]
         if !state.lastProblem.isEmpty { lines.append(("problem", state.lastProblem)) }

@@ -11,7 +11,6 @@ package final class SyncSchedule: Sendable {
         /// When the next round is due (monotonic milliseconds); nil: none asked.
         var due: Int64? = nil
         var lastRound: Int64 = 0
-        var running = false
     }
 
     private let engine: SyncEngine
@@ -48,13 +47,6 @@ package final class SyncSchedule: Sendable {
         if let token = observer.withLock({ $0 }) { device.removeObserver(token) }
     }
 
-    /// Stops following the device (the thread ends with this object).
-    package func stop() {
-        if let token = observer.withLock({ $0 }) { device.removeObserver(token) }
-        observer.withLock { $0 = nil }
-        thread.withLock { $0 = nil }
-    }
-
     /// Asks for a round `milliseconds` from now (an earlier one asked stays).
     package func ask(after milliseconds: Int64) {
         let now = MonotonicClock.milliseconds()
@@ -79,10 +71,7 @@ package final class SyncSchedule: Sendable {
             }
             return .after(milliseconds: Int32(clamping: interval))
         }
-        state.withLock {
-            $0.due = nil
-            $0.running = true
-        }
+        state.withLock { $0.due = nil }
         do throws(SyncFailure) {
             _ = try engine.sync()
         } catch {
@@ -90,12 +79,9 @@ package final class SyncSchedule: Sendable {
             if error.reason != .locked { Diagnostics.log("sync: \(error.sentence)") }
         }
         let finished = MonotonicClock.milliseconds()
-        state.withLock {
-            $0.running = false
-            $0.lastRound = finished
-            // The round's own writes asked for another: one that finds nothing is cheap, and
-            // a write of the person's made during the round must not wait for the interval.
-        }
+        // The round's own writes asked for another: one that finds nothing is cheap, and
+        // a write of the person's made during the round must not wait for the interval.
+        state.withLock { $0.lastRound = finished }
         return .after(milliseconds: 0)
     }
 }

@@ -296,7 +296,7 @@ extension SyncEngineTests {
         let genuine = try #require(JoinRequest(Array(try remote.files()[path]!)))
         // The attacker's own key and nonce, under the phone's id and name.
         let attacker = DeviceKeys.generate()
-        let attackerNonce = SyncCipher.randomBytes(32)
+        let attackerNonce = Crypto.randomBytes(32)
         let forged = JoinRequest(
             circle: genuine.circle,
             device: Member(id: genuine.device.id, name: genuine.device.name, publicKey: attacker.publicKey),
