@@ -199,22 +199,15 @@ extension SyncEngine {
     /// How many items changed here since they were last synced (new,
     /// changed, removed), or why that is not known now.
     private func pendingText(_ state: SyncState) -> String {
-        var pending = 0
-        var seen: Set<ItemKey> = []
-        do throws(KeychainError) {
-            let device = manager.localDevice
-            for group in try manager.groups() where state.syncs(group) && !device.hasEntitlementPolicy(group) {
-                for item in try manager.generations(inGroup: group) where item.protectionClass.isMigratable {
-                    let key = ItemKey(group: group, identifier: item.identifier)
-                    seen.insert(key)
-                    if state.base[key]?.generation != item.generation { pending += 1 }
-                }
-            }
+        let local: [ItemKey: ItemGeneration]
+        do throws(SyncFailure) {
+            local = try localItems().items.filter { $0.value.protectionClass.isMigratable && state.syncs($0.key.group) }
         } catch {
-            return "unknown (\(error))"
+            return "unknown (\(error.sentence))"
         }
-        pending += state.base.count { $0.value.generation != 0 && !seen.contains($0.key) && state.syncs($0.key.group) }
-        return String(pending)
+        let changed = local.count { state.base[$0.key]?.generation != $0.value.generation }
+        let removed = state.base.count { $0.value.generation != 0 && local[$0.key] == nil && state.syncs($0.key.group) }
+        return String(changed + removed)
     }
 
     /// What `keychainfs sync status` shows, as `name: value` lines.

@@ -111,7 +111,7 @@ extension SyncEngine {
     /// The items of the keychain that sync: every group without an
     /// entitlement policy (a policy is this device's; elsewhere nothing
     /// would keep its programs out).
-    private func localItems() throws(SyncFailure) -> (items: [ItemKey: ItemGeneration], excluded: Set<String>) {
+    func localItems() throws(SyncFailure) -> (items: [ItemKey: ItemGeneration], excluded: Set<String>) {
         let device = manager.localDevice
         var items: [ItemKey: ItemGeneration] = [:]
         var excluded: Set<String> = []
