@@ -454,6 +454,7 @@ extension ServedKeychain: SecretStore {
     var isLocked: Bool { manager.localDevice.isLocked }
     func isAvailable(_ protectionClass: ProtectionClass) -> Bool { manager.localDevice.isAvailable(protectionClass) }
     func appsOwnItems(inGroup group: String) -> Bool { manager.localDevice.appsOwnItems(inGroup: group) }
+    func isPoliced(_ group: String) -> Bool { manager.localDevice.hasEntitlementPolicy(group) }
     /// The provider's state, and an audit line each time the bus name is
     /// gained, lost to another program or released (issue 37: who answers
     /// on the bus is part of who decides).

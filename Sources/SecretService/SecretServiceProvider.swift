@@ -281,6 +281,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// then the rest (issue 37): libsecret's lookup reads the first match,
     /// so an item another program planted with the caller's attributes, in
     /// any collection, never answers the lookup of a program that owns one.
+    /// A search of every collection by a program that a policed group
+    /// admits looks in the policed groups that admit it only, as an iOS
+    /// app's query sees its access groups only: an item another program
+    /// planted with its attributes in an open collection never answers it.
+    /// It reaches another collection by naming it (Collection.SearchItems,
+    /// or `keychainfs:group`).
     func search(
         _ attributes: [String: String], in onlyGroup: String?,
         caller call: BusCall
@@ -288,11 +294,16 @@ public final class SecretServiceProvider: @unchecked Sendable {
         var matches: [ListedItem] = []
         let groups: [String]
         if let onlyGroup { groups = [onlyGroup] } else { groups = try self.groups(for: call) }
+        var admittingPolicedGroups: Set<String> = []
         for group in groups {
             if let wanted = attributes[Self.groupAttribute], wanted != group { continue }
             // A group whose policy does not admit the caller shows nothing.
             guard let items = try? self.items(of: group, for: call) else { continue }
+            if store.isPoliced(group) { admittingPolicedGroups.insert(group) }
             matches += items.filter { $0.attributes.matches(attributes) }
+        }
+        if onlyGroup == nil, attributes[Self.groupAttribute] == nil, !admittingPolicedGroups.isEmpty {
+            matches.removeAll { !admittingPolicedGroups.contains($0.group) }
         }
         if matches.contains(where: { $0.details?.owner != nil }) {
             // Only the order depends on it (the secret still needs the owner

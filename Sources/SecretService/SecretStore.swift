@@ -12,6 +12,8 @@ public protocol SecretStore: AnyObject, Sendable {
     func isAvailable(_ protectionClass: ProtectionClass) -> Bool
     /// Whether programs own the items they make in `group` over the bus (issue 31).
     func appsOwnItems(inGroup group: String) -> Bool
+    /// Whether `group` has an entitlement policy (only the programs it names use it).
+    func isPoliced(_ group: String) -> Bool
     /// What the provider is doing, as `.control` and `STATUS=` say it (nil: not serving).
     func setSecretServiceState(_ state: String?)
     /// Calls `handler` after every lock, unlock and committed change; returns a token.

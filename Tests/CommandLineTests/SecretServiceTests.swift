@@ -552,6 +552,40 @@ extension SerialTests {
             #expect(!log.stdout.contains("planted"), "\(log)")
         }
 
+        /// A lookup across collections by a granted program: an ungranted
+        /// one planted an item of no program (made with `keychainfs set`,
+        /// which every program reads unasked) with the same attributes in
+        /// the open collection `default`, which came first, so the granted
+        /// program's lookup read the planted value; and one with
+        /// attributes the granted program has no item for answered it too.
+        /// Now its search of every collection looks in the policed groups
+        /// that admit it only; naming `default` reaches that one, and the
+        /// ungranted program still finds its own items.
+        @Test func aGrantedProgramsLookupIsNeverAnsweredFromAnotherCollection() throws {
+            #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
+            #expect(harness.sh("printf s3cret | \"$K\" set secure/token --keychain \"$KC\"").succeeded)
+            #expect(harness.sh("cp /usr/bin/secret-tool \"$R/granted-tool\"").succeeded)
+            #expect(harness.grant("secure", exe: harness.root + "/granted-tool").succeeded)
+            #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
+            let looked = onBus(
+                """
+                printf planted | "$K" set default/token
+                printf planted-url | "$K" set default/server
+                /usr/bin/python3 - <<'PY'
+                import secretstorage
+                conn = secretstorage.dbus_init()
+                item = next(secretstorage.get_default_collection(conn).search_items({'keychainfs:identifier': 'server'}))
+                item.set_attributes({'app': 'mail'})
+                PY
+                "$R/granted-tool" lookup keychainfs:identifier token; echo " rc $?"
+                "$R/granted-tool" lookup app mail; echo " rc $?"
+                "$R/granted-tool" lookup keychainfs:group default app mail; echo " rc $?"
+                secret-tool lookup app mail; echo " rc $?"
+                """)
+            #expect(
+                looked.stdout == "s3cret rc 0\n rc 1\nplanted-url rc 0\nplanted-url rc 0\n", "\(looked)")
+        }
+
         /// The bus names the process that connected. A program connects,
         /// forks, and execs a granted binary, and its child asks on the shared
         /// connection: the child is refused, and the log says why; the granted
