@@ -12,7 +12,8 @@ struct StatusCommand: ParsableCommand {
         discussion: """
             With a mount point: its .control file. Without: the keychain's device, through its \
             socket (state: stopped when none runs: the keychain is locked). Either way key: value \
-            lines, among them key-protection (tpm2 or file) and, sealed by a TPM, tpm-lockout and \
+            lines, among them key-protection (tpm2 or file) and, sealed by a TPM, tpm (which one: the \
+            machine's /dev/tpmrm0, one $TPM2TOOLS_TCTI named, or the service's), tpm-lockout and \
             rollback-counter; with --json one object of the same keys (numbers as numbers).
             """)
 

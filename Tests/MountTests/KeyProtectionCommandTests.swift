@@ -158,6 +158,11 @@ extension SerialTests {
             #expect(object["key-protection"] as? String == "tpm2")
             #expect(object["tpm-lockout"] as? String == "1 of 3", "\(json)")
             #expect(object["rollback-counter"] as? Int != nil, "\(json)")
+            // Which TPM: the one named, said as named, never the machine's by mistake.
+            #expect(
+                object["tpm"] as? String
+                    == "\(tpm.tcti) (named by $TPM2TOOLS_TCTI where the device started, not this machine's /dev/tpmrm0)",
+                "\(json)")
             // A mount's .control says the same.
             let mountpoint = try harness.mount()
             #expect(harness.status(mountpoint)["key-protection"] == "tpm2")
@@ -261,6 +266,7 @@ extension SerialTests {
             #expect(status["key-protection"] == "tpm2-service", "\(status)")
             #expect(status["passcode-binding"]?.hasPrefix("on: ") == true, "\(status)")
             #expect(status["key-protection-limits"]?.contains("binds to your uid") == true, "\(status)")
+            #expect(status["tpm"]?.hasPrefix("the keychainfs service's, which reaches this machine's TPM for you (you ") == true, "\(status)")
             #expect(alice.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
 
             // Bob copies every file of Alice's keychain and knows her passcode.

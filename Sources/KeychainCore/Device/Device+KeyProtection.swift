@@ -23,11 +23,16 @@ public struct KeyProtectionStatus: Sendable, Equatable {
     /// Whether the keychain is bound to its passcode (``PasscodeBinding``);
     /// nil: it has no passcode, so nothing can be.
     public var passcodeBound: Bool?
+    /// The TCTI the device reaches its TPM at: the machine's
+    /// (``TrustedPlatformModule/machineTCTI``) or one `$TPM2TOOLS_TCTI`
+    /// named; nil when the keys are in a file or the service reaches the
+    /// TPM (``KeyProtection/tpm2Service``).
+    public var tcti: String?
 
     public init(
         protection: KeyProtection, tpmFailures: UInt32? = nil, tpmMaximumFailures: UInt32? = nil,
         tpmRecoverySeconds: UInt32? = nil, tpmLockoutAuthSet: Bool? = nil, rollbackCounter: UInt64? = nil,
-        tpmFailuresExpected: UInt32? = nil, passcodeBound: Bool? = nil
+        tpmFailuresExpected: UInt32? = nil, passcodeBound: Bool? = nil, tcti: String? = nil
     ) {
         self.protection = protection
         self.tpmFailures = tpmFailures
@@ -37,6 +42,7 @@ public struct KeyProtectionStatus: Sendable, Equatable {
         self.rollbackCounter = rollbackCounter
         self.tpmFailuresExpected = tpmFailuresExpected
         self.passcodeBound = passcodeBound
+        self.tcti = tcti
     }
 
     /// Whether the TPM counts fewer wrong passcodes than it can have
@@ -101,6 +107,7 @@ public struct KeyProtectionStatus: Sendable, Equatable {
                         + "the last \(RollbackRecord.idleBindSeconds) s (\(RollbackRecord.maximumWindowSeconds) s "
                         + "while writes go on), which are bound to the counter after that and at every lock; "
                         + "root on this machine can still ask the TPM"))
+            entries.append(StatusEntry("tpm", reachedTPM))
             if let failures = tpmFailures, let maximum = tpmMaximumFailures {
                 entries.append(StatusEntry("tpm-lockout", "\(failures) of \(maximum)"))
             }
@@ -128,6 +135,20 @@ public struct KeyProtectionStatus: Sendable, Equatable {
             entries.append(StatusEntry("passcode-binding", binding))
         }
         return entries
+    }
+
+    /// Which TPM the device reaches, and why that one: the machine's, one
+    /// named, or the service's. Never tpm2-tss's default list, whose
+    /// `localhost:2321` any local user can listen on (docs/SECURITY.md).
+    var reachedTPM: String {
+        switch (protection, tcti) {
+        case (.tpm2Service, _):
+            return "the keychainfs service's, which reaches this machine's TPM for you (\(KeyProtection.whyNotYours()))"
+        case (_, TrustedPlatformModule.machineTCTI?), (_, nil):
+            return "\(TrustedPlatformModule.machineTCTI) (this machine's, through the kernel's resource manager)"
+        case (_, let named?):
+            return "\(named) (named by $TPM2TOOLS_TCTI where the device started, not this machine's /dev/tpmrm0)"
+        }
     }
 
     /// ``entries`` as `key: value` lines.
@@ -227,7 +248,8 @@ extension Device {
             protection: tpm.protection, tpmFailures: lockout?.failures, tpmMaximumFailures: lockout?.maximum,
             tpmRecoverySeconds: lockout?.recoverySeconds, tpmLockoutAuthSet: lockout?.lockoutAuthSet,
             rollbackCounter: secret.epoch.value, tpmFailuresExpected: seen?.fewestFailures(at: clock()),
-            passcodeBound: keybag.hasPasscode ? keybag.isPasscodeBound : nil)
+            passcodeBound: keybag.hasPasscode ? keybag.isPasscodeBound : nil,
+            tcti: tpm.throughService ? nil : tpm.tcti ?? TrustedPlatformModule.machineTCTI)
     }
 
     // MARK: The rollback counter

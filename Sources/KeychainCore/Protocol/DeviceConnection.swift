@@ -48,7 +48,8 @@ extension DeviceStatus {
     /// failure count, its maximum, its recovery seconds, whether its lockout
     /// auth is set (`1`, `0`), the rollback counter, the fewest failures
     /// the TPM can count unless reset and whether the keychain is bound to
-    /// its passcode (`1`, `0`; each empty when unknown); then, when
+    /// its passcode (`1`, `0`; each empty when unknown) and the TCTI its
+    /// TPM is reached at (empty: none, or through the service); then, when
     /// known, who decides (``DeviceJudge/fields``); then, with both, the
     /// serving process's facts (``ServingFacts/fields``).
     public var fields: [String] {
@@ -61,13 +62,14 @@ extension DeviceStatus {
             keys.protection.rawValue, keys.tpmFailures.map(String.init) ?? "",
             keys.tpmMaximumFailures.map(String.init) ?? "", keys.tpmRecoverySeconds.map(String.init) ?? "",
             keys.tpmLockoutAuthSet.map { $0 ? "1" : "0" } ?? "", keys.rollbackCounter.map(String.init) ?? "",
-            keys.tpmFailuresExpected.map(String.init) ?? "", keys.passcodeBound.map { $0 ? "1" : "0" } ?? ""
+            keys.tpmFailuresExpected.map(String.init) ?? "", keys.passcodeBound.map { $0 ? "1" : "0" } ?? "",
+            keys.tcti ?? ""
         ] + (judge.map { $0.fields + (serving?.fields ?? []) } ?? [])
     }
 
     /// Parses ``fields``; nil for anything else.
     init?(parsing fields: [String]) {
-        guard [7, 15, 18, 25].contains(fields.count), let retryAfter = Int64(fields[2]),
+        guard [7, 16, 19, 26].contains(fields.count), let retryAfter = Int64(fields[2]),
             let failedAttempts = UInt64(fields[3]),
             let after = Int(fields[5]), let grace = Int(fields[6])
         else { return nil }
@@ -76,7 +78,7 @@ extension DeviceStatus {
         self.init(
             isLocked: flags[0] == "1", hasUnlockedSinceBoot: flags[1] == "1", retryAfter: retryAfter,
             failedAttempts: failedAttempts, hasPasscode: flags[2] == "1", autoLockAfter: after, autoLockGrace: grace)
-        guard fields.count >= 15 else { return }
+        guard fields.count >= 16 else { return }
         guard let protection = KeyProtection(rawValue: fields[7]) else { return nil }
         func number<N: FixedWidthInteger>(_ field: String) -> N?? {
             field.isEmpty ? .some(nil) : N(field).map { .some($0) }
@@ -90,11 +92,12 @@ extension DeviceStatus {
             protection: protection, tpmFailures: failures, tpmMaximumFailures: maximum,
             tpmRecoverySeconds: recovery, tpmLockoutAuthSet: fields[11].isEmpty ? nil : fields[11] == "1",
             rollbackCounter: counter, tpmFailuresExpected: expected,
-            passcodeBound: fields[14].isEmpty ? nil : fields[14] == "1")
-        guard fields.count >= 18 else { return }
-        judge = DeviceJudge(fields: fields[15..<18])
-        guard fields.count == 25 else { return }
-        guard let serving = ServingFacts(fields: fields[18...]) else { return nil }
+            passcodeBound: fields[14].isEmpty ? nil : fields[14] == "1",
+            tcti: fields[15].isEmpty ? nil : fields[15])
+        guard fields.count >= 19 else { return }
+        judge = DeviceJudge(fields: fields[16..<19])
+        guard fields.count == 26 else { return }
+        guard let serving = ServingFacts(fields: fields[19...]) else { return nil }
         self.serving = serving
     }
 }

@@ -30,7 +30,8 @@ public enum DeviceProtocol {
     /// to 41, which only the service answers: docs/FORMAT.md, "The TPM
     /// through the service"). 10: sync with the person's other machines
     /// (`sync*` requests, kinds 42 to 54, a per-user device's: docs/SYNC.md).
-    public static let version: UInt8 = 10
+    /// 11: `status` names the TCTI the device reaches its TPM at.
+    public static let version: UInt8 = 11
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }
