@@ -72,6 +72,8 @@ struct RestoreCommand: ParsableCommand {
             case .failure(.keychain(.missingEntitlement, _))?:
                 throw fail(backupExplanation(.missingEntitlement, file: path), status: ExitStatus.denied)
             case .failure(.keychain(.duplicateItem, let message))?: throw fail(message)
+            // Another restore running: the device's sentence says so and what to do.
+            case .failure(.keychain(.badRequest, let message))?: throw fail(message)
             case .failure(.keychain(.quotaExceeded, let message))?: throw fail(message)
             case .failure(.keychain(let error, _))?:
                 throw fail(backupExplanation(error, file: path), status: ExitStatus.of(error))

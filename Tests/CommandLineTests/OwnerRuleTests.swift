@@ -236,6 +236,32 @@ extension SerialTests {
             #expect(Array(lines.suffix(2)) == ["overwrite 4", "newer"], "\(used)")
         }
 
+        /// One restore at a time per keychain (docs/SECURITY.md, "Costs are
+        /// ours to choose"): while a restore runs (here held at the person's
+        /// question about app-a's item), a second is refused at once with a
+        /// sentence and changes nothing; once the first has ended, the next
+        /// runs.
+        @Test func aSecondRestoreWhileOneRunsIsRefusedAtOnce() throws {
+            try JudgePinentry.answer(["once", "hang"], in: harness)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                printf 'pw-1234\\npw-1234\\n' | "$K" backup "$R/copy.kcb" >/dev/null
+                "$R/app-a" store mail newer
+                (printf 'pw-1234\\n' | "$K" restore "$R/copy.kcb" --overwrite 2>/dev/null; echo "first $?" > "$R/first") &
+                tries=0; while [ ! -s "$R/asked" ] && [ $tries -lt 600 ]; do sleep 0.05; tries=$((tries + 1)); done
+                printf 'pw-1234\\n' | "$K" restore "$R/copy.kcb"; echo "second $?"
+                kill "$(cat "$R/asked")"; wait
+                cat "$R/first"
+                printf 'pw-1234\\n' | "$K" restore "$R/copy.kcb" 2>&1 | grep -c 'differ from the backup'
+                "$R/app-a" lookup mail
+                """, environment: judge.environment)
+            #expect(
+                used.stderr.contains("another restore into this keychain is running; run this one when it has ended"),
+                "\(used)")
+            #expect(used.stdout == "second 1\nfirst 4\n1\nnewer\n", "\(used)")
+        }
+
         /// Shadow items: an item of no program, given app-a's attributes
         /// (made with `keychainfs set`, its attributes set over the bus)
         /// and named to come first, answered app-a's own lookup with the
@@ -409,7 +435,7 @@ extension SerialTests {
         }
 
         @Test func stopEndsThePinentryOfAQuestion() throws {
-            try JudgePinentry.answer(["hang"], in: harness)
+            try JudgePinentry.answer(["once", "hang"], in: harness)
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
