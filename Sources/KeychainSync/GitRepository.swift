@@ -20,10 +20,19 @@ struct GitRepository: Sendable {
 
     let path: String
     let remote: String
-    /// git's scheduling niceness (setpriority(2)): below every reader of the keychain.
-    static let niceness: Int32 = 10
     /// The longest one git command may take, in seconds.
     static let deadline = 600
+    /// The largest file one git command may write (RLIMIT_FSIZE): a pack it
+    /// fetches, or its answer to the device (a memory file). A remote that
+    /// serves more is refused, not stored (the repository after 10,000
+    /// items changed ten times each is about 100 MiB, docs/BENCHMARKS.md).
+    static let largestFile = 512 << 20
+    /// The largest object the device reads from the remote: no file of a
+    /// circle comes near it (a record of the largest value, 1 MiB, is
+    /// padded to 2 MiB). Checked before the object is read.
+    static let largestObject = 4 << 20
+    /// The most bytes of objects read in one `git cat-file`.
+    static let batchBytes = 64 << 20
 
     /// `git` from PATH's usual places (Debian's is /usr/bin/git).
     static var program: String? {
@@ -76,15 +85,18 @@ struct GitRepository: Sendable {
         // A remote that stalls does not hold the device's sync for ever: git is ended after
         // `deadline` seconds (coreutils' timeout), and a transfer below 1 KB/s for a minute fails.
         let limits = ["-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=60"]
-        // Background work: git gives way to the device's reads and writes when they compete
-        // for a core (nice(1): anyone may make a program nicer).
+        // Background work: git runs only on a core nobody else wants (SCHED_IDLE,
+        // sched(7); any process may take it) and does its I/O when no one else does
+        // (ionice's idle class, ioprio_set(2)), so a read of the keychain never waits for
+        // it; a remote cannot make it write past `largestFile` (prlimit(1), SIGXFSZ).
         let bounded = [
-            "/usr/bin/nice", "-n", String(Self.niceness), "/usr/bin/timeout", "-k", "5", String(Self.deadline), git
+            "/usr/bin/chrt", "--idle", "0", "/usr/bin/ionice", "-c", "3", "/usr/bin/timeout", "-k", "5",
+            String(Self.deadline), "/usr/bin/prlimit", "--fsize=\(Self.largestFile)", git
         ]
         let status = Spawn.run(bounded + settings + limits + place + arguments, options: options)
         lseek(stdout.raw, 0, SEEK_SET)
         lseek(stderr.raw, 0, SEEK_SET)
-        let out = (try? Descriptor.readAll(stdout.raw, limit: Int.max)) ?? []
+        let out = (try? Descriptor.readAll(stdout.raw, limit: Self.largestFile)) ?? []
         let err = (try? Descriptor.readAll(stderr.raw, limit: 64 << 10)) ?? []
         let message = String(decoding: err, as: UTF8.self).split(separator: "\n").filter { !$0.isEmpty }
             .joined(separator: "; ")
@@ -172,8 +184,46 @@ struct GitRepository: Sendable {
     /// The contents of objects named as git names them (an id, or
     /// `COMMIT:PATH`), in order, in one `git cat-file --batch`; nil for one
     /// that is not there.
+    /// An object past ``largestObject`` is refused before it is read; the
+    /// rest is read in batches of at most ``batchBytes``.
     func contents(_ names: [String]) throws(SyncFailure) -> [[UInt8]?] {
         guard !names.isEmpty else { return [] }
+        let sizes = try objectSizes(names)
+        if let index = sizes.firstIndex(where: { ($0 ?? 0) > Self.largestObject }), let size = sizes[index] {
+            throw SyncFailure.refused(
+                "it holds an object of \(size) bytes (\(names[index])), larger than any file of a circle "
+                    + "(\(Self.largestObject >> 20) MiB at most)")
+        }
+        var contents: [[UInt8]?] = []
+        contents.reserveCapacity(names.count)
+        var start = 0
+        while start < names.count {
+            var end = start, bytes = 0
+            while end < names.count, end == start || bytes + (sizes[end] ?? 0) <= Self.batchBytes {
+                bytes += sizes[end] ?? 0
+                end += 1
+            }
+            contents += try batch(Array(names[start..<end]))
+            start = end
+        }
+        return contents
+    }
+
+    /// Each object's size as git says it (`git cat-file --batch-check`), nil for one that is not there.
+    private func objectSizes(_ names: [String]) throws(SyncFailure) -> [Int?] {
+        let checked = try run(["cat-file", "--batch-check"], input: Array(names.joined(separator: "\n").utf8) + [10])
+        guard checked.status == 0 else { throw SyncFailure(.remote, "git could not read objects: \(checked.err)") }
+        let lines = checked.out.split(separator: 10, omittingEmptySubsequences: false).prefix(names.count)
+        guard lines.count == names.count else { throw SyncFailure(.remote, "git's answer was cut short") }
+        // "<id> <type> <size>", or "<name> missing" (or "ambiguous").
+        return lines.map { line in
+            let fields = line.split(separator: 32)
+            return fields.count == 3 ? Int(String(decoding: fields[2], as: UTF8.self)) : nil
+        }
+    }
+
+    /// ``contents(_:)`` of one batch, in one `git cat-file --batch`.
+    private func batch(_ names: [String]) throws(SyncFailure) -> [[UInt8]?] {
         let read = try run(["cat-file", "--batch"], input: Array(names.joined(separator: "\n").utf8) + [10])
         guard read.status == 0 else { throw SyncFailure(.remote, "git could not read objects: \(read.err)") }
         var contents: [[UInt8]?] = []

@@ -253,6 +253,22 @@ import Testing
         #expect(try desktop.contents() == [])
     }
 
+    /// A remote that serves an object larger than any file of a circle
+    /// (here 5 MiB in a record's place) is refused before the device reads
+    /// it into memory: no remote makes the device hold what it chooses.
+    @Test func aRemoteThatServesAnOversizeObjectIsRefusedUnread() throws {
+        let (remote, devices) = try Self.circle("laptop", "desktop")
+        let (laptop, desktop) = (devices[0], devices[1])
+        try laptop.set("mail", "one")
+        _ = try laptop.engine.sync()
+        let record = try #require(try remote.files().keys.first { $0.hasPrefix("records/") })
+        try remote.tamper([record: Data(repeating: 0x41, count: 5 << 20)])
+        let sentence = expectFailure(.refused) { _ = try desktop.engine.sync() }
+        #expect(sentence.contains("holds an object of 5242880 bytes"), "\(sentence)")
+        #expect(sentence.contains("larger than any file of a circle (4 MiB at most)"), "\(sentence)")
+        #expect(try desktop.contents() == [])
+    }
+
     @Test func aRemoteThatSwapsTwoRecordsIsRefused() throws {
         let (remote, devices) = try Self.circle("laptop", "desktop")
         let (laptop, desktop) = (devices[0], devices[1])

@@ -266,7 +266,9 @@ extension SerialTests {
             #expect(status["key-protection"] == "tpm2-service", "\(status)")
             #expect(status["passcode-binding"]?.hasPrefix("on: ") == true, "\(status)")
             #expect(status["key-protection-limits"]?.contains("binds to your uid") == true, "\(status)")
-            #expect(status["tpm"]?.hasPrefix("the keychainfs service's, which reaches this machine's TPM for you (you ") == true, "\(status)")
+            #expect(
+                status["tpm"]?.hasPrefix("the keychainfs service's, which reaches this machine's TPM for you (you ")
+                    == true, "\(status)")
             #expect(alice.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
 
             // Bob copies every file of Alice's keychain and knows her passcode.
