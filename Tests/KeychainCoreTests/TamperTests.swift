@@ -42,6 +42,24 @@ import Testing
         #expect(try manager.string(forIdentifier: "beta") == "beta-secret")
     }
 
+    /// A row cut short (shorter than its authentication tag) made the
+    /// listing of its whole group fail, so `ls` showed nothing while the
+    /// other items read. Now the group lists every item (the damaged one
+    /// at size 0), its read says it is damaged, and it can be removed.
+    @Test func aRowCutShortLeavesItsGroupListedAndCanBeRemoved() throws {
+        let keychain = try prepared()
+        let manager = try boot(
+            after: "UPDATE items SET sealed = x'00' WHERE ident = 'alpha' AND grp = 'default'", keychain
+        ).get()
+        let listed = try manager.items()
+        #expect(listed.map(\.identifier) == ["alpha", "beta"])
+        #expect(listed.first?.info.size == 0)
+        expectError(.decode) { try manager.key(forIdentifier: "alpha") }
+        #expect(try manager.string(forIdentifier: "beta") == "beta-secret")
+        try manager.deleteKey(forIdentifier: "alpha")
+        #expect(try manager.items().map(\.identifier) == ["beta"])
+    }
+
     @Test func ciphertextSwappedBetweenIdentifiersFailsTheRead() throws {
         let keychain = try prepared()
         let manager = try boot(

@@ -365,11 +365,13 @@ final class ItemStore: Sendable {
         }
     }
 
+    /// A row cut shorter than its tag is listed at size 0, not refused: one
+    /// damaged row must not hide its group (`ls` as a filesystem lists an
+    /// entry it cannot read); reading it says it is damaged, and it can be
+    /// removed. (A changed class is caught at boot, by the item-set state.)
     private static func info(class raw: Int64, sealedLength: Int64) throws(KeychainError) -> ItemInfo {
-        guard let protectionClass = ProtectionClass(rawValue: raw), sealedLength >= Crypto.tagSize else {
-            throw .decode
-        }
-        return ItemInfo(protectionClass: protectionClass, size: Int(sealedLength) - Crypto.tagSize)
+        guard let protectionClass = ProtectionClass(rawValue: raw) else { throw .decode }
+        return ItemInfo(protectionClass: protectionClass, size: max(0, Int(sealedLength) - Crypto.tagSize))
     }
 
     /// Writes one item in one transaction: `seal` gets the current row (nil
