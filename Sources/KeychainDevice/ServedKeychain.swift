@@ -199,32 +199,16 @@ final class ServedKeychain: Sendable {
         }
     }
 
-    /// The device's lock and settings, for the socket and the bus alike
-    /// (the lock, unlock and status are the device's own to record).
+    /// The device's lock and settings (``PasswordManager/answer(_:by:status:)``),
+    /// with the status as the mount it is asked through shows it.
     func answer(_ request: DeviceStateRequest, subject: () -> AuditSubject?) -> DeviceAnswer {
-        let device = manager.localDevice
         do throws(KeychainError) {
-            switch request {
-            case .lock:
-                device.lock(by: subject())
-            case .unlock(let passcode):
-                try device.unlock(passcode: passcode, by: subject())
-            case .status(let mountpoint):
-                // As the mount shows it (its group), when it is one of ours.
-                let group = mountpoint.flatMap { path in mounts.withLock { $0[path] }?.fileSystem.scope.group }
-                return .success(
-                    manager.servedStatus(mode: ServingFacts.Mode(servingKeychainOf: owner.uid), group: group))
-            case .sync:
-                try manager.sync()
-            case .changePasscode(let old, let new):
-                try device.changePasscode(from: old, to: new)
-            case .autoLock(let after, let grace):
-                if after != nil || grace != nil {
-                    device.setAutoLock(after: after ?? device.autoLock.after, grace: grace ?? device.autoLock.grace)
-                }
-                return .success(AutoLockSetting(after: device.autoLock.after, grace: device.autoLock.grace))
-            }
-            return .success(Done())
+            return .success(
+                try manager.answer(request, by: subject) { mountpoint in
+                    // As the mount shows it (its group), when it is one of ours.
+                    let group = mountpoint.flatMap { path in mounts.withLock { $0[path] }?.fileSystem.scope.group }
+                    return manager.servedStatus(mode: ServingFacts.Mode(servingKeychainOf: owner.uid), group: group)
+                })
         } catch {
             return .failure(.keychain(error, sentence(for: error)))
         }

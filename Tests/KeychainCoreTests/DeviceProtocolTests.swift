@@ -101,6 +101,8 @@ import Testing
         .device(.autoLock(after: 300, grace: nil)),
         .device(.autoLock(after: nil, grace: 0)),
         .device(.autoLock(after: nil, grace: nil)),
+        .device(.purge), .device(.background), .device(.accessMode(.always)), .device(.accessMode(.whenUnlocked)),
+        .device(.migrate(false)), .device(.migrate(true)),
         .tpm(.seal(secret: secret("device secret"), auth: secret(""), guarded: false)),
         .tpm(.seal(secret: secret("passcode's"), auth: secret("auth"), guarded: true)),
         .tpm(.unseal(blob: [0, 0x2e, 0xff], auth: secret("auth"), storageKey: [0, 0x0b, 1])),
@@ -385,7 +387,9 @@ import Testing
         DeviceCall.syncStatus.request, DeviceCall.syncJoinRequests.request,
         DeviceCall.syncJoinCode(device: "1").request, DeviceCall.syncApprove(device: "1", code: "1").request,
         DeviceCall.syncRemove(device: "d").request, DeviceCall.syncLeave.request,
-        DeviceCall.syncGroups(set: nil).request
+        DeviceCall.syncGroups(set: nil).request,
+        DeviceCall.purge.request, DeviceCall.background.request, DeviceCall.accessMode(.afterFirstUnlock).request,
+        DeviceCall.migrate(false).request
     ]
 
     @Test func everyRequestHasACall() throws {

@@ -61,6 +61,30 @@ extension SerialTests {
 
 extension SerialTests {
     @Suite struct ControlFileTests {
+        /// `.control`'s lines are the device's requests: the settings that
+        /// only `.control` could change (purge, background, accessmode,
+        /// migrate) are answered on the socket too, and a mount shows the
+        /// change as it shows one written to `.control`.
+        @Test func theSocketChangesWhatTheControlFileChanges() throws {
+            let harness = try MountHarness()
+            let mnt = try harness.mount()
+            try harness.unlock(mnt)
+            let sockets = try FileManager.default.contentsOfDirectory(atPath: harness.runtime + "/keychainfs")
+            let socket = harness.runtime + "/keychainfs/" + (try #require(sockets.first { $0.hasSuffix(".sock") }))
+            let calls: [DeviceCall<Done>] = [.accessMode(.always), .migrate(false), .purge, .background]
+            for call in calls {
+                let outcome = DeviceClient.send(call, to: socket)
+                #expect(outcome != nil && outcome?.refusal == nil, "\(call.request): \(String(describing: outcome))")
+            }
+            let status = harness.status(mnt)
+            #expect(status["accessmode"] == "always" && status["migrate"] == "no", "\(status)")
+            #expect(
+                harness.sh(
+                    "printf v > \"$1/default/item\" && getfattr --only-values -n user.keychain.accessible \"$1/default/item\"",
+                    arguments: [mnt]
+                ).stdout == "alwaysThisDeviceOnly")
+        }
+
         @Test func statusReportsTheDevice() throws {
             let harness = try MountHarness()
             let mnt = try harness.mount()

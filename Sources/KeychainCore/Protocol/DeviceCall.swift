@@ -81,6 +81,10 @@ extension DeviceCall where Result == Done {
     public static var lock: Self { .init(.device(.lock)) }
     public static func unlock(passcode: SecureBytes?) -> Self { .init(.device(.unlock(passcode: passcode))) }
     public static var sync: Self { .init(.device(.sync)) }
+    public static var purge: Self { .init(.device(.purge)) }
+    public static var background: Self { .init(.device(.background)) }
+    public static func accessMode(_ mode: AccessMode) -> Self { .init(.device(.accessMode(mode))) }
+    public static func migrate(_ migrate: Bool) -> Self { .init(.device(.migrate(migrate))) }
     public static func changePasscode(old: SecureBytes?, new: SecureBytes?) -> Self {
         .init(.device(.changePasscode(old: old, new: new)))
     }

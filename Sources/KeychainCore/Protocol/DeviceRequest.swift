@@ -7,7 +7,8 @@ public enum DeviceRequest: Equatable, Sendable {
     /// caller policy (a group's entitlement, the owner rule) and audited.
     case item(ItemRequest)
     /// The device's lock and its settings: lock, unlock, status, sync, the
-    /// passcode, auto-lock.
+    /// passcode, auto-lock, the cache, the class of new writes. `.control`'s
+    /// lines are these requests too (``PasswordManager/answer(_:by:status:)``).
     case device(DeviceStateRequest)
     /// Who may use a group or an item: entitlement rules and access lists
     /// (changes need the passcode).
@@ -36,6 +37,7 @@ public enum DeviceRequest: Equatable, Sendable {
         case syncStart = 42, syncJoinWithRecoveryKey = 43, syncJoin = 44, syncCancelJoin = 45, syncNow = 46
         case syncStatus = 47, syncJoinRequests = 48, syncJoinCode = 49, syncApprove = 50, syncRemove = 51
         case syncLeave = 52, syncGroups = 53, syncConfirmJoin = 54
+        case purge = 55, background = 56, accessMode = 57, migrate = 58
     }
 
     /// The request as a frame, in secret memory.
@@ -117,6 +119,16 @@ public enum DeviceRequest: Equatable, Sendable {
             fields = [.optionalText(mountpoint)]
         case .device(.sync):
             operation = .sync
+        case .device(.purge):
+            operation = .purge
+        case .device(.background):
+            operation = .background
+        case .device(.accessMode(let mode)):
+            operation = .accessMode
+            fields = [.text(mode.rawValue)]
+        case .device(.migrate(let migrate)):
+            operation = .migrate
+            fields = [.text(migrate ? "1" : "0")]
         case .policy(.grant(let group, let executable, let unit, let uid, let passcode, let allowJIT)):
             operation = .grant
             fields = [
@@ -260,6 +272,15 @@ public enum DeviceRequest: Equatable, Sendable {
             self = .device(.status(mountpoint: try reader.optionalText()))
         case .sync:
             self = .device(.sync)
+        case .purge:
+            self = .device(.purge)
+        case .background:
+            self = .device(.background)
+        case .accessMode:
+            guard let mode = AccessMode(rawValue: try reader.text()) else { throw .param }
+            self = .device(.accessMode(mode))
+        case .migrate:
+            self = .device(.migrate(try Self.flag(try reader.text())))
         case .grant:
             let group = try reader.text(), executable = try reader.text(), unit = try reader.optionalText()
             let uid = try Self.uid(try reader.optionalText())
@@ -422,6 +443,14 @@ public enum DeviceStateRequest: Equatable, Sendable {
     /// Set the auto-lock delay and grace (nil: keep it), in seconds; the
     /// reply is both as they are now.
     case autoLock(after: Int?, grace: Int?)
+    /// Wipe the cache of the last access (UYLPasswordManager's `purge`).
+    case purge
+    /// What iOS does when an app goes to the background: purge the cache.
+    case background
+    /// The class that items written from now on get (UYLPasswordManager's `accessMode`).
+    case accessMode(AccessMode)
+    /// Whether items written from now on may leave the device (`false`: the `ThisDeviceOnly` form).
+    case migrate(Bool)
 }
 
 /// Who may use a group or an item: entitlement rules and access lists

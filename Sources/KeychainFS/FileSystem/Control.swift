@@ -9,19 +9,9 @@ final class ControlFile: @unchecked Sendable {
     init(status: [UInt8]) { self.status = status }
 }
 
-/// A parsed `.control` command (docs/FILESYSTEM.md, "`.control`").
+/// `.control`'s commands (docs/FILESYSTEM.md, "`.control`"): each line is
+/// one ``DeviceStateRequest``, answered by the core as the socket's are.
 enum ControlCommand {
-    case lock
-    case unlock(SecureBytes?)
-    case purge
-    case background
-    case accessMode(AccessMode)
-    case migrate(Bool)
-    /// Lock after this many seconds without an item access (0: never).
-    case autoLock(Int)
-    /// Seconds between `will-lock` and an auto-lock.
-    case autoLockGrace(Int)
-
     /// The largest write parsed: the kernel delivers a write(2) of up to
     /// this size as one request (it splits only writes larger than a
     /// request, at least 124 KiB), so "every line runs or none" holds for
@@ -36,9 +26,9 @@ enum ControlCommand {
     /// become a String: a rejected line may hold a passcode (" unlock PW",
     /// "UNLOCK PW"), which goes straight from the request buffer into secret
     /// memory when the line is a valid unlock, and nowhere otherwise.
-    static func parse(_ bytes: UnsafeRawBufferPointer) throws(Errno) -> [ControlCommand] {
+    static func parse(_ bytes: UnsafeRawBufferPointer) throws(Errno) -> [DeviceStateRequest] {
         guard bytes.count <= maximumWrite else { throw Errno(EINVAL) }
-        var commands: [ControlCommand] = []
+        var commands: [DeviceStateRequest] = []
         for var line in bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true) {
             if line.last == UInt8(ascii: "\r") { line = line.dropLast() }
             guard line.count <= maximumLine else { throw Errno(EINVAL) }
@@ -48,15 +38,15 @@ enum ControlCommand {
         return commands
     }
 
-    private static func parseLine(_ line: Slice<UnsafeRawBufferPointer>) throws(Errno) -> ControlCommand {
+    private static func parseLine(_ line: Slice<UnsafeRawBufferPointer>) throws(Errno) -> DeviceStateRequest {
         let space = line.firstIndex(of: UInt8(ascii: " ")) ?? line.endIndex
         let word = line[line.startIndex..<space]
         if word.elementsEqual("unlock".utf8) {
             // The passcode is everything after the first space, spaces included.
-            guard space < line.endIndex else { return .unlock(nil) }
+            guard space < line.endIndex else { return .unlock(passcode: nil) }
             let passcode = UnsafeRawBufferPointer(rebasing: line[line.index(after: space)...])
             guard !passcode.isEmpty else { throw Errno(EINVAL) }
-            return .unlock(try core { () throws(KeychainError) in try SecureBytes(copying: passcode) })
+            return .unlock(passcode: try core { () throws(KeychainError) in try SecureBytes(copying: passcode) })
         }
         let arguments = line[space...].split(separator: UInt8(ascii: " "), omittingEmptySubsequences: true)
         switch (arguments.count, word) {
@@ -68,8 +58,10 @@ enum ControlCommand {
                 throw Errno(EINVAL)
             }
             return .accessMode(mode)
-        case (1, _) where word.elementsEqual("autolock".utf8): return .autoLock(try seconds(arguments[0]))
-        case (1, _) where word.elementsEqual("autolock-grace".utf8): return .autoLockGrace(try seconds(arguments[0]))
+        case (1, _) where word.elementsEqual("autolock".utf8):
+            return .autoLock(after: try seconds(arguments[0]), grace: nil)
+        case (1, _) where word.elementsEqual("autolock-grace".utf8):
+            return .autoLock(after: nil, grace: try seconds(arguments[0]))
         case (1, _) where word.elementsEqual("migrate".utf8):
             if arguments[0].elementsEqual("yes".utf8) { return .migrate(true) }
             if arguments[0].elementsEqual("no".utf8) { return .migrate(false) }
@@ -98,21 +90,12 @@ extension FileSystem {
     /// bytes (they may hold a passcode). A wrong passcode or a lockout: EACCES.
     func control(_ request: UnsafeMutableRawBufferPointer, caller: ProcessIdentity) throws(Errno) {
         defer { wipeMemory(request) }
+        let mode = ServingFacts.Mode(servingKeychainOf: owner.uid)
         for command in try ControlCommand.parse(UnsafeRawBufferPointer(request)) {
-            switch command {
-            case .lock: manager.localDevice.lock(by: caller.auditSubject)
-            case .unlock(let passcode):
-                try core { () throws(KeychainError) in
-                    try manager.localDevice.unlock(passcode: passcode, by: caller.auditSubject)
+            _ = try core { () throws(KeychainError) in
+                try manager.answer(command, by: { caller.auditSubject }) { _ in
+                    manager.servedStatus(mode: mode, group: scope.group)
                 }
-            case .purge: manager.purge()
-            case .background: manager.background()
-            case .accessMode(let mode): manager.accessMode = mode
-            case .migrate(let migrate): manager.migrate = migrate
-            case .autoLock(let seconds):
-                manager.localDevice.setAutoLock(after: seconds, grace: manager.localDevice.autoLock.grace)
-            case .autoLockGrace(let seconds):
-                manager.localDevice.setAutoLock(after: manager.localDevice.autoLock.after, grace: seconds)
             }
         }
     }
