@@ -272,9 +272,13 @@ final class ServedKeychain: Sendable {
                 let copy = try BackupFileCopy(
                     of: file, name: path, in: manager.localDevice.directory.path,
                     limit: serviceLimits?.restoreBytes)
-                let summary = try manager.restore(
-                    copy, password: password,
-                    policy: policy, passcode: passcode, by: subject(), consent: peerConsent(client))
+                // Hashing for a client that hung up stops while it waits for room.
+                let summary = try PasswordHashingBudget.forClient({ ClientPresence.socketOpen(client) }) {
+                    () throws(KeychainError) in
+                    try manager.restore(
+                        copy, password: password,
+                        policy: policy, passcode: passcode, by: subject(), consent: peerConsent(client))
+                }
                 guard summary.applied else {
                     return .keychainError(.duplicateItem, RestoreSummary.conflictMessage(summary.conflicts))
                 }

@@ -13,11 +13,11 @@ import Testing
     /// service to gigabytes; one larger than the whole budget runs alone.
     @Test func passwordHashingWaitsForRoomInItsBudget() throws {
         let budget = PasswordHashingBudget(bytes: 512)
-        budget.take(300)
+        try budget.take(300)
         let second = Atomic<Bool>(false)
         let waiting = try #require(
             Threads.start {
-                budget.take(300)
+                try? budget.take(300)
                 second.store(true, ordering: .releasing)
                 budget.give(300)
             })
@@ -29,8 +29,35 @@ import Testing
         pthread_join(waiting, nil)
         let ranAfter = second.load(ordering: .acquiring)
         #expect(ranAfter)
-        budget.take(1000)  // alone, larger than the budget: runs
+        try budget.take(1000)  // alone, larger than the budget: runs
         budget.give(1000)
+    }
+
+    /// A hashing that waits for room for a client that has left gives up
+    /// (docs/SECURITY.md, "Costs are ours to choose"): six restores queued
+    /// by a client that hung up once ran, one after another, for nobody.
+    @Test func aHashingWaitingForAClientThatLeftGivesUp() throws {
+        let budget = PasswordHashingBudget(bytes: 512)
+        try budget.take(300)
+        let present = Atomic<Bool>(true)
+        let outcome = Mutex<KeychainError?>(nil)
+        let waiting = try #require(
+            Threads.start {
+                do throws(KeychainError) {
+                    try PasswordHashingBudget.forClient({ present.load(ordering: .acquiring) }) {
+                        () throws(KeychainError) in try budget.take(300)
+                    }
+                    budget.give(300)
+                } catch {
+                    outcome.withLock { $0 = error }
+                }
+            })
+        present.store(false, ordering: .releasing)
+        pthread_join(waiting, nil)
+        #expect(outcome.withLock { $0 } == .badRequest)
+        // It took nothing: what is left of the budget is all there.
+        try budget.take(212)
+        budget.give(512)
     }
 
     @Test func manyThreadsReadAndWriteOneManagerWithoutLosingOrMixingValues() throws {

@@ -1,3 +1,4 @@
+import Synchronization
 internal import CSodium
 #if canImport(Glibc)
 import Glibc
@@ -57,7 +58,7 @@ package enum Crypto {
     {
         precondition(salt.count == saltSize)
         let output = try SecureBytes(count: keySize)
-        PasswordHashingBudget.shared.take(parameters.memLimit)
+        try PasswordHashingBudget.shared.take(parameters.memLimit)
         defer { PasswordHashingBudget.shared.give(parameters.memLimit) }
         let status = passcode.withUnsafeBytes { secret in
             crypto_pwhash(
@@ -229,7 +230,7 @@ extension Crypto {
 /// service to 5 GiB and another user's `get` from 17 ms to 13 s
 /// (docs/SECURITY.md, "Costs are ours to choose"). 512 MiB: two backups'
 /// hashing, or eight unlocks', at once, on two cores.
-final class PasswordHashingBudget: @unchecked Sendable {
+package final class PasswordHashingBudget: @unchecked Sendable {
     package static let shared = PasswordHashingBudget(bytes: 512 << 20)
 
     private let capacity: UInt64
@@ -243,13 +244,49 @@ final class PasswordHashingBudget: @unchecked Sendable {
         pthread_cond_init(&freed, nil)
     }
 
+    /// For each thread hashing for a client (``forClient(_:_:)``): whether
+    /// that client is still there.
+    private static let clients = Mutex<[pthread_t: @Sendable () -> Bool]>([:])
+
+    /// Runs `body`, whose password hashing on this thread is for a client
+    /// that `present` says is still connected: a hashing that waits for
+    /// room gives up once the client has left, and none starts after
+    /// (``KeychainError/badRequest``): nobody would read its answer, and a
+    /// client that hangs up must not leave its cost behind. (A hashing that
+    /// runs cannot be stopped: libsodium's `crypto_pwhash` is one call.)
+    package static func forClient<R>(
+        _ present: @escaping @Sendable () -> Bool, _ body: () throws(KeychainError) -> R
+    ) throws(KeychainError) -> R {
+        let thread = pthread_self()
+        clients.withLock { $0[thread] = present }
+        defer { _ = clients.withLock { $0.removeValue(forKey: thread) } }
+        return try body()
+    }
+
     /// Waits until `bytes` fit beside what runs (one larger than the whole
-    /// budget runs alone), then counts them.
-    func take(_ bytes: UInt64) {
+    /// budget runs alone), then counts them; gives up when the client this
+    /// thread hashes for has left (checked every 100 ms while it waits).
+    func take(_ bytes: UInt64) throws(KeychainError) {
+        let present = Self.clients.withLock { $0[pthread_self()] }
         pthread_mutex_lock(&mutex)
-        while inUse > 0 && inUse + bytes > capacity { pthread_cond_wait(&freed, &mutex) }
+        defer { pthread_mutex_unlock(&mutex) }
+        while inUse > 0 && inUse + bytes > capacity {
+            guard let present else {
+                pthread_cond_wait(&freed, &mutex)
+                continue
+            }
+            guard present() else { throw .badRequest }
+            var deadline = timespec()
+            clock_gettime(CLOCK_REALTIME, &deadline)
+            deadline.tv_nsec += 100_000_000
+            if deadline.tv_nsec >= 1_000_000_000 {
+                deadline.tv_sec += 1
+                deadline.tv_nsec -= 1_000_000_000
+            }
+            pthread_cond_timedwait(&freed, &mutex, &deadline)
+        }
+        if let present, !present() { throw .badRequest }
         inUse += bytes
-        pthread_mutex_unlock(&mutex)
     }
 
     func give(_ bytes: UInt64) {
