@@ -2,7 +2,8 @@
 #define CTSS_SHIM_H
 // tpm2-tss, the TPM 2.0 software stack (libtss2-dev): ESAPI (libtss2-esys),
 // the TCTI loader (libtss2-tctildr) and the marshalling library
-// (libtss2-mu), for the device secret sealed by the TPM (issue 30).
+// (libtss2-mu), for the device secret sealed by the TPM (docs/SECURITY.md,
+// "Keys sealed by the TPM").
 //
 // Loaded when first needed, not linked, as libcrypto and libsystemd are:
 // libtss2-esys pulls in libcrypto, and their relocations would cost every
@@ -10,7 +11,8 @@
 // Swift calls the CTSS_ functions below: tpm2-tss's own declarations
 // (types and prototypes from its headers), addresses from dlsym, and
 // nothing else: the objects, templates and blobs are built in Swift
-// (KeychainCore/TPM/TPMObjects.swift, issue 40).
+// (KeychainCore/TPM/TPMObjects.swift; docs/CONTRIBUTING.md,
+// "Where a new piece goes").
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -6,11 +6,11 @@ import Glibc
 #endif
 
 /// The socket connections a device is serving, and the limits that keep
-/// one peer, or one user, from starving everyone else (issue 29): a whole
-/// request, and the reading of its reply, must each be done within a
-/// deadline, whatever the pace of the bytes; a user has at most
-/// ``perUser`` connections at once; and when the process runs out of
-/// descriptors, connections still waiting for their request give their
+/// one peer, or one user, from starving everyone else (docs/SECURITY.md,
+/// "Service mode under attack"): a whole request, and the reading of its reply,
+/// must each be done within a deadline, whatever the pace of the bytes; a user
+/// has at most ``perUser`` connections at once; and when the process runs out
+/// of descriptors, connections still waiting for their request give their
 /// places up first.
 ///
 /// A deadline is kept by shutting the socket down (shutdown(2) wakes the

@@ -30,7 +30,8 @@ public final class DeviceProcess: Sendable {
     private let headless = Mutex(false)
     /// The Secret Service this device serves, if any.
     private let secretService = Mutex<SecretServiceProvider?>(nil)
-    /// The login sessions it follows (issue 39), when logind runs.
+    /// The login sessions it follows (docs/FILESYSTEM.md, "`.control`"), when
+    /// logind runs.
     private let loginSessions = Mutex<LoginSessions?>(nil)
     /// The socket connections being served, and their limits.
     private let connections: ConnectionTable
@@ -88,7 +89,8 @@ public final class DeviceProcess: Sendable {
     // MARK: Running
 
     /// Where a per-user device started in the background reports when no
-    /// journald listens (issue 38): beside its socket.
+    /// journald listens (docs/SECURITY.md, "Bound to this machine, against
+    /// whoever holds the files and the TPM"): beside its socket.
     public static func logPath(socket: String) -> String { socket + ".log" }
 
     private static func removeLogIfEmpty(_ path: String) {
@@ -110,8 +112,9 @@ public final class DeviceProcess: Sendable {
         ready: (MountError?) -> Void
     ) -> Int32 {
         guard case .perUser(let keychain) = keychains else { preconditionFailure("the service mounts nothing itself") }
-        // Nobody chooses the device's judge (issue 37): a caller's loader
-        // variables would run its code where every secret is.
+        // Nobody chooses the device's judge (docs/SECRET-SERVICE.md, "The
+        // device's judge"): a caller's loader variables would run its code
+        // where every secret is.
         if let problem = DeviceJudge.startProblem() {
             ready(MountError(problem))
             return 1
@@ -175,11 +178,11 @@ public final class DeviceProcess: Sendable {
         return stopped ? 0 : 1
     }
 
-    /// Login sessions as the lock screen (issue 39): those of `uid` (a
-    /// per-user device), or of every user (the service), each locking the
-    /// keychains `keychains` gives for its user (nil: the machine's sleep,
-    /// every keychain): after the grace when a session locks, at once when
-    /// one ends or the machine sleeps. Followed from a thread of its own,
+    /// Login sessions as the lock screen (docs/FILESYSTEM.md, "`.control`"):
+    /// those of `uid` (a per-user device), or of every user (the service), each
+    /// locking the keychains `keychains` gives for its user (nil: the machine's
+    /// sleep, every keychain): after the grace when a session locks, at once
+    /// when one ends or the machine sleeps. Followed from a thread of its own,
     /// since reaching the system bus may take a moment, and only where
     /// logind runs: `report` gets the sentence that says which.
     private func followLoginSessions(
@@ -212,7 +215,8 @@ public final class DeviceProcess: Sendable {
     }
 
     /// A start, stop or bus of the device in its audit log, with the
-    /// device's own process as the subject (issue 37: nothing else records them).
+    /// device's own process as the subject (nothing else records them:
+    /// docs/SECRET-SERVICE.md, "The device's judge").
     private func recordLifecycle(
         _ keychain: ServedKeychain, _ operation: String, _ detail: String, by subject: AuditSubject? = nil
     ) {
@@ -330,10 +334,11 @@ public final class DeviceProcess: Sendable {
     /// Accepts connections until the listener is closed, each served on a
     /// thread of its own. It never gives up on a passing error: out of
     /// descriptors (EMFILE, ENFILE), it sheds the connections still waiting
-    /// for their request and goes on (issue 29: a flood of idle
-    /// connections had ended this loop for good). It also keeps the
-    /// connections' deadlines and, under a unit with `WatchdogSec=`, tells
-    /// systemd it is alive: a wedged loop gets the service restarted.
+    /// for their request and goes on (a flood of idle connections had ended
+    /// this loop for good: docs/SECURITY.md, "Service mode under attack"). It
+    /// also keeps the connections' deadlines and, under a unit with
+    /// `WatchdogSec=`, tells systemd it is alive: a wedged loop gets the
+    /// service restarted.
     private func acceptLoop(_ listener: Int32) {
         // One descriptor kept for the moment there is none left (the
         // accept(2) man page's advice on EMFILE): freed, it lets the loop

@@ -177,7 +177,8 @@ final class ServedKeychain: Sendable {
             return answer(state, subject: subject).reply
         case .policy(let policy):
             // The service's account opens no path on a user's word: it could
-            // hash, or tell the existence of, what only it can read (issue 29).
+            // hash, or tell the existence of, what only it can read
+            // (docs/SECURITY.md, "Service mode under attack").
             return manager.localDevice.answer(
                 policyRequest: policy, by: subject(), executable: passed.raw,
                 opensPaths: serviceLimits == nil
@@ -444,8 +445,8 @@ extension ServedKeychain: SecretStore {
     func appsOwnItems(inGroup group: String) -> Bool { manager.localDevice.appsOwnItems(inGroup: group) }
     func isPoliced(_ group: String) -> Bool { manager.localDevice.hasEntitlementPolicy(group) }
     /// The provider's state, and an audit line each time the bus name is
-    /// gained, lost to another program or released (issue 37: who answers
-    /// on the bus is part of who decides).
+    /// gained, lost to another program or released (who answers on the bus is
+    /// part of who decides: docs/SECRET-SERVICE.md, "The device's judge").
     func setSecretServiceState(_ state: String?) {
         let device = manager.localDevice
         let before = device.secretServiceState

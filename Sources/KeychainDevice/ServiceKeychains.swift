@@ -17,7 +17,8 @@ final class ServiceKeychains: Sendable {
     private let creating = Mutex(())
     private let mountEnded: @Sendable () -> Void
     let limits: ServiceLimits
-    /// The TPM for users who cannot reach it themselves (issue 38).
+    /// The TPM for users who cannot reach it themselves (docs/FORMAT.md, "The
+    /// TPM through the service").
     private let broker: TPMBroker
 
     init(stateDirectory: String, limits: ServiceLimits, mountEnded: @escaping @Sendable () -> Void) {

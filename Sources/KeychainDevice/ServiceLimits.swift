@@ -2,9 +2,9 @@ import KeychainCore
 import KeychainFS
 
 /// What one user may hold of the service at once, so that one user's flood
-/// leaves the others served (issue 29). Each limit, when reached, is said
-/// in a sentence to the user who reached it; docs/SECURITY.md gives the
-/// defaults and why.
+/// leaves the others served (docs/SECURITY.md, "Service mode under attack").
+/// Each limit, when reached, is said in a sentence to the user who reached it;
+/// docs/SECURITY.md gives the defaults and why.
 public struct ServiceLimits: Sendable {
     /// Socket connections open at once (a request each, or a `watch`).
     public var connectionsPerUser: Int

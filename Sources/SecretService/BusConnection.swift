@@ -53,8 +53,9 @@ final class BusConnection: @unchecked Sendable {
     /// One end of a direct connection, with no bus daemon between (D-Bus
     /// "peer-to-peer"): `serving`, it answers the other end's calls as a
     /// provider on a bus does. The tests run the provider's handlers in
-    /// their own process this way (issue 40). Calls on such a connection
-    /// have no sender, and the sender's credentials are the socket's peer's.
+    /// their own process this way (docs/CONTRIBUTING.md, "Where a new piece
+    /// goes"). Calls on such a connection have no sender, and the sender's
+    /// credentials are the socket's peer's.
     convenience init(peer end: consuming FileDescriptor, serving: Bool) throws(BusError) {
         try Self.requireLibrary()
         var bus: OpaquePointer?
@@ -115,14 +116,16 @@ final class BusConnection: @unchecked Sendable {
     /// owner if that one allows it (gnome-keyring 42 does not). It never
     /// allows replacement itself: any program of the session could
     /// otherwise take the name with REPLACE_EXISTING and receive what
-    /// clients store from then on (issue 29).
+    /// clients store from then on (docs/SECURITY.md, "Service mode under
+    /// attack").
     func requestName(_ name: String, replace: Bool) throws(BusError) {
         let flags = replace ? CSystemd_name_replace_existing : 0
         let result = CSystemd_sd_bus_request_name(bus, name, flags)
         guard result >= 0 else {
             guard result == -EEXIST else { throw .failed("cannot own \(name): \(String(cString: strerror(-result)))") }
-            // Named, so that the advice fits the owner (issue 39: the first
-            // refusal suggested --replace, which gnome-keyring then refused).
+            // Named, so that the advice fits the owner (the first refusal
+            // suggested --replace, which gnome-keyring then refused;
+            // docs/SECRET-SERVICE.md, "Running it").
             let owner = ownerProcess(of: name).flatMap { ProgramIdentities.linkTarget("/proc/\($0)/exe") }
             let who =
                 owner.map { "\(name) is owned by \($0) on this bus" }

@@ -4,7 +4,8 @@ import Synchronization
 import Glibc
 #endif
 
-/// The owner rule on the bus (issue 37): the question is the core's
+/// The owner rule on the bus (docs/SECRET-SERVICE.md, "Whose an item is"):
+/// the question is the core's
 /// (``PasswordManager/consentQuestion(group:identifiers:verb:caller:)``),
 /// the same as at the socket and the mount; only the waiting differs: the
 /// bus thread goes on serving while the person decides.
@@ -59,7 +60,7 @@ extension SecretServiceProvider {
             ProgramIdentities.subject(process: $0.pid, uid: $0.uid)
         }
         var question = PasswordManager.question(asked: asked, verb: verb, program: caller, subject: subject)
-        // Its pinentry ends when the caller leaves the bus (issue 37).
+        // Its pinentry ends when the caller leaves the bus.
         let sender = call.sender, waiting = waitingCallers
         waiting.enter(sender)
         question.waiting = { waiting.waits(sender) }

@@ -5,10 +5,10 @@ import Glibc
 #endif
 
 /// The user's login sessions, as logind tells them on the system bus
-/// (`org.freedesktop.login1`), followed for the device (issue 39): the
-/// desktop session is the device's lock screen. A per-user device follows
-/// its user's; the service follows every user's, each locking that user's
-/// keychain.
+/// (`org.freedesktop.login1`), followed for the device (docs/FILESYSTEM.md,
+/// "`.control`"): the desktop session is the device's lock screen. A per-user
+/// device follows its user's; the service follows every user's, each locking
+/// that user's keychain.
 ///
 /// - A session of the user that locks (its `Lock` signal, or `LockedHint`
 ///   becoming true, which screen lockers set) locks the keychain after the

@@ -54,8 +54,9 @@ extension SecretServiceProvider {
             label: label, contentType: contentType.isEmpty ? ItemDetails.defaultContentType : contentType,
             attributes: stored)
         // A process that cannot be taken for its program makes an item of
-        // "unidentified", which every program is asked about (issue 37):
-        // never one of no program, which every program would use unasked.
+        // "unidentified", which every program is asked about
+        // (docs/SECRET-SERVICE.md, "Whose an item is"): never one of no
+        // program, which every program would use unasked.
         if let caller = callerIdentity(call), caller.distrust == nil, !caller.runsUnidentifiableScript {
             details.owner = ProgramClaim(caller)
         } else {

@@ -3,13 +3,13 @@ import KeychainCore
 import Glibc
 #endif
 
-/// The Secret portal's backend, `org.freedesktop.impl.portal.Secret`
-/// (issue 37): the master secret that xdg-desktop-portal hands a sandboxed
-/// app's libsecret, which keeps the app's passwords in a file of its own,
-/// encrypted with it. Each app's secret is an item of the `portal` group,
-/// named after the app id and owned by the app (``SandboxApp``), so that
-/// any other program that reads it through the mount, the command line or
-/// the bus is asked first. docs/SECRET-SERVICE.md, "Sandboxed apps".
+/// The Secret portal's backend, `org.freedesktop.impl.portal.Secret`: the
+/// master secret that xdg-desktop-portal hands a sandboxed app's libsecret,
+/// which keeps the app's passwords in a file of its own, encrypted with it.
+/// Each app's secret is an item of the `portal` group, named after the app id
+/// and owned by the app (``SandboxApp``), so that any other program that reads
+/// it through the mount, the command line or the bus is asked first.
+/// docs/SECRET-SERVICE.md, "Sandboxed apps".
 extension SecretServiceProvider {
     static let portalInterface = "org.freedesktop.impl.portal.Secret"
     static let portalPath = "/org/freedesktop/portal/desktop"

@@ -27,7 +27,7 @@ extension SecretServiceProvider {
                 store.perform(.unlock(passcode: passcode), program: { nil }, subject: subject, audit: .always)
             }
             // The client sees only a dismissed prompt (secret-tool exits 1
-            // and says nothing): the log says why (issue 39).
+            // and says nothing): the log says why.
             if let failure { store.record("unlock-prompt", result: "failed", subject: subject(), detail: failure) }
             let unlocked = failure == nil
             bus.perform { [self] in completePrompt(path, dismissed: !unlocked, objects: unlocked ? prompt.objects : [])

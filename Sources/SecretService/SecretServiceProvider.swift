@@ -98,7 +98,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// Serves the other end of `peer` alone, with no bus daemon: no name
     /// to own, nobody else to watch leave. The unit tests run the handlers
-    /// in their own process over a socketpair this way (issue 40).
+    /// in their own process over a socketpair this way (docs/CONTRIBUTING.md,
+    /// "Where a new piece goes").
     init(store: SecretStore, peer: consuming FileDescriptor) throws(BusError) {
         self.store = store
         address = nil
@@ -278,14 +279,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// The items that carry every attribute asked for, unlocked (their key
     /// is there) and locked apart: a locked item is found, never "absent".
     /// The caller's own items come first, then those whose list it is on,
-    /// then the rest (issue 37): libsecret's lookup reads the first match,
-    /// so an item another program planted with the caller's attributes, in
-    /// any collection, never answers the lookup of a program that owns one.
-    /// A search of every collection by a program that a policed group
-    /// admits looks in the policed groups that admit it only, as an iOS
-    /// app's query sees its access groups only: an item another program
-    /// planted with its attributes in an open collection never answers it.
-    /// It reaches another collection by naming it (Collection.SearchItems,
+    /// then the rest (docs/SECRET-SERVICE.md, "Whose an item is"): libsecret's
+    /// lookup reads the first match, so an item another program planted with
+    /// the caller's attributes, in any collection, never answers the lookup of
+    /// a program that owns one. A search of every collection by a program that
+    /// a policed group admits looks in the policed groups that admit it only,
+    /// as an iOS app's query sees its access groups only: an item another
+    /// program planted with its attributes in an open collection never answers
+    /// it. It reaches another collection by naming it (Collection.SearchItems,
     /// or `keychainfs:group`).
     func search(
         _ attributes: [String: String], in onlyGroup: String?,
@@ -409,9 +410,9 @@ extension SecretServiceProvider {
     /// a call of `sender` (nil: nothing says so). The daemon names the
     /// process that connected, which is not always the one asking: a child
     /// forked after connecting asks on the same socket once its parent
-    /// exec'd a granted program (issue 29). So the named process must hold
-    /// its bus connections alone, and run the program it ran at its first
-    /// policed request on this connection.
+    /// exec'd a granted program (docs/SECURITY.md, "Service mode under
+    /// attack"). So the named process must hold its bus connections alone, and
+    /// run the program it ran at its first policed request on this connection.
     ///
     /// A connection found held by its process alone is not examined again
     /// while it lives (the scan of every process's descriptors was most of

@@ -10,7 +10,8 @@ public protocol SecretStore: AnyObject, Sendable {
     var isLocked: Bool { get }
     /// Whether the key of `protectionClass` is in memory now.
     func isAvailable(_ protectionClass: ProtectionClass) -> Bool
-    /// Whether programs own the items they make in `group` over the bus (issue 31).
+    /// Whether programs own the items they make in `group` over the bus
+    /// (docs/SECRET-SERVICE.md, "Whose an item is").
     func appsOwnItems(inGroup group: String) -> Bool
     /// Whether `group` has an entitlement policy (only the programs it names use it).
     func isPoliced(_ group: String) -> Bool

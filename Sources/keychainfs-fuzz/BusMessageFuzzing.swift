@@ -3,14 +3,13 @@
 @testable import KeychainCore
 @testable import SecretService
 
-/// The fuzz target `busmessage` (issue 31): any program of the user can
-/// send the provider any well-formed message, so each method's arguments
-/// are read here by the method's own reader (``SecretMethod/readArguments``,
-/// the one its handler gets them from), from messages whose types and
-/// values come from the fuzzer's bytes. sd-bus checks the wire format as
-/// a message arrives; what reaches the reader is a well-formed message of
-/// any signature, with variants of any type, arrays of any length and
-/// texts of any size. That is what is made here.
+/// The fuzz target `busmessage`: any program of the user can send the provider
+/// any well-formed message, so each method's arguments are read here by the
+/// method's own reader (``SecretMethod/readArguments``, the one its handler
+/// gets them from), from messages whose types and values come from the fuzzer's
+/// bytes. sd-bus checks the wire format as a message arrives; what reaches the
+/// reader is a well-formed message of any signature, with variants of any type,
+/// arrays of any length and texts of any size. That is what is made here.
 enum BusMessageFuzzing {
     /// Reads one message made from `input`; a sentence if a reader broke
     /// a rule (a limit not kept), nil otherwise. A crash is a finding too.

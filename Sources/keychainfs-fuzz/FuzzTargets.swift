@@ -36,20 +36,20 @@ enum FuzzTarget: String, CaseIterable {
     /// An item's details as stored, sent in a request and carried in a backup.
     case details
     /// A request on a FUSE connection: what a forged connection could send
-    /// (issue 29), through the path the device serves a mount by: the
-    /// check, then libfuse, then the filesystem.
+    /// (docs/SECURITY.md, "Service mode under attack"), through the path the
+    /// device serves a mount by: the check, then libfuse, then the filesystem.
     case fuserequest
-    /// What a TPM-sealed keychain reads before it trusts anything (issue
-    /// 30): a typed recovery key, the recovery record, the rollback record
-    /// (behind a valid MAC), the device-secret file, the passcode binding
-    /// (behind a valid MAC) and its note of removals (issue 38); the first
-    /// byte chooses which.
+    /// What a TPM-sealed keychain reads before it trusts anything: a typed
+    /// recovery key, the recovery record, the rollback record (behind a valid
+    /// MAC), the device-secret file, the passcode binding (behind a valid MAC)
+    /// and its note of removals (docs/FORMAT.md, "The passcode binding"); the
+    /// first byte chooses which.
     case keyprotection
     /// A Secret Service object path, as any program of the user can send
-    /// one (issue 31): one name per path and back.
+    /// one: one name per path and back.
     case objectpath
-    /// A method call's arguments, read as each method's handler reads them
-    /// (issue 31): any program of the user can send any well-formed message.
+    /// A method call's arguments, read as each method's handler reads them: any
+    /// program of the user can send any well-formed message.
     case busmessage
 
     func run(_ input: UnsafeRawBufferPointer) {

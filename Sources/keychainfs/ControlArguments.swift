@@ -8,8 +8,8 @@ import Glibc
 
 /// The `.control` file of a mount, read as a user would with cat: which
 /// device serves the mount (its `keychain` and `mode` lines), and whether
-/// one does. Commands go to that device over its socket (issue 40: one
-/// control path); writing `.control` is for shell users.
+/// one does. Commands go to that device over its socket (one control path:
+/// docs/FILESYSTEM.md, "`.control`"); writing `.control` is for shell users.
 enum MountControlFile {
     /// The status text as the device wrote it; nil when there is no control file.
     static func text(_ mountpoint: String) -> [UInt8]? {
@@ -94,8 +94,8 @@ struct MountpointArgument: ParsableArguments {
     }
 
     /// The device serving the mount, reached over its socket as every
-    /// command reaches a device (issue 40: one control path; `.control`
-    /// is for shell users).
+    /// command reaches a device (one control path; `.control` is for shell
+    /// users: docs/FILESYSTEM.md, "`.control`").
     func device() throws -> RunningDevice {
         switch try server() {
         case .service:

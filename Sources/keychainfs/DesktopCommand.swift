@@ -4,10 +4,10 @@ import KeychainCore
 import Glibc
 #endif
 
-/// `keychainfs desktop enable|disable|status` (issue 39): this user's
-/// desktop session takes KeychainFS as its Secret Service, and gives it
-/// back. Everything it writes is the user's own, marked as ours, and
-/// undone by `disable` (which the package runs for each user before it is
+/// `keychainfs desktop enable|disable|status` (docs/SECRET-SERVICE.md, "Running
+/// it"): this user's desktop session takes KeychainFS as its Secret Service,
+/// and gives it back. Everything it writes is the user's own, marked as ours,
+/// and undone by `disable` (which the package runs for each user before it is
 /// removed, so that the desktop's own provider answers again).
 struct DesktopCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -88,7 +88,8 @@ struct DesktopFiles {
     }
 
     /// The activation file: as the package installs it, marked, running
-    /// /usr/bin/keychainfs directly (no shell, no $HOME: issue 37).
+    /// /usr/bin/keychainfs directly (no shell, no $HOME:
+    /// docs/SECRET-SERVICE.md, "The device's judge").
     static let activationText = """
         \(marker)
         [D-BUS Service]

@@ -6,12 +6,13 @@ import KeychainFS
 import Glibc
 #endif
 
-// The command line's one way to a keychain's device (issue 32): which
-// keychain (KeychainPlace), starting its device on demand (DeviceLauncher),
-// the requests (RunningDevice), the one map from a reply to a message and an
-// exit status (DeviceAccess.explanation), and the keychain opened in this
-// process when no device holds it (DeviceAccess.openDirectly). No other file
-// of the command line talks to a device (./scripts/test checks it).
+// The command line's one way to a keychain's device (docs/CONTRIBUTING.md,
+// "Where a new piece goes"): which keychain (KeychainPlace), starting its
+// device on demand (DeviceLauncher), the requests (RunningDevice), the one map
+// from a reply to a message and an exit status (DeviceAccess.explanation), and
+// the keychain opened in this process when no device holds it
+// (DeviceAccess.openDirectly). No other file of the command line talks to a
+// device (./scripts/test checks it).
 
 /// Where a command finds the keychain: a directory of this user, served
 /// by this user's own device process, or the user's keychain in the
@@ -151,8 +152,8 @@ enum DeviceAccess {
     }
 
     /// Where the service answers for the user but the user has a keychain
-    /// of their own too (issue 39: service mode hid it, and nothing said
-    /// where it went): how to name it.
+    /// of their own too (service mode once hid it, and nothing said where it
+    /// went): how to name it.
     static var personalKeychainHint: String {
         guard getenv("KEYCHAINFS_KEYCHAIN") == nil, ServicePaths.socket() != nil else { return "" }
         let own = KeychainDirectory.defaultLocation()

@@ -297,7 +297,8 @@ struct ImportSecretServiceCommand: ParsableCommand {
         }
         printError("\(counts.imported) imported, \(counts.kept) kept, \(counts.failed) failed")
         if counts.imported > 0 {
-            // Issue 31: who made them is not known here.
+            // Who made them is not known here (docs/SECRET-SERVICE.md, "Whose
+            // an item is").
             printError(
                 "imported items belong to no program: every program of yours reads them over the bus; "
                     + "`keychainfs acl GROUP/ID --claim PROGRAM` makes one a program's, as if it had made it")

@@ -97,7 +97,8 @@ enum RecoveryKeyNotice {
     /// `declined`: the user asked for a file (--no-tpm); otherwise a
     /// keychain without a TPM says why there was none.
     /// `keychain`: the keychain the key is of, which says whether its TPM
-    /// is reached directly or through the keychainfs service (issue 38).
+    /// is reached directly or through the keychainfs service (docs/FORMAT.md,
+    /// "The TPM through the service").
     static func show(_ recovery: RecoveryKey?, of keychain: KeychainDirectory, declined: Bool = true) {
         show(
             formatted: recovery?.formatted(),

@@ -58,7 +58,7 @@ struct KeychainFSCommand: ParsableCommand {
                 printError("keychainfs: " + problem)
                 Glibc.exit(64)
             }
-            // No command is a usage error (issue 39: it printed the help and
+            // No command is a usage error (it once printed the help and
             // exited 0, so a script's `keychainfs "$cmd"` with an empty
             // variable passed for success). The help goes to standard error.
             if arguments.isEmpty {
@@ -72,9 +72,9 @@ struct KeychainFSCommand: ParsableCommand {
 
     /// `--keychain DIR COMMAND ...` as `COMMAND ... --keychain DIR`: the
     /// keychain named first, as `git -C DIR` and `pass` take it, is every
-    /// command's option (issue 39: `keychainfs --keychain DIR init` was
-    /// "Unknown option"). Only before a known command: anything else is
-    /// left for the parser to refuse.
+    /// command's option (`keychainfs --keychain DIR init` was once "Unknown
+    /// option"). Only before a known command: anything else is left for the
+    /// parser to refuse.
     static func keychainFirst(_ arguments: [String]) -> [String] {
         var arguments = arguments
         let named: [String]

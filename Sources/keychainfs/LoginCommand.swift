@@ -4,8 +4,8 @@ import KeychainCore
 import Glibc
 #endif
 
-/// Whether the login password unlocks this user's keychain (issue 39,
-/// docs/DESKTOP.md "Unlocked at login"): the user's choice, kept in
+/// Whether the login password unlocks this user's keychain (docs/DESKTOP.md,
+/// "Unlocked at login"): the user's choice, kept in
 /// `~/.config/keychainfs/login` (the account's home, not `$HOME` or
 /// `$XDG_CONFIG_HOME`: pam_keychainfs runs the hook before the session's
 /// environment exists). The first line is `on` or `off`; an `off` the

@@ -107,14 +107,14 @@ struct ServiceCommand: ParsableCommand {
         throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
     }
 
-    /// `--daemon` (issue 39: an init without systemd, as sysvinit's and
-    /// OpenRC's scripts expect): this command, without `--daemon`, in a
-    /// session of its own, its messages appended to `--log`; once it
-    /// listens, its pid is written to `--pid-file` and this returns 0. A
-    /// pid file naming a running service refuses a second one; a stale
-    /// one (its process gone) is replaced. The service cannot remove the
-    /// file once it is the account: `start-stop-daemon --remove-pidfile`
-    /// does, as it stops it.
+    /// `--daemon` (docs/DESKTOP.md, "Without systemd": an init without systemd,
+    /// as sysvinit's and OpenRC's scripts expect): this command, without
+    /// `--daemon`, in a session of its own, its messages appended to `--log`;
+    /// once it listens, its pid is written to `--pid-file` and this returns 0.
+    /// A pid file naming a running service refuses a second one; a stale one
+    /// (its process gone) is replaced. The service cannot remove the file once
+    /// it is the account: `start-stop-daemon --remove-pidfile` does, as it
+    /// stops it.
     private func runInTheBackground() throws {
         let pidFile = absolutePath(self.pidFile), log = absolutePath(self.log)
         if let running = Self.runningService(named: pidFile) {
@@ -161,11 +161,12 @@ struct ServiceCommand: ParsableCommand {
         return arguments.count > 1 && arguments[0].hasSuffix("keychainfs") && arguments[1] == "service" ? pid : nil
     }
 
-    /// Issue 38: where the TPM's lockout hierarchy is open (an empty auth,
-    /// as most machines leave it) and the service's account reaches the
-    /// TPM, the service takes it (``TPMLockoutHierarchy``), so that no
-    /// other program that reaches the TPM can reset its count of wrong
-    /// passcodes. Taken already, or no TPM: nothing to do.
+    /// Where the TPM's lockout hierarchy is open (an empty auth, as most
+    /// machines leave it) and the service's account reaches the TPM, the
+    /// service takes it (``TPMLockoutHierarchy``), so that no other program
+    /// that reaches the TPM can reset its count of wrong passcodes
+    /// (docs/SECURITY.md, "Bound to this machine, against whoever holds the
+    /// files and the TPM"). Taken already, or no TPM: nothing to do.
     private func takeTPMLockout(_ stateDirectory: String) {
         guard !TPMLockoutHierarchy.declinedByEnvironment else { return }
         do throws(KeychainError) {

@@ -4,9 +4,10 @@ import KeychainCore
 import Glibc
 #endif
 
-/// `keychainfs tpm take-lockout|release-lockout|reset-lockout` (issue 38):
-/// root takes the TPM's lockout hierarchy, so that nobody else who reaches
-/// the TPM can reset its count of wrong passcodes or switch it off
+/// `keychainfs tpm take-lockout|release-lockout|reset-lockout`
+/// (docs/SECURITY.md, "Bound to this machine, against whoever holds the files
+/// and the TPM"): root takes the TPM's lockout hierarchy, so that nobody else
+/// who reaches the TPM can reset its count of wrong passcodes or switch it off
 /// (``TPMLockoutHierarchy``).
 struct TPMCommand: ParsableCommand {
     static let configuration = CommandConfiguration(

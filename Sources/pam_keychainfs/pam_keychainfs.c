@@ -1,7 +1,8 @@
 /*
  * pam_keychainfs: the login password unlocks the user's keychain, and a
- * password change through PAM changes its passcode (issue 39), as
- * gnome-keyring's PAM module does for its login keyring.
+ * password change through PAM changes its passcode (docs/DESKTOP.md,
+ * "Unlocked at login"), as gnome-keyring's PAM module does for its login
+ * keyring.
  *
  * C, not Swift, and built with the C compiler, not SwiftPM (which links
  * the Swift runtime into every dynamic library): this file is loaded into

@@ -29,8 +29,9 @@ public final class AuditLog: Sendable {
     private let rotationSize: Int
     /// Denials one program (uid and executable) has written one by one at
     /// once, and per second after that; past them they are counted, and
-    /// the count written as one line (issue 29: a flood of cheap denials
-    /// rotated an earlier denial out of both files).
+    /// the count written as one line (a flood of cheap denials rotated an
+    /// earlier denial out of both files: docs/SECURITY.md, "Service mode under
+    /// attack").
     static let denialBurst = 200.0
     static let denialsPerSecond = 20.0
 

@@ -1,9 +1,10 @@
-/// The caller policy (issue 40): what every door (a mount, the socket, the
-/// bus) does about a request for a group's items, written once:
+/// The caller policy (docs/CONTRIBUTING.md, "Where a new piece goes"): what
+/// every door (a mount, the socket, the bus) does about a request for a group's
+/// items, written once:
 /// 1. the group's entitlement policy admits the calling program (read only
 ///    for a group with a policy);
-/// 2. the owner rule (issue 37): an item another program owns is the
-///    person's to allow;
+/// 2. the owner rule (docs/SECURITY.md, "An application's secrets on every
+///    door"): an item another program owns is the person's to allow;
 /// 3. the act;
 /// 4. the entitlement once more, just before the answer leaves: a program
 ///    that let a tracer or foreign code in meanwhile gets nothing;

@@ -4,9 +4,10 @@ import Glibc
 #endif
 
 /// Whether the client a question is for still waits for its answer
-/// (issue 37: the device ends its pinentry when the client leaves). A
-/// question open for nobody would only stand on the person's screen for
-/// a program that is gone, or that its person stopped (Ctrl-C).
+/// (the device ends its pinentry when the client leaves:
+/// docs/SECRET-SERVICE.md, "Whose an item is"). A question open for nobody
+/// would only stand on the person's screen for a program that is gone, or that
+/// its person stopped (Ctrl-C).
 package enum ClientPresence {
     /// A socket client waits while its end is open: it sends nothing
     /// after its request, so a hang-up (POLLRDHUP, POLLHUP) is its leaving.

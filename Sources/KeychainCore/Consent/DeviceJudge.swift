@@ -3,10 +3,11 @@ import Glibc
 #endif
 
 /// What decides who gets a secret at this device, as `status` shows it
-/// (issue 37): the pinentry that answers for the person, the processes
-/// that started the device, and whether a program of the user could
-/// replace the device's own program. None of it comes from a caller: the
-/// device takes nothing of a caller's environment that would decide.
+/// (docs/SECRET-SERVICE.md, "The device's judge"): the pinentry that answers
+/// for the person, the processes that started the device, and whether a program
+/// of the user could replace the device's own program. None of it comes from a
+/// caller: the device takes nothing of a caller's environment that would
+/// decide.
 public struct DeviceJudge: Sendable, Equatable {
     /// The pinentry that asks the person (nil: none, so every question is denied).
     public var pinentry: String?

@@ -2,11 +2,11 @@
 import Glibc
 #endif
 
-/// Whose an item's secret is (issues 31 and 37): an item a program made
-/// over the bus belongs to it. Its owner, and the programs the person
-/// allowed for good, use it without a question; any other program, at any
-/// door (the bus, the socket's commands, the mount), waits while pinentry
-/// asks the person: Deny, Allow once, Always allow. No way to ask (no
+/// Whose an item's secret is (docs/SECRET-SERVICE.md, "Whose an item is"): an
+/// item a program made over the bus belongs to it. Its owner, and the programs
+/// the person allowed for good, use it without a question; any other program,
+/// at any door (the bus, the socket's commands, the mount), waits while
+/// pinentry asks the person: Deny, Allow once, Always allow. No way to ask (no
 /// pinentry, a timeout, a closed window, too many questions at once) is
 /// Deny. Listings still show the item; only its secret and its changes are
 /// the owner's. Items made through a mount or the command line belong to
@@ -269,10 +269,10 @@ package enum ProcessChain {
     }
 }
 
-/// Programs that act for whatever runs them (issue 37): a person who
-/// allows one for good allows every script that runs it. They are
-/// allowed once at most, never always: the command line of KeychainFS
-/// itself, libsecret's and D-Bus's own tools, and the interpreters
+/// Programs that act for whatever runs them (docs/SECRET-SERVICE.md, "Whose an
+/// item is"): a person who allows one for good allows every script that runs
+/// it. They are allowed once at most, never always: the command line of
+/// KeychainFS itself, libsecret's and D-Bus's own tools, and the interpreters
 /// (``Interpreters``), unless they run a script file, which is then the
 /// program.
 package enum Deputies {

@@ -44,9 +44,9 @@ public struct ConsentQuestion: Sendable {
     package var waiting: @Sendable () -> Bool = { true }
 }
 
-/// The owner rule (issue 37), the same at every door: the bus, every
-/// socket command and the mount call it before they hand out or change an
-/// item, with the program that asked.
+/// The owner rule, the same at every door (docs/SECURITY.md, "An application's
+/// secrets on every door"): the bus, every socket command and the mount call it
+/// before they hand out or change an item, with the program that asked.
 extension PasswordManager {
     /// The question to put to the person before `caller` may `verb` the
     /// items `identifiers` of `group`; nil when none needs asking (they
@@ -109,7 +109,8 @@ extension PasswordManager {
         asked: [ItemConsent.Asked], verb: String, program: ProgramIdentity?, subject: AuditSubject?
     ) -> ConsentQuestion {
         let claim = program.map(ProgramClaim.init)
-        // An interpreter running a script file is that script, no deputy (issue 37).
+        // An interpreter running a script file is that script, no deputy
+        // (docs/SECRET-SERVICE.md, "Whose an item is").
         var deputy = program.map { Deputies.isDeputy($0.executable) } ?? false
         var unidentified = program?.distrust
         switch program?.script {
@@ -174,8 +175,8 @@ extension PasswordManager {
 }
 
 /// The items of a keychain that have an owner, as the owner rule needs to
-/// know at every open (issue 37): `owned` as read from the store, and the
-/// items changed since (`unchecked`), which are read again when asked about.
+/// know at every open: `owned` as read from the store, and the items changed
+/// since (`unchecked`), which are read again when asked about.
 struct OwnerIndex: Sendable {
     var loaded = false
     var owned: Set<String> = []

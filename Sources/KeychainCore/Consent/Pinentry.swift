@@ -11,7 +11,8 @@ import Glibc
 /// WAYLAND_DISPLAY or tty). The passcode goes from its pipe into secret
 /// memory; it never becomes a string. Every pinentry the process runs is
 /// ended by ``endAll()`` when the device stops, and none is waited on past
-/// its deadline, whether or not it honours SETTIMEOUT (issue 37).
+/// its deadline, whether or not it honours SETTIMEOUT (docs/SECRET-SERVICE.md,
+/// "Whose an item is").
 package final class Pinentry {
     package let pid: pid_t
     /// Our ends of its standard input and output; nil once it is ended.

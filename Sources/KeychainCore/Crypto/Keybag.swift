@@ -19,8 +19,9 @@ struct DeviceSecret: Sendable {
     /// Seals the items' details (``ItemDetails``): always available, as
     /// names are, so that a search finds locked items.
     let detailsKey: GuardedKey
-    /// The auth of the keychain's TPM rollback counter (issue 38): only
-    /// the holder of the device secret reads and increments it.
+    /// The auth of the keychain's TPM rollback counter (docs/FORMAT.md, "Keys
+    /// sealed by a TPM"): only the holder of the device secret reads and
+    /// increments it.
     let counterAuth: SecureBytes
     /// The TPM rollback counter's value that the state, policy and audit
     /// anchor records are bound to (nil: a keychain without a counter):
@@ -72,14 +73,14 @@ struct DeviceSecret: Sendable {
     }
 
     /// The domain of a record bound to the rollback counter at `epoch`
-    /// (nil: unbound, a keychain without a counter, as before issue 30).
+    /// (nil: unbound, a keychain without a counter, as before format 5).
     static func boundDomain(_ domain: String, epoch: UInt64?) -> String {
         epoch.map { "\(domain)@\($0)" } ?? domain
     }
 
     /// The epoch `domain`'s record carries now: the current ``epoch``, or
-    /// none for a record bound only since issue 38 in a keychain whose
-    /// rollback record is still version 1.
+    /// none for a record that only version 2 of the rollback record binds, in a
+    /// keychain whose rollback record is still version 1.
     func epoch(of domain: String) -> UInt64? {
         let (value, bindsAll) = epoch.state
         return bindsAll || !RollbackRecord.isLateBound(domain) ? value : nil
@@ -139,7 +140,8 @@ struct Keybag {
     static let stateVersion: UInt8 = 2
     static let recordKey = "keybag"
     /// Bound to the rollback counter (``DeviceSecret/boundRecord(_:_:)``)
-    /// since issue 38: an older keybag (an older passcode) fails beside newer records.
+    /// since version 2 of the rollback record: an older keybag (an older passcode)
+    /// fails beside newer records.
     static let macDomain = "kcfs-keybag-v1"
 
     /// The format this record was written in (``version`` for new ones).
@@ -148,21 +150,21 @@ struct Keybag {
     var kdf: KDFParameters
     var salt: [UInt8]
     var wrapped: [ProtectionClass: (nonce: [UInt8], sealed: [UInt8])] = [:]
-    /// The passcode's TPM object (issue 30): a random secret sealed by the
-    /// TPM under an auth derived from Argon2id(passcode), without which the
-    /// passcode KEK cannot be derived, so every guess goes through the TPM
-    /// and its dictionary-attack lockout. Nil for a keychain kept in a file,
-    /// or without a passcode. A record carrying one is version 5
-    /// (``tpmVersion``), which builds before issue 30 refuse.
+    /// The passcode's TPM object (docs/FORMAT.md, "Keys sealed by a TPM"): a
+    /// random secret sealed by the TPM under an auth derived from
+    /// Argon2id(passcode), without which the passcode KEK cannot be derived, so
+    /// every guess goes through the TPM and its dictionary-attack lockout. Nil
+    /// for a keychain kept in a file, or without a passcode. A record carrying
+    /// one is version 5 (``tpmVersion``), which builds before format 5 refuse.
     var tpmPasscodeObject: [UInt8]?
     /// The version of a record with a ``tpmPasscodeObject``.
     static let tpmVersion: UInt8 = 5
-    /// Whether the keychain keeps a ``PasscodeBinding`` (issue 38): its
-    /// state is bound to a TPM counter that only the passcode moves. Said
-    /// where only the passcode reaches: the associated data of the wrapped
-    /// passcode classes, so that a keybag stripped of it (to boot a copy
-    /// without the binding) no longer unwraps. A record with it is version
-    /// 6 (``passcodeBoundVersion``), which builds before refuse.
+    /// Whether the keychain keeps a ``PasscodeBinding`` (docs/FORMAT.md, "The
+    /// passcode binding"): its state is bound to a TPM counter that only the
+    /// passcode moves. Said where only the passcode reaches: the associated
+    /// data of the wrapped passcode classes, so that a keybag stripped of it
+    /// (to boot a copy without the binding) no longer unwraps. A record with it
+    /// is version 6 (``passcodeBoundVersion``), which builds before refuse.
     var isPasscodeBound = false
     static let passcodeBoundVersion: UInt8 = 6
     /// Whether it can be bound at all: it has a passcode, and the TPM

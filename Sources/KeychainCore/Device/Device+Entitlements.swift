@@ -106,7 +106,7 @@ extension Device {
         return count
     }
 
-    // MARK: An item's access list (issue 31)
+    // MARK: An item's access list (docs/SECRET-SERVICE.md, "Whose an item is")
 
     /// Puts `program` on the access list of an item that has an owner
     /// (`keychainfs acl --add`), as the person's "Always allow" does. Needs

@@ -211,11 +211,11 @@ extension Device {
         }
     }
 
-    /// Gives a keychain whose rollback record is version 1 (issue 30) a
-    /// counter only its device reads and moves, recorded by name, and binds
-    /// its keybag, lockout and recovery records to it (issue 38), in one
-    /// transaction from `record`'s epoch. The old counter is then moved on
-    /// once, so that every copy from before is behind it even where it
+    /// Gives a keychain whose rollback record is version 1 (docs/FORMAT.md,
+    /// "Keys sealed by a TPM") a counter only its device reads and moves,
+    /// recorded by name, and binds its keybag, lockout and recovery records to
+    /// it, in one transaction from `record`'s epoch. The old counter is then
+    /// moved on once, so that every copy from before is behind it even where it
     /// cannot be freed, and freed. Returns the new counter.
     static func upgradeCounter(_ store: ItemStore, secret: DeviceSecret, from record: RollbackRecord, tpm: KeychainTPM)
         throws(KeychainError) -> CounterReference
@@ -361,9 +361,10 @@ extension Device {
             AuditEvent(
                 operation: "recover", result: "ok", subject: nil,
                 detail: "with the recovery key"))
-        // A move between protections makes new keys (issue 38): a copy of
-        // the files from before (on the old machine, with its TPM and the
-        // old passcode) opens nothing written from now on.
+        // A move between protections makes new keys (docs/SECURITY.md, "Bound
+        // to this machine, against whoever holds the files and the TPM"): a
+        // copy of the files from before (on the old machine, with its TPM and
+        // the old passcode) opens nothing written from now on.
         let sealed = try directory.keyProtection() != .file
         return try rekey(at: directory, passcode: newPasscode, tpm: sealed ? .required : .declined, tcti: tcti)
     }

@@ -1,5 +1,6 @@
-/// The passcode binding (``PasscodeBinding``, issue 38): checked at the
-/// first passcode of a boot, kept by writes, moved with the rollback counter.
+/// The passcode binding (``PasscodeBinding``; docs/FORMAT.md, "The passcode
+/// binding"): checked at the first passcode of a boot, kept by writes, moved
+/// with the rollback counter.
 extension Device {
     /// After the passcode proved right (unlock, passcode change, grant,
     /// ...), with the class keys it unwrapped: the binding is checked and

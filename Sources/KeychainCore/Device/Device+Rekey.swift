@@ -3,7 +3,8 @@ internal import CLinux
 import Glibc
 #endif
 
-/// A change of protection makes new keys (issue 38): a copy of a keychain
+/// A change of protection makes new keys (docs/SECURITY.md, "Bound to this
+/// machine, against whoever holds the files and the TPM"): a copy of a keychain
 /// taken before it was sealed by a TPM held its device secret in a file,
 /// and the same secret and class keys, kept by the move, opened the sealed
 /// keychain with no TPM: `always` items at once, and every item, also

@@ -3,11 +3,11 @@ import Synchronization
 import Glibc
 #endif
 
-/// The desktop session as the device's lock screen (issue 39): when the
-/// session locks, the keychain locks after the auto-lock grace, as iOS
-/// drops the class keys about 10 seconds after its screen locks; when
-/// the session unlocks within the grace, the keys stay (the keychain is
-/// never unlocked by it: that takes the passcode).
+/// The desktop session as the device's lock screen (docs/FILESYSTEM.md,
+/// "`.control`"): when the session locks, the keychain locks after the
+/// auto-lock grace, as iOS drops the class keys about 10 seconds after its
+/// screen locks; when the session unlocks within the grace, the keys stay (the
+/// keychain is never unlocked by it: that takes the passcode).
 extension Device {
     /// Locks after `grace` seconds (the auto-lock grace when nil), unless
     /// ``cancelSessionLock()`` comes first; observers get

@@ -89,7 +89,8 @@ public final class Device: Sendable {
             throw .insecurePermissions
         }
         let lock = try Self.takeKeychainLock(directory)
-        // A move to the TPM interrupted before or after its exchange (issue 38).
+        // A move to the TPM interrupted before or after its exchange
+        // (docs/FORMAT.md, "Keys sealed by a TPM").
         Self.destroyLeftover(of: directory)
         // The device secret unsealed and the counter read in one TPM session.
         let (secret, store, tpm, counter) = try KeychainTPM.sharingSession(tcti: tcti) {

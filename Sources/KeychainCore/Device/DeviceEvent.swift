@@ -14,11 +14,12 @@ public struct DeviceStatus: Sendable, Equatable {
     public var autoLockAfter: Int = 0
     /// Seconds between `will-lock` and an auto-lock.
     public var autoLockGrace: Int = 0
-    /// How the keys are kept (issue 30); asked of the TPM, so filled in
-    /// only where a status is shown (the `status` request, `.control`).
+    /// How the keys are kept (docs/SECURITY.md, "Keys sealed by the TPM");
+    /// asked of the TPM, so filled in only where a status is shown (the
+    /// `status` request, `.control`).
     public var keyProtection: KeyProtectionStatus?
-    /// Who decides at the device (issue 37): filled in where a status is
-    /// shown, beside ``keyProtection``.
+    /// Who decides at the device (docs/SECRET-SERVICE.md, "The device's
+    /// judge"): filled in where a status is shown, beside ``keyProtection``.
     public var judge: DeviceJudge?
     /// The process serving the keychain: filled in where a status is shown.
     public var serving: ServingFacts?

@@ -25,8 +25,9 @@ public struct LockoutPolicy: Sendable, Equatable {
 /// without the device secret.
 struct LockoutRecord: Equatable {
     static let recordKey = "lockout"
-    /// Bound to the rollback counter since issue 38: putting back an older
-    /// record (fewer failures) fails beside newer records.
+    /// Bound to the rollback counter since version 2 of the rollback record:
+    /// putting back an older record (fewer failures) fails beside newer
+    /// records.
     static let macDomain = "kcfs-lockout-v1"
 
     var failures: UInt64 = 0
@@ -49,11 +50,11 @@ struct LockoutRecord: Equatable {
 }
 
 /// The TPM's count of wrong auths as this keychain last saw it, right after
-/// one of its own wrong passcodes (meta key `tpm-lockout`, issue 38): the
-/// count, the wall-clock second, and the seconds after which the TPM
-/// forgets one. The TPM's count never drops faster than that unless someone
-/// resets it (TPM2_DictionaryAttackLockReset, which an empty lockout auth
-/// allows anyone who reaches the TPM), so a count below
+/// one of its own wrong passcodes (meta key `tpm-lockout`, docs/FORMAT.md,
+/// "meta records"): the count, the wall-clock second, and the seconds after
+/// which the TPM forgets one. The TPM's count never drops faster than that
+/// unless someone resets it (TPM2_DictionaryAttackLockReset, which an empty
+/// lockout auth allows anyone who reaches the TPM), so a count below
 /// ``fewestFailures(at:)`` says it was reset: between guesses, an attacker
 /// does that to guess without end. Bound to the rollback counter.
 struct TPMFailuresSeen: Equatable {

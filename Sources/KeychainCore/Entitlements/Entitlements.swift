@@ -22,7 +22,8 @@ public struct ProgramIdentity: Sendable, Equatable {
     /// It runs code from anonymous executable memory (a JIT, or code
     /// written there): only a rule granted with `--allow-jit` admits it.
     public var runsAnonymousCode: Bool
-    /// For an interpreter, the script it runs (issue 37); nil for any other program.
+    /// For an interpreter, the script it runs (docs/SECRET-SERVICE.md, "Whose an
+    /// item is"); nil for any other program.
     public var script: ScriptIdentity?
 
     public init(
@@ -39,7 +40,8 @@ public struct ProgramIdentity: Sendable, Equatable {
 
     /// An interpreter running code that no file names (`python3 -c`,
     /// standard input, a module by name, a script others may write, an
-    /// environment that loads code): no owner matches it (issue 37).
+    /// environment that loads code): no owner matches it
+    /// (docs/SECRET-SERVICE.md, "Whose an item is").
     public var runsUnidentifiableScript: Bool {
         if case .unidentifiable? = script { return true }
         return false
@@ -120,9 +122,10 @@ public struct EntitlementRule: Sendable, Equatable {
 /// version 2, written only when some rule allows JIT (one encoding per
 /// policy, and a keychain that uses no JIT rule still boots in builds that
 /// know only version 1); the MAC (keyed BLAKE2b under the device metadata
-/// key) over all before it. Version 3 (issue 31), written only when some
-/// group's items are open to every program over the bus, has the flags
-/// byte in every rule and ends with `open u32 | name*` (sorted), those groups.
+/// key) over all before it. Version 3 (docs/SECRET-SERVICE.md, "Whose an item is"),
+/// written only when some group's items are open to every program over the bus, has
+/// the flags byte in every rule and ends with `open u32 | name*` (sorted), those
+/// groups.
 struct EntitlementPolicy: Equatable, Sendable {
     static let recordKey = "entitlements"
     private static let versionWithFlags: UInt8 = 2

@@ -37,7 +37,8 @@ package struct ProcessIdentity: Sendable, Equatable {
     /// Who made the request, for the audit log.
     package var auditSubject: AuditSubject { ProgramIdentities.subject(thread: thread, uid: uid) }
 
-    /// The caller as the owner rule asks about it (issue 37).
+    /// The caller as the owner rule asks about it (docs/SECURITY.md, "An
+    /// application's secrets on every door").
     package var consentCaller: ConsentCaller {
         ConsentCaller(
             program: { program }, subject: { auditSubject },

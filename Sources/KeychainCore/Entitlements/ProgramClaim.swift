@@ -4,12 +4,12 @@ import Glibc
 #endif
 
 /// A program that an item belongs to, or that its owner's person allowed
-/// (issue 31): as the Secret Service met it, by the executable the kernel
-/// named, its SHA-256, and, for an executable a Debian package installed
-/// (root's, writable by root alone), that package, so that an update of the
-/// package keeps the program's items. A program the user built or copied
-/// (a file the user can write) is its digest: another build is another
-/// program. Sealed with the item's details (``ItemDetails``).
+/// (docs/SECRET-SERVICE.md, "Whose an item is"): as the Secret Service met it,
+/// by the executable the kernel named, its SHA-256, and, for an executable a
+/// Debian package installed (root's, writable by root alone), that package, so
+/// that an update of the package keeps the program's items. A program the user
+/// built or copied (a file the user can write) is its digest: another build is
+/// another program. Sealed with the item's details (``ItemDetails``).
 public struct ProgramClaim: Sendable, Equatable {
     public var executable: String
     public var digest: [UInt8]
@@ -18,12 +18,14 @@ public struct ProgramClaim: Sendable, Equatable {
     /// The systemd unit (or flatpak/snap scope) it ran in, for people to
     /// read; not compared (a scope's name changes with every start).
     public var unit: String?
-    /// The script an interpreter ran (issue 37): `python3 x.py` is x.py as
-    /// much as python3. Nil for a program that is no interpreter.
+    /// The script an interpreter ran (docs/SECRET-SERVICE.md, "Whose an item
+    /// is"): `python3 x.py` is x.py as much as python3. Nil for a program that
+    /// is no interpreter.
     public var script: ProgramScript?
     /// Whether the program ran code from anonymous executable memory (a
     /// JIT: a browser, node) when it was recorded; nil for a claim recorded
-    /// before issue 37, which did not say (and then admits either).
+    /// in details version 2 (docs/FORMAT.md, "Item details"), which did not say
+    /// (and then admits either).
     public var jit: Bool?
 
     public init(
@@ -57,7 +59,7 @@ public struct ProgramClaim: Sendable, Equatable {
     /// one's; nor is one running code from anonymous memory, unless the
     /// program did when it was recorded (a browser's JIT): a library that
     /// copies itself into anonymous memory to hide its file is not the
-    /// program (issue 37).
+    /// program (docs/SECRET-SERVICE.md, "Whose an item is").
     public func admits(_ program: ProgramIdentity) -> Bool {
         guard program.distrust == nil, EntitlementRule.sameBytes(program.executable, executable) else { return false }
         guard !program.runsAnonymousCode || jit != false else { return false }
@@ -90,9 +92,9 @@ public struct ProgramClaim: Sendable, Equatable {
 
     /// The owner of an item whose creator could not be taken for its
     /// executable (traced, in another namespace, on a shared connection;
-    /// issue 37): no program matches it (no file's SHA-256 is zero), so
-    /// every program is asked about the item. Such an item never has no
-    /// owner, which would make it every program's.
+    /// docs/SECRET-SERVICE.md, "Whose an item is"): no program matches it (no
+    /// file's SHA-256 is zero), so every program is asked about the item. Such
+    /// an item never has no owner, which would make it every program's.
     public static let unidentified = ProgramClaim(
         executable: "/(unidentified)", digest: [UInt8](repeating: 0, count: 32))
 }

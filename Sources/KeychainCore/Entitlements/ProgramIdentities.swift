@@ -18,8 +18,9 @@ package enum ProgramIdentities {
     /// executable is unreadable or not the file its path names now).
     package static func of(thread: pid_t, uid: uid_t) -> ProgramIdentity? {
         guard thread > 0 else { return nil }
-        // A sandboxed app is its app id (issue 37): its executable names
-        // a file of its sandbox, which an update replaces.
+        // A sandboxed app is its app id (docs/SECRET-SERVICE.md, "Sandboxed
+        // apps"): its executable names a file of its sandbox, which an update
+        // replaces.
         if let sandboxed = SandboxApps.app(of: thread) {
             let name = sandboxed.app.claimName
             return ProgramIdentity(
@@ -38,7 +39,8 @@ package enum ProgramIdentities {
             var identity = ProgramIdentity(
                 executable: path, digest: digest, unit: unit(of: thread), uid: uid,
                 distrust: trust.problem, runsAnonymousCode: trust.runsAnonymousCode)
-            // An interpreter is its script too (issue 37).
+            // An interpreter is its script too (docs/SECRET-SERVICE.md, "Whose
+            // an item is").
             identity.script = Interpreters.kind(of: path).map { Interpreters.script(of: thread, kind: $0, uid: uid) }
             return identity
         }
@@ -133,7 +135,8 @@ package enum ProgramIdentities {
             return nil
         }
         // What the process that connected runs now is not who wrote the
-        // request when its connection outlives an exec or is shared (issue 37).
+        // request when its connection outlives an exec or is shared
+        // (docs/SECURITY.md, "An application's secrets on every door").
         if checkingRelays, identity.distrust == nil {
             identity.distrust = SocketHolders.relayProblem(of: credentials.pid, connection: socket)
         }

@@ -3,10 +3,10 @@ import Glibc
 #endif
 
 /// A sandboxed app, named by what its sandbox says of it, which the app
-/// cannot change (issue 37): a Flatpak by the app id in its
-/// `/.flatpak-info`, a snap by its AppArmor label. Its executable names
-/// nothing (`/app/bin/x` is any app's path, and an update replaces it), so
-/// the app is its name: its items are its own whichever build made them.
+/// cannot change (docs/SECRET-SERVICE.md, "Sandboxed apps"): a Flatpak by the
+/// app id in its `/.flatpak-info`, a snap by its AppArmor label. Its executable
+/// names nothing (`/app/bin/x` is any app's path, and an update replaces it),
+/// so the app is its name: its items are its own whichever build made them.
 public enum SandboxApp: Sendable, Equatable {
     case flatpak(String)
     case snap(String)

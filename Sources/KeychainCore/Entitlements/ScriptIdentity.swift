@@ -2,12 +2,12 @@
 import Glibc
 #endif
 
-/// What an interpreter runs (issue 37): its executable says nothing of the
-/// script, so `python3 x.py` and `python3 y.py` would be one program. For
-/// an interpreter the owner rule reads the script too, from the process's
-/// command line: a file is its path and SHA-256, and so is a module run by
-/// name (`python3 -m NAME`, the file Python finds for it); code given on the
-/// command line, read from standard input, a file others may
+/// What an interpreter runs (docs/SECRET-SERVICE.md, "Whose an item is"): its
+/// executable says nothing of the script, so `python3 x.py` and `python3 y.py`
+/// would be one program. For an interpreter the owner rule reads the script
+/// too, from the process's command line: a file is its path and SHA-256, and so
+/// is a module run by name (`python3 -m NAME`, the file Python finds for it);
+/// code given on the command line, read from standard input, a file others may
 /// write, or an environment that loads code into the interpreter
 /// (`PYTHONPATH`, `NODE_OPTIONS`...) is an identity no owner matches, so
 /// such a process is asked about every time, and allowed once at most.

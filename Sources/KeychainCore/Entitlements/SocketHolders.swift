@@ -8,8 +8,9 @@ import Glibc
 /// The daemon names the process that connected; any process that holds
 /// the same socket (a child forked after connecting, whose parent then
 /// exec'd a granted program; a process it was passed to) can send on it
-/// (issue 29). The kernel tells what a socket is connected to (sock_diag,
-/// `UNIX_DIAG_PEER`), and `/proc/PID/fd` who holds it, as `ss -xp` does.
+/// (docs/SECURITY.md, "Service mode under attack"). The kernel tells what a
+/// socket is connected to (sock_diag, `UNIX_DIAG_PEER`), and `/proc/PID/fd` who
+/// holds it, as `ss -xp` does.
 package enum SocketHolders {
     /// The address of the socket that `fd`'s socket is connected to (the
     /// listener's path or abstract name, as the kernel gives it); nil when
@@ -41,15 +42,15 @@ package enum SocketHolders {
 
     /// Why the device's end `client` of a socket connection may carry
     /// another program's words than those of `pid`, the process that
-    /// connected (issue 37): another process holds the other end too (a
-    /// child forked after connecting, a process it was passed to), or `pid`
-    /// holds it without close-on-exec, so that the program it runs next
-    /// inherits it (a granted `cat` that relays what its parent wrote, and
-    /// the reply to whoever reads the other copy). A client of ours opens
-    /// its connection with SOCK_CLOEXEC and keeps it to itself; an exec
-    /// closes such a connection, so whatever the process runs after one
-    /// can neither finish a request nor read its reply. nil when `pid`
-    /// alone holds the connection, close-on-exec.
+    /// connected (docs/SECURITY.md, "An application's secrets on every door"):
+    /// another process holds the other end too (a child forked after
+    /// connecting, a process it was passed to), or `pid` holds it without
+    /// close-on-exec, so that the program it runs next inherits it (a granted
+    /// `cat` that relays what its parent wrote, and the reply to whoever reads
+    /// the other copy). A client of ours opens its connection with SOCK_CLOEXEC
+    /// and keeps it to itself; an exec closes such a connection, so whatever
+    /// the process runs after one can neither finish a request nor read its
+    /// reply. nil when `pid` alone holds the connection, close-on-exec.
     package static func relayProblem(of pid: Int32, connection client: Int32) -> String? {
         var info = stat()
         guard fstat(client, &info) == 0, let netlink = diagnosticSocket() else {

@@ -7,7 +7,8 @@ import Glibc
 /// journald's `stdout` socket, introduced by the header journald expects
 /// (identifier, unit id, priority, level prefix, then whether to forward
 /// to syslog, kmsg and the console), after which every line written is a
-/// journal entry. For a device started in the background (issue 38): its
+/// journal entry. For a device started in the background (docs/SECURITY.md,
+/// "Bound to this machine, against whoever holds the files and the TPM"): its
 /// diagnostics, a failed bump of the TPM counter among them, are seen
 /// (`journalctl -t keychainfs`), not lost on /dev/null.
 package enum JournalStream {

@@ -26,7 +26,8 @@ public enum LineEscaping {
     /// every character that would hide or reorder text (Unicode's format
     /// characters such as U+202E, separators other than the space such as
     /// U+2028, private use, unassigned) as `\u{X}`. One way only: for a
-    /// terminal, never for a file that is read back (issue 37).
+    /// terminal, never for a file that is read back (docs/SECRET-SERVICE.md,
+    /// "Whose an item is").
     public static func shown(_ text: String, also separators: String = "") -> String {
         var out = ""
         for scalar in escaped(text, also: separators).unicodeScalars {

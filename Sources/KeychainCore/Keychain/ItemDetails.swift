@@ -17,9 +17,10 @@ public struct ItemDetails: Sendable, Equatable {
     public var created: UInt64
     /// Seconds since the epoch when its value or details last changed.
     public var modified: UInt64
-    /// The program that made the item over the bus (issue 31): it alone
-    /// reads, changes and deletes it there without the person being asked.
-    /// Nil for an item made through a mount or the command line.
+    /// The program that made the item over the bus (docs/SECRET-SERVICE.md,
+    /// "Whose an item is"): it alone reads, changes and deletes it there
+    /// without the person being asked. Nil for an item made through a mount or
+    /// the command line.
     public var owner: ProgramClaim?
     /// The programs the person allowed besides its owner ("Always allow").
     public var allowed: [ProgramClaim] = []
@@ -174,13 +175,14 @@ public struct ItemDetails: Sendable, Equatable {
     /// count u32 | (name | value)*` sorted by name, each string as
     /// `u16 LE length | UTF-8`: one encoding per value, so a record's bytes
     /// say exactly what it holds. Version 2, written only for an item with
-    /// an owner or an access list (issue 31), adds `| hasOwner u8 [| claim] |
+    /// an owner or an access list, adds `| hasOwner u8 [| claim] |
     /// allowed u8 | claim*`, a claim being `executable | sha256[32] |
     /// hasPackage u8 [| package] | hasUnit u8 [| unit]`.
-    /// Version 3 (issue 37), written only when a claim records a script
+    /// Version 3, written only when a claim records a script
     /// or whether its program ran a JIT, adds to each claim `| flags u8
     /// [| script path | script sha256[32]]`: bit 0 the JIT, bit 1 "not
-    /// recorded" (a claim from version 2), bit 2 a script follows.
+    /// recorded" (a claim from version 2), bit 2 a script follows
+    /// (docs/FORMAT.md, "Item details").
     static let encodingVersion: UInt8 = 1
     static let ownedVersion: UInt8 = 2
     static let identifiedVersion: UInt8 = 3

@@ -123,16 +123,21 @@ extension KeychainError {
     /// The keychain's state is older than its TPM rollback counter: an older
     /// copy of its files was put back (errSecDecode family).
     public static let rolledBack = KeychainError(rawValue: -909_006)
-    /// The item belongs to another program (issue 37), and the person did
-    /// not allow the caller: they denied it, or could not be asked
-    /// (errSecAuthFailed family, as macOS answers a denied keychain prompt).
+    /// The item belongs to another program (docs/SECRET-SERVICE.md, "Whose an
+    /// item is"), and the person did not allow the caller: they denied it, or
+    /// could not be asked (errSecAuthFailed family, as macOS answers a denied
+    /// keychain prompt).
     public static let ownerDenied = KeychainError(rawValue: -909_007)
     /// The TPM answered with another storage primary key than the one the
-    /// keychain was sealed under (issue 38): another TPM, or an interposer
-    /// on its bus. Nothing passcode-derived was sent (errSecIO family).
+    /// keychain was sealed under (docs/SECURITY.md, "Bound to this machine,
+    /// against whoever holds the files and the TPM"): another TPM, or an
+    /// interposer on its bus. Nothing passcode-derived was sent (errSecIO
+    /// family).
     public static let tpmStorageKeyChanged = KeychainError(rawValue: -909_008)
     /// The keychain's rollback counter is not on the TPM, or another index
-    /// took its place (issue 38): `recover` makes a new one (errSecIO family).
+    /// took its place (docs/SECURITY.md, "Bound to this machine, against
+    /// whoever holds the files and the TPM"): `recover` makes a new one
+    /// (errSecIO family).
     public static let rollbackCounterGone = KeychainError(rawValue: -909_009)
     /// The filesystem holding the keychain is full (SQLITE_FULL, ENOSPC):
     /// the write was rolled back, nothing changed (errSecDskFull family).

@@ -48,9 +48,10 @@ extension PasswordManager {
     /// ``KeychainError/interactionNotAllowed`` and no backup.
     ///
     /// At a door (`consent`: who asked), items that other programs own
-    /// (issue 37) go into the backup only when the person allows it, as a
-    /// read of each would need: ``KeychainError/ownerDenied`` and no backup
-    /// otherwise, so that no program gets another's secret through a file.
+    /// (docs/FILESYSTEM.md, "Items another program owns") go into the backup
+    /// only when the person allows it, as a read of each would need:
+    /// ``KeychainError/ownerDenied`` and no backup otherwise, so that no
+    /// program gets another's secret through a file.
     public func backup(
         password: SecureBytes, policedGroups: [String] = [], passcode: SecureBytes? = nil,
         by subject: AuditSubject? = nil,
@@ -150,11 +151,12 @@ extension PasswordManager {
     /// written then. Recorded in the audit log. Needs the key of every
     /// class it writes (``KeychainError/interactionNotAllowed`` while locked).
     ///
-    /// A restore never carries an owner or an access list (issue 37): a
-    /// crafted backup must not plant an item that a program then trusts as
-    /// its own. Restored items belong to no program until the person claims
-    /// them (`keychainfs acl --claim`, with the passcode). Replacing an item
-    /// another program owns needs the person's leave at a door (`consent`).
+    /// A restore never carries an owner or an access list
+    /// (docs/SECRET-SERVICE.md, "Whose an item is"): a crafted backup must not
+    /// plant an item that a program then trusts as its own. Restored items
+    /// belong to no program until the person claims them
+    /// (`keychainfs acl --claim`, with the passcode). Replacing an item another
+    /// program owns needs the person's leave at a door (`consent`).
     public func restore(
         _ backup: some BackupBytes, password: SecureBytes, policy: RestoreConflictPolicy,
         passcode: SecureBytes? = nil, by subject: AuditSubject? = nil

@@ -45,8 +45,9 @@ public final class PasswordManager: Sendable {
     }
     private let cache = Mutex<CacheEntry?>(nil)
     private let cacheSerial = Atomic<UInt64>(0)
-    /// Which items have an owner (issue 37), so that the owner rule costs
-    /// no query for the others (``mayHaveOwner(_:inGroup:)``).
+    /// Which items have an owner (docs/FILESYSTEM.md, "Items another program
+    /// owns"), so that the owner rule costs no query for the others
+    /// (``mayHaveOwner(_:inGroup:)``).
     let ownerIndex = Mutex(OwnerIndex())
     private let observer = Mutex<Int?>(nil)
 
@@ -334,11 +335,11 @@ public final class PasswordManager: Sendable {
         let old = try existing.flatMap { (row) throws(KeychainError) in try ItemCipher.openDetails(row, key: key) }
         guard var details = new ?? old else { return nil }
         if new != nil {
-            // Whose the item is, is not the writer's to say (issue 31): an
-            // item keeps its owner and access list (none for one made
-            // through a mount or the command line); a new one gets the
-            // owner its writer names (the Secret Service names its caller)
-            // and an empty list. ``allow(_:forIdentifier:inGroup:)`` alone adds to it.
+            // Whose the item is, is not the writer's to say (docs/SECRET-SERVICE.md,
+            // "Whose an item is"): an item keeps its owner and access list (none for
+            // one made through a mount or the command line); a new one gets the owner
+            // its writer names (the Secret Service names its caller) and an empty
+            // list. ``allow(_:forIdentifier:inGroup:)`` alone adds to it.
             details.owner = existing == nil ? new?.owner : old?.owner
             details.allowed = existing == nil ? [] : old?.allowed ?? []
         }

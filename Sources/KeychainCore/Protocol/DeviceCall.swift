@@ -1,8 +1,8 @@
-/// A request and the type of its answer (issue 40). The factories below
-/// are the one table that pairs each request with its result, in groups:
-/// a client names a call (`.info(group:identifier:)`) and gets an
-/// ``ItemInfo`` back, decoded once where the reply arrives; nobody picks
-/// a decoder. Adding a request: docs/CONTRIBUTING.md, "Adding a request".
+/// A request and the type of its answer. The factories below are the one table
+/// that pairs each request with its result, in groups: a client names a call
+/// (`.info(group:identifier:)`) and gets an ``ItemInfo`` back, decoded once
+/// where the reply arrives; nobody picks a decoder. Adding a request:
+/// docs/CONTRIBUTING.md, "Adding a request".
 public struct DeviceCall<Result: DeviceResult>: Sendable {
     public let request: DeviceRequest
 
@@ -144,9 +144,9 @@ extension DeviceCall where Result == RestoreSummary {
 
 // MARK: Policy (entitlements and items' access lists)
 
-/// A call of the policy group (issue 40): known to be one by its type, so
-/// that the command line, which answers a policy request itself when no
-/// device runs, gets the ``PolicyRequest`` without asking at run time.
+/// A call of the policy group: known to be one by its type, so that the command
+/// line, which answers a policy request itself when no device runs, gets the
+/// ``PolicyRequest`` without asking at run time.
 public struct PolicyCall<Result: DeviceResult>: Sendable {
     public let request: PolicyRequest
 
@@ -214,7 +214,7 @@ extension DeviceCall where Result == AuditLog.VerifyReport {
     public static var verifyLog: Self { .init(.file(.verifyLog)) }
 }
 
-// MARK: The TPM, through the service (issue 38)
+// MARK: The TPM, through the service (docs/FORMAT.md, "The TPM through the service")
 
 extension DeviceCall where Result == TPMSealed {
     public static func tpmSeal(_ secret: SecureBytes, auth: SecureBytes, guarded: Bool) -> Self {

@@ -17,14 +17,16 @@ import Glibc
 public enum DeviceProtocol {
     /// The protocol version this build speaks.
     /// 2: `backup` names the policed groups it includes and carries the
-    /// passcode; `restore` carries the passcode (issue 21).
+    /// passcode; `restore` carries the passcode (docs/SECURITY.md, "Callers
+    /// the device trusts").
     /// 3: service mode (`create`, `attach`, `auditLog`, `verifyLog`); the
     /// files of `backup` and `restore` are passed as descriptors.
     /// 4: `watch`, `autoLock`. 5: items' details (`set`'s field, `details`).
     /// 6: a claim in `details` records its script and JIT; `status` says
-    /// who decides (issue 37). 7: `status` names the mount it is asked
-    /// through, and answers the whole report: the serving process's facts
-    /// too (issue 40: one status for every view). 8: `status` says whether
+    /// who decides (docs/SECRET-SERVICE.md, "The device's judge"). 7:
+    /// `status` names the mount it is asked through, and answers the whole
+    /// report: the serving process's facts too (one status for every view:
+    /// docs/FILESYSTEM.md, "`.control`"). 8: `status` says whether
     /// the keychain is bound to its passcode (docs/FORMAT.md, "The passcode
     /// binding"). 9: the TPM through the service (`tpm*` requests, kinds 35
     /// to 41, which only the service answers: docs/FORMAT.md, "The TPM

@@ -1,7 +1,8 @@
-/// A request to the device, in groups (issue 40): each group has one
-/// handler at the device, and what only some requests have (a group of
-/// items, a consent verb) is said by that group alone. Clients name a
-/// request through ``DeviceCall``, which pairs it with its answer's type.
+/// A request to the device, in groups (docs/CONTRIBUTING.md, "Where a new piece
+/// goes"): each group has one handler at the device, and what only some
+/// requests have (a group of items, a consent verb) is said by that group
+/// alone. Clients name a request through ``DeviceCall``, which pairs it with
+/// its answer's type.
 public enum DeviceRequest: Equatable, Sendable {
     /// An item or a group of items: the library's operations, under the
     /// caller policy (a group's entitlement, the owner rule) and audited.
@@ -465,10 +466,11 @@ public enum PolicyRequest: Equatable, Sendable {
     /// Remove rules of `group`, or (`all`) its whole policy (``Device/revoke(group:executable:unit:uid:all:passcode:)``).
     /// The reply's field is the number of rules removed.
     case revoke(group: String, executable: String?, unit: String?, uid: UInt32?, all: Bool, passcode: SecureBytes?)
-    /// Change who may use an item over the bus (issue 31, ``AccessChange``)
-    /// with the program at `executable`. Needs the passcode, as `grant`
-    /// does. The reply's fields: the executable and its SHA-256 in hex (add,
-    /// claim), the number removed (remove).
+    /// Change who may use an item over the bus (``AccessChange``;
+    /// docs/SECRET-SERVICE.md, "Whose an item is") with the program at
+    /// `executable`. Needs the passcode, as `grant` does. The reply's fields:
+    /// the executable and its SHA-256 in hex (add, claim), the number removed
+    /// (remove).
     case access(group: String, identifier: String, executable: String, change: AccessChange, passcode: SecureBytes?)
     /// Whether programs own the items they make in `group` over the bus
     /// (`own`, the default) or its items are every program's (`open`):
@@ -545,7 +547,8 @@ extension ItemRequest {
     }
 
     /// The request with no owner or access list in the details it carries
-    /// (issue 31): what a client of the socket sends is taken so.
+    /// (docs/SECRET-SERVICE.md, "Whose an item is"): what a client of the
+    /// socket sends is taken so.
     public var withoutOwner: ItemRequest {
         switch self {
         case .set(let group, let identifier, let value, let protectionClass, let condition, let details?):
@@ -561,8 +564,9 @@ extension ItemRequest {
     }
 
     /// What the request does to an item another program may own, as the
-    /// person's question says it (issue 37); nil for a request that hands
-    /// out no secret and changes no item (a listing, details, a group).
+    /// person's question says it (docs/SECRET-SERVICE.md, "Whose an item is");
+    /// nil for a request that hands out no secret and changes no item (a
+    /// listing, details, a group).
     public var consentVerb: String? {
         switch self {
         case .get: "read the secret of"

@@ -2,10 +2,10 @@
 import Glibc
 #endif
 
-// What each request answers, as a type (issue 40): the device makes one of
-// these, the socket carries it as a reply, and the client gets it back
-// decoded once, where the reply arrives. A caller in the device's own
-// process (the Secret Service provider) gets the value itself, never its
+// What each request answers, as a type (docs/PROTOCOL.md, "Replies"): the
+// device makes one of these, the socket carries it as a reply, and the client
+// gets it back decoded once, where the reply arrives. A caller in the device's
+// own process (the Secret Service provider) gets the value itself, never its
 // fields. `DeviceReply` and its `[String]` are the framing only.
 
 /// A request's answer, carried by one reply.

@@ -1,8 +1,8 @@
 // The small results of the requests that answer `ok` with a few fields:
 // one encoder (the device) and one decoder (every client) each, as
 // ItemListing, PolicyListing and ItemDetails are for the larger ones
-// (issue 32). Fields of another shape came from another build: `.io`,
-// never a made-up class, count or digest.
+// (docs/PROTOCOL.md, "Replies"). Fields of another shape came from another
+// build: `.io`, never a made-up class, count or digest.
 
 extension ItemInfo {
     /// `info`'s fields: the class name and the size in decimal.

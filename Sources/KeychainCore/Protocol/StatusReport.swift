@@ -2,10 +2,10 @@
 import Glibc
 #endif
 
-// The status, built once (issue 40): the `.control` file, the socket's
-// `status` and `keychainfs status` (its text and its --json) all show
-// ``DeviceStatus/report()``. Before, the lines were written in two places
-// with different keys, and --json parsed the text back.
+// The status, built once (docs/FILESYSTEM.md, "`.control`"): the `.control`
+// file, the socket's `status` and `keychainfs status` (its text and its --json)
+// all show ``DeviceStatus/report()``. Before, the lines were written in two
+// places with different keys, and --json parsed the text back.
 
 /// One line of a status: its key and value.
 public struct StatusEntry: Sendable, Equatable {

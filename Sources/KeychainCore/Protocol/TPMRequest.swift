@@ -1,8 +1,8 @@
-/// The TPM, asked through the service (issue 38): what a per-user device
-/// whose user cannot reach the TPM has the service do for it. The service
-/// binds every object and counter to the caller's uid
-/// (``TPMBrokerAuth``), so no user gets the TPM itself: a blob or a counter
-/// of another user's opens for nobody else, whoever holds its files.
+/// The TPM, asked through the service (docs/FORMAT.md, "The TPM through the
+/// service"): what a per-user device whose user cannot reach the TPM has the
+/// service do for it. The service binds every object and counter to the
+/// caller's uid (``TPMBrokerAuth``), so no user gets the TPM itself: a blob or
+/// a counter of another user's opens for nobody else, whoever holds its files.
 public enum TPMRequest: Equatable, Sendable {
     /// Seal `secret` under `auth`; `guarded`: counted by the TPM's
     /// dictionary-attack lockout (a passcode's object), else not (the

@@ -1,7 +1,7 @@
 /// Where a keychain's passcode binding (``PasscodeBinding``) stands in its store.
 enum StoreBinding: Sendable {
     /// A keychain without one: kept in a file, without a passcode, or
-    /// sealed before issue 38's binding and not unlocked since.
+    /// sealed in format 5, before passcode bindings, and not unlocked since.
     case none
     /// A bound keychain whose binding key is not in memory yet (before the
     /// first passcode of a boot): rows of passcode classes can only be

@@ -29,7 +29,8 @@ public struct ItemInfo: Sendable, Equatable {
 /// A row's name, as ``ItemStore``'s tables know it: SipHash-2-4 with 128
 /// bits of output, keyed afresh at each start, of the group and
 /// identifier bytes. Not the two strings: building and hashing 100,000
-/// of them was a third of the boot check (issue 8), and they were 40
+/// of them was a third of the boot check (docs/BENCHMARKS.md, "2026-11-23
+/// (day): 100,000 items in less memory and a faster mount"), and they were 40
 /// bytes and up a row against 16. A collision between two names is a
 /// 2^-128-per-pair event, and could not hand out the wrong secret: the
 /// item's seal binds its group and identifier, so a wrong row fails to
@@ -68,12 +69,13 @@ final class ItemStore: Sendable {
     /// at boot, verified): a row replaced behind the running device's back
     /// (an older copy put back, a removed row restored) no longer matches.
     /// And the rows most recently read or written, as this device committed
-    /// them, so that reading them again touches no SQLite page (issue 8:
-    /// the point read was a third of a read's work). Only sealed rows are
-    /// kept (ciphertext and names, what the database file holds anyway),
-    /// written through on every commit; a row changed behind the device's
-    /// back is then not read again until it leaves this cache, and the
-    /// device keeps serving what it committed, never the changed row.
+    /// them, so that reading them again touches no SQLite page (the point read
+    /// was a third of a read's work: docs/BENCHMARKS.md, the read path measured
+    /// on 2026-11-23). Only sealed rows are kept (ciphertext and names, what
+    /// the database file holds anyway), written through on every commit; a row
+    /// changed behind the device's back is then not read again until it leaves
+    /// this cache, and the device keeps serving what it committed, never the
+    /// changed row.
     private struct KnownRows {
         var generations: [RowIdentity: Int64] = [:]
         var recent: [RowIdentity: SealedItem] = [:]

@@ -3,10 +3,11 @@ import Glibc
 #endif
 
 /// The boot check's row digests and table of generations, built on a second
-/// thread while the caller reads the rows out of SQLite (issue 8: at 100,000
-/// items the check is nearly all of a mount's wait; reading a row and naming
-/// it, on one side, cost about what digesting it and filing its generation
-/// do on the other, so two cores halve the wait).
+/// thread while the caller reads the rows out of SQLite (at 100,000 items the
+/// check is nearly all of a mount's wait; reading a row and naming it, on one
+/// side, cost about what digesting it and filing its generation do on the
+/// other, so two cores halve the wait: docs/BENCHMARKS.md, "2026-11-23 (day):
+/// 100,000 items in less memory and a faster mount").
 ///
 /// The caller adds each row (its identity, generation and digest message)
 /// to a slot; a full slot goes to the digesting thread, and the caller

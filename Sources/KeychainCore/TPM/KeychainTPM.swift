@@ -3,15 +3,15 @@ import Synchronization
 import Glibc
 #endif
 
-/// How a keychain's device secret is kept (issue 30), as `status` and
-/// `.control` say it.
+/// How a keychain's device secret is kept (docs/SECURITY.md, "Keys sealed by
+/// the TPM"), as `status` and `.control` say it.
 public enum KeyProtection: String, Sendable, Equatable {
     /// Sealed by a TPM 2.0: the files alone open nothing, and every
     /// passcode guess goes through the TPM and its lockout.
     case tpm2
     /// Sealed by a TPM 2.0 that the keychainfs service reaches for a user
-    /// who cannot (issue 38): as ``tpm2``, with every object and counter
-    /// bound to the user's uid by the service.
+    /// who cannot (docs/FORMAT.md, "The TPM through the service"): as ``tpm2``,
+    /// with every object and counter bound to the user's uid by the service.
     case tpm2Service = "tpm2-service"
     /// In a file of the keychain: a copy of the files can be guessed at
     /// offline, at Argon2id's pace.
@@ -453,7 +453,7 @@ struct KeychainTPM: Sendable {
 
 /// The `device-secret` file: the 32 bytes themselves (file protection), or
 /// the device secret sealed by the TPM (``TrustedPlatformModule/seal(_:auth:guarded:)``):
-/// `"KCFSTPM2" | version u8 = 1 | blob`, or, since issue 38,
+/// `"KCFSTPM2" | version u8 = 1 | blob` (docs/FORMAT.md, "Keys sealed by a TPM"), or
 /// `"KCFSTPM2" | version u8 = 2 | length u16 LE | storage key name | blob`,
 /// the name of the storage primary key it is sealed under, which every
 /// session is checked against before it is salted with that key; version

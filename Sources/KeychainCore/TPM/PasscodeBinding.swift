@@ -1,4 +1,5 @@
-/// Forging a rollback takes the passcode (issue 38).
+/// Forging a rollback takes the passcode (docs/FORMAT.md, "The passcode
+/// binding").
 ///
 /// The rollback counter (``RollbackRecord``) and every record bound to it
 /// are MACed and moved under keys the device secret gives. Its TPM object

@@ -1,10 +1,10 @@
-/// The recovery key of a TPM-sealed keychain (issue 30): 256 random bits,
-/// shown once at sealing, as `systemd-cryptenroll --recovery-key` shows
-/// its own, in modhex (the letters of a YubiKey's keyboard-layout-proof
-/// alphabet) in eight dash-separated groups of eight. With it,
-/// `keychainfs recover` opens the keychain without the TPM (after a TPM
-/// clear, a new motherboard, another machine) and seals it to the TPM it
-/// finds. It needs no stretching: no one guesses 256 random bits.
+/// The recovery key of a TPM-sealed keychain (docs/SECURITY.md, "Keys sealed by
+/// the TPM"): 256 random bits, shown once at sealing, as
+/// `systemd-cryptenroll --recovery-key` shows its own, in modhex (the letters
+/// of a YubiKey's keyboard-layout-proof alphabet) in eight dash-separated
+/// groups of eight. With it, `keychainfs recover` opens the keychain without
+/// the TPM (after a TPM clear, a new motherboard, another machine) and seals it
+/// to the TPM it finds. It needs no stretching: no one guesses 256 random bits.
 public struct RecoveryKey: Sendable {
     package let key: SecureBytes
 
@@ -85,9 +85,9 @@ public struct RecoveryKey: Sendable {
     /// | MAC[32]`, XChaCha20-Poly1305 under a key derived from this recovery
     /// key, then MACed with `secret`'s metadata key bound to the rollback
     /// counter (``DeviceSecret/boundRecord(_:_:)``), so that an older record
-    /// (an older recovery key) fails beside newer records. Version 1 (before
-    /// issue 38) has no MAC. The `always` classes need no more than the
-    /// device secret.
+    /// (an older recovery key) fails beside newer records. Version 1 (beside a
+    /// version-1 rollback record) has no MAC. The `always` classes need no more
+    /// than the device secret.
     func sealRecord(deviceSecret: SecureBytes, classKeys: [ProtectionClass: GuardedKey], binding secret: DeviceSecret)
         throws(KeychainError) -> [UInt8]
     {

@@ -1,4 +1,5 @@
-/// The keychain's side of its TPM rollback counter (issues 30 and 38).
+/// The keychain's side of its TPM rollback counter (docs/FORMAT.md, "Keys
+/// sealed by a TPM").
 ///
 /// Record (meta key `rollback`), version 2: `index u32 LE | epoch u64 LE |
 /// length u16 LE | the counter's TPM name | MAC[32]` (domain
@@ -6,10 +7,10 @@
 /// keychain's bound records carry (``DeviceSecret/boundRecord(_:_:)``,
 /// ``boundRecords``), and the name the TPM gave the counter when it was
 /// made, which covers its type, attributes and auth: an index defined
-/// again in its place is not it. Version 1 (before issue 38) is `index |
-/// epoch | MAC` (domain `kcfs-rollback-v1`): a counter the owner could
-/// increment or redefine, with the keybag, lockout and recovery records
-/// unbound; it is replaced at the first boot (``Device/upgradeCounter``).
+/// again in its place is not it. Version 1, the older, is `index | epoch | MAC`
+/// (domain `kcfs-rollback-v1`): a counter the owner could increment or
+/// redefine, with the keybag, lockout and recovery records unbound; it is
+/// replaced at the first boot (``Device/upgradeCounter``).
 ///
 /// The TPM's counter only goes up. A bump from `e` to `e + 1` first
 /// commits the bound records re-MACed for `e + 1` and this record (one
@@ -35,7 +36,8 @@ struct RollbackRecord: Equatable {
             (TPMFailuresSeen.recordKey, TPMFailuresSeen.macDomain)
         ] + lateBoundRecords
 
-    /// The records bound since issue 38: a version-1 keychain has them unbound.
+    /// The records that only version 2 binds: a version-1 keychain has them
+    /// unbound.
     static let lateBoundRecords: [(key: String, domain: String)] = [
         (Keybag.recordKey, Keybag.macDomain),
         (LockoutRecord.recordKey, LockoutRecord.macDomain),

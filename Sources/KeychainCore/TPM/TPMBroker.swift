@@ -3,10 +3,10 @@ import Synchronization
 import Glibc
 #endif
 
-/// The TPM for every user (issue 38): the service, whose account is in
-/// group `tss`, seals, unseals and keeps counters for a per-user device
-/// whose user cannot reach `/dev/tpmrm0` (``TPMRequest``). No user gets the
-/// TPM itself:
+/// The TPM for every user (docs/FORMAT.md, "The TPM through the service"): the
+/// service, whose account is in group `tss`, seals, unseals and keeps counters
+/// for a per-user device whose user cannot reach `/dev/tpmrm0`
+/// (``TPMRequest``). No user gets the TPM itself:
 /// - every auth is bound to the caller's uid (``boundAuth(_:uid:)``), so
 ///   a blob or counter of one user's opens, reads or moves for no other,
 ///   whoever holds the keychain's files;

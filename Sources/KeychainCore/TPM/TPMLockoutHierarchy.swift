@@ -2,8 +2,9 @@
 import Glibc
 #endif
 
-/// The TPM's lockout hierarchy, taken (issue 38): on most machines its auth
-/// is empty, so anyone who reaches the TPM can clear its count of wrong
+/// The TPM's lockout hierarchy, taken (docs/SECURITY.md, "Bound to this
+/// machine, against whoever holds the files and the TPM"): on most machines its
+/// auth is empty, so anyone who reaches the TPM can clear its count of wrong
 /// passcodes or set parameters that stop the counting, and guesses then
 /// go through at the TPM's speed. As Windows does, a random auth is set
 /// and kept sealed by the TPM in a root-only file (a copy of the file

@@ -6,11 +6,11 @@ import Glibc
 #endif
 
 /// The TPM structures a keychain builds and reads (TPM 2.0 Part 2), in
-/// Swift: the C shim declares tpm2-tss's calls and nothing more (issue 40).
-/// A template here must stay byte for byte what it was: the storage key is
-/// derived from its template, and a keychain records that key's name.
-/// TPM2_ALG_ (Part 2, 6.3), which tpm2-tss declares as casting macros
-/// Swift cannot import.
+/// Swift: the C shim declares tpm2-tss's calls and nothing more
+/// (docs/CONTRIBUTING.md, "Where a new piece goes"). A template here must stay
+/// byte for byte what it was: the storage key is derived from its template, and
+/// a keychain records that key's name. TPM2_ALG_ (Part 2, 6.3), which tpm2-tss
+/// declares as casting macros Swift cannot import.
 enum TPMAlgorithm {
     static let aes: UInt16 = 0x0006
     static let keyedHash: UInt16 = 0x0008

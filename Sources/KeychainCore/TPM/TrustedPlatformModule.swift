@@ -4,7 +4,8 @@ internal import CTSS
 import Glibc
 #endif
 
-/// What a TPM said no to, in the terms a keychain needs (issue 30).
+/// What a TPM said no to, in the terms a keychain needs (docs/SECURITY.md,
+/// "Keys sealed by the TPM").
 public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
     /// No TPM answers at the TCTI, or tpm2-tss is not installed.
     case unavailable(String)
@@ -623,8 +624,8 @@ public final class TrustedPlatformModule: @unchecked Sendable {
 }
 
 /// A TPM NV counter as a keychain knows it: its index, the name the TPM
-/// gave it when it was made (nil: a counter made before issue 38, recorded
-/// without one), and the auth that reads and increments it (nil: empty).
+/// gave it when it was made (nil: a version-1 counter, recorded without one),
+/// and the auth that reads and increments it (nil: empty).
 public struct CounterReference: Sendable {
     public var index: UInt32
     public var name: [UInt8]?

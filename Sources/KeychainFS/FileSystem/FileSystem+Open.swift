@@ -42,9 +42,10 @@ extension FileSystem {
     /// with the item the name holds then (a name replaced with `rename`
     /// always holds one), or ENOENT. ESTALE would make the kernel look the
     /// name up again, but only once (fs/namei.c, `do_filp_open`): under
-    /// churn a reader of an atomically replaced name got it (issue 21).
-    /// An `O_CREAT` open of a removed name stays ESTALE, so that the
-    /// kernel's second lookup finds it absent and creates it.
+    /// churn a reader of an atomically replaced name got it (docs/SECURITY.md,
+    /// "Bad input and what it gets"). An `O_CREAT` open of a removed name stays
+    /// ESTALE, so that the kernel's second lookup finds it absent and creates
+    /// it.
     func openDescriptor(inode: UInt64, flags: Int32, opener: ProcessIdentity) throws(Errno) -> (OpenFile, UInt64) {
         var target = inode
         for _ in 0..<Self.openAttempts {

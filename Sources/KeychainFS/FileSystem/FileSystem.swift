@@ -322,9 +322,9 @@ public final class FileSystem: Sendable {
     /// program may use `group` (it has no policy, or a rule of it admits
     /// the program; the program is identified only for a group with a
     /// policy); then, with a `verb`, EACCES unless the caller may `verb`
-    /// the items `identifiers` (the owner rule, issue 37: an item another
-    /// program owns is the person's to allow, and asking blocks only this
-    /// request's worker). A refusal is recorded in the audit log as
+    /// the items `identifiers` (the owner rule, docs/FILESYSTEM.md, "Items another
+    /// program owns": an item another program owns is the person's to allow, and asking
+    /// blocks only this request's worker). A refusal is recorded in the audit log as
     /// `operation` on `identifier` (else the first of `identifiers`).
     func admit(
         _ group: String, items identifiers: [String] = [], verb: String? = nil, caller: ProcessIdentity,

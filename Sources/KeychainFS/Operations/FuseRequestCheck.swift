@@ -3,9 +3,9 @@
 /// them. libfuse 3.14 trusts the kernel on this (fuse_lowlevel.c reads a
 /// SETXATTR's value and a BATCH_FORGET's entries by the sizes the request
 /// states), and so did this device until a forged request over a socket
-/// pair crashed the service (issue 29). The device now serves only
-/// connections the kernel writes, and still checks each request before
-/// libfuse parses it (``FuseSessionLoop``).
+/// pair crashed the service (docs/SECURITY.md, "Service mode under attack").
+/// The device now serves only connections the kernel writes, and still checks
+/// each request before libfuse parses it (``FuseSessionLoop``).
 ///
 /// Layouts and sizes are the kernel's (include/uapi/linux/fuse.h, protocol
 /// 7.31 and later, as this kernel sends them).

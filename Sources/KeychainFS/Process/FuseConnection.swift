@@ -9,8 +9,9 @@ import Glibc
 /// the device's own user namespace. Anything else (a socket pair, a pipe, a
 /// regular file, an unmounted `/dev/fuse`) would let its sender write FUSE
 /// requests of their own making, naming any uid and pid as the caller, and
-/// requests with lengths and counts that libfuse 3.14 trusts (issue 29).
-/// Only the kernel writes to a mounted connection's descriptor.
+/// requests with lengths and counts that libfuse 3.14 trusts (docs/SECURITY.md,
+/// "Service mode under attack"). Only the kernel writes to a mounted
+/// connection's descriptor.
 package enum FuseConnection {
     /// `/dev/fuse`'s device number: character device 10, 229 (the kernel's
     /// Documentation/admin-guide/devices.txt; FUSE_MINOR in fs/fuse/dev.c).
