@@ -59,8 +59,10 @@ final class KeychainSyncDoor: Sendable {
                 return .success(Self.summary(try engine.sync()))
             case .status:
                 return .success(SyncStatusLines(engine.status().map { SyncStatusLine($0.0, $0.1) }))
-            case .joinRequests:
-                return .success(JoinAskers(try engine.joinRequests().map { SyncStatusLine($0.idText, $0.name) }))
+            case .joinRequests(let device):
+                let named = try device.map { (text) throws(SyncFailure) in try Self.device(text) }
+                return .success(
+                    JoinAskers(try engine.joinRequests(answering: named).map { SyncStatusLine($0.idText, $0.name) }))
             case .joinCode(let device):
                 return .success(JoinCode(try engine.joinCode(for: try Self.device(device))))
             case .approve(let device, let code):

@@ -262,9 +262,13 @@ extension SyncEngine {
 
     // MARK: The approving device
 
-    /// The devices asking to join, each answered now (a nonce of this
-    /// device's, published), so that their codes can be shown.
-    package func joinRequests() throws(SyncFailure) -> [JoinAsker] {
+    /// The devices asking to join. The one `device` names, or the only one
+    /// when a single one asks, is answered now (a nonce of this device's,
+    /// published), so that its code can be shown; with several and none
+    /// named, none is: a remote, or anyone who can push to it, that floods
+    /// the circle with requests costs one read of them all, never an
+    /// answer, a commit or a nonce for each (docs/SYNC.md, "Joining").
+    package func joinRequests(answering device: UInt64? = nil) throws(SyncFailure) -> [JoinAsker] {
         try operation.withLock { _ throws(SyncFailure) -> [JoinAsker] in
             let state = try loadState()
             let (key, _) = try openSecrets(state)
@@ -275,16 +279,20 @@ extension SyncEngine {
                 let files = try git.files(of: head)
                 var askers: [JoinAsker] = []
                 var changes: [GitRepository.Change] = []
-                for (path, id) in files.sorted(by: { $0.key < $1.key })
-                where path.hasPrefix("circle/join/")
-                    && path.hasSuffix("/request")
-                {
-                    guard let request = try git.contents(of: id).flatMap(JoinRequest.init),
-                        request.circle == key.circle,
+                let paths = files.keys.filter { $0.hasPrefix("circle/join/") && $0.hasSuffix("/request") }.sorted()
+                var requests: [JoinRequest] = []
+                // All of them in one `git cat-file`, however many there are.
+                for (path, bytes) in zip(paths, try git.contents(paths.compactMap { files[$0] })) {
+                    guard let request = bytes.flatMap(JoinRequest.init), request.circle == key.circle,
                         path == JoinRequest.path(request.device.id),
                         !state.members.contains(where: { $0.id == request.device.id })
                     else { continue }
+                    requests.append(request)
+                }
+                let answering = requests.filter { device == nil ? requests.count == 1 : $0.device.id == device }
+                for request in requests {
                     askers.append(JoinAsker(id: request.device.id, name: request.device.name))
+                    guard answering.contains(where: { $0.device.id == request.device.id }) else { continue }
                     let known = answered.withLock { $0[request.device.id] }
                     if let known, known.request == request, files[JoinRequest.responsePath(request.device.id)] != nil {
                         continue

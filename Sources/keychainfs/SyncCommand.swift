@@ -149,7 +149,12 @@ struct SyncJoinCommand: ParsableCommand {
             switch step {
             case .asked:
                 if shown == nil {
-                    print("asked to join; on a machine of the circle, run: keychainfs sync approve")
+                    // Its id, for `approve --device` when several machines ask at once.
+                    let me = (try? device.call(.syncStatus, about: .action("cannot read the status")))?.lines
+                        .first { $0.name == "device" }?.value
+                    print(
+                        "asked to join\(me.map { " as " + $0 } ?? ""); on a machine of the circle, run: "
+                            + "keychainfs sync approve")
                     shown = ""
                 }
             case .code(let shownHere):
@@ -208,7 +213,7 @@ struct SyncApproveCommand: ParsableCommand {
 
     func run() throws {
         let running = try syncDevice(options)
-        let askers = try running.call(.syncJoinRequests, about: .action("cannot read the requests")).devices
+        let askers = try running.call(.syncJoinRequests(), about: .action("cannot read the requests")).devices
         let chosen = askers.filter { device == nil || $0.name == device?.lowercased() || $0.value == device }
         guard let asker = chosen.first else {
             throw fail(
@@ -217,9 +222,14 @@ struct SyncApproveCommand: ParsableCommand {
                     : "no machine with id \(device ?? "") asks to join", status: ExitStatus.absent)
         }
         guard chosen.count == 1 else {
-            for asker in chosen { print("\(asker.name)  \(asker.value)") }
-            throw fail("several machines ask to join: name one with --device ID")
+            // A flood of requests is one line, not thousands.
+            for asker in chosen.prefix(20) { print("\(asker.name)  \(asker.value)") }
+            if chosen.count > 20 { print("and \(chosen.count - 20) more") }
+            throw fail(
+                "several machines ask to join: name one with --device ID (the joining machine shows its id)")
         }
+        // Only the machine chosen is answered (one asking alone was already).
+        _ = try running.call(.syncJoinRequests(answering: asker.name), about: .action("cannot answer the request"))
         print("\(asker.value) (\(asker.name)) asks to join")
         let deadline = MonotonicClock.seconds() + Double(wait)
         var shown: String? = nil

@@ -197,6 +197,31 @@ import Testing
         #expect(laptop.engine.status().contains { $0.0 == "member" && $0.1.hasPrefix("phone ") })
     }
 
+    /// Many machines asking at once (a flood, from anyone who can push to
+    /// the remote) are listed, and none is answered until the person names
+    /// one: each answer was a nonce kept, a file and a commit. The one
+    /// named is answered, and shows its code.
+    @Test func amongManyAskersOnlyTheOneNamedIsAnswered() throws {
+        let (remote, laptop, phone) = try Self.phoneAsking()
+        let others = try ["tablet", "tv", "car"].map { name in
+            let device = try SyncedDevice(name)
+            #expect(try device.engine.join(remote: remote.url) == .asked)
+            return device
+        }
+        let askers = try laptop.engine.joinRequests()
+        #expect(askers.map(\.name).sorted() == ["car", "phone", "tablet", "tv"])
+        #expect(try remote.files().keys.filter { $0.hasSuffix("/response") }.isEmpty)
+        let chosen = try #require(askers.first { $0.name == "phone" })
+        _ = try laptop.engine.joinRequests(answering: chosen.id)
+        #expect(try remote.files().keys.filter { $0.hasSuffix("/response") }.count == 1)
+        guard case .code(let shown) = try phone.engine.join(remote: nil) else {
+            Issue.record("the phone shows no code")
+            return
+        }
+        #expect(try laptop.engine.joinCode(for: chosen.id) == shown)
+        for device in others { #expect(try device.engine.join(remote: nil) == .asked) }
+    }
+
     @Test func aRemovedDeviceOpensNothingWrittenAfter() throws {
         let (remote, devices) = try Self.circle("laptop", "desktop", "old-phone")
         let (laptop, desktop, phone) = (devices[0], devices[1], devices[2])

@@ -275,7 +275,9 @@ extension DeviceCall where Result == SyncStatusLines {
 }
 
 extension DeviceCall where Result == JoinAskers {
-    public static var syncJoinRequests: Self { .init(.sync(.joinRequests)) }
+    public static func syncJoinRequests(answering device: String? = nil) -> Self {
+        .init(.sync(.joinRequests(device: device)))
+    }
 }
 
 extension DeviceCall where Result == JoinCode {

@@ -19,8 +19,9 @@ public enum SyncRequest: Equatable, Sendable {
     case now
     /// The circle and the last sync. Answers ``SyncStatusLines``.
     case status
-    /// Answer the devices asking to join. Answers ``JoinAskers``.
-    case joinRequests
+    /// The devices asking to join; the one named (a device id), or the
+    /// only one when a single one asks, is answered. Answers ``JoinAskers``.
+    case joinRequests(device: String?)
     /// The code the asking device shows, once it can. Answers ``JoinCode``.
     case joinCode(device: String)
     /// Grant the circle's key to the asking device whose code is `code`. Answers ``Done``.
@@ -47,7 +48,7 @@ extension SyncRequest {
         case .confirmJoin(let code): return (.syncConfirmJoin, [.text(code)])
         case .now: return (.syncNow, [])
         case .status: return (.syncStatus, [])
-        case .joinRequests: return (.syncJoinRequests, [])
+        case .joinRequests(let device): return (.syncJoinRequests, [.optionalText(device)])
         case .joinCode(let device): return (.syncJoinCode, [.text(device)])
         case .approve(let device, let code): return (.syncApprove, [.text(device), .text(code)])
         case .remove(let device): return (.syncRemove, [.text(device)])
@@ -81,7 +82,7 @@ extension SyncRequest {
         case .syncConfirmJoin: return .confirmJoin(code: try reader.text())
         case .syncNow: return .now
         case .syncStatus: return .status
-        case .syncJoinRequests: return .joinRequests
+        case .syncJoinRequests: return .joinRequests(device: try reader.optionalText())
         case .syncJoinCode: return .joinCode(device: try reader.text())
         case .syncApprove: return .approve(device: try reader.text(), code: try reader.text())
         case .syncRemove: return .remove(device: try reader.text())
