@@ -40,7 +40,7 @@ final class KeychainSyncDoor: Sendable {
             switch request {
             case .start(let remote, let groups):
                 let started = try engine.create(remote: remote, groups: groups)
-                return .success(SyncStarted(recoveryKey: started.recoveryKey))
+                return .success(SyncRecoveryKey(recoveryKey: started.recoveryKey))
             case .joinWithRecoveryKey(let remote, let key, let groups):
                 return .success(Self.summary(try engine.join(remote: remote, recoveryKey: key, groups: groups)))
             case .join(let remote, let groups):
@@ -70,8 +70,7 @@ final class KeychainSyncDoor: Sendable {
                 schedule.ask(after: 0)
                 return .success(Done())
             case .remove(let device):
-                let removed = try engine.remove(device)
-                return .success(SyncStatusLines([SyncStatusLine(removed.name, removed.idText)]))
+                return .success(SyncRecoveryKey(recoveryKey: try engine.remove(device).recoveryKey))
             case .leave:
                 try engine.leave()
                 return .success(Done())

@@ -8,10 +8,14 @@ extension SyncEngine {
     /// `sync status` shows it) and changes the circle's key, so that the
     /// removed device can open nothing written after (docs/SYNC.md, "Removing
     /// a device"): every record is sealed again under the new key, which is
-    /// granted to each remaining device and to the recovery key. What the
-    /// removed device synced before stays in its own keychain.
-    package func remove(_ named: String) throws(SyncFailure) -> Member {
-        try operation.withLock { _ throws(SyncFailure) -> Member in
+    /// granted to each remaining device and to a new recovery key, which it
+    /// returns (shown once). What the removed device synced before stays in
+    /// its own keychain. The recovery key changes too: every member knew the
+    /// old one's public half, which is all it takes to seal a circle's key
+    /// to it, so the removed device could offer a circle of its own to a
+    /// machine joining with the old key.
+    package func remove(_ named: String) throws(SyncFailure) -> (removed: Member, recoveryKey: SecureBytes) {
+        try operation.withLock { _ throws(SyncFailure) -> (removed: Member, recoveryKey: SecureBytes) in
             var state = try loadState()
             // First agree with the circle, under the key it has now.
             _ = try round(&state)
@@ -36,10 +40,12 @@ extension SyncEngine {
                     throw SyncFailure.refused("the remote holds no circle")
                 }
                 let newKey = SyncKey.random(circle: state.circle, epoch: key.epoch + 1)
+                let recovery = RecoveryKey.generate()
+                let recoveryPublic = DeviceKeys.recovery(from: recovery.key).publicKey
                 let members = manifest.members.filter { $0.id != removed.id }
                 var next = Manifest(
                     circle: state.circle, epoch: newKey.epoch, sequence: manifest.sequence, writer: state.device,
-                    written: clock(), recoveryPublic: manifest.recoveryPublic, members: members, indexes: [:])
+                    written: clock(), recoveryPublic: recoveryPublic, members: members, indexes: [:])
                 let records = remote.records.values.map { read -> (name: [UInt8], bytes: [UInt8]) in
                     let name = newKey.recordName(read.record.key)
                     return (name, RecordFile.encode(read.record, name: name, key: newKey))
@@ -57,7 +63,7 @@ extension SyncEngine {
                 changes.append(
                     GitRepository.Change(
                         path: KeyGrant.recoveryPath(epoch: newKey.epoch),
-                        contents: KeyGrant.sealForRecovery(newKey, recoveryPublic: manifest.recoveryPublic)))
+                        contents: KeyGrant.sealForRecovery(newKey, recoveryPublic: recoveryPublic)))
                 let commit = try git.commit(changes, on: head, message: "keychainfs")
                 guard try git.push(commit) == .pushed else { continue }
                 state.epoch = newKey.epoch
@@ -69,7 +75,7 @@ extension SyncEngine {
                 state.processed = [:]
                 for (name, bytes) in records { state.processed[name] = Crypto.hash(bytes) }
                 try save(state)
-                return removed
+                return (removed, recovery.formatted())
             }
             throw SyncFailure(.remote, "\(state.remote) kept moving: try again")
         }

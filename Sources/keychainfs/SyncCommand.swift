@@ -315,7 +315,9 @@ struct SyncRemoveCommand: ParsableCommand {
         abstract: "Remove a machine from the circle: the circle's key changes, so it reads nothing written after.",
         discussion: """
             DEVICE is a machine's name or id, as `sync devices` shows them. What the machine synced \
-            before stays in its own keychain.
+            before stays in its own keychain. The circle's recovery key changes too (the removed machine \
+            knew enough of the old one to offer a circle of its own to a machine joining with it): the \
+            new one is printed once.
             """)
 
     @Argument(help: "The machine's name or id.")
@@ -325,7 +327,11 @@ struct SyncRemoveCommand: ParsableCommand {
 
     func run() throws {
         let removed = try syncDevice(options).call(.syncRemove(device: device), about: .action("cannot remove"))
-        for line in removed.lines { print("removed \(line.name) (\(line.value)); the circle has a new key") }
+        print("removed \(device); the circle has a new key, and a new recovery key")
+        print("the circle's new recovery key (shown once; the old one opens nothing written from now on):")
+        fflush(nil)
+        removed.recoveryKey.withUnsafeBytes { _ = try? Descriptor.writeAll(1, $0) }
+        _ = try? Descriptor.writeAll(1, [UInt8(ascii: "\n")])
     }
 }
 

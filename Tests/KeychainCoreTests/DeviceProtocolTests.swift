@@ -465,7 +465,7 @@ import Testing
         #expect(try Self.crossed(lines, for: .syncStatus).get() == lines)
         #expect(try Self.crossed(JoinCode(nil), for: .syncJoinCode(device: "1")).get() == JoinCode(nil))
         #expect(try Self.crossed(JoinCode("123 456"), for: .syncJoinCode(device: "1")).get() == JoinCode("123 456"))
-        let started = try Self.crossed(SyncStarted(recoveryKey: Self.secret("cbde")), for: .syncStart(remote: "/r"))
+        let started = try Self.crossed(SyncRecoveryKey(recoveryKey: Self.secret("cbde")), for: .syncStart(remote: "/r"))
             .get()
         #expect(started.recoveryKey.bytes() == Array("cbde".utf8))
         // A value reply of an item is no unsealed secret, and a blob is never empty.

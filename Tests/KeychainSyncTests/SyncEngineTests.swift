@@ -248,6 +248,31 @@ import Testing
         }
     }
 
+    /// Every member knows the recovery key's public half, all it takes to
+    /// seal a circle's key to it: a removed machine could offer a circle of
+    /// its own to a machine joining with that key. A removal now gives the
+    /// circle a new recovery key: the old one opens nothing written after,
+    /// the new one joins and reads it.
+    @Test func aRemovalGivesTheCircleANewRecoveryKey() throws {
+        let remote = try BareRemote()
+        let laptop = try SyncedDevice("laptop"), phone = try SyncedDevice("old-phone")
+        let oldRecovery = try laptop.engine.create(remote: remote.url).recoveryKey
+        _ = try phone.engine.join(remote: remote.url, recoveryKey: oldRecovery)
+        let newRecovery = try laptop.engine.remove("old-phone").recoveryKey
+        #expect(newRecovery != oldRecovery)
+        try laptop.set("after", "written after the removal")
+        _ = try laptop.engine.sync()
+        let stranger = try SyncedDevice("stranger")
+        let sentence = expectFailure(.badInput) {
+            _ = try stranger.engine.join(remote: remote.url, recoveryKey: oldRecovery)
+        }
+        #expect(sentence.contains("does not open the circle"), "\(sentence)")
+        #expect(try stranger.get("after") == nil)
+        let desktop = try SyncedDevice("desktop")
+        _ = try desktop.engine.join(remote: remote.url, recoveryKey: newRecovery)
+        #expect(try desktop.get("after") == "written after the removal")
+    }
+
     // MARK: What a remote can try
 
     @Test func aRemoteThatReplaysAnOlderManifestIsRefused() throws {

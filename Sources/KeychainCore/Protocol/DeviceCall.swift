@@ -249,7 +249,9 @@ extension DeviceCall where Result == TPMLockoutShare {
 
 // MARK: Sync (a per-user device's; docs/SYNC.md)
 
-extension DeviceCall where Result == SyncStarted {
+extension DeviceCall where Result == SyncRecoveryKey {
+    /// Answers the circle's new recovery key.
+    public static func syncRemove(device: String) -> Self { .init(.sync(.remove(device: device))) }
     public static func syncStart(remote: String, groups: [String] = []) -> Self {
         .init(.sync(.start(remote: remote, groups: groups)))
     }
@@ -270,7 +272,6 @@ extension DeviceCall where Result == JoinStep {
 
 extension DeviceCall where Result == SyncStatusLines {
     public static var syncStatus: Self { .init(.sync(.status)) }
-    public static func syncRemove(device: String) -> Self { .init(.sync(.remove(device: device))) }
     public static func syncGroups(set groups: [String]?) -> Self { .init(.sync(.groups(set: groups))) }
 }
 

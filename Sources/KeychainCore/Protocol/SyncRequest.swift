@@ -3,7 +3,7 @@
 /// device answers them with its sync engine (KeychainSync); the keychain's
 /// model and store know nothing of sync, only these request shapes do.
 public enum SyncRequest: Equatable, Sendable {
-    /// Start a circle at `remote` with this keychain's `groups` (empty: all). Answers ``SyncStarted``.
+    /// Start a circle at `remote` with this keychain's `groups` (empty: all). Answers ``SyncRecoveryKey``.
     case start(remote: String, groups: [String])
     /// Join the circle at `remote` with its recovery key, syncing `groups` (empty: all). Answers ``SyncSummary``.
     case joinWithRecoveryKey(remote: String, recoveryKey: SecureBytes, groups: [String])
@@ -26,7 +26,7 @@ public enum SyncRequest: Equatable, Sendable {
     case joinCode(device: String)
     /// Grant the circle's key to the asking device whose code is `code`. Answers ``Done``.
     case approve(device: String, code: String)
-    /// Remove a device from the circle (a new key). Answers ``SyncStatusLines`` (the device removed).
+    /// Remove a device from the circle (a new key, and a new recovery key). Answers ``SyncRecoveryKey``.
     case remove(device: String)
     /// Forget the circle on this device. Answers ``Done``.
     case leave
@@ -97,7 +97,7 @@ extension SyncRequest {
 // MARK: Answers
 
 /// `sync init`: the circle's recovery key, shown to the person once.
-public struct SyncStarted: DeviceResult {
+public struct SyncRecoveryKey: DeviceResult {
     public let recoveryKey: SecureBytes
 
     public init(recoveryKey: SecureBytes) { self.recoveryKey = recoveryKey }
