@@ -68,6 +68,22 @@ extension TPMRequest {
         }
     }
 
+    /// The request of `operation` (one of this group's), read from its fields.
+    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self?
+    {
+        switch operation {
+        case .tpmSeal: return try parsingSeal(&reader)
+        case .tpmUnseal: return try parsingUnseal(&reader)
+        case .tpmDefineCounter: return try parsingDefineCounter(&reader)
+        case .tpmCounterValue: return .counterValue(try counter(&reader))
+        case .tpmIncrement: return .increment(try counter(&reader))
+        case .tpmRelease: return .release(try counter(&reader))
+        case .tpmLockout: return .lockout
+        default: return nil
+        }
+    }
+
     private static func fields(_ counter: TPMCounterHandle) -> [FrameField] {
         [.text(String(counter.index)), .text(Hex.string(counter.name)), .optionalSecret(counter.auth)]
     }
