@@ -34,12 +34,13 @@ extension SecretServiceProvider {
     func retrieveSecret(_ call: BusCall, appID: String, fd sent: Int32) throws(BusError) -> PortalReply {
         guard let fd = FileDescriptor(fcntl(sent, F_DUPFD_CLOEXEC, 3)) else { return PortalReply(response: .failed) }
         guard let portal = callerIdentity(call), portal.distrust == nil,
-            portal.executable == Self.portalProgram, PackageOwnership.package(of: portal.executable) != nil
+            case .executable(let path) = portal.program, path == Self.portalProgram,
+            PackageOwnership.package(of: path) != nil
         else {
             throw .accessDenied(
                 "only \(Self.portalProgram), installed by its package, asks for an app's master secret")
         }
-        let app = SandboxApp(claimName: "flatpak:" + appID) ?? SandboxApp(claimName: "snap:" + appID)
+        let app = SandboxApp(portalAppID: appID)
         // A pipe or a socket only: a secret written to a file would stay in the page cache.
         var target = stat()
         guard let app, fstat(fd.raw, &target) == 0,
@@ -58,7 +59,7 @@ extension SecretServiceProvider {
     /// else knows is no secret, and it is left as it is).
     private func portalSecret(of app: SandboxApp, for call: BusCall) -> SecureBytes? {
         let owner = ProgramClaim(
-            executable: app.claimName, digest: ExecutableDigest.of(bytes: Array(app.claimName.utf8)), jit: false)
+            program: .app(app), digest: ExecutableDigest.of(bytes: Array(app.claimName.utf8)), jit: false)
         let identifier = app.claimName.split(separator: ":", maxSplits: 1).last.map(String.init) ?? app.claimName
         let group = Self.portalGroup
         switch outcome(.get(group: group, identifier: identifier), for: call) {

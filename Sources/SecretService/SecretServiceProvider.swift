@@ -421,9 +421,9 @@ extension SecretServiceProvider {
     /// forking or passing its descriptor, as it could pass any file it opened.
     func connectionDoubt(_ sender: String, pid: pid_t, _ identity: ProgramIdentity) -> String? {
         if let first = firstIdentities[sender] {
-            if first.identity.executable != identity.executable || first.identity.digest != identity.digest {
+            if !first.identity.program.sameBytes(identity.program) || first.identity.digest != identity.digest {
                 return
-                    "its program changed since its first request on this connection (it was \(first.identity.executable))"
+                    "its program changed since its first request on this connection (it was \(first.identity.program.encoded))"
             }
             if first.heldAlone { return nil }
         }

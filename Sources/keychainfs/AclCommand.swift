@@ -103,7 +103,7 @@ struct AclCommand: ParsableCommand {
     }
 
     private static func json(_ claim: ProgramClaim) -> String {
-        "{\"executable\": \(jsonString(claim.executable)), \"sha256\": \(jsonString(claim.digestHex)), "
+        "{\"executable\": \(jsonString(claim.program.encoded)), \"sha256\": \(jsonString(claim.digestHex)), "
             + "\"package\": \(claim.package.map(jsonString) ?? "null"), \"unit\": \(claim.unit.map(jsonString) ?? "null")}"
     }
 }

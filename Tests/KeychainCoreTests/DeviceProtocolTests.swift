@@ -148,8 +148,9 @@ import Testing
     /// details say of one is dropped before the device sees them.
     @Test func aSocketClientsOwnerIsDropped() throws {
         var details = ItemDetails(label: "Chromium Safe Storage", attributes: ["application": "chromium"])
-        details.owner = ProgramClaim(executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32))
-        details.allowed = [ProgramClaim(executable: "/tmp/evil", digest: Array(repeating: 2, count: 32))]
+        details.owner = ProgramClaim(
+            program: .executable("/usr/lib/chromium/chromium"), digest: Array(repeating: 1, count: 32))
+        details.allowed = [ProgramClaim(program: .executable("/tmp/evil"), digest: Array(repeating: 2, count: 32))]
         let planted = ItemRequest.set(
             group: "default", identifier: "key", value: Self.secret("k"), condition: .ifAbsent, details: details)
         guard case .set(_, _, _, _, _, let kept?) = planted.withoutOwner else {

@@ -12,7 +12,7 @@ import Testing
     static func program(_ executable: String, _ digest: [UInt8], unit: String? = nil, uid: UInt32 = 1000)
         -> ProgramIdentity
     {
-        ProgramIdentity(executable: executable, digest: digest, unit: unit, uid: uid)
+        ProgramIdentity(program: .executable(executable), digest: digest, unit: unit, uid: uid)
     }
 
     @Test func aRuleAdmitsOnlyItsExecutableWithItsDigestInItsUnitAsItsUid() {
@@ -200,7 +200,7 @@ import Testing
         }
 
         var node = ProgramIdentity(
-            executable: "/usr/bin/node", digest: Self.digestB, unit: nil, uid: 1000, runsAnonymousCode: true)
+            program: .executable("/usr/bin/node"), digest: Self.digestB, unit: nil, uid: 1000, runsAnonymousCode: true)
         #expect(jit.admits(node))
         #expect(!EntitlementRule(executable: "/usr/bin/node", digest: Self.digestB).admits(node))
         node.distrust = "it is being traced by process 1"

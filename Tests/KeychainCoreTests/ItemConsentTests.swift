@@ -12,14 +12,14 @@ import Glibc
 /// asked, and how many questions may be open at once.
 @Suite struct ItemConsentTests {
     static let chromium = ProgramClaim(
-        executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32),
+        program: .executable("/usr/lib/chromium/chromium"), digest: Array(repeating: 1, count: 32),
         package: "chromium")
     static let tool = ProgramClaim(
-        executable: "/usr/bin/secret-tool", digest: Array(repeating: 2, count: 32),
+        program: .executable("/usr/bin/secret-tool"), digest: Array(repeating: 2, count: 32),
         package: "libsecret-tools")
 
     static func program(_ claim: ProgramClaim, distrust: String? = nil) -> ProgramIdentity {
-        ProgramIdentity(executable: claim.executable, digest: claim.digest, unit: nil, uid: 1000, distrust: distrust)
+        ProgramIdentity(program: claim.program, digest: claim.digest, unit: nil, uid: 1000, distrust: distrust)
     }
 
     static func details(owner: ProgramClaim?, allowed: [ProgramClaim] = []) -> ItemDetails {
@@ -98,8 +98,9 @@ import Glibc
         }
         // A path with 140 paragraph breaks and a forged sentence: escaped, cut, and the true sentence first.
         let sneaky = ProgramClaim(
-            executable: "/tmp/x" + String(repeating: "\u{2029}", count: 140)
-                + "/usr/lib/chromium/chromium (package chromium) wants",
+            program: .executable(
+                "/tmp/x" + String(repeating: "\u{2029}", count: 140)
+                    + "/usr/lib/chromium/chromium (package chromium) wants"),
             digest: Array(repeating: 3, count: 32))
         let long = Self.question(asker: sneaky, items: Array(forged.prefix(1)), asking: "read the secret of")
         #expect(long.count <= ItemConsent.maximumQuestion)
@@ -226,7 +227,8 @@ import Glibc
         PasswordManager.question(
             asked: [ItemConsent.Asked(group: "g", identifier: item, label: item, owner: Self.chromium)],
             verb: "read the secret of",
-            program: ProgramIdentity(executable: program, digest: Array(repeating: 9, count: 32), unit: nil, uid: 1000),
+            program: ProgramIdentity(
+                program: .executable(program), digest: Array(repeating: 9, count: 32), unit: nil, uid: 1000),
             subject: AuditSubject(pid: process, uid: getuid(), executable: nil, unit: nil))
     }
 
@@ -267,7 +269,8 @@ import Glibc
             asked: [ItemConsent.Asked(group: "default", identifier: "x", label: "x", owner: Self.chromium)],
             verb: "read the secret of",
             program: ProgramIdentity(
-                executable: "/usr/bin/sleep", digest: Array(repeating: 9, count: 32), unit: nil, uid: getuid()),
+                program: .executable("/usr/bin/sleep"), digest: Array(repeating: 9, count: 32), unit: nil, uid: getuid()
+            ),
             subject: AuditSubject(pid: sleeper, uid: getuid(), executable: nil, unit: nil))
         #expect(
             question.text.contains("It was started by \(terminal) (written by a program of yours) ← "),

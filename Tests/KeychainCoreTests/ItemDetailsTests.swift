@@ -214,9 +214,10 @@ extension ItemDetailsTests {
     // MARK: Owner and access list (issue 31)
 
     static let owner = ProgramClaim(
-        executable: "/usr/lib/chromium/chromium", digest: Array(repeating: 1, count: 32),
+        program: .executable("/usr/lib/chromium/chromium"), digest: Array(repeating: 1, count: 32),
         package: nil, unit: "app-chromium.scope")
-    static let other = ProgramClaim(executable: "/usr/bin/secret-tool", digest: Array(repeating: 2, count: 32))
+    static let other = ProgramClaim(
+        program: .executable("/usr/bin/secret-tool"), digest: Array(repeating: 2, count: 32))
 
     @Test func theOwnerIsSetWhenTheItemIsMadeAndNoWriteChangesItOrItsList() throws {
         let (_, manager) = try unlocked()
@@ -265,27 +266,30 @@ extension ItemDetailsTests {
     }
 
     @Test func aClaimAdmitsItsProgramOnlyByPathAndContentAndNeverAnUntrustedProcess() {
-        let claim = ProgramClaim(executable: "/opt/app", digest: Array(repeating: 7, count: 32))
+        let claim = ProgramClaim(program: .executable("/opt/app"), digest: Array(repeating: 7, count: 32))
         #expect(
             claim.admits(
-                ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
+                ProgramIdentity(
+                    program: .executable("/opt/app"), digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
         // Another build at the same path (no package: a file its user could replace).
         #expect(
             !claim.admits(
-                ProgramIdentity(executable: "/opt/app", digest: Array(repeating: 8, count: 32), unit: nil, uid: 1000)))
-        #expect(
-            !claim.admits(
-                ProgramIdentity(executable: "/opt/app2", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
+                ProgramIdentity(
+                    program: .executable("/opt/app"), digest: Array(repeating: 8, count: 32), unit: nil, uid: 1000)))
         #expect(
             !claim.admits(
                 ProgramIdentity(
-                    executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
+                    program: .executable("/opt/app2"), digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000)))
+        #expect(
+            !claim.admits(
+                ProgramIdentity(
+                    program: .executable("/opt/app"), digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
                     distrust: "its bus connection is shared with pid 1 (sh)")))
         // A program running a JIT is still its program (a browser is one).
         #expect(
             claim.admits(
                 ProgramIdentity(
-                    executable: "/opt/app", digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
+                    program: .executable("/opt/app"), digest: Array(repeating: 7, count: 32), unit: nil, uid: 1000,
                     runsAnonymousCode: true)))
     }
 }
@@ -294,7 +298,7 @@ extension ItemDetailsTests {
 extension ItemDetailsTests {
     static func python(_ script: ScriptIdentity?, anonymous: Bool = false) -> ProgramIdentity {
         var program = ProgramIdentity(
-            executable: "/usr/bin/python3.11", digest: Array(repeating: 5, count: 32), unit: nil, uid: 1000,
+            program: .executable("/usr/bin/python3.11"), digest: Array(repeating: 5, count: 32), unit: nil, uid: 1000,
             runsAnonymousCode: anonymous)
         program.script = script
         return program
@@ -317,7 +321,7 @@ extension ItemDetailsTests {
         jit.jit = true
         #expect(jit.admits(Self.python(mine, anonymous: true)))
         // A claim from before issue 37 (no script, JIT not recorded) is no interpreter's with a script.
-        let legacy = ProgramClaim(executable: "/usr/bin/python3.11", digest: Array(repeating: 5, count: 32))
+        let legacy = ProgramClaim(program: .executable("/usr/bin/python3.11"), digest: Array(repeating: 5, count: 32))
         #expect(!legacy.admits(Self.python(mine)))
         #expect(claim.described.hasSuffix(" running /home/u/mine.py (sha256 010101010101…)"))
     }
@@ -325,10 +329,12 @@ extension ItemDetailsTests {
     @Test func identifiedClaimsEncodeAsVersionThreeAndReadBack() throws {
         var owned = Self.details
         owned.owner = ProgramClaim(
-            executable: "/usr/bin/python3.11", digest: Array(repeating: 5, count: 32), package: "python3.11-minimal",
+            program: .executable("/usr/bin/python3.11"), digest: Array(repeating: 5, count: 32),
+            package: "python3.11-minimal",
             script: ProgramScript(path: "/home/u/mine.py", digest: Array(repeating: 1, count: 32)), jit: false)
         owned.allowed = [
-            Self.other, ProgramClaim(executable: "/opt/node", digest: Array(repeating: 3, count: 32), jit: true)
+            Self.other,
+            ProgramClaim(program: .executable("/opt/node"), digest: Array(repeating: 3, count: 32), jit: true)
         ]
         let bytes = owned.encoded()
         #expect(bytes.first == 3)
@@ -349,7 +355,8 @@ extension ItemDetailsTests {
         // Unknown flag bits, and a JIT "not recorded" beside one, are refused.
         for flags: UInt8 in [8, 3] {
             var record = Self.details
-            record.owner = ProgramClaim(executable: "/opt/app", digest: Array(repeating: 7, count: 32), jit: false)
+            record.owner = ProgramClaim(
+                program: .executable("/opt/app"), digest: Array(repeating: 7, count: 32), jit: false)
             var encoded = record.encoded()
             encoded[encoded.count - 2] = flags
             expectError(.decode) { _ = try ItemDetails(decoding: encoded) }

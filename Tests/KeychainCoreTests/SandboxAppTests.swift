@@ -50,7 +50,7 @@ import Glibc
         for app in [SandboxApp.flatpak("org.example.Mail"), .snap("firefox")] {
             #expect(SandboxApp(claimName: app.claimName) == app)
             let claim = ProgramClaim(
-                executable: app.claimName, digest: ExecutableDigest.of(bytes: Array(app.claimName.utf8)), jit: false)
+                program: .app(app), digest: ExecutableDigest.of(bytes: Array(app.claimName.utf8)), jit: false)
             #expect(claim.described == app.described)
             var details = ItemDetails(label: "x", attributes: [:])
             details.owner = claim
@@ -61,7 +61,7 @@ import Glibc
         #expect(SandboxApp(claimName: "/app/bin/mail") == nil)
         // Any other name that is no path is still refused.
         var details = ItemDetails(label: "x", attributes: [:])
-        details.owner = ProgramClaim(executable: "mail", digest: [UInt8](repeating: 1, count: 32))
+        details.owner = ProgramClaim(program: .executable("mail"), digest: [UInt8](repeating: 1, count: 32))
         #expect(throws: KeychainError.param) { try details.validate() }
     }
 

@@ -173,7 +173,7 @@ extension SerialTests {
             let scratch = try Keys.Scratch(), tpm = try SoftwareTPM()
             let keychain = scratch.keychain()
             _ = try Keys.sealedKeychain(keychain, on: tpm)
-            let owner = ProgramClaim(executable: "/usr/bin/owner", digest: [UInt8](repeating: 1, count: 32))
+            let owner = ProgramClaim(program: .executable("/usr/bin/owner"), digest: [UInt8](repeating: 1, count: 32))
             try Self.unlocked(keychain, on: tpm) { device in
                 var details = ItemDetails(label: "mail", attributes: ["service": "mail"])
                 details.owner = owner
@@ -191,7 +191,7 @@ extension SerialTests {
             let row = try #require(try store.item(group: "default", identifier: "mail"))
             var forged = try #require(try ItemCipher.openDetails(row, key: secret.detailsKey))
             forged.allowed.append(
-                ProgramClaim(executable: "/tmp/attacker", digest: [UInt8](repeating: 2, count: 32)))
+                ProgramClaim(program: .executable("/tmp/attacker"), digest: [UInt8](repeating: 2, count: 32)))
             let sealed = ItemCipher.sealDetails(forged, of: row, key: secret.detailsKey)
             try store.closeLog()
             let script = """

@@ -150,7 +150,8 @@ import Glibc
     /// gets it then (the secret, or AccessDenied), while the bus goes on serving.
     @Test(arguments: [ItemConsent.Answer.allowedOnce, .denied])
     func anOwnedItemsReplyWaitsForThePersonsAnswer(_ consent: ItemConsent.Answer) throws {
-        let other = ProgramClaim(executable: "/usr/bin/another-program", digest: Array(repeating: 7, count: 32))
+        let other = ProgramClaim(
+            program: .executable("/usr/bin/another-program"), digest: Array(repeating: 7, count: 32))
         let store = FakeStore(
             get: .success(ItemValue(value: try SecureBytes("owned"), protectionClass: .whenUnlocked)),
             set: .failure(.keychain(.badRequest, "not in this test")),

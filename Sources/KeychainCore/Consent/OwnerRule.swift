@@ -111,7 +111,7 @@ extension PasswordManager {
         let claim = program.map(ProgramClaim.init)
         // An interpreter running a script file is that script, no deputy
         // (docs/SECRET-SERVICE.md, "Whose an item is").
-        var deputy = program.map { Deputies.isDeputy($0.executable) } ?? false
+        var deputy = program?.program.path.map(Deputies.isDeputy) ?? false
         var unidentified = program?.distrust
         switch program?.script {
         case .file?: deputy = false
@@ -124,7 +124,7 @@ extension PasswordManager {
         // Never for good: a deputy, a process that cannot be taken for its
         // executable, or one running code from anonymous memory.
         let trusted = program.map { unidentified == nil && !$0.runsAnonymousCode && !deputy } ?? false
-        let asker = claim.map { $0.executable + "\u{0}" + $0.digestHex } ?? "unidentified"
+        let asker = claim.map { $0.program.encoded + "\u{0}" + $0.digestHex } ?? "unidentified"
         let items = asked.map { $0.group + "/" + $0.identifier }.sorted().joined(separator: "\u{0}")
         return ConsentQuestion(
             asked: asked, verb: verb, text: text, subject: subject, claim: trusted ? claim : nil,
@@ -144,7 +144,7 @@ extension PasswordManager {
                 AuditEvent(
                     operation: "ask", result: answer.rawValue, group: item.group,
                     identifier: item.identifier, subject: question.subject,
-                    detail: "to \(question.verb); owner \(item.owner.executable)"
+                    detail: "to \(question.verb); owner \(item.owner.program.encoded)"
                         + (item.owner.package.map { " package=" + $0 } ?? "")
                         + (question.startedBy.isEmpty ? "" : "; started by " + question.startedBy)
                         + (given.unasked.map { "; not asked: " + $0 } ?? "")))
@@ -155,7 +155,7 @@ extension PasswordManager {
                     try allow(claim, forIdentifier: item.identifier, inGroup: item.group)
                 } catch {
                     Diagnostics.log(
-                        "could not add \(claim.executable) to the access list of \(item.group)/\(item.identifier): "
+                        "could not add \(claim.program.encoded) to the access list of \(item.group)/\(item.identifier): "
                             + error.description)
                 }
             }

@@ -116,7 +116,8 @@ extension Device {
         by subject: AuditSubject? = nil
     ) throws(KeychainError) {
         try audited(
-            "acl-add", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
+            "acl-add", group: group,
+            detail: identifier + " " + program.program.encoded + " sha256=" + program.digestHex,
             by: subject
         ) { () throws(KeychainError) in
             try withPasscode(passcode) { () throws(KeychainError) in
@@ -150,7 +151,8 @@ extension Device {
         by subject: AuditSubject? = nil
     ) throws(KeychainError) {
         try audited(
-            "acl-claim", group: group, detail: identifier + " " + program.executable + " sha256=" + program.digestHex,
+            "acl-claim", group: group,
+            detail: identifier + " " + program.program.encoded + " sha256=" + program.digestHex,
             by: subject
         ) { () throws(KeychainError) in
             try withPasscode(passcode) { () throws(KeychainError) in

@@ -8,8 +8,8 @@ import Glibc
 /// systemd unit and its uid. The entitlement check compares it with the
 /// rules of a group, as iOS compares an app's signed `keychain-access-groups`.
 public struct ProgramIdentity: Sendable, Equatable {
-    /// The executable's path as the kernel resolved it.
-    public var executable: String
+    /// The executable's path as the kernel resolved it, or the sandboxed app it is.
+    public var program: ProgramName
     /// SHA-256 of the executable file the process runs.
     public var digest: [UInt8]
     /// The systemd unit of the process's cgroup (`foo.service`, `app-x.scope`), if any.
@@ -27,10 +27,10 @@ public struct ProgramIdentity: Sendable, Equatable {
     public var script: ScriptIdentity?
 
     public init(
-        executable: String, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil,
+        program: ProgramName, digest: [UInt8], unit: String?, uid: UInt32, distrust: String? = nil,
         runsAnonymousCode: Bool = false
     ) {
-        self.executable = executable
+        self.program = program
         self.digest = digest
         self.unit = unit
         self.uid = uid
@@ -81,7 +81,7 @@ public struct EntitlementRule: Sendable, Equatable {
     /// copy of the binary there would pass for the granted one.
     public func admits(_ program: ProgramIdentity) -> Bool {
         program.distrust == nil && (!program.runsAnonymousCode || allowsJIT)
-            && Self.sameBytes(program.executable, executable) && Crypto.constantTimeEqual(program.digest, digest)
+            && Self.sameBytes(program.program.path, executable) && Crypto.constantTimeEqual(program.digest, digest)
             && (unit == nil || Self.sameBytes(program.unit, unit)) && (uid == nil || program.uid == uid)
     }
 

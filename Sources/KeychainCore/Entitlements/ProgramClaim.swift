@@ -11,7 +11,7 @@ import Glibc
 /// built or copied (a file the user can write) is its digest: another build is
 /// another program. Sealed with the item's details (``ItemDetails``).
 public struct ProgramClaim: Sendable, Equatable {
-    public var executable: String
+    public var program: ProgramName
     public var digest: [UInt8]
     /// The Debian package the executable belongs to, when root installed it.
     public var package: String?
@@ -29,10 +29,10 @@ public struct ProgramClaim: Sendable, Equatable {
     public var jit: Bool?
 
     public init(
-        executable: String, digest: [UInt8], package: String? = nil, unit: String? = nil,
+        program: ProgramName, digest: [UInt8], package: String? = nil, unit: String? = nil,
         script: ProgramScript? = nil, jit: Bool? = nil
     ) {
-        self.executable = executable
+        self.program = program
         self.digest = digest
         self.package = package
         self.unit = unit
@@ -45,8 +45,8 @@ public struct ProgramClaim: Sendable, Equatable {
         var script: ProgramScript?
         if case .file(let path, let digest)? = program.script { script = ProgramScript(path: path, digest: digest) }
         self.init(
-            executable: program.executable, digest: program.digest,
-            package: PackageOwnership.package(of: program.executable), unit: program.unit, script: script,
+            program: program.program, digest: program.digest,
+            package: program.program.path.flatMap(PackageOwnership.package(of:)), unit: program.unit, script: script,
             jit: program.runsAnonymousCode)
     }
 
@@ -61,7 +61,7 @@ public struct ProgramClaim: Sendable, Equatable {
     /// copies itself into anonymous memory to hide its file is not the
     /// program (docs/SECRET-SERVICE.md, "Whose an item is").
     public func admits(_ program: ProgramIdentity) -> Bool {
-        guard program.distrust == nil, EntitlementRule.sameBytes(program.executable, executable) else { return false }
+        guard program.distrust == nil, program.program.sameBytes(self.program) else { return false }
         guard !program.runsAnonymousCode || jit != false else { return false }
         switch program.script {
         case nil:
@@ -75,7 +75,7 @@ public struct ProgramClaim: Sendable, Equatable {
         }
         if Crypto.constantTimeEqual(program.digest, digest) { return true }
         guard let package else { return false }
-        return PackageOwnership.package(of: program.executable) == package
+        return program.program.path.flatMap(PackageOwnership.package(of:)) == package
     }
 
     /// The SHA-256 in lowercase hex.
@@ -84,8 +84,8 @@ public struct ProgramClaim: Sendable, Equatable {
     /// How a person reads it: the path, and the package or the digest's start.
     public var described: String {
         if self == .unidentified { return "a program that could not be identified" }
-        if let app = SandboxApp(claimName: executable) { return app.described }
-        return executable
+        if case .app(let app) = program { return app.described }
+        return program.encoded
             + (package.map { " (package \($0))" } ?? " (sha256 \(Hex.string(Array(digest.prefix(6))))…)")
             + (script.map { " running \($0.path) (sha256 \(Hex.string(Array($0.digest.prefix(6))))…)" } ?? "")
     }
@@ -96,7 +96,7 @@ public struct ProgramClaim: Sendable, Equatable {
     /// file's SHA-256 is zero), so every program is asked about the item. Such
     /// an item never has no owner, which would make it every program's.
     public static let unidentified = ProgramClaim(
-        executable: "/(unidentified)", digest: [UInt8](repeating: 0, count: 32))
+        program: .executable("/(unidentified)"), digest: [UInt8](repeating: 0, count: 32))
 }
 
 /// The script an interpreter ran: its path and SHA-256.

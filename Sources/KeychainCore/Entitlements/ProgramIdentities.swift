@@ -22,9 +22,9 @@ package enum ProgramIdentities {
         // apps"): its executable names a file of its sandbox, which an update
         // replaces.
         if let sandboxed = SandboxApps.app(of: thread) {
-            let name = sandboxed.app.claimName
             return ProgramIdentity(
-                executable: name, digest: ExecutableDigest.of(bytes: Array(name.utf8)), unit: unit(of: thread),
+                program: .app(sandboxed.app), digest: ExecutableDigest.of(bytes: Array(sandboxed.app.claimName.utf8)),
+                unit: unit(of: thread),
                 uid: uid,
                 distrust: sandboxed.problem)
         }
@@ -37,7 +37,7 @@ package enum ProgramIdentities {
             guard names(path, opened), let digest = digest(of: fd.raw, info: opened) else { return nil }
             let trust = CallerTrust.assess(thread: thread, executable: opened)
             var identity = ProgramIdentity(
-                executable: path, digest: digest, unit: unit(of: thread), uid: uid,
+                program: .executable(path), digest: digest, unit: unit(of: thread), uid: uid,
                 distrust: trust.problem, runsAnonymousCode: trust.runsAnonymousCode)
             // An interpreter is its script too (docs/SECRET-SERVICE.md, "Whose
             // an item is").

@@ -7,7 +7,7 @@ import Glibc
 /// app id in its `/.flatpak-info`, a snap by its AppArmor label. Its executable
 /// names nothing (`/app/bin/x` is any app's path, and an update replaces it),
 /// so the app is its name: its items are its own whichever build made them.
-public enum SandboxApp: Sendable, Equatable {
+public enum SandboxApp: Sendable, Hashable {
     case flatpak(String)
     case snap(String)
 
@@ -30,12 +30,72 @@ public enum SandboxApp: Sendable, Equatable {
         }
     }
 
+    /// The app xdg-desktop-portal names by `id`: a Flatpak's app id is a
+    /// reverse domain name (it has dots), a snap's name has none; nil for
+    /// anything else.
+    public init?(portalAppID id: String) {
+        if SandboxApps.isFlatpakAppID(Substring(id)) {
+            self = .flatpak(id)
+        } else if SandboxApps.isSnapName(Substring(id)) {
+            self = .snap(id)
+        } else {
+            return nil
+        }
+    }
+
     /// How a person reads it in a question or a listing.
     public var described: String {
         switch self {
         case .flatpak(let id): "the Flatpak app \(id)"
         case .snap(let name): "the snap \(name)"
         }
+    }
+}
+
+/// What names a program: the path of its executable as the kernel resolved
+/// it, or, for a sandboxed app, the app (whose executable names any app's
+/// file). The compiler tells the two apart, where a string once held either
+/// and `hasPrefix("/")` guessed which.
+public enum ProgramName: Sendable, Hashable {
+    case executable(String)
+    case app(SandboxApp)
+
+    /// As claims are stored and sent: the path, or `flatpak:ID`, `snap:NAME`
+    /// (no path starts so).
+    public var encoded: String {
+        switch self {
+        case .executable(let path): path
+        case .app(let app): app.claimName
+        }
+    }
+
+    /// ``encoded`` read back: an absolute path, or an app's name; nil for anything else.
+    public init?(encoded: String) {
+        if encoded.hasPrefix("/") {
+            self = .executable(encoded)
+        } else if let app = SandboxApp(claimName: encoded) {
+            self = .app(app)
+        } else {
+            return nil
+        }
+    }
+
+    /// The executable's path; nil for an app.
+    public var path: String? {
+        guard case .executable(let path) = self else { return nil }
+        return path
+    }
+
+    /// Whether it names the same program byte for byte: never by Unicode
+    /// equivalence, which `==` on strings uses (``EntitlementRule/sameBytes(_:_:)``).
+    public func sameBytes(_ other: ProgramName) -> Bool {
+        EntitlementRule.sameBytes(encoded, other.encoded)
+    }
+
+    /// Whether it reads back as itself: an absolute path, or an app whose
+    /// name its sandbox could give.
+    public var isWellFormed: Bool {
+        ProgramName(encoded: encoded).map(sameBytes) ?? false
     }
 }
 

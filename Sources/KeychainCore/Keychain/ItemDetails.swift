@@ -71,8 +71,7 @@ public struct ItemDetails: Sendable, Equatable {
             // empty one would be a second encoding of none (reply fields
             // write none as "").
             guard claim.digest.count == ExecutableDigest.size,
-                claim.executable.hasPrefix("/") || SandboxApp(claimName: claim.executable) != nil,
-                claim.executable.utf8.count <= Self.maximumText,
+                claim.program.isWellFormed, claim.program.encoded.utf8.count <= Self.maximumText,
                 claim.package.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
                 claim.unit.map({ (1...Self.maximumAttributeName).contains($0.utf8.count) }) ?? true,
                 claim.script.map({
@@ -119,7 +118,7 @@ public struct ItemDetails: Sendable, Equatable {
     /// script digest (hex) ("" when none).
     private static func claimFields(_ claim: ProgramClaim, role: String) -> [String] {
         [
-            role, claim.executable, Hex.string(claim.digest), claim.package ?? "", claim.unit ?? "",
+            role, claim.program.encoded, Hex.string(claim.digest), claim.package ?? "", claim.unit ?? "",
             claim.jit.map { $0 ? "1" : "0" } ?? "", claim.script?.path ?? "",
             claim.script.map { Hex.string($0.digest) } ?? ""
         ]
@@ -160,8 +159,9 @@ public struct ItemDetails: Sendable, Equatable {
             } else if !part[7].isEmpty {
                 return nil
             }
+            guard let program = ProgramName(encoded: part[1]) else { return nil }
             let claim = ProgramClaim(
-                executable: part[1], digest: digest, package: part[3].isEmpty ? nil : part[3],
+                program: program, digest: digest, package: part[3].isEmpty ? nil : part[3],
                 unit: part[4].isEmpty ? nil : part[4], script: script, jit: part[5].isEmpty ? nil : part[5] == "1")
             switch part[0] {
             case "owner" where owner == nil: owner = claim
@@ -220,7 +220,7 @@ public struct ItemDetails: Sendable, Equatable {
     private static let scriptFlag: UInt8 = 4
 
     private static func append(_ claim: ProgramClaim, to writer: inout ByteWriter, identified: Bool) {
-        writer.appendPrefixed(claim.executable)
+        writer.appendPrefixed(claim.program.encoded)
         writer.append(claim.digest)
         writer.append(UInt8(claim.package == nil ? 0 : 1))
         if let package = claim.package { writer.appendPrefixed(package) }
@@ -238,7 +238,7 @@ public struct ItemDetails: Sendable, Equatable {
     private static func readClaim(
         _ reader: inout ByteReader<[UInt8]>, identified: Bool, malformed: KeychainError
     ) throws(KeychainError) -> ProgramClaim {
-        let executable = try reader.readPrefixed()
+        guard let program = ProgramName(encoded: try reader.readPrefixed()) else { throw malformed }
         let digest = try reader.read(ExecutableDigest.size)
         func optional(_ reader: inout ByteReader<[UInt8]>) throws(KeychainError) -> String? {
             switch try reader.readByte() {
@@ -248,7 +248,7 @@ public struct ItemDetails: Sendable, Equatable {
             }
         }
         let package = try optional(&reader)
-        var claim = ProgramClaim(executable: executable, digest: digest, package: package, unit: try optional(&reader))
+        var claim = ProgramClaim(program: program, digest: digest, package: package, unit: try optional(&reader))
         guard identified else { return claim }
         let flags = try reader.readByte()
         // One encoding per value: known bits only, and "not recorded" never beside a JIT.

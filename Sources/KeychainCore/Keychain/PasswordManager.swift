@@ -571,11 +571,11 @@ public final class PasswordManager: Sendable {
         _ = try changeAccess(forIdentifier: identifier, inGroup: group) { (details, owner) -> Int in
             guard
                 !owner.admits(
-                    ProgramIdentity(executable: program.executable, digest: program.digest, unit: nil, uid: 0))
+                    ProgramIdentity(program: program.program, digest: program.digest, unit: nil, uid: 0))
             else { return 0 }
             // The same program again (a new build, a new digest); an interpreter's other scripts stay.
             details.allowed.removeAll {
-                EntitlementRule.sameBytes($0.executable, program.executable)
+                $0.program.sameBytes(program.program)
                     && EntitlementRule.sameBytes($0.script?.path, program.script?.path)
             }
             details.allowed.append(program)
@@ -592,7 +592,7 @@ public final class PasswordManager: Sendable {
     {
         try changeAccess(forIdentifier: identifier, inGroup: group) { (details, _) throws(KeychainError) -> Int in
             let before = details.allowed.count
-            details.allowed.removeAll { EntitlementRule.sameBytes($0.executable, executable) }
+            details.allowed.removeAll { EntitlementRule.sameBytes($0.program.encoded, executable) }
             guard details.allowed.count < before else { throw .itemNotFound }
             return before - details.allowed.count
         }

@@ -52,7 +52,7 @@ extension Device {
                     case .failure(let refusal): return .failure(refusal.refusal)
                     }
                     let claim = ProgramClaim(
-                        executable: program.path, digest: program.digest,
+                        program: .executable(program.path), digest: program.digest,
                         package: PackageOwnership.package(of: program.path))
                     if change == .claim {
                         try device.claim(
@@ -60,7 +60,7 @@ extension Device {
                     } else {
                         try device.allow(claim, group: group, identifier: identifier, passcode: passcode, by: subject)
                     }
-                    return .success(PinnedProgram(executable: claim.executable, digest: claim.digest))
+                    return .success(PinnedProgram(executable: program.path, digest: claim.digest))
                 } catch .badRequest where change == .claim {
                     return .failure(
                         .keychain(
