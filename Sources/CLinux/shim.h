@@ -17,6 +17,7 @@
 #include <linux/fuse.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
+#include <sys/sysmacros.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
 #include <sys/prctl.h>
@@ -209,5 +210,49 @@ static inline int CLinux_unix_socket_peer(int netlink, uint32_t inode, uint32_t 
         }
     }
     return 0;
+}
+// sock_diag(7): the inode of the listening UNIX socket bound to the file
+// whose device and inode are `device`, `inode` (as stat(2) gives them),
+// in *found (0: none). The
+// file's inode tells one socket: two sockets that were bound to one path
+// in turn both show that path, but only the last is its file's.
+// `netlink` is a NETLINK_SOCK_DIAG socket. 0, or -1 with errno.
+static inline int CLinux_unix_listener_of_file(int netlink, uint64_t device, uint64_t inode, uint32_t *found) {
+    // The kernel keeps a superblock's dev_t as MKDEV(major, minor), not as stat encodes it.
+    uint32_t kernel_device = ((uint32_t)major(device) << 20) | (uint32_t)minor(device);
+    struct { struct nlmsghdr header; struct unix_diag_req request; } message;
+    memset(&message, 0, sizeof message);
+    message.header.nlmsg_len = sizeof message;
+    message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    message.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    message.request.sdiag_family = AF_UNIX;
+    message.request.udiag_states = 1U << 10; // TCP_LISTEN
+    message.request.udiag_show = UDIAG_SHOW_VFS;
+    if (send(netlink, &message, sizeof message, 0) != (ssize_t)sizeof message) return -1;
+    *found = 0;
+    union { struct nlmsghdr header; char bytes[32768]; } answer;
+    for (;;) {
+        ssize_t count = recv(netlink, &answer, sizeof answer, 0);
+        if (count < 0) return -1;
+        for (struct nlmsghdr *header = &answer.header; NLMSG_OK(header, (size_t)count);
+             header = NLMSG_NEXT(header, count)) {
+            if (header->nlmsg_type == NLMSG_DONE) return 0;
+            if (header->nlmsg_type == NLMSG_ERROR) {
+                errno = -((struct nlmsgerr *)NLMSG_DATA(header))->error;
+                return -1;
+            }
+            if (header->nlmsg_type != SOCK_DIAG_BY_FAMILY) continue;
+            struct unix_diag_msg *socket_found = NLMSG_DATA(header);
+            int rest = (int)(header->nlmsg_len - NLMSG_LENGTH(sizeof *socket_found));
+            for (struct rtattr *attribute = (struct rtattr *)(socket_found + 1); RTA_OK(attribute, rest);
+                 attribute = RTA_NEXT(attribute, rest)) {
+                if (attribute->rta_type != UNIX_DIAG_VFS || RTA_PAYLOAD(attribute) < sizeof(struct unix_diag_vfs))
+                    continue;
+                struct unix_diag_vfs vfs;
+                memcpy(&vfs, RTA_DATA(attribute), sizeof vfs);
+                if (vfs.udiag_vfs_dev == kernel_device && vfs.udiag_vfs_ino == inode) *found = socket_found->udiag_ino;
+            }
+        }
+    }
 }
 #endif

@@ -123,7 +123,7 @@ struct PAMHookCommand: ParsableCommand {
         // undumpable), or to one this command starts itself: never to whatever listens on the
         // device's socket (docs/SECURITY.md, "The login password goes only to the device").
         let checked = getenv("KEYCHAINFS_PAM_DEVICES").map { String(cString: $0) } ?? ""
-        DevicePeerAdmission.admitOnly(DevicePeerAdmission.Process.list(checked))
+        DevicePeerAdmission.admitOnly(DevicePeerAdmission.CheckedDevice.list(checked))
         let place = KeychainOptions.place(named: nil)
         if case .directory(let keychain) = place, !keychain.exists { return }
         switch mode {

@@ -126,10 +126,66 @@ static ssize_t read_proc(const char *pid, const char *name, char *buffer, size_t
     return (ssize_t)total;
 }
 
+/* The inodes of the listening UNIX sockets of this network namespace, up to
+ * `capacity` (/proc/net/unix: Flags with __SO_ACCEPTCON, 0x10000); how many. */
+static size_t listening_sockets(unsigned long *inodes, size_t capacity) {
+    FILE *table = fopen("/proc/net/unix", "re");
+    if (table == NULL) return 0;
+    char line[512];
+    size_t count = 0;
+    /* The header, then one line a socket (a line cut by a long path fails to parse, and is skipped). */
+    if (fgets(line, sizeof line, table) != NULL) {
+        while (count < capacity && fgets(line, sizeof line, table) != NULL) {
+            unsigned long flags = 0, inode = 0;
+            if (sscanf(line, "%*s %*x %*x %lx %*x %*x %lu", &flags, &inode) == 2 && (flags & 0x10000) != 0)
+                inodes[count++] = inode;
+        }
+    }
+    fclose(table);
+    return count;
+}
+
+/* The socket inode that /proc/PID/fd/N (`path`) names, or 0. */
+static unsigned long socket_inode(const char *path) {
+    char target[64];
+    ssize_t length = readlink(path, target, sizeof target - 1);
+    if (length <= 0) return 0;
+    target[length] = '\0';
+    unsigned long inode = 0;
+    return sscanf(target, "socket:[%lu]", &inode) == 1 ? inode : 0;
+}
+
+/* Whether a process other than `pid` holds socket `inode` (root reads every
+ * process's descriptors; a process gone meanwhile holds nothing). */
+static int held_by_another(const char *pid, unsigned long inode) {
+    DIR *proc = opendir("/proc");
+    if (proc == NULL) return 1;
+    int held = 0;
+    for (struct dirent *entry = readdir(proc); entry != NULL && !held; entry = readdir(proc)) {
+        if (entry->d_name[0] < '1' || entry->d_name[0] > '9' || strcmp(entry->d_name, pid) == 0) continue;
+        char directory[300];
+        snprintf(directory, sizeof directory, "/proc/%s/fd", entry->d_name);
+        DIR *descriptors = opendir(directory);
+        if (descriptors == NULL) continue;
+        for (struct dirent *fd = readdir(descriptors); fd != NULL && !held; fd = readdir(descriptors)) {
+            if (fd->d_name[0] < '0' || fd->d_name[0] > '9') continue;
+            char path[600];
+            snprintf(path, sizeof path, "%s/%s", directory, fd->d_name);
+            held = socket_inode(path) == inode;
+        }
+        closedir(descriptors);
+    }
+    closedir(proc);
+    return held;
+}
+
 /* The user's devices that may be given the password (docs/SECURITY.md,
- * "The login password goes only to the device"), as "PID:START,..." in
- * `list` (START: the 22nd field of /proc/PID/stat, which with the pid names
- * one process for good). A device is a process of the user running the
+ * "The login password goes only to the device"), as "PID:START:INODE,..."
+ * in `list` (START: the 22nd field of /proc/PID/stat, which with the pid
+ * names one process for good; INODE: a listening socket the process holds
+ * and no other process does, so that only it accepts what reaches that
+ * socket: SO_PEERCRED names the process that called listen, which may have
+ * forked a child to accept and then exec'd the installed program). A device is a process of the user running the
  * helper or its position-independent half (`../libexec/keychainfs/keychainfs`
  * beside it, where the device runs from), as root installed it, not traced,
  * with none of the loader's variables that would run another program's code
@@ -155,6 +211,8 @@ static void verified_devices(const struct passwd *user, const char *helper, char
         free(text);
         return;
     }
+    unsigned long listening[1024];
+    size_t listening_count = listening_sockets(listening, sizeof listening / sizeof listening[0]);
     size_t used = 0;
     for (struct dirent *entry = readdir(proc); entry != NULL && used + 48 < size; entry = readdir(proc)) {
         if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
@@ -187,9 +245,26 @@ static void verified_devices(const struct passwd *user, const char *helper, char
         unsigned long long start = 0;
         for (int number = 0; field != NULL && number < 20; number++) field = strchr(field + 1, ' ');
         if (field == NULL || sscanf(field + 1, "%llu", &start) != 1) continue;
-        int written = snprintf(list + used, size - used, "%s%s:%llu", used > 0 ? "," : "", entry->d_name, start);
-        if (written < 0 || (size_t)written >= size - used) break;
-        used += (size_t)written;
+        /* Each listening socket it holds alone. */
+        char directory[300];
+        snprintf(directory, sizeof directory, "/proc/%s/fd", entry->d_name);
+        DIR *descriptors = opendir(directory);
+        if (descriptors == NULL) continue;
+        for (struct dirent *fd = readdir(descriptors); fd != NULL && used + 48 < size; fd = readdir(descriptors)) {
+            if (fd->d_name[0] < '0' || fd->d_name[0] > '9') continue;
+            char descriptor[600];
+            snprintf(descriptor, sizeof descriptor, "%s/%s", directory, fd->d_name);
+            unsigned long inode = socket_inode(descriptor);
+            int listens = 0;
+            for (size_t index = 0; inode != 0 && index < listening_count && !listens; index++)
+                listens = listening[index] == inode;
+            if (!listens || held_by_another(entry->d_name, inode)) continue;
+            int written = snprintf(list + used, size - used, "%s%s:%llu:%lu", used > 0 ? "," : "", entry->d_name,
+                                   start, inode);
+            if (written < 0 || (size_t)written >= size - used) break;
+            used += (size_t)written;
+        }
+        closedir(descriptors);
     }
     closedir(proc);
     /* An environment may hold a user's secrets: wiped before it is freed. */

@@ -129,6 +129,45 @@ extension SerialTests {
                     """, "\(used)")
         }
 
+        /// `$R/relay.py LISTEN TARGET COPY [PROGRAM RUNTIME]`: a program of the
+        /// user that listens at LISTEN and relays every connection to the
+        /// device at TARGET, keeping what it was sent in COPY; with PROGRAM,
+        /// the listener execs it (`set`, waiting for its value, with
+        /// XDG_RUNTIME_DIR=RUNTIME) after forking the child that relays.
+        static func writeRelay(in harness: MountHarness) throws {
+            try """
+            import os, select, socket, sys
+            listening, target, copy = sys.argv[1], sys.argv[2], sys.argv[3]
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(listening); server.listen(8)
+            if len(sys.argv) > 4:
+                # The listener execs the installed program (a `set` that waits for its value),
+                # which passes every check of a process; a child it forked first accepts.
+                waiting, kept_open = os.pipe()
+                os.set_inheritable(kept_open, True)
+                if os.fork() != 0:
+                    os.dup2(waiting, 0)
+                    os.execve(sys.argv[4], ["keychainfs", "set", "default/zz"],
+                              dict(os.environ, XDG_RUNTIME_DIR=sys.argv[5]))
+            open(copy + ".ready", "w").close()
+            while True:
+                client, _ = server.accept()
+                device = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); device.connect(target)
+                ends = {client: device, device: client}
+                with open(copy, "ab") as kept:
+                    while ends:
+                        readable, _, _ = select.select(list(ends), [], [], 10)
+                        if not readable: break
+                        for end in readable:
+                            data = end.recv(65536)
+                            if not data:
+                                ends = {}; break
+                            if end is client: kept.write(data); kept.flush()
+                            ends[end].sendall(data)
+                client.close(); device.close()
+            """.write(toFile: harness.root + "/relay.py", atomically: true, encoding: .utf8)
+        }
+
         /// The impostor at the screen's unlock: a program of the user listens
         /// on the device's socket (the device stopped, its path taken) and
         /// relays every byte to a real device elsewhere, keeping a copy.
@@ -139,29 +178,7 @@ extension SerialTests {
         /// so nothing is sent, and the relay's copy holds no password. A real
         /// device, started by the installed program, still gets it.
         @Test func theLoginPasswordGoesToNoImpostorOnTheDevicesSocket() throws {
-            let relay = """
-                import os, select, socket, sys
-                listening, target, copy = sys.argv[1], sys.argv[2], sys.argv[3]
-                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                server.bind(listening); server.listen(8)
-                open(copy + ".ready", "w").close()
-                while True:
-                    client, _ = server.accept()
-                    device = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); device.connect(target)
-                    ends = {client: device, device: client}
-                    with open(copy, "ab") as kept:
-                        while ends:
-                            readable, _, _ = select.select(list(ends), [], [], 10)
-                            if not readable: break
-                            for end in readable:
-                                data = end.recv(65536)
-                                if not data:
-                                    ends = {}; break
-                                if end is client: kept.write(data); kept.flush()
-                                ends[end].sendall(data)
-                    client.close(); device.close()
-                """
-            try relay.write(toFile: harness.root + "/relay.py", atomically: true, encoding: .utf8)
+            try Self.writeRelay(in: harness)
             let used = try withPAM(
                 """
                 K_ login enable > /dev/null
@@ -190,6 +207,43 @@ extension SerialTests {
                     the real device: state: locked
                     login-unlock: on
                     no impostor: state: unlocked failed-attempts: 0\(" ")
+
+                    """, "\(used)")
+        }
+
+        /// The same impostor, cleverer: it listens, forks a child that
+        /// accepts and relays, then execs the installed program (a `set`
+        /// waiting for its value). SO_PEERCRED names the process that called
+        /// `listen`, which now runs the installed program, untraced, nothing
+        /// preloaded: it passed every check, and the hook gave the relay the
+        /// login password. Now a checked device must also hold the listening
+        /// socket the hook reaches, and hold it alone.
+        @Test func theLoginPasswordGoesToNoImpostorThatExecsTheInstalledProgram() throws {
+            try Self.writeRelay(in: harness)
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
+                install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
+                real=$(ls "$R"/elsewhere/keychainfs/*.sock)
+                runuser -u "$U" -- /usr/bin/python3 "$R/relay.py" "$socket" "$real" "$R/copy" "$K" "$R/elsewhere" \
+                    > /dev/null 2>&1 &
+                for n in $(seq 100); do [ -e "$R/copy.ready" ] && break; sleep 0.05; done
+                echo "the listener runs: $(ps -o args= -p "$(pgrep -u "$U" -f 'keychainfs set default/zz' | head -1)")"
+                printf 'Login-1\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "the impostor got the password: $(cat "$R/copy" 2> /dev/null | grep -c Login-1)"
+                echo "the real device: $(runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" status | head -1)"
+                pkill -u "$U" -f relay.py; pkill -u "$U" -f 'keychainfs set default/zz'; rm -f "$socket"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" stop
+                """)
+            #expect(
+                used.stdout == """
+                    the listener runs: keychainfs set default/zz
+                    pamtester: successfully authenticated
+                    the impostor got the password: 0
+                    the real device: state: locked
 
                     """, "\(used)")
         }

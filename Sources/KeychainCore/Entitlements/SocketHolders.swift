@@ -194,6 +194,25 @@ package enum SocketHolders {
         return query(netlink, own.peer)?.address
     }
 
+    /// The inode of the listening socket bound to the file at `path` (nil:
+    /// none listens there, or it cannot be told): the one a connection to
+    /// `path` reaches. By the file, not by the path a listener shows, which
+    /// an older socket whose file was replaced shows too.
+    package static func listener(boundAt path: String) -> UInt32? {
+        var info = stat()
+        guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK, let netlink = diagnosticSocket() else {
+            return nil
+        }
+        var found: UInt32 = 0
+        guard
+            (try? nothingOrErrno({
+                CLinux_unix_listener_of_file(netlink.raw, UInt64(info.st_dev), UInt64(info.st_ino), &found)
+            }))
+                != nil, found != 0
+        else { return nil }
+        return found
+    }
+
     private static func diagnosticSocket() -> FileDescriptor? {
         FileDescriptor(
             socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG)))

@@ -29,27 +29,40 @@ public enum DevicePeerAdmission {
         public static func now(_ pid: pid_t) -> Process? {
             ProcessChain.startTime(of: pid).map { Process(pid: pid, start: $0) }
         }
+    }
 
-        /// The list pam_keychainfs writes: `PID:START` separated by commas; malformed entries are left out.
-        public static func list(_ text: String) -> Set<Process> {
+    /// A device pam_keychainfs checked as root: the process, and the inode
+    /// of a listening socket it holds and no other process does. A process
+    /// that listened, forked a child to accept, then exec'd the installed
+    /// program (which passes every check of the process) holds no such
+    /// socket: SO_PEERCRED names the process that called `listen`, not the
+    /// one that accepts.
+    public struct CheckedDevice: Hashable, Sendable {
+        public var process: Process
+        public var listener: UInt32
+
+        /// The list pam_keychainfs writes: `PID:START:INODE` separated by commas; malformed entries are left out.
+        public static func list(_ text: String) -> Set<CheckedDevice> {
             Set(
                 text.split(separator: ",").compactMap { entry in
                     let parts = entry.split(separator: ":")
-                    guard parts.count == 2, let pid = pid_t(parts[0]), let start = UInt64(parts[1]) else { return nil }
-                    return Process(pid: pid, start: start)
+                    guard parts.count == 3, let pid = pid_t(parts[0]), let start = UInt64(parts[1]),
+                        let listener = UInt32(parts[2])
+                    else { return nil }
+                    return CheckedDevice(process: Process(pid: pid, start: start), listener: listener)
                 })
         }
     }
 
     private struct Rule {
-        var admitted: Set<Process>
+        var admitted: Set<CheckedDevice>
         var started: Set<Process> = []
     }
     private static let rule = Mutex<Rule?>(nil)
 
-    /// From now on, admits only `processes` and the devices this process starts.
-    public static func admitOnly(_ processes: Set<Process>) {
-        rule.withLock { $0 = Rule(admitted: processes) }
+    /// From now on, admits only `devices` and the devices this process starts.
+    public static func admitOnly(_ devices: Set<CheckedDevice>) {
+        rule.withLock { $0 = Rule(admitted: devices) }
     }
 
     /// A device this process started (``admitOnly(_:)`` admits it): it runs
@@ -59,15 +72,20 @@ public enum DevicePeerAdmission {
         _ = rule.withLock { $0?.started.insert(process) }
     }
 
-    /// Why nothing may be sent on `socket` (nil: it may).
-    static func refusal(of socket: Int32) -> String? {
+    /// Why nothing may be sent on `socket`, connected to `path` (nil: it may).
+    static func refusal(of socket: Int32, connectedTo path: String) -> String? {
         guard let rule = rule.withLock({ $0 }) else { return nil }
         guard let peer = ProgramIdentities.peerCredentials(socket), let process = Process.now(peer.pid) else {
             return "the device's socket has no peer this process can name: nothing was sent to it"
         }
-        if rule.admitted.contains(process) || rule.started.contains(process) { return nil }
+        if rule.started.contains(process) { return nil }
+        if let listener = SocketHolders.listener(boundAt: path),
+            rule.admitted.contains(CheckedDevice(process: process, listener: listener))
+        {
+            return nil
+        }
         return "process \(peer.pid) listens on the device's socket, but it is not a device of this keychain that "
-            + "pam_keychainfs checked (the installed program, not traced, with no library preloaded) nor one "
-            + "this command started: nothing was sent to it"
+            + "pam_keychainfs checked (the installed program, not traced, with no library preloaded, holding "
+            + "that listening socket alone) nor one this command started: nothing was sent to it"
     }
 }

@@ -167,7 +167,7 @@ public enum DeviceClient {
         received = nil
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         listening = true
-        if let refusal = DevicePeerAdmission.refusal(of: fd.raw) {
+        if let refusal = DevicePeerAdmission.refusal(of: fd.raw, connectedTo: socketPath) {
             Diagnostics.log(refusal)
             return nil
         }
