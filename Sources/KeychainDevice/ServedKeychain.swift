@@ -443,7 +443,9 @@ extension ServedKeychain: SecretStore {
     var isLocked: Bool { manager.localDevice.isLocked }
     func isAvailable(_ protectionClass: ProtectionClass) -> Bool { manager.localDevice.isAvailable(protectionClass) }
     func appsOwnItems(inGroup group: String) -> Bool { manager.localDevice.appsOwnItems(inGroup: group) }
-    func isPoliced(_ group: String) -> Bool { manager.localDevice.hasEntitlementPolicy(group) }
+    func policedGroups(admitting program: () -> ProgramIdentity?) -> Set<String> {
+        manager.localDevice.policedGroups(admitting: program)
+    }
     /// The provider's state, and an audit line each time the bus name is
     /// gained, lost to another program or released (who answers on the bus is
     /// part of who decides: docs/SECRET-SERVICE.md, "The device's judge").

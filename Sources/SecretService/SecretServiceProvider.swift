@@ -295,16 +295,17 @@ public final class SecretServiceProvider: @unchecked Sendable {
         var matches: [ListedItem] = []
         let groups: [String]
         if let onlyGroup { groups = [onlyGroup] } else { groups = try self.groups(for: call) }
-        var admittingPolicedGroups: Set<String> = []
         for group in groups {
             if let wanted = attributes[Self.groupAttribute], wanted != group { continue }
             // A group whose policy does not admit the caller shows nothing.
             guard let items = try? self.items(of: group, for: call) else { continue }
-            if store.isPoliced(group) { admittingPolicedGroups.insert(group) }
             matches += items.filter { $0.attributes.matches(attributes) }
         }
-        if onlyGroup == nil, attributes[Self.groupAttribute] == nil, !admittingPolicedGroups.isEmpty {
-            matches.removeAll { !admittingPolicedGroups.contains($0.group) }
+        if onlyGroup == nil, attributes[Self.groupAttribute] == nil {
+            // By the policies, not by the groups listed: a granted program
+            // whose group holds nothing yet (not even made) looks nowhere else.
+            let admitting = store.policedGroups { [self] in callerIdentity(call) }
+            if !admitting.isEmpty { matches.removeAll { !admitting.contains($0.group) } }
         }
         if matches.contains(where: { $0.details?.owner != nil }) {
             // Only the order depends on it (the secret still needs the owner

@@ -13,8 +13,9 @@ public protocol SecretStore: AnyObject, Sendable {
     /// Whether programs own the items they make in `group` over the bus
     /// (docs/SECRET-SERVICE.md, "Whose an item is").
     func appsOwnItems(inGroup group: String) -> Bool
-    /// Whether `group` has an entitlement policy (only the programs it names use it).
-    func isPoliced(_ group: String) -> Bool
+    /// The groups whose entitlement policy admits `program`, whether they
+    /// hold items yet or not (`program` is read only when some group has a policy).
+    func policedGroups(admitting program: () -> ProgramIdentity?) -> Set<String>
     /// What the provider is doing, as `.control` and `STATUS=` say it (nil: not serving).
     func setSecretServiceState(_ state: String?)
     /// Calls `handler` after every lock, unlock and committed change; returns a token.

@@ -560,12 +560,17 @@ extension SerialTests {
         /// attributes the granted program has no item for answered it too.
         /// Now its search of every collection looks in the policed groups
         /// that admit it only; naming `default` reaches that one, and the
-        /// ungranted program still finds its own items.
+        /// ungranted program still finds its own items. A program granted a
+        /// group that holds nothing yet (not even made) searched `default`
+        /// too: the groups are the policies', not those listed.
         @Test func aGrantedProgramsLookupIsNeverAnsweredFromAnotherCollection() throws {
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
             #expect(harness.sh("printf s3cret | \"$K\" set secure/token --keychain \"$KC\"").succeeded)
             #expect(harness.sh("cp /usr/bin/secret-tool \"$R/granted-tool\"").succeeded)
             #expect(harness.grant("secure", exe: harness.root + "/granted-tool").succeeded)
+            // Granted a group that holds nothing yet, and is not even made.
+            #expect(harness.sh("cp /usr/bin/secret-tool \"$R/granted-new\"").succeeded)
+            #expect(harness.grant("mail-app", exe: harness.root + "/granted-new").succeeded)
             #expect(harness.sh("\"$K\" stop --keychain \"$KC\"").succeeded)
             let looked = onBus(
                 """
@@ -581,9 +586,10 @@ extension SerialTests {
                 "$R/granted-tool" lookup app mail; echo " rc $?"
                 "$R/granted-tool" lookup keychainfs:group default app mail; echo " rc $?"
                 secret-tool lookup app mail; echo " rc $?"
+                "$R/granted-new" lookup app mail; echo " rc $?"
                 """)
             #expect(
-                looked.stdout == "s3cret rc 0\n rc 1\nplanted-url rc 0\nplanted-url rc 0\n", "\(looked)")
+                looked.stdout == "s3cret rc 0\n rc 1\nplanted-url rc 0\nplanted-url rc 0\n rc 1\n", "\(looked)")
         }
 
         /// The bus names the process that connected. A program connects,

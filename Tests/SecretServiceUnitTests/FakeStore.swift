@@ -26,7 +26,7 @@ final class FakeStore: SecretStore, @unchecked Sendable {
     var isLocked: Bool { false }
     func isAvailable(_ protectionClass: ProtectionClass) -> Bool { true }
     func appsOwnItems(inGroup group: String) -> Bool { owner != nil }
-    func isPoliced(_ group: String) -> Bool { false }
+    func policedGroups(admitting program: () -> ProgramIdentity?) -> Set<String> { [] }
     func setSecretServiceState(_ state: String?) {}
     func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { 1 }
     func removeObserver(_ token: Int) {}

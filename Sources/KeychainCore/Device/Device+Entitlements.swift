@@ -12,6 +12,14 @@ extension Device {
         entitlements.withLock { $0.groups[group] }
     }
 
+    /// The groups whose policy admits `program`, whether they exist yet or
+    /// not; `program` is read only when some group has a policy.
+    public func policedGroups(admitting program: () -> ProgramIdentity?) -> Set<String> {
+        let policies = entitlements.withLock { $0.groups }
+        guard !policies.isEmpty, let program = program() else { return [] }
+        return Set(policies.filter { $0.value.contains { $0.admits(program) } }.keys)
+    }
+
     /// Whether `group` has a policy (its items are then checked per caller).
     public func hasEntitlementPolicy(_ group: String) -> Bool {
         entitlements.withLock { $0.groups[group] != nil }
