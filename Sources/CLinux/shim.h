@@ -44,6 +44,23 @@ static inline int CLinux_disable_core_files(void) {
     return setrlimit(RLIMIT_CORE, &none);
 }
 
+// RLIMIT_MEMLOCK raised to `bytes` where it is lower (the hard limit too,
+// with CAP_SYS_RESOURCE; else the soft one as far as the hard allows).
+// The soft limit it leaves.
+static inline uint64_t CLinux_raise_locked_memory(uint64_t bytes) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;
+    if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < bytes) {
+        struct rlimit raised = {bytes, limit.rlim_max == RLIM_INFINITY || limit.rlim_max > bytes ? limit.rlim_max : bytes};
+        if (setrlimit(RLIMIT_MEMLOCK, &raised) != 0) {
+            raised.rlim_cur = raised.rlim_max = limit.rlim_max;
+            if (setrlimit(RLIMIT_MEMLOCK, &raised) != 0) return limit.rlim_cur;
+        }
+        if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;
+    }
+    return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
+}
+
 // prctl is variadic. No core file, and PR_SET_DUMPABLE 0: no ptrace attach
 // and no reading of /proc/PID/mem, maps or exe by other processes of the
 // same user (only by holders of CAP_SYS_PTRACE).

@@ -513,6 +513,12 @@ public final class DeviceProcess: Sendable {
         let request: DeviceRequest
         do {
             request = try body.withUnsafeBytes { (raw) throws(KeychainError) in try DeviceRequest(body: raw) }
+        } catch .io {
+            // Its value could not be given pinned memory (``SecretArena``): not the request's fault.
+            return .systemError(
+                ENOMEM,
+                "no locked memory is left for a request this large now (others hold it); nothing was changed: "
+                    + "try again in a moment")
         } catch {
             return .systemError(EINVAL, "malformed request (protocol version \(DeviceProtocol.version) expected)")
         }

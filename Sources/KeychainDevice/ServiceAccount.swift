@@ -8,6 +8,22 @@ import Glibc
 /// The system account the keychainfs service runs as (the package's
 /// sysusers.d entry makes it): the only one that can read the state directory.
 public enum ServiceAccount {
+    /// The locked memory every user's requests share: what the unit sets
+    /// (`LimitMEMLOCK=128M`), and what the service raises itself to, as
+    /// root, when it was started without systemd (`--daemon` inherits a
+    /// shell's 8 MiB, which one user's flood of large requests filled).
+    public static let lockedMemory: UInt64 = 128 << 20
+
+    /// Raises RLIMIT_MEMLOCK to ``lockedMemory`` where it is lower (before
+    /// the service leaves root); a sentence for the log when it stays lower.
+    public static func raiseLockedMemory() -> String? {
+        let now = CLinux_raise_locked_memory(lockedMemory)
+        guard now < lockedMemory else { return nil }
+        return "the service's locked memory is limited to \(now >> 20) MiB (RLIMIT_MEMLOCK), which its users' "
+            + "large requests share: past it they are refused; raise it to 128 MiB (LimitMEMLOCK=128M, or "
+            + "`ulimit -l 131072` before `service --daemon`)"
+    }
+
     /// The account's name.
     public static let defaultName = "keychainfs"
 

@@ -84,6 +84,7 @@ struct ServiceCommand: ParsableCommand {
         } catch let error as Errno {
             throw fail("cannot listen on \(socket): \(error)")
         }
+        if let problem = ServiceAccount.raiseLockedMemory() { printError("keychainfs: " + problem) }
         do {
             if geteuid() == 0 { try ServiceAccount.become(user, stateDirectory: stateDirectory) }
         } catch {
@@ -138,7 +139,8 @@ struct ServiceCommand: ParsableCommand {
             if logged >= 0, lseek(errors.raw, logged, SEEK_SET) == logged,
                 let bytes = try? Descriptor.readAll(errors.raw, limit: 1 << 14)
             {
-                said = String(decoding: bytes, as: UTF8.self).trimmingNewline
+                // Its last line: why it stopped (warnings before it, such as a low locked-memory limit, are in the log).
+                said = String(decoding: bytes, as: UTF8.self).split(separator: "\n").last.map(String.init) ?? ""
                 if said.hasPrefix("keychainfs: ") { said = String(said.dropFirst(12)) }
             }
             throw fail("the service did not start: " + (said.isEmpty ? started.problem ?? "" : said))

@@ -66,5 +66,36 @@ extension SerialTests {
                         "the service did not start: \(service.root)/file is not a directory"),
                 "\(used)")
         }
+
+        /// A service started without systemd inherited a shell's 8 MiB of
+        /// locked memory (the unit's LimitMEMLOCK=128M did not apply), which
+        /// one user's flood of large requests filled for everyone. As root it
+        /// now raises the limit to 128 MiB, or as far as the machine lets it,
+        /// and says so in its log when that is less.
+        @Test func aDaemonRaisesItsLockedMemoryOrSaysWhyNot() throws {
+            let service = try ServiceHarness(started: false)
+            let harness = try MountHarness(service: service, creating: false)
+            defer {
+                _ = harness.sh(
+                    "start-stop-daemon --stop --quiet --pidfile \"$1\" --retry TERM/10",
+                    arguments: [service.root + "/pid"], asRoot: true)
+            }
+            let used = harness.sh(
+                """
+                S=$1; ulimit -S -l 4096
+                "$K" service --daemon --pid-file "$S/pid" --log "$S/log" --socket "$S/socket" \\
+                    --state-directory "$S/state" > /dev/null
+                awk '/^Max locked memory/ { print $4, $5 }' /proc/"$(cat "$S/pid")"/limits
+                grep -c "the service's locked memory is limited to" "$S/log"
+                """, arguments: [service.root], asRoot: true)
+            var limit = rlimit()
+            getrlimit(__rlimit_resource_t(__RLIMIT_MEMLOCK.rawValue), &limit)
+            let wanted: UInt64 = 128 << 20
+            let expected =
+                limit.rlim_max >= wanted
+                ? "\(wanted) \(limit.rlim_max == rlim_t.max ? "unlimited" : String(limit.rlim_max))\n0\n"
+                : "\(limit.rlim_max) \(limit.rlim_max)\n1\n"
+            #expect(used.stdout == expected, "\(used)")
+        }
     }
 }

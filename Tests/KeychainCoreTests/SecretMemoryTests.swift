@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 import Glibc
 import Testing
@@ -81,6 +82,33 @@ import Testing
         #expect(refusing.allocate(capacity: large) == nil)
         #expect(refusing.allocate(capacity: 100) != nil, "small slots, which every command needs, are never refused")
         #expect(refusing.residency.unlocked < 65536)
+    }
+
+    /// Free large slots kept for reuse give way under the limit: after a
+    /// flood, four free slots of each large size stayed pinned and took the
+    /// whole limit, and every later large request of another size was
+    /// refused until the service restarted. Now they are unpinned first.
+    @Test func freeLargeSlotsGiveWayToALargeRequestUnderTheLimit() throws {
+        let budget = 8 << 20
+        let pinned = Mutex(0)
+        let arena = SecretArena(
+            lock: { _, bytes in
+                pinned.withLock { total in
+                    guard total + bytes <= budget else { return false }
+                    total += bytes
+                    return true
+                }
+            },
+            unlock: { _, bytes in pinned.withLock { $0 -= bytes } })
+        arena.refuseUnlockedLargeSlots()
+        let biggest = SecretArena.maximumSize
+        let held = try (0..<4).map { _ in try #require(arena.allocate(capacity: biggest)) }
+        for slot in held { arena.release(slot.pointer, sizeClass: slot.sizeClass, used: 0) }
+        #expect(arena.residency.locked == budget, "the flood's slots are kept, pinned, for reuse")
+        // A value of another size: refused before, given now (the kept slots are unpinned).
+        let value = try #require(arena.allocate(capacity: 900_000))
+        #expect(arena.residency.locked == SecretArena.classSizes[value.sizeClass])
+        arena.release(value.pointer, sizeClass: value.sizeClass, used: 0)
     }
 
     /// A body is taken as it arrives: a peer that announces the largest body

@@ -42,6 +42,8 @@ final class SecretArena: Sendable {
     private let state = Mutex(State())
     /// Pins a fresh mapping (`mlock`); false past RLIMIT_MEMLOCK.
     private let lock: @Sendable (UnsafeMutableRawPointer, Int) -> Bool
+    /// Unpins a mapping before it is unmapped (`munlock`).
+    private let unlock: @Sendable (UnsafeMutableRawPointer, Int) -> Void
     /// Whether a large slot that cannot be pinned is refused rather than
     /// handed out in memory that may reach swap: the service sets it
     /// (``refuseUnlockedLargeSlots()``), where a flood of requests announcing
@@ -49,9 +51,14 @@ final class SecretArena: Sendable {
     /// memory. Small slots are never refused: every command needs a few.
     private let refusesUnlocked = Atomic<Bool>(false)
 
-    /// An arena whose fresh mappings `lock` pins (a test's stand-in for `mlock`).
-    init(lock: @escaping @Sendable (UnsafeMutableRawPointer, Int) -> Bool = { mlock($0, $1) == 0 }) {
+    /// An arena whose fresh mappings `lock` pins and `unlock` unpins (a
+    /// test's stand-ins for `mlock` and `munlock`).
+    init(
+        lock: @escaping @Sendable (UnsafeMutableRawPointer, Int) -> Bool = { mlock($0, $1) == 0 },
+        unlock: @escaping @Sendable (UnsafeMutableRawPointer, Int) -> Void = { munlock($0, $1) }
+    ) {
         self.lock = lock
+        self.unlock = unlock
     }
 
     /// From now on a large slot (a request's or reply's body, 64 KiB and
@@ -99,7 +106,12 @@ final class SecretArena: Sendable {
             // A fresh mapping is zeroed (mmap(2)); its first slot is this one.
             let mapping = Self.mappingSize(forSlotsOf: slotSize)
             let refusing = slotSize >= Self.slabSize && refusesUnlocked.load(ordering: .relaxed)
-            guard let (pointer, locked) = mapSecretRegion(bytes: mapping, refusingUnlocked: refusing, state: &state)
+            // Free large slots of other sizes are a cache: under the limit they give way first (a
+            // flood once left 8 MiB of them pinned, and every later large request was refused).
+            guard
+                let (pointer, locked) = mapSecretRegion(bytes: mapping, refusingUnlocked: refusing, state: &state)
+                    ?? (evictFreeLargeSlots(&state)
+                        ? mapSecretRegion(bytes: mapping, refusingUnlocked: refusing, state: &state, log: true) : nil)
             else { return nil }
             if !locked, slotSize >= Self.slabSize { state.unlockedLarge.insert(UInt(bitPattern: pointer)) }
             state.uncut[sizeClass] = Addresses(
@@ -137,14 +149,35 @@ final class SecretArena: Sendable {
             return (false, false)
         }
         if unmap.unmap {
-            if unmap.locked { munlock(pointer, slotSize) }
+            if unmap.locked { unlock(pointer, slotSize) }
             munmap(pointer, slotSize)
         }
     }
 
+    /// Unmaps every free large slot (unpinning it); whether there was one.
+    private func evictFreeLargeSlots(_ state: inout State) -> Bool {
+        var evicted = false
+        for (sizeClass, slotSize) in Self.classSizes.enumerated() where slotSize >= Self.slabSize {
+            for address in state.free[sizeClass] {
+                let pointer = UnsafeMutableRawPointer(bitPattern: address)!
+                if state.unlockedLarge.remove(address) != nil {
+                    state.unlockedBytes -= slotSize
+                } else {
+                    state.lockedBytes -= slotSize
+                    unlock(pointer, slotSize)
+                }
+                munmap(pointer, slotSize)
+                evicted = true
+            }
+            state.free[sizeClass] = []
+        }
+        return evicted
+    }
+
     /// A fresh zeroed mapping of `bytes`, and whether it is pinned; nil when
-    /// it could not be pinned and `refusingUnlocked` says to refuse it then.
-    private func mapSecretRegion(bytes: Int, refusingUnlocked: Bool, state: inout State) -> (
+    /// it could not be pinned and `refusingUnlocked` says to refuse it then
+    /// (said in the log when `log`, or when nothing can give way).
+    private func mapSecretRegion(bytes: Int, refusingUnlocked: Bool, state: inout State, log: Bool? = nil) -> (
         UnsafeMutableRawPointer, Bool
     )? {
         guard let raw = mmap(nil, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
@@ -160,6 +193,10 @@ final class SecretArena: Sendable {
         }
         if refusingUnlocked {
             munmap(raw, bytes)
+            let freeLarge = Self.classSizes.indices.contains {
+                Self.classSizes[$0] >= Self.slabSize && !state.free[$0].isEmpty
+            }
+            guard log ?? !freeLarge else { return nil }
             Diagnostics.log(
                 "refused \(bytes) bytes of secret memory that RLIMIT_MEMLOCK would leave unlocked "
                     + "(\(state.lockedBytes) bytes locked): the request that needed them is refused, not swapped")
