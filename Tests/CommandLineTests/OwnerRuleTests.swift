@@ -127,7 +127,8 @@ extension SerialTests {
                     && questions.first?.contains(" wants to read the secret of \"App a\" in default, which belongs to ")
                         == true
                     && questions.first?.contains(
-                        ". It was started by /usr/bin/dash (package dash) ← /usr/bin/dbus-run-session (package dbus-daemon)."
+                        ". It was started by \"/usr/bin/dash\" (package dash) ← \"/usr/bin/dbus-run-session\" "
+                            + "(package dbus-daemon)."
                     ) == true
                     && questions.first?.hasSuffix("It acts for whatever ran it, so it can be allowed only once.")
                         == true,
@@ -435,7 +436,7 @@ extension SerialTests {
         }
 
         @Test func stopEndsThePinentryOfAQuestion() throws {
-            try JudgePinentry.answer(["once", "hang"], in: harness)
+            try JudgePinentry.answer(["hang"], in: harness)
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2

@@ -46,7 +46,7 @@ import Glibc
     }
 
     static func question(
-        asker: ProgramClaim?, items: [ItemConsent.Asked], asking verb: String, chain: [String] = [],
+        asker: ProgramClaim?, items: [ItemConsent.Asked], asking verb: String, chain: [ChainLink] = [],
         deputy: Bool = false
     ) -> String {
         ItemConsent.question(
@@ -65,9 +65,14 @@ import Glibc
         #expect(
             Self.question(
                 asker: Self.tool, items: asked, asking: "read the secret of",
-                chain: ["secret-tool", "bash", "gnome-terminal-server"], deputy: true
+                chain: [
+                    ChainLink(path: "/usr/bin/secret-tool", name: "secret-tool", provenance: "package libsecret-tools"),
+                    ChainLink(path: "/usr/bin/bash", name: "bash", provenance: "package bash"),
+                    ChainLink(path: nil, name: "gnome-terminal-", provenance: "")
+                ], deputy: true
             ).hasSuffix(
-                "It was started by bash ← gnome-terminal-server. It acts for whatever ran it, so it can be allowed only once."
+                "It was started by \"/usr/bin/bash\" (package bash) ← a program named \"gnome-terminal-\" that cannot be "
+                    + "read. It acts for whatever ran it, so it can be allowed only once."
             ))
         // Many items: three named, the rest counted.
         let many = (1...7).map {
@@ -263,8 +268,8 @@ import Glibc
         let sleeper = try #require(caller)
         defer { kill(sleeper, SIGKILL) }
         let chain = ProcessChain.described(from: sleeper)
-        #expect(chain.first == "/usr/bin/sleep (package coreutils)", "\(chain)")
-        #expect(chain.dropFirst().first == terminal + " (written by a program of yours)", "\(chain)")
+        #expect(chain.first?.logged == "/usr/bin/sleep (package coreutils)", "\(chain)")
+        #expect(chain.dropFirst().first?.logged == terminal + " (written by a program of yours)", "\(chain)")
         let question = PasswordManager.question(
             asked: [ItemConsent.Asked(group: "default", identifier: "x", label: "x", owner: Self.chromium)],
             verb: "read the secret of",
@@ -273,8 +278,44 @@ import Glibc
             ),
             subject: AuditSubject(pid: sleeper, uid: getuid(), executable: nil, unit: nil))
         #expect(
-            question.text.contains("It was started by \(terminal) (written by a program of yours) ← "),
+            question.text.contains("It was started by \"\(terminal)\" (written by a program of yours) ← "),
             "\(question.text)")
+    }
+
+    /// A starter's path cannot forge who wrote it: `~/.cache/x/gnome-terminal-server
+    /// (package gnome-terminal)/` and 2,800 spaces, a copy of bash there,
+    /// was cut after its forged "(package gnome-terminal)" and lost its
+    /// real "(written by a program of yours)". Now each path is quoted
+    /// (a quote in it escaped) and cut inside its quotes, and its
+    /// provenance follows; a whole link is dropped rather than cut. An
+    /// interpreter that started the asker is said with the script it runs.
+    @Test func aStartersPathForgesNoProvenanceAndAnInterpreterIsItsScript() {
+        let asked = [ItemConsent.Asked(group: "default", identifier: "x", label: "x", owner: Self.chromium)]
+        let forged =
+            "/home/u/.cache/x/gnome-terminal-server (package gnome-terminal)/"
+            + String(repeating: String(repeating: " ", count: 200) + "/", count: 14) + "bash\" (package bash"
+        let question = Self.question(
+            asker: Self.tool, items: asked, asking: "read the secret of",
+            chain: [
+                ChainLink(path: "/usr/bin/secret-tool", name: "secret-tool", provenance: "package libsecret-tools"),
+                ChainLink(path: forged, name: "bash", provenance: "written by a program of yours"),
+                {
+                    var python = ChainLink(
+                        path: "/usr/bin/python3.11", name: "python3.11", provenance: "package python3.11-minimal")
+                    python.script = ("/home/u/.cache/evil/g.py", "written by a program of yours")
+                    return python
+                }()
+            ])
+        #expect(question.count <= ItemConsent.maximumQuestion)
+        #expect(
+            question.contains(
+                "It was started by \"/home/u/.cache/x/gnome-terminal-server (package gnome-terminal)/    "),
+            "\(question)")
+        #expect(question.contains("…\" (written by a program of yours) ← "), "\(question)")
+        #expect(
+            question.hasSuffix(
+                "← \"/usr/bin/python3.11\" (package python3.11-minimal) running \"/home/u/.cache/evil/g.py\" "
+                    + "(written by a program of yours)."), "\(question)")
     }
 
     /// The command a refusal suggests can be pasted as it is: a name with a

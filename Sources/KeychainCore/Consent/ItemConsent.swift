@@ -85,7 +85,7 @@ public enum ItemConsent {
     /// owner. Every part a program or a person chose is escaped and cut
     /// (``ConsentText``), so that none can forge the sentence.
     package static func question(
-        asker: ProgramClaim?, unidentified reason: String?, chain: [String], deputy: Bool, items: [Asked],
+        asker: ProgramClaim?, unidentified reason: String?, chain: [ChainLink], deputy: Bool, items: [Asked],
         asking verb: String
     ) -> String {
         let who =
@@ -101,16 +101,24 @@ public enum ItemConsent {
             "\(who) wants to \(verb) \(what), which belongs to "
             + owners.prefix(2).joined(separator: ", ") + (owners.count > 2 ? " and others" : "") + "."
         if let reason { text += " It is not trusted as its program: \(ConsentText.shown(reason, limit: 120))." }
+        let acting = deputy ? " It acts for whatever ran it, so it can be allowed only once." : ""
         if chain.count > 1 {
-            text +=
-                " It was started by "
-                + chain.dropFirst().map { ConsentText.shown($0, limit: 160) }
-                .joined(separator: " ← ") + "."
+            // Whole links only: a cut never takes a link's "who could have written it" and leaves its path.
+            var links = ""
+            for link in chain.dropFirst() {
+                let next = (links.isEmpty ? "" : " ← ") + link.shown
+                guard
+                    text.count + " It was started by ".count + links.count + next.count + 2 + acting.count
+                        <= maximumQuestion
+                else {
+                    links += " ← …"
+                    break
+                }
+                links += next
+            }
+            text += " It was started by " + links + "."
         }
-        if deputy {
-            text += " It acts for whatever ran it, so it can be allowed only once."
-        }
-        return String(text.prefix(maximumQuestion))
+        return String((text + acting).prefix(maximumQuestion))
     }
 
     /// What a caller that was not allowed is told (never a value): whose
@@ -188,6 +196,47 @@ package enum ConsentText {
 
 }
 
+/// One process behind a caller: its program's path (nil: it cannot be
+/// read, and `name` is its command name), who could have written that
+/// file, and, for an interpreter, the script it runs.
+package struct ChainLink: Sendable, Equatable {
+    package var path: String?
+    package var name: String
+    package var provenance: String
+    package var script: (path: String, provenance: String)?
+
+    package init(path: String?, name: String, provenance: String) {
+        self.path = path
+        self.name = name
+        self.provenance = provenance
+    }
+
+    package static func == (a: ChainLink, b: ChainLink) -> Bool {
+        a.path == b.path && a.name == b.name && a.provenance == b.provenance && a.script?.path == b.script?.path
+            && a.script?.provenance == b.script?.provenance
+    }
+
+    /// As the question says it: each path in quotes (escaped and cut inside
+    /// them, ``ConsentText``), then who could have written it, outside: a
+    /// path cannot close its quotes, and however long it is, its own
+    /// "(written by a program of yours)" follows it, not one it spelled.
+    package var shown: String {
+        guard let path else { return "a program named \"\(ConsentText.shown(name, limit: 40))\" that cannot be read" }
+        var text = "\"" + ConsentText.shown(path, limit: 80) + "\" (" + provenance + ")"
+        if let script {
+            text += " running \"" + ConsentText.shown(script.path, limit: 80) + "\" (" + script.provenance + ")"
+        }
+        return text
+    }
+
+    /// As the audit log writes it (the log escapes its lines itself).
+    package var logged: String {
+        guard let path else { return "a program named \(name) that cannot be read" }
+        return path + " (" + provenance + ")"
+            + (script.map { " running " + $0.path + " (" + $0.provenance + ")" } ?? "")
+    }
+}
+
 /// The processes behind a caller, as a person reads them: the program,
 /// its parent and its grandparent (`keychainfs ← bash ← sshd`), so that
 /// the person can tell their own typing from a script's.
@@ -205,21 +254,30 @@ package enum ProcessChain {
 
     /// The processes from `pid` up, each by its program's full path and who
     /// could have written that file: a package (root's, as dpkg knows it),
-    /// root, or any program of the user. A basename alone let the user's
-    /// own `~/.cache/x/gnome-terminal-server` pass for the real terminal
+    /// root, or any program of the user; for an interpreter, the script it
+    /// runs too, said the same way. A basename alone let the user's own
+    /// `~/.cache/x/gnome-terminal-server` pass for the real terminal, and
+    /// `python3 ~/.cache/x/g.py` passed for Debian's python3 alone
     /// (docs/SECURITY.md, "A chain a person can trust"). A process whose
     /// program cannot be read is named by its command name, said as such.
-    package static func described(from pid: pid_t, depth: Int = 3) -> [String] {
-        var described: [String] = []
+    package static func described(from pid: pid_t, depth: Int = 3) -> [ChainLink] {
+        var described: [ChainLink] = []
         var current = pid
         for _ in 0..<depth where current > 0 {
             guard let (name, parent) = nameAndParent(current) else { break }
             if let path = ProgramIdentities.withProcPath(current, "exe", { ProgramIdentities.linkTarget($0) }),
                 path.hasPrefix("/")
             {
-                described.append(path + " (" + provenance(of: path) + ")")
+                var link = ChainLink(path: path, name: name, provenance: provenance(of: path))
+                var owner = Glibc.stat()
+                if let kind = Interpreters.kind(of: path), fstatat(AT_FDCWD, "/proc/\(current)", &owner, 0) == 0,
+                    case .file(let script, _) = Interpreters.script(of: current, kind: kind, uid: owner.st_uid)
+                {
+                    link.script = (script, provenance(of: script))
+                }
+                described.append(link)
             } else {
-                described.append("a program named \(name) that cannot be read")
+                described.append(ChainLink(path: nil, name: name, provenance: ""))
             }
             current = parent
         }

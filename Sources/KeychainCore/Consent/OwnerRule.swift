@@ -128,7 +128,7 @@ extension PasswordManager {
         let items = asked.map { $0.group + "/" + $0.identifier }.sorted().joined(separator: "\u{0}")
         return ConsentQuestion(
             asked: asked, verb: verb, text: text, subject: subject, claim: trusted ? claim : nil,
-            startedBy: chain.dropFirst().joined(separator: " ← "),
+            startedBy: chain.dropFirst().map(\.logged).joined(separator: " ← "),
             key: asker + "\u{1}" + ConsentQuestions.process(subject) + "\u{1}" + verb + "\u{1}" + items, asker: asker)
     }
 
