@@ -44,6 +44,16 @@ static inline int CLinux_disable_core_files(void) {
     return setrlimit(RLIMIT_CORE, &none);
 }
 
+// The calling thread at background priority: nice 19 and the idle I/O
+// class (setpriority(2) and ioprio_set(2) take a thread id; anyone may
+// lower their own). 0, or -1 with errno.
+static inline int CLinux_background_this_thread(void) {
+    pid_t thread = (pid_t)syscall(SYS_gettid);
+    if (setpriority(PRIO_PROCESS, (id_t)thread, 19) != 0) return -1;
+    // IOPRIO_WHO_PROCESS (1), IOPRIO_CLASS_IDLE (3) << IOPRIO_CLASS_SHIFT (13).
+    return (int)syscall(SYS_ioprio_set, 1, thread, 3 << 13);
+}
+
 // RLIMIT_MEMLOCK raised to `bytes` where it is lower (the hard limit too,
 // with CAP_SYS_RESOURCE; else the soft one as far as the hard allows).
 // The soft limit it leaves.

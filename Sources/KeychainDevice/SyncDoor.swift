@@ -56,7 +56,7 @@ final class KeychainSyncDoor: Sendable {
                 try engine.confirmJoin(code: code)
                 return .success(Done())
             case .now:
-                return .success(Self.summary(try engine.sync()))
+                return .success(Self.summary(try schedule.roundNow()))
             case .status:
                 return .success(SyncStatusLines(engine.status().map { SyncStatusLine($0.0, $0.1) }))
             case .joinRequests(let device):

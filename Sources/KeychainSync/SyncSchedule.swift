@@ -1,16 +1,33 @@
+internal import CLinux
 import KeychainCore
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// When the device syncs by itself (docs/SYNC.md, "When it syncs"): a few
 /// seconds after a change (more changes in that time wait for the same
 /// round), at each unlock (values that waited for their class key go
 /// then), and every `interval` while it runs. A round runs on this
-/// schedule's own thread, so no read or write ever waits for the network.
+/// schedule's own thread, so no read or write ever waits for the network,
+/// and at background priority (nice 19, the idle I/O class), so that on a
+/// machine of two cores a read of the keychain does not share a core with
+/// it on equal terms; a round asked for by `keychainfs sync` runs there too.
 package final class SyncSchedule: Sendable {
+    /// A caller waiting for a round: its outcome, and the pipe end a byte
+    /// is written to once the outcome is in.
+    private final class RoundWaiter: Sendable {
+        let outcome = Mutex<Result<SyncReport, SyncFailure>?>(nil)
+        let done: Int32
+        init(done: Int32) { self.done = done }
+    }
+
     private struct State {
         /// When the next round is due (monotonic milliseconds); nil: none asked.
         var due: Int64? = nil
         var lastRound: Int64 = 0
+        /// Rounds asked for now by callers that wait.
+        var waiting: [RoundWaiter] = []
     }
 
     private let engine: SyncEngine
@@ -57,7 +74,50 @@ package final class SyncSchedule: Sendable {
         thread.withLock { $0?.wake() }
     }
 
+    /// A round now, on the schedule's thread (at its priority), waited for.
+    package func roundNow() throws(SyncFailure) -> SyncReport {
+        var ends: [Int32] = [0, 0]
+        guard pipe(&ends) == 0, let wait = FileDescriptor(ends[0]), let done = FileDescriptor(ends[1])
+        else { return try engine.sync() }
+        _ = fcntl(wait.raw, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(done.raw, F_SETFD, FD_CLOEXEC)
+        let waiter = RoundWaiter(done: done.raw)
+        state.withLock { $0.waiting.append(waiter) }
+        thread.withLock { $0?.wake() }
+        // The thread writes a byte once the outcome is in (or closes nothing: `done` is ours).
+        var byte: UInt8 = 0
+        _ = try? valueOrErrno(retryOnInterrupt: true) { read(wait.raw, &byte, 1) }
+        withExtendedLifetime(done) {}
+        guard let result = waiter.outcome.withLock({ $0 }) else { return try engine.sync() }
+        return try result.get()
+    }
+
+    /// The schedule's thread at background priority, once: nice 19 and the
+    /// idle I/O class for this thread alone (setpriority(2) and
+    /// ioprio_set(2) take a thread id; anyone may lower their own).
+    private let backgrounded = Atomic<Bool>(false)
+    private func background() {
+        guard !backgrounded.exchange(true, ordering: .relaxed) else { return }
+        _ = CLinux_background_this_thread()
+    }
+
     private func step() -> WakeableThread.Next {
+        background()
+        let asked = state.withLock { state -> [RoundWaiter] in
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        if !asked.isEmpty {
+            let result: Result<SyncReport, SyncFailure>
+            do throws(SyncFailure) { result = .success(try engine.sync()) } catch { result = .failure(error) }
+            state.withLock { $0.lastRound = MonotonicClock.milliseconds() }
+            for waiter in asked {
+                waiter.outcome.withLock { $0 = result }
+                var byte: UInt8 = 1
+                _ = write(waiter.done, &byte, 1)
+            }
+            return .after(milliseconds: 0)
+        }
         let now = MonotonicClock.milliseconds()
         let due = state.withLock { state -> Int64 in
             let periodic = state.lastRound + interval
