@@ -98,12 +98,13 @@ import Foundation
         return try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
     }
 
-    /// `python3 -m MODULE` was "a program that could not be identified", so
-    /// every item it made was asked about on every later use, even by
-    /// itself. Now the module is its file, found where Python finds it (the
-    /// working directory first, then the system's packages): a module, a
-    /// package's `__main__.py`, a module of the standard library; a name
-    /// found nowhere says so.
+    /// `python3 -m MODULE` is its module's file where that is knowable: with
+    /// `-P` (or `-I`), the file Python finds in the system's paths. Without,
+    /// Python searched the working directory it started in first, which the
+    /// process can have left (a script of the user's that moved to
+    /// `/usr/lib/python3.11` passed for Debian's module of the same name):
+    /// unidentifiable, and the question says how to be identified. A script
+    /// named by a relative path likewise; a name found nowhere says so.
     @Test func aModuleRunByNameIsItsFile() throws {
         let directory = try makeTemporaryDirectory("kcfs-module", in: "/tmp/")
         defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
@@ -113,13 +114,26 @@ import Foundation
             chmod(directory + file, 0o644)
         }
         let version = URL(fileURLWithPath: "/usr/bin/python3").resolvingSymlinksInPath().lastPathComponent
-        for (module, expected) in [
-            ("kcfsmodule", directory + "/kcfsmodule.py"), ("kcfspkg", directory + "/kcfspkg/__main__.py"),
-            ("json.tool", "/usr/lib/\(version)/json/tool.py"), ("kcfs_no_such_module", nil)
-        ] {
+        // Searched from its working directory first (Python's sys.path[0] under -m), which it can
+        // leave after it started: no module run so is identified, whatever it names now.
+        for module in ["kcfsmodule", "json.tool"] {
             let identity = try Self.identity(
                 running: ["/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", directory],
                 then: ["/usr/bin/python3", "-m", module])
+            #expect(
+                identity.script
+                    == .unidentifiable(
+                        "it runs the module \(module) from a search path that starts with its working directory, "
+                            + "which it can change after it started: run it with -P (or -I) to be identified"),
+                "\(module)")
+        }
+        // With -P the working directory is not searched: the module is the file Python finds.
+        for (module, expected) in [
+            ("json.tool", "/usr/lib/\(version)/json/tool.py"), ("kcfsmodule", nil), ("kcfs_no_such_module", nil)
+        ] {
+            let identity = try Self.identity(
+                running: ["/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", directory],
+                then: ["/usr/bin/python3", "-P", "-m", module])
             if let expected {
                 guard case .file(let path, let digest)? = identity.script else {
                     Issue.record("\(module): \(String(describing: identity.script))")
@@ -131,6 +145,12 @@ import Foundation
                     identity.script == .unidentifiable("it runs the module \(module), whose file cannot be found"))
             }
         }
+        // A script named by a relative path names whatever the working directory holds now.
+        #expect(
+            Interpreters.file("kcfsmodule.py", of: getpid(), uid: getuid())
+                == .unidentifiable(
+                    "its script is named by a relative path (kcfsmodule.py), which names whatever its working "
+                        + "directory holds now: run it by its full path to be identified"))
         // A script others may write is never trusted as a program, and the question says why.
         chmod(directory + "/kcfsmodule.py", 0o664)
         let shared = Interpreters.file(directory + "/kcfsmodule.py", of: getpid(), uid: getuid())

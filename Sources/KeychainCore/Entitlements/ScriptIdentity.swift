@@ -105,6 +105,12 @@ package enum Interpreters {
         case .path(let path):
             return file(path, of: thread, uid: uid)
         case .module(let name):
+            // `sys.path[0]` is the working directory it started in, which it can have left since.
+            if Interpreters.searchesWorkingDirectory(arguments) {
+                return .unidentifiable(
+                    "it runs the module \(name) from a search path that starts with its working directory, which "
+                        + "it can change after it started: run it with -P (or -I) to be identified")
+            }
             let home = environment.first { $0.starts(with: Array("HOME=".utf8)) }.map {
                 String(decoding: $0.dropFirst(5), as: UTF8.self)
             }
@@ -137,10 +143,7 @@ package enum Interpreters {
         let parts = name.split(separator: ".", omittingEmptySubsequences: false)
         guard !parts.isEmpty, parts.allSatisfy({ !$0.isEmpty && !$0.contains("/") }) else { return nil }
         let relative = parts.joined(separator: "/")
-        // The single-letter options before `-m` (`-I`, `-P`, `-s`, bundled as `-sP`).
-        let flagLetters = Set(
-            arguments.dropFirst().prefix { $0.hasPrefix("-") && !$0.hasPrefix("-m") }
-                .filter { !$0.hasPrefix("--") }.flatMap { $0.dropFirst() })
+        let flagLetters = Self.flagLetters(arguments)
         let isolated = flagLetters.contains("I")
         var directories: [String] = []
         if !isolated, !flagLetters.contains("P"),
@@ -166,6 +169,19 @@ package enum Interpreters {
             if isFile(base + ".py") { return base + ".py" }
         }
         return nil
+    }
+
+    /// The single-letter options before `-m` (`-I`, `-P`, `-s`, bundled as `-sP`).
+    static func flagLetters(_ arguments: [String]) -> Set<Character> {
+        Set(
+            arguments.dropFirst().prefix { $0.hasPrefix("-") && !$0.hasPrefix("-m") }
+                .filter { !$0.hasPrefix("--") }.flatMap { $0.dropFirst() })
+    }
+
+    /// Whether `python3 -m` searches its working directory first (no `-I`, no `-P`).
+    static func searchesWorkingDirectory(_ arguments: [String]) -> Bool {
+        let letters = flagLetters(arguments)
+        return !letters.contains("I") && !letters.contains("P")
     }
 
     /// The script an interpreter's arguments name: the first argument
@@ -198,14 +214,20 @@ package enum Interpreters {
         return .none
     }
 
-    /// A script file, resolved against the process's working directory:
-    /// its path and digest when only its owner (or root) may write it.
+    /// A script file named by its absolute path: its path and digest when
+    /// only its owner (or root) may write it. A relative path is no name:
+    /// it was resolved against the working directory the process had when
+    /// it started, which it can change since (`os.chdir`), and the kernel
+    /// keeps no record of the one it had; resolved now, a script of the
+    /// user's that moved to `/usr/lib/python3.11` passed for Debian's
+    /// `pydoc.py`, and kept the person's "Always allow" of it
+    /// (docs/SECURITY.md, "A chain a person can trust").
     static func file(_ named: String, of thread: pid_t, uid: uid_t) -> ScriptIdentity {
-        var path = named
-        if !path.hasPrefix("/") {
-            guard let directory = ProgramIdentities.withProcPath(thread, "cwd", { ProgramIdentities.linkTarget($0) })
-            else { return .unidentifiable("its working directory cannot be read") }
-            path = (directory == "/" ? "" : directory) + "/" + path
+        let path = named
+        guard path.hasPrefix("/") else {
+            return .unidentifiable(
+                "its script is named by a relative path (\(named)), which names whatever its working directory "
+                    + "holds now: run it by its full path to be identified")
         }
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) else {
             return .unidentifiable("its script \(path) cannot be read")
