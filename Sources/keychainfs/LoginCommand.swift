@@ -123,7 +123,10 @@ struct PAMHookCommand: ParsableCommand {
         // undumpable), or to one this command starts itself: never to whatever listens on the
         // device's socket (docs/SECURITY.md, "The login password goes only to the device").
         let checked = getenv("KEYCHAINFS_PAM_DEVICES").map { String(cString: $0) } ?? ""
-        DevicePeerAdmission.admitOnly(DevicePeerAdmission.CheckedDevice.list(checked))
+        // Descriptor 3: pam_keychainfs's end that checks, as root, who accepted a connection.
+        let verifier = getenv("KEYCHAINFS_PAM_VERIFY").map { String(cString: $0) } == "3" ? Int32(3) : nil
+        if let verifier { _ = fcntl(verifier, F_SETFD, FD_CLOEXEC) }  // no device it starts keeps it
+        DevicePeerAdmission.admitOnly(DevicePeerAdmission.CheckedDevice.list(checked), verifier: verifier)
         let place = KeychainOptions.place(named: nil)
         if case .directory(let keychain) = place, !keychain.exists { return }
         switch mode {

@@ -44,6 +44,13 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <poll.h>
+#include <stdint.h>
+#include <time.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -179,6 +186,109 @@ static int held_by_another(const char *pid, unsigned long inode) {
     return held;
 }
 
+/* The inode of the socket that `inode`'s socket is connected to (sock_diag,
+ * UNIX_DIAG_PEER), or 0. */
+static unsigned long peer_inode(unsigned long inode) {
+    int netlink = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (netlink < 0) return 0;
+    struct {
+        struct nlmsghdr header;
+        struct unix_diag_req request;
+    } message;
+    memset(&message, 0, sizeof message);
+    message.header.nlmsg_len = sizeof message;
+    message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    message.header.nlmsg_flags = NLM_F_REQUEST;
+    message.request.sdiag_family = AF_UNIX;
+    message.request.udiag_states = (unsigned)-1;
+    message.request.udiag_ino = (unsigned)inode;
+    message.request.udiag_show = UDIAG_SHOW_PEER;
+    message.request.udiag_cookie[0] = message.request.udiag_cookie[1] = ~0U;
+    unsigned long peer = 0;
+    if (send(netlink, &message, sizeof message, 0) == (ssize_t)sizeof message) {
+        union {
+            struct nlmsghdr header;
+            char bytes[8192];
+        } answer;
+        ssize_t count = recv(netlink, &answer, sizeof answer, 0);
+        struct nlmsghdr *header = &answer.header;
+        if (count > 0 && NLMSG_OK(header, (size_t)count) && header->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
+            struct unix_diag_msg *found = NLMSG_DATA(header);
+            int rest = (int)(header->nlmsg_len - NLMSG_LENGTH(sizeof *found));
+            for (struct rtattr *attribute = (struct rtattr *)(found + 1); RTA_OK(attribute, rest);
+                 attribute = RTA_NEXT(attribute, rest))
+                if (attribute->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(attribute) >= sizeof(uint32_t)) {
+                    uint32_t value;
+                    memcpy(&value, RTA_DATA(attribute), sizeof value);
+                    peer = value;
+                }
+        }
+    }
+    close(netlink);
+    return peer;
+}
+
+/* The one process that holds socket `inode` in its descriptors, as "PID"
+ * in `holder` (empty: none yet); -1 when two or more do. */
+static int sole_holder(unsigned long inode, char *holder, size_t size) {
+    holder[0] = '\0';
+    DIR *proc = opendir("/proc");
+    if (proc == NULL) return -1;
+    int holders = 0;
+    for (struct dirent *entry = readdir(proc); entry != NULL && holders < 2; entry = readdir(proc)) {
+        if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+        char directory[300];
+        snprintf(directory, sizeof directory, "/proc/%s/fd", entry->d_name);
+        DIR *descriptors = opendir(directory);
+        if (descriptors == NULL) continue;
+        int holds = 0;
+        for (struct dirent *fd = readdir(descriptors); fd != NULL && !holds; fd = readdir(descriptors)) {
+            if (fd->d_name[0] < '0' || fd->d_name[0] > '9') continue;
+            char path[600];
+            snprintf(path, sizeof path, "%s/%s", directory, fd->d_name);
+            holds = socket_inode(path) == inode;
+        }
+        closedir(descriptors);
+        if (holds) {
+            holders++;
+            if (strlen(entry->d_name) < size) strcpy(holder, entry->d_name);
+        }
+    }
+    closedir(proc);
+    return holders > 1 ? -1 : 0;
+}
+
+/* Whether the connection `connection` (the hook's, passed here) was
+ * accepted by one of the checked devices in `devices` ("PID:START:INODE,...")
+ * and is held by it alone: the end that reads what the hook sends is in that
+ * process's descriptors and nobody else's. SO_PEERCRED and the listening
+ * socket say who listened; a listening descriptor passed around in flight
+ * (SCM_RIGHTS, in no process's table) let another process accept. Waits up
+ * to half a second for the device to accept. */
+static int accepted_by_device(int connection, const char *devices) {
+    struct stat info;
+    if (fstat(connection, &info) != 0 || !S_ISSOCK(info.st_mode)) return 0;
+    unsigned long peer = peer_inode((unsigned long)info.st_ino);
+    if (peer == 0) return 0;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        char holder[32];
+        if (sole_holder(peer, holder, sizeof holder) != 0) return 0;
+        if (holder[0] != '\0') {
+            /* The holder must be a listed device: "PID:" at the start of an entry. */
+            size_t length = strlen(holder);
+            for (const char *entry = devices; entry != NULL && *entry != '\0';) {
+                if (strncmp(entry, holder, length) == 0 && entry[length] == ':') return 1;
+                entry = strchr(entry, ',');
+                if (entry != NULL) entry++;
+            }
+            return 0;
+        }
+        struct timespec pause = {0, 5 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    return 0;
+}
+
 /* The user's devices that may be given the password (docs/SECURITY.md,
  * "The login password goes only to the device"), as "PID:START:INODE,..."
  * in `list` (START: the 22nd field of /proc/PID/stat, which with the pid
@@ -289,15 +399,23 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
     char devices[64 + 8 * 48];
     strcpy(devices, "KEYCHAINFS_PAM_DEVICES=");
     verified_devices(user, helper, devices + strlen(devices), sizeof devices - strlen(devices));
-    char *environment[] = {home, name, logname, "PATH=/usr/bin:/bin", devices, has_runtime ? runtime_variable : NULL,
-                           NULL};
+    /* Descriptor 3 of the hook: it passes here each connection to a checked
+     * device before it sends the password on it, and reads back whether the
+     * device accepted it and holds it alone (accepted_by_device). */
+    char *environment[] = {home, name, logname, "PATH=/usr/bin:/bin", devices, "KEYCHAINFS_PAM_VERIFY=3",
+                           has_runtime ? runtime_variable : NULL, NULL};
     char *arguments[] = {"keychainfs", "pam-hook", (char *)mode, NULL};
 
     /* A socket pair, not a pipe: written with MSG_NOSIGNAL, a hook that
      * exits before it reads (a helper that cannot be run) gets the caller
      * no SIGPIPE, which would end login or gdm itself. */
-    int channel[2];
+    int channel[2], verify[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, channel) != 0) return -1;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, verify) != 0) {
+        close(channel[0]);
+        close(channel[1]);
+        return -1;
+    }
     /* An application's SIGCHLD handler must not reap our child first
      * (pam_exec does the same). */
     struct sigaction default_action = {.sa_handler = SIG_DFL}, saved;
@@ -306,7 +424,8 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
     pid_t child = fork();
     if (child == 0) {
         int null = open("/dev/null", O_RDWR);
-        if (dup2(channel[0], 0) < 0 || null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) _exit(127);
+        if (dup2(channel[0], 0) < 0 || null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0 || dup2(verify[0], 3) < 0)
+            _exit(127);
         /* Drop everything of the caller's before running anything of the
          * user's: groups, then the group, then the user (all three ids). */
         if (geteuid() == 0 && (initgroups(user->pw_name, user->pw_gid) != 0 || setresgid(user->pw_gid, user->pw_gid, user->pw_gid) != 0 ||
@@ -318,6 +437,7 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
         _exit(127);
     }
     close(channel[0]);
+    close(verify[0]);
     int status = -1;
     if (child > 0) {
         size_t written = 0;
@@ -328,12 +448,37 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
             written += (size_t)count;
         }
         close(channel[1]);
+        /* Each connection the hook asks about, until it closes its end (it
+         * exits), within 30 s in all. */
+        for (int asked = 0; asked < 16; asked++) {
+            struct pollfd waiting = {.fd = verify[1], .events = POLLIN};
+            if (poll(&waiting, 1, 30 * 1000) <= 0) break;
+            char byte = 0;
+            union {
+                struct cmsghdr header;
+                char space[CMSG_SPACE(sizeof(int))];
+            } control;
+            struct iovec part = {.iov_base = &byte, .iov_len = 1};
+            struct msghdr message = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.space,
+                                     .msg_controllen = sizeof control.space};
+            ssize_t count = recvmsg(verify[1], &message, MSG_CMSG_CLOEXEC);
+            if (count <= 0) break;
+            int connection = -1;
+            struct cmsghdr *item = CMSG_FIRSTHDR(&message);
+            if (item != NULL && item->cmsg_level == SOL_SOCKET && item->cmsg_type == SCM_RIGHTS)
+                memcpy(&connection, CMSG_DATA(item), sizeof connection);
+            char verdict = connection >= 0 && accepted_by_device(connection, devices + strlen("KEYCHAINFS_PAM_DEVICES=")) ? 1 : 0;
+            if (connection >= 0) close(connection);
+            if (send(verify[1], &verdict, 1, MSG_NOSIGNAL) != 1) break;
+        }
+        close(verify[1]);
         int raw;
         pid_t reaped;
         while ((reaped = waitpid(child, &raw, 0)) < 0 && errno == EINTR) {}
         if (reaped == child && WIFEXITED(raw)) status = WEXITSTATUS(raw);
     } else {
         close(channel[1]);
+        close(verify[1]);
     }
     sigaction(SIGCHLD, &saved, NULL);
     if (status != 0)

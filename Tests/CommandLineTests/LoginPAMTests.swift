@@ -140,6 +140,46 @@ extension SerialTests {
             listening, target, copy = sys.argv[1], sys.argv[2], sys.argv[3]
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.bind(listening); server.listen(8)
+            if len(sys.argv) > 6 and sys.argv[6] == "in-flight":
+                # The listening descriptor lives in flight (SCM_RIGHTS, in no process's table) while the
+                # listener execs the installed program; a helper takes it out only to accept, then puts it
+                # back: a check of who holds the listening socket sees the installed program alone.
+                import time
+                a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                socket.send_fds(a, [b"l"], [server.fileno()])
+                waiting, kept_open = os.pipe()
+                os.set_inheritable(kept_open, True)
+                if os.fork() != 0:
+                    # The installed program keeps the listening socket: it alone holds it in a table.
+                    os.set_inheritable(server.fileno(), True); a.close(); b.close()
+                    os.dup2(waiting, 0)
+                    os.execve(sys.argv[4], ["keychainfs", "set", "default/zz"], dict(os.environ, XDG_RUNTIME_DIR=sys.argv[5]))
+                server.close()
+                open(copy + ".ready", "w").close()
+                while True:
+                    _, fds, _, _ = socket.recv_fds(b, 1, 1)
+                    listener = socket.socket(fileno=fds[0]); listener.setblocking(False)
+                    try:
+                        client, _ = listener.accept()
+                    except BlockingIOError:
+                        client = None
+                    socket.send_fds(a, [b"l"], [listener.fileno()]); listener.close()
+                    if client is None:
+                        time.sleep(0.005); continue
+                    client.setblocking(True)
+                    device = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); device.connect(target)
+                    ends = {client: device, device: client}
+                    with open(copy, "ab") as kept:
+                        while ends:
+                            readable, _, _ = select.select(list(ends), [], [], 10)
+                            if not readable: break
+                            for end in readable:
+                                data = end.recv(65536)
+                                if not data:
+                                    ends = {}; break
+                                if end is client: kept.write(data); kept.flush()
+                                ends[end].sendall(data)
+                    client.close(); device.close()
             if len(sys.argv) > 4:
                 # The listener execs the installed program (a `set` that waits for its value),
                 # which passes every check of a process; a child it forked first accepts.
@@ -241,6 +281,41 @@ extension SerialTests {
             #expect(
                 used.stdout == """
                     the listener runs: keychainfs set default/zz
+                    pamtester: successfully authenticated
+                    the impostor got the password: 0
+                    the real device: state: locked
+
+                    """, "\(used)")
+        }
+
+        /// The listening descriptor kept in flight: the impostor sends it
+        /// to itself over a socket pair (SCM_RIGHTS), so that it is in no
+        /// process's descriptor table, and execs the installed program; a
+        /// helper takes it out only to accept, then puts it back. Every
+        /// check of the listener passed, and the helper got the password.
+        /// Now root (pam_keychainfs) checks who holds the accepted end of
+        /// the hook's connection: a checked device, alone, or nothing is sent.
+        @Test func theLoginPasswordGoesToNoImpostorThatKeepsItsListenerInFlight() throws {
+            try Self.writeRelay(in: harness)
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
+                install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
+                real=$(ls "$R"/elsewhere/keychainfs/*.sock)
+                runuser -u "$U" -- /usr/bin/python3 "$R/relay.py" "$socket" "$real" "$R/copy" "$K" "$R/elsewhere" \\
+                    in-flight > /dev/null 2>&1 &
+                for n in $(seq 100); do [ -e "$R/copy.ready" ] && break; sleep 0.05; done
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "the impostor got the password: $(cat "$R/copy" 2> /dev/null | grep -c Login-1)"
+                echo "the real device: $(runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" status | head -1)"
+                pkill -u "$U" -f relay.py; pkill -u "$U" -f 'keychainfs set default/zz'; rm -f "$socket"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" stop
+                """)
+            #expect(
+                used.stdout == """
                     pamtester: successfully authenticated
                     the impostor got the password: 0
                     the real device: state: locked

@@ -213,6 +213,16 @@ package enum SocketHolders {
         return found
     }
 
+    /// Passes `socket` to `verifier` (pam_keychainfs, as root) with one
+    /// byte, and reads its verdict: one byte, 1 for yes.
+    package static func askRoot(_ verifier: Int32, about socket: Int32) -> Bool {
+        var asked: UInt8 = 1
+        guard CLinux_send_with_descriptor(verifier, &asked, 1, socket) == 1 else { return false }
+        var verdict: UInt8 = 0
+        let read = try? valueOrErrno(retryOnInterrupt: true) { recv(verifier, &verdict, 1, 0) }
+        return read == 1 && verdict == 1
+    }
+
     private static func diagnosticSocket() -> FileDescriptor? {
         FileDescriptor(
             socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG)))

@@ -57,12 +57,25 @@ public enum DevicePeerAdmission {
     private struct Rule {
         var admitted: Set<CheckedDevice>
         var started: Set<Process> = []
+        /// pam_keychainfs's end that checks, as root, who accepted a
+        /// connection to a checked device (nil: nobody checks, and none is admitted).
+        var verifier: Int32?
     }
     private static let rule = Mutex<Rule?>(nil)
 
-    /// From now on, admits only `devices` and the devices this process starts.
-    public static func admitOnly(_ devices: Set<CheckedDevice>) {
-        rule.withLock { $0 = Rule(admitted: devices) }
+    /// From now on, admits only `devices` and the devices this process
+    /// starts; a connection to one of `devices` only once `verifier`
+    /// (pam_keychainfs's socket, as root) says the device accepted it and
+    /// holds it alone.
+    public static func admitOnly(_ devices: Set<CheckedDevice>, verifier: Int32?) {
+        rule.withLock { $0 = Rule(admitted: devices, verifier: verifier) }
+    }
+
+    /// Whether the process that checks as root says `socket` was accepted
+    /// by a checked device that holds it alone: one byte and the
+    /// descriptor out, one byte back (1: yes).
+    private static func verified(_ socket: Int32, by verifier: Int32) -> Bool {
+        SocketHolders.askRoot(verifier, about: socket)
     }
 
     /// A device this process started (``admitOnly(_:)`` admits it): it runs
@@ -82,7 +95,12 @@ public enum DevicePeerAdmission {
         if let listener = SocketHolders.listener(boundAt: path),
             rule.admitted.contains(CheckedDevice(process: process, listener: listener))
         {
-            return nil
+            // Who listened is not who accepts: a listening descriptor passed
+            // around in flight (SCM_RIGHTS, in no process's table) let another
+            // process accept. Root checks who holds the accepted end.
+            if let verifier = rule.verifier, verified(socket, by: verifier) { return nil }
+            return "the device's socket is held by a checked device, but the connection was not accepted by it "
+                + "alone (pam_keychainfs checked, as root): nothing was sent to it"
         }
         return "process \(peer.pid) listens on the device's socket, but it is not a device of this keychain that "
             + "pam_keychainfs checked (the installed program, not traced, with no library preloaded, holding "
