@@ -503,7 +503,17 @@ public final class DeviceProcess: Sendable {
         let atConnect = policedAtConnect ? ProgramIdentities.ofPeer(client, checkingRelays: false) : nil
         // Ours to close, unless `attach` takes it.
         var passed: FileDescriptor?
-        guard let body = DeviceProtocol.receive(from: client, sentBy: credentials.pid, descriptor: &passed) else {
+        var refusedMemory = false
+        guard
+            let body = DeviceProtocol.receive(
+                from: client, sentBy: credentials.pid, descriptor: &passed, refusedMemory: &refusedMemory)
+        else {
+            if refusedMemory {
+                return .systemError(
+                    ENOMEM,
+                    "no locked memory is left for a request this large now (others hold it); nothing was changed: "
+                        + "try again in a moment")
+            }
             return .systemError(
                 EINVAL,
                 "no whole request arrived within \(Self.connectionDeadline) s "

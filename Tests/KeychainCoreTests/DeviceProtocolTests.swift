@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 @testable import KeychainCore
 
@@ -166,6 +167,40 @@ import Testing
             .withoutOwner
         else { Issue.record("not a setDetails"); return }
         #expect(changed.owner == nil && changed.allowed.isEmpty)
+    }
+
+    /// A device that refuses a request before its body has all arrived
+    /// (no locked memory for it) replies and closes. The command writing the
+    /// rest of a large value was killed by SIGPIPE (exit 141, nothing said);
+    /// now its write fails quietly, and it reads the device's sentence.
+    @Test func aRequestRefusedBeforeItsBodyArrivedGetsTheDevicesSentence() throws {
+        let keychain = try TemporaryKeychain()
+        let path = keychain.directory.path + "/device.sock"
+        guard let listener = FileDescriptor(try UnixSocket.listen(at: path)) else {
+            Issue.record("cannot listen at \(path)")
+            return
+        }
+        let listening = listener.raw
+        let refusal = try DeviceReply.systemError(ENOMEM, "no locked memory is left for a request this large now")
+            .frame()
+        let served = try #require(
+            Threads.start {
+                let client = accept(listening, nil, nil)
+                guard client >= 0 else { return }
+                var header = [UInt8](repeating: 0, count: 4096)
+                _ = recv(client, &header, header.count, 0)  // its start only, then the refusal
+                refusal.withUnsafeBytes { _ = try? Descriptor.writeAll(client, $0) }
+                _ = Glibc.close(client)
+            })
+        let value = try SecureBytes(count: 900_000)
+        let outcome = DeviceClient.send(.set(group: "default", identifier: "big", value: value), to: path)
+        pthread_join(served, nil)
+        withExtendedLifetime(listener) {}
+        guard case .failure(.system(let code, let sentence))? = outcome else {
+            Issue.record("\(String(describing: outcome))")
+            return
+        }
+        #expect(code == ENOMEM && sentence.contains("no locked memory is left"), "\(sentence)")
     }
 
     @Test func everyRequestKindIsCoveredHere() throws {

@@ -138,13 +138,26 @@ extension DeviceProtocol {
     public static func receive(from fd: Int32, sentBy sender: Int32?, descriptor: inout FileDescriptor?)
         -> SecureBytes?
     {
+        var refusedMemory = false
+        return receive(from: fd, sentBy: sender, descriptor: &descriptor, refusedMemory: &refusedMemory)
+    }
+
+    /// ``receive(from:sentBy:descriptor:)``, saying in `refusedMemory`
+    /// when no frame came because its body could not be given secret
+    /// memory (``SecretArena``): not the sender's fault, and said so.
+    public static func receive(
+        from fd: Int32, sentBy sender: Int32?, descriptor: inout FileDescriptor?, refusedMemory: inout Bool
+    ) -> SecureBytes? {
         descriptor = nil
+        refusedMemory = false
         var length = [UInt8](repeating: 0, count: 4)
         var body: SecureBytes?
         if length.withUnsafeMutableBytes({ readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor) }) {
             let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
             if count <= maximumBody {
-                body = receiveBody(count: count) { readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor) }
+                body = receiveBody(count: count, refusedMemory: &refusedMemory) {
+                    readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor)
+                }
             }
         }
         if body == nil { descriptor = nil }
@@ -161,13 +174,26 @@ extension DeviceProtocol {
     /// 2 MiB slot its header asked for (32 such connections once took the
     /// service's whole locked-memory limit before a byte of a body came).
     static func receiveBody(count: Int, read: (UnsafeMutableRawBufferPointer) -> Bool) -> SecureBytes? {
-        guard var held = try? SecureBytes(count: min(count, firstBodySlot)) else { return nil }
+        var refusedMemory = false
+        return receiveBody(count: count, refusedMemory: &refusedMemory, read: read)
+    }
+
+    static func receiveBody(
+        count: Int, refusedMemory: inout Bool, read: (UnsafeMutableRawBufferPointer) -> Bool
+    ) -> SecureBytes? {
+        guard var held = try? SecureBytes(count: min(count, firstBodySlot)) else {
+            refusedMemory = true
+            return nil
+        }
         var received = 0
         while true {
             guard read(UnsafeMutableRawBufferPointer(rebasing: held.mutableBytes[received...])) else { return nil }
             received = held.count
             if received == count { return held }
-            guard let grown = try? SecureBytes(count: min(count, received * 4)) else { return nil }
+            guard let grown = try? SecureBytes(count: min(count, received * 4)) else {
+                refusedMemory = true
+                return nil
+            }
             UnsafeMutableRawBufferPointer(rebasing: grown.mutableBytes[..<received]).copyMemory(
                 from: UnsafeRawBufferPointer(held.mutableBytes))
             held = grown  // the smaller slot is wiped as it goes back
@@ -210,7 +236,19 @@ extension DeviceProtocol {
                 else { return false }
                 rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
             }
-            return (try? Descriptor.writeAll(fd, rest)) != nil
+            // send(2) with MSG_NOSIGNAL, not write(2): a peer that closed (a device that refused a
+            // body it had no memory for) is an error to report, not SIGPIPE killing the command.
+            var offset = 0
+            while offset < rest.count {
+                guard
+                    let sent = try? valueOrErrno(
+                        retryOnInterrupt: true,
+                        { Glibc.send(fd, rest.baseAddress! + offset, rest.count - offset, Int32(MSG_NOSIGNAL)) }),
+                    sent > 0
+                else { return false }
+                offset += sent
+            }
+            return true
         }
     }
 }

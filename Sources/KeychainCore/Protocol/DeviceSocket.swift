@@ -171,8 +171,11 @@ public enum DeviceClient {
             Diagnostics.log(refusal)
             return nil
         }
-        guard let frame = try? request.frame(), DeviceProtocol.send(frame, to: fd.raw, passing: descriptor),
-            let body = DeviceProtocol.receive(from: fd.raw, sentBy: nil, descriptor: &received),
+        guard let frame = try? request.frame() else { return nil }
+        // A device that refused the request before it was whole (no locked memory for its body)
+        // replies, then closes: the send fails, and its reply is read all the same.
+        _ = DeviceProtocol.send(frame, to: fd.raw, passing: descriptor)
+        guard let body = DeviceProtocol.receive(from: fd.raw, sentBy: nil, descriptor: &received),
             let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
         else { return nil }
         return Conversation(reply: reply, connection: fd)
