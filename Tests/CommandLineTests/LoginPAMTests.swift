@@ -136,62 +136,13 @@ extension SerialTests {
         /// XDG_RUNTIME_DIR=RUNTIME) after forking the child that relays.
         static func writeRelay(in harness: MountHarness) throws {
             try """
-            import os, select, socket, sys
+            import os, select, socket, sys, time
             listening, target, copy = sys.argv[1], sys.argv[2], sys.argv[3]
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.bind(listening); server.listen(8)
-            if len(sys.argv) > 6 and sys.argv[6] == "in-flight":
-                # The listening descriptor lives in flight (SCM_RIGHTS, in no process's table) while the
-                # listener execs the installed program; a helper takes it out only to accept, then puts it
-                # back: a check of who holds the listening socket sees the installed program alone.
-                import time
-                a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-                socket.send_fds(a, [b"l"], [server.fileno()])
-                waiting, kept_open = os.pipe()
-                os.set_inheritable(kept_open, True)
-                if os.fork() != 0:
-                    # The installed program keeps the listening socket: it alone holds it in a table.
-                    os.set_inheritable(server.fileno(), True); a.close(); b.close()
-                    os.dup2(waiting, 0)
-                    os.execve(sys.argv[4], ["keychainfs", "set", "default/zz"], dict(os.environ, XDG_RUNTIME_DIR=sys.argv[5]))
-                server.close()
-                open(copy + ".ready", "w").close()
-                while True:
-                    _, fds, _, _ = socket.recv_fds(b, 1, 1)
-                    listener = socket.socket(fileno=fds[0]); listener.setblocking(False)
-                    try:
-                        client, _ = listener.accept()
-                    except BlockingIOError:
-                        client = None
-                    socket.send_fds(a, [b"l"], [listener.fileno()]); listener.close()
-                    if client is None:
-                        time.sleep(0.005); continue
-                    client.setblocking(True)
-                    device = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); device.connect(target)
-                    ends = {client: device, device: client}
-                    with open(copy, "ab") as kept:
-                        while ends:
-                            readable, _, _ = select.select(list(ends), [], [], 10)
-                            if not readable: break
-                            for end in readable:
-                                data = end.recv(65536)
-                                if not data:
-                                    ends = {}; break
-                                if end is client: kept.write(data); kept.flush()
-                                ends[end].sendall(data)
-                    client.close(); device.close()
-            if len(sys.argv) > 4:
-                # The listener execs the installed program (a `set` that waits for its value),
-                # which passes every check of a process; a child it forked first accepts.
-                waiting, kept_open = os.pipe()
-                os.set_inheritable(kept_open, True)
-                if os.fork() != 0:
-                    os.dup2(waiting, 0)
-                    os.execve(sys.argv[4], ["keychainfs", "set", "default/zz"],
-                              dict(os.environ, XDG_RUNTIME_DIR=sys.argv[5]))
-            open(copy + ".ready", "w").close()
-            while True:
-                client, _ = server.accept()
+
+            def relay(client):
+                # Every byte to the real device and back, a copy of what the client sent kept.
                 device = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); device.connect(target)
                 ends = {client: device, device: client}
                 with open(copy, "ab") as kept:
@@ -205,6 +156,44 @@ extension SerialTests {
                             if end is client: kept.write(data); kept.flush()
                             ends[end].sendall(data)
                 client.close(); device.close()
+
+            def exec_installed(keeping_listener):
+                # The listener execs the installed program (a `set` that waits for its value),
+                # which passes every check of a process.
+                waiting, kept_open = os.pipe()
+                os.set_inheritable(kept_open, True)
+                if keeping_listener: os.set_inheritable(server.fileno(), True)
+                os.dup2(waiting, 0)
+                os.execve(sys.argv[4], ["keychainfs", "set", "default/zz"], dict(os.environ, XDG_RUNTIME_DIR=sys.argv[5]))
+
+            if len(sys.argv) > 6 and sys.argv[6] == "in-flight":
+                # The installed program keeps the listening socket, alone in a table; a copy lives in flight
+                # (SCM_RIGHTS, in no process's table), which the child takes out only to accept, then puts back.
+                a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                socket.send_fds(a, [b"l"], [server.fileno()])
+                if os.fork() != 0:
+                    a.close(); b.close(); exec_installed(True)
+                server.close()
+                open(copy + ".ready", "w").close()
+                while True:
+                    _, fds, _, _ = socket.recv_fds(b, 1, 1)
+                    listener = socket.socket(fileno=fds[0]); listener.setblocking(False)
+                    try:
+                        client, _ = listener.accept()
+                    except BlockingIOError:
+                        client = None
+                    socket.send_fds(a, [b"l"], [listener.fileno()]); listener.close()
+                    if client is None:
+                        time.sleep(0.005); continue
+                    client.setblocking(True)
+                    relay(client)
+            if len(sys.argv) > 4 and os.fork() != 0:
+                # A child forked first accepts.
+                exec_installed(False)
+            open(copy + ".ready", "w").close()
+            while True:
+                client, _ = server.accept()
+                relay(client)
             """.write(toFile: harness.root + "/relay.py", atomically: true, encoding: .utf8)
         }
 
