@@ -98,6 +98,23 @@ import Foundation
         return try #require(ProgramIdentities.of(thread: pid, uid: getuid()))
     }
 
+    /// An interpreter told to run more than its script is not its script:
+    /// `python3 -i ALLOWED.py` ran code typed on its standard input as the
+    /// allowed script, unasked; `node -r`, `perl -d` and `-M` load code too.
+    @Test func anInterpreterThatRunsMoreThanItsScriptIsNotIt() throws {
+        let python = try #require(Interpreters.kind(of: "/usr/bin/python3.11"))
+        let node = try #require(Interpreters.kind(of: "/usr/bin/node"))
+        let perl = try #require(Interpreters.kind(of: "/usr/bin/perl"))
+        #expect(Interpreters.runsMore(["python3", "-i", "/home/u/rd.py"], kind: python) == "-i")
+        #expect(Interpreters.runsMore(["python3", "-Bi", "/home/u/rd.py"], kind: python) == "-i")
+        #expect(Interpreters.runsMore(["python3", "-Wignore", "/home/u/rd.py"], kind: python) == nil)
+        #expect(Interpreters.runsMore(["python3", "-W", "ignore", "/home/u/rd.py"], kind: python) == nil)
+        #expect(Interpreters.runsMore(["python3", "/home/u/rd.py", "-i"], kind: python) == nil, "its own argument")
+        #expect(Interpreters.runsMore(["node", "--require=./x.js", "/home/u/a.js"], kind: node) == "--require")
+        #expect(Interpreters.runsMore(["perl", "-d", "/home/u/a.pl"], kind: perl) == "-d")
+        #expect(Interpreters.runsMore(["perl", "-Mstrict", "/home/u/a.pl"], kind: perl) == "-M")
+    }
+
     /// `python3 -m MODULE` is its module's file where that is knowable: with
     /// `-P` (or `-I`), the file Python finds in the system's paths. Without,
     /// Python searched the working directory it started in first, which the

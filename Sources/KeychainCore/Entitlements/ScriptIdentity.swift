@@ -28,19 +28,25 @@ package enum Interpreters {
         let inline: Set<String>
         let takesValue: Set<String>
         let injecting: [String]
+        /// Options that make it run code besides its script: code typed on
+        /// its standard input after it (`python3 -i`), modules it loads
+        /// first (`node -r`), a debugger (`perl -d`).
+        var runsMore: Set<String> = []
     }
 
     static let python = Kind(
         name: "python", inline: ["-c"], takesValue: ["-W", "-X", "-Q"],
-        injecting: ["PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE"])
+        injecting: ["PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE"],
+        runsMore: ["-i"])
     static let perl = Kind(
         name: "perl", inline: ["-e", "-E"], takesValue: ["-I", "-M", "-m", "-x"],
-        injecting: ["PERL5LIB", "PERL5OPT", "PERLLIB", "PERL5DB"])
+        injecting: ["PERL5LIB", "PERL5OPT", "PERLLIB", "PERL5DB"], runsMore: ["-d", "-M", "-m"])
     static let ruby = Kind(
-        name: "ruby", inline: ["-e"], takesValue: ["-I", "-r", "-C", "-E"], injecting: ["RUBYOPT", "RUBYLIB"])
+        name: "ruby", inline: ["-e"], takesValue: ["-I", "-r", "-C", "-E"], injecting: ["RUBYOPT", "RUBYLIB"],
+        runsMore: ["-r"])
     static let node = Kind(
         name: "node", inline: ["-e", "--eval", "-p", "--print"], takesValue: ["-r", "--require", "--import"],
-        injecting: ["NODE_OPTIONS", "NODE_PATH"])
+        injecting: ["NODE_OPTIONS", "NODE_PATH"], runsMore: ["-i", "--interactive", "-r", "--require", "--import"])
     static let shell = Kind(
         name: "sh", inline: ["-c"], takesValue: ["-o", "+o"], injecting: ["BASH_ENV", "ENV", "SHELLOPTS"])
     static let lua = Kind(name: "lua", inline: ["-e"], takesValue: ["-l"], injecting: ["LUA_INIT", "LUA_PATH"])
@@ -96,6 +102,9 @@ package enum Interpreters {
             if kind.injecting.contains(name) && entry.count > name.utf8.count + 1 {
                 return .unidentifiable("\(name) is set, which loads code into \(kind.name)")
             }
+        }
+        if let option = runsMore(arguments, kind: kind) {
+            return .unidentifiable("it runs code besides its script (\(option))")
         }
         switch scriptArgument(arguments, kind: kind) {
         case .inline(let option):
@@ -167,6 +176,30 @@ package enum Interpreters {
             let base = directory + "/" + relative
             if isFile(base + "/__init__.py") { return isFile(base + "/__main__.py") ? base + "/__main__.py" : nil }
             if isFile(base + ".py") { return base + ".py" }
+        }
+        return nil
+    }
+
+    /// The option among those before the script that makes the interpreter
+    /// run more than its script (``Kind/runsMore``; a bundle of single
+    /// letters, `-Bi`, counts too), nil when none does.
+    static func runsMore(_ arguments: [String], kind: Kind) -> String? {
+        var index = 1
+        while index < arguments.count, arguments[index].hasPrefix("-"), arguments[index] != "-",
+            arguments[index] != "--"
+        {
+            let argument = arguments[index]
+            let option = argument.hasPrefix("--") ? String(argument.prefix { $0 != "=" }) : String(argument.prefix(2))
+            if kind.runsMore.contains(option) { return option }
+            // A bundle of letters (`-Bi`), not an option with its value attached (`-Wignore`).
+            if !argument.hasPrefix("--"), argument.count > 2, !kind.takesValue.contains(option),
+                let letter = argument.dropFirst().first(where: { kind.runsMore.contains("-\($0)") })
+            {
+                return "-\(letter)"
+            }
+            if kind.inline.contains(option) { return nil }
+            if kind.takesValue.contains(argument) { index += 1 }
+            index += 1
         }
         return nil
     }
