@@ -197,6 +197,31 @@ extension SerialTests {
             """.write(toFile: harness.root + "/relay.py", atomically: true, encoding: .utf8)
         }
 
+        /// An impostor test's script: the device's socket path taken by
+        /// `$R/relay.py` (with `relayArguments`), which relays to a real device
+        /// moved to a runtime directory of its own; `probe` runs once the relay
+        /// listens; then the screen's unlock, whether the relay's copy holds the
+        /// password, and the real device's state. What the impostor started is ended.
+        static func impostorScript(relayArguments: String = "", probe: String = "") -> String {
+            """
+            K_ login enable > /dev/null
+            install -d -m 0700 -o "$U" -g "$U" "$RUN"
+            K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
+            install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
+            runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
+            real=$(ls "$R"/elsewhere/keychainfs/*.sock)
+            runuser -u "$U" -- /usr/bin/python3 "$R/relay.py" "$socket" "$real" "$R/copy" \(relayArguments) \\
+                > /dev/null 2>&1 &
+            for n in $(seq 100); do [ -e "$R/copy.ready" ] && break; sleep 0.05; done
+            \(probe)
+            printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+            echo "the impostor got the password: $(cat "$R/copy" 2> /dev/null | grep -c Login-1)"
+            echo "the real device: $(runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" status | head -1)"
+            pkill -u "$U" -f relay.py; pkill -u "$U" -f 'keychainfs set default/zz'; rm -f "$socket"
+            runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" stop
+            """
+        }
+
         /// The impostor at the screen's unlock: a program of the user listens
         /// on the device's socket (the device stopped, its path taken) and
         /// relays every byte to a real device elsewhere, keeping a copy.
@@ -209,26 +234,13 @@ extension SerialTests {
         @Test func theLoginPasswordGoesToNoImpostorOnTheDevicesSocket() throws {
             try Self.writeRelay(in: harness)
             let used = try withPAM(
-                """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
-                # The device's socket path, then the real device moved elsewhere (its own runtime directory).
-                K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
-                install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
-                real=$(ls "$R"/elsewhere/keychainfs/*.sock)
-                runuser -u "$U" -- /usr/bin/python3 "$R/relay.py" "$socket" "$real" "$R/copy" > /dev/null 2>&1 &
-                for n in $(seq 100); do [ -e "$R/copy.ready" ] && break; sleep 0.05; done
-                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
-                echo "the impostor got the password: $(cat "$R/copy" 2> /dev/null | grep -c Login-1)"
-                echo "the real device: $(runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" status | head -1)"
-                K_ login status | head -1
-                pkill -u "$U" -f relay.py; rm -f "$socket"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" stop
-                # The same unlock with no impostor: the hook starts the installed device, which gets it.
-                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
-                echo "no impostor: $(state)"
-                """)
+                Self.impostorScript() + """
+
+                    K_ login status | head -1
+                    # The same unlock with no impostor: the hook starts the installed device, which gets it.
+                    printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                    echo "no impostor: $(state)"
+                    """)
             #expect(
                 used.stdout == """
                     pamtester: successfully authenticated
@@ -250,23 +262,11 @@ extension SerialTests {
         @Test func theLoginPasswordGoesToNoImpostorThatExecsTheInstalledProgram() throws {
             try Self.writeRelay(in: harness)
             let used = try withPAM(
-                """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
-                K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
-                install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
-                real=$(ls "$R"/elsewhere/keychainfs/*.sock)
-                runuser -u "$U" -- /usr/bin/python3 "$R/relay.py" "$socket" "$real" "$R/copy" "$K" "$R/elsewhere" \
-                    > /dev/null 2>&1 &
-                for n in $(seq 100); do [ -e "$R/copy.ready" ] && break; sleep 0.05; done
-                echo "the listener runs: $(ps -o args= -p "$(pgrep -u "$U" -f 'keychainfs set default/zz' | head -1)")"
-                printf 'Login-1\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
-                echo "the impostor got the password: $(cat "$R/copy" 2> /dev/null | grep -c Login-1)"
-                echo "the real device: $(runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" status | head -1)"
-                pkill -u "$U" -f relay.py; pkill -u "$U" -f 'keychainfs set default/zz'; rm -f "$socket"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" stop
-                """)
+                Self.impostorScript(
+                    relayArguments: "\"$K\" \"$R/elsewhere\"",
+                    probe: """
+                        echo "the listener runs: $(ps -o args= -p "$(pgrep -u "$U" -f 'keychainfs set default/zz' | head -1)")"
+                        """))
             #expect(
                 used.stdout == """
                     the listener runs: keychainfs set default/zz
@@ -286,23 +286,7 @@ extension SerialTests {
         /// the hook's connection: a checked device, alone, or nothing is sent.
         @Test func theLoginPasswordGoesToNoImpostorThatKeepsItsListenerInFlight() throws {
             try Self.writeRelay(in: harness)
-            let used = try withPAM(
-                """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
-                K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
-                install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
-                real=$(ls "$R"/elsewhere/keychainfs/*.sock)
-                runuser -u "$U" -- /usr/bin/python3 "$R/relay.py" "$socket" "$real" "$R/copy" "$K" "$R/elsewhere" \\
-                    in-flight > /dev/null 2>&1 &
-                for n in $(seq 100); do [ -e "$R/copy.ready" ] && break; sleep 0.05; done
-                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
-                echo "the impostor got the password: $(cat "$R/copy" 2> /dev/null | grep -c Login-1)"
-                echo "the real device: $(runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" status | head -1)"
-                pkill -u "$U" -f relay.py; pkill -u "$U" -f 'keychainfs set default/zz'; rm -f "$socket"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" "$K" stop
-                """)
+            let used = try withPAM(Self.impostorScript(relayArguments: "\"$K\" \"$R/elsewhere\" in-flight"))
             #expect(
                 used.stdout == """
                     pamtester: successfully authenticated
