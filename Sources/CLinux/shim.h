@@ -79,6 +79,23 @@ static inline int CLinux_disable_core_dumps(void) {
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
+// setresgid(2), declared only under _GNU_SOURCE; glibc's, which changes
+// every thread's credentials (the raw system call changes the caller's).
+extern int setresgid(gid_t real, gid_t effective, gid_t saved);
+
+// A process started with a real group that is not its effective one
+// (pam_keychainfs starts its hook so, and the hook its device: see
+// docs/SECURITY.md, "The login password and the session", the row "nobody
+// takes the password from the hook") takes the effective group as its
+// real one too. Only the real group changes, and
+// the kernel resets a process's dumpability on a change of its effective
+// ids alone (commit_creds), so it stays undumpable. 0, or -1 with errno.
+static inline int CLinux_take_effective_group(void) {
+    gid_t effective = getegid();
+    if (getgid() == effective) return 0;
+    return setresgid(effective, effective, effective);
+}
+
 // prctl is variadic. Names the calling thread (16 bytes at most, with the
 // NUL), as /proc/PID/task/TID/comm and top show it.
 static inline int CLinux_name_thread(const char *name) { return prctl(PR_SET_NAME, name, 0, 0, 0); }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import KeychainCore
+import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -66,6 +67,15 @@ struct KeychainFSCommand: ParsableCommand {
                 Glibc.exit(64)
             }
             BuildChoice.enter(for: arguments)
+            // Started by pam_keychainfs's hook (docs/SECURITY.md, "The login
+            // password and the session"): the user's group becomes
+            // the real one again, keeping the process undumpable. The hook
+            // keeps its own, so that a device it starts is undumpable from
+            // its first instruction too.
+            if arguments.first != PAMHookCommand.configuration.commandName, CLinux_take_effective_group() != 0 {
+                printError("keychainfs: cannot take the user's group as the real one (\(Errno.current))")
+                Glibc.exit(1)
+            }
             main(arguments)
         }
     }

@@ -388,6 +388,16 @@ static void verified_devices(const struct passwd *user, const char *helper, char
 static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *helper, const char *mode,
                     const char *input, size_t length) {
     if (geteuid() != 0 && (getuid() != user->pw_uid || geteuid() != user->pw_uid)) return -1;
+    /* The hook's real group: one that is not the user's and grants nothing
+     * (see the child below). An account whose own group is nogroup cannot
+     * be told apart from it: its hook is not run. */
+    const struct group *nobody = pam_modutil_getgrnam(pamh, "nogroup");
+    gid_t outsider = nobody != NULL ? nobody->gr_gid : 65534;
+    if (geteuid() == 0 && user->pw_gid == outsider) {
+        pam_syslog(pamh, LOG_NOTICE, "keychainfs pam-hook for %s: not run, the account's group is nogroup",
+                   user->pw_name);
+        return -1;
+    }
     char runtime[64];
     int has_runtime = session_runtime_directory(user, runtime, sizeof runtime);
     char home[4096 + 8], name[256 + 8], logname[256 + 8], runtime_variable[64 + 16];
@@ -427,8 +437,20 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
         if (dup2(channel[0], 0) < 0 || null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0 || dup2(verify[0], 3) < 0)
             _exit(127);
         /* Drop everything of the caller's before running anything of the
-         * user's: groups, then the group, then the user (all three ids). */
-        if (geteuid() == 0 && (initgroups(user->pw_name, user->pw_gid) != 0 || setresgid(user->pw_gid, user->pw_gid, user->pw_gid) != 0 ||
+         * user's: groups, then the group, then the user (all three ids).
+         * The real group is nogroup, the effective and saved the user's
+         * (docs/SECURITY.md, "The login password and the session":
+         * nobody takes the password from the hook):
+         * exec then leaves the hook undumpable (the kernel does so when the
+         * effective group is not the real one, as for a setgid program),
+         * and no process of the user has its credentials, so none can copy
+         * its standard input (pidfd_getfd), attach (ptrace) or read its
+         * memory, from its first instruction on. A device it starts
+         * inherits the same, and takes the user's group as its real one
+         * once undumpable. nogroup grants nothing: files are made with the
+         * effective group, and the user's group stays among the groups. */
+        if (geteuid() == 0 && (initgroups(user->pw_name, user->pw_gid) != 0 ||
+                               setresgid(outsider, user->pw_gid, user->pw_gid) != 0 ||
                                setresuid(user->pw_uid, user->pw_uid, user->pw_uid) != 0))
             _exit(127);
         if (getuid() != user->pw_uid || geteuid() != user->pw_uid || chdir("/") != 0) _exit(127);

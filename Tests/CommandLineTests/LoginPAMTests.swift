@@ -296,6 +296,129 @@ extension SerialTests {
                     """, "\(used)")
         }
 
+        /// `$R/take.py hook DEVICE` and `$R/take.py started`: a program of the
+        /// user that tries every way the kernel gives a process of the same
+        /// user into another: a descriptor copied with pidfd_getfd(2), ptrace,
+        /// /proc/PID/mem. `hook`: it stops the running device (so that the
+        /// hook waits on it), finds the user's `keychainfs pam-hook` and
+        /// copies its standard input, where pam_keychainfs wrote the
+        /// password. `started`: the first device started with `--ready-fd`
+        /// (the one the hook starts when none runs, and gives the password).
+        static func writeTaker(in harness: MountHarness) throws {
+            try """
+            import ctypes, errno, os, signal, socket, sys, time
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            libc.ptrace.restype = ctypes.c_long
+            PIDFD_OPEN, PIDFD_GETFD, PTRACE_SEIZE, PTRACE_DETACH = 434, 438, 0x4206, 17
+
+            def ours(pid, command):
+                # /proc/PID/status and cmdline, readable by anyone: the real uid, and what runs.
+                try:
+                    status = open(f"/proc/{pid}/status").read()
+                    line = open(f"/proc/{pid}/cmdline", "rb").read()
+                except OSError:
+                    return False
+                return f"\\nUid:\\t{os.getuid()}\\t" in status and command in line
+
+            def first(command):
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    found = next((int(p) for p in os.listdir("/proc") if p.isdigit() and ours(p, command)), None)
+                    if found: return found
+                return None
+
+            def failure():
+                return errno.errorcode.get(ctypes.get_errno(), "?")
+
+            def attack(pid, what):
+                taken = ""
+                pidfd = libc.syscall(PIDFD_OPEN, pid, 0)
+                fd = libc.syscall(PIDFD_GETFD, pidfd, 0, 0) if pidfd >= 0 else -1
+                print(f"{what}: pidfd_getfd: {'copied' if fd >= 0 else failure()}")
+                if fd >= 0:
+                    try:
+                        copy = socket.socket(fileno=fd)
+                        copy.settimeout(2)
+                        taken = copy.recv(4096, socket.MSG_PEEK).decode(errors="replace")
+                    except OSError as error:
+                        taken = str(error)
+                if libc.ptrace(PTRACE_SEIZE, pid, 0, 0) == 0:
+                    print(f"{what}: ptrace: attached"); libc.ptrace(PTRACE_DETACH, pid, 0, 0)
+                else:
+                    print(f"{what}: ptrace: {failure()}")
+                try:
+                    open(f"/proc/{pid}/mem", "rb").close(); print(f"{what}: /proc/PID/mem: opened")
+                except OSError as error:
+                    print(f"{what}: /proc/PID/mem: {errno.errorcode[error.errno]}")
+                return taken
+
+            if sys.argv[1] == "hook":
+                device = int(sys.argv[2])
+                os.kill(device, signal.SIGSTOP)
+                found = first(b"pam-hook\\0unlock")
+                taken = attack(found, "the hook") if found else "no hook found"
+                print("the password taken from the hook:", "yes" if "Login-1" in taken else "no")
+                os.kill(device, signal.SIGCONT)
+            else:
+                found = first(b"--ready-fd")
+                if found: attack(found, "the device it started")
+                else: print("no device started")
+            """.write(toFile: harness.root + "/take.py", atomically: true, encoding: .utf8)
+        }
+
+        /// The hook itself, at the screen's unlock: pam_keychainfs writes the
+        /// login password into its standard input, and any program of the
+        /// user could copy that descriptor (pidfd_getfd: same user, the hook
+        /// dumpable, Yama off) and read it first; every check of the device's
+        /// socket came after. The device the hook starts when none runs was
+        /// open the same way until it made itself undumpable. Now both run,
+        /// from their first instruction, with a real group that is not the
+        /// user's: the kernel keeps them undumpable and a process of the user
+        /// is not of their credentials, so no way in works. The unlock still does.
+        @Test func theLoginPasswordCannotBeTakenFromTheHook() throws {
+            try Self.writeTaker(in: harness)
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                K_ start > /dev/null
+                device=$(pgrep -u "$U" -x keychainfs | head -1)
+                runuser -u "$U" -- /usr/bin/python3 "$R/take.py" hook "$device" > "$R/taken" 2>&1 &
+                taker=$!
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                wait $taker; cat "$R/taken"
+                # Unlocked by that unlock once the device went on, or else by this one.
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "the device: $(state)"
+                K_ stop
+                runuser -u "$U" -- /usr/bin/python3 "$R/take.py" started > "$R/taken" 2>&1 &
+                taker=$!
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                wait $taker; cat "$R/taken"
+                echo "the device it started: $(state)"
+                # Its real group the user's again (files it makes, the mount's owner), all four ids.
+                group=$(id -g "$U")
+                grep ^Gid: "/proc/$(pgrep -u "$U" -f -- --ready-fd | head -1)/status" | cut -f2-5 \\
+                    | grep -qx "$group.$group.$group.$group" && echo "the device it started: the user's group"
+                """)
+            #expect(
+                used.stdout == """
+                    pamtester: successfully authenticated
+                    the hook: pidfd_getfd: EPERM
+                    the hook: ptrace: EPERM
+                    the hook: /proc/PID/mem: EACCES
+                    the password taken from the hook: no
+                    the device: state: unlocked failed-attempts: 0\(" ")
+                    the device it started: pidfd_getfd: EPERM
+                    the device it started: ptrace: EPERM
+                    the device it started: /proc/PID/mem: EACCES
+                    the device it started: state: unlocked failed-attempts: 0\(" ")
+                    the device it started: the user's group
+
+                    """, "\(used)")
+        }
+
         /// A hook that cannot be run (the package's binary gone, a wrong
         /// path in the configuration) leaves the login as it was: the
         /// password is refused or taken by PAM alone, and the caller lives on.
