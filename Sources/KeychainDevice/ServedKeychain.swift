@@ -55,7 +55,10 @@ final class ServedKeychain: Sendable {
             }
         }
         self.mountEnded = mountEnded
-        sync = serviceLimits == nil ? KeychainSyncDoor(manager: manager, keychainPath: keychain.path) : nil
+        // A read-only keychain takes in no other machine's changes: its sync stays as it was.
+        sync =
+            serviceLimits == nil && !manager.localDevice.isReadOnly
+            ? KeychainSyncDoor(manager: manager, keychainPath: keychain.path) : nil
     }
 
     var hasMounts: Bool { !mounts.withLock { $0.isEmpty } }
@@ -194,6 +197,9 @@ final class ServedKeychain: Sendable {
             return .systemError(EINVAL, "the TPM's requests are the service's, not a keychain's")
         case .sync(let request):
             guard let sync else {
+                if manager.localDevice.isReadOnly {
+                    return DeviceAnswer.failure(.keychain(.readOnly, sentence(for: .readOnly))).reply
+                }
                 return .systemError(EPERM, "the keychainfs service does not sync (docs/SYNC.md)")
             }
             return sync.answer(request).reply

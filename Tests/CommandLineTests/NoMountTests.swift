@@ -148,6 +148,107 @@ extension SerialTests {
                 "\(used)")
         }
 
+        /// A keychain on a read-only filesystem (a live system's home, a
+        /// backup disk): even `get` failed, "could not be read or written",
+        /// exit 5. Now the device reads it and refuses every change, saying
+        /// why (exit 1 on the command line, EROFS through a mount, where a
+        /// failed commit once left the descriptor giving ERANGE); a backup
+        /// to a writable place works; `status` says so; wrong passcodes are
+        /// counted all the same. Once writable again, nothing had changed.
+        @Test func aReadOnlyKeychainIsReadAndRefusesEveryChange() throws {
+            let harness = try MountHarness(as: try OrdinaryUser())
+            let mnt = try harness.prepareMountpoint("mnt")
+            #expect(
+                harness.sh(
+                    """
+                    printf '1234\\n' | "$K" unlock --keychain "$KC" && printf old | "$K" set default/x --keychain "$KC" \
+                        && "$K" stop --keychain "$KC"
+                    """
+                ).succeeded)
+            let audit = try String(contentsOfFile: harness.keychain + "/audit.log", encoding: .utf8)
+            try #require(
+                harness.sh(
+                    "mount --bind \"$KC\" \"$KC\" && mount -o remount,bind,ro \"$KC\"", asRoot: true
+                ).succeeded)
+            var mounted = true
+            defer { if mounted { _ = harness.sh("umount -l \"$KC\"", asRoot: true) } }
+            let used = harness.sh(
+                """
+                export KEYCHAINFS_KEYCHAIN="$KC"
+                "$K" get default/x; echo "get while locked: $?"
+                "$K" ls default; echo "ls: $?"
+                printf 'nope\\n' | "$K" unlock 2> /dev/null; echo "wrong passcode: $?"
+                "$K" status | grep -E '^(failed-attempts|read-only):' | cut -c1-60
+                printf '1234\\n' | "$K" unlock; echo "unlock: $?"
+                "$K" get default/x; echo " get: $?"
+                printf new | "$K" set default/x; echo "set: $?"
+                "$K" rm default/x 2> /dev/null; echo "rm: $?"
+                "$K" sync 2> /dev/null; echo "sync: $?"
+                printf 'backup-pw-9876\\nbackup-pw-9876\\n' | "$K" backup "$R/copy.kcbackup" > /dev/null; echo "backup: $?"
+                "$K" mount "$1" > /dev/null; echo "mount: $?"
+                cat "$1/default/x"; echo " cat: $?"
+                python3 -c '
+                import errno, os, sys
+                def attempt(what, call):
+                    try: call(); print(what + ": done")
+                    except OSError as error: print(what + ": " + errno.errorcode[error.errno])
+                item = sys.argv[1] + "/default/x"
+                fd = os.open(item, os.O_WRONLY | os.O_TRUNC)
+                os.write(fd, b"zz")
+                attempt("close", lambda: os.close(fd))
+                fd = os.open(item, os.O_WRONLY | os.O_TRUNC)
+                attempt("a flush that empties", lambda: os.close(os.dup(fd)))
+                attempt("the next write", lambda: os.write(fd, b"zz"))
+                attempt("its close", lambda: os.close(fd))
+                attempt("rm", lambda: os.unlink(item))
+                attempt("mkdir", lambda: os.mkdir(sys.argv[1] + "/other"))
+                ' "$1"
+                cat "$1/default/x"; echo " cat: $?"
+                "$K" unmount "$1"; "$K" stop
+                """, arguments: [mnt])
+            #expect(
+                used.stdout == """
+                    get while locked: 3
+                    x
+                    ls: 0
+                    wrong passcode: 4
+                    failed-attempts: 1
+                    read-only: yes: the keychain's files cannot be written; it i
+                    unlock: 0
+                    old get: 0
+                    set: 1
+                    rm: 1
+                    sync: 1
+                    backup: 0
+                    mount: 0
+                    old cat: 0
+                    close: EROFS
+                    a flush that empties: EROFS
+                    the next write: EROFS
+                    its close: EROFS
+                    rm: EROFS
+                    mkdir: EROFS
+                    old cat: 0
+
+                    """, "\(used)")
+            #expect(
+                used.stderr.contains(
+                    "default/x: the keychain's files cannot be written (a read-only filesystem or directory): it can be "
+                        + "read, and changes cannot be saved; nothing was changed"), "\(used)")
+            _ = harness.sh("umount -l \"$KC\"", asRoot: true)
+            mounted = false
+            // Writable again: nothing had changed, not even the audit log; the backup holds the item.
+            #expect(try String(contentsOfFile: harness.keychain + "/audit.log", encoding: .utf8) == audit)
+            let after = harness.sh(
+                """
+                export KEYCHAINFS_KEYCHAIN="$KC"
+                printf '1234\\n' | "$K" unlock && "$K" get default/x && echo && "$K" status | grep -c read-only
+                "$K" rm default/x && printf 'backup-pw-9876\\n' | "$K" restore "$R/copy.kcbackup" > /dev/null && "$K" get default/x
+                "$K" stop
+                """)
+            #expect(after.stdout == "old\n0\nold", "\(after)")
+        }
+
         @Test func aFullDiskIsSaidAsSuchAndChangesNothing() throws {
             let harness = try MountHarness(creating: false)
             let small = harness.root + "/small"

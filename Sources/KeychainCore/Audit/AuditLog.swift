@@ -131,19 +131,25 @@ public final class AuditLog: Sendable {
     /// The audit key, absorbed: used under `state`'s lock only (one thread at a time).
     private let chainKey: Crypto.KeyedHash
     private let directory: KeychainDirectory
+    /// Nothing is written: the keychain is read-only.
+    private let isDiscarding: Bool
 
     /// Opens the log to append to it, continuing the chain from its last
     /// line (or from `anchor` when the file is empty or missing).
+    /// `discarding`: the keychain's files cannot be written, and nothing is
+    /// (the device says so once, at boot).
     init(
         directory: KeychainDirectory, key: SecureBytes, anchor: Anchor?,
-        rotationSize: Int = AuditLog.rotationSize
+        rotationSize: Int = AuditLog.rotationSize, discarding: Bool = false
     ) throws(KeychainError) {
         self.directory = directory
         self.rotationSize = rotationSize
+        isDiscarding = discarding
         chainKey = Crypto.KeyedHash(key: key.pointer.assumingMemoryBound(to: UInt8.self))
         let path = directory.path + "/" + Self.fileName
-        guard let file = FileDescriptor(open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)) else {
-            throw fileFailure("open", path)
+        let target = discarding ? "/dev/null" : path
+        guard let file = FileDescriptor(open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)) else {
+            throw fileFailure("open", target)
         }
         var info = stat()
         fstat(file.raw, &info)
@@ -212,6 +218,7 @@ public final class AuditLog: Sendable {
     /// Appends one line of `tail`'s fields, chained; whether it was written.
     @discardableResult
     private func append(_ tail: borrowing LineBuilder, at now: timespec, to state: inout State) -> Bool {
+        guard !isDiscarding else { return false }
         if state.size >= rotationSize { rotate(&state) }
         var line = LineBuilder(capacity: tail.count + 200)
         line.field("seq", state.sequence + 1)

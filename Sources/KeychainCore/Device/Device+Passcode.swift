@@ -133,6 +133,7 @@ extension Device {
 
     /// The lockout record, for a holder of ``boundWrites`` (it is bound to the rollback counter).
     private func readLockoutRecord() throws(KeychainError) -> LockoutRecord {
+        if let unsaved = unsavedLockout.withLock({ $0 }) { return unsaved }
         guard let raw = try store.metadata(LockoutRecord.recordKey) else {
             // Deleting it would reset the count of wrong passcodes.
             Diagnostics.log("the lockout record is missing")
@@ -157,7 +158,9 @@ extension Device {
     /// wrong auths as it stands now (``TPMFailuresSeen``), the mark below
     /// which a later count says someone reset it.
     private func noteTPMFailures(now: Int64) throws(KeychainError) {
-        guard let tpm = sealingTPM.withLock({ $0 }), keybag.tpmPasscodeObject != nil, let lockout = tpm.lockout() else {
+        guard !store.isReadOnly, let tpm = sealingTPM.withLock({ $0 }), keybag.tpmPasscodeObject != nil,
+            let lockout = tpm.lockout()
+        else {
             return
         }
         let seen = TPMFailuresSeen(count: lockout.failures, at: now, recoverySeconds: lockout.recoverySeconds)
@@ -189,6 +192,8 @@ extension Device {
             let before = record
             change(&record)
             guard record != before else { return }
+            // A read-only keychain counts its wrong passcodes for as long as its device runs.
+            if store.isReadOnly { return unsavedLockout.withLock { $0 = record } }
             try store.setMetadata(LockoutRecord.recordKey, record.encoded(secret: secret))
         }
     }

@@ -18,6 +18,12 @@ public final class Device: Sendable {
     private let secretService = Mutex<String?>(nil)
     /// Holds the keychain's `flock`: closed with the device, which frees the keychain.
     let lockFile: FileDescriptor
+    /// The keychain's files cannot be written: it is read, every change is
+    /// refused with ``KeychainError/readOnly``, and wrong passcodes are
+    /// counted in memory (docs/FILESYSTEM.md, "A read-only keychain").
+    public var isReadOnly: Bool { store.isReadOnly }
+    /// A read-only keychain's lockout record, kept here since it cannot be saved (nil: the stored one holds).
+    let unsavedLockout = Mutex<LockoutRecord?>(nil)
     let policy: LockoutPolicy
     let clock: @Sendable () -> Int64
     /// The wrapped class keys; a passcode change replaces it.
@@ -88,22 +94,24 @@ public final class Device: Sendable {
             Diagnostics.log(problem)
             throw .insecurePermissions
         }
-        let lock = try Self.takeKeychainLock(directory)
+        let readOnly = directory.isReadOnly
+        let lock = try Self.takeKeychainLock(directory, readOnly: readOnly)
         // A move to the TPM interrupted before or after its exchange
         // (docs/FORMAT.md, "Keys sealed by a TPM").
-        Self.destroyLeftover(of: directory)
+        if !readOnly { Self.destroyLeftover(of: directory) }
         // The device secret unsealed and the counter read in one TPM session.
         let (secret, store, tpm, counter) = try KeychainTPM.sharingSession(tcti: tcti) {
             () throws(KeychainError) in
             let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
             let store = try ItemStore(
-                path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
+                path: directory.databasePath, create: false, state: ItemSetState(secret: secret), readOnly: readOnly)
             let (tpm, counter) = try Self.checkRollback(
                 directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
             return (secret, store, tpm, counter)
         }
         let records = try BootRecords(store: store, secret: secret)
-        audit = try AuditLog(directory: directory, key: secret.auditKey, anchor: records.auditAnchor)
+        audit = try AuditLog(
+            directory: directory, key: secret.auditKey, anchor: records.auditAnchor, discarding: readOnly)
         var keys: [ProtectionClass: GuardedKey] = [:]
         for protectionClass in ProtectionClass.allCases where protectionClass.mode == .always {
             keys[protectionClass] = try records.keybag.unwrap(protectionClass, secret: secret, passcodeKey: nil)
@@ -127,14 +135,24 @@ public final class Device: Sendable {
         store.onCommit { [weak self] change in self?.notifyAtCommit(change) }
         // Reading it now reports a tampered lockout record at boot.
         _ = try lockoutRecord()
+        if readOnly {
+            Diagnostics.log(
+                "the keychain at \(directory.path) cannot be written: it is read, every change is refused, "
+                    + "and the audit log records nothing")
+            return
+        }
         try store.startWriteAheadLog()
         directory.keepSpaceReserve()
     }
 
     /// One device per keychain across processes: an exclusive `flock` on
     /// its lock file, held until the device is deinitialised.
-    static func takeKeychainLock(_ directory: KeychainDirectory) throws(KeychainError) -> FileDescriptor {
-        guard let fd = FileDescriptor(open(directory.lockFilePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)) else {
+    /// flock(2) needs no write permission: a read-only keychain is held the same way.
+    static func takeKeychainLock(_ directory: KeychainDirectory, readOnly: Bool = false) throws(KeychainError)
+        -> FileDescriptor
+    {
+        let mode = readOnly ? O_RDONLY : O_RDWR | O_CREAT
+        guard let fd = FileDescriptor(open(directory.lockFilePath, mode | O_CLOEXEC, 0o600)) else {
             throw fileFailure("open", directory.lockFilePath)
         }
         guard flock(fd.raw, LOCK_EX | LOCK_NB) == 0 else { throw .keychainInUse }
@@ -321,6 +339,7 @@ public final class Device: Sendable {
     /// one file that can be copied alone. The device stays usable (later
     /// writes use a rollback journal).
     public func shutDown() {
+        guard !isReadOnly else { return }  // nothing was written
         saveAuditAnchor()
         bumpRollbackCounter("shutdown")
         do throws(KeychainError) {

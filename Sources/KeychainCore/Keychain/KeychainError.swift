@@ -51,6 +51,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
         case .insecurePermissions, .tpmUnavailable, .tpmMismatch, .tpmStorageKeyChanged, .rollbackCounterGone:
             return KeychainError.io.rawValue
         case .diskFull: return KeychainError.quotaExceeded.rawValue  // errSecDskFull
+        case .readOnly: return -61  // errSecWrPerm
         case .tpmLockedOut, .ownerDenied: return KeychainError.authFailed.rawValue
         case .rolledBack: return KeychainError.decode.rawValue
         default: return rawValue
@@ -101,6 +102,9 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
             return "the item belongs to another program, and you did not allow this one (or could not be asked)"
         case .diskFull:
             return "no space left on the device holding the keychain: free some space there; nothing was changed"
+        case .readOnly:
+            return "the keychain's files cannot be written (a read-only filesystem or directory): it can be read, "
+                + "and changes cannot be saved; nothing was changed"
         default: return "keychain error \(rawValue)"
         }
     }
@@ -142,4 +146,9 @@ extension KeychainError {
     /// The filesystem holding the keychain is full (SQLITE_FULL, ENOSPC):
     /// the write was rolled back, nothing changed (errSecDskFull family).
     public static let diskFull = KeychainError(rawValue: -909_010)
+    /// The keychain's files cannot be written (a read-only filesystem, a
+    /// directory without write permission): its device reads and refuses
+    /// every change (errSecWrPerm family; docs/FILESYSTEM.md, "A read-only
+    /// keychain").
+    public static let readOnly = KeychainError(rawValue: -909_011)
 }

@@ -69,7 +69,7 @@ extension DeviceStatus {
 
     /// Parses ``fields``; nil for anything else.
     init?(parsing fields: [String]) {
-        guard [7, 16, 19, 26].contains(fields.count), let retryAfter = Int64(fields[2]),
+        guard [7, 16, 19, 19 + ServingFacts.fieldCount].contains(fields.count), let retryAfter = Int64(fields[2]),
             let failedAttempts = UInt64(fields[3]),
             let after = Int(fields[5]), let grace = Int(fields[6])
         else { return nil }
@@ -96,7 +96,7 @@ extension DeviceStatus {
             tcti: fields[15].isEmpty ? nil : fields[15])
         guard fields.count >= 19 else { return }
         judge = DeviceJudge(fields: fields[16..<19])
-        guard fields.count == 26 else { return }
+        guard fields.count == 19 + ServingFacts.fieldCount else { return }
         guard let serving = ServingFacts(fields: fields[19...]) else { return nil }
         self.serving = serving
     }

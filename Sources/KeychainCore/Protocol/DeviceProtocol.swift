@@ -32,8 +32,10 @@ public enum DeviceProtocol {
     /// to 41, which only the service answers: docs/FORMAT.md, "The TPM
     /// through the service"). 10: sync with the person's other machines
     /// (`sync*` requests, kinds 42 to 54, a per-user device's: docs/SYNC.md).
-    /// 11: `status` names the TCTI the device reaches its TPM at.
-    public static let version: UInt8 = 11
+    /// 11: `status` names the TCTI the device reaches its TPM at. 12:
+    /// `status` says whether the keychain is read-only (docs/FILESYSTEM.md,
+    /// "A read-only keychain").
+    public static let version: UInt8 = 12
     /// The largest frame body accepted: a whole value and its names.
     public static let maximumBody = ItemLimits.maximumValueSize + (64 << 10)
 }

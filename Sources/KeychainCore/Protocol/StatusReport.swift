@@ -68,10 +68,12 @@ public struct ServingFacts: Sendable, Equatable {
     public var secretService: String?
     /// The access group a mount shows at its root (nil: the whole keychain).
     public var group: String?
+    /// The keychain's files cannot be written (``Device/isReadOnly``).
+    public var readOnly: Bool
 
     public init(
         accessMode: AccessMode, migrate: Bool, pid: Int32, mode: Mode, keychain: String, secretService: String?,
-        group: String?
+        group: String?, readOnly: Bool = false
     ) {
         self.accessMode = accessMode
         self.migrate = migrate
@@ -80,6 +82,7 @@ public struct ServingFacts: Sendable, Equatable {
         self.keychain = keychain
         self.secretService = secretService
         self.group = group
+        self.readOnly = readOnly
     }
 
     /// What this kind of device can and cannot hold (docs/SECURITY.md),
@@ -97,24 +100,29 @@ public struct ServingFacts: Sendable, Equatable {
         }
     }
 
-    /// The protocol's seven fields: access mode, migrate (`1`, `0`), pid,
-    /// mode, keychain, Secret Service state and group (each empty: none).
+    /// The protocol's eight fields: access mode, migrate (`1`, `0`), pid,
+    /// mode, keychain, Secret Service state, group (each empty: none) and
+    /// read-only (`1`, `0`).
     var fields: [String] {
         [
             accessMode.rawValue, migrate ? "1" : "0", String(pid), mode.rawValue, keychain, secretService ?? "",
-            group ?? ""
+            group ?? "", readOnly ? "1" : "0"
         ]
     }
 
     init?(fields: ArraySlice<String>) {
         let values = Array(fields)
-        guard values.count == 7, let accessMode = AccessMode(rawValue: values[0]), ["0", "1"].contains(values[1]),
-            let pid = Int32(values[2]), let mode = Mode(rawValue: values[3])
+        guard values.count == Self.fieldCount, let accessMode = AccessMode(rawValue: values[0]),
+            ["0", "1"].contains(values[1]), let pid = Int32(values[2]), let mode = Mode(rawValue: values[3]),
+            ["0", "1"].contains(values[7])
         else { return nil }
         self.init(
             accessMode: accessMode, migrate: values[1] == "1", pid: pid, mode: mode, keychain: values[4],
-            secretService: values[5].isEmpty ? nil : values[5], group: values[6].isEmpty ? nil : values[6])
+            secretService: values[5].isEmpty ? nil : values[5], group: values[6].isEmpty ? nil : values[6],
+            readOnly: values[7] == "1")
     }
+
+    static let fieldCount = 8
 }
 
 extension DeviceStatus {
@@ -149,6 +157,13 @@ extension DeviceStatus {
         entries += keyProtection?.entries ?? []
         if let serving {
             entries.append(StatusEntry("keychain", serving.keychain))
+            if serving.readOnly {
+                entries.append(
+                    StatusEntry(
+                        "read-only",
+                        "yes: the keychain's files cannot be written; it is read, every change is refused, wrong "
+                            + "passcodes are counted until the device stops, and the audit log records nothing"))
+            }
             if let group = serving.group { entries.append(StatusEntry("group", group)) }
             if let bus = serving.secretService { entries.append(StatusEntry("secret-service", bus)) }
         }
@@ -176,7 +191,7 @@ extension PasswordManager {
         status.judge = DeviceJudge.current
         status.serving = ServingFacts(
             accessMode: accessMode, migrate: migrate, pid: getpid(), mode: mode, keychain: device.directory.path,
-            secretService: device.secretServiceState, group: group)
+            secretService: device.secretServiceState, group: group, readOnly: device.isReadOnly)
         return status
     }
 }

@@ -159,9 +159,13 @@ final class ItemStore: Sendable {
         }
     }
 
-    init(path: String, create: Bool, state: ItemSetState) throws(KeychainError) {
+    /// Opened read-only: every change fails with ``KeychainError/readOnly``.
+    let isReadOnly: Bool
+
+    init(path: String, create: Bool, state: ItemSetState, readOnly: Bool = false) throws(KeychainError) {
         self.state = state
-        let db = try SQLiteConnection(path: path, create: create)
+        isReadOnly = readOnly && !create
+        let db = try SQLiteConnection(path: path, create: create, readOnly: isReadOnly)
         // An existing keychain enters WAL mode only once it passed its checks
         // (``startWriteAheadLog()``): switching modes rewrites the file's
         // header, and a keychain refused at boot must be left as it was.
@@ -773,12 +777,14 @@ final class ItemStore: Sendable {
     /// WAL mode: a commit is one append to the log (fast, and durable
     /// against a crash of the process with synchronous=NORMAL).
     func startWriteAheadLog() throws(KeychainError) {
+        guard !isReadOnly else { return }  // the mode is written in the file's header
         try withConnection { db throws(KeychainError) in try db.execute("PRAGMA journal_mode=WAL") }
     }
 
     /// Checkpoints everything into the database file and leaves WAL mode,
     /// which deletes the -wal file (SQLite: journal_mode=DELETE checkpoints first).
     func closeLog() throws(KeychainError) {
+        guard !isReadOnly else { return }
         try withConnection { db throws(KeychainError) in
             try db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             try db.execute("PRAGMA journal_mode=DELETE")

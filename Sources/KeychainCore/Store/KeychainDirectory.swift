@@ -31,6 +31,18 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// Whether a keychain has been created here.
     public var exists: Bool { access(databasePath, F_OK) == 0 }
 
+    /// Whether this process cannot write the keychain's files: a read-only
+    /// filesystem (a live system's home, a backup disk mounted read-only) or
+    /// a directory or database without write permission. Its device reads
+    /// and refuses every change (docs/FILESYSTEM.md, "A read-only keychain").
+    public var isReadOnly: Bool {
+        for file in [path, databasePath] where access(file, W_OK) != 0 {
+            let reason = Errno.current
+            if reason == Errno(EROFS) || reason == .permissionDenied { return true }
+        }
+        return false
+    }
+
     /// Why the keychain's files cannot be trusted, with what to run to fix
     /// it; nil when the directory and every file in it are ours and private.
     /// As `ssh` refuses a private key that others can read: another user who

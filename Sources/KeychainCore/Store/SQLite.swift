@@ -9,9 +9,12 @@ package final class SQLiteConnection {
     /// Statements handed out since the last ``finishStatements()``.
     private var active: [Statement] = []
 
-    package init(path: String, create: Bool) throws(KeychainError) {
+    /// `readOnly`: every write fails with ``KeychainError/readOnly`` (a
+    /// keychain whose files cannot be written).
+    package init(path: String, create: Bool, readOnly: Bool = false) throws(KeychainError) {
         var db: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
+        let access = readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0)
+        let flags = access | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             if let db { sqlite3_close_v2(db) }
@@ -78,6 +81,9 @@ package final class SQLiteConnection {
         case SQLITE_FULL:
             // A full disk is not damage: the transaction is rolled back and the user is told where.
             throw .diskFull
+        case SQLITE_READONLY:
+            // Opened read-only (its files cannot be written): nothing changed.
+            throw .readOnly
         case SQLITE_CORRUPT, SQLITE_NOTADB:
             Diagnostics.log("sqlite: database corrupt (\(rc)) in \(context())")
             throw .decode

@@ -23,6 +23,7 @@ extension Errno {
         // write(2)'s word for a quota (POSIX): the old value stays.
         case .quotaExceeded: self = Errno(EDQUOT)
         case .diskFull: self = Errno(ENOSPC)
+        case .readOnly: self = Errno(EROFS)
         default: self = .ioError
         }
     }

@@ -255,10 +255,13 @@ extension FileSystem {
                 file.pendingRevert = nil
             } catch {
                 // A failure reported at close is final: release must not
-                // store later what the writer was told was not stored.
-                file.failure = error.rawValue
-                revertTruncation(file, because: error.rawValue)
-                throw Errno(error)
+                // store later what the writer was told was not stored. The
+                // descriptor keeps the errno, which its later calls give
+                // (it kept the core's code, which write(2) gave as ERANGE).
+                let reported = Errno(error)
+                file.failure = reported.rawValue
+                revertTruncation(file, because: reported.rawValue)
+                throw reported
             }
             file.dirty = false
             file.truncatePending = false
