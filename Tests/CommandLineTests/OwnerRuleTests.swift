@@ -17,6 +17,95 @@ extension SerialTests {
             (harness, judge) = (fixture.harness, fixture.judge)
         }
 
+        /// With no display (SSH, a server, a console) the question could not
+        /// be shown, so another program's item was never readable, and the
+        /// message blamed the person. Now a program run in the foreground of
+        /// a terminal is asked about there (pinentry's curses, at that
+        /// terminal), and the person answers by typing the code the question
+        /// shows: the code for once allows once, the code for always puts
+        /// the program on the item's list, anything else denies. A program
+        /// in the background of the terminal (its own process group) is not
+        /// asked at all, and is told nobody could be asked.
+        @Test func aPersonAtATerminalAnswersForTheProgramTheyRan() throws {
+            try """
+            import fcntl, os, pty, re, select, signal, struct, subprocess, sys, termios, time
+            # At a terminal of its own (80 columns would wrap the question): runs argv[2:]; answers by argv[1].
+            rule, command = sys.argv[1], sys.argv[2:]
+            pid, terminal = pty.fork()
+            if pid == 0:
+                # In the background: a process group of its own, which a session's leader cannot make.
+                if rule in ("background", "inject") and os.fork() != 0:
+                    os._exit(os.waitstatus_to_exitcode(os.wait()[1]))
+                if rule in ("background", "inject"):
+                    os.setpgid(0, 0)
+                if rule == "inject":
+                    # A program of the user at the person's terminal takes its foreground, asks, and types
+                    # the answer itself (TIOCSTI, where the kernel allows it): it cannot see the code.
+                    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+                    os.tcsetpgrp(0, os.getpgrp())
+                    if os.fork() == 0:
+                        os.execv(command[0], command)
+                    while subprocess.run(["pgrep", "-u", str(os.getuid()), "pinentry"], capture_output=True).returncode:
+                        time.sleep(0.05)
+                    for byte in b"aaaaa\\r":
+                        try:
+                            fcntl.ioctl(0, termios.TIOCSTI, bytes([byte]))
+                        except OSError:
+                            break  # dev.tty.legacy_tiocsti 0: the kernel allows no such typing
+                    os._exit(os.waitstatus_to_exitcode(os.wait()[1]))
+                os.execv(command[0], command)
+            fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 220, 0, 0))
+            screen, answered = b"", False
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if not select.select([terminal], [], [], 1)[0]:
+                    continue
+                try:
+                    chunk = os.read(terminal, 4096)
+                except OSError:
+                    break  # EIO: every process of the terminal closed it
+                screen += chunk
+                shown = re.sub(rb"\\x1b(\\[[0-9;?]*[A-Za-z@]|[()][0-9A-Za-z]|[=>])", b"", screen)
+                found = re.search(rb"this once, type ([a-z]{5})(; to allow it every time from now on, type ([a-z]{5}))?", shown)
+                if found and not answered:
+                    answered = True
+                    if rule == "inject":
+                        continue  # the person types nothing
+                    typed = {"once": found.group(1), "always": found.group(3) or b"", "wrong": b"abcde"}[rule]
+                    os.write(terminal, typed + b"\\r")
+            os.waitpid(pid, 0)
+            shown = re.sub(rb"\\x1b(\\[[0-9;?]*[A-Za-z@]|[()][0-9A-Za-z]|[=>])", b"", screen)
+            print(f"{rule}: asked {'yes' if answered else 'no'}, got {'hunter2' if b'hunter2' in shown else 'nothing'}")
+            """.write(toFile: harness.root + "/terminal.py", atomically: true, encoding: .utf8)
+            let used = harness.onBus(
+                """
+                "$R/app-a" store mail hunter2
+                for rule in wrong background inject once always; do
+                    /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
+                done
+                # Allowed for good: asked no more, with no terminal at all.
+                "$R/app-b" lookup mail < /dev/null
+                "$K" acl "default/App a" | grep -c app-b
+                "$K" log | grep ' ask ' | sed 's/.* ask \\([a-z-]*\\) .*/\\1/'
+                """, environment: "KEYCHAINFS_PINENTRY=/usr/bin/pinentry-curses")
+            #expect(
+                used.stdout == """
+                    wrong: asked yes, got nothing
+                    background: asked no, got nothing
+                    inject: asked yes, got nothing
+                    once: asked yes, got hunter2
+                    always: asked yes, got hunter2
+                    hunter2
+                    1
+                    denied
+                    denied
+                    denied
+                    allowed-once
+                    allowed-always
+
+                    """, "\(used)")
+        }
+
         /// `keychainfs get`, `set`, `rm` and `backup`, and `cat`, a write,
         /// `rm`, `mv` and `setfattr` through a mount: each is asked about,
         /// and a denial leaves the owner's item as it was (EACCES through
@@ -51,8 +140,10 @@ extension SerialTests {
                 used.stdout.contains(
                     "\nkeychainfs: default/App a belongs to app-a (sha256 ")
                     && used.stdout.contains(
-                        "the person denied this program, or could not be asked (no pinentry that root installed, "
-                            + "or no answer within 60 s)"),
+                        "the person denied this program, or nobody could be asked (no display to show the question "
+                            + "on and the program not run in the foreground of a terminal, no pinentry that root "
+                            + "installed, or no answer within 60 s); `keychainfs acl 'default/App a' --add PROGRAM` "
+                            + "allows a program ahead of time"),
                 "\(used)")
             #expect(
                 used.stdout.hasPrefix(

@@ -156,7 +156,7 @@ import Glibc
         let first = Atomic<Bool>(true), second = Atomic<Bool>(true)
         let seen = Mutex<[Bool]>([])
         let placed = Gate(), release = Gate()
-        let questions = ConsentQuestions { _, _, abandoned in
+        let questions = ConsentQuestions { _, _, _, abandoned in
             placed.wait()
             seen.withLock { $0.append(abandoned()) }
             first.store(false, ordering: .relaxed)
@@ -219,7 +219,7 @@ import Glibc
     /// Questions the person allows once, each counted when shown and answered once `gate` opens.
     private static func questionsAllowedOnce(after gate: Gate) -> (ConsentQuestions, Shown) {
         let shown = Shown()
-        let questions = ConsentQuestions { _, _, _ in
+        let questions = ConsentQuestions { _, _, _, _ in
             shown.count.add(1, ordering: .relaxed)
             gate.wait()
             return .allowedOnce

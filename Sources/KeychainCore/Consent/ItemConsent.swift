@@ -125,8 +125,9 @@ public enum ItemConsent {
     /// the item is, and how the person can allow a program for good.
     package static func deniedSentence(item: String, owner: ProgramClaim) -> String {
         "\(item) belongs to \(ConsentText.shown(owner.described, limit: 200)): the person denied this program, "
-            + "or could not be asked (no pinentry that root installed, or no answer within \(timeout) s); "
-            + "`keychainfs acl \(item.shellWord) --add PROGRAM` lets a program use it with the passcode"
+            + "or nobody could be asked (no display to show the question on and the program not run in the "
+            + "foreground of a terminal, no pinentry that root installed, or no answer within \(timeout) s); "
+            + "`keychainfs acl \(item.shellWord) --add PROGRAM` allows a program ahead of time, with the passcode"
     }
 
     /// The second question, where a pinentry draws two buttons.
@@ -138,11 +139,19 @@ public enum ItemConsent {
     /// is offered. A pinentry that draws no third button (pinentry-gnome3)
     /// is asked twice: Allow or Deny, then, once allowed, always or only
     /// this time, so that "Always allow" can be chosen with every flavour.
+    /// With no display to show it on, the question goes to `terminal`
+    /// (the asker's, in its foreground: ``AskerTerminal``), where the
+    /// person answers by typing a code the question shows.
     package static func ask(
-        _ description: String, always: Bool, abandoned: @escaping @Sendable () -> Bool = { false }
+        _ description: String, always: Bool, at terminal: AskerTerminal? = nil,
+        abandoned: @escaping @Sendable () -> Bool = { false }
     ) -> Answer {
-        guard let program = Pinentry.program(),
-            let pinentry = try? Pinentry(program: program, endingAfter: timeout, unless: abandoned)
+        guard let program = Pinentry.program() else { return .denied }
+        if !Pinentry.hasDisplay, let terminal {
+            return askAtTerminal(
+                description, always: always, program: program, terminal: terminal, abandoned: abandoned)
+        }
+        guard let pinentry = try? Pinentry(program: program, endingAfter: timeout, unless: abandoned)
         else { return .denied }
         defer { pinentry.end() }
         guard always, !pinentry.drawsThirdButton() else {
@@ -161,6 +170,49 @@ public enum ItemConsent {
             description: description + " " + alwaysQuestion, ok: alwaysAllow, notOK: nil, cancel: onlyThisTime,
             timeout: timeout)
         return again == .ok ? .allowedAlways : .allowedOnce
+    }
+
+    /// At a terminal, the answer is a code the question shows, typed: a
+    /// program of the user that can put keystrokes into the terminal
+    /// (TIOCSTI, where the kernel allows it) cannot see the screen, so
+    /// cannot answer for the person; Enter alone, anything else, Escape or
+    /// no answer within ``timeout`` is Deny (docs/SECURITY.md, "Asked at a
+    /// terminal").
+    static func askAtTerminal(
+        _ description: String, always: Bool, program: String, terminal: AskerTerminal,
+        abandoned: @escaping @Sendable () -> Bool
+    ) -> Answer {
+        guard let pinentry = try? Pinentry(program: program, endingAfter: timeout, at: terminal, unless: abandoned)
+        else { return .denied }
+        defer { pinentry.end() }
+        let once = answerCode(), every = always ? answerCode() : nil
+        let how =
+            "To allow it this once, type \(once)"
+            + (every.map { "; to allow it every time from now on, type \($0)" } ?? "")
+            + ". Anything else denies it."
+        let typed: SecureBytes
+        do throws(Pinentry.Failure) {
+            guard
+                case .passcode(let answer) = try pinentry.ask(
+                    description: description + "\n\n" + how, error: nil, prompt: "Answer:")
+            else { return .denied }
+            typed = answer
+        } catch {
+            // Said where the device logs: the person saw no question (no such terminal, a pinentry that failed).
+            Diagnostics.log("could not ask at \(terminal.path): \(error)")
+            return .denied
+        }
+        let answer = typed.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }.filter { $0 != " " }.lowercased()
+        if answer == once { return .allowedOnce }
+        if let every, answer == every { return .allowedAlways }
+        return .denied
+    }
+
+    /// Five letters, chosen at random for each question (23 letters: no
+    /// i, l or o, which pass for digits).
+    static func answerCode() -> String {
+        let letters = Array("abcdefghjkmnpqrstuvwxyz")
+        return String(Crypto.randomBytes(5).map { letters[Int($0) % letters.count] })
     }
 }
 
@@ -303,6 +355,18 @@ package enum ProcessChain {
     package static func startTime(of pid: pid_t) -> UInt64? {
         guard let fields = stat(of: pid)?.fields, fields.count > 19 else { return nil }
         return UInt64(String(decoding: fields[19], as: UTF8.self))
+    }
+
+    /// The process's controlling terminal (`tty_nr`, 0: none) and whether
+    /// it runs in its foreground: its process group (`pgrp`) is the
+    /// terminal's foreground group (`tpgid`), proc(5).
+    package static func controllingTerminal(of pid: pid_t) -> (device: UInt64, inForeground: Bool)? {
+        guard let fields = stat(of: pid)?.fields, fields.count > 5,
+            let group = Int64(String(decoding: fields[2], as: UTF8.self)),
+            let device = Int64(String(decoding: fields[4], as: UTF8.self)),
+            let foreground = Int64(String(decoding: fields[5], as: UTF8.self))
+        else { return nil }
+        return (UInt64(UInt32(truncatingIfNeeded: device)), foreground > 0 && foreground == group)
     }
 
     /// The process's command name and its parent, from `/proc/PID/stat`.

@@ -42,6 +42,8 @@ public struct ConsentQuestion: Sendable {
     let asker: String
     /// Whether its caller still waits for the answer.
     package var waiting: @Sendable () -> Bool = { true }
+    /// Where it is asked when no display can show it: the asker's terminal, in its foreground (nil: none).
+    var terminal: AskerTerminal?
 }
 
 /// The owner rule, the same at every door (docs/SECURITY.md, "An application's
@@ -129,7 +131,8 @@ extension PasswordManager {
         return ConsentQuestion(
             asked: asked, verb: verb, text: text, subject: subject, claim: trusted ? claim : nil,
             startedBy: chain.dropFirst().map(\.logged).joined(separator: " ← "),
-            key: asker + "\u{1}" + ConsentQuestions.process(subject) + "\u{1}" + verb + "\u{1}" + items, asker: asker)
+            key: asker + "\u{1}" + ConsentQuestions.process(subject) + "\u{1}" + verb + "\u{1}" + items, asker: asker,
+            terminal: subject.flatMap { AskerTerminal.foreground(of: $0.pid) })
     }
 
     /// Puts `question` to the person (blocking the calling thread until
@@ -226,15 +229,17 @@ package final class ConsentQuestions: Sendable {
 
     /// Puts a question to the person: pinentry, or a test's stand-in. The
     /// last argument tells whether every caller of the question left.
-    private let asker: @Sendable (String, Bool, @escaping @Sendable () -> Bool) -> ItemConsent.Answer
+    private let asker: @Sendable (String, Bool, AskerTerminal?, @escaping @Sendable () -> Bool) -> ItemConsent.Answer
     /// Calls placed so far (asked, waiting or refused), for tests.
     private let placed = Atomic<Int>(0)
     package var arrivals: Int { placed.load(ordering: .acquiring) }
 
     package init(
         asker:
-            @escaping @Sendable (_ question: String, _ always: Bool, _ abandoned: @escaping @Sendable () -> Bool)
-            -> ItemConsent.Answer
+            @escaping @Sendable (
+                _ question: String, _ always: Bool, _ terminal: AskerTerminal?,
+                _ abandoned: @escaping @Sendable () -> Bool
+            ) -> ItemConsent.Answer
     ) {
         self.asker = asker
     }
@@ -299,7 +304,7 @@ package final class ConsentQuestions: Sendable {
             let abandoned: @Sendable () -> Bool = { [self] in
                 !pending.withLock { _ in open.callers }.contains { $0() }
             }
-            let answer = asker(question.text, question.claim != nil, abandoned)
+            let answer = asker(question.text, question.claim != nil, question.terminal, abandoned)
             let waiters = pending.withLock { table in
                 open.answer = answer
                 table.removeValue(forKey: question.key)

@@ -55,6 +55,13 @@ package final class Pinentry {
         return RootControlledFile.isExecutable(defaultProgram) ? defaultProgram : nil
     }
 
+    /// Whether this process's environment names a display a pinentry can
+    /// show a window on (X11's `DISPLAY`, Wayland's `WAYLAND_DISPLAY`).
+    package static var hasDisplay: Bool {
+        let names: [String] = ["DISPLAY", "WAYLAND_DISPLAY"]
+        return names.contains { getenv($0).map { $0.pointee != 0 } ?? false }
+    }
+
     /// The pids of every pinentry running now, for ``endAll()``.
     private static let running = Mutex<Set<pid_t>>([])
 
@@ -65,9 +72,12 @@ package final class Pinentry {
     }
 
     /// Starts `program`; it is ended `seconds` after it starts at the
-    /// latest, or once `abandoned` says that nobody waits for it.
+    /// latest, or once `abandoned` says that nobody waits for it. With
+    /// `terminal`, it asks there (`OPTION ttyname`, as gpg-agent passes
+    /// `GPG_TTY`; pinentry-gnome3 with no display falls back to curses).
     package init(
-        program: String, endingAfter seconds: Int? = nil, unless abandoned: @escaping @Sendable () -> Bool = { false }
+        program: String, endingAfter seconds: Int? = nil, at terminal: AskerTerminal? = nil,
+        unless abandoned: @escaping @Sendable () -> Bool = { false }
     ) throws(Failure) {
         self.abandoned = abandoned
         var toChild: [Int32] = [0, 0], fromChild: [Int32] = [0, 0]
@@ -94,15 +104,27 @@ package final class Pinentry {
             end()
             throw Failure(description: "\(program) does not speak the pinentry protocol")
         }
+        if let terminal {
+            do throws(Failure) {
+                try command("OPTION ttyname=" + terminal.path)
+                try command("OPTION ttytype=" + terminal.type)
+                // curses draws the question's text (arrows, quotes) as UTF-8; C.UTF-8 is glibc's own, always
+                // there (a LANG of the device's that names a locale not generated failed GETPIN).
+                try command("OPTION lc-ctype=C.UTF-8")
+            } catch {
+                end()
+                throw error
+            }
+        }
     }
 
     deinit { end() }
 
     /// Asks once; `error` is shown above the field (a wrong passcode before).
-    package func ask(description: String, error: String?) throws(Failure) -> Answer {
+    package func ask(description: String, error: String?, prompt: String = "Passcode:") throws(Failure) -> Answer {
         try command("SETTITLE KeychainFS")
         try command("SETDESC " + Self.escaped(description))
-        try command("SETPROMPT Passcode:")
+        try command("SETPROMPT " + Self.escaped(prompt))
         if let error { try command("SETERROR " + Self.escaped(error)) }
         try send("GETPIN")
         let passcode = SecureBuffer()
