@@ -18,7 +18,7 @@ struct AclCommand: ParsableCommand {
             an empty line if the keychain has none) and the item unlocked.
             """)
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions

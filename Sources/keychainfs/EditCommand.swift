@@ -21,7 +21,7 @@ struct EditCommand: ParsableCommand {
             IDENTIFIER~edit.
             """)
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions

@@ -18,7 +18,7 @@ struct GenerateCommand: ParsableCommand {
             gets the device's accessmode and migrate setting, as `set` does.
             """)
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var item: ItemAddress
 
     @Argument(help: "Characters (25 by default), or words with --words (6 by default).")

@@ -12,7 +12,7 @@ struct GetCommand: ParsableCommand {
         // pass users type `show`.
         aliases: ["show"])
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions

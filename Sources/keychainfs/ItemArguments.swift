@@ -26,6 +26,30 @@ struct ItemAddress: ExpressibleByArgument, CustomStringConvertible {
     }
 
     var description: String { group + "/" + identifier }
+
+    /// Why `argument` names no item, said (ArgumentParser shows it after
+    /// "The value ... is invalid for '<item>'").
+    struct Refusal: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// `argument` as an item; a refusal says which part is wrong and why.
+    @Sendable static func parsed(_ argument: String) throws -> ItemAddress {
+        if let address = ItemAddress(argument: argument) { return address }
+        guard let slash = argument.firstIndex(of: "/") else {
+            throw Refusal(
+                description: "an item is named GROUP/NAME, its group first (default/\(argument), for example)")
+        }
+        let group = String(argument[..<slash]), name = String(argument[argument.index(after: slash)...])
+        if let problem = ItemLimits.problem(with: group) { throw Refusal(description: "the group: " + problem) }
+        if name.contains("/") {
+            throw Refusal(
+                description: "the name \(name) holds a /: groups are not nested, and an item is GROUP/NAME "
+                    + "(`keychainfs import pass` keeps a deeper name's / as %2F: \(group)/"
+                    + name.split(separator: "/", omittingEmptySubsequences: false).joined(separator: "%2F") + ")")
+        }
+        throw Refusal(description: "the name: " + (ItemLimits.problem(with: name) ?? "it is not valid"))
+    }
 }
 
 /// JSON string syntax (RFC 8259) for a text.

@@ -57,10 +57,12 @@ struct CopyCommand: ParsableCommand {
 
 /// What `mv` and `cp` take: the item, the name it goes to, and whether an existing one is kept.
 struct SourceAndTarget: ParsableArguments {
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var source: ItemAddress
 
-    @Argument(help: "The name it goes to, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(
+        help: "The name it goes to, as GROUP/IDENTIFIER.", completion: NameCompletion.items,
+        transform: ItemAddress.parsed)
     var target: ItemAddress
 
     @Flag(name: [.customShort("n"), .customLong("no-clobber")], help: "Keep an existing target: fail instead.")

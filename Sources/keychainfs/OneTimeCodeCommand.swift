@@ -14,7 +14,7 @@ struct OneTimeCodeCommand: ParsableCommand {
             Store one with: printf '%s' 'otpauth://totp/...' | keychainfs set GROUP/ID
             """)
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var item: ItemAddress
 
     @Flag(name: [.customShort("c"), .long], help: "Copy the code to the clipboard instead of printing it.")

@@ -10,7 +10,7 @@ struct RemoveCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm", abstract: "Delete an item (works while locked, as on iOS).")
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions

@@ -14,7 +14,7 @@ struct SetCommand: ParsableCommand {
         discussion:
             "The item gets the device's current accessmode and migrate setting, as a write through a mount does.")
 
-    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items)
+    @Argument(help: "The item, as GROUP/IDENTIFIER.", completion: NameCompletion.items, transform: ItemAddress.parsed)
     var item: ItemAddress
 
     @OptionGroup var options: KeychainOptions

@@ -19,6 +19,37 @@ extension SerialTests {
             harness.sh("\(environment) \"$K\" \(arguments) --keychain \"$KC\"", stdin: stdin)
         }
 
+        /// A name the command line refuses says which part is wrong and
+        /// why: pass's `email/work/imap` and a `set nogroup` said only
+        /// "The value ... is invalid for '<item>'". Exit 64, nothing changed.
+        @Test func aRefusedNameSaysWhichPartAndWhy() {
+            let cases: [(String, String)] = [
+                (
+                    "get email/work/imap",
+                    "the name work/imap holds a /: groups are not nested, and an item is GROUP/NAME "
+                        + "(`keychainfs import pass` keeps a deeper name's / as %2F: email/work%2Fimap)"
+                ),
+                ("set nogroup", "an item is named GROUP/NAME, its group first (default/nogroup, for example)"),
+                ("rm default/.control", "the name: .control is reserved (. .. .control .events)"),
+                ("get \"$(printf 'default/a\\tb')\"", "the name: it holds the control character U+0009"),
+                ("get /x", "the group: it is empty"),
+                (
+                    "get default/" + String(repeating: "é", count: 130),
+                    "the name: it is 260 bytes long; a name holds at most 255 bytes of UTF-8"
+                ),
+                (
+                    "get \"$(printf 'default/cafe\\314\\201')\"",
+                    "the name: it is not in Unicode's composed form (NFC): type it composed (é as one character, U+00E9)"
+                )
+            ]
+            for (arguments, reason) in cases {
+                let refused = k(arguments, stdin: "")
+                #expect(
+                    refused.status == 64 && refused.stderr.contains("is invalid for '<item>': " + reason), "\(refused)")
+            }
+            #expect(k("ls").stdout == "default\n")
+        }
+
         /// RFC 6238's SHA-1 vector at T=59, through an item as pass-otp keeps it
         /// (password first, URI on a later line); then now, and the failures.
         @Test func otpPrintsTheCodeOfAnItemsOtpauthUri() {

@@ -97,6 +97,31 @@ public enum ItemLimits {
         guard count <= maximumNameLength else { throw .nameTooLong }
     }
 
+    /// Why ``validate(name:legacy:)`` refuses `name`, in words a person can
+    /// act on (which character, which limit); nil when it does not.
+    public static func problem(with name: String) -> String? {
+        do throws(KeychainError) {
+            try validate(name: name)
+            return nil
+        } catch {
+            if name.isEmpty { return "it is empty" }
+            if error == .nameTooLong {
+                return "it is \(name.utf8.count) bytes long; a name holds at most \(maximumNameLength) bytes of UTF-8"
+            }
+            if reservedNames.contains(name) {
+                return "\(name) is reserved (\(reservedNames.sorted().joined(separator: " ")))"
+            }
+            for scalar in name.unicodeScalars
+            where scalar == "/" || scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value) {
+                let hex = String(scalar.value, radix: 16, uppercase: true)
+                let code = "U+" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
+                return scalar == "/"
+                    ? "a name holds no / (groups are not nested)" : "it holds the control character \(code)"
+            }
+            return "it is not in Unicode's composed form (NFC): type it composed (é as one character, U+00E9)"
+        }
+    }
+
     /// Whether the name's bytes are its NFC form (ASCII always is).
     /// `_withNFCCodeUnits` is the standard library's own normalizer, the
     /// one `==` uses; it streams, so the check allocates nothing.
