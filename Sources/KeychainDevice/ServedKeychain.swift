@@ -489,6 +489,18 @@ extension ServedKeychain: SecretStore {
         try manager.localDevice.directory.setCollectionLabel(label, of: group)
     }
 
+    func itemNames(inGroup group: String) -> [String] {
+        ((try? manager.items(inGroup: group)) ?? []).map(\.identifier)
+    }
+
+    func noteMaker(ofUnidentified identifier: String, inGroup group: String, pid: pid_t) {
+        manager.localDevice.noteMaker(ofUnidentified: identifier, inGroup: group, pid: pid)
+    }
+
+    func isMaker(_ pid: pid_t, of identifier: String, inGroup group: String) -> Bool {
+        manager.localDevice.isMaker(pid, of: identifier, inGroup: group)
+    }
+
     func itemNames() -> [String: [String]] {
         var names: [String: [String]] = [:]
         for group in (try? manager.groups()) ?? [] {

@@ -40,7 +40,12 @@ extension SecretServiceProvider {
             return (item.group, item.identifier, found.entries.first?.details)
         }
         let (asked, caller) = ItemConsent.asked(among: candidates) { callerIdentity(call) }
-        return (asked, caller)
+        guard !asked.isEmpty, let sender = bus.senderProcess(of: call.message) else { return (asked, caller) }
+        // The process that made an item of no identifiable program uses it unasked (``Device/isMaker``).
+        let others = asked.filter {
+            $0.owner != .unidentified || !store.isMaker(sender.pid, of: $0.identifier, inGroup: $0.group)
+        }
+        return (others, caller)
     }
 
     /// Runs `body` for `call` once the person allowed the caller to use

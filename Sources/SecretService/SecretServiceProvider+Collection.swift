@@ -83,7 +83,11 @@ extension SecretServiceProvider {
                 return CreatedReply(object: existing.path, prompt: ObjectPaths.none)
             }
         }
-        for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item") {
+        // The names taken, read once: each try of a taken name was a failed write in the audit log, and the
+        // hundredth "My item" tried 99 of them.
+        let taken: Set<String> = named == nil ? Set(store.itemNames(inGroup: group)) : []
+        for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item")
+        where !taken.contains(identifier) {
             let made = outcome(
                 .set(
                     group: group, identifier: identifier, value: value, protectionClass: protectionClass,
@@ -91,6 +95,9 @@ extension SecretServiceProvider {
             if case .failure(.keychain(.duplicateItem, _)) = made, named == nil { continue }
             let path = ObjectPaths.item(group, identifier)
             try made.answer(about: .item(path: path))
+            if details.owner == .unidentified, let maker = bus.senderProcess(of: call.message) {
+                store.noteMaker(ofUnidentified: identifier, inGroup: group, pid: maker.pid)
+            }
             return .reply(CreatedReply(object: path, prompt: ObjectPaths.none))
         }
         throw .failed("too many items are named after the label \(label)")

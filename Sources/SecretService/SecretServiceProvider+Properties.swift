@@ -112,7 +112,7 @@ extension SecretServiceProvider {
                 group: group, identifier: identifier, protectionClass: protectionClass,
                 details: try itemDetails(group, identifier, for: call))
             return [
-                "Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.attributes),
+                "Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.shownAttributes),
                 "Label": .string(item.label), "Type": .string(item.contentType),
                 "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)
             ]

@@ -111,6 +111,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     private func serveObjects() throws(BusError) {
         try bus.serve(prefix: ObjectPaths.service) { [unowned self] message in handle(message) }
         try bus.serve(prefix: Self.portalPath) { [unowned self] message in handle(message) }
+        // Every other path, as gnome-keyring's GDBus answers it (below).
+        try bus.serve(prefix: "/") { [unowned self] message in handle(message) }
         for group in store.itemNames() {
             for identifier in group.value { knownItems.insert(ObjectPaths.item(group.key, identifier)) }
         }
@@ -235,6 +237,15 @@ public final class SecretServiceProvider: @unchecked Sendable {
         send(
             Result { () throws(BusError) in
                 guard let object = ObjectPaths.object(at: call.path) else {
+                    guard
+                        call.path == ObjectPaths.service || call.path.hasPrefix(ObjectPaths.service + "/")
+                            || call.path.hasPrefix(Self.portalPath)
+                    else {
+                        // A path outside ours: GDBus's UnknownMethod, which clients take for "no such item"
+                        // (secretstorage 3.3, Debian 12's, knew no UnknownObject, sd-bus's answer).
+                        throw BusError.unknownMethod(
+                            "No such interface '\(call.interface)' on object at path \(call.path)")
+                    }
                     throw BusError.noSuchObject("no object at \(call.path)")
                 }
                 return try dispatch(call, to: object)
@@ -452,6 +463,18 @@ struct ListedItem {
         all[SecretServiceProvider.accessibleAttribute] = protectionClass.name
         return all
     }
+    /// Its `Attributes` property: those its program stored, as gnome-keyring
+    /// shows them, since a client hands them back to libsecret, which
+    /// refuses an attribute its schema does not name (keyring's libsecret
+    /// backend could delete nothing: `secret_password_clearv_sync: invalid
+    /// keychainfs:accessible attribute`). An item made through a mount or
+    /// the command line has none: it shows the `keychainfs:` ones, by which
+    /// every item is found (``attributes``).
+    var shownAttributes: [String: String] {
+        guard let stored = details?.attributes, !stored.isEmpty else { return attributes }
+        return stored
+    }
+
     /// Its label: the one stored, else its identifier.
     var label: String { details?.label ?? identifier }
     var contentType: String { details?.contentType ?? ItemDetails.defaultContentType }

@@ -1,4 +1,7 @@
 import KeychainCore
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// What the Secret Service needs of the device: its keychain's requests,
 /// carried out as for every other client (the entitlement checks against
@@ -24,6 +27,13 @@ public protocol SecretStore: AnyObject, Sendable {
     /// Every group's item identifiers: the device's own listing (no
     /// program asks), for what the provider has to know of at start.
     func itemNames() -> [String: [String]]
+    /// The identifiers of `group`'s items (none when there is no such group).
+    func itemNames(inGroup group: String) -> [String]
+    /// Process `pid` made this item, which no program could be identified
+    /// for: it uses it unasked while it runs (``Device/noteMaker(ofUnidentified:inGroup:pid:)``).
+    func noteMaker(ofUnidentified identifier: String, inGroup group: String, pid: pid_t)
+    /// Whether process `pid` made `group/identifier`, an item of no identifiable program, and still runs.
+    func isMaker(_ pid: pid_t, of identifier: String, inGroup group: String) -> Bool
     /// Carries out an item request of the program `program` (read lazily:
     /// only a group with an entitlement policy asks), recorded in the audit
     /// log with `subject` as `audit` says.

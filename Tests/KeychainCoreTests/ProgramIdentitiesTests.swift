@@ -178,6 +178,33 @@ import Foundation
                         + "write it): a program that names it runs whatever is written there next"))
     }
 
+    /// A script run through a link root controls (Debian's
+    /// `/usr/bin/pytest-3 -> pytest`) is the file it names: it was "cannot
+    /// be read", so keyring's and secretstorage's tests run as `pytest-3`
+    /// owned nothing. A link anyone else could point elsewhere (here, under
+    /// the world-writable /tmp) is still nobody's.
+    @Test func aScriptRunThroughALinkRootControlsIsTheFileItNames() throws {
+        let directory = try makeTemporaryDirectory("kcfs-linked", in: "/opt/")
+        defer { _ = Spawn.run(["/bin/rm", "-rf", directory]) }
+        chmod(directory, 0o755)
+        try "print('hi')\n".write(toFile: directory + "/real.py", atomically: true, encoding: .utf8)
+        chmod(directory + "/real.py", 0o644)
+        try FileManager.default.createSymbolicLink(atPath: directory + "/link.py", withDestinationPath: "real.py")
+        guard case .file(let path, let digest) = Interpreters.file(directory + "/link.py", of: getpid(), uid: getuid())
+        else {
+            Issue.record("\(Interpreters.file(directory + "/link.py", of: getpid(), uid: getuid()))")
+            return
+        }
+        #expect(path == directory + "/real.py" && digest.count == 32)
+        let elsewhere = try makeTemporaryDirectory("kcfs-linked", in: "/tmp/")
+        defer { _ = Spawn.run(["/bin/rm", "-rf", elsewhere]) }
+        try FileManager.default.createSymbolicLink(
+            atPath: elsewhere + "/link.py", withDestinationPath: directory + "/real.py")
+        #expect(
+            Interpreters.file(elsewhere + "/link.py", of: getpid(), uid: getuid())
+                == .unidentifiable("its script \(elsewhere)/link.py cannot be read"))
+    }
+
     /// This test's own process is no interpreter; a shell it starts is, with
     /// its script file, and with `-c` it is code nobody can name.
     @Test func aRunningShellIsReadWithItsScript() throws {

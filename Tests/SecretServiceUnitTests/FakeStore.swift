@@ -1,6 +1,9 @@
 import KeychainCore
 import Synchronization
 @testable import SecretService
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// One item, `work/mail`; what each request gets is set by the test.
 /// It answers with values, as the device does in its own process:
@@ -31,6 +34,9 @@ final class FakeStore: SecretStore, @unchecked Sendable {
     func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { 1 }
     func removeObserver(_ token: Int) {}
     func itemNames() -> [String: [String]] { ["work": ["mail"]] }
+    func itemNames(inGroup group: String) -> [String] { itemNames()[group] ?? [] }
+    func noteMaker(ofUnidentified identifier: String, inGroup group: String, pid: pid_t) {}
+    func isMaker(_ pid: pid_t, of identifier: String, inGroup group: String) -> Bool { false }
     func answer(_ question: ConsentQuestion) -> ItemConsent.Answer {
         questions.withLock { $0.append(question.text) }
         return consent

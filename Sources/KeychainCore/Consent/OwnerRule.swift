@@ -74,7 +74,8 @@ extension PasswordManager {
         among candidates: [(group: String, identifier: String, details: ItemDetails?)], verb: String,
         caller: ConsentCaller
     ) -> ConsentQuestion? {
-        let (asked, program) = ItemConsent.asked(among: candidates, program: caller.program)
+        var (asked, program) = ItemConsent.asked(among: candidates, program: caller.program)
+        if !asked.isEmpty, let pid = caller.subject()?.pid { asked = localDevice.withoutItemsMade(by: pid, asked) }
         guard !asked.isEmpty else { return nil }
         var question = Self.question(asked: asked, verb: verb, program: program, subject: caller.subject())
         question.waiting = caller.waiting
@@ -174,6 +175,45 @@ extension PasswordManager {
         guard let question = consentQuestion(group: group, identifiers: identifiers, verb: verb, caller: caller)
         else { return }
         guard answer(question) != .denied else { throw .ownerDenied }
+    }
+}
+
+/// An item made by a program that could not be identified (`python3 -m`,
+/// `python3 -c`, a script by a relative path) belongs to no program, so
+/// every program is asked about it: the process that made it was asked
+/// about its own item a moment later, and with no one to ask was refused
+/// it (secretstorage's and keyring's own tests). The process that made it
+/// (its pid and start time, which name one process for good) uses it
+/// unasked for as long as it runs and the item is not removed or renamed;
+/// no other process does (docs/SECRET-SERVICE.md, "Whose an item is").
+extension Device {
+    /// Remembers that process `pid` made `group/identifier`, an item of no identifiable program.
+    package func noteMaker(ofUnidentified identifier: String, inGroup group: String, pid: pid_t) {
+        guard let process = DevicePeerAdmission.Process.now(pid) else { return }
+        unidentifiedMakers.withLock { $0[group + "\u{0}" + identifier] = process }
+    }
+
+    /// Whether process `pid` made `group/identifier` (``noteMaker(ofUnidentified:inGroup:pid:)``) and still runs.
+    package func isMaker(_ pid: pid_t, of identifier: String, inGroup group: String) -> Bool {
+        guard let maker = unidentifiedMakers.withLock({ $0[group + "\u{0}" + identifier] }) else { return false }
+        return DevicePeerAdmission.Process.now(pid) == maker
+    }
+
+    /// `asked` without the items of no identifiable program that process `pid` made.
+    package func withoutItemsMade(by pid: pid_t, _ asked: [ItemConsent.Asked]) -> [ItemConsent.Asked] {
+        asked.filter { $0.owner != .unidentified || !isMaker(pid, of: $0.identifier, inGroup: $0.group) }
+    }
+
+    /// A removed or renamed item is no longer its maker's: a name made again is another item.
+    func forgetMaker(after change: ItemChange) {
+        switch change {
+        case .removed(let group, let identifier), .renamed(let group, let identifier, _):
+            _ = unidentifiedMakers.withLock { $0.removeValue(forKey: group + "\u{0}" + identifier) }
+        case .groupRemoved(let group):
+            unidentifiedMakers.withLock { $0 = $0.filter { !$0.key.hasPrefix(group + "\u{0}") } }
+        case .written, .groupCreated:
+            break
+        }
     }
 }
 

@@ -24,6 +24,9 @@ public final class Device: Sendable {
     public var isReadOnly: Bool { store.isReadOnly }
     /// A read-only keychain's lockout record, kept here since it cannot be saved (nil: the stored one holds).
     let unsavedLockout = Mutex<LockoutRecord?>(nil)
+    /// The process that made each item no program could be identified for
+    /// (``ItemMakers``), by `group NUL identifier`, while the device runs.
+    let unidentifiedMakers = Mutex<[String: DevicePeerAdmission.Process]>([:])
     let policy: LockoutPolicy
     let clock: @Sendable () -> Int64
     /// The wrapped class keys; a passcode change replaces it.
@@ -129,6 +132,7 @@ public final class Device: Sendable {
         sealingTPM.withLock { $0 = tpm }
         if let counter { rollbackCounter.withLock { $0 = counter } }
         store.onChange { [weak self] change in
+            self?.forgetMaker(after: change)
             self?.notify(.changed(change))
             self?.noteWriteForRollback()
         }

@@ -31,6 +31,26 @@ package enum RootControlledFile {
         return info
     }
 
+    /// The file a symbolic link at `path` names, resolved whole, when root
+    /// controls the link: it lies in directories that are root's and
+    /// writable by nobody else, so no program of a user can point it
+    /// elsewhere (Debian's `/usr/bin/pytest-3 -> pytest`); nil otherwise.
+    package static func linkTarget(ofRootsLink path: String) -> String? {
+        guard path.hasPrefix("/") else { return nil }
+        var info = stat()
+        guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFLNK else { return nil }
+        var directory = path
+        while let slash = directory.lastIndex(of: "/") {
+            directory = slash == directory.startIndex ? "/" : String(directory[..<slash])
+            var parent = stat()
+            guard stat(directory, &parent) == 0, parent.st_uid == 0, parent.st_mode & 0o022 == 0 else { return nil }
+            if directory == "/" { break }
+        }
+        guard let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        return String(cString: resolved)
+    }
+
     /// Whether root controls `path` (sticky directories allowed) and it is executable.
     package static func isExecutable(_ path: String) -> Bool {
         guard let info = status(of: path, stickyDirectories: true) else { return false }

@@ -256,7 +256,9 @@ package enum Interpreters {
     /// `pydoc.py`, and kept the person's "Always allow" of it
     /// (docs/SECURITY.md, "A chain a person can trust").
     static func file(_ named: String, of thread: pid_t, uid: uid_t) -> ScriptIdentity {
-        let path = named
+        // A link root controls is its target (the one hop it makes, resolved whole); any other link could
+        // be pointed elsewhere since the interpreter followed it.
+        let path = RootControlledFile.linkTarget(ofRootsLink: named) ?? named
         guard path.hasPrefix("/") else {
             return .unidentifiable(
                 "its script is named by a relative path (\(named)), which names whatever its working directory "
