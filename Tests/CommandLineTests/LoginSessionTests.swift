@@ -55,7 +55,10 @@ extension SerialTests {
         /// grace; a read through the mount is EACCES (locked, not absent).
         /// An Unlock within the grace keeps the keys; LockedHint (what screen
         /// lockers set) does as Lock does; the machine going to sleep and the
-        /// session ending lock at once. Nothing of the session unlocks.
+        /// session ending lock at once. Nothing of the session unlocks. A
+        /// grace a program of the user set to a week kept the keychain
+        /// unlocked behind the locked screen: the session's lock waits 10 s
+        /// at most, as iOS's does.
         @Test func theSessionLocksTheKeychain() throws {
             let used = try withSession(
                 """
@@ -69,6 +72,10 @@ extension SerialTests {
                 # Past the grace, nothing more came: the lock was called off.
                 timeout 2 head -n 1 <&3; echo "after the grace: $?"
                 cat "$R/mnt/default/x"; echo
+                # A program of the user sets a grace of a week (no passcode asked): the session's lock waits 10 s at most.
+                "$K" autolock 0 --grace 604800 > /dev/null
+                session Lock; read -r line <&3; echo "$line"; session Unlock
+                "$K" autolock 0 --grace 1 > /dev/null
                 session SetLockedHint true
                 read -r line <&3; echo "$line"; read -r line <&3; echo "$line"
                 unlock; read -r line <&3
@@ -94,6 +101,7 @@ extension SerialTests {
                     will-lock\(tab)1
                     after the grace: 124
                     s3cret
+                    will-lock\(tab)10
                     will-lock\(tab)1
                     locked
                     'sleep', 'KeychainFS', 'Lock the keychain before the machine sleeps', 'delay'

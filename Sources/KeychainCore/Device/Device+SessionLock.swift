@@ -9,12 +9,20 @@ import Glibc
 /// screen locks; when the session unlocks within the grace, the keys stay (the
 /// keychain is never unlocked by it: that takes the passcode).
 extension Device {
-    /// Locks after `grace` seconds (the auto-lock grace when nil), unless
-    /// ``cancelSessionLock()`` comes first; observers get
-    /// ``DeviceEvent/willLock(grace:)`` now. `reason` goes to the audit log.
+    /// The longest a session's lock waits: iOS's 10 seconds. The auto-lock
+    /// grace is any program of the user's to set (`keychainfs autolock 0
+    /// --grace 7d`, no passcode asked), and it kept the keychain unlocked
+    /// for days behind a locked screen (docs/SECURITY.md, "The login
+    /// password and the session"); it may make the wait shorter, never longer.
+    public static let maximumSessionGrace = 10
+
+    /// Locks after `grace` seconds (the auto-lock grace when nil, at most
+    /// ``maximumSessionGrace``), unless ``cancelSessionLock()`` comes first;
+    /// observers get ``DeviceEvent/willLock(grace:)`` now. `reason` goes to
+    /// the audit log.
     public func lockForSession(reason: String, grace: Int? = nil) {
         guard !isLocked else { return }
-        let grace = grace ?? autoLock.grace
+        let grace = min(grace ?? autoLock.grace, Self.maximumSessionGrace)
         let generation = sessionLockGeneration.add(1, ordering: .acquiringAndReleasing).newValue
         notify(.willLock(grace: grace))
         guard grace > 0 else { return finishSessionLock(generation, reason: reason) }
