@@ -82,12 +82,33 @@ static void drop_stash(pam_handle_t *pamh, void *data, int status) {
     free(stash);
 }
 
-static const char *helper_path(int argc, const char **argv) {
-    const char *helper = DEFAULT_HELPER;
+/* The module's arguments, as root wrote them in the PAM configuration:
+ * `keychainfs=PATH`, the helper, and `timeout=SECONDS` (1 to 300, 30 when
+ * not given), the longest the hook may take before it is ended and the
+ * login goes on without it. */
+struct options {
+    const char *helper;
+    int timeout;
+};
+
+static struct options module_options(int argc, const char **argv) {
+    struct options options = {DEFAULT_HELPER, 30};
     for (int i = 0; i < argc; i++) {
-        if (strncmp(argv[i], "keychainfs=", 11) == 0 && argv[i][11] == '/') helper = argv[i] + 11;
+        if (strncmp(argv[i], "keychainfs=", 11) == 0 && argv[i][11] == '/') options.helper = argv[i] + 11;
+        if (strncmp(argv[i], "timeout=", 8) == 0) {
+            char *end = NULL;
+            long seconds = strtol(argv[i] + 8, &end, 10);
+            if (end != NULL && *end == '\0' && seconds >= 1 && seconds <= 300) options.timeout = (int)seconds;
+        }
     }
-    return helper;
+    return options;
+}
+
+/* Milliseconds on the monotonic clock. */
+static long long monotonic_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
 }
 
 /* The user's runtime directory when their session made it (pam_systemd,
@@ -131,6 +152,17 @@ static ssize_t read_proc(const char *pid, const char *name, char *buffer, size_t
     close(fd);
     buffer[total] = '\0';
     return (ssize_t)total;
+}
+
+/* Whether process `pid` is in this process's user namespace (the links of
+ * /proc/PID/ns/user name a namespace by its inode). */
+static int same_user_namespace(const char *pid) {
+    char path[300], theirs[64], ours[64];
+    snprintf(path, sizeof path, "/proc/%s/ns/user", pid);
+    ssize_t length = readlink(path, theirs, sizeof theirs - 1);
+    ssize_t own = readlink("/proc/self/ns/user", ours, sizeof ours - 1);
+    if (length <= 0 || own <= 0 || length != own) return 0;
+    return memcmp(theirs, ours, (size_t)length) == 0;
 }
 
 /* The inodes of the listening UNIX sockets of this network namespace, up to
@@ -339,6 +371,12 @@ static void verified_devices(const struct passwd *user, const char *helper, char
         snprintf(uid_line, sizeof uid_line, "\nUid:\t%u\t%u\t%u\t", (unsigned)user->pw_uid, (unsigned)user->pw_uid,
                  (unsigned)user->pw_uid);
         if (strstr(text, uid_line) == NULL || strstr(text, "\nTracerPid:\t0\n") == NULL) continue;
+        /* In this process's user namespace: a device in one the user made
+         * (unshare(CLONE_NEWUSER), no privilege needed) is under the user's
+         * capabilities there, CAP_SYS_PTRACE included, whatever its
+         * dumpability: a program of the user took the accepted connection
+         * out of it with pidfd_getfd and read the password. */
+        if (!same_user_namespace(entry->d_name)) continue;
         /* None of the loader's variables (ld.so(8)). */
         ssize_t environment = read_proc(entry->d_name, "environ", text, text_size);
         if (environment < 0) continue;
@@ -385,8 +423,13 @@ static void verified_devices(const struct passwd *user, const char *helper, char
 /* Runs `HELPER pam-hook MODE` as `user` with `length` bytes of `input` on
  * its standard input; its exit status, or -1 when it could not be run. A
  * caller that is not root acts only for itself (a screen locker). */
-static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *helper, const char *mode,
+static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct options options, const char *mode,
                     const char *input, size_t length) {
+    const char *helper = options.helper;
+    /* Past this, the hook is ended: a program of the user that stops it
+     * (SIGSTOP, which its uid may send) held every login and screen unlock
+     * for good (docs/SECURITY.md, "The login password and the session"). */
+    long long deadline = monotonic_ms() + (long long)options.timeout * 1000;
     if (geteuid() != 0 && (getuid() != user->pw_uid || geteuid() != user->pw_uid)) return -1;
     /* The hook's real group: one that is not the user's and grants nothing
      * (see the child below). An account whose own group is nogroup cannot
@@ -474,7 +517,8 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
          * exits), within 30 s in all. */
         for (int asked = 0; asked < 16; asked++) {
             struct pollfd waiting = {.fd = verify[1], .events = POLLIN};
-            if (poll(&waiting, 1, 30 * 1000) <= 0) break;
+            long long left = deadline - monotonic_ms();
+            if (left <= 0 || poll(&waiting, 1, (int)left) <= 0) break;
             char byte = 0;
             union {
                 struct cmsghdr header;
@@ -496,7 +540,18 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, const char *h
         close(verify[1]);
         int raw;
         pid_t reaped;
-        while ((reaped = waitpid(child, &raw, 0)) < 0 && errno == EINTR) {}
+        /* Waited for until the deadline, then ended (SIGKILL ends a stopped process too). */
+        while ((reaped = waitpid(child, &raw, WNOHANG)) == 0 && monotonic_ms() < deadline) {
+            struct timespec pause = {0, 10 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+        if (reaped == 0) {
+            kill(child, SIGKILL);
+            pam_syslog(pamh, LOG_NOTICE, "keychainfs pam-hook %s for %s: ended after %d s", mode, user->pw_name,
+                       options.timeout);
+            while ((reaped = waitpid(child, &raw, 0)) < 0 && errno == EINTR) {}
+            reaped = -1;
+        }
         if (reaped == child && WIFEXITED(raw)) status = WEXITSTATUS(raw);
     } else {
         close(channel[1]);
@@ -531,7 +586,7 @@ EXPORTED int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, const 
     const char *password = item;
     char runtime[64];
     if (session_runtime_directory(user, runtime, sizeof runtime)) {
-        run_hook(pamh, user, helper_path(argc, argv), "unlock", password, strlen(password));
+        run_hook(pamh, user, module_options(argc, argv), "unlock", password, strlen(password));
         return PAM_IGNORE;
     }
     struct stash *stash = calloc(1, sizeof *stash);
@@ -556,7 +611,7 @@ EXPORTED int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, const 
     const struct stash *stash = data;
     char runtime[64];
     if (session_runtime_directory(user, runtime, sizeof runtime))
-        run_hook(pamh, user, helper_path(argc, argv), "unlock", stash->password, stash->length);
+        run_hook(pamh, user, module_options(argc, argv), "unlock", stash->password, stash->length);
     /* Replacing the data calls drop_stash on the password: it is wiped now. */
     pam_set_data(pamh, STASH_NAME, NULL, NULL);
     return PAM_IGNORE;
@@ -573,9 +628,9 @@ EXPORTED int pam_sm_chauthtok(pam_handle_t *pamh, int flags, int argc, const cha
     const void *old = NULL, *new = NULL;
     if (user == NULL || pam_get_item(pamh, PAM_AUTHTOK, &new) != PAM_SUCCESS || !usable(new)) return PAM_IGNORE;
     pam_get_item(pamh, PAM_OLDAUTHTOK, &old);
-    const char *helper = helper_path(argc, argv);
+    struct options options = module_options(argc, argv);
     if (!usable(old)) {
-        run_hook(pamh, user, helper, "password-set", "", 0);
+        run_hook(pamh, user, options, "password-set", "", 0);
         return PAM_IGNORE;
     }
     /* "old NUL new": neither can hold a NUL (PAM's tokens are C strings). */
@@ -586,7 +641,7 @@ EXPORTED int pam_sm_chauthtok(pam_handle_t *pamh, int flags, int argc, const cha
     size_t old_length = strlen(old), new_length = strlen(new);
     memcpy(both, old, old_length);
     memcpy(both + old_length + 1, new, new_length);
-    run_hook(pamh, user, helper, "password", both, old_length + 1 + new_length);
+    run_hook(pamh, user, options, "password", both, old_length + 1 + new_length);
     explicit_bzero(both, size);
     munlock(both, size);
     free(both);

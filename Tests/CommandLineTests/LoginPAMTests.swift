@@ -39,10 +39,10 @@ extension SerialTests {
         /// makes it), `$K` and `K_` the keychainfs command as the package
         /// installs it and as the user runs it in their session,
         /// `passwd_as_user` a setuid pamtester run by the user.
-        func withPAM(_ script: String) throws -> ShellResult {
+        func withPAM(_ script: String, moduleOptions: String = "") throws -> ShellResult {
             let module = try Self.module()
             let file = "/etc/pam.d/" + service
-            let ours = "\(module) keychainfs=\(installed.binary)"
+            let ours = "\(module) keychainfs=\(installed.binary) \(moduleOptions)"
             try """
             auth [success=1 default=ignore] pam_unix.so
             auth requisite pam_deny.so
@@ -353,7 +353,16 @@ extension SerialTests {
                     print(f"{what}: /proc/PID/mem: {errno.errorcode[error.errno]}")
                 return taken
 
-            if sys.argv[1] == "hook":
+            if sys.argv[1] == "stop-hook":
+                # The hook stopped for good: a program of the user may signal a process of its uid.
+                device = int(sys.argv[2])
+                os.kill(device, signal.SIGSTOP)
+                found = first(b"pam-hook\\0unlock")
+                if found:
+                    os.kill(found, signal.SIGSTOP)
+                    print("stopped the hook")
+                os.kill(device, signal.SIGCONT)
+            elif sys.argv[1] == "hook":
                 device = int(sys.argv[2])
                 os.kill(device, signal.SIGSTOP)
                 found = first(b"pam-hook\\0unlock")
@@ -415,6 +424,64 @@ extension SerialTests {
                     the device it started: /proc/PID/mem: EACCES
                     the device it started: state: unlocked failed-attempts: 0\(" ")
                     the device it started: the user's group
+
+                    """, "\(used)")
+        }
+
+        /// The installed device, started by a program of the user inside a
+        /// user namespace it made (`unshare --user`, no privilege needed),
+        /// where that program holds CAP_SYS_PTRACE over the device whatever
+        /// its dumpability: it passed every check, was given the login
+        /// password, and the program took the accepted connection out of it
+        /// with pidfd_getfd. A device outside this process's user namespace
+        /// is now given nothing: it stays locked.
+        @Test func aDeviceInAUserNamespaceOfTheUsersMakingIsGivenNothing() throws {
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                home=$(getent passwd "$U" | cut -d: -f6)
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none unshare --user --map-root-user \\
+                    "$K" start --foreground --keychain "$home/.local/share/keychainfs" > "$R/userns.log" 2>&1 &
+                for n in $(seq 100); do ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break; sleep 0.1; done
+                K_ status | grep -q '^state: locked' && echo "the device in a namespace of the user's runs"
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "the device in a namespace of the user's: $(state)"
+                K_ stop; wait
+                """)
+            #expect(
+                used.stdout == """
+                    the device in a namespace of the user's runs
+                    pamtester: successfully authenticated
+                    the device in a namespace of the user's: state: locked failed-attempts: 0\(" ")
+
+                    """, "\(used)")
+        }
+
+        /// A program of the user stops the hook (SIGSTOP: same uid) while it
+        /// holds the password: the module waited for it with no deadline,
+        /// and the login never returned. Now the hook is ended after the
+        /// module's `timeout=` (30 s unless set; 2 here) and the login goes
+        /// on as it would have without it.
+        @Test func aStoppedHookHoldsTheLoginNoLongerThanItsTimeout() throws {
+            try Self.writeTaker(in: harness)
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                K_ start > /dev/null
+                device=$(pgrep -u "$U" -x keychainfs | head -1)
+                runuser -u "$U" -- /usr/bin/python3 "$R/take.py" stop-hook "$device" > "$R/taken" 2>&1 &
+                taker=$!
+                printf 'Login-1\\n' | timeout 20 pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                wait $taker; cat "$R/taken"
+                pgrep -u "$U" -f 'keychainfs pam-hook' > /dev/null || echo "no hook is left"
+                """, moduleOptions: "timeout=2")
+            #expect(
+                used.stdout == """
+                    pamtester: successfully authenticated
+                    stopped the hook
+                    no hook is left
 
                     """, "\(used)")
         }
