@@ -64,8 +64,9 @@ extension SecretServiceProvider {
         }
         try validated(details)
         let named = attributes[Self.identifierAttribute]
-        if let named, (try? ItemLimits.validate(name: named)) == nil {
-            throw .invalidArguments("\(Self.identifierAttribute) is no valid item name: 1 to 255 bytes, no '/'")
+        if let named, (try? ItemLimits.validate(identifier: named)) == nil {
+            throw .invalidArguments(
+                "\(Self.identifierAttribute) is no valid item name: 1 to 255 bytes, names joined by '/' at most")
         }
         if replace, !stored.isEmpty || named != nil,
             let existing = try items(of: group, for: call).first(where: { item in

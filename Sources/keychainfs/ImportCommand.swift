@@ -18,7 +18,8 @@ struct ImportPassCommand: ParsableCommand {
         abstract: "Import every entry of a pass password store (decrypted by gpg).",
         discussion: """
             An entry DIR/NAME becomes the item DIR/NAME: its first directory is the group, the rest \
-            the identifier (a deeper / as %2F); an entry at the top goes to the group default. With \
+            the identifier (email/work/imap is the item work/imap of email, in the folder work of a \
+            mount); an entry at the top goes to the group default. With \
             --group every entry goes to that group, its whole path the identifier. A one-line entry \
             is stored without its final newline (the password as pass -c copies it); a longer one \
             whole, so otp and the extra lines keep working. Nothing is overwritten unless --force: an \
@@ -136,19 +137,19 @@ enum PassStore {
     /// directory is the group (top-level entries: `default`), the rest the
     /// identifier; with `group`, the whole path is the identifier.
     static func address(of entry: String, group: String?) -> ItemAddress? {
-        let parts = entry.split(separator: "/").map(String.init)
+        // Each part a name; a deeper / stays one, a folder of the group (docs/FILESYSTEM.md, "Names with a /").
+        let parts = entry.split(separator: "/").map { ItemName.encoded(String($0)) }
         guard let last = parts.last else { return nil }
         let (groupName, identifier): (String, String)
         if let group {
-            (groupName, identifier) = (group, ItemName.encoded(parts.joined(separator: "/")))
+            (groupName, identifier) = (group, parts.joined(separator: "/"))
         } else if parts.count == 1 {
-            (groupName, identifier) = ("default", ItemName.encoded(last))
+            (groupName, identifier) = ("default", last)
         } else {
-            (groupName, identifier) = (
-                ItemName.encoded(parts[0]), ItemName.encoded(parts.dropFirst().joined(separator: "/"))
-            )
+            (groupName, identifier) = (parts[0], parts.dropFirst().joined(separator: "/"))
         }
-        guard (try? ItemLimits.validate(name: groupName)) != nil, (try? ItemLimits.validate(name: identifier)) != nil
+        guard (try? ItemLimits.validate(name: groupName)) != nil,
+            (try? ItemLimits.validate(identifier: identifier)) != nil
         else { return nil }
         return ItemAddress(group: groupName, identifier: identifier)
     }

@@ -19,7 +19,7 @@ struct ItemAddress: ExpressibleByArgument, CustomStringConvertible {
     init?(argument: String) {
         let parts = argument.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
         guard parts.count == 2, (try? ItemLimits.validate(name: parts[0])) != nil,
-            (try? ItemLimits.validate(name: parts[1])) != nil
+            (try? ItemLimits.validate(identifier: parts[1])) != nil
         else { return nil }
         group = parts[0]
         identifier = parts[1]
@@ -42,13 +42,7 @@ struct ItemAddress: ExpressibleByArgument, CustomStringConvertible {
         }
         let group = String(argument[..<slash]), name = String(argument[argument.index(after: slash)...])
         if let problem = ItemLimits.problem(with: group) { throw Refusal(description: "the group: " + problem) }
-        if name.contains("/") {
-            throw Refusal(
-                description: "the name \(name) holds a /: groups are not nested, and an item is GROUP/NAME "
-                    + "(`keychainfs import pass` keeps a deeper name's / as %2F: \(group)/"
-                    + name.split(separator: "/", omittingEmptySubsequences: false).joined(separator: "%2F") + ")")
-        }
-        throw Refusal(description: "the name: " + (ItemLimits.problem(with: name) ?? "it is not valid"))
+        throw Refusal(description: "the name: " + (ItemLimits.problem(withIdentifier: name) ?? "it is not valid"))
     }
 }
 

@@ -43,7 +43,7 @@ extension SerialTests {
             #expect(imported.succeeded, "\(imported)")
             #expect(
                 imported.stdout == """
-                    imported email/work/imap -> email/work%2Fimap
+                    imported email/work/imap -> email/work/imap
                     imported toplevel -> default/toplevel
                     imported web/github.com -> web/github.com
 
@@ -52,8 +52,8 @@ extension SerialTests {
             // A one-line entry is the password, as pass -c copies it; a longer one whole.
             #expect(k("get web/github.com").stdout == "hunter2")
             #expect(k("get default/toplevel").stdout == "top-secret")
-            #expect(k("get email/work%2Fimap").stdout.hasPrefix("pw\nuser: ada\notpauth://"))
-            #expect(k("otp email/work%2Fimap --at 59").stdout == "94287082\n")
+            #expect(k("get email/work/imap").stdout.hasPrefix("pw\nuser: ada\notpauth://"))
+            #expect(k("otp email/work/imap --at 59").stdout == "94287082\n")
             #expect(!imported.stdout.contains("hunter2") && !imported.stderr.contains("hunter2"))
         }
 
@@ -75,8 +75,8 @@ extension SerialTests {
         @Test func oneGroupForEverythingWithTheWholePathAsTheName() {
             unlock()
             #expect(k("import pass --group pass").succeeded)
-            #expect(k("ls pass").stdout.hasPrefix("email%2Fwork%2Fimap"))
-            #expect(k("get pass/web%2Fgithub.com").stdout == "hunter2")
+            #expect(k("ls pass").stdout.hasPrefix("email/work/imap"))
+            #expect(k("get pass/web/github.com").stdout == "hunter2")
             #expect(k("get pass/toplevel").stdout == "top-secret")
         }
 
@@ -88,7 +88,7 @@ extension SerialTests {
             unlock()
             #expect(
                 k("import pass --dry-run").stdout == """
-                    email/work/imap -> email/work%2Fimap
+                    email/work/imap -> email/work/imap
                     toplevel -> default/toplevel
                     web/github.com -> web/github.com
 

@@ -20,15 +20,12 @@ extension SerialTests {
         }
 
         /// A name the command line refuses says which part is wrong and
-        /// why: pass's `email/work/imap` and a `set nogroup` said only
+        /// why: `set nogroup` and a name pass would not take said only
         /// "The value ... is invalid for '<item>'". Exit 64, nothing changed.
         @Test func aRefusedNameSaysWhichPartAndWhy() {
             let cases: [(String, String)] = [
-                (
-                    "get email/work/imap",
-                    "the name work/imap holds a /: groups are not nested, and an item is GROUP/NAME "
-                        + "(`keychainfs import pass` keeps a deeper name's / as %2F: email/work%2Fimap)"
-                ),
+                ("get email/work//imap", "the name: a part of it, \"\": it is empty"),
+                ("get email/work/..", "the name: a part of it, \"..\": .. is reserved (. .. .control .events)"),
                 ("set nogroup", "an item is named GROUP/NAME, its group first (default/nogroup, for example)"),
                 ("rm default/.control", "the name: .control is reserved (. .. .control .events)"),
                 ("get \"$(printf 'default/a\\tb')\"", "the name: it holds the control character U+0009"),

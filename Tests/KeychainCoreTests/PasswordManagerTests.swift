@@ -102,7 +102,7 @@ import Testing
     }
 
     @Test(arguments: [
-        "", ".", "..", ".control", ".events", "a/b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
+        "", ".", "..", ".control", ".events", "a//b", "/lead", "trail/", "a/../b", "a/./b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
         "del\u{7F}", "c1\u{85}control", "x\nstate: unlocked\nkeychain: elsewhere"
     ])
     func badNamesAreRefusedWithParam(_ name: String) throws {
@@ -111,6 +111,24 @@ import Testing
         expectError(.param) { try manager.register("v", forIdentifier: name) }
         expectError(.param) { try manager.register("v", forIdentifier: "ok", inGroup: name) }
         #expect(try manager.identifiers() == [])
+    }
+
+    /// pass's names: an identifier may be names joined by `/` (a folder in
+    /// a mount), a group may not; an item and a folder never share a name.
+    @Test func anIdentifierMayHoldFoldersAndNeverSharesANameWithOne() throws {
+        let keychain = try TemporaryKeychain()
+        let manager = try unlockedManager(keychain)
+        try manager.register("imap", forIdentifier: "work/imap", inGroup: "email")
+        #expect(try manager.string(forIdentifier: "work/imap", inGroup: "email") == "imap")
+        expectError(.param) { try manager.register("v", forIdentifier: "x", inGroup: "a/b") }
+        expectError(.nameConflict) { try manager.register("v", forIdentifier: "work", inGroup: "email") }
+        expectError(.nameConflict) { try manager.register("v", forIdentifier: "work/imap/deeper", inGroup: "email") }
+        // Beside it, and its own replacement, are fine; a name that only starts alike is another name.
+        try manager.register("smtp", forIdentifier: "work/smtp", inGroup: "email")
+        try manager.register("imap2", forIdentifier: "work/imap", inGroup: "email")
+        try manager.register("w", forIdentifier: "work-notes", inGroup: "email")
+        expectError(.nameConflict) { try manager.renameKey(forIdentifier: "work-notes", to: "work", inGroup: "email") }
+        #expect(try manager.identifiers(inGroup: "email").sorted() == ["work-notes", "work/imap", "work/smtp"])
     }
 
     @Test(arguments: ["TEAMID.com.example.shared", "naïve", "日本語", "space in name", "¡exclamación!", "emoji 🔑"])

@@ -56,8 +56,77 @@ extension SerialTests {
                     arguments: [mnt]
                 ).succeeded)
             #expect(rmdir(mnt + "/default") == -1 && errno == EBUSY)
-            #expect(mkdir(mnt + "/default/nested", 0o700) == -1 && errno == EPERM)
             #expect(harness.sh("ls \"$1\"", arguments: [mnt]).stdout == "default\n")
+        }
+
+        /// pass's names (`email/work/imap`): the command line took only
+        /// GROUP/NAME, and `import pass` kept a deeper `/` as `%2F`, which
+        /// the user had to type. Now the part of a name before a `/` is a
+        /// folder of the group: the same path on the command line and in
+        /// the mount, where folders are listed, made, entered, emptied and
+        /// removed as directories are, and an item and a folder never share
+        /// a name.
+        @Test func namesWithASlashAreFoldersOfTheirGroup() throws {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            let used = harness.sh(
+                """
+                k() { "$K" "$@" --keychain "$KC"; }
+                printf imap-pw | k set email/work/imap && printf smtp-pw | k set email/work/smtp
+                printf home-pw | k set email/home
+                ls "$1/email"; ls "$1/email/work"; stat -c %F "$1/email/work"
+                cat "$1/email/work/imap"; echo
+                printf new > "$1/email/work/imap" && k get email/work/imap; echo
+                mkdir -p "$1/email/deep/er" && printf deep > "$1/email/deep/er/x" && k get email/deep/er/x; echo
+                k ls email
+                mkdir "$1/email/work" 2>&1 | sed 's/.*: //'
+                rmdir "$1/email/work" 2>&1 | sed 's/.*: //'
+                # Emptied, a folder stays until rmdir, as a directory does (rm -r removes it last).
+                rm "$1/email/work/imap" "$1/email/work/smtp" && ls -A "$1/email/work" && rmdir "$1/email/work"
+                ls "$1/email"
+                mv "$1/email/home" "$1/email/deep/home" && k get email/deep/home; echo
+                # A folder moves as its items (rename(2) is EXDEV, and mv copies and removes).
+                python3 -c 'import os, sys; os.rename(sys.argv[1] + "/email/deep", sys.argv[1] + "/email/moved")' "$1" \\
+                    2>&1 | tail -1 | sed 's/.*Errno 18.*/EXDEV/'
+                mv "$1/email/deep" "$1/email/moved" && k get email/moved/er/x; echo
+                # An item and a folder never share a name.
+                printf x | k set email/moved 2>&1; echo "set over a folder: $?"
+                printf x | k set email/moved/home/y 2>&1; echo "set below an item: $?"
+                python3 -c 'import errno, os, sys
+                try: os.open(sys.argv[1] + "/email/moved/home/y", os.O_WRONLY | os.O_CREAT)
+                except OSError as error: print(errno.errorcode[error.errno])' "$1"
+                k get email/moved/er/../x 2>&1 | head -1 | sed 's/.*<item>.: //'
+                """, arguments: [mnt])
+            #expect(
+                used.stdout == """
+                    home
+                    work
+                    imap
+                    smtp
+                    directory
+                    imap-pw
+                    new
+                    deep
+                    deep/er/x
+                    home
+                    work/imap
+                    work/smtp
+                    File exists
+                    Directory not empty
+                    deep
+                    home
+                    home-pw
+                    EXDEV
+                    deep
+                    keychainfs: email/moved: an item and a folder of items cannot have one name: the name holds \
+                    items below it (NAME/...), or a part of it before a / is an item
+                    set over a folder: 1
+                    keychainfs: email/moved/home/y: an item and a folder of items cannot have one name: the name \
+                    holds items below it (NAME/...), or a part of it before a / is an item
+                    set below an item: 1
+                    ENOTDIR
+                    the name: a part of it, "..": .. is reserved (. .. .control .events)
+
+                    """, "\(used)")
         }
 
         @Test func unsupportedOperationsFailWithAFittingErrno() throws {

@@ -52,6 +52,7 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
             return KeychainError.io.rawValue
         case .diskFull: return KeychainError.quotaExceeded.rawValue  // errSecDskFull
         case .readOnly: return -61  // errSecWrPerm
+        case .nameConflict: return KeychainError.duplicateItem.rawValue
         case .tpmLockedOut, .ownerDenied: return KeychainError.authFailed.rawValue
         case .rolledBack: return KeychainError.decode.rawValue
         default: return rawValue
@@ -102,6 +103,9 @@ public struct KeychainError: Error, RawRepresentable, Hashable, Sendable, Custom
             return "the item belongs to another program, and you did not allow this one (or could not be asked)"
         case .diskFull:
             return "no space left on the device holding the keychain: free some space there; nothing was changed"
+        case .nameConflict:
+            return "an item and a folder of items cannot have one name: the name holds items below it (NAME/...), "
+                + "or a part of it before a / is an item"
         case .readOnly:
             return "the keychain's files cannot be written (a read-only filesystem or directory): it can be read, "
                 + "and changes cannot be saved; nothing was changed"
@@ -151,4 +155,9 @@ extension KeychainError {
     /// every change (errSecWrPerm family; docs/FILESYSTEM.md, "A read-only
     /// keychain").
     public static let readOnly = KeychainError(rawValue: -909_011)
+    /// A new item's name is a folder of other items (`a` beside `a/b`), or
+    /// one of its folders is an item (`a/b` beside `a`): a mount could show
+    /// only one of them (errSecDuplicateItem family; docs/FILESYSTEM.md,
+    /// "Names with a /").
+    public static let nameConflict = KeychainError(rawValue: -909_012)
 }

@@ -49,7 +49,7 @@ extension PasswordManager {
         details: ItemDetails?, replacing expected: Int64?
     ) throws(KeychainError) -> Int64? {
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
         try details?.validate()
         let device = localDevice

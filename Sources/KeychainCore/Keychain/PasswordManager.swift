@@ -276,7 +276,7 @@ public final class PasswordManager: Sendable {
         condition: WriteCondition = .always, details: ItemDetails? = nil, provided holds: () -> Bool
     ) throws(KeychainError) -> WriteReceipt? {
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         guard value.count <= ItemLimits.maximumValueSize else { throw .valueTooLarge }
         try details?.validate()
         guard case .local(let device) = backend else {
@@ -375,7 +375,7 @@ public final class PasswordManager: Sendable {
     {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
             let item = try remote.call(.get(group: group, identifier: identifier))
             return (item.value, item.protectionClass)
@@ -434,7 +434,7 @@ public final class PasswordManager: Sendable {
     public func deleteKey(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         forget(group: group, identifier: identifier)
         guard case .local(let device) = backend else {
             try remote.call(.remove(group: group, identifier: identifier))
@@ -450,11 +450,20 @@ public final class PasswordManager: Sendable {
     }
 
     /// The class and exact size of an item, or nil; needs no key.
+    /// Whether items of `group` sit below `folder` (named `folder/...`),
+    /// which a mount shows as a folder (docs/FILESYSTEM.md, "Names with a
+    /// /"). The device's own store: a mount is always served by it.
+    package func holdsItems(below folder: String, inGroup group: String) throws(KeychainError) -> Bool {
+        try ItemLimits.validate(name: group)
+        try ItemLimits.validate(identifier: folder)
+        return try localDevice.store.holdsItems(below: folder, inGroup: group)
+    }
+
     public func info(forIdentifier identifier: String, inGroup group: String? = nil) throws(KeychainError) -> ItemInfo?
     {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
             do {
                 return try remote.call(.info(group: group, identifier: identifier))
@@ -472,7 +481,7 @@ public final class PasswordManager: Sendable {
     ) throws(KeychainError) {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
             try remote.call(.setClass(group: group, identifier: identifier, protectionClass: protectionClass))
             return
@@ -499,8 +508,8 @@ public final class PasswordManager: Sendable {
     ) throws(KeychainError) {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
-        try ItemLimits.validate(name: newIdentifier)
+        try ItemLimits.validate(identifier: identifier)
+        try ItemLimits.validate(identifier: newIdentifier)
         guard case .local(let device) = backend else {
             try remote.call(.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing))
             return
@@ -527,7 +536,7 @@ public final class PasswordManager: Sendable {
     {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
             return try remote.call(.details(group: group, identifier: identifier)).entries.first?.details
         }
@@ -542,7 +551,7 @@ public final class PasswordManager: Sendable {
     {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
-        try ItemLimits.validate(name: identifier)
+        try ItemLimits.validate(identifier: identifier)
         try details.validate()
         guard case .local(let device) = backend else {
             try remote.call(.setDetails(group: group, identifier: identifier, details: details))

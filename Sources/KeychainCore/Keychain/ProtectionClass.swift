@@ -97,6 +97,44 @@ public enum ItemLimits {
         guard count <= maximumNameLength else { throw .nameTooLong }
     }
 
+    /// Throws unless `identifier` can name an item: a name, or names joined
+    /// by `/` (pass's `work/imap`), which a mount shows as folders in the
+    /// group (docs/FILESYSTEM.md, "Names with a /"): every part a name by
+    /// ``validate(name:legacy:)`` (so none empty, `.` or `..`), the whole
+    /// at most 255 bytes.
+    public static func validate(identifier: String, legacy: Bool = false) throws(KeychainError) {
+        guard identifier.utf8.contains(UInt8(ascii: "/")) else { return try validate(name: identifier, legacy: legacy) }
+        guard identifier.utf8.count <= maximumNameLength else { throw .nameTooLong }
+        for part in identifier.split(separator: "/", omittingEmptySubsequences: false) {
+            try validate(name: String(part), legacy: legacy)
+        }
+    }
+
+    /// The folders an identifier sits in: `a` and `a/b` for `a/b/c`.
+    public static func folders(of identifier: String) -> [String] {
+        var folders: [String] = []
+        var index = identifier.startIndex
+        while let slash = identifier[index...].firstIndex(of: "/") {
+            folders.append(String(identifier[..<slash]))
+            index = identifier.index(after: slash)
+        }
+        return folders
+    }
+
+    /// Why ``validate(identifier:legacy:)`` refuses `identifier`, said as
+    /// ``problem(with:)`` says it of the part that is wrong.
+    public static func problem(withIdentifier identifier: String) -> String? {
+        guard (try? validate(identifier: identifier)) == nil else { return nil }
+        guard identifier.utf8.contains(UInt8(ascii: "/")) else { return problem(with: identifier) }
+        if identifier.utf8.count > maximumNameLength {
+            return "it is \(identifier.utf8.count) bytes long; a name holds at most \(maximumNameLength) bytes of UTF-8"
+        }
+        for part in identifier.split(separator: "/", omittingEmptySubsequences: false) {
+            if let problem = problem(with: String(part)) { return "a part of it, \"\(part)\": " + problem }
+        }
+        return "it is not valid"
+    }
+
     /// Why ``validate(name:legacy:)`` refuses `name`, in words a person can
     /// act on (which character, which limit); nil when it does not.
     public static func problem(with name: String) -> String? {

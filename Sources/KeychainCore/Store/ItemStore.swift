@@ -396,6 +396,7 @@ final class ItemStore: Sendable {
         let written = try withConnection { db throws(KeychainError) in
             let written = try db.transaction { () throws(KeychainError) in
                 let existing = try checkedRow(db, group: group, identifier: identifier)
+                if existing == nil { try requireFreeName(db, group: group, identifier: identifier) }
                 var record = try loadState(db)
                 let row = try seal(existing, try advance(&record))
                 try saveState(db, &record, removing: [existing].compactMap { $0 }, adding: [row])
@@ -414,6 +415,29 @@ final class ItemStore: Sendable {
         if written.groupCreated { announce(.groupCreated(group)) }
         announce(.written(group: group, identifier: identifier))
         return (written.replaced, written.generation)
+    }
+
+    /// ``KeychainError/nameConflict`` when a new item `identifier` would
+    /// share its name with a folder of items (`a` beside `a/b`), or one of
+    /// its folders with an item (`a/b` beside `a`). Index seeks only: the
+    /// items below a name sort between `NAME/` and `NAME0` ('0' follows '/').
+    private func requireFreeName(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) {
+        let below = try db.statement("SELECT 1 FROM items WHERE grp = ? AND ident >= ? AND ident < ? LIMIT 1")
+            .bind(1, group).bind(2, identifier + "/").bind(3, identifier + "0")
+        if try below.step() { throw .nameConflict }
+        for folder in ItemLimits.folders(of: identifier) {
+            let item = try db.statement("SELECT 1 FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(
+                2, folder)
+            if try item.step() { throw .nameConflict }
+        }
+    }
+
+    /// Whether `group` holds items below the folder `folder` (`folder/...`).
+    func holdsItems(below folder: String, inGroup group: String) throws(KeychainError) -> Bool {
+        try withConnection { db throws(KeychainError) in
+            try db.statement("SELECT 1 FROM items WHERE grp = ? AND ident >= ? AND ident < ? LIMIT 1")
+                .bind(1, group).bind(2, folder + "/").bind(3, folder + "0").step()
+        }
     }
 
     private func upsert(_ db: SQLiteConnection, _ row: SealedItem) throws(KeychainError) {
@@ -522,6 +546,7 @@ final class ItemStore: Sendable {
                 if source == target { return nil }
                 let replaced = try checkedRow(db, group: group, identifier: target)
                 if !replacing, replaced != nil { throw .duplicateItem }
+                if replaced == nil { try requireFreeName(db, group: group, identifier: target) }
                 var record = try loadState(db)
                 let row = try reseal(old, try advance(&record))
                 try saveState(db, &record, removing: [old] + [replaced].compactMap { $0 }, adding: [row])

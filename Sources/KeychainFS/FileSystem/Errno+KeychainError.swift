@@ -9,7 +9,7 @@ extension Errno {
     init(_ error: KeychainError) {
         switch error {
         case .itemNotFound, .noSuchKeychain: self = .noSuchFile
-        case .duplicateItem: self = .exists
+        case .duplicateItem, .nameConflict: self = .exists
         case .interactionNotAllowed, .authFailed, .tpmLockedOut, .insecurePermissions, .ownerDenied:
             self = .permissionDenied
         case .missingEntitlement: self = .notPermitted

@@ -17,29 +17,55 @@ extension FileSystem {
     /// it keep reading it, and what they write goes nowhere (POSIX).
     func unlink(parent: Node, name: String, caller: ProcessIdentity) throws(Errno) {
         guard Self.specialFiles[name] == nil || parent != .root else { throw Errno(EPERM) }
-        guard let group = itemGroup(of: parent) else {
+        guard let (group, folder) = itemDirectory(of: parent) else {
             throw Errno(parent == .root ? EISDIR : ENOTDIR)
         }
-        try admit(group, items: [name], verb: "delete", caller: caller, operation: "remove")
-        try audited("remove", group: group, identifier: name, caller: caller) { () throws(Errno) in
+        let identifier = folder + name
+        try admit(group, items: [identifier], verb: "delete", caller: caller, operation: "remove")
+        try audited("remove", group: group, identifier: identifier, caller: caller) { () throws(Errno) in
             try changingNames { () throws(Errno) in
-                try core { () throws(KeychainError) in try manager.deleteKey(forIdentifier: name, inGroup: group) }
+                try core { () throws(KeychainError) in
+                    try manager.deleteKey(forIdentifier: identifier, inGroup: group)
+                }
             }
         }
+        // Its folder stays, empty, until rmdir (as a directory does: `rm -r` removes it last).
+        if !folder.isEmpty { nodes.makeFolder(String(folder.dropLast()), inGroup: group) }
     }
 
-    /// `mkdir` creates an access group; only at the root of a whole-keychain mount.
+    /// `mkdir` creates an access group at the root of a whole-keychain
+    /// mount, and a folder in a group (kept in memory until an item is
+    /// made in it: docs/FILESYSTEM.md, "Names with a /").
     func makeDirectory(parent: Node, name: String) throws(Errno) -> Node {
-        guard parent == .root, scope == .keychain else { throw Errno(EPERM) }
-        if Self.specialFiles[name] != nil { throw Errno(EEXIST) }
-        try core { () throws(KeychainError) in try manager.createGroup(name) }
-        return .group(name)
+        if parent == .root, scope == .keychain {
+            if Self.specialFiles[name] != nil { throw Errno(EEXIST) }
+            try core { () throws(KeychainError) in try manager.createGroup(name) }
+            return .group(name)
+        }
+        guard let (group, folder) = itemDirectory(of: parent) else { throw Errno(EPERM) }
+        if parent == .root, Self.specialFiles[name] != nil { throw Errno(EEXIST) }
+        let path = folder + name
+        try core { () throws(KeychainError) in try ItemLimits.validate(identifier: path) }
+        let item = try core { () throws(KeychainError) in try manager.info(forIdentifier: path, inGroup: group) }
+        guard item == nil, !isFolder(path, inGroup: group) else { throw Errno(EEXIST) }
+        nodes.makeFolder(path, inGroup: group)
+        return .folder(group: group, path: path)
     }
 
-    /// `rmdir` removes an empty access group; `default` always exists.
+    /// `rmdir` removes an empty access group (`default` always exists), or
+    /// an empty folder of a group.
     func removeDirectory(parent: Node, name: String, caller: ProcessIdentity) throws(Errno) {
         guard parent == .root, scope == .keychain else {
-            throw Errno(itemGroup(of: parent) != nil ? ENOTDIR : EPERM)
+            guard let (group, folder) = itemDirectory(of: parent) else { throw Errno(EPERM) }
+            let path = folder + name
+            if try core({ () throws(KeychainError) in try manager.holdsItems(below: path, inGroup: group) })
+                || !nodes.madeFolders(in: path + "/", ofGroup: group).isEmpty
+            {
+                throw Errno(ENOTEMPTY)
+            }
+            if nodes.removeFolder(path, inGroup: group) { return }
+            let item = try core { () throws(KeychainError) in try manager.info(forIdentifier: path, inGroup: group) }
+            throw Errno(item != nil ? ENOTDIR : ENOENT)
         }
         if Self.specialFiles[name] != nil { throw Errno(ENOTDIR) }
         if name == ItemLimits.defaultGroup || isGroupMounted(name) { throw Errno(EBUSY) }
@@ -62,20 +88,28 @@ extension FileSystem {
         guard flags & ~renameNoReplace == 0 else { throw Errno(EINVAL) }
         try validate(name)
         try validate(newName)
-        guard let group = itemGroup(of: parent) else {
+        guard let (group, folder) = itemDirectory(of: parent) else {
             // Renaming a group would re-encrypt every item in it: not offered.
             throw Errno(EXDEV)
         }
-        guard itemGroup(of: newParent) == group else { throw Errno(EXDEV) }
-        try admit(group, items: [name, newName], verb: "rename or replace", caller: caller, operation: "rename")
-        try audited("rename", group: group, identifier: name, detail: newName, caller: caller) { () throws(Errno) in
+        guard let (newGroup, newFolder) = itemDirectory(of: newParent), newGroup == group else { throw Errno(EXDEV) }
+        let source = folder + name, target = newFolder + newName
+        // A folder is its items: moving one would rename each (mv then copies and removes them, one by one).
+        if isFolder(source, inGroup: group),
+            try core({ () throws(KeychainError) in try manager.info(forIdentifier: source, inGroup: group) }) == nil
+        {
+            throw Errno(EXDEV)
+        }
+        try admit(group, items: [source, target], verb: "rename or replace", caller: caller, operation: "rename")
+        try audited("rename", group: group, identifier: source, detail: target, caller: caller) { () throws(Errno) in
             try changingNames { () throws(Errno) in
                 try core { () throws(KeychainError) in
                     try manager.renameKey(
-                        forIdentifier: name, to: newName, inGroup: group, replacing: flags & renameNoReplace == 0)
+                        forIdentifier: source, to: target, inGroup: group, replacing: flags & renameNoReplace == 0)
                 }
             }
         }
+        if !folder.isEmpty { nodes.makeFolder(String(folder.dropLast()), inGroup: group) }
     }
 
     /// Runs a change of names that this mount's request makes: the inodes

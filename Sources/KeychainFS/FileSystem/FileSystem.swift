@@ -134,24 +134,39 @@ public final class FileSystem: Sendable {
             return special
         }
         // Names are checked by the core call that uses them (EINVAL, ENAMETOOLONG).
-        switch (parent, scope) {
-        case (.root, .keychain):
+        if parent == .root, scope == .keychain {
             guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw Errno(ENOENT) }
             return .group(name)
-        case (.root, .group(let group)), (.group(let group), .keychain):
-            return .item(group: group, identifier: name)
-        default:
-            throw Errno(ENOTDIR)
+        }
+        guard let directory = itemDirectory(of: parent) else { throw Errno(ENOTDIR) }
+        // An item, or a folder when no item has the name (the caller asks: ``folder(for:)``).
+        return .item(group: directory.group, identifier: directory.folder + name)
+    }
+
+    /// The group whose items are the children of `node`, and the folder
+    /// they are in, ending with `/` (empty at the group's top), if it is
+    /// such a directory.
+    func itemDirectory(of node: Node) -> (group: String, folder: String)? {
+        switch (node, scope) {
+        case (.root, .group(let group)), (.group(let group), .keychain): return (group, "")
+        case (.folder(let group, let path), _): return (group, path + "/")
+        default: return nil
         }
     }
 
     /// The group whose items are the children of `node`, if it is such a directory.
-    func itemGroup(of node: Node) -> String? {
-        switch (node, scope) {
-        case (.root, .group(let group)): return group
-        case (.group(let group), .keychain): return group
-        default: return nil
-        }
+    func itemGroup(of node: Node) -> String? { itemDirectory(of: node)?.group }
+
+    /// The folder an item node that names no item stands for, when items
+    /// sit below it or it was made (`mkdir`); nil otherwise.
+    func folder(for node: Node) -> Node? {
+        guard case .item(let group, let identifier) = node, isFolder(identifier, inGroup: group) else { return nil }
+        return .folder(group: group, path: identifier)
+    }
+
+    func isFolder(_ path: String, inGroup group: String) -> Bool {
+        nodes.isMadeFolder(path, inGroup: group)
+            || (try? manager.holdsItems(below: path, inGroup: group)) == true
     }
 
     /// For the few decisions taken before any core call sees the name
@@ -177,6 +192,8 @@ public final class FileSystem: Sendable {
         switch node {
         case .group(let name):
             guard try core({ () throws(KeychainError) in try manager.groupExists(name) }) else { throw Errno(ENOENT) }
+        case .folder(let group, let path):
+            guard isFolder(path, inGroup: group) else { throw Errno(ENOENT) }
         case .item(let group, let identifier):
             guard
                 let item = try core({ () throws(KeychainError) in
@@ -194,7 +211,7 @@ public final class FileSystem: Sendable {
     func attributes(of node: Node, inode: UInt64, size: Int) -> stat {
         var info = fixedAttributes(inode: inode)
         switch node {
-        case .root, .group:
+        case .root, .group, .folder:
             info.st_mode = S_IFDIR | 0o700
             info.st_nlink = 2
         case .control:
@@ -295,12 +312,23 @@ public final class FileSystem: Sendable {
             for group in try core({ () throws(KeychainError) in try manager.groups() }) {
                 entries.append(.init(name: group, node: .group(group), mode: S_IFDIR))
             }
-        } else if let group = itemGroup(of: node) {
-            for item in try core({ () throws(KeychainError) in try manager.items(inGroup: group) }) {
+        } else if let (group, folder) = itemDirectory(of: node) {
+            var folders = Set(nodes.madeFolders(in: folder, ofGroup: group))
+            for item in try core({ () throws(KeychainError) in try manager.items(inGroup: group) })
+            where item.identifier.hasPrefix(folder) {
+                let name = item.identifier.dropFirst(folder.count)
+                // An item further down shows as the folder it is in.
+                if let slash = name.firstIndex(of: "/") {
+                    folders.insert(String(name[..<slash]))
+                    continue
+                }
                 entries.append(
                     .init(
-                        name: item.identifier, node: .item(group: group, identifier: item.identifier),
+                        name: String(name), node: .item(group: group, identifier: item.identifier),
                         mode: S_IFREG, size: item.info.size))
+            }
+            for name in folders.sorted() {
+                entries.append(.init(name: name, node: .folder(group: group, path: folder + name), mode: S_IFDIR))
             }
         } else {
             throw Errno(ENOTDIR)
@@ -370,6 +398,7 @@ public final class FileSystem: Sendable {
         let node = try node(inode)
         try requireEntitlement(toItem: node, caller: caller, operation: operation)
         if case .group(let group) = node { try admit(group, caller: caller, operation: operation) }
+        if case .folder(let group, _) = node { try admit(group, caller: caller, operation: operation) }
         return node
     }
 

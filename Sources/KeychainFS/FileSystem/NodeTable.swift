@@ -9,6 +9,10 @@ package enum Node: Hashable, Sendable {
     case events
     case group(String)
     case item(group: String, identifier: String)
+    /// A folder in a group: the part of item names before a `/` (pass's
+    /// `email/work/imap` is the item `work/imap` of `email`, shown in the
+    /// folder `work`): docs/FILESYSTEM.md, "Names with a /".
+    case folder(group: String, path: String)
 }
 
 /// The inodes of one device, shared by every mount of it, and the open
@@ -67,8 +71,44 @@ package final class NodeTable: Sendable {
         case .renamed(let group, let from, let to):
             guard from != to else { return }
             move(.item(group: group, identifier: from), to: .item(group: group, identifier: to))
-        case .written, .groupCreated, .groupRemoved:
+        case .groupRemoved(let group):
+            madeFolders.withLock { $0 = $0.filter { !$0.hasPrefix(group + "\u{0}") } }
+        case .written, .groupCreated:
             break
+        }
+    }
+
+    /// Folders made with `mkdir` (by `group NUL path`), which hold no item
+    /// yet, or no more: a folder with items exists by them alone. In
+    /// memory: the store keeps items, not folders (an empty folder is gone
+    /// when the device stops, as git keeps no empty directory).
+    private let madeFolders = Mutex<Set<String>>([])
+
+    /// Keeps folder `path` of `group` (and the folders above it) while it holds nothing.
+    func makeFolder(_ path: String, inGroup group: String) {
+        madeFolders.withLock { folders in
+            for folder in ItemLimits.folders(of: path) + [path] { folders.insert(group + "\u{0}" + folder) }
+        }
+    }
+
+    /// Forgets the made folder `path` of `group`; whether there was one.
+    func removeFolder(_ path: String, inGroup group: String) -> Bool {
+        madeFolders.withLock { $0.remove(group + "\u{0}" + path) != nil }
+    }
+
+    func isMadeFolder(_ path: String, inGroup group: String) -> Bool {
+        madeFolders.withLock { $0.contains(group + "\u{0}" + path) }
+    }
+
+    /// The names of the made folders right inside `folder` of `group` (`folder` ends with `/`, or is empty: the top).
+    func madeFolders(in folder: String, ofGroup group: String) -> [String] {
+        let prefix = group + "\u{0}" + folder
+        return madeFolders.withLock { folders in
+            folders.compactMap { key -> String? in
+                guard key.hasPrefix(prefix) else { return nil }
+                let rest = key.dropFirst(prefix.count)
+                return rest.isEmpty || rest.contains("/") ? nil : String(rest)
+            }
         }
     }
 

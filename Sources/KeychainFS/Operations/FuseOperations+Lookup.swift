@@ -11,7 +11,15 @@ extension FuseOperations {
         serve(req) { fs throws(Errno) in
             let node = try fs.child(of: try fs.node(parent), named: try kernelName(name))
             try fs.requireEntitlement(toItem: node, caller: caller(req), operation: "lookup")
-            var entry = try fs.entry(for: node)
+            var entry: fuse_entry_param
+            do throws(Errno) {
+                entry = try fs.entry(for: node)
+            } catch {
+                // No item of that name: a folder, if items sit below it (asked only then: a name that exists
+                // costs nothing more).
+                guard error == Errno(ENOENT), let folder = fs.folder(for: node) else { throw error }
+                entry = try fs.entry(for: folder)
+            }
             fuse_reply_entry(req, &entry)
         }
     }

@@ -59,10 +59,12 @@ extension FuseOperations {
             let name = try kernelName(name)
             let parentNode = try fs.node(parent)
             if parentNode == .root && FileSystem.specialFiles[name] != nil { throw Errno(EEXIST) }
-            guard let group = fs.itemGroup(of: parentNode) else { throw Errno(EPERM) }
-            let file = try fs.createItem(group: group, identifier: name, flags: fi.pointee.flags, opener: caller(req))
+            guard let (group, folder) = fs.itemDirectory(of: parentNode) else { throw Errno(EPERM) }
+            let identifier = folder + name
+            let file = try fs.createItem(
+                group: group, identifier: identifier, flags: fi.pointee.flags, opener: caller(req))
             // The entry first: once a handle is registered, the reply must not fail.
-            var entry = try fs.entry(for: .item(group: group, identifier: name))
+            var entry = try fs.entry(for: .item(group: group, identifier: identifier))
             fi.pointee.direct_io = 1
             fi.pointee.fh = try fs.nodes.add(file)
             fuse_reply_create(req, &entry, fi)

@@ -159,6 +159,12 @@ package final class KernelCache: Sendable {
     /// The directory inode and name under which this mount shows `node`,
     /// if it shows it and the kernel may have looked it up.
     func cachedName(of node: Node, in nodes: NodeTable) -> (parent: UInt64, name: String)? {
+        // An item in a folder: the folder's inode, and the name's last part.
+        if case .item(let group, let identifier) = node, let slash = identifier.lastIndex(of: "/") {
+            guard scope == .keychain || scope == .group(group) else { return nil }
+            let folder = Node.folder(group: group, path: String(identifier[..<slash]))
+            return nodes.existingInode(for: folder).map { ($0, String(identifier[identifier.index(after: slash)...])) }
+        }
         switch (node, scope) {
         case (.item(let group, let identifier), .group(let mounted)) where group == mounted:
             return (NodeTable.rootInode, identifier)
