@@ -33,15 +33,17 @@ struct EditCommand: ParsableCommand {
         defer { rmdir(directory) }
         let scratch: ScratchDirectory
         let start = try original ?? SecureBytes([])
+        // The scratch directory is flat: an item in a folder (`work/imap`) is edited as its last part.
+        let file = item.identifier.split(separator: "/").last.map(String.init) ?? item.identifier
         do {
-            scratch = try ScratchDirectory(at: directory, file: item.identifier, value: start)
+            scratch = try ScratchDirectory(at: directory, file: file, value: start)
         } catch {
             throw fail(error.description)
         }
         let (status, edited) = Self.whileSignalsWait {
             defer { scratch.close() }
-            let status = Self.runEditor(on: directory + "/" + item.identifier)
-            return (status, status == 0 ? try? scratch.value(of: item.identifier) : nil)
+            let status = Self.runEditor(on: directory + "/" + file)
+            return (status, status == 0 ? try? scratch.value(of: file) : nil)
         }
         guard status == 0 else {
             throw fail(
@@ -49,7 +51,7 @@ struct EditCommand: ParsableCommand {
                     ? "the editor could not run or was killed; \(item) is unchanged"
                     : "the editor exited with status \(status); \(item) is unchanged")
         }
-        guard var value = edited else { throw fail("the editor left no file \(item.identifier); \(item) is unchanged") }
+        guard var value = edited else { throw fail("the editor left no file \(file); \(item) is unchanged") }
         value = try Self.droppingAddedNewline(value, original: original)
         // Nothing to save: unchanged, or a new item left empty (as `git commit` with an empty message).
         if let original, original == value { return }

@@ -67,6 +67,17 @@ extension SerialTests {
             #expect(k("get default/note").stdout == "line one\nline two\n")
         }
 
+        /// An item in a folder (`email/work/imap`, as pass names it) is
+        /// edited as its last part: the scratch directory is flat.
+        @Test func anItemInAFolderIsEditedByItsLastPart() throws {
+            #expect(k("set email/work/imap", stdin: "old").succeeded)
+            let sed = try editor("sed-editor", "basename \"$1\" > \"$R/name\"\nsed -i 's/old/new/' \"$1\"")
+            let edited = harness.sh("EDITOR=\"$1\" \"$K\" edit email/work/imap --keychain \"$KC\"", arguments: [sed])
+            #expect(edited.succeeded, "\(edited)")
+            #expect(try String(contentsOfFile: harness.root + "/name", encoding: .utf8) == "imap\n")
+            #expect(k("get email/work/imap").stdout == "new")
+        }
+
         @Test func aFailedOrOversizeEditChangesNothing() throws {
             #expect(k("set default/db", stdin: "kept").succeeded)
             let failing = harness.sh("EDITOR='printf x >> \"$1\"; false' \"$K\" edit default/db --keychain \"$KC\"")
