@@ -102,7 +102,8 @@ import Testing
     }
 
     @Test(arguments: [
-        "", ".", "..", ".control", ".events", "a//b", "/lead", "trail/", "a/../b", "a/./b", "nul\0byte", "new\nline", "tab\there", "bell\u{07}",
+        "", ".", "..", ".control", ".events", "a//b", "/lead", "trail/", "a/../b", "a/./b", "nul\0byte", "new\nline",
+        "tab\there", "bell\u{07}",
         "del\u{7F}", "c1\u{85}control", "x\nstate: unlocked\nkeychain: elsewhere"
     ])
     func badNamesAreRefusedWithParam(_ name: String) throws {
