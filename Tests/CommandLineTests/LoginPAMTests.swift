@@ -376,6 +376,19 @@ extension SerialTests {
             """.write(toFile: harness.root + "/take.py", atomically: true, encoding: .utf8)
         }
 
+        /// The login unlock on, a device running, and `$R/take.py MODE DEVICE`
+        /// started as the user (its pid in `$taker`, what it says in `$R/taken`).
+        static func takerStarted(mode: String) -> String {
+            """
+            K_ login enable > /dev/null
+            install -d -m 0700 -o "$U" -g "$U" "$RUN"
+            K_ start > /dev/null
+            device=$(pgrep -u "$U" -x keychainfs | head -1)
+            runuser -u "$U" -- /usr/bin/python3 "$R/take.py" \(mode) "$device" > "$R/taken" 2>&1 &
+            taker=$!
+            """
+        }
+
         /// The hook itself, at the screen's unlock: pam_keychainfs writes the
         /// login password into its standard input, and any program of the
         /// user could copy that descriptor (pidfd_getfd: same user, the hook
@@ -389,12 +402,7 @@ extension SerialTests {
             try Self.writeTaker(in: harness)
             let used = try withPAM(
                 """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
-                K_ start > /dev/null
-                device=$(pgrep -u "$U" -x keychainfs | head -1)
-                runuser -u "$U" -- /usr/bin/python3 "$R/take.py" hook "$device" > "$R/taken" 2>&1 &
-                taker=$!
+                \(Self.takerStarted(mode: "hook"))
                 printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
                 wait $taker; cat "$R/taken"
                 # Unlocked by that unlock once the device went on, or else by this one.
@@ -467,12 +475,7 @@ extension SerialTests {
             try Self.writeTaker(in: harness)
             let used = try withPAM(
                 """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
-                K_ start > /dev/null
-                device=$(pgrep -u "$U" -x keychainfs | head -1)
-                runuser -u "$U" -- /usr/bin/python3 "$R/take.py" stop-hook "$device" > "$R/taken" 2>&1 &
-                taker=$!
+                \(Self.takerStarted(mode: "stop-hook"))
                 printf 'Login-1\\n' | timeout 20 pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
                 wait $taker; cat "$R/taken"
                 pgrep -u "$U" -f 'keychainfs pam-hook' > /dev/null || echo "no hook is left"
