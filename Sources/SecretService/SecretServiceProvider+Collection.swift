@@ -44,7 +44,7 @@ extension SecretServiceProvider {
         if case .attributes(let given)? = properties[Self.itemAttributesProperty] { attributes = given }
         var protectionClass: ProtectionClass?
         if let name = attributes[Self.accessibleAttribute] {
-            guard let named = ProtectionClass(name: name) else {
+            guard let named = ItemAttribute.accessible.protectionClass(written: name, over: .whenUnlocked) else {
                 throw .invalidArguments("\(Self.accessibleAttribute) names no protection class: \(name)")
             }
             protectionClass = named

@@ -21,12 +21,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
     static let sessionInterface = "org.freedesktop.Secret.Session"
     static let promptInterface = "org.freedesktop.Secret.Prompt"
     static let propertiesInterface = "org.freedesktop.DBus.Properties"
-    /// The lookup attributes every item answers to: its group and identifier.
-    static let groupAttribute = "keychainfs:group"
-    static let identifierAttribute = "keychainfs:identifier"
+    /// The lookup attributes every item answers to (``ItemAttribute``): its group and identifier.
+    static let groupAttribute = ItemAttribute.group.busName ?? ""
+    static let identifierAttribute = ItemAttribute.identifier.busName ?? ""
     /// The attribute by which CreateItem asks for a protection class (a
     /// class's name); the device's access mode otherwise.
-    static let accessibleAttribute = "keychainfs:accessible"
+    static let accessibleAttribute = ItemAttribute.accessible.busName ?? ""
     /// What every `keychainfs:` attribute starts with: ours to answer, never stored.
     static let attributePrefix = "keychainfs:"
     static let itemLabelProperty = "org.freedesktop.Secret.Item.Label"
@@ -458,9 +458,10 @@ struct ListedItem {
     /// its group, identifier and class.
     var attributes: [String: String] {
         var all = details?.attributes ?? [:]
-        all[SecretServiceProvider.groupAttribute] = group
-        all[SecretServiceProvider.identifierAttribute] = identifier
-        all[SecretServiceProvider.accessibleAttribute] = protectionClass.name
+        for attribute in ItemAttribute.allCases {
+            guard let name = attribute.busName else { continue }
+            all[name] = attribute.value(group: group, identifier: identifier, protectionClass: protectionClass)
+        }
         return all
     }
     /// Its `Attributes` property: those its program stored, as gnome-keyring

@@ -64,3 +64,27 @@ import Testing
         #expect(ProtectionClass(name: "sometimes") == nil)
     }
 }
+
+/// The one table of an item's attributes (``ItemAttribute``): every door's
+/// names are its own and distinct, and what a writable attribute reads back
+/// is what writing it gives.
+@Suite struct ItemAttributeTests {
+    @Test func eachNameIsOneAttributeAndAWrittenValueReadsBack() {
+        let xattrs = ItemAttribute.allCases.compactMap(\.extendedAttributeName)
+        let bus = ItemAttribute.allCases.compactMap(\.busName)
+        #expect(Set(xattrs).count == xattrs.count && Set(bus).count == bus.count)
+        #expect(xattrs.allSatisfy { $0.hasPrefix("user.keychain.") } && bus.allSatisfy { $0.hasPrefix("keychainfs:") })
+        for attribute in ItemAttribute.allCases {
+            if let name = attribute.extendedAttributeName {
+                #expect(ItemAttribute(extendedAttributeName: name) == attribute)
+            }
+            for current in ProtectionClass.allCases {
+                let shown = attribute.value(group: "g", identifier: "i", protectionClass: current)
+                let written = attribute.protectionClass(written: shown, over: current)
+                #expect(attribute.isWritable ? written == current : written == nil, "\(attribute) \(current)")
+            }
+        }
+        #expect(ItemAttribute.migratable.protectionClass(written: "no", over: .always) == .alwaysThisDeviceOnly)
+        #expect(ItemAttribute.accessible.protectionClass(written: "sometimes", over: .always) == nil)
+    }
+}

@@ -141,26 +141,29 @@ extension FileSystem {
 // MARK: Extended attributes
 
 extension FileSystem {
-    static let accessibleAttribute = "user.keychain.accessible"
-    static let migratableAttribute = "user.keychain.migratable"
+    /// The item attributes a mount shows, as `user.keychain.*` (``ItemAttribute``).
+    static let extendedAttributes = ItemAttribute.allCases.filter { $0.extendedAttributeName != nil }
 
-    /// `user.keychain.accessible` and `user.keychain.migratable` of an item;
-    /// readable while locked. ENODATA for any other `user.` name; ENOTSUP
-    /// for the other namespaces (no SELinux labels, no ACLs, nothing
-    /// trusted), which tells `ls -l` and `cp -a` once for the whole mount
-    /// not to ask again for every file.
+    /// An item's `user.keychain.*` attribute (``ItemAttribute``); readable
+    /// while locked. ENODATA for any other `user.` name; ENOTSUP for the
+    /// other namespaces (no SELinux labels, no ACLs, nothing trusted),
+    /// which tells `ls -l` and `cp -a` once for the whole mount not to ask
+    /// again for every file.
     func extendedAttribute(_ name: String, of node: Node) throws(Errno) -> String {
         try checkNamespace(name)
-        guard case .item(let group, let identifier) = node,
-            name == Self.accessibleAttribute || name == Self.migratableAttribute
+        guard case .item(let group, let identifier) = node, let attribute = ItemAttribute(extendedAttributeName: name)
         else { throw Errno(ENODATA) }
+        return attribute.value(
+            group: group, identifier: identifier, protectionClass: try protectionClass(of: identifier, in: group))
+    }
+
+    private func protectionClass(of identifier: String, in group: String) throws(Errno) -> ProtectionClass {
         guard
             let info = try core({ () throws(KeychainError) in
                 try manager.info(forIdentifier: identifier, inGroup: group)
             })
         else { throw Errno(ENOENT) }
-        if name == Self.accessibleAttribute { return info.protectionClass.name }
-        return info.protectionClass.isMigratable ? "yes" : "no"
+        return info.protectionClass
     }
 
     /// removexattr: the class attributes are derived, not removable; other
@@ -176,12 +179,13 @@ extension FileSystem {
     }
 
     func extendedAttributeNames(of node: Node) -> [String] {
-        if case .item = node { return [Self.accessibleAttribute, Self.migratableAttribute] }
-        return []
+        guard case .item = node else { return [] }
+        return Self.extendedAttributes.compactMap(\.extendedAttributeName)
     }
 
-    /// Setting the class re-encrypts the item under it (needs both keys).
-    /// `migratable` switches between a class and its ThisDeviceOnly form.
+    /// Writing a class attribute re-encrypts the item under the class it
+    /// gives (needs both keys): `accessible` names it, `migratable` switches
+    /// between a class and its ThisDeviceOnly form.
     func setExtendedAttribute(_ name: String, value: String, flags: Int32, of node: Node) throws(Errno) {
         guard case .item(let group, let identifier) = node else { throw Errno(ENOTSUP) }
         // setxattr(2): XATTR_CREATE fails on an existing attribute, and both
@@ -191,22 +195,12 @@ extension FileSystem {
             throw Errno(EINVAL)
         }
         if flags & xattrCreate != 0 && extendedAttributeNames(of: node).contains(name) { throw Errno(EEXIST) }
-        let newClass: ProtectionClass
-        switch name {
-        case Self.accessibleAttribute:
-            guard let parsed = ProtectionClass(name: value) else { throw Errno(EINVAL) }
-            newClass = parsed
-        case Self.migratableAttribute:
-            guard value == "yes" || value == "no" else { throw Errno(EINVAL) }
-            guard
-                let info = try core({ () throws(KeychainError) in
-                    try manager.info(forIdentifier: identifier, inGroup: group)
-                })
-            else { throw Errno(ENOENT) }
-            newClass = ProtectionClass(mode: info.protectionClass.mode, migratable: value == "yes")
-        default:
+        guard let attribute = ItemAttribute(extendedAttributeName: name), attribute.isWritable else {
             throw Errno(ENOTSUP)
         }
+        // `accessible` names its class whole; `migratable` keeps the current one's mode.
+        let current = attribute == .migratable ? try protectionClass(of: identifier, in: group) : .whenUnlocked
+        guard let newClass = attribute.protectionClass(written: value, over: current) else { throw Errno(EINVAL) }
         try core { () throws(KeychainError) in
             try manager.setProtectionClass(newClass, forIdentifier: identifier, inGroup: group)
         }

@@ -19,11 +19,11 @@ extension FuseOperations {
                 return try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
             }
             try fs.admit(
-                group, items: [identifier], verb: "change the protection of", caller: caller(req),
-                operation: "set-class")
+                group, items: [identifier], verb: ItemAttribute.writeVerb, caller: caller(req),
+                operation: ItemAttribute.writeOperation)
             // Setting an attribute gives the item another class: a change worth recording.
             try fs.audited(
-                "set-class", group: group, identifier: identifier, detail: name + "=" + text,
+                ItemAttribute.writeOperation, group: group, identifier: identifier, detail: name + "=" + text,
                 caller: caller(req)
             ) { () throws(Errno) in
                 try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
