@@ -97,6 +97,34 @@ import Glibc
         #expect(store.asked.withLock { $0 } == ["get"])
     }
 
+    /// A path outside the provider's answers UnknownMethod, as
+    /// gnome-keyring's GDBus does (secretstorage 3.3 takes nothing else for
+    /// "no such item"); one inside that names nothing, NoSuchObject. An item
+    /// made with no attributes of its own (through a mount or the command
+    /// line) shows the `keychainfs:` ones it answers to.
+    @Test func aPathOutsideOursIsUnknownMethodAndAnItemShowsTheAttributesItAnswersTo() throws {
+        let bus = try DirectBus(store: try Self.store())
+        let outside = #expect(throws: BusError.self) {
+            try bus.call("/not/existing/path", SecretServiceProvider.itemInterface, "Delete")
+        }
+        #expect(outside?.name == "org.freedesktop.DBus.Error.UnknownMethod")
+        #expect(
+            outside?.message
+                == "No such interface 'org.freedesktop.Secret.Item' on object at path /not/existing/path")
+        let inside = #expect(throws: BusError.self) {
+            try bus.call(ObjectPaths.service + "/nothing/here", SecretServiceProvider.itemInterface, "Delete")
+        }
+        #expect(inside?.name == "org.freedesktop.Secret.Error.NoSuchObject")
+        let all = try bus.call(Self.mail, SecretServiceProvider.propertiesInterface, "GetAll") {
+            (call) throws(BusError) in try call.string(SecretServiceProvider.itemInterface)
+        }
+        #expect(
+            try all.arguments.properties()["Attributes"]
+                == .attributes([
+                    "keychainfs:group": "work", "keychainfs:identifier": "mail", "keychainfs:accessible": "whenUnlocked"
+                ]))
+    }
+
     /// Each refusal of the store is the spec's error, with the store's
     /// sentence where it has one; nothing else is asked of it.
     @Test func aStoreRefusalIsTheSpecsErrorAndTheCallChangesNothing() throws {
