@@ -66,6 +66,20 @@
 /* The longest passcode keychainfs reads (Passcode.maximumLength). */
 #define MAXIMUM_PASSWORD 1024
 
+/* Milliseconds on the monotonic clock. */
+static long long monotonic_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+/* Whether `deadline` (monotonic ms) has passed: every scan of the machine's
+ * processes stops there. A program of the user holding 20,000 descriptors
+ * in each of 400 processes made the scans alone take 78 s, past the hook's
+ * timeout; a process not looked at is no device, and a socket not found
+ * alone is not. */
+static int past(long long deadline) { return monotonic_ms() > deadline; }
+
 /* The password between authenticate and open_session, locked in memory
  * (never swapped) and wiped when PAM drops it. */
 struct stash {
@@ -104,12 +118,6 @@ static struct options module_options(int argc, const char **argv) {
     return options;
 }
 
-/* Milliseconds on the monotonic clock. */
-static long long monotonic_ms(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
-}
 
 /* The user's runtime directory when their session made it (pam_systemd,
  * logind): a directory of theirs, mode 0700. Written into `path`. */
@@ -154,6 +162,41 @@ static ssize_t read_proc(const char *pid, const char *name, char *buffer, size_t
     return (ssize_t)total;
 }
 
+/* Whether every executable mapping of process `pid` is a file root
+ * controls, as mapped: its environment says nothing (a preloaded library's
+ * constructor rewrote `LD_PRELOAD=` in it, and the device then logged the
+ * password it was given), its mappings do. No anonymous executable memory
+ * (code copied out of a library that was then unmapped), no executable
+ * page of a file written since it was mapped (a private copy of root's
+ * file filled with other code: smaps's `Anonymous` is not 0), no file
+ * deleted or root's no more. [vdso] and [vsyscall] are the kernel's. */
+static int executable_code_clean(const char *pid) {
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/smaps", pid);
+    FILE *smaps = fopen(path, "re");
+    if (smaps == NULL) return 0;
+    char line[4096 + 256];
+    int clean = 1, executable = 0;
+    while (clean && fgets(line, sizeof line, smaps) != NULL) {
+        unsigned long start, end, offset, inode;
+        char permissions[8];
+        int name = 0;
+        if (sscanf(line, "%lx-%lx %7s %lx %*x:%*x %lu %n", &start, &end, permissions, &offset, &inode, &name) == 5) {
+            executable = permissions[2] == 'x';
+            if (!executable) continue;
+            char *file = line + name;
+            file[strcspn(file, "\n")] = '\0';
+            if (file[0] == '[') clean = strcmp(file, "[vdso]") == 0 || strcmp(file, "[vsyscall]") == 0;
+            else clean = file[0] == '/' && strstr(file, " (deleted)") == NULL && root_controlled(file);
+        } else if (executable && strncmp(line, "Anonymous:", 10) == 0) {
+            unsigned long kilobytes = 1;
+            clean = sscanf(line + 10, "%lu", &kilobytes) == 1 && kilobytes == 0;
+        }
+    }
+    fclose(smaps);
+    return clean;
+}
+
 /* Whether process `pid` is in this process's user namespace (the links of
  * /proc/PID/ns/user name a namespace by its inode). */
 static int same_user_namespace(const char *pid) {
@@ -196,11 +239,12 @@ static unsigned long socket_inode(const char *path) {
 
 /* Whether a process other than `pid` holds socket `inode` (root reads every
  * process's descriptors; a process gone meanwhile holds nothing). */
-static int held_by_another(const char *pid, unsigned long inode) {
+static int held_by_another(const char *pid, unsigned long inode, long long deadline) {
     DIR *proc = opendir("/proc");
     if (proc == NULL) return 1;
     int held = 0;
     for (struct dirent *entry = readdir(proc); entry != NULL && !held; entry = readdir(proc)) {
+        if (past(deadline)) held = 1;
         if (entry->d_name[0] < '1' || entry->d_name[0] > '9' || strcmp(entry->d_name, pid) == 0) continue;
         char directory[300];
         snprintf(directory, sizeof directory, "/proc/%s/fd", entry->d_name);
@@ -210,7 +254,7 @@ static int held_by_another(const char *pid, unsigned long inode) {
             if (fd->d_name[0] < '0' || fd->d_name[0] > '9') continue;
             char path[600];
             snprintf(path, sizeof path, "%s/%s", directory, fd->d_name);
-            held = socket_inode(path) == inode;
+            held = socket_inode(path) == inode || past(deadline);
         }
         closedir(descriptors);
     }
@@ -262,12 +306,13 @@ static unsigned long peer_inode(unsigned long inode) {
 
 /* The one process that holds socket `inode` in its descriptors, as "PID"
  * in `holder` (empty: none yet); -1 when two or more do. */
-static int sole_holder(unsigned long inode, char *holder, size_t size) {
+static int sole_holder(unsigned long inode, char *holder, size_t size, long long deadline) {
     holder[0] = '\0';
     DIR *proc = opendir("/proc");
     if (proc == NULL) return -1;
     int holders = 0;
     for (struct dirent *entry = readdir(proc); entry != NULL && holders < 2; entry = readdir(proc)) {
+        if (past(deadline)) holders = 2;
         if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
         char directory[300];
         snprintf(directory, sizeof directory, "/proc/%s/fd", entry->d_name);
@@ -276,6 +321,10 @@ static int sole_holder(unsigned long inode, char *holder, size_t size) {
         int holds = 0;
         for (struct dirent *fd = readdir(descriptors); fd != NULL && !holds; fd = readdir(descriptors)) {
             if (fd->d_name[0] < '0' || fd->d_name[0] > '9') continue;
+            if (past(deadline)) {
+                holders = 2;
+                break;
+            }
             char path[600];
             snprintf(path, sizeof path, "%s/%s", directory, fd->d_name);
             holds = socket_inode(path) == inode;
@@ -297,14 +346,14 @@ static int sole_holder(unsigned long inode, char *holder, size_t size) {
  * socket say who listened; a listening descriptor passed around in flight
  * (SCM_RIGHTS, in no process's table) let another process accept. Waits up
  * to half a second for the device to accept. */
-static int accepted_by_device(int connection, const char *devices) {
+static int accepted_by_device(int connection, const char *devices, long long deadline) {
     struct stat info;
     if (fstat(connection, &info) != 0 || !S_ISSOCK(info.st_mode)) return 0;
     unsigned long peer = peer_inode((unsigned long)info.st_ino);
     if (peer == 0) return 0;
-    for (int attempt = 0; attempt < 100; attempt++) {
+    for (int attempt = 0; attempt < 100 && !past(deadline); attempt++) {
         char holder[32];
-        if (sole_holder(peer, holder, sizeof holder) != 0) return 0;
+        if (sole_holder(peer, holder, sizeof holder, deadline) != 0) return 0;
         if (holder[0] != '\0') {
             /* The holder must be a listed device: "PID:" at the start of an entry. */
             size_t length = strlen(holder);
@@ -335,7 +384,8 @@ static int accepted_by_device(int connection, const char *devices) {
  * undumpable: the hook, as the user, checks its socket's peer against this
  * list, so that a program of the user listening on the device's socket
  * first is given nothing. */
-static void verified_devices(const struct passwd *user, const char *helper, char *list, size_t size) {
+static void verified_devices(const struct passwd *user, const char *helper, char *list, size_t size,
+                             long long deadline) {
     list[0] = '\0';
     if (geteuid() != 0 || !root_controlled(helper)) return;
     char serving[4096];
@@ -356,7 +406,8 @@ static void verified_devices(const struct passwd *user, const char *helper, char
     unsigned long listening[1024];
     size_t listening_count = listening_sockets(listening, sizeof listening / sizeof listening[0]);
     size_t used = 0;
-    for (struct dirent *entry = readdir(proc); entry != NULL && used + 48 < size; entry = readdir(proc)) {
+    for (struct dirent *entry = readdir(proc); entry != NULL && used + 48 < size && !past(deadline);
+         entry = readdir(proc)) {
         if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
         char path[300], executable[4096];
         snprintf(path, sizeof path, "/proc/%s/exe", entry->d_name);
@@ -377,13 +428,18 @@ static void verified_devices(const struct passwd *user, const char *helper, char
          * dumpability: a program of the user took the accepted connection
          * out of it with pidfd_getfd and read the password. */
         if (!same_user_namespace(entry->d_name)) continue;
-        /* None of the loader's variables (ld.so(8)). */
+        if (!executable_code_clean(entry->d_name)) continue;
+        /* None of the loader's variables (ld.so(8)), and its system bus the
+         * machine's: a device told another (DBUS_SYSTEM_BUS_ADDRESS, a bus of
+         * the user's, or none) follows no logind and never locks with the
+         * session (docs/SECURITY.md, "The login password and the session").
+         * Its mappings are read below: a library can rewrite this text. */
         ssize_t environment = read_proc(entry->d_name, "environ", text, text_size);
         if (environment < 0) continue;
         int loader = 0;
         for (ssize_t at = 0; at < environment; at += (ssize_t)strlen(text + at) + 1) {
             if (strncmp(text + at, "LD_PRELOAD=", 11) == 0 || strncmp(text + at, "LD_LIBRARY_PATH=", 16) == 0 ||
-                strncmp(text + at, "LD_AUDIT=", 9) == 0)
+                strncmp(text + at, "LD_AUDIT=", 9) == 0 || strncmp(text + at, "DBUS_SYSTEM_BUS_ADDRESS=", 24) == 0)
                 loader = 1;
         }
         if (loader || environment >= (ssize_t)text_size - 1) continue;
@@ -406,7 +462,7 @@ static void verified_devices(const struct passwd *user, const char *helper, char
             int listens = 0;
             for (size_t index = 0; inode != 0 && index < listening_count && !listens; index++)
                 listens = listening[index] == inode;
-            if (!listens || held_by_another(entry->d_name, inode)) continue;
+            if (!listens || held_by_another(entry->d_name, inode, deadline)) continue;
             int written = snprintf(list + used, size - used, "%s%s:%llu:%lu", used > 0 ? "," : "", entry->d_name,
                                    start, inode);
             if (written < 0 || (size_t)written >= size - used) break;
@@ -451,7 +507,7 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct option
     /* The devices the hook may give the password to, checked here, as root (none: it starts one itself). */
     char devices[64 + 8 * 48];
     strcpy(devices, "KEYCHAINFS_PAM_DEVICES=");
-    verified_devices(user, helper, devices + strlen(devices), sizeof devices - strlen(devices));
+    verified_devices(user, helper, devices + strlen(devices), sizeof devices - strlen(devices), deadline);
     /* Descriptor 3 of the hook: it passes here each connection to a checked
      * device before it sends the password on it, and reads back whether the
      * device accepted it and holds it alone (accepted_by_device). */
@@ -533,7 +589,7 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct option
             struct cmsghdr *item = CMSG_FIRSTHDR(&message);
             if (item != NULL && item->cmsg_level == SOL_SOCKET && item->cmsg_type == SCM_RIGHTS)
                 memcpy(&connection, CMSG_DATA(item), sizeof connection);
-            char verdict = connection >= 0 && accepted_by_device(connection, devices + strlen("KEYCHAINFS_PAM_DEVICES=")) ? 1 : 0;
+            char verdict = connection >= 0 && accepted_by_device(connection, devices + strlen("KEYCHAINFS_PAM_DEVICES="), deadline) ? 1 : 0;
             if (connection >= 0) close(connection);
             if (send(verify[1], &verdict, 1, MSG_NOSIGNAL) != 1) break;
         }

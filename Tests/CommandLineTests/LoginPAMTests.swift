@@ -442,7 +442,9 @@ extension SerialTests {
         /// its dumpability: it passed every check, was given the login
         /// password, and the program took the accepted connection out of it
         /// with pidfd_getfd. A device outside this process's user namespace
-        /// is now given nothing: it stays locked.
+        /// is now given nothing: it stays locked. (A build that links
+        /// libraries sees root's files as nobody's in that namespace, and
+        /// refuses to start there at all.)
         @Test func aDeviceInAUserNamespaceOfTheUsersMakingIsGivenNothing() throws {
             let used = try withPAM(
                 """
@@ -451,17 +453,138 @@ extension SerialTests {
                 home=$(getent passwd "$U" | cut -d: -f6)
                 runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none unshare --user --map-root-user \\
                     "$K" start --foreground --keychain "$home/.local/share/keychainfs" > "$R/userns.log" 2>&1 &
+                started=$!
+                for n in $(seq 100); do
+                    ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break
+                    kill -0 $started 2> /dev/null || break
+                    sleep 0.1
+                done
+                if kill -0 $started 2> /dev/null; then
+                    # A build whose only code is its own file (the release's static link) starts there:
+                    # pam_keychainfs gives it nothing.
+                    printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                    K_ status | grep -q '^state: locked' && echo "the device in a namespace of the user's: given nothing"
+                    K_ stop; wait
+                else
+                    # A build that links libraries sees root's files as nobody's there, and does not start.
+                    grep -q 'the device does not start: it runs code from /.*, a file not owned by root' "$R/userns.log" \\
+                        && echo "the device in a namespace of the user's: given nothing"
+                fi
+                """)
+            #expect(
+                used.stdout == """
+                    the device in a namespace of the user's: given nothing
+
+                    """, "\(used)")
+        }
+
+        /// The installed device started with a preloaded library whose
+        /// constructor renamed `LD_PRELOAD=` in the environment: the device's
+        /// own refusal and pam_keychainfs's check read the environment, both
+        /// passed, and the library logged the login password the device was
+        /// given. Now both read what is mapped: with a library of the user's
+        /// the device does not start; with root's file in a directory others
+        /// may write (which the device's check of a file alone lets through),
+        /// pam_keychainfs gives it nothing, and it stays locked.
+        @Test func aPreloadThatHidesItsVariableIsNoDevice() throws {
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                cat > "$R/hide.c" <<'EOF'
+                #include <string.h>
+                extern char **environ;
+                __attribute__((constructor)) static void hide(void) {
+                    for (char **e = environ; *e != 0; e++) if (strncmp(*e, "LD_", 3) == 0) (*e)[0] = 'X';
+                }
+                EOF
+                mkdir -m 755 "$R/lib" && gcc -shared -fPIC -o "$R/lib/hide.so" "$R/hide.c" && chmod 755 "$R/lib/hide.so"
+                install -d -o "$U" "$R/mine" && install -o "$U" -m 755 "$R/lib/hide.so" "$R/mine/hide.so"
+                # In the foreground: the process preloaded is the device (a device it started would not be).
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none LD_PRELOAD="$R/mine/hide.so" \\
+                    "$K" start --foreground 2>&1 \\
+                    | grep -o 'the device does not start: it runs code from [^,]*, a file not owned by root' \\
+                    | sed "s|$R/||"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none LD_PRELOAD="$R/lib/hide.so" \\
+                    "$K" start --foreground > /dev/null 2>&1 &
                 for n in $(seq 100); do ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break; sleep 0.1; done
-                K_ status | grep -q '^state: locked' && echo "the device in a namespace of the user's runs"
+                device=$(K_ status | sed -n 's/^pid: //p')
+                echo "its environment names the library: $(tr '\\0' '\\n' < /proc/$device/environ | grep -c '^LD_PRELOAD=')"
+                grep -c "$R/lib/hide.so" /proc/$device/maps > /dev/null && echo "its memory maps it"
                 printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
-                echo "the device in a namespace of the user's: $(state)"
+                echo "the device with the library: $(state)"
                 K_ stop; wait
                 """)
             #expect(
                 used.stdout == """
-                    the device in a namespace of the user's runs
+                    the device does not start: it runs code from mine/hide.so, a file not owned by root
+                    its environment names the library: 0
+                    its memory maps it
                     pamtester: successfully authenticated
-                    the device in a namespace of the user's: state: locked failed-attempts: 0\(" ")
+                    the device with the library: state: locked failed-attempts: 0\(" ")
+
+                    """, "\(used)")
+        }
+
+        /// A device started with `DBUS_SYSTEM_BUS_ADDRESS` naming a bus that
+        /// is not the machine's (none here; a bus of the user's with a logind
+        /// of its own would do the same) follows no session and never locks
+        /// with it: the login unlocked it all the same. pam_keychainfs now
+        /// gives it nothing.
+        @Test func aDeviceToldAnotherSystemBusIsGivenNothing() throws {
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \\
+                    DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent "$K" start > /dev/null
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "the device on another bus: $(state)"
+                """)
+            #expect(
+                used.stdout == """
+                    pamtester: successfully authenticated
+                    the device on another bus: state: locked failed-attempts: 0\(" ")
+
+                    """, "\(used)")
+        }
+
+        /// A program of the user holds 20,000 descriptors in each of 100
+        /// processes: pam_keychainfs's scans of every process's descriptors,
+        /// as root and outside the hook's timeout, held the login for many
+        /// seconds (78 s with 400 processes). Now every scan stops at the
+        /// module's deadline (`timeout=`, 1 s here), a process not looked
+        /// at is no device, and the login goes on.
+        @Test func descriptorsByTheHundredThousandHoldTheLoginNoLongerThanItsTimeout() throws {
+            let used = try withPAM(
+                """
+                K_ login enable > /dev/null
+                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                K_ start > /dev/null
+                cat > "$R/hold.py" <<'EOF'
+                import os, resource, signal, sys, time
+                limit = min(20000, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+                null = os.open("/dev/null", os.O_RDONLY)
+                for fd in range(3, limit - 16):
+                    if fd != null: os.dup2(null, fd, inheritable=False)
+                for n in range(99):
+                    if os.fork() == 0: break
+                open(sys.argv[1] + "/held." + str(os.getpid()), "w").close()
+                time.sleep(60)
+                EOF
+                install -d -m 0777 "$R/held"
+                runuser -u "$U" -- /usr/bin/python3 "$R/hold.py" "$R/held" > /dev/null 2>&1 &
+                for n in $(seq 300); do [ "$(ls "$R/held" | wc -l)" -ge 100 ] && break; sleep 0.1; done
+                echo "processes holding descriptors: $(ls "$R/held" | wc -l)"
+                printf 'Login-1\\n' | timeout 10 pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "the login returned: $([ $? -ne 124 ] && echo yes || echo no)"
+                pkill -u "$U" -f hold.py; K_ stop
+                """, moduleOptions: "timeout=1")
+            #expect(
+                used.stdout == """
+                    processes holding descriptors: 100
+                    the login returned: yes
 
                     """, "\(used)")
         }

@@ -44,7 +44,12 @@ public struct DeviceJudge: Sendable, Equatable {
     package static func startProblem() -> String? {
         if let problem = ExecutableImage.servingProblem { return problem }
         let set = loaderVariables.filter { getenv($0).map { $0.pointee != 0 } ?? false }
-        guard !set.isEmpty else { return nil }
+        guard !set.isEmpty else {
+            // What is mapped, not what the environment says: a preloaded library can rename its variable.
+            guard let problem = CallerTrust.ownCodeProblem() else { return nil }
+            return "the device does not start: " + problem + "; the loader ran another program's code inside it, "
+                + "where every secret is (a library preloaded?)"
+        }
         return "the device does not start with \(set.joined(separator: ", ")) set: the loader would run the "
             + "caller's code inside it, where every secret is; start it without (env -u \(set[0]) keychainfs ...)"
     }

@@ -65,6 +65,17 @@ enum CallerTrust {
 
     // MARK: Code
 
+    /// This process's own code, judged as a caller's is: a library it did
+    /// not link (a preload whose constructor then rewrote `LD_PRELOAD=` in
+    /// the environment, so that no variable shows it) or code in anonymous
+    /// memory; nil when there is none.
+    package static func ownCodeProblem() -> String? {
+        var executable = stat()
+        guard stat("/proc/self/exe", &executable) == 0 else { return "its executable cannot be read" }
+        let (problem, anonymous) = codeProblem(getpid(), executable: executable)
+        return problem ?? (anonymous ? "it runs code from anonymous memory" : nil)
+    }
+
     /// Every executable mapping of the process (proc(5), `/proc/PID/maps`):
     /// `start-end perms offset major:minor inode path`. Scanned as bytes,
     /// and only executable lines are looked at: this runs for every
