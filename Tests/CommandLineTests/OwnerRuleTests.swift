@@ -32,6 +32,25 @@ extension SerialTests {
             # At a terminal of its own (80 columns would wrap the question): runs argv[2:]; answers by argv[1].
             rule, command = sys.argv[1], sys.argv[2:]
             pid, terminal = pty.fork()
+            if pid == 0 and rule == "join":
+                # The person's shell (this session's leader) runs a command in the foreground; a background job
+                # of the same shell joins the command's process group (no tcsetpgrp) and asks meanwhile.
+                command_pid = os.fork()
+                if command_pid == 0:
+                    os.setpgid(0, 0)
+                    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+                    os.tcsetpgrp(0, os.getpgrp())
+                    time.sleep(30)
+                    os._exit(0)
+                while os.tcgetpgrp(0) != command_pid:
+                    time.sleep(0.01)
+                if os.fork() == 0:
+                    os.setpgid(0, 0)
+                    os.setpgid(0, os.tcgetpgrp(0))
+                    os.execv(command[0], command)
+                os.wait()
+                os.kill(command_pid, signal.SIGKILL)
+                os._exit(0)
             if pid == 0:
                 # In the background: a process group of its own, which a session's leader cannot make.
                 if rule in ("background", "inject") and os.fork() != 0:
@@ -69,7 +88,7 @@ extension SerialTests {
                 found = re.search(rb"this once, type ([a-z]{5})(; to allow it every time from now on, type ([a-z]{5}))?", shown)
                 if found and not answered:
                     answered = True
-                    if rule == "inject":
+                    if rule in ("inject", "join"):
                         continue  # the person types nothing
                     typed = {"once": found.group(1), "always": found.group(3) or b"", "wrong": b"abcde"}[rule]
                     os.write(terminal, typed + b"\\r")
@@ -80,25 +99,26 @@ extension SerialTests {
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
-                for rule in wrong background inject once always; do
+                for rule in wrong background join inject once always; do
                     /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
                 done
                 # Allowed for good: asked no more, with no terminal at all.
                 "$R/app-b" lookup mail < /dev/null
                 "$K" acl "default/App a" | grep -c app-b
-                "$K" log | grep ' ask ' | sed 's/.* ask \\([a-z-]*\\) .*/\\1/'
+                # The denials (the log folds repeated ones into a count) and the two allowed answers.
+                "$K" log | grep -c ' ask denied ' | sed 's/^[1-9][0-9]*$/denied/'
+                "$K" log | grep ' ask allowed' | sed 's/.* ask \\([a-z-]*\\) .*/\\1/'
                 """, environment: "KEYCHAINFS_PINENTRY=/usr/bin/pinentry-curses")
             #expect(
                 used.stdout == """
                     wrong: asked yes, got nothing
                     background: asked no, got nothing
+                    join: asked no, got nothing
                     inject: asked yes, got nothing
                     once: asked yes, got hunter2
                     always: asked yes, got hunter2
                     hunter2
                     1
-                    denied
-                    denied
                     denied
                     allowed-once
                     allowed-always

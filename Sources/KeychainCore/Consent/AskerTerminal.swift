@@ -21,13 +21,29 @@ package struct AskerTerminal: Sendable, Equatable {
     /// device the kernel names as the process's controlling terminal.
     package static func foreground(of pid: pid_t) -> AskerTerminal? {
         guard let control = ProcessChain.controllingTerminal(of: pid), control.inForeground, control.device != 0,
-            let path = devicePath(control.device)
+            let path = devicePath(control.device), isStartedByItsGroupsLeader(pid, group: control.group)
         else { return nil }
         var info = stat()
         guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFCHR, UInt64(info.st_rdev) == control.device,
             info.st_uid == getuid()
         else { return nil }
         return AskerTerminal(path: path, type: terminalType(of: pid))
+    }
+
+    /// Whether `pid` leads its process group or descends from the process
+    /// that does: the command the shell started in the foreground, and
+    /// what that runs. A background job of the same shell can join the
+    /// foreground group (setpgid(2) to the group `tcgetpgrp` names, no
+    /// tcsetpgrp needed) and ask while the person's command runs; it is the
+    /// shell's child, not the command's, and is not asked.
+    static func isStartedByItsGroupsLeader(_ pid: pid_t, group: pid_t) -> Bool {
+        var process = pid
+        for _ in 0..<32 {
+            if process == group { return true }
+            guard let parent = ProcessChain.parent(of: process), parent > 1 else { return false }
+            process = parent
+        }
+        return false
     }
 
     /// proc(5)'s `tty_nr`: the major number in bits 8 to 15, the minor in

@@ -360,13 +360,19 @@ package enum ProcessChain {
     /// The process's controlling terminal (`tty_nr`, 0: none) and whether
     /// it runs in its foreground: its process group (`pgrp`) is the
     /// terminal's foreground group (`tpgid`), proc(5).
-    package static func controllingTerminal(of pid: pid_t) -> (device: UInt64, inForeground: Bool)? {
+    package static func controllingTerminal(of pid: pid_t) -> (device: UInt64, group: pid_t, inForeground: Bool)? {
         guard let fields = stat(of: pid)?.fields, fields.count > 5,
-            let group = Int64(String(decoding: fields[2], as: UTF8.self)),
+            let group = Int32(String(decoding: fields[2], as: UTF8.self)),
             let device = Int64(String(decoding: fields[4], as: UTF8.self)),
-            let foreground = Int64(String(decoding: fields[5], as: UTF8.self))
+            let foreground = Int32(String(decoding: fields[5], as: UTF8.self))
         else { return nil }
-        return (UInt64(UInt32(truncatingIfNeeded: device)), foreground > 0 && foreground == group)
+        return (UInt64(UInt32(truncatingIfNeeded: device)), group, foreground > 0 && foreground == group)
+    }
+
+    /// The process's parent (`/proc/PID/stat`'s 4th field).
+    package static func parent(of pid: pid_t) -> pid_t? {
+        guard let fields = stat(of: pid)?.fields, fields.count > 1 else { return nil }
+        return Int32(String(decoding: fields[1], as: UTF8.self))
     }
 
     /// The process's command name and its parent, from `/proc/PID/stat`.
