@@ -42,7 +42,7 @@ extension SerialTests {
             }
             // Bad syntax, absent, locked, no device: each its own status.
             #expect(harness.sh("\"$K\" get not-an-address \(kc)").status == 64)
-            #expect(harness.sh("\"$K\" get default/a/b \(kc)").status == 64)
+            #expect(harness.sh("\"$K\" get default/a//b \(kc)").status == 64)
             let absent = harness.sh("\"$K\" get default/missing \(kc)")
             #expect(absent.status == 2 && absent.stderr.contains("does not exist"))
             #expect(harness.control(mnt, "lock").succeeded)
