@@ -383,7 +383,7 @@ extension SerialTests {
             K_ login enable > /dev/null
             install -d -m 0700 -o "$U" -g "$U" "$RUN"
             K_ start > /dev/null
-            device=$(pgrep -u "$U" -x keychainfs | head -1)
+            device=$(K_ status | sed -n 's/^pid: //p')
             runuser -u "$U" -- /usr/bin/python3 "$R/take.py" \(mode) "$device" > "$R/taken" 2>&1 &
             taker=$!
             """
