@@ -204,8 +204,7 @@ extension SerialTests {
         /// password, and the real device's state. What the impostor started is ended.
         static func impostorScript(relayArguments: String = "", probe: String = "") -> String {
             """
-            K_ login enable > /dev/null
-            install -d -m 0700 -o "$U" -g "$U" "$RUN"
+            \(Self.loginUnlockOn)
             K_ start > /dev/null; socket=$(ls "$RUN"/keychainfs/*.sock); K_ stop
             install -d -m 0700 -o "$U" -g "$U" "$R/elsewhere"
             runuser -u "$U" -- env XDG_RUNTIME_DIR="$R/elsewhere" KEYCHAINFS_TPM=none "$K" start > /dev/null
@@ -376,12 +375,18 @@ extension SerialTests {
             """.write(toFile: harness.root + "/take.py", atomically: true, encoding: .utf8)
         }
 
+        /// The login unlock chosen by the user, and their session's runtime
+        /// directory made (as pam_systemd makes it at a login).
+        static let loginUnlockOn = """
+            K_ login enable > /dev/null
+            install -d -m 0700 -o "$U" -g "$U" "$RUN"
+            """
+
         /// The login unlock on, a device running, and `$R/take.py MODE DEVICE`
         /// started as the user (its pid in `$taker`, what it says in `$R/taken`).
         static func takerStarted(mode: String) -> String {
             """
-            K_ login enable > /dev/null
-            install -d -m 0700 -o "$U" -g "$U" "$RUN"
+            \(Self.loginUnlockOn)
             K_ start > /dev/null
             device=$(K_ status | sed -n 's/^pid: //p')
             runuser -u "$U" -- /usr/bin/python3 "$R/take.py" \(mode) "$device" > "$R/taken" 2>&1 &
@@ -448,8 +453,7 @@ extension SerialTests {
         @Test func aDeviceInAUserNamespaceOfTheUsersMakingIsGivenNothing() throws {
             let used = try withPAM(
                 """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                \(Self.loginUnlockOn)
                 home=$(getent passwd "$U" | cut -d: -f6)
                 runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none unshare --user --map-root-user \\
                     "$K" start --foreground --keychain "$home/.local/share/keychainfs" > "$R/userns.log" 2>&1 &
@@ -489,8 +493,7 @@ extension SerialTests {
         @Test func aPreloadThatHidesItsVariableIsNoDevice() throws {
             let used = try withPAM(
                 """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                \(Self.loginUnlockOn)
                 cat > "$R/hide.c" <<'EOF'
                 #include <string.h>
                 extern char **environ;
@@ -534,8 +537,7 @@ extension SerialTests {
         @Test func aDeviceToldAnotherSystemBusIsGivenNothing() throws {
             let used = try withPAM(
                 """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                \(Self.loginUnlockOn)
                 runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \\
                     DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent "$K" start > /dev/null
                 printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
@@ -558,8 +560,7 @@ extension SerialTests {
         @Test func descriptorsByTheHundredThousandHoldTheLoginNoLongerThanItsTimeout() throws {
             let used = try withPAM(
                 """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                \(Self.loginUnlockOn)
                 K_ start > /dev/null
                 cat > "$R/hold.py" <<'EOF'
                 import os, resource, signal, sys, time
@@ -653,8 +654,7 @@ extension SerialTests {
         @Test func aPasswordChangeCarriesThePasscodeWithIt() throws {
             let used = try withPAM(
                 """
-                K_ login enable > /dev/null
-                install -d -m 0700 -o "$U" -g "$U" "$RUN"
+                \(Self.loginUnlockOn)
                 printf 'Login-1\\nLogin-2\\nLogin-2\\n' | passwd_as_user > /dev/null 2>&1; echo "passwd: $?"
                 K_ lock
                 printf 'Login-1\\n' | K_ unlock 2>&1
