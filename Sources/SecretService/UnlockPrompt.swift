@@ -45,8 +45,11 @@ final class UnlockPrompt: Sendable {
     /// a client sees only a dismissed prompt).
     func run(program: String, program asker: pid_t?, unlock: (SecureBytes) -> DeviceOutcome<Done>) -> String? {
         let pinentry: Pinentry
+        // With no display (over SSH), at the terminal of the program that asks, when it runs in its
+        // foreground: the passcode was asked nowhere, and the lookup failed without a word (a first day's report).
+        let terminal = Pinentry.hasDisplay ? nil : asker.flatMap { AskerTerminal.foreground(of: $0) }
         do {
-            pinentry = try Pinentry(program: program)
+            pinentry = try Pinentry(program: program, at: terminal)
         } catch {
             return "the pinentry could not ask: \(error.description); no display or terminal?"
         }

@@ -120,8 +120,12 @@ struct KeychainFSCommand: ParsableCommand {
         let names = configuration.subcommands.compactMap { $0.configuration.commandName } + ["help"]
         let aliases = configuration.subcommands.flatMap { $0.configuration.aliases }
         guard !names.contains(word), !aliases.contains(word) else { return nil }
-        let nearest = names.filter { !neverSuggested.contains($0) }.map { ($0, editDistance($0, word)) }
-            .min { $0.1 < $1.1 }
+        let offered = names.filter { !neverSuggested.contains($0) }
+        // A beginning of one command names it (`gen` is `generate`, not `get`, one edit away).
+        let begun = offered.filter { $0.hasPrefix(word) }
+        let nearest =
+            begun.count == 1 && word.count >= 2
+            ? (begun[0], 0) : offered.map { ($0, editDistance($0, word)) }.min { $0.1 < $1.1 }
         let hint = nearest.flatMap { $0.1 <= 2 ? "; did you mean '\($0.0)'?" : nil } ?? ""
         return "'\(word)' is not a keychainfs command\(hint) (keychainfs --help lists them)"
     }

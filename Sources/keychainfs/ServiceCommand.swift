@@ -123,7 +123,13 @@ struct ServiceCommand: ParsableCommand {
         }
         // Read and written: what a service that does not start says is read back from it.
         guard let errors = FileDescriptor(open(log, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o640)) else {
-            throw fail("cannot open the log \(log): \(Errno.current)")
+            let reason = Errno.current
+            // An ordinary user who tried it met only the log's permission (a first day's report).
+            let whose =
+                geteuid() != 0 && reason == .permissionDenied
+                ? "; the service serves every user, and root starts it (sudo keychainfs service --daemon, or "
+                    + "systemctl start keychainfs.socket); your own keychain needs none (keychainfs start)" : ""
+            throw fail("cannot open the log \(log): \(reason)" + whose)
         }
         let arguments = [
             "service", "--state-directory", absolutePath(stateDirectory), "--socket", absolutePath(socket),

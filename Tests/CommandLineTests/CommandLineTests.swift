@@ -206,6 +206,9 @@ extension SerialTests {
             let harness = try MountHarness()
             let typo = harness.sh("\"$K\" mout \"$R/mnt\"")
             #expect(typo.status == 64 && typo.stderr.contains("did you mean 'mount'?"), "\(typo)")
+            // The beginning of one command is that command: `gen` was taken for `get`, one edit away.
+            let begun = harness.sh("\"$K\" gen default/x")
+            #expect(begun.status == 64 && begun.stderr.contains("did you mean 'generate'?"), "\(begun)")
             let unknown = harness.sh("\"$K\" frobnicate")
             #expect(unknown.status == 64 && !unknown.stderr.contains("did you mean"), "\(unknown)")
             // No typo is taken for a command that removes, stops or replaces: `mv` once suggested `rm`,

@@ -39,6 +39,18 @@ extension SerialTests {
             #expect(k("status").stdout.hasPrefix("state: stopped"))
         }
 
+        /// `service --daemon` run by an ordinary user said only that the log
+        /// could not be opened (a first day's report): it says that root
+        /// starts the service, and that the user's own keychain needs none.
+        @Test func anOrdinaryUsersServiceDaemonSaysRootStartsIt() throws {
+            let harness = try MountHarness(as: try OrdinaryUser())
+            let used = harness.sh("\"$K\" service --daemon")
+            #expect(
+                used.status == 1
+                    && used.stderr.contains("Permission denied; the service serves every user, and root starts it")
+                    && used.stderr.contains("your own keychain needs none (keychainfs start)"), "\(used)")
+        }
+
         /// git's `store` with no device running is not dropped unseen.
         /// RLIMIT_MEMLOCK at 64 KiB, the kernel's default before 5.16 and
         /// still where a distribution or a container sets it so: an ordinary

@@ -152,6 +152,41 @@ extension SerialTests.SecretServiceTests {
                 """, "\(used)")
     }
 
+    /// Over SSH (no display), a lookup in a locked keychain asked for the
+    /// passcode nowhere and failed without a word: the unlock prompt now
+    /// goes to the terminal of the program that asks, when it runs in its
+    /// foreground, as the owner rule's questions do.
+    @Test func aLockedKeychainAsksForThePasscodeAtTheAskersTerminal() throws {
+        try """
+        import os, pty, re, select, sys, time
+        pid, terminal = pty.fork()
+        if pid == 0:
+            os.execv(sys.argv[1], sys.argv[1:])
+        screen, answered, deadline = b"", False, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not select.select([terminal], [], [], 1)[0]:
+                continue
+            try:
+                screen += os.read(terminal, 4096)
+            except OSError:
+                break
+            if not answered and b"asks to unlock your keychain" in screen:
+                answered = True
+                os.write(terminal, os.environ["PASSCODE"].encode() + b"\\r")
+        os.waitpid(pid, 0)
+        print("asked at the terminal:", "yes" if answered else "no")
+        print("the value:", "pw1" if b"pw1" in screen.split(b"keychain")[-1] else "none")
+        """.write(toFile: harness.root + "/unlock.py", atomically: true, encoding: .utf8)
+        let used = onBus(
+            """
+            printf pw1 | secret-tool store --label=token service example.org
+            "$K" lock
+            PASSCODE="$PASSCODE" /usr/bin/python3 "$R/unlock.py" /usr/bin/secret-tool lookup service example.org
+            "$K" status | head -1
+            """, environment: "KEYCHAINFS_PINENTRY=/usr/bin/pinentry-curses")
+        #expect(used.stdout == "asked at the terminal: yes\nthe value: pw1\nstate: unlocked\n", "\(used)")
+    }
+
     /// A script file (code from standard input or `-c` is nobody's to own:
     /// every use of it would be asked about, issue 37).
     @Test func pythonsKeyringKeepsItsPasswords() {
