@@ -422,6 +422,15 @@ static void verified_devices(const struct passwd *user, const char *helper, char
         snprintf(uid_line, sizeof uid_line, "\nUid:\t%u\t%u\t%u\t", (unsigned)user->pw_uid, (unsigned)user->pw_uid,
                  (unsigned)user->pw_uid);
         if (strstr(text, uid_line) == NULL || strstr(text, "\nTracerPid:\t0\n") == NULL) continue;
+        /* No seccomp filter, and undumpable as the device makes itself:
+         * a filter the user installed before exec made its
+         * prctl(PR_SET_DUMPABLE, 0) a no-op, and the user read the password
+         * out of its memory (/proc/PID/mem, Yama absent). The kernel gives
+         * an undumpable process's /proc entries to root. */
+        if (strstr(text, "\nSeccomp:\t0\n") == NULL || strstr(text, "\nNoNewPrivs:\t0\n") == NULL) continue;
+        struct stat entries;
+        snprintf(path, sizeof path, "/proc/%s/mem", entry->d_name);
+        if (stat(path, &entries) != 0 || entries.st_uid != 0) continue;
         /* In this process's user namespace: a device in one the user made
          * (unshare(CLONE_NEWUSER), no privilege needed) is under the user's
          * capabilities there, CAP_SYS_PTRACE included, whatever its

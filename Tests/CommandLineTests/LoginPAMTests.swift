@@ -529,6 +529,57 @@ extension SerialTests {
                     """, "\(used)")
         }
 
+        /// The installed device started under a seccomp filter the user
+        /// installed (no privilege needed with no_new_privs) that makes its
+        /// `prctl(PR_SET_DUMPABLE, 0)` a no-op: it stayed dumpable, the
+        /// module gave it the password, and the user read it out of its
+        /// memory. The module now gives nothing to a device under a filter,
+        /// or whose /proc entries are not root's (it is not undumpable).
+        @Test func aDeviceKeptDumpableByASeccompFilterIsGivenNothing() throws {
+            let used = try withPAM(
+                """
+                \(Self.loginUnlockOn)
+                cat > "$R/sc.c" <<'EOF'
+                #include <linux/filter.h>
+                #include <linux/seccomp.h>
+                #include <stddef.h>
+                #include <sys/prctl.h>
+                #include <sys/syscall.h>
+                #include <unistd.h>
+                int main(int argc, char **argv) {
+                    struct sock_filter code[] = {
+                        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+                        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_prctl, 0, 3),
+                        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+                        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_DUMPABLE, 0, 1),
+                        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 0),
+                        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+                    };
+                    struct sock_fprog program = {sizeof code / sizeof code[0], code};
+                    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program)) return 1;
+                    execv(argv[1], argv + 1);
+                    return 1;
+                }
+                EOF
+                gcc -o "$R/sc" "$R/sc.c" && chmod 755 "$R/sc"
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none "$R/sc" "$K" start --foreground \\
+                    > /dev/null 2>&1 &
+                for n in $(seq 100); do ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break; sleep 0.1; done
+                device=$(K_ status | sed -n 's/^pid: //p')
+                [ "$(stat -c %U /proc/$device/mem)" = "$U" ] && echo "the device stayed dumpable"
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "the device under the filter: $(state)"
+                K_ stop; wait
+                """)
+            #expect(
+                used.stdout == """
+                    the device stayed dumpable
+                    pamtester: successfully authenticated
+                    the device under the filter: state: locked failed-attempts: 0\(" ")
+
+                    """, "\(used)")
+        }
+
         /// A device started with `DBUS_SYSTEM_BUS_ADDRESS` naming a bus that
         /// is not the machine's (none here; a bus of the user's with a logind
         /// of its own would do the same) follows no session and never locks
