@@ -54,6 +54,10 @@
 #include <syslog.h>
 #include <unistd.h>
 
+/* The device's own Linux calls (sock_diag), shared with the Swift targets:
+ * static inline C, no Swift runtime comes with it. */
+#include "../CLinux/shim.h"
+
 #include <security/pam_ext.h>
 #include <security/pam_modules.h>
 #include <security/pam_modutil.h>
@@ -263,43 +267,14 @@ static int held_by_another(const char *pid, unsigned long inode, long long deadl
 }
 
 /* The inode of the socket that `inode`'s socket is connected to (sock_diag,
- * UNIX_DIAG_PEER), or 0. */
+ * UNIX_DIAG_PEER), or 0: the device's own query (CLinux's shim, plain C). */
 static unsigned long peer_inode(unsigned long inode) {
     int netlink = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (netlink < 0) return 0;
-    struct {
-        struct nlmsghdr header;
-        struct unix_diag_req request;
-    } message;
-    memset(&message, 0, sizeof message);
-    message.header.nlmsg_len = sizeof message;
-    message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-    message.header.nlmsg_flags = NLM_F_REQUEST;
-    message.request.sdiag_family = AF_UNIX;
-    message.request.udiag_states = (unsigned)-1;
-    message.request.udiag_ino = (unsigned)inode;
-    message.request.udiag_show = UDIAG_SHOW_PEER;
-    message.request.udiag_cookie[0] = message.request.udiag_cookie[1] = ~0U;
-    unsigned long peer = 0;
-    if (send(netlink, &message, sizeof message, 0) == (ssize_t)sizeof message) {
-        union {
-            struct nlmsghdr header;
-            char bytes[8192];
-        } answer;
-        ssize_t count = recv(netlink, &answer, sizeof answer, 0);
-        struct nlmsghdr *header = &answer.header;
-        if (count > 0 && NLMSG_OK(header, (size_t)count) && header->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
-            struct unix_diag_msg *found = NLMSG_DATA(header);
-            int rest = (int)(header->nlmsg_len - NLMSG_LENGTH(sizeof *found));
-            for (struct rtattr *attribute = (struct rtattr *)(found + 1); RTA_OK(attribute, rest);
-                 attribute = RTA_NEXT(attribute, rest))
-                if (attribute->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(attribute) >= sizeof(uint32_t)) {
-                    uint32_t value;
-                    memcpy(&value, RTA_DATA(attribute), sizeof value);
-                    peer = value;
-                }
-        }
-    }
+    uint32_t peer = 0;
+    char name[108];
+    size_t length = 0;
+    if (CLinux_unix_socket_peer(netlink, (uint32_t)inode, &peer, name, sizeof name, &length) != 0) peer = 0;
     close(netlink);
     return peer;
 }
