@@ -38,7 +38,10 @@ extension SerialTests {
         /// (absent at the start: made by the session stack, as pam_systemd
         /// makes it), `$K` and `K_` the keychainfs command as the package
         /// installs it and as the user runs it in their session,
-        /// `passwd_as_user` a setuid pamtester run by the user.
+        /// `passwd_as_user` a setuid pamtester run by the user,
+        /// `foreground_device [VAR=VALUE...] [WRAPPER...]` the user's device
+        /// started in the foreground (under WRAPPER, with those variables)
+        /// in the background of the script, its pid in `$device` once it listens.
         func withPAM(_ script: String, moduleOptions: String = "") throws -> ShellResult {
             let module = try Self.module()
             let file = "/etc/pam.d/" + service
@@ -76,6 +79,12 @@ extension SerialTests {
                 K_() { runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none "$K" "$@"; }
                 cp /usr/bin/pamtester "$R/pamtester-setuid" && chmod 4755 "$R/pamtester-setuid"
                 passwd_as_user() { runuser -u "$U" -- "$R/pamtester-setuid" "$S" "$U" chauthtok; }
+                foreground_device() {
+                    runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none "$@" "$K" start --foreground \\
+                        > /dev/null 2>&1 &
+                    for n in $(seq 100); do ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break; sleep 0.1; done
+                    device=$(K_ status | sed -n 's/^pid: //p')
+                }
                 state() { K_ status | grep -E '^(state|failed-attempts):' | tr '\\n' ' '; echo; }
                 echo "$U:Login-1" | chpasswd
                 runuser -u "$U" -- env KEYCHAINFS_TPM=none XDG_RUNTIME_DIR="$R/run" "$K" init > /dev/null 2>&1 <<EOF
@@ -508,10 +517,7 @@ extension SerialTests {
                     "$K" start --foreground 2>&1 \\
                     | grep -o 'the device does not start: it runs code from [^,]*, a file not owned by root' \\
                     | sed "s|$R/||"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none LD_PRELOAD="$R/lib/hide.so" \\
-                    "$K" start --foreground > /dev/null 2>&1 &
-                for n in $(seq 100); do ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break; sleep 0.1; done
-                device=$(K_ status | sed -n 's/^pid: //p')
+                foreground_device LD_PRELOAD="$R/lib/hide.so"
                 echo "its environment names the library: $(tr '\\0' '\\n' < /proc/$device/environ | grep -c '^LD_PRELOAD=')"
                 grep -c "$R/lib/hide.so" /proc/$device/maps > /dev/null && echo "its memory maps it"
                 printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
@@ -562,10 +568,7 @@ extension SerialTests {
                 }
                 EOF
                 gcc -o "$R/sc" "$R/sc.c" && chmod 755 "$R/sc"
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none "$R/sc" "$K" start --foreground \\
-                    > /dev/null 2>&1 &
-                for n in $(seq 100); do ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break; sleep 0.1; done
-                device=$(K_ status | sed -n 's/^pid: //p')
+                foreground_device "$R/sc"
                 [ "$(stat -c %U /proc/$device/mem)" = "$U" ] && echo "the device stayed dumpable"
                 printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
                 echo "the device under the filter: $(state)"
