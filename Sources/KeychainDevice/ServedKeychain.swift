@@ -489,10 +489,6 @@ extension ServedKeychain: SecretStore {
         try manager.localDevice.directory.setCollectionLabel(label, of: group)
     }
 
-    func itemNames(inGroup group: String) -> [String] {
-        ((try? manager.items(inGroup: group)) ?? []).map(\.identifier)
-    }
-
     func noteMaker(ofUnidentified identifier: String, inGroup group: String, pid: pid_t) {
         manager.localDevice.noteMaker(ofUnidentified: identifier, inGroup: group, pid: pid)
     }

@@ -84,11 +84,11 @@ extension SecretServiceProvider {
                 return CreatedReply(object: existing.path, prompt: ObjectPaths.none)
             }
         }
-        // The names taken, read once: each try of a taken name was a failed write in the audit log, and the
-        // hundredth "My item" tried 99 of them.
-        let taken: Set<String> = named == nil ? Set(store.itemNames(inGroup: group)) : []
+        // Names the provider knows taken are skipped: each try of one was a failed write in the audit log,
+        // and the hundredth "My item" tried 99 of them. The items it knows follow the device's events, kept
+        // for the signals; one made meanwhile is still refused by the create-only write.
         for identifier in ItemLimits.candidateNames(named ?? ItemLimits.name(from: label) ?? "item")
-        where !taken.contains(identifier) {
+        where named != nil || !knownItems.contains(ObjectPaths.item(group, identifier)) {
             let made = outcome(
                 .set(
                     group: group, identifier: identifier, value: value, protectionClass: protectionClass,

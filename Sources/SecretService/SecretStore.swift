@@ -27,8 +27,6 @@ public protocol SecretStore: AnyObject, Sendable {
     /// Every group's item identifiers: the device's own listing (no
     /// program asks), for what the provider has to know of at start.
     func itemNames() -> [String: [String]]
-    /// The identifiers of `group`'s items (none when there is no such group).
-    func itemNames(inGroup group: String) -> [String]
     /// Process `pid` made this item, which no program could be identified
     /// for: it uses it unasked while it runs (``Device/noteMaker(ofUnidentified:inGroup:pid:)``).
     func noteMaker(ofUnidentified identifier: String, inGroup group: String, pid: pid_t)

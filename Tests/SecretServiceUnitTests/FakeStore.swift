@@ -34,7 +34,6 @@ final class FakeStore: SecretStore, @unchecked Sendable {
     func addObserver(_ handler: @escaping @Sendable (DeviceEvent) -> Void) -> Int { 1 }
     func removeObserver(_ token: Int) {}
     func itemNames() -> [String: [String]] { ["work": ["mail"]] }
-    func itemNames(inGroup group: String) -> [String] { itemNames()[group] ?? [] }
     func noteMaker(ofUnidentified identifier: String, inGroup group: String, pid: pid_t) {}
     func isMaker(_ pid: pid_t, of identifier: String, inGroup group: String) -> Bool { false }
     func answer(_ question: ConsentQuestion) -> ItemConsent.Answer {
