@@ -422,9 +422,7 @@ final class ItemStore: Sendable {
     /// its folders with an item (`a/b` beside `a`). Index seeks only: the
     /// items below a name sort between `NAME/` and `NAME0` ('0' follows '/').
     private func requireFreeName(_ db: SQLiteConnection, group: String, identifier: String) throws(KeychainError) {
-        let below = try db.statement("SELECT 1 FROM items WHERE grp = ? AND ident >= ? AND ident < ? LIMIT 1")
-            .bind(1, group).bind(2, identifier + "/").bind(3, identifier + "0")
-        if try below.step() { throw .nameConflict }
+        if try itemsBelow(db, folder: identifier, inGroup: group) { throw .nameConflict }
         for folder in ItemLimits.folders(of: identifier) {
             let item = try db.statement("SELECT 1 FROM items WHERE grp = ? AND ident = ?").bind(1, group).bind(
                 2, folder)
@@ -434,10 +432,17 @@ final class ItemStore: Sendable {
 
     /// Whether `group` holds items below the folder `folder` (`folder/...`).
     func holdsItems(below folder: String, inGroup group: String) throws(KeychainError) -> Bool {
-        try withConnection { db throws(KeychainError) in
-            try db.statement("SELECT 1 FROM items WHERE grp = ? AND ident >= ? AND ident < ? LIMIT 1")
-                .bind(1, group).bind(2, folder + "/").bind(3, folder + "0").step()
-        }
+        try withConnection { db throws(KeychainError) in try itemsBelow(db, folder: folder, inGroup: group) }
+    }
+
+    /// ``holdsItems(below:inGroup:)`` inside the caller's connection: one
+    /// index seek, the names below `folder` sorting between `folder/` and
+    /// `folder0` ('0' follows '/').
+    private func itemsBelow(_ db: SQLiteConnection, folder: String, inGroup group: String) throws(KeychainError)
+        -> Bool
+    {
+        try db.statement("SELECT 1 FROM items WHERE grp = ? AND ident >= ? AND ident < ? LIMIT 1")
+            .bind(1, group).bind(2, folder + "/").bind(3, folder + "0").step()
     }
 
     private func upsert(_ db: SQLiteConnection, _ row: SealedItem) throws(KeychainError) {
