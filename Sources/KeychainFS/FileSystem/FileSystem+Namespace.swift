@@ -29,7 +29,13 @@ extension FileSystem {
                 }
             }
         }
-        // Its folder stays, empty, until rmdir (as a directory does: `rm -r` removes it last).
+        keepFolder(folder, inGroup: group)
+    }
+
+    /// The folder (ending with `/`; empty: the group's top) that an item
+    /// left stays, empty, until rmdir, as a directory does: `rm -r` removes
+    /// it last.
+    private func keepFolder(_ folder: String, inGroup group: String) {
         if !folder.isEmpty { nodes.makeFolder(String(folder.dropLast()), inGroup: group) }
     }
 
@@ -109,7 +115,7 @@ extension FileSystem {
                 }
             }
         }
-        if !folder.isEmpty { nodes.makeFolder(String(folder.dropLast()), inGroup: group) }
+        keepFolder(folder, inGroup: group)
     }
 
     /// Runs a change of names that this mount's request makes: the inodes
