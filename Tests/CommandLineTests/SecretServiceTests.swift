@@ -650,38 +650,5 @@ extension SerialTests {
             os.execv(program, [program] + arguments)
             """.write(toFile: harness.root + "/race.py", atomically: true, encoding: .utf8)
         }
-
-        /// Bad input is an error and changes nothing.
-        @Test func unknownObjectsWrongSignaturesAndForeignSessionsAreErrors() {
-            let bad = onBus(
-                """
-                call() { out=$(busctl --user call org.freedesktop.secrets "$@" 2>&1); rc=$?; echo "$out rc $rc"; }
-                call /org/freedesktop/secrets/collection/default/no_5fsuch org.freedesktop.DBus.Properties Get ss org.freedesktop.Secret.Item Label
-                call /org/freedesktop/secrets/nowhere org.freedesktop.Secret.Service SearchItems 'a{ss}' 0
-                call /org/freedesktop/secrets org.freedesktop.Secret.Service SearchItems s x
-                call /org/freedesktop/secrets org.freedesktop.Secret.Service OpenSession sv no-such-algorithm s ''
-                call /org/freedesktop/secrets org.freedesktop.Secret.Service GetSecrets aoo 0 /org/freedesktop/secrets/session/7
-                call /org/freedesktop/secrets org.freedesktop.Secret.Service ReadAlias s nothing
-                call /org/freedesktop/secrets org.freedesktop.Secret.Service SetAlias so work /org/freedesktop/secrets/collection/default
-                call /org/freedesktop/secrets org.freedesktop.Secret.Service SetAlias so default /org/freedesktop/secrets/collection/default
-                call /org/freedesktop/secrets org.freedesktop.Secret.Service ReadAlias s work
-                """)
-            let lines = bad.stdout.split(separator: "\n").map(String.init)
-            #expect(lines.count == 9, "\(bad)")
-            if lines.count == 9 {
-                #expect(
-                    lines[0].contains("no item at /org/freedesktop/secrets/collection/default/no_5fsuch"), "\(lines[0])"
-                )
-                #expect(lines[1].contains("no object at"), "\(lines[1])")
-                #expect(lines[2].contains("SearchItems takes (a{ss}), not (s)"), "\(lines[2])")
-                #expect(lines[3].contains("not supported"), "\(lines[3])")
-                #expect(lines[4].contains("no open session"), "\(lines[4])")
-                #expect(lines[5] == "o \"/\" rc 0", "\(lines[5])")  // an unknown alias is no object, not an error
-                #expect(lines[0...4].allSatisfy { $0.hasSuffix(" rc 1") })
-                // Aliases are fixed: one that names what it names is done, another refused and not made.
-                #expect(lines[6].contains("aliases are fixed") && lines[6].hasSuffix(" rc 1"), "\(lines[6])")
-                #expect(lines[7] == " rc 0" && lines[8] == "o \"/\" rc 0", "\(lines[7...8])")
-            }
-        }
     }
 }

@@ -69,7 +69,12 @@ final class FakeStore: SecretStore, @unchecked Sendable {
             var details = ItemDetails(label: "Mail", attributes: [:])
             details.owner = owner
             return .success(DetailsList([("mail", details)]))
-        case .info: return .success(info)
+        case .info(let group, let identifier):
+            // As the device answers for a name it does not hold.
+            guard group == "work" && identifier == "mail" else {
+                return .failure(.keychain(.itemNotFound, KeychainError.itemNotFound.description))
+            }
+            return .success(info)
         case .get: kind = "get"
         case .set: kind = "set"
         case .remove: kind = "remove"

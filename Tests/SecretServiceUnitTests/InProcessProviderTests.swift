@@ -125,6 +125,74 @@ import Glibc
                 ]))
     }
 
+    /// Bad input is an error and changes nothing: an item or object that is
+    /// not there, arguments of the wrong signature, an algorithm the
+    /// provider does not offer, a session never opened, an alias moved.
+    @Test func unknownObjectsWrongSignaturesAndUnopenedSessionsAreErrors() throws {
+        let store = try Self.store()
+        let bus = try DirectBus(store: store)
+        let service = ObjectPaths.service
+        let serviceInterface = SecretServiceProvider.serviceInterface
+        func refusal(
+            _ path: String, _ interface: String, _ member: String,
+            _ build: @escaping (BusMessageWriter) throws(BusError) -> Void
+        ) -> BusError? {
+            #expect(throws: BusError.self) { try bus.call(path, interface, member, build) }
+        }
+
+        let noItem = refusal(
+            ObjectPaths.collection("work") + "/no_5fsuch", SecretServiceProvider.propertiesInterface, "Get"
+        ) { (call) throws(BusError) in
+            try call.string(SecretServiceProvider.itemInterface)
+            try call.string("Label")
+        }
+        #expect(
+            noItem?.message.contains("no item at \(ObjectPaths.collection("work"))/no_5fsuch") == true,
+            "\(String(describing: noItem))")
+        let noObject = refusal(service + "/nowhere", serviceInterface, "SearchItems") { (call) throws(BusError) in
+            try call.stringDictionary([:])
+        }
+        #expect(noObject?.message.contains("no object at") == true, "\(String(describing: noObject))")
+        let wrongSignature = refusal(service, serviceInterface, "SearchItems") { (call) throws(BusError) in
+            try call.string("x")
+        }
+        #expect(wrongSignature?.name == "org.freedesktop.DBus.Error.InvalidArgs")
+        #expect(
+            wrongSignature?.message.contains("SearchItems takes (a{ss}), not (s)") == true,
+            "\(String(describing: wrongSignature))")
+        let algorithm = refusal(service, serviceInterface, "OpenSession") { (call) throws(BusError) in
+            try call.string("no-such-algorithm")
+            try call.variant(.string(""))
+        }
+        #expect(algorithm?.name == "org.freedesktop.DBus.Error.NotSupported", "\(String(describing: algorithm))")
+        let noSession = refusal(service, serviceInterface, "GetSecrets") { (call) throws(BusError) in
+            try call.objectPaths([])
+            try call.objectPath(ObjectPaths.sessionPrefix + "7")
+        }
+        #expect(noSession?.message.contains("no open session") == true, "\(String(describing: noSession))")
+
+        // An unknown alias is no object ("/"), not an error.
+        func readAlias(_ name: String) throws -> String {
+            try bus.call(service, serviceInterface, "ReadAlias") { (call) throws(BusError) in try call.string(name) }
+                .arguments.objectPath()
+        }
+        #expect(try readAlias("nothing") == "/")
+        // Aliases are fixed: one that names what it names is done, another
+        // refused and not made.
+        let moved = refusal(service, serviceInterface, "SetAlias") { (call) throws(BusError) in
+            try call.string("work")
+            try call.objectPath(ObjectPaths.collection(ItemLimits.defaultGroup))
+        }
+        #expect(moved?.message.contains("aliases are fixed") == true, "\(String(describing: moved))")
+        let kept = try bus.call(service, serviceInterface, "SetAlias") { (call) throws(BusError) in
+            try call.string("default")
+            try call.objectPath(ObjectPaths.collection(ItemLimits.defaultGroup))
+        }
+        #expect(kept.signature == "")
+        #expect(try readAlias("work") == "/")
+        #expect(store.asked.withLock { $0 }.isEmpty)
+    }
+
     /// Each refusal of the store is the spec's error, with the store's
     /// sentence where it has one; nothing else is asked of it.
     @Test func aStoreRefusalIsTheSpecsErrorAndTheCallChangesNothing() throws {
