@@ -44,11 +44,20 @@ static inline int CLinux_disable_core_files(void) {
     return setrlimit(RLIMIT_CORE, &none);
 }
 
-// The calling thread at background priority: nice 19 and the idle I/O
-// class (setpriority(2) and ioprio_set(2) take a thread id; anyone may
-// lower their own). 0, or -1 with errno.
+// The calling thread at background priority: the SCHED_IDLE policy, nice
+// 19 and the idle I/O class (sched_setscheduler(2), setpriority(2) and
+// ioprio_set(2) take a thread id; anyone may lower their own). SCHED_IDLE,
+// not nice alone: the kernel's EEVDF scheduler lets a running nice-19
+// thread finish its slice before a woken ordinary one runs, so on two busy
+// cores every wakeup of a `get` (its process, the device's thread, the
+// reply) waited up to a slice, 2.9 times an idle `get` in all; a woken
+// ordinary thread preempts a SCHED_IDLE one at once (docs/BENCHMARKS.md).
+// 0, or -1 with errno.
 static inline int CLinux_background_this_thread(void) {
     pid_t thread = (pid_t)syscall(SYS_gettid);
+    // SCHED_IDLE is 5 (sched(7)); its priority must be 0.
+    struct { int priority; } idle = {0};
+    if (syscall(SYS_sched_setscheduler, thread, 5, &idle) != 0) return -1;
     if (setpriority(PRIO_PROCESS, (id_t)thread, 19) != 0) return -1;
     // IOPRIO_WHO_PROCESS (1), IOPRIO_CLASS_IDLE (3) << IOPRIO_CLASS_SHIFT (13).
     return (int)syscall(SYS_ioprio_set, 1, thread, 3 << 13);

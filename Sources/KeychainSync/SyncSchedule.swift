@@ -10,9 +10,9 @@ import Glibc
 /// round), at each unlock (values that waited for their class key go
 /// then), and every `interval` while it runs. A round runs on this
 /// schedule's own thread, so no read or write ever waits for the network,
-/// and at background priority (nice 19, the idle I/O class), so that on a
-/// machine of two cores a read of the keychain does not share a core with
-/// it on equal terms; a round asked for by `keychainfs sync` runs there too.
+/// and at background priority (SCHED_IDLE, the idle I/O class), so that on
+/// a machine of two cores a read of the keychain takes the core from it at
+/// once; a round asked for by `keychainfs sync` runs there too.
 package final class SyncSchedule: Sendable {
     /// A caller waiting for a round: its outcome, and the pipe end a byte
     /// is written to once the outcome is in.
@@ -92,12 +92,14 @@ package final class SyncSchedule: Sendable {
         return try result.get()
     }
 
-    /// The schedule's thread at background priority, once: nice 19 and the
-    /// idle I/O class for this thread alone (setpriority(2) and
-    /// ioprio_set(2) take a thread id; anyone may lower their own).
+    /// The schedule's thread at background priority, once: SCHED_IDLE and
+    /// the idle I/O class for this thread alone (CLinux's shim says why not nice alone).
     private let backgrounded = Atomic<Bool>(false)
+    /// Its name in `/proc/PID/task/TID/comm`, where its policy can be seen.
+    package static let threadName = "kcfs-sync"
     private func background() {
         guard !backgrounded.exchange(true, ordering: .relaxed) else { return }
+        _ = CLinux_name_thread(Self.threadName)
         _ = CLinux_background_this_thread()
     }
 

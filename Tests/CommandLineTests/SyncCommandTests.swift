@@ -36,6 +36,16 @@ extension SerialTests {
                 ).succeeded)
             let started = harness.sh("\"$K\" sync init \"$R/remote.git\" --keychain \"$KC\"")
             #expect(started.succeeded && started.stdout.contains("synced items: 1"), "\(started)")
+            // The round ran on the schedule's thread, which a woken `get` preempts at once
+            // (SCHED_IDLE, policy 5 in the 41st field of its stat; nice alone let it keep the core).
+            let policy = harness.sh(
+                """
+                pid=$("$K" status --keychain "$KC" | sed -n 's/^pid: //p')
+                for task in /proc/$pid/task/*; do
+                    [ "$(cat "$task/comm")" = kcfs-sync ] && cut -d ' ' -f 41 "$task/stat"
+                done
+                """)
+            #expect(policy.stdout == "5\n", "\(policy)")
             // The person starts the join on the new machine, approves on the first, and types there
             // the code the new machine shows.
             let joined = harness.sh(
