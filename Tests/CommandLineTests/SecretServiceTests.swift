@@ -385,38 +385,6 @@ extension SerialTests {
             #expect(activated.stdout == "state: stopped\nlookup 1\nstate: locked\nv lookup 0\n", "\(activated)")
         }
 
-        /// Locked is never absent: a search finds the item in its locked list,
-        /// a read fails with IsLocked.
-        @Test func whileLockedItemsAreFoundLockedAndTheirSecretsRefused() {
-            store("s3cret", at: "default/token")
-            let locked = onBus(
-                """
-                /usr/bin/python3 - <<'PY'
-                import secretstorage
-                from secretstorage.exceptions import LockedException
-                from jeepney import DBusAddress, new_method_call
-                conn = secretstorage.dbus_init()
-                service = DBusAddress('/org/freedesktop/secrets', 'org.freedesktop.secrets', 'org.freedesktop.Secret.Service')
-                unlocked, locked = conn.send_and_get_reply(new_method_call(service, 'SearchItems', 'a{ss}',
-                    ({'keychainfs:identifier': 'token'},))).body
-                print('unlocked', unlocked, 'locked', locked)
-                item = secretstorage.Item(conn, locked[0])
-                print('is locked', item.is_locked())
-                try:
-                    item.get_secret()
-                except LockedException as error:
-                    print('LockedException')
-                PY
-                """, locked: true)
-            #expect(
-                locked.stdout == """
-                    unlocked [] locked ['/org/freedesktop/secrets/collection/default/token']
-                    is locked True
-                    LockedException
-
-                    """, "\(locked)")
-        }
-
         /// secretstorage opens the DH session libsecret also asks for first
         /// (an implementation independent of ours: Python's integers and
         /// pyca/cryptography's AES); a plain session is asked for by hand.

@@ -20,14 +20,23 @@ final class FakeStore: SecretStore, @unchecked Sendable {
     /// The owner questions the person was shown.
     let questions = Mutex<[String]>([])
 
-    init(get: Answer, set: Answer, remove: Answer, owner: ProgramClaim? = nil, consent: ItemConsent.Answer = .denied) {
+    /// Whether the keychain is locked: no class key is available then, and
+    /// the device refuses every value (interactionNotAllowed), as a device
+    /// booted and not unlocked does.
+    let locked: Bool
+
+    init(
+        get: Answer, set: Answer, remove: Answer, owner: ProgramClaim? = nil, consent: ItemConsent.Answer = .denied,
+        locked: Bool = false
+    ) {
         answers = Mutex(["get": get, "set": set, "remove": remove])
         self.owner = owner
         self.consent = consent
+        self.locked = locked
     }
 
-    var isLocked: Bool { false }
-    func isAvailable(_ protectionClass: ProtectionClass) -> Bool { true }
+    var isLocked: Bool { locked }
+    func isAvailable(_ protectionClass: ProtectionClass) -> Bool { !locked }
     func appsOwnItems(inGroup group: String) -> Bool { owner != nil }
     func policedGroups(admitting program: () -> ProgramIdentity?) -> Set<String> { [] }
     func setSecretServiceState(_ state: String?) {}
@@ -82,6 +91,9 @@ final class FakeStore: SecretStore, @unchecked Sendable {
             return .failure(.keychain(.badRequest, "not in this test"))
         }
         asked.withLock { $0.append(kind) }
+        if locked && kind == "get" {
+            return .failure(.keychain(.interactionNotAllowed, KeychainError.interactionNotAllowed.description))
+        }
         return answers.withLock { $0[kind]! }
     }
 }

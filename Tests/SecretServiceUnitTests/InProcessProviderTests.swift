@@ -193,6 +193,36 @@ import Glibc
         #expect(store.asked.withLock { $0 }.isEmpty)
     }
 
+    /// Locked is never absent: while the keychain is locked a search finds
+    /// the item in its locked list, the item says Locked, and its secret is
+    /// IsLocked, never NoSuchObject.
+    @Test func whileLockedItemsAreFoundLockedAndTheirSecretsRefused() throws {
+        let store = FakeStore(
+            get: .success(ItemValue(value: try SecureBytes("s3cret"), protectionClass: .whenUnlocked)),
+            set: .failure(.keychain(.badRequest, "not in this test")),
+            remove: .failure(.keychain(.badRequest, "not in this test")), locked: true)
+        let bus = try DirectBus(store: store)
+        let found = try bus.call(ObjectPaths.service, SecretServiceProvider.serviceInterface, "SearchItems") {
+            (call) throws(BusError) in
+            try call.stringDictionary([SecretServiceProvider.identifierAttribute: "mail"])
+        }
+        #expect(try found.arguments.objectPaths() == [])
+        #expect(try found.arguments.objectPaths() == [Self.mail])
+        let locked = try bus.call(Self.mail, SecretServiceProvider.propertiesInterface, "Get") {
+            (call) throws(BusError) in
+            try call.string(SecretServiceProvider.itemInterface)
+            try call.string("Locked")
+        }
+        #expect(try locked.arguments.variant() == .bool(true))
+        let session = try bus.openPlainSession()
+        let refused = #expect(throws: BusError.self) {
+            try bus.call(Self.mail, SecretServiceProvider.itemInterface, "GetSecret") { (call) throws(BusError) in
+                try call.objectPath(session)
+            }
+        }
+        #expect(refused?.name == "org.freedesktop.Secret.Error.IsLocked", "\(String(describing: refused))")
+    }
+
     /// Each refusal of the store is the spec's error, with the store's
     /// sentence where it has one; nothing else is asked of it.
     @Test func aStoreRefusalIsTheSpecsErrorAndTheCallChangesNothing() throws {
