@@ -223,6 +223,67 @@ import Glibc
         #expect(refused?.name == "org.freedesktop.Secret.Error.IsLocked", "\(String(describing: refused))")
     }
 
+    /// An item's details past the limits (too many attributes, a value or
+    /// label too long, a control character in a name) are InvalidArgs, and
+    /// the store hears nothing of them; an item within them is stored. (A
+    /// secret past 1 MiB is the device's to refuse: SecretServiceClientTests.)
+    @Test func badItemsAreRefusedAndChangeNothing() throws {
+        let store = FakeStore(
+            get: .failure(.keychain(.badRequest, "not in this test")), set: .success(Done()),
+            remove: .failure(.keychain(.badRequest, "not in this test")))
+        let bus = try DirectBus(store: store)
+        let session = try bus.openPlainSession()
+        func create(attributes: [String: String] = ["app": "test"], label: String = "item") throws(BusError)
+            -> BusReply
+        {
+            try bus.call(ObjectPaths.collection("work"), SecretServiceProvider.collectionInterface, "CreateItem") {
+                (call) throws(BusError) in
+                try call.open("a", "{sv}")
+                for (name, value) in [
+                    ("org.freedesktop.Secret.Item.Label", PropertyValue.string(label)),
+                    ("org.freedesktop.Secret.Item.Attributes", .attributes(attributes))
+                ] {
+                    try call.open("e", "sv")
+                    try call.string(name)
+                    try call.variant(value)
+                    try call.close()
+                }
+                try call.close()
+                try call.open("r", "oayays")
+                try call.objectPath(session)
+                try call.bytes([])
+                try call.bytes(Array("x".utf8))
+                try call.string(ItemDetails.defaultContentType)
+                try call.close()
+                try call.bool(false)
+            }
+        }
+        let bad: [(String, () throws(BusError) -> BusReply)] = [
+            (
+                "many",
+                { () throws(BusError) in
+                    try create(attributes: Dictionary(uniqueKeysWithValues: (0..<65).map { ("a\($0)", "v") }))
+                }
+            ),
+            (
+                "huge value",
+                { () throws(BusError) in try create(attributes: ["a": String(repeating: "v", count: 5000)]) }
+            ),
+            ("huge label", { () throws(BusError) in try create(label: String(repeating: "l", count: 5000)) }),
+            ("control in name", { () throws(BusError) in try create(attributes: ["a\nb": "v"]) })
+        ]
+        for (name, attempt) in bad {
+            let refused = #expect(throws: BusError.self, "\(name)") { try attempt() }
+            #expect(
+                refused?.name == "org.freedesktop.DBus.Error.InvalidArgs", "\(name): \(String(describing: refused))")
+        }
+        #expect(store.asked.withLock { $0 }.isEmpty)
+        let made = try create()
+        #expect(made.signature == "oo")
+        #expect(try made.arguments.objectPath().hasPrefix(ObjectPaths.collection("work") + "/"))
+        #expect(store.asked.withLock { $0 } == ["set"])
+    }
+
     /// Each refusal of the store is the spec's error, with the store's
     /// sentence where it has one; nothing else is asked of it.
     @Test func aStoreRefusalIsTheSpecsErrorAndTheCallChangesNothing() throws {
