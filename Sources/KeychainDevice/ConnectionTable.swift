@@ -41,7 +41,7 @@ final class ConnectionTable: Sendable {
     let perUser: Int?
     /// Milliseconds a peer has to send its request, and to read its reply.
     let deadline: Int64
-    private let open = Mutex<[Int32: Connection]>([:])
+    private let open = Mutex<[BorrowedDescriptor: Connection]>([:])
 
     init(perUser: Int?, deadline: Int64) {
         self.perUser = perUser
@@ -49,7 +49,7 @@ final class ConnectionTable: Sendable {
     }
 
     /// Takes a new connection of `uid` in, unless that user holds ``perUser`` already.
-    func admit(_ fd: Int32, uid: uid_t) -> Bool {
+    func admit(_ fd: BorrowedDescriptor, uid: uid_t) -> Bool {
         let now = MonotonicClock.milliseconds()
         return open.withLock { open in
             if let perUser, open.values.lazy.filter({ $0.uid == uid }).count >= perUser { return false }
@@ -59,7 +59,7 @@ final class ConnectionTable: Sendable {
     }
 
     /// The connection moves on: a deadline starts for replying, none for answering and following.
-    func enter(_ phase: Phase, _ fd: Int32) {
+    func enter(_ phase: Phase, _ fd: BorrowedDescriptor) {
         let now = MonotonicClock.milliseconds()
         open.withLock { open in
             open[fd]?.phase = phase
@@ -68,7 +68,7 @@ final class ConnectionTable: Sendable {
     }
 
     /// The connection is done; its caller closes the descriptor after this.
-    func remove(_ fd: Int32) {
+    func remove(_ fd: BorrowedDescriptor) {
         _ = open.withLock { $0.removeValue(forKey: fd) }
     }
 
@@ -83,7 +83,7 @@ final class ConnectionTable: Sendable {
             for (fd, connection) in open {
                 guard let deadline = connection.deadline else { continue }
                 if deadline <= now {
-                    shutdown(fd, Int32(SHUT_RDWR))
+                    shutdown(fd.raw, Int32(SHUT_RDWR))
                     open[fd]?.deadline = nil
                 } else {
                     nearest = min(nearest ?? deadline, deadline)
@@ -106,7 +106,7 @@ final class ConnectionTable: Sendable {
                 victims = [oldest.key]
             }
             for fd in victims {
-                shutdown(fd, Int32(SHUT_RDWR))
+                shutdown(fd.raw, Int32(SHUT_RDWR))
                 open[fd]?.deadline = nil
             }
             return victims.count

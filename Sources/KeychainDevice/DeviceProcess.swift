@@ -21,8 +21,9 @@ public final class DeviceProcess: Sendable {
     /// Where the clients reach this process.
     public let socketPath: String
     private let keychains: ServedKeychains
-    /// Signalled whenever a mount's session ends or a request is answered.
-    private let mountEnded: Int32
+    /// Signalled whenever a mount's session ends or a request is answered
+    /// (an eventfd; nil when none could be made, and nothing waits on it).
+    private let mountEnded: FileDescriptor?
     /// Requests being answered: the process must not exit under one (an
     /// `unmount` of the last mount is answered after that mount has ended).
     private let requestsInFlight = Mutex(0)
@@ -49,8 +50,9 @@ public final class DeviceProcess: Sendable {
         } catch {
             throw MountError(error.description)
         }
-        let ended = eventfd(0, Int32(EFD_CLOEXEC))
-        mountEnded = ended
+        let made = FileDescriptor(eventfd(0, Int32(EFD_CLOEXEC)))
+        let ended = made.borrowed
+        mountEnded = made
         // Every connection is the user's own: no limit but the deadline.
         connections = ConnectionTable(perUser: nil, deadline: Self.connectionDeadline * 1000)
         keychains = .perUser(
@@ -63,8 +65,9 @@ public final class DeviceProcess: Sendable {
     /// (`UID/` each), listening at `socketPath`.
     public init(serviceOf stateDirectory: String, socketPath: String, limits: ServiceLimits = ServiceLimits()) {
         self.socketPath = socketPath
-        let ended = eventfd(0, Int32(EFD_CLOEXEC))
-        mountEnded = ended
+        let made = FileDescriptor(eventfd(0, Int32(EFD_CLOEXEC)))
+        let ended = made.borrowed
+        mountEnded = made
         connections = ConnectionTable(perUser: limits.connectionsPerUser, deadline: Self.connectionDeadline * 1000)
         keychains = .service(ServiceKeychains(stateDirectory: stateDirectory, limits: limits) { Self.signal(ended) })
     }
@@ -75,9 +78,10 @@ public final class DeviceProcess: Sendable {
         return keychain.manager
     }
 
-    private static func signal(_ eventfd: Int32) {
+    private static func signal(_ eventfd: BorrowedDescriptor?) {
+        guard let eventfd else { return }
         var one: UInt64 = 1
-        _ = write(eventfd, &one, 8)
+        _ = write(eventfd.raw, &one, 8)
     }
 
     /// Mounts the per-user device's keychain (or one of its groups) at `mountpoint`, an absolute path.
@@ -130,12 +134,12 @@ public final class DeviceProcess: Sendable {
         // We hold the keychain's flock, so a socket file left there is stale.
         var listening: FileDescriptor?
         do throws(Errno) {
-            listening = FileDescriptor(try UnixSocket.listen(at: socketPath))
+            listening = try UnixSocket.listen(at: socketPath)
         } catch {
             ready(MountError("cannot listen on \(socketPath): \(error)"))
             return 1
         }
-        let listener = listening.raw ?? -1
+        let listener = listening.borrowed!  // set just above
         defer {
             listening = nil  // closed: the accepting thread sees it and ends
             unlink(socketPath)
@@ -165,7 +169,7 @@ public final class DeviceProcess: Sendable {
         followLoginSessions(of: getuid(), keychains: { _ in [keychain] }) { [self] sentence in
             recordLifecycle(keychain, "session", sentence)
         }
-        let stopped = waitForTheEnd(signals) { mountpoint != nil && !keychain.hasMounts }
+        let stopped = waitForTheEnd(signals.borrowed) { mountpoint != nil && !keychain.hasMounts }
         // No question outlives the device that would read its answer.
         Pinentry.endAll()
         self.secretService.withLock { provider in
@@ -254,7 +258,7 @@ public final class DeviceProcess: Sendable {
 
     /// Runs the service on `listener` (its own, or systemd's) until a
     /// signal asks it to stop. Returns the process exit status.
-    public func runService(listener: Int32, ready: () -> Void) -> Int32 {
+    public func runService(listener: BorrowedDescriptor, ready: () -> Void) -> Int32 {
         guard case .service(let all) = keychains else { preconditionFailure("not a service") }
         if let problem = ExecutableImage.servingProblem {
             Diagnostics.log("keychainfs service: " + problem)
@@ -265,7 +269,7 @@ public final class DeviceProcess: Sendable {
         ready()
         // Said in the journal (or the daemon's log): the service has no audit log of its own.
         followLoginSessions(of: nil, keychains: all.opened) { Diagnostics.log($0) }
-        let stopped = waitForTheEnd(signals) { false }
+        let stopped = waitForTheEnd(signals.borrowed) { false }
         loginSessions.withLock { $0 = nil }
         // The mounts are their users' (the service cannot unmount them):
         // their connections close with this process, and `keychainfs mount`
@@ -276,7 +280,7 @@ public final class DeviceProcess: Sendable {
 
     /// Process-wide settings of a device; returns a signalfd of the
     /// signals that stop it.
-    private static func prepareProcess() -> Int32 {
+    private static func prepareProcess() -> FileDescriptor? {
         if !disableCoreDumps() { Diagnostics.log("could not disable core dumps") }
         // glibc gives each of libfuse's worker threads a malloc arena of its
         // own; memory freed in one is not reused by the others, and a large
@@ -302,32 +306,33 @@ public final class DeviceProcess: Sendable {
         }
         Glibc.signal(SIGPIPE, SIG_IGN)
         pthread_sigmask(SIG_BLOCK, &stopping, nil)
-        return signalfd(-1, &stopping, Int32(SFD_CLOEXEC))
+        return FileDescriptor(signalfd(-1, &stopping, Int32(SFD_CLOEXEC)))
     }
 
     /// Waits for a stopping signal (true), or until `isIdle` holds with no
     /// request in flight (true), or an error of poll (false).
-    private func waitForTheEnd(_ signals: Int32, isIdle: () -> Bool) -> Bool {
+    private func waitForTheEnd(_ signals: BorrowedDescriptor?, isIdle: () -> Bool) -> Bool {
         var fds = [
-            pollfd(fd: signals, events: Int16(POLLIN), revents: 0),
-            pollfd(fd: mountEnded, events: Int16(POLLIN), revents: 0)
+            // Without a signalfd (none could be made), -1: poll(2) passes over a negative descriptor.
+            pollfd(fd: signals?.raw ?? -1, events: Int16(POLLIN), revents: 0),
+            pollfd(fd: mountEnded.raw ?? -1, events: Int16(POLLIN), revents: 0)
         ]
         while true {
             guard (try? valueOrErrno({ poll(&fds, 2, -1) })) != nil else { return false }
             if fds[0].revents != 0 {
                 var info = signalfd_siginfo()
-                _ = read(signals, &info, MemoryLayout<signalfd_siginfo>.size)
+                _ = read(fds[0].fd, &info, MemoryLayout<signalfd_siginfo>.size)
                 return true
             }
             if fds[1].revents != 0 {
                 var count: UInt64 = 0
-                _ = read(mountEnded, &count, 8)
+                _ = read(fds[1].fd, &count, 8)
                 if isIdle() && requestsInFlight.withLock({ $0 == 0 }) { return true }
             }
         }
     }
 
-    private func startServing(_ listener: Int32) {
+    private func startServing(_ listener: BorrowedDescriptor) {
         if let thread = Threads.start({ [self] in acceptLoop(listener) }) { pthread_detach(thread) }
     }
 
@@ -339,7 +344,7 @@ public final class DeviceProcess: Sendable {
     /// also keeps the connections' deadlines and, under a unit with
     /// `WatchdogSec=`, tells systemd it is alive: a wedged loop gets the
     /// service restarted.
-    private func acceptLoop(_ listener: Int32) {
+    private func acceptLoop(_ listener: BorrowedDescriptor) {
         // One descriptor kept for the moment there is none left (the
         // accept(2) man page's advice on EMFILE): freed, it lets the loop
         // take the waiting peer instead of spinning on it.
@@ -360,7 +365,7 @@ public final class DeviceProcess: Sendable {
                 let untilPing = lastPing + watchdog - now
                 timeout = timeout < 0 ? untilPing : min(timeout, untilPing)
             }
-            var waiting = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+            var waiting = pollfd(fd: listener.raw, events: Int16(POLLIN), revents: 0)
             let ready: Int32
             do throws(Errno) {
                 ready = try valueOrErrno { poll(&waiting, 1, Int32(clamping: timeout)) }
@@ -373,9 +378,9 @@ public final class DeviceProcess: Sendable {
             }
             if ready == 0 { continue }
             if waiting.revents & Int16(POLLNVAL) != 0 { return }
-            let client: Int32
+            let accepted: Int32
             do throws(Errno) {
-                client = try valueOrErrno { CLinux_accept_cloexec(listener) }
+                accepted = try valueOrErrno { CLinux_accept_cloexec(listener.raw) }
             } catch {
                 switch error.rawValue {
                 case EMFILE, ENFILE, ENOBUFS, ENOMEM:
@@ -387,7 +392,8 @@ public final class DeviceProcess: Sendable {
                 }
                 continue
             }
-            serveOnItsOwnThread(client)
+            // Not -1: accept(2) succeeded.
+            serveOnItsOwnThread(FileDescriptor(accepted)!)
         }
     }
 
@@ -395,7 +401,7 @@ public final class DeviceProcess: Sendable {
     /// come) are shut down to make room, and the reserve's place takes the
     /// waiting peer; with none to shed, that peer is told to try again.
     /// Takes `reserve` anew (nil until a descriptor is free again).
-    private func shedForRoom(_ listener: Int32, reserve: inout FileDescriptor?, lastLog: inout Int64) {
+    private func shedForRoom(_ listener: BorrowedDescriptor, reserve: inout FileDescriptor?, lastLog: inout Int64) {
         reserve = nil  // closed: its place takes the waiting peer
         let shed = connections.shedIdle(olderThan: 100)
         let now = MonotonicClock.milliseconds()
@@ -403,11 +409,11 @@ public final class DeviceProcess: Sendable {
             Diagnostics.log("out of descriptors with \(connections.count) connections open: shed \(shed) idle ones")
             lastLog = now
         }
-        if let client = try? valueOrErrno({ CLinux_accept_cloexec(listener) }) {
+        if let connection = FileDescriptor(CLinux_accept_cloexec(listener.raw)) {
             if shed > 0 {
-                serveOnItsOwnThread(client)
+                serveOnItsOwnThread(connection)
             } else {
-                refuse(client, DeviceReply.systemError(EAGAIN, "the device is out of descriptors: try again"))
+                refuse(connection, DeviceReply.systemError(EAGAIN, "the device is out of descriptors: try again"))
             }
         }
         // Nothing freed: wait a little rather than spin on the backlog.
@@ -415,16 +421,17 @@ public final class DeviceProcess: Sendable {
         reserve = FileDescriptor(Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC))
     }
 
-    private func serveOnItsOwnThread(_ client: Int32) {
+    private func serveOnItsOwnThread(_ connection: consuming FileDescriptor) {
+        let client = connection.borrowed
         // A user over their share of connections is told so at once: the
         // socket's buffer takes a reply this small without blocking.
         guard let credentials = ProgramIdentities.peerCredentials(client) else {
-            refuse(client, .systemError(EPERM, "the device cannot tell who connected"))
+            refuse(connection, .systemError(EPERM, "the device cannot tell who connected"))
             return
         }
         guard connections.admit(client, uid: credentials.uid) else {
             refuse(
-                client,
+                connection,
                 .systemError(
                     EAGAIN,
                     "too many connections of your user at once "
@@ -435,24 +442,26 @@ public final class DeviceProcess: Sendable {
         // that connects and sends nothing (or reads nothing) must not
         // stall the mounts and unmounts of everyone else.
         var deadline = timeval(tv_sec: Int(Self.connectionDeadline), tv_usec: 0)
-        _ = setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
-        _ = setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
+        _ = setsockopt(client.raw, SOL_SOCKET, SO_RCVTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
+        _ = setsockopt(client.raw, SOL_SOCKET, SO_SNDTIMEO, &deadline, socklen_t(MemoryLayout<timeval>.size))
         requestsInFlight.withLock { $0 += 1 }
+        // Handed to the serving thread as its number, which serve() owns
+        // again: a closure cannot take an owner that is not copyable.
+        let handed = connection.release()
         if let served = Threads.start({ [self] in
             _ = CLinux_name_thread(Self.connectionThreadName)
-            serve(client, from: credentials)
+            serve(handed, from: credentials)
         }) {
             pthread_detach(served)
         } else {
-            serve(client, from: credentials)
+            serve(handed, from: credentials)
         }
     }
 
-    /// Answers `client` (ours: accepted and never served) and closes it.
-    private func refuse(_ client: Int32, _ reply: DeviceReply) {
-        let connection = FileDescriptor(client)
-        if let frame = try? reply.frame() { _ = DeviceProtocol.send(frame, to: client) }
-        _ = connection?.close()
+    /// Answers `connection` (accepted and never served) and closes it.
+    private func refuse(_ connection: consuming FileDescriptor, _ reply: DeviceReply) {
+        if let frame = try? reply.frame() { _ = DeviceProtocol.send(frame, to: connection.borrowed) }
+        _ = connection.close()
     }
 
     /// The name of the threads that serve a socket connection (`/proc/PID/task/TID/comm`).
@@ -461,13 +470,15 @@ public final class DeviceProcess: Sendable {
     /// Seconds a peer may take to send its whole request, and to read the whole reply.
     static let connectionDeadline: Int64 = 5
 
-    private func serve(_ client: Int32, from credentials: PeerCredentials) {
-        let connection = FileDescriptor(client)  // this thread's from accept on
+    /// Serves the connection `handed` (this thread's from then on) and closes it.
+    private func serve(_ handed: Int32, from credentials: PeerCredentials) {
+        let connection = FileDescriptor(handed)!  // not -1: accept(2) gave it
+        let client = connection.borrowed
         var attachments = ReplyAttachments()
         let reply = answer(client, from: credentials, attachments: &attachments)
         connections.enter(.replying, client)
         if let frame = try? reply.frame(),
-            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor.raw)
+            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor.borrowed)
         {
             // A watcher is a client: the device stays while it follows.
             if let events = attachments.events {
@@ -477,15 +488,17 @@ public final class DeviceProcess: Sendable {
         }
         attachments.descriptor = nil
         connections.remove(client)
-        _ = connection?.close()
+        _ = connection.close()
         requestsInFlight.withLock { $0 -= 1 }
-        Self.signal(mountEnded)
+        Self.signal(mountEnded.borrowed)
     }
 
     /// Reads one request (its frame, which may hold passcodes, in secret
     /// memory) and has the peer's keychain carry it out. `credentials`
     /// are the peer's, as the kernel gave them when it was accepted.
-    private func answer(_ client: Int32, from credentials: PeerCredentials, attachments: inout ReplyAttachments)
+    private func answer(
+        _ client: BorrowedDescriptor, from credentials: PeerCredentials, attachments: inout ReplyAttachments
+    )
         -> DeviceReply
     {
         if case .perUser = keychains, credentials.uid != getuid() {

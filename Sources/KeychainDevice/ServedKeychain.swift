@@ -73,17 +73,18 @@ final class ServedKeychain: Sendable {
     /// Mounts the keychain (or one of its groups) at `mountpoint`, an
     /// absolute path: the device mounts it itself, or, given `connection`,
     /// serves the `/dev/fuse` descriptor its user mounted there (and owns it).
-    func mount(_ mountpoint: String, group: String?, connection: Int32? = nil) throws(MountError) {
+    func mount(_ mountpoint: String, group: String?, connection: consuming FileDescriptor? = nil) throws(MountError) {
         // Ours (closed when the mount fails) until FuseMount takes it.
-        var owned: FileDescriptor? = nil
-        if let connection { owned = FileDescriptor(connection) }
-        if let connection, let problem = FuseConnection.problem(with: connection) { throw MountError(problem) }
+        let attaching = connection.raw != nil
+        if let passed = connection.borrowed, let problem = FuseConnection.problem(with: passed) {
+            throw MountError(problem)
+        }
         if let mountLimit = serviceLimits?.mountsPerUser, mounts.withLock({ $0.count }) >= mountLimit {
             throw MountError(
                 "you have \(mountLimit) mounts of this keychain already, the most the service allows: "
                     + "unmount one first")
         }
-        if connection == nil {
+        if !attaching {
             if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
             guard access("/dev/fuse", R_OK | W_OK) == 0 else {
                 throw MountError("/dev/fuse is missing or not usable: load the fuse module (modprobe fuse)")
@@ -102,8 +103,8 @@ final class ServedKeychain: Sendable {
             throw MountError("cannot mount group \(group ?? ""): \(error)")
         }
         let ended = mountEnded
-        let handed = owned.take()?.release()  // FuseMount owns it from here, on failure too
-        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint, connection: handed) {
+        // FuseMount owns it from here, on failure too.
+        let mount = try FuseMount(fileSystem: fileSystem, mountpoint: mountpoint, connection: connection.take()) {
             [weak self] finished in
             _ = self?.mounts.withLock { mounts in
                 // A later mount at the same place (after a dead one) is not this one.
@@ -153,7 +154,7 @@ final class ServedKeychain: Sendable {
     /// to close unless `attach` takes it (and sets it nil). A descriptor for
     /// the reply, or the events that follow it, go to `attachments`.
     func answer(
-        _ request: DeviceRequest, client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
+        _ request: DeviceRequest, client: BorrowedDescriptor, policedAtConnect: Bool, atConnect: ProgramIdentity?,
         passed: inout FileDescriptor?, attachments: inout ReplyAttachments
     ) -> DeviceReply {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
@@ -183,13 +184,13 @@ final class ServedKeychain: Sendable {
             // hash, or tell the existence of, what only it can read
             // (docs/SECURITY.md, "Service mode under attack").
             return manager.localDevice.answer(
-                policyRequest: policy, by: subject(), executable: passed.raw,
+                policyRequest: policy, by: subject(), executable: passed.borrowed,
                 opensPaths: serviceLimits == nil
             ).reply
         case .mount(let mountRequest):
             return answer(mountRequest, passed: &passed)
         case .file(let file):
-            return answer(file, client: client, passed: passed.raw, attachments: &attachments)
+            return answer(file, client: client, passed: passed.borrowed, attachments: &attachments)
         case .process(let process):
             return answer(process, client: client, attachments: &attachments)
         case .tpm:
@@ -228,10 +229,9 @@ final class ServedKeychain: Sendable {
             if case .attach = request, passed.raw == nil {
                 return .systemError(EINVAL, "no FUSE connection came with the request")
             }
-            // The mount owns it from here, and closes it if it fails.
-            let connection = passed.take()?.release()
             do {
-                try mount(mountpoint, group: group, connection: connection)
+                // The mount owns it from here, and closes it if it fails.
+                try mount(mountpoint, group: group, connection: passed.take())
                 return Done().reply
             } catch {
                 return .systemError(EINVAL, error.description)
@@ -252,7 +252,8 @@ final class ServedKeychain: Sendable {
 
     /// Backups, whose file comes with the request, and the audit log, which goes with the reply.
     private func answer(
-        _ request: FileRequest, client: Int32, passed: Int32?, attachments: inout ReplyAttachments
+        _ request: FileRequest, client: BorrowedDescriptor, passed: BorrowedDescriptor?,
+        attachments: inout ReplyAttachments
     ) -> DeviceReply {
         let subject = { ProgramIdentities.subject(ofPeer: client) }
         switch request {
@@ -318,7 +319,7 @@ final class ServedKeychain: Sendable {
     /// The device process itself, as the keychain sees it (a per-user
     /// device answers `stop`, `create` and `serveBus` before this).
     private func answer(
-        _ request: ProcessRequest, client: Int32, attachments: inout ReplyAttachments
+        _ request: ProcessRequest, client: BorrowedDescriptor, attachments: inout ReplyAttachments
     ) -> DeviceReply {
         switch request {
         case .ping:
@@ -348,7 +349,7 @@ final class ServedKeychain: Sendable {
 
 extension ServedKeychain {
     /// The peer of `client` as the owner rule asks about it.
-    func peerConsent(_ client: Int32) -> ConsentCaller {
+    func peerConsent(_ client: BorrowedDescriptor) -> ConsentCaller {
         ConsentCaller(
             program: { ProgramIdentities.ofPeer(client) }, subject: { ProgramIdentities.subject(ofPeer: client) },
             waiting: { ClientPresence.socketOpen(client) })

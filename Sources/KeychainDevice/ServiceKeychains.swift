@@ -64,7 +64,7 @@ final class ServiceKeychains: Sendable {
     /// ``ServedKeychain/answer(_:client:policedAtConnect:atConnect:passed:attachments:)``.
     func answer(
         _ request: DeviceRequest, from credentials: PeerCredentials, existing: Result<ServedKeychain?, MountError>,
-        client: Int32, policedAtConnect: Bool, atConnect: ProgramIdentity?,
+        client: BorrowedDescriptor, policedAtConnect: Bool, atConnect: ProgramIdentity?,
         passed: inout FileDescriptor?, attachments: inout ReplyAttachments
     ) -> DeviceReply {
         switch request {

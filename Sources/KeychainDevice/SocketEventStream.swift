@@ -15,7 +15,7 @@ import Glibc
 /// which writes without blocking. A client that stops reading gets the
 /// `overflow` line, as a mount's `.events` reader does, and holds up nothing.
 final class SocketEventStream: Sendable {
-    private let client: Int32
+    private let client: BorrowedDescriptor
     private let wake: FileDescriptor
     private let device: Device
     /// Who asked: the item changes of a group with an entitlement policy
@@ -25,7 +25,7 @@ final class SocketEventStream: Sendable {
     private let observer = Mutex<Int?>(nil)
 
     /// Starts listening now (the `ok` reply follows), with the state line first.
-    init?(client: Int32, device: Device, reader: ProgramIdentity?) {
+    init?(client: BorrowedDescriptor, device: Device, reader: ProgramIdentity?) {
         guard let wake = FileDescriptor(eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))) else { return nil }
         self.client = client
         self.wake = wake
@@ -60,7 +60,7 @@ final class SocketEventStream: Sendable {
             let clientEvents = CLinux_POLLRDHUP | Int16(POLLIN) | (pending.isEmpty ? 0 : Int16(POLLOUT))
             var fds = [
                 pollfd(fd: wake.raw, events: Int16(POLLIN), revents: 0),
-                pollfd(fd: client, events: clientEvents, revents: 0)
+                pollfd(fd: client.raw, events: clientEvents, revents: 0)
             ]
             guard (try? valueOrErrno({ poll(&fds, 2, -1) })) != nil else { return }
             if fds[1].revents & (CLinux_POLLRDHUP | Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { return }
@@ -70,7 +70,7 @@ final class SocketEventStream: Sendable {
             }
             if fds[1].revents & Int16(POLLOUT) != 0 && !pending.isEmpty {
                 let sent = pending.withUnsafeBytes {
-                    send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+                    send(client.raw, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
                 }
                 if sent > 0 {
                     pending.removeFirst(sent)

@@ -14,7 +14,7 @@ import Glibc
 public enum UserMount {
     /// Mounts an empty FUSE connection at `mountpoint` (absolute) and
     /// returns its descriptor; the caller passes it to the device.
-    public static func mount(at mountpoint: String) throws(MountError) -> Int32 {
+    public static func mount(at mountpoint: String) throws(MountError) -> FileDescriptor {
         if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
         var ends: [Int32] = [0, 0]
         guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0,
@@ -35,6 +35,6 @@ public enum UserMount {
         guard status == 0, let connection else {
             throw MountError("fusermount3 could not mount at \(mountpoint) (exit status \(status))")
         }
-        return connection.release()
+        return connection
     }
 }

@@ -12,7 +12,7 @@ enum AtomicFile {
             guard let fd = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)) else {
                 throw Errno.current
             }
-            try Descriptor.writeAll(fd.raw, bytes)
+            try fd.borrowed.writeAll(bytes)
             _ = try valueOrErrno { fsync(fd.raw) }
             _ = try valueOrErrno { rename(temporary, path) }
             let directory = String(path[..<(path.lastIndex(of: "/") ?? path.endIndex)])

@@ -68,7 +68,7 @@ struct GitRepository: Sendable {
             let stderr = FileDescriptor(CLinux_memfd("git-err"))
         else { throw SyncFailure(.remote, "git could not be started (memfd_create failed)") }
         do throws(Errno) {
-            try Descriptor.writeAll(stdin.raw, input)
+            try stdin.borrowed.writeAll(input)
         } catch {
             throw SyncFailure(.remote, "git could not be started (\(error))")
         }
@@ -96,8 +96,8 @@ struct GitRepository: Sendable {
         let status = Spawn.run(bounded + settings + limits + place + arguments, options: options)
         lseek(stdout.raw, 0, SEEK_SET)
         lseek(stderr.raw, 0, SEEK_SET)
-        let out = (try? Descriptor.readAll(stdout.raw, limit: Self.largestFile)) ?? []
-        let err = (try? Descriptor.readAll(stderr.raw, limit: 64 << 10)) ?? []
+        let out = (try? stdout.borrowed.readAll(limit: Self.largestFile)) ?? []
+        let err = (try? stderr.borrowed.readAll(limit: 64 << 10)) ?? []
         let message = String(decoding: err, as: UTF8.self).split(separator: "\n").filter { !$0.isEmpty }
             .joined(separator: "; ")
         return Output(status: status, out: out, err: message)

@@ -79,7 +79,7 @@ extension SyncEngine {
     private func loadJoining() throws(SyncFailure) -> JoiningState? {
         guard let fd = FileDescriptor(open(joiningPath, O_RDONLY | O_CLOEXEC)) else { return nil }
         do {
-            return try JoiningState(try Descriptor.readAll(fd.raw))
+            return try JoiningState(try fd.borrowed.readAll())
         } catch {
             throw SyncFailure(.store(.decode), "\(joiningPath) is damaged: remove it and ask to join again")
         }

@@ -18,8 +18,8 @@ package final class SyncSchedule: Sendable {
     /// is written to once the outcome is in.
     private final class RoundWaiter: Sendable {
         let outcome = Mutex<Result<SyncReport, SyncFailure>?>(nil)
-        let done: Int32
-        init(done: Int32) { self.done = done }
+        let done: BorrowedDescriptor
+        init(done: BorrowedDescriptor) { self.done = done }
     }
 
     private struct State {
@@ -81,7 +81,7 @@ package final class SyncSchedule: Sendable {
         else { return try engine.sync() }
         _ = fcntl(wait.raw, F_SETFD, FD_CLOEXEC)
         _ = fcntl(done.raw, F_SETFD, FD_CLOEXEC)
-        let waiter = RoundWaiter(done: done.raw)
+        let waiter = RoundWaiter(done: done.borrowed)
         state.withLock { $0.waiting.append(waiter) }
         thread.withLock { $0?.wake() }
         // The thread writes a byte once the outcome is in (or closes nothing: `done` is ours).
@@ -116,7 +116,7 @@ package final class SyncSchedule: Sendable {
             for waiter in asked {
                 waiter.outcome.withLock { $0 = result }
                 var byte: UInt8 = 1
-                _ = write(waiter.done, &byte, 1)
+                _ = write(waiter.done.raw, &byte, 1)
             }
             return .after(milliseconds: 0)
         }

@@ -102,7 +102,10 @@ final class BusConnection: @unchecked Sendable {
     /// and until the daemon has accepted, the other end has no address.
     var peerAddress: [UInt8]? {
         if let known = knownPeerAddress { return known }
-        knownPeerAddress = SocketHolders.peerAddress(of: CSystemd_sd_bus_get_fd(bus))
+        // sd-bus owns its connection's descriptor for as long as the bus is ours.
+        let fd = CSystemd_sd_bus_get_fd(bus)
+        guard fd >= 0 else { return nil }
+        knownPeerAddress = SocketHolders.peerAddress(of: BorrowedDescriptor(kept: fd))
         return knownPeerAddress
     }
     private var knownPeerAddress: [UInt8]?

@@ -227,10 +227,11 @@ struct BusMessageReader {
 
     /// A descriptor the message carries (`h`); the message owns it, and
     /// closes it with itself.
-    func unixFD() throws(BusError) -> Int32 {
+    func unixFD() throws(BusError) -> BorrowedDescriptor {
         var fd: Int32 = -1
         try check(CSystemd_sd_bus_message_read_basic(message, CChar(UInt8(ascii: "h")), &fd))
-        return fd
+        guard fd >= 0 else { throw .invalidArguments("no descriptor came with the call") }
+        return BorrowedDescriptor(kept: fd)
     }
 
     func skip(_ types: String) throws(BusError) {

@@ -12,11 +12,10 @@ import Glibc
 extension SecretServiceProvider {
     /// The program behind a call, as ``outcome(_:for:audit:)`` reads it.
     func callerIdentity(_ call: BusCall) -> ProgramIdentity? {
-        guard let sender = bus.senderProcess(of: call.message), let raw = Pidfd.open(sender.pid),
-            let owned = FileDescriptor(raw)
-        else { return nil }
-        let pidfd = owned.raw  // open until the identity is checked against it
-        guard var identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd) else {
+        guard let sender = bus.senderProcess(of: call.message), let pidfd = Pidfd.open(sender.pid) else { return nil }
+        // The pidfd stays open until the identity is checked against it.
+        guard var identity = ProgramIdentities.of(thread: sender.pid, uid: sender.uid), Pidfd.isAlive(pidfd.borrowed)
+        else {
             return nil
         }
         if identity.distrust == nil { identity.distrust = connectionDoubt(call.sender, pid: sender.pid, identity) }

@@ -253,7 +253,7 @@ public final class LoginSessions: @unchecked Sendable {
                 }),
             let fd = try? reply.arguments.unixFD()
         else { return }
-        inhibitor = FileDescriptor(fcntl(fd, F_DUPFD_CLOEXEC, 3))
+        inhibitor = FileDescriptor(fcntl(fd.raw, F_DUPFD_CLOEXEC, 3))
     }
 
     private func releaseInhibitor() {

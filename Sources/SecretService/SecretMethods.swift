@@ -1,3 +1,5 @@
+import KeychainCore
+
 /// Every method the provider answers, each described once: the object it
 /// is called on, its interface, member and signature, the reader of its
 /// arguments and its handler. The dispatcher checks the interface, the
@@ -363,7 +365,7 @@ struct PropertyChange: MethodArguments {
 struct PortalRequest: MethodArguments {
     let handle: String
     let appID: String
-    let fd: Int32
+    let fd: BorrowedDescriptor
     var parts: [ArgumentPart] { [] }
 }
 

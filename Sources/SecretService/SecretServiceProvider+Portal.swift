@@ -31,8 +31,10 @@ extension SecretServiceProvider {
 
     /// `RetrieveSecret` ((osha{sv}) → (ua{sv})): writes the app's master
     /// secret to `sent` (the call's descriptor), made (64 random bytes) the first time.
-    func retrieveSecret(_ call: BusCall, appID: String, fd sent: Int32) throws(BusError) -> PortalReply {
-        guard let fd = FileDescriptor(fcntl(sent, F_DUPFD_CLOEXEC, 3)) else { return PortalReply(response: .failed) }
+    func retrieveSecret(_ call: BusCall, appID: String, fd sent: BorrowedDescriptor) throws(BusError) -> PortalReply {
+        guard let fd = FileDescriptor(fcntl(sent.raw, F_DUPFD_CLOEXEC, 3)) else {
+            return PortalReply(response: .failed)
+        }
         guard let portal = callerIdentity(call), portal.distrust == nil,
             case .executable(let path) = portal.program, path == Self.portalProgram,
             PackageOwnership.package(of: path) != nil
@@ -49,7 +51,7 @@ extension SecretServiceProvider {
             return PortalReply(response: .failed)
         }
         guard let secret = portalSecret(of: app, for: call) else { return PortalReply(response: .failed) }
-        let written = secret.withUnsafeBytes { bytes in (try? Descriptor.writeAll(fd.raw, bytes)) != nil }
+        let written = secret.withUnsafeBytes { bytes in (try? fd.borrowed.writeAll(bytes)) != nil }
         return PortalReply(response: written ? .success : .failed)
     }
 

@@ -82,7 +82,7 @@ struct AclCommand: ParsableCommand {
             free(canonical)
         }
         let file = removing ? nil : FileDescriptor(open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY))
-        let passed = file.raw
+        let passed = file.borrowed
         if removing {
             let count = try policyAnswer(
                 .disallow(group: item.group, identifier: item.identifier, executable: resolved, passcode: passcode),

@@ -60,25 +60,26 @@ struct BackupCommand: ParsableCommand {
         case .device(let device):
             // The device writes into a file this user made: it may be
             // another account's (the service), which must not write by path.
-            let partial: (fd: Int32, path: String)
+            let partial: BackupFile.PartialBackup
             do {
                 partial = try BackupFile.createPartial(for: path)
             } catch {
                 throw fail("cannot create \(path).partial: \(Errno.current.description)")
             }
-            let written = FileDescriptor(partial.fd)  // the device writes into it; closed after its answer
+            let temporary = partial.path
+            // The device writes into it; closed after its answer.
             let outcome = try device.outcome(
                 .backup(path: path, password: password, policedGroups: policedGroups, passcode: passcode),
-                passing: partial.fd)
-            _ = written?.close()
+                passing: partial.file.borrowed)
+            _ = partial.close()
             if case .success? = outcome {
                 do {
-                    try BackupFile.moveIntoPlace(partial.path, path)
+                    try BackupFile.moveIntoPlace(temporary, path)
                 } catch {
                     throw fail("cannot rename the backup into place at \(path)")
                 }
             } else {
-                unlink(partial.path)
+                unlink(temporary)
             }
             switch outcome {
             case .failure(.keychain(.missingEntitlement, _))?:

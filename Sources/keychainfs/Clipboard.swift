@@ -38,7 +38,7 @@ struct Clipboard {
     /// holds no pipe of whoever ran us.
     func copy(_ value: UnsafeRawBufferPointer) -> Bool {
         guard let piped = startWithPipe(copyCommand, on: 0) else { return false }
-        let written = (try? Descriptor.writeAll(piped.end.raw, value)) != nil
+        let written = (try? piped.end.borrowed.writeAll(value)) != nil
         let child = piped.pid
         _ = piped.end.close()  // the tool reads to the end before it serves the selection
         return Spawn.wait(child) == 0 && written
@@ -47,7 +47,7 @@ struct Clipboard {
     /// What the clipboard holds now (at most 1 MiB), in secret memory; nil if it cannot be read.
     func paste() -> SecureBytes? {
         guard let piped = startWithPipe(pasteCommand, on: 1) else { return nil }
-        let pasted = try? readSecret(from: piped.end.raw)
+        let pasted = try? readSecret(from: piped.end.borrowed)
         let child = piped.pid
         // Closed before the wait: a tool with more than 1 MiB left to write
         // gets EPIPE and ends, rather than blocking on a pipe nobody reads.
@@ -68,7 +68,7 @@ struct Clipboard {
         if let clearer = startWithPipe(
             [selfExecutable(), "clipboard-clear", "--after", String(Self.clearSeconds)], on: 0, newSession: true)
         {
-            handed = value.withUnsafeBytes { (try? Descriptor.writeAll(clearer.end.raw, $0)) != nil }
+            handed = value.withUnsafeBytes { (try? clearer.end.borrowed.writeAll($0)) != nil }
         }
         guard handed else {
             throw fail("copied \(what), but could not start the clearer: clear the clipboard yourself")
@@ -122,7 +122,7 @@ struct ClipboardClearCommand: ParsableCommand {
 
     func run() throws {
         let clipboard = try Clipboard.current()
-        guard let copied = try? readSecret(from: 0) else { return }
+        guard let copied = try? readSecret(from: .standardInput) else { return }
         // The deadline on the monotonic clock, absolute: a signal that
         // interrupts the wait resumes it without drifting.
         var deadline = timespec()

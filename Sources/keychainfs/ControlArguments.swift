@@ -14,7 +14,7 @@ enum MountControlFile {
     /// The status text as the device wrote it; nil when there is no control file.
     static func text(_ mountpoint: String) -> [UInt8]? {
         guard let fd = FileDescriptor(open(mountpoint + "/.control", O_RDONLY | O_CLOEXEC)) else { return nil }
-        return try? Descriptor.readAll(fd.raw)
+        return try? fd.borrowed.readAll()
     }
 
     /// The `key: value` status lines, values unescaped; nil when there is

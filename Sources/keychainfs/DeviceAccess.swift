@@ -226,7 +226,7 @@ final class RunningDevice {
 
     /// The device's answer to `call`; nil when none came. A call that
     /// passes a descriptor goes to a device that listens now.
-    func outcome<Result>(_ call: DeviceCall<Result>, passing descriptor: Int32? = nil) throws
+    func outcome<Result>(_ call: DeviceCall<Result>, passing descriptor: BorrowedDescriptor? = nil) throws
         -> DeviceOutcome<Result>?
     {
         if let descriptor { return DeviceClient.send(call, to: socketPath, passing: descriptor) }
@@ -247,7 +247,7 @@ final class RunningDevice {
 
     /// The answer to `call` and the connection that carries what follows
     /// it (`watch`; the caller closes it); nil when no device answered.
-    func follow<Result>(_ call: DeviceCall<Result>) throws -> (outcome: DeviceOutcome<Result>, connection: Int32)? {
+    func follow<Result>(_ call: DeviceCall<Result>) throws -> DeviceClient.Followed<Result>? {
         if let followed = DeviceClient.follow(call, at: socketPath) { return followed }
         return try startOnce() ? DeviceClient.follow(call, at: socketPath) : nil
     }
@@ -362,13 +362,13 @@ enum DeviceLauncher {
     static func start(_ arguments: [String], keychain: KeychainDirectory) -> String? {
         var errors = JournalStream.open(identifier: "keychainfs")
         if errors == nil, let path = logPath(keychain) { errors = FileDescriptor(openLog(path)) }
-        return detach(arguments, errors: errors?.raw ?? -1).problem
+        return detach(arguments, errors: errors.borrowed).problem
     }
 
     /// Runs `keychainfs ARGUMENTS --ready-fd 3` in a session of its own,
-    /// its standard error on `errors` (-1: /dev/null); its pid once it said
+    /// its standard error on `errors` (nil: /dev/null); its pid once it said
     /// it is ready, else why not.
-    static func detach(_ arguments: [String], errors: Int32) -> (pid: pid_t?, problem: String?) {
+    static func detach(_ arguments: [String], errors: BorrowedDescriptor?) -> (pid: pid_t?, problem: String?) {
         var pipeEnds: [Int32] = [0, 0]
         guard pipe(&pipeEnds) == 0, let reading = FileDescriptor(pipeEnds[0]),
             let writing = FileDescriptor(pipeEnds[1])
@@ -377,7 +377,7 @@ enum DeviceLauncher {
         for end in pipeEnds { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         var spawnOptions = Spawn.Options()
         spawnOptions.descriptors = [(3, writing.raw)]
-        if errors >= 0 { spawnOptions.descriptors.append((2, errors)) }
+        if let errors { spawnOptions.descriptors.append((2, errors.raw)) }
         spawnOptions.nullStandardStreams = true
         spawnOptions.newSession = true
         // A device runs position-independent: from a fixed-address build,
@@ -387,7 +387,7 @@ enum DeviceLauncher {
         let child = Spawn.start([program] + arguments + ["--ready-fd", "3"], options: spawnOptions)
         _ = writing.close()  // the child's copy alone: its exit ends our read
         guard let child else { return (nil, "cannot start the device process") }
-        let answer = String(decoding: readLine(reading.raw), as: UTF8.self)
+        let answer = String(decoding: readLine(reading.borrowed), as: UTF8.self)
         if answer.hasPrefix("ok") {
             DevicePeerAdmission.started(child)
             return (child, nil)

@@ -142,7 +142,7 @@ struct DockerCredentialCommand: ParsableCommand {
 
     /// `{"ServerURL", "Username", "Secret"}` on stdin; the URL and username must not be empty.
     private static func readCredentials() throws -> (serverURL: String, username: String, secret: String) {
-        let input = (try? Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)) ?? []
+        let input = (try? BorrowedDescriptor.standardInput.readAll(limit: ItemLimits.maximumValueSize)) ?? []
         guard let sent = try? JSONDecoder().decode(Sent.self, from: Data(input)) else {
             throw Failure(message: "the credentials on standard input are not a JSON object")
         }
@@ -157,7 +157,8 @@ struct DockerCredentialCommand: ParsableCommand {
 
     private static func readServerURL() throws -> String {
         let input = String(
-            decoding: (try? Descriptor.readAll(0, limit: ItemLimits.maximumValueSize)) ?? [], as: UTF8.self)
+            decoding: (try? BorrowedDescriptor.standardInput.readAll(limit: ItemLimits.maximumValueSize)) ?? [],
+            as: UTF8.self)
         guard let serverURL = normalized(input) else { throw Failure(message: "no credentials server URL") }
         return serverURL
     }

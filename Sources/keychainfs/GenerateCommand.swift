@@ -74,8 +74,8 @@ struct GenerateCommand: ParsableCommand {
         try RunningDevice(options.place).store(password, at: item, condition: force ? .always : .ifAbsent)
         if print {
             guard
-                password.withUnsafeBytes({ (try? Descriptor.writeAll(1, $0)) != nil })
-                    && (try? Descriptor.writeAll(1, [10])) != nil
+                password.withUnsafeBytes({ (try? BorrowedDescriptor.standardOutput.writeAll($0)) != nil })
+                    && (try? BorrowedDescriptor.standardOutput.writeAll([10])) != nil
             else {
                 throw fail("stored \(item), but cannot write it to standard output")
             }
@@ -87,7 +87,7 @@ struct GenerateCommand: ParsableCommand {
     private func readWordList() throws -> String {
         let limit = 64 << 20
         guard let fd = FileDescriptor(open(wordlist, O_RDONLY | O_CLOEXEC)),
-            let bytes = try? Descriptor.readAll(fd.raw, limit: limit), bytes.count < limit,
+            let bytes = try? fd.borrowed.readAll(limit: limit), bytes.count < limit,
             let text = String(validating: bytes, as: UTF8.self)
         else {
             throw fail("cannot read the word list \(wordlist) (install wamerican, or give --wordlist)")

@@ -90,12 +90,12 @@ struct GetCommand: ParsableCommand {
                 ?? "\"base64\": \"" + base64(value.bytes()) + "\""
             print("{\"group\": \(jsonString(item.group)), \"identifier\": \(jsonString(item.identifier)), \(field)}")
         } else {
-            guard value.withUnsafeBytes({ (try? Descriptor.writeAll(1, $0)) != nil }) else {
+            guard value.withUnsafeBytes({ (try? BorrowedDescriptor.standardOutput.writeAll($0)) != nil }) else {
                 throw fail("cannot write the value to standard output")
             }
             // A terminal's prompt starts on a line of its own; a pipe gets the value's bytes alone.
             if isatty(1) == 1, value.withUnsafeBytes({ $0.last }) != UInt8(ascii: "\n") {
-                _ = try? Descriptor.writeAll(1, Array("\n".utf8))
+                _ = try? BorrowedDescriptor.standardOutput.writeAll(Array("\n".utf8))
             }
         }
     }

@@ -47,7 +47,7 @@ struct GitCredentialCommand: ParsableCommand {
             case .success(let item)?:
                 let value = item.value
                 if let username = request["username"], !Self.fields(value).contains("username=" + username) { return }
-                _ = value.withUnsafeBytes { try? Descriptor.writeAll(1, $0) }
+                _ = value.withUnsafeBytes { try? BorrowedDescriptor.standardOutput.writeAll($0) }
             case .failure(.keychain(.interactionNotAllowed, _))?:
                 Self.say("the keychain is locked; unlock it to use the stored git credentials")
             case .failure?, nil:

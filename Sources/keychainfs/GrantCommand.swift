@@ -55,7 +55,7 @@ struct GrantCommand: ParsableCommand {
             .grant(
                 group: group, executable: resolved, unit: program.unit, uid: program.uid,
                 passcode: passcode, allowJIT: allowJIT),
-            keychain: options.place, passing: file.raw)
+            keychain: options.place, passing: file.borrowed)
         print(
             "granted \(group) to \(shown(pinned.executable)) (sha256 \(pinned.digestHex))"
                 + (program.unit.map { " in \($0)" } ?? "") + (program.uid.map { " as uid \($0)" } ?? "")

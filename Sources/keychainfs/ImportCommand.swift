@@ -173,7 +173,7 @@ enum PassStore {
         else {
             return .failure(DecryptionProblem("gpg could not be started"))
         }
-        let decrypted = Result { () throws(SecretInputError) in try readSecret(from: piped.end.raw) }
+        let decrypted = Result { () throws(SecretInputError) in try readSecret(from: piped.end.borrowed) }
         let child = piped.pid
         _ = piped.end.close()
         let status = Spawn.wait(child)

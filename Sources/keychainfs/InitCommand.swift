@@ -126,7 +126,7 @@ enum RecoveryKeyNotice {
         // Straight to standard output: never through a String the heap
         // keeps (after what print buffered).
         fflush(nil)
-        key.withUnsafeBytes { _ = try? Descriptor.writeAll(1, $0) }
-        _ = try? Descriptor.writeAll(1, [UInt8(ascii: "\n")])
+        key.withUnsafeBytes { _ = try? BorrowedDescriptor.standardOutput.writeAll($0) }
+        _ = try? BorrowedDescriptor.standardOutput.writeAll([UInt8(ascii: "\n")])
     }
 }

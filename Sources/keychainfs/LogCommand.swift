@@ -113,7 +113,7 @@ struct LogCommand: ParsableCommand {
             }
         }
         // Written at once: a follower reading through a pipe sees every event as it happens.
-        _ = try? Descriptor.writeAll(1, Array((out + "\n").utf8))
+        _ = try? BorrowedDescriptor.standardOutput.writeAll(Array((out + "\n").utf8))
     }
 }
 
@@ -150,9 +150,10 @@ private struct LogFollower: ~Copyable {
         }
     }
 
-    private static func inode(of fd: Int32) -> ino_t? {
+    private static func inode(of fd: BorrowedDescriptor?) -> ino_t? {
         var info = stat()
-        return fd >= 0 && fstat(fd, &info) == 0 ? info.st_ino : nil
+        guard let fd, fstat(fd.raw, &info) == 0 else { return nil }
+        return info.st_ino
     }
 
     /// Every complete line of `file`; with `keepingPosition`, the file stays
@@ -165,9 +166,9 @@ private struct LogFollower: ~Copyable {
         }
         guard let descriptor = open(file) else { return [] }
         pending = []
-        let lines = readAvailable(descriptor.raw)
+        let lines = readAvailable(descriptor.borrowed)
         if keepingPosition {
-            inode = Self.inode(of: descriptor.raw) ?? 0
+            inode = Self.inode(of: descriptor.borrowed) ?? 0
             fd = .some(consume descriptor)
         }
         return lines
@@ -182,20 +183,20 @@ private struct LogFollower: ~Copyable {
             sleep(1)
         }
         var lines: [String] = []
-        if let following = fd.raw { lines = readAvailable(following) }
+        if let following = fd.borrowed { lines = readAvailable(following) }
         let current = open(AuditLog.fileName)
-        if let now = Self.inode(of: current.raw ?? -1), now != inode {
+        if let now = Self.inode(of: current.borrowed), now != inode {
             // Rotated: the old file is complete (closed here); continue with the new one from its start.
             fd = current
             inode = now
             pending = []
-            if let following = fd.raw { lines += readAvailable(following) }
+            if let following = fd.borrowed { lines += readAvailable(following) }
         }
         return lines
     }
 
-    private mutating func readAvailable(_ descriptor: Int32) -> [String] {
-        pending += (try? Descriptor.readAll(descriptor, limit: 64 << 20)) ?? []
+    private mutating func readAvailable(_ descriptor: BorrowedDescriptor) -> [String] {
+        pending += (try? descriptor.readAll(limit: 64 << 20)) ?? []
         guard let end = pending.lastIndex(of: UInt8(ascii: "\n")) else { return [] }
         let complete = pending[..<end]
         pending = Array(pending[(end + 1)...])

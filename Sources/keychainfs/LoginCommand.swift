@@ -124,8 +124,9 @@ struct PAMHookCommand: ParsableCommand {
         // device's socket (docs/SECURITY.md, "The login password goes only to the device").
         let checked = getenv("KEYCHAINFS_PAM_DEVICES").map { String(cString: $0) } ?? ""
         // Descriptor 3: pam_keychainfs's end that checks, as root, who accepted a connection.
-        let verifier = getenv("KEYCHAINFS_PAM_VERIFY").map { String(cString: $0) } == "3" ? Int32(3) : nil
-        if let verifier { _ = fcntl(verifier, F_SETFD, FD_CLOEXEC) }  // no device it starts keeps it
+        let verifier =
+            getenv("KEYCHAINFS_PAM_VERIFY").map { String(cString: $0) } == "3" ? BorrowedDescriptor(kept: 3) : nil
+        if let verifier { _ = fcntl(verifier.raw, F_SETFD, FD_CLOEXEC) }  // no device it starts keeps it
         DevicePeerAdmission.admitOnly(DevicePeerAdmission.CheckedDevice.list(checked), verifier: verifier)
         let place = KeychainOptions.place(named: nil)
         if case .directory(let keychain) = place, !keychain.exists { return }
@@ -184,7 +185,7 @@ struct PAMHookCommand: ParsableCommand {
     /// Standard input whole: what the module wrote.
     private static func input() throws -> SecureBytes {
         do {
-            return try readSecret(from: 0)
+            return try readSecret(from: .standardInput)
         } catch {
             throw fail("pam-hook: cannot read the password")
         }

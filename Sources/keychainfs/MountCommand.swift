@@ -83,17 +83,16 @@ struct MountCommand: ParsableCommand {
             )
         }
         try place.requireExisting()
-        let raw: Int32
+        // Ours until the device has answered (it keeps a copy of its own).
+        let connection: FileDescriptor
         do {
-            raw = try UserMount.mount(at: mountpoint)
+            connection = try UserMount.mount(at: mountpoint)
         } catch {
             throw reportFailure(error.description)
         }
-        // Ours until the device has answered (it keeps a copy of its own).
-        let connection = FileDescriptor(raw)
         let device = RunningDevice(listeningAt: try place.socketPath())
-        let outcome = try device.outcome(.attach(group: group, mountpoint: mountpoint), passing: raw)
-        _ = connection?.close()
+        let outcome = try device.outcome(.attach(group: group, mountpoint: mountpoint), passing: connection.borrowed)
+        _ = connection.close()
         guard case .success? = outcome else {
             // The service did not take the connection: the mount would hang every user of it.
             _ = MountTable.unmount(mountpoint, lazy: true)
@@ -172,32 +171,32 @@ struct ReadyReport {
 
     func ok() {
         SystemdNotify.send("READY=1")
-        guard let fd else { return }
-        _ = writeLine(fd, "ok")
         // The parent waits for this line: let it go at once (the descriptor
         // it passed is ours, and read no more).
-        _ = FileDescriptor(fd)?.close()
+        guard let fd, let ready = FileDescriptor(fd) else { return }
+        _ = writeLine(ready.borrowed, "ok")
+        _ = ready.close()
     }
 
     func failure(_ message: String) -> ExitCode {
         guard let fd else { return fail(message) }
-        _ = writeLine(fd, "error " + message)
+        // Kept open until the process ends, which tells the parent too.
+        _ = writeLine(BorrowedDescriptor(kept: fd), "error " + message)
         return ExitStatus.failure
     }
 }
 
 /// Writes one line to a descriptor (the ready pipe); false on an error.
-func writeLine(_ fd: Int32, _ line: String) -> Bool {
-    var text = line + "\n"
-    return text.withUTF8 { write(fd, $0.baseAddress, $0.count) } == text.utf8.count
+func writeLine(_ fd: BorrowedDescriptor, _ line: String) -> Bool {
+    (try? fd.writeAll(Array((line + "\n").utf8))) != nil
 }
 
 /// Bytes up to the first newline or the end of input.
-func readLine(_ fd: Int32) -> [UInt8] {
+func readLine(_ fd: BorrowedDescriptor) -> [UInt8] {
     var result: [UInt8] = []
     var byte: UInt8 = 0
     while true {
-        let count = try? withUnsafeMutableBytes(of: &byte) { (raw) throws(Errno) in try Descriptor.read(fd, into: raw) }
+        let count = try? withUnsafeMutableBytes(of: &byte) { (raw) throws(Errno) in try fd.read(into: raw) }
         if count == nil || count == 0 || byte == UInt8(ascii: "\n") { return result }
         result.append(byte)
     }

@@ -63,7 +63,7 @@ enum Passcode {
         while buffer.count < maximumLength {
             guard
                 let count = try? withUnsafeMutableBytes(
-                    of: &byte, { (raw) throws(Errno) in try Descriptor.read(0, into: raw) }),
+                    of: &byte, { (raw) throws(Errno) in try BorrowedDescriptor.standardInput.read(into: raw) }),
                 count > 0
             else { break }
             sawAnything = true

@@ -8,7 +8,9 @@ import Glibc
 
 /// Sends a policy call to the keychain's running device, or, when none
 /// runs, carries it out on the keychain directly (as `passcode` does).
-func policyAnswer<Result>(_ policy: PolicyCall<Result>, keychain place: KeychainPlace, passing file: Int32? = nil)
+func policyAnswer<Result>(
+    _ policy: PolicyCall<Result>, keychain place: KeychainPlace, passing file: BorrowedDescriptor? = nil
+)
     throws -> Result
 {
     let request = policy.request, call = policy.call

@@ -63,7 +63,7 @@ struct RestoreCommand: ParsableCommand {
                 throw fail("cannot read \(path): \(Errno.current.description)")
             }
             let outcome = try device.outcome(
-                .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file.raw)
+                .restore(path: path, password: password, policy: policy, passcode: passcode), passing: file.borrowed)
             switch outcome {
             case .success(let applied)?:
                 summary = applied

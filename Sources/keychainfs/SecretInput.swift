@@ -9,7 +9,7 @@ enum SecretInputError: Error {
 /// All bytes from `fd` up to its end (a value on stdin, what a clipboard
 /// tool prints), gathered in secret memory: never an ordinary array.
 /// ``SecretInputError/tooLarge`` past 1 MiB, an item's limit.
-func readSecret(from fd: Int32) throws(SecretInputError) -> SecureBytes {
+func readSecret(from fd: BorrowedDescriptor) throws(SecretInputError) -> SecureBytes {
     let buffer = SecureBuffer()
     defer { buffer.wipe() }
     var chunk = [UInt8](repeating: 0, count: 65536)
@@ -17,7 +17,7 @@ func readSecret(from fd: Int32) throws(SecretInputError) -> SecureBytes {
     while true {
         let count: Int
         do throws(Errno) {
-            count = try chunk.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(fd, into: raw) }
+            count = try chunk.withMutableBytes { (raw) throws(Errno) in try fd.read(into: raw) }
         } catch {
             throw .read(error)
         }

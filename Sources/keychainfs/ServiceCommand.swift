@@ -63,7 +63,7 @@ struct ServiceCommand: ParsableCommand {
     func run() throws {
         if daemon { return try runInTheBackground() }
         let stateDirectory = absolutePath(self.stateDirectory), socket = absolutePath(self.socket)
-        let listener: Int32
+        let listener: FileDescriptor
         do {
             if let activated = try UnixSocket.activated() {
                 listener = activated
@@ -105,7 +105,7 @@ struct ServiceCommand: ParsableCommand {
         // pinned is refused, never held where it may reach swap (docs/SECURITY.md).
         refuseUnlockedLargeSecretMemory()
         let device = DeviceProcess(serviceOf: stateDirectory, socketPath: socket, limits: limits)
-        throw ExitCode(device.runService(listener: listener) { ReadyReport(readyFD).ok() })
+        throw ExitCode(device.runService(listener: listener.borrowed) { ReadyReport(readyFD).ok() })
     }
 
     /// `--daemon` (docs/DESKTOP.md, "Without systemd": an init without systemd,
@@ -138,12 +138,12 @@ struct ServiceCommand: ParsableCommand {
             "--restore-bytes-per-user", String(restoreBytesPerUser)
         ]
         let logged = lseek(errors.raw, 0, SEEK_END)
-        let started = DeviceLauncher.detach(arguments, errors: errors.raw)
+        let started = DeviceLauncher.detach(arguments, errors: errors.borrowed)
         guard let pid = started.pid else {
             // What it said before it exited (detach reaped it) is in the log: said here too.
             var said = ""
             if logged >= 0, lseek(errors.raw, logged, SEEK_SET) == logged,
-                let bytes = try? Descriptor.readAll(errors.raw, limit: 1 << 14)
+                let bytes = try? errors.borrowed.readAll(limit: 1 << 14)
             {
                 // Its last line: why it stopped (warnings before it, such as a low locked-memory limit, are in the log).
                 said = String(decoding: bytes, as: UTF8.self).split(separator: "\n").last.map(String.init) ?? ""

@@ -36,7 +36,7 @@ struct SetCommand: ParsableCommand {
             return
         }
         do {
-            value = try readSecret(from: 0)
+            value = try readSecret(from: .standardInput)
         } catch .read(let error) {
             throw fail("cannot read standard input: \(error)")
         } catch .tooLarge {

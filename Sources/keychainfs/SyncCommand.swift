@@ -84,8 +84,8 @@ struct SyncInitCommand: ParsableCommand {
         print("circle started at \(remote)")
         print("the circle's recovery key (shown once; keep it apart from your machines):")
         fflush(nil)
-        started.recoveryKey.withUnsafeBytes { _ = try? Descriptor.writeAll(1, $0) }
-        _ = try? Descriptor.writeAll(1, [UInt8(ascii: "\n")])
+        started.recoveryKey.withUnsafeBytes { _ = try? BorrowedDescriptor.standardOutput.writeAll($0) }
+        _ = try? BorrowedDescriptor.standardOutput.writeAll([UInt8(ascii: "\n")])
         if let status = try? device.call(.syncStatus, about: .device),
             let synced = status.lines.first(where: { $0.name == "synced-items" })
         {
@@ -330,8 +330,8 @@ struct SyncRemoveCommand: ParsableCommand {
         print("removed \(device); the circle has a new key, and a new recovery key")
         print("the circle's new recovery key (shown once; the old one opens nothing written from now on):")
         fflush(nil)
-        removed.recoveryKey.withUnsafeBytes { _ = try? Descriptor.writeAll(1, $0) }
-        _ = try? Descriptor.writeAll(1, [UInt8(ascii: "\n")])
+        removed.recoveryKey.withUnsafeBytes { _ = try? BorrowedDescriptor.standardOutput.writeAll($0) }
+        _ = try? BorrowedDescriptor.standardOutput.writeAll([UInt8(ascii: "\n")])
     }
 }
 

@@ -10,7 +10,7 @@ enum TextFile {
     /// The file's text; nil when it cannot be read (absent, a link, too large).
     static func read(_ path: String) -> String? {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) else { return nil }
-        return (try? Descriptor.readAll(fd.raw, limit: 1 << 16)).map { String(decoding: $0, as: UTF8.self) }
+        return (try? fd.borrowed.readAll(limit: 1 << 16)).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// Written whole or not at all (a temporary file renamed over it).
@@ -19,7 +19,7 @@ enum TextFile {
         let temporary = path + ".keychainfs-new"
         guard let fd = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644))
         else { throw fail("cannot write \(path): \(Errno.current)") }
-        let written = (try? Descriptor.writeAll(fd.raw, Array(text.utf8))) != nil && fsync(fd.raw) == 0
+        let written = (try? fd.borrowed.writeAll(Array(text.utf8))) != nil && fsync(fd.raw) == 0
         _ = fd.close()  // synced already
         guard written, rename(temporary, path) == 0 else {
             unlink(temporary)

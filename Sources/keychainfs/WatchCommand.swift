@@ -27,11 +27,9 @@ struct WatchCommand: ParsableCommand {
     func run() throws {
         guard let mount = target.mount else {
             let device = try target.device()
-            guard let (outcome, raw) = try device.follow(.watch), let connection = FileDescriptor(raw) else {
-                throw DeviceAccess.noAnswer()
-            }
-            try device.answer(outcome, about: .action("cannot watch"))
-            try copyToOutput(connection.raw, ended: "the device went away")
+            guard let followed = try device.follow(.watch) else { throw DeviceAccess.noAnswer() }
+            try device.answer(followed.outcome, about: .action("cannot watch"))
+            try copyToOutput(followed.connection.borrowed, ended: "the device went away")
             return
         }
         guard let fd = FileDescriptor(open(mount.path + "/.events", O_RDONLY | O_CLOEXEC)) else {
@@ -39,24 +37,25 @@ struct WatchCommand: ParsableCommand {
             if MountControlFile.text(mount.path) == nil { throw fail(mount.missingControl) }
             throw fail("cannot read the events of \(mount.path): \(String(cString: strerror(reason)))")
         }
-        try copyToOutput(fd.raw, ended: "the mount went away")
+        try copyToOutput(fd.borrowed, ended: "the mount went away")
     }
 
     /// Copies event lines to standard output until `fd` ends (an error
     /// saying `ended`) or the reader of our output goes away (done).
-    private func copyToOutput(_ fd: Int32, ended: String) throws {
+    private func copyToOutput(_ fd: BorrowedDescriptor, ended: String) throws {
         var buffer = [UInt8](repeating: 0, count: 64 << 10)
         while true {
             let count: Int
             do throws(Errno) {
-                count = try buffer.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(fd, into: raw) }
+                count = try buffer.withMutableBytes { (raw) throws(Errno) in try fd.read(into: raw) }
             } catch {
                 throw fail(error.description)
             }
             guard count > 0 else { throw fail(ended) }
             guard
                 buffer.withUnsafeBytes({
-                    (try? Descriptor.writeAll(1, UnsafeRawBufferPointer(rebasing: $0[0..<count]))) != nil
+                    (try? BorrowedDescriptor.standardOutput.writeAll(UnsafeRawBufferPointer(rebasing: $0[0..<count])))
+                        != nil
                 })
             else {
                 return

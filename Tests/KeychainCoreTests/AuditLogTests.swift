@@ -229,10 +229,8 @@ import Testing
 }
 
 private func readFileText(_ path: String) -> String? {
-    let fd = open(path, O_RDONLY)
-    guard fd >= 0 else { return nil }
-    defer { close(fd) }
-    return (try? Descriptor.readAll(fd, limit: 64 << 20)).map { String(decoding: $0, as: UTF8.self) }
+    guard let fd = FileDescriptor(open(path, O_RDONLY)) else { return nil }
+    return (try? fd.borrowed.readAll(limit: 64 << 20)).map { String(decoding: $0, as: UTF8.self) }
 }
 
 private extension String {

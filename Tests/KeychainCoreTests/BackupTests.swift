@@ -199,19 +199,21 @@ import Testing
         let (keychain, target) = try Self.target()
         let path = keychain.root + "/passed.kcbak", directory = keychain.directory.path
         try Data(try Self.backup(source)).write(to: URL(fileURLWithPath: path))
-        let file = open(path, O_RDONLY)
-        defer { close(file) }
+        let opened = open(path, O_RDONLY)
+        try #require(opened >= 0)
+        let file = FileDescriptor(opened)!
         let before = try FileManager.default.contentsOfDirectory(atPath: directory)
-        let copy = try BackupFileCopy(of: file, name: path, in: directory)
+        let copy = try BackupFileCopy(of: file.borrowed, name: path, in: directory)
         // The copy has no name in the directory (O_TMPFILE).
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == before)
         // The client empties and rewrites its file after passing it.
         try Data("not a backup any more".utf8).write(to: URL(fileURLWithPath: path))
         let summary = try target.restore(copy, password: secure(Self.password), policy: .refuse)
         #expect(summary.added == Self.items.filter { $0.protectionClass.isMigratable }.count)
-        let foreign = open(path, O_RDONLY)
-        defer { close(foreign) }
-        #expect(throws: KeychainError.param) { try BackupFileCopy(of: foreign, name: path, in: directory) }
+        let reopened = open(path, O_RDONLY)
+        try #require(reopened >= 0)
+        let foreign = FileDescriptor(reopened)!
+        #expect(throws: KeychainError.param) { try BackupFileCopy(of: foreign.borrowed, name: path, in: directory) }
     }
 
     @Test func aLockedKeychainMakesNoBackup() throws {

@@ -176,21 +176,16 @@ import Testing
     @Test func aRequestRefusedBeforeItsBodyArrivedGetsTheDevicesSentence() throws {
         let keychain = try TemporaryKeychain()
         let path = keychain.directory.path + "/device.sock"
-        guard let listener = FileDescriptor(try UnixSocket.listen(at: path)) else {
-            Issue.record("cannot listen at \(path)")
-            return
-        }
+        let listener = try UnixSocket.listen(at: path)
         let listening = listener.raw
         let refusal = try DeviceReply.systemError(ENOMEM, "no locked memory is left for a request this large now")
             .frame()
         let served = try #require(
             Threads.start {
-                let client = accept(listening, nil, nil)
-                guard client >= 0 else { return }
+                guard let client = FileDescriptor(accept(listening, nil, nil)) else { return }
                 var header = [UInt8](repeating: 0, count: 4096)
-                _ = recv(client, &header, header.count, 0)  // its start only, then the refusal
-                refusal.withUnsafeBytes { _ = try? Descriptor.writeAll(client, $0) }
-                _ = Glibc.close(client)
+                _ = recv(client.raw, &header, header.count, 0)  // its start only, then the refusal
+                refusal.withUnsafeBytes { _ = try? client.borrowed.writeAll($0) }
             })
         let value = try SecureBytes(count: 900_000)
         let outcome = DeviceClient.send(.set(group: "default", identifier: "big", value: value), to: path)

@@ -207,14 +207,14 @@ extension SerialTests {
             let service = try ServiceHarness(started: false)
             let listener = try UnixSocket.listen(at: service.socket, everyone: true)
             var options = Spawn.Options()
-            options.descriptors = [(3, listener)]
+            options.descriptors = [(3, listener.raw)]
             options.nullStandardStreams = true
             let started = Spawn.start(
                 [
                     "/bin/sh", "-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" service --state-directory \"$1\"",
                     service.binary, service.stateDirectory
                 ], options: options)
-            close(listener)
+            _ = listener.close()
             let pid = try #require(started)
             defer {
                 kill(pid, SIGTERM)

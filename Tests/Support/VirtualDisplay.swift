@@ -55,6 +55,5 @@ package func processes(withEnvironment entry: String) -> [pid_t] {
 /// Waits (up to `seconds`) for a process that is not our child to end.
 package func waitForExit(_ pid: pid_t, seconds: Int32) -> Bool {
     guard let pidfd = Pidfd.open(pid) else { return errno == ESRCH }
-    defer { close(pidfd) }
-    return Pidfd.hasExited(pidfd, waitingUpTo: seconds * 1000)
+    return Pidfd.hasExited(pidfd.borrowed, waitingUpTo: seconds * 1000)
 }

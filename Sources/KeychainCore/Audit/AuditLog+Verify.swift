@@ -22,7 +22,7 @@ extension AuditLog {
                 if name == fileName { problems.append("\(name) is missing") }
                 continue
             }
-            let read = Result { () throws(Errno) in try Descriptor.readAll(fd.raw, limit: 4 * rotationSize) }
+            let read = Result { () throws(Errno) in try fd.borrowed.readAll(limit: 4 * rotationSize) }
             guard case .success(let bytes) = read else {
                 problems.append("\(name) cannot be read")
                 continue

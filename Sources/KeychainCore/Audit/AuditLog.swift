@@ -234,7 +234,7 @@ public final class AuditLog: Sendable {
         line.hexField("mac", mac)
         line.append(UInt8(ascii: "\n"))
         do throws(Errno) {
-            try Descriptor.writeAll(state.file.raw, line.bytes)
+            try state.file.borrowed.writeAll(line.bytes)
         } catch {
             Diagnostics.log("could not append to the audit log: \(error)")
             return false

@@ -11,8 +11,8 @@ import Glibc
 package enum ClientPresence {
     /// A socket client waits while its end is open: it sends nothing
     /// after its request, so a hang-up (POLLRDHUP, POLLHUP) is its leaving.
-    package static func socketOpen(_ fd: Int32) -> Bool {
-        var entry = pollfd(fd: fd, events: CLinux_POLLRDHUP, revents: 0)
+    package static func socketOpen(_ fd: BorrowedDescriptor) -> Bool {
+        var entry = pollfd(fd: fd.raw, events: CLinux_POLLRDHUP, revents: 0)
         guard (try? valueOrErrno({ poll(&entry, 1, 0) })) != nil else { return false }
         return entry.revents & (CLinux_POLLRDHUP | Int16(POLLHUP) | Int16(POLLERR) | Int16(POLLNVAL)) == 0
     }

@@ -94,7 +94,7 @@ public struct DeviceJudge: Sendable, Equatable {
     static var perUserLimit: String {
         var text: [UInt8] = []
         if let fd = FileDescriptor(open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC)) {
-            text = (try? Descriptor.readAll(fd.raw, limit: 16)) ?? []
+            text = (try? fd.borrowed.readAll(limit: 16)) ?? []
         }
         let scope = Int(String(decoding: text.filter { $0 != UInt8(ascii: "\n") }, as: UTF8.self))
         let tracing =

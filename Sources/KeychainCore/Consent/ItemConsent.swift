@@ -389,7 +389,7 @@ package enum ProcessChain {
     /// byte, so the fields are read after the last one.
     private static func stat(of pid: pid_t) -> (command: ArraySlice<UInt8>, fields: [ArraySlice<UInt8>])? {
         guard let fd = FileDescriptor(ProgramIdentities.withProcPath(pid, "stat") { open($0, O_RDONLY | O_CLOEXEC) }),
-            let bytes = try? Descriptor.readAll(fd.raw, limit: 4096),
+            let bytes = try? fd.borrowed.readAll(limit: 4096),
             let open = bytes.firstIndex(of: UInt8(ascii: "(")), let close = bytes.lastIndex(of: UInt8(ascii: ")")),
             open < close
         else { return nil }

@@ -230,7 +230,7 @@ package final class Pinentry {
     }
 
     private func send(_ text: String) throws(Failure) {
-        guard (try? Descriptor.writeAll(input?.raw ?? -1, Array((text + "\n").utf8))) != nil else {
+        guard let input = input.borrowed, (try? input.writeAll(Array((text + "\n").utf8))) != nil else {
             throw Failure(description: "pinentry went away")
         }
     }

@@ -227,13 +227,13 @@ public enum ExecutableDigest {
     public static let size = Int(crypto_hash_sha256_BYTES)
 
     /// The digest of what `fd` reads from its start (pread: the offset is left alone).
-    public static func of(_ fd: Int32) -> [UInt8]? {
+    public static func of(_ fd: BorrowedDescriptor) -> [UInt8]? {
         var state = crypto_hash_sha256_state()
         crypto_hash_sha256_init(&state)
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
         var offset: off_t = 0
         while true {
-            guard let count = buffer.withUnsafeMutableBytes({ try? Descriptor.read(fd, into: $0, at: offset) }) else {
+            guard let count = buffer.withUnsafeMutableBytes({ try? fd.read(into: $0, at: offset) }) else {
                 return nil
             }
             if count == 0 { break }

@@ -153,7 +153,7 @@ public enum PackageOwnership {
         let started = Spawn.start(["/usr/bin/dpkg-query", "-S", path], options: options)
         _ = writing.close()  // the child's copy alone: its exit ends the output
         guard let started else { return nil }
-        let output = (try? Descriptor.readAll(reading.raw, limit: 1 << 16)) ?? []
+        let output = (try? reading.borrowed.readAll(limit: 1 << 16)) ?? []
         guard Spawn.wait(started) == 0 else { return nil }
         // "package[:arch]: /path" for the file itself (not a diversion line).
         let suffix = ": " + path

@@ -34,7 +34,7 @@ package enum ProgramIdentities {
             guard fstat(fd.raw, &opened) == 0, let path = linkTarget(exe) else { return nil }
             // The path must name the very file that was opened: a binary deleted
             // or replaced since it started is not the one at its path.
-            guard names(path, opened), let digest = digest(of: fd.raw, info: opened) else { return nil }
+            guard names(path, opened), let digest = digest(of: fd.borrowed, info: opened) else { return nil }
             let trust = CallerTrust.assess(thread: thread, executable: opened)
             var identity = ProgramIdentity(
                 program: .executable(path), digest: digest, unit: unit(of: thread), uid: uid,
@@ -111,7 +111,7 @@ package enum ProgramIdentities {
     private static let threads = Mutex<[pid_t: ThreadFacts]>([:])
 
     /// Who the peer of a socket is, for the audit log.
-    package static func subject(ofPeer socket: Int32) -> AuditSubject? {
+    package static func subject(ofPeer socket: BorrowedDescriptor) -> AuditSubject? {
         peerCredentials(socket).map { subject(process: $0.pid, uid: $0.uid) }
     }
 
@@ -124,14 +124,15 @@ package enum ProgramIdentities {
     /// the identity read when a request is answered, relays checked, must
     /// match (that check walks every descriptor of every process of the
     /// user: 1.1 ms of a `get`, docs/BENCHMARKS.md).
-    package static func ofPeer(_ socket: Int32, checkingRelays: Bool = true) -> ProgramIdentity? {
+    package static func ofPeer(_ socket: BorrowedDescriptor, checkingRelays: Bool = true) -> ProgramIdentity? {
         guard let credentials = peerCredentials(socket) else { return nil }
         var pidfd: Int32 = -1
         var pidfdLength = socklen_t(MemoryLayout<Int32>.size)
-        guard getsockopt(socket, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0, let owned = FileDescriptor(pidfd)
+        guard getsockopt(socket.raw, SOL_SOCKET, soPeerPidfd, &pidfd, &pidfdLength) == 0,
+            let owned = FileDescriptor(pidfd)
         else { return nil }
-        defer { extendLifetime(owned) }  // the pidfd stays open until the identity is checked against it
-        guard var identity = of(thread: credentials.pid, uid: credentials.uid), Pidfd.isAlive(pidfd) else {
+        // The pidfd stays open until the identity is checked against it.
+        guard var identity = of(thread: credentials.pid, uid: credentials.uid), Pidfd.isAlive(owned.borrowed) else {
             return nil
         }
         // What the process that connected runs now is not who wrote the
@@ -147,10 +148,10 @@ package enum ProgramIdentities {
     private static let soPeerPidfd: Int32 = 77
 
     /// The credentials of a socket peer.
-    package static func peerCredentials(_ socket: Int32) -> PeerCredentials? {
+    package static func peerCredentials(_ socket: BorrowedDescriptor) -> PeerCredentials? {
         var credentials = PeerCredentials()
         var length = socklen_t(MemoryLayout<PeerCredentials>.size)
-        guard getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else { return nil }
+        guard getsockopt(socket.raw, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else { return nil }
         return credentials
     }
 
@@ -163,15 +164,15 @@ package enum ProgramIdentities {
         // writer (a grant naming one wedged the device); a regular file's
         // reads ignore it. Anything but a regular file is then refused.
         guard let fd = FileDescriptor(open(resolved, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else { return nil }
-        return executable(from: fd.raw, path: String(cString: resolved))
+        return executable(from: fd.borrowed, path: String(cString: resolved))
     }
 
     /// ``executable(at:)`` of a file already open: one the client opened
     /// and passed (the service cannot open paths in its users' private
     /// directories); `path` is the resolved path the client names.
-    package static func executable(from fd: Int32, path: String) -> (path: String, digest: [UInt8])? {
+    package static func executable(from fd: BorrowedDescriptor, path: String) -> (path: String, digest: [UInt8])? {
         var info = stat()
-        guard path.hasPrefix("/"), fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG,
+        guard path.hasPrefix("/"), fstat(fd.raw, &info) == 0, info.st_mode & S_IFMT == S_IFREG,
             let digest = digest(of: fd, info: info)
         else {
             return nil
@@ -202,13 +203,13 @@ package enum ProgramIdentities {
     /// Distinct executables are few; a full cache is simply emptied.
     private static let digestCacheLimit = 256
 
-    static func digest(of fd: Int32, info: stat) -> [UInt8]? {
+    static func digest(of fd: BorrowedDescriptor, info: stat) -> [UInt8]? {
         let version = FileVersion(info)
         if let known = digests.withLock({ $0[version] }) { return known }
         guard let digest = ExecutableDigest.of(fd) else { return nil }
         // A write while hashing would change the version: keep only a digest of a file that held still.
         var after = stat()
-        guard fstat(fd, &after) == 0, FileVersion(after) == version else { return nil }
+        guard fstat(fd.raw, &after) == 0, FileVersion(after) == version else { return nil }
         digests.withLock { cache in
             if cache.count >= digestCacheLimit { cache.removeAll() }
             cache[version] = digest
@@ -272,7 +273,7 @@ package enum ProgramIdentities {
     static func readProcFile(_ thread: pid_t, _ leaf: StaticString, limit: Int) -> [UInt8]? {
         withProcPath(thread, leaf) { path -> [UInt8]? in
             guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else { return nil }
-            return try? Descriptor.readAll(fd.raw, limit: limit)
+            return try? fd.borrowed.readAll(limit: limit)
         }
     }
 

@@ -122,7 +122,7 @@ enum SandboxApps {
             else { return nil }
             var status = stat()
             guard fstat(fd.raw, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
-            return try? Descriptor.readAll(fd.raw, limit: 64 << 10)
+            return try? fd.borrowed.readAll(limit: 64 << 10)
         }
         guard let info, let id = flatpakAppID(fromInfo: String(decoding: info, as: UTF8.self)) else { return nil }
         return (

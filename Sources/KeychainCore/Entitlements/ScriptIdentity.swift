@@ -278,7 +278,7 @@ package enum Interpreters {
                     + (info.st_mode & 0o002 != 0 ? "every user may write it" : "its group may write it")
                     + "): a program that names it runs whatever is written there next")
         }
-        guard let digest = ProgramIdentities.digest(of: fd.raw, info: info) else {
+        guard let digest = ProgramIdentities.digest(of: fd.borrowed, info: info) else {
             return .unidentifiable("its script \(path) cannot be read")
         }
         return .file(path: path, digest: digest)

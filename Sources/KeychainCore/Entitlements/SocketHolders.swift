@@ -15,12 +15,12 @@ package enum SocketHolders {
     /// The address of the socket that `fd`'s socket is connected to (the
     /// listener's path or abstract name, as the kernel gives it); nil when
     /// that cannot be told.
-    package static func peerAddress(of fd: Int32) -> [UInt8]? {
+    package static func peerAddress(of fd: BorrowedDescriptor) -> [UInt8]? {
         var info = stat()
-        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK, let netlink = diagnosticSocket() else {
+        guard fstat(fd.raw, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK, let netlink = diagnosticSocket() else {
             return nil
         }
-        return peerAddress(ofSocket: UInt32(truncatingIfNeeded: info.st_ino), netlink.raw)
+        return peerAddress(ofSocket: UInt32(truncatingIfNeeded: info.st_ino), netlink.borrowed)
     }
 
     /// Why the connection of `pid` to the socket bound at `address` may
@@ -35,9 +35,11 @@ package enum SocketHolders {
             return "its connection cannot be examined (/proc)"
         }
         let connections = Set(
-            socketInodes(of: String(pid), in: proc.raw).filter { peerAddress(ofSocket: $0, netlink.raw) == address })
+            socketInodes(of: String(pid), in: proc.borrowed).filter {
+                peerAddress(ofSocket: $0, netlink.borrowed) == address
+            })
         guard !connections.isEmpty else { return "it holds no connection to the bus" }
-        return otherHolder(of: connections, besides: pid, in: proc.raw, connection: "bus connection")
+        return otherHolder(of: connections, besides: pid, in: proc.borrowed, connection: "bus connection")
     }
 
     /// Why the device's end `client` of a socket connection may carry
@@ -51,39 +53,39 @@ package enum SocketHolders {
     /// and keeps it to itself; an exec closes such a connection, so whatever
     /// the process runs after one can neither finish a request nor read its
     /// reply. nil when `pid` alone holds the connection, close-on-exec.
-    package static func relayProblem(of pid: Int32, connection client: Int32) -> String? {
+    package static func relayProblem(of pid: Int32, connection client: BorrowedDescriptor) -> String? {
         var info = stat()
-        guard fstat(client, &info) == 0, let netlink = diagnosticSocket() else {
+        guard fstat(client.raw, &info) == 0, let netlink = diagnosticSocket() else {
             return "its connection cannot be examined (sock_diag)"
         }
-        guard let own = query(netlink.raw, UInt32(truncatingIfNeeded: info.st_ino)), own.peer != 0 else {
+        guard let own = query(netlink.borrowed, UInt32(truncatingIfNeeded: info.st_ino)), own.peer != 0 else {
             return "its connection cannot be examined (sock_diag)"
         }
         guard let proc = FileDescriptor(open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) else {
             return "its connection cannot be examined (/proc)"
         }
-        let held = descriptors(of: String(pid), in: proc.raw).filter { $0.inode == own.peer }
+        let held = descriptors(of: String(pid), in: proc.borrowed).filter { $0.inode == own.peer }
         guard !held.isEmpty else { return "it holds no connection to the device (it may have run another program)" }
         if let inherited = held.first(where: {
-            DescriptorInfo(String(pid), descriptor: String($0.number), in: proc.raw)?.closesOnExec != true
+            DescriptorInfo(String(pid), descriptor: String($0.number), in: proc.borrowed)?.closesOnExec != true
         }) {
             return "its connection (descriptor \(inherited.number)) would pass to the next program it runs "
                 + "(no close-on-exec)"
         }
-        return otherHolder(of: [own.peer], besides: pid, in: proc.raw, connection: "connection")
+        return otherHolder(of: [own.peer], besides: pid, in: proc.borrowed, connection: "connection")
     }
 
     /// The first process of `pid`'s user but `pid` that holds one of
     /// `connections`, as a reason; nil when none does.
     private static func otherHolder(
-        of connections: Set<UInt32>, besides pid: Int32, in proc: Int32, connection: String
+        of connections: Set<UInt32>, besides pid: Int32, in proc: BorrowedDescriptor, connection: String
     ) -> String? {
         // Processes of other users are passed over: a program of this user
         // does not run them (it could only hand them the descriptor), and a
         // per-user device could not read their descriptors anyway.
         var owner = stat()
-        guard fstatat(proc, String(pid), &owner, 0) == 0 else { return "it is gone" }
-        guard let processes = FileDescriptor(dup(proc))?.directoryStream() else {
+        guard fstatat(proc.raw, String(pid), &owner, 0) == 0 else { return "it is gone" }
+        guard let processes = FileDescriptor(dup(proc.raw))?.directoryStream() else {
             // Not looked at is not alone: refused, as any doubt is.
             return "the processes holding its connection cannot be listed"
         }
@@ -91,7 +93,7 @@ package enum SocketHolders {
         var info = stat()
         while let entry = readdir(processes) {
             let name = entry.name
-            guard let other = pid_t(name), other != pid, fstatat(proc, name, &info, 0) == 0,
+            guard let other = pid_t(name), other != pid, fstatat(proc.raw, name, &info, 0) == 0,
                 info.st_uid == owner.st_uid,
                 !connections.isDisjoint(with: socketInodes(of: name, in: proc))
             else { continue }
@@ -111,11 +113,11 @@ package enum SocketHolders {
         var mountID: Int?
         var inode: UInt64?
 
-        init?(_ name: String, descriptor: String, in proc: Int32) {
-            guard let fd = FileDescriptor(openat(proc, "\(name)/fdinfo/\(descriptor)", O_RDONLY | O_CLOEXEC)) else {
+        init?(_ name: String, descriptor: String, in proc: BorrowedDescriptor) {
+            guard let fd = FileDescriptor(openat(proc.raw, "\(name)/fdinfo/\(descriptor)", O_RDONLY | O_CLOEXEC)) else {
                 return nil
             }
-            guard let text = try? Descriptor.readAll(fd.raw, limit: 4096) else { return nil }
+            guard let text = try? fd.borrowed.readAll(limit: 4096) else { return nil }
             for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
                 let parts = line.split(separator: ":", maxSplits: 1)
                 guard parts.count == 2 else { continue }
@@ -137,12 +139,12 @@ package enum SocketHolders {
         guard let fd = FileDescriptor(socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0))
         else { return nil }
         guard let proc = FileDescriptor(open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) else { return nil }
-        return DescriptorInfo("self", descriptor: String(fd.raw), in: proc.raw)?.mountID
+        return DescriptorInfo("self", descriptor: String(fd.raw), in: proc.borrowed)?.mountID
     }()
 
     /// The inodes of the sockets among the descriptors of the process
     /// `/proc/NAME` (none when they cannot be read).
-    private static func socketInodes(of name: String, in proc: Int32) -> [UInt32] {
+    private static func socketInodes(of name: String, in proc: BorrowedDescriptor) -> [UInt32] {
         descriptors(of: name, in: proc).map(\.inode)
     }
 
@@ -150,7 +152,7 @@ package enum SocketHolders {
     /// sockets' inodes: a stat of each `fd/N` (the socket itself), one
     /// call, rather than its link's text; where `fd` is closed to us
     /// (another user's process, to the service), each `fdinfo/N`.
-    private static func descriptors(of name: String, in proc: Int32) -> [(number: Int32, inode: UInt32)] {
+    private static func descriptors(of name: String, in proc: BorrowedDescriptor) -> [(number: Int32, inode: UInt32)] {
         var sockets: [(number: Int32, inode: UInt32)] = []
         var info = stat()
         let opened = listing(name + "/fd", in: proc) { directory, entry in
@@ -178,9 +180,10 @@ package enum SocketHolders {
     /// Calls `body` with each entry of the directory `path` under `proc`;
     /// false when it cannot be opened.
     private static func listing(
-        _ path: String, in proc: Int32, _ body: (Int32, UnsafeMutablePointer<dirent>) -> Void
+        _ path: String, in proc: BorrowedDescriptor, _ body: (Int32, UnsafeMutablePointer<dirent>) -> Void
     ) -> Bool {
-        guard let entries = FileDescriptor(openat(proc, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC))?.directoryStream()
+        guard
+            let entries = FileDescriptor(openat(proc.raw, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC))?.directoryStream()
         else { return false }
         defer { closedir(entries) }
         let directory = dirfd(entries)
@@ -189,7 +192,7 @@ package enum SocketHolders {
     }
 
     /// The address the socket `inode` is connected to (its peer's bound name).
-    private static func peerAddress(ofSocket inode: UInt32, _ netlink: Int32) -> [UInt8]? {
+    private static func peerAddress(ofSocket inode: UInt32, _ netlink: BorrowedDescriptor) -> [UInt8]? {
         guard let own = query(netlink, inode), own.peer != 0 else { return nil }
         return query(netlink, own.peer)?.address
     }
@@ -215,11 +218,11 @@ package enum SocketHolders {
 
     /// Passes `socket` to `verifier` (pam_keychainfs, as root) with one
     /// byte, and reads its verdict: one byte, 1 for yes.
-    package static func askRoot(_ verifier: Int32, about socket: Int32) -> Bool {
+    package static func askRoot(_ verifier: BorrowedDescriptor, about socket: BorrowedDescriptor) -> Bool {
         var asked: UInt8 = 1
-        guard CLinux_send_with_descriptor(verifier, &asked, 1, socket) == 1 else { return false }
+        guard CLinux_send_with_descriptor(verifier.raw, &asked, 1, socket.raw) == 1 else { return false }
         var verdict: UInt8 = 0
-        let read = try? valueOrErrno(retryOnInterrupt: true) { recv(verifier, &verdict, 1, 0) }
+        let read = try? valueOrErrno(retryOnInterrupt: true) { recv(verifier.raw, &verdict, 1, 0) }
         return read == 1 && verdict == 1
     }
 
@@ -228,11 +231,12 @@ package enum SocketHolders {
             socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), Int32(NETLINK_SOCK_DIAG)))
     }
 
-    private static func query(_ netlink: Int32, _ inode: UInt32) -> (peer: UInt32, address: [UInt8])? {
+    private static func query(_ netlink: BorrowedDescriptor, _ inode: UInt32) -> (peer: UInt32, address: [UInt8])? {
         var peer: UInt32 = 0, length = 0
         var name = [CChar](repeating: 0, count: 128)
         guard
-            (try? nothingOrErrno({ CLinux_unix_socket_peer(netlink, inode, &peer, &name, name.count, &length) })) != nil
+            (try? nothingOrErrno({ CLinux_unix_socket_peer(netlink.raw, inode, &peer, &name, name.count, &length) }))
+                != nil
         else {
             return nil
         }

@@ -10,19 +10,18 @@ package enum Pidfd {
     /// readable once it has exited (pidfd_open(2)). Polling needs no
     /// permission over the process, where a signal 0 (pidfd_send_signal)
     /// is refused for another user's (the service's callers).
-    package static func isAlive(_ pidfd: Int32) -> Bool {
+    package static func isAlive(_ pidfd: BorrowedDescriptor) -> Bool {
         !hasExited(pidfd, waitingUpTo: 0)
     }
 
     /// A pidfd for `pid`, or nil (ESRCH: it is gone).
-    package static func open(_ pid: Int32) -> Int32? {
-        let pidfd = CLinux_pidfd_open(pid)
-        return pidfd >= 0 ? pidfd : nil
+    package static func open(_ pid: Int32) -> FileDescriptor? {
+        FileDescriptor(CLinux_pidfd_open(pid))
     }
 
     /// Whether the process ends within `milliseconds` (-1: however long it takes).
-    package static func hasExited(_ pidfd: Int32, waitingUpTo milliseconds: Int32) -> Bool {
-        var entry = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
+    package static func hasExited(_ pidfd: BorrowedDescriptor, waitingUpTo milliseconds: Int32) -> Bool {
+        var entry = pollfd(fd: pidfd.raw, events: Int16(POLLIN), revents: 0)
         // Readable, or a pidfd poll cannot watch (an error): gone either way.
         return (try? valueOrErrno { poll(&entry, 1, milliseconds) }) != 0
     }

@@ -259,26 +259,36 @@ extension BackupFile {
     /// Writes a backup file at `path`, mode 0600, whole or not at all
     /// (a temporary file, fsynced, renamed into place).
     public static func save(_ bytes: [UInt8], to path: String) throws(KeychainError) {
-        let (fd, temporary) = try createPartial(for: path)
+        let partial = try createPartial(for: path)
+        let temporary = partial.path
         do throws(KeychainError) {
-            let file = FileDescriptor(fd)  // closed at the end of this block
-            defer { extendLifetime(file) }
-            try write(bytes, to: fd, name: temporary)
+            try write(bytes, to: partial.file.borrowed, name: temporary)
         } catch {
             unlink(temporary)
             throw error
         }
+        _ = partial.close()
         try moveIntoPlace(temporary, path)
     }
 
     /// The temporary file a backup at `path` is written to first (mode
     /// 0600, created here, never an existing one), open for writing.
-    public static func createPartial(for path: String) throws(KeychainError) -> (fd: Int32, path: String) {
+    public static func createPartial(for path: String) throws(KeychainError) -> PartialBackup {
         let temporary = path + ".partial"
         unlink(temporary)
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw fileFailure("create", temporary) }
-        return (fd, temporary)
+        guard let file = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)) else {
+            throw fileFailure("create", temporary)
+        }
+        return PartialBackup(file: file, path: temporary)
+    }
+
+    /// A backup's temporary file, open for writing, and its path.
+    public struct PartialBackup: ~Copyable {
+        public let file: FileDescriptor
+        public let path: String
+
+        /// Closes the file (written through by whoever it was lent to).
+        public consuming func close() -> Bool { file.close() }
     }
 
     /// Renames a written temporary file onto the backup's path (removing
@@ -293,13 +303,13 @@ extension BackupFile {
 
     /// Writes a whole backup to `fd` and syncs it to disk; `name` names it
     /// in errors. The file may be another user's, passed to the device.
-    public static func write(_ bytes: [UInt8], to fd: Int32, name: String) throws(KeychainError) {
+    public static func write(_ bytes: [UInt8], to fd: BorrowedDescriptor, name: String) throws(KeychainError) {
         do throws(Errno) {
-            try Descriptor.writeAll(fd, bytes)
+            try fd.writeAll(bytes)
         } catch {
             throw fileFailure("write", name, errno: error.rawValue)
         }
-        guard fsync(fd) == 0 else { throw fileFailure("write", name) }
+        guard fsync(fd.raw) == 0 else { throw fileFailure("write", name) }
     }
 
     /// The largest backup file `restore` reads: 1 GiB (a thousand items at
@@ -313,7 +323,7 @@ extension BackupFile {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else {
             throw fileFailure("read", path)
         }
-        _ = try readHead(of: fd.raw, name: path)
+        _ = try readHead(of: fd.borrowed, name: path)
     }
 
     /// The bytes of a backup file. Its header is checked first, so that a
@@ -324,16 +334,16 @@ extension BackupFile {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) else {
             throw fileFailure("read", path)
         }
-        return try load(from: fd.raw, name: path)
+        return try load(from: fd.borrowed, name: path)
     }
 
     /// ``load(from:)`` of a file already open (one a client passed to the
     /// device, which may not be able to open its path); `name` names it in
     /// errors.
-    public static func load(from fd: Int32, name path: String) throws(KeychainError) -> [UInt8] {
+    public static func load(from fd: BorrowedDescriptor, name path: String) throws(KeychainError) -> [UInt8] {
         let head = try readHead(of: fd, name: path)
         do throws(Errno) {
-            let rest = try Descriptor.readAll(fd, limit: maximumFileSize - head.count + 1)
+            let rest = try fd.readAll(limit: maximumFileSize - head.count + 1)
             // It grew past the bound after fstat: refused all the same.
             guard head.count + rest.count <= maximumFileSize else { throw Errno.fileTooLarge }
             return head + rest
@@ -348,15 +358,15 @@ extension BackupFile {
     /// file (a FIFO or device would block or never end) of at most
     /// ``maximumFileSize`` bytes (``KeychainError/valueTooLarge``) that
     /// begins with the magic (``KeychainError/param``). Returns the magic it read.
-    static func readHead(of fd: Int32, name path: String) throws(KeychainError) -> [UInt8] {
+    static func readHead(of fd: BorrowedDescriptor, name path: String) throws(KeychainError) -> [UInt8] {
         var info = stat()
-        guard fstat(fd, &info) == 0 else { throw fileFailure("read", path) }
+        guard fstat(fd.raw, &info) == 0 else { throw fileFailure("read", path) }
         guard info.st_mode & S_IFMT == S_IFREG else { throw .param }
         guard Int(info.st_size) <= maximumFileSize else { throw .valueTooLarge }
         var head = [UInt8](repeating: 0, count: magic.count)
         let whole: Bool
         do throws(Errno) {
-            whole = try head.withMutableBytes { (raw) throws(Errno) in try Descriptor.readExactly(fd, into: raw) }
+            whole = try head.withMutableBytes { (raw) throws(Errno) in try fd.readExactly(into: raw) }
         } catch {
             throw fileFailure("read", path, errno: error.rawValue)
         }
@@ -381,9 +391,11 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
     /// backup; the copy stops at that bound even if the file grows. With
     /// `limit` (the service's restore size per user), a file past it is
     /// ``KeychainError/quotaExceeded``.
-    public init(of file: Int32, name: String, in directory: String, limit: Int? = nil) throws(KeychainError) {
+    public init(of file: BorrowedDescriptor, name: String, in directory: String, limit: Int? = nil)
+        throws(KeychainError)
+    {
         var info = stat()
-        if let limit, fstat(file, &info) == 0, Int(info.st_size) > limit { throw .quotaExceeded }
+        if let limit, fstat(file.raw, &info) == 0, Int(info.st_size) > limit { throw .quotaExceeded }
         let head = try BackupFile.readHead(of: file, name: name)
         // glibc's O_TMPFILE (__O_TMPFILE | O_DIRECTORY), declared only with _GNU_SOURCE.
         let temporaryFile: Int32 = 0o20_200_000
@@ -393,16 +405,16 @@ public final class BackupFileCopy: BackupBytes, @unchecked Sendable {
         var total = head.count
         var buffer = [UInt8](repeating: 0, count: 64 << 10)
         do throws(Errno) {
-            try head.withBytes { (raw) throws(Errno) in try Descriptor.writeAll(copy.raw, raw) }
+            try head.withBytes { (raw) throws(Errno) in try copy.borrowed.writeAll(raw) }
             while true {
-                let read = try buffer.withMutableBytes { (raw) throws(Errno) in try Descriptor.read(file, into: raw) }
+                let read = try buffer.withMutableBytes { (raw) throws(Errno) in try file.read(into: raw) }
                 if read == 0 { break }
                 total += read
                 // It grew past the bound after fstat: refused all the same.
                 guard total <= BackupFile.maximumFileSize else { throw Errno.fileTooLarge }
                 guard total <= limit ?? Int.max else { throw Errno(EDQUOT) }
                 try buffer.withBytes { (raw) throws(Errno) in
-                    try Descriptor.writeAll(copy.raw, UnsafeRawBufferPointer(rebasing: raw[..<read]))
+                    try copy.borrowed.writeAll(UnsafeRawBufferPointer(rebasing: raw[..<read]))
                 }
             }
         } catch {

@@ -12,7 +12,7 @@ extension Device {
     /// is taken as the client resolved it; no path of a client's is opened.
     public func answer(
         policyRequest request: PolicyRequest, by subject: AuditSubject?,
-        executable file: Int32? = nil, opensPaths: Bool = true
+        executable file: BorrowedDescriptor? = nil, opensPaths: Bool = true
     ) -> DeviceAnswer {
         let device = self
         do throws(KeychainError) {
@@ -115,7 +115,7 @@ extension Device {
     /// client passed (opened as the client), else, where the device may
     /// open paths (not the service), the path itself.
     static func namedExecutable(
-        _ executable: String, file: Int32?,
+        _ executable: String, file: BorrowedDescriptor?,
         opensPaths: Bool
     ) -> Result<(path: String, digest: [UInt8]), ExecutableRefusal> {
         if file == nil && !opensPaths {

@@ -59,7 +59,7 @@ public enum DevicePeerAdmission {
         var started: Set<Process> = []
         /// pam_keychainfs's end that checks, as root, who accepted a
         /// connection to a checked device (nil: nobody checks, and none is admitted).
-        var verifier: Int32?
+        var verifier: BorrowedDescriptor?
     }
     private static let rule = Mutex<Rule?>(nil)
 
@@ -67,14 +67,14 @@ public enum DevicePeerAdmission {
     /// starts; a connection to one of `devices` only once `verifier`
     /// (pam_keychainfs's socket, as root) says the device accepted it and
     /// holds it alone.
-    public static func admitOnly(_ devices: Set<CheckedDevice>, verifier: Int32?) {
+    public static func admitOnly(_ devices: Set<CheckedDevice>, verifier: BorrowedDescriptor?) {
         rule.withLock { $0 = Rule(admitted: devices, verifier: verifier) }
     }
 
     /// Whether the process that checks as root says `socket` was accepted
     /// by a checked device that holds it alone: one byte and the
     /// descriptor out, one byte back (1: yes).
-    private static func verified(_ socket: Int32, by verifier: Int32) -> Bool {
+    private static func verified(_ socket: BorrowedDescriptor, by verifier: BorrowedDescriptor) -> Bool {
         SocketHolders.askRoot(verifier, about: socket)
     }
 
@@ -86,7 +86,7 @@ public enum DevicePeerAdmission {
     }
 
     /// Why nothing may be sent on `socket`, connected to `path` (nil: it may).
-    static func refusal(of socket: Int32, connectedTo path: String) -> String? {
+    static func refusal(of socket: BorrowedDescriptor, connectedTo path: String) -> String? {
         guard let rule = rule.withLock({ $0 }) else { return nil }
         guard let peer = ProgramIdentities.peerCredentials(socket), let process = Process.now(peer.pid) else {
             return "the device's socket has no peer this process can name: nothing was sent to it"

@@ -129,7 +129,7 @@ extension DeviceProtocol {
     /// have been sent by that process (the device's listener passes
     /// credentials): one that connected and let another process finish its
     /// request (a child after an `exec` of the parent) is refused.
-    public static func receive(from fd: Int32, sentBy sender: Int32? = nil) -> SecureBytes? {
+    public static func receive(from fd: BorrowedDescriptor, sentBy sender: Int32? = nil) -> SecureBytes? {
         var passed: FileDescriptor?  // none is wanted: closed here if one came
         return receive(from: fd, sentBy: sender, descriptor: &passed)
     }
@@ -137,7 +137,7 @@ extension DeviceProtocol {
     /// ``receive(from:sentBy:)``, and in `descriptor` the one descriptor
     /// passed with the frame (SCM_RIGHTS), nil when none came. A frame that
     /// did not arrive whole leaves none open.
-    public static func receive(from fd: Int32, sentBy sender: Int32?, descriptor: inout FileDescriptor?)
+    public static func receive(from fd: BorrowedDescriptor, sentBy sender: Int32?, descriptor: inout FileDescriptor?)
         -> SecureBytes?
     {
         var refusedMemory = false
@@ -148,7 +148,7 @@ extension DeviceProtocol {
     /// when no frame came because its body could not be given secret
     /// memory (``SecretArena``): not the sender's fault, and said so.
     public static func receive(
-        from fd: Int32, sentBy sender: Int32?, descriptor: inout FileDescriptor?, refusedMemory: inout Bool
+        from fd: BorrowedDescriptor, sentBy sender: Int32?, descriptor: inout FileDescriptor?, refusedMemory: inout Bool
     ) -> SecureBytes? {
         descriptor = nil
         refusedMemory = false
@@ -203,7 +203,7 @@ extension DeviceProtocol {
     }
 
     private static func readExactly(
-        _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?,
+        _ fd: BorrowedDescriptor, into buffer: UnsafeMutableRawBufferPointer, sentBy sender: Int32?,
         descriptor: inout FileDescriptor?
     ) -> Bool {
         var offset = 0
@@ -211,7 +211,7 @@ extension DeviceProtocol {
             var from: Int32 = 0, passed: Int32 = -1
             let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[offset...])
             let count = try? valueOrErrno(retryOnInterrupt: true) {
-                CLinux_receive_with_sender(fd, rest.baseAddress, rest.count, &from, &passed)
+                CLinux_receive_with_sender(fd.raw, rest.baseAddress, rest.count, &from, &passed)
             }
             if let received = FileDescriptor(passed), descriptor.raw == nil {
                 descriptor = .some(consume received)
@@ -225,7 +225,11 @@ extension DeviceProtocol {
 
     /// Writes a whole frame; false on an error. With `descriptor`, passes
     /// it (SCM_RIGHTS) with the frame's first bytes.
-    public static func send(_ frame: SecureBytes, to fd: Int32, passing descriptor: Int32? = nil) -> Bool {
+    public static func send(
+        _ frame: SecureBytes, to fd: BorrowedDescriptor, passing descriptor: BorrowedDescriptor? = nil
+    )
+        -> Bool
+    {
         frame.withUnsafeBytes { bytes in
             var rest = bytes
             if let descriptor {
@@ -233,7 +237,7 @@ extension DeviceProtocol {
                     let sent = try? valueOrErrno(
                         retryOnInterrupt: true,
                         {
-                            CLinux_send_with_descriptor(fd, bytes.baseAddress, bytes.count, descriptor)
+                            CLinux_send_with_descriptor(fd.raw, bytes.baseAddress, bytes.count, descriptor.raw)
                         })
                 else { return false }
                 rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
@@ -245,7 +249,7 @@ extension DeviceProtocol {
                 guard
                     let sent = try? valueOrErrno(
                         retryOnInterrupt: true,
-                        { Glibc.send(fd, rest.baseAddress! + offset, rest.count - offset, Int32(MSG_NOSIGNAL)) }),
+                        { Glibc.send(fd.raw, rest.baseAddress! + offset, rest.count - offset, Int32(MSG_NOSIGNAL)) }),
                     sent > 0
                 else { return false }
                 offset += sent

@@ -41,7 +41,7 @@ package enum UnixSocket {
     /// A listening socket at `path` (mode 0600, or 0666 for `everyone`:
     /// the service, which tells its peers apart itself), replacing a stale
     /// file there, that receives its peers' credentials with every message.
-    package static func listen(at path: String, everyone: Bool = false) throws(Errno) -> Int32 {
+    package static func listen(at path: String, everyone: Bool = false) throws(Errno) -> FileDescriptor {
         let address = try address(path)
         let fd = try streamSocket()  // closed if anything below fails
         unlink(path)
@@ -53,24 +53,25 @@ package enum UnixSocket {
         try nothingOrErrno { setsockopt(fd.raw, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
         try nothingOrErrno { withSocketAddress(address) { bind(fd.raw, $0, $1) } }
         try nothingOrErrno { Glibc.listen(fd.raw, SOMAXCONN) }
-        // Shared with the thread that accepts on it: its owner closes it to stop that thread.
-        return fd.release()
+        // Lent to the thread that accepts on it: its owner closes it to stop that thread.
+        return fd
     }
 
     /// The listening socket systemd passed (socket activation,
     /// sd_listen_fds(3): `$LISTEN_PID` is us, `$LISTEN_FDS` at least 1,
     /// the first at descriptor 3), made to pass credentials; nil without one.
-    package static func activated() throws(Errno) -> Int32? {
+    package static func activated() throws(Errno) -> FileDescriptor? {
         guard let pid = getenv("LISTEN_PID").flatMap({ Int32(String(cString: $0)) }), pid == getpid(),
             let count = getenv("LISTEN_FDS").flatMap({ Int(String(cString: $0)) }), count >= 1
         else { return nil }
-        let fd: Int32 = 3
+        // Ours from here: systemd passed it for this process alone.
+        guard let fd = FileDescriptor(3) else { return nil }
         unsetenv("LISTEN_PID")
         unsetenv("LISTEN_FDS")
         unsetenv("LISTEN_FDNAMES")
-        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(fd.raw, F_SETFD, FD_CLOEXEC)
         var on: Int32 = 1
-        try nothingOrErrno { setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
+        try nothingOrErrno { setsockopt(fd.raw, SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size)) }
         return fd
     }
 
@@ -93,7 +94,9 @@ public enum DeviceClient {
 
     /// Sends one call to the device listening at `socketPath` and waits
     /// for its answer; nil when no device listens or it went away unanswered.
-    public static func send<Result>(_ call: DeviceCall<Result>, to socketPath: String, passing descriptor: Int32? = nil)
+    public static func send<Result>(
+        _ call: DeviceCall<Result>, to socketPath: String, passing descriptor: BorrowedDescriptor? = nil
+    )
         -> DeviceOutcome<Result>?
     {
         var received: FileDescriptor?  // none is wanted: closed here if one came
@@ -103,7 +106,7 @@ public enum DeviceClient {
     /// ``send(_:to:passing:)``, and in `received` the descriptor the device
     /// passed back with its answer (nil: none).
     public static func exchange<Result>(
-        _ call: DeviceCall<Result>, with socketPath: String, passing descriptor: Int32? = nil,
+        _ call: DeviceCall<Result>, with socketPath: String, passing descriptor: BorrowedDescriptor? = nil,
         receiving received: inout FileDescriptor?
     ) -> DeviceOutcome<Result>? {
         var listening = false
@@ -131,16 +134,20 @@ public enum DeviceClient {
     /// Sends `call` and returns the device's answer with the connection,
     /// which then carries what follows the answer (`watch`); the caller
     /// closes it. Nil when no device answered.
-    public static func follow<Result>(_ call: DeviceCall<Result>, at socketPath: String) -> (
-        outcome: DeviceOutcome<Result>, connection: Int32
-    )? {
+    public static func follow<Result>(_ call: DeviceCall<Result>, at socketPath: String) -> Followed<Result>? {
         var received: FileDescriptor?  // none is wanted: closed here if one came
         var listening = false
         guard
             let conversation = converse(
                 call.request, with: socketPath, passing: nil, receiving: &received, listening: &listening)
         else { return nil }
-        return (call.outcome(of: conversation.reply), conversation.connection.release())
+        return Followed(outcome: call.outcome(of: conversation.reply), connection: conversation.connection)
+    }
+
+    /// A call's answer, and the connection that carries what follows it.
+    public struct Followed<Result: DeviceResult>: ~Copyable {
+        public let outcome: DeviceOutcome<Result>
+        public let connection: FileDescriptor
     }
 
     /// One request on a connection of its own and the reply; the
@@ -151,7 +158,7 @@ public enum DeviceClient {
     }
 
     private static func exchange(
-        _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
+        _ request: DeviceRequest, with socketPath: String, passing descriptor: BorrowedDescriptor?,
         receiving received: inout FileDescriptor?, listening: inout Bool
     ) -> DeviceReply? {
         converse(request, with: socketPath, passing: descriptor, receiving: &received, listening: &listening)?.reply
@@ -161,21 +168,21 @@ public enum DeviceClient {
     /// sends `request` with `descriptor`, and reads the reply with the
     /// descriptor passed back in `received`.
     private static func converse(
-        _ request: DeviceRequest, with socketPath: String, passing descriptor: Int32?,
+        _ request: DeviceRequest, with socketPath: String, passing descriptor: BorrowedDescriptor?,
         receiving received: inout FileDescriptor?, listening: inout Bool
     ) -> Conversation? {
         received = nil
         guard let fd = try? UnixSocket.connect(to: socketPath) else { return nil }
         listening = true
-        if let refusal = DevicePeerAdmission.refusal(of: fd.raw, connectedTo: socketPath) {
+        if let refusal = DevicePeerAdmission.refusal(of: fd.borrowed, connectedTo: socketPath) {
             Diagnostics.log(refusal)
             return nil
         }
         guard let frame = try? request.frame() else { return nil }
         // A device that refused the request before it was whole (no locked memory for its body)
         // replies, then closes: the send fails, and its reply is read all the same.
-        _ = DeviceProtocol.send(frame, to: fd.raw, passing: descriptor)
-        guard let body = DeviceProtocol.receive(from: fd.raw, sentBy: nil, descriptor: &received),
+        _ = DeviceProtocol.send(frame, to: fd.borrowed, passing: descriptor)
+        guard let body = DeviceProtocol.receive(from: fd.borrowed, sentBy: nil, descriptor: &received),
             let reply = body.withUnsafeBytes({ try? DeviceReply(body: $0) })
         else { return nil }
         return Conversation(reply: reply, connection: fd)

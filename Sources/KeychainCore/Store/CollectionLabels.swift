@@ -21,7 +21,7 @@ extension KeychainDirectory {
     /// Each labelled group's label.
     public func collectionLabels() -> [String: String] {
         guard let fd = FileDescriptor(open(collectionLabelsPath, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)),
-            let bytes = try? Descriptor.readAll(fd.raw, limit: 8 << 20)
+            let bytes = try? fd.borrowed.readAll(limit: 8 << 20)
         else { return [:] }
         var reader = ByteReader(bytes)
         var labels: [String: String] = [:]

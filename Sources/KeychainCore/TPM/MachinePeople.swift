@@ -15,7 +15,7 @@ public enum MachinePeople {
     public static func person(of uid: UInt32, subordinateIDs: String = "/etc/subuid") -> UInt32? {
         if account(uid: uid) != nil { return uid }
         guard let fd = FileDescriptor(open(subordinateIDs, O_RDONLY | O_CLOEXEC)),
-            let bytes = try? Descriptor.readAll(fd.raw, limit: 1 << 20)
+            let bytes = try? fd.borrowed.readAll(limit: 1 << 20)
         else { return nil }
         return owner(of: uid, in: String(decoding: bytes, as: UTF8.self))
     }

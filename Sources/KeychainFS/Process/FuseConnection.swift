@@ -19,9 +19,9 @@ package enum FuseConnection {
     static let minor: UInt64 = 229
 
     /// Why `descriptor` is not a connection to serve, in a sentence; nil when it is.
-    package static func problem(with descriptor: Int32) -> String? {
+    package static func problem(with descriptor: BorrowedDescriptor) -> String? {
         var info = stat()
-        guard (try? nothingOrErrno { fstat(descriptor, &info) }) != nil else {
+        guard (try? nothingOrErrno { fstat(descriptor.raw, &info) }) != nil else {
             return "the descriptor passed cannot be examined"
         }
         // glibc's major() and minor() are macros (sys/sysmacros.h).
@@ -38,13 +38,13 @@ package enum FuseConnection {
         guard let clone = FileDescriptor(open("/dev/fuse", O_RDWR | O_CLOEXEC)) else {
             return "/dev/fuse cannot be opened to check the connection passed"
         }
-        let bound = (try? nothingOrErrno { CLinux_fuse_clone(clone.raw, descriptor) }) != nil
+        let bound = (try? nothingOrErrno { CLinux_fuse_clone(clone.raw, descriptor.raw) }) != nil
         // The clone ends with no request of its own; the connection lives on
         // in the descriptor passed (fuse_dev_release aborts only the last).
         _ = clone.close()
         guard bound else { return "the /dev/fuse descriptor passed is not a mounted FUSE connection of this system" }
         // Still mounted: a connection whose mount went away polls as an error.
-        var state = pollfd(fd: descriptor, events: Int16(POLLIN | POLLOUT), revents: 0)
+        var state = pollfd(fd: descriptor.raw, events: Int16(POLLIN | POLLOUT), revents: 0)
         guard (try? valueOrErrno { Glibc.poll(&state, 1, 0) }) != nil,
             state.revents & Int16(POLLERR | POLLHUP | POLLNVAL) == 0
         else {

@@ -24,14 +24,13 @@ public final class FuseMount: Sendable {
     /// (fuse_session_mount), closes it when the session ends, and never
     /// unmounts it (the mount is its user's, who unmounts it).
     public init(
-        fileSystem: FileSystem, mountpoint: String, connection: Int32? = nil,
+        fileSystem: FileSystem, mountpoint: String, connection: consuming FileDescriptor? = nil,
         onFinish: @escaping @Sendable (FuseMount) -> Void
     ) throws(MountError) {
         self.fileSystem = fileSystem
         self.mountpoint = mountpoint
         // Ours (closed on a failure) until libfuse takes it with the mount.
-        var owned: FileDescriptor? = nil
-        if let connection { owned = FileDescriptor(connection) }
+        let attached = connection.raw.map { "/dev/fd/\($0)" }
         var ops = FuseOperations.table()
         let options = "fsname=keychainfs,subtype=keychainfs"
         let strings: [String] = ["keychainfs", "-o", options]
@@ -49,12 +48,12 @@ public final class FuseMount: Sendable {
             userdata.release()
             throw MountError("could not create a FUSE session")
         }
-        guard fuse_session_mount(made, connection.map { "/dev/fd/\($0)" } ?? mountpoint) == 0 else {
+        guard fuse_session_mount(made, attached ?? mountpoint) == 0 else {
             fuse_session_destroy(made)
             userdata.release()
             throw MountError("could not mount at \(mountpoint) (is /dev/fuse usable and fusermount3 installed?)")
         }
-        _ = owned.take()?.release()  // libfuse closes it when the session ends
+        _ = connection.take()?.release()  // libfuse closes it when the session ends
         session = FuseSession(made, userdata: userdata)
         fileSystem.kernelCache.attach(session)
         fileSystem.nodes.register(fileSystem.kernelCache)

@@ -25,7 +25,7 @@ public enum MountTable {
     /// (`/proc/self/mountinfo`, proc(5)).
     static func fileSystemTypes(mountedAt path: String) -> [String] {
         guard let fd = FileDescriptor(open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)) else { return [] }
-        let table = String(decoding: (try? Descriptor.readAll(fd.raw, limit: 16 << 20)) ?? [], as: UTF8.self)
+        let table = String(decoding: (try? fd.borrowed.readAll(limit: 16 << 20)) ?? [], as: UTF8.self)
         return table.split(separator: "\n").compactMap { line -> String? in
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
             // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
