@@ -460,6 +460,71 @@ static void verified_devices(const struct passwd *user, const char *helper, char
     free(text);
 }
 
+/* verified_devices in a child process of its own, given until `deadline`.
+ * A read of a process's /proc/PID/smaps or environ waits for that
+ * process's memory-map lock, which a program of the user can hold for as
+ * long as it likes (an outsider's device, started with a library of
+ * theirs, read through /proc/self/mem a page of a FUSE file that never
+ * answers, and queued a write of clear_refs behind it): a deadline
+ * checked between reads cannot cut one read, and the login waited for
+ * good. That wait ends for a fatal signal, so the child is ended with
+ * SIGKILL at the deadline, and nothing it found counts (no device is
+ * checked: the hook gives the password to none it did not start). */
+static void verified_devices_within(pam_handle_t *pamh, const struct passwd *user, const char *helper, char *list,
+                                    size_t size, long long deadline) {
+    list[0] = '\0';
+    int ends[2];
+    if (pipe2(ends, O_CLOEXEC) != 0) return;
+    /* An application's SIGCHLD handler must not reap our child first. */
+    struct sigaction default_action = {.sa_handler = SIG_DFL}, saved;
+    sigemptyset(&default_action.sa_mask);
+    sigaction(SIGCHLD, &default_action, &saved);
+    pid_t child = fork();
+    if (child == 0) {
+        close(ends[0]);
+        verified_devices(user, helper, list, size, deadline);
+        size_t length = strlen(list), written = 0;
+        while (written < length) {
+            ssize_t count = write(ends[1], list + written, length - written);
+            if (count < 0 && errno == EINTR) continue;
+            if (count <= 0) break;
+            written += (size_t)count;
+        }
+        _exit(0);
+    }
+    close(ends[1]);
+    size_t used = 0;
+    int whole = 0;
+    while (child > 0 && !whole && used + 1 < size) {
+        long long left = deadline - monotonic_ms();
+        if (left <= 0) break;
+        struct pollfd waiting = {.fd = ends[0], .events = POLLIN};
+        int ready = poll(&waiting, 1, left > 60000 ? 60000 : (int)left);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) continue;
+        ssize_t count = read(ends[0], list + used, size - 1 - used);
+        if (count < 0 && errno == EINTR) continue;
+        if (count < 0) break;
+        if (count == 0) whole = 1;
+        used += (size_t)(count > 0 ? count : 0);
+    }
+    close(ends[0]);
+    list[whole ? used : 0] = '\0';
+    if (child > 0) {
+        if (!whole) {
+            kill(child, SIGKILL);
+            pam_syslog(pamh, LOG_NOTICE,
+                       "keychainfs: the check of %s's running devices did not end within the timeout; "
+                       "none is given the password",
+                       user->pw_name);
+        }
+        /* Reaped once it has ended, which a SIGKILL makes quick; never waited for past a second. */
+        int status;
+        for (int tries = 0; tries < 100 && waitpid(child, &status, WNOHANG) == 0; tries++) usleep(10000);
+    }
+    sigaction(SIGCHLD, &saved, NULL);
+}
+
 /* Runs `HELPER pam-hook MODE` as `user` with `length` bytes of `input` on
  * its standard input; its exit status, or -1 when it could not be run. A
  * caller that is not root acts only for itself (a screen locker). */
@@ -491,7 +556,7 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct option
     /* The devices the hook may give the password to, checked here, as root (none: it starts one itself). */
     char devices[64 + 8 * 48];
     strcpy(devices, "KEYCHAINFS_PAM_DEVICES=");
-    verified_devices(user, helper, devices + strlen(devices), sizeof devices - strlen(devices), deadline);
+    verified_devices_within(pamh, user, helper, devices + strlen(devices), sizeof devices - strlen(devices), deadline);
     /* Descriptor 3 of the hook: it passes here each connection to a checked
      * device before it sends the password on it, and reads back whether the
      * device accepted it and holds it alone (accepted_by_device). */

@@ -605,6 +605,135 @@ extension SerialTests {
                     """, "\(used)")
         }
 
+        /// A program of the user holds the memory-map lock of a process that
+        /// pam_keychainfs looks at: the installed device, started with a
+        /// library of the user's, reads through /proc/self/mem a page of a
+        /// FUSE file that never answers (holding the lock for reading) and
+        /// queues a write of clear_refs behind it (for writing), having
+        /// made itself undumpable as a device does. The module's read of
+        /// its /proc/PID/smaps, as root, then waited for good: one read,
+        /// which no deadline checked between reads cuts (an outsider held
+        /// every screen unlock this way). Now the module looks at the
+        /// devices in a child of its own, ended at the deadline, and the
+        /// login goes on.
+        @Test func aProcessWhoseMemoryMapIsHeldHoldsTheLoginNoLongerThanItsTimeout() throws {
+            try """
+            #define FUSE_USE_VERSION 31
+            #include <errno.h>
+            #include <fuse.h>
+            #include <stdlib.h>
+            #include <string.h>
+            #include <unistd.h>
+            /* One file, blk, whose reads are answered only once the file $HANGFS_RELEASE exists. */
+            static const char *release;
+            static int attributes(const char *path, struct stat *info, struct fuse_file_info *file) {
+                (void)file;
+                memset(info, 0, sizeof *info);
+                if (strcmp(path, "/") == 0) { info->st_mode = S_IFDIR | 0755; info->st_nlink = 2; return 0; }
+                if (strcmp(path, "/blk") != 0) return -ENOENT;
+                info->st_mode = S_IFREG | 0644; info->st_nlink = 1; info->st_size = 4096;
+                return 0;
+            }
+            static int opened(const char *path, struct fuse_file_info *file) {
+                (void)file;
+                return strcmp(path, "/blk") == 0 ? 0 : -ENOENT;
+            }
+            static int held(const char *path, char *buffer, size_t size, off_t offset, struct fuse_file_info *file) {
+                (void)path; (void)offset; (void)file;
+                while (access(release, F_OK) != 0) usleep(10000);
+                memset(buffer, 0, size);
+                return (int)size;
+            }
+            static const struct fuse_operations operations = {.getattr = attributes, .open = opened, .read = held};
+            int main(int argc, char **argv) {
+                release = getenv("HANGFS_RELEASE");
+                return release == NULL ? 2 : fuse_main(argc, argv, &operations, NULL);
+            }
+            """.write(toFile: harness.root + "/hangfs.c", atomically: true, encoding: .utf8)
+            try """
+            #define _GNU_SOURCE
+            #include <fcntl.h>
+            #include <pthread.h>
+            #include <stdio.h>
+            #include <stdlib.h>
+            #include <sys/mman.h>
+            #include <sys/prctl.h>
+            #include <unistd.h>
+            static char *page;
+            static int mem, refs;
+            /* Both threads are made first: a thread's stack is a mapping, which waits for the lock too. */
+            static void *reader(void *unused) {
+                char byte;
+                (void)unused;
+                usleep(200000);
+                (void)pread(mem, &byte, 1, (off_t)(unsigned long)page);
+                return NULL;
+            }
+            static void *writer(void *unused) {
+                (void)unused;
+                sleep(1);
+                (void)write(refs, "4", 1);
+                return NULL;
+            }
+            __attribute__((constructor)) static void hold(void) {
+                const char *file = getenv("HOLD_FILE"), *ready = getenv("HOLD_READY");
+                if (file == NULL || ready == NULL) return;
+                int fd = open(file, O_RDONLY);
+                page = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+                /* Opened while still dumpable: an undumpable process's entries are root's. */
+                mem = open("/proc/self/mem", O_RDONLY);
+                refs = open("/proc/self/clear_refs", O_WRONLY);
+                prctl(PR_SET_DUMPABLE, 0);
+                pthread_t first, second;
+                pthread_create(&first, NULL, reader, NULL);
+                pthread_create(&second, NULL, writer, NULL);
+                sleep(2);
+                /* No allocation from here: it could need the lock. */
+                char pid[16];
+                int length = snprintf(pid, sizeof pid, "%d", getpid());
+                int said = open(ready, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                (void)write(said, pid, (size_t)length);
+                close(said);
+                for (;;) pause();
+            }
+            """.write(toFile: harness.root + "/hold.c", atomically: true, encoding: .utf8)
+            // Unmounted whatever happens: a login held past the test's limit ends the script before its last line.
+            defer { _ = Spawn.run(["/bin/fusermount3", "-u", "-z", harness.root + "/fz"]) }
+            let used = try withPAM(
+                """
+                gcc -O1 -Wall -o "$R/hangfs" "$R/hangfs.c" $(pkg-config --cflags --libs fuse3) || exit 1
+                gcc -O1 -Wall -shared -fPIC -pthread -o "$R/hold.so" "$R/hold.c" || exit 1
+                \(Self.loginUnlockOn)
+                install -d -m 0700 -o "$U" "$R/fz"; install -d -m 0777 "$R/said"
+                # Run directly (setpriv execs, runuser forks): their pids are ours to end. Nothing here
+                # reads the held process's command line (pkill, ps): that waits for its map's lock too.
+                as_user() { setpriv --reuid="$U" --regid="$U" --init-groups -- "$@"; }
+                as_user env HANGFS_RELEASE="$R/said/release" "$R/hangfs" "$R/fz" -f > /dev/null 2>&1 &
+                fs=$!
+                for n in $(seq 100); do grep -q " $R/fz " /proc/mounts && break; sleep 0.05; done
+                # The installed program that a loader runs (the fixed build has none): its other half, if any.
+                serving="${K%/bin/keychainfs}/libexec/keychainfs/keychainfs"; [ -x "$serving" ] || serving="$K"
+                as_user env HOLD_FILE="$R/fz/blk" HOLD_READY="$R/said/held" LD_PRELOAD="$R/hold.so" "$serving" status \\
+                    > /dev/null 2>&1 &
+                holder=$!
+                for n in $(seq 200); do [ -s "$R/said/held" ] && break; sleep 0.05; done
+                held=$(cat "$R/said/held")
+                echo "undumpable, as a device makes itself: $(stat -c %U "/proc/$held/mem")"
+                started=$(date +%s)
+                printf 'Login-1\\n' | timeout 30 pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "returned within the timeout and a second: $([ $(( $(date +%s) - started )) -le 4 ] && echo yes)"
+                # The page answered, the lock let go: every process ends as processes do.
+                touch "$R/said/release"; kill -9 "$held" "$holder" "$fs"; fusermount3 -u -z "$R/fz"; wait
+                """, moduleOptions: "timeout=2")
+            #expect(
+                used.stdout == """
+                    undumpable, as a device makes itself: root
+                    pamtester: successfully authenticated
+                    returned within the timeout and a second: yes
+
+                    """, "\(used)")
+        }
+
         /// A program of the user holds 20,000 descriptors in each of 100
         /// processes: pam_keychainfs's scans of every process's descriptors,
         /// as root and outside the hook's timeout, held the login for many

@@ -25,7 +25,9 @@ extension SerialTests {
         /// shows: the code for once allows once, the code for always puts
         /// the program on the item's list, anything else denies. A program
         /// in the background of the terminal (its own process group) is not
-        /// asked at all, and is told nobody could be asked.
+        /// asked at all, and is told nobody could be asked; nor is one that
+        /// joined the foreground group of the command, or of the shell at
+        /// its prompt.
         @Test func aPersonAtATerminalAnswersForTheProgramTheyRan() throws {
             try """
             import fcntl, os, pty, re, select, signal, struct, subprocess, sys, termios, time
@@ -50,6 +52,17 @@ extension SerialTests {
                     os.execv(command[0], command)
                 os.wait()
                 os.kill(command_pid, signal.SIGKILL)
+                os._exit(0)
+            if pid == 0 and rule == "idle":
+                # The person's shell (this session's leader) sits at its prompt, reading the terminal; a
+                # background job of it joins the shell's own group, the foreground one, and asks.
+                job = os.fork()
+                if job == 0:
+                    os.setpgid(0, 0)
+                    os.setpgid(0, os.tcgetpgrp(0))
+                    os.execv(command[0], command)
+                while os.waitpid(job, os.WNOHANG) == (0, 0):
+                    select.select([0], [], [], 0.2)
                 os._exit(0)
             if pid == 0:
                 # In the background: a process group of its own, which a session's leader cannot make.
@@ -88,7 +101,7 @@ extension SerialTests {
                 found = re.search(rb"this once, type ([a-z]{5})(; to allow it every time from now on, type ([a-z]{5}))?", shown)
                 if found and not answered:
                     answered = True
-                    if rule in ("inject", "join"):
+                    if rule in ("inject", "join", "idle"):
                         continue  # the person types nothing
                     typed = {"once": found.group(1), "always": found.group(3) or b"", "wrong": b"abcde"}[rule]
                     os.write(terminal, typed + b"\\r")
@@ -99,7 +112,7 @@ extension SerialTests {
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
-                for rule in wrong background join inject once always; do
+                for rule in wrong background join idle inject once always; do
                     /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
                 done
                 # Allowed for good: asked no more, with no terminal at all.
@@ -114,6 +127,7 @@ extension SerialTests {
                     wrong: asked yes, got nothing
                     background: asked no, got nothing
                     join: asked no, got nothing
+                    idle: asked no, got nothing
                     inject: asked yes, got nothing
                     once: asked yes, got hunter2
                     always: asked yes, got hunter2

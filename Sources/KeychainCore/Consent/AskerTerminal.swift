@@ -21,7 +21,8 @@ package struct AskerTerminal: Sendable, Equatable {
     /// device the kernel names as the process's controlling terminal.
     package static func foreground(of pid: pid_t) -> AskerTerminal? {
         guard let control = ProcessChain.controllingTerminal(of: pid), control.inForeground, control.device != 0,
-            let path = devicePath(control.device), isStartedByItsGroupsLeader(pid, group: control.group)
+            let path = devicePath(control.device), isStartedByItsGroupsLeader(pid, group: control.group),
+            !isASessionsShellAtItsPrompt(control.group, asker: pid)
         else { return nil }
         var info = stat()
         guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFCHR, UInt64(info.st_rdev) == control.device,
@@ -44,6 +45,23 @@ package struct AskerTerminal: Sendable, Equatable {
             process = parent
         }
         return false
+    }
+
+    /// Whether the foreground group's leader, not the asker itself, is the
+    /// session's leader and runs no command: the shell the terminal
+    /// started, at its prompt. A background job of that shell joined the
+    /// shell's own group while the shell sat at its prompt (it then
+    /// descends from the group's leader) and was asked at the terminal,
+    /// the person having typed nothing; stopping the shell meanwhile gave
+    /// the pinentry the person's typing (an outsider's attack). A shell
+    /// that runs a command waits for it (wait4(2): `do_wait` in
+    /// /proc/PID/wchan, proc(5)); at its prompt it reads the terminal
+    /// (poll, read) or is stopped. An interactive shell that is not the
+    /// session's leader (one started from another) is not told apart
+    /// (docs/SECURITY.md, "Asked at a terminal").
+    static func isASessionsShellAtItsPrompt(_ leader: pid_t, asker: pid_t) -> Bool {
+        guard leader != asker, ProcessChain.session(of: leader) == leader else { return false }
+        return ProgramIdentities.readProcFile(leader, "wchan", limit: 64) != Array("do_wait".utf8)
     }
 
     /// proc(5)'s `tty_nr`: the major number in bits 8 to 15, the minor in

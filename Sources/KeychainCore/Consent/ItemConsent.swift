@@ -369,6 +369,12 @@ package enum ProcessChain {
         return (UInt64(UInt32(truncatingIfNeeded: device)), group, foreground > 0 && foreground == group)
     }
 
+    /// The session the process is in (`/proc/PID/stat`'s 6th field).
+    package static func session(of pid: pid_t) -> pid_t? {
+        guard let fields = stat(of: pid)?.fields, fields.count > 3 else { return nil }
+        return Int32(String(decoding: fields[3], as: UTF8.self))
+    }
+
     /// The process's parent (`/proc/PID/stat`'s 4th field).
     package static func parent(of pid: pid_t) -> pid_t? {
         guard let fields = stat(of: pid)?.fields, fields.count > 1 else { return nil }
