@@ -64,6 +64,10 @@ extension SerialTests {
                 while os.waitpid(job, os.WNOHANG) == (0, 0):
                     select.select([0], [], [], 0.2)
                 os._exit(0)
+            if pid == 0 and rule == "script":
+                # The session's leader is a shell running a script (as over `ssh -t HOST 'a; b'`): it waits
+                # for the command it runs, which is asked.
+                os.execv("/bin/bash", ["bash", "-c", '"$0" "$@"; true'] + command)
             if pid == 0:
                 # In the background: a process group of its own, which a session's leader cannot make.
                 if rule in ("background", "inject") and os.fork() != 0:
@@ -103,7 +107,8 @@ extension SerialTests {
                     answered = True
                     if rule in ("inject", "join", "idle"):
                         continue  # the person types nothing
-                    typed = {"once": found.group(1), "always": found.group(3) or b"", "wrong": b"abcde"}[rule]
+                    typed = {"once": found.group(1), "script": found.group(1), "always": found.group(3) or b"",
+                             "wrong": b"abcde"}[rule]
                     os.write(terminal, typed + b"\\r")
             os.waitpid(pid, 0)
             shown = re.sub(rb"\\x1b(\\[[0-9;?]*[A-Za-z@]|[()][0-9A-Za-z]|[=>])", b"", screen)
@@ -112,7 +117,7 @@ extension SerialTests {
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
-                for rule in wrong background join idle inject once always; do
+                for rule in wrong background join idle inject once script always; do
                     /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
                 done
                 # Allowed for good: asked no more, with no terminal at all.
@@ -130,10 +135,12 @@ extension SerialTests {
                     idle: asked no, got nothing
                     inject: asked yes, got nothing
                     once: asked yes, got hunter2
+                    script: asked yes, got hunter2
                     always: asked yes, got hunter2
                     hunter2
                     1
                     denied
+                    allowed-once
                     allowed-once
                     allowed-always
 
