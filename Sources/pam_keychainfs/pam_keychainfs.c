@@ -460,6 +460,17 @@ static void verified_devices(const struct passwd *user, const char *helper, char
     free(text);
 }
 
+/* Reaps `child` once it has ended, waiting until `deadline` at most: its
+ * pid, 0 when it still runs then, -1 on an error. */
+static pid_t reap_by(pid_t child, int *raw, long long deadline) {
+    pid_t reaped;
+    while ((reaped = waitpid(child, raw, WNOHANG)) == 0 && monotonic_ms() < deadline) {
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    return reaped;
+}
+
 /* verified_devices in a child process of its own, given until `deadline`.
  * A read of a process's /proc/PID/smaps or environ waits for that
  * process's memory-map lock, which a program of the user can hold for as
@@ -475,10 +486,6 @@ static void verified_devices_within(pam_handle_t *pamh, const struct passwd *use
     list[0] = '\0';
     int ends[2];
     if (pipe2(ends, O_CLOEXEC) != 0) return;
-    /* An application's SIGCHLD handler must not reap our child first. */
-    struct sigaction default_action = {.sa_handler = SIG_DFL}, saved;
-    sigemptyset(&default_action.sa_mask);
-    sigaction(SIGCHLD, &default_action, &saved);
     pid_t child = fork();
     if (child == 0) {
         close(ends[0]);
@@ -519,17 +526,14 @@ static void verified_devices_within(pam_handle_t *pamh, const struct passwd *use
                        user->pw_name);
         }
         /* Reaped once it has ended, which a SIGKILL makes quick; never waited for past a second. */
-        int status;
-        for (int tries = 0; tries < 100 && waitpid(child, &status, WNOHANG) == 0; tries++) usleep(10000);
+        int raw;
+        reap_by(child, &raw, monotonic_ms() + 1000);
     }
-    sigaction(SIGCHLD, &saved, NULL);
 }
 
-/* Runs `HELPER pam-hook MODE` as `user` with `length` bytes of `input` on
- * its standard input; its exit status, or -1 when it could not be run. A
- * caller that is not root acts only for itself (a screen locker). */
-static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct options options, const char *mode,
-                    const char *input, size_t length) {
+/* run_hook's work, with SIGCHLD at its default. */
+static int run_hook_children(pam_handle_t *pamh, const struct passwd *user, struct options options, const char *mode,
+                             const char *input, size_t length) {
     const char *helper = options.helper;
     /* Past this, the hook is ended: a program of the user that stops it
      * (SIGSTOP, which its uid may send) held every login and screen unlock
@@ -574,11 +578,6 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct option
         close(channel[1]);
         return -1;
     }
-    /* An application's SIGCHLD handler must not reap our child first
-     * (pam_exec does the same). */
-    struct sigaction default_action = {.sa_handler = SIG_DFL}, saved;
-    sigemptyset(&default_action.sa_mask);
-    sigaction(SIGCHLD, &default_action, &saved);
     pid_t child = fork();
     if (child == 0) {
         int null = open("/dev/null", O_RDWR);
@@ -644,12 +643,8 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct option
         }
         close(verify[1]);
         int raw;
-        pid_t reaped;
         /* Waited for until the deadline, then ended (SIGKILL ends a stopped process too). */
-        while ((reaped = waitpid(child, &raw, WNOHANG)) == 0 && monotonic_ms() < deadline) {
-            struct timespec pause = {0, 10 * 1000 * 1000};
-            nanosleep(&pause, NULL);
-        }
+        pid_t reaped = reap_by(child, &raw, deadline);
         if (reaped == 0) {
             kill(child, SIGKILL);
             pam_syslog(pamh, LOG_NOTICE, "keychainfs pam-hook %s for %s: ended after %d s", mode, user->pw_name,
@@ -662,10 +657,24 @@ static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct option
         close(channel[1]);
         close(verify[1]);
     }
-    sigaction(SIGCHLD, &saved, NULL);
     if (status != 0)
         pam_syslog(pamh, LOG_NOTICE, "keychainfs pam-hook %s for %s: %s %d", mode, user->pw_name,
                    status < 0 ? "not run" : "exit status", status);
+    return status;
+}
+
+/* Runs `HELPER pam-hook MODE` as `user` with `length` bytes of `input` on
+ * its standard input; its exit status, or -1 when it could not be run. A
+ * caller that is not root acts only for itself (a screen locker). */
+static int run_hook(pam_handle_t *pamh, const struct passwd *user, struct options options, const char *mode,
+                    const char *input, size_t length) {
+    /* An application's SIGCHLD handler must not reap our children first,
+     * the devices' check or the hook (pam_exec does the same). */
+    struct sigaction default_action = {.sa_handler = SIG_DFL}, saved;
+    sigemptyset(&default_action.sa_mask);
+    sigaction(SIGCHLD, &default_action, &saved);
+    int status = run_hook_children(pamh, user, options, mode, input, length);
+    sigaction(SIGCHLD, &saved, NULL);
     return status;
 }
 
