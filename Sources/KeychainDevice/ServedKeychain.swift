@@ -75,7 +75,6 @@ final class ServedKeychain: Sendable {
     /// serves the `/dev/fuse` descriptor its user mounted there (and owns it).
     func mount(_ mountpoint: String, group: String?, connection: consuming FileDescriptor? = nil) throws(MountError) {
         // Ours (closed when the mount fails) until FuseMount takes it.
-        let attaching = connection.raw != nil
         if let passed = connection.borrowed, let problem = FuseConnection.problem(with: passed) {
             throw MountError(problem)
         }
@@ -84,7 +83,7 @@ final class ServedKeychain: Sendable {
                 "you have \(mountLimit) mounts of this keychain already, the most the service allows: "
                     + "unmount one first")
         }
-        if !attaching {
+        if connection.raw == nil {
             if let problem = MountTable.emptyDirectoryProblem(mountpoint) { throw MountError(problem) }
             guard access("/dev/fuse", R_OK | W_OK) == 0 else {
                 throw MountError("/dev/fuse is missing or not usable: load the fuse module (modprobe fuse)")
