@@ -52,6 +52,17 @@ import Glibc
 
     static let mail = ObjectPaths.item("work", "mail")
 
+    /// A secret as a client sends it in the plain session `session`: the
+    /// spec's (oayays), with no parameters.
+    static func plainSecret(_ value: String, session: String, to call: BusMessageWriter) throws(BusError) {
+        try call.open("r", "oayays")
+        try call.objectPath(session)
+        try call.bytes([])
+        try call.bytes(Array(value.utf8))
+        try call.string(ItemDetails.defaultContentType)
+        try call.close()
+    }
+
     static func store() throws -> FakeStore {
         FakeStore(
             get: .success(ItemValue(value: try SecureBytes("from-the-fake"), protectionClass: .whenUnlocked)),
@@ -249,12 +260,7 @@ import Glibc
                     try call.close()
                 }
                 try call.close()
-                try call.open("r", "oayays")
-                try call.objectPath(session)
-                try call.bytes([])
-                try call.bytes(Array("x".utf8))
-                try call.string(ItemDetails.defaultContentType)
-                try call.close()
+                try Self.plainSecret("x", session: session, to: call)
                 try call.bool(false)
             }
         }
@@ -293,12 +299,7 @@ import Glibc
 
         let quota = #expect(throws: BusError.self) {
             try bus.call(Self.mail, SecretServiceProvider.itemInterface, "SetSecret") { (call) throws(BusError) in
-                try call.open("r", "oayays")
-                try call.objectPath(session)
-                try call.bytes([])
-                try call.bytes(Array("new value".utf8))
-                try call.string(ItemDetails.defaultContentType)
-                try call.close()
+                try Self.plainSecret("new value", session: session, to: call)
             }
         }
         #expect(quota?.name == "org.freedesktop.DBus.Error.Failed")
