@@ -24,6 +24,7 @@
 #include <sys/auxv.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -91,18 +92,44 @@ static inline int CLinux_disable_core_dumps(void) {
 // setresgid(2), declared only under _GNU_SOURCE; glibc's, which changes
 // every thread's credentials (the raw system call changes the caller's).
 extern int setresgid(gid_t real, gid_t effective, gid_t saved);
+extern int getresgid(gid_t *real, gid_t *effective, gid_t *saved);
 
-// A process started with a real group that is not its effective one
-// (pam_keychainfs starts its hook so, and the hook its device: see
-// docs/SECURITY.md, "The login password and the session", the row "nobody
-// takes the password from the hook") takes the effective group as its
-// real one too. Only the real group changes, and
-// the kernel resets a process's dumpability on a change of its effective
-// ids alone (commit_creds), so it stays undumpable. 0, or -1 with errno.
+// Settles the groups a keychainfs process starts with (docs/SECURITY.md,
+// "A device undumpable from its first instruction"). 0, or -1 with errno.
+//
+// - Started setgid (the installed device build, setgid to a group that owns
+//   nothing: real the user's, effective and saved that group): the
+//   effective group becomes the user's again, so that files are made with
+//   it, and the saved group stays the device's. That saved group is what
+//   tells pam_keychainfs, as root, that the kernel started the process
+//   undumpable from its first instruction: a setgid exec makes a process
+//   undumpable before any of its code runs, under a tracer or with no new
+//   privileges the bit is ignored, and no process of the user has its
+//   credentials (ptrace_may_access compares the saved group too). The
+//   kernel resets dumpability on a change of the effective ids to
+//   suid_dumpable (commit_creds), so the change below keeps it undumpable.
+// - Started by pam_keychainfs's hook (real nogroup, effective and saved the
+//   user's: docs/SECURITY.md, the row "nobody takes the password from the
+//   hook"): the effective group becomes the real one too. Only the real
+//   group changes, which leaves dumpability as it was.
+static inline int CLinux_settle_groups(void) {
+    gid_t real, effective, saved;
+    if (getresgid(&real, &effective, &saved) != 0) return -1;
+    if (real == effective) return 0;
+    struct stat image;
+    if (effective == saved && stat("/proc/self/exe", &image) == 0 && (image.st_mode & S_ISGID) != 0 &&
+        image.st_gid == effective)
+        return setresgid((gid_t)-1, real, (gid_t)-1);
+    return setresgid(effective, effective, effective);
+}
+
+// Makes the effective group the real one too, keeping the effective and
+// saved ones (pam_keychainfs's hook, before it starts the setgid device
+// build: see CLinux_settle_groups). 0, or -1 with errno.
 static inline int CLinux_take_effective_group(void) {
     gid_t effective = getegid();
     if (getgid() == effective) return 0;
-    return setresgid(effective, effective, effective);
+    return setresgid(effective, (gid_t)-1, (gid_t)-1);
 }
 
 // prctl is variadic. Names the calling thread (16 bytes at most, with the

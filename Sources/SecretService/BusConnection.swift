@@ -23,31 +23,48 @@ final class BusConnection: @unchecked Sendable {
     private let thread = Mutex<pthread_t?>(nil)
 
     /// Connects to the session bus at `address`, else the one
-    /// `$DBUS_SESSION_BUS_ADDRESS` names.
+    /// ``sessionBusAddress`` names.
     convenience init(address: String? = nil) throws(BusError) {
         try Self.requireLibrary()
+        guard let address = address ?? Self.sessionBusAddress else {
+            throw .failed(
+                "cannot connect to the session bus: neither DBUS_SESSION_BUS_ADDRESS nor XDG_RUNTIME_DIR is set")
+        }
         var bus: OpaquePointer?
-        var result: Int32
-        if let address {
-            result = CSystemd_sd_bus_new(&bus)
-            if result >= 0, let made = bus {
-                result = CSystemd_sd_bus_set_address(made, address)
-                if result >= 0 { result = CSystemd_sd_bus_set_bus_client(made, 1) }
-                if result >= 0 { result = CSystemd_sd_bus_start(made) }
-                if result < 0 {
-                    _ = CSystemd_sd_bus_unref(made)
-                    bus = nil
-                }
+        var result = CSystemd_sd_bus_new(&bus)
+        if result >= 0, let made = bus {
+            result = CSystemd_sd_bus_set_address(made, address)
+            if result >= 0 { result = CSystemd_sd_bus_set_bus_client(made, 1) }
+            if result >= 0 { result = CSystemd_sd_bus_start(made) }
+            if result < 0 {
+                _ = CSystemd_sd_bus_unref(made)
+                bus = nil
             }
-        } else {
-            result = CSystemd_sd_bus_open_user(&bus)
         }
         guard result >= 0, let bus else {
-            throw .failed(
-                "cannot connect to \(address.map { "the bus at " + $0 } ?? "the session bus"): "
-                    + String(cString: strerror(-result)))
+            throw .failed("cannot connect to the bus at \(address): " + String(cString: strerror(-result)))
         }
         try self.init(bus)
+    }
+
+    /// The session bus's address as sd_bus_open_user finds it:
+    /// `$DBUS_SESSION_BUS_ADDRESS`, else `$XDG_RUNTIME_DIR/bus`. Read here,
+    /// with getenv: sd-bus reads them with secure_getenv, which glibc
+    /// blanks in a process started setgid, as the device build is
+    /// (docs/SECURITY.md, "A device undumpable from its first instruction").
+    static var sessionBusAddress: String? {
+        if let named = getenv("DBUS_SESSION_BUS_ADDRESS").map({ String(cString: $0) }), !named.isEmpty { return named }
+        guard let runtime = getenv("XDG_RUNTIME_DIR").map({ String(cString: $0) }), runtime.hasPrefix("/") else {
+            return nil
+        }
+        // A D-Bus address escapes every byte but these (D-Bus specification, "Server Addresses").
+        let plain = Set("-_/.\\*".utf8).union(UInt8(ascii: "0")...UInt8(ascii: "9"))
+            .union(UInt8(ascii: "A")...UInt8(ascii: "Z")).union(UInt8(ascii: "a")...UInt8(ascii: "z"))
+        let path = (runtime + "/bus").utf8.map { byte in
+            plain.contains(byte)
+                ? String(UnicodeScalar(byte)) : "%" + String(byte, radix: 16, uppercase: true).leftPadded
+        }
+        return "unix:path=" + path.joined()
     }
 
     /// One end of a direct connection, with no bus daemon between (D-Bus
@@ -398,4 +415,9 @@ struct BusCall {
 
     /// The full signature of the arguments.
     var signature: String { CSystemd_sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? "" }
+}
+
+extension String {
+    /// Two hexadecimal digits: a leading zero where one was printed.
+    fileprivate var leftPadded: String { count == 1 ? "0" + self : self }
 }

@@ -38,13 +38,43 @@ enum BuildChoice {
         return ExecutableImage.isPositionIndependent ? own : ExecutableImage.positionIndependentBuild(of: own)
     }
 
+    /// The program a device runs: the device build where it is installed
+    /// beside this one (setgid, so that the kernel starts the device
+    /// undumpable: docs/SECURITY.md, "A device undumpable from its first
+    /// instruction"), else the position-independent build.
+    static func deviceBuild() -> String {
+        let device = ExecutableImage.deviceBuild(of: selfExecutable())
+        return access(device, X_OK) == 0 ? device : servingBuild()
+    }
+
+    /// Whether `program` is installed setgid (the device build, as the
+    /// package installs it).
+    static func isSetgid(_ program: String) -> Bool {
+        var info = stat()
+        return stat(program, &info) == 0 && info.st_mode & S_ISGID != 0
+    }
+
+    /// Whether `arguments` (as ``onlyAsks(_:)`` takes them) run a device:
+    /// `start --foreground` and `mount`, which hold the keychain for clients.
+    static func runsADevice(_ arguments: [String]) -> Bool {
+        guard let command = arguments.first else { return false }
+        return command == "mount" || (command == "start" && arguments.contains("--foreground"))
+    }
+
     /// Returns when the command runs in this process; otherwise replaces
-    /// the process with the position-independent build, given the same
+    /// the process with the position-independent build (the device build
+    /// for a device), given the same
     /// arguments, environment and descriptors (a device's `--ready-fd`),
     /// or exits with why it cannot.
     static func enter(for arguments: [String]) {
-        guard !ExecutableImage.isPositionIndependent, !onlyAsks(arguments) else { return }
-        let build = servingBuild()
+        let build: String
+        if runsADevice(arguments) {
+            build = deviceBuild()
+            guard build != selfExecutable() else { return }
+        } else {
+            guard !ExecutableImage.isPositionIndependent, !onlyAsks(arguments) else { return }
+            build = servingBuild()
+        }
         let argv = CommandLine.arguments.map { strdup($0) } + [nil]
         execv(build, argv)
         printError("keychainfs: this command runs in " + cannotRun(build))

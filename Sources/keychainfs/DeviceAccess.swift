@@ -2,6 +2,7 @@ import ArgumentParser
 import KeychainCore
 import KeychainDevice
 import KeychainFS
+import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -380,10 +381,21 @@ enum DeviceLauncher {
         if let errors { spawnOptions.descriptors.append((2, errors.raw)) }
         spawnOptions.nullStandardStreams = true
         spawnOptions.newSession = true
-        // A device runs position-independent: from a fixed-address build,
-        // its other half is started directly (BuildChoice).
-        let program = BuildChoice.servingBuild()
+        // A device runs position-independent, from the device build where
+        // one is installed: from a fixed-address build, it is started
+        // directly (BuildChoice).
+        let program = BuildChoice.deviceBuild()
         guard access(program, X_OK) == 0 else { return (nil, BuildChoice.cannotRun(program)) }
+        // pam_keychainfs's hook runs with a real group that is not the
+        // user's; a setgid device build would lose the user's group from its
+        // ids at exec, so the hook takes it as its real one first (it stays
+        // undumpable: only a change of the effective ids resets that), and
+        // the device is undumpable from its first instruction by the setgid
+        // exec itself (docs/SECURITY.md, "A device undumpable from its first
+        // instruction").
+        if getgid() != getegid(), BuildChoice.isSetgid(program), CLinux_take_effective_group() != 0 {
+            return (nil, "cannot take the user's group as the real one (\(Errno.current))")
+        }
         let child = Spawn.start([program] + arguments + ["--ready-fd", "3"], options: spawnOptions)
         _ = writing.close()  // the child's copy alone: its exit ends our read
         guard let child else { return (nil, "cannot start the device process") }

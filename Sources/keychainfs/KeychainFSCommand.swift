@@ -67,13 +67,15 @@ struct KeychainFSCommand: ParsableCommand {
                 Glibc.exit(64)
             }
             BuildChoice.enter(for: arguments)
-            // Started by pam_keychainfs's hook (docs/SECURITY.md, "The login
-            // password and the session"): the user's group becomes
-            // the real one again, keeping the process undumpable. The hook
-            // keeps its own, so that a device it starts is undumpable from
-            // its first instruction too.
-            if arguments.first != PAMHookCommand.configuration.commandName, CLinux_take_effective_group() != 0 {
-                printError("keychainfs: cannot take the user's group as the real one (\(Errno.current))")
+            // The groups it was started with settled (docs/SECURITY.md, "A
+            // device undumpable from its first instruction"): started setgid
+            // as the device build, the user's group is the effective one again
+            // and the device's stays saved; started by pam_keychainfs's hook,
+            // the user's group becomes the real one too. The hook keeps its
+            // own, so that a device it starts is undumpable from its first
+            // instruction too.
+            if arguments.first != PAMHookCommand.configuration.commandName, CLinux_settle_groups() != 0 {
+                printError("keychainfs: cannot settle the groups it was started with (\(Errno.current))")
                 Glibc.exit(1)
             }
             main(arguments)

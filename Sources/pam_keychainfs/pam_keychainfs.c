@@ -352,10 +352,14 @@ static int accepted_by_device(int connection, const char *devices, long long dea
  * and no other process does, so that only it accepts what reaches that
  * socket: SO_PEERCRED names the process that called listen, which may have
  * forked a child to accept and then exec'd the installed program). A device is a process of the user running the
- * helper or its position-independent half (`../libexec/keychainfs/keychainfs`
- * beside it, where the device runs from), as root installed it, not traced,
- * with none of the loader's variables that would run another program's code
- * in it. Only root can read that of a device, which makes itself
+ * device build (`../libexec/keychainfs/device/keychainfs` beside the helper),
+ * as root installed it, setgid to a group that is not the user's, and
+ * started so: its saved group is that group, which only a setgid exec with
+ * no tracer and no new privileges gives, and which makes it undumpable from
+ * its first instruction (docs/SECURITY.md, "A device undumpable from its
+ * first instruction": a descriptor of /proc/PID/mem opened before a device
+ * made itself undumpable read the password); not traced, with none of the
+ * loader's variables that would run another program's code in it. Only root can read that of a device, which makes itself
  * undumpable: the hook, as the user, checks its socket's peer against this
  * list, so that a program of the user listening on the device's socket
  * first is given nothing. */
@@ -363,12 +367,16 @@ static void verified_devices(const struct passwd *user, const char *helper, char
                              long long deadline) {
     list[0] = '\0';
     if (geteuid() != 0 || !root_controlled(helper)) return;
-    char serving[4096];
+    char device[4096];
     const char *slash = strrchr(helper, '/');
     size_t directory = slash != NULL ? (size_t)(slash - helper) : 0;
     const char *parent_end = directory > 0 ? memrchr(helper, '/', directory) : NULL;
     size_t parent = parent_end != NULL ? (size_t)(parent_end - helper) : 0;
-    snprintf(serving, sizeof serving, "%.*s/libexec/keychainfs/keychainfs", (int)parent, helper);
+    snprintf(device, sizeof device, "%.*s/libexec/keychainfs/device/keychainfs", (int)parent, helper);
+    struct stat build;
+    if (!root_controlled(device) || stat(device, &build) != 0 || (build.st_mode & S_ISGID) == 0 || build.st_gid == 0 ||
+        build.st_gid == user->pw_gid)
+        return;
     /* One buffer for each process's status, environment and stat in turn. */
     const size_t text_size = 1 << 16;
     char *text = malloc(text_size);
@@ -389,14 +397,19 @@ static void verified_devices(const struct passwd *user, const char *helper, char
         ssize_t length = readlink(path, executable, sizeof executable - 1);
         if (length <= 0) continue;
         executable[length] = '\0';
-        if (strcmp(executable, helper) != 0 && strcmp(executable, serving) != 0) continue;
-        if (!root_controlled(executable)) continue;
-        /* Its real, effective and saved uids, and no tracer. */
+        if (strcmp(executable, device) != 0) continue;
+        /* Its real, effective and saved uids, its groups (the user's real
+         * and effective, the device build's saved: CLinux_settle_groups),
+         * and no tracer. */
         if (read_proc(entry->d_name, "status", text, text_size) <= 0) continue;
-        char uid_line[96];
+        char uid_line[96], gid_line[96];
         snprintf(uid_line, sizeof uid_line, "\nUid:\t%u\t%u\t%u\t", (unsigned)user->pw_uid, (unsigned)user->pw_uid,
                  (unsigned)user->pw_uid);
-        if (strstr(text, uid_line) == NULL || strstr(text, "\nTracerPid:\t0\n") == NULL) continue;
+        snprintf(gid_line, sizeof gid_line, "\nGid:\t%u\t%u\t%u\t", (unsigned)user->pw_gid, (unsigned)user->pw_gid,
+                 (unsigned)build.st_gid);
+        if (strstr(text, uid_line) == NULL || strstr(text, gid_line) == NULL ||
+            strstr(text, "\nTracerPid:\t0\n") == NULL)
+            continue;
         /* No seccomp filter, and undumpable as the device makes itself:
          * a filter the user installed before exec made its
          * prctl(PR_SET_DUMPABLE, 0) a no-op, and the user read the password

@@ -428,10 +428,11 @@ extension SerialTests {
                 printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
                 wait $taker; cat "$R/taken"
                 echo "the device it started: $(state)"
-                # Its real group the user's again (files it makes, the mount's owner), all four ids.
+                # Its real group the user's again (files it makes, the mount's owner), its saved one the
+                # device build's (it ran setgid: undumpable from its first instruction).
                 group=$(id -g "$U")
                 grep ^Gid: "/proc/$(pgrep -u "$U" -f -- --ready-fd | head -1)/status" | cut -f2-5 \\
-                    | grep -qx "$group.$group.$group.$group" && echo "the device it started: the user's group"
+                    | grep -qx "$group.$group.\(installed.deviceGID).$group" && echo "the device it started: the user's group"
                 """)
             #expect(
                 used.stdout == """
@@ -496,9 +497,12 @@ extension SerialTests {
         /// own refusal and pam_keychainfs's check read the environment, both
         /// passed, and the library logged the login password the device was
         /// given. Now both read what is mapped: with a library of the user's
-        /// the device does not start; with root's file in a directory others
-        /// may write (which the device's check of a file alone lets through),
-        /// pam_keychainfs gives it nothing, and it stays locked.
+        /// a device of a build that is not setgid does not start. The device
+        /// build, setgid, runs in glibc's secure mode, which loads no
+        /// preloaded path: the library runs only in the command the user
+        /// started, which holds nothing and is replaced by the device build
+        /// (so it renamed the variable of a device it never entered), and
+        /// that device, clean, is given the password.
         @Test func aPreloadThatHidesItsVariableIsNoDevice() throws {
             let used = try withPAM(
                 """
@@ -514,12 +518,12 @@ extension SerialTests {
                 install -d -o "$U" "$R/mine" && install -o "$U" -m 755 "$R/lib/hide.so" "$R/mine/hide.so"
                 # In the foreground: the process preloaded is the device (a device it started would not be).
                 runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none LD_PRELOAD="$R/mine/hide.so" \\
-                    "$K" start --foreground 2>&1 \\
+                    "\(try MountHarness.builtBinary())" start --foreground 2>&1 \\
                     | grep -o 'the device does not start: it runs code from [^,]*, a file not owned by root' \\
                     | sed "s|$R/||"
                 foreground_device LD_PRELOAD="$R/lib/hide.so"
                 echo "its environment names the library: $(tr '\\0' '\\n' < /proc/$device/environ | grep -c '^LD_PRELOAD=')"
-                grep -c "$R/lib/hide.so" /proc/$device/maps > /dev/null && echo "its memory maps it"
+                echo "its memory maps it: $(grep -c "$R/lib/hide.so" /proc/$device/maps)"
                 printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
                 echo "the device with the library: $(state)"
                 K_ stop; wait
@@ -528,9 +532,9 @@ extension SerialTests {
                 used.stdout == """
                     the device does not start: it runs code from mine/hide.so, a file not owned by root
                     its environment names the library: 0
-                    its memory maps it
+                    its memory maps it: 0
                     pamtester: successfully authenticated
-                    the device with the library: state: locked failed-attempts: 0\(" ")
+                    the device with the library: state: unlocked failed-attempts: 0\(" ")
 
                     """, "\(used)")
         }
@@ -579,6 +583,127 @@ extension SerialTests {
                     the device stayed dumpable
                     pamtester: successfully authenticated
                     the device under the filter: state: locked failed-attempts: 0\(" ")
+
+                    """, "\(used)")
+        }
+
+        /// A program of the user starts the device itself and keeps a
+        /// `/proc/PID/mem` descriptor of it: opened at its exec, stopped
+        /// there under `PTRACE_TRACEME` and then let go, it went on reading
+        /// the device's memory after the device made itself undumpable, and
+        /// the module, which saw an untraced, undumpable device, gave it the
+        /// login password (docs/SECURITY.md, "A device undumpable from its
+        /// first instruction"). Now a device runs from the device build,
+        /// setgid: traced at the exec of the command, the device build's own
+        /// exec after it is not, and makes a new memory undumpable from its
+        /// first instruction, which the descriptor does not read; traced at
+        /// the device build's exec, the kernel ignores the setgid bit, and
+        /// the module gives that device nothing. A descriptor opened before
+        /// the exec reads nothing after it, and none opens after.
+        @Test func aDescriptorOfTheDevicesMemoryOpenedBeforeItWasUndumpableReadsNothing() throws {
+            let used = try withPAM(
+                """
+                \(Self.loginUnlockOn)
+                cat > "$R/keep.c" <<'EOF'
+                #include <fcntl.h>
+                #include <stdio.h>
+                #include <string.h>
+                #include <sys/ptrace.h>
+                #include <sys/wait.h>
+                #include <unistd.h>
+                /* keep traced|untraced PROGRAM ARGS...: starts PROGRAM as its child and
+                 * keeps /proc/CHILD/mem, opened before its exec and (traced) at its exec
+                 * stop; on each line of standard input, says what each reads at the
+                 * start of the exec's first mapping, and whether it opens now. */
+                static void probe(const char *name, int fd, unsigned long at) {
+                    unsigned char bytes[4] = {0};
+                    ssize_t count = fd < 0 ? -1 : pread(fd, bytes, 4, (off_t)at);
+                    printf("%s: %s\\n", name, count == 4 && memcmp(bytes, "\\177ELF", 4) == 0 ? "reads the program" : "reads nothing");
+                }
+                int main(int argc, char **argv) {
+                    int traced = strcmp(argv[1], "traced") == 0, go[2];
+                    if (pipe(go) != 0) return 1;
+                    pid_t child = fork();
+                    if (child == 0) {
+                        char byte;
+                        close(go[1]);
+                        if (read(go[0], &byte, 1) != 1) _exit(1);
+                        if (traced) ptrace(PTRACE_TRACEME, 0, 0, 0);
+                        execv(argv[2], argv + 2);
+                        _exit(127);
+                    }
+                    char path[64], maps[64];
+                    snprintf(path, sizeof path, "/proc/%d/mem", child);
+                    snprintf(maps, sizeof maps, "/proc/%d/maps", child);
+                    int early = open(path, O_RDONLY), stopped = -1;
+                    unsigned long start = 0;
+                    if (write(go[1], "x", 1) != 1) return 1;
+                    if (traced) {
+                        int status;
+                        waitpid(child, &status, 0);
+                        stopped = open(path, O_RDONLY);
+                        FILE *map = fopen(maps, "r");
+                        if (map == NULL || fscanf(map, "%lx", &start) != 1) return 1;
+                        fclose(map);
+                        ptrace(PTRACE_DETACH, child, 0, 0);
+                    }
+                    printf("started\\n");
+                    fflush(stdout);
+                    char line[16];
+                    while (fgets(line, sizeof line, stdin) != NULL) {
+                        if (start == 0) {
+                            FILE *map = fopen(maps, "r");
+                            if (map != NULL && fscanf(map, "%lx", &start) != 1) start = 0;
+                            if (map != NULL) fclose(map);
+                        }
+                        probe("opened before the exec", early, start);
+                        if (traced) probe("opened at the exec stop", stopped, start);
+                        printf("opened now: %s\\n", open(path, O_RDONLY) < 0 ? "refused" : "yes");
+                        fflush(stdout);
+                    }
+                    return 0;
+                }
+                EOF
+                gcc -o "$R/keep" "$R/keep.c" && chmod 755 "$R/keep"
+                # mode, program: the device started by `keep`, asked once it listens, then a screen unlock.
+                attack() {
+                    rm -f "$R/ask"; mkfifo -m 666 "$R/ask"
+                    runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \
+                        "$R/keep" "$1" "$2" start --foreground < "$R/ask" > "$R/kept" 2> /dev/null &
+                    exec 9> "$R/ask"
+                    for n in $(seq 100); do ls "$RUN"/keychainfs/*.sock > /dev/null 2>&1 && break; sleep 0.1; done
+                    device=$(K_ status | sed -n 's/^pid: //p')
+                    echo "runs setgid: $(awk '/^Gid:/ { print ($4 == \(installed.deviceGID) ? "yes" : "no") }' /proc/$device/status)"
+                    echo probe >&9
+                    for n in $(seq 100); do [ "$(grep -c . "$R/kept")" -ge 3 ] && break; sleep 0.1; done
+                    grep -v '^started' "$R/kept"
+                    printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                    echo "screen unlock: $(state)"
+                    K_ stop; exec 9>&-; wait
+                }
+                echo "-- the command traced at its exec"; attack traced "$K"
+                echo "-- the device build traced at its exec"; attack traced "\(installed.deviceBuild)"
+                echo "-- the device build, untraced"; attack untraced "\(installed.deviceBuild)"
+                """)
+            #expect(
+                used.stdout == """
+                    -- the command traced at its exec
+                    runs setgid: yes
+                    opened before the exec: reads nothing
+                    opened at the exec stop: reads nothing
+                    opened now: refused
+                    screen unlock: state: unlocked failed-attempts: 0\(" ")
+                    -- the device build traced at its exec
+                    runs setgid: no
+                    opened before the exec: reads nothing
+                    opened at the exec stop: reads the program
+                    opened now: refused
+                    screen unlock: state: locked failed-attempts: 0\(" ")
+                    -- the device build, untraced
+                    runs setgid: yes
+                    opened before the exec: reads nothing
+                    opened now: refused
+                    screen unlock: state: unlocked failed-attempts: 0\(" ")
 
                     """, "\(used)")
         }

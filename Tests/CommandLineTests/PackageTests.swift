@@ -68,9 +68,20 @@ extension SerialTests {
             let service = try String(contentsOfFile: units + "/keychainfs.service", encoding: .utf8)
             #expect(service.contains("ExecStart=/usr/bin/keychainfs service\n"))
             var info = stat()
-            for program in ["/usr/bin/keychainfs", "/usr/libexec/keychainfs/keychainfs"] {
+            let deviceBuild = "/usr/libexec/keychainfs/device/keychainfs"
+            for program in ["/usr/bin/keychainfs", "/usr/libexec/keychainfs/keychainfs", deviceBuild] {
                 #expect(stat(program, &info) == 0 && info.st_uid == 0 && info.st_mode & 0o022 == 0, "\(program)")
             }
+            // The device build, setgid to a group of its own that nobody is a
+            // member of (docs/SECURITY.md, "A device undumpable from its first
+            // instruction"); the other two are not setgid.
+            let deviceGroup = try #require(getgrnam("keychainfs-device"))
+            #expect(deviceGroup.pointee.gr_mem[0] == nil)
+            #expect(
+                stat(deviceBuild, &info) == 0 && info.st_mode & 0o7777 == 0o2755
+                    && info.st_gid == deviceGroup.pointee.gr_gid)
+            #expect(stat("/usr/libexec/keychainfs/keychainfs", &info) == 0 && info.st_mode & 0o7777 == 0o755)
+            #expect(harness.sh("cmp /usr/libexec/keychainfs/keychainfs \(deviceBuild)").succeeded)
             // The command starts fast (fixed addresses); its other half, where
             // every command that serves runs, is position-independent.
             #expect(
@@ -132,11 +143,14 @@ extension SerialTests {
                     "printf '1234\\n1234\\n' | keychainfs init --no-tpm --keychain \"$1\" >/dev/null 2>&1",
                     arguments: [kept]
                 ).succeeded)
-            // A device the installed command starts is its position-independent half.
+            // A device the installed command starts is the device build, its
+            // saved group the build's, its real and effective ones the caller's.
             let device = harness.sh(
-                "keychainfs start --keychain \"$1\" && readlink /proc/$(keychainfs status --keychain \"$1\" "
-                    + "| sed -n 's/^pid: //p')/exe && keychainfs stop --keychain \"$1\"", arguments: [kept])
-            #expect(device.stdout == "/usr/libexec/keychainfs/keychainfs\n", "\(device)")
+                "keychainfs start --keychain \"$1\" && pid=$(keychainfs status --keychain \"$1\" | sed -n 's/^pid: //p') "
+                    + "&& readlink /proc/$pid/exe && grep '^Gid:' /proc/$pid/status | cut -f 2-4 "
+                    + "&& keychainfs stop --keychain \"$1\"", arguments: [kept])
+            #expect(
+                device.stdout == "\(deviceBuild)\n0\t0\t\(deviceGroup.pointee.gr_gid)\n", "\(device)")
             #expect(
                 harness.sh(
                     "install -d -o keychainfs -m 0700 /var/lib/keychainfs/4242 && touch /var/lib/keychainfs/4242/keychain.db"

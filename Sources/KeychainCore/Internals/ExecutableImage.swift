@@ -43,6 +43,21 @@ package enum ExecutableImage {
         return parent + "/libexec/keychainfs/keychainfs"
     }
 
+    /// Where the device build lies beside `executable` (either build's
+    /// path, links resolved): `libexec/keychainfs/device/keychainfs`, as
+    /// /usr/libexec/keychainfs/device/keychainfs is beside /usr/bin/keychainfs
+    /// and /usr/libexec/keychainfs/keychainfs (named `keychainfs` too, so
+    /// that `ps` and `pgrep -x keychainfs` find devices as before). It is
+    /// the position-independent build again, installed setgid to a group
+    /// that owns nothing, so that the kernel starts a device undumpable
+    /// (docs/SECURITY.md, "A device undumpable from its first instruction").
+    package static func deviceBuild(of executable: String) -> String {
+        let directory = executable.lastIndex(of: "/").map { String(executable[..<$0]) } ?? "."
+        if directory.hasSuffix("/libexec/keychainfs/device") { return executable }
+        if directory.hasSuffix("/libexec/keychainfs") { return directory + "/device/keychainfs" }
+        return String(positionIndependentBuild(of: executable).dropLast("keychainfs".count)) + "device/keychainfs"
+    }
+
     /// Why this process must not serve (hold a keychain for clients, a
     /// mount, the bus); nil when it may.
     package static var servingProblem: String? {
