@@ -136,6 +136,56 @@ import Glibc
                 ]))
     }
 
+    /// A collection's Label is read-write (the spec; seahorse and libsecret's
+    /// own tests set it): set through the collection's path or an alias it
+    /// is kept by the store beside the group's name, an empty one gives the
+    /// group's name back, and the session collection keeps its own in
+    /// memory. A label that is not a string, a property that is not
+    /// writable and a collection that is not there are errors that change
+    /// nothing.
+    @Test func aCollectionsLabelIsSetWhereTheSpecSaysAndNowhereElse() throws {
+        let store = try Self.store()
+        let bus = try DirectBus(store: store)
+        func setLabel(_ path: String, _ value: PropertyValue, name: String = "Label") throws(BusError) {
+            _ = try bus.call(path, SecretServiceProvider.propertiesInterface, "Set") { (call) throws(BusError) in
+                try call.string(SecretServiceProvider.collectionInterface)
+                try call.string(name)
+                try call.variant(value)
+            }
+        }
+        func label(_ path: String) throws -> PropertyValue? {
+            try bus.call(path, SecretServiceProvider.propertiesInterface, "Get") { (call) throws(BusError) in
+                try call.string(SecretServiceProvider.collectionInterface)
+                try call.string("Label")
+            }.arguments.variant()
+        }
+        let work = ObjectPaths.collection("work")
+        try setLabel(work, .string("Work things"))
+        #expect(try label(work) == .string("Work things"))
+        #expect(store.labels.withLock { $0 } == ["work": "Work things"])
+        try setLabel(ObjectPaths.aliasPrefix + "default", .string("Everyday"))
+        #expect(store.labels.withLock { $0[ItemLimits.defaultGroup] } == "Everyday")
+        try setLabel(work, .string(""))
+        #expect(try label(work) == .string("work"))
+        #expect(store.labels.withLock { $0["work"] } == nil)
+
+        let session = ObjectPaths.collection(SessionCollection.group)
+        try setLabel(session, .string("For now"))
+        #expect(try label(session) == .string("For now"))
+        #expect(store.labels.withLock { $0[SessionCollection.group] } == nil)
+
+        let notAString = #expect(throws: BusError.self) { try setLabel(work, .uint64(7)) }
+        #expect(notAString?.name == "org.freedesktop.DBus.Error.InvalidArgs")
+        let readOnly = #expect(throws: BusError.self) { try setLabel(work, .bool(true), name: "Locked") }
+        #expect(readOnly?.name == "org.freedesktop.DBus.Error.NotSupported")
+        let absent = #expect(throws: BusError.self) {
+            try setLabel(ObjectPaths.service + "/collection/a/b", .string("x"))
+        }
+        #expect(absent?.name == "org.freedesktop.Secret.Error.NoSuchObject")
+        #expect(try label(work) == .string("work"))
+        #expect(store.labels.withLock { $0 } == [ItemLimits.defaultGroup: "Everyday"])
+    }
+
     /// Bad input is an error and changes nothing: an item or object that is
     /// not there, arguments of the wrong signature, an algorithm the
     /// provider does not offer, a session never opened, an alias moved.
