@@ -105,7 +105,8 @@ extension SerialTests {
         /// A policed group's values leave in a backup only when named, with the
         /// passcode, and a restore writes into one only with the passcode: a
         /// program the policy keeps out exported `secure/*` and replaced a
-        /// policed value this way (issue 21). Both are audited.
+        /// policed value this way. Both are audited (docs/SECURITY.md,
+        /// "Callers the device trusts").
         @Test func policedGroupsLeaveAndComeBackOnlyWithThePasscode() throws {
             let (harness, mnt) = try MountHarness.withPolicedGroup()
             #expect(harness.grant("secure", exe: harness.root + "/granted-cat").succeeded)
@@ -168,7 +169,8 @@ extension SerialTests {
 
         /// A file that is not a backup is refused from its first bytes, and one
         /// larger than any backup before it is read: a 512 MiB file used to
-        /// grow the device by as much (issue 21). Nothing changes either way.
+        /// grow the device by as much. Nothing changes either way
+        /// (docs/SECURITY.md, "Bad input and what it gets").
         @Test func aForeignOrHugeFileIsRefusedBeforeItIsRead() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             #expect(

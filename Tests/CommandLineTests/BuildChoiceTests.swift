@@ -4,7 +4,7 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// The release build's two links of one program (issue 40's `get`
+    /// The release build's two links of one program (for a `get`
     /// within 1.5x of `cat`; docs/SECURITY.md, "Two builds of one
     /// program"): `bin/keychainfs` at fixed addresses answers the commands
     /// that only ask a device; every other command, and every device, runs

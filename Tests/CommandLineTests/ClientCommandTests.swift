@@ -177,7 +177,7 @@ extension SerialTests {
                 )
                 .stderr.contains("nothing was erased"))
             // A store while locked says so, and the helper's status says it
-            // too (git's own approve ignores a helper's status; issue 39).
+            // too (git's own approve ignores a helper's status).
             let store =
                 "printf 'protocol=https\\nhost=example.com\\npath=org/repo.git\\nusername=ada\\npassword=new\\n\\n'"
             let approved = harness.sh(git + "\n\(store) | git credential approve")

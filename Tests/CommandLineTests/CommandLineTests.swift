@@ -130,7 +130,7 @@ extension SerialTests {
             let noGroup = harness.sh("mkdir \"$R/g\" && \"$K\" mount \"$R/g\" --group nope --keychain \"$KC\"")
             #expect(noGroup.stderr.contains("no access group nope"))
             #expect(harness.sh("\"$K\" mount \"$R/g\" --group a/b --keychain \"$KC\"").status == 64)
-            // No command at all is a usage error too, the help on standard error (issue 39).
+            // No command at all is a usage error too, the help on standard error.
             let bare = harness.sh("\"$K\"")
             #expect(bare.status == 64 && bare.stdout.isEmpty && bare.stderr.contains("SUBCOMMANDS"), "\(bare)")
         }
@@ -164,8 +164,9 @@ extension SerialTests {
             try harness.unlock(mnt)
             let status = harness.sh("\"$K\" status \"$1\"", arguments: [mnt])
             #expect(status.stdout.hasPrefix("state: unlocked\nfirst-unlock: yes\n"))
-            // One report (issue 40): what the command prints, which it asks the
-            // device over the socket, is the mount's .control, line for line.
+            // One report (docs/FILESYSTEM.md, "`.control`"): what the command
+            // prints, which it asks the device over the socket, is the mount's
+            // .control, line for line.
             #expect(status.stdout == readFile(mnt + "/.control"), "\(status)")
             #expect(
                 harness.sh("\"$K\" lock \"$1\" && \"$K\" status \"$1\"", arguments: [mnt]).stdout.hasPrefix(
@@ -245,7 +246,7 @@ extension SerialTests {
                 #expect(access(harness.root + "/new/keychain.db", F_OK) != 0)
             }
             #expect(harness.sh("\"$K\" init --keychain \"$R/new\"", stdin: "1234\n1234\n").succeeded)
-            // The keychain may come first, before the command (issue 39), as `git -C` does.
+            // The keychain may come first, before the command, as `git -C` does.
             let first = harness.sh("\"$K\" --keychain \"$R/first\" init", stdin: "1234\n1234\n")
             #expect(first.succeeded && FileManager.default.fileExists(atPath: harness.root + "/first/keychain.db"))
             let status = harness.sh(
@@ -397,9 +398,9 @@ extension SerialTests.CommandLineTests {
 }
 
 extension SerialTests.CommandLineTests {
-    /// Issue 39: a value typed at a terminal is not echoed, is one line
-    /// (the Enter that ends it is not stored) and is asked twice; `get` to
-    /// a terminal ends with a newline, and to a pipe gives the bytes alone.
+    /// A value typed at a terminal is not echoed, is one line (the Enter that
+    /// ends it is not stored) and is asked twice; `get` to a terminal ends
+    /// with a newline, and to a pipe gives the bytes alone.
     @Test func aValueTypedAtATerminalIsUnseenOneLineAndGetEndsItsLine() throws {
         let harness = try MountHarness()
         let mnt = try harness.mount()

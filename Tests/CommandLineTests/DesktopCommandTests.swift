@@ -3,12 +3,12 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 39: `keychainfs desktop enable|disable|status`, as an ordinary
-    /// user in a home of the test's own. What `enable` writes is the
-    /// user's, marked as KeychainFS's; a file of another program found in
-    /// its place is kept aside and put back; `disable` leaves the home as
-    /// it was. (PackageTests runs it with the installed package, and the
-    /// session bus starting the provider.)
+    /// `keychainfs desktop enable|disable|status`, as an ordinary user in a
+    /// home of the test's own (docs/INSTALL.md, "What the package holds").
+    /// What `enable` writes is the user's, marked as KeychainFS's; a file of
+    /// another program found in its place is kept aside and put back;
+    /// `disable` leaves the home as it was. (PackageTests runs it with the
+    /// installed package, and the session bus starting the provider.)
     @Suite struct DesktopCommandTests {
         @Test func enableWritesTheUsersFilesAndDisablePutsTheHomeBack() throws {
             let harness = try MountHarness(as: try OrdinaryUser())

@@ -4,11 +4,12 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// `keychainfs edit` (issue 22): the value goes to $EDITOR as a file in a
-    /// private FUSE directory held in the command's locked memory, and is
-    /// saved only when the editor succeeds. The editors here are scripts that
-    /// write as real editors do: in place (nano, vim), or a new file renamed
-    /// over the old one (sed -i, vim with backupcopy=no).
+    /// `keychainfs edit` (docs/FILESYSTEM.md, "What pass users find"): the
+    /// value goes to $EDITOR as a file in a private FUSE directory held in the
+    /// command's locked memory, and is saved only when the editor succeeds.
+    /// The editors here are scripts that write as real editors do: in place
+    /// (nano, vim), or a new file renamed over the old one (sed -i, vim with
+    /// backupcopy=no).
     @Suite struct EditTests {
         let harness: MountHarness
 

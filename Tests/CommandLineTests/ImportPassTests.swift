@@ -4,9 +4,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// `keychainfs import pass` (issue 22): a password store made in the test
-    /// by pass itself, encrypted to a throwaway GnuPG key, moves in with one
-    /// command; names mapped and reported, nothing overwritten unless asked.
+    /// `keychainfs import pass` (docs/FILESYSTEM.md, "What pass users find"):
+    /// a password store made in the test by pass itself, encrypted to a
+    /// throwaway GnuPG key, moves in with one command; names mapped and
+    /// reported, nothing overwritten unless asked.
     @Suite final class ImportPassTests {
         let harness: MountHarness
         /// GNUPGHOME and PASSWORD_STORE_DIR for every command of the test.

@@ -2,12 +2,13 @@ import Foundation
 import Testing
 import TestSupport
 
-/// Issue 31: on the bus, an item belongs to the program that made it. Two
-/// programs the test compiles against libsecret (app-a and app-b, the same
-/// source built twice: two executables, two digests) and a pinentry that
-/// answers the person's questions from a file: Deny, Allow once, Always
-/// allow. The creator is never asked; every answer does what it says; a
-/// denied program gets nothing but the item's path; nothing is lost.
+/// On the bus, an item belongs to the program that made it
+/// (docs/SECRET-SERVICE.md, "Whose an item is"). Two programs the test
+/// compiles against libsecret (app-a and app-b, the same source built
+/// twice: two executables, two digests) and a pinentry that answers the
+/// person's questions from a file: Deny, Allow once, Always allow. The
+/// creator is never asked; every answer does what it says; a denied
+/// program gets nothing but the item's path; nothing is lost.
 extension SerialTests.SecretServiceTests {
     func buildApps() throws {
         let built = try harness.buildLibsecretApps()
@@ -276,10 +277,11 @@ extension SerialTests.SecretServiceTests {
             "\(asked)")
     }
 
-    /// The exec race of issue 29, against an owner: a program connects,
-    /// forks, and execs the item's owner, and its child asks on the shared
-    /// connection, which the bus says is the owner's. The child is not taken
-    /// for the owner: the person is asked (here: Deny), and it gets nothing.
+    /// The exec race of docs/SECURITY.md, "Service mode under attack" (on the
+    /// bus), against an owner: a program connects, forks, and execs the
+    /// item's owner, and its child asks on the shared connection, which the
+    /// bus says is the owner's. The child is not taken for the owner: the
+    /// person is asked (here: Deny), and it gets nothing.
     @Test func aChildAskingOnTheOwnersBusConnectionIsNotTheOwner() throws {
         try buildApps()
         try writeConsentPinentry(answers: [])

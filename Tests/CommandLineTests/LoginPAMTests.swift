@@ -4,12 +4,13 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 39: the login password unlocks the keychain, through PAM as a
-    /// login, a screen locker and passwd drive it. `pamtester` runs a PAM
-    /// service the test writes (Debian's common-auth and common-password
-    /// shapes: pam_unix, then pam_keychainfs) as root would (login, gdm)
-    /// and, setuid, as the user would (passwd); the user is an ordinary
-    /// account with a login password and a keychain in its home.
+    /// The login password unlocks the keychain, through PAM as a login, a
+    /// screen locker and passwd drive it: docs/DESKTOP.md, "Unlocked at login".
+    /// `pamtester` runs a PAM service the test writes (Debian's common-auth
+    /// and common-password shapes: pam_unix, then pam_keychainfs) as root
+    /// would (login, gdm) and, setuid, as the user would (passwd); the user
+    /// is an ordinary account with a login password and a keychain in its
+    /// home.
     @Suite struct LoginPAMTests {
         let harness: MountHarness
         let user: OrdinaryUser

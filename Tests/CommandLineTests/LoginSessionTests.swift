@@ -3,10 +3,11 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 39: the desktop session is the device's lock screen. logind is
-    /// python3-dbusmock's logind template on a private system bus (the
-    /// test's own `dbus-daemon`), with a session of the keychain's ordinary
-    /// user; the device follows it as it would the real one.
+    /// The desktop session is the device's lock screen (docs/FILESYSTEM.md,
+    /// "`.control`"). logind is python3-dbusmock's logind template on a
+    /// private system bus (the test's own `dbus-daemon`), with a session of
+    /// the keychain's ordinary user; the device follows it as it would the
+    /// real one.
     @Suite struct LoginSessionTests {
         let harness: MountHarness
 

@@ -4,9 +4,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// The device without a mount (issue 22): the first client that needs it
-    /// starts it (booted, locked), as gpg-agent starts on first use; unlock,
-    /// lock and status take the keychain as well as a mount point.
+    /// The device without a mount (docs/FILESYSTEM.md, "Quick reference"):
+    /// the first client that needs it starts it (booted, locked), as
+    /// gpg-agent starts on first use; unlock, lock and status take the
+    /// keychain as well as a mount point.
     @Suite struct NoMountTests {
         @Test func clientsStartTheDeviceAndUnlockLockAndStatusNeedNoMount() throws {
             let harness = try MountHarness()

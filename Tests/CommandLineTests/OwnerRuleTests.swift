@@ -3,11 +3,12 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 37: an item a program made over the bus is its own on every
-    /// door, not only the bus. Each test is an attack of the issue, run as
-    /// an ordinary user the test makes (the attacker is a program of the
-    /// keychain's own user), with app-a owning an item and the pinentry the
-    /// device takes as its judge (root's file) answering for the person.
+    /// An item a program made over the bus is its own on every door, not only
+    /// the bus (docs/SECURITY.md, "An application's secrets on every door").
+    /// Each test is an attack from that section's table, run as an ordinary
+    /// user the test makes (the attacker is a program of the keychain's own
+    /// user), with app-a owning an item and the pinentry the device takes as
+    /// its judge (root's file) answering for the person.
     @Suite struct OwnerRuleTests {
         let harness: MountHarness
         let judge: JudgePinentry
@@ -151,8 +152,8 @@ extension SerialTests {
         /// `rm`, `mv` and `setfattr` through a mount: each is asked about,
         /// and a denial leaves the owner's item as it was (EACCES through
         /// the mount, exit 4 and a sentence saying whose it is from the
-        /// command line). Before issue 37 every one of them went through
-        /// without a question.
+        /// command line). Before the owner rule held on every door, every one
+        /// of them went through without a question.
         @Test func everyDoorAsksAboutAnItemAnotherProgramOwns() throws {
             _ = try harness.prepareMountpoint("mnt")
             try JudgePinentry.answer([], in: harness)
@@ -529,7 +530,7 @@ extension SerialTests {
         /// or stopped by its person: `keychainfs get`, a `cat` that waits in
         /// the mount, a libsecret program that waits on the bus), the device ends the
         /// pinentry at once instead of leaving it on the screen for 60 s,
-        /// and the answer is Deny (issue 37).
+        /// and the answer is Deny.
         @Test func thePinentryEndsWhenItsClientLeaves() throws {
             _ = try harness.prepareMountpoint("mnt")
             try JudgePinentry.answer(["hang", "hang", "hang"], in: harness)

@@ -4,10 +4,11 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// The Debian package (issue 32), as an administrator meets it: built by
-    /// ./scripts/package (lintian clean), installed with dpkg on this machine,
-    /// used as the README's quick start, removed and purged, and every keychain
-    /// still in place. The machine is left as the test found it.
+    /// The Debian package (docs/INSTALL.md, "What the package holds"), as an
+    /// administrator meets it: built by ./scripts/package (lintian clean),
+    /// installed with dpkg on this machine, used as the README's quick start,
+    /// removed and purged, and every keychain still in place. The machine is
+    /// left as the test found it.
     @Suite(.serialized) struct PackageTests {
         static let repository = MachineFixtures.repository
 
@@ -48,7 +49,7 @@ extension SerialTests {
             #expect(harness.sh("man -w keychainfs").stdout == "/usr/share/man/man1/keychainfs.1.gz\n")
             let page = harness.sh("MANPAGER=cat MANWIDTH=80 man keychainfs 2>/dev/null | grep -c 'EXIT STATUS'")
             #expect(page.stdout == "1\n", "\(page)")
-            // Its header is no BSD manual's, and the guides it names are installed (issue 39).
+            // Its header is no BSD manual's, and the guides it names are installed.
             let header = harness.sh("MANPAGER=cat MANWIDTH=80 man keychainfs 2>/dev/null | head -1")
             #expect(header.stdout.contains("General Commands Manual") && !header.stdout.contains("BSD"), "\(header)")
             for guide in ["SECRET-SERVICE", "SECURITY", "FILESYSTEM", "DESKTOP"] {
@@ -155,9 +156,9 @@ extension SerialTests {
                 harness.sh(
                     "install -d -o keychainfs -m 0700 /var/lib/keychainfs/4242 && touch /var/lib/keychainfs/4242/keychain.db"
                 ).succeeded)
-            // A user's desktop takes KeychainFS (issue 39): the session bus
-            // starts the installed binary for org.freedesktop.secrets; once
-            // the package is removed, it starts gnome-keyring again.
+            // A user's desktop takes KeychainFS (docs/SECRET-SERVICE.md, "Running it"):
+            // the session bus starts the installed binary for org.freedesktop.secrets;
+            // once the package is removed, it starts gnome-keyring again.
             let user = try OrdinaryUser()
             // Who the session bus starts for org.freedesktop.secrets: its
             // command line (a device makes itself non-dumpable, so its
@@ -183,9 +184,10 @@ extension SerialTests {
                 asUser + " 'printf \"1234\\n1234\\n\" | keychainfs init --no-tpm > /dev/null && "
                     + "keychainfs desktop enable > /dev/null && sh ~/provider'")
             #expect(enabled.stdout == "/usr/bin/keychainfs\n", "\(enabled)")
-            // The PAM module (issue 39): offered to pam-auth-update, off
-            // until turned on; on, Debian's common stacks unlock the user's
-            // keychain with the login password; gone from them with the package.
+            // The PAM module (docs/DESKTOP.md, "The administrator's part"):
+            // offered to pam-auth-update, off until turned on; on, Debian's
+            // common stacks unlock the user's keychain with the login password;
+            // gone from them with the package.
             #expect(harness.sh("grep -c pam_keychainfs /etc/pam.d/common-auth").stdout == "0\n")
             let stacks = "/etc/pam.d/common-auth /etc/pam.d/common-session /etc/pam.d/common-password"
             let turnedOn = harness.sh("pam-auth-update --enable keychainfs && grep -c pam_keychainfs.so \(stacks)")

@@ -4,9 +4,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// What pass and gopass users expect (issue 22): one-time codes, generated
-    /// passwords, finding names, the clipboard. Each runs against a device
-    /// started on demand, with no mount.
+    /// What pass and gopass users expect: one-time codes, generated
+    /// passwords, finding names, the clipboard (docs/FILESYSTEM.md,
+    /// "What pass users find"). Each runs against a device started on
+    /// demand, with no mount.
     @Suite struct PassStyleTests {
         let harness: MountHarness
 

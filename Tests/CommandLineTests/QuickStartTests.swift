@@ -6,7 +6,7 @@ import TestSupport
 extension SerialTests {
     /// The README's quick start, run verbatim as a new user would follow it:
     /// from the repository, on a fresh home directory without ~/.local, every
-    /// line in order, stopping at the first that fails (issue 22).
+    /// line in order, stopping at the first that fails.
     @Suite struct QuickStartTests {
         static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().path

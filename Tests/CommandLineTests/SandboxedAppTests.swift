@@ -3,10 +3,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 37, "Sandboxed apps": a Flatpak app is its app id, read from
-    /// the `/.flatpak-info` of its sandbox, and its items are its own; the
-    /// Secret portal's backend gives each app a master secret of its own.
-    /// Each sandbox is bubblewrap's, as flatpak makes one: a user
+    /// docs/SECRET-SERVICE.md, "Sandboxed apps": a Flatpak app is its app id,
+    /// read from the `/.flatpak-info` of its sandbox, and its items are its
+    /// own; the Secret portal's backend gives each app a master secret of its
+    /// own. Each sandbox is bubblewrap's, as flatpak makes one: a user
     /// namespace, a `/.flatpak-info`, and no host program in it (only the
     /// app and the libraries it loads).
     @Suite struct SandboxedAppTests {

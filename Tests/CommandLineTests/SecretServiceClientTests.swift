@@ -2,14 +2,14 @@ import Foundation
 import Testing
 import TestSupport
 
-/// The clients that store their own items (issue 23): secret-tool, Python's
-/// keyring, git's libsecret credential helper, each finding its items again
-/// by the attributes it gave them, through the bus, a mount and the command
-/// line alike.
+/// The clients that store their own items (docs/SECRET-SERVICE.md,
+/// "Clients tested"): secret-tool, Python's keyring, git's libsecret
+/// credential helper, each finding its items again by the attributes it
+/// gave them, through the bus, a mount and the command line alike.
 extension SerialTests.SecretServiceTests {
     @Test func secretToolStoresReplacesLooksUpAndClearsItsOwnItems() throws {
         _ = try harness.prepareMountpoint("mnt")
-        // The items are secret-tool's: cat and printf through the mount are asked about (issue 37), and allowed.
+        // The items are secret-tool's: cat and printf through the mount are asked about, and allowed.
         try writeConsentPinentry(answers: ["once", "once"])
         let used = onBus(
             """
@@ -187,8 +187,9 @@ extension SerialTests.SecretServiceTests {
         #expect(used.stdout == "asked at the terminal: yes\nthe value: pw1\nstate: unlocked\n", "\(used)")
     }
 
-    /// A script file (code from standard input or `-c` is nobody's to own:
-    /// every use of it would be asked about, issue 37).
+    /// A script file (code from standard input or `-c` is nobody's to own,
+    /// and every use of it would be asked about: docs/SECRET-SERVICE.md,
+    /// "Whose an item is").
     @Test func pythonsKeyringKeepsItsPasswords() {
         let kept = onBus(
             """
@@ -303,9 +304,10 @@ extension SerialTests.SecretServiceTests {
     }
 }
 
-/// `keychainfs import secret-service` (issue 22): gnome-keyring's items
-/// move in whole, and once keychainfs serves the bus the programs that
-/// stored them find them by their own attributes.
+/// `keychainfs import secret-service` (docs/SECRET-SERVICE.md,
+/// "Moving in from gnome-keyring"): gnome-keyring's items move in whole,
+/// and once keychainfs serves the bus the programs that stored them find
+/// them by their own attributes.
 extension SerialTests.SecretServiceTests {
     /// Runs `script` on a private session bus where gnome-keyring, as a
     /// session starts it (its login keyring made with a password on
@@ -358,7 +360,7 @@ extension SerialTests.SecretServiceTests {
             secret-tool lookup service github.com username ada; echo " lookup $?"
             secret-tool search service imap 2>&1 | grep -E '^(label|attribute.user)'
             "$K" import secret-service 2>&1; echo "from itself $?"
-            # Claimed for secret-tool (issue 31), it stays secret-tool's to read.
+            # Claimed for secret-tool, it stays secret-tool's to read.
             printf '%s\\n' "$PASSCODE" | "$K" acl "default/GitHub token" --claim /usr/bin/secret-tool | cut -d' ' -f1-5
             secret-tool lookup service github.com username ada; echo " claimed lookup $?"
             "$K" acl "default/GitHub token"

@@ -4,10 +4,11 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// The Secret Service on the session bus (issue 23), through real clients
-    /// under `dbus-run-session`: libsecret's `secret-tool`, Python's
-    /// `secretstorage` (Debian's, so /usr/bin/python3), `busctl`. The device
-    /// runs inside the test's bus session and stops with it.
+    /// The Secret Service on the session bus, through real clients under
+    /// `dbus-run-session` (docs/SECRET-SERVICE.md, "Clients tested"):
+    /// libsecret's `secret-tool`, Python's `secretstorage` (Debian's, so
+    /// /usr/bin/python3), `busctl`. The device runs inside the test's bus
+    /// session and stops with it.
     @Suite struct SecretServiceTests {
         let harness: MountHarness
 
@@ -66,7 +67,8 @@ extension SerialTests {
         /// A program of the session asks for the name with REPLACE_EXISTING (as
         /// a thief of what clients store would): the device allows no
         /// replacement, so the thief is only queued, and what secret-tool
-        /// stores meanwhile reaches the keychain (issue 29).
+        /// stores meanwhile reaches the keychain (docs/SECURITY.md, "Service
+        /// mode under attack").
         @Test func noProgramOfTheSessionTakesTheNameFromTheDevice() throws {
             try """
             import sys, time
@@ -347,10 +349,10 @@ extension SerialTests {
 
         /// The shipped activation file: the bus starts the device when a
         /// program first asks for org.freedesktop.secrets. It runs the
-        /// installed binary itself, with no shell and nothing of `$HOME`
-        /// (issue 37: the activation environment must not choose the
-        /// provider); the test's copy names the built binary instead, its
-        /// only change.
+        /// installed binary itself, with no shell and nothing of `$HOME` (the
+        /// activation environment must not choose the provider:
+        /// docs/SECRET-SERVICE.md, "The device's judge"); the test's copy
+        /// names the built binary instead, its only change.
         @Test func theBusStartsTheDeviceWhenAProgramFirstAsks() throws {
             let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
                 .deletingLastPathComponent().path
@@ -563,7 +565,8 @@ extension SerialTests {
         /// The bus names the process that connected. A program connects,
         /// forks, and execs a granted binary, and its child asks on the shared
         /// connection: the child is refused, and the log says why; the granted
-        /// program on a connection of its own is served (issue 29).
+        /// program on a connection of its own is served (docs/SECURITY.md,
+        /// "Service mode under attack").
         @Test func aChildAskingOnAGrantedProgramsBusConnectionIsRefused() throws {
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
             #expect(harness.sh("printf s3cret | \"$K\" set secure/token --keychain \"$KC\"").succeeded)

@@ -4,9 +4,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 39: where systemd is not the init, the service runs as a
-    /// daemon (`keychainfs service --daemon`), as sysvinit's and OpenRC's
-    /// scripts drive one with Debian's `start-stop-daemon`.
+    /// Where systemd is not the init, the service runs as a daemon
+    /// (`keychainfs service --daemon`), as sysvinit's and OpenRC's scripts
+    /// drive one with Debian's `start-stop-daemon` (docs/DESKTOP.md,
+    /// "Without systemd").
     @Suite struct ServiceDaemonTests {
         /// `--daemon` returns once the service listens, with its pid in the
         /// pid file (the account's process, in a session of its own, with

@@ -4,10 +4,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 39: in service mode, each user's login sessions are that
-    /// user's lock screen, as a per-user device's are. logind is
-    /// python3-dbusmock's template on a private system bus that every
-    /// account may use (the service runs as its own account), with a
+    /// In service mode, each user's login sessions are that user's lock
+    /// screen, as a per-user device's are (docs/FILESYSTEM.md, "`.control`").
+    /// logind is python3-dbusmock's template on a private system bus that
+    /// every account may use (the service runs as its own account), with a
     /// session for each of two ordinary users of the service.
     @Suite struct ServiceSessionTests {
         @Test func eachUsersSessionLocksTheirOwnKeychainInTheService() throws {

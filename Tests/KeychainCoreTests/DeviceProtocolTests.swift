@@ -145,8 +145,9 @@ import Testing
         }
     }
 
-    /// A client of the socket names no owner (issue 31): whatever its
-    /// details say of one is dropped before the device sees them.
+    /// A client of the socket names no owner: whatever its details say of one
+    /// is dropped before the device sees them (docs/SECRET-SERVICE.md,
+    /// "Whose an item is").
     @Test func aSocketClientsOwnerIsDropped() throws {
         var details = ItemDetails(label: "Chromium Safe Storage", attributes: ["application": "chromium"])
         details.owner = ProgramClaim(
@@ -379,7 +380,8 @@ import Testing
     }
 
     /// One call of every factory: each request is paired with its result
-    /// type in DeviceCall.swift, and none is left out (issue 40).
+    /// type in DeviceCall.swift, and none is left out (docs/CONTRIBUTING.md,
+    /// "Where a new piece goes").
     static let calls: [DeviceRequest] = [
         DeviceCall.get(group: "g", identifier: "i").request, DeviceCall.info(group: "g", identifier: "i").request,
         DeviceCall.groups.request, DeviceCall.items(inGroup: "g").request,
@@ -467,7 +469,7 @@ import Testing
             CreatedKeychain(recoveryKey: Self.secret("ABCD-EFGH")), for: .create(passcode: nil)
         ).get()
         #expect(recovery.recoveryKey?.bytes() == Array("ABCD-EFGH".utf8))
-        // The TPM's answers through the service (issue 38).
+        // The TPM's answers through the service (docs/PROTOCOL.md, "Requests (`code` 0)", kinds 35 to 41).
         let sealed = TPMSealed(blob: [0, 0x2e, 0xff], storageKey: [0, 0x0b, 9])
         #expect(
             try Self.crossed(sealed, for: .tpmSeal(Self.secret("s"), auth: Self.secret(""), guarded: false)).get()

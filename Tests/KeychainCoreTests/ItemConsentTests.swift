@@ -81,10 +81,11 @@ import Glibc
         #expect(Self.question(asker: Self.tool, items: many, asking: "read the secrets of").contains("and 4 more"))
     }
 
-    /// The attacks of issue 37 on the question's text: a line break of
-    /// any kind (C0, U+2028, U+2029), a bidi override, a quote that ends
-    /// the label early, and a text so long that the true sentence scrolls
-    /// away. None of them changes the first sentence.
+    /// The attacks on the question's text in docs/SECURITY.md,
+    /// "An application's secrets on every door": a line break of any kind
+    /// (C0, U+2028, U+2029), a bidi override, a quote that ends the label
+    /// early, and a text so long that the true sentence scrolls away. None
+    /// of them changes the first sentence.
     @Test func noLabelOrPathForgesTheQuestion() {
         let forgedOwner =
             "x\" in default, which belongs to /usr/bin/secret-tool (package libsecret-tools). Allow"
@@ -116,8 +117,8 @@ import Glibc
 
     /// Concurrent calls of one program about the same items wait for one
     /// answer; a program gets a few questions open at once, and everyone a
-    /// few more; past that, calls are denied without asking (issue 37's
-    /// flood: 200 calls started 200 pinentries).
+    /// few more; past that, calls are denied without asking (a flood of 200
+    /// calls started 200 pinentries).
     @Test func concurrentCallsShareOneQuestionAndAFloodIsDeniedUnasked() throws {
         let gate = Gate()
         let (questions, shown) = Self.questionsAllowedOnce(after: gate)

@@ -209,9 +209,10 @@ import Testing
     }
 }
 
-/// Issue 31: whose an item is on the bus, sealed with its details.
+/// Whose an item is on the bus (docs/SECRET-SERVICE.md, "Whose an item is"),
+/// sealed with its details.
 extension ItemDetailsTests {
-    // MARK: Owner and access list (issue 31)
+    // MARK: Owner and access list
 
     static let owner = ProgramClaim(
         program: .executable("/usr/lib/chromium/chromium"), digest: Array(repeating: 1, count: 32),
@@ -294,7 +295,8 @@ extension ItemDetailsTests {
     }
 }
 
-/// Issue 37: an interpreter is its script, and a JIT is recorded.
+/// An interpreter is its script, and a JIT is recorded (docs/SECRET-SERVICE.md,
+/// "Whose an item is").
 extension ItemDetailsTests {
     static func python(_ script: ScriptIdentity?, anonymous: Bool = false) -> ProgramIdentity {
         var program = ProgramIdentity(
@@ -320,7 +322,7 @@ extension ItemDetailsTests {
         var jit = claim
         jit.jit = true
         #expect(jit.admits(Self.python(mine, anonymous: true)))
-        // A claim from before issue 37 (no script, JIT not recorded) is no interpreter's with a script.
+        // An older claim (no script, JIT not recorded) is no interpreter's with a script.
         let legacy = ProgramClaim(program: .executable("/usr/bin/python3.11"), digest: Array(repeating: 5, count: 32))
         #expect(!legacy.admits(Self.python(mine)))
         #expect(claim.described.hasSuffix(" running /home/u/mine.py (sha256 010101010101…)"))

@@ -4,9 +4,10 @@ import Testing
 
 @testable import KeychainCore
 
-/// The store's side of the passcode binding (issue 38), without a TPM:
-/// what the rows and the removals noted before the first unlock may say.
-/// (The attacks through a TPM are `TPMAttackTests`.)
+/// The store's side of the passcode binding, without a TPM: what the rows
+/// and the removals noted before the first unlock may say (docs/FORMAT.md,
+/// "The passcode binding (format 6)"). (The attacks through a TPM are
+/// `TPMAttackTests`.)
 @Suite struct PasscodeBindingTests {
     /// A store with a binding keyed by a random binding key, and rows
     /// `a` and `b` of a passcode class and `c` of `always`, written with the key.

@@ -47,8 +47,8 @@ import Foundation
     }
 }
 
-/// Issue 37: an interpreter's script, read from its command line the way
-/// the interpreter reads it.
+/// An interpreter's script, read from its command line the way the
+/// interpreter reads it (docs/SECRET-SERVICE.md, "Whose an item is").
 @Suite struct InterpreterScriptTests {
     @Test func theScriptIsTheFirstArgumentThatIsNoOption() {
         let python = Interpreters.kind(of: "/usr/bin/python3.11")

@@ -4,9 +4,10 @@ import Testing
 import Glibc
 #endif
 
-/// What names a sandboxed app (issue 37): the app id of a `.flatpak-info`
-/// as flatpak writes it, a snap's AppArmor label, and the claim an item
-/// keeps of either. A name that is not one of theirs names no app.
+/// What names a sandboxed app (docs/SECRET-SERVICE.md, "Sandboxed apps"):
+/// the app id of a `.flatpak-info` as flatpak writes it, a snap's AppArmor
+/// label, and the claim an item keeps of either. A name that is not one of
+/// theirs names no app.
 @Suite struct SandboxAppTests {
     @Test func theAppIdComesFromTheApplicationGroupOnly() {
         let info = """

@@ -2,8 +2,9 @@ import Testing
 @testable import KeychainFS
 
 /// The check every FUSE request passes before libfuse parses it: the
-/// lengths and counts a forged request stated past its end (issue 29's
-/// crashes) are refused; the kernel's own requests pass.
+/// lengths and counts a forged request stated past its end (the crashes in
+/// docs/SECURITY.md, "Service mode under attack") are refused; the
+/// kernel's own requests pass.
 @Suite struct FuseRequestCheckTests {
     static func request(_ opcode: UInt32, _ body: [UInt8], length: Int? = nil) -> [UInt8] {
         var header = [UInt8](repeating: 0, count: 40)

@@ -5,12 +5,12 @@ import Synchronization
 import TestSupport
 import Testing
 
-/// Issue 32 asked whether a removed item's inode number can be handed out
-/// again while something still holds it: the path to the loss SSKeychain's
-/// users met (a writer of the old item landing in the new one). These
-/// drive the table through removals, re-creations, renames and the
-/// kernels' FORGETs, in any order, and check that a number never stands
-/// for two items.
+/// Whether a removed item's inode number can be handed out again while
+/// something still holds it (docs/FILESYSTEM.md, "Operations and errno",
+/// `rm item`): the path to the loss SSKeychain's users met (a writer of the
+/// old item landing in the new one). These drive the table through
+/// removals, re-creations, renames and the kernels' FORGETs, in any order,
+/// and check that a number never stands for two items.
 @Suite struct NodeTableTests {
     /// A small deterministic generator (SplitMix64): the same run every time.
     struct Steps {
@@ -66,7 +66,7 @@ import Testing
     }
 }
 
-/// The table follows the store (issue 40): whoever removes or renames an
+/// The table follows the store: whoever removes or renames an
 /// item (a mount, the socket, the bus, the library itself), the inode of
 /// its name is detached or moved as the change commits, before any other
 /// change can commit; nobody has to tell the table.

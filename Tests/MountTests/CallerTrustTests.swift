@@ -7,9 +7,10 @@ extension SerialTests {
     /// A granted executable is not enough to be the granted program: each
     /// attack here ran as the keychain's own (ordinary) user, with programs the
     /// test compiles, and read a policed value before the device checked who
-    /// the caller really is (issue 21). Each must now get EPERM (or a refused
-    /// request) and leave an audit line saying why, from the user's own device
-    /// and from the service (which reads another user's /proc to tell).
+    /// the caller really is (docs/SECURITY.md, "Callers the device trusts").
+    /// Each must now get EPERM (or a refused request) and leave an audit line
+    /// saying why, from the user's own device and from the service (which
+    /// reads another user's /proc to tell).
     @Suite struct CallerTrustTests {
         /// An ordinary user's keychain (in a service of its own when `inService`),
         /// mounted and unlocked, with `secure/token` readable only by
@@ -166,12 +167,12 @@ extension SerialTests {
 
         /// Connect, fork a child that reads the reply, and become the
         /// granted program, which writes the request (the granted `cat`
-        /// copies it from a pipe into the connection it inherits): the
-        /// "exec relay" of issue 37 ("service mode, the socket"). The device
-        /// reads who connected when it accepts; a device of the user's own
-        /// that the attacker stopped meanwhile (SIGSTOP) read the granted
-        /// program, and answered it, every time; the service (which the
-        /// user cannot stop) once in three, as the race went. Now a
+        /// copies it from a pipe into the connection it inherits): the "exec
+        /// relay" (docs/SECURITY.md, "An application's secrets on every door").
+        /// The device reads who connected when it accepts; a device of the
+        /// user's own that the attacker stopped meanwhile (SIGSTOP) read the
+        /// granted program, and answered it, every time; the service (which
+        /// the user cannot stop) once in three, as the race went. Now a
         /// connection that outlives an exec, or that another process holds
         /// too, is nobody's. The same for a relayed `watch`: nothing of the
         /// policed group reaches it, while another group's events do.

@@ -57,8 +57,9 @@ extension SerialTests {
                 }
                 #expect(device.keyProtection.protection == .tpm2)
             }
-            // Its first boot (issue 38) pinned the storage key in the device-secret
-            // file, gave it a counter of its own and freed the one made before;
+            // Its first boot pinned the storage key in the device-secret file, gave
+            // it a counter of its own and freed the one made before (docs/SECURITY.md,
+            // "Bound to this machine, against whoever holds the files and the TPM");
             // its first unlock bound it to its passcode, with a second counter.
             let file = try Data(contentsOf: URL(fileURLWithPath: keychain.path + "/device-secret"))
             #expect(file.prefix(9) == Data("KCFSTPM2".utf8) + [2])

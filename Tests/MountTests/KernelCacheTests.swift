@@ -4,9 +4,9 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// The kernel keeps names and attributes (issue 8: `ls -l` of a large group
-    /// was a round trip per name). Every change is told to every mount, so what
-    /// it keeps stays exact.
+    /// The kernel keeps names and attributes (`ls -l` of a large group was a
+    /// round trip per name; docs/FILESYSTEM.md, "The device process"). Every
+    /// change is told to every mount, so what it keeps stays exact.
     @Suite struct KernelCacheTests {
         /// Sizes that one mount's kernel holds follow commits through another
         /// mount and through the socket at once, and a removal elsewhere is

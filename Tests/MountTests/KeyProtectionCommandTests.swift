@@ -4,13 +4,14 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 30 through the command line and the service, as a user runs it.
-    /// Item 5: a change of several steps (a bump of the TPM rollback
+    /// Keys sealed by the TPM through the command line and the service, as a
+    /// user runs it. A change of several steps (a bump of the TPM rollback
     /// counter, the move of a keychain to the TPM, a recovery) killed with
     /// SIGKILL at each step, through the command line as a user runs it. Every
     /// prefix boots the old or the new state, with every acknowledged write,
     /// or, for a recovery, is opened by running `recover` again: the hardware
-    /// never keeps a user from their data.
+    /// never keeps a user from their data (docs/SECURITY.md, "Threats and
+    /// their tests").
     @Suite(.serialized) struct KeyProtectionCommandTests {
         static let passcode = MountHarness.passcode
 
@@ -28,9 +29,9 @@ extension SerialTests {
             return harness
         }
 
-        /// `binding-committed`: the passcode binding's half of the bump
-        /// (issue 38: the write moved it), committed but not counted; the
-        /// next unlock completes it.
+        /// `binding-committed`: the passcode binding's half of the bump (the
+        /// write moved it; docs/FORMAT.md, "The passcode binding (format 6)"),
+        /// committed but not counted; the next unlock completes it.
         @Test(arguments: ["bump-begun", "bump-committed", "bump-counted", "binding-committed"])
         func aDeviceKilledAtAnyStepOfACounterBumpBootsWithEveryWrite(step: String) throws {
             let tpm = try SoftwareTPM()
@@ -52,10 +53,11 @@ extension SerialTests {
             #expect(harness.status()["rollback-counter"].flatMap { UInt64($0) } == after + 1)
         }
 
-        /// Issue 38: the move makes a new keychain beside the old one and
-        /// swaps them in one rename. Killed before the swap, the old keychain
-        /// is whole (kept in a file); killed after it, the new one is (sealed);
-        /// either way the next boot destroys what is left beside it.
+        /// The move makes a new keychain beside the old one and swaps them in
+        /// one rename (docs/FORMAT.md, "Keys sealed by a TPM (format 5)"). Killed
+        /// before the swap, the old keychain is whole (kept in a file); killed
+        /// after it, the new one is (sealed); either way the next boot destroys
+        /// what is left beside it.
         @Test(arguments: ["rekey-copied", "rekey-exchanged"])
         func aMoveToTheTPMKilledAtAnyStepLeavesOneWholeKeychain(step: String) throws {
             let tpm = try SoftwareTPM()
@@ -138,7 +140,8 @@ extension SerialTests {
             let refused = harness.sh("\"$K\" init --tpm --keychain \"$KC\"", stdin: "1234\n1234\n")
             #expect(refused.status == 1 && refused.stderr.contains("no TPM answers"), "\(refused)")
             #expect(!FileManager.default.fileExists(atPath: harness.keychain + "/keychain.db"))
-            // Without --tpm too (issue 38): the TPM named in $TPM2TOOLS_TCTI is never replaced by a file.
+            // Without --tpm too: the TPM named in $TPM2TOOLS_TCTI is never replaced by a file
+            // (docs/SECURITY.md, "The TPM is the machine's, or none").
             let named = harness.sh("\"$K\" init --keychain \"$KC\"", stdin: "1234\n1234\n")
             #expect(named.status == 1 && named.stderr.contains("no TPM answers at $TPM2TOOLS_TCTI"), "\(named)")
             #expect(!FileManager.default.fileExists(atPath: harness.keychain + "/keychain.db"))
@@ -169,10 +172,10 @@ extension SerialTests {
             #expect(harness.status(mountpoint)["tpm-lockout"] == "1 of 3")
         }
 
-        /// Issue 38: a device started in the background sent its diagnostics
-        /// to /dev/null, so a bump of the counter that failed went unseen.
-        /// They go to the journal now (`journalctl -t keychainfs`), or,
-        /// where no journald listens, to a file beside the device's socket.
+        /// A device started in the background sent its diagnostics to
+        /// /dev/null, so a bump of the counter that failed went unseen. They go
+        /// to the journal now (`journalctl -t keychainfs`), or, where no
+        /// journald listens, to a file beside the device's socket.
         @Test func aBackgroundDevicesFailedBumpIsInItsLog() throws {
             let tpm = try SoftwareTPM()
             let harness = try Self.sealedKeychain(on: tpm)
@@ -187,7 +190,8 @@ extension SerialTests {
             #expect(!log.stdout.contains("acknowledged"), "never a secret")
         }
 
-        /// Issue 38: root takes the TPM's lockout hierarchy, and `status` says so.
+        /// Root takes the TPM's lockout hierarchy, and `status` says so (docs/SECURITY.md,
+        /// "Bound to this machine, against whoever holds the files and the TPM").
         @Test func theLockoutHierarchyIsTakenResetAndGivenBackFromTheCommandLine() throws {
             let tpm = try SoftwareTPM()
             let harness = try MountHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
@@ -212,9 +216,9 @@ extension SerialTests {
         /// An ordinary user's `init` where the machine's TPM is Debian's
         /// (`/dev/tpmrm0`, root and group tss only): it says that a TPM is
         /// there which this user cannot reach, and what to do, never "this
-        /// machine has none" (issue 38, item 9). The TPM is a file of root's
-        /// in a /dev of the test's own (a private mount namespace): what init
-        /// judges is who may open it.
+        /// machine has none". The TPM is a file of root's in a /dev of the
+        /// test's own (a private mount namespace): what init judges is who may
+        /// open it.
         @Test func anOrdinaryUsersInitSaysTheTPMIsThereButNotTheirs() throws {
             let harness = try MountHarness(as: try OrdinaryUser(), creating: false)
             let user = try #require(harness.user)
@@ -243,11 +247,12 @@ extension SerialTests {
             #expect((access("/dev/tpmrm0", F_OK) == 0) == machineHasOne)
         }
 
-        /// Issue 38, "the TPM for every user": an ordinary user who cannot
-        /// reach the TPM runs their own device, and gets the TPM through the
-        /// service, bound to their uid. Another user with a copy of every
-        /// file, and the passcode, opens nothing through the same service;
-        /// and one user's wrong passcodes leave the TPM open to the others.
+        /// The TPM for every user: an ordinary user who cannot reach the TPM
+        /// runs their own device, and gets the TPM through the service, bound
+        /// to their uid (docs/FORMAT.md, "The TPM through the service").
+        /// Another user with a copy of every file, and the passcode, opens
+        /// nothing through the same service; and one user's wrong passcodes
+        /// leave the TPM open to the others.
         @Test func anOrdinaryUserGetsTheTPMThroughTheServiceForTheirUidAlone() throws {
             let tpm = try SoftwareTPM()
             let service = try ServiceHarness(environment: ["TPM2TOOLS_TCTI": tpm.tcti])
@@ -344,7 +349,7 @@ extension SerialTests {
             #expect(harness.sh("\"$K\" unlock", stdin: "1234\n").succeeded)
             let status = harness.sh("\"$K\" status").stdout
             #expect(status.contains("key-protection: tpm2") && status.contains("rollback-counter: "), "\(status)")
-            // The service took the TPM's lockout hierarchy at its start (issue 38).
+            // The service took the TPM's lockout hierarchy at its start.
             #expect(status.contains("tpm-lockout-auth: set"), "\(status)")
             #expect(FileManager.default.fileExists(atPath: service.stateDirectory + "/tpm-lockout-auth"))
             let file = try Data(

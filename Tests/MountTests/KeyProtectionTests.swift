@@ -4,12 +4,12 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 30: a keychain sealed by a TPM (a software TPM per test). A copy
-    /// of its files opens on no other TPM; passcode guesses are bounded by the
-    /// TPM's lockout, across restarts; an older copy put back is refused; the
-    /// recovery key opens it after a TPM clear; a keychain kept in a file
-    /// moves to the TPM; and a crash at any step of a change leaves a keychain
-    /// that opens.
+    /// A keychain sealed by a TPM, a software TPM per test (docs/SECURITY.md,
+    /// "Keys sealed by the TPM"). A copy of its files opens on no other TPM;
+    /// passcode guesses are bounded by the TPM's lockout, across restarts; an
+    /// older copy put back is refused; the recovery key opens it after a TPM
+    /// clear; a keychain kept in a file moves to the TPM; and a crash at any
+    /// step of a change leaves a keychain that opens.
     @Suite(.serialized) struct KeyProtectionTests {
         static let passcode = "1234"
 

@@ -20,7 +20,7 @@ extension SerialTests {
             /// The mount the descriptor is open in, or another mount of the device.
             case sameMount, otherMount
             /// `keychainfs rm` and `keychainfs set`: the socket, no mount at all
-            /// (the inodes follow the store's commits, issue 40).
+            /// (the inodes follow the store's commits).
             case socket
             var testDescription: String { rawValue }
         }
@@ -130,8 +130,9 @@ extension SerialTests {
         /// load: an earlier descriptor of the same process, written and
         /// committed, may still be open to the device when the next O_TRUNC
         /// open empties the item. Its old length must not show over the
-        /// emptying (issue 22: 1 in 1,000 under load). A committed descriptor
-        /// kept open (fsync) is that state, made deterministic.
+        /// emptying (docs/FILESYSTEM.md, "Emptying by `O_TRUNC`"; it showed 1 in
+        /// 1,000 under load). A committed descriptor kept open (fsync) is that
+        /// state, made deterministic.
         @Test func anEarlierCommittedDescriptorDoesNotHideALaterEmptying() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"

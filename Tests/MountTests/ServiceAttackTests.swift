@@ -6,10 +6,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// The attacks of issue 29 on service mode, each run as ordinary users the
-    /// test creates, against a service the test starts on its own socket, with
-    /// attack programs that speak the socket protocol as any local program can
-    /// (`Attacks/kcattack.py`).
+    /// The attacks of docs/SECURITY.md, "Service mode under attack", each run
+    /// as ordinary users the test creates, against a service the test starts
+    /// on its own socket, with attack programs that speak the socket protocol
+    /// as any local program can (`Attacks/kcattack.py`).
     @Suite struct ServiceAttackTests {
         /// Puts the attack program where the harness's user can run it; returns its path.
         static func attackProgram(_ harness: MountHarness) throws -> String {

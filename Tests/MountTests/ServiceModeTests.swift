@@ -4,11 +4,12 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Service mode (issue 21): the device runs as its own system account and
-    /// holds every user's keychain where only it can read. Each attack here
-    /// runs as an ordinary user the test creates, against their own keychain:
-    /// what the per-user device cannot stop (reading the files, cutting the
-    /// log, tracing the device) the service must.
+    /// Service mode (docs/SECURITY.md, "Two modes"): the device runs as its
+    /// own system account and holds every user's keychain where only it can
+    /// read. Each attack here runs as an ordinary user the test creates,
+    /// against their own keychain: what the per-user device cannot stop
+    /// (reading the files, cutting the log, tracing the device) the service
+    /// must.
     @Suite struct ServiceModeTests {
         /// An ordinary user's keychain in a service, mounted and unlocked, with `default/token`.
         static func userOfAService(_ service: ServiceHarness) throws -> (MountHarness, String) {
@@ -48,8 +49,8 @@ extension SerialTests {
         }
 
         /// A user who had a keychain of their own before the service came
-        /// is told where it went, and how to name it (issue 39: `get` said
-        /// only "you have no keychain in the keychainfs service").
+        /// is told where it went, and how to name it (`get` said only "you
+        /// have no keychain in the keychainfs service").
         @Test func aUsersOwnKeychainIsNamedWhenTheServiceHasNone() throws {
             let service = try ServiceHarness()
             let harness = try MountHarness(as: try OrdinaryUser(), service: service, creating: false)

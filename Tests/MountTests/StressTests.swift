@@ -80,7 +80,8 @@ extension SerialTests.StressTests {
     /// A name replaced atomically (`rename` over it) always exists: readers
     /// racing the replacements never see ENOENT, and never ESTALE (the
     /// kernel looks a name up again after one ESTALE, but only once, so
-    /// an open that raced two replacements used to fail with it, issue 21).
+    /// an open that raced two replacements used to fail with it;
+    /// docs/FILESYSTEM.md, "The device process").
     @Test func readersRacingAtomicReplacementsNeverSeeAbsenceOrStale() throws {
         let (harness, mnt) = try MountHarness.unlockedMount()
         /// Creates or replaces `path` with `value`; errno, or 0.

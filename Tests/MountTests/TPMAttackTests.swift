@@ -4,10 +4,11 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 38: what someone who holds a keychain's files, and reaches its
-    /// TPM (root, a program of the user's where the user reaches it, a live
-    /// USB boot), tried against the TPM's promises, each as it was found,
-    /// with swtpm and tpm2-tools. Each failed on the code before.
+    /// What someone who holds a keychain's files, and reaches its TPM (root,
+    /// a program of the user's where the user reaches it, a live USB boot),
+    /// tried against the TPM's promises, each as it was found, with swtpm
+    /// and tpm2-tools (docs/SECURITY.md, "Bound to this machine, against
+    /// whoever holds the files and the TPM"). Each failed on the code before.
     @Suite(.serialized) struct TPMAttackTests {
         typealias Keys = KeyProtectionTests
         static let passcode = Keys.passcode

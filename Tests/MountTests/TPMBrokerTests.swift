@@ -5,10 +5,11 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// Issue 38, "the TPM for every user": what the service does for a user
-    /// who cannot reach the TPM, tried as another user would (their own
-    /// uid, the first user's blobs and counters, a flood of wrong
-    /// passcodes), on swtpm (3 tries, 1000 s to forgive one).
+    /// The TPM for every user (docs/FORMAT.md, "The TPM through the service"):
+    /// what the service does for a user who cannot reach the TPM, tried as
+    /// another user would (their own uid, the first user's blobs and
+    /// counters, a flood of wrong passcodes), on swtpm (3 tries, 1000 s to
+    /// forgive one).
     @Suite(.serialized) struct TPMBrokerTests {
         static let alice: UInt32 = 60_001
         static let bob: UInt32 = 60_002

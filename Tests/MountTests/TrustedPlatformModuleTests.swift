@@ -4,10 +4,10 @@ import Testing
 import TestSupport
 
 extension SerialTests {
-    /// The TPM layer of issue 30, against a software TPM per test: a secret
-    /// sealed under an auth opens only with that auth, only on that TPM;
-    /// wrong auths lock the TPM out, across a reboot; the NV counter only
-    /// goes up and survives a reboot.
+    /// The TPM layer (docs/SECURITY.md, "Keys sealed by the TPM"), against a
+    /// software TPM per test: a secret sealed under an auth opens only with
+    /// that auth, only on that TPM; wrong auths lock the TPM out, across a
+    /// reboot; the NV counter only goes up and survives a reboot.
     @Suite struct TrustedPlatformModuleTests {
         static func secret(_ text: String) throws -> SecureBytes { try SecureBytes(text) }
 

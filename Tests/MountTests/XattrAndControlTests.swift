@@ -96,7 +96,8 @@ extension SerialTests {
             // The mode says what it cannot protect against.
             #expect(status["mode"] == "per-user")
             #expect(status["mode-limits"]?.contains("any program of this user can read them") == true)
-            // And how the keys are kept: a file, open to offline guessing (issue 30).
+            // And how the keys are kept: a file, open to offline guessing
+            // (docs/SECURITY.md, "Who, and what they get").
             #expect(status["key-protection"] == "file")
             #expect(status["key-protection-limits"]?.contains("guessed offline") == true)
             try harness.unlock(mnt)
@@ -148,7 +149,7 @@ extension SerialTests {
             #expect(status["failed-attempts"] == "5")
             #expect(Int(status["retry-after"] ?? "") ?? 0 > 0)
             // During the lockout even the right passcode is refused, and the CLI says why, never
-            // calling it wrong (issue 39: it was never tried), through the mount and the socket alike.
+            // calling it wrong (it was never tried), through the mount and the socket alike.
             for target in [mnt, "--keychain " + harness.keychain] {
                 let refused = harness.sh("\"$K\" unlock \(target)", stdin: MountHarness.passcode + "\n")
                 #expect(refused.status == 4, "\(refused)")

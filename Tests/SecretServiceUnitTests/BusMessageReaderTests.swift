@@ -2,9 +2,9 @@ import KeychainCore
 import Testing
 @testable import SecretService
 
-/// The reader of method arguments (issue 31), on messages made in this
-/// process: what any program of the user can send reads back as sent, or
-/// is refused with InvalidArgs, and a limit is never read past.
+/// The reader of method arguments, on messages made in this process: what
+/// any program of the user can send reads back as sent, or is refused with
+/// InvalidArgs, and a limit is never read past.
 @Suite struct BusMessageReaderTests {
     static let invalidArguments = "org.freedesktop.DBus.Error.InvalidArgs"
 

@@ -7,8 +7,8 @@ import Glibc
 
 /// One item, `work/mail`; what each request gets is set by the test.
 /// It answers with values, as the device does in its own process:
-/// no fields to get wrong (issue 40: the fake once answered `info`
-/// with one field, which only a hand read let pass).
+/// no fields to get wrong (the fake once answered `info` with one
+/// field, which only a hand read let pass).
 final class FakeStore: SecretStore, @unchecked Sendable {
     typealias Answer = DeviceAnswer
     let answers: Mutex<[String: Answer]>

@@ -8,8 +8,8 @@ import TestSupport
 /// It starts processes (a bus daemon, secret-tool): one at a time with the
 /// device tests, whose open files a child would inherit for an instant.
 extension SerialTests {
-    /// A store of the test's own behind the provider (issue 31: `SecretStore`
-    /// hides the device): the provider serves a private bus, and `secret-tool`,
+    /// A store of the test's own behind the provider (`SecretStore` hides
+    /// the device): the provider serves a private bus, and `secret-tool`,
     /// a real client, sees what the store answers, mapped as the spec says.
     /// No keychain, no device.
     @Suite struct FakeStoreProviderTests {

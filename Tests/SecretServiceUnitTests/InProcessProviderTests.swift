@@ -8,10 +8,11 @@ import Glibc
 #endif
 
 /// The provider's handlers run in the test's own process, over the two ends
-/// of a socketpair and no bus daemon (issue 40; oo7's tests do the same over
-/// a peer-to-peer connection): the test's end calls the methods as a client
-/// does, with the spec's signatures, and reads the replies as the spec
-/// types them. The store is the test's own (``FakeStore``).
+/// of a socketpair and no bus daemon (oo7's tests do the same over a
+/// peer-to-peer connection; docs/CONTRIBUTING.md, "Where a new piece goes"):
+/// the test's end calls the methods as a client does, with the spec's
+/// signatures, and reads the replies as the spec types them. The store is
+/// the test's own (``FakeStore``).
 @Suite struct InProcessProviderTests {
     /// A provider serving one end of a socketpair, and a client at the other.
     final class DirectBus {

@@ -2,8 +2,9 @@ import KeychainCore
 import Testing
 @testable import SecretService
 
-/// What a client of the bus is told when the device says no (issue 31): one
-/// mapping for every method, tested here without a bus or a device.
+/// What a client of the bus is told when the device says no: one mapping
+/// for every method (docs/CONTRIBUTING.md, "Errors"), tested here without
+/// a bus or a device.
 @Suite struct ReplyErrorTests {
     static let itemPath = "/org/freedesktop/secrets/collection/work/mail"
     static let item = BusErrorSubject.item(path: itemPath)

@@ -20,7 +20,8 @@ package final class MountHarness: @unchecked Sendable {
     package static let passcode = "1234"
     /// A TCTI at which no TPM answers (the loopback's port 1 refuses at once),
     /// with `KEYCHAINFS_TPM=none`, which makes `init` keep the keys in a file
-    /// rather than fail at a TPM named that does not answer (issue 38).
+    /// rather than fail at a TPM named that does not answer (docs/SECURITY.md,
+    /// "The TPM is the machine's, or none").
     package static let noTPM = "swtpm:host=127.0.0.1,port=1"
 
     package let root: String
@@ -193,7 +194,8 @@ package final class MountHarness: @unchecked Sendable {
         if extraEnvironment["TPM2TOOLS_TCTI"] == nil { environment["KEYCHAINFS_TPM"] = "none" }
         environment.merge(extraEnvironment) { _, extra in extra }
         // Only where a test asks for it: a service installed on this machine is not the test's.
-        // A per-user keychain's user may reach the TPM through a service (issue 38): the test names it.
+        // A per-user keychain's user may reach the TPM through a service (docs/FORMAT.md,
+        // "The TPM through the service"): the test names it.
         environment["KEYCHAINFS_SERVICE"] = service?.socket ?? extraEnvironment["KEYCHAINFS_SERVICE"] ?? ""
         if let user {
             environment["HOME"] = user.home

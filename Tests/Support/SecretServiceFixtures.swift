@@ -70,9 +70,9 @@ extension MountHarness {
     }
 }
 
-/// What the tests of whose an item is start from (issue 37): an ordinary
-/// user's keychain, the judge that answers for the person, and app-a and
-/// app-b built.
+/// What the tests of whose an item is start from (docs/SECURITY.md,
+/// "An application's secrets on every door"): an ordinary user's keychain,
+/// the judge that answers for the person, and app-a and app-b built.
 package struct OwnerRuleFixture {
     package let harness: MountHarness
     package let judge: JudgePinentry
@@ -86,11 +86,12 @@ package struct OwnerRuleFixture {
 }
 
 /// A pinentry that the device takes as its judge: a file root controls
-/// (issue 37), in a directory of its own that goes with this value. Its
-/// CONFIRM answers come from the lines of `$R/answers` in turn (`once`: OK,
-/// `always`: the not-OK button, anything else or none: cancel); it logs
-/// each question to `$R/pinentry.log` and each button it was given to
-/// `$R/buttons.log`. It runs as the keychain's user, whose `$R` it writes.
+/// (docs/SECRET-SERVICE.md, "The device's judge"), in a directory of its
+/// own that goes with this value. Its CONFIRM answers come from the lines
+/// of `$R/answers` in turn (`once`: OK, `always`: the not-OK button,
+/// anything else or none: cancel); it logs each question to
+/// `$R/pinentry.log` and each button it was given to `$R/buttons.log`. It
+/// runs as the keychain's user, whose `$R` it writes.
 package final class JudgePinentry: @unchecked Sendable {
     package let directory: String
     package var path: String { directory + "/pinentry" }

@@ -4,5 +4,5 @@ import Testing
 /// line, the service, the bus) runs in a suite nested in this one, and so
 /// one at a time, also under a plain `swift test`: each starts processes,
 /// mounts and timers of its own, and two at once on a machine of two cores
-/// made one miss its timing (issue 32). Unit tests stay parallel.
+/// made one miss its timing. Unit tests stay parallel.
 @Suite(.serialized) package enum SerialTests {}

@@ -80,7 +80,8 @@ package final class SoftwareTPM: @unchecked Sendable {
 }
 
 /// tpm2-tools (Debian's `tpm2-tools`) against a software TPM, as anyone
-/// who reaches a TPM can run them: the attacks of issue 38.
+/// who reaches a TPM can run them: the attacks in docs/SECURITY.md,
+/// "Bound to this machine, against whoever holds the files and the TPM".
 package enum TPMTools {
     /// Runs `script` with `sh -c`, `$TPM2TOOLS_TCTI` naming `tpm`; stdout and stderr together.
     package static func run(_ script: String, on tpm: SoftwareTPM) throws -> (status: Int32, output: String) {

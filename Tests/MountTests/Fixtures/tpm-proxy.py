@@ -16,7 +16,7 @@
 #                                 then the one the client would salt its session
 #                                 with (a key whose private part an interposer
 #                                 would hold), and the code of every command is
-#                                 appended to LOG, one hex number a line (issue 38).
+#                                 appended to LOG, one hex number a line.
 import socket
 import struct
 import sys
