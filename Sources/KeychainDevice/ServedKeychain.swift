@@ -28,7 +28,7 @@ final class ServedKeychain: Sendable {
     /// Whether a restore of this keychain runs now: one at a time per
     /// person, so that one user's restores (each an Argon2id of up to
     /// 256 MiB, before the password is known to be right) cannot pile up
-    /// in the service (docs/SECURITY.md, "Costs are ours to choose").
+    /// in the service (docs/SECURITY.md, "What an ordinary user of the machine can try").
     private let restoring = Atomic<Bool>(false)
     /// Sync with the person's other devices: a per-user device's alone
     /// (git runs as the person), with its own schedule.

@@ -121,7 +121,7 @@ struct PAMHookCommand: ParsableCommand {
         // The password goes to a device pam_keychainfs checked as root (the installed program, not
         // traced, nothing preloaded; only root can read that of a device, which makes itself
         // undumpable), or to one this command starts itself: never to whatever listens on the
-        // device's socket (docs/SECURITY.md, "The login password goes only to the device").
+        // device's socket (docs/SECURITY.md, "The login password and the session", its row "the login password goes only to the device").
         let checked = getenv("KEYCHAINFS_PAM_DEVICES").map { String(cString: $0) } ?? ""
         // Descriptor 3: pam_keychainfs's end that checks, as root, who accepted a connection.
         let verifier =

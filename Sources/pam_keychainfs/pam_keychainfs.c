@@ -346,7 +346,7 @@ static int accepted_by_device(int connection, const char *devices, long long dea
 }
 
 /* The user's devices that may be given the password (docs/SECURITY.md,
- * "The login password goes only to the device"), as "PID:START:INODE,..."
+ * "The login password and the session", its row "the login password goes only to the device"), as "PID:START:INODE,..."
  * in `list` (START: the 22nd field of /proc/PID/stat, which with the pid
  * names one process for good; INODE: a listening socket the process holds
  * and no other process does, so that only it accepts what reaches that

@@ -34,7 +34,7 @@ import Testing
     }
 
     /// A hashing that waits for room for a client that has left gives up
-    /// (docs/SECURITY.md, "Costs are ours to choose"): six restores queued
+    /// (docs/SECURITY.md, "What an ordinary user of the machine can try"): six restores queued
     /// by a client that hung up once ran, one after another, for nobody.
     @Test func aHashingWaitingForAClientThatLeftGivesUp() throws {
         let budget = PasswordHashingBudget(bytes: 512)

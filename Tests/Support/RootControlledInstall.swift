@@ -8,7 +8,7 @@ import KeychainCore
 /// root's files in root's directories that nobody else can write, under
 /// `/opt` (not `/tmp`, which every user may write). pam_keychainfs gives the
 /// login password only to a device running such a program, started setgid
-/// (docs/SECURITY.md, "The login password goes only to the device", "A
+/// (docs/SECURITY.md, "The login password and the session", its row "the login password goes only to the device", "A
 /// device undumpable from its first instruction"). The device build's group
 /// is made for the install, as the package makes `keychainfs-device`.
 /// Removed, with the group, when the test ends.

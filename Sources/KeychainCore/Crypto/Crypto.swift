@@ -228,7 +228,7 @@ extension Crypto {
 /// every user (unlocks, restores, passcode changes): without a bound, many
 /// at once, each of up to ``BackupFile/costCeiling``'s 256 MiB, took the
 /// service to 5 GiB and another user's `get` from 17 ms to 13 s
-/// (docs/SECURITY.md, "Costs are ours to choose"). 512 MiB: two backups'
+/// (docs/SECURITY.md, "What an ordinary user of the machine can try"). 512 MiB: two backups'
 /// hashing, or eight unlocks', at once, on two cores.
 package final class PasswordHashingBudget: @unchecked Sendable {
     package static let shared = PasswordHashingBudget(bytes: 512 << 20)
