@@ -28,7 +28,8 @@ extension SerialTests {
         /// in the background of the terminal (its own process group) is not
         /// asked at all, and is told nobody could be asked; nor is one that
         /// joined the foreground group of the command, or of the shell at
-        /// its prompt.
+        /// its prompt, or made its own group the foreground (tcsetpgrp)
+        /// while the shell sat at its prompt.
         @Test func aPersonAtATerminalAnswersForTheProgramTheyRan() throws {
             try """
             import fcntl, os, pty, re, select, signal, struct, subprocess, sys, termios, time
@@ -61,6 +62,19 @@ extension SerialTests {
                 if job == 0:
                     os.setpgid(0, 0)
                     os.setpgid(0, os.tcgetpgrp(0))
+                    os.execv(command[0], command)
+                while os.waitpid(job, os.WNOHANG) == (0, 0):
+                    select.select([0], [], [], 0.2)
+                os._exit(0)
+            if pid == 0 and rule == "seize":
+                # The person's shell sits at its prompt; a background job of it, ignoring SIGTTOU, makes its own
+                # process group the terminal's foreground (tcsetpgrp) and asks: it leads that group.
+                job = os.fork()
+                if job == 0:
+                    os.setpgid(0, 0)
+                    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+                    os.tcsetpgrp(0, os.getpgrp())
+                    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
                     os.execv(command[0], command)
                 while os.waitpid(job, os.WNOHANG) == (0, 0):
                     select.select([0], [], [], 0.2)
@@ -106,7 +120,7 @@ extension SerialTests {
                 found = re.search(rb"this once, type ([a-z]{5})(; to allow it every time from now on, type ([a-z]{5}))?", shown)
                 if found and not answered:
                     answered = True
-                    if rule in ("inject", "join", "idle"):
+                    if rule in ("inject", "join", "idle", "seize"):
                         continue  # the person types nothing
                     typed = {"once": found.group(1), "script": found.group(1), "always": found.group(3) or b"",
                              "wrong": b"abcde"}[rule]
@@ -118,7 +132,7 @@ extension SerialTests {
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
-                for rule in wrong background join idle inject once script always; do
+                for rule in wrong background join idle seize inject once script always; do
                     /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
                 done
                 # Allowed for good: asked no more, with no terminal at all.
@@ -134,6 +148,7 @@ extension SerialTests {
                     background: asked no, got nothing
                     join: asked no, got nothing
                     idle: asked no, got nothing
+                    seize: asked no, got nothing
                     inject: asked yes, got nothing
                     once: asked yes, got hunter2
                     script: asked yes, got hunter2

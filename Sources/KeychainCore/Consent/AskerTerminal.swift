@@ -22,7 +22,7 @@ package struct AskerTerminal: Sendable, Equatable {
     package static func foreground(of pid: pid_t) -> AskerTerminal? {
         guard let control = ProcessChain.controllingTerminal(of: pid), control.inForeground, control.device != 0,
             let path = devicePath(control.device), isStartedByItsGroupsLeader(pid, group: control.group),
-            !isASessionsShellAtItsPrompt(control.group, asker: pid)
+            isWaitedForByTheSessionsShell(control.group, asker: pid)
         else { return nil }
         var info = stat()
         guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFCHR, UInt64(info.st_rdev) == control.device,
@@ -47,21 +47,45 @@ package struct AskerTerminal: Sendable, Equatable {
         return false
     }
 
-    /// Whether the foreground group's leader, not the asker itself, is the
-    /// session's leader and runs no command: the shell the terminal
-    /// started, at its prompt. A background job of that shell joined the
-    /// shell's own group while the shell sat at its prompt (it then
-    /// descends from the group's leader) and was asked at the terminal,
-    /// the person having typed nothing; stopping the shell meanwhile gave
-    /// the pinentry the person's typing (an outsider's attack). A shell
-    /// that runs a command waits for it (wait4(2): `do_wait` in
-    /// /proc/PID/wchan, proc(5)); at its prompt it reads the terminal
-    /// (poll, read) or is stopped. An interactive shell that is not the
-    /// session's leader (one started from another) is not told apart
+    /// Whether the foreground group is one the session's shell put there
+    /// and waits for: every process from the group's leader's parent up
+    /// to the session's leader (the shell the terminal started) waits for
+    /// a child (wait4(2): `do_wait` in /proc/PID/wchan, proc(5)), as a shell
+    /// does while it runs a command in the foreground; the leader itself
+    /// too when it is the session's leader and not the asker (a shell that
+    /// runs a script, as over `ssh -t HOST 'a; b'`). At its prompt a shell
+    /// reads the terminal (poll, read) or is stopped. Two attacks of a
+    /// background job while the shell sat at its prompt, the person having
+    /// typed nothing, were asked at the terminal: joining the shell's own
+    /// group (it then descends from the group's leader), and, ignoring
+    /// SIGTTOU, making its own group the foreground with tcsetpgrp(3) (it
+    /// then leads that group). A process of another user on the way (su,
+    /// sudo's monitor, which waits in its own event loop) is passed over:
+    /// no program of the asker's user can be one. The chain must reach the
+    /// session's leader: a group whose leader left it (reparented to init
+    /// or a subreaper) was started by nobody the terminal shows
     /// (docs/SECURITY.md, "Asked at a terminal").
-    static func isASessionsShellAtItsPrompt(_ leader: pid_t, asker: pid_t) -> Bool {
-        guard leader != asker, ProcessChain.session(of: leader) == leader else { return false }
-        return ProgramIdentities.readProcFile(leader, "wchan", limit: 64) != Array("do_wait".utf8)
+    static func isWaitedForByTheSessionsShell(_ leader: pid_t, asker: pid_t) -> Bool {
+        guard let session = ProcessChain.session(of: leader), let user = ProcessChain.realUser(of: asker) else {
+            return false
+        }
+        if leader == session { return leader == asker || waitsForAChild(leader) }
+        var process = leader
+        for _ in 0..<32 {
+            guard let parent = ProcessChain.parent(of: process), parent > 1,
+                ProcessChain.session(of: parent) == session,
+                let owner = ProcessChain.realUser(of: parent)
+            else { return false }
+            if owner == user && !waitsForAChild(parent) { return false }
+            if parent == session { return true }
+            process = parent
+        }
+        return false
+    }
+
+    /// Whether `pid` sleeps in wait4(2) (`do_wait` in /proc/PID/wchan).
+    static func waitsForAChild(_ pid: pid_t) -> Bool {
+        ProgramIdentities.readProcFile(pid, "wchan", limit: 64) == Array("do_wait".utf8)
     }
 
     /// proc(5)'s `tty_nr`: the major number in bits 8 to 15, the minor in

@@ -375,6 +375,19 @@ package enum ProcessChain {
         return Int32(String(decoding: fields[3], as: UTF8.self))
     }
 
+    /// The process's real user (`/proc/PID/status`'s `Uid:` line, which
+    /// anyone may read, also of an undumpable process, whose /proc entries
+    /// the kernel gives to root).
+    package static func realUser(of pid: pid_t) -> uid_t? {
+        guard let status = ProgramIdentities.readProcFile(pid, "status", limit: 1 << 14) else { return nil }
+        for line in status.split(separator: UInt8(ascii: "\n")) where line.starts(with: Array("Uid:".utf8)) {
+            let fields = line.dropFirst(4).split(whereSeparator: { $0 == UInt8(ascii: "\t") || $0 == UInt8(ascii: " ") }
+            )
+            return fields.first.flatMap { UInt32(String(decoding: $0, as: UTF8.self)) }
+        }
+        return nil
+    }
+
     /// The process's parent (`/proc/PID/stat`'s 4th field).
     package static func parent(of pid: pid_t) -> pid_t? {
         guard let fields = stat(of: pid)?.fields, fields.count > 1 else { return nil }
