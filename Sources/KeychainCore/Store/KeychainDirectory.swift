@@ -163,19 +163,21 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// storage key it is sealed under. A file sealed before that key's name
     /// was recorded gets it now (trusted on this first use, as at `init`).
     /// Only for the holder of the keychain's lock (a device, `recover`).
-    func openDeviceSecret(tcti: String?) throws(KeychainError) -> (DeviceSecret, sealedBy: KeychainTPM?) {
+    package func openDeviceSecret(tcti: String?, keyProtectors: any KeyProtectors) throws(KeychainError)
+        -> (DeviceSecret, sealedBy: (any KeyProtector)?)
+    {
         switch try readDeviceSecretFile() {
         case .plain(let secret):
             return (DeviceSecret(secret: secret), nil)
         case .sealed(let blob, let pinned, let throughService):
-            let sealer = KeychainTPM.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
+            let sealer = keyProtectors.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
             let (secret, storageKey) = try sealer.unsealDeviceSecret(blob)
             if pinned == nil {
                 try writeDeviceSecret(try DeviceSecretFile.sealedContents(blob, storageKey: storageKey))
             }
             return (
                 DeviceSecret(secret: secret),
-                KeychainTPM.sealedBy(tcti: tcti, storageKey: storageKey, throughService: throughService)
+                keyProtectors.sealedBy(tcti: tcti, storageKey: storageKey, throughService: throughService)
             )
         }
     }
@@ -187,11 +189,12 @@ public struct KeychainDirectory: Sendable, Equatable {
     }
 
     /// The device secret's 32 bytes (unsealed by the TPM when it is sealed).
-    func readDeviceSecret(tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> SecureBytes {
+    package func readDeviceSecret(tcti: String?, keyProtectors: any KeyProtectors) throws(KeychainError) -> SecureBytes
+    {
         switch try readDeviceSecretFile() {
         case .plain(let secret): return secret
         case .sealed(let blob, let pinned, let throughService):
-            return try KeychainTPM.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
+            return try keyProtectors.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
                 .unsealDeviceSecret(blob).secret
         }
     }

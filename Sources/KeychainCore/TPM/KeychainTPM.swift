@@ -3,54 +3,6 @@ import Synchronization
 import Glibc
 #endif
 
-/// How a keychain's device secret is kept (docs/SECURITY.md, "Keys sealed by
-/// the TPM"), as `status` and `.control` say it.
-public enum KeyProtection: String, Sendable, Equatable {
-    /// Sealed by a TPM 2.0: the files alone open nothing, and every
-    /// passcode guess goes through the TPM and its lockout.
-    case tpm2
-    /// Sealed by a TPM 2.0 that the keychainfs service reaches for a user
-    /// who cannot (docs/FORMAT.md, "The TPM through the service"): as ``tpm2``,
-    /// with every object and counter bound to the user's uid by the service.
-    case tpm2Service = "tpm2-service"
-    /// In a file of the keychain: a copy of the files can be guessed at
-    /// offline, at Argon2id's pace.
-    case file
-}
-
-extension KeyProtection {
-    /// Why no TPM answers at the default place (`/dev/tpmrm0`), for a
-    /// keychain kept in a file: none is there, or one is there that this
-    /// user cannot reach (Debian gives it to root and group tss, mode 0660),
-    /// which the service reaches for every user.
-    public static func whyNoTPM(device: String = "/dev/tpmrm0") -> String {
-        guard access(device, F_OK) == 0 else { return "this machine has none (\(device) is missing)" }
-        guard access(device, R_OK | W_OK) == 0 else {
-            return "this machine has one (\(device)), but you cannot reach it (only root and group tss can); "
-                + "ask root to add you to group tss, or ask root for the keychainfs service (`systemctl enable --now keychainfs.socket`), "
-                + "which seals keychains for every user"
-        }
-        return "\(device) does not answer"
-    }
-
-    /// Why a keychain sealed through the service was not sealed directly,
-    /// in a few words: the user reaches no TPM of their own.
-    public static func whyNotYours(device: String = "/dev/tpmrm0") -> String {
-        guard access(device, F_OK) == 0 else { return "you reach no TPM yourself (\(device) is missing)" }
-        return "you cannot reach \(device) yourself (only root and group tss can)"
-    }
-}
-
-/// What `init` (and `passcode --tpm`) does about a TPM.
-public enum TPMChoice: Sendable, Equatable {
-    /// Seal to the TPM when one answers, else keep the device secret in a file.
-    case whenPresent
-    /// Seal to the TPM; fail when none answers.
-    case required
-    /// Keep the device secret in a file (`--no-tpm`).
-    case declined
-}
-
 /// Keeps each person's share of the TPM's dictionary-attack budget: a try
 /// of a passcode (`attempt`) is refused once the person's wrong ones used
 /// it, and counted when wrong. The service's broker keeps them, for the
@@ -65,7 +17,7 @@ protocol GuessShares: Sendable {
 /// its failures in a keychain's terms. The TPM is used at boot, unlock,
 /// passcode changes and counter bumps only: each use opens its own
 /// connection, except within a boot (``sharingSession(tcti:_:)``).
-struct KeychainTPM: Sendable {
+struct KeychainTPM: KeyProtector {
     let tcti: String?
     /// The person whose share of the TPM's lockout a wrong passcode here
     /// uses (``GuessShares``), for the keychains the service holds for
@@ -99,9 +51,6 @@ struct KeychainTPM: Sendable {
     static func sealedBy(tcti: String?, storageKey: [UInt8]?, throughService: Bool) -> KeychainTPM {
         throughService ? KeychainTPM(throughServiceWith: storageKey) : KeychainTPM(tcti: tcti, storageKey: storageKey)
     }
-
-    /// How a keychain sealed by it says it.
-    var protection: KeyProtection { throughService ? .tpm2Service : .tpm2 }
 
     /// Set in the service's own process: it reaches the TPM itself or not
     /// at all, never through its own socket.
@@ -335,23 +284,17 @@ struct KeychainTPM: Sendable {
 
     // MARK: The rollback counter
 
-    /// NV indexes are tried at random in the owner's range of TCG's
-    /// registry of reserved handles (0x01800000–0x01BFFFFF), above the
-    /// subrange it assigned to systemd (0x01800400–0x018005FF), so that
-    /// keychains of several users coexist with each other and with systemd.
-    static let counterIndexes: ClosedRange<UInt32> = 0x0181_0000...0x01BF_FFFF
-
     /// Defines a new counter that only `auth` reads and increments, at a
     /// free index tried among `candidates` (nil: 16 at random in
-    /// ``counterIndexes``, so a taken one is passed over); returns it and its value.
-    func defineCounter(auth: SecureBytes, candidates: [UInt32]? = nil) throws(KeychainError)
+    /// ``KeyProtection/counterIndexes``, so a taken one is passed over); returns it and its value.
+    func defineCounter(auth: SecureBytes, candidates: [UInt32]?) throws(KeychainError)
         -> (counter: CounterReference, value: UInt64)
     {
         if throughService {
             let defined = try Self.askService(.tpmDefineCounter(auth: auth, candidates: candidates ?? []))
             return (CounterReference(index: defined.index, name: defined.name, auth: auth), defined.value)
         }
-        let indexes = candidates ?? (0..<16).map { _ in UInt32.random(in: Self.counterIndexes) }
+        let indexes = candidates ?? (0..<16).map { _ in UInt32.random(in: KeyProtection.counterIndexes) }
         return try use { tpm throws(TPMError) in
             for index in indexes {
                 do throws(TPMError) {
@@ -364,14 +307,6 @@ struct KeychainTPM: Sendable {
             }
             throw .indexTaken
         }
-    }
-
-    /// A new passcode binding counter of `key`, at the first free one of
-    /// its indexes (``PasscodeBindingKey/counterCandidates``).
-    func defineBindingCounter(of key: PasscodeBindingKey) throws(KeychainError)
-        -> (counter: CounterReference, value: UInt64)
-    {
-        try defineCounter(auth: key.counterAuth, candidates: key.counterCandidates)
     }
 
     /// The passcode binding counter of `key` the TPM holds at one of its
@@ -447,69 +382,6 @@ struct KeychainTPM: Sendable {
             Diagnostics.log(
                 "could not free the TPM NV index 0x\(String(counter.index, radix: 16)) of an older rollback counter: \(error)"
             )
-        }
-    }
-}
-
-/// The `device-secret` file: the 32 bytes themselves (file protection), or
-/// the device secret sealed by the TPM (``TrustedPlatformModule/seal(_:auth:guarded:)``):
-/// `"KCFSTPM2" | version u8 = 1 | blob` (docs/FORMAT.md, "Keys sealed by a TPM"), or
-/// `"KCFSTPM2" | version u8 = 2 | length u16 LE | storage key name | blob`,
-/// the name of the storage primary key it is sealed under, which every
-/// session is checked against before it is salted with that key; version
-/// 3, the same, sealed through the keychainfs service for its user
-/// (``KeychainTPM/throughService``).
-enum DeviceSecretFile {
-    case plain(SecureBytes)
-    case sealed([UInt8], storageKey: [UInt8]?, throughService: Bool)
-
-    static let magic = Array("KCFSTPM2".utf8)
-    static let unpinnedVersion: UInt8 = 1
-    static let version: UInt8 = 2
-    static let serviceVersion: UInt8 = 3
-    /// A sealed object's public and private parts are a few hundred bytes.
-    static let maximumSize = 4096
-
-    /// The file's contents for `blob` sealed under `storageKey`, as written to disk.
-    static func sealedContents(_ blob: [UInt8], storageKey: [UInt8], throughService: Bool = false)
-        throws(KeychainError) -> SecureBytes
-    {
-        try SecureBytes(encodeSealed(blob, storageKey: storageKey, throughService: throughService))
-    }
-
-    static func encodeSealed(_ blob: [UInt8], storageKey: [UInt8], throughService: Bool = false) -> [UInt8] {
-        var writer = ByteWriter()
-        writer.append(magic)
-        writer.append(throughService ? serviceVersion : version)
-        writer.append(UInt16(storageKey.count))
-        writer.append(storageKey)
-        writer.append(blob)
-        return writer.bytes
-    }
-
-    init(_ contents: SecureBytes) throws(KeychainError) {
-        if contents.count == Crypto.keySize {
-            self = .plain(contents)
-            return
-        }
-        var reader = ByteReader(contents.bytes())
-        do throws(KeychainError) {
-            guard try reader.read(Self.magic.count) == Self.magic else { throw .decode }
-            switch try reader.readByte() {
-            case Self.unpinnedVersion:
-                self = .sealed(try reader.read(reader.remaining), storageKey: nil, throughService: false)
-            case let version where version == Self.version || version == Self.serviceVersion:
-                let length = Int(try reader.readUInt16())
-                guard length > 0 else { throw .decode }
-                let name = try reader.read(length)
-                self = .sealed(
-                    try reader.read(reader.remaining), storageKey: name, throughService: version == Self.serviceVersion)
-            default: throw .decode
-            }
-            guard case .sealed(let blob, _, _) = self, !blob.isEmpty else { throw .decode }
-        } catch {
-            Diagnostics.log("the keychain's device secret is damaged")
-            throw .decode
         }
     }
 }

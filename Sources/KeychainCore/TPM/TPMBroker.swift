@@ -197,7 +197,7 @@ public final class TPMBroker: GuessShares, Sendable {
     /// default), each such read is a dictionary-attack failure of the
     /// machine's TPM that no share of the caller's counts.
     private func requireDefined(_ counter: TPMCounterHandle, by person: UInt32) throws(KeychainError) {
-        guard KeychainTPM.counterIndexes.contains(counter.index) else { throw .param }
+        guard KeyProtection.counterIndexes.contains(counter.index) else { throw .param }
         let defined = ledgers.withLock { _ in
             ledger(of: person).counters.contains { $0.index == counter.index && $0.name == counter.name }
         }
@@ -213,7 +213,7 @@ public final class TPMBroker: GuessShares, Sendable {
     ) throws(KeychainError) -> DeviceReply {
         // Only where keychains' counters go: never systemd's range, nor an index of the platform's.
         guard candidates.count <= Self.candidatesPerDefinition,
-            candidates.allSatisfy(KeychainTPM.counterIndexes.contains)
+            candidates.allSatisfy(KeyProtection.counterIndexes.contains)
         else { throw .param }
         return try ledgers.withLock { _ throws(KeychainError) -> DeviceReply in
             var ledger = ledger(of: person)

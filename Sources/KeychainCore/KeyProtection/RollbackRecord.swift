@@ -104,7 +104,7 @@ struct RollbackRecord: Equatable {
             name = try reader.read(length)
             guard reader.isAtEnd else { throw .decode }
         }
-        guard KeychainTPM.counterIndexes.contains(index) else { throw .decode }
+        guard KeyProtection.counterIndexes.contains(index) else { throw .decode }
     }
 
     /// The counter as the TPM is asked about it: this record's index and
@@ -115,7 +115,7 @@ struct RollbackRecord: Equatable {
 
     /// Checks the keychain's epoch against the TPM's counter, completing a
     /// bump that was committed but not yet counted.
-    func check(against tpm: KeychainTPM, secret: DeviceSecret) throws(KeychainError) {
+    func check(against tpm: any KeyProtector, secret: DeviceSecret) throws(KeychainError) {
         let counter = self.counter(secret: secret)
         let value = try tpm.value(of: counter)
         if epoch < value {

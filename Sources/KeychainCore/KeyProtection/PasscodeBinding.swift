@@ -72,7 +72,7 @@ struct PasscodeBinding: Equatable {
         name = try reader.read(length)
         rows = try reader.read(Crypto.macSize)
         policy = try reader.read(Crypto.macSize)
-        guard reader.isAtEnd, KeychainTPM.counterIndexes.contains(index) else { throw .decode }
+        guard reader.isAtEnd, KeyProtection.counterIndexes.contains(index) else { throw .decode }
     }
 
     /// The binding's counter as the TPM is asked about it.
@@ -88,15 +88,15 @@ struct PasscodeBinding: Equatable {
 /// The keys of a ``PasscodeBinding``, derived from the `afterFirstUnlock`
 /// class key (`crypto_kdf`, context `kcfspcb1`): 1 MACs the record, 2
 /// digests the rows and the policy, 3 is the auth of its TPM counter.
-struct PasscodeBindingKey: Sendable {
+package struct PasscodeBindingKey: Sendable {
     private let macKey: GuardedKey
     private let digestKey: GuardedKey
-    let counterAuth: SecureBytes
+    package let counterAuth: SecureBytes
     /// The indexes the binding's counter is defined at, the first free one:
-    /// 16 of ``KeychainTPM/counterIndexes`` that only this key gives. So
+    /// 16 of ``KeyProtection/counterIndexes`` that only this key gives. So
     /// the TPM itself says that a keychain was bound, where a copy from
     /// before has no record of it (``Device/keyPasscodeBinding(classKeys:passcode:upgrade:)``).
-    let counterCandidates: [UInt32]
+    package let counterCandidates: [UInt32]
 
     init(afterFirstUnlock classKey: GuardedKey) {
         macKey = GuardedKey(copying: classKey.withKey { Crypto.subkey(of: $0, id: 1, context: "kcfspcb1") })
@@ -105,7 +105,7 @@ struct PasscodeBindingKey: Sendable {
         let seed = [4, 5].flatMap { id in
             classKey.withKey { Crypto.subkey(of: $0, id: id, context: "kcfspcb1") }.withUnsafeBytes { Array($0) }
         }
-        let indexes = KeychainTPM.counterIndexes
+        let indexes = KeyProtection.counterIndexes
         let count = UInt32(indexes.count)
         counterCandidates = stride(from: 0, to: seed.count, by: 4).map { offset in
             let word = seed[offset..<offset + 4].reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
