@@ -3,12 +3,13 @@ import Glibc
 #endif
 
 /// The running device of a keychain, reached over its socket: the backend
-/// of a ``PasswordManager`` that is a client of a device process.
-final class DeviceConnection: Sendable {
+/// of a ``PasswordManager`` that is a client of a device process (the
+/// core's ``RemoteKeychain``).
+package final class DeviceConnection: RemoteKeychain {
     let socketPath: String
 
     /// The device holding the keychain at `keychain`, if one answers on its socket.
-    init?(keychain: KeychainDirectory) {
+    package init?(keychain: KeychainDirectory) {
         guard let socketPath = try? RuntimePaths.socketPath(for: keychain.path),
             DeviceClient.isServing(socketPath)
         else { return nil }
@@ -16,7 +17,7 @@ final class DeviceConnection: Sendable {
     }
 
     /// The device answering at `socketPath` (the service), if one does.
-    init?(socketPath: String) {
+    package init?(socketPath: String) {
         guard DeviceClient.isServing(socketPath) else { return nil }
         self.socketPath = socketPath
     }
@@ -28,6 +29,82 @@ final class DeviceConnection: Sendable {
         // nil: the device exited (its last mount went away) or stopped answering.
         guard let outcome = DeviceClient.send(call, to: socketPath) else { throw .io }
         return try outcome.get(orThrow: \.keychainError)
+    }
+}
+
+extension DeviceConnection {
+    package func lock() throws(KeychainError) { try call(.lock) }
+    package func unlock(passcode: SecureBytes?) throws(KeychainError) { try call(.unlock(passcode: passcode)) }
+    package func status() throws(KeychainError) -> DeviceStatus { try call(.status) }
+
+    package func set(
+        group: String, identifier: String, value: SecureBytes, protectionClass: ProtectionClass,
+        condition: PasswordManager.WriteCondition, details: ItemDetails?
+    ) throws(KeychainError) {
+        try call(
+            .set(
+                group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                condition: condition, details: details))
+    }
+
+    package func get(group: String, identifier: String) throws(KeychainError)
+        -> (value: SecureBytes, protectionClass: ProtectionClass)
+    {
+        let item = try call(.get(group: group, identifier: identifier))
+        return (item.value, item.protectionClass)
+    }
+
+    package func remove(group: String, identifier: String) throws(KeychainError) {
+        try call(.remove(group: group, identifier: identifier))
+    }
+
+    package func info(group: String, identifier: String) throws(KeychainError) -> ItemInfo {
+        try call(.info(group: group, identifier: identifier))
+    }
+
+    package func setClass(group: String, identifier: String, protectionClass: ProtectionClass)
+        throws(KeychainError)
+    {
+        try call(.setClass(group: group, identifier: identifier, protectionClass: protectionClass))
+    }
+
+    package func rename(group: String, from identifier: String, to newIdentifier: String, replacing: Bool)
+        throws(KeychainError)
+    {
+        try call(.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing))
+    }
+
+    package func details(group: String, identifier: String?) throws(KeychainError)
+        -> [(identifier: String, details: ItemDetails)]
+    {
+        try call(.details(group: group, identifier: identifier)).entries
+    }
+
+    package func setDetails(group: String, identifier: String, details: ItemDetails) throws(KeychainError) {
+        try call(.setDetails(group: group, identifier: identifier, details: details))
+    }
+
+    package func groups() throws(KeychainError) -> [String] { try call(.groups).groups }
+
+    package func items(inGroup group: String) throws(KeychainError) -> [(identifier: String, info: ItemInfo)] {
+        try call(.items(inGroup: group)).items.map { ($0.identifier, $0.info) }
+    }
+
+    package func createGroup(_ group: String) throws(KeychainError) { try call(.createGroup(group)) }
+    package func removeGroup(_ group: String) throws(KeychainError) { try call(.removeGroup(group)) }
+    package func sync() throws(KeychainError) { try call(.sync) }
+}
+
+extension PasswordManager {
+    /// This user's keychain in the keychainfs service (its socket:
+    /// `socketPath`, else ``ServicePaths/socket()``); the device there
+    /// decides every request from who this process is.
+    /// ``KeychainError/notAvailable`` when no service answers.
+    public static func openService(at socketPath: String? = nil) throws(KeychainError) -> PasswordManager {
+        guard let path = socketPath ?? ServicePaths.socket(), let connection = DeviceConnection(socketPath: path) else {
+            throw .notAvailable
+        }
+        return PasswordManager(remote: connection)
     }
 }
 
