@@ -109,7 +109,7 @@ extension AuditLog {
 
         /// From a verifyLog reply's fields; a device that sends no rotation
         /// figures (an older build) is read as having rotated nothing away.
-        init?(parsing fields: [String]) {
+        package init?(parsing fields: [String]) {
             guard let lines = fields.first.flatMap({ Int($0) }) else { return nil }
             if fields.count >= 3, let rotated = UInt64(fields[1]) {
                 self.init(

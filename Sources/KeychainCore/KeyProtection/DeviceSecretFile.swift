@@ -6,7 +6,7 @@
 /// session is checked against before it is salted with that key; version
 /// 3, the same, sealed through the keychainfs service for its user
 /// (``KeyProtector/throughService``).
-enum DeviceSecretFile {
+package enum DeviceSecretFile {
     case plain(SecureBytes)
     case sealed([UInt8], storageKey: [UInt8]?, throughService: Bool)
 
@@ -18,7 +18,7 @@ enum DeviceSecretFile {
     static let maximumSize = 4096
 
     /// The file's contents for `blob` sealed under `storageKey`, as written to disk.
-    static func sealedContents(_ blob: [UInt8], storageKey: [UInt8], throughService: Bool = false)
+    package static func sealedContents(_ blob: [UInt8], storageKey: [UInt8], throughService: Bool = false)
         throws(KeychainError) -> SecureBytes
     {
         try SecureBytes(encodeSealed(blob, storageKey: storageKey, throughService: throughService))

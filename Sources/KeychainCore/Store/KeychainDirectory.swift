@@ -103,7 +103,7 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// Writes `contents` to `path` (mode 0600) under a temporary name,
     /// synced, and renames it into place, durably (a power loss must not
     /// bring back the file from before a move to the TPM).
-    static func writePrivateFile(_ contents: SecureBytes, at path: String) throws(KeychainError) {
+    package static func writePrivateFile(_ contents: SecureBytes, at path: String) throws(KeychainError) {
         let temporary = path + ".new"
         unlink(temporary)
         guard let fd = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)) else {
@@ -141,7 +141,7 @@ public struct KeychainDirectory: Sendable, Equatable {
 
     /// A file in the device-secret file's format (``DeviceSecretFile``):
     /// the device secret, or the TPM lockout auth (``TPMLockoutHierarchy``).
-    static func readSealedFile(at path: String) throws(KeychainError) -> DeviceSecretFile {
+    package static func readSealedFile(at path: String) throws(KeychainError) -> DeviceSecretFile {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else {
             Diagnostics.log("\(path) is missing")
             throw Errno.current.rawValue == ENOENT ? .decode : .io
