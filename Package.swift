@@ -7,7 +7,7 @@ let package = Package(
     products: [
         // The library: the core, the device's wire protocol (a client of a
         // running device) and the TPM adapter (a device booted here); its
-        // users import KeychainTPM for PasswordManager.open (docs/LIBRARY.md).
+        // users import KeychainTPM for PasswordManager.open (README.md, "The Swift library").
         .library(name: "KeychainCore", targets: ["KeychainCore", "KeychainProtocol", "KeychainTPM"]),
         .executable(name: "keychainfs", targets: ["keychainfs"])
     ],
@@ -29,7 +29,7 @@ let package = Package(
         .systemLibrary(name: "CTSS", providers: [.apt(["libtss2-dev"])]),
         // The keychain: its model, store, crypto, device and consent. It knows
         // no wire and no TPM: what it needs of them it names as protocols
-        // (KeyProtector, RemoteKeychain) that the targets above implement.
+        // (KeyProtector, RemoteKeychain) that KeychainTPM and KeychainProtocol implement.
         .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite"]),
         // The device's wire protocol (docs/PROTOCOL.md): requests, replies, the
         // socket and DeviceConnection (the core's RemoteKeychain). Uses the core.

@@ -5,7 +5,7 @@ import Synchronization
 import Glibc
 #endif
 
-// The library's calls that open a keychain (docs/LIBRARY.md): through its
+// The library's calls that open a keychain (README.md, "The Swift library"): through its
 // running device over the wire protocol (KeychainProtocol's
 // ``DeviceConnection``, the core's ``RemoteKeychain``), else a device booted
 // in this process with this machine's TPM (``TPMKeyProtectors``). Here, the
