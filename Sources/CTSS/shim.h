@@ -11,7 +11,7 @@
 // Swift calls the CTSS_ functions below: tpm2-tss's own declarations
 // (types and prototypes from its headers), addresses from dlsym, and
 // nothing else: the objects, templates and blobs are built in Swift
-// (KeychainCore/TPM/TPMObjects.swift; docs/CONTRIBUTING.md,
+// (KeychainTPM/TPMObjects.swift; docs/CONTRIBUTING.md,
 // "Where a new piece goes").
 #include <dlfcn.h>
 #include <stddef.h>

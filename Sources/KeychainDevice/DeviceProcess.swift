@@ -1,5 +1,6 @@
 internal import CLinux
 import KeychainCore
+import KeychainProtocol
 import KeychainFS
 import SecretService
 import Synchronization

@@ -1,5 +1,7 @@
 internal import CLinux
 import KeychainCore
+import KeychainProtocol
+import KeychainTPM
 import KeychainFS
 import KeychainSync
 import SecretService

@@ -1,4 +1,6 @@
 import KeychainCore
+import KeychainProtocol
+import KeychainTPM
 import KeychainFS
 import Synchronization
 #if canImport(Glibc)

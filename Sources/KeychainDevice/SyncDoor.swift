@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 import KeychainSync
 #if canImport(Glibc)
 import Glibc

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 
 /// What the object a request was about is, as an error names it.
 enum BusErrorSubject: Equatable, Sendable {

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 import Synchronization
 
 /// libsecret's `session` collection (`SECRET_COLLECTION_SESSION`, alias

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 import Synchronization
 #if canImport(Glibc)
 import Glibc

@@ -6,6 +6,8 @@ import Glibc
 #if DEBUG
 internal import CFuse
 @testable import KeychainCore
+@testable import KeychainProtocol
+@testable import KeychainTPM
 @testable import KeychainFS
 @testable import SecretService
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import KeychainCore
+import KeychainProtocol
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,5 +1,7 @@
 import ArgumentParser
 import KeychainCore
+import KeychainProtocol
+import KeychainTPM
 import KeychainDevice
 import KeychainFS
 import CLinux

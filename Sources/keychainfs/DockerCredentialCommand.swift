@@ -2,6 +2,7 @@ import ArgumentParser
 import FoundationEssentials
 import Glibc
 import KeychainCore
+import KeychainProtocol
 import KeychainDevice
 import KeychainFS
 

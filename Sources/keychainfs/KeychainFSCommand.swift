@@ -1,5 +1,6 @@
 import ArgumentParser
 import KeychainCore
+import KeychainProtocol
 import CLinux
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,6 @@
 import ArgumentParser
 import KeychainCore
+import KeychainTPM
 import KeychainDevice
 import KeychainFS
 #if canImport(Glibc)

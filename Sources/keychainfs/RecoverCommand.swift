@@ -1,5 +1,6 @@
 import ArgumentParser
 import KeychainCore
+import KeychainTPM
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,5 +1,6 @@
 import ArgumentParser
 import KeychainCore
+import KeychainProtocol
 import KeychainDevice
 import KeychainFS
 #if canImport(Glibc)

@@ -1,5 +1,7 @@
 import ArgumentParser
 import KeychainCore
+import KeychainProtocol
+import KeychainTPM
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 import Foundation
 import KeychainFS
 import Testing

@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 @testable import KeychainCore
+@testable import KeychainTPM
 
 /// The audit log's chain: what is recorded, and that editing, removing,
 /// reordering or cutting lines is found, across rotations and restarts.

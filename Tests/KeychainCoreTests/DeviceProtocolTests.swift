@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 @testable import KeychainCore
+@testable import KeychainProtocol
 
 /// Every request and reply of the device's protocol survives its frame:
 /// what a client sends is what the device reads, field for field, and the

@@ -4,6 +4,7 @@ import Glibc
 import TestSupport
 import Testing
 @testable import KeychainCore
+@testable import KeychainTPM
 
 @Suite struct DeviceTests {
     @Test func deviceBootsLockedBeforeFirstUnlock() throws {

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import KeychainCore
+@testable import KeychainTPM
 
 /// A keychain written by each on-disk format version, committed with its
 /// passcode: every later version must still open them and read every item

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import KeychainCore
+@testable import KeychainTPM
 
 /// After `lock`, nothing derived from the passcode and no key of a locked
 /// class may remain anywhere in the process: heap, stacks of live and exited

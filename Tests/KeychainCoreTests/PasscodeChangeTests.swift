@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import KeychainCore
+@testable import KeychainProtocol
 
 @Suite struct PasscodeChangeTests {
     @Test func theNewPasscodeUnlocksTheOldOneNoLongerDoesAndItemsStay() throws {

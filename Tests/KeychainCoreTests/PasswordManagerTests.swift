@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 @testable import KeychainCore
+@testable import KeychainTPM
 
 @Suite struct PasswordManagerTests {
     func unlockedManager(_ keychain: TemporaryKeychain) throws -> PasswordManager {

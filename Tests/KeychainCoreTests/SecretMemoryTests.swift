@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 import Testing
 @testable import KeychainCore
+@testable import KeychainProtocol
 
 @Suite struct SecretMemoryTests {
     @Test func releasedSlotsAreWipedBeforeReuse() throws {

@@ -3,6 +3,7 @@ import Synchronization
 import TestSupport
 import Testing
 @testable import KeychainCore
+@testable import KeychainTPM
 
 /// A keychain in a fresh temporary directory, removed when the test ends.
 final class TemporaryKeychain: @unchecked Sendable {

@@ -1,6 +1,7 @@
 import Glibc
 import Testing
 @testable import KeychainCore
+@testable import KeychainTPM
 
 /// Stored bytes that were altered give `decode`, never wrong data (gocryptfs
 /// doRead). Changes to a row's identity (group, identifier, class,

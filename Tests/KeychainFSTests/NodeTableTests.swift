@@ -1,6 +1,7 @@
 import Foundation
 @testable import KeychainFS
 import KeychainCore
+import KeychainTPM
 import Synchronization
 import TestSupport
 import Testing

@@ -3,6 +3,7 @@ import Synchronization
 import TestSupport
 import Testing
 @testable import KeychainCore
+@testable import KeychainTPM
 @testable import KeychainSync
 
 /// One device of a circle, in this process: a keychain in a temporary

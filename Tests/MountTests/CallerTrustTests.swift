@@ -1,5 +1,6 @@
 import Foundation
 import KeychainCore
+import KeychainProtocol
 import Testing
 import TestSupport
 

@@ -1,5 +1,6 @@
 import Foundation
 import KeychainCore
+import KeychainTPM
 import Testing
 import TestSupport
 

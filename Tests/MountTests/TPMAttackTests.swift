@@ -1,5 +1,6 @@
 import Foundation
 @testable import KeychainCore
+@testable import KeychainTPM
 import Testing
 import TestSupport
 

@@ -1,5 +1,7 @@
 import Foundation
 @testable import KeychainCore
+@testable import KeychainProtocol
+@testable import KeychainTPM
 import Synchronization
 import Testing
 import TestSupport

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 import Synchronization
 @testable import SecretService
 #if canImport(Glibc)

@@ -1,5 +1,6 @@
 import Foundation
 import KeychainCore
+import KeychainProtocol
 import Synchronization
 import Testing
 import TestSupport

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 import Synchronization
 import Testing
 @testable import SecretService

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainProtocol
 import Testing
 @testable import SecretService
 

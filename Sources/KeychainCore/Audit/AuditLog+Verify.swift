@@ -7,9 +7,13 @@ extension AuditLog {
     /// Checks the chain of `directory`'s audit log (the rotated file first,
     /// then the current one) and that it reaches the newest line the
     /// keychain recorded. Returns the lines checked and the problems found
-    /// (none: intact). Needs the device secret, not the passcode.
-    public static func verify(directory: KeychainDirectory) throws(KeychainError) -> VerifyReport {
-        let (secret, _) = try directory.openDeviceSecret(tcti: TrustedPlatformModule.configuredTCTI)
+    /// (none: intact). Needs the device secret, not the passcode (unsealed
+    /// through `keyProtectors`). The KeychainTPM target's `verify(directory:)` is the public one.
+    package static func verify(directory: KeychainDirectory, keyProtectors: any KeyProtectors) throws(KeychainError)
+        -> VerifyReport
+    {
+        let (secret, _) = try directory.openDeviceSecret(
+            tcti: KeyProtection.configuredTCTI, keyProtectors: keyProtectors)
         let anchor = try storedAnchor(directory: directory, secret: secret)
         let chainKey = Crypto.KeyedHash(key: secret.auditKey.pointer.assumingMemoryBound(to: UInt8.self))
         var problems: [String] = []
@@ -82,7 +86,7 @@ extension AuditLog {
             rotatedAway: (oldest?.sequence ?? 1) - 1, keptSince: oldest?.value("time"))
     }
 
-    /// What ``verify(directory:)`` found.
+    /// What ``verify(directory:keyProtectors:)`` found.
     public struct VerifyReport: Sendable {
         /// The lines checked.
         public var lines: Int
@@ -105,7 +109,7 @@ extension AuditLog {
 
         /// From a verifyLog reply's fields; a device that sends no rotation
         /// figures (an older build) is read as having rotated nothing away.
-        init?(parsing fields: [String]) {
+        package init?(parsing fields: [String]) {
             guard let lines = fields.first.flatMap({ Int($0) }) else { return nil }
             if fields.count >= 3, let rotated = UInt64(fields[1]) {
                 self.init(

@@ -4,7 +4,7 @@ internal import CSodium
 /// The per-device secret: 32 random bytes in the keychain directory that never
 /// leave this machine (backups exclude it). Every class key is wrapped under a
 /// key derived from it, so a copy of the database without it opens nothing.
-struct DeviceSecret: Sendable {
+package struct DeviceSecret: Sendable {
     /// Wraps the `always` class keys; combined with the passcode for the others.
     let wrapKey: GuardedKey
     /// Authenticates the keybag, lockout and item-set state records.
@@ -182,7 +182,7 @@ struct Keybag {
     /// keys of the passcode classes too (for a recovery record).
     static func create(
         secret: DeviceSecret, passcode: SecureBytes?, kdf: KDFParameters,
-        tpm: KeychainTPM? = nil
+        tpm: (any KeyProtector)? = nil
     ) throws(KeychainError) -> (Keybag, [ProtectionClass: GuardedKey]) {
         var bag = Keybag(hasPasscode: passcode != nil, kdf: kdf, salt: [])
         let passcodeKey = try bag.enroll(secret: secret, passcode: passcode, tpm: tpm, bound: true)
@@ -201,7 +201,7 @@ struct Keybag {
     /// when `bound` says so, as long as a passcode and a TPM remain.
     func rewrapped(
         secret: DeviceSecret, classKeys: [ProtectionClass: GuardedKey], newPasscode: SecureBytes?,
-        sealingTPM: KeychainTPM?, bound: Bool? = nil
+        sealingTPM: (any KeyProtector)?, bound: Bool? = nil
     ) throws(KeychainError) -> Keybag {
         var bag = self
         let newKey = try bag.enroll(
@@ -219,7 +219,7 @@ struct Keybag {
     /// The keys of the passcode classes, given the passcode.
     func unwrapPasscodeClasses(
         secret: DeviceSecret, passcode: SecureBytes?,
-        tpm: KeychainTPM?
+        tpm: (any KeyProtector)?
     ) throws(KeychainError) -> [ProtectionClass: GuardedKey] {
         let passcodeKey = try passcodeKey(secret: secret, passcode: passcode, tpm: tpm)
         var keys: [ProtectionClass: GuardedKey] = [:]
@@ -232,7 +232,7 @@ struct Keybag {
     /// Sets this keybag up for `passcode` (nil: none): a fresh salt and, with
     /// `tpm`, a fresh TPM object; returns the passcode KEK. `bound`: kept
     /// with a ``PasscodeBinding``, which only a passcode sealed by a TPM has.
-    private mutating func enroll(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?, bound: Bool)
+    private mutating func enroll(secret: DeviceSecret, passcode: SecureBytes?, tpm: (any KeyProtector)?, bound: Bool)
         throws(KeychainError) -> GuardedKey
     {
         formatVersion = Keybag.version
@@ -290,7 +290,7 @@ struct Keybag {
     /// wrong one is ``KeychainError/authFailed``, counted by the TPM). Tied
     /// to this device, so the passcode cannot be brute-forced from the
     /// database alone, nor, with a TPM, from every file of the keychain.
-    func passcodeKey(secret: DeviceSecret, passcode: SecureBytes?, tpm: KeychainTPM?) throws(KeychainError)
+    func passcodeKey(secret: DeviceSecret, passcode: SecureBytes?, tpm: (any KeyProtector)?) throws(KeychainError)
         -> GuardedKey
     {
         let stretched: SecureBytes

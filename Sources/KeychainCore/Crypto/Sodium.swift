@@ -1,10 +1,10 @@
 internal import CSodium
 
 /// libsodium's one-time initialisation.
-enum Sodium {
+package enum Sodium {
     private static let initialized: Bool = sodium_init() >= 0
 
-    static func ensureInitialized() {
+    package static func ensureInitialized() {
         precondition(initialized, "libsodium failed to initialise")
     }
 }

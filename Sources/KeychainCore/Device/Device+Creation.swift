@@ -6,31 +6,22 @@ import Glibc
 extension Device {
     /// Creates a new keychain at `directory`: device secret, class keys, empty store.
     /// `passcode` nil creates one whose `unlock` needs no passcode. With a
-    /// TPM (`tpm`, at `tcti`), the device secret is sealed by it, the
-    /// passcode entangled with it and a rollback counter defined: the
-    /// recovery key is returned, to be shown once (nil: kept in a file).
-    @discardableResult
-    public static func createKeychain(
-        at directory: KeychainDirectory, passcode: SecureBytes?,
-        kdf: KDFParameters = .interactive, tpm choice: TPMChoice = .whenPresent,
-        tcti: String? = TrustedPlatformModule.configuredTCTI
-    ) throws(KeychainError) -> RecoveryKey? {
-        try createKeychain(at: directory, passcode: passcode, kdf: kdf, tpm: choice, tcti: tcti, counterIndexes: nil)
-    }
-
-    /// ``createKeychain(at:passcode:kdf:tpm:tcti:)`` with the NV indexes its
-    /// rollback counter may take (nil: chosen at random): for the test of an
-    /// index that is taken.
+    /// TPM (`tpm`, at `tcti`, found through `keyProtectors`), the device
+    /// secret is sealed by it, the passcode entangled with it and a rollback
+    /// counter defined: the recovery key is returned, to be shown once (nil:
+    /// kept in a file). `counterIndexes`: the NV indexes its rollback counter
+    /// may take (nil: chosen at random), for the test of an index that is taken.
+    /// The KeychainTPM target's `createKeychain(at:passcode:kdf:tpm:tcti:)` is the public one.
     @discardableResult
     package static func createKeychain(
         at directory: KeychainDirectory, passcode: SecureBytes?, kdf: KDFParameters,
         tpm choice: TPMChoice, tcti: String?,
-        counterIndexes: [UInt32]?
+        counterIndexes: [UInt32]?, keyProtectors: any KeyProtectors
     ) throws(KeychainError) -> RecoveryKey? {
         Sodium.ensureInitialized()
         if let passcode, passcode.count == 0 { throw .param }
         if directory.exists { throw .duplicateKeychain }
-        var tpm = try KeychainTPM.chosen(choice, tcti: tcti)
+        var tpm = try keyProtectors.chosen(choice, tcti: tcti)
         try directory.prepareForCreation()
         let secretBytes = SecureBytes.random(count: Crypto.keySize)
         let secret = DeviceSecret(secret: secretBytes)

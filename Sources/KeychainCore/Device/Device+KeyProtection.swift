@@ -144,8 +144,8 @@ public struct KeyProtectionStatus: Sendable, Equatable {
         switch (protection, tcti) {
         case (.tpm2Service, _):
             return "the keychainfs service's, which reaches this machine's TPM for you (\(KeyProtection.whyNotYours()))"
-        case (_, TrustedPlatformModule.machineTCTI?), (_, nil):
-            return "\(TrustedPlatformModule.machineTCTI) (this machine's, through the kernel's resource manager)"
+        case (_, KeyProtection.machineTCTI?), (_, nil):
+            return "\(KeyProtection.machineTCTI) (this machine's, through the kernel's resource manager)"
         case (_, let named?):
             return "\(named) (named by $TPM2TOOLS_TCTI where the device started, not this machine's /dev/tpmrm0)"
         }
@@ -177,8 +177,8 @@ extension Device {
     /// keychain gets a counter of its own (``upgradeCounter(_:secret:from:tpm:)``).
     static func checkRollback(
         _ directory: KeychainDirectory, store: ItemStore, secret: DeviceSecret,
-        sealedBy: KeychainTPM?, tcti: String?
-    ) throws(KeychainError) -> (KeychainTPM?, CounterReference?) {
+        sealedBy: (any KeyProtector)?, tcti: String?, keyProtectors: any KeyProtectors
+    ) throws(KeychainError) -> ((any KeyProtector)?, CounterReference?) {
         guard let raw = try store.metadata(RollbackRecord.recordKey) else {
             guard sealedBy == nil else {
                 Diagnostics.log("the keychain is sealed by a TPM, but its rollback record is missing")
@@ -187,13 +187,13 @@ extension Device {
             return (nil, nil)
         }
         let record = try decodeRollbackRecord(raw, secret: secret)
-        var tpm = sealedBy ?? KeychainTPM(tcti: tcti)
+        var tpm = sealedBy ?? keyProtectors.protector(tcti: tcti)
         try record.check(against: tpm, secret: secret)
         secret.epoch.state = (record.epoch, !record.isLegacy)
         if sealedBy == nil {
             // A move to the TPM committed in the database before its
             // device-secret file was replaced: finish it.
-            let plain = try directory.readDeviceSecret(tcti: tcti)
+            let plain = try directory.readDeviceSecret(tcti: tcti, keyProtectors: keyProtectors)
             let sealed = try tpm.sealDeviceSecret(plain)
             try directory.writeDeviceSecret(sealed.file)
             tpm.storageKey = sealed.storageKey
@@ -217,7 +217,9 @@ extension Device {
     /// it, in one transaction from `record`'s epoch. The old counter is then
     /// moved on once, so that every copy from before is behind it even where it
     /// cannot be freed, and freed. Returns the new counter.
-    static func upgradeCounter(_ store: ItemStore, secret: DeviceSecret, from record: RollbackRecord, tpm: KeychainTPM)
+    static func upgradeCounter(
+        _ store: ItemStore, secret: DeviceSecret, from record: RollbackRecord, tpm: any KeyProtector
+    )
         throws(KeychainError) -> CounterReference
     {
         let (counter, value) = try tpm.defineCounter(auth: secret.counterAuth)
@@ -249,7 +251,7 @@ extension Device {
             tpmRecoverySeconds: lockout?.recoverySeconds, tpmLockoutAuthSet: lockout?.lockoutAuthSet,
             rollbackCounter: secret.epoch.value, tpmFailuresExpected: seen?.fewestFailures(at: clock()),
             passcodeBound: keybag.hasPasscode ? keybag.isPasscodeBound : nil,
-            tcti: tpm.throughService ? nil : tpm.tcti ?? TrustedPlatformModule.machineTCTI)
+            tcti: tpm.throughService ? nil : tpm.tcti ?? KeyProtection.machineTCTI)
     }
 
     // MARK: The rollback counter
@@ -347,17 +349,19 @@ extension Device {
     /// the TPM at `tcti` with `newPasscode` (nil: none), or keeps it in a
     /// file when `choice` is ``TPMChoice/declined`` (or no TPM answers and it
     /// is ``TPMChoice/whenPresent``). No device may hold the keychain. Then
-    /// the keychain is made anew with new keys (``rekey(at:passcode:tpm:tcti:)``):
+    /// the keychain is made anew with new keys (``rekey(at:passcode:tpm:tcti:keyProtectors:)``):
     /// returns its new recovery key (nil: kept in a file); the old one opens
     /// nothing of it. ``KeychainError/authFailed``: not this keychain's recovery key.
-    public static func recover(
+    /// The KeychainTPM target's `recover(at:recoveryKey:newPasscode:tpm:kdf:tcti:)` is the public one.
+    package static func recover(
         at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
-        tpm choice: TPMChoice = .whenPresent, kdf: KDFParameters = .interactive,
-        tcti: String? = TrustedPlatformModule.configuredTCTI
+        tpm choice: TPMChoice, kdf: KDFParameters, tcti: String?, keyProtectors: any KeyProtectors
     ) throws(KeychainError) -> RecoveryKey? {
-        try reseal(at: directory, recoveryKey: recoveryKey, newPasscode: newPasscode, tpm: choice, kdf: kdf, tcti: tcti)
+        try reseal(
+            at: directory, recoveryKey: recoveryKey, newPasscode: newPasscode, tpm: choice, kdf: kdf, tcti: tcti,
+            keyProtectors: keyProtectors)
         try recordInLog(
-            directory, tcti: tcti,
+            directory, tcti: tcti, keyProtectors: keyProtectors,
             AuditEvent(
                 operation: "recover", result: "ok", subject: nil,
                 detail: "with the recovery key"))
@@ -366,22 +370,24 @@ extension Device {
         // copy of the files from before (on the old machine, with its TPM and
         // the old passcode) opens nothing written from now on.
         let sealed = try directory.keyProtection() != .file
-        return try rekey(at: directory, passcode: newPasscode, tpm: sealed ? .required : .declined, tcti: tcti)
+        return try rekey(
+            at: directory, passcode: newPasscode, tpm: sealed ? .required : .declined, tcti: tcti,
+            keyProtectors: keyProtectors)
     }
 
     /// Records what a change made without a device did, through a device
     /// booted on the result (which checks it whole, as any boot does).
-    private static func recordInLog(_ directory: KeychainDirectory, tcti: String?, _ event: AuditEvent)
-        throws(KeychainError)
-    {
-        let device = try Device(directory: directory, tcti: tcti)
+    private static func recordInLog(
+        _ directory: KeychainDirectory, tcti: String?, keyProtectors: any KeyProtectors, _ event: AuditEvent
+    ) throws(KeychainError) {
+        let device = try Device(directory: directory, tcti: tcti, keyProtectors: keyProtectors)
         device.audit.record(event)
         device.shutDown()
     }
 
     private static func reseal(
         at directory: KeychainDirectory, recoveryKey: RecoveryKey, newPasscode: SecureBytes?,
-        tpm choice: TPMChoice, kdf: KDFParameters, tcti: String?
+        tpm choice: TPMChoice, kdf: KDFParameters, tcti: String?, keyProtectors: any KeyProtectors
     ) throws(KeychainError) {
         Sodium.ensureInitialized()
         if let newPasscode, newPasscode.count == 0 { throw .param }
@@ -403,7 +409,7 @@ extension Device {
         secret.epoch.state = (oldEpoch, !(oldRecord?.isLegacy ?? false))
         try verifyRecoveryBinding(recoveryRecord, secret: secret)
         let records = try BootRecords(store: store, secret: secret)
-        var tpm = try KeychainTPM.chosen(choice, tcti: tcti)
+        var tpm = try keyProtectors.chosen(choice, tcti: tcti)
         let file: SecureBytes
         if let chosen = tpm {
             let sealed = try chosen.sealDeviceSecret(plain)
@@ -465,7 +471,7 @@ extension Device {
         // was made (recovered on the same TPM: a forgotten passcode). One
         // recorded without a name is left: after a TPM clear its index may
         // be another program's now.
-        if let oldRecord, !oldRecord.isLegacy, let tpm = tpm ?? KeychainTPM.present(tcti: tcti) {
+        if let oldRecord, !oldRecord.isLegacy, let tpm = tpm ?? keyProtectors.present(tcti: tcti) {
             tpm.release(oldRecord.counter(secret: secret))
             oldBindingCounter.map(tpm.release)
         }
@@ -489,13 +495,14 @@ extension Device {
     /// TPM's current counter, so that it boots. Needs the passcode, checked
     /// through the TPM (counted by its lockout). No device may hold it.
     /// ``KeychainError/badRequest`` when the keychain is not behind its counter.
-    public static func acceptRollback(
-        at directory: KeychainDirectory, passcode: SecureBytes?,
-        tcti: String? = TrustedPlatformModule.configuredTCTI
+    /// The KeychainTPM target's `acceptRollback(at:passcode:tcti:)` is the public one.
+    package static func acceptRollback(
+        at directory: KeychainDirectory, passcode: SecureBytes?, tcti: String?, keyProtectors: any KeyProtectors
     ) throws(KeychainError) {
-        let (from, to) = try rebindToCounter(at: directory, passcode: passcode, tcti: tcti)
+        let (from, to) = try rebindToCounter(
+            at: directory, passcode: passcode, tcti: tcti, keyProtectors: keyProtectors)
         try recordInLog(
-            directory, tcti: tcti,
+            directory, tcti: tcti, keyProtectors: keyProtectors,
             AuditEvent(
                 operation: "accept-rollback", result: "ok", subject: nil,
                 detail: "state of counter \(from) accepted at \(to)"))
@@ -503,13 +510,13 @@ extension Device {
 
     private static func rebindToCounter(
         at directory: KeychainDirectory, passcode: SecureBytes?,
-        tcti: String?
+        tcti: String?, keyProtectors: any KeyProtectors
     ) throws(KeychainError) -> (UInt64, UInt64) {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
         let lock = try takeKeychainLock(directory)
         defer { extendLifetime(lock) }  // the keychain stays locked to here
-        let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
+        let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti, keyProtectors: keyProtectors)
         guard let tpm = sealedBy else { throw .badRequest }
         let store = try ItemStore(path: directory.databasePath, create: false, state: ItemSetState(secret: secret))
         guard let raw = try store.metadata(RollbackRecord.recordKey) else { throw .decode }
@@ -583,15 +590,10 @@ enum RawMetadata {
 extension Device {
     /// Makes this keychain's wrong passcodes use `person`'s share of the
     /// TPM's lockout, kept by the service's broker with the per-user
-    /// devices' (``KeychainTPM/guessShares``): the service holds every
+    /// devices' (KeychainTPM's `guessShares`): the service holds every
     /// user's keychain, and their guesses unsealed outside any share, so that
     /// three wrong passcodes of one user locked the TPM for everyone.
     package func countTPMGuesses(as person: UInt32) {
         sealingTPM.withLock { $0?.person = person }
-    }
-
-    /// Who keeps the people's shares of the TPM in this process (the service's broker).
-    package static func keepTPMGuessShares(with broker: TPMBroker) {
-        KeychainTPM.guessShares.withLock { $0 = broker }
     }
 }

@@ -62,7 +62,9 @@ extension Device {
     /// record's is (``RollbackRecord/check(against:secret:)``): behind it
     /// is an older copy re-signed; one ahead, a bump interrupted before the
     /// increment, which this completes.
-    static func check(_ record: PasscodeBinding, key: PasscodeBindingKey, on tpm: KeychainTPM) throws(KeychainError) {
+    static func check(_ record: PasscodeBinding, key: PasscodeBindingKey, on tpm: any KeyProtector)
+        throws(KeychainError)
+    {
         let counter = record.counter(key: key)
         let value = try tpm.value(of: counter)
         if record.value < value {
@@ -106,7 +108,7 @@ extension Device {
     /// Moves the binding's counter when the binding changed since it last
     /// moved, in the order of a bump (commit, then increment). Called by
     /// ``bumpRollbackCounter(_:)`` under ``boundWrites``.
-    func moveBindingCounter(on tpm: KeychainTPM) throws(KeychainError) {
+    func moveBindingCounter(on tpm: any KeyProtector) throws(KeychainError) {
         guard store.binding.withLock({ $0.changed }), let (current, key) = try store.currentBinding() else { return }
         let counter = current.counter(key: key)
         var counted = try tpm.value(of: counter)

@@ -23,15 +23,18 @@ extension Device {
     /// keychain is returned, to be shown once. Needs the passcode (a wrong
     /// one is a failed attempt like a wrong unlock). No device may hold it
     /// (``KeychainError/keychainInUse``); one sealed already is
-    /// ``KeychainError/duplicateKeychain``.
-    public static func moveToTPM(
-        at directory: KeychainDirectory, passcode: SecureBytes?,
-        tcti: String? = TrustedPlatformModule.configuredTCTI
+    /// ``KeychainError/duplicateKeychain``. The KeychainTPM target's
+    /// `moveToTPM(at:passcode:tcti:)` is the public one.
+    package static func moveToTPM(
+        at directory: KeychainDirectory, passcode: SecureBytes?, tcti: String?, keyProtectors: any KeyProtectors
     ) throws(KeychainError) -> RecoveryKey {
         guard try directory.keyProtection() == .file else { throw .duplicateKeychain }
         // Directly, or through the service for a user who cannot reach the TPM.
-        _ = try KeychainTPM.chosen(.required, tcti: tcti)
-        guard let recovery = try rekey(at: directory, passcode: passcode, tpm: .required, tcti: tcti) else {
+        _ = try keyProtectors.chosen(.required, tcti: tcti)
+        guard
+            let recovery = try rekey(
+                at: directory, passcode: passcode, tpm: .required, tcti: tcti, keyProtectors: keyProtectors)
+        else {
             throw .tpmUnavailable
         }
         return recovery
@@ -40,10 +43,11 @@ extension Device {
     /// Makes the keychain at `directory` anew with new keys, protected as
     /// `choice` says, with everything it holds (opened with `passcode`):
     /// returns the new recovery key (nil: kept in a file).
-    static func rekey(at directory: KeychainDirectory, passcode: SecureBytes?, tpm choice: TPMChoice, tcti: String?)
-        throws(KeychainError) -> RecoveryKey?
-    {
-        let old = try Device(directory: directory, tcti: tcti)
+    static func rekey(
+        at directory: KeychainDirectory, passcode: SecureBytes?, tpm choice: TPMChoice, tcti: String?,
+        keyProtectors: any KeyProtectors
+    ) throws(KeychainError) -> RecoveryKey? {
+        let old = try Device(directory: directory, tcti: tcti, keyProtectors: keyProtectors)
         let recovery: RecoveryKey?
         do throws(KeychainError) {
             try old.unlock(passcode: passcode)
@@ -73,12 +77,13 @@ extension Device {
         let target = KeychainDirectory(path: Self.rekeyPath(directory))
         Self.destroyKeychainFiles(at: target.path)
         let recovery = try Device.createKeychain(
-            at: target, passcode: passcode, kdf: keybag.kdf, tpm: choice, tcti: tcti)
+            at: target, passcode: passcode, kdf: keybag.kdf, tpm: choice, tcti: tcti, counterIndexes: nil,
+            keyProtectors: keyProtectors)
         guard
             FileDescriptor(open(target.path + "/" + Self.unfinishedMarker, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600))
                 != nil
         else { throw fileFailure("create", target.path + "/" + Self.unfinishedMarker) }
-        let copy = try Device(directory: target, tcti: tcti)
+        let copy = try Device(directory: target, tcti: tcti, keyProtectors: keyProtectors)
         defer { copy.shutDown() }
         try copy.unlock(passcode: passcode)
         let from = PasswordManager(device: self), to = PasswordManager(device: copy)

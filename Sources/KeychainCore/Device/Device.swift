@@ -62,8 +62,11 @@ public final class Device: Sendable {
     /// the record of its outcome are one step, so concurrent attempts cannot
     /// all pass the check before any failure is counted.
     let unlockAttempt = Mutex(())
+    /// Where this device finds a TPM (the one that seals its keys, one to
+    /// move them to), as whoever built it handed in (``KeyProtectors``).
+    let keyProtectors: any KeyProtectors
     /// The TPM that seals the keychain's keys (nil: kept in a file).
-    let sealingTPM = Mutex<KeychainTPM?>(nil)
+    let sealingTPM = Mutex<(any KeyProtector)?>(nil)
     /// The rollback counter (nil: none).
     let rollbackCounter = Mutex<CounterReference?>(nil)
     /// Whether the TPM's counter is at the keychain's epoch, as the boot's
@@ -85,11 +88,13 @@ public final class Device: Sendable {
     ///   - policy: lockout delays after wrong passcodes.
     ///   - clock: wall-clock seconds; the lockout deadline is persisted in it,
     ///     so that restarting the process does not reset it.
-    ///   - tcti: the TPM of a TPM-sealed keychain (nil: `$TPM2TOOLS_TCTI`, else `/dev/tpmrm0`).
-    public init(
+    ///   - tcti: the TPM of a TPM-sealed keychain (nil: the machine's, ``KeyProtection/machineTCTI``).
+    ///   - keyProtectors: where a TPM is found (the KeychainTPM target's, as
+    ///     its `Device(directory:policy:clock:tcti:)` hands in).
+    package init(
         directory: KeychainDirectory, policy: LockoutPolicy = .iOS,
         clock: @escaping @Sendable () -> Int64 = { Int64(time(nil)) },
-        tcti: String? = TrustedPlatformModule.configuredTCTI
+        tcti: String? = KeyProtection.configuredTCTI, keyProtectors: any KeyProtectors
     ) throws(KeychainError) {
         Sodium.ensureInitialized()
         guard directory.exists else { throw .noSuchKeychain }
@@ -103,13 +108,13 @@ public final class Device: Sendable {
         // (docs/FORMAT.md, "Keys sealed by a TPM").
         if !readOnly { Self.destroyLeftover(of: directory) }
         // The device secret unsealed and the counter read in one TPM session.
-        let (secret, store, tpm, counter) = try KeychainTPM.sharingSession(tcti: tcti) {
+        let (secret, store, tpm, counter) = try keyProtectors.sharingSession(tcti: tcti) {
             () throws(KeychainError) in
-            let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti)
+            let (secret, sealedBy) = try directory.openDeviceSecret(tcti: tcti, keyProtectors: keyProtectors)
             let store = try ItemStore(
                 path: directory.databasePath, create: false, state: ItemSetState(secret: secret), readOnly: readOnly)
             let (tpm, counter) = try Self.checkRollback(
-                directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti)
+                directory, store: store, secret: secret, sealedBy: sealedBy, tcti: tcti, keyProtectors: keyProtectors)
             return (secret, store, tpm, counter)
         }
         let records = try BootRecords(store: store, secret: secret)
@@ -127,6 +132,7 @@ public final class Device: Sendable {
         self.lockFile = lock
         self.policy = policy
         self.clock = clock
+        self.keyProtectors = keyProtectors
         state.withLock { $0.keys = keys }
         store.binding.withLock { $0.state = records.keybag.isPasscodeBound ? .awaitingKey : .none }
         sealingTPM.withLock { $0 = tpm }
@@ -305,7 +311,7 @@ public final class Device: Sendable {
     var lockEpoch: UInt64 { state.withLock { $0.epoch } }
 
     /// Keeps the audit log's newest line in the keychain, so that a log cut
-    /// short of it is detected (``AuditLog/verify(directory:)``).
+    /// short of it is detected (``AuditLog/verify(directory:keyProtectors:)``).
     func saveAuditAnchor() {
         // Denials counted but not yet written are written first: the anchor covers them.
         audit.flush()

@@ -25,6 +25,22 @@ public struct DeviceStatus: Sendable, Equatable {
     public var serving: ServingFacts?
 }
 
+extension DeviceStatus {
+    /// The lock and lockout alone, as the protocol's first fields carry them.
+    package init(
+        isLocked: Bool, hasUnlockedSinceBoot: Bool, retryAfter: Int64, failedAttempts: UInt64, hasPasscode: Bool,
+        autoLockAfter: Int, autoLockGrace: Int
+    ) {
+        self.isLocked = isLocked
+        self.hasUnlockedSinceBoot = hasUnlockedSinceBoot
+        self.retryAfter = retryAfter
+        self.failedAttempts = failedAttempts
+        self.hasPasscode = hasPasscode
+        self.autoLockAfter = autoLockAfter
+        self.autoLockGrace = autoLockGrace
+    }
+}
+
 /// A change of the device's lock state or of its items, for observers
 /// (cache purge, open files, the kernel caches of the mounts).
 public enum DeviceEvent: Sendable, Equatable {

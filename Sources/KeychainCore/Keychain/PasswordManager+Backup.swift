@@ -13,6 +13,13 @@ public enum RestoreConflictPolicy: UInt8, Sendable, CaseIterable {
     case overwrite = 2
 }
 
+extension RestoreSummary {
+    /// An applied restore's counts, as a client reads them from the device's reply.
+    package init(counted added: Int, replaced: Int, unchanged: Int, kept: Int) {
+        self.init(added: added, replaced: replaced, unchanged: unchanged, kept: kept)
+    }
+}
+
 /// What a restore did.
 public struct RestoreSummary: Sendable, Equatable {
     /// Items the keychain did not have.

@@ -20,7 +20,7 @@ import Glibc
 public final class PasswordManager: Sendable {
     private enum Backend: Sendable {
         case local(Device)
-        case remote(DeviceConnection)
+        case remote(any RemoteKeychain)
     }
     private let backend: Backend
 
@@ -80,35 +80,13 @@ public final class PasswordManager: Sendable {
         observer.withLock { $0 = token }
     }
 
-    private init(connection: DeviceConnection) {
-        backend = .remote(connection)
+    /// A client of the device `remote` reaches (``RemoteKeychain``).
+    package init(remote: any RemoteKeychain) {
+        backend = .remote(remote)
     }
 
     deinit {
         if case .local(let device) = backend, let token = observer.withLock({ $0 }) { device.removeObserver(token) }
-    }
-
-    /// The keychain at `directory` (an absolute path, as the device was
-    /// given): through its running device when one holds it, otherwise by
-    /// booting its device in this process (locked, before first unlock).
-    public static func open(_ directory: KeychainDirectory = .defaultLocation()) throws(KeychainError)
-        -> PasswordManager
-    {
-        if let connection = DeviceConnection(keychain: directory) {
-            return PasswordManager(connection: connection)
-        }
-        return PasswordManager(device: try Device(directory: directory))
-    }
-
-    /// This user's keychain in the keychainfs service (its socket:
-    /// `socketPath`, else ``ServicePaths/socket()``); the device there
-    /// decides every request from who this process is.
-    /// ``KeychainError/notAvailable`` when no service answers.
-    public static func openService(at socketPath: String? = nil) throws(KeychainError) -> PasswordManager {
-        guard let path = socketPath ?? ServicePaths.socket(), let connection = DeviceConnection(socketPath: path) else {
-            throw .notAvailable
-        }
-        return PasswordManager(connection: connection)
     }
 
     /// Whether the operations go to a device process rather than a device in this process.
@@ -142,7 +120,7 @@ public final class PasswordManager: Sendable {
     public func lock() throws(KeychainError) {
         switch backend {
         case .local(let device): device.lock()
-        case .remote(let connection): try connection.call(.lock)
+        case .remote(let remote): try remote.lock()
         }
     }
 
@@ -150,7 +128,7 @@ public final class PasswordManager: Sendable {
     public func unlock(passcode: SecureBytes?) throws(KeychainError) {
         switch backend {
         case .local(let device): try device.unlock(passcode: passcode)
-        case .remote(let connection): try connection.call(.unlock(passcode: passcode))
+        case .remote(let remote): try remote.unlock(passcode: passcode)
         }
     }
 
@@ -159,33 +137,10 @@ public final class PasswordManager: Sendable {
         get throws(KeychainError) {
             switch backend {
             case .local(let device): return device.status
-            case .remote(let connection):
-                return try connection.call(.status)
+            case .remote(let remote):
+                return try remote.status()
             }
         }
-    }
-
-    // MARK: Shared instance
-
-    private static let sharedInstance = Mutex<PasswordManager?>(nil)
-
-    /// The process-wide manager over the default keychain, opened on first
-    /// use: this user's keychain in the service where one is installed and
-    /// `$KEYCHAINFS_KEYCHAIN` names no other (``openService(at:)``), else
-    /// `$XDG_DATA_HOME/keychainfs` (``open(_:)``).
-    public static func shared() throws(KeychainError) -> PasswordManager {
-        try sharedInstance.withLock { (instance: inout PasswordManager?) throws(KeychainError) -> PasswordManager in
-            if let instance { return instance }
-            let named = getenv("KEYCHAINFS_KEYCHAIN").map { String(cString: $0) } ?? ""
-            let made = try named.isEmpty && ServicePaths.socket() != nil ? openService() : open(.defaultLocation())
-            instance = made
-            return made
-        }
-    }
-
-    /// Drops the shared instance (its keys are wiped once no one holds it).
-    public static func dropShared() {
-        sharedInstance.withLock { $0 = nil }
     }
 
     // MARK: Settings
@@ -282,10 +237,9 @@ public final class PasswordManager: Sendable {
         guard case .local(let device) = backend else {
             // Another process's store: asked here, as close to the write as this process gets.
             if !holds() { return nil }
-            try remote.call(
-                .set(
-                    group: group, identifier: identifier, value: value,
-                    protectionClass: protectionClass, condition: condition, details: details))
+            try remote.set(
+                group: group, identifier: identifier, value: value, protectionClass: protectionClass,
+                condition: condition, details: details)
             return WriteReceipt(group: group, identifier: identifier, replaced: nil, generation: 0)
         }
         let key = try device.classKey(protectionClass)
@@ -377,8 +331,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
-            let item = try remote.call(.get(group: group, identifier: identifier))
-            return (item.value, item.protectionClass)
+            return try remote.get(group: group, identifier: identifier)
         }
         let epoch = device.lockEpoch
         if let hit = cache.withLock({ entry -> (SecureBytes, ProtectionClass)? in
@@ -437,7 +390,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(identifier: identifier)
         forget(group: group, identifier: identifier)
         guard case .local(let device) = backend else {
-            try remote.call(.remove(group: group, identifier: identifier))
+            try remote.remove(group: group, identifier: identifier)
             return
         }
         do throws(KeychainError) {
@@ -466,7 +419,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
             do {
-                return try remote.call(.info(group: group, identifier: identifier))
+                return try remote.info(group: group, identifier: identifier)
             } catch .itemNotFound {
                 return nil
             }
@@ -483,7 +436,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
-            try remote.call(.setClass(group: group, identifier: identifier, protectionClass: protectionClass))
+            try remote.setClass(group: group, identifier: identifier, protectionClass: protectionClass)
             return
         }
         let newKey = try device.classKey(protectionClass)
@@ -511,7 +464,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(identifier: identifier)
         try ItemLimits.validate(identifier: newIdentifier)
         guard case .local(let device) = backend else {
-            try remote.call(.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing))
+            try remote.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing)
             return
         }
         try device.store.rename(group: group, from: identifier, to: newIdentifier, replacing: replacing) {
@@ -538,7 +491,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         try ItemLimits.validate(identifier: identifier)
         guard case .local(let device) = backend else {
-            return try remote.call(.details(group: group, identifier: identifier)).entries.first?.details
+            return try remote.details(group: group, identifier: identifier).first?.details
         }
         guard let row = try device.store.item(group: group, identifier: identifier) else { throw .itemNotFound }
         return try ItemCipher.openDetails(row, key: device.secret.detailsKey)
@@ -554,7 +507,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(identifier: identifier)
         try details.validate()
         guard case .local(let device) = backend else {
-            try remote.call(.setDetails(group: group, identifier: identifier, details: details))
+            try remote.setDetails(group: group, identifier: identifier, details: details)
             return
         }
         try device.store.write(group: group, identifier: identifier) { existing, generation throws(KeychainError) in
@@ -665,7 +618,7 @@ public final class PasswordManager: Sendable {
     )] {
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
-            return try remote.call(.details(group: group, identifier: nil)).entries
+            return try remote.details(group: group, identifier: nil)
         }
         guard try device.store.groupExists(group) else { throw .itemNotFound }
         var found: [(identifier: String, details: ItemDetails)] = []
@@ -683,7 +636,7 @@ public final class PasswordManager: Sendable {
     public func groups() throws(KeychainError) -> [String] {
         switch backend {
         case .local(let device): return try device.store.groups()
-        case .remote(let connection): return try connection.call(.groups).groups
+        case .remote(let remote): return try remote.groups()
         }
     }
 
@@ -697,9 +650,7 @@ public final class PasswordManager: Sendable {
         let group = group ?? ItemLimits.defaultGroup
         try ItemLimits.validate(name: group)
         guard case .local(let device) = backend else {
-            return try remote.call(.items(inGroup: group)).items.map {
-                ($0.identifier, $0.info)
-            }
+            return try remote.items(inGroup: group)
         }
         return try device.store.list(group: group)
     }
@@ -716,7 +667,7 @@ public final class PasswordManager: Sendable {
         try ItemLimits.validate(name: group)
         switch backend {
         case .local(let device): try device.store.createGroup(group)
-        case .remote(let connection): try connection.call(.createGroup(group))
+        case .remote(let remote): try remote.createGroup(group)
         }
     }
 
@@ -727,7 +678,7 @@ public final class PasswordManager: Sendable {
         guard group != ItemLimits.defaultGroup else { throw .param }
         switch backend {
         case .local(let device): try device.store.removeGroup(group)
-        case .remote(let connection): try connection.call(.removeGroup(group))
+        case .remote(let remote): try remote.removeGroup(group)
         }
     }
 
@@ -803,13 +754,13 @@ public final class PasswordManager: Sendable {
     public func sync() throws(KeychainError) {
         switch backend {
         case .local(let device): try device.sync()
-        case .remote(let connection): try connection.call(.sync)
+        case .remote(let remote): try remote.sync()
         }
     }
 
     /// The connection of a client manager; only reached after the backend was found remote.
-    private var remote: DeviceConnection {
-        guard case .remote(let connection) = backend else { preconditionFailure("not a client of a running device") }
-        return connection
+    private var remote: any RemoteKeychain {
+        guard case .remote(let remote) = backend else { preconditionFailure("not a client of a running device") }
+        return remote
     }
 }

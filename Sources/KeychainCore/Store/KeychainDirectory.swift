@@ -103,7 +103,7 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// Writes `contents` to `path` (mode 0600) under a temporary name,
     /// synced, and renames it into place, durably (a power loss must not
     /// bring back the file from before a move to the TPM).
-    static func writePrivateFile(_ contents: SecureBytes, at path: String) throws(KeychainError) {
+    package static func writePrivateFile(_ contents: SecureBytes, at path: String) throws(KeychainError) {
         let temporary = path + ".new"
         unlink(temporary)
         guard let fd = FileDescriptor(open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)) else {
@@ -141,7 +141,7 @@ public struct KeychainDirectory: Sendable, Equatable {
 
     /// A file in the device-secret file's format (``DeviceSecretFile``):
     /// the device secret, or the TPM lockout auth (``TPMLockoutHierarchy``).
-    static func readSealedFile(at path: String) throws(KeychainError) -> DeviceSecretFile {
+    package static func readSealedFile(at path: String) throws(KeychainError) -> DeviceSecretFile {
         guard let fd = FileDescriptor(open(path, O_RDONLY | O_CLOEXEC)) else {
             Diagnostics.log("\(path) is missing")
             throw Errno.current.rawValue == ENOENT ? .decode : .io
@@ -163,19 +163,21 @@ public struct KeychainDirectory: Sendable, Equatable {
     /// storage key it is sealed under. A file sealed before that key's name
     /// was recorded gets it now (trusted on this first use, as at `init`).
     /// Only for the holder of the keychain's lock (a device, `recover`).
-    func openDeviceSecret(tcti: String?) throws(KeychainError) -> (DeviceSecret, sealedBy: KeychainTPM?) {
+    package func openDeviceSecret(tcti: String?, keyProtectors: any KeyProtectors) throws(KeychainError)
+        -> (DeviceSecret, sealedBy: (any KeyProtector)?)
+    {
         switch try readDeviceSecretFile() {
         case .plain(let secret):
             return (DeviceSecret(secret: secret), nil)
         case .sealed(let blob, let pinned, let throughService):
-            let sealer = KeychainTPM.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
+            let sealer = keyProtectors.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
             let (secret, storageKey) = try sealer.unsealDeviceSecret(blob)
             if pinned == nil {
                 try writeDeviceSecret(try DeviceSecretFile.sealedContents(blob, storageKey: storageKey))
             }
             return (
                 DeviceSecret(secret: secret),
-                KeychainTPM.sealedBy(tcti: tcti, storageKey: storageKey, throughService: throughService)
+                keyProtectors.sealedBy(tcti: tcti, storageKey: storageKey, throughService: throughService)
             )
         }
     }
@@ -187,11 +189,12 @@ public struct KeychainDirectory: Sendable, Equatable {
     }
 
     /// The device secret's 32 bytes (unsealed by the TPM when it is sealed).
-    func readDeviceSecret(tcti: String? = TrustedPlatformModule.configuredTCTI) throws(KeychainError) -> SecureBytes {
+    package func readDeviceSecret(tcti: String?, keyProtectors: any KeyProtectors) throws(KeychainError) -> SecureBytes
+    {
         switch try readDeviceSecretFile() {
         case .plain(let secret): return secret
         case .sealed(let blob, let pinned, let throughService):
-            return try KeychainTPM.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
+            return try keyProtectors.sealedBy(tcti: tcti, storageKey: pinned, throughService: throughService)
                 .unsealDeviceSecret(blob).secret
         }
     }
