@@ -67,6 +67,13 @@ static inline int CLinux_background_this_thread(void) {
 // RLIMIT_MEMLOCK raised to `bytes` where it is lower (the hard limit too,
 // with CAP_SYS_RESOURCE; else the soft one as far as the hard allows).
 // The soft limit it leaves.
+// This process's RLIMIT_MEMLOCK (the soft limit, what mlock allows), UINT64_MAX for none.
+static inline uint64_t CLinux_locked_memory_limit(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;
+    return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
+}
+
 static inline uint64_t CLinux_raise_locked_memory(uint64_t bytes) {
     struct rlimit limit;
     if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;

@@ -37,6 +37,8 @@ public final class DeviceProcess: Sendable {
     private let loginSessions = Mutex<LoginSessions?>(nil)
     /// The socket connections being served, and their limits.
     private let connections: ConnectionTable
+    /// Each person's large requests at once, in the service.
+    private let largeRequests: LargeRequestShares
 
     /// The keychain a per-user device serves, or every user's, in the service.
     private enum ServedKeychains: Sendable {
@@ -56,6 +58,7 @@ public final class DeviceProcess: Sendable {
         mountEnded = made
         // Every connection is the user's own: no limit but the deadline.
         connections = ConnectionTable(perUser: nil, deadline: Self.connectionDeadline * 1000)
+        largeRequests = LargeRequestShares(perPerson: .max)  // one person: not asked (service mode only)
         keychains = .perUser(
             try ServedKeychain(keychain: keychain, owner: (getuid(), getgid())) {
                 Self.signal(ended)
@@ -70,6 +73,7 @@ public final class DeviceProcess: Sendable {
         let ended = made.borrowed
         mountEnded = made
         connections = ConnectionTable(perUser: limits.connectionsPerUser, deadline: Self.connectionDeadline * 1000)
+        largeRequests = LargeRequestShares(lockedMemory: LargeRequestShares.lockedMemoryLimit)
         keychains = .service(ServiceKeychains(stateDirectory: stateDirectory, limits: limits) { Self.signal(ended) })
     }
 
@@ -518,10 +522,31 @@ public final class DeviceProcess: Sendable {
         // Ours to close, unless `attach` takes it.
         var passed: FileDescriptor?
         var refusedMemory = false
+        // A large body's place, held until its request is answered (service mode).
+        var largeHolder: UInt32?
+        defer { if let largeHolder { largeRequests.release(largeHolder) } }
+        var refusedShare = false
         guard
             let body = DeviceProtocol.receive(
-                from: client, sentBy: credentials.pid, descriptor: &passed, refusedMemory: &refusedMemory)
+                from: client, sentBy: credentials.pid, descriptor: &passed, refusedMemory: &refusedMemory,
+                admittingLarge: { _ in
+                    guard case .service = keychains else { return true }
+                    let person = MachinePeople.person(of: credentials.uid) ?? credentials.uid
+                    guard largeRequests.take(person) else {
+                        refusedShare = true
+                        return false
+                    }
+                    largeHolder = person
+                    return true
+                })
         else {
+            if refusedShare {
+                return .systemError(
+                    ENOMEM,
+                    "you have \(largeRequests.perPerson) large request\(largeRequests.perPerson == 1 ? "" : "s") "
+                        + "arriving or being answered already (each holds up to 2 MiB of the service's locked "
+                        + "memory, which its users share); nothing was changed: try again when one is done")
+            }
             if refusedMemory {
                 return .systemError(
                     ENOMEM,

@@ -145,11 +145,22 @@ extension DeviceProtocol {
         return receive(from: fd, sentBy: sender, descriptor: &descriptor, refusedMemory: &refusedMemory)
     }
 
+    /// Bodies longer than this take a slot of their own in secret memory
+    /// (``SecretArena``'s large classes): the service holds each person to
+    /// so many of them at once (``receive(from:sentBy:descriptor:refusedMemory:admittingLarge:)``).
+    public static let largeBody = 65536
+
     /// ``receive(from:sentBy:descriptor:)``, saying in `refusedMemory`
     /// when no frame came because its body could not be given secret
-    /// memory (``SecretArena``): not the sender's fault, and said so.
+    /// memory (``SecretArena``): not the sender's fault, and said so. A
+    /// body announced longer than ``largeBody`` is read only once
+    /// `admittingLarge` (asked once, with the announced length, before any
+    /// of it is held) lets it; refused, no frame comes and `refusedMemory`
+    /// says so.
     public static func receive(
-        from fd: BorrowedDescriptor, sentBy sender: Int32?, descriptor: inout FileDescriptor?, refusedMemory: inout Bool
+        from fd: BorrowedDescriptor, sentBy sender: Int32?, descriptor: inout FileDescriptor?,
+        refusedMemory: inout Bool,
+        admittingLarge: (Int) -> Bool = { _ in true }
     ) -> SecureBytes? {
         descriptor = nil
         refusedMemory = false
@@ -157,7 +168,9 @@ extension DeviceProtocol {
         var body: SecureBytes?
         if length.withUnsafeMutableBytes({ readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor) }) {
             let count = length.withUnsafeBytes { Int(UInt32(littleEndian: $0.load(as: UInt32.self))) }
-            if count <= maximumBody {
+            if count > largeBody && count <= maximumBody && !admittingLarge(count) {
+                refusedMemory = true
+            } else if count <= maximumBody {
                 body = receiveBody(count: count, refusedMemory: &refusedMemory) {
                     readExactly(fd, into: $0, sentBy: sender, descriptor: &descriptor)
                 }

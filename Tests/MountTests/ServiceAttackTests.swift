@@ -191,6 +191,39 @@ extension SerialTests {
                 "left behind: \(Self.footprint(service.pid)) against \(before)")
         }
 
+        /// One user's connections each announce a large body (1 MiB + 64 KiB,
+        /// the most a request may be), send 1,100,000 bytes of it, which takes
+        /// a 2 MiB slot of locked memory, and then nothing: where the machine
+        /// gave the service 8 MiB (an outsider's, and this one, let not even
+        /// root raise it), four of them held it all, and another user's large
+        /// `set`s were refused ("no locked memory is left"). A person now
+        /// holds an eighth of it at most, one such request here: the second
+        /// is refused at its header, saying why, and the other user's `set`
+        /// goes through while the first is held.
+        @Test func oneUsersLargeRequestsLeaveLockedMemoryForAnother() throws {
+            let service = try ServiceHarness(lockedMemoryLimit: 8 << 20)
+            let (victim, _) = try ServiceModeTests.userOfAService(service)
+            let attacker = try MountHarness(passcode: nil, as: try OrdinaryUser(), service: service)
+            let attack = try Self.attackProgram(attacker)
+            _ = attacker.sh("\"$K\" ls")
+            let ready = attacker.root + "/large-ready"
+            let stall = Thread.detachedResult {
+                attacker.sh(
+                    "/usr/bin/python3 \"$1\" large-stall \"$2\" 8 \(DeviceProtocol.maximumBody) 1100000 3 \"$3\"",
+                    arguments: [attack, service.socket, ready])
+            }
+            #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the attack never got its connections")
+            let large = victim.sh(
+                "head -c 1000000 /dev/urandom > \"$R/big\" && \"$K\" set default/big < \"$R/big\" "
+                    + "&& \"$K\" get default/big | cmp - \"$R/big\" && echo stored")
+            let stalled = stall.value()
+            #expect(large.stdout == "stored\n", "\(large)")
+            #expect(
+                stalled.stdout.hasPrefix("held 1 refused 7: ")
+                    && stalled.stdout.contains("you have 1 large request arriving or being answered already"),
+                "\(stalled)")
+        }
+
         /// Out of descriptors (here 64, and no limit per user), the service
         /// sheds idle connections and goes on: it had stopped accepting for
         /// good, and every client hung.

@@ -19,16 +19,20 @@ package final class ServiceHarness: @unchecked Sendable {
     /// descriptors it may open (nil: as inherited).
     private let options: [String]
     private let descriptorLimit: Int?
+    /// The service's RLIMIT_MEMLOCK, which it may then not raise (no
+    /// CAP_SYS_RESOURCE): a machine that gives it less than the unit asks.
+    private let lockedMemoryLimit: Int?
     /// Variables the service gets besides this process's (a TPM's TCTI).
     private let environment: [String: String]
 
     /// `started`: false for a test that starts the service its own way
     /// (socket activation), at ``socket`` with ``stateDirectory``.
     package init(
-        started: Bool = true, options: [String] = [], descriptorLimit: Int? = nil,
+        started: Bool = true, options: [String] = [], descriptorLimit: Int? = nil, lockedMemoryLimit: Int? = nil,
         environment: [String: String] = [:]
     ) throws {
         self.options = options
+        self.lockedMemoryLimit = lockedMemoryLimit
         self.environment = environment
         self.descriptorLimit = descriptorLimit
         try MachineFixtures.serviceAccount()
@@ -47,7 +51,12 @@ package final class ServiceHarness: @unchecked Sendable {
     /// Starts the service process and waits until it listens.
     private func start() throws {
         // prlimit sets the limit, then execs the service: the pid is the service's.
-        let limited = descriptorLimit.map { ["/usr/bin/prlimit", "--nofile=\($0):\($0)", "--"] } ?? []
+        var limited = descriptorLimit.map { ["/usr/bin/prlimit", "--nofile=\($0):\($0)", "--"] } ?? []
+        if let lockedMemoryLimit {
+            limited =
+                ["/usr/bin/prlimit", "--memlock=\(lockedMemoryLimit):\(lockedMemoryLimit)", "--"]
+                + ["/usr/bin/setpriv", "--bounding-set", "-sys_resource", "--"] + limited
+        }
         // No TPM unless the test brings one (MountHarness.noTPM says why).
         let noTPM = environment["TPM2TOOLS_TCTI"] == nil ? ["KEYCHAINFS_TPM": "none"] : [:]
         let variables = ProcessInfo.processInfo.environment.merging(

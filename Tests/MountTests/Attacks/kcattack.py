@@ -112,6 +112,33 @@ def flood(path, count, hold, ready):
     slow.join()
     print('connected %d refused %d cut %d slow %.1f' % (len(connections), refused, cut, report.get('slow', -1)))
 
+def large_stall(path, count, announced, sent, hold, ready):
+    # `count` connections, each announcing a body of `announced` bytes and
+    # sending `sent` of them, then nothing for `hold` seconds; reports how
+    # many were refused at once (an answer before the body was whole) and
+    # the first refusal's words.
+    connections, refused, said = [], 0, ''
+    for _ in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        try:
+            s.sendall(struct.pack('<I', announced) + bytes(sent))
+        except OSError:
+            pass  # refused before all of it was read: the answer says so
+        connections.append(s)
+    time.sleep(0.5)  # a refusal comes as soon as the header is read
+    for s in connections:
+        waiting = select.poll()
+        waiting.register(s, select.POLLIN)
+        if waiting.poll(0):
+            refused += 1
+            said = said or answer(s.recv(65536))
+    open(ready, 'w').close()
+    time.sleep(hold)
+    for s in connections:
+        s.close()
+    print('held %d refused %d: %s' % (count - refused, refused, said))
+
 def attach_many(path, count):
     # `count` attach attempts, each with a descriptor that is no mount.
     answers = {}
@@ -150,6 +177,8 @@ def main(argv):
                              b'\x01' + field(passcode.encode()), field(b'0')]))
     elif command == 'flood':
         flood(path, int(argv[3]), float(argv[4]), argv[5])
+    elif command == 'large-stall':
+        large_stall(path, int(argv[3]), int(argv[4]), int(argv[5]), float(argv[6]), argv[7])
     elif command == 'attach-many':
         attach_many(path, int(argv[3]))
     else:
