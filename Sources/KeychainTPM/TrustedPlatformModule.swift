@@ -165,11 +165,14 @@ public final class TrustedPlatformModule: @unchecked Sendable {
             throw .unavailable("tpm2-tss is not installed (apt install libtss2-esys-3.0.2-0 libtss2-tctildr0)")
         }
         // tpm2-tss writes every TPM error it receives to stderr (a wrong
-        // passcode is one): errors are ours to report, unless the user asked
-        // for its log.
-        setenv("TSS2_LOG", "all+NONE", 0)
+        // passcode is one): errors are ours to report. Its log is off
+        // whatever the environment asks: at its trace level it writes the
+        // buffers it sends and receives, unsealed secrets among them, and a
+        // device's standard error is a log its user reads.
+        setenv("TSS2_LOG", "all+NONE", 1)
         Self.initializeCrypto
         let configuration = configuration ?? Self.machineTCTI
+        if let problem = Self.moduleProblem(configuration) { throw .unavailable(problem) }
         var tcti: OpaquePointer?
         var rc = CTSS_Tss2_TctiLdr_Initialize(configuration, &tcti)
         guard rc == 0, let tcti else {
@@ -189,6 +192,24 @@ public final class TrustedPlatformModule: @unchecked Sendable {
         guard rc == 0 || Self.base(rc) == Code.initialize else {
             throw .unavailable("the TPM did not start (0x\(String(rc, radix: 16)))")
         }
+    }
+
+    /// Why tpm2-tss must not load the TCTI module `configuration` names
+    /// (nil: it may). Its loader takes the text before the first `:` as a
+    /// file to `dlopen` first, then as `libtss2-tcti-NAME.so` (tctildr):
+    /// a name with a `/` in it is a path, from the working directory when
+    /// not absolute. A library of the user's, named in `$TPM2TOOLS_TCTI`,
+    /// ran in the device, undumpable and setgid as it is, and read the
+    /// login password out of its memory (an outsider's attack). A module
+    /// named by a path must be a file root controls; a plain name is
+    /// looked for where the loader looks for the system's libraries
+    /// (docs/SECURITY.md, "The TPM is the machine's, or none").
+    public static func moduleProblem(_ configuration: String) -> String? {
+        let name = configuration.prefix { $0 != ":" }
+        guard name.contains("/") else { return nil }
+        guard RootControlledFile.status(of: String(name)) == nil else { return nil }
+        return "the TCTI module \(name) is not a file only root can change (root's, in root's directories): "
+            + "name a TCTI the system installed (device, swtpm, mssim, tabrmd)"
     }
 
     deinit {

@@ -438,6 +438,14 @@ static void verified_devices(const struct passwd *user, const char *helper, char
             if (strncmp(text + at, "LD_PRELOAD=", 11) == 0 || strncmp(text + at, "LD_LIBRARY_PATH=", 16) == 0 ||
                 strncmp(text + at, "LD_AUDIT=", 9) == 0 || strncmp(text + at, "DBUS_SYSTEM_BUS_ADDRESS=", 24) == 0)
                 loader = 1;
+            /* A TCTI module named by a path (tpm2-tss loads the text before
+             * the first ':' as a file when it holds a '/'): a library of the
+             * user's ran in the device and read the password (the device
+             * itself now loads such a module only when root controls it). */
+            if (strncmp(text + at, "TPM2TOOLS_TCTI=", 15) == 0) {
+                const char *value = text + at + 15;
+                if (memchr(value, '/', strcspn(value, ":")) != NULL) loader = 1;
+            }
         }
         if (loader || environment >= (ssize_t)text_size - 1) continue;
         /* Its start time: after the last ')' (the command name may hold any byte), the 20th field. */

@@ -731,6 +731,35 @@ extension SerialTests {
                     """, "\(used)")
         }
 
+        /// A device started with `$TPM2TOOLS_TCTI` naming a TCTI module by a
+        /// path (a library of the user's, which tpm2-tss would load into it
+        /// when it first reached the TPM, after pam_keychainfs looked at its
+        /// memory) was given the login password, and the library read it
+        /// (an outsider's attack). pam_keychainfs now gives such a device
+        /// nothing (and the device loads only a module root controls).
+        @Test func aDeviceToldToLoadATCTIModuleByAPathIsGivenNothing() throws {
+            let used = try withPAM(
+                """
+                \(Self.loginUnlockOn)
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \\
+                    TPM2TOOLS_TCTI="$R/evil.so:host=127.0.0.1" "$K" start > /dev/null
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
+                echo "the device told of a module: $(state)"
+                K_ stop
+                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \\
+                    TPM2TOOLS_TCTI="swtpm:host=127.0.0.1,port=1" "$K" start > /dev/null
+                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                echo "the device told of a TCTI by its name: $(state)"
+                """)
+            #expect(
+                used.stdout == """
+                    pamtester: successfully authenticated
+                    the device told of a module: state: locked failed-attempts: 0\(" ")
+                    the device told of a TCTI by its name: state: unlocked failed-attempts: 0\(" ")
+
+                    """, "\(used)")
+        }
+
         /// A program of the user holds the memory-map lock of a process that
         /// pam_keychainfs looks at: the installed device, started with a
         /// library of the user's, reads through /proc/self/mem a page of a

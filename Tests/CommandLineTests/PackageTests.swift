@@ -208,9 +208,26 @@ extension SerialTests {
             #expect(unlocked.stdout == "state: unlocked\n", "\(unlocked)")
             defer { _ = Spawn.run(["/bin/rm", "-rf", "/run/user/\(user.uid)"]) }
             // Removed with the user's device running, unlocked: it ends with the package, and the removal says so.
+            // Another program that is named keychainfs (a build of the user's own) is not the package's to stop.
+            let namesake = harness.root + "/keychainfs"
+            #expect(harness.sh("cp /bin/sleep \"$1\" && chmod 755 \"$1\" \"$R\"", arguments: [namesake]).succeeded)
+            let other = try #require(
+                Spawn.start(
+                    ["/usr/sbin/runuser", "-u", user.name, "--", namesake, "300"],
+                    options: {
+                        var quiet = Spawn.Options()
+                        quiet.nullStandardStreams = true
+                        return quiet
+                    }()))
+            defer {
+                kill(other, SIGKILL)
+                _ = Spawn.wait(other)
+            }
             let removed = harness.sh("dpkg -r keychainfs 2>&1", limit: 300)
             #expect(removed.stdout.contains("stopped every running keychainfs device"), "\(removed)")
-            #expect(harness.sh("pgrep -u \(user.name) -x keychainfs").status == 1, "a device outlived its package")
+            #expect(
+                harness.sh("pgrep -u \(user.name) -x keychainfs").stdout.split(separator: "\n").count == 1,
+                "a device outlived its package, or the user's namesake did not")
             #expect(harness.sh("grep -c pam_keychainfs \(stacks)").status == 1, "a PAM stack names the removed module")
             #expect(removed.succeeded, "\(removed)")
             #expect(removed.stdout.contains("\(user.name)'s desktop has its own Secret Service back"), "\(removed)")

@@ -83,6 +83,41 @@ extension SerialTests {
             #expect(throws: TPMError.counterMissing) { try tpm.value(of: counter) }
         }
 
+        /// tpm2-tss loads the TCTI module `$TPM2TOOLS_TCTI` names, and takes
+        /// a name with a `/` in it for a file: a library of the user's so
+        /// named ran in the setgid device and read the login password out of
+        /// its memory (an outsider's attack). A module named by a path is
+        /// loaded only when root controls the file: the user's is refused,
+        /// absolute or relative to the working directory, and its
+        /// constructor never runs; root's own is loaded.
+        @Test func aTCTIModuleNamedByAPathIsLoadedOnlyWhenRootControlsIt() throws {
+            let directory = try makeTemporaryDirectory("kcfs-tcti", in: "/tmp/")
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            chmod(directory, 0o777)  // as anyone's directory in /tmp is someone else's to change
+            try """
+            #include <fcntl.h>
+            #include <unistd.h>
+            __attribute__((constructor)) static void ran(void) { close(open("\(directory)/ran", O_CREAT | O_WRONLY, 0600)); }
+            """.write(toFile: directory + "/evil.c", atomically: true, encoding: .utf8)
+            #expect(
+                Spawn.run(["/usr/bin/gcc", "-shared", "-fPIC", "-o", directory + "/evil.so", directory + "/evil.c"])
+                    == 0)
+            for named in [directory + "/evil.so:host=127.0.0.1", "../../" + directory + "/evil.so"] {
+                #expect {
+                    try TrustedPlatformModule(tcti: named)
+                } throws: { error in
+                    guard case TPMError.unavailable(let why) = error else { return false }
+                    return why.contains("is not a file only root can change")
+                }
+            }
+            #expect(access(directory + "/ran", F_OK) != 0, "the user's module was loaded")
+            let system = try #require(
+                ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"].map { $0 + "/libtss2-tcti-swtpm.so.0" }
+                    .first { access($0, F_OK) == 0 })
+            #expect(TrustedPlatformModule.moduleProblem(system + ":host=127.0.0.1,port=1") == nil)
+            #expect(TrustedPlatformModule.moduleProblem("swtpm:host=127.0.0.1,port=1") == nil)
+        }
+
         @Test func noTPMIsSaidPlainly() {
             #expect {
                 try TrustedPlatformModule(tcti: "swtpm:host=127.0.0.1,port=1")
