@@ -73,9 +73,18 @@ package struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Inde
         return bytes[offset]
     }
 
+    /// Byte by byte, through `bytes`'s own subscript: no slice, reversal or
+    /// reduction, whose generic types an unspecialised call (from another
+    /// module) had the runtime look up on a process's first read
+    /// (docs/BENCHMARKS.md).
     private mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError) -> I
     {
-        try take(MemoryLayout<I>.size).reversed().reduce(I(0)) { $0 << 8 | I($1) }
+        let size = MemoryLayout<I>.size
+        guard bytes.endIndex - offset >= size else { throw malformed }
+        var value: UInt64 = 0
+        for index in 0..<size { value |= UInt64(bytes[offset + index]) << UInt64(8 * index) }
+        offset += size
+        return I(truncatingIfNeeded: value)
     }
 
     package mutating func readUInt64() throws(KeychainError) -> UInt64 { try readLittleEndian(UInt64.self) }
