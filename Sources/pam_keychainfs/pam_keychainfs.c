@@ -438,14 +438,18 @@ static void verified_devices(const struct passwd *user, const char *helper, char
             if (strncmp(text + at, "LD_PRELOAD=", 11) == 0 || strncmp(text + at, "LD_LIBRARY_PATH=", 16) == 0 ||
                 strncmp(text + at, "LD_AUDIT=", 9) == 0 || strncmp(text + at, "DBUS_SYSTEM_BUS_ADDRESS=", 24) == 0)
                 loader = 1;
-            /* A TCTI module named by a path (tpm2-tss loads the text before
-             * the first ':' as a file when it holds a '/'): a library of the
-             * user's ran in the device and read the password (the device
-             * itself now loads such a module only when root controls it). */
-            if (strncmp(text + at, "TPM2TOOLS_TCTI=", 15) == 0) {
-                const char *value = text + at + 15;
-                if (memchr(value, '/', strcspn(value, ":")) != NULL) loader = 1;
-            }
+            /* A TPM other than the machine's: a TCTI the user named (a
+             * module of theirs, which ran in the device and read the
+             * password; or swtpm at a port of theirs, whose own memory gave
+             * the session key that checks the passcode's HMAC, and the login
+             * password was guessed offline), or a broker at a socket of
+             * theirs, which would be given the passcode's auth. The device
+             * reaches /dev/tpmrm0 or the service's broker when told of
+             * neither (docs/SECURITY.md, "The TPM is the machine's, or none"). */
+            if (strncmp(text + at, "TPM2TOOLS_TCTI=", 15) == 0 && text[at + 15] != '\0' &&
+                strcmp(text + at + 15, "device:/dev/tpmrm0") != 0)
+                loader = 1;
+            if (strncmp(text + at, "KEYCHAINFS_SERVICE=", 19) == 0 && text[at + 19] != '\0') loader = 1;
         }
         if (loader || environment >= (ssize_t)text_size - 1) continue;
         /* Its start time: after the last ')' (the command name may hold any byte), the 20th field. */

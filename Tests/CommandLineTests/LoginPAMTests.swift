@@ -731,31 +731,38 @@ extension SerialTests {
                     """, "\(used)")
         }
 
-        /// A device started with `$TPM2TOOLS_TCTI` naming a TCTI module by a
-        /// path (a library of the user's, which tpm2-tss would load into it
-        /// when it first reached the TPM, after pam_keychainfs looked at its
-        /// memory) was given the login password, and the library read it
-        /// (an outsider's attack). pam_keychainfs now gives such a device
-        /// nothing (and the device loads only a module root controls).
-        @Test func aDeviceToldToLoadATCTIModuleByAPathIsGivenNothing() throws {
+        /// A device told of a TPM other than the machine's was given the
+        /// login password: `$TPM2TOOLS_TCTI` naming a library of the user's
+        /// (loaded into the device when it first reached the TPM, after
+        /// pam_keychainfs looked at its memory: the library read the
+        /// password), or swtpm at a port of the user's (the user's own swtpm
+        /// holds the session key that checks the passcode's HMAC: the login
+        /// password was guessed offline), or `$KEYCHAINFS_SERVICE` naming a
+        /// broker of the user's (which is given the passcode's auth): three
+        /// outsiders' attacks. pam_keychainfs now gives such a device
+        /// nothing; told of the machine's own TPM by name, a device is given
+        /// the password.
+        @Test func aDeviceToldOfATPMOtherThanTheMachinesIsGivenNothing() throws {
             let used = try withPAM(
                 """
                 \(Self.loginUnlockOn)
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \\
-                    TPM2TOOLS_TCTI="$R/evil.so:host=127.0.0.1" "$K" start > /dev/null
-                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate 2>&1 | sed 's/^Password: //'
-                echo "the device told of a module: $(state)"
-                K_ stop
-                runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \\
-                    TPM2TOOLS_TCTI="swtpm:host=127.0.0.1,port=1" "$K" start > /dev/null
-                printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
-                echo "the device told of a TCTI by its name: $(state)"
+                # The keychain named, as a per-user device is that reaches a broker (a service's socket) for its TPM.
+                home=$(getent passwd "$U" | cut -d: -f6)
+                for told in TPM2TOOLS_TCTI="$R/evil.so:host=127.0.0.1" TPM2TOOLS_TCTI=swtpm:host=127.0.0.1,port=24321 \\
+                    KEYCHAINFS_SERVICE="$R/broker" TPM2TOOLS_TCTI=device:/dev/tpmrm0; do
+                    runuser -u "$U" -- env XDG_RUNTIME_DIR="$RUN" KEYCHAINFS_TPM=none \\
+                        KEYCHAINFS_KEYCHAIN="$home/.local/share/keychainfs" "$told" "$K" start > /dev/null
+                    printf 'Login-1\\n' | pamtester "$S" "$U" authenticate > /dev/null 2>&1
+                    echo "${told%%=*}=${told#*=}: $(state)" | sed "s|$R/||"
+                    K_ stop
+                done
                 """)
             #expect(
                 used.stdout == """
-                    pamtester: successfully authenticated
-                    the device told of a module: state: locked failed-attempts: 0\(" ")
-                    the device told of a TCTI by its name: state: unlocked failed-attempts: 0\(" ")
+                    TPM2TOOLS_TCTI=evil.so:host=127.0.0.1: state: locked failed-attempts: 0\(" ")
+                    TPM2TOOLS_TCTI=swtpm:host=127.0.0.1,port=24321: state: locked failed-attempts: 0\(" ")
+                    KEYCHAINFS_SERVICE=broker: state: locked failed-attempts: 0\(" ")
+                    TPM2TOOLS_TCTI=device:/dev/tpmrm0: state: unlocked failed-attempts: 0\(" ")
 
                     """, "\(used)")
         }
