@@ -29,13 +29,22 @@ extension SerialTests {
         /// asked at all, and is told nobody could be asked; nor is one that
         /// joined the foreground group of the command, or of the shell at
         /// its prompt, or made its own group the foreground (tcsetpgrp)
-        /// while the shell sat at its prompt.
+        /// while the shell sat at its prompt; nor one run at a terminal a
+        /// program made for itself, not a login's, which read the question
+        /// off the terminal and typed its code (an outsider's attack).
         @Test func aPersonAtATerminalAnswersForTheProgramTheyRan() throws {
+            let logins = try LoginRecords(uid: harness.user?.uid ?? getuid(), in: harness.root)
+            defer { withExtendedLifetime(logins) {} }
             try """
             import fcntl, os, pty, re, select, signal, struct, subprocess, sys, termios, time
+            \(LoginRecords.pythonRecordLogin)
             # At a terminal of its own (80 columns would wrap the question): runs argv[2:]; answers by argv[1].
             rule, command = sys.argv[1], sys.argv[2:]
             pid, terminal = pty.fork()
+            if pid == 0:
+                # The terminal of a login root recorded (an SSH login's), as a person's is; a program of the user
+                # that made one for itself ("own") has none, and answers its own question if asked.
+                record_login(rule != "own")
             if pid == 0 and rule == "join":
                 # The person's shell (this session's leader) runs a command in the foreground; a background job
                 # of the same shell joins the command's process group (no tcsetpgrp) and asks meanwhile.
@@ -123,7 +132,7 @@ extension SerialTests {
                     if rule in ("inject", "join", "idle", "seize"):
                         continue  # the person types nothing
                     typed = {"once": found.group(1), "script": found.group(1), "always": found.group(3) or b"",
-                             "wrong": b"abcde"}[rule]
+                             "own": found.group(1), "wrong": b"abcde"}[rule]
                     os.write(terminal, typed + b"\\r")
             os.waitpid(pid, 0)
             shown = re.sub(rb"\\x1b(\\[[0-9;?]*[A-Za-z@]|[()][0-9A-Za-z]|[=>])", b"", screen)
@@ -132,7 +141,7 @@ extension SerialTests {
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
-                for rule in wrong background join idle seize inject once script always; do
+                for rule in wrong background join idle seize own inject once script always; do
                     /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
                 done
                 # Allowed for good: asked no more, with no terminal at all.
@@ -149,6 +158,7 @@ extension SerialTests {
                     join: asked no, got nothing
                     idle: asked no, got nothing
                     seize: asked no, got nothing
+                    own: asked no, got nothing
                     inject: asked yes, got nothing
                     once: asked yes, got hunter2
                     script: asked yes, got hunter2

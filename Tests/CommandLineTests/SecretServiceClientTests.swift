@@ -157,10 +157,14 @@ extension SerialTests.SecretServiceTests {
     /// goes to the terminal of the program that asks, when it runs in its
     /// foreground, as the owner rule's questions do.
     @Test func aLockedKeychainAsksForThePasscodeAtTheAskersTerminal() throws {
+        let logins = try LoginRecords(uid: harness.user?.uid ?? getuid(), in: harness.root)
+        defer { withExtendedLifetime(logins) {} }
         try """
         import os, pty, re, select, sys, time
+        \(LoginRecords.pythonRecordLogin)
         pid, terminal = pty.fork()
         if pid == 0:
+            record_login(True)  # an SSH login's terminal, as root recorded it
             os.execv(sys.argv[1], sys.argv[1:])
         screen, answered, deadline = b"", False, time.monotonic() + 60
         while time.monotonic() < deadline:

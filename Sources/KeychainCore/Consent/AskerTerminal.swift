@@ -22,7 +22,8 @@ package struct AskerTerminal: Sendable, Equatable {
     package static func foreground(of pid: pid_t) -> AskerTerminal? {
         guard let control = ProcessChain.controllingTerminal(of: pid), control.inForeground, control.device != 0,
             let path = devicePath(control.device), isStartedByItsGroupsLeader(pid, group: control.group),
-            isWaitedForByTheSessionsShell(control.group, asker: pid)
+            isWaitedForByTheSessionsShell(control.group, asker: pid), let user = ProcessChain.realUser(of: pid),
+            isALoginsTerminal(path, user: user)
         else { return nil }
         var info = stat()
         guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFCHR, UInt64(info.st_rdev) == control.device,
@@ -79,6 +80,37 @@ package struct AskerTerminal: Sendable, Equatable {
             if owner == user && !waitsForAChild(parent) { return false }
             if parent == session { return true }
             process = parent
+        }
+        return false
+    }
+
+    /// Where logind records the sessions it opened, one file each, root's
+    /// (`TTY=` names a session's terminal; sd-login reads the same files).
+    static let sessionRecords = "/run/systemd/sessions"
+
+    /// Whether `path` is the terminal of a login of `user` that root
+    /// recorded: a session of logind's (an SSH login's pseudo-terminal, a
+    /// virtual console) whose `TTY=` it is. Any program of the user can make
+    /// a pseudo-terminal of its own, run a command in its foreground, read
+    /// the question off the other side and type its code (an outsider
+    /// did, for another program's item); only root opens a login, and
+    /// records it. A terminal nested in a login (tmux, screen, `script`) is
+    /// none: a program of the user makes those too (docs/SECURITY.md,
+    /// "Asked at a terminal").
+    static func isALoginsTerminal(_ path: String, user: uid_t, records: String = sessionRecords) -> Bool {
+        guard path.hasPrefix("/dev/"), let directory = opendir(records) else { return false }
+        defer { closedir(directory) }
+        let terminal = "TTY=" + path.dropFirst("/dev/".count), owner = "UID=\(user)"
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            guard !name.hasPrefix("."), !name.contains("."), RootControlledFile.status(of: records + "/" + name) != nil,
+                let fd = FileDescriptor(open(records + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)),
+                let bytes = try? fd.borrowed.readAll(limit: 1 << 16)
+            else { continue }
+            let lines = Set(String(decoding: bytes, as: UTF8.self).split(separator: "\n").map(String.init))
+            if lines.contains(terminal) && lines.contains(owner) && !lines.contains("STATE=closing") { return true }
         }
         return false
     }

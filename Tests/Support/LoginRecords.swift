@@ -1,0 +1,90 @@
+import Foundation
+import KeychainCore
+
+/// The logins a test's terminals stand for, recorded as logind records a
+/// session (`/run/systemd/sessions/ID`, root's: `UID=`, `TTY=`): the device
+/// asks a question only at the terminal of a login root recorded
+/// (docs/SECURITY.md, "Asked at a terminal"). A program of the test's user
+/// that stands for a person at a login writes `+pts/N` (its terminal) to
+/// ``fifo``, or `-` for none, and waits for ``pythonRecordLogin``'s record;
+/// this object, as root, writes one record at a time, and removes it, and
+/// the directory if it made it, when the test ends.
+package final class LoginRecords: @unchecked Sendable {
+    package let fifo: String
+    private let uid: uid_t
+    private let madeDirectory: Bool
+    private let finished = DispatchSemaphore(value: 0)
+    private static let directory = "/run/systemd/sessions"
+
+    package init(uid: uid_t, in root: String) throws {
+        self.uid = uid
+        fifo = root + "/logins"
+        madeDirectory = !FileManager.default.fileExists(atPath: Self.directory)
+        try FileManager.default.createDirectory(atPath: Self.directory, withIntermediateDirectories: true)
+        guard mkfifo(fifo, 0o666) == 0, chmod(fifo, 0o666) == 0 else { throw HarnessError("mkfifo \(fifo) failed") }
+        // Read and write: the reader never sees an end while no writer has it open.
+        guard let reading = FileHandle(forUpdatingAtPath: fifo) else { throw HarnessError("cannot open \(fifo)") }
+        Thread.detachNewThread { [self] in
+            var pending = Data()
+            reading: while true {
+                let chunk = reading.availableData
+                if chunk.isEmpty { break }
+                pending.append(chunk)
+                while let end = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    let line = String(decoding: pending[pending.startIndex..<end], as: UTF8.self)
+                    pending.removeSubrange(pending.startIndex...end)
+                    if line == "stop" { break reading }
+                    removeRecords()
+                    if line.hasPrefix("+") { record(String(line.dropFirst())) }
+                }
+            }
+            try? reading.close()
+            finished.signal()
+        }
+    }
+
+    deinit {
+        if let writing = FileHandle(forWritingAtPath: fifo) {
+            writing.write(Data("stop\n".utf8))
+            try? writing.close()
+            finished.wait()
+        }
+        removeRecords()
+        unlink(fifo)
+        if madeDirectory { rmdir(Self.directory) }
+    }
+
+    /// The record for `terminal` (`pts/N`).
+    private func record(_ terminal: String) {
+        let path = Self.directory + "/" + Self.name(uid: uid, terminal: terminal)
+        try? "UID=\(uid)\nSTATE=active\nTYPE=tty\nTTY=\(terminal)\n".write(
+            toFile: path, atomically: true, encoding: .utf8)
+        chmod(path, 0o644)
+    }
+
+    private func removeRecords() {
+        let prefix = "kcfs-test-\(uid)-"
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: Self.directory)) ?? []
+        where name.hasPrefix(prefix) {
+            unlink(Self.directory + "/" + name)
+        }
+    }
+
+    private static func name(uid: uid_t, terminal: String) -> String {
+        "kcfs-test-\(uid)-" + terminal.replacingOccurrences(of: "/", with: "-")
+    }
+
+    /// Python for a test's program: `record_login(True)` in a process whose
+    /// standard input is its terminal records that terminal as a login's
+    /// and waits for the record; `record_login(False)` records none.
+    package static let pythonRecordLogin = """
+        def record_login(recorded):
+            import os, time
+            name = os.ttyname(0)[len("/dev/"):]
+            with open(os.environ["R"] + "/logins", "w") as logins:
+                logins.write(("+" + name if recorded else "-") + "\\n")
+            record = "/run/systemd/sessions/kcfs-test-%d-%s" % (os.getuid(), name.replace("/", "-"))
+            while os.path.exists(record) != recorded:
+                time.sleep(0.01)
+        """
+}
