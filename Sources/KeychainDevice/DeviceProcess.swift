@@ -38,7 +38,7 @@ public final class DeviceProcess: Sendable {
     /// The socket connections being served, and their limits.
     private let connections: ConnectionTable
     /// Each person's large requests at once, in the service.
-    private let largeRequests: LargeRequestShares
+    private let largeRequests: LockedMemoryShares
 
     /// The keychain a per-user device serves, or every user's, in the service.
     private enum ServedKeychains: Sendable {
@@ -58,7 +58,7 @@ public final class DeviceProcess: Sendable {
         mountEnded = made
         // Every connection is the user's own: no limit but the deadline.
         connections = ConnectionTable(perUser: nil, deadline: Self.connectionDeadline * 1000)
-        largeRequests = LargeRequestShares(perPerson: .max)  // one person: not asked (service mode only)
+        largeRequests = LockedMemoryShares(perPerson: .max)  // one person: not asked (service mode only)
         keychains = .perUser(
             try ServedKeychain(keychain: keychain, owner: (getuid(), getgid())) {
                 Self.signal(ended)
@@ -73,7 +73,10 @@ public final class DeviceProcess: Sendable {
         let ended = made.borrowed
         mountEnded = made
         connections = ConnectionTable(perUser: limits.connectionsPerUser, deadline: Self.connectionDeadline * 1000)
-        largeRequests = LargeRequestShares(lockedMemory: LargeRequestShares.lockedMemoryLimit)
+        let shares = LockedMemoryShares(lockedMemory: LockedMemoryShares.lockedMemoryLimit)
+        largeRequests = shares
+        // The mounts' buffers count in the same shares as the socket's bodies.
+        LockedMemoryShares.serving.withLock { $0 = shares }
         keychains = .service(ServiceKeychains(stateDirectory: stateDirectory, limits: limits) { Self.signal(ended) })
     }
 

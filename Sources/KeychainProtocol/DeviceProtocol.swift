@@ -148,7 +148,7 @@ extension DeviceProtocol {
     /// Bodies longer than this take a slot of their own in secret memory
     /// (``SecretArena``'s large classes): the service holds each person to
     /// so many of them at once (``receive(from:sentBy:descriptor:refusedMemory:admittingLarge:)``).
-    public static let largeBody = 65536
+    public static let largeBody = LockedMemoryShares.largeBody
 
     /// ``receive(from:sentBy:descriptor:)``, saying in `refusedMemory`
     /// when no frame came because its body could not be given secret

@@ -224,6 +224,51 @@ extension SerialTests {
                 "\(stalled)")
         }
 
+        /// The same through a mount: one user's descriptors opened for
+        /// writing, 1,000,000 bytes written to each and held open, kept
+        /// another user's large `set`s out of a service limited to 8 MiB for
+        /// as long as they stayed open (an outsider's attack). A buffer grown
+        /// past 64 KiB now takes a place in its person's share too: the
+        /// second such write fails with ENOMEM, the other user's `set` goes
+        /// through, and the first descriptor's value is stored at its close.
+        @Test func oneUsersOpenWritesLeaveLockedMemoryForAnother() throws {
+            let service = try ServiceHarness(lockedMemoryLimit: 8 << 20)
+            let (victim, _) = try ServiceModeTests.userOfAService(service)
+            let (attacker, mnt) = try ServiceModeTests.userOfAService(service)
+            let ready = attacker.root + "/writes-ready", release = attacker.root + "/writes-release"
+            try """
+            import errno, os, sys, time
+            mnt, ready, release = sys.argv[1:4]
+            held, refused = [], 0
+            for n in range(6):
+                fd = os.open("%s/default/big%d" % (mnt, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, b"x" * 1000000)
+                    held.append(fd)
+                except OSError as error:
+                    refused += error.errno == errno.ENOMEM
+                    os.close(fd)
+            open(ready, "w").close()
+            while not os.path.exists(release):
+                time.sleep(0.05)
+            for fd in held:
+                os.close(fd)
+            print("held %d refused %d" % (len(held), refused))
+            """.write(toFile: attacker.root + "/writes.py", atomically: true, encoding: .utf8)
+            let writes = Thread.detachedResult {
+                attacker.sh("/usr/bin/python3 \"$R/writes.py\" \"$1\" \"$2\" \"$3\"", arguments: [mnt, ready, release])
+            }
+            #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the writes never got their descriptors")
+            let large = victim.sh(
+                "head -c 1000000 /dev/urandom > \"$R/big\" && \"$K\" set default/big < \"$R/big\" "
+                    + "&& \"$K\" get default/big | cmp - \"$R/big\" && echo stored")
+            _ = FileManager.default.createFile(atPath: release, contents: nil)
+            let written = writes.value()
+            #expect(large.stdout == "stored\n", "\(large)")
+            #expect(written.stdout == "held 1 refused 5\n", "\(written)")
+            #expect(attacker.sh("wc -c < \"$1/default/big0\"", arguments: [mnt]).stdout == "1000000\n")
+        }
+
         /// Out of descriptors (here 64, and no limit per user), the service
         /// sheds idle connections and goes on: it had stopped accepting for
         /// good, and every client hung.

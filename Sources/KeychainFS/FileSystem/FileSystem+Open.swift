@@ -100,8 +100,17 @@ extension FileSystem {
                     inode: inode, value: item.value, buffer: nil, appends: false,
                     protectionClass: item.protectionClass, targetClass: nil, opener: opener)
             }
-            let buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: item.value) }
-            return try writer(inode: inode, buffer: buffer, current: item.protectionClass, flags: flags, opener: opener)
+            let place = try lockedMemoryPlace(for: item.value.count)
+            do throws(Errno) {
+                let buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: item.value) }
+                let file = try writer(
+                    inode: inode, buffer: buffer, current: item.protectionClass, flags: flags, opener: opener)
+                file.lockedMemoryHolder = place
+                return file
+            } catch {
+                Self.releaseLockedMemory(place)
+                throw error
+            }
         }
         // O_TRUNC: the old value is not needed, only that its key is there.
         guard
@@ -184,9 +193,11 @@ extension FileSystem {
         try changing(file) { () throws(Errno) in
             guard let buffer = file.buffer else { throw Errno(EBADF) }
             guard file.failure == 0 else { throw Errno(file.failure) }
+            let at = file.appends ? buffer.count : offset
+            if file.lockedMemoryHolder == nil { file.lockedMemoryHolder = try lockedMemoryPlace(for: at + bytes.count) }
             do throws(KeychainError) {
                 // O_APPEND: the end of our buffer, not the kernel's idea of the size.
-                try buffer.write(bytes, at: file.appends ? buffer.count : offset)
+                try buffer.write(bytes, at: at)
             } catch {
                 if error == .valueTooLarge { file.failure = EFBIG }
                 throw Errno(error)
@@ -199,9 +210,41 @@ extension FileSystem {
     func truncate(_ file: OpenFile, to size: Int) throws(Errno) {
         try changing(file) { () throws(Errno) in
             guard let buffer = file.buffer else { throw Errno(EBADF) }
+            if file.lockedMemoryHolder == nil { file.lockedMemoryHolder = try lockedMemoryPlace(for: size) }
             try core { () throws(KeychainError) in try buffer.resize(to: size) }
             file.noteWrite()
         }
+    }
+
+    /// A place in the owner's share of the service's locked memory for a
+    /// buffer of `size` bytes (``LockedMemoryShares``): nil when none is
+    /// needed (a small buffer, or a per-user device); ENOMEM when the
+    /// owner's share is taken, and the write, or the open, fails: a user's
+    /// descriptors held open with 1 MB written each once kept every other
+    /// user's large values out of the service (docs/SECURITY.md, "What an
+    /// ordinary user of the machine can try").
+    func lockedMemoryPlace(for size: Int) throws(Errno) -> UInt32? {
+        guard size > LockedMemoryShares.largeBody, let shares = LockedMemoryShares.serving.withLock({ $0 }) else {
+            return nil
+        }
+        let person = MachinePeople.person(of: owner.uid) ?? owner.uid
+        guard shares.take(person) else { throw Errno(ENOMEM) }
+        return person
+    }
+
+    /// Gives back a place ``lockedMemoryPlace(for:)`` took.
+    static func releaseLockedMemory(_ person: UInt32?) {
+        guard let person else { return }
+        LockedMemoryShares.serving.withLock { $0 }?.release(person)
+    }
+
+    /// Gives back the place `file`'s buffer holds, as it is released.
+    func releaseLockedMemory(of file: OpenFile) {
+        let place = file.lock.withLock { () -> UInt32? in
+            defer { file.lockedMemoryHolder = nil }
+            return file.lockedMemoryHolder
+        }
+        Self.releaseLockedMemory(place)
     }
 
     /// Runs a change of a writing descriptor's buffer under its lock. If it

@@ -42,6 +42,9 @@ final class OpenFile: @unchecked Sendable {
     var pendingRevert: PasswordManager.WriteReceipt?
     /// When this descriptor last wrote (orders several writers of one process).
     var lastWrite: UInt64 = 0
+    /// The person whose share of the service's locked memory its buffer,
+    /// grown past `LockedMemoryShares.largeBody`, holds a place in (nil: none).
+    var lockedMemoryHolder: UInt32?
     /// The device locked away a key this descriptor needs.
     private(set) var revoked = false
 

@@ -106,6 +106,7 @@ extension FuseOperations {
                 do throws(Errno) { try fs.commit(file, final: true) } catch {
                     Diagnostics.log("release of inode \(inode) could not commit: errno \(error.rawValue)")
                 }
+                fs.releaseLockedMemory(of: file)
                 fs.nodes.remove(fi.pointee.fh)
             }
             fuse_reply_err(req, 0)
