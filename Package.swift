@@ -33,7 +33,17 @@ let package = Package(
         .target(name: "KeychainCore", dependencies: ["CLinux", "COpenSSL", "CSodium", "CSQLite"]),
         // The device's wire protocol (docs/PROTOCOL.md): requests, replies, the
         // socket and DeviceConnection (the core's RemoteKeychain). Uses the core.
-        .target(name: "KeychainProtocol", dependencies: ["KeychainCore", "CLinux"]),
+        .target(
+            name: "KeychainProtocol", dependencies: ["KeychainCore", "CLinux"],
+            // A reply's reader is a generic of the core's: its metadata is
+            // reached through its accessor, not found by its name, which
+            // searched every type of the static build on each command's first
+            // reply (docs/BENCHMARKS.md, "the wire protocol's own target").
+            swiftSettings: [
+                .unsafeFlags(
+                    ["-Xfrontend", "-disable-concrete-type-metadata-mangled-name-accessors"],
+                    .when(configuration: .release))
+            ]),
         // The TPM adapter (tpm2-tss), the core's KeyProtector, and the service's
         // broker: uses the core, and the protocol to reach and answer the
         // service's TPM; the public calls that boot a device with it live here.

@@ -42,32 +42,37 @@ package struct ByteWriter {
 /// ones, each checked against the end. Running past the end, or any other
 /// malformed input, throws `malformed` (``KeychainError/decode`` for stored
 /// records, ``KeychainError/param`` for requests).
+///
+/// Inlinable: the wire protocol reads every frame with it from another
+/// module, where calls it could not specialise had the runtime instantiate
+/// its type by name on a process's first reply, most of a `keychainfs
+/// get`'s instructions (docs/BENCHMARKS.md).
 package struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Index == Int {
-    private let bytes: Bytes
-    private var offset: Int
+    @usableFromInline let bytes: Bytes
+    @usableFromInline var offset: Int
     package let malformed: KeychainError
 
-    package init(_ bytes: Bytes, malformed: KeychainError = .decode) {
+    @inlinable package init(_ bytes: Bytes, malformed: KeychainError = .decode) {
         self.bytes = bytes
         self.offset = bytes.startIndex
         self.malformed = malformed
     }
 
-    package var isAtEnd: Bool { offset == bytes.endIndex }
+    @inlinable package var isAtEnd: Bool { offset == bytes.endIndex }
 
     /// The bytes not read yet.
-    package var remaining: Int { bytes.endIndex - offset }
+    @inlinable package var remaining: Int { bytes.endIndex - offset }
 
     /// The next `count` bytes, in place.
-    package mutating func take(_ count: Int) throws(KeychainError) -> Bytes.SubSequence {
+    @inlinable package mutating func take(_ count: Int) throws(KeychainError) -> Bytes.SubSequence {
         guard count >= 0, bytes.endIndex - offset >= count else { throw malformed }
         defer { offset += count }
         return bytes[offset..<offset + count]
     }
 
-    package mutating func read(_ count: Int) throws(KeychainError) -> [UInt8] { Array(try take(count)) }
+    @inlinable package mutating func read(_ count: Int) throws(KeychainError) -> [UInt8] { Array(try take(count)) }
 
-    package mutating func readByte() throws(KeychainError) -> UInt8 {
+    @inlinable package mutating func readByte() throws(KeychainError) -> UInt8 {
         guard offset < bytes.endIndex else { throw malformed }
         defer { offset += 1 }
         return bytes[offset]
@@ -77,7 +82,7 @@ package struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Inde
     /// reduction, whose generic types an unspecialised call (from another
     /// module) had the runtime look up on a process's first read
     /// (docs/BENCHMARKS.md).
-    private mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError) -> I
+    @inlinable mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError) -> I
     {
         let size = MemoryLayout<I>.size
         guard bytes.endIndex - offset >= size else { throw malformed }
@@ -87,18 +92,18 @@ package struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Inde
         return I(truncatingIfNeeded: value)
     }
 
-    package mutating func readUInt64() throws(KeychainError) -> UInt64 { try readLittleEndian(UInt64.self) }
+    @inlinable package mutating func readUInt64() throws(KeychainError) -> UInt64 { try readLittleEndian(UInt64.self) }
 
-    package mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
+    @inlinable package mutating func readInt64() throws(KeychainError) -> Int64 { Int64(bitPattern: try readUInt64()) }
 
-    package mutating func readUInt32() throws(KeychainError) -> UInt32 { try readLittleEndian(UInt32.self) }
+    @inlinable package mutating func readUInt32() throws(KeychainError) -> UInt32 { try readLittleEndian(UInt32.self) }
 
-    package mutating func readUInt16() throws(KeychainError) -> UInt16 { try readLittleEndian(UInt16.self) }
+    @inlinable package mutating func readUInt16() throws(KeychainError) -> UInt16 { try readLittleEndian(UInt16.self) }
 
-    package mutating func readInt32() throws(KeychainError) -> Int32 { Int32(bitPattern: try readUInt32()) }
+    @inlinable package mutating func readInt32() throws(KeychainError) -> Int32 { Int32(bitPattern: try readUInt32()) }
 
     /// A string written by ``ByteWriter/appendPrefixed(_:)``; `malformed` unless UTF-8.
-    package mutating func readPrefixed() throws(KeychainError) -> String {
+    @inlinable package mutating func readPrefixed() throws(KeychainError) -> String {
         let length = Int(try readLittleEndian(UInt16.self))
         guard let string = String(validating: try take(length), as: UTF8.self) else { throw malformed }
         return string
