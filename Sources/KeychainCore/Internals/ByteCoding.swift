@@ -82,7 +82,8 @@ package struct ByteReader<Bytes: RandomAccessCollection<UInt8>> where Bytes.Inde
     /// reduction, whose generic types an unspecialised call (from another
     /// module) had the runtime look up on a process's first read
     /// (docs/BENCHMARKS.md).
-    @inlinable mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError) -> I
+    @inlinable mutating func readLittleEndian<I: FixedWidthInteger & UnsignedInteger>(_: I.Type) throws(KeychainError)
+        -> I
     {
         let size = MemoryLayout<I>.size
         guard bytes.endIndex - offset >= size else { throw malformed }
