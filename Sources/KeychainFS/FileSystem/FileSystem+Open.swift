@@ -238,8 +238,13 @@ extension FileSystem {
         LockedMemoryShares.serving.withLock { $0 }?.release(person)
     }
 
-    /// Gives back the place `file`'s buffer holds, as it is released.
+    /// Gives back the place `file`'s buffer holds, as it is released. A
+    /// descriptor opened for reading has no buffer and takes no lock here: a
+    /// reader's RELEASE arrives while the worker that sent its READ reply
+    /// still holds that lock, and waiting for it cost every read through
+    /// the mount 1.15x (docs/BENCHMARKS.md).
     func releaseLockedMemory(of file: OpenFile) {
+        guard file.writable else { return }
         let place = file.lock.withLock { () -> UInt32? in
             defer { file.lockedMemoryHolder = nil }
             return file.lockedMemoryHolder
