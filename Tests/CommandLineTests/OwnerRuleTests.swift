@@ -88,6 +88,52 @@ extension SerialTests {
                 while os.waitpid(job, os.WNOHANG) == (0, 0):
                     select.select([0], [], [], 0.2)
                 os._exit(0)
+            if pid == 0 and rule == "alias":
+                # The person's login shell sits at its prompt; a program of the user mounts a devpts of its own
+                # (a user namespace of its making: no privilege), opens terminals there until it has the number
+                # of the person's, and makes that one the controlling terminal of a session of its own.
+                import ctypes, socket
+                index = int(os.ttyname(0).rsplit("/", 1)[1])
+                job = os.fork()
+                if job == 0:
+                    ours, theirs = socket.socketpair()
+                    if os.fork() == 0:
+                        libc = ctypes.CDLL(None, use_errno=True)
+                        uid, gid = os.getuid(), os.getgid()
+                        if libc.unshare(0x10000000 | 0x00020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+                            os._exit(3)
+                        for name, text in (("uid_map", "0 %d 1" % uid), ("setgroups", "deny"), ("gid_map", "0 %d 1" % gid)):
+                            with open("/proc/self/" + name, "w") as f:
+                                f.write(text)
+                        points = "/tmp/kcfs-alias-%d" % os.getpid()
+                        os.mkdir(points)
+                        if libc.mount(b"devpts", points.encode(), b"devpts", 0, b"newinstance,ptmxmode=0666") != 0:
+                            os._exit(4)
+                        masters = []
+                        while True:
+                            master = os.open(points + "/ptmx", os.O_RDWR | os.O_NOCTTY)
+                            masters.append(master)
+                            number = struct.unpack("I", fcntl.ioctl(master, 0x80045430, b"\\0" * 4))[0]  # TIOCGPTN
+                            if number == index or number > index + 64:
+                                break
+                        fcntl.ioctl(master, 0x40045431, struct.pack("i", 0))  # TIOCSPTLCK
+                        slave = os.open("%s/%d" % (points, number), os.O_RDWR | os.O_NOCTTY)
+                        socket.send_fds(theirs, [b"x"], [master, slave])
+                        time.sleep(30)
+                        os._exit(0)
+                    theirs.close()
+                    _, received, _, _ = socket.recv_fds(ours, 1, 2)
+                    if len(received) != 2:
+                        os._exit(5)  # no terminal of that number: nothing to try
+                    master, slave = received
+                    os.setsid()
+                    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+                    for standard in (0, 1, 2):
+                        os.dup2(slave, standard)
+                    os.execv(command[0], command)
+                while os.waitpid(job, os.WNOHANG) == (0, 0):
+                    select.select([0], [], [], 0.2)
+                os._exit(0)
             if pid == 0 and rule == "script":
                 # The session's leader is a shell running a script (as over `ssh -t HOST 'a; b'`): it waits
                 # for the command it runs, which is asked.
@@ -129,7 +175,7 @@ extension SerialTests {
                 found = re.search(rb"this once, type ([a-z]{5})(; to allow it every time from now on, type ([a-z]{5}))?", shown)
                 if found and not answered:
                     answered = True
-                    if rule in ("inject", "join", "idle", "seize"):
+                    if rule in ("inject", "join", "idle", "seize", "alias"):
                         continue  # the person types nothing
                     typed = {"once": found.group(1), "script": found.group(1), "always": found.group(3) or b"",
                              "own": found.group(1), "wrong": b"abcde"}[rule]
@@ -141,7 +187,7 @@ extension SerialTests {
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
-                for rule in wrong background join idle seize own inject once script always; do
+                for rule in wrong background join idle seize own alias inject once script always; do
                     /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
                 done
                 # Allowed for good: asked no more, with no terminal at all.
@@ -159,6 +205,7 @@ extension SerialTests {
                     idle: asked no, got nothing
                     seize: asked no, got nothing
                     own: asked no, got nothing
+                    alias: asked no, got nothing
                     inject: asked yes, got nothing
                     once: asked yes, got hunter2
                     script: asked yes, got hunter2

@@ -23,7 +23,8 @@ package struct AskerTerminal: Sendable, Equatable {
         guard let control = ProcessChain.controllingTerminal(of: pid), control.inForeground, control.device != 0,
             let path = devicePath(control.device), isStartedByItsGroupsLeader(pid, group: control.group),
             isWaitedForByTheSessionsShell(control.group, asker: pid), let user = ProcessChain.realUser(of: pid),
-            isALoginsTerminal(path, user: user)
+            isALoginsTerminal(path, user: user), let session = ProcessChain.session(of: pid),
+            isTheOnlySession(of: control.device, session: session, user: user)
         else { return nil }
         var info = stat()
         guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFCHR, UInt64(info.st_rdev) == control.device,
@@ -113,6 +114,34 @@ package struct AskerTerminal: Sendable, Equatable {
             if lines.contains(terminal) && lines.contains(owner) && !lines.contains("STATE=closing") { return true }
         }
         return false
+    }
+
+    /// Whether no other session of `user` than `session` has a terminal
+    /// numbered `device` as its controlling one. A terminal's number does
+    /// not say which devpts it is: a program of the user mounted a devpts
+    /// of its own (`unshare --user --mount`, `mount -t devpts -o
+    /// newinstance`, no privilege needed), opened terminals there until it
+    /// had the number of the person's login terminal, and made it the
+    /// controlling terminal of a session of its own: the device took it for
+    /// the login's, and asked at the person's terminal while the person
+    /// sat at the prompt, for the program's own command (an outsider's
+    /// attack). The person's own shell keeps the real one for as long as the
+    /// login lasts, so two sessions show the number: nobody is asked then.
+    /// A rootless container of the user's with a terminal of that number
+    /// makes the question go unasked too.
+    static func isTheOnlySession(of device: UInt64, session: pid_t, user: uid_t) -> Bool {
+        guard let processes = opendir("/proc") else { return false }
+        defer { closedir(processes) }
+        while let entry = readdir(processes) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            guard let pid = pid_t(name), let other = ProcessChain.terminalAndSession(of: pid),
+                other.device == device, other.session != session, ProcessChain.realUser(of: pid) == user
+            else { continue }
+            return false
+        }
+        return true
     }
 
     /// Whether `pid` sleeps in wait4(2) (`do_wait` in /proc/PID/wchan).

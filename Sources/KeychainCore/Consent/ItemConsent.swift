@@ -369,6 +369,16 @@ package enum ProcessChain {
         return (UInt64(UInt32(truncatingIfNeeded: device)), group, foreground > 0 && foreground == group)
     }
 
+    /// The process's controlling terminal (`tty_nr`) and session, from one
+    /// read of `/proc/PID/stat`.
+    package static func terminalAndSession(of pid: pid_t) -> (device: UInt64, session: pid_t)? {
+        guard let fields = stat(of: pid)?.fields, fields.count > 4,
+            let session = Int32(String(decoding: fields[3], as: UTF8.self)),
+            let device = Int64(String(decoding: fields[4], as: UTF8.self))
+        else { return nil }
+        return (UInt64(UInt32(truncatingIfNeeded: device)), session)
+    }
+
     /// The session the process is in (`/proc/PID/stat`'s 6th field).
     package static func session(of pid: pid_t) -> pid_t? {
         guard let fields = stat(of: pid)?.fields, fields.count > 3 else { return nil }
