@@ -478,6 +478,14 @@ public final class DeviceProcess: Sendable {
     /// Seconds a peer may take to send its whole request, and to read the whole reply.
     static let connectionDeadline: Int64 = 5
 
+    /// Why a large request or reply was refused: its person's share of the
+    /// service's locked memory is taken (``LockedMemoryShares``).
+    private var largeShareTaken: String {
+        "you have \(largeRequests.perPerson) large request\(largeRequests.perPerson == 1 ? "" : "s") "
+            + "arriving or being answered already (each holds up to 2 MiB of the service's locked "
+            + "memory, which its users share); nothing was changed: try again when one is done"
+    }
+
     /// Serves the connection `handed` (this thread's from then on) and closes it.
     private func serve(_ handed: Int32, from credentials: PeerCredentials) {
         let connection = FileDescriptor(handed)!  // not -1: accept(2) gave it
@@ -485,9 +493,23 @@ public final class DeviceProcess: Sendable {
         var attachments = ReplyAttachments()
         let reply = answer(client, from: credentials, attachments: &attachments)
         connections.enter(.replying, client)
-        if let frame = try? reply.frame(),
-            DeviceProtocol.send(frame, to: client, passing: attachments.descriptor.borrowed)
-        {
+        // A large reply (a value of up to 1 MiB) is held in locked memory
+        // until the peer has read it, or its deadline ends: it takes a place
+        // in its person's share too. A user's connections that asked for a
+        // large item and never read the reply, again every 5 s, kept every
+        // other user's large values out of the service (an outsider's attack).
+        var frame = try? reply.frame()
+        var replyHolder: UInt32?
+        if case .service = keychains, let large = frame, large.count > LockedMemoryShares.largeBody {
+            let person = MachinePeople.person(of: credentials.uid) ?? credentials.uid
+            if largeRequests.take(person) {
+                replyHolder = person
+            } else {
+                frame = try? DeviceReply.systemError(ENOMEM, largeShareTaken).frame()
+            }
+        }
+        defer { if let replyHolder { largeRequests.release(replyHolder) } }
+        if let frame, DeviceProtocol.send(frame, to: client, passing: attachments.descriptor.borrowed) {
             // A watcher is a client: the device stays while it follows.
             if let events = attachments.events {
                 connections.enter(.following, client)
@@ -543,13 +565,7 @@ public final class DeviceProcess: Sendable {
                     return true
                 })
         else {
-            if refusedShare {
-                return .systemError(
-                    ENOMEM,
-                    "you have \(largeRequests.perPerson) large request\(largeRequests.perPerson == 1 ? "" : "s") "
-                        + "arriving or being answered already (each holds up to 2 MiB of the service's locked "
-                        + "memory, which its users share); nothing was changed: try again when one is done")
-            }
+            if refusedShare { return .systemError(ENOMEM, largeShareTaken) }
             if refusedMemory {
                 return .systemError(
                     ENOMEM,

@@ -269,6 +269,37 @@ extension SerialTests {
             #expect(attacker.sh("wc -c < \"$1/default/big0\"", arguments: [mnt]).stdout == "1000000\n")
         }
 
+        /// The same through replies: one user's connections each asked for a
+        /// large item of their own and never read the reply, asking again as
+        /// each deadline ended: another user's large `get`s and `set`s failed
+        /// on a service limited to 8 MiB (an outsider's attack). A large reply
+        /// now takes a place in its person's share until it is read: the
+        /// others are refused at once, saying why, and the other user is served.
+        @Test func oneUsersUnreadRepliesLeaveLockedMemoryForAnother() throws {
+            let service = try ServiceHarness(lockedMemoryLimit: 8 << 20)
+            let (victim, _) = try ServiceModeTests.userOfAService(service)
+            let (attacker, _) = try ServiceModeTests.userOfAService(service)
+            #expect(attacker.sh("head -c 1000000 /dev/zero | \"$K\" set default/big").succeeded)
+            let attack = try Self.attackProgram(attacker)
+            let request = attacker.root + "/get-big.frame"
+            let frame = try DeviceRequest.item(.get(group: "default", identifier: "big")).frame()
+            try frame.withUnsafeBytes { Data($0) }.write(to: URL(fileURLWithPath: request))
+            chmod(request, 0o644)
+            let ready = attacker.root + "/unread-ready"
+            let unread = Thread.detachedResult {
+                attacker.sh(
+                    "/usr/bin/python3 \"$1\" unread-replies \"$2\" 8 \"$3\" 3 \"$4\"",
+                    arguments: [attack, service.socket, request, ready])
+            }
+            #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the attack never got its connections")
+            let large = victim.sh(
+                "head -c 1000000 /dev/urandom > \"$R/big\" && \"$K\" set default/big < \"$R/big\" "
+                    + "&& \"$K\" get default/big | cmp - \"$R/big\" && echo stored")
+            let refused = unread.value()
+            #expect(large.stdout == "stored\n", "\(large)")
+            #expect(refused.stdout == "held 1 refused 7\n", "\(refused)")
+        }
+
         /// Out of descriptors (here 64, and no limit per user), the service
         /// sheds idle connections and goes on: it had stopped accepting for
         /// good, and every client hung.

@@ -139,6 +139,29 @@ def large_stall(path, count, announced, sent, hold, ready):
         s.close()
     print('held %d refused %d: %s' % (count - refused, refused, said))
 
+def unread_replies(path, count, request, hold, ready):
+    # `count` connections, one after another, each sending the request framed
+    # in the file `request` (a get of a large item) and reading nothing of a
+    # reply but whether it was a refusal (its first bytes), held `hold` seconds.
+    with open(request, 'rb') as f:
+        data = f.read()
+    connections, refused = [], 0
+    for _ in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(path)
+        s.sendall(data)
+        waiting = select.poll()
+        waiting.register(s, select.POLLIN)
+        if waiting.poll(1000) and b'large request' in s.recv(512, socket.MSG_PEEK):
+            refused += 1
+        connections.append(s)
+    open(ready, 'w').close()
+    time.sleep(hold)
+    for s in connections:
+        s.close()
+    print('held %d refused %d' % (count - refused, refused))
+
 def attach_many(path, count):
     # `count` attach attempts, each with a descriptor that is no mount.
     answers = {}
@@ -179,6 +202,8 @@ def main(argv):
         flood(path, int(argv[3]), float(argv[4]), argv[5])
     elif command == 'large-stall':
         large_stall(path, int(argv[3]), int(argv[4]), int(argv[5]), float(argv[6]), argv[7])
+    elif command == 'unread-replies':
+        unread_replies(path, int(argv[3]), argv[4], float(argv[5]), argv[6])
     elif command == 'attach-many':
         attach_many(path, int(argv[3]))
     else:
