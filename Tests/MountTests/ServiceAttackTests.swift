@@ -191,6 +191,14 @@ extension SerialTests {
                 "left behind: \(Self.footprint(service.pid)) against \(before)")
         }
 
+        /// `victim` stores a value of 1,000,000 bytes and reads it back (a
+        /// large request, then a large reply): "stored" when both went through.
+        static func storesALargeValue(_ victim: MountHarness) -> ShellResult {
+            victim.sh(
+                "head -c 1000000 /dev/urandom > \"$R/big\" && \"$K\" set default/big < \"$R/big\" "
+                    + "&& \"$K\" get default/big | cmp - \"$R/big\" && echo stored")
+        }
+
         /// One user's connections each announce a large body (1 MiB + 64 KiB,
         /// the most a request may be), send 1,100,000 bytes of it, which takes
         /// a 2 MiB slot of locked memory, and then nothing: where the machine
@@ -213,9 +221,7 @@ extension SerialTests {
                     arguments: [attack, service.socket, ready])
             }
             #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the attack never got its connections")
-            let large = victim.sh(
-                "head -c 1000000 /dev/urandom > \"$R/big\" && \"$K\" set default/big < \"$R/big\" "
-                    + "&& \"$K\" get default/big | cmp - \"$R/big\" && echo stored")
+            let large = Self.storesALargeValue(victim)
             let stalled = stall.value()
             #expect(large.stdout == "stored\n", "\(large)")
             #expect(
@@ -259,9 +265,7 @@ extension SerialTests {
                 attacker.sh("/usr/bin/python3 \"$R/writes.py\" \"$1\" \"$2\" \"$3\"", arguments: [mnt, ready, release])
             }
             #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the writes never got their descriptors")
-            let large = victim.sh(
-                "head -c 1000000 /dev/urandom > \"$R/big\" && \"$K\" set default/big < \"$R/big\" "
-                    + "&& \"$K\" get default/big | cmp - \"$R/big\" && echo stored")
+            let large = Self.storesALargeValue(victim)
             _ = FileManager.default.createFile(atPath: release, contents: nil)
             let written = writes.value()
             #expect(large.stdout == "stored\n", "\(large)")
@@ -292,9 +296,7 @@ extension SerialTests {
                     arguments: [attack, service.socket, request, ready])
             }
             #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the attack never got its connections")
-            let large = victim.sh(
-                "head -c 1000000 /dev/urandom > \"$R/big\" && \"$K\" set default/big < \"$R/big\" "
-                    + "&& \"$K\" get default/big | cmp - \"$R/big\" && echo stored")
+            let large = Self.storesALargeValue(victim)
             let refused = unread.value()
             #expect(large.stdout == "stored\n", "\(large)")
             #expect(refused.stdout == "held 1 refused 7\n", "\(refused)")
