@@ -23,11 +23,13 @@ extension SerialTests {
                 !Self.installed(harness),
                 "a keychainfs package is installed on this machine: this test installs and removes its own")
             let hadAccount = getpwnam("keychainfs") != nil
+            let hadDeviceGroup = getgrnam("keychainfs-device") != nil
             let hadState = FileManager.default.fileExists(atPath: "/var/lib/keychainfs")
             defer {
                 // Whatever the test got to: the package, then what it made.
                 _ = harness.sh("dpkg --purge keychainfs >/dev/null 2>&1")
                 if !hadAccount { _ = harness.sh("userdel keychainfs 2>/dev/null") }
+                if !hadDeviceGroup { _ = harness.sh("groupdel keychainfs-device 2>/dev/null") }
                 if !hadState { _ = harness.sh("rm -rf /var/lib/keychainfs") }
             }
             // Packaging took 72 s on a loaded two-core machine: the 30 s that guards a hung mount is not its limit.

@@ -24,7 +24,8 @@ package final class LoginRecords: @unchecked Sendable {
         guard mkfifo(fifo, 0o666) == 0, chmod(fifo, 0o666) == 0 else { throw HarnessError("mkfifo \(fifo) failed") }
         // Read and write: the reader never sees an end while no writer has it open.
         guard let reading = FileHandle(forUpdatingAtPath: fifo) else { throw HarnessError("cannot open \(fifo)") }
-        Thread.detachNewThread { [self] in
+        // The thread holds none of `self`, whose deinit stops it.
+        Thread.detachNewThread { [uid, finished] in
             var pending = Data()
             reading: while true {
                 let chunk = reading.availableData
@@ -34,8 +35,8 @@ package final class LoginRecords: @unchecked Sendable {
                     let line = String(decoding: pending[pending.startIndex..<end], as: UTF8.self)
                     pending.removeSubrange(pending.startIndex...end)
                     if line == "stop" { break reading }
-                    removeRecords()
-                    if line.hasPrefix("+") { record(String(line.dropFirst())) }
+                    Self.removeRecords(of: uid)
+                    if line.hasPrefix("+") { Self.record(String(line.dropFirst()), of: uid) }
                 }
             }
             try? reading.close()
@@ -49,29 +50,25 @@ package final class LoginRecords: @unchecked Sendable {
             try? writing.close()
             finished.wait()
         }
-        removeRecords()
+        Self.removeRecords(of: uid)
         unlink(fifo)
         if madeDirectory { rmdir(Self.directory) }
     }
 
-    /// The record for `terminal` (`pts/N`).
-    private func record(_ terminal: String) {
-        let path = Self.directory + "/" + Self.name(uid: uid, terminal: terminal)
+    /// The record for `terminal` (`pts/N`) of `uid`'s login.
+    private static func record(_ terminal: String, of uid: uid_t) {
+        let path = directory + "/kcfs-test-\(uid)-" + terminal.replacingOccurrences(of: "/", with: "-")
         try? "UID=\(uid)\nSTATE=active\nTYPE=tty\nTTY=\(terminal)\n".write(
             toFile: path, atomically: true, encoding: .utf8)
         chmod(path, 0o644)
     }
 
-    private func removeRecords() {
+    private static func removeRecords(of uid: uid_t) {
         let prefix = "kcfs-test-\(uid)-"
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: Self.directory)) ?? []
-        where name.hasPrefix(prefix) {
-            unlink(Self.directory + "/" + name)
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] where name.hasPrefix(prefix)
+        {
+            unlink(directory + "/" + name)
         }
-    }
-
-    private static func name(uid: uid_t, terminal: String) -> String {
-        "kcfs-test-\(uid)-" + terminal.replacingOccurrences(of: "/", with: "-")
     }
 
     /// Python for a test's program: `record_login(True)` in a process whose
