@@ -66,6 +66,8 @@ package enum MachineFixtures {
 
     private static let serviceAccountMade: Result<Void, HarnessError> = {
         guard getpwnam("keychainfs") == nil else { return .success(()) }
+        // The same file makes the device build's group: undone too when it is made here.
+        let hadDeviceGroup = getgrnam("keychainfs-device") != nil
         let sysusers = repository + "/scripts/debian/keychainfs.sysusers"
         let status = Spawn.run(["/usr/bin/systemd-sysusers", sysusers])
         guard status == 0, getpwnam("keychainfs") != nil else {
@@ -73,6 +75,7 @@ package enum MachineFixtures {
                 HarnessError("systemd-sysusers \(sysusers) did not make the keychainfs account: status \(status)"))
         }
         registerUndo(["/usr/sbin/userdel", "keychainfs"])
+        if !hadDeviceGroup { registerUndo(["/usr/sbin/groupdel", "keychainfs-device"]) }
         return .success(())
     }()
 
