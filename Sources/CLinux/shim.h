@@ -64,9 +64,6 @@ static inline int CLinux_background_this_thread(void) {
     return (int)syscall(SYS_ioprio_set, 1, thread, 3 << 13);
 }
 
-// RLIMIT_MEMLOCK raised to `bytes` where it is lower (the hard limit too,
-// with CAP_SYS_RESOURCE; else the soft one as far as the hard allows).
-// The soft limit it leaves.
 // This process's RLIMIT_MEMLOCK (the soft limit, what mlock allows), UINT64_MAX for none.
 static inline uint64_t CLinux_locked_memory_limit(void) {
     struct rlimit limit;
@@ -74,6 +71,9 @@ static inline uint64_t CLinux_locked_memory_limit(void) {
     return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
 }
 
+// RLIMIT_MEMLOCK raised to `bytes` where it is lower (the hard limit too,
+// with CAP_SYS_RESOURCE; else the soft one as far as the hard allows).
+// The soft limit it leaves.
 static inline uint64_t CLinux_raise_locked_memory(uint64_t bytes) {
     struct rlimit limit;
     if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;
@@ -83,9 +83,8 @@ static inline uint64_t CLinux_raise_locked_memory(uint64_t bytes) {
             raised.rlim_cur = raised.rlim_max = limit.rlim_max;
             if (setrlimit(RLIMIT_MEMLOCK, &raised) != 0) return limit.rlim_cur;
         }
-        if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;
     }
-    return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
+    return CLinux_locked_memory_limit();
 }
 
 // prctl is variadic. No core file, and PR_SET_DUMPABLE 0: no ptrace attach

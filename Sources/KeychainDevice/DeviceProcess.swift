@@ -501,12 +501,8 @@ public final class DeviceProcess: Sendable {
         var frame = try? reply.frame()
         var replyHolder: UInt32?
         if case .service = keychains, let large = frame, large.count > LockedMemoryShares.largeBody {
-            let person = MachinePeople.person(of: credentials.uid) ?? credentials.uid
-            if largeRequests.take(person) {
-                replyHolder = person
-            } else {
-                frame = try? DeviceReply.systemError(ENOMEM, largeShareTaken).frame()
-            }
+            replyHolder = largeRequests.take(for: credentials.uid)
+            if replyHolder == nil { frame = try? DeviceReply.systemError(ENOMEM, largeShareTaken).frame() }
         }
         defer { if let replyHolder { largeRequests.release(replyHolder) } }
         if let frame, DeviceProtocol.send(frame, to: client, passing: attachments.descriptor.borrowed) {
@@ -556,13 +552,9 @@ public final class DeviceProcess: Sendable {
                 from: client, sentBy: credentials.pid, descriptor: &passed, refusedMemory: &refusedMemory,
                 admittingLarge: { _ in
                     guard case .service = keychains else { return true }
-                    let person = MachinePeople.person(of: credentials.uid) ?? credentials.uid
-                    guard largeRequests.take(person) else {
-                        refusedShare = true
-                        return false
-                    }
-                    largeHolder = person
-                    return true
+                    largeHolder = largeRequests.take(for: credentials.uid)
+                    refusedShare = largeHolder == nil
+                    return !refusedShare
                 })
         else {
             if refusedShare { return .systemError(ENOMEM, largeShareTaken) }

@@ -61,8 +61,7 @@ final class BusConnection: @unchecked Sendable {
         let plain = Set("-_/.\\*".utf8).union(UInt8(ascii: "0")...UInt8(ascii: "9"))
             .union(UInt8(ascii: "A")...UInt8(ascii: "Z")).union(UInt8(ascii: "a")...UInt8(ascii: "z"))
         let path = (runtime + "/bus").utf8.map { byte in
-            plain.contains(byte)
-                ? String(UnicodeScalar(byte)) : "%" + String(byte, radix: 16, uppercase: true).leftPadded
+            plain.contains(byte) ? String(UnicodeScalar(byte)) : "%" + Hex.string([byte])
         }
         return "unix:path=" + path.joined()
     }
@@ -415,9 +414,4 @@ struct BusCall {
 
     /// The full signature of the arguments.
     var signature: String { CSystemd_sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? "" }
-}
-
-extension String {
-    /// Two hexadecimal digits: a leading zero where one was printed.
-    fileprivate var leftPadded: String { count == 1 ? "0" + self : self }
 }

@@ -346,22 +346,24 @@ static int accepted_by_device(int connection, const char *devices, long long dea
 }
 
 /* The user's devices that may be given the password (docs/SECURITY.md,
- * "The login password and the session", its row "the login password goes only to the device"), as "PID:START:INODE,..."
- * in `list` (START: the 22nd field of /proc/PID/stat, which with the pid
- * names one process for good; INODE: a listening socket the process holds
- * and no other process does, so that only it accepts what reaches that
- * socket: SO_PEERCRED names the process that called listen, which may have
- * forked a child to accept and then exec'd the installed program). A device is a process of the user running the
- * device build (`../libexec/keychainfs/device/keychainfs` beside the helper),
- * as root installed it, setgid to a group that is not the user's, and
- * started so: its saved group is that group, which only a setgid exec with
- * no tracer and no new privileges gives, and which makes it undumpable from
- * its first instruction (docs/SECURITY.md, "A device undumpable from its
- * first instruction": a descriptor of /proc/PID/mem opened before a device
- * made itself undumpable read the password); not traced, with none of the
- * loader's variables that would run another program's code in it. Only root can read that of a device, which makes itself
- * undumpable: the hook, as the user, checks its socket's peer against this
- * list, so that a program of the user listening on the device's socket
+ * "The login password and the session", its row "the login password goes
+ * only to the device"), as "PID:START:INODE,..." in `list` (START: the 22nd
+ * field of /proc/PID/stat, which with the pid names one process for good;
+ * INODE: a listening socket the process holds and no other process does, so
+ * that only it accepts what reaches that socket: SO_PEERCRED names the
+ * process that called listen, which may have forked a child to accept and
+ * then exec'd the installed program). A device is a process of the user
+ * running the device build (`../libexec/keychainfs/device/keychainfs` beside
+ * the helper), as root installed it, setgid to a group that is not the
+ * user's, and started so: its saved group is that group, which only a setgid
+ * exec with no tracer and no new privileges gives, and which makes it
+ * undumpable from its first instruction (docs/SECURITY.md, "A device
+ * undumpable from its first instruction": a descriptor of /proc/PID/mem
+ * opened before a device made itself undumpable read the password); not
+ * traced, with none of the loader's variables that would run another
+ * program's code in it. Only root can read that of a device, which makes
+ * itself undumpable: the hook, as the user, checks its socket's peer against
+ * this list, so that a program of the user listening on the device's socket
  * first is given nothing. */
 static void verified_devices(const struct passwd *user, const char *helper, char *list, size_t size,
                              long long deadline) {

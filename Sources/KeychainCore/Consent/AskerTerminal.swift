@@ -103,9 +103,7 @@ package struct AskerTerminal: Sendable, Equatable {
         defer { closedir(directory) }
         let terminal = "TTY=" + path.dropFirst("/dev/".count), owner = "UID=\(user)"
         while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let name = entry.name
             guard !name.hasPrefix("."), !name.contains("."), RootControlledFile.status(of: records + "/" + name) != nil,
                 let fd = FileDescriptor(open(records + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)),
                 let bytes = try? fd.borrowed.readAll(limit: 1 << 16)
@@ -133,9 +131,7 @@ package struct AskerTerminal: Sendable, Equatable {
         guard let processes = opendir("/proc") else { return false }
         defer { closedir(processes) }
         while let entry = readdir(processes) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) {
-                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let name = entry.name
             guard let pid = pid_t(name), let other = ProcessChain.terminalAndSession(of: pid),
                 other.device == device, other.session != session, ProcessChain.realUser(of: pid) == user
             else { continue }

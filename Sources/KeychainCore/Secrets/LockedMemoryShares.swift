@@ -51,6 +51,15 @@ package final class LockedMemoryShares: Sendable {
         }
     }
 
+    /// Takes one of the places of the person `uid` is (its passwd entry, or
+    /// its `/etc/subuid` owner's, ``MachinePeople``; an unknown uid counts as
+    /// itself): that person, to give it back with ``release(_:)``, or nil
+    /// when they hold ``perPerson``.
+    package func take(for uid: UInt32) -> UInt32? {
+        let person = MachinePeople.person(of: uid) ?? uid
+        return take(person) ? person : nil
+    }
+
     /// Gives back a place ``take(_:)`` took.
     package func release(_ person: UInt32) {
         held.withLock { held in

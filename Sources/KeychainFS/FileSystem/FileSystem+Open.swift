@@ -227,8 +227,7 @@ extension FileSystem {
         guard size > LockedMemoryShares.largeBody, let shares = LockedMemoryShares.serving.withLock({ $0 }) else {
             return nil
         }
-        let person = MachinePeople.person(of: owner.uid) ?? owner.uid
-        guard shares.take(person) else { throw Errno(ENOMEM) }
+        guard let person = shares.take(for: owner.uid) else { throw Errno(ENOMEM) }
         return person
     }
 
