@@ -27,81 +27,65 @@ public enum DeviceRequest: Equatable, Sendable {
     /// Sync with the person's other devices (a per-user device only).
     case sync(SyncRequest)
 
-    /// The `kind` byte of each request.
-    enum Operation: UInt8, CaseIterable {
-        case ping = 1, mount = 2, unmount = 3, changePasscode = 4, backup = 5, restore = 6
-        case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13
-        case createGroup = 14, removeGroup = 15, lock = 16, unlock = 17, status = 18, sync = 19
-        case grant = 20, revoke = 21, policy = 22, create = 23, attach = 24, auditLog = 25, verifyLog = 26, stop = 27
-        case watch = 28, autoLock = 29, details = 30, setDetails = 31, serveBus = 32, access = 33, apps = 34
-        case tpmSeal = 35, tpmUnseal = 36, tpmDefineCounter = 37, tpmCounterValue = 38, tpmIncrement = 39
-        case tpmRelease = 40, tpmLockout = 41
-        case syncStart = 42, syncJoinWithRecoveryKey = 43, syncJoin = 44, syncCancelJoin = 45, syncNow = 46
-        case syncStatus = 47, syncJoinRequests = 48, syncJoinCode = 49, syncApprove = 50, syncRemove = 51
-        case syncLeave = 52, syncGroups = 53, syncConfirmJoin = 54
-        case purge = 55, background = 56, accessMode = 57, migrate = 58
-
-        /// The request group whose enum holds this kind (and parses its fields).
-        enum Group { case item, device, policy, mount, file, process, tpm, sync }
-
-        var group: Group {
-            switch self {
-            case .get, .set, .remove, .list, .info, .setClass, .rename, .createGroup, .removeGroup, .details,
-                .setDetails:
-                .item
-            case .lock, .unlock, .status, .sync, .changePasscode, .autoLock, .purge, .background, .accessMode,
-                .migrate:
-                .device
-            case .grant, .revoke, .policy, .access, .apps: .policy
-            case .mount, .unmount, .attach: .mount
-            case .backup, .restore, .auditLog, .verifyLog: .file
-            case .ping, .stop, .watch, .serveBus, .create: .process
-            case .tpmSeal, .tpmUnseal, .tpmDefineCounter, .tpmCounterValue, .tpmIncrement, .tpmRelease, .tpmLockout:
-                .tpm
-            case .syncStart, .syncJoinWithRecoveryKey, .syncJoin, .syncCancelJoin, .syncNow, .syncStatus,
-                .syncJoinRequests, .syncJoinCode, .syncApprove, .syncRemove, .syncLeave, .syncGroups, .syncConfirmJoin:
-                .sync
-            }
-        }
+    /// Every group's kind bytes, in the order ``init(body:)`` tries them.
+    /// A group names its own (its `Kind`); no byte may be two groups'
+    /// (the protocol's tests check this list).
+    static var kindsOfEachGroup: [[UInt8]] {
+        [
+            ItemRequest.Kind.allCases.map(\.rawValue), DeviceStateRequest.Kind.allCases.map(\.rawValue),
+            PolicyRequest.Kind.allCases.map(\.rawValue), MountRequest.Kind.allCases.map(\.rawValue),
+            FileRequest.Kind.allCases.map(\.rawValue), ProcessRequest.Kind.allCases.map(\.rawValue),
+            TPMRequest.Kind.allCases.map(\.rawValue), SyncRequest.Kind.allCases.map(\.rawValue)
+        ]
     }
 
     /// The request as a frame, in secret memory: its group's kind and fields.
     public func frame() throws(KeychainError) -> SecureBytes {
-        let (operation, fields): (Operation, [FrameField])
+        let (kind, fields): (UInt8, [FrameField])
         switch self {
-        case .item(let request): (operation, fields) = try request.frameParts()
-        case .device(let request): (operation, fields) = request.frameParts
-        case .policy(let request): (operation, fields) = request.frameParts
-        case .mount(let request): (operation, fields) = request.frameParts
-        case .file(let request): (operation, fields) = request.frameParts
-        case .process(let request): (operation, fields) = request.frameParts
-        case .tpm(let request): (operation, fields) = request.frameParts
-        case .sync(let request): (operation, fields) = request.frameParts
+        case .item(let request): (kind, fields) = try Self.parts(request.frameParts())
+        case .device(let request): (kind, fields) = Self.parts(request.frameParts)
+        case .policy(let request): (kind, fields) = Self.parts(request.frameParts)
+        case .mount(let request): (kind, fields) = Self.parts(request.frameParts)
+        case .file(let request): (kind, fields) = Self.parts(request.frameParts)
+        case .process(let request): (kind, fields) = Self.parts(request.frameParts)
+        case .tpm(let request): (kind, fields) = Self.parts(request.frameParts)
+        case .sync(let request): (kind, fields) = Self.parts(request.frameParts)
         }
-        return try FrameField.frame(kind: operation.rawValue, code: 0, fields)
+        return try FrameField.frame(kind: kind, code: 0, fields)
     }
 
-    /// Parses a request body (``DeviceProtocol/version`` only): its group,
-    /// by its kind, reads the fields.
+    private static func parts<Kind: RawRepresentable<UInt8>>(_ parts: (Kind, [FrameField])) -> (UInt8, [FrameField]) {
+        (parts.0.rawValue, parts.1)
+    }
+
+    /// Parses a request body (``DeviceProtocol/version`` only): the group
+    /// whose `Kind` the kind byte is reads the fields.
     public init(body: UnsafeRawBufferPointer) throws(KeychainError) {
         var reader = ByteReader(frame: body)
-        guard try reader.readByte() == DeviceProtocol.version,
-            let operation = Operation(rawValue: try reader.readByte()),
-            try reader.readInt32() == 0
-        else { throw .param }
-        let parsed: DeviceRequest?
-        switch operation.group {
-        case .item: parsed = try ItemRequest.parsing(operation, &reader).map(DeviceRequest.item)
-        case .device: parsed = try DeviceStateRequest.parsing(operation, &reader).map(DeviceRequest.device)
-        case .policy: parsed = try PolicyRequest.parsing(operation, &reader).map(DeviceRequest.policy)
-        case .mount: parsed = try MountRequest.parsing(operation, &reader).map(DeviceRequest.mount)
-        case .file: parsed = try FileRequest.parsing(operation, &reader).map(DeviceRequest.file)
-        case .process: parsed = try ProcessRequest.parsing(operation, &reader).map(DeviceRequest.process)
-        case .tpm: parsed = try TPMRequest.parsing(operation, &reader).map(DeviceRequest.tpm)
-        case .sync: parsed = try SyncRequest.parsing(operation, &reader).map(DeviceRequest.sync)
+        guard try reader.readByte() == DeviceProtocol.version else { throw .param }
+        let kind = try reader.readByte()
+        guard try reader.readInt32() == 0 else { throw .param }
+        if let kind = ItemRequest.Kind(rawValue: kind) {
+            self = .item(try ItemRequest.parsing(kind, &reader))
+        } else if let kind = DeviceStateRequest.Kind(rawValue: kind) {
+            self = .device(try DeviceStateRequest.parsing(kind, &reader))
+        } else if let kind = PolicyRequest.Kind(rawValue: kind) {
+            self = .policy(try PolicyRequest.parsing(kind, &reader))
+        } else if let kind = MountRequest.Kind(rawValue: kind) {
+            self = .mount(try MountRequest.parsing(kind, &reader))
+        } else if let kind = FileRequest.Kind(rawValue: kind) {
+            self = .file(try FileRequest.parsing(kind, &reader))
+        } else if let kind = ProcessRequest.Kind(rawValue: kind) {
+            self = .process(try ProcessRequest.parsing(kind, &reader))
+        } else if let kind = TPMRequest.Kind(rawValue: kind) {
+            self = .tpm(try TPMRequest.parsing(kind, &reader))
+        } else if let kind = SyncRequest.Kind(rawValue: kind) {
+            self = .sync(try SyncRequest.parsing(kind, &reader))
+        } else {
+            throw .param
         }
-        guard let parsed, reader.isAtEnd else { throw .param }
-        self = parsed
+        guard reader.isAtEnd else { throw .param }
     }
 
     /// The audit log's name of an item request (nil: not an item access).

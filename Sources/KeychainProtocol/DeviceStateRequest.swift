@@ -27,10 +27,16 @@ public enum DeviceStateRequest: Equatable, Sendable {
 }
 
 extension DeviceStateRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case changePasscode = 4, lock = 16, unlock = 17, status = 18, sync = 19, autoLock = 29, purge = 55, background =
+            56, accessMode = 57, migrate = 58
+    }
 
     /// The request's kind and fields.
-    var frameParts: (Operation, [FrameField]) {
+    var frameParts: (Kind, [FrameField]) {
         switch self {
         case .lock: return (.lock, [])
         case .unlock(let passcode): return (.unlock, [.optionalSecret(passcode)])
@@ -46,11 +52,11 @@ extension DeviceStateRequest {
         }
     }
 
-    /// The request of `operation` (one of this group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
+        switch kind {
         case .lock: return .lock
         case .unlock: return .unlock(passcode: try reader.optionalSecret())
         case .status: return .status(mountpoint: try reader.optionalText())
@@ -66,7 +72,6 @@ extension DeviceStateRequest {
             guard let mode = AccessMode(rawValue: try reader.text()) else { throw .param }
             return .accessMode(mode)
         case .migrate: return .migrate(try DeviceRequest.flag(try reader.text()))
-        default: return nil
         }
     }
 }

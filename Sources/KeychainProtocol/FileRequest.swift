@@ -17,10 +17,15 @@ public enum FileRequest: Equatable, Sendable {
 }
 
 extension FileRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case backup = 5, restore = 6, auditLog = 25, verifyLog = 26
+    }
 
     /// The request's kind and fields.
-    var frameParts: (Operation, [FrameField]) {
+    var frameParts: (Kind, [FrameField]) {
         switch self {
         case .backup(let path, let password, let policedGroups, let passcode):
             // Names hold no newline (ItemLimits): one text carries the list.
@@ -41,11 +46,11 @@ extension FileRequest {
         }
     }
 
-    /// The request of `operation` (one of this group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
+        switch kind {
         case .backup:
             let path = try reader.text()
             guard let password = try reader.optionalSecret() else { throw .param }
@@ -68,7 +73,6 @@ extension FileRequest {
             return .restore(path: path, password: password, policy: policy, passcode: try reader.optionalSecret())
         case .auditLog: return .auditLog(rotated: try DeviceRequest.flag(try reader.text()))
         case .verifyLog: return .verifyLog
-        default: return nil
         }
     }
 }

@@ -125,10 +125,16 @@ extension ItemRequest {
 }
 
 extension ItemRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case get = 7, set = 8, remove = 9, list = 10, info = 11, setClass = 12, rename = 13, createGroup = 14,
+            removeGroup = 15, details = 30, setDetails = 31
+    }
 
     /// The request's kind and fields (details encoded in secret memory).
-    func frameParts() throws(KeychainError) -> (Operation, [FrameField]) {
+    func frameParts() throws(KeychainError) -> (Kind, [FrameField]) {
         switch self {
         case .get(let group, let identifier):
             return (.get, [.text(group), .text(identifier)])
@@ -165,11 +171,11 @@ extension ItemRequest {
         }
     }
 
-    /// The request of `operation` (one of this group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
+        switch kind {
         case .get:
             return .get(group: try reader.text(), identifier: try reader.text())
         case .set:
@@ -210,8 +216,6 @@ extension ItemRequest {
             return .createGroup(try reader.text())
         case .removeGroup:
             return .removeGroup(try reader.text())
-        default:
-            return nil
         }
     }
 }

@@ -11,10 +11,15 @@ public enum MountRequest: Equatable, Sendable {
 }
 
 extension MountRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case mount = 2, unmount = 3, attach = 24
+    }
 
     /// The request's kind and fields.
-    var frameParts: (Operation, [FrameField]) {
+    var frameParts: (Kind, [FrameField]) {
         switch self {
         case .mount(let group, let mountpoint): return (.mount, [.optionalText(group), .text(mountpoint)])
         case .attach(let group, let mountpoint): return (.attach, [.optionalText(group), .text(mountpoint)])
@@ -22,15 +27,14 @@ extension MountRequest {
         }
     }
 
-    /// The request of `operation` (one of this group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
+        switch kind {
         case .mount: return .mount(group: try reader.optionalText(), mountpoint: try reader.text())
         case .attach: return .attach(group: try reader.optionalText(), mountpoint: try reader.text())
         case .unmount: return .unmount(mountpoint: try reader.text())
-        default: return nil
         }
     }
 }

@@ -39,10 +39,15 @@ public enum PolicyRequest: Equatable, Sendable {
 }
 
 extension PolicyRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case grant = 20, revoke = 21, policy = 22, access = 33, apps = 34
+    }
 
     /// The request's kind and fields.
-    var frameParts: (Operation, [FrameField]) {
+    var frameParts: (Kind, [FrameField]) {
         switch self {
         case .grant(let group, let executable, let unit, let uid, let passcode, let allowJIT):
             return (
@@ -72,11 +77,11 @@ extension PolicyRequest {
         }
     }
 
-    /// The request of `operation` (one of this group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
+        switch kind {
         case .grant:
             let group = try reader.text(), executable = try reader.text(), unit = try reader.optionalText()
             let uid = try DeviceRequest.uid(try reader.optionalText())
@@ -102,8 +107,6 @@ extension PolicyRequest {
             return .apps(group: group, open: open, passcode: try reader.optionalSecret())
         case .policy:
             return .policy(group: try reader.optionalText())
-        default:
-            return nil
         }
     }
 }

@@ -18,10 +18,15 @@ public enum ProcessRequest: Equatable, Sendable {
 }
 
 extension ProcessRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case ping = 1, create = 23, stop = 27, watch = 28, serveBus = 32
+    }
 
     /// The request's kind and fields.
-    var frameParts: (Operation, [FrameField]) {
+    var frameParts: (Kind, [FrameField]) {
         switch self {
         case .ping: return (.ping, [])
         case .stop: return (.stop, [])
@@ -31,11 +36,11 @@ extension ProcessRequest {
         }
     }
 
-    /// The request of `operation` (one of this group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
+        switch kind {
         case .ping: return .ping
         case .stop: return .stop
         case .watch: return .watch
@@ -43,7 +48,6 @@ extension ProcessRequest {
             let address = try reader.text()
             return .serveBus(address: address, replace: try DeviceRequest.flag(try reader.text()))
         case .create: return .create(passcode: try reader.optionalSecret())
-        default: return nil
         }
     }
 }

@@ -37,24 +37,30 @@ public enum SyncRequest: Equatable, Sendable {
 }
 
 extension SyncRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case start = 42, joinWithRecoveryKey = 43, join = 44, cancelJoin = 45, now = 46, status = 47, joinRequests = 48,
+            joinCode = 49, approve = 50, remove = 51, leave = 52, groups = 53, confirmJoin = 54
+    }
 
-    var frameParts: (Operation, [FrameField]) {
+    var frameParts: (Kind, [FrameField]) {
         switch self {
-        case .start(let remote, let groups): return (.syncStart, [.text(remote), .text(Self.list(groups))])
+        case .start(let remote, let groups): return (.start, [.text(remote), .text(Self.list(groups))])
         case .joinWithRecoveryKey(let remote, let key, let groups):
-            return (.syncJoinWithRecoveryKey, [.text(remote), .optionalSecret(key), .text(Self.list(groups))])
-        case .join(let remote, let groups): return (.syncJoin, [.optionalText(remote), .text(Self.list(groups))])
-        case .cancelJoin: return (.syncCancelJoin, [])
-        case .confirmJoin(let code): return (.syncConfirmJoin, [.text(code)])
-        case .now: return (.syncNow, [])
-        case .status: return (.syncStatus, [])
-        case .joinRequests(let device): return (.syncJoinRequests, [.optionalText(device)])
-        case .joinCode(let device): return (.syncJoinCode, [.text(device)])
-        case .approve(let device, let code): return (.syncApprove, [.text(device), .text(code)])
-        case .remove(let device): return (.syncRemove, [.text(device)])
-        case .leave: return (.syncLeave, [])
-        case .groups(let set): return (.syncGroups, [.optionalText(set.map(Self.list))])
+            return (.joinWithRecoveryKey, [.text(remote), .optionalSecret(key), .text(Self.list(groups))])
+        case .join(let remote, let groups): return (.join, [.optionalText(remote), .text(Self.list(groups))])
+        case .cancelJoin: return (.cancelJoin, [])
+        case .confirmJoin(let code): return (.confirmJoin, [.text(code)])
+        case .now: return (.now, [])
+        case .status: return (.status, [])
+        case .joinRequests(let device): return (.joinRequests, [.optionalText(device)])
+        case .joinCode(let device): return (.joinCode, [.text(device)])
+        case .approve(let device, let code): return (.approve, [.text(device), .text(code)])
+        case .remove(let device): return (.remove, [.text(device)])
+        case .leave: return (.leave, [])
+        case .groups(let set): return (.groups, [.optionalText(set.map(Self.list))])
         }
     }
 
@@ -68,29 +74,28 @@ extension SyncRequest {
         return groups
     }
 
-    /// The request of `operation` (one of the sync group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
-        case .syncStart: return .start(remote: try reader.text(), groups: try groups(try reader.text()))
-        case .syncJoinWithRecoveryKey:
+        switch kind {
+        case .start: return .start(remote: try reader.text(), groups: try groups(try reader.text()))
+        case .joinWithRecoveryKey:
             let remote = try reader.text()
             guard let key = try reader.optionalSecret() else { throw .param }
             return .joinWithRecoveryKey(remote: remote, recoveryKey: key, groups: try groups(try reader.text()))
-        case .syncJoin: return .join(remote: try reader.optionalText(), groups: try groups(try reader.text()))
-        case .syncCancelJoin: return .cancelJoin
-        case .syncConfirmJoin: return .confirmJoin(code: try reader.text())
-        case .syncNow: return .now
-        case .syncStatus: return .status
-        case .syncJoinRequests: return .joinRequests(device: try reader.optionalText())
-        case .syncJoinCode: return .joinCode(device: try reader.text())
-        case .syncApprove: return .approve(device: try reader.text(), code: try reader.text())
-        case .syncRemove: return .remove(device: try reader.text())
-        case .syncLeave: return .leave
-        case .syncGroups:
+        case .join: return .join(remote: try reader.optionalText(), groups: try groups(try reader.text()))
+        case .cancelJoin: return .cancelJoin
+        case .confirmJoin: return .confirmJoin(code: try reader.text())
+        case .now: return .now
+        case .status: return .status
+        case .joinRequests: return .joinRequests(device: try reader.optionalText())
+        case .joinCode: return .joinCode(device: try reader.text())
+        case .approve: return .approve(device: try reader.text(), code: try reader.text())
+        case .remove: return .remove(device: try reader.text())
+        case .leave: return .leave
+        case .groups:
             return .groups(set: try reader.optionalText().map { (text) throws(KeychainError) in try groups(text) })
-        default: return nil
         }
     }
 }

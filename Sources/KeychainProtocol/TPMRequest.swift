@@ -47,41 +47,45 @@ public struct TPMCounterHandle: Equatable, Sendable {
 }
 
 extension TPMRequest {
-    typealias Operation = DeviceRequest.Operation
+    /// The `kind` byte of each request of this group: unique among all
+    /// groups (``DeviceRequest/kindsOfEachGroup``, checked by the protocol's tests),
+    /// and never reused, since a byte means one request to every version.
+    enum Kind: UInt8, CaseIterable {
+        case seal = 35, unseal = 36, defineCounter = 37, counterValue = 38, increment = 39, release = 40, lockout = 41
+    }
 
     /// The request's kind and fields. Binary fields (blobs, names) are
     /// lowercase hex, numbers canonical decimal.
-    var frameParts: (Operation, [FrameField]) {
+    var frameParts: (Kind, [FrameField]) {
         switch self {
         case .seal(let secret, let auth, let guarded):
-            return (.tpmSeal, [.optionalSecret(secret), .optionalSecret(auth), .text(guarded ? "1" : "0")])
+            return (.seal, [.optionalSecret(secret), .optionalSecret(auth), .text(guarded ? "1" : "0")])
         case .unseal(let blob, let auth, let storageKey):
-            return (.tpmUnseal, [.text(Hex.string(blob)), .optionalSecret(auth), .text(Hex.string(storageKey))])
+            return (.unseal, [.text(Hex.string(blob)), .optionalSecret(auth), .text(Hex.string(storageKey))])
         case .defineCounter(let auth, let candidates):
             return (
-                .tpmDefineCounter,
+                .defineCounter,
                 [.optionalSecret(auth), .text(candidates.map { String($0) }.joined(separator: " "))]
             )
-        case .counterValue(let counter): return (.tpmCounterValue, Self.fields(counter))
-        case .increment(let counter): return (.tpmIncrement, Self.fields(counter))
-        case .release(let counter): return (.tpmRelease, Self.fields(counter))
-        case .lockout: return (.tpmLockout, [])
+        case .counterValue(let counter): return (.counterValue, Self.fields(counter))
+        case .increment(let counter): return (.increment, Self.fields(counter))
+        case .release(let counter): return (.release, Self.fields(counter))
+        case .lockout: return (.lockout, [])
         }
     }
 
-    /// The request of `operation` (one of this group's), read from its fields.
-    static func parsing(_ operation: Operation, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
-        throws(KeychainError) -> Self?
+    /// The request of `kind`, read from its fields.
+    static func parsing(_ kind: Kind, _ reader: inout ByteReader<UnsafeRawBufferPointer>)
+        throws(KeychainError) -> Self
     {
-        switch operation {
-        case .tpmSeal: return try parsingSeal(&reader)
-        case .tpmUnseal: return try parsingUnseal(&reader)
-        case .tpmDefineCounter: return try parsingDefineCounter(&reader)
-        case .tpmCounterValue: return .counterValue(try counter(&reader))
-        case .tpmIncrement: return .increment(try counter(&reader))
-        case .tpmRelease: return .release(try counter(&reader))
-        case .tpmLockout: return .lockout
-        default: return nil
+        switch kind {
+        case .seal: return try parsingSeal(&reader)
+        case .unseal: return try parsingUnseal(&reader)
+        case .defineCounter: return try parsingDefineCounter(&reader)
+        case .counterValue: return .counterValue(try counter(&reader))
+        case .increment: return .increment(try counter(&reader))
+        case .release: return .release(try counter(&reader))
+        case .lockout: return .lockout
         }
     }
 

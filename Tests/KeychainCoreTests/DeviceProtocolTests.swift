@@ -202,7 +202,24 @@ import Testing
 
     @Test func everyRequestKindIsCoveredHere() throws {
         let kinds = try Set(Self.requests.map { request in try Self.body(of: try request.frame()) { $0[1] } })
-        #expect(kinds == Set(DeviceRequest.Operation.allCases.map(\.rawValue)))
+        #expect(kinds == Set(DeviceRequest.kindsOfEachGroup.joined()))
+    }
+
+    /// Each group names its own kind bytes; a byte that two groups claimed
+    /// would be read as the first group's request.
+    @Test func noKindByteIsTwoGroupsAndAByteOfNoneIsRefused() {
+        let kinds = Array(DeviceRequest.kindsOfEachGroup.joined())
+        #expect(Set(kinds).count == kinds.count)
+        for unknown in Set(UInt8.min...UInt8.max).subtracting(kinds) {
+            let body: [UInt8] = [DeviceProtocol.version, unknown, 0, 0, 0, 0]
+            let refused = body.withUnsafeBytes { body in
+                do throws(KeychainError) {
+                    _ = try DeviceRequest(body: body)
+                    return false
+                } catch { return error == .param }
+            }
+            #expect(refused, "kind \(unknown)")
+        }
     }
 
     @Test(arguments: requests) func aRequestReadsBackAsItWasSent(_ request: DeviceRequest) throws {
@@ -430,7 +447,7 @@ import Testing
 
     @Test func everyRequestHasACall() throws {
         let kinds = try Set(Self.calls.map { request in try Self.body(of: try request.frame()) { $0[1] } })
-        #expect(kinds == Set(DeviceRequest.Operation.allCases.map(\.rawValue)))
+        #expect(kinds == Set(DeviceRequest.kindsOfEachGroup.joined()))
     }
 
     /// An answer crosses the socket as its call's result: encoded by its
