@@ -532,7 +532,9 @@ extension SerialTests {
         /// that admit it only; naming `default` reaches that one, and the
         /// ungranted program still finds its own items. A program granted a
         /// group that holds nothing yet (not even made) searched `default`
-        /// too: the groups are the policies', not those listed.
+        /// too: the groups are the policies', not those listed. (The
+        /// handler's part is `InProcessProviderTests`'; here it is the
+        /// device's policy that names the groups, for real programs.)
         @Test func aGrantedProgramsLookupIsNeverAnsweredFromAnotherCollection() throws {
             #expect(harness.sh("\"$K\" unlock --keychain \"$KC\"", stdin: MountHarness.passcode + "\n").succeeded)
             #expect(harness.sh("printf s3cret | \"$K\" set secure/token --keychain \"$KC\"").succeeded)

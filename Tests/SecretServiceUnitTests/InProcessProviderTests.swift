@@ -415,4 +415,140 @@ import Glibc
         let questions = store.questions.withLock { $0 }
         #expect(questions.count == 1 && questions[0].contains("another-program"), "\(questions)")
     }
+
+    /// The items of `search` (a service-wide SearchItems, or a collection's
+    /// when `collection` is given), unlocked and locked together.
+    static func found(
+        _ bus: DirectBus, _ search: [String: String], in collection: String? = nil
+    ) throws -> [String] {
+        let reply = try bus.call(
+            collection ?? ObjectPaths.service,
+            collection == nil ? SecretServiceProvider.serviceInterface : SecretServiceProvider.collectionInterface,
+            "SearchItems"
+        ) { (call) throws(BusError) in try call.stringDictionary(search) }
+        let unlocked = try reply.arguments.objectPaths()
+        return collection == nil ? unlocked + (try reply.arguments.objectPaths()) : unlocked
+    }
+
+    /// Items of no program's, with lookup attributes of their own.
+    static func mailItems(_ identifiers: [String]) -> [String: ItemDetails?] {
+        Dictionary(uniqueKeysWithValues: identifiers.map { ($0, ItemDetails(label: $0, attributes: ["app": "mail"])) })
+    }
+
+    /// A collection whose policy does not admit the caller: the store's
+    /// refusal is AccessDenied (never "absent"), a search shows nothing of
+    /// it and goes on in the others, and CreateItem is refused at the
+    /// collection's listing, so no write is tried
+    /// (docs/SECRET-SERVICE.md, "Who asks: entitlements and the audit log").
+    @Test func aCollectionWhosePolicyRefusesTheCallerIsAccessDeniedAndNothingIsWritten() throws {
+        let store = FakeStore(
+            get: .success(ItemValue(value: try SecureBytes("s3cret"), protectionClass: .whenUnlocked)),
+            set: .success(Done()), remove: .success(Done()),
+            contents: ["default": Self.mailItems(["token"]), "secure": ["token": nil]], refusing: ["secure"])
+        let bus = try DirectBus(store: store)
+        let session = try bus.openPlainSession()
+        let secureToken = ObjectPaths.item("secure", "token")
+
+        #expect(try Self.found(bus, [SecretServiceProvider.groupAttribute: "secure"]) == [])
+        #expect(
+            try Self.found(bus, [SecretServiceProvider.identifierAttribute: "token"])
+                == [ObjectPaths.item("default", "token")])
+        let read = #expect(throws: BusError.self) {
+            try bus.call(secureToken, SecretServiceProvider.itemInterface, "GetSecret") { (call) throws(BusError) in
+                try call.objectPath(session)
+            }
+        }
+        #expect(read?.name == "org.freedesktop.DBus.Error.AccessDenied", "\(String(describing: read))")
+        let created = #expect(throws: BusError.self) {
+            try bus.call(ObjectPaths.collection("secure"), SecretServiceProvider.collectionInterface, "CreateItem") {
+                (call) throws(BusError) in
+                try call.open("a", "{sv}")
+                try call.close()
+                try Self.plainSecret("planted", session: session, to: call)
+                try call.bool(true)
+            }
+        }
+        #expect(created?.name == "org.freedesktop.DBus.Error.AccessDenied", "\(String(describing: created))")
+        let asked = store.asked.withLock { $0 }
+        #expect(!asked.contains("set") && !asked.contains("refused set"), "\(asked)")
+        #expect(store.contents.withLock { $0["secure"]?.keys.sorted() } == ["token"])
+    }
+
+    /// A program that policed groups admit searches those groups only when
+    /// it names no collection, as an iOS app's query sees its access groups:
+    /// an item of another program's with its attributes in an open
+    /// collection never answers its lookup, also when the group it was
+    /// granted holds nothing yet. Naming a collection reaches it; a program
+    /// no policy admits searches every collection.
+    @Test(arguments: [["secure"], ["mail-app"], []])
+    func aGrantedProgramsSearchStaysInTheGroupsThatAdmitIt(_ admitting: Set<String>) throws {
+        let store = FakeStore(
+            get: .failure(.keychain(.badRequest, "not in this test")), set: .success(Done()),
+            remove: .success(Done()),
+            contents: ["default": Self.mailItems(["server", "token"]), "secure": ["token": nil]],
+            admitting: admitting)
+        let bus = try DirectBus(store: store)
+        let defaultItems = [ObjectPaths.item("default", "server"), ObjectPaths.item("default", "token")]
+        let secureToken = ObjectPaths.item("secure", "token")
+
+        let byIdentifier = try Self.found(bus, [SecretServiceProvider.identifierAttribute: "token"])
+        let byApp = try Self.found(bus, ["app": "mail"])
+        switch admitting {
+        case ["secure"]:
+            #expect(byIdentifier == [secureToken])
+            #expect(byApp == [])
+        case ["mail-app"]:
+            #expect(byIdentifier == [])
+            #expect(byApp == [])
+        default:
+            #expect(byIdentifier == [ObjectPaths.item("default", "token"), secureToken])
+            #expect(byApp == defaultItems)
+        }
+        #expect(try Self.found(bus, [SecretServiceProvider.groupAttribute: "default", "app": "mail"]) == defaultItems)
+        #expect(try Self.found(bus, ["app": "mail"], in: ObjectPaths.collection("default")) == defaultItems)
+    }
+
+    /// An item's Label and Attributes are read-write (the spec): a set is
+    /// kept as the item's details and read back, the `keychainfs:`
+    /// attributes every item answers to are never stored, and a value of
+    /// the wrong type, a property that is read-only and an item that is not
+    /// there (which the store refuses) are errors that change nothing.
+    @Test func anItemsLabelAndAttributesAreSetThroughPropertiesAndReadBack() throws {
+        let store = FakeStore(
+            get: .failure(.keychain(.badRequest, "not in this test")), set: .success(Done()),
+            remove: .success(Done()), contents: ["work": Self.mailItems(["mail"])])
+        let bus = try DirectBus(store: store)
+        func set(_ name: String, _ value: PropertyValue, on path: String = Self.mail) throws(BusError) {
+            _ = try bus.call(path, SecretServiceProvider.propertiesInterface, "Set") { (call) throws(BusError) in
+                try call.string(SecretServiceProvider.itemInterface)
+                try call.string(name)
+                try call.variant(value)
+            }
+        }
+        func get(_ name: String) throws -> PropertyValue? {
+            try bus.call(Self.mail, SecretServiceProvider.propertiesInterface, "Get") { (call) throws(BusError) in
+                try call.string(SecretServiceProvider.itemInterface)
+                try call.string(name)
+            }.arguments.variant()
+        }
+        try set("Label", .string("Work mail"))
+        try set("Attributes", .attributes(["app": "mail", "user": "ann", "keychainfs:group": "elsewhere"]))
+        #expect(try get("Label") == .string("Work mail"))
+        // Its own attributes; the `keychainfs:` ones are answered to, not stored.
+        #expect(try get("Attributes") == .attributes(["app": "mail", "user": "ann"]))
+        let kept = store.contents.withLock { $0["work"]?["mail"] ?? nil }
+        #expect(kept?.label == "Work mail" && kept?.attributes == ["app": "mail", "user": "ann"])
+        #expect(try Self.found(bus, ["user": "ann"]) == [Self.mail])
+
+        let wrongType = #expect(throws: BusError.self) { try set("Label", .uint64(1)) }
+        #expect(wrongType?.name == "org.freedesktop.DBus.Error.InvalidArgs", "\(String(describing: wrongType))")
+        let readOnly = #expect(throws: BusError.self) { try set("Locked", .bool(false)) }
+        #expect(readOnly?.name == "org.freedesktop.DBus.Error.NotSupported", "\(String(describing: readOnly))")
+        let absent = #expect(throws: BusError.self) {
+            try set("Label", .string("x"), on: ObjectPaths.item("work", "nothing"))
+        }
+        #expect(absent?.name == "org.freedesktop.Secret.Error.NoSuchObject", "\(String(describing: absent))")
+        #expect(store.asked.withLock { $0 } == ["set-details", "set-details", "set-details"])
+        #expect(store.contents.withLock { $0["work"]?["mail"] ?? nil } == kept)
+    }
 }
