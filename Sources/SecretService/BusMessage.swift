@@ -353,13 +353,12 @@ enum PropertyValue: Equatable {
     }
 
     /// The new value of an item's settable property `name`, the `v` of
-    /// `Set`: the Label (`s`) or the Attributes (`a{ss}`, read to the
-    /// limits of an item's details); any other type is refused.
+    /// `Set`: the Attributes (`a{ss}`, read to the limits of an item's
+    /// details) or a string of ``ItemAttribute`` (`Label`, `s`); any other
+    /// type is refused.
     static func itemProperty(_ name: String, _ value: PropertyValue?) throws(BusError) -> PropertyValue {
-        switch value {
-        case .string(let label)? where name == "Label": return .string(label)
-        case .attributes(let attributes)? where name == "Attributes": return .attributes(attributes)
-        default: throw .invalidArguments("\(name) is of type \(name == "Label" ? "s" : "a{ss}")")
-        }
+        let type = name == "Attributes" ? "a{ss}" : "s"
+        guard let value, value.signature == type else { throw .invalidArguments("\(name) is of type \(type)") }
+        return value
     }
 }

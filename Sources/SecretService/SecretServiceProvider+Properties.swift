@@ -30,23 +30,28 @@ extension SecretServiceProvider {
             return try setCollectionLabel(call, object: object, value: value)
         }
         guard case .item(let group, let identifier) = object, interface == Self.itemInterface,
-            name == "Label" || name == "Attributes"
+            name == "Attributes" || ItemAttribute(busProperty: name)?.isWritable == true
         else {
             throw .notSupported("only an item's Label and Attributes, and a collection's Label, can be set")
         }
-        var details = try itemDetails(group, identifier, for: call) ?? ItemDetails(label: identifier, attributes: [:])
+        let item = try listedItem(group, identifier, for: call).view
+        let details: ItemDetails, verb: String
         switch try PropertyValue.itemProperty(name, value) {
-        case .string(let label): details.label = label
         case .attributes(let attributes):
-            details.attributes = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
+            details = item.writableDetails {
+                $0.attributes = attributes.filter { !$0.key.hasPrefix(Self.attributePrefix) }
+            }
+            verb = "change the attributes of"
+        case .string(let text):
+            guard let attribute = ItemAttribute(busProperty: name), let written = attribute.writeVerb,
+                case .details(let changed)? = attribute.change(written: text, to: item)
+            else { throw .notSupported("only an item's Label and Attributes can be set") }
+            (details, verb) = (changed, written)
         case .bool, .uint64, .objectPaths, .bytes: throw .notSupported("only an item's Label and Attributes can be set")
         }
-        details.modified = 0
         try validated(details)
         let written = details
-        return try withConsent(
-            call, to: "change the \(name == "Label" ? "label" : "attributes") of", items: [(group, identifier)]
-        ) {
+        return try withConsent(call, to: verb, items: [(group, identifier)]) {
             [self] call throws(BusError) in
             try perform(
                 .setDetails(group: group, identifier: identifier, details: written), for: call,
@@ -103,22 +108,31 @@ extension SecretServiceProvider {
             guard let group = Self.group(ofAlias: alias) else { throw .noSuchObject("no alias \(alias)") }
             return try collectionProperties(group, caller: call)
         case .item(let group, let identifier) where interface == Self.itemInterface:
-            let protectionClass = try perform(
-                .info(group: group, identifier: identifier), for: call,
-                about: .item(path: ObjectPaths.item(group, identifier)),
-                audit: .failures
-            ).protectionClass
-            let item = ListedItem(
-                group: group, identifier: identifier, protectionClass: protectionClass,
-                details: try itemDetails(group, identifier, for: call))
-            return [
-                "Locked": .bool(!store.isAvailable(protectionClass)), "Attributes": .attributes(item.shownAttributes),
-                "Label": .string(item.label), "Type": .string(item.contentType),
+            let item = try listedItem(group, identifier, for: call)
+            var properties: [String: PropertyValue] = [
+                "Locked": .bool(!store.isAvailable(item.protectionClass)),
+                "Attributes": .attributes(item.shownAttributes),
                 "Created": .uint64(item.details?.created ?? 0), "Modified": .uint64(item.details?.modified ?? 0)
             ]
+            for attribute in ItemAttribute.allCases {
+                guard let name = attribute.busProperty else { continue }
+                properties[name] = .string(attribute.value(of: item.view))
+            }
+            return properties
         default:
             return [:]
         }
+    }
+
+    /// An item as its properties are read: its class and its details.
+    func listedItem(_ group: String, _ identifier: String, for call: BusCall) throws(BusError) -> ListedItem {
+        let protectionClass = try perform(
+            .info(group: group, identifier: identifier), for: call,
+            about: .item(path: ObjectPaths.item(group, identifier)), audit: .failures
+        ).protectionClass
+        return ListedItem(
+            group: group, identifier: identifier, protectionClass: protectionClass,
+            details: try itemDetails(group, identifier, for: call))
     }
 
     func collectionProperties(_ group: String, caller call: BusCall) throws(BusError) -> [String: PropertyValue] {

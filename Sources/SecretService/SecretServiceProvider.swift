@@ -455,13 +455,16 @@ struct ListedItem {
     let details: ItemDetails?
 
     var path: String { ObjectPaths.item(group, identifier) }
+    var view: ItemView {
+        ItemView(group: group, identifier: identifier, protectionClass: protectionClass, details: details)
+    }
     /// The lookup attributes it answers to: those its program stored, and
     /// its group, identifier and class.
     var attributes: [String: String] {
         var all = details?.attributes ?? [:]
         for attribute in ItemAttribute.allCases {
             guard let name = attribute.busName else { continue }
-            all[name] = attribute.value(group: group, identifier: identifier, protectionClass: protectionClass)
+            all[name] = attribute.value(of: view)
         }
         return all
     }
@@ -478,8 +481,7 @@ struct ListedItem {
     }
 
     /// Its label: the one stored, else its identifier.
-    var label: String { details?.label ?? identifier }
-    var contentType: String { details?.contentType ?? ItemDetails.defaultContentType }
+    var label: String { ItemAttribute.label.value(of: view) }
 }
 
 extension Dictionary where Key == String, Value == String {

@@ -72,19 +72,37 @@ import Testing
     @Test func eachNameIsOneAttributeAndAWrittenValueReadsBack() {
         let xattrs = ItemAttribute.allCases.compactMap(\.extendedAttributeName)
         let bus = ItemAttribute.allCases.compactMap(\.busName)
+        let properties = ItemAttribute.allCases.compactMap(\.busProperty)
         #expect(Set(xattrs).count == xattrs.count && Set(bus).count == bus.count)
+        #expect(Set(properties).count == properties.count && !properties.contains("Attributes"))
         #expect(xattrs.allSatisfy { $0.hasPrefix("user.keychain.") } && bus.allSatisfy { $0.hasPrefix("keychainfs:") })
+        let kept = ItemDetails(label: "Mail at work", contentType: "application/json", attributes: ["app": "mail"])
         for attribute in ItemAttribute.allCases {
             if let name = attribute.extendedAttributeName {
                 #expect(ItemAttribute(extendedAttributeName: name) == attribute)
             }
+            if let name = attribute.busProperty { #expect(ItemAttribute(busProperty: name) == attribute) }
             for current in ProtectionClass.allCases {
-                let shown = attribute.value(group: "g", identifier: "i", protectionClass: current)
-                let written = attribute.protectionClass(written: shown, over: current)
-                #expect(attribute.isWritable ? written == current : written == nil, "\(attribute) \(current)")
+                for details in [nil, kept] {
+                    let item = ItemView(group: "g", identifier: "i", protectionClass: current, details: details)
+                    let shown = attribute.value(of: item)
+                    let change = attribute.change(written: shown, to: item)
+                    #expect(attribute.isWritable == (change != nil), "\(attribute) \(current)")
+                    switch change {
+                    case .protectionClass(let written): #expect(written == current, "\(attribute) \(current)")
+                    case .details(let written):
+                        let after = ItemView(group: "g", identifier: "i", protectionClass: current, details: written)
+                        #expect(attribute.value(of: after) == shown, "\(attribute)")
+                        // The other details stay.
+                        #expect(written.attributes == (details?.attributes ?? [:]), "\(attribute)")
+                    case nil: break
+                    }
+                }
             }
         }
-        #expect(ItemAttribute.migratable.protectionClass(written: "no", over: .always) == .alwaysThisDeviceOnly)
-        #expect(ItemAttribute.accessible.protectionClass(written: "sometimes", over: .always) == nil)
+        let item = ItemView(group: "g", identifier: "i", protectionClass: .always, details: nil)
+        #expect(ItemAttribute.migratable.change(written: "no", to: item) == .protectionClass(.alwaysThisDeviceOnly))
+        #expect(ItemAttribute.accessible.change(written: "sometimes", to: item) == nil)
+        #expect(ItemAttribute.label.value(of: item) == "i" && ItemAttribute.contentType.value(of: item) == "text/plain")
     }
 }

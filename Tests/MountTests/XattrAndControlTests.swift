@@ -33,6 +33,39 @@ extension SerialTests {
                     == "alwaysThisDeviceOnly")
         }
 
+        /// An item's label and content type, which the Secret Service keeps
+        /// with it, are attributes on a mount too: an item with none shows
+        /// its identifier and `text/plain`; the label is written with
+        /// setfattr, keeps the value, needs the item's class key (EACCES
+        /// while locked, the old label kept), and one past 4,096 bytes is
+        /// EINVAL; the type changes with the value only (ENOTSUP).
+        @Test func anItemsLabelIsReadAndWrittenAsAnAttribute() throws {
+            let (harness, mnt) = try MountHarness.unlockedMount()
+            let item = mnt + "/default/item"
+            func read(_ name: String) -> String {
+                harness.sh("getfattr --only-values -n user.keychain.\(name) \"$1\"", arguments: [item]).stdout
+            }
+            func write(_ name: String, _ value: String) -> ShellResult {
+                harness.sh("setfattr -n user.keychain.\(name) -v \"$2\" \"$1\"", arguments: [item, value])
+            }
+            #expect(harness.sh("printf v > \"$1\"", arguments: [item]).succeeded)
+            #expect(read("label") == "item" && read("type") == "text/plain")
+            #expect(write("label", "Work mail").succeeded)
+            #expect(read("label") == "Work mail")
+            #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "v")
+            let listed = harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout
+            #expect(listed.contains("user.keychain.label=\"Work mail\"") && listed.contains("user.keychain.type="))
+            #expect(write("label", String(repeating: "l", count: 4097)).stderr.contains("Invalid argument"))
+            #expect(write("type", "application/json").stderr.contains("Operation not supported"))
+            #expect(
+                harness.sh("setfattr -x user.keychain.label \"$1\"", arguments: [item]).stderr.contains(
+                    "Operation not permitted"))
+            #expect(harness.control(mnt, "lock").succeeded)
+            #expect(read("label") == "Work mail")
+            #expect(write("label", "While locked").stderr.contains("Permission denied"))
+            #expect(read("label") == "Work mail" && read("type") == "text/plain")
+        }
+
         @Test func badAttributeNamesAndValuesChangeNothing() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"

@@ -160,20 +160,25 @@ extension FileSystem {
         guard case .item(let group, let identifier) = node, let attribute = ItemAttribute(extendedAttributeName: name)
         else { throw Errno(ENODATA) }
         return attribute.value(
-            group: group, identifier: identifier, protectionClass: try protectionClass(of: identifier, in: group))
+            of: try view(of: identifier, in: group, withDetails: attribute.isKeptInDetails))
     }
 
-    private func protectionClass(of identifier: String, in group: String) throws(Errno) -> ProtectionClass {
-        guard
-            let info = try core({ () throws(KeychainError) in
-                try manager.info(forIdentifier: identifier, inGroup: group)
-            })
-        else { throw Errno(ENOENT) }
-        return info.protectionClass
+    /// The item as its attributes are read: its class, and its details
+    /// when they are asked for (both need no key).
+    private func view(of identifier: String, in group: String, withDetails: Bool) throws(Errno) -> ItemView {
+        try core { () throws(KeychainError) in
+            guard let info = try manager.info(forIdentifier: identifier, inGroup: group) else {
+                throw .itemNotFound
+            }
+            return ItemView(
+                group: group, identifier: identifier, protectionClass: info.protectionClass,
+                details: withDetails ? try manager.details(forIdentifier: identifier, inGroup: group) : nil)
+        }
     }
 
-    /// removexattr: the class attributes are derived, not removable; other
-    /// `user.` names do not exist.
+    /// removexattr: an item's attributes always have a value (derived, or
+    /// its identifier for a label), so none is removable; other `user.`
+    /// names do not exist.
     func removeExtendedAttribute(_ name: String, of node: Node) throws(Errno) {
         try checkNamespace(name)
         throw Errno(extendedAttributeNames(of: node).contains(name) ? EPERM : ENODATA)
@@ -191,12 +196,13 @@ extension FileSystem {
 
     /// Writing a class attribute re-encrypts the item under the class it
     /// gives (needs both keys): `accessible` names it, `migratable` switches
-    /// between a class and its ThisDeviceOnly form.
+    /// between a class and its ThisDeviceOnly form. Writing the label
+    /// replaces it in the item's details (needs its class key).
     func setExtendedAttribute(_ name: String, value: String, flags: Int32, of node: Node) throws(Errno) {
         guard case .item(let group, let identifier) = node else { throw Errno(ENOTSUP) }
-        // setxattr(2): XATTR_CREATE fails on an existing attribute, and both
-        // class attributes of an item always exist; XATTR_REPLACE needs one
-        // to exist, which they do. Anything else is not a flag.
+        // setxattr(2): XATTR_CREATE fails on an existing attribute, and an
+        // item's attributes always exist; XATTR_REPLACE needs one to exist,
+        // which they do. Anything else is not a flag.
         guard flags & ~(xattrCreate | xattrReplace) == 0, flags != xattrCreate | xattrReplace else {
             throw Errno(EINVAL)
         }
@@ -204,11 +210,15 @@ extension FileSystem {
         guard let attribute = ItemAttribute(extendedAttributeName: name), attribute.isWritable else {
             throw Errno(ENOTSUP)
         }
-        // `accessible` names its class whole; `migratable` keeps the current one's mode.
-        let current = attribute == .migratable ? try protectionClass(of: identifier, in: group) : .whenUnlocked
-        guard let newClass = attribute.protectionClass(written: value, over: current) else { throw Errno(EINVAL) }
+        let item = try view(of: identifier, in: group, withDetails: attribute.isKeptInDetails)
+        guard let change = attribute.change(written: value, to: item) else { throw Errno(EINVAL) }
         try core { () throws(KeychainError) in
-            try manager.setProtectionClass(newClass, forIdentifier: identifier, inGroup: group)
+            switch change {
+            case .protectionClass(let newClass):
+                try manager.setProtectionClass(newClass, forIdentifier: identifier, inGroup: group)
+            case .details(let details):
+                try manager.setDetails(details, forIdentifier: identifier, inGroup: group)
+            }
         }
     }
 }

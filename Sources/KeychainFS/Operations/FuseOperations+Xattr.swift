@@ -4,7 +4,7 @@ import KeychainCore
 import Glibc
 #endif
 
-/// Extended attributes: the item's class and migratability.
+/// Extended attributes: an item's attributes (``ItemAttribute``).
 extension FuseOperations {
     static func setExtendedAttribute(
         _ req: fuse_req_t?, _ inode: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ value: UnsafePointer<CChar>?,
@@ -15,17 +15,20 @@ extension FuseOperations {
             guard let text = String(validating: bytes, as: UTF8.self) else { throw Errno(EINVAL) }
             let node = try fs.entitledNode(inode, caller: caller(req), operation: "xattr")
             let name = try kernelName(name)
-            guard case .item(let group, let identifier) = node else {
-                return try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
-            }
-            try fs.admit(
-                group, items: [identifier], verb: ItemAttribute.writeVerb, caller: caller(req),
-                operation: ItemAttribute.writeOperation)
-            // Setting an attribute gives the item another class: a change worth recording.
-            try fs.audited(
-                ItemAttribute.writeOperation, group: group, identifier: identifier, detail: name + "=" + text,
-                caller: caller(req)
-            ) { () throws(Errno) in
+            if case .item(let group, let identifier) = node,
+                let attribute = ItemAttribute(extendedAttributeName: name), let verb = attribute.writeVerb
+            {
+                try fs.admit(
+                    group, items: [identifier], verb: verb, caller: caller(req), operation: attribute.writeOperation)
+                // Setting an attribute changes the item's class or details: a change worth recording.
+                try fs.audited(
+                    attribute.writeOperation, group: group, identifier: identifier, detail: name + "=" + text,
+                    caller: caller(req)
+                ) { () throws(Errno) in
+                    try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
+                }
+            } else {
+                // Not an attribute a program writes: its error (ENOTSUP, EINVAL for bad flags).
                 try fs.setExtendedAttribute(name, value: text, flags: flags, of: node)
             }
             fuse_reply_err(req, 0)
