@@ -33,7 +33,9 @@ public enum DeviceProtocol {
     /// to 41, which only the service answers: docs/FORMAT.md, "The TPM
     /// through the service"). 10: sync with the person's other machines
     /// (`sync*` requests, kinds 42 to 54, a per-user device's: docs/SYNC.md).
-    /// 11: `status` names the TCTI the device reaches its TPM at. 12:
+    /// 11: `status` names the TCTI the device reaches its TPM at; purge,
+    /// background, access mode and migrate (kinds 55 to 58), which only
+    /// `.control` could do before. 12:
     /// `status` says whether the keychain is read-only (docs/FILESYSTEM.md,
     /// "A read-only keychain").
     public static let version: UInt8 = 12

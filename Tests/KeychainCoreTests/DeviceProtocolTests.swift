@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 import Testing
 @testable import KeychainCore
@@ -220,6 +221,25 @@ import Testing
             }
             #expect(refused, "kind \(unknown)")
         }
+    }
+
+    /// docs/PROTOCOL.md is the protocol for clients in other languages:
+    /// its version is this build's, and its table of requests has one row
+    /// for each kind byte, and none for a byte no group claims.
+    @Test func theProtocolsDocumentNamesEveryKindAndThisVersion() throws {
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let document = try String(contentsOf: repository.appendingPathComponent("docs/PROTOCOL.md"), encoding: .utf8)
+        #expect(document.contains("(version \(DeviceProtocol.version))"))
+        #expect(document.contains("version u8 = \(DeviceProtocol.version) |"))
+        let requests =
+            try #require(document.components(separatedBy: "### Requests (`code` 0)").last)
+            .components(separatedBy: "\n### ").first ?? ""
+        let rows = requests.split(separator: "\n").compactMap { line -> UInt8? in
+            guard line.hasPrefix("| ") else { return nil }
+            return UInt8(line.dropFirst(2).prefix { $0 != " " })
+        }
+        #expect(rows.sorted() == DeviceRequest.kindsOfEachGroup.joined().sorted())
     }
 
     @Test(arguments: requests) func aRequestReadsBackAsItWasSent(_ request: DeviceRequest) throws {
