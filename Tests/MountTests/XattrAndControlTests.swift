@@ -38,7 +38,8 @@ extension SerialTests {
         /// its identifier and `text/plain`; the label is written with
         /// setfattr, keeps the value, needs the item's class key (EACCES
         /// while locked, the old label kept), and one past 4,096 bytes is
-        /// EINVAL; the type changes with the value only (ENOTSUP).
+        /// EINVAL; the write is audited; the type changes with the value
+        /// only (ENOTSUP).
         @Test func anItemsLabelIsReadAndWrittenAsAnAttribute() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"
@@ -53,6 +54,9 @@ extension SerialTests {
             #expect(write("label", "Work mail").succeeded)
             #expect(read("label") == "Work mail")
             #expect(harness.sh("cat \"$1\"", arguments: [item]).stdout == "v")
+            let log = harness.sh("\"$K\" log --keychain \"$KC\"").stdout
+            #expect(
+                log.contains("set-details ok default/item") && log.contains("user.keychain.label=Work mail"), "\(log)")
             let listed = harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout
             #expect(listed.contains("user.keychain.label=\"Work mail\"") && listed.contains("user.keychain.type="))
             #expect(write("label", String(repeating: "l", count: 4097)).stderr.contains("Invalid argument"))
