@@ -221,7 +221,8 @@ extension SerialTests {
         }
 
         /// `keychainfs get`, `set`, `rm` and `backup`, and `cat`, a write,
-        /// `rm`, `mv` and `setfattr` through a mount: each is asked about,
+        /// `rm`, `mv` and `setfattr` (the class, the label) through a mount:
+        /// each is asked about,
         /// and a denial leaves the owner's item as it was (EACCES through
         /// the mount, exit 4 and a sentence saying whose it is from the
         /// command line). Before the owner rule held on every door, every one
@@ -242,6 +243,8 @@ extension SerialTests {
                 rm "$R/mnt/default/App a"; echo "rm $?"
                 mv "$R/mnt/default/App a" "$R/mnt/default/mine"; echo "mv $?"
                 setfattr -n user.keychain.accessible -v always "$R/mnt/default/App a"; echo "setfattr $?"
+                setfattr -n user.keychain.label -v stolen "$R/mnt/default/App a"; echo "label $?"
+                getfattr --only-values -n user.keychain.label "$R/mnt/default/App a"; echo
                 ls "$R/mnt/default"
                 "$K" unmount "$R/mnt"
                 "$R/app-a" lookup mail
@@ -271,6 +274,8 @@ extension SerialTests {
                     rm 1
                     mv 1
                     setfattr 1
+                    label 1
+                    App a
                     App a
                     hunter2
 
@@ -281,12 +286,13 @@ extension SerialTests {
                         $0.hasPrefix(refused) && $0.hasSuffix("Permission denied")
                     }, "\(refused) \(used.stderr)")
             }
-            // Nine questions, each denied and in the log with the program asked about.
+            // Ten questions, each denied and in the log with the program asked about.
             let log = harness.sh(
                 "\"$K\" log --keychain \"$KC\" | grep ' ask denied ' | sed 's/.*exe=\\([^ ]*\\).*/\\1/' | xargs -n1 basename"
             )
             #expect(
-                log.stdout == "keychainfs\nkeychainfs\nkeychainfs\nkeychainfs\ncat\ndash\nrm\nmv\nsetfattr\n", "\(log)")
+                log.stdout == "keychainfs\nkeychainfs\nkeychainfs\nkeychainfs\ncat\ndash\nrm\nmv\nsetfattr\nsetfattr\n",
+                "\(log)")
         }
 
         /// Allowed once, the person's own `keychainfs get` prints the key.
