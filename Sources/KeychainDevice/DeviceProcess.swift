@@ -481,9 +481,10 @@ public final class DeviceProcess: Sendable {
     /// Why a large request or reply was refused: its person's share of the
     /// service's locked memory is taken (``LockedMemoryShares``).
     private var largeShareTaken: String {
-        "you have \(largeRequests.perPerson) large request\(largeRequests.perPerson == 1 ? "" : "s") "
-            + "arriving or being answered already (each holds up to 2 MiB of the service's locked "
-            + "memory, which its users share); nothing was changed: try again when one is done"
+        let mebibytes = largeRequests.perPerson >> 20
+        return "you hold your \(mebibytes) MiB of the service's locked memory already, in large requests "
+            + "arriving or being answered (each holds 2 MiB) or values being written through a mount; "
+            + "its users share it; nothing was changed: try again when one is done"
     }
 
     /// Serves the connection `handed` (this thread's from then on) and closes it.
@@ -499,7 +500,7 @@ public final class DeviceProcess: Sendable {
         // large item and never read the reply, again every 5 s, kept every
         // other user's large values out of the service (an outsider's attack).
         var frame = try? reply.frame()
-        var replyHolder: UInt32?
+        var replyHolder: LockedMemoryShares.Place?
         if case .service = keychains, let large = frame, large.count > LockedMemoryShares.largeBody {
             replyHolder = largeRequests.take(for: credentials.uid)
             if replyHolder == nil { frame = try? DeviceReply.systemError(ENOMEM, largeShareTaken).frame() }
@@ -544,7 +545,7 @@ public final class DeviceProcess: Sendable {
         var passed: FileDescriptor?
         var refusedMemory = false
         // A large body's place, held until its request is answered (service mode).
-        var largeHolder: UInt32?
+        var largeHolder: LockedMemoryShares.Place?
         defer { if let largeHolder { largeRequests.release(largeHolder) } }
         var refusedShare = false
         guard

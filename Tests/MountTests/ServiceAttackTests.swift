@@ -226,30 +226,33 @@ extension SerialTests {
             #expect(large.stdout == "stored\n", "\(large)")
             #expect(
                 stalled.stdout.hasPrefix("held 1 refused 7: ")
-                    && stalled.stdout.contains("you have 1 large request arriving or being answered already"),
+                    && stalled.stdout.contains("you hold your 2 MiB of the service's locked memory already"),
                 "\(stalled)")
         }
 
         /// The same through a mount: one user's descriptors opened for
         /// writing, 1,000,000 bytes written to each and held open, kept
         /// another user's large `set`s out of a service limited to 8 MiB for
-        /// as long as they stayed open (an outsider's attack). A buffer grown
-        /// past 64 KiB now takes a place in its person's share too: the
-        /// second such write fails with ENOMEM, the other user's `set` goes
-        /// through, and the first descriptor's value is stored at its close.
-        @Test func oneUsersOpenWritesLeaveLockedMemoryForAnother() throws {
+        /// as long as they stayed open (an outsider's attack); and, while
+        /// only buffers past 64 KiB were counted, a hundred and twenty with
+        /// 64 KiB each did too (the next outsider's). Every write buffer now
+        /// holds its slot in its person's share (2 MiB here): the writes past
+        /// it fail with ENOMEM, the other user's `set` goes through, and the
+        /// first descriptor's value is stored at its close.
+        @Test(arguments: [(6, 1_000_000, 2), (120, 65536, 32)])
+        func oneUsersOpenWritesLeaveLockedMemoryForAnother(descriptors: Int, size: Int, held: Int) throws {
             let service = try ServiceHarness(lockedMemoryLimit: 8 << 20)
             let (victim, _) = try ServiceModeTests.userOfAService(service)
             let (attacker, mnt) = try ServiceModeTests.userOfAService(service)
             let ready = attacker.root + "/writes-ready", release = attacker.root + "/writes-release"
             try """
             import errno, os, sys, time
-            mnt, ready, release = sys.argv[1:4]
+            mnt, ready, release, count, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
             held, refused = [], 0
-            for n in range(6):
+            for n in range(count):
                 fd = os.open("%s/default/big%d" % (mnt, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
-                    os.write(fd, b"x" * 1000000)
+                    os.write(fd, b"x" * size)
                     held.append(fd)
                 except OSError as error:
                     refused += error.errno == errno.ENOMEM
@@ -262,15 +265,17 @@ extension SerialTests {
             print("held %d refused %d" % (len(held), refused))
             """.write(toFile: attacker.root + "/writes.py", atomically: true, encoding: .utf8)
             let writes = Thread.detachedResult {
-                attacker.sh("/usr/bin/python3 \"$R/writes.py\" \"$1\" \"$2\" \"$3\"", arguments: [mnt, ready, release])
+                attacker.sh(
+                    "/usr/bin/python3 \"$R/writes.py\" \"$1\" \"$2\" \"$3\" \"$4\" \"$5\"",
+                    arguments: [mnt, ready, release, String(descriptors), String(size)])
             }
             #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the writes never got their descriptors")
             let large = Self.storesALargeValue(victim)
             _ = FileManager.default.createFile(atPath: release, contents: nil)
             let written = writes.value()
             #expect(large.stdout == "stored\n", "\(large)")
-            #expect(written.stdout == "held 1 refused 5\n", "\(written)")
-            #expect(attacker.sh("wc -c < \"$1/default/big0\"", arguments: [mnt]).stdout == "1000000\n")
+            #expect(written.stdout == "held \(held) refused \(descriptors - held)\n", "\(written)")
+            #expect(attacker.sh("wc -c < \"$1/default/big0\"", arguments: [mnt]).stdout == "\(size)\n")
         }
 
         /// The same through replies: one user's connections each asked for a

@@ -100,15 +100,16 @@ extension FileSystem {
                     inode: inode, value: item.value, buffer: nil, appends: false,
                     protectionClass: item.protectionClass, targetClass: nil, opener: opener)
             }
-            let place = try lockedMemoryPlace(for: item.value.count)
+            // Held before the copy is made: the share bounds the locked memory itself.
+            let held = try lockedMemory(grownFrom: nil, held: 0, for: item.value.count)
             do throws(Errno) {
                 let buffer = try core { () throws(KeychainError) in try SecureBuffer(copying: item.value) }
                 let file = try writer(
                     inode: inode, buffer: buffer, current: item.protectionClass, flags: flags, opener: opener)
-                file.lockedMemoryHolder = place
+                (file.lockedMemoryPlace, file.lockedMemoryHeld) = held
                 return file
             } catch {
-                Self.releaseLockedMemory(place)
+                Self.releaseLockedMemory(held.place)
                 throw error
             }
         }
@@ -194,7 +195,7 @@ extension FileSystem {
             guard let buffer = file.buffer else { throw Errno(EBADF) }
             guard file.failure == 0 else { throw Errno(file.failure) }
             let at = file.appends ? buffer.count : offset
-            if file.lockedMemoryHolder == nil { file.lockedMemoryHolder = try lockedMemoryPlace(for: at + bytes.count) }
+            try holdLockedMemory(file, for: at + bytes.count)
             do throws(KeychainError) {
                 // O_APPEND: the end of our buffer, not the kernel's idea of the size.
                 try buffer.write(bytes, at: at)
@@ -210,31 +211,49 @@ extension FileSystem {
     func truncate(_ file: OpenFile, to size: Int) throws(Errno) {
         try changing(file) { () throws(Errno) in
             guard let buffer = file.buffer else { throw Errno(EBADF) }
-            if file.lockedMemoryHolder == nil { file.lockedMemoryHolder = try lockedMemoryPlace(for: size) }
+            try holdLockedMemory(file, for: size)
             try core { () throws(KeychainError) in try buffer.resize(to: size) }
             file.noteWrite()
         }
     }
 
-    /// A place in the owner's share of the service's locked memory for a
-    /// buffer of `size` bytes (``LockedMemoryShares``): nil when none is
-    /// needed (a small buffer, or a per-user device); ENOMEM when the
-    /// owner's share is taken, and the write, or the open, fails: a user's
-    /// descriptors held open with 1 MB written each once kept every other
-    /// user's large values out of the service (docs/SECURITY.md, "What an
-    /// ordinary user of the machine can try").
-    func lockedMemoryPlace(for size: Int) throws(Errno) -> UInt32? {
-        guard size > LockedMemoryShares.largeBody, let shares = LockedMemoryShares.serving.withLock({ $0 }) else {
-            return nil
-        }
-        guard let person = shares.take(for: owner.uid) else { throw Errno(ENOMEM) }
-        return person
+    /// Holds, for `file`'s buffer of `size` bytes, the locked memory its
+    /// slot takes in the owner's share of the service's
+    /// (``LockedMemoryShares``; nothing in a per-user device); ENOMEM when
+    /// the share has not that much left, and the write, or the open,
+    /// fails: a user's descriptors held open with 1 MB written each once
+    /// kept every other user's large values out of the service, and, while
+    /// only buffers past 64 KiB were counted, a hundred with 64 KiB each
+    /// did too (docs/SECURITY.md, "What an ordinary user of the machine
+    /// can try"). Checked without a lock until the buffer needs a larger
+    /// slot than it holds, so a write costs nothing more.
+    func holdLockedMemory(_ file: OpenFile, for size: Int) throws(Errno) {
+        guard LockedMemoryShares.slot(for: size) > file.lockedMemoryHeld else { return }
+        (file.lockedMemoryPlace, file.lockedMemoryHeld) = try lockedMemory(
+            grownFrom: file.lockedMemoryPlace, held: file.lockedMemoryHeld, for: size)
     }
 
-    /// Gives back a place ``lockedMemoryPlace(for:)`` took.
-    static func releaseLockedMemory(_ person: UInt32?) {
-        guard let person else { return }
-        LockedMemoryShares.serving.withLock { $0 }?.release(person)
+    /// `place` (covering `held` bytes) grown to cover a buffer of `size`.
+    func lockedMemory(grownFrom place: LockedMemoryShares.Place?, held: Int, for size: Int) throws(Errno) -> (
+        place: LockedMemoryShares.Place?, held: Int
+    ) {
+        let needed = LockedMemoryShares.slot(for: size)
+        guard needed > held else { return (place, held) }
+        guard let shares = LockedMemoryShares.serving.withLock({ $0 }) else { return (nil, needed) }
+        let grown: LockedMemoryShares.Place?
+        if let place {
+            grown = shares.grow(place, to: needed)
+        } else {
+            grown = shares.take(for: owner.uid, bytes: needed)
+        }
+        guard let grown else { throw Errno(ENOMEM) }
+        return (grown, needed)
+    }
+
+    /// Gives back what ``lockedMemory(grownFrom:held:for:)`` took.
+    static func releaseLockedMemory(_ place: LockedMemoryShares.Place?) {
+        guard let place else { return }
+        LockedMemoryShares.serving.withLock { $0 }?.release(place)
     }
 
     /// Gives back the place `file`'s buffer holds, as it is released. A
@@ -244,9 +263,9 @@ extension FileSystem {
     /// the mount 1.15x (docs/BENCHMARKS.md).
     func releaseLockedMemory(of file: OpenFile) {
         guard file.writable else { return }
-        let place = file.lock.withLock { () -> UInt32? in
-            defer { file.lockedMemoryHolder = nil }
-            return file.lockedMemoryHolder
+        let place = file.lock.withLock { () -> LockedMemoryShares.Place? in
+            defer { file.lockedMemoryPlace = nil }
+            return file.lockedMemoryPlace
         }
         Self.releaseLockedMemory(place)
     }

@@ -42,9 +42,12 @@ final class OpenFile: @unchecked Sendable {
     var pendingRevert: PasswordManager.WriteReceipt?
     /// When this descriptor last wrote (orders several writers of one process).
     var lastWrite: UInt64 = 0
-    /// The person whose share of the service's locked memory its buffer,
-    /// grown past `LockedMemoryShares.largeBody`, holds a place in (nil: none).
-    var lockedMemoryHolder: UInt32?
+    /// What its buffer holds of its owner's share of the service's locked
+    /// memory (nil: nothing yet, or a per-user device, which keeps no shares).
+    var lockedMemoryPlace: LockedMemoryShares.Place?
+    /// The slot size its buffer is covered for; a write looks at the shares
+    /// only when the buffer outgrows it.
+    var lockedMemoryHeld = 0
     /// The device locked away a key this descriptor needs.
     private(set) var revoked = false
 
