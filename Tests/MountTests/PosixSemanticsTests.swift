@@ -151,7 +151,8 @@ extension SerialTests {
         }
 
         /// A shell's `printf x > item` empties at its first close (the
-        /// duplicate); if the write then fails, the old value comes back.
+        /// duplicate); if the write then fails, the old value comes back,
+        /// also when a label was written in between.
         @Test func anUpdateThatFailsAfterTheEmptyingRestoresTheOldValue() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"
@@ -160,6 +161,22 @@ extension SerialTests {
             let big = harness.sh("head -c 1048577 /dev/zero > \"$1\"", arguments: [item])
             #expect(!big.succeeded && big.stderr.contains("File too large"))
             #expect(readFile(item) == "keep")
+            // A label written between the emptying and the failing write (by
+            // anyone: the item is no program's) changed the row, and the old
+            // value was once left behind: it comes back, under the new label.
+            let relabelled = open(item, O_WRONLY | O_TRUNC)
+            let kept = dup(relabelled)
+            #expect(close(relabelled) == 0)
+            #expect(readFile(item) == "")
+            #expect(setxattr(item, "user.keychain.label", "Relabelled", 10, 0) == 0)
+            let mebibyte = [UInt8](repeating: 0x79, count: 1 << 20)
+            #expect(write(kept, mebibyte, mebibyte.count) == mebibyte.count)
+            #expect(write(kept, "z", 1) == -1 && errno == EFBIG)
+            close(kept)
+            #expect(readFile(item) == "keep")
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.label \"$1\"", arguments: [item]).stdout
+                    == "Relabelled")
             // Locked between the emptying and the write: EACCES, old value back.
             let fd = open(item, O_WRONLY | O_TRUNC)
             let duplicate = dup(fd)

@@ -203,6 +203,9 @@ public final class PasswordManager: Sendable {
         let identifier: String
         let replaced: SealedItem?
         let generation: Int64
+        /// Whether the write emptied the item, and the details it left it with.
+        var emptied = false
+        var details: ItemDetails?
     }
 
     /// Writes a value under an explicit class (the filesystem's commit
@@ -244,6 +247,7 @@ public final class PasswordManager: Sendable {
         }
         let key = try device.classKey(protectionClass)
         var abandoned = false
+        var writtenDetails: ItemDetails?
         let written: (replaced: SealedItem?, generation: Int64)
         do throws(KeychainError) {
             written = try device.store.write(group: group, identifier: identifier) {
@@ -260,17 +264,19 @@ public final class PasswordManager: Sendable {
                 } else if condition == .ifPresent {
                     throw .itemNotFound
                 }
+                let sealedDetails = try Self.details(of: existing, replacedBy: details, touched: true, on: device)
+                writtenDetails = sealedDetails?.0
                 return ItemCipher.seal(
                     value, group: group, identifier: identifier, protectionClass: protectionClass,
-                    generation: generation, key: key,
-                    details: try Self.details(of: existing, replacedBy: details, touched: true, on: device))
+                    generation: generation, key: key, details: sealedDetails)
             }
         } catch .badRequest where abandoned {
             return nil
         }
         forget(group: group, identifier: identifier)
         return WriteReceipt(
-            group: group, identifier: identifier, replaced: written.replaced, generation: written.generation)
+            group: group, identifier: identifier, replaced: written.replaced, generation: written.generation,
+            emptied: value.count == 0, details: writtenDetails)
     }
 
     /// The details a row written now carries, with the key that seals
@@ -310,9 +316,40 @@ public final class PasswordManager: Sendable {
     public func revert(_ receipt: WriteReceipt) throws(KeychainError) -> Bool {
         guard let previous = receipt.replaced, case .local(let device) = backend else { return false }
         defer { forget(group: receipt.group, identifier: receipt.identifier) }
-        return try device.store.revert(
-            group: receipt.group, identifier: receipt.identifier,
-            written: receipt.generation, previous: previous)
+        if try device.store.revert(
+            group: receipt.group, identifier: receipt.identifier, written: receipt.generation, previous: previous)
+        {
+            return true
+        }
+        return restoreEmptiedValue(receipt, previous: previous, on: device)
+    }
+
+    /// Takes back an emptying (a mount's `O_TRUNC`, the one write a mount
+    /// takes back) whose row was changed since only in its details: the
+    /// item is still empty, and its details are not those the emptying left.
+    /// A label written through a mount in between once made the take-back
+    /// find the row changed and leave the item empty (an outsider's attack).
+    /// The old value goes back under the details the row has now; it needs
+    /// the keys of both classes, and without them the item stays as it is.
+    private func restoreEmptiedValue(_ receipt: WriteReceipt, previous: SealedItem, on device: Device) -> Bool {
+        guard receipt.emptied else { return false }
+        do throws(KeychainError) {
+            _ = try device.store.write(group: receipt.group, identifier: receipt.identifier) {
+                existing, generation throws(KeychainError) in
+                guard let current = existing, current.generation != receipt.generation,
+                    try ItemCipher.open(current, key: try device.classKey(current.protectionClass)).count == 0,
+                    try ItemCipher.openDetails(current, key: device.secret.detailsKey) != receipt.details
+                else { throw .itemNotFound }
+                let key = try device.classKey(previous.protectionClass)
+                return ItemCipher.seal(
+                    try ItemCipher.open(previous, key: key), group: receipt.group, identifier: receipt.identifier,
+                    protectionClass: previous.protectionClass, generation: generation, key: key,
+                    details: try Self.details(of: current, replacedBy: nil, touched: false, on: device))
+            }
+            return true
+        } catch {
+            return false
+        }
     }
 
     /// The key of `identifier` (UYLPasswordManager's `keyForIdentifier:`).
