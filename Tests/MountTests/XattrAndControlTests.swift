@@ -37,9 +37,9 @@ extension SerialTests {
         /// with it, are attributes on a mount too: an item with none shows
         /// its identifier and `text/plain`; the label is written with
         /// setfattr, keeps the value, needs the item's class key (EACCES
-        /// while locked, the old label kept), and one past 4,096 bytes is
-        /// EINVAL; the write is audited; the type changes with the value
-        /// only (ENOTSUP).
+        /// while locked, the old label kept), and one past 4,096 bytes or
+        /// holding a NUL is EINVAL; the write is audited; the type changes
+        /// with the value only (ENOTSUP).
         @Test func anItemsLabelIsReadAndWrittenAsAnAttribute() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"
@@ -60,6 +60,8 @@ extension SerialTests {
             let listed = harness.sh("getfattr -d \"$1\"", arguments: [item]).stdout
             #expect(listed.contains("user.keychain.label=\"Work mail\"") && listed.contains("user.keychain.type="))
             #expect(write("label", String(repeating: "l", count: 4097)).stderr.contains("Invalid argument"))
+            // A NUL, which the bus could not show (a D-Bus string holds none): setfattr's hex spelling.
+            #expect(write("label", "0x6e756c00696e").stderr.contains("Invalid argument"))
             #expect(write("type", "application/json").stderr.contains("Operation not supported"))
             #expect(
                 harness.sh("setfattr -x user.keychain.label \"$1\"", arguments: [item]).stderr.contains(

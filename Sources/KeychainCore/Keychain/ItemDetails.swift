@@ -63,8 +63,11 @@ public struct ItemDetails: Sendable, Equatable {
 
     /// ``KeychainError/param`` unless every field is within the bounds.
     public func validate() throws(KeychainError) {
+        // No NUL in any text: a D-Bus string cannot hold one, so the bus
+        // would show a label written through a mount cut at it.
         guard attributes.count <= Self.maximumAttributes, allowed.count <= Self.maximumAllowed,
-            label.utf8.count <= Self.maximumText, contentType.utf8.count <= Self.maximumText
+            label.utf8.count <= Self.maximumText, contentType.utf8.count <= Self.maximumText,
+            !label.utf8.contains(0), !contentType.utf8.contains(0)
         else { throw .param }
         for claim in [owner].compactMap({ $0 }) + allowed {
             // A package or unit, when there is one, is 1-255 bytes: an
@@ -82,7 +85,7 @@ public struct ItemDetails: Sendable, Equatable {
         }
         for (name, value) in attributes {
             guard (1...Self.maximumAttributeName).contains(name.utf8.count), value.utf8.count <= Self.maximumText,
-                !name.utf8.contains(where: { $0 < 0x20 || $0 == 0x7f })
+                !name.utf8.contains(where: { $0 < 0x20 || $0 == 0x7f }), !value.utf8.contains(0)
             else { throw .param }
         }
         guard encoded().count <= Self.maximumEncodedSize else { throw .param }
