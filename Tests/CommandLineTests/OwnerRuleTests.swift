@@ -42,9 +42,12 @@ extension SerialTests {
             rule, command = sys.argv[1], sys.argv[2:]
             pid, terminal = pty.fork()
             if pid == 0:
-                # The terminal of a login root recorded (an SSH login's), as a person's is; a program of the user
-                # that made one for itself ("own") has none, and answers its own question if asked.
-                record_login(rule != "own")
+                # The terminal of a login root recorded (a console login's), as a person's is; a program of the
+                # user that made one for itself ("own") has none, and answers its own question if asked; one
+                # that waited for the person's login terminal to close while the login's record stayed (a
+                # connection that carries several terminals), and opened terminals until it had that number
+                # ("reused"), has a terminal made after the login began, and answers its own question if asked.
+                record_login(rule != "own", 60 if rule == "reused" else 0)
             if pid == 0 and rule == "join":
                 # The person's shell (this session's leader) runs a command in the foreground; a background job
                 # of the same shell joins the command's process group (no tcsetpgrp) and asks meanwhile.
@@ -178,7 +181,7 @@ extension SerialTests {
                     if rule in ("inject", "join", "idle", "seize", "alias"):
                         continue  # the person types nothing
                     typed = {"once": found.group(1), "script": found.group(1), "always": found.group(3) or b"",
-                             "own": found.group(1), "wrong": b"abcde"}[rule]
+                             "own": found.group(1), "reused": found.group(1), "wrong": b"abcde"}[rule]
                     os.write(terminal, typed + b"\\r")
             os.waitpid(pid, 0)
             shown = re.sub(rb"\\x1b(\\[[0-9;?]*[A-Za-z@]|[()][0-9A-Za-z]|[=>])", b"", screen)
@@ -187,7 +190,7 @@ extension SerialTests {
             let used = harness.onBus(
                 """
                 "$R/app-a" store mail hunter2
-                for rule in wrong background join idle seize own alias inject once script always; do
+                for rule in wrong background join idle seize own reused alias inject once script always; do
                     /usr/bin/python3 "$R/terminal.py" $rule "$R/app-b" lookup mail
                 done
                 # Allowed for good: asked no more, with no terminal at all.
@@ -205,6 +208,7 @@ extension SerialTests {
                     idle: asked no, got nothing
                     seize: asked no, got nothing
                     own: asked no, got nothing
+                    reused: asked no, got nothing
                     alias: asked no, got nothing
                     inject: asked yes, got nothing
                     once: asked yes, got hunter2

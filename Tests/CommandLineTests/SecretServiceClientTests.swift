@@ -152,10 +152,10 @@ extension SerialTests.SecretServiceTests {
                 """, "\(used)")
     }
 
-    /// Over SSH (no display), a lookup in a locked keychain asked for the
+    /// With no display, a lookup in a locked keychain asked for the
     /// passcode nowhere and failed without a word: the unlock prompt now
     /// goes to the terminal of the program that asks, when it runs in its
-    /// foreground, as the owner rule's questions do.
+    /// foreground at a login's terminal, as the owner rule's questions do.
     @Test func aLockedKeychainAsksForThePasscodeAtTheAskersTerminal() throws {
         let logins = try LoginRecords(uid: harness.user?.uid ?? getuid(), in: harness.root)
         defer { withExtendedLifetime(logins) {} }
@@ -164,7 +164,7 @@ extension SerialTests.SecretServiceTests {
         \(LoginRecords.pythonRecordLogin)
         pid, terminal = pty.fork()
         if pid == 0:
-            record_login(True)  # an SSH login's terminal, as root recorded it
+            record_login(True)  # a login's terminal, as logind recorded it
             os.execv(sys.argv[1], sys.argv[1:])
         screen, answered, deadline = b"", False, time.monotonic() + 60
         while time.monotonic() < deadline:

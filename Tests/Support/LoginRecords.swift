@@ -36,7 +36,11 @@ package final class LoginRecords: @unchecked Sendable {
                     pending.removeSubrange(pending.startIndex...end)
                     if line == "stop" { break reading }
                     Self.removeRecords(of: uid)
-                    if line.hasPrefix("+") { Self.record(String(line.dropFirst()), of: uid) }
+                    if line.hasPrefix("+") {
+                        let fields = line.dropFirst().split(separator: " ")
+                        Self.record(
+                            String(fields.first ?? ""), of: uid, beganAgo: fields.count > 1 ? Int(fields[1]) ?? 0 : 0)
+                    }
                 }
             }
             try? reading.close()
@@ -55,10 +59,12 @@ package final class LoginRecords: @unchecked Sendable {
         if madeDirectory { rmdir(Self.directory) }
     }
 
-    /// The record for `terminal` (`pts/N`) of `uid`'s login.
-    private static func record(_ terminal: String, of uid: uid_t) {
+    /// The record for `terminal` (`pts/N`) of `uid`'s login, begun
+    /// `beganAgo` seconds ago (logind's `REALTIME=`, in microseconds).
+    private static func record(_ terminal: String, of uid: uid_t, beganAgo: Int) {
         let path = directory + "/kcfs-test-\(uid)-" + terminal.replacingOccurrences(of: "/", with: "-")
-        try? "UID=\(uid)\nSTATE=active\nTYPE=tty\nTTY=\(terminal)\n".write(
+        let began = (Int(Date().timeIntervalSince1970) - beganAgo) * 1_000_000
+        try? "UID=\(uid)\nSTATE=active\nTYPE=tty\nTTY=\(terminal)\nREALTIME=\(began)\n".write(
             toFile: path, atomically: true, encoding: .utf8)
         chmod(path, 0o644)
     }
@@ -73,13 +79,14 @@ package final class LoginRecords: @unchecked Sendable {
 
     /// Python for a test's program: `record_login(True)` in a process whose
     /// standard input is its terminal records that terminal as a login's
-    /// and waits for the record; `record_login(False)` records none.
+    /// and waits for the record; `record_login(False)` records none;
+    /// `record_login(True, 60)` records a login begun a minute before.
     package static let pythonRecordLogin = """
-        def record_login(recorded):
+        def record_login(recorded, began_ago=0):
             import os, time
             name = os.ttyname(0)[len("/dev/"):]
             with open(os.environ["R"] + "/logins", "w") as logins:
-                logins.write(("+" + name if recorded else "-") + "\\n")
+                logins.write(("+%s %d" % (name, began_ago) if recorded else "-") + "\\n")
             record = "/run/systemd/sessions/kcfs-test-%d-%s" % (os.getuid(), name.replace("/", "-"))
             while os.path.exists(record) != recorded:
                 time.sleep(0.01)

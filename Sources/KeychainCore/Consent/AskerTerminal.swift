@@ -90,8 +90,10 @@ package struct AskerTerminal: Sendable, Equatable {
     static let sessionRecords = "/run/systemd/sessions"
 
     /// Whether `path` is the terminal of a login of `user` that root
-    /// recorded: a session of logind's (an SSH login's pseudo-terminal, a
-    /// virtual console) whose `TTY=` it is. Any program of the user can make
+    /// recorded: a session of logind's (a virtual console's login, `login`
+    /// on a terminal; logind records none for an SSH login, whose PAM
+    /// session sshd opens before it has a pseudo-terminal) whose `TTY=` it
+    /// is, and, for a pseudo-terminal, no newer than the login. Any program of the user can make
     /// a pseudo-terminal of its own, run a command in its foreground, read
     /// the question off the other side and type its code (an outsider
     /// did, for another program's item); only root opens a login, and
@@ -109,9 +111,35 @@ package struct AskerTerminal: Sendable, Equatable {
                 let bytes = try? fd.borrowed.readAll(limit: 1 << 16)
             else { continue }
             let lines = Set(String(decoding: bytes, as: UTF8.self).split(separator: "\n").map(String.init))
-            if lines.contains(terminal) && lines.contains(owner) && !lines.contains("STATE=closing") { return true }
+            guard lines.contains(terminal) && lines.contains(owner) && !lines.contains("STATE=closing") else {
+                continue
+            }
+            if !path.hasPrefix("/dev/pts/") || isNoNewerThanItsLogin(path, lines: lines) { return true }
         }
         return false
+    }
+
+    /// How long after its login began a login's pseudo-terminal may have
+    /// been made (or had its mode changed, as `mesg n` in a profile does).
+    static let loginTerminalSlack: Int64 = 5_000_000
+
+    /// Whether the pseudo-terminal at `path` was made no later than its
+    /// login began (logind's `REALTIME=`, microseconds), within
+    /// ``loginTerminalSlack``: its inode's change time is when devpts made
+    /// it (or last changed its mode or owner), which no program can set
+    /// back. A record may outlive its login's first terminal (a connection
+    /// that carries several): a program of the user waited for that
+    /// terminal to close, opened terminals until it had its number, and
+    /// answered its own question there (an outsider's attack). Its
+    /// terminal is newer than the login, and is no login's.
+    static func isNoNewerThanItsLogin(_ path: String, lines: Set<String>) -> Bool {
+        guard let began = lines.first(where: { $0.hasPrefix("REALTIME=") }).flatMap({ Int64($0.dropFirst(9)) }) else {
+            return false
+        }
+        var info = stat()
+        guard stat(path, &info) == 0 else { return false }
+        let changed = Int64(info.st_ctim.tv_sec) * 1_000_000 + Int64(info.st_ctim.tv_nsec) / 1000
+        return changed <= began + loginTerminalSlack
     }
 
     /// Whether no other session of `user` than `session` has a terminal
