@@ -108,7 +108,7 @@ extension SerialTests {
                         for name, text in (("uid_map", "0 %d 1" % uid), ("setgroups", "deny"), ("gid_map", "0 %d 1" % gid)):
                             with open("/proc/self/" + name, "w") as f:
                                 f.write(text)
-                        points = "/tmp/kcfs-alias-%d" % os.getpid()
+                        points = os.environ["R"] + "/alias-%d" % os.getpid()  # removed with the test's directory
                         os.mkdir(points)
                         if libc.mount(b"devpts", points.encode(), b"devpts", 0, b"newinstance,ptmxmode=0666") != 0:
                             os._exit(4)
