@@ -152,7 +152,7 @@ extension SerialTests {
 
         /// A shell's `printf x > item` empties at its first close (the
         /// duplicate); if the write then fails, the old value comes back,
-        /// also when a label was written in between.
+        /// also when a label, a class or a name was given in between.
         @Test func anUpdateThatFailsAfterTheEmptyingRestoresTheOldValue() throws {
             let (harness, mnt) = try MountHarness.unlockedMount()
             let item = mnt + "/default/item"
@@ -161,22 +161,34 @@ extension SerialTests {
             let big = harness.sh("head -c 1048577 /dev/zero > \"$1\"", arguments: [item])
             #expect(!big.succeeded && big.stderr.contains("File too large"))
             #expect(readFile(item) == "keep")
-            // A label written between the emptying and the failing write (by
-            // anyone: the item is no program's) changed the row, and the old
-            // value was once left behind: it comes back, under the new label.
-            let relabelled = open(item, O_WRONLY | O_TRUNC)
-            let kept = dup(relabelled)
-            #expect(close(relabelled) == 0)
-            #expect(readFile(item) == "")
-            #expect(setxattr(item, "user.keychain.label", "Relabelled", 10, 0) == 0)
-            let mebibyte = [UInt8](repeating: 0x79, count: 1 << 20)
-            #expect(write(kept, mebibyte, mebibyte.count) == mebibyte.count)
-            #expect(write(kept, "z", 1) == -1 && errno == EFBIG)
-            close(kept)
+            // A label, a class or a name given between the emptying and the
+            // failing write (by anyone: the item is no program's) changed the
+            // row, and the old value was once left behind (two outsiders'
+            // attacks): it comes back, under the new label, class or name.
+            func emptiedThenFailed(_ change: () -> Bool) -> Bool {
+                let emptying = open(item, O_WRONLY | O_TRUNC)
+                let kept = dup(emptying)
+                guard close(emptying) == 0, readFile(item) == "", change() else { return false }
+                let mebibyte = [UInt8](repeating: 0x79, count: 1 << 20)
+                let failed = write(kept, mebibyte, mebibyte.count) == mebibyte.count && write(kept, "z", 1) == -1
+                close(kept)
+                return failed && errno == EFBIG
+            }
+            #expect(emptiedThenFailed { setxattr(item, "user.keychain.label", "Relabelled", 10, 0) == 0 })
             #expect(readFile(item) == "keep")
             #expect(
                 harness.sh("getfattr --only-values -n user.keychain.label \"$1\"", arguments: [item]).stdout
                     == "Relabelled")
+            #expect(emptiedThenFailed { setxattr(item, "user.keychain.accessible", "always", 6, 0) == 0 })
+            #expect(readFile(item) == "keep")
+            #expect(
+                harness.sh("getfattr --only-values -n user.keychain.accessible \"$1\"", arguments: [item]).stdout
+                    == "always")
+            let moved = mnt + "/default/moved"
+            #expect(emptiedThenFailed { rename(item, moved) == 0 })
+            #expect(readFile(moved) == "keep" && access(item, F_OK) == -1)
+            #expect(rename(moved, item) == 0)
+            #expect(setxattr(item, "user.keychain.accessible", "whenUnlocked", 12, 0) == 0)
             // Locked between the emptying and the write: EACCES, old value back.
             let fd = open(item, O_WRONLY | O_TRUNC)
             let duplicate = dup(fd)

@@ -199,13 +199,25 @@ public final class PasswordManager: Sendable {
     /// What a write replaced, so that the writer can take the write back
     /// (``revert(_:)``) when what it belonged to fails later.
     public struct WriteReceipt: Sendable {
-        let group: String
-        let identifier: String
+        private(set) var group: String
+        private(set) var identifier: String
         let replaced: SealedItem?
         let generation: Int64
-        /// Whether the write emptied the item, and the details it left it with.
+        /// Whether the write emptied the item, and the class and details it left it with.
         var emptied = false
+        var protectionClass: ProtectionClass?
         var details: ItemDetails?
+        /// Whether the item has been renamed since (``at(group:identifier:)``).
+        private(set) var renamed = false
+
+        /// This receipt for the item under the name it has now, which a
+        /// rename since may have changed.
+        public func at(group: String, identifier: String) -> WriteReceipt {
+            guard group != self.group || identifier != self.identifier else { return self }
+            var moved = self
+            (moved.group, moved.identifier, moved.renamed) = (group, identifier, true)
+            return moved
+        }
     }
 
     /// Writes a value under an explicit class (the filesystem's commit
@@ -276,7 +288,7 @@ public final class PasswordManager: Sendable {
         forget(group: group, identifier: identifier)
         return WriteReceipt(
             group: group, identifier: identifier, replaced: written.replaced, generation: written.generation,
-            emptied: value.count == 0, details: writtenDetails)
+            emptied: value.count == 0, protectionClass: protectionClass, details: writtenDetails)
     }
 
     /// The details a row written now carries, with the key that seals
@@ -316,8 +328,9 @@ public final class PasswordManager: Sendable {
     public func revert(_ receipt: WriteReceipt) throws(KeychainError) -> Bool {
         guard let previous = receipt.replaced, case .local(let device) = backend else { return false }
         defer { forget(group: receipt.group, identifier: receipt.identifier) }
-        if try device.store.revert(
-            group: receipt.group, identifier: receipt.identifier, written: receipt.generation, previous: previous)
+        if !receipt.renamed,
+            try device.store.revert(
+                group: receipt.group, identifier: receipt.identifier, written: receipt.generation, previous: previous)
         {
             return true
         }
@@ -325,25 +338,30 @@ public final class PasswordManager: Sendable {
     }
 
     /// Takes back an emptying (a mount's `O_TRUNC`, the one write a mount
-    /// takes back) whose row was changed since only in its details: the
-    /// item is still empty, and its details are not those the emptying left.
-    /// A label written through a mount in between once made the take-back
-    /// find the row changed and leave the item empty (an outsider's attack).
-    /// The old value goes back under the details the row has now; it needs
-    /// the keys of both classes, and without them the item stays as it is.
+    /// takes back) whose row was changed since, but not its value: the item
+    /// is still empty, and its details, its class or its name are not those
+    /// the emptying left. A label, a class or a rename in between once made
+    /// the take-back find the row changed and leave the item empty (two
+    /// outsiders' attacks). The old value goes back under the details and
+    /// name the item has now, and under its class now if that was changed
+    /// (else its old one, as a take-back gives); it needs the keys of both
+    /// classes, and without them the item stays as it is.
     private func restoreEmptiedValue(_ receipt: WriteReceipt, previous: SealedItem, on device: Device) -> Bool {
         guard receipt.emptied else { return false }
         do throws(KeychainError) {
             _ = try device.store.write(group: receipt.group, identifier: receipt.identifier) {
                 existing, generation throws(KeychainError) in
                 guard let current = existing, current.generation != receipt.generation,
-                    try ItemCipher.open(current, key: try device.classKey(current.protectionClass)).count == 0,
-                    try ItemCipher.openDetails(current, key: device.secret.detailsKey) != receipt.details
+                    try ItemCipher.open(current, key: try device.classKey(current.protectionClass)).count == 0
                 else { throw .itemNotFound }
-                let key = try device.classKey(previous.protectionClass)
+                let reclassed = current.protectionClass != receipt.protectionClass
+                let redetailed = try ItemCipher.openDetails(current, key: device.secret.detailsKey) != receipt.details
+                guard receipt.renamed || reclassed || redetailed else { throw .itemNotFound }
+                let value = try ItemCipher.open(previous, key: try device.classKey(previous.protectionClass))
+                let restoredClass = reclassed ? current.protectionClass : previous.protectionClass
                 return ItemCipher.seal(
-                    try ItemCipher.open(previous, key: key), group: receipt.group, identifier: receipt.identifier,
-                    protectionClass: previous.protectionClass, generation: generation, key: key,
+                    value, group: receipt.group, identifier: receipt.identifier, protectionClass: restoredClass,
+                    generation: generation, key: try device.classKey(restoredClass),
                     details: try Self.details(of: current, replacedBy: nil, touched: false, on: device))
             }
             return true

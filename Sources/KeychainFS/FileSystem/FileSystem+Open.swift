@@ -361,9 +361,13 @@ extension FileSystem {
     /// Takes back an emptying that a flush committed for this descriptor,
     /// if the item still holds it. Call with the descriptor's lock held.
     private func revertTruncation(_ file: OpenFile, because code: Int32) {
-        guard let receipt = file.pendingRevert else { return }
+        guard var receipt = file.pendingRevert else { return }
         file.pendingRevert = nil
         if file.failure == 0 { file.failure = code }
+        // A rename since moved the descriptor's item: its value goes back under the name it has now.
+        if case .item(let group, let identifier)? = nodes.node(for: file.inode) {
+            receipt = receipt.at(group: group, identifier: identifier)
+        }
         do throws(KeychainError) {
             try manager.revert(receipt)
         } catch {
