@@ -480,6 +480,9 @@ public final class DeviceProcess: Sendable {
 
     /// Why a large request or reply was refused: its person's share of the
     /// service's locked memory is taken (``LockedMemoryShares``).
+    private let noMemoryForTheReply =
+        "no locked memory is left for a reply this large now (others hold it); nothing was changed: try again later"
+
     private var largeShareTaken: String {
         let mebibytes = largeRequests.perPerson >> 20
         return "you hold your \(mebibytes) MiB of the service's locked memory already, in large requests "
@@ -499,7 +502,9 @@ public final class DeviceProcess: Sendable {
         // in its person's share too. A user's connections that asked for a
         // large item and never read the reply, again every 5 s, kept every
         // other user's large values out of the service (an outsider's attack).
-        var frame = try? reply.frame()
+        // A reply whose frame finds no locked memory says so: its client
+        // once read the end of the connection and said the device went away.
+        var frame = (try? reply.frame()) ?? (try? DeviceReply.systemError(ENOMEM, noMemoryForTheReply).frame())
         var replyHolder: LockedMemoryShares.Place?
         if case .service = keychains, let large = frame, large.count > LockedMemoryShares.largeBody {
             replyHolder = largeRequests.take(for: credentials.uid)

@@ -235,12 +235,17 @@ extension SerialTests {
         /// another user's large `set`s out of a service limited to 8 MiB for
         /// as long as they stayed open (an outsider's attack); and, while
         /// only buffers past 64 KiB were counted, a hundred and twenty with
-        /// 64 KiB each did too (the next outsider's). Every write buffer now
-        /// holds its slot in its person's share (2 MiB here): the writes past
-        /// it fail with ENOMEM, the other user's `set` goes through, and the
-        /// first descriptor's value is stored at its close.
-        @Test(arguments: [(6, 1_000_000, 2), (120, 65536, 32)])
-        func oneUsersOpenWritesLeaveLockedMemoryForAnother(descriptors: Int, size: Int, held: Int) throws {
+        /// 64 KiB each did too (the next outsider's); and descriptors only
+        /// read, of items of their own just past 256 KiB (a 1 MiB slot
+        /// each), did too (the one after). Every write buffer and every
+        /// reader's value now holds its slot in its person's share (2 MiB
+        /// here): the opens or writes past it fail with ENOMEM, the other
+        /// user's `set` goes through, and the first descriptor's value is
+        /// there.
+        @Test(arguments: [(6, 1_000_000, 2, "write"), (120, 65536, 32, "write"), (8, 262_145, 2, "read")])
+        func oneUsersOpenWritesLeaveLockedMemoryForAnother(descriptors: Int, size: Int, held: Int, mode: String)
+            throws
+        {
             let service = try ServiceHarness(lockedMemoryLimit: 8 << 20)
             let (victim, _) = try ServiceModeTests.userOfAService(service)
             let (attacker, mnt) = try ServiceModeTests.userOfAService(service)
@@ -248,9 +253,23 @@ extension SerialTests {
             try """
             import errno, os, sys, time
             mnt, ready, release, count, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+            reading = sys.argv[6] == "read"
             held, refused = [], 0
+            for n in range(count if reading else 0):
+                # Items of its own, each just past a slot class, to be read a little and held open.
+                with open("%s/default/big%d" % (mnt, n), "wb") as item:
+                    item.write(b"x" * size)
             for n in range(count):
-                fd = os.open("%s/default/big%d" % (mnt, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                path = "%s/default/big%d" % (mnt, n)
+                if reading:
+                    try:
+                        fd = os.open(path, os.O_RDONLY)
+                        os.read(fd, 4096)
+                        held.append(fd)
+                    except OSError as error:
+                        refused += error.errno == errno.ENOMEM
+                    continue
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
                     os.write(fd, b"x" * size)
                     held.append(fd)
@@ -266,8 +285,8 @@ extension SerialTests {
             """.write(toFile: attacker.root + "/writes.py", atomically: true, encoding: .utf8)
             let writes = Thread.detachedResult {
                 attacker.sh(
-                    "/usr/bin/python3 \"$R/writes.py\" \"$1\" \"$2\" \"$3\" \"$4\" \"$5\"",
-                    arguments: [mnt, ready, release, String(descriptors), String(size)])
+                    "/usr/bin/python3 \"$R/writes.py\" \"$1\" \"$2\" \"$3\" \"$4\" \"$5\" \"$6\"",
+                    arguments: [mnt, ready, release, String(descriptors), String(size), mode])
             }
             #expect(Self.eventually(within: 25) { access(ready, F_OK) == 0 }, "the writes never got their descriptors")
             let large = Self.storesALargeValue(victim)

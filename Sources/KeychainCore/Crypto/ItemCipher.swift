@@ -83,7 +83,10 @@ enum ItemCipher {
             }
         } catch {
             // Names only: the group and identifier are not secret (they are file names).
-            Diagnostics.log("item \(item.group)/\(item.identifier) failed authentication")
+            // Only a failed tag is a failed authentication: no memory for the value is not.
+            Diagnostics.log(
+                "item \(item.group)/\(item.identifier) "
+                    + (error == .decode ? "failed authentication" : "could not be opened: \(error)"))
             throw error
         }
     }

@@ -96,9 +96,15 @@ extension FileSystem {
                 try manager.item(forIdentifier: identifier, inGroup: group)
             }
             if flags & O_ACCMODE == O_RDONLY {
+                // A reader's value is locked memory too, held while the
+                // descriptor is: a user's descriptors of their own items of
+                // just over 256 KiB (a 1 MiB slot each), read a little and
+                // held open, once kept another user's large values out of
+                // the service (an outsider's attack).
+                let held = try lockedMemory(grownFrom: nil, held: 0, for: item.value.count)
                 return OpenFile(
                     inode: inode, value: item.value, buffer: nil, appends: false,
-                    protectionClass: item.protectionClass, targetClass: nil, opener: opener)
+                    protectionClass: item.protectionClass, targetClass: nil, opener: opener, readPlace: held.place)
             }
             // Held before the copy is made: the share bounds the locked memory itself.
             let held = try lockedMemory(grownFrom: nil, held: 0, for: item.value.count)
@@ -256,13 +262,14 @@ extension FileSystem {
         LockedMemoryShares.serving.withLock { $0 }?.release(place)
     }
 
-    /// Gives back the place `file`'s buffer holds, as it is released. A
-    /// descriptor opened for reading has no buffer and takes no lock here: a
-    /// reader's RELEASE arrives while the worker that sent its READ reply
-    /// still holds that lock, and waiting for it cost every read through
-    /// the mount 1.15x (docs/BENCHMARKS.md).
+    /// Gives back the place `file`'s buffer or value holds, as it is
+    /// released. A descriptor opened for reading has no buffer, and its
+    /// place was set once, so it takes no lock here: a reader's RELEASE
+    /// arrives while the worker that sent its READ reply still holds that
+    /// lock, and waiting for it cost every read through the mount 1.15x
+    /// (docs/BENCHMARKS.md).
     func releaseLockedMemory(of file: OpenFile) {
-        guard file.writable else { return }
+        guard file.writable else { return Self.releaseLockedMemory(file.readPlace) }
         let place = file.lock.withLock { () -> LockedMemoryShares.Place? in
             defer { file.lockedMemoryPlace = nil }
             return file.lockedMemoryPlace

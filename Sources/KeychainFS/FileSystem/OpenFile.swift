@@ -23,6 +23,10 @@ final class OpenFile: @unchecked Sendable {
     /// The process that opened it: `fstat` from there sees its unwritten
     /// length (the kernel sends `fstat` without the file handle).
     let opener: ProcessIdentity
+    /// What a reader's value holds of its owner's share of the service's
+    /// locked memory (nil: a writer, whose buffer holds ``lockedMemoryPlace``,
+    /// or a per-user device). Set once, so that its release takes no lock.
+    let readPlace: LockedMemoryShares.Place?
 
     // Guarded by `lock`.
     let lock = Lock()
@@ -53,7 +57,8 @@ final class OpenFile: @unchecked Sendable {
 
     init(
         inode: UInt64, value: SecureBytes?, buffer: SecureBuffer?, appends: Bool,
-        protectionClass: ProtectionClass?, targetClass: ProtectionClass?, opener: ProcessIdentity
+        protectionClass: ProtectionClass?, targetClass: ProtectionClass?, opener: ProcessIdentity,
+        readPlace: LockedMemoryShares.Place? = nil
     ) {
         self.inode = inode
         self.value = value
@@ -63,6 +68,7 @@ final class OpenFile: @unchecked Sendable {
         self.protectionClass = protectionClass
         self.targetClass = targetClass
         self.opener = opener
+        self.readPlace = readPlace
     }
 
     /// The length this descriptor sees: its buffer, or the value it read.
