@@ -251,6 +251,12 @@ final class ServedKeychain: Sendable {
         }
     }
 
+    static func backupShareTaken(_ shares: LockedMemoryShares) -> String {
+        "you hold your \(shares.perPerson >> 20) MiB of the service's locked memory already (in backups, large "
+            + "requests or values open through a mount); its users share it; nothing was written: try again when "
+            + "one is done"
+    }
+
     /// Backups, whose file comes with the request, and the audit log, which goes with the reply.
     private func answer(
         _ request: FileRequest, client: BorrowedDescriptor, passed: BorrowedDescriptor?,
@@ -260,6 +266,15 @@ final class ServedKeychain: Sendable {
         switch request {
         case .backup(let path, let password, let policedGroups, let passcode):
             guard let file = passed else { return .systemError(EINVAL, "no backup file came with the request") }
+            // A backup holds a value at a time in secret memory (up to a
+            // large slot, and the cache of the last access): in the service,
+            // a large place of its person's share while it runs, so that one
+            // user's backups side by side cannot take every other user's
+            // locked memory (an outsider's attack).
+            let shares = LockedMemoryShares.serving.withLock { $0 }
+            let place = shares?.take(for: owner.uid)
+            if let shares, place == nil { return .systemError(ENOMEM, Self.backupShareTaken(shares)) }
+            defer { if let place { shares?.release(place) } }
             do throws(KeychainError) {
                 let backup = try manager.backup(
                     password: password, policedGroups: policedGroups, passcode: passcode,

@@ -297,6 +297,27 @@ extension SerialTests {
             #expect(attacker.sh("wc -c < \"$1/default/big0\"", arguments: [mnt]).stdout == "\(size)\n")
         }
 
+        /// A backup held every value of the keychain in locked memory at
+        /// once: an outsider's backups of seven 1 MB items of their own, in a
+        /// loop, took a service limited to 8 MiB from another user's large
+        /// values, and each backup failed for want of it. A backup now holds
+        /// one value at a time, in a place of its person's share: nine such
+        /// items (more than all its locked memory) back up whole, and the
+        /// other user's large value is stored.
+        @Test func aBackupHoldsOneValueAtATime() throws {
+            let service = try ServiceHarness(lockedMemoryLimit: 8 << 20)
+            let (victim, _) = try ServiceModeTests.userOfAService(service)
+            let (attacker, _) = try ServiceModeTests.userOfAService(service)
+            let stored = attacker.sh(
+                "for n in 1 2 3 4 5 6 7 8 9; do head -c 1000000 /dev/zero | \"$K\" set default/big$n || exit 1; done")
+            #expect(stored.succeeded, "\(stored)")
+            let backup = attacker.sh(
+                "printf 'pw-1234\\npw-1234\\n' | \"$K\" backup \"$R/big.kcb\" && [ \"$(stat -c %s \"$R/big.kcb\")\" -gt 9000000 ]"
+            )
+            #expect(backup.succeeded, "\(backup)")
+            #expect(Self.storesALargeValue(victim).stdout == "stored\n")
+        }
+
         /// The same through replies: one user's connections each asked for a
         /// large item of their own and never read the reply, asking again as
         /// each deadline ended: another user's large `get`s and `set`s failed

@@ -90,24 +90,28 @@ extension PasswordManager {
             try requireConsentToBackUp(skipping: { device.hasEntitlementPolicy($0) && !named.contains($0) }, consent)
         }
         defer { purge() }  // the values read for it are not a "last access"
-        var migratable: [BackupItem] = []
         var skipped: [String] = []
-        for group in try groups() {
-            if device.hasEntitlementPolicy(group) && !named.contains(group) {
-                skipped.append(group)
-                continue
-            }
-            for (identifier, info) in try items(inGroup: group) where info.protectionClass.isMigratable {
-                let value = try key(forIdentifier: identifier, inGroup: group)
-                migratable.append(
-                    BackupItem(
-                        group: group, identifier: identifier, protectionClass: info.protectionClass, value: value,
-                        details: try details(forIdentifier: identifier, inGroup: group)))
+        var counts: [String: Int] = [:]
+        // One value at a time: each is sealed into the backup and let go
+        // before the next is read (BackupFile.encode(password:kdf:_:)).
+        let (bytes, count) = try BackupFile.encode(password: password, kdf: kdf) { (write) throws(KeychainError) in
+            for group in try groups() {
+                if device.hasEntitlementPolicy(group) && !named.contains(group) {
+                    skipped.append(group)
+                    continue
+                }
+                for (identifier, info) in try items(inGroup: group) where info.protectionClass.isMigratable {
+                    try write(
+                        BackupItem(
+                            group: group, identifier: identifier, protectionClass: info.protectionClass,
+                            value: try key(forIdentifier: identifier, inGroup: group),
+                            details: try details(forIdentifier: identifier, inGroup: group)))
+                    counts[group, default: 0] += 1
+                }
             }
         }
-        let bytes = try BackupFile.encode(migratable, password: password, kdf: kdf)
         for group in named.sorted() {
-            let count = migratable.count { $0.group == group }
+            let count = counts[group, default: 0]
             device.audit.record(
                 AuditEvent(
                     operation: "backup", result: "ok", group: group, subject: subject,
@@ -116,9 +120,9 @@ extension PasswordManager {
         device.audit.record(
             AuditEvent(
                 operation: "backup", result: "ok", subject: subject,
-                detail: "\(migratable.count) items"
+                detail: "\(count) items"
                     + (skipped.isEmpty ? "" : "; policed groups left out: " + skipped.joined(separator: ", "))))
-        return (bytes, migratable.count)
+        return (bytes, count)
     }
 
     /// One question for every owned item a backup would hold that

@@ -84,6 +84,21 @@ public enum BackupFile {
         _ items: [BackupItem], password: SecureBytes,
         kdf: KDFParameters = .moderate
     ) throws(KeychainError) -> [UInt8] {
+        try encode(password: password, kdf: kdf) { (write) throws(KeychainError) in
+            for item in items { try write(item) }
+        }.bytes
+    }
+
+    /// Writes the items `produce` hands its writer, one at a time, as a
+    /// backup under `password`: each is sealed as it comes, so that a
+    /// backup holds one value in secret memory at a time, not the whole
+    /// keychain (an outsider's backups of their own large items once took
+    /// the service's locked memory from every other user). The bytes, and
+    /// how many items they hold.
+    public static func encode(
+        password: SecureBytes, kdf: KDFParameters = .moderate,
+        _ produce: (_ write: (BackupItem) throws(KeychainError) -> Void) throws(KeychainError) -> Void
+    ) throws(KeychainError) -> (bytes: [UInt8], count: Int) {
         Sodium.ensureInitialized()
         let salt = Crypto.randomBytes(Crypto.saltSize)
         let keys = try Keys(password: password, salt: salt, kdf: kdf)
@@ -95,7 +110,8 @@ public enum BackupFile {
         writer.append(salt)
         writer.append(keys.check)
         let header = writer.bytes
-        for (index, item) in items.enumerated() {
+        var index = 0
+        try produce { (item) throws(KeychainError) in
             precondition(item.protectionClass.isMigratable, "ThisDeviceOnly items never leave the device")
             var meta = ByteWriter()
             meta.append(UInt8(item.protectionClass.rawValue))
@@ -107,11 +123,12 @@ public enum BackupFile {
             let metaBytes = try SecureBytes(meta.bytes)
             seal(metaBytes, kind: .item, index: index, header: header, keys: keys, into: &writer)
             seal(item.value, kind: .value, index: index, header: header, keys: keys, into: &writer)
+            index += 1
         }
         var end = ByteWriter()
-        end.append(UInt64(items.count))
-        seal(try SecureBytes(end.bytes), kind: .end, index: items.count, header: header, keys: keys, into: &writer)
-        return writer.bytes
+        end.append(UInt64(index))
+        seal(try SecureBytes(end.bytes), kind: .end, index: index, header: header, keys: keys, into: &writer)
+        return (writer.bytes, index)
     }
 
     private static func seal(
