@@ -478,17 +478,9 @@ public final class DeviceProcess: Sendable {
     /// Seconds a peer may take to send its whole request, and to read the whole reply.
     static let connectionDeadline: Int64 = 5
 
-    /// Why a large request or reply was refused: its person's share of the
-    /// service's locked memory is taken (``LockedMemoryShares``).
+    /// Why a reply was not sent: its frame found no locked memory.
     private let noMemoryForTheReply =
         "no locked memory is left for a reply this large now (others hold it); nothing was changed: try again later"
-
-    private var largeShareTaken: String {
-        let mebibytes = largeRequests.perPerson >> 20
-        return "you hold your \(mebibytes) MiB of the service's locked memory already, in large requests "
-            + "arriving or being answered (each holds 2 MiB) or values being written through a mount; "
-            + "its users share it; nothing was changed: try again when one is done"
-    }
 
     /// Serves the connection `handed` (this thread's from then on) and closes it.
     private func serve(_ handed: Int32, from credentials: PeerCredentials) {
@@ -508,7 +500,7 @@ public final class DeviceProcess: Sendable {
         var replyHolder: LockedMemoryShares.Place?
         if case .service = keychains, let large = frame, large.count > LockedMemoryShares.largeBody {
             replyHolder = largeRequests.take(for: credentials.uid)
-            if replyHolder == nil { frame = try? DeviceReply.systemError(ENOMEM, largeShareTaken).frame() }
+            if replyHolder == nil { frame = try? DeviceReply.systemError(ENOMEM, largeRequests.takenSentence).frame() }
         }
         defer { if let replyHolder { largeRequests.release(replyHolder) } }
         if let frame, DeviceProtocol.send(frame, to: client, passing: attachments.descriptor.borrowed) {
@@ -563,7 +555,7 @@ public final class DeviceProcess: Sendable {
                     return !refusedShare
                 })
         else {
-            if refusedShare { return .systemError(ENOMEM, largeShareTaken) }
+            if refusedShare { return .systemError(ENOMEM, largeRequests.takenSentence) }
             if refusedMemory {
                 return .systemError(
                     ENOMEM,

@@ -251,12 +251,6 @@ final class ServedKeychain: Sendable {
         }
     }
 
-    static func backupShareTaken(_ shares: LockedMemoryShares) -> String {
-        "you hold your \(shares.perPerson >> 20) MiB of the service's locked memory already (in backups, large "
-            + "requests or values open through a mount); its users share it; nothing was written: try again when "
-            + "one is done"
-    }
-
     /// Backups, whose file comes with the request, and the audit log, which goes with the reply.
     private func answer(
         _ request: FileRequest, client: BorrowedDescriptor, passed: BorrowedDescriptor?,
@@ -273,7 +267,7 @@ final class ServedKeychain: Sendable {
             // locked memory (an outsider's attack).
             let shares = LockedMemoryShares.serving.withLock { $0 }
             let place = shares?.take(for: owner.uid)
-            if let shares, place == nil { return .systemError(ENOMEM, Self.backupShareTaken(shares)) }
+            if let shares, place == nil { return .systemError(ENOMEM, shares.takenSentence) }
             defer { if let place { shares?.release(place) } }
             do throws(KeychainError) {
                 let backup = try manager.backup(

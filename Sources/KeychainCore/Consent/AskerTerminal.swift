@@ -93,13 +93,13 @@ package struct AskerTerminal: Sendable, Equatable {
     /// recorded: a session of logind's (a virtual console's login, `login`
     /// on a terminal; logind records none for an SSH login, whose PAM
     /// session sshd opens before it has a pseudo-terminal) whose `TTY=` it
-    /// is, and, for a pseudo-terminal, no newer than the login. Any program of the user can make
-    /// a pseudo-terminal of its own, run a command in its foreground, read
-    /// the question off the other side and type its code (an outsider
-    /// did, for another program's item); only root opens a login, and
-    /// records it. A terminal nested in a login (tmux, screen, `script`) is
-    /// none: a program of the user makes those too (docs/SECURITY.md,
-    /// "Asked at a terminal").
+    /// is, and, for a pseudo-terminal, no newer than the login. Any program
+    /// of the user can make a pseudo-terminal of its own, run a command in
+    /// its foreground, read the question off the other side and type its
+    /// code (an outsider did, for another program's item); only root opens
+    /// a login, and records it. A terminal nested in a login (tmux, screen,
+    /// `script`) is none: a program of the user makes those too
+    /// (docs/SECURITY.md, "Asked at a terminal").
     static func isALoginsTerminal(_ path: String, user: uid_t, records: String = sessionRecords) -> Bool {
         guard path.hasPrefix("/dev/"), let directory = opendir(records) else { return false }
         defer { closedir(directory) }

@@ -56,6 +56,15 @@ package final class LockedMemoryShares: Sendable {
         package let bytes: Int
     }
 
+    /// What a request refused for its person's share is told: how much the
+    /// share is, and what holds it. One sentence for every door that takes
+    /// places: the socket's bodies and replies, backups, a mount's values.
+    package var takenSentence: String {
+        "you hold your \(perPerson >> 20) MiB of the service's locked memory already, in large requests "
+            + "arriving or being answered (each holds 2 MiB), backups, or values open through a mount; its users "
+            + "share it; nothing was changed: try again when one is done"
+    }
+
     /// Takes `bytes` of `person`'s share; false when that would pass ``perPerson``.
     private func take(_ person: UInt32, bytes: Int) -> Bool {
         held.withLock { held in

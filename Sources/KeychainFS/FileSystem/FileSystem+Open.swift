@@ -234,12 +234,12 @@ extension FileSystem {
     /// can try"). Checked without a lock until the buffer needs a larger
     /// slot than it holds, so a write costs nothing more.
     func holdLockedMemory(_ file: OpenFile, for size: Int) throws(Errno) {
-        guard LockedMemoryShares.slot(for: size) > file.lockedMemoryHeld else { return }
         (file.lockedMemoryPlace, file.lockedMemoryHeld) = try lockedMemory(
             grownFrom: file.lockedMemoryPlace, held: file.lockedMemoryHeld, for: size)
     }
 
-    /// `place` (covering `held` bytes) grown to cover a buffer of `size`.
+    /// `place` (covering `held` bytes) grown to cover a buffer of `size`;
+    /// as it is, without a lock, while `held` covers it.
     func lockedMemory(grownFrom place: LockedMemoryShares.Place?, held: Int, for size: Int) throws(Errno) -> (
         place: LockedMemoryShares.Place?, held: Int
     ) {
